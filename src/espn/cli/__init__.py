@@ -1,0 +1,1 @@
+"""The ``espn`` command line."""

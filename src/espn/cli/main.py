@@ -1,0 +1,148 @@
+"""``espn``: train, inspect and compare zero-forgetting continual learners."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from espn.cli.common import parse_epochs, user_errors
+from espn.config import make_config
+from espn.data.registry import BENCHMARKS
+from espn.methods.base import METHODS
+from espn.models.registry import MODELS
+from espn.pruning.pruner import PRUNERS
+
+app = typer.Typer(
+    help="Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+
+@app.command()
+@user_errors
+def run(
+    benchmark: str = typer.Option(..., help="Benchmark name (see `espn list`)."),
+    method: str = typer.Option("espn", help="Method: " + ", ".join(METHODS.names()) + "."),
+    out: Path = typer.Option(..., help="Run directory for results.json and accuracy.png."),
+    model: str | None = typer.Option(None, help="Model name; default: the benchmark's."),
+    gamma: float | None = typer.Option(
+        None, help="FLOPs budget per task, in (0, 1]; ESPN default 0.2."
+    ),
+    alpha: float | None = typer.Option(
+        None, help="Weight allocation in (0, 1]; default: the benchmark's."
+    ),
+    tasks: int | None = typer.Option(None, help="Number of tasks; default: the benchmark's."),
+    train_per_task: int | None = typer.Option(
+        None, help="Keep a seeded subset of N training images per task."
+    ),
+    test_per_task: int | None = typer.Option(
+        None, help="Keep a seeded subset of N test images per task."
+    ),
+    epochs: str | None = typer.Option(None, help="PRE,PRUNE,FINE epochs per task, e.g. 3,4,3."),
+    optimizer: str | None = typer.Option(
+        None, help="sgd, adam or rmsprop; default: the benchmark's."
+    ),
+    lr: float | None = typer.Option(None, help="Learning rate; default: the benchmark's."),
+    batch_size: int | None = typer.Option(None, help="Batch size; default: the benchmark's."),
+    weight_decay: float = typer.Option(0.0, help="Weight decay (never reaches frozen weights)."),
+    momentum: float = typer.Option(0.0, help="Momentum of SGD and RMSprop."),
+    pruner: str = typer.Option(
+        "flop-aware", help="Unit pruner: " + ", ".join(PRUNERS.names()) + "."
+    ),
+    penalty: float = typer.Option(1e-4, help="Strength of the pruner's sparsity penalty."),
+    reuse: str = typer.Option(
+        "magnitude", help="Frozen weights a task keeps: 'magnitude' or 'all'."
+    ),
+    seed: int = typer.Option(0, help="Seed of data order, permutations/rotations, init."),
+    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
+    data_dir: Path | None = typer.Option(
+        None, help="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
+    ),
+    progress: bool = typer.Option(True, help="Show a progress bar and per-task lines."),
+) -> None:
+    """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
+    from espn.experiment import run_experiment
+
+    cfg = make_config(
+        benchmark=benchmark,
+        method=method,
+        model=model,
+        gamma=gamma,
+        alpha=alpha,
+        tasks=tasks,
+        train_per_task=train_per_task,
+        test_per_task=test_per_task,
+        epochs=parse_epochs(epochs),
+        optimizer=optimizer,
+        lr=lr,
+        batch_size=batch_size,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        pruner=pruner,
+        penalty=penalty,
+        reuse=reuse,
+        seed=seed,
+        device=device,
+        data_dir=data_dir,
+        out=out,
+    )
+    doc = run_experiment(cfg, progress=progress)
+    ratios = doc["flops_ratio"]
+    console.print(
+        f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "
+        f"average accuracy {doc['average_accuracy']:.2f}%, "
+        f"mean FLOPs ratio {sum(ratios) / len(ratios):.3f}, "
+        f"max forgetting {max(doc['forgetting']):.2f} points, "
+        f"wall time {doc['wall_time_s']:.1f}s"
+    )
+    console.print(f"wrote {Path(out) / 'results.json'} and {Path(out) / 'accuracy.png'}")
+
+
+@app.command("list")
+def list_components() -> None:
+    """List the benchmarks, models, methods and pruners espn knows by name."""
+    table = Table("kind", "name", "description")
+    for name in BENCHMARKS:
+        b = BENCHMARKS.get(name)
+        table.add_row("benchmark", name, f"{b.description} ({b.default_tasks} tasks by default)")
+    for name in MODELS:
+        table.add_row("model", name, (MODELS.get(name).__doc__ or "").strip().splitlines()[0])
+    for name in METHODS:
+        table.add_row("method", name, (METHODS.get(name).__doc__ or "").strip().splitlines()[0])
+    for name in PRUNERS:
+        table.add_row("pruner", name, (PRUNERS.get(name).__doc__ or "").strip().splitlines()[0])
+    console.print(table)
+
+
+@app.command()
+@user_errors
+def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
+    """Print the accuracy matrix and per-task budgets of a finished run."""
+    doc = json.loads((run_dir / "results.json").read_text())
+    table = Table("task", "name", "final acc %", "FLOPs ratio", "new weights", "budget")
+    for j, name in enumerate(doc["task_names"]):
+        table.add_row(
+            str(j + 1),
+            name,
+            f"{doc['final_accuracy'][j]:.2f}",
+            f"{doc['flops_ratio'][j]:.3f}",
+            str(doc["new_weights"][j]),
+            str(doc["weight_budget"][j]),
+        )
+    console.print(table)
+    console.print(f"average accuracy {doc['average_accuracy']:.2f}%")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""Benchmarks (task sequences held as tensors on the device), found by name in BENCHMARKS."""
+
+from espn.data import mnist
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
+from espn.data.sources import DatasetUnavailable, load_mnist_like
+from espn.data.tasks import Split, Task, TaskSequence
+
+__all__ = [
+    "BENCHMARKS",
+    "Benchmark",
+    "BenchmarkArgs",
+    "DatasetUnavailable",
+    "Split",
+    "Task",
+    "TaskSequence",
+    "load_mnist_like",
+    "mnist",
+]

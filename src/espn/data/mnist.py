@@ -1,0 +1,117 @@
+"""Permuted and Rotated (Fashion-)MNIST: every task is a 10-class task over the same images."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from torch import Tensor
+
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
+from espn.data.sources import load_mnist_like
+from espn.data.tasks import Split, Task, TaskSequence, subset_index
+
+NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
+MNIST_DEFAULTS: dict[str, object] = {
+    "model": "fc1024",
+    "alpha": 0.05,
+    "optimizer": "rmsprop",
+    "lr": 1e-3,
+    "batch_size": 256,
+    "epochs": (3, 4, 3),
+}
+
+
+def _to_unit(x: Tensor) -> Tensor:
+    return x.unsqueeze(1).float().div_(255.0)
+
+
+def _normalise(x: Tensor, source: str) -> Tensor:
+    mean, std = NORMALISATION[source]
+    return (x - mean) / std
+
+
+def permute_pixels(x: Tensor, train: bool, perm: Tensor, source: str) -> Tensor:
+    """uint8 [B, 28, 28] -> normalised [B, 1, 28, 28] with the task's pixel permutation."""
+    flat = _normalise(_to_unit(x), source).flatten(1)[:, perm]
+    return flat.view(-1, 1, *x.shape[1:])
+
+
+def rotate_images(x: Tensor, train: bool, angle: float, source: str) -> Tensor:
+    """uint8 [B, 28, 28] -> normalised [B, 1, 28, 28] rotated by ``angle`` degrees."""
+    rotated = TF.rotate(_to_unit(x), angle, interpolation=TF.InterpolationMode.BILINEAR)
+    return _normalise(rotated, source)
+
+
+def _base_splits(source: str, args: BenchmarkArgs) -> dict[str, tuple[Tensor, Tensor]]:
+    raw = load_mnist_like(source, args.data_dir, args.download)
+    return {s: (x.to(args.device), y.to(args.device)) for s, (x, y) in raw.items()}
+
+
+def _splits(base: dict, args: BenchmarkArgs, t: int) -> dict[str, Split]:
+    out = {}
+    for salt, (split, keep) in enumerate(
+        (("train", args.train_per_task), ("test", args.test_per_task))
+    ):
+        x, y = base[split]
+        index = subset_index(len(y), keep, task_generator(args.seed, t, salt)).to(x.device)
+        out[split] = Split(x, index, y[index])
+    return out
+
+
+def _seq(name: str, tasks: list[Task], kind: str, **info: object) -> TaskSequence:
+    return TaskSequence(name, tasks, (1, 28, 28), multi_head=False, info={"kind": kind, **info})
+
+
+def permuted(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
+    """Task t permutes the pixels with its own permutation drawn from the seed."""
+    n_tasks = args.n_tasks or 36
+    base = _base_splits(source, args)
+    gen = torch.Generator().manual_seed(args.seed)
+    perms = [torch.randperm(28 * 28, generator=gen) for _ in range(n_tasks)]
+    tasks = []
+    for t, perm in enumerate(perms):
+        transform = functools.partial(permute_pixels, perm=perm.to(args.device), source=source)
+        splits = _splits(base, args, t)
+        tasks.append(Task(f"permutation {t}", splits["train"], splits["test"], transform, 10))
+    return _seq(name, tasks, "permuted")
+
+
+ROTATION_ANGLES = [10.0 * (i + 1) for i in range(36)]
+
+
+def rotation_order(seed: int, n_tasks: int) -> list[float]:
+    """The first ``n_tasks`` of the 36 rotations 10..360 degrees, in a seeded random order."""
+    order = torch.randperm(len(ROTATION_ANGLES), generator=torch.Generator().manual_seed(seed))
+    return [ROTATION_ANGLES[i] for i in order[:n_tasks].tolist()]
+
+
+def rotated(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
+    """Task t rotates every image by the same angle; angles are visited in a seeded order."""
+    n_tasks = args.n_tasks or 36
+    base = _base_splits(source, args)
+    angles = rotation_order(args.seed, n_tasks)
+    tasks = []
+    for t, angle in enumerate(angles):
+        transform = functools.partial(rotate_images, angle=angle, source=source)
+        splits = _splits(base, args, t)
+        tasks.append(Task(f"rotation {angle:g}", splits["train"], splits["test"], transform, 10))
+    return _seq(name, tasks, "rotated", angles=angles)
+
+
+for _source, _label in (("mnist", "MNIST"), ("fashion-mnist", "Fashion-MNIST")):
+    for _kind, _fn, _max, _what in (
+        ("permuted", permuted, None, "a fixed random pixel permutation per task"),
+        ("rotated", rotated, 36, "rotations of 10..360 degrees in a seeded random order"),
+    ):
+        _name = f"{_kind}-{_source}"
+        BENCHMARKS.register(_name)(
+            Benchmark(
+                build=functools.partial(_fn, _source, _name),
+                default_tasks=36,
+                max_tasks=_max,
+                description=f"{_label}, {_what}; 10 classes per task, shared head",
+                defaults=MNIST_DEFAULTS,
+            )
+        )

@@ -1,0 +1,44 @@
+"""The benchmark registry: every benchmark is built from the same :class:`BenchmarkArgs`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from espn.data.tasks import TaskSequence
+from espn.registry import Registry
+
+
+@dataclass(frozen=True)
+class BenchmarkArgs:
+    """The one constructor signature of all benchmarks."""
+
+    n_tasks: int | None = None
+    seed: int = 0
+    train_per_task: int | None = None
+    test_per_task: int | None = None
+    data_dir: Path | None = None
+    device: torch.device | str = "cpu"
+    download: bool = True
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A named benchmark: how to build it, its task count limits, and its run defaults."""
+
+    build: Callable[[BenchmarkArgs], TaskSequence]
+    default_tasks: int
+    max_tasks: int | None
+    description: str
+    defaults: dict[str, object] = field(default_factory=dict)
+
+
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+
+
+def task_generator(seed: int, task: int, salt: int = 0) -> torch.Generator:
+    """A generator for task-level randomness that is fixed by (seed, task)."""
+    return torch.Generator().manual_seed(1_000_003 * seed + 7919 * task + salt)

@@ -1,0 +1,82 @@
+"""Raw datasets: torchvision loaders (download for users online) and offline copies."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+OFFLINE_DIRS = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}
+HOW_TO_GET = {
+    "mnist": "run with internet access once (torchvision downloads it into --data-dir)",
+    "fashion-mnist": "run with internet access once, or on Debian: apt-get install dataset-fashion-mnist",
+    "cifar10": "run with internet access once (torchvision downloads it into --data-dir)",
+    "cifar100": "run with internet access once (torchvision downloads it into --data-dir)",
+}
+
+
+class DatasetUnavailable(RuntimeError):
+    """A dataset is neither on disk nor downloadable; the message says how to get it."""
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("ESPN_DATA", Path.home() / ".cache" / "espn" / "data"))
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (the MNIST format), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _offline_mnist_like(directory: Path) -> dict[str, tuple[Tensor, Tensor]] | None:
+    out = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        found = []
+        for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+            candidates = [directory / f"{prefix}-{kind}{ext}" for ext in (".gz", "")]
+            path = next((p for p in candidates if p.exists()), None)
+            if path is None:
+                return None
+            found.append(torch.from_numpy(_read_idx(path).copy()))
+        out[split] = (found[0], found[1].long())
+    return out
+
+
+def load_mnist_like(
+    name: str, root: Path | None = None, download: bool = True
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """``{"train": (images uint8 [N, 28, 28], labels), "test": ...}`` for MNIST or Fashion-MNIST.
+
+    Looks in ``root`` (torchvision's layout), then in the offline directory of the Debian
+    package, then downloads through torchvision when ``download`` is set.
+    """
+    from torchvision import datasets
+
+    root = Path(root) if root is not None else default_data_dir()
+    cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST}[name]
+    offline = OFFLINE_DIRS.get(name)
+    raw_dir = root / cls.__name__ / "raw"
+    for directory in (raw_dir, offline):
+        if directory is not None and directory.is_dir():
+            found = _offline_mnist_like(directory)
+            if found is not None:
+                return found
+    try:
+        splits = {
+            s: cls(str(root), train=s == "train", download=download) for s in ("train", "test")
+        }
+    except Exception as exc:  # torchvision raises RuntimeError or URLError offline
+        raise DatasetUnavailable(
+            f"{name} is not in {root} and could not be downloaded ({exc}); "
+            f"to get it: {HOW_TO_GET[name]}"
+        ) from exc
+    return {s: (d.data.clone(), d.targets.clone().long()) for s, d in splits.items()}

@@ -1,0 +1,85 @@
+"""Tasks as tensors on the training device, and sequences of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+# transform(raw batch, train) -> model input batch, applied on the device, vectorised.
+BatchTransform = Callable[[Tensor, bool], Tensor]
+
+
+@dataclass
+class Split:
+    """The samples of one split: ``x[index[i]]`` has label ``y[i]``; ``x`` may be shared."""
+
+    x: Tensor
+    index: Tensor
+    y: Tensor
+
+    def __len__(self) -> int:
+        return int(self.index.numel())
+
+
+@dataclass
+class Task:
+    """One task: its train and test samples, how to turn raw samples into inputs, its classes."""
+
+    name: str
+    train: Split
+    test: Split
+    transform: BatchTransform
+    n_classes: int
+
+    def split(self, name: str) -> Split:
+        if name not in ("train", "test"):
+            raise ValueError(f"unknown split {name!r}; choose 'train' or 'test'")
+        return self.train if name == "train" else self.test
+
+    def batches(
+        self,
+        split: str,
+        batch_size: int,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """Yield ``(inputs, labels)`` batches; everything stays on the data's device."""
+        data = self.split(split)
+        n = len(data)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        order = order.to(data.index.device)
+        train = split == "train"
+        for start in range(0, n, batch_size):
+            rows = order[start : start + batch_size]
+            yield self.transform(data.x[data.index[rows]], train), data.y[rows]
+
+    def num_batches(self, split: str, batch_size: int) -> int:
+        return -(-len(self.split(split)) // batch_size)
+
+
+@dataclass
+class TaskSequence:
+    """A benchmark instance: the tasks in training order and what a model needs to know."""
+
+    name: str
+    tasks: list[Task]
+    input_shape: tuple[int, ...]
+    multi_head: bool
+    info: dict[str, object] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def n_classes(self) -> int:
+        return max(t.n_classes for t in self.tasks)
+
+
+def subset_index(n: int, keep: int | None, generator: torch.Generator) -> Tensor:
+    """A seeded random subset of ``keep`` indices out of ``n`` (all of them when None)."""
+    if keep is None or keep >= n:
+        return torch.arange(n)
+    return torch.randperm(n, generator=generator)[:keep].sort().values

@@ -1,0 +1,130 @@
+"""A continual-learning run: build benchmark, supernet and method, train task after task,
+evaluate every task seen so far, write ``results.json`` and ``accuracy.png``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from espn import __version__
+from espn.config import RunConfig
+from espn.data.registry import BENCHMARKS, BenchmarkArgs
+from espn.data.tasks import TaskSequence
+from espn.evaluation.metrics import (
+    average_accuracy,
+    backward_transfer,
+    final_accuracy,
+    forgetting,
+    task_accuracy,
+)
+from espn.evaluation.plots import plot_run
+from espn.methods.base import METHODS
+from espn.models.registry import MODELS, ModelSpec
+from espn.supernet.supernet import Supernet
+from espn.training.engine import Engine
+from espn.utils.io import write_json_atomic
+
+
+def build_benchmark(cfg: RunConfig) -> TaskSequence:
+    args = BenchmarkArgs(
+        n_tasks=cfg.tasks,
+        seed=cfg.seed,
+        train_per_task=cfg.train_per_task,
+        test_per_task=cfg.test_per_task,
+        data_dir=cfg.data_dir,
+        device=torch.device(cfg.device),
+    )
+    return BENCHMARKS.get(cfg.benchmark).build(args)
+
+
+def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
+    """The model named in ``cfg``, wrapped as a supernet on ``cfg.device``."""
+    torch.manual_seed(cfg.seed)
+    spec = ModelSpec(seq.input_shape, seq.n_classes, seq.multi_head)
+    model = MODELS.get(str(cfg.model))(spec).to(cfg.device)
+    first = seq.tasks[0]
+    example = first.transform(first.train.x[first.train.index[:2]], False)
+    return Supernet(model, example)
+
+
+def task_record(supernet: Supernet, task: int) -> dict[str, Any]:
+    """FLOPs and weight counts of a learned task's sub-network."""
+    supernet.use_task(task)
+    mask = supernet.masks[task]
+    alive = supernet.alive_counts(mask.units)
+    flops = supernet.flops(mask.units)
+    return {
+        "flops": flops,
+        "flops_ratio": flops / supernet.dense_flops,
+        "new_weights": mask.new_weights,
+        "used_weights": supernet.used_weights(),
+        "units_kept": sum(alive.values()) / max(sum(supernet.group_sizes.values()), 1),
+    }
+
+
+def results_document(
+    cfg: RunConfig,
+    seq: TaskSequence,
+    supernet: Supernet,
+    rows: list[list[float]],
+    per_task: list[dict],
+) -> dict[str, Any]:
+    """The ``results.json`` document of a (possibly unfinished) run."""
+    column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
+    return {
+        "espn_version": __version__,
+        "method": cfg.method,
+        "benchmark": cfg.benchmark,
+        "model": cfg.model,
+        "seed": cfg.seed,
+        "gamma": cfg.gamma,
+        "alpha": cfg.alpha,
+        "config": cfg.model_dump(mode="json"),
+        "task_names": [t.name for t in seq.tasks[: len(rows)]],
+        "complete": len(rows) == len(seq),
+        "accuracy_matrix": rows,
+        "final_accuracy": final_accuracy(rows) if rows else [],
+        "average_accuracy": average_accuracy(rows) if rows else None,
+        "forgetting": forgetting(rows) if rows else [],
+        "backward_transfer": backward_transfer(rows) if rows else None,
+        "dense_flops": supernet.dense_flops,
+        "total_weights": supernet.total_weights,
+        **column,
+    }
+
+
+def run_experiment(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
+    """Run ``cfg`` to the end; results are rewritten atomically after every task."""
+    start = time.perf_counter()
+    out = Path(cfg.out)
+    seq = build_benchmark(cfg)
+    supernet = build_supernet(cfg, seq)
+    strategy = METHODS.get(cfg.method)(cfg.method_config())
+    engine = Engine(supernet, strategy, cfg.optim_config(), int(cfg.batch_size), cfg.seed, progress)
+    rows: list[list[float]] = []
+    per_task: list[dict[str, Any]] = []
+    for t, task in enumerate(seq.tasks):
+        log = engine.train_task(task, t)
+        rows.append([task_accuracy(supernet, seq.tasks[j], j) for j in range(t + 1)])
+        record = task_record(supernet, t)
+        record |= {
+            "weight_budget": strategy.weight_budget,
+            "seconds": log.seconds,
+            "seconds_per_epoch": log.seconds_per_epoch,
+        }
+        per_task.append(record)
+        doc = results_document(cfg, seq, supernet, rows, per_task)
+        doc["wall_time_s"] = time.perf_counter() - start
+        write_json_atomic(out / "results.json", doc)
+        if progress:
+            print(
+                f"task {t + 1}/{len(seq)} {task.name}: acc {rows[-1][-1]:.2f}%  "
+                f"FLOPs {record['flops_ratio']:.3f}  new weights {record['new_weights']}"
+                f"/{record['weight_budget']}  ({log.seconds:.1f}s)",
+                flush=True,
+            )
+    plot_run(doc, out / "accuracy.png")
+    return doc

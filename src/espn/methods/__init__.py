@@ -1,0 +1,6 @@
+"""Continual-learning methods as strategies over one engine, found by name in METHODS."""
+
+from espn.methods import espn, packnet
+from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+
+__all__ = ["METHODS", "MethodConfig", "Phase", "Strategy", "espn", "packnet"]

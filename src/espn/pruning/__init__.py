@@ -1,0 +1,19 @@
+"""Channel/neuron pruning (importance + regulariser + schedule) and weight selection."""
+
+from espn.pruning.pruner import PRUNERS, Pruner, gate_magnitude
+from espn.pruning.regularisers import FlopAwareL1, Regulariser, UniformL1, flop_aware_lambdas
+from espn.pruning.schedule import GradualSchedule
+from espn.pruning.selection import select_units, select_weights
+
+__all__ = [
+    "PRUNERS",
+    "FlopAwareL1",
+    "GradualSchedule",
+    "Pruner",
+    "Regulariser",
+    "UniformL1",
+    "flop_aware_lambdas",
+    "gate_magnitude",
+    "select_units",
+    "select_weights",
+]

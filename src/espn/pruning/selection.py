@@ -1,0 +1,87 @@
+"""Choosing which units and which weights a task keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+
+def select_units(
+    saliency: dict[str, Tensor],
+    alive: dict[str, Tensor],
+    flops_of: Callable[[dict[str, int]], float],
+    flops_target: float,
+    min_units: int = 1,
+) -> dict[str, Tensor]:
+    """Drop the least salient alive units, one global threshold over all groups, until
+    ``flops_of(alive counts) <= flops_target``.
+
+    The ``min_units`` most salient units of every group are never dropped, so that no layer is
+    cut off entirely; if the target cannot be met without that, those units alone remain.
+    """
+    groups = list(saliency)
+    scores = []
+    for g in groups:
+        s = saliency[g].detach().float().clone()
+        s[~alive[g]] = -torch.inf
+        keep = torch.topk(s, min(min_units, s.numel())).indices
+        s[keep] = torch.inf
+        scores.append(s)
+    flat = torch.cat(scores)
+    rank = torch.empty_like(flat, dtype=torch.long)
+    rank[torch.argsort(flat, stable=True)] = torch.arange(flat.numel(), device=flat.device)
+    ranks = dict(zip(groups, rank.split([s.numel() for s in scores]), strict=True))
+    n_dead = int(torch.isneginf(flat).sum())
+    n_removable = int(torch.isfinite(flat).sum())
+
+    def alive_after(k: int) -> dict[str, Tensor]:
+        return {g: ranks[g] >= k for g in groups}
+
+    def flops_after(k: int) -> float:
+        return flops_of({g: int(a.sum()) for g, a in alive_after(k).items()})
+
+    lo, hi = n_dead, n_dead + n_removable
+    if flops_after(lo) <= flops_target:
+        return alive_after(lo)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if flops_after(mid) <= flops_target:
+            hi = mid
+        else:
+            lo = mid
+    return alive_after(hi)
+
+
+def select_weights(
+    weight: Tensor,
+    candidates: Tensor,
+    frozen: Tensor,
+    n_new: int,
+    reuse: str,
+) -> Tensor:
+    """Magnitude-based weight mask of one layer.
+
+    Keeps the ``n_new`` largest free weights among ``candidates``. Frozen candidates are all
+    kept with ``reuse="all"`` (PackNet); with ``reuse="magnitude"`` the frozen and free weights
+    compete on one magnitude threshold, the smallest magnitude among the kept free weights,
+    so that a task keeps only the frozen weights at least as large as its own new ones.
+    """
+    magnitude = weight.detach().abs()
+    free = candidates & ~frozen
+    n_new = min(n_new, int(free.sum()))
+    scores = torch.where(free, magnitude, -torch.inf).flatten()
+    keep = torch.zeros_like(scores, dtype=torch.bool)
+    threshold = -torch.inf
+    if n_new > 0:
+        top = torch.topk(scores, n_new)
+        keep[top.indices] = True
+        threshold = top.values.min()
+    keep = keep.view_as(weight)
+    reused = candidates & frozen
+    if reuse == "magnitude":
+        reused &= magnitude >= threshold
+    elif reuse != "all":
+        raise ValueError(f"unknown reuse policy {reuse!r}; choose 'all' or 'magnitude'")
+    return keep | reused

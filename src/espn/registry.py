@@ -1,0 +1,49 @@
+"""Name -> constructor registries for models, benchmarks, methods and pruners."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownNameError(ValueError):
+    """Raised when a name is not in a registry; the message lists what is accepted."""
+
+
+class Registry(Generic[T]):
+    """A small ordered mapping from names to objects, filled by a decorator."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator that files ``obj`` under ``name``."""
+
+        def wrap(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        return wrap
+
+    def get(self, name: str) -> T:
+        """Return the object for ``name`` or raise with the accepted names."""
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; choose one of: {', '.join(self._items)}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)

@@ -1,0 +1,106 @@
+"""Analytic FLOPs of a sub-network, following which units are really alive.
+
+Convention: FLOPs = 2 x multiply-accumulates of the convolution and linear layers (the
+count of :class:`torch.utils.flop_counter.FlopCounterMode`), for one input sample.
+BatchNorm, gates, activations, pooling and additions are not counted. A layer with
+``a_in`` alive input units and ``a_out`` alive output units costs
+``2 * a_in * a_out * kernel_area * output_positions`` FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from espn.supernet.layers import is_costed
+
+
+@dataclass
+class LayerCost:
+    """Shape facts of one costed layer needed to count its FLOPs under any unit mask."""
+
+    name: str
+    module: nn.Module
+    in_units: str | None
+    out_units: str | None
+    positions: int  # output positions per sample (H*W for conv, 1 for linear on vectors)
+    kernel_area: int
+
+    @property
+    def in_size(self) -> int:
+        w = self.module.weight
+        return int(w.shape[1])
+
+    @property
+    def out_size(self) -> int:
+        return int(self.module.weight.shape[0])
+
+    def flops(self, alive: dict[str, int]) -> float:
+        a_in = alive[self.in_units] if self.in_units else self.in_size
+        a_out = alive[self.out_units] if self.out_units else self.out_size
+        return 2.0 * a_in * a_out * self.kernel_area * self.positions
+
+
+def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
+    """Run ``example_input`` (a batch) through ``model`` and record every costed layer's shape."""
+    records: dict[str, int] = {}
+    hooks = []
+    modules = {name: m for name, m in model.named_modules() if is_costed(m)}
+    for name, module in modules.items():
+
+        def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
+            records[name] = out[0].numel() // out.shape[1]
+
+        hooks.append(module.register_forward_hook(hook))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(example_input)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    costs = []
+    for name, module in modules.items():
+        if name not in records:
+            continue
+        if getattr(module, "groups", 1) != 1:
+            raise ValueError(f"grouped convolution {name!r} is not supported by the FLOP count")
+        kernel = module.weight.shape[2:]
+        costs.append(
+            LayerCost(
+                name=name,
+                module=module,
+                in_units=module.in_units,
+                out_units=module.out_units,
+                positions=records[name],
+                kernel_area=int(torch.Size(kernel).numel()),
+            )
+        )
+    return costs
+
+
+def count_flops(costs: list[LayerCost], alive: dict[str, int]) -> float:
+    """FLOPs of the network whose unit groups have ``alive[group]`` units alive."""
+    return sum(c.flops(alive) for c in costs)
+
+
+def unit_flops(costs: list[LayerCost], alive: dict[str, int]) -> dict[str, float]:
+    """FLOPs carried by one unit of each group in the current sub-network, FLOP_l(m).
+
+    A unit's load is every multiply-add it takes part in: its incoming connections in the
+    layers that produce it and its outgoing connections in the layers that consume it.
+    """
+    load = dict.fromkeys(alive, 0.0)
+    for c in costs:
+        a_in = alive[c.in_units] if c.in_units else c.in_size
+        a_out = alive[c.out_units] if c.out_units else c.out_size
+        per_pair = 2.0 * c.kernel_area * c.positions
+        if c.out_units:
+            load[c.out_units] += per_pair * a_in
+        if c.in_units:
+            load[c.in_units] += per_pair * a_out
+    return load

@@ -1,0 +1,205 @@
+"""Building blocks of a supernet.
+
+Two kinds of modules make a network a supernet:
+
+* masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`) whose weights are shared by
+  all tasks; each carries the active task's weight mask and the set of frozen weights;
+* task-specific modules (:class:`TaskSpecific`) whose parameters and buffers belong to one
+  task at a time: the unit gates of fully-connected layers (:class:`UnitGate`), task-specific
+  BatchNorm (:class:`TaskBatchNorm2d`), and heads (:class:`TaskBias`, :class:`TaskHead`).
+
+Units (neurons or channels) are named by a *group*: every masked layer says which group
+indexes its input and its output units, and every gate or BatchNorm belongs to one group.
+Layers whose outputs are added together (a residual stream) share one group, so that their
+channels are kept or pruned together.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MaskedLayer:
+    """Mixin of a layer whose weight is shared across tasks and masked per task."""
+
+    weight: Tensor
+    in_units: str | None
+    out_units: str | None
+
+    def _init_masks(self, in_units: str | None, out_units: str | None) -> None:
+        self.in_units = in_units
+        self.out_units = out_units
+        self.register_buffer("weight_mask", torch.ones_like(self.weight))
+        self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
+
+    def masked_weight(self) -> Tensor:
+        return self.weight * self.weight_mask
+
+
+class MaskedLinear(nn.Linear, MaskedLayer):
+    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        in_units: str | None = None,
+        out_units: str | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self._init_masks(in_units, out_units)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.masked_weight())
+
+
+class MaskedConv2d(nn.Conv2d, MaskedLayer):
+    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        padding: int = 0,
+        in_units: str | None = None,
+        out_units: str | None = None,
+    ) -> None:
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False
+        )
+        self._init_masks(in_units, out_units)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.masked_weight(), None)
+
+
+class TaskSpecific(nn.Module, ABC):
+    """A module whose parameters and buffers are swapped in and out with the active task."""
+
+    @abstractmethod
+    def reset_task(self, n_classes: int) -> None:
+        """Re-initialise for a new task (``n_classes`` matters to heads only)."""
+
+    def task_state(self) -> dict[str, Tensor]:
+        """A detached copy of this task's parameters and buffers."""
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if k != "unit_mask"}
+
+    def load_task_state(self, state: dict[str, Tensor]) -> None:
+        """Load a state from :meth:`task_state`; shapes may differ (heads of other tasks)."""
+        own = dict(self.named_parameters()) | dict(self.named_buffers())
+        for name, value in state.items():
+            target = own[name]
+            target.data = value.to(device=target.device, dtype=target.dtype).clone()
+
+
+class UnitModule(TaskSpecific):
+    """A task-specific module that scales units: its ``weight`` is the unit saliency (gamma).
+
+    ``unit_mask`` (1 = alive) multiplies both the scale and the shift, so that a pruned unit
+    outputs exactly zero.
+    """
+
+    weight: Tensor
+    bias: Tensor
+    group: str
+
+    def _init_units(self, group: str, n: int) -> None:
+        self.group = group
+        self.register_buffer("unit_mask", torch.ones(n))
+
+    @property
+    def num_units(self) -> int:
+        return int(self.unit_mask.numel())
+
+
+class UnitGate(UnitModule):
+    """Per-neuron scale and shift of a fully-connected layer: the neuron's BatchNorm-free gamma."""
+
+    def __init__(self, n: int, group: str) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.bias = nn.Parameter(torch.zeros(n))
+        self._init_units(group, n)
+
+    def reset_task(self, n_classes: int) -> None:
+        with torch.no_grad():
+            self.weight.fill_(1.0)
+            self.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        scale = (self.weight * self.unit_mask).view(shape)
+        shift = (self.bias * self.unit_mask).view(shape)
+        return x * scale + shift
+
+
+class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
+    """BatchNorm whose affine parameters and running statistics belong to the active task."""
+
+    def __init__(self, n: int, group: str) -> None:
+        super().__init__(n)
+        self._init_units(group, n)
+
+    def reset_task(self, n_classes: int) -> None:
+        self.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        use_batch_stats = self.training
+        if self.training:
+            self.num_batches_tracked.add_(1)
+        return F.batch_norm(
+            x,
+            self.running_mean,
+            self.running_var,
+            self.weight * self.unit_mask,
+            self.bias * self.unit_mask,
+            use_batch_stats,
+            self.momentum,
+            self.eps,
+        )
+
+
+class TaskBias(TaskSpecific):
+    """A per-task output bias for a head shared (and masked) across tasks."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(n))
+
+    def reset_task(self, n_classes: int) -> None:
+        with torch.no_grad():
+            self.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.bias
+
+
+class TaskHead(nn.Linear, TaskSpecific):
+    """A classifier owned by one task (multi-head setting); its width follows the task."""
+
+    def __init__(self, in_features: int, n_classes: int, in_units: str | None = None) -> None:
+        super().__init__(in_features, n_classes)
+        self.in_units = in_units
+        self.out_units: str | None = None
+
+    def reset_task(self, n_classes: int) -> None:
+        device, dtype = self.weight.device, self.weight.dtype
+        self.weight.data = torch.empty(n_classes, self.in_features, device=device, dtype=dtype)
+        self.bias.data = torch.empty(n_classes, device=device, dtype=dtype)
+        self.out_features = n_classes
+        self.reset_parameters()
+
+    def load_task_state(self, state: dict[str, Tensor]) -> None:
+        super().load_task_state(state)
+        self.out_features = self.weight.shape[0]
+
+
+def is_costed(module: nn.Module) -> bool:
+    """Layers whose FLOPs the supernet counts: masked layers and task heads."""
+    return isinstance(module, MaskedLayer | TaskHead)

@@ -1,0 +1,223 @@
+"""The supernet: one network whose weights are shared by every task's sparse sub-network."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
+from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitModule
+from espn.supernet.masks import TaskMask
+
+
+class Supernet(nn.Module):
+    """A network packed with task sub-networks.
+
+    The wrapped ``model`` holds masked layers (shared weights) and task-specific modules
+    (gates or BatchNorm, heads). The supernet keeps one :class:`TaskMask` per learned task,
+    the union of their weights (the *frozen* weights, stored on each layer), and a *working*
+    sub-network for the task being trained. ``forward(x, task=j)`` runs task ``j``'s
+    sub-network only.
+    """
+
+    def __init__(self, model: nn.Module, example_input: Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.layers: dict[str, MaskedLayer] = {
+            n: m for n, m in model.named_modules() if isinstance(m, MaskedLayer)
+        }
+        self.task_modules: dict[str, TaskSpecific] = {
+            n: m for n, m in model.named_modules() if isinstance(m, TaskSpecific)
+        }
+        self.groups: dict[str, list[UnitModule]] = {}
+        for m in self.task_modules.values():
+            if isinstance(m, UnitModule):
+                self.groups.setdefault(m.group, []).append(m)
+        self.group_sizes = {g: mods[0].num_units for g, mods in self.groups.items()}
+        self._check_topology()
+        self.costs: list[LayerCost] = trace_costs(model, example_input)
+        self.dense_flops = count_flops(self.costs, self.group_sizes)
+        self.masks: list[TaskMask] = []
+        self.active_task: int | None = None
+        self.in_training = False
+
+    # ----------------------------------------------------------------- topology
+    def _check_topology(self) -> None:
+        for name, sizes in self.group_sizes.items():
+            if any(m.num_units != sizes for m in self.groups[name]):
+                raise ValueError(f"unit group {name!r} has modules of different widths")
+        for name, layer in self.layers.items():
+            for attr, dim in (("out_units", 0), ("in_units", 1)):
+                group = getattr(layer, attr)
+                if group is None:
+                    continue
+                if group not in self.group_sizes:
+                    raise ValueError(f"layer {name!r}: {attr}={group!r} names no gate/BatchNorm")
+                if layer.weight.shape[dim] != self.group_sizes[group]:
+                    raise ValueError(
+                        f"layer {name!r}: {attr}={group!r} has {self.group_sizes[group]} units "
+                        f"but the weight has {layer.weight.shape[dim]}"
+                    )
+
+    # -------------------------------------------------------------- unit masks
+    def unit_masks(self) -> dict[str, Tensor]:
+        """Boolean alive vector of every unit group in the active sub-network."""
+        return {g: mods[0].unit_mask.bool().clone() for g, mods in self.groups.items()}
+
+    @torch.no_grad()
+    def set_unit_masks(self, units: dict[str, Tensor]) -> None:
+        """Set alive units; a dead unit's gate/BatchNorm scale and shift are zeroed exactly."""
+        for g, alive in units.items():
+            for m in self.groups[g]:
+                alive_d = alive.to(m.unit_mask.device)
+                m.unit_mask.copy_(alive_d.to(m.unit_mask.dtype))
+                m.weight.data.masked_fill_(~alive_d, 0.0)
+                m.bias.data.masked_fill_(~alive_d, 0.0)
+        self._apply_structure()
+
+    def structural_mask(self, name: str) -> Tensor:
+        """Weights of layer ``name`` whose input and output units are both alive."""
+        layer = self.layers[name]
+        w = layer.weight
+        mask = torch.ones(w.shape[:2], dtype=torch.bool, device=w.device)
+        units = {g: mods[0].unit_mask.bool() for g, mods in self.groups.items()}
+        if layer.out_units:
+            mask &= units[layer.out_units].view(-1, 1)
+        if layer.in_units:
+            mask &= units[layer.in_units].view(1, -1)
+        return mask.view(*w.shape[:2], *([1] * (w.dim() - 2))).expand_as(w)
+
+    @torch.no_grad()
+    def _apply_structure(self) -> None:
+        for name, layer in self.layers.items():
+            layer.weight_mask.mul_(self.structural_mask(name))
+
+    # ------------------------------------------------------------ weight masks
+    def weight_masks(self) -> dict[str, Tensor]:
+        """Boolean weight mask of every masked layer in the active sub-network."""
+        return {n: layer.weight_mask.bool() for n, layer in self.layers.items()}
+
+    @torch.no_grad()
+    def set_weight_masks(self, masks: dict[str, Tensor]) -> None:
+        """Set weight masks (restricted to alive units)."""
+        for name, mask in masks.items():
+            layer = self.layers[name]
+            layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
+        self._apply_structure()
+
+    # -------------------------------------------------------------- counting
+    def alive_counts(self, units: dict[str, Tensor] | None = None) -> dict[str, int]:
+        units = self.unit_masks() if units is None else units
+        return {g: int(a.sum()) for g, a in units.items()}
+
+    def flops(self, units: dict[str, Tensor] | None = None) -> float:
+        """FLOPs of the active sub-network, or of the given unit masks (see ``espn.supernet.flops``)."""
+        return count_flops(self.costs, self.alive_counts(units))
+
+    def unit_flops(self) -> dict[str, float]:
+        """FLOP_l(m): the FLOPs one unit of each group carries in the active sub-network."""
+        return unit_flops(self.costs, self.alive_counts())
+
+    @property
+    def total_weights(self) -> int:
+        """p: the number of shared (masked) weights."""
+        return sum(layer.weight.numel() for layer in self.layers.values())
+
+    @property
+    def frozen_weights(self) -> int:
+        """p_{t-1}: weights owned by earlier tasks."""
+        return sum(int(layer.frozen.sum()) for layer in self.layers.values())
+
+    @property
+    def free_weights(self) -> int:
+        return self.total_weights - self.frozen_weights
+
+    def weight_budget(self, alpha: float) -> int:
+        """NNZ-bar_t = ceil(alpha * (p - p_{t-1})): the new weights the next task may take."""
+        return math.ceil(alpha * self.free_weights)
+
+    def new_weights(self) -> int:
+        """Weights of the active sub-network that no earlier task owns."""
+        return sum(
+            int((layer.weight_mask.bool() & ~layer.frozen).sum()) for layer in self.layers.values()
+        )
+
+    def used_weights(self) -> int:
+        return sum(int(layer.weight_mask.bool().sum()) for layer in self.layers.values())
+
+    # ---------------------------------------------------------------- parameters
+    def shared_parameters(self) -> list[nn.Parameter]:
+        return [layer.weight for layer in self.layers.values()]
+
+    def task_parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.task_modules.values() for p in m.parameters()]
+
+    # ---------------------------------------------------------------- task life
+    @torch.no_grad()
+    def begin_task(self, n_classes: int) -> None:
+        """Start a new task: the working sub-network is the whole network (m_t = [p])."""
+        for m in self.task_modules.values():
+            m.reset_task(n_classes)
+        for m in self.groups.values():
+            for unit in m:
+                unit.unit_mask.fill_(1.0)
+        for layer in self.layers.values():
+            layer.weight_mask.fill_(1.0)
+        self.active_task = None
+        self.in_training = True
+        self._n_classes = n_classes
+
+    def task_state(self) -> dict[str, Tensor]:
+        return {
+            f"{name}.{key}": value
+            for name, m in self.task_modules.items()
+            for key, value in m.task_state().items()
+        }
+
+    @torch.no_grad()
+    def commit_task(self) -> TaskMask:
+        """Store the working sub-network as the next task's mask and freeze its weights."""
+        if not self.in_training:
+            raise RuntimeError("commit_task() called with no task in training")
+        self.set_unit_masks(self.unit_masks())  # optimizer momentum may have moved dead gates
+        mask = TaskMask.from_dense(
+            self.weight_masks(),
+            self.unit_masks(),
+            self.task_state(),
+            self._n_classes,
+            self.new_weights(),
+        )
+        for layer in self.layers.values():
+            layer.frozen |= layer.weight_mask.bool()
+        self.masks.append(mask)
+        self.in_training = False
+        self.active_task = len(self.masks) - 1
+        return mask
+
+    @torch.no_grad()
+    def use_task(self, task: int) -> None:
+        """Load task ``task``'s sub-network (weight and unit masks, gates/BatchNorm, head)."""
+        if self.in_training:
+            raise RuntimeError("a task is in training; commit it before switching tasks")
+        if not 0 <= task < len(self.masks):
+            raise IndexError(f"task {task} is not learned (tasks 0..{len(self.masks) - 1})")
+        mask = self.masks[task]
+        for name, m in self.task_modules.items():
+            prefix = f"{name}."
+            m.load_task_state(
+                {k[len(prefix) :]: v for k, v in mask.state.items() if k.startswith(prefix)}
+            )
+        for g, alive in mask.units.items():
+            for m in self.groups[g]:
+                m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
+        for name, layer in self.layers.items():
+            layer.weight_mask.copy_(mask.weight_mask(name, layer.weight.device))
+        self.active_task = task
+
+    def forward(self, x: Tensor, task: int | None = None) -> Tensor:
+        """Logits of ``task``'s sub-network (or of the working sub-network when ``task`` is None)."""
+        if task is not None and task != self.active_task:
+            self.use_task(task)
+        return self.model(x)
