@@ -4,6 +4,7 @@ evaluate every task seen so far, write ``results.json`` and ``accuracy.png``."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +97,15 @@ def results_document(
     }
 
 
-def run_experiment(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
-    """Run ``cfg`` to the end; results are rewritten atomically after every task."""
+def run_experiment(
+    cfg: RunConfig,
+    progress: bool = True,
+    on_task_end: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``cfg`` to the end; results are rewritten atomically after every task.
+
+    ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task.
+    """
     start = time.perf_counter()
     out = Path(cfg.out)
     seq = build_benchmark(cfg)
@@ -119,12 +127,11 @@ def run_experiment(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
         doc = results_document(cfg, seq, supernet, rows, per_task)
         doc["wall_time_s"] = time.perf_counter() - start
         write_json_atomic(out / "results.json", doc)
-        if progress:
-            print(
+        if on_task_end is not None:
+            on_task_end(
                 f"task {t + 1}/{len(seq)} {task.name}: acc {rows[-1][-1]:.2f}%  "
                 f"FLOPs {record['flops_ratio']:.3f}  new weights {record['new_weights']}"
-                f"/{record['weight_budget']}  ({log.seconds:.1f}s)",
-                flush=True,
+                f"/{record['weight_budget']}  ({log.seconds:.1f}s)"
             )
     plot_run(doc, out / "accuracy.png")
     return doc

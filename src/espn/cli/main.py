@@ -65,7 +65,8 @@ def run(
     data_dir: Path | None = typer.Option(
         None, help="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
     ),
-    progress: bool = typer.Option(True, help="Show a progress bar and per-task lines."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+    quiet: bool = typer.Option(False, help="Print only the final summary."),
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
     from espn.experiment import run_experiment
@@ -93,7 +94,9 @@ def run(
         data_dir=data_dir,
         out=out,
     )
-    doc = run_experiment(cfg, progress=progress)
+    doc = run_experiment(
+        cfg, progress=progress, on_task_end=None if quiet else lambda line: console.print(line)
+    )
     ratios = doc["flops_ratio"]
     console.print(
         f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "

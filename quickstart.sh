@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Set up espn on a fresh Debian machine and run a quick, real continual-learning job:
+# ESPN-0.2 on 5 Rotated Fashion-MNIST tasks (real images, offline), printing the result and
+# writing runs/quickstart/results.json and runs/quickstart/accuracy.png.
+set -euo pipefail
+cd "$(dirname "$0")"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if [ ! -d /usr/share/datasets/fashion-mnist ]; then
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
+fi
+python3 -m pip install -q torch==2.14.1 torchvision==0.29.1
+python3 -m pip install -q -e ".[dev,onnx]"
+espn run --benchmark rotated-fashion-mnist --tasks 5 --train-per-task 6000 \
+  --method espn --gamma 0.2 --out runs/quickstart "$@"

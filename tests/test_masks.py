@@ -1,0 +1,32 @@
+"""Bit-packed masks: exact round trips and honest byte counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from espn.supernet import TaskMask, pack_bits, unpack_bits
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (8,), (13, 5), (4, 3, 3, 3), (1024, 784)])
+def test_pack_unpack_round_trip(shape):
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.5
+    packed = pack_bits(mask)
+    assert packed.dtype == torch.uint8
+    assert packed.numel() == (mask.numel() + 7) // 8
+    assert torch.equal(unpack_bits(packed, shape), mask)
+
+
+def test_task_mask_counts_and_bytes():
+    weights = {"a": torch.rand(30, 20) > 0.7, "b": torch.rand(10, 30) > 0.2}
+    units = {"g": torch.tensor([True, False, True])}
+    state = {"gate.weight": torch.ones(3)}
+    mask = TaskMask.from_dense(weights, units, state, n_classes=10, new_weights=5)
+    assert mask.nnz() == int(weights["a"].sum() + weights["b"].sum())
+    assert torch.equal(mask.weight_mask("a"), weights["a"])
+    nbytes = mask.nbytes()
+    assert nbytes["weight_masks"] == (600 + 7) // 8 + (300 + 7) // 8
+    assert nbytes["state"] == 3 * 4
+    # a copy, not a view: later edits of the source do not leak into the stored mask
+    weights["a"].fill_(False)
+    assert mask.nnz() > int(weights["b"].sum())

@@ -1,0 +1,70 @@
+"""Zero forgetting, exactly: frozen weights and earlier tasks' logits are bit-identical."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from espn.config import make_config
+from espn.evaluation import task_logits
+from espn.experiment import build_benchmark, build_supernet
+from espn.methods import METHODS
+from espn.training import Engine, OptimConfig
+
+OPTIMIZERS = [
+    OptimConfig("sgd", lr=0.05, momentum=0.9, weight_decay=1e-2),
+    OptimConfig("adam", lr=1e-3, weight_decay=1e-2, betas=(0.0, 0.999)),
+    OptimConfig("rmsprop", lr=1e-3, momentum=0.5, weight_decay=1e-2),
+]
+
+
+def train_and_check(args: dict, optim: OptimConfig) -> None:
+    cfg = make_config(**args)
+    seq = build_benchmark(cfg)
+    sn = build_supernet(cfg, seq)
+    strategy = METHODS.get(cfg.method)(cfg.method_config())
+    engine = Engine(sn, strategy, optim, batch_size=128, seed=0, progress=False)
+    snapshots: list[dict[str, torch.Tensor]] = []
+    logits: list[torch.Tensor] = []
+    for t, task in enumerate(seq.tasks):
+        before = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
+        engine.train_task(task, t)
+        # something did change: the new task trained its free weights
+        assert any(not torch.equal(before[n], l.weight) for n, l in sn.layers.items())
+        for n, layer in sn.layers.items():  # a committed task's weights are frozen
+            assert not (sn.masks[t].weight_mask(n) & ~layer.frozen).any()
+        for j in range(t):
+            assert torch.equal(task_logits(sn, seq.tasks[j], j), logits[j]), f"task {j} changed"
+            for n, layer in sn.layers.items():
+                mask = sn.masks[j].weight_mask(n)
+                assert torch.equal(layer.weight[mask], snapshots[j][n][mask])
+        snapshots.append({n: layer.weight.detach().clone() for n, layer in sn.layers.items()})
+        logits.append(task_logits(sn, task, t))
+
+
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("method", ["espn", "packnet"])
+def test_frozen_weights_and_logits_bit_identical(fake_mnist, tiny_run_args, method, optim):
+    train_and_check({**tiny_run_args, "method": method, "alpha": 0.2}, optim)
+
+
+def test_every_frozen_entry_survives_weight_decay(fake_mnist, tiny_run_args):
+    """All frozen weights (not only masked ones) keep their bits after a heavy-decay task."""
+    cfg = make_config(**tiny_run_args, method="espn", gamma=0.5, alpha=0.3)
+    seq = build_benchmark(cfg)
+    sn = build_supernet(cfg, seq)
+    engine = Engine(
+        sn,
+        METHODS.get("espn")(cfg.method_config()),
+        OptimConfig("sgd", lr=0.1, momentum=0.9, weight_decay=0.5),
+        batch_size=64,
+        progress=False,
+    )
+    engine.train_task(seq.tasks[0], 0)
+    frozen = {
+        n: (layer.frozen.clone(), layer.weight.detach().clone()) for n, layer in sn.layers.items()
+    }
+    engine.train_task(seq.tasks[1], 1)
+    for n, (mask, values) in frozen.items():
+        assert mask.any()
+        assert torch.equal(sn.layers[n].weight[mask], values[mask])
