@@ -54,9 +54,9 @@ def test_reuse_policies(fake_mnist, tiny_run_args):
         sn, _ = train({**tiny_run_args, "tasks": 2, "gamma": 0.5, "alpha": 0.2, "reuse": reuse})
         second = sn.masks[1]
         kept, available = 0, 0
-        for n, layer in sn.layers.items():
+        sn.use_task(1)
+        for n in sn.layers:
             frozen = sn.masks[0].weight_mask(n)
-            sn.use_task(1)
             alive = sn.structural_mask(n)
             kept += int((second.weight_mask(n) & frozen).sum())
             available += int((frozen & alive).sum())

@@ -30,7 +30,7 @@ def train_and_check(args: dict, optim: OptimConfig) -> None:
         before = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
         engine.train_task(task, t)
         # something did change: the new task trained its free weights
-        assert any(not torch.equal(before[n], l.weight) for n, l in sn.layers.items())
+        assert any(not torch.equal(before[n], m.weight) for n, m in sn.layers.items())
         for n, layer in sn.layers.items():  # a committed task's weights are frozen
             assert not (sn.masks[t].weight_mask(n) & ~layer.frozen).any()
         for j in range(t):
