@@ -56,7 +56,9 @@ def test_masked_count_equals_flop_counter_on_slim_model(seed):
     sn = make_fc1024()
     gen = torch.Generator().manual_seed(seed)
     keep = torch.rand(2, generator=gen) * 0.9 + 0.05
-    units = {g: torch.rand(1024, generator=gen) < float(k) for g, k in zip(sn.groups, keep, strict=True)}
+    units = {
+        g: torch.rand(1024, generator=gen) < float(k) for g, k in zip(sn.groups, keep, strict=True)
+    }
     with torch.no_grad():
         for mods in sn.groups.values():
             for m in mods:
