@@ -1,0 +1,389 @@
+"""``espn theory ...``: the paper's shallow-network theory as runnable CPU experiments.
+
+Each command writes ``<name>.csv`` (one row per solve), ``<name>.png`` and
+``<name>_summary.json`` into ``--out`` (all atomically), and prints a summary that is
+computed from the CSV.  ``espn theory report CSV`` recomputes it (and the figure)
+from a CSV alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from espn.theory.experiments import (
+    MISMATCH_COLUMNS,
+    SAMPLE_COMPLEXITY_COLUMNS,
+    TASK_ORDER_COLUMNS,
+    TASK_ORDERS,
+    MismatchConfig,
+    SampleComplexityConfig,
+    TaskOrderConfig,
+    config_dict,
+    mismatch_solves,
+    read_csv,
+    run_mismatch,
+    run_sample_complexity,
+    run_task_order,
+    sample_complexity_solves,
+    summarize_mismatch,
+    summarize_sample_complexity,
+    summarize_task_order,
+    task_order_solves,
+    write_csv,
+)
+from espn.theory.files import write_json
+from espn.theory.planted import ACTIVATIONS, INPUT_DISTRIBUTIONS, TheoryConfigError
+from espn.theory.report import format_mismatch, format_sample_complexity, format_task_order
+
+app = typer.Typer(
+    help="Theory lab: the paper's shallow-network model of continual representation "
+    "learning (planted model, CRL solver, sample complexity, mismatch, task order). "
+    "CPU only, minutes at default sizes.",
+    no_args_is_help=True,
+)
+
+ACT_HELP = "Activation psi: " + ", ".join(ACTIVATIONS) + "."
+INPUT_HELP = "Input distribution (radius sqrt(d)): " + ", ".join(INPUT_DISTRIBUTIONS) + "."
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def parse_ints(option: str, text: str) -> tuple[int, ...]:
+    """``"4,8,16"`` -> (4, 8, 16), or a clear error naming ``option``."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values:
+        raise TheoryConfigError(f"{option}: expected comma-separated integers, got {text!r}")
+    return values
+
+
+def parse_floats(option: str, text: str) -> tuple[float, ...]:
+    """``"0,0.25"`` -> (0.0, 0.25), or a clear error naming ``option``."""
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values:
+        raise TheoryConfigError(f"{option}: expected comma-separated numbers, got {text!r}")
+    return values
+
+
+def _run(
+    total: int, show: bool, description: str, work: Callable[[Callable[[int], None] | None], Any]
+) -> Any:
+    """Call ``work(progress)`` under a rich progress bar of ``total`` solves."""
+    if not show:
+        return work(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+        return work(lambda k: bar.advance(task, k))
+
+
+def _finish(
+    out: Path,
+    name: str,
+    rows: list[dict[str, Any]],
+    columns: tuple[str, ...],
+    config: dict[str, Any],
+) -> None:
+    """Write the CSV, then summarise and plot from the CSV as read back."""
+    csv_path = write_csv(out / f"{name}.csv", rows, columns)
+    _report(csv_path, config)
+
+
+def _kind(rows: list[dict[str, Any]]) -> str:
+    keys = set(rows[0]) if rows else set()
+    for kind, columns in (
+        ("sample_complexity", SAMPLE_COMPLEXITY_COLUMNS),
+        ("mismatch", MISMATCH_COLUMNS),
+        ("task_order", TASK_ORDER_COLUMNS),
+    ):
+        if keys == set(columns):
+            return kind
+    raise TheoryConfigError(
+        "CSV: columns match none of the theory experiments "
+        "(sample_complexity, mismatch, task_order)"
+    )
+
+
+def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
+    from espn.theory import plots
+
+    rows = read_csv(csv_path)
+    kind = _kind(rows)
+    stem = csv_path.with_suffix("")
+    if kind == "sample_complexity":
+        target = float(config["target"]) if config else _stored_target(stem)
+        summary = summarize_sample_complexity(rows, target)
+        plots.plot_sample_complexity(rows, summary, stem.with_suffix(".png"))
+        text = format_sample_complexity(summary)
+    elif kind == "mismatch":
+        summary = summarize_mismatch(rows)
+        plots.plot_mismatch(rows, summary, stem.with_suffix(".png"))
+        text = format_mismatch(summary)
+    else:
+        summary = summarize_task_order(rows)
+        plots.plot_task_order(rows, summary, stem.with_suffix(".png"))
+        text = format_task_order(summary)
+    summary_path = stem.parent / f"{stem.name}_summary.json"
+    doc = {"config": config if config is not None else _stored_config(summary_path)}
+    write_json(summary_path, {**doc, "summary": summary})
+    typer.echo(text)
+    typer.echo(f"wrote {csv_path}, {stem.with_suffix('.png')} and {summary_path}")
+
+
+def _stored_config(summary_path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(summary_path.read_text()).get("config")
+    except (OSError, ValueError):
+        return None
+
+
+def _stored_target(stem: Path) -> float:
+    config = _stored_config(stem.parent / f"{stem.name}_summary.json") or {}
+    return float(config.get("target", 0.01))
+
+
+def _guard(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except TheoryConfigError as exc:
+        _fail(str(exc))
+
+
+@app.command("sample-complexity")
+def sample_complexity(
+    out: Path = typer.Option(..., help="Output directory for sample_complexity.csv/.png."),
+    d: int = typer.Option(40, help="Input dimension d."),
+    r: int = typer.Option(8, help="Representation dimension r (rows of W*)."),
+    tasks: int = typer.Option(8, help="Number of tasks T."),
+    r_frz: str = typer.Option(
+        "4,7", help="Frozen rows r_frz (comma-separated, each in [0, r]); scratch is always run."
+    ),
+    ns: str = typer.Option(
+        "4,8,16,32,64,128,256,512,1024", help="Samples per task N (comma-separated, >= 1)."
+    ),
+    activation: str = typer.Option("identity", help=ACT_HELP),
+    noise: float = typer.Option(0.5, help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3."),
+    head_norm: float = typer.Option(2.5, help="Norm of every planted head v_t."),
+    inputs: str = typer.Option("sphere", help=INPUT_HELP),
+    replicates: int = typer.Option(3, help="Independent planted models (curves are means)."),
+    n_test: int = typer.Option(2000, help="Test samples per task."),
+    restarts: int = typer.Option(3, help="Solver initialisations (the best one is kept)."),
+    max_iter: int = typer.Option(300, help="L-BFGS iterations per solve."),
+    bound_slack: float = typer.Option(
+        1.5, help="Norm bounds B_v, B_W = slack x the planted norms."
+    ),
+    target: float = typer.Option(0.01, help="Excess risk at which N*T is compared."),
+    seed: int = typer.Option(0, help="Seed of every random draw."),
+    threads: int = typer.Option(1, help="Torch CPU threads (0: torch's default)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Excess risk vs N*T: frozen features (each r_frz) against learning from scratch.
+
+    Prints the N*T needed to reach --target per setting next to the bound's
+    prediction (proportional to dof = T*r + r_new*d).
+    """
+
+    def body() -> None:
+        cfg = SampleComplexityConfig(
+            d=d,
+            r=r,
+            tasks=tasks,
+            r_frz=parse_ints("--r-frz", r_frz),
+            ns=parse_ints("--ns", ns),
+            activation=activation,
+            noise=noise,
+            head_norm=head_norm,
+            inputs=inputs,
+            replicates=replicates,
+            n_test=n_test,
+            restarts=restarts,
+            max_iter=max_iter,
+            bound_slack=bound_slack,
+            target=target,
+            seed=seed,
+            threads=threads,
+        )
+        cfg.validate()
+        rows = _run(
+            sample_complexity_solves(cfg),
+            progress,
+            "sample complexity",
+            lambda p: run_sample_complexity(cfg, p),
+        )
+        _finish(out, "sample_complexity", rows, SAMPLE_COMPLEXITY_COLUMNS, config_dict(cfg))
+
+    _guard(body)
+
+
+@app.command()
+def mismatch(
+    out: Path = typer.Option(..., help="Output directory for mismatch.csv/.png."),
+    d: int = typer.Option(40, help="Input dimension d."),
+    r: int = typer.Option(8, help="Representation dimension r (rows of W*)."),
+    tasks: int = typer.Option(8, help="Number of tasks T."),
+    r_frz: int = typer.Option(6, help="Frozen rows r_frz, in [0, r]."),
+    r_new: int | None = typer.Option(
+        None, help="New rows learned (default r - r_frz; fewer gives a partial representation)."
+    ),
+    perturbations: str = typer.Option(
+        "0,0.1,0.25,0.5",
+        help="Perturbation sizes eps of W_frz (comma-separated, >= 0): row + eps * orthogonal.",
+    ),
+    ns: str = typer.Option(
+        "8,16,32,64,128,256,512,1024,2048", help="Samples per task N (comma-separated, >= 1)."
+    ),
+    mm_n: int = typer.Option(2000, help="Noise-free samples per task of the MM solve."),
+    scratch: bool = typer.Option(True, help="Also run learning from scratch for reference."),
+    activation: str = typer.Option("identity", help=ACT_HELP),
+    noise: float = typer.Option(0.5, help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3."),
+    head_norm: float = typer.Option(2.5, help="Norm of every planted head v_t."),
+    inputs: str = typer.Option("sphere", help=INPUT_HELP),
+    replicates: int = typer.Option(3, help="Independent planted models (curves are means)."),
+    n_test: int = typer.Option(2000, help="Test samples per task."),
+    restarts: int = typer.Option(3, help="Solver initialisations (the best one is kept)."),
+    max_iter: int = typer.Option(300, help="L-BFGS iterations per solve."),
+    bound_slack: float = typer.Option(
+        1.5, help="Norm bounds B_v, B_W = slack x the planted norms."
+    ),
+    seed: int = typer.Option(0, help="Seed of every random draw."),
+    threads: int = typer.Option(1, help="Torch CPU threads (0: torch's default)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Risk vs N*T on a perturbed W_frz: it levels off at the mismatch MM.
+
+    MM = L*_frz - L* is measured separately by a large noise-free solve; the summary
+    puts it next to the floor the risk curves reach.
+    """
+
+    def body() -> None:
+        cfg = MismatchConfig(
+            d=d,
+            r=r,
+            tasks=tasks,
+            r_frz=r_frz,
+            r_new=r_new,
+            perturbations=parse_floats("--perturbations", perturbations),
+            ns=parse_ints("--ns", ns),
+            mm_n=mm_n,
+            include_scratch=scratch,
+            activation=activation,
+            noise=noise,
+            head_norm=head_norm,
+            inputs=inputs,
+            replicates=replicates,
+            n_test=n_test,
+            restarts=restarts,
+            max_iter=max_iter,
+            bound_slack=bound_slack,
+            seed=seed,
+            threads=threads,
+        )
+        cfg.validate()
+        rows = _run(mismatch_solves(cfg), progress, "mismatch", lambda p: run_mismatch(cfg, p))
+        _finish(out, "mismatch", rows, MISMATCH_COLUMNS, config_dict(cfg))
+
+    _guard(body)
+
+
+@app.command("task-order")
+def task_order(
+    out: Path = typer.Option(..., help="Output directory for task_order.csv/.png."),
+    d: int = typer.Option(30, help="Input dimension d."),
+    r: int = typer.Option(4, help="Representation dimension r (rows of W*)."),
+    tasks: int = typer.Option(10, help="Number of tasks (arrivals)."),
+    heads: int = typer.Option(4, help="Heads (outputs) per task, like classes per task."),
+    n_max: int = typer.Option(1000, help="Samples per head of task ID 1 (the largest)."),
+    n_min: int = typer.Option(50, help="Samples per head of the last task ID (the smallest)."),
+    first_rows: int | None = typer.Option(None, help="Rows the first arrival adds (default r)."),
+    rows_per_task: int = typer.Option(1, help="Rows every later arrival adds (>= 0)."),
+    orders: str = typer.Option(
+        ",".join(TASK_ORDERS), help="Orders to run: " + ", ".join(TASK_ORDERS) + "."
+    ),
+    activation: str = typer.Option("relu", help=ACT_HELP),
+    noise: float = typer.Option(0.5, help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3."),
+    head_norm: float = typer.Option(2.5, help="Norm of every planted head v_t."),
+    inputs: str = typer.Option("sphere", help=INPUT_HELP),
+    replicates: int = typer.Option(3, help="Independent planted models (curves are means)."),
+    n_test: int = typer.Option(1000, help="Test samples per head."),
+    restarts: int = typer.Option(3, help="Solver initialisations (the best one is kept)."),
+    max_iter: int = typer.Option(300, help="L-BFGS iterations per solve."),
+    bound_slack: float = typer.Option(
+        1.5, help="Norm bounds B_v, B_W = slack x the planted norms."
+    ),
+    seed: int = typer.Option(0, help="Seed of every random draw."),
+    threads: int = typer.Option(1, help="Torch CPU threads (0: torch's default)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Sequential CRL: large tasks first vs small tasks first vs individual.
+
+    Sample sizes fall as floor(n_max * (n_min/n_max)^((ID-1)/(tasks-1))), as in the
+    paper's figure on sample size.
+    """
+
+    def body() -> None:
+        names = tuple(o.strip() for o in orders.split(",") if o.strip())
+        if not names:
+            raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
+        cfg = TaskOrderConfig(
+            d=d,
+            r=r,
+            tasks=tasks,
+            heads=heads,
+            n_max=n_max,
+            n_min=n_min,
+            first_rows=first_rows,
+            rows_per_task=rows_per_task,
+            orders=names,
+            activation=activation,
+            noise=noise,
+            head_norm=head_norm,
+            inputs=inputs,
+            replicates=replicates,
+            n_test=n_test,
+            restarts=restarts,
+            max_iter=max_iter,
+            bound_slack=bound_slack,
+            seed=seed,
+            threads=threads,
+        )
+        cfg.validate()
+        rows = _run(
+            task_order_solves(cfg), progress, "task order", lambda p: run_task_order(cfg, p)
+        )
+        _finish(out, "task_order", rows, TASK_ORDER_COLUMNS, config_dict(cfg))
+
+    _guard(body)
+
+
+@app.command()
+def report(
+    csv_file: Path = typer.Argument(..., help="A CSV written by one of the theory commands."),
+) -> None:
+    """Recompute the summary and the figure of an experiment from its CSV alone."""
+
+    def body() -> None:
+        if not csv_file.is_file():
+            raise TheoryConfigError(f"CSV: no such file {csv_file}")
+        _report(csv_file)
+
+    _guard(body)

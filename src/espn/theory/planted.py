@@ -1,0 +1,205 @@
+"""The planted shallow-network model of the paper's "Application to Shallow Networks".
+
+Task ``t`` labels an input ``x`` in R^d as
+
+    y = sigma(v_t^T psi(W* x)) + Z,
+
+with ``W*`` in R^{r x d} the shared ground-truth representation, ``v_t`` in R^r the
+task's head, ``psi`` a Lipschitz activation with ``psi(0) = 0`` (identity or ReLU),
+``sigma`` the logistic link and ``Z`` uniform on ``[-noise, noise]`` (bounded, zero
+mean, independent of ``x``).  The best possible squared-loss risk is therefore the
+noise floor ``E[Z^2] = noise^2 / 3``, and the excess risk of a predictor ``f`` is
+exactly ``E[(f(x) - sigma(v_t^T psi(W* x)))^2]``, which we measure on clean labels.
+
+Conventions (the paper leaves them free):
+
+* inputs lie on the sphere (or are uniform in the ball) of radius ``sqrt(d)``, so that
+  each coordinate has unit scale and a unit-norm row of ``W`` gives an O(1) feature;
+* ``W*`` has orthonormal rows (``||W*||_F = sqrt(r)``), drawn uniformly at random;
+* every head has the same norm ``head_norm`` and a uniformly random direction.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+DTYPE = torch.float64
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": lambda z: z,
+    "relu": torch.relu,
+}
+INPUT_DISTRIBUTIONS = ("sphere", "ball")
+
+
+class TheoryConfigError(ValueError):
+    """A theory-lab setting is not accepted; the message names the value and what is."""
+
+
+def check_choice(option: str, value: str, accepted: Sequence[str]) -> str:
+    """Return ``value`` if it is one of ``accepted``, else raise a clear error."""
+    if value not in accepted:
+        raise TheoryConfigError(f"{option}: got {value!r}; accepted: {', '.join(accepted)}")
+    return value
+
+
+def activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation ``psi`` called ``name`` (identity or relu)."""
+    return ACTIVATIONS[check_choice("--activation", name, tuple(ACTIVATIONS))]
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any printable parts (same value in every process)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def generator(*parts: object) -> torch.Generator:
+    """A CPU generator seeded by :func:`derive_seed` of ``parts``."""
+    return torch.Generator().manual_seed(derive_seed(*parts))
+
+
+def sample_inputs(
+    n: int, d: int, gen: torch.Generator, distribution: str = "sphere"
+) -> torch.Tensor:
+    """``n`` inputs of radius ``sqrt(d)``: on the sphere, or uniform in the ball."""
+    check_choice("--inputs", distribution, INPUT_DISTRIBUTIONS)
+    g = torch.randn(n, d, generator=gen, dtype=DTYPE)
+    x = g / g.norm(dim=1, keepdim=True) * d**0.5
+    if distribution == "ball":
+        x = x * torch.rand(n, 1, generator=gen, dtype=DTYPE) ** (1.0 / d)
+    return x
+
+
+@dataclass
+class TaskData:
+    """Per-task training or test sets: ``X[t]`` is (N_t, d), ``y[t]`` is (N_t,)."""
+
+    X: list[torch.Tensor]
+    y: list[torch.Tensor]
+
+    @property
+    def sizes(self) -> list[int]:
+        """Number of samples of each task."""
+        return [len(y) for y in self.y]
+
+    def head(self, n: int | Sequence[int]) -> TaskData:
+        """The first ``n`` samples of each task (``n`` per task, or one value for all)."""
+        ns = [n] * len(self.X) if isinstance(n, int) else list(n)
+        return TaskData(
+            [x[:k] for x, k in zip(self.X, ns, strict=True)],
+            [y[:k] for y, k in zip(self.y, ns, strict=True)],
+        )
+
+    def select(self, tasks: Sequence[int]) -> TaskData:
+        """The tasks with the given indices, in that order."""
+        return TaskData([self.X[t] for t in tasks], [self.y[t] for t in tasks])
+
+
+@dataclass
+class PlantedModel:
+    """Ground truth ``W*`` (r x d), heads ``V`` (T x r), activation and noise level."""
+
+    W: torch.Tensor
+    V: torch.Tensor
+    activation: str = "relu"
+    noise: float = 0.5
+    inputs: str = "sphere"
+
+    @property
+    def d(self) -> int:
+        """Input dimension."""
+        return self.W.shape[1]
+
+    @property
+    def r(self) -> int:
+        """Representation dimension (rows of ``W*``)."""
+        return self.W.shape[0]
+
+    @property
+    def T(self) -> int:
+        """Number of tasks."""
+        return self.V.shape[0]
+
+    @property
+    def noise_floor(self) -> float:
+        """``E[Z^2]`` for ``Z ~ Uniform[-noise, noise]``: the optimal risk ``L*``."""
+        return self.noise**2 / 3.0
+
+    @classmethod
+    def create(
+        cls,
+        d: int,
+        r: int,
+        tasks: int,
+        activation: str = "relu",
+        noise: float = 0.5,
+        head_norm: float = 2.5,
+        seed: int = 0,
+        inputs: str = "sphere",
+    ) -> PlantedModel:
+        """Draw ``W*`` with orthonormal rows and ``tasks`` heads of norm ``head_norm``."""
+        activation_fn(activation)
+        check_choice("--inputs", inputs, INPUT_DISTRIBUTIONS)
+        if not 1 <= r <= d:
+            raise TheoryConfigError(f"--r: must be in [1, d={d}], got {r}")
+        if tasks < 1:
+            raise TheoryConfigError(f"--tasks: must be >= 1, got {tasks}")
+        if noise < 0:
+            raise TheoryConfigError(f"--noise: must be >= 0, got {noise:g}")
+        gen = generator("planted", seed, d, r, tasks)
+        q, _ = torch.linalg.qr(torch.randn(d, r, generator=gen, dtype=DTYPE))
+        heads = torch.randn(tasks, r, generator=gen, dtype=DTYPE)
+        heads = heads / heads.norm(dim=1, keepdim=True) * head_norm
+        return cls(W=q.T.contiguous(), V=heads, activation=activation, noise=noise, inputs=inputs)
+
+    def clean(self, X: torch.Tensor, task: int) -> torch.Tensor:
+        """Noise-free label ``sigma(v_t^T psi(W* x))`` of each row of ``X``."""
+        psi = activation_fn(self.activation)
+        return torch.sigmoid(psi(X @ self.W.T) @ self.V[task])
+
+    def sample(
+        self, n: int | Sequence[int], gen: torch.Generator, noisy: bool = True
+    ) -> tuple[TaskData, TaskData]:
+        """Draw ``n`` samples per task (or ``n[t]`` for task ``t``).
+
+        Returns the noisy data set and the same inputs with clean labels; the clean
+        copy gives exact excess risks (``E[Z^2]`` is known in closed form).
+        """
+        ns = [n] * self.T if isinstance(n, int) else list(n)
+        if len(ns) != self.T:
+            raise TheoryConfigError(f"need one sample size per task ({self.T}), got {len(ns)}")
+        Xs, noisy_y, clean_y = [], [], []
+        for t, k in enumerate(ns):
+            if k < 1:
+                raise TheoryConfigError(f"--ns: every N must be >= 1, got {k}")
+            X = sample_inputs(k, self.d, gen, self.inputs)
+            f = self.clean(X, t)
+            z = (2 * torch.rand(k, generator=gen, dtype=DTYPE) - 1) * self.noise
+            Xs.append(X)
+            clean_y.append(f)
+            noisy_y.append(f + z if noisy else f.clone())
+        return TaskData(Xs, noisy_y), TaskData(Xs, clean_y)
+
+    def frozen(self, r_frz: int, perturbation: float = 0.0, seed: int = 0) -> torch.Tensor:
+        """The frozen representation ``W_frz``: the first ``r_frz`` rows of ``W*``.
+
+        With ``perturbation = eps > 0`` each row becomes ``w*_i + eps * e_i`` where
+        ``e_i`` is a random direction orthogonal to every row of ``W*``, of the same
+        norm as ``w*_i``: the frozen features then leave the span the tasks need and
+        no new rows can undo that, so the mismatch ``MM`` is positive.
+        """
+        if not 0 <= r_frz <= self.r:
+            raise TheoryConfigError(f"--r-frz: must be in [0, r={self.r}], got {r_frz}")
+        if perturbation < 0:
+            raise TheoryConfigError(f"--perturbation: must be >= 0, got {perturbation:g}")
+        W = self.W[:r_frz].clone()
+        if perturbation > 0 and r_frz > 0:
+            gen = generator("perturb", seed, r_frz, self.d)
+            E = torch.randn(r_frz, self.d, generator=gen, dtype=DTYPE)
+            E = E - (E @ self.W.T) @ self.W  # orthogonal to the row space of W*
+            E = E / E.norm(dim=1, keepdim=True) * W.norm(dim=1, keepdim=True)
+            W = W + perturbation * E
+        return W
