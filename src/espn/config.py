@@ -9,7 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from espn.data.registry import BENCHMARKS
-from espn.methods.base import METHODS, MethodConfig
+from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 from espn.training.optim import OPTIMIZERS, OptimConfig
@@ -62,9 +62,10 @@ class RunConfig(BaseModel):
     batch_size: int | None = None
     weight_decay: float = 0.0
     momentum: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] | None = None
     pruner: str = "flop-aware"
     penalty: float = 1e-4
+    supsup_k: float | None = None
     reuse: str = "magnitude"
     prune_updates_per_epoch: int = 4
     train_per_task: int | None = None
@@ -73,6 +74,29 @@ class RunConfig(BaseModel):
     device: str = "cpu"
     data_dir: Path | None = None
     out: Path = Path("runs/latest")
+    preset: str | None = None
+    amp: bool = False
+    folders: tuple[Path, ...] = ()
+    image_size: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Options given (not None) win over the preset's, which fill in the rest."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("preset") is None:
+            return _need_benchmark(data)
+        from espn.presets import load_preset, merge
+
+        values = load_preset(str(data["preset"]))
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            raise ValueError(
+                f"preset {data['preset']!r} sets unknown option(s) {', '.join(unknown)}; "
+                f"accepted: {', '.join(f for f in cls.model_fields if f not in ('preset', 'out'))}"
+            )
+        return _need_benchmark(merge(values, data))
 
     @field_validator("benchmark")
     @classmethod
@@ -125,8 +149,18 @@ class RunConfig(BaseModel):
     def _alpha(cls, v: float | None) -> float | None:
         return _in_unit_interval("alpha", v)
 
+    @field_validator("supsup_k")
+    @classmethod
+    def _supsup_k(cls, v: float | None) -> float | None:
+        return _in_unit_interval("supsup_k", v)
+
     @field_validator(
-        "tasks", "train_per_task", "test_per_task", "batch_size", "prune_updates_per_epoch"
+        "tasks",
+        "train_per_task",
+        "test_per_task",
+        "batch_size",
+        "prune_updates_per_epoch",
+        "image_size",
     )
     @classmethod
     def _positive(cls, v: int | None, info: Any) -> int | None:
@@ -190,16 +224,61 @@ class RunConfig(BaseModel):
                 f"method {self.method!r} has no FLOP constraint; gamma must be 1 or unset, "
                 f"got {self.gamma}"
             )
+        self._check_folders(bench.needs_folders)
+        self._check_method_options(strategy)
         d = bench.defaults
-        self.tasks = self.tasks or bench.default_tasks
+        self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
+        self.betas = self.betas or tuple(d.get("betas", (0.9, 0.999)))
         self.gamma = self.gamma if self.gamma is not None else (0.2 if strategy.uses_gamma else 1.0)
-        self.alpha = self.alpha if self.alpha is not None else float(d.get("alpha", 0.1))
+        if not strategy.uses_alpha:
+            self.alpha = 1.0
+        elif self.alpha is None:
+            self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
         self.model = self.model or str(d.get("model", "fc1024"))
         self.epochs = self.epochs or tuple(d.get("epochs", (3, 4, 3)))
         self.optimizer = self.optimizer or str(d.get("optimizer", "adam"))
         self.lr = self.lr or float(d.get("lr", 1e-3))
         self.batch_size = self.batch_size or int(d.get("batch_size", 128))
         return self
+
+    def _check_method_options(self, strategy: type[Strategy]) -> None:
+        """Options of one method given to another are refused (alpha from a preset is not)."""
+        if self.supsup_k is not None and self.method != "supsup":
+            raise ValueError(
+                f"supsup_k applies to method 'supsup' only, not {self.method!r}; leave it unset"
+            )
+        if not strategy.uses_gamma and self.pruner != "flop-aware":
+            pruning = ", ".join(n for n in METHODS.names() if METHODS.get(n).uses_gamma)
+            raise ValueError(
+                f"method {self.method!r} prunes no units, so pruner {self.pruner!r} would be "
+                f"ignored; pruners apply to: {pruning}"
+            )
+        if self.method == "supsup" and self.supsup_k is None:
+            self.supsup_k = 0.5
+        if strategy.uses_alpha or self.alpha in (None, 1.0):
+            return
+        if self.preset is not None:
+            from espn.presets import load_preset
+
+            if load_preset(self.preset).get("alpha") == self.alpha:
+                return
+        raise ValueError(
+            f"method {self.method!r} has no weight budget; alpha must be 1 or unset, "
+            f"got {self.alpha}"
+        )
+
+    def _check_folders(self, needed: bool) -> None:
+        if needed and not self.folders:
+            raise ValueError(
+                f"benchmark {self.benchmark} needs its task directories: "
+                "--folders DIR1,DIR2,... (one ImageFolder directory per task)"
+            )
+        if self.folders and not needed:
+            raise ValueError(f"folders are only used by image-folders, not by {self.benchmark}")
+        if self.tasks is not None and self.folders and self.tasks > len(self.folders):
+            raise ValueError(
+                f"tasks must be <= the {len(self.folders)} folders given, got {self.tasks}"
+            )
 
     def method_config(self) -> MethodConfig:
         return MethodConfig(
@@ -210,6 +289,7 @@ class RunConfig(BaseModel):
             penalty=self.penalty,
             reuse=self.reuse,
             prune_updates_per_epoch=self.prune_updates_per_epoch,
+            supsup_k=float(self.supsup_k or 0.5),
         )
 
     def optim_config(self) -> OptimConfig:
@@ -220,6 +300,15 @@ class RunConfig(BaseModel):
             momentum=self.momentum,
             betas=self.betas,
         )
+
+
+def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
+    if data.get("benchmark") is None:
+        raise ValueError(
+            "no benchmark: give --benchmark NAME (see `espn list`) or a preset that sets one; "
+            f"benchmarks: {', '.join(BENCHMARKS.names())}"
+        )
+    return data
 
 
 def make_config(**values: Any) -> RunConfig:

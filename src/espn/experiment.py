@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from espn import __version__
+from espn.checkpoint.run import RunCheckpoint
 from espn.config import RunConfig
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence
@@ -22,6 +23,7 @@ from espn.evaluation.metrics import (
     task_accuracy,
 )
 from espn.evaluation.plots import plot_run
+from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.supernet import Supernet
@@ -37,6 +39,8 @@ def build_benchmark(cfg: RunConfig) -> TaskSequence:
         test_per_task=cfg.test_per_task,
         data_dir=cfg.data_dir,
         device=torch.device(cfg.device),
+        folders=tuple(cfg.folders),
+        image_size=cfg.image_size,
     )
     return BENCHMARKS.get(cfg.benchmark).build(args)
 
@@ -73,8 +77,13 @@ def results_document(
     rows: list[list[float]],
     per_task: list[dict],
 ) -> dict[str, Any]:
-    """The ``results.json`` document of a (possibly unfinished) run."""
+    """The ``results.json`` document of a (possibly unfinished) run.
+
+    ``rows`` has one accuracy row per training step (per task, or a single row for MTL's
+    joint training), ``per_task`` one record per learned task.
+    """
     column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
+    storage = storage_report(supernet, METHODS.get(cfg.method).weights)
     return {
         "espn_version": __version__,
         "method": cfg.method,
@@ -84,8 +93,8 @@ def results_document(
         "gamma": cfg.gamma,
         "alpha": cfg.alpha,
         "config": cfg.model_dump(mode="json"),
-        "task_names": [t.name for t in seq.tasks[: len(rows)]],
-        "complete": len(rows) == len(seq),
+        "task_names": [t.name for t in seq.tasks[: len(per_task)]],
+        "complete": len(per_task) == len(seq),
         "accuracy_matrix": rows,
         "final_accuracy": final_accuracy(rows) if rows else [],
         "average_accuracy": average_accuracy(rows) if rows else None,
@@ -93,6 +102,8 @@ def results_document(
         "backward_transfer": backward_transfer(rows) if rows else None,
         "dense_flops": supernet.dense_flops,
         "total_weights": supernet.total_weights,
+        "storage_bytes": storage["total"],
+        "storage": storage,
         **column,
     }
 
@@ -101,36 +112,65 @@ def run_experiment(
     cfg: RunConfig,
     progress: bool = True,
     on_task_end: Callable[[str], None] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run ``cfg`` to the end; results are rewritten atomically after every task.
+    """Run ``cfg`` to the end; results are rewritten atomically after every task, and the
+    checkpoint in ``<out>/checkpoint`` after every task and every epoch.
 
-    ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task.
+    ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task;
+    ``resume`` continues a killed run from its checkpoint (same options required).
     """
     start = time.perf_counter()
     out = Path(cfg.out)
     seq = build_benchmark(cfg)
     supernet = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(supernet, strategy, cfg.optim_config(), int(cfg.batch_size), cfg.seed, progress)
-    rows: list[list[float]] = []
-    per_task: list[dict[str, Any]] = []
-    for t, task in enumerate(seq.tasks):
-        log = engine.train_task(task, t)
-        rows.append([task_accuracy(supernet, seq.tasks[j], j) for j in range(t + 1)])
-        record = task_record(supernet, t)
-        record |= {
-            "weight_budget": strategy.weight_budget,
-            "seconds": log.seconds,
-            "seconds_per_epoch": log.seconds_per_epoch,
-        }
-        per_task.append(record)
+    engine = Engine(
+        supernet,
+        strategy,
+        cfg.optim_config(),
+        int(cfg.batch_size),
+        cfg.seed,
+        progress,
+        amp=cfg.amp,
+    )
+    ckpt = RunCheckpoint.open(cfg, seq, supernet, engine, strategy, resume)
+    start -= ckpt.elapsed
+    if ckpt.summary and on_task_end is not None:
+        on_task_end(ckpt.summary)
+    rows, per_task = ckpt.rows, ckpt.per_task
+    doc = results_document(cfg, seq, supernet, rows, per_task)
+    doc["wall_time_s"] = ckpt.elapsed
+    for i, task in enumerate(strategy.training_tasks(seq)):
+        if i < len(rows):
+            continue
+        first = len(supernet.masks)
+        log = engine.train_task(
+            task,
+            i,
+            on_progress=ckpt.on_progress(i, strategy, seq, lambda: time.perf_counter() - start),
+            resume=ckpt.resume_point(i),
+        )
+        learned = range(first, len(supernet.masks))  # one task, or all of them for MTL
+        rows.append([task_accuracy(supernet, seq.tasks[j], j) for j in range(learned.stop)])
+        for t in learned:
+            record = task_record(supernet, t)
+            record |= {
+                "weight_budget": strategy.weight_budget,
+                "seconds": log.seconds / len(learned),
+                "seconds_per_epoch": log.seconds_per_epoch,
+            }
+            per_task.append(record)
         doc = results_document(cfg, seq, supernet, rows, per_task)
         doc["wall_time_s"] = time.perf_counter() - start
         write_json_atomic(out / "results.json", doc)
+        ckpt.task_done(seq, doc["wall_time_s"])
         if on_task_end is not None:
+            acc = sum(rows[-1][learned.start :]) / len(learned)  # the mean of MTL's tasks
+            new = sum(r["new_weights"] for r in per_task[learned.start :])
             on_task_end(
-                f"task {t + 1}/{len(seq)} {task.name}: acc {rows[-1][-1]:.2f}%  "
-                f"FLOPs {record['flops_ratio']:.3f}  new weights {record['new_weights']}"
+                f"task {learned.stop}/{len(seq)} {task.name}: acc {acc:.2f}%  "
+                f"FLOPs {record['flops_ratio']:.3f}  new weights {new}"
                 f"/{record['weight_budget']}  ({log.seconds:.1f}s)"
             )
     plot_run(doc, out / "accuracy.png")

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
+from espn.checkpoint.format import CheckpointError
 from espn.config import ConfigError
 from espn.data.sources import DatasetUnavailable
 from espn.registry import UnknownNameError
@@ -16,7 +17,13 @@ from espn.registry import UnknownNameError
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
-USER_ERRORS = (ConfigError, DatasetUnavailable, UnknownNameError, FileNotFoundError)
+USER_ERRORS = (
+    ConfigError,
+    CheckpointError,
+    DatasetUnavailable,
+    UnknownNameError,
+    FileNotFoundError,
+)
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from espn.cli import deploy, presets, study, theory
 from espn.cli.common import parse_epochs, user_errors
-from espn.config import make_config
 from espn.data.registry import BENCHMARKS
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
@@ -23,14 +23,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+app.add_typer(deploy.app)  # evaluate, export, info
+app.add_typer(presets.app, name="presets")  # presets [show NAME]
+app.add_typer(study.app, name="study")  # study pruners
+app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, task-order, report
 
 
 @app.command()
 @user_errors
 def run(
-    benchmark: str = typer.Option(..., help="Benchmark name (see `espn list`)."),
+    ctx: typer.Context,
+    benchmark: str | None = typer.Option(
+        None, help="Benchmark name (see `espn list`); required unless the preset sets one."
+    ),
     method: str = typer.Option("espn", help="Method: " + ", ".join(METHODS.names()) + "."),
-    out: Path = typer.Option(..., help="Run directory for results.json and accuracy.png."),
+    out: Path = typer.Option(
+        ..., help="Run directory for results.json, accuracy.png and checkpoint/."
+    ),
     model: str | None = typer.Option(None, help="Model name; default: the benchmark's."),
     gamma: float | None = typer.Option(
         None, help="FLOPs budget per task, in (0, 1]; ESPN default 0.2."
@@ -57,6 +66,9 @@ def run(
         "flop-aware", help="Unit pruner: " + ", ".join(PRUNERS.names()) + "."
     ),
     penalty: float = typer.Option(1e-4, help="Strength of the pruner's sparsity penalty."),
+    supsup_k: float | None = typer.Option(
+        None, help="SupSup: fraction of each layer's weights in a supermask, in (0, 1]; 0.5."
+    ),
     reuse: str = typer.Option(
         "magnitude", help="Frozen weights a task keeps: 'magnitude' or 'all'."
     ),
@@ -67,11 +79,25 @@ def run(
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     quiet: bool = typer.Option(False, help="Print only the final summary."),
+    resume: bool = typer.Option(
+        False, help="Continue a killed run from OUT/checkpoint (same options required)."
+    ),
+    preset: str | None = typer.Option(
+        None, help="Recipe (see `espn presets`) or a .json file; explicit options win over it."
+    ),
+    amp: bool = typer.Option(False, help="Mixed precision (float16 + loss scaling on CUDA)."),
+    folders: str | None = typer.Option(
+        None, help="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
+    ),
+    image_size: int | None = typer.Option(
+        None, help="image-folders: side of the square images (default 224)."
+    ),
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
     from espn.experiment import run_experiment
 
-    cfg = make_config(
+    cfg = presets.make_config_given(
+        ctx,
         benchmark=benchmark,
         method=method,
         model=model,
@@ -88,14 +114,22 @@ def run(
         momentum=momentum,
         pruner=pruner,
         penalty=penalty,
+        supsup_k=supsup_k,
         reuse=reuse,
         seed=seed,
         device=device,
         data_dir=data_dir,
+        preset=preset,
+        amp=amp,
+        folders=presets.parse_folders(folders),
+        image_size=image_size,
         out=out,
     )
     doc = run_experiment(
-        cfg, progress=progress, on_task_end=None if quiet else lambda line: console.print(line)
+        cfg,
+        progress=progress,
+        on_task_end=None if quiet else lambda line: console.print(line),
+        resume=resume,
     )
     ratios = doc["flops_ratio"]
     console.print(
@@ -103,6 +137,7 @@ def run(
         f"average accuracy {doc['average_accuracy']:.2f}%, "
         f"mean FLOPs ratio {sum(ratios) / len(ratios):.3f}, "
         f"max forgetting {max(doc['forgetting']):.2f} points, "
+        f"storage {doc['storage_bytes'] / 2**20:.2f} MiB, "
         f"wall time {doc['wall_time_s']:.1f}s"
     )
     console.print(f"wrote {Path(out) / 'results.json'} and {Path(out) / 'accuracy.png'}")
@@ -114,7 +149,8 @@ def list_components() -> None:
     table = Table("kind", "name", "description")
     for name in BENCHMARKS:
         b = BENCHMARKS.get(name)
-        table.add_row("benchmark", name, f"{b.description} ({b.default_tasks} tasks by default)")
+        n = b.default_tasks
+        table.add_row("benchmark", name, f"{b.description} ({n} task{'s' * (n != 1)} by default)")
     for name in MODELS:
         table.add_row("model", name, (MODELS.get(name).__doc__ or "").strip().splitlines()[0])
     for name in METHODS:

@@ -1,6 +1,6 @@
 """Benchmarks (task sequences held as tensors on the device), found by name in BENCHMARKS."""
 
-from espn.data import mnist
+from espn.data import cifar, folders, mnist
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.sources import DatasetUnavailable, load_mnist_like
 from espn.data.tasks import Split, Task, TaskSequence
@@ -13,6 +13,8 @@ __all__ = [
     "Split",
     "Task",
     "TaskSequence",
+    "cifar",
+    "folders",
     "load_mnist_like",
     "mnist",
 ]

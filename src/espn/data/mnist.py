@@ -78,6 +78,20 @@ def permuted(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
     return _seq(name, tasks, "permuted")
 
 
+def normalise_images(x: Tensor, train: bool, source: str) -> Tensor:
+    """uint8 [B, 28, 28] -> normalised [B, 1, 28, 28], nothing else."""
+    return _normalise(_to_unit(x), source)
+
+
+def single(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
+    """The whole dataset as one 10-class task (e.g. to compare pruners without CL)."""
+    base = _base_splits(source, args)
+    splits = _splits(base, args, 0)
+    transform = functools.partial(normalise_images, source=source)
+    task = Task(f"{source} (10 classes)", splits["train"], splits["test"], transform, 10)
+    return _seq(name, [task], "single")
+
+
 ROTATION_ANGLES = [10.0 * (i + 1) for i in range(36)]
 
 
@@ -115,3 +129,12 @@ for _source, _label in (("mnist", "MNIST"), ("fashion-mnist", "Fashion-MNIST")):
                 defaults=MNIST_DEFAULTS,
             )
         )
+    BENCHMARKS.register(_source)(
+        Benchmark(
+            build=functools.partial(single, _source, _source),
+            default_tasks=1,
+            max_tasks=1,
+            description=f"{_label} as one 10-class task (shared head)",
+            defaults=MNIST_DEFAULTS,
+        )
+    )

@@ -23,6 +23,8 @@ class BenchmarkArgs:
     data_dir: Path | None = None
     device: torch.device | str = "cpu"
     download: bool = True
+    folders: tuple[Path, ...] = ()  # image-folders: one directory per task
+    image_size: int | None = None  # image-folders: side of the square images
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Benchmark:
     max_tasks: int | None
     description: str
     defaults: dict[str, object] = field(default_factory=dict)
+    needs_folders: bool = False  # its tasks come from the --folders directories
 
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark")

@@ -48,13 +48,23 @@ class Task:
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield ``(inputs, labels)`` batches; everything stays on the data's device."""
         data = self.split(split)
-        n = len(data)
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        order = order.to(data.index.device)
         train = split == "train"
-        for start in range(0, n, batch_size):
-            rows = order[start : start + batch_size]
+        for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
             yield self.transform(data.x[data.index[rows]], train), data.y[rows]
+
+    def batch_rows(
+        self,
+        split: str,
+        batch_size: int,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+        device: torch.device | str = "cpu",
+    ) -> list[Tensor]:
+        """The rows of ``split`` in each batch, in order (shuffled by ``generator``), on
+        ``device``; the one place that decides batch order, so every task kind agrees."""
+        n = len(self.split(split))
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        return list(order.to(device).split(batch_size))
 
     def num_batches(self, split: str, batch_size: int) -> int:
         return -(-len(self.split(split)) // batch_size)

@@ -41,9 +41,11 @@ def average_accuracy(matrix: list[list[float]]) -> float:
 
 
 def forgetting(matrix: list[list[float]]) -> list[float]:
-    """Per task: best accuracy it ever had minus its final accuracy (0 for zero forgetting)."""
+    """Per task: best accuracy it ever had minus its final accuracy (0 for zero forgetting).
+
+    Rows may cover several tasks at once (MTL's single row covers all of them)."""
     last = matrix[-1]
-    return [max(row[j] for row in matrix[j:]) - last[j] for j in range(len(last))]
+    return [max(row[j] for row in matrix if len(row) > j) - last[j] for j in range(len(last))]
 
 
 def backward_transfer(matrix: list[list[float]]) -> float:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
+from espn.data.tasks import Task, TaskSequence
 from espn.pruning.schedule import GradualSchedule
 from espn.pruning.selection import select_weights
 from espn.registry import Registry
@@ -42,6 +44,7 @@ class MethodConfig:
     penalty: float = 1e-4
     reuse: str = "magnitude"
     prune_updates_per_epoch: int = 4
+    supsup_k: float = 0.5
 
 
 class Strategy(ABC):
@@ -52,6 +55,14 @@ class Strategy(ABC):
     train_unit_affine: ClassVar[bool] = True
     #: whether the method takes a FLOPs budget gamma
     uses_gamma: ClassVar[bool] = True
+    #: whether the method takes a weight allocation alpha (if not, alpha is 1)
+    uses_alpha: ClassVar[bool] = True
+    #: alpha when none is given (None: the benchmark's default)
+    default_alpha: ClassVar[float | None] = None
+    #: how tasks hold their weights (see ``Supernet.commit_task``): "shared" (trained, then
+    #: frozen for later tasks), "own" (each task trains and keeps its own copy), "fixed"
+    #: (never trained: the shared weights get no gradient, a task is its masks and state)
+    weights: ClassVar[str] = "shared"
 
     def __init__(self, cfg: MethodConfig) -> None:
         self.cfg = cfg
@@ -68,6 +79,49 @@ class Strategy(ABC):
         self.weight_budget = supernet.weight_budget(self.cfg.alpha)
         self.layer_free = {n: int((~m.frozen).sum()) for n, m in supernet.layers.items()}
         self.layer_budgets = {n: math.floor(self.cfg.alpha * f) for n, f in self.layer_free.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state that a task resumed mid-way needs (checkpoints); methods that keep
+        more state between ``begin_task`` and the end of a task extend it."""
+        return {
+            "weight_budget": self.weight_budget,
+            "layer_budgets": dict(self.layer_budgets),
+            "layer_free": dict(self.layer_free),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (in place of ``begin_task`` on resume)."""
+        self.weight_budget = int(state["weight_budget"])
+        self.layer_budgets = {k: int(v) for k, v in state["layer_budgets"].items()}
+        self.layer_free = {k: int(v) for k, v in state["layer_free"].items()}
+
+    def attach(self, supernet: Supernet) -> None:
+        """Called once when the engine is built, before any task is trained or a checkpoint
+        restored: the supernet holds its freshly initialised weights."""
+
+    def training_tasks(self, seq: TaskSequence) -> list[Task]:
+        """What the engine trains, in order: one task per entry of ``seq`` by default; each
+        entry is committed by :meth:`commit` into one or more of ``seq``'s tasks."""
+        return list(seq.tasks)
+
+    def extra_parameters(self) -> list[nn.Parameter]:
+        """Trainable tensors the method owns besides the supernet's (e.g. SupSup's scores)."""
+        return []
+
+    def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
+        """Training-time logits of the working sub-network."""
+        return supernet(x)
+
+    def loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Training loss of a batch (before the penalty)."""
+        return F.cross_entropy(logits, y)
+
+    def after_step(self, supernet: Supernet) -> None:
+        """Called after every optimizer step (e.g. to clamp saliencies)."""
+
+    def commit(self, supernet: Supernet, task: Task) -> None:
+        """Store the trained working sub-network as the next task(s) of the supernet."""
+        supernet.commit_task(self.weights)
 
     def penalty(self, supernet: Supernet) -> Tensor | None:
         """A regulariser added to the loss in phases with ``regularise=True``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
@@ -33,8 +35,22 @@ class ESPN(Strategy):
         super().begin_task(supernet)
         self.pruner.refresh(supernet)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Budgets and the penalty's per-group lambdas (as the last prune step left them)."""
+        lambdas = getattr(self.pruner.regulariser, "lambdas", None)
+        return super().state_dict() | {"lambdas": None if lambdas is None else dict(lambdas)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("lambdas") is not None:
+            self.pruner.regulariser.lambdas = {g: float(v) for g, v in state["lambdas"].items()}
+
     def penalty(self, supernet: Supernet) -> Tensor | None:
         return self.pruner.penalty(supernet) if self.prunes_units else None
+
+    def after_step(self, supernet: Supernet) -> None:
+        if self.prunes_units:
+            self.pruner.after_step(supernet)
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:
         if self.prunes_units:

@@ -1,5 +1,6 @@
 """Channel/neuron pruning (importance + regulariser + schedule) and weight selection."""
 
+from espn.pruning.polarization import Polarization
 from espn.pruning.pruner import PRUNERS, Pruner, gate_magnitude
 from espn.pruning.regularisers import FlopAwareL1, Regulariser, UniformL1, flop_aware_lambdas
 from espn.pruning.schedule import GradualSchedule
@@ -9,6 +10,7 @@ __all__ = [
     "PRUNERS",
     "FlopAwareL1",
     "GradualSchedule",
+    "Polarization",
     "Pruner",
     "Regulariser",
     "UniformL1",

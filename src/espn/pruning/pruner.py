@@ -40,6 +40,9 @@ class Pruner:
     def refresh(self, supernet: Supernet) -> None:
         self.regulariser.refresh(supernet)
 
+    def after_step(self, supernet: Supernet) -> None:
+        self.regulariser.after_step(supernet)
+
     def prune_units(self, supernet: Supernet, progress: float) -> None:
         """Apply the FLOPs target at ``progress`` (1.0 = the final budget gamma)."""
         target = self.schedule.flops_fraction(progress) * supernet.dense_flops

@@ -28,6 +28,9 @@ class Regulariser(ABC):
     def refresh(self, supernet: Supernet) -> None:
         """Recompute whatever depends on the current sub-network (called after each prune)."""
 
+    def after_step(self, supernet: Supernet) -> None:
+        """Called after every optimizer step of a task that prunes units (e.g. to clamp)."""
+
     @abstractmethod
     def __call__(self, supernet: Supernet) -> Tensor: ...
 

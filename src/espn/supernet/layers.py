@@ -64,14 +64,23 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
         self,
         in_channels: int,
         out_channels: int,
-        kernel_size: int,
-        stride: int = 1,
-        padding: int = 0,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
         in_units: str | None = None,
         out_units: str | None = None,
+        dilation: int | tuple[int, int] = 1,
+        padding_mode: str = "zeros",
     ) -> None:
         super().__init__(
-            in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=padding,
+            dilation=dilation,
+            bias=False,
+            padding_mode=padding_mode,
         )
         self._init_masks(in_units, out_units)
 

@@ -36,7 +36,8 @@ class TaskMask:
     ``units`` one boolean vector per unit group (True = neuron/channel alive), and ``state``
     the task-specific parameters and buffers (gates or BatchNorm, heads), keyed
     ``"<module>.<tensor>"``. ``new_weights`` counts the weights the task took from the free
-    ones when it was committed.
+    ones when it was committed. ``own`` holds, for a task that keeps its own copy of its
+    weights (Individual), the values of its masked weights per layer (in mask order).
     """
 
     weights: dict[str, Tensor]
@@ -45,6 +46,7 @@ class TaskMask:
     state: dict[str, Tensor] = field(default_factory=dict)
     n_classes: int = 0
     new_weights: int = 0
+    own: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_dense(
@@ -54,6 +56,7 @@ class TaskMask:
         state: dict[str, Tensor],
         n_classes: int,
         new_weights: int,
+        own: dict[str, Tensor] | None = None,
     ) -> TaskMask:
         """Pack boolean weight masks (moved to the CPU) into a :class:`TaskMask`."""
         return cls(
@@ -63,6 +66,7 @@ class TaskMask:
             state={k: v.detach().cpu().clone() for k, v in state.items()},
             n_classes=n_classes,
             new_weights=new_weights,
+            own={k: v.detach().cpu().clone() for k, v in (own or {}).items()},
         )
 
     def weight_mask(self, layer: str, device: torch.device | str = "cpu") -> Tensor:
@@ -74,9 +78,10 @@ class TaskMask:
         return sum(int(self.weight_mask(k).sum()) for k in self.weights)
 
     def nbytes(self) -> dict[str, int]:
-        """Bytes held by the packed masks, the unit masks and the task state."""
+        """Bytes held by the packed masks, the unit masks, the task state and own weights."""
         return {
             "weight_masks": sum(v.numel() for v in self.weights.values()),
             "unit_masks": sum((v.numel() + 7) // 8 for v in self.units.values()),
             "state": sum(v.numel() * v.element_size() for v in self.state.values()),
+            "own_weights": sum(v.numel() * v.element_size() for v in self.own.values()),
         }

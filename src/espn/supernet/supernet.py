@@ -11,6 +11,9 @@ from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
 from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitModule
 from espn.supernet.masks import TaskMask
 
+#: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
+WEIGHT_KINDS = ("shared", "own", "fixed")
+
 
 class Supernet(nn.Module):
     """A network packed with task sub-networks.
@@ -177,20 +180,33 @@ class Supernet(nn.Module):
         }
 
     @torch.no_grad()
-    def commit_task(self) -> TaskMask:
-        """Store the working sub-network as the next task's mask and freeze its weights."""
+    def commit_task(self, weights: str = "shared") -> TaskMask:
+        """Store the working sub-network as the next task's mask.
+
+        ``weights`` says how the task holds its weights: ``"shared"`` (ESPN, PackNet) freezes
+        them for every later task; ``"own"`` (Individual) stores the task's own copy of its
+        weights in the mask and freezes nothing; ``"fixed"`` (SupSup) means the weights were
+        never trained: they are frozen like shared ones, and the task took no new weights.
+        """
         if not self.in_training:
             raise RuntimeError("commit_task() called with no task in training")
+        if weights not in WEIGHT_KINDS:
+            raise ValueError(f"unknown weights {weights!r}; choose one of: {WEIGHT_KINDS}")
         self.set_unit_masks(self.unit_masks())  # optimizer momentum may have moved dead gates
+        own = None
+        if weights == "own":
+            own = {n: m.weight.detach()[m.weight_mask.bool()] for n, m in self.layers.items()}
         mask = TaskMask.from_dense(
             self.weight_masks(),
             self.unit_masks(),
             self.task_state(),
             self._n_classes,
-            self.new_weights(),
+            0 if weights == "fixed" else self.new_weights(),
+            own,
         )
-        for layer in self.layers.values():
-            layer.frozen |= layer.weight_mask.bool()
+        if weights != "own":
+            for layer in self.layers.values():
+                layer.frozen |= layer.weight_mask.bool()
         self.masks.append(mask)
         self.in_training = False
         self.active_task = len(self.masks) - 1
@@ -198,7 +214,8 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def use_task(self, task: int) -> None:
-        """Load task ``task``'s sub-network (weight and unit masks, gates/BatchNorm, head)."""
+        """Load task ``task``'s sub-network (weight and unit masks, gates/BatchNorm, head, and
+        the task's own weights if it has them)."""
         if self.in_training:
             raise RuntimeError("a task is in training; commit it before switching tasks")
         if not 0 <= task < len(self.masks):
@@ -213,7 +230,11 @@ class Supernet(nn.Module):
             for m in self.groups[g]:
                 m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
         for name, layer in self.layers.items():
-            layer.weight_mask.copy_(mask.weight_mask(name, layer.weight.device))
+            weight_mask = mask.weight_mask(name, layer.weight.device)
+            layer.weight_mask.copy_(weight_mask)
+            if name in mask.own:  # a task with its own weights (Individual)
+                values = mask.own[name].to(layer.weight.device, layer.weight.dtype)
+                layer.weight.masked_scatter_(weight_mask, values)
         self.active_task = task
 
     def forward(self, x: Tensor, task: int | None = None) -> Tensor:

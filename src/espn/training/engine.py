@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from espn.data.tasks import Task
@@ -25,6 +25,24 @@ class TaskLog:
     epochs: int
     seconds_per_epoch: float
     final_loss: float
+
+
+@dataclass
+class TaskProgress:
+    """Where training of a task stands between two epochs: enough to continue it exactly.
+
+    The next epoch to run is ``epoch`` of phase ``phase`` (``epoch == 0``: the phase has not
+    started); ``step`` and ``prunes_done`` are that phase's optimizer steps and prune steps so
+    far. ``optimizer`` is the optimizer's ``state_dict()["state"]``.
+    """
+
+    phase: int = 0
+    epoch: int = 0
+    step: int = 0
+    prunes_done: int = 0
+    epochs_done: int = 0
+    loss: float = float("nan")
+    optimizer: dict[int, dict[str, Any]] | None = None
 
 
 def prune_points(n_iters: int, n_updates: int) -> list[int]:
@@ -45,6 +63,7 @@ class Engine:
         batch_size: int,
         seed: int = 0,
         progress: bool = True,
+        amp: bool = False,
     ) -> None:
         self.supernet = supernet
         self.strategy = strategy
@@ -52,47 +71,68 @@ class Engine:
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
         self.progress = progress
+        # mixed precision: float16 + loss scaling on CUDA, bfloat16 (no scaling needed) on CPU
+        self.amp = amp
+        self.device_type = next(supernet.parameters()).device.type
+        self.amp_dtype = torch.float16 if self.device_type == "cuda" else torch.bfloat16
+        self.scaler = torch.amp.GradScaler(
+            self.device_type, enabled=amp and self.amp_dtype == torch.float16
+        )
+        strategy.attach(supernet)
 
     def _trainable(self) -> list[torch.nn.Parameter]:
-        params = list(self.supernet.shared_parameters())
+        fixed = self.strategy.weights == "fixed"
+        params = [] if fixed else list(self.supernet.shared_parameters())
         for module in self.supernet.task_modules.values():
             if isinstance(module, UnitModule) and not self.strategy.train_unit_affine:
                 continue
             params += list(module.parameters())
-        return params
+        return params + self.strategy.extra_parameters()
 
     def train_task(
         self,
         task: Task,
         index: int,
         on_epoch_end: Callable[[str, int], None] | None = None,
+        on_progress: Callable[[TaskProgress], None] | None = None,
+        resume: TaskProgress | None = None,
     ) -> TaskLog:
-        """Train ``task`` as task number ``index`` and commit its sub-network."""
+        """Train ``task`` as task number ``index`` and commit its sub-network.
+
+        ``on_progress`` receives the :class:`TaskProgress` after every epoch (to checkpoint it).
+        With ``resume``, training continues from that point: the caller has restored the
+        working sub-network, the strategy's state and :attr:`generator` as they were then.
+        """
         sn, strategy = self.supernet, self.strategy
-        sn.begin_task(task.n_classes)
-        strategy.begin_task(sn)
+        if resume is None:
+            sn.begin_task(task.n_classes)
+            strategy.begin_task(sn)
         guard = FrozenGuard(sn)
         optimizer = build_optimizer(self.optim, self._trainable())
+        if resume is not None and resume.optimizer is not None:
+            optimizer.load_state_dict(optimizer.state_dict() | {"state": resume.optimizer})
+        at = resume or TaskProgress()
         phases = strategy.phases()
         per_epoch = task.num_batches("train", self.batch_size)
         total = sum(p.epochs for p in phases) * per_epoch
-        start, loss_value, epochs_done = time.perf_counter(), torch.tensor(float("nan")), 0
+        start, loss_value, epochs_done = time.perf_counter(), torch.tensor(at.loss), at.epochs_done
         bar = tqdm(
+            initial=sum(p.epochs for p in phases[: at.phase]) * per_epoch + at.epoch * per_epoch,
             total=total,
             desc=f"task {index + 1}",
             disable=None if self.progress else True,
             leave=False,
         )
         sn.train()
-        for phase in phases:
+        for p in range(at.phase, len(phases)):
+            phase = phases[p]
             n_iters = phase.epochs * per_epoch
             points = prune_points(n_iters, phase.prune_updates)
-            done = 0
-            while done < len(points) and points[done] == 0:
+            first, step, done = (at.epoch, at.step, at.prunes_done) if p == at.phase else (0, 0, 0)
+            while first == 0 and done < len(points) and points[done] == 0:
                 done += 1
                 strategy.prune_step(sn, done / len(points))
-            step = 0
-            for epoch in range(phase.epochs):
+            for epoch in range(first, phase.epochs):
                 bar.set_description(f"task {index + 1} {phase.name} {epoch + 1}/{phase.epochs}")
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
                     loss_value = self._step(optimizer, guard, phase, x, y, step, n_iters)
@@ -105,9 +145,14 @@ class Engine:
                 epochs_done += 1
                 if on_epoch_end is not None:
                     on_epoch_end(phase.name, epoch)
+                if on_progress is not None:
+                    here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
+                    if epoch + 1 == phase.epochs:
+                        here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
+                    on_progress(replace(here, optimizer=optimizer.state_dict()["state"]))
         bar.close()
         sn.eval()
-        sn.commit_task()
+        strategy.commit(sn, task)
         seconds = time.perf_counter() - start
         return TaskLog(seconds, epochs_done, seconds / max(epochs_done, 1), float(loss_value))
 
@@ -124,15 +169,18 @@ class Engine:
         lr = self.optim.lr * (cosine_factor(step, n_iters) if phase.cosine else 1.0)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss = F.cross_entropy(self.supernet(x), y)
-        total = loss
-        if phase.regularise:
-            penalty = self.strategy.penalty(self.supernet)
-            if penalty is not None:
-                total = loss + penalty
+        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
+            loss = self.strategy.loss(self.strategy.forward(self.supernet, x), y)
+            total = loss
+            if phase.regularise:
+                penalty = self.strategy.penalty(self.supernet)
+                if penalty is not None:
+                    total = loss + penalty
         optimizer.zero_grad(set_to_none=True)
-        total.backward()
+        self.scaler.scale(total).backward()
         guard.mask_gradients()
-        optimizer.step()
+        self.scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+        self.scaler.update()
         guard.restore()
+        self.strategy.after_step(self.supernet)
         return loss.detach()

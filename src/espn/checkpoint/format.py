@@ -1,0 +1,150 @@
+"""The on-disk format of a run's checkpoint: layout, manifest, version and integrity checks.
+
+A checkpoint is a directory (``<run>/checkpoint``) holding
+
+* ``manifest.json``: format name and version, espn version, model, benchmark, the run's
+  configuration, the supernet's architecture (layer shapes, unit groups, task modules), one
+  entry per committed task (its file, budgets and results), the current state file, and the
+  position of a task in training, if any;
+* ``task-NNNN.safetensors``: one per committed task, never rewritten: its bit-packed weight
+  masks, unit masks and task-specific state (gates or BatchNorm, heads);
+* ``state-GGGGGG.safetensors``: the shared weights (once), random-number-generator states and,
+  mid-task, the working sub-network, task modules and optimizer state.
+
+Every file is written to a temporary name and renamed; the manifest, which names every file
+with its size and SHA-256, is replaced last, and files it no longer names are deleted after.
+So a process killed at any moment leaves the previous or the new checkpoint, both complete.
+Only safetensors and JSON are read: no pickled code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from espn.supernet.supernet import Supernet
+
+FORMAT_NAME = "espn-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CHECKPOINT_DIR = "checkpoint"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used: missing, truncated, corrupted, too new, or of another model."""
+
+
+def checkpoint_dir(run_dir: Path | str) -> Path:
+    """The checkpoint directory of a run directory."""
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def task_file(index: int) -> str:
+    return f"task-{index:04d}.safetensors"
+
+
+def state_file(generation: int) -> str:
+    return f"state-{generation:06d}.safetensors"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    """Name, size and SHA-256 of a checkpoint file, as the manifest records it."""
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_of(path)}
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames in ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def architecture(supernet: Supernet) -> dict[str, Any]:
+    """What must match for a checkpoint to load into ``supernet``: layer shapes, unit groups,
+    task modules (names and classes)."""
+    return {
+        "layers": {n: list(layer.weight.shape) for n, layer in supernet.layers.items()},
+        "groups": dict(supernet.group_sizes),
+        "task_modules": {n: type(m).__name__ for n, m in supernet.task_modules.items()},
+    }
+
+
+def check_architecture(expected: dict[str, Any], supernet: Supernet, model: str) -> None:
+    """Refuse a checkpoint whose architecture differs from ``supernet``'s, naming a difference."""
+    actual = architecture(supernet)
+    for key in ("layers", "groups", "task_modules"):
+        want, have = expected.get(key, {}), actual[key]
+        if want == have:
+            continue
+        missing = sorted(set(want) - set(have))
+        extra = sorted(set(have) - set(want))
+        if missing or extra:
+            what = f"{key} {missing or extra} only in the {'checkpoint' if missing else 'model'}"
+        else:
+            name = next(n for n in want if want[n] != have[n])
+            what = f"{key[:-1]} {name!r} is {want[name]} in the checkpoint, {have[name]} here"
+        raise CheckpointError(
+            f"the checkpoint does not fit this {model} supernet ({what}); "
+            "it was written for another model or width"
+        )
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Load and validate ``manifest.json`` (format, version, required fields)."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint in {directory} ({MANIFEST} not found)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is truncated or corrupted (not valid JSON: {exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path} is not an espn checkpoint manifest")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"{path}: invalid format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format version {version}, newer than this espn "
+            f"reads (<= {FORMAT_VERSION}); upgrade espn to load it"
+        )
+    for key in ("model", "benchmark", "config", "spec", "architecture", "tasks", "state"):
+        if key not in manifest:
+            raise CheckpointError(f"{path} is incomplete: no {key!r} field")
+    return manifest
+
+
+def verify_file(directory: Path, entry: dict[str, Any]) -> Path:
+    """The path of a file the manifest names, after checking its size and SHA-256."""
+    path = directory / entry["file"]
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise CheckpointError(
+            f"checkpoint file {path} is truncated or corrupted "
+            f"({size} bytes, the manifest says {entry['bytes']})"
+        )
+    if sha256_of(path) != entry["sha256"]:
+        raise CheckpointError(
+            f"checkpoint file {path} is corrupted (its SHA-256 differs from the manifest's)"
+        )
+    return path

@@ -1,0 +1,202 @@
+"""Checkpointing of an experiment run: what ``run_experiment`` saves, and resuming it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.store import (
+    Checkpoint,
+    CheckpointWriter,
+    TrainingState,
+    read_checkpoint,
+    restore,
+)
+from espn.config import RunConfig, make_config
+from espn.data.tasks import TaskSequence
+from espn.methods.base import Strategy
+from espn.models.registry import MODELS, ModelSpec
+from espn.supernet.supernet import Supernet
+from espn.training.engine import Engine, TaskProgress
+
+#: configuration fields that may differ between a run and its resumption
+RESUMABLE_CHANGES = ("out", "device", "data_dir")
+
+
+def run_meta(cfg: RunConfig, seq: TaskSequence) -> dict[str, Any]:
+    """What a checkpoint records about its run, enough to rebuild the supernet."""
+    return {
+        "model": cfg.model,
+        "benchmark": cfg.benchmark,
+        "method": cfg.method,
+        "config": cfg.model_dump(mode="json"),
+        "spec": {
+            "input_shape": list(seq.input_shape),
+            "n_classes": seq.n_classes,
+            "multi_head": seq.multi_head,
+        },
+        "n_tasks": len(seq),
+    }
+
+
+def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:
+    """Refuse to resume with options that change the results, naming each difference."""
+    now = cfg.model_dump(mode="json")
+    diffs = [
+        f"{key}={saved.get(key)!r} in the checkpoint, {now[key]!r} now"
+        for key in now
+        if key not in RESUMABLE_CHANGES and saved.get(key) != now[key]
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume {where}: it was made with different options ({'; '.join(diffs)}); "
+            "rerun with the same options, or without --resume to start over"
+        )
+
+
+@dataclass
+class RunCheckpoint:
+    """The checkpoint of one ``run_experiment`` call: the writer and where to pick up."""
+
+    writer: CheckpointWriter
+    supernet: Supernet
+    engine: Engine
+    rows: list[list[float]]
+    per_task: list[dict[str, Any]]
+    training: TrainingState | None = None
+    elapsed: float = 0.0
+    summary: str = ""
+
+    @classmethod
+    def open(
+        cls,
+        cfg: RunConfig,
+        seq: TaskSequence,
+        supernet: Supernet,
+        engine: Engine,
+        strategy: Strategy,
+        resume: bool,
+    ) -> RunCheckpoint:
+        """A fresh checkpoint in ``<out>/checkpoint``, or, with ``resume``, the saved one loaded
+        into the freshly built ``supernet``, ``engine`` and ``strategy``.
+
+        Resuming where no checkpoint was written yet (killed in the first epoch) starts over; a
+        checkpoint that is there but unreadable, too new or of other options is refused.
+        """
+        directory = checkpoint_dir(cfg.out)
+        if not resume or not (directory / MANIFEST).exists():
+            writer = CheckpointWriter(directory, run_meta(cfg, seq))
+            note = f"no checkpoint in {directory}; starting from the first task" if resume else ""
+            return cls(writer, supernet, engine, [], [], summary=note)
+        ckpt = read_checkpoint(directory)
+        check_same_run(ckpt.manifest["config"], cfg, directory)
+        restore(ckpt, supernet, engine, strategy)
+        tr = ckpt.training
+        where = (
+            f"; task {tr.task + 1} continues after {tr.progress.epochs_done} of its epochs"
+            if tr is not None
+            else ""
+        )
+        return cls(
+            CheckpointWriter.resume(ckpt),
+            supernet,
+            engine,
+            rows=[list(t["accuracy"]) for t in ckpt.tasks if "accuracy" in t],
+            per_task=[dict(t["record"]) for t in ckpt.tasks],
+            training=ckpt.training,
+            elapsed=float(ckpt.manifest.get("wall_time_s", 0.0)),
+            summary=f"resuming {directory}: {len(ckpt.masks)}/{len(seq)} tasks done{where}",
+        )
+
+    def resume_point(self, task: int) -> TaskProgress | None:
+        """Where task ``task`` continues from (None: from its start)."""
+        if self.training is not None and self.training.task == task:
+            return self.training.progress
+        return None
+
+    def on_progress(
+        self, task: int, strategy: Strategy, seq: TaskSequence, elapsed: Callable[[], float]
+    ) -> Callable[[TaskProgress], None]:
+        """The engine callback that checkpoints task ``task`` at every epoch end."""
+
+        def save(progress: TaskProgress) -> None:
+            self.writer.save(
+                self.supernet,
+                self.engine,
+                self._results(seq),
+                training=(task, progress, strategy),
+                extra={"wall_time_s": elapsed(), "complete": False},
+            )
+
+        return save
+
+    def task_done(self, seq: TaskSequence, elapsed: float) -> None:
+        """Checkpoint after a task was committed and evaluated."""
+        self.training = None
+        self.writer.save(
+            self.supernet,
+            self.engine,
+            self._results(seq),
+            extra={"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
+        )
+
+    def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
+        return [
+            {"name": seq.tasks[t].name, "record": self.per_task[t]}
+            | ({"accuracy": self.rows[t]} if t < len(self.rows) else {})
+            for t in range(len(self.per_task))
+        ]
+
+
+@dataclass
+class LoadedRun:
+    """A run's checkpoint loaded into a supernet rebuilt from its manifest alone."""
+
+    config: RunConfig
+    checkpoint: Checkpoint
+    supernet: Supernet
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.supernet.masks)
+
+    def example_input(self, batch: int = 2) -> torch.Tensor:
+        """A zero batch of model inputs (shapes only matter for tracing)."""
+        shape = self.checkpoint.manifest["spec"]["input_shape"]
+        device = next(self.supernet.parameters()).device
+        return torch.zeros(batch, *shape, device=device)
+
+    def check_task(self, task: int) -> None:
+        if not 0 <= task < self.n_tasks:
+            raise CheckpointError(
+                f"task {task} is not in the checkpoint; it holds tasks 0..{self.n_tasks - 1}"
+                if self.n_tasks
+                else f"task {task} is not in the checkpoint; it holds no finished task yet"
+            )
+
+
+def load_run(run_dir: Path | str, device: str = "cpu") -> LoadedRun:
+    """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task."""
+    ckpt = read_checkpoint(checkpoint_dir(run_dir))
+    m = ckpt.manifest
+    if m["model"] not in MODELS:
+        raise CheckpointError(
+            f"the checkpoint is of model {m['model']!r}, which this espn does not know; "
+            f"known models: {', '.join(MODELS.names())}"
+        )
+    values = {k: v for k, v in m["config"].items() if k not in ("device", "out")}
+    cfg = make_config(**values, device=device, out=Path(run_dir))
+    spec = m["spec"]
+    torch.manual_seed(cfg.seed)
+    model_spec = ModelSpec(tuple(spec["input_shape"]), int(spec["n_classes"]), spec["multi_head"])
+    model = MODELS.get(str(m["model"]))(model_spec).to(device)
+    example = torch.zeros(2, *spec["input_shape"], device=device)
+    supernet = Supernet(model, example)
+    restore(ckpt, supernet)
+    supernet.eval()
+    return LoadedRun(cfg, ckpt, supernet)

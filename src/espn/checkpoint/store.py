@@ -1,0 +1,414 @@
+"""Saving a run's supernet (and a task in training) to a checkpoint, and loading it back.
+
+:class:`CheckpointWriter` writes the checkpoint after every task and every epoch (see
+:mod:`espn.checkpoint.format` for the layout and why it survives a kill at any moment);
+:func:`read_checkpoint` validates a checkpoint completely and loads every tensor before
+:func:`restore` changes anything in a supernet, so that nothing is ever half-loaded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from espn import __version__
+from espn.checkpoint.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    architecture,
+    check_architecture,
+    file_entry,
+    fsync_dir,
+    read_manifest,
+    state_file,
+    task_file,
+    verify_file,
+)
+from espn.methods.base import Strategy
+from espn.supernet.masks import TaskMask, pack_bits, unpack_bits
+from espn.supernet.supernet import Supernet
+from espn.training.engine import Engine, TaskProgress
+from espn.utils.io import atomic_target, write_json_atomic
+
+
+@dataclass
+class TrainingState:
+    """A task caught between two epochs: its working sub-network and how to continue it."""
+
+    task: int
+    n_classes: int
+    progress: TaskProgress
+    strategy: dict[str, Any]
+    weight_masks: dict[str, Tensor]
+    units: dict[str, Tensor]
+    task_state: dict[str, Tensor]
+
+
+@dataclass
+class Checkpoint:
+    """A fully validated checkpoint held in memory (CPU tensors)."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    shared: dict[str, Tensor]
+    masks: list[TaskMask]
+    rng: dict[str, Tensor]
+    training: TrainingState | None = None
+    file_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """The manifest's per-task entries (name, budgets, results, accuracy row)."""
+        return self.manifest["tasks"]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+
+# ---------------------------------------------------------------------------- writing
+def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    """Write a safetensors file atomically and durably."""
+    flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    with atomic_target(path) as tmp:
+        save_file(flat, str(tmp))
+        with tmp.open("rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def _rng_tensors(engine: Engine) -> dict[str, Tensor]:
+    rng = {"rng.torch": torch.get_rng_state(), "rng.engine": engine.generator.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["rng.cuda"] = torch.cuda.get_rng_state()
+    return rng
+
+
+class CheckpointWriter:
+    """Writes a run's checkpoint; task files are written once, the state file every save."""
+
+    def __init__(self, directory: Path | str, meta: dict[str, Any]) -> None:
+        """Start a new checkpoint in ``directory``, removing an older one found there.
+
+        ``meta`` holds ``model``, ``benchmark``, ``config`` and ``spec`` (input shape, classes,
+        multi-head), which the manifest records so the supernet can be rebuilt from it.
+        """
+        self.directory = Path(directory)
+        self.meta = meta
+        self.tasks: list[dict[str, Any]] = []
+        self.generation = 0
+        self.started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        (self.directory / MANIFEST).unlink(missing_ok=True)
+        self._clean(keep=set())
+
+    @classmethod
+    def resume(cls, checkpoint: Checkpoint) -> CheckpointWriter:
+        """Continue writing the checkpoint that ``checkpoint`` was read from."""
+        writer = cls.__new__(cls)
+        m = checkpoint.manifest
+        writer.directory = checkpoint.directory
+        writer.meta = {k: m[k] for k in ("model", "benchmark", "config", "spec")}
+        writer.tasks = [dict(t) for t in m["tasks"]]
+        writer.generation = int(m["state"]["generation"])
+        writer.started = m.get("started", "")
+        return writer
+
+    def save(
+        self,
+        supernet: Supernet,
+        engine: Engine,
+        task_results: list[dict[str, Any]],
+        training: tuple[int, TaskProgress, Strategy] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Write the checkpoint: every committed task (its entry from ``task_results``: name,
+        record, accuracy row), the shared weights, the RNG states and, for ``training = (task,
+        progress, strategy)``, the task in training. ``extra`` goes into the manifest as is."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tasks = list(self.tasks)  # the writer's own state changes only once the save succeeded
+        for t in range(len(tasks), len(supernet.masks)):
+            path = self.directory / task_file(t)
+            mask = supernet.masks[t]
+            _save_tensors(path, _task_tensors(mask))
+            info = task_results[t] if t < len(task_results) else {}
+            tasks.append(
+                {
+                    "index": t,
+                    **file_entry(path),
+                    "shapes": {k: list(v) for k, v in mask.shapes.items()},
+                    "n_classes": mask.n_classes,
+                    "new_weights": mask.new_weights,
+                    **info,
+                }
+            )
+        generation = self.generation + 1
+        path = self.directory / state_file(generation)
+        tensors = {f"shared.{n}": layer.weight for n, layer in supernet.layers.items()}
+        tensors |= _rng_tensors(engine)
+        train_doc = None
+        if training is not None:
+            task, progress, strategy = training
+            optim_tensors, optim_scalars = _split_optimizer(progress.optimizer or {})
+            tensors |= _training_tensors(supernet) | optim_tensors
+            strategy_state = strategy.state_dict()  # tensors (SupSup's scores) go to the file
+            strategy_tensors = {k: v for k, v in strategy_state.items() if isinstance(v, Tensor)}
+            tensors |= {f"strategy.{k}": v for k, v in strategy_tensors.items()}
+            train_doc = {
+                "task": task,
+                "n_classes": int(supernet._n_classes),
+                "position": {
+                    "phase": progress.phase,
+                    "epoch": progress.epoch,
+                    "step": progress.step,
+                    "prunes_done": progress.prunes_done,
+                    "epochs_done": progress.epochs_done,
+                    "loss": progress.loss,
+                },
+                "optimizer": progress.optimizer is not None,
+                "optimizer_scalars": optim_scalars,
+                "strategy": {k: v for k, v in strategy_state.items() if k not in strategy_tensors},
+            }
+        _save_tensors(path, tensors)
+        manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "espn_version": __version__,
+            "started": self.started,
+            "saved": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            **self.meta,
+            "architecture": architecture(supernet),
+            "dense_flops": supernet.dense_flops,
+            "total_weights": supernet.total_weights,
+            "tasks": tasks,
+            "state": {**file_entry(path), "generation": generation},
+            "training": train_doc,
+            "grad_scaler": _scaler_state(engine),
+            **(extra or {}),
+        }
+        fsync_dir(self.directory)
+        write_json_atomic(self.directory / MANIFEST, manifest)
+        fsync_dir(self.directory)
+        self.tasks, self.generation = tasks, generation
+        self._clean(keep={t["file"] for t in tasks} | {path.name})
+
+    def _clean(self, keep: set[str]) -> None:
+        """Delete checkpoint files (ours only, by pattern) that the manifest does not name."""
+        if not self.directory.is_dir():
+            return
+        for pattern in ("task-*.safetensors", "state-*.safetensors", ".*.tmp"):
+            for path in self.directory.glob(pattern):
+                if path.name not in keep:
+                    path.unlink(missing_ok=True)
+
+
+def _scaler_state(engine: Engine) -> dict[str, Any] | None:
+    """The engine's mixed-precision loss scale (float16 on CUDA), which persists across tasks."""
+    scaler = getattr(engine, "scaler", None)
+    return scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
+
+
+def _task_tensors(mask: TaskMask) -> dict[str, Tensor]:
+    out = {f"weights.{k}": v for k, v in mask.weights.items()}
+    out |= {f"units.{k}": v for k, v in mask.units.items()}
+    out |= {f"state.{k}": v for k, v in mask.state.items()}
+    out |= {f"own.{k}": v for k, v in mask.own.items()}
+    return out
+
+
+def _training_tensors(supernet: Supernet) -> dict[str, Tensor]:
+    out = {f"train.mask.{n}": pack_bits(m.cpu()) for n, m in supernet.weight_masks().items()}
+    out |= {f"train.units.{g}": a.cpu() for g, a in supernet.unit_masks().items()}
+    out |= {f"train.state.{k}": v for k, v in supernet.task_state().items()}
+    return out
+
+
+def _split_optimizer(
+    state: dict[int, dict[str, Any]],
+) -> tuple[dict[str, Tensor], dict[str, dict[str, Any]]]:
+    tensors, scalars = {}, {}
+    for index, entries in state.items():
+        for name, value in entries.items():
+            if isinstance(value, Tensor):
+                tensors[f"optim.{index}.{name}"] = value
+            else:
+                scalars.setdefault(str(index), {})[name] = value
+    return tensors, scalars
+
+
+# ---------------------------------------------------------------------------- reading
+def _load_tensors(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint file {path} cannot be read: {exc}") from None
+
+
+def _prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def read_checkpoint(directory: Path | str) -> Checkpoint:
+    """Read and validate a checkpoint: manifest, every file's size and SHA-256, tensor names."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    sizes = {MANIFEST: (directory / MANIFEST).stat().st_size}
+    masks = []
+    for entry in manifest["tasks"]:
+        path = verify_file(directory, entry)
+        sizes[path.name] = entry["bytes"]
+        tensors = _load_tensors(path)
+        shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
+        weights = _prefixed(tensors, "weights.")
+        if set(weights) != set(shapes):
+            raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
+        masks.append(
+            TaskMask(
+                weights=weights,
+                shapes=shapes,
+                units={k: v.bool() for k, v in _prefixed(tensors, "units.").items()},
+                state=_prefixed(tensors, "state."),
+                n_classes=int(entry["n_classes"]),
+                new_weights=int(entry["new_weights"]),
+                own=_prefixed(tensors, "own."),
+            )
+        )
+    path = verify_file(directory, manifest["state"])
+    sizes[path.name] = manifest["state"]["bytes"]
+    tensors = _load_tensors(path)
+    training = None
+    doc = manifest.get("training")
+    if doc is not None:
+        optimizer: dict[int, dict[str, Any]] | None = None
+        if doc["optimizer"]:
+            optimizer = {}
+            for key, value in _prefixed(tensors, "optim.").items():
+                index, name = key.split(".", 1)
+                optimizer.setdefault(int(index), {})[name] = value
+            for index, entries in doc["optimizer_scalars"].items():
+                optimizer.setdefault(int(index), {}).update(entries)
+        training = TrainingState(
+            task=int(doc["task"]),
+            n_classes=int(doc["n_classes"]),
+            progress=TaskProgress(**doc["position"], optimizer=optimizer),
+            strategy=doc["strategy"] | _prefixed(tensors, "strategy."),
+            weight_masks=_prefixed(tensors, "train.mask."),
+            units={k: v.bool() for k, v in _prefixed(tensors, "train.units.").items()},
+            task_state=_prefixed(tensors, "train.state."),
+        )
+        if training.task != len(masks):
+            raise CheckpointError(
+                f"{directory}: task {training.task} is in training but {len(masks)} are committed"
+            )
+    return Checkpoint(
+        directory=directory,
+        manifest=manifest,
+        shared=_prefixed(tensors, "shared."),
+        masks=masks,
+        rng=_prefixed(tensors, "rng."),
+        training=training,
+        file_bytes=sizes,
+    )
+
+
+# ---------------------------------------------------------------------------- restoring
+def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
+    """Every tensor must fit the supernet, before anything in it is changed."""
+    where = ckpt.directory
+    for name, layer in supernet.layers.items():
+        w = ckpt.shared.get(name)
+        if w is None or w.shape != layer.weight.shape:
+            raise CheckpointError(f"{where}: shared weight of layer {name!r} missing or misshapen")
+    state_keys = {
+        f"{n}.{k}"
+        for n, m in supernet.task_modules.items()
+        for k in m.state_dict()
+        if k != "unit_mask"
+    }
+    packed = {n: (layer.weight.numel() + 7) // 8 for n, layer in supernet.layers.items()}
+
+    def check_masks(what: str, weights: dict, units: dict, state: dict) -> None:
+        for name, n_bytes in packed.items():
+            if name not in weights or weights[name].numel() != n_bytes:
+                raise CheckpointError(f"{where}: {what}: weight mask of {name!r} missing or cut")
+        for g, size in supernet.group_sizes.items():
+            if g not in units or units[g].shape != (size,):
+                raise CheckpointError(f"{where}: {what}: unit mask of group {g!r} missing or cut")
+        if set(state) != state_keys:
+            raise CheckpointError(f"{where}: {what}: task state does not match the model's")
+
+    for t, mask in enumerate(ckpt.masks):
+        if mask.shapes != {n: tuple(layer.weight.shape) for n, layer in supernet.layers.items()}:
+            raise CheckpointError(f"{where}: task {t}: mask shapes differ from the model's")
+        check_masks(f"task {t}", mask.weights, mask.units, mask.state)
+        if mask.own and (
+            set(mask.own) != set(packed)
+            or any(mask.own[n].numel() != int(mask.weight_mask(n).sum()) for n in packed)
+        ):
+            raise CheckpointError(f"{where}: task {t}: its own weights do not fit its masks")
+    if ckpt.training is not None:
+        tr = ckpt.training
+        check_masks("task in training", tr.weight_masks, tr.units, tr.task_state)
+
+
+@torch.no_grad()
+def restore(
+    ckpt: Checkpoint,
+    supernet: Supernet,
+    engine: Engine | None = None,
+    strategy: Strategy | None = None,
+) -> None:
+    """Load ``ckpt`` into a freshly built ``supernet``: shared weights, every committed task
+    (frozen weights are their union) and, given the ``engine`` and ``strategy`` to continue
+    with, the task in training and the random-number generators. Validates first."""
+    check_architecture(ckpt.manifest["architecture"], supernet, str(ckpt.manifest["model"]))
+    _check_tensors(ckpt, supernet)
+    if supernet.masks:
+        raise ValueError("restore() needs a freshly built supernet with no task learned")
+    supernet.masks = list(ckpt.masks)
+    supernet.in_training = False
+    supernet.active_task = None
+    if supernet.masks:  # first: a task with its own weights (Individual) writes them in
+        supernet.use_task(len(supernet.masks) - 1)
+    for name, layer in supernet.layers.items():
+        layer.weight.copy_(ckpt.shared[name].to(layer.weight.device))
+        frozen = torch.zeros_like(layer.frozen)
+        for mask in ckpt.masks:
+            if not mask.own:  # a task with its own weights freezes nothing
+                frozen |= mask.weight_mask(name, layer.weight.device)
+        layer.frozen.copy_(frozen)
+    if engine is None:
+        return
+    tr = ckpt.training
+    if tr is not None:
+        if strategy is None:
+            raise ValueError("resuming a task in training needs its strategy")
+        supernet.begin_task(tr.n_classes)
+        for name, m in supernet.task_modules.items():
+            m.load_task_state(_prefixed(tr.task_state, f"{name}."))
+        for g, alive in tr.units.items():
+            for m in supernet.groups[g]:
+                m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
+        for name, layer in supernet.layers.items():
+            mask = unpack_bits(tr.weight_masks[name].to(layer.weight.device), layer.weight.shape)
+            layer.weight_mask.copy_(mask.to(layer.weight_mask.dtype))
+        device = next(supernet.parameters()).device
+        strategy.load_state_dict(
+            {k: v.to(device) if isinstance(v, Tensor) else v for k, v in tr.strategy.items()}
+        )
+    scaler_state = ckpt.manifest.get("grad_scaler")
+    scaler = getattr(engine, "scaler", None)
+    if scaler_state and scaler is not None and scaler.is_enabled():
+        scaler.load_state_dict(scaler_state)
+    torch.set_rng_state(ckpt.rng["torch"])
+    engine.generator.set_state(ckpt.rng["engine"])
+    if "cuda" in ckpt.rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(ckpt.rng["cuda"])

@@ -1,0 +1,190 @@
+"""``espn evaluate``, ``espn export`` and ``espn info``: use a run's checkpoint on its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from espn.cli.common import fail, user_errors
+
+app = typer.Typer()
+console = Console()
+
+RUN_HELP = "Run directory (the --out of `espn run`), holding checkpoint/ and results.json."
+
+
+def _results(run: Path) -> dict[str, Any] | None:
+    """``results.json`` of a run, or None when there is none."""
+    path = run / "results.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        fail(f"{path} is not valid JSON ({exc})")
+    return None
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+@app.command()
+@user_errors
+def evaluate(
+    run: Path = typer.Option(..., help=RUN_HELP),
+    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
+    batch_size: int = typer.Option(1024, min=1, help="Evaluation batch size."),
+) -> None:
+    """Re-compute each task's test accuracy from the checkpoint alone.
+
+    Every finished task is evaluated on its test data and compared with results.json; the exit
+    status is 1 if any differs.
+    """
+    from espn.checkpoint.run import load_run
+    from espn.evaluation.metrics import task_accuracy
+    from espn.experiment import build_benchmark
+
+    loaded = load_run(run, device)
+    seq = build_benchmark(loaded.config)
+    doc = _results(run)
+    rows = [t["accuracy"] for t in loaded.checkpoint.tasks if "accuracy" in t]
+    reported = doc["final_accuracy"] if doc else (rows[-1] if rows else [])
+    source = "results.json" if doc else "checkpoint"
+    table = Table("task", "name", "accuracy %", f"{source} %", "match")
+    mismatches = []
+    for t in range(loaded.n_tasks):
+        acc = task_accuracy(loaded.supernet, seq.tasks[t], t, batch_size=batch_size)
+        want = reported[t] if t < len(reported) else None
+        ok = want is not None and acc == want
+        if not ok:
+            mismatches.append(t)
+        table.add_row(
+            str(t),
+            seq.tasks[t].name,
+            f"{acc:.2f}",
+            "-" if want is None else f"{want:.2f}",
+            "yes" if ok else "NO",
+        )
+    console.print(table)
+    if mismatches:
+        fail(f"tasks {mismatches} differ from {source}", code=1)
+    console.print(f"all {loaded.n_tasks} tasks match {source}")
+
+
+@app.command("export")
+@user_errors
+def export_command(
+    run: Path = typer.Option(..., help=RUN_HELP),
+    task: int = typer.Option(..., help="Task index, 0-based as in results.json."),
+    out: Path = typer.Option(..., help="Output file: NAME.pt2 (torch.export) or NAME.onnx."),
+    onnx: bool | None = typer.Option(
+        None, help="With a .pt2 output, also write NAME.onnx (default: if onnx is installed)."
+    ),
+    check_data: bool = typer.Option(
+        True, help="Check the exported model on the task's test data (else on random inputs)."
+    ),
+    device: str = typer.Option("cpu", help="Device the model is traced and checked on."),
+    fold_bn: bool = typer.Option(
+        True, "--fold-bn/--keep-bn", help="Fold BatchNorm into the convolution before it."
+    ),
+) -> None:
+    """Write one task as a slim standalone model (.pt2 / .onnx).
+
+    Pruned units are physically removed and the task's head attached; the model is checked to
+    match the supernet within 1e-5 and to have the FLOPs that results.json reports.
+    """
+    import torch
+
+    from espn.checkpoint.run import load_run
+    from espn.experiment import build_benchmark
+    from espn.export.export import export_task
+    from espn.export.slim import ExportError
+
+    loaded = load_run(run, device)
+    loaded.check_task(task)
+    if check_data:
+        seq = build_benchmark(loaded.config)
+        inputs = [x for x, _ in seq.tasks[task].batches("test", 1024)]
+    else:
+        gen = torch.Generator().manual_seed(0)
+        inputs = [torch.randn(256, *loaded.example_input().shape[1:], generator=gen).to(device)]
+    doc = _results(run)
+    records = (
+        doc["flops"]
+        if doc and "flops" in doc
+        else [t["record"]["flops"] for t in loaded.checkpoint.tasks]
+    )
+    try:
+        report = export_task(loaded.supernet, task, inputs, out, onnx, records[task], fold_bn)
+    except ExportError as exc:
+        fail(str(exc))
+    console.print(
+        f"task {task}: wrote {', '.join(report.files)}\n"
+        f"  {report.parameters} parameters, {report.flops} FLOPs per sample "
+        f"({report.flops / report.dense_flops:.3f} of the dense supernet, as results.json says)\n"
+        f"  max |output - supernet output| = {report.max_abs_diff:.2e} "
+        f"on {report.checked_samples} {'test' if check_data else 'random'} inputs\n"
+        f"  load it without espn: torch.export.load({str(out)!r}).module()"
+    )
+
+
+@app.command()
+@user_errors
+def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
+    """Print per-task FLOPs, weights and storage, and the checkpoint's size.
+
+    Per task: FLOPs ratio, weights used, new weights, bytes of its masks and of its
+    BatchNorm/gates/head; then the whole checkpoint's size next to one dense model per task.
+    """
+    from espn.checkpoint.run import load_run
+
+    loaded = load_run(run)
+    sn, ckpt, m = loaded.supernet, loaded.checkpoint, loaded.checkpoint.manifest
+    cfg = loaded.config
+    console.print(
+        f"{run}: {cfg.method} on {cfg.benchmark} with {cfg.model}, gamma {cfg.gamma}, "
+        f"alpha {cfg.alpha}; {loaded.n_tasks}/{m.get('n_tasks', '?')} tasks finished"
+        + ("" if ckpt.training is None else f", task {ckpt.training.task} in training")
+    )
+    table = Table(
+        "task", "FLOPs ratio", "weights used", "new weights", "mask B", "BN/head B", "file B"
+    )
+    weight_bytes = sum(
+        layer.weight.numel() * layer.weight.element_size() for layer in sn.layers.values()
+    )
+    dense_total = 0
+    for t, mask in enumerate(sn.masks):
+        sn.use_task(t)
+        nbytes = mask.nbytes()
+        entry = ckpt.tasks[t]
+        dense_total += weight_bytes + nbytes["state"]
+        table.add_row(
+            str(t),
+            f"{sn.flops(mask.units) / sn.dense_flops:.3f}",
+            f"{mask.nnz():,}",
+            f"{mask.new_weights:,}",
+            f"{nbytes['weight_masks'] + nbytes['unit_masks']:,}",
+            f"{nbytes['state']:,}",
+            f"{entry['bytes']:,}",
+        )
+    console.print(table)
+    sizes = ckpt.file_bytes
+    task_bytes = sum(t["bytes"] for t in ckpt.tasks)
+    state_bytes = m["state"]["bytes"]
+    total = sum(sizes.values())
+    console.print(
+        f"checkpoint {_mib(total)} on disk: shared weights and RNG state {_mib(state_bytes)}"
+        + ("" if ckpt.training is None else " (with the task in training and its optimizer)")
+        + f", {len(ckpt.tasks)} task files {_mib(task_bytes)}, manifest {_mib(sizes['manifest.json'])}"
+    )
+    if dense_total:
+        console.print(
+            f"one dense model per task: {loaded.n_tasks} x {_mib(weight_bytes)} weights + own "
+            f"BN/gates/head = {_mib(dense_total)}; the checkpoint is {total / dense_total:.3f} of that"
+        )

@@ -1,0 +1,73 @@
+"""``espn presets``: list the shipped run recipes, or show the options one sets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from espn.cli.common import fail, user_errors
+from espn.config import ConfigError, RunConfig, make_config
+from espn.presets import PresetError, describe, load_preset, preset_names
+
+app = typer.Typer(
+    help="Named run recipes for `espn run --preset NAME` (options given explicitly win).",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+console = Console()
+
+
+@app.callback()
+def presets(ctx: typer.Context) -> None:
+    """List the presets (``espn presets show NAME`` prints the options one sets)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    table = Table("preset", "description")
+    for name in preset_names():
+        table.add_row(name, describe(name))
+    console.print(table)
+
+
+@app.command()
+@user_errors
+def show(name: str = typer.Argument(..., help="A preset name or a .json preset file.")) -> None:
+    """Print the options preset NAME sets, as JSON."""
+    try:
+        values = load_preset(name)
+    except PresetError as exc:
+        fail(str(exc))
+    console.print_json(json.dumps(values))
+
+
+def explicit_options(ctx: typer.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """The ``values`` of the options the user actually gave on the command line.
+
+    Options left at their default are dropped, so that a preset's values (and then the
+    benchmark's defaults) fill them in.
+    """
+
+    def defaulted(name: str) -> bool:
+        source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
+        return source is not None and source.name in ("DEFAULT", "DEFAULT_MAP")
+
+    return {k: v for k, v in values.items() if k not in ctx.params or not defaulted(k)}
+
+
+def make_config_given(ctx: typer.Context, **values: Any) -> RunConfig:
+    """``make_config`` from the options given on the command line (see :func:`explicit_options`)."""
+    return make_config(**explicit_options(ctx, values))
+
+
+def parse_folders(text: str | None) -> tuple[Path, ...] | None:
+    """``"a,b"`` -> (Path("a"), Path("b")); None when the option was not given."""
+    if text is None:
+        return None
+    parts = tuple(Path(p.strip()) for p in text.split(",") if p.strip())
+    if not parts:
+        raise ConfigError(f"--folders must list directories separated by commas, got {text!r}")
+    return parts

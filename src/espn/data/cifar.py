@@ -1,0 +1,174 @@
+"""Class-split image benchmarks: SplitCIFAR100, SplitCIFAR10, CIFAR10 and SplitFashionMNIST.
+
+A split benchmark draws a class order from the seed and gives task ``t`` the next
+``classes_per_task`` classes, relabelled ``0..k-1`` (one head per task). All images of a
+dataset are held once as a uint8 tensor on the training device; each task keeps the indices
+of its samples. Training batches of CIFAR are randomly cropped (padding 4) and flipped on the
+device; every batch is normalised with the dataset's per-channel statistics.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from espn.data.augment import ImageTransform
+from espn.data.mnist import NORMALISATION
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
+from espn.data.sources import DatasetUnavailable, default_data_dir, load_mnist_like
+from espn.data.tasks import Split, Task, TaskSequence, subset_index
+
+#: per-channel mean and std of the training images
+STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "fashion-mnist": ((NORMALISATION["fashion-mnist"][0],), (NORMALISATION["fashion-mnist"][1],)),
+}
+SHAPES = {"cifar10": (3, 32, 32), "cifar100": (3, 32, 32), "fashion-mnist": (1, 28, 28)}
+HOW_TO_GET = "run once with internet access (torchvision downloads it into the data directory)"
+
+#: the paper's SplitCIFAR100 recipe (Adam with betas (0, 0.999), lr 0.01, batch 128,
+#: 60 pre-train + 90 prune + 100 fine-tune epochs, alpha 0.1, the reduced ResNet18)
+CIFAR_DEFAULTS: dict[str, object] = {
+    "model": "resnet18-reduced",
+    "alpha": 0.1,
+    "optimizer": "adam",
+    "betas": (0.0, 0.999),
+    "lr": 0.01,
+    "batch_size": 128,
+    "epochs": (60, 90, 100),
+}
+#: Fashion-MNIST is learned in a few epochs: the CIFAR recipe with the MNIST epoch counts
+FASHION_DEFAULTS: dict[str, object] = CIFAR_DEFAULTS | {"epochs": (3, 4, 3)}
+
+Raw = dict[str, tuple[Tensor, Tensor]]
+
+
+def load_cifar(name: str, root: Path | None = None, download: bool = True) -> Raw:
+    """``{"train": (uint8 [N, 3, 32, 32], labels), "test": ...}`` of CIFAR-10 or CIFAR-100
+    through torchvision (which downloads it into ``root`` when ``download`` is set)."""
+    from torchvision import datasets
+
+    root = Path(root) if root is not None else default_data_dir()
+    cls = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}[name]
+    out = {}
+    for split in ("train", "test"):
+        try:
+            ds = cls(str(root), train=split == "train", download=download)
+        except Exception as exc:  # RuntimeError when missing, URLError/OSError offline
+            raise DatasetUnavailable(
+                f"{name} is not in {root} and could not be downloaded ({exc}); to get it: "
+                f"{HOW_TO_GET}, or pass --data-dir pointing at a directory holding "
+                f"torchvision's {cls.base_folder}/"
+            ) from exc
+        x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+        out[split] = (x, torch.as_tensor(ds.targets, dtype=torch.long))
+    return out
+
+
+def load_raw(source: str, root: Path | None, download: bool) -> Raw:
+    """The raw uint8 images and labels of ``source`` (tests replace this function)."""
+    if source == "fashion-mnist":
+        return load_mnist_like(source, root, download)
+    return load_cifar(source, root, download)
+
+
+def class_order(n_classes: int, seed: int) -> list[int]:
+    """The seeded random order in which classes are dealt to the tasks."""
+    return torch.randperm(n_classes, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _task_split(
+    x: Tensor, y: Tensor, classes: Tensor, keep: int | None, gen: torch.Generator
+) -> Split:
+    """The samples of ``classes`` (a seeded subset of ``keep`` of them), relabelled 0..k-1."""
+    mine = torch.isin(y, classes).nonzero().flatten()
+    mine = mine[subset_index(len(mine), keep, gen).to(mine.device)]
+    remap = torch.full((int(y.max()) + 1,), -1, dtype=torch.long, device=y.device)
+    remap[classes] = torch.arange(len(classes), device=y.device)
+    return Split(x, mine, remap[y[mine]])
+
+
+def split_benchmark(
+    source: str,
+    name: str,
+    classes_per_task: int,
+    augment: bool,
+    args: BenchmarkArgs,
+    shuffle_classes: bool = True,
+) -> TaskSequence:
+    """Tasks of ``classes_per_task`` classes each, the class order drawn from ``args.seed``."""
+    raw = load_raw(source, args.data_dir, args.download)
+    device = torch.device(args.device)
+    data = {s: (x.to(device), y.to(device)) for s, (x, y) in raw.items()}
+    n_total = int(raw["train"][1].max()) + 1
+    max_tasks = n_total // classes_per_task
+    n_tasks = args.n_tasks or max_tasks
+    if n_tasks > max_tasks:
+        raise ValueError(f"{name} has at most {max_tasks} tasks, got {n_tasks}")
+    order = class_order(n_total, args.seed) if shuffle_classes else list(range(n_total))
+    mean, std = STATS[source]
+    transform = ImageTransform(mean, std, crop_padding=4 if augment else 0, flip=augment)
+    tasks = []
+    for t in range(n_tasks):
+        classes = order[t * classes_per_task : (t + 1) * classes_per_task]
+        cls_t = torch.tensor(classes, device=device)
+        splits = [
+            _task_split(*data[split], cls_t, keep, task_generator(args.seed, t, salt))
+            for salt, (split, keep) in enumerate(
+                (("train", args.train_per_task), ("test", args.test_per_task))
+            )
+        ]
+        label = ",".join(map(str, classes))
+        tasks.append(Task(f"classes {label}", splits[0], splits[1], transform, len(classes)))
+    return TaskSequence(
+        name,
+        tasks,
+        SHAPES[source],
+        multi_head=True,
+        info={
+            "kind": "split",
+            "source": source,
+            "class_order": order[: n_tasks * classes_per_task],
+        },
+    )
+
+
+for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
+    (
+        "split-cifar100",
+        "cifar100",
+        5,
+        True,
+        True,
+        CIFAR_DEFAULTS,
+        "CIFAR-100 in tasks of 5 classes",
+    ),
+    ("split-cifar10", "cifar10", 2, True, True, CIFAR_DEFAULTS, "CIFAR-10 in tasks of 2 classes"),
+    ("cifar10", "cifar10", 10, True, False, CIFAR_DEFAULTS, "CIFAR-10 as one 10-class task"),
+    (
+        "split-fashion-mnist",
+        "fashion-mnist",
+        2,
+        False,
+        True,
+        FASHION_DEFAULTS,
+        "Fashion-MNIST in tasks of 2 classes",
+    ),
+):
+    _n = (100 if _source == "cifar100" else 10) // _k
+    BENCHMARKS.register(_name)(
+        Benchmark(
+            build=functools.partial(
+                split_benchmark, _source, _name, _k, _augment, shuffle_classes=_shuffle
+            ),
+            default_tasks=_n,
+            max_tasks=_n,
+            description=f"{_what} ({'seeded class order, ' if _shuffle else ''}"
+            f"one head per task{', crop+flip augmentation' if _augment else ''})",
+            defaults=_defaults,
+        )
+    )

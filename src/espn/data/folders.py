@@ -1,0 +1,260 @@
+"""``image-folders``: a task sequence given as ImageFolder directories (one task per directory).
+
+For the paper's ImageNet sequence: ``--folders imagenet,cubs,cars,flowers,wikiart,sketch``.
+Each directory holds either ``train/`` and ``val/`` (or ``test/``) subdirectories in
+torchvision's ImageFolder layout (``<split>/<class>/<image>``), or the class directories
+directly, in which case a seeded 20% of the images of every class is held out for testing.
+
+Images are decoded, their shorter side resized to ``image_size`` and centre-cropped to a square.
+When all tasks fit (half the free memory of the device), they are decoded once, by DataLoader
+workers, into uint8 tensors on the device; otherwise every batch is decoded by DataLoader
+workers into pinned memory and copied to the device asynchronously (streaming). Training
+batches are randomly cropped (padding ``image_size // 8``) and flipped on the device, and
+normalised with the ImageNet statistics. Set ``ESPN_FOLDERS_MODE`` to ``memory`` or ``stream``
+to force a mode and ``ESPN_WORKERS`` to set the number of decoding workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from espn.data.augment import ImageTransform
+from espn.data.cifar import CIFAR_DEFAULTS
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
+from espn.data.sources import DatasetUnavailable
+from espn.data.tasks import Split, Task, TaskSequence, subset_index
+
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+DEFAULT_IMAGE_SIZE = 224
+TEST_FRACTION = 0.2
+FOLDER_DEFAULTS: dict[str, object] = CIFAR_DEFAULTS | {
+    "model": "resnet50",
+    "batch_size": 64,
+    "epochs": (10, 15, 15),
+}
+
+Samples = list[tuple[str, int]]
+
+
+def workers() -> int:
+    """Decoding workers: ``$ESPN_WORKERS``, else up to 8 of the CPU cores."""
+    return int(os.environ.get("ESPN_WORKERS", min(8, os.cpu_count() or 1)))
+
+
+def decode(path: str, size: int) -> Tensor:
+    """uint8 ``[3, size, size]``: RGB, shorter side resized to ``size``, centre-cropped."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as pil:
+            pil.draft("RGB", (size, size))  # JPEG: decode at a reduced scale when possible
+            img = TF.pil_to_tensor(pil.convert("RGB"))
+    except OSError as exc:
+        raise DatasetUnavailable(f"cannot decode image {path}: {exc}") from exc
+    img = TF.resize(img, [size], antialias=True)
+    return TF.center_crop(img, [size, size])
+
+
+class DecodedImages(Dataset):
+    """Images of a list of files, decoded and resized on access (in DataLoader workers)."""
+
+    def __init__(self, paths: list[str], size: int) -> None:
+        self.paths = paths
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> Tensor:
+        return decode(self.paths[i], self.size)
+
+
+class LazyImages:
+    """Stands in for the image tensor of a streamed split: ``x[index]`` decodes those images
+    (in this process) onto ``device``. Training and evaluation go through
+    :meth:`StreamingTask.batches` instead, which decodes in DataLoader workers."""
+
+    def __init__(self, dataset: DecodedImages, device: torch.device) -> None:
+        self.dataset = dataset
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Tensor) -> Tensor:
+        rows = index.flatten().tolist()
+        return torch.stack([self.dataset[i] for i in rows]).to(self.device)
+
+
+@dataclass
+class StreamingTask(Task):
+    """A task whose images are decoded batch by batch by DataLoader workers."""
+
+    n_workers: int = 0
+
+    def batches(
+        self,
+        split: str,
+        batch_size: int,
+        shuffle: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        data = self.split(split)
+        images: LazyImages = data.x  # type: ignore[assignment]
+        rows = self.batch_rows(split, batch_size, shuffle, generator)
+        ids = data.index.cpu()
+        device = images.device
+        loader = DataLoader(
+            images.dataset,
+            batch_sampler=[ids[r].tolist() for r in rows],
+            num_workers=self.n_workers,
+            pin_memory=device.type == "cuda",
+            # its own generator: the loader leaves torch's default one (augmentation) alone
+            generator=torch.Generator().manual_seed(0),
+        )
+        train = split == "train"
+        for r, x in zip(rows, loader, strict=True):
+            x = x.to(device, non_blocking=True)
+            yield self.transform(x, train), data.y[r.to(data.y.device)]
+
+
+def folder_samples(root: Path, seed: int, salt: int) -> tuple[list[str], Samples, Samples]:
+    """Class names and the (path, label) train and test samples of one task directory."""
+    from torchvision.datasets import ImageFolder
+
+    if not root.is_dir():
+        raise DatasetUnavailable(f"image folder {root} does not exist or is not a directory")
+    test_dir = next((root / s for s in ("val", "test") if (root / s).is_dir()), None)
+
+    def scan(path: Path) -> ImageFolder:
+        try:
+            return ImageFolder(str(path), loader=lambda p: p)
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise DatasetUnavailable(
+                f"{path} is not an ImageFolder directory (<class>/<image> files): {exc}"
+            ) from exc
+
+    if (root / "train").is_dir() and test_dir is not None:
+        train, test = scan(root / "train"), scan(test_dir)
+        if train.classes != test.classes:
+            raise DatasetUnavailable(
+                f"{root}: the classes of train/ and {test_dir.name}/ differ "
+                f"({len(train.classes)} vs {len(test.classes)} class directories)"
+            )
+        return train.classes, list(train.samples), list(test.samples)
+    whole = scan(root)
+    gen = task_generator(seed, 0, 1000 + salt)
+    labels = torch.tensor(whole.targets)
+    is_test = torch.zeros(len(labels), dtype=torch.bool)
+    for c in range(len(whole.classes)):
+        mine = (labels == c).nonzero().flatten()
+        n_test = round(TEST_FRACTION * len(mine))
+        is_test[mine[torch.randperm(len(mine), generator=gen)[:n_test]]] = True
+    samples = whole.samples
+    return (
+        whole.classes,
+        [s for s, t in zip(samples, is_test.tolist(), strict=True) if not t],
+        [s for s, t in zip(samples, is_test.tolist(), strict=True) if t],
+    )
+
+
+def _decode_all(paths: list[str], size: int, device: torch.device) -> Tensor:
+    n_workers = workers() if len(paths) >= 1024 else 0  # starting workers costs seconds
+    loader = DataLoader(DecodedImages(paths, size), batch_size=256, num_workers=n_workers)
+    return torch.cat([x.to(device) for x in loader])
+
+
+def _fits(n_images: int, size: int, device: torch.device) -> bool:
+    mode = os.environ.get("ESPN_FOLDERS_MODE", "auto")
+    if mode not in ("auto", "memory", "stream"):
+        raise ValueError(f"ESPN_FOLDERS_MODE={mode!r}; choose auto, memory or stream")
+    if mode != "auto":
+        return mode == "memory"
+    need = n_images * 3 * size * size
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return need <= free // 2
+
+
+def image_folders(
+    args: BenchmarkArgs, in_memory: bool | None = None, n_workers: int | None = None
+) -> TaskSequence:
+    """One task per directory of ``args.folders`` (see the module docstring).
+
+    ``in_memory`` forces holding the images on the device (True) or streaming them (False);
+    None decides by size.
+    """
+    if not args.folders:
+        raise DatasetUnavailable(
+            "image-folders needs its directories: --folders DIR1,DIR2,... (one per task)"
+        )
+    folders = [Path(f) for f in args.folders][: args.n_tasks or None]
+    size = args.image_size or DEFAULT_IMAGE_SIZE
+    device = torch.device(args.device)
+    listed = []
+    for t, root in enumerate(folders):
+        classes, train, test = folder_samples(root, args.seed, t)
+        keep = []
+        for salt, (samples, n) in enumerate(
+            ((train, args.train_per_task), (test, args.test_per_task))
+        ):
+            if not samples:
+                raise DatasetUnavailable(
+                    f"{root}: no images for the {('train', 'test')[salt]} split"
+                )
+            idx = subset_index(len(samples), n, task_generator(args.seed, t, salt)).tolist()
+            keep.append([samples[i] for i in idx])
+        listed.append((root, classes, keep))
+    total = sum(len(s) for _, _, keep in listed for s in keep)
+    memory = _fits(total, size, device) if in_memory is None else in_memory
+    transform = ImageTransform(*IMAGENET_STATS, crop_padding=size // 8, flip=True)
+    tasks: list[Task] = []
+    for root, classes, keep in listed:
+        splits = []
+        for samples in keep:
+            paths = [p for p, _ in samples]
+            y = torch.tensor([label for _, label in samples], device=device)
+            index = torch.arange(len(samples), device=device)
+            if memory:
+                x: Tensor | LazyImages = _decode_all(paths, size, device)
+            else:
+                x = LazyImages(DecodedImages(paths, size), device)
+            splits.append(Split(x, index, y))  # type: ignore[arg-type]
+        name = root.name or str(root)
+        if memory:
+            tasks.append(Task(name, splits[0], splits[1], transform, len(classes)))
+        else:
+            workers_t = workers() if n_workers is None else n_workers
+            tasks.append(
+                StreamingTask(name, splits[0], splits[1], transform, len(classes), workers_t)
+            )
+    return TaskSequence(
+        "image-folders",
+        tasks,
+        (3, size, size),
+        multi_head=True,
+        info={"kind": "folders", "folders": [str(f) for f in folders], "in_memory": memory},
+    )
+
+
+BENCHMARKS.register("image-folders")(
+    Benchmark(
+        build=image_folders,
+        default_tasks=6,
+        max_tasks=None,
+        description="one task per ImageFolder directory given with --folders "
+        "(e.g. ImageNet, CUBS, Cars, Flowers, WikiArt, Sketch), one head per task",
+        defaults=FOLDER_DEFAULTS,
+        needs_folders=True,
+    )
+)

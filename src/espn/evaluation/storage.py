@@ -1,0 +1,91 @@
+"""What it costs to store a run's learned tasks, counted the same way for every method."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import Tensor
+
+from espn.supernet.masks import TaskMask
+from espn.supernet.supernet import Supernet
+
+
+def _digest(t: Tensor) -> str:
+    return hashlib.sha1(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+def _distinct_bytes(tensors: list[Tensor]) -> int:
+    """Bytes of the distinct tensors among ``tensors`` (identical copies are stored once)."""
+    seen: dict[str, int] = {}
+    for t in tensors:
+        seen.setdefault(_digest(t), t.numel() * t.element_size())
+    return sum(seen.values())
+
+
+def _structural(supernet: Supernet, mask: TaskMask, name: str) -> bool:
+    """Whether ``mask``'s weight mask of layer ``name`` follows from its unit masks alone."""
+    layer = supernet.layers[name]
+    shape = layer.weight.shape
+    implied = torch.ones(shape[:2], dtype=torch.bool)
+    if layer.out_units:
+        implied &= mask.units[layer.out_units].view(-1, 1)
+    if layer.in_units:
+        implied &= mask.units[layer.in_units].view(1, -1)
+    implied = implied.view(*shape[:2], *([1] * (len(shape) - 2))).expand(shape)
+    return torch.equal(mask.weight_mask(name), implied)
+
+
+def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
+    """Bytes needed to store every learned task so that each can be run again, by part.
+
+    * ``shared_weights``: for ``weights="shared"`` the values of the weights some task uses
+      (the union of the masks), for ``"fixed"`` (SupSup's signed constants) one sign bit per
+      weight plus one float per layer, for ``"own"`` (Individual) nothing: each task stores
+      its own weights (``own_weights``: the values inside its mask).
+    * ``weight_masks`` and ``unit_masks``: one bit per weight / unit per task, except that a
+      unit mask keeping every unit costs nothing, a weight mask that is exactly the structure
+      its unit masks imply (every weight between alive units: no weight pruning) costs
+      nothing, and identical masks are stored once.
+    * ``task_state``: gates or BatchNorm and heads of each task, identical tensors stored once
+      (so MTL's shared network state counts once and each task's head block once).
+
+    ``total`` is their sum; ``one_dense_network`` (the dense supernet's weights) is given for
+    comparison and is not part of the total.
+    """
+    masks = supernet.masks
+    element = {n: layer.weight.element_size() for n, layer in supernet.layers.items()}
+    shared = 0
+    if weights == "shared" and masks:
+        for name in supernet.layers:
+            used = masks[0].weight_mask(name)
+            for mask in masks[1:]:
+                used |= mask.weight_mask(name)
+            shared += int(used.sum()) * element[name]
+    elif weights == "fixed":
+        shared = sum((m.weight.numel() + 7) // 8 + element[n] for n, m in supernet.layers.items())
+    elif weights not in ("shared", "own"):
+        raise ValueError(f"unknown weights {weights!r}; choose 'shared', 'own' or 'fixed'")
+    weight_masks = sum(
+        _distinct_bytes([m.weights[n] for m in masks if not _structural(supernet, m, n)])
+        for n in supernet.layers
+    )
+    unit_masks = sum(
+        len({_digest(m.units[g]) for m in masks if not bool(m.units[g].all())}) * ((size + 7) // 8)
+        for g, size in supernet.group_sizes.items()
+    )
+    keys = sorted({k for m in masks for k in m.state})
+    task_state = sum(_distinct_bytes([m.state[k] for m in masks if k in m.state]) for k in keys)
+    own = sum(v.numel() * v.element_size() for m in masks for v in m.own.values())
+    report = {
+        "shared_weights": shared,
+        "weight_masks": weight_masks,
+        "unit_masks": unit_masks,
+        "task_state": task_state,
+        "own_weights": own,
+    }
+    report["total"] = sum(report.values())
+    report["one_dense_network"] = sum(
+        m.weight.numel() * element[n] for n, m in supernet.layers.items()
+    )
+    return report

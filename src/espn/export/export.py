@@ -1,0 +1,203 @@
+"""Writing one task as a standalone model file, checked against the supernet.
+
+The slim model (see :mod:`espn.export.slim`) is saved with ``torch.export`` (``.pt2``: load it
+with ``torch.export.load(path).module()``, no espn needed) and/or as ONNX (``.onnx``, when the
+``onnx`` and ``onnxscript`` packages are installed), with a dynamic batch dimension. Before a
+file is reported written, it is loaded back and its outputs on the given inputs are compared
+with the masked supernet's, and its FLOPs are measured with ``FlopCounterMode``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from espn.export.slim import ExportError, fold_batchnorm, slim_copy
+from espn.supernet.supernet import Supernet
+from espn.utils.io import write_json_atomic
+
+FORMATS = {".pt2": "torch.export", ".onnx": "onnx"}
+TOLERANCE = 1e-5
+
+
+def onnx_available() -> bool:
+    """Whether ONNX export can run here (``onnx`` and ``onnxscript`` installed)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript"))
+
+
+def measured_flops(model: nn.Module, example: Tensor) -> int:
+    """FLOPs of one sample through ``model`` as ``FlopCounterMode`` counts them."""
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(example[:1])
+    return int(counter.get_total_flops())
+
+
+@torch.no_grad()
+def max_abs_diff(model: nn.Module, supernet: Supernet, task: int, inputs: list[Tensor]) -> float:
+    """Largest absolute difference between ``model``'s and task ``task``'s supernet outputs."""
+    supernet.eval()
+    worst = 0.0
+    for x in inputs:
+        worst = max(worst, float((model(x) - supernet(x, task=task)).abs().max()))
+    return worst
+
+
+@dataclass
+class ExportReport:
+    """What was written for a task and how it was checked."""
+
+    task: int
+    files: list[str]
+    n_classes: int
+    input_shape: list[int]
+    flops: int
+    analytic_flops: float
+    dense_flops: float
+    parameters: int
+    max_abs_diff: float
+    checked_samples: int
+    batchnorm_folded: bool
+    widths: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@contextmanager
+def _atomic_file(path: Path) -> Iterator[Path]:
+    """A temporary path with ``path``'s suffix (exporters look at it), renamed on success."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_pt2(model: nn.Module, example: Tensor, path: Path) -> nn.Module:
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    buffer = io.BytesIO()  # saved through a buffer: the archive is named after the file
+    torch.export.save(program, buffer)
+    with _atomic_file(path) as tmp:
+        tmp.write_bytes(buffer.getvalue())
+    return torch.export.load(str(path)).module()
+
+
+def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
+    import onnx
+
+    batch = torch.export.Dim("batch")
+    with _atomic_file(path) as tmp:
+        torch.onnx.export(
+            model,
+            (example,),
+            str(tmp),
+            dynamo=True,
+            dynamic_shapes=({0: batch},),
+            external_data=False,
+            input_names=["input"],
+            output_names=["logits"],
+            verbose=False,
+        )
+    onnx.checker.check_model(onnx.load(str(path)))
+
+
+def export_task(
+    supernet: Supernet,
+    task: int,
+    inputs: list[Tensor],
+    out: Path | str,
+    also_onnx: bool | None = None,
+    expected_flops: float | None = None,
+    fold_bn: bool = True,
+) -> ExportReport:
+    """Write task ``task`` as a slim standalone model to ``out`` and check it.
+
+    ``out`` ends in ``.pt2`` (``torch.export``) or ``.onnx``. With a ``.pt2`` target,
+    ``also_onnx`` (default: when ONNX export is available) also writes ``out`` with ``.onnx``.
+    ``inputs`` are batches of model inputs (e.g. the task's test set) on which the written
+    model must match the supernet within 1e-5; ``expected_flops`` (e.g. from results.json)
+    must equal the FLOPs measured on it. ``fold_bn`` folds each BatchNorm into the convolution
+    before it (faster; outputs still checked). A ``.json`` report is written beside ``out``.
+    """
+    out = Path(out)
+    if out.suffix not in FORMATS:
+        raise ExportError(
+            f"cannot tell the export format from {out.name!r}; "
+            f"use a file name ending in {' or '.join(FORMATS)}"
+        )
+    if not inputs:
+        raise ExportError("export needs at least one batch of inputs to check the model on")
+    if out.suffix == ".onnx" and not onnx_available():
+        raise ExportError(
+            "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
+        )
+    example = inputs[0][:2].clone()  # a view would save its whole storage as sample input
+    slim = slim_copy(supernet, task, example)
+    if fold_bn:
+        fold_batchnorm(slim)
+    flops = measured_flops(slim, example)
+    analytic = supernet.flops(supernet.masks[task].units)
+    if flops != analytic:
+        raise ExportError(
+            f"task {task}: slim model has {flops} FLOPs, the supernet counts {analytic}"
+        )
+    if expected_flops is not None and flops != expected_flops:
+        raise ExportError(
+            f"task {task}: slim model has {flops} FLOPs, results.json reports {expected_flops}"
+        )
+    diff = max_abs_diff(slim, supernet, task, inputs)
+    if diff > TOLERANCE:
+        hint = "; try without BatchNorm folding" if fold_bn else ""
+        raise ExportError(f"task {task}: slim model differs from the supernet by {diff:.3g}{hint}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files = []
+    if out.suffix == ".pt2":
+        loaded = _write_pt2(slim, example, out)
+        diff = max(diff, max_abs_diff(loaded, supernet, task, inputs))
+        if measured_flops(loaded, example) != flops:
+            raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
+        files.append(str(out))
+        if also_onnx is None:
+            also_onnx = onnx_available()
+        if also_onnx:
+            _write_onnx(slim, example, out.with_suffix(".onnx"))
+            files.append(str(out.with_suffix(".onnx")))
+    else:
+        _write_onnx(slim, example, out)
+        files.append(str(out))
+    if diff > TOLERANCE:
+        raise ExportError(f"task {task}: the saved model differs from the supernet by {diff:.3g}")
+    report = ExportReport(
+        task=task,
+        files=files,
+        n_classes=supernet.masks[task].n_classes,
+        input_shape=list(example.shape[1:]),
+        flops=flops,
+        analytic_flops=analytic,
+        dense_flops=supernet.dense_flops,
+        parameters=sum(p.numel() for p in slim.parameters()),
+        max_abs_diff=diff,
+        checked_samples=sum(len(x) for x in inputs),
+        batchnorm_folded=fold_bn,
+        widths={g: int(a.sum()) for g, a in supernet.masks[task].units.items()},
+    )
+    write_json_atomic(out.with_suffix(".json"), report.to_json())
+    return report
+
+
+def load_exported(path: Path | str) -> nn.Module:
+    """Load a ``.pt2`` file written by :func:`export_task` (plain ``torch.export.load``)."""
+    return torch.export.load(str(path)).module()

@@ -1,0 +1,48 @@
+"""Individual-gamma: every task trains its own network from scratch, pruned to gamma."""
+
+from __future__ import annotations
+
+import torch
+
+from espn.methods.base import METHODS, MethodConfig
+from espn.methods.espn import ESPN
+from espn.supernet.supernet import Supernet
+
+
+@METHODS.register("individual")
+class Individual(ESPN):
+    """One network per task, trained from the same initial weights, pruned to gamma FLOPs.
+
+    Each task starts from the supernet's initial weights (as a separate single-task run with
+    the same seed would), trains all of them with ESPN's three phases and FLOP-aware unit
+    pruning (gamma = 1: dense), and keeps its own copy of its weights (``weights = "own"``):
+    nothing is shared or frozen between tasks, so storage grows by one network per task.
+    ``alpha`` < 1 adds a weight budget of ceil(alpha x all weights) per task (default 1: none).
+    """
+
+    name = "individual"
+    weights = "own"
+    default_alpha = 1.0
+
+    def __init__(self, cfg: MethodConfig) -> None:
+        super().__init__(cfg)
+        self.initial: dict[str, torch.Tensor] = {}
+
+    def attach(self, supernet: Supernet) -> None:
+        """Remember the freshly initialised weights every task starts from."""
+        self.initial = {n: m.weight.detach().clone() for n, m in supernet.layers.items()}
+
+    @torch.no_grad()
+    def begin_task(self, supernet: Supernet) -> None:
+        if not self.initial:
+            raise RuntimeError("Individual.attach(supernet) must run before the first task")
+        for name, layer in supernet.layers.items():
+            layer.weight.copy_(self.initial[name])
+            layer.frozen.zero_()
+        super().begin_task(supernet)
+
+    def prune_step(self, supernet: Supernet, progress: float) -> None:
+        if self.prunes_units:
+            self.pruner.prune_units(supernet, progress)
+        if self.cfg.alpha < 1.0:
+            self.prune_weights(supernet, progress, "all")

@@ -1,0 +1,278 @@
+"""Bring your own conv net: turn an ordinary ``nn.Module`` into a supernet-ready one.
+
+:func:`to_supernet` takes a network made of ``nn.Conv2d``, ``nn.BatchNorm2d`` and
+``nn.Linear`` layers (plus parameter-free modules and functions: activations, pooling,
+additions, flatten) and returns a copy in which
+
+* every conv / linear layer is a masked layer (:class:`MaskedConv2d` / :class:`MaskedLinear`)
+  holding the original weights, with the unit groups of its input and output channels set;
+* every BatchNorm is a task-specific :class:`TaskBatchNorm2d` of its group;
+* the output layer is a per-task :class:`TaskHead` (or a shared masked head plus a per-task
+  :class:`TaskBias` when ``multi_head`` is False).
+
+The unit groups are found by Torch-Pruning's ``DependencyGraph``: channels that must be pruned
+together (the two sides of every residual add, a conv and its BatchNorm, the consumers of a
+tensor) form one group. A layer whose output channels cannot be silenced exactly by a
+BatchNorm of its group (a bias without a BatchNorm right after it, or a group without any
+BatchNorm) gets a :class:`UnitGate` right after it, so that a pruned channel is exactly zero.
+
+The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
+and be traceable by Torch-Pruning (no data-dependent control flow). To use such a model from
+``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
+:func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch_pruning as tp
+from torch import Tensor, nn
+
+from espn.models.registry import MODELS, ModelSpec
+from espn.supernet.layers import (
+    MaskedConv2d,
+    MaskedLinear,
+    TaskBatchNorm2d,
+    TaskBias,
+    TaskHead,
+    UnitGate,
+)
+
+SUPPORTED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d)
+
+
+class ConvertError(ValueError):
+    """The network uses something the converter cannot express; the message says what."""
+
+
+@dataclass
+class _Group:
+    """One set of coupled channels found by the dependency graph."""
+
+    size: int
+    producers: list[str] = field(default_factory=list)
+    consumers: list[str] = field(default_factory=list)
+    norms: list[str] = field(default_factory=list)
+    name: str = ""
+
+
+def _check_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Named conv/linear/BN modules; anything else holding parameters is refused."""
+    found: dict[str, nn.Module] = {}
+    seen: dict[int, str] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        if isinstance(m, SUPPORTED):
+            if id(m) in seen:
+                raise ConvertError(
+                    f"module {seen[id(m)]!r} is used again as {name!r}; shared layers are "
+                    "not supported (each task mask needs one module per layer)"
+                )
+            seen[id(m)] = name
+            found[name] = m
+        elif any(True for _ in m.parameters(recurse=False)):
+            raise ConvertError(
+                f"module {name!r} is a {type(m).__name__} with parameters; the converter "
+                "supports nn.Conv2d, nn.BatchNorm2d and nn.Linear (plus parameter-free modules)"
+            )
+    for name, m in found.items():
+        if isinstance(m, nn.Conv2d) and m.groups != 1:
+            raise ConvertError(f"conv {name!r} is grouped (groups={m.groups}); not supported")
+        if isinstance(m, nn.BatchNorm2d) and not m.affine:
+            raise ConvertError(f"BatchNorm {name!r} has affine=False; its gamma is the saliency")
+    return found
+
+
+def _groups(
+    model: nn.Module, example_input: Tensor, modules: dict[str, nn.Module]
+) -> tuple[list[_Group], dict[str, nn.Module | None], str]:
+    """Coupled channel groups, each layer's sole direct consumer, and the output layer."""
+    names = {m: n for n, m in modules.items()}
+    graph = tp.DependencyGraph().build_dependency(
+        model, example_inputs=example_input, verbose=False
+    )
+    successor: dict[str, nn.Module | None] = {}
+    outputs = []
+    for name, m in modules.items():
+        node = graph.module2node.get(m)
+        if node is None:
+            raise ConvertError(f"module {name!r} is not used by forward() on the example input")
+        successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
+        if not node.outputs and not isinstance(m, nn.BatchNorm2d):
+            outputs.append(name)
+    if len(outputs) != 1 or not isinstance(modules[outputs[0]], nn.Linear):
+        raise ConvertError(
+            "the model must end in exactly one nn.Linear layer (the classifier) whose output is "
+            f"the model's output; found output layers: {outputs or 'none'}"
+        )
+    groups = []
+    for group in graph.get_all_groups(root_module_types=(nn.Conv2d, nn.Linear)):
+        items = list(group)
+        root_name = names[items[0][0].target.module]
+        g = _Group(size=len(items[0][1]))
+        for dep, idxs in items:
+            m = dep.target.module
+            if m not in names:
+                continue
+            name = names[m]
+            out_side = graph.is_out_channel_pruning_fn(dep.handler)
+            width = _width(m, out_side)
+            if len(idxs) != g.size or width != g.size:
+                raise ConvertError(
+                    f"layer {name!r} uses {len(idxs)} of its {width} "
+                    f"{'output' if out_side else 'input'} channels from the channels of "
+                    f"{root_name!r} ({g.size}): concatenation, splitting or flattening a feature "
+                    "map into a linear layer is not supported; pool it globally first"
+                )
+            if isinstance(m, nn.BatchNorm2d):
+                g.norms.append(name)
+            elif out_side:
+                g.producers.append(name)
+            else:
+                g.consumers.append(name)
+        groups.append(g)
+    return groups, successor, outputs[0]
+
+
+def _width(m: nn.Module, out_side: bool) -> int:
+    if isinstance(m, nn.BatchNorm2d):
+        return m.num_features
+    return int(m.weight.shape[0 if out_side else 1])
+
+
+def _set(root: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, child, module)
+
+
+@torch.no_grad()
+def _masked(m: nn.Module, in_units: str | None, out_units: str | None) -> nn.Module:
+    if isinstance(m, nn.Conv2d):
+        out: nn.Module = MaskedConv2d(
+            m.in_channels,
+            m.out_channels,
+            m.kernel_size,
+            stride=m.stride,
+            padding=m.padding,
+            in_units=in_units,
+            out_units=out_units,
+            dilation=m.dilation,
+            padding_mode=m.padding_mode,
+        )
+    else:
+        out = MaskedLinear(m.in_features, m.out_features, in_units=in_units, out_units=out_units)
+    out.weight.copy_(m.weight)
+    return out
+
+
+@torch.no_grad()
+def _head(m: nn.Linear, in_units: str | None, multi_head: bool) -> nn.Module:
+    bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
+    if multi_head:
+        head = TaskHead(m.in_features, m.out_features, in_units=in_units)
+        head.weight.copy_(m.weight)
+        head.bias.copy_(bias)
+        return head
+    shared = _masked(m, in_units, None)
+    task_bias = TaskBias(m.out_features)
+    task_bias.bias.copy_(bias)
+    return nn.Sequential(shared, task_bias)
+
+
+def to_supernet(
+    model: nn.Module,
+    example_input: Tensor,
+    multi_head: bool = True,
+) -> nn.Module:
+    """A supernet-ready copy of ``model`` (see the module docstring); ``model`` is untouched.
+
+    ``example_input`` is a small batch of inputs used to trace the network. The output layer
+    becomes the task head: a :class:`TaskHead` per task with ``multi_head``, else a shared
+    masked linear layer followed by a per-task :class:`TaskBias`. Weights, BatchNorm
+    parameters and statistics and the classifier are copied, so that the result computes what
+    ``model`` computes (in eval mode) until the first task begins, which resets BatchNorms and
+    heads.
+    """
+    model = copy.deepcopy(model).eval()
+    modules = _check_modules(model)
+    groups, successor, head = _groups(model, example_input, modules)
+    order = {name: i for i, name in enumerate(modules)}
+    in_group: dict[str, str] = {}
+    out_group: dict[str, str] = {}
+    norm_group: dict[str, str] = {}
+    gated: set[str] = set()
+    for g in groups:
+        if head in g.producers:
+            continue  # the classes: never pruned
+        g.name = min(g.producers, key=order.__getitem__)
+        for name in g.consumers:
+            in_group[name] = g.name
+        for name in g.norms:
+            norm_group[name] = g.name
+        for name in g.producers:
+            out_group[name] = g.name
+            bias = modules[name].bias is not None
+            # a bias right before a BatchNorm is absorbed by it; any other bias becomes the
+            # shift of a gate, and a group without BatchNorm gets its saliency from gates
+            if not g.norms or (bias and not isinstance(successor[name], nn.BatchNorm2d)):
+                gated.add(name)
+    for name, m in modules.items():
+        if isinstance(m, nn.BatchNorm2d):
+            if name not in norm_group:
+                raise ConvertError(f"BatchNorm {name!r} does not follow any conv layer")
+            bn = TaskBatchNorm2d(m.num_features, norm_group[name])
+            bn.eps, bn.momentum = m.eps, m.momentum
+            bn.load_state_dict(m.state_dict(), strict=False)
+            _set(model, name, bn)
+        elif name == head:
+            _set(model, name, _head(m, in_group.get(name), multi_head))
+        else:
+            layer = _masked(m, in_group.get(name), out_group.get(name))
+            if name in gated:
+                layer = nn.Sequential(layer, UnitGate(int(m.weight.shape[0]), out_group[name]))
+            _set(model, name, layer)
+    return model
+
+
+def register_converted(
+    name: str, build: Callable[[ModelSpec], nn.Module], example_batch: int = 2
+) -> None:
+    """Register ``build(spec) -> plain nn.Module`` as model ``name``, converted on the fly.
+
+    Example: ``register_converted("vgg11-bn", lambda s: torchvision.models.vgg11_bn(
+    num_classes=s.n_classes))`` makes ``make_config(model="vgg11-bn", ...)`` work.
+    """
+
+    def factory(spec: ModelSpec) -> nn.Module:
+        plain = build(spec)
+        example = torch.zeros(example_batch, *spec.input_shape)
+        return to_supernet(plain, example, multi_head=spec.multi_head)
+
+    factory.__doc__ = f"{name}: converted from a plain torch model by espn.models.convert"
+    MODELS.register(name)(factory)
+
+
+def load_entry_point_models() -> list[str]:
+    """Register the models other packages expose in the ``espn.models`` entry-point group.
+
+    Each entry point ``NAME = "pkg.module:factory"`` names a factory ``factory(spec)`` that
+    returns a supernet-ready module (for instance through :func:`to_supernet`); it is imported
+    only when the model is built. Returns the names registered.
+    """
+    from importlib.metadata import entry_points
+
+    added = []
+    for ep in entry_points(group="espn.models"):
+        if ep.name in MODELS:
+            continue
+
+        def factory(spec: ModelSpec, ep: object = ep) -> nn.Module:
+            return ep.load()(spec)  # type: ignore[attr-defined]
+
+        factory.__doc__ = f"{ep.name}: from the entry point {ep.value}"
+        MODELS.register(ep.name)(factory)
+        added.append(ep.name)
+    return added

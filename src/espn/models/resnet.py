@@ -1,0 +1,200 @@
+"""Residual supernets: the reduced ResNet18 of GEM, a CIFAR ResNet18 and torchvision's ResNet50.
+
+Module names follow torchvision (``conv1``, ``bn1``, ``layerK.B.conv1``,
+``layerK.B.downsample.0/1``, ``fc``), so that a torchvision state dict can be loaded with
+``strict=False`` and the coupled channel groups can be checked against the ones
+Torch-Pruning's ``DependencyGraph`` finds on the torchvision model (see ``espn.models.convert``).
+
+Unit groups (the channels pruned together):
+
+* ``layerK``: the residual stream of stage K. Every layer that writes into it shares the
+  group: the last conv of every block (through its BatchNorm), the stage's downsample
+  shortcut, and, for BasicBlock ResNets whose first stage keeps the stem's width, the stem.
+  A stream channel that is dead is exactly zero in every block of the stage (all its
+  BatchNorms have gamma = beta = 0 there and an identity shortcut carries that zero along).
+* ``conv1``: the stem of ResNet50 (its width 64 differs from the first stream's 256).
+* ``layerK.B.convI``: the inner channels of a block, free per layer.
+
+Every task owns its BatchNorms (affine parameters and running statistics) and its head.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from espn.models.registry import MODELS, ModelSpec
+from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskBatchNorm2d, TaskBias, TaskHead
+
+
+def conv_bn(
+    c_in: int,
+    c_out: int,
+    kernel: int,
+    stride: int,
+    in_units: str | None,
+    out_units: str,
+) -> tuple[MaskedConv2d, TaskBatchNorm2d]:
+    """A bias-free masked conv ("same" padding) and the task BatchNorm of its output group."""
+    conv = MaskedConv2d(
+        c_in,
+        c_out,
+        kernel,
+        stride=stride,
+        padding=kernel // 2,
+        in_units=in_units,
+        out_units=out_units,
+    )
+    return conv, TaskBatchNorm2d(c_out, out_units)
+
+
+def _downsample(c_in: int, c_out: int, stride: int, in_units: str, out_units: str) -> nn.Module:
+    conv, bn = conv_bn(c_in, c_out, 1, stride, in_units, out_units)
+    return nn.Sequential(conv, bn)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs and a residual add (ResNet18/34); the stride sits on the first conv."""
+
+    expansion = 1
+
+    def __init__(
+        self, c_in: int, width: int, stride: int, name: str, in_stream: str, out_stream: str
+    ) -> None:
+        super().__init__()
+        inner = f"{name}.conv1"
+        self.conv1, self.bn1 = conv_bn(c_in, width, 3, stride, in_stream, inner)
+        self.conv2, self.bn2 = conv_bn(width, width, 3, 1, inner, out_stream)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or c_in != width or in_stream != out_stream:
+            self.downsample = _downsample(c_in, width, stride, in_stream, out_stream)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + shortcut)
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (carrying the stride, as torchvision's ResNet v1.5), 1x1 expand x4."""
+
+    expansion = 4
+
+    def __init__(
+        self, c_in: int, width: int, stride: int, name: str, in_stream: str, out_stream: str
+    ) -> None:
+        super().__init__()
+        c_out = width * self.expansion
+        g1, g2 = f"{name}.conv1", f"{name}.conv2"
+        self.conv1, self.bn1 = conv_bn(c_in, width, 1, 1, in_stream, g1)
+        self.conv2, self.bn2 = conv_bn(width, width, 3, stride, g1, g2)
+        self.conv3, self.bn3 = conv_bn(width, c_out, 1, 1, g2, out_stream)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or c_in != c_out or in_stream != out_stream:
+            self.downsample = _downsample(c_in, c_out, stride, in_stream, out_stream)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + shortcut)
+
+
+class ResNet(nn.Module):
+    """A residual supernet with task-specific BatchNorm and one head per task (or a shared,
+    masked head with a per-task bias when ``multi_head`` is False).
+
+    ``stem="cifar"``: one 3x3 stride-1 conv (32x32 inputs, as in GEM and CIFAR ResNets);
+    ``stem="imagenet"``: 7x7 stride-2 conv and 3x3 stride-2 max pooling (torchvision).
+    Global average pooling before the head makes any input size work.
+    """
+
+    def __init__(
+        self,
+        block: type[BasicBlock] | type[Bottleneck],
+        blocks: list[int],
+        nf: int,
+        in_channels: int,
+        n_classes: int,
+        multi_head: bool,
+        stem: str = "cifar",
+    ) -> None:
+        super().__init__()
+        if stem not in ("cifar", "imagenet"):
+            raise ValueError(f"unknown stem {stem!r}; choose 'cifar' or 'imagenet'")
+        # the stem writes straight into stage 1's stream when the first block keeps its width
+        stem_group = "layer1" if block.expansion == 1 else "conv1"
+        kernel, stride = (3, 1) if stem == "cifar" else (7, 2)
+        self.conv1, self.bn1 = conv_bn(in_channels, nf, kernel, stride, None, stem_group)
+        self.maxpool = nn.MaxPool2d(3, stride=2, padding=1) if stem == "imagenet" else nn.Identity()
+        c_in, stream = nf, stem_group
+        for i, n_blocks in enumerate(blocks):
+            stage = f"layer{i + 1}"
+            width = nf * 2**i
+            layers = []
+            for b in range(n_blocks):
+                stride = 2 if i > 0 and b == 0 else 1
+                layers.append(block(c_in, width, stride, f"{stage}.{b}", stream, stage))
+                c_in, stream = width * block.expansion, stage
+            setattr(self, stage, nn.Sequential(*layers))
+        self.n_stages = len(blocks)
+        self.out_features = c_in
+        if multi_head:
+            self.fc: nn.Module = TaskHead(c_in, n_classes, in_units=stream)
+        else:
+            self.fc = nn.Sequential(
+                MaskedLinear(c_in, n_classes, in_units=stream), TaskBias(n_classes)
+            )
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, MaskedConv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def features(self, x: Tensor) -> Tensor:
+        """The pooled representation fed to the head."""
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        for i in range(self.n_stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return F.adaptive_avg_pool2d(x, 1).flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.features(x))
+
+
+def _in_channels(spec: ModelSpec) -> int:
+    if len(spec.input_shape) != 3:
+        raise ValueError(
+            f"ResNets take images shaped (channels, height, width), got input shape "
+            f"{tuple(spec.input_shape)}"
+        )
+    return int(spec.input_shape[0])
+
+
+@MODELS.register("resnet18-reduced")
+def resnet18_reduced(spec: ModelSpec) -> ResNet:
+    """Reduced ResNet18 of GEM (nf=20, 3x3 stem): the paper's SplitCIFAR100 supernet."""
+    return ResNet(BasicBlock, [2, 2, 2, 2], 20, _in_channels(spec), spec.n_classes, spec.multi_head)
+
+
+@MODELS.register("resnet18")
+def resnet18(spec: ModelSpec) -> ResNet:
+    """CIFAR-style ResNet18 (nf=64, 3x3 stride-1 stem, no max pooling)."""
+    return ResNet(BasicBlock, [2, 2, 2, 2], 64, _in_channels(spec), spec.n_classes, spec.multi_head)
+
+
+@MODELS.register("resnet50")
+def resnet50(spec: ModelSpec) -> ResNet:
+    """ResNet50 in torchvision's layout (7x7 stem, max pooling, bottlenecks [3, 4, 6, 3])."""
+    return ResNet(
+        Bottleneck,
+        [3, 4, 6, 3],
+        64,
+        _in_channels(spec),
+        spec.n_classes,
+        spec.multi_head,
+        stem="imagenet",
+    )

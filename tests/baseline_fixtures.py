@@ -1,0 +1,77 @@
+"""Helpers of the baseline, pruner and study tests: small models and tiny task sequences."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from espn.data.tasks import Split, Task, TaskSequence
+from espn.methods.base import METHODS, MethodConfig, Strategy
+from espn.models.fc import FCNet
+from espn.models.registry import MODELS, ModelSpec
+from espn.supernet import Supernet
+from espn.training.engine import Engine
+from espn.training.optim import OptimConfig
+
+
+def fc_small(spec: ModelSpec) -> FCNet:
+    """784-48-32-classes: FC1024's shape at a test's size."""
+    return FCNet(math.prod(spec.input_shape), [48, 32], spec.n_classes, spec.multi_head)
+
+
+def register_fc_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``fc-small`` a model name for the duration of a test."""
+    monkeypatch.setitem(MODELS._items, "fc-small", fc_small)
+
+
+def tiny_sequence(
+    n_tasks: int = 3,
+    n_classes: int = 3,
+    shape: tuple[int, ...] = (1, 8, 8),
+    n: int = 48,
+    seed: int = 0,
+    offset: float = 0.0,
+) -> TaskSequence:
+    """Multi-head tasks of noisy class prototypes; task t's inputs are shifted by t x offset
+    by its transform (so a mixed batch shows whose transform each sample went through)."""
+    gen = torch.Generator().manual_seed(seed)
+    tasks = []
+    for t in range(n_tasks):
+        protos = torch.randn(n_classes, *shape, generator=gen)
+        splits = []
+        for _ in range(2):
+            y = torch.arange(n) % n_classes
+            x = protos[y] + 0.5 * torch.randn(n, *shape, generator=gen)
+            splits.append(Split(x, torch.arange(n), y))
+
+        def transform(x: torch.Tensor, train: bool, shift: float = t * offset) -> torch.Tensor:
+            return x + shift
+
+        tasks.append(Task(f"tiny {t}", splits[0], splits[1], transform, n_classes))
+    return TaskSequence("tiny", tasks, shape, multi_head=True)
+
+
+def make_engine(
+    model: torch.nn.Module,
+    seq: TaskSequence,
+    method: str,
+    optim: OptimConfig | None = None,
+    seed: int = 0,
+    **method_options: object,
+) -> tuple[Supernet, Strategy, Engine]:
+    """A supernet around ``model``, the named method and an engine to train ``seq`` with."""
+    example = seq.tasks[0].transform(seq.tasks[0].train.x[:2], False)
+    sn = Supernet(model, example)
+    cfg = MethodConfig(**{"epochs": (1, 1, 1), **method_options})  # type: ignore[arg-type]
+    strategy = METHODS.get(method)(cfg)
+    engine = Engine(
+        sn,
+        strategy,
+        optim or OptimConfig("adam", lr=1e-2),
+        batch_size=16,
+        seed=seed,
+        progress=False,
+    )
+    return sn, strategy, engine

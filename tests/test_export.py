@@ -1,0 +1,302 @@
+"""Slim export of task sub-networks: plain torch modules only, equal outputs, measured FLOPs
+equal to the analytic count, residual channels removed together."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+from typer.testing import CliRunner
+
+from deploy_fixtures import TinyResNet, cli_options, register_fc_test, train_tiny
+from espn.checkpoint.run import load_run
+from espn.cli.main import app
+from espn.evaluation.metrics import task_logits
+from espn.experiment import build_benchmark
+from espn.export.export import export_task, onnx_available
+from espn.export.slim import ExportError, fold_batchnorm, plain_copy, slim_copy
+from espn.models.fc import FCNet, fc1024
+from espn.models.registry import ModelSpec
+from espn.supernet import (
+    MaskedLinear,
+    Supernet,
+    TaskHead,
+    UnitGate,
+)
+
+runner = CliRunner()
+
+
+def random_task(sn: Supernet, n_classes: int, x: torch.Tensor, gen: torch.Generator) -> None:
+    """Commit a task with random weights, gates/BN statistics, unit and weight masks."""
+    sn.begin_task(n_classes)
+    with torch.no_grad():
+        for layer in sn.layers.values():
+            w = layer.weight
+            fresh = torch.randn(w.shape, generator=gen) * (2.0 / w[0].numel()) ** 0.5
+            w.copy_(torch.where(layer.frozen, w, fresh))
+        for m in sn.task_modules.values():
+            for name, p in m.named_parameters():
+                centre = 1.0 if name == "weight" and not isinstance(m, TaskHead) else 0.0
+                p.copy_(centre + 0.2 * torch.randn(p.shape, generator=gen))
+        sn.train()
+        for _ in range(3):
+            sn(x)
+    units = {}
+    for g, size in sn.group_sizes.items():
+        alive = torch.rand(size, generator=gen) < 0.5
+        alive[torch.randint(size, (1,), generator=gen)] = True
+        units[g] = alive
+    sn.set_unit_masks(units)
+    sn.set_weight_masks(
+        {n: torch.rand(m.weight.shape, generator=gen) < 0.6 for n, m in sn.layers.items()}
+    )
+    sn.eval()
+    sn.commit_task()
+
+
+def flops_of(model: nn.Module, x: torch.Tensor) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(x)
+    return counter.get_total_flops()
+
+
+def build(kind: str) -> tuple[Supernet, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    if kind == "tinyres":
+        model, x = TinyResNet(), torch.randn(16, 1, 8, 8, generator=gen)
+        n_classes = [3, 5]
+    elif kind == "fc1024":
+        model = fc1024(ModelSpec((1, 28, 28), 10, multi_head=False))
+        x, n_classes = torch.randn(16, 1, 28, 28, generator=gen), [10, 10]
+    else:
+        model, x = FCNet(64, [32, 24], 4, multi_head=True), torch.randn(16, 1, 8, 8, generator=gen)
+        n_classes = [4, 2]
+    torch.manual_seed(0)
+    sn = Supernet(model, x[:2])
+    for n in n_classes:
+        random_task(sn, n, x, gen)
+    return sn, x
+
+
+@pytest.mark.parametrize("kind", ["fc1024", "fc-multihead", "tinyres"])
+def test_slim_copy_equals_supernet_and_counts_analytic_flops(kind):
+    sn, x = build(kind)
+    sn.use_task(1)
+    for t in range(len(sn.masks)):
+        with torch.no_grad():
+            want = sn(x, task=t)
+        plain = plain_copy(sn, t)
+        slim = slim_copy(sn, t, x[:2])
+        assert sn.active_task == t  # left on the task, so flops() counts its head
+        for model in (plain, slim):
+            assert not model.training
+            assert all(type(m).__module__.split(".")[0] != "espn" for m in model.modules())
+            with torch.no_grad():
+                got = model(x)
+            assert got.shape == want.shape
+            assert (got - want).abs().max().item() <= 1e-5
+        units = sn.masks[t].units
+        assert flops_of(slim, x[:1]) == sn.flops(units)
+        alive = sum(int(a.sum()) for a in units.values())
+        assert alive < sum(sn.group_sizes.values())
+        n_slim = sum(p.numel() for p in slim.parameters())
+        assert n_slim < sum(p.numel() for p in plain.parameters())
+
+
+def test_residual_channels_are_removed_together():
+    sn, x = build("tinyres")
+    for t in range(2):
+        slim = slim_copy(sn, t, x[:2])
+        alive = {g: int(a.sum()) for g, a in sn.masks[t].units.items()}
+        assert slim.conv0.out_channels == slim.conv2.out_channels == alive["stream"]
+        assert slim.bn0.num_features == slim.bn2.num_features == alive["stream"]
+        assert slim.conv1.in_channels == slim.conv3.in_channels == alive["stream"]
+        assert slim.conv1.out_channels == slim.bn1.num_features == alive["inner"]
+        assert slim.head.in_features == alive["down"]
+        assert slim.head.out_features == sn.masks[t].n_classes
+
+
+def test_gates_and_task_bias_are_folded():
+    sn, _ = build("fc1024")
+    plain = plain_copy(sn, 0)
+    kinds = {type(m) for m in plain.modules()}
+    assert nn.Linear in kinds
+    assert not kinds & {MaskedLinear, UnitGate, TaskHead}
+    linears = [m for m in plain.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 3 and all(m.bias is not None for m in linears)
+    # the folded bias of the shared head is the task's own output bias
+    assert torch.equal(linears[-1].bias, sn.masks[0].state["head.1.bias"])
+
+
+def test_unknown_task_is_refused():
+    sn, x = build("fc-multihead")
+    with pytest.raises(ExportError, match=r"task 5 is not learned \(tasks 0..1\)"):
+        slim_copy(sn, 5, x[:2])
+
+
+def test_gate_that_cannot_be_folded_is_refused():
+    class GateFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate_in = UnitGate(4, "in")
+            self.fc = MaskedLinear(4, 3, in_units="in")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.gate_in(x))
+
+    x = torch.randn(4, 4)
+    sn = Supernet(GateFirst(), x)
+    sn.begin_task(3)
+    sn.commit_task()
+    with pytest.raises(
+        ExportError, match="must directly follow a linear or conv layer called once"
+    ):
+        plain_copy(sn, 0)
+
+
+# ------------------------------------------------------------- export to a file
+NO_ESPN_LOADER = """
+import json, sys
+sys.modules["espn"] = None  # any import of espn fails
+import torch
+from safetensors.torch import load_file
+from torch.utils.flop_counter import FlopCounterMode
+model = torch.export.load(sys.argv[1]).module()
+data = load_file(sys.argv[2])
+with torch.no_grad():
+    out = model(data["inputs"])
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(data["inputs"][:1])
+print(json.dumps({"diff": float((out - data["expected"]).abs().max()),
+                  "shape": list(out.shape), "flops": counter.get_total_flops()}))
+"""
+
+
+def load_without_espn(tmp_path, model_file, inputs, expected) -> dict:
+    """Run an exported model in a fresh interpreter where espn cannot be imported."""
+    from safetensors.torch import save_file
+
+    data = tmp_path / "check.safetensors"
+    save_file({"inputs": inputs.contiguous(), "expected": expected.contiguous()}, str(data))
+    script = tmp_path / "load.py"
+    script.write_text(NO_ESPN_LOADER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(model_file), str(data)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", ["fc", "conv"])
+def test_export_task_writes_a_checked_standalone_model(tmp_path, kind):
+    sn, seq, _ = train_tiny(kind)
+    task = 1
+    x = seq.tasks[task].test.x
+    report = export_task(sn, task, [x], tmp_path / "model.pt2", also_onnx=False)
+    assert report.files == [str(tmp_path / "model.pt2")]
+    assert report.flops == sn.flops(sn.masks[task].units)
+    assert report.max_abs_diff <= 1e-5
+    with torch.no_grad():
+        expected = sn(x, task=task)
+    found = load_without_espn(tmp_path, tmp_path / "model.pt2", x, expected)
+    assert found["diff"] <= 1e-5
+    assert found["shape"] == [len(x), sn.masks[task].n_classes]
+    assert found["flops"] == report.flops
+    saved = json.loads((tmp_path / "model.json").read_text())
+    assert saved["flops"] == report.flops and saved["task"] == task
+
+
+@pytest.mark.skipif(not onnx_available(), reason="onnx/onnxscript not installed")
+def test_export_to_onnx(tmp_path):
+    import onnx
+
+    sn, seq, _ = train_tiny("conv", n_tasks=1)
+    report = export_task(sn, 0, [seq.tasks[0].test.x], tmp_path / "m.pt2", also_onnx=True)
+    assert report.files == [str(tmp_path / "m.pt2"), str(tmp_path / "m.onnx")]
+    graph = onnx.load(str(tmp_path / "m.onnx")).graph
+    assert [i.name for i in graph.input] == ["input"]
+    dims = graph.input[0].type.tensor_type.shape.dim
+    assert not dims[0].HasField("dim_value")  # dynamic batch
+    assert [d.dim_value for d in dims[1:]] == [1, 8, 8]
+    convs = {n.input[1]: n for n in graph.node if n.op_type == "Conv"}
+    assert len(convs) == 4
+    widths = {i.name: list(i.dims) for i in graph.initializer}
+    alive = {g: int(a.sum()) for g, a in sn.masks[0].units.items()}
+    assert sorted(widths[name][0] for name in convs) == sorted(
+        [alive["stream"], alive["inner"], alive["stream"], alive["down"]]
+    )
+
+
+def test_export_refuses_unknown_formats(tmp_path):
+    sn, seq, _ = train_tiny("fc", n_tasks=1)
+    with pytest.raises(ExportError, match=r"use a file name ending in \.pt2 or \.onnx"):
+        export_task(sn, 0, [seq.tasks[0].test.x], tmp_path / "m.pt")
+
+
+@pytest.fixture
+def cli_run(fake_mnist, monkeypatch, tmp_path):
+    register_fc_test(monkeypatch)
+    out = tmp_path / "run"
+    result = runner.invoke(app, cli_options(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_cli_export_matches_supernet_and_results_flops(cli_run, tmp_path):
+    target = tmp_path / "task2.pt2"
+    result = runner.invoke(
+        app, ["export", "--run", str(cli_run), "--task", "2", "--out", str(target)]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads((cli_run / "results.json").read_text())
+    loaded = load_run(cli_run)
+    seq = build_benchmark(loaded.config)
+    x = torch.cat([x for x, _ in seq.tasks[2].batches("test", 1024)])
+    expected = task_logits(loaded.supernet, seq.tasks[2], 2)
+    found = load_without_espn(tmp_path, target, x, expected)
+    assert found["diff"] <= 1e-5
+    assert found["flops"] == doc["flops"][2]
+    assert doc["flops_ratio"][2] <= doc["gamma"]
+    assert (tmp_path / "task2.onnx").exists() == onnx_available()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--task", "3"], "task 3 is not in the checkpoint; it holds tasks 0..2"),
+        (["--task", "-1"], "task -1 is not in the checkpoint; it holds tasks 0..2"),
+        (["--task", "0", "--out", "m.pt"], "use a file name ending in .pt2 or .onnx"),
+    ],
+)
+def test_cli_export_rejects_bad_input(cli_run, tmp_path, args, message):
+    argv = ["export", "--run", str(cli_run), "--out", str(tmp_path / "m.pt2"), *args]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_fold_batchnorm_keeps_outputs_and_flops():
+    sn, x = build("tinyres")
+    for t in range(2):
+        slim = slim_copy(sn, t, x[:2])
+        with torch.no_grad():
+            before = slim(x)
+        folded = fold_batchnorm(slim)
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
+        assert all(m.bias is not None for m in folded.modules() if isinstance(m, nn.Conv2d))
+        with torch.no_grad():
+            assert (folded(x) - before).abs().max().item() <= 1e-5
+            assert (folded(x) - sn(x, task=t)).abs().max().item() <= 1e-5
+        assert flops_of(folded, x[:1]) == sn.flops(sn.masks[t].units)

@@ -1,0 +1,263 @@
+"""A run killed at any point and resumed ends exactly as an uninterrupted run (on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import espn.data.mnist as mnist_module
+import espn.training.engine as engine_module
+from conftest import synthetic_mnist
+from deploy_fixtures import (
+    TinyResNet,
+    cli_options,
+    comparable,
+    register_fc_test,
+    run_options,
+    tiny_sequence,
+)
+from espn.checkpoint.run import RunCheckpoint
+from espn.cli.main import app
+from espn.config import make_config
+from espn.data.registry import BENCHMARKS, Benchmark
+from espn.experiment import run_experiment
+from espn.methods.base import METHODS
+from espn.models.registry import MODELS
+
+runner = CliRunner()
+TESTS = Path(__file__).parent
+
+
+class Killed(Exception):
+    """Stands for the process dying."""
+
+
+def fingerprint(run: Path) -> dict:
+    """Results without timings, and the SHA-256 of every task file (masks, gates, heads) and
+    of the final state file (all shared weights, RNG states)."""
+    manifest = json.loads((run / "checkpoint" / "manifest.json").read_text())
+    return {
+        "results": comparable(json.loads((run / "results.json").read_text())),
+        "tasks": [t["sha256"] for t in manifest["tasks"]],
+        "state": manifest["state"]["sha256"],
+        "complete": manifest["complete"],
+    }
+
+
+@pytest.fixture(autouse=True)
+def tiny(fake_mnist, monkeypatch):
+    register_fc_test(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> dict[str, dict]:
+    """Uninterrupted runs, one per method, made on first use."""
+    cache: dict[str, dict] = {}
+
+    def get(method: str) -> dict:
+        if method not in cache:
+            out = tmp_path_factory.mktemp("reference") / "run"
+            with pytest.MonkeyPatch.context() as mp:
+                data = synthetic_mnist()
+                mp.setattr(mnist_module, "load_mnist_like", lambda *a, **k: data)
+                register_fc_test(mp)
+                run_experiment(make_config(**run_options(out, method=method)), progress=False)
+            cache[method] = fingerprint(out)
+            assert cache[method]["complete"] and len(cache[method]["tasks"]) == 3
+        return cache[method]
+
+    return get
+
+
+@pytest.fixture
+def reference(references) -> dict:
+    """The uninterrupted ESPN run."""
+    return references("espn")
+
+
+def kill_at_step(monkeypatch: pytest.MonkeyPatch, kill: int) -> None:
+    real = engine_module.Engine._step
+    count = {"steps": 0}
+
+    def step(self, *args):
+        count["steps"] += 1
+        if count["steps"] == kill:
+            raise Killed
+        return real(self, *args)
+
+    monkeypatch.setattr(engine_module.Engine, "_step", step)
+
+
+# 16 optimizer steps per task (4 per epoch; 1 pre-train, 2 prune, 1 fine-tune epochs):
+# 3 = task 1 before its first checkpoint, 7 = task 1 pruning, 17 = first step of task 2,
+# 30 = task 2 fine-tuning, 45 = task 3 fine-tuning.
+@pytest.mark.parametrize("kill", [3, 7, 17, 30, 45])
+def test_killed_at_a_step_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, reference, kill):
+    out = tmp_path / "run"
+    cfg = make_config(**run_options(out))
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, kill)
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    notes = []
+    run_experiment(cfg, progress=False, on_task_end=notes.append, resume=True)
+    assert fingerprint(out) == reference
+    if kill > 3:
+        assert notes[0].startswith(
+            f"resuming {out / 'checkpoint'}: {(kill - 1) // 16}/3 tasks done"
+        )
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_every_method_resumes_exactly(tmp_path, monkeypatch, references, method):
+    """Methods with state of their own must save it (Strategy.state_dict) to resume exactly."""
+    out = tmp_path / "run"
+    cfg = make_config(**run_options(out, method=method))
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 23)  # task 2, in the middle of its second epoch
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False, resume=True)
+    assert fingerprint(out) == references(method)
+
+
+def register_tiny_conv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Benchmark ``tiny-conv``: three 1x8x8 tasks, one head each, on model ``tiny-res``."""
+    monkeypatch.setitem(MODELS._items, "tiny-res", lambda spec: TinyResNet(spec.n_classes))
+    bench = Benchmark(
+        build=lambda args: tiny_sequence(args.n_tasks or 3, seed=args.seed),
+        default_tasks=3,
+        max_tasks=None,
+        description="tiny conv tasks",
+        defaults={"model": "tiny-res", "batch_size": 16, "optimizer": "sgd", "lr": 0.05},
+    )
+    monkeypatch.setitem(BENCHMARKS._items, "tiny-conv", bench)
+
+
+def test_conv_model_with_batchnorm_resumes_exactly(tmp_path, monkeypatch):
+    """Task BatchNorm (affine and running statistics), SGD momentum, a residual stream."""
+    register_tiny_conv(monkeypatch)
+    options = {"benchmark": "tiny-conv", "epochs": (1, 2, 1), "momentum": 0.9, "gamma": 0.5}
+    run_experiment(make_config(**options, out=tmp_path / "reference"), progress=False)
+    cfg = make_config(**options, out=tmp_path / "run")
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 17)  # 12 steps per task: task 2, in its second epoch
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    assert json.loads((tmp_path / "run/checkpoint/manifest.json").read_text())["training"]
+    run_experiment(cfg, progress=False, resume=True)
+    assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
+
+
+def test_killed_between_results_and_checkpoint_of_a_task(tmp_path, monkeypatch, reference):
+    out = tmp_path / "run"
+    cfg = make_config(**run_options(out))
+    real = RunCheckpoint.task_done
+    calls = {"n": 0}
+
+    def task_done(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Killed
+        return real(self, *args)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(RunCheckpoint, "task_done", task_done)
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    assert len(json.loads((out / "results.json").read_text())["accuracy_matrix"]) == 2
+    run_experiment(cfg, progress=False, resume=True)
+    assert fingerprint(out) == reference
+
+
+SCRIPT = """
+import sys
+sys.path[:0] = [{tests!r}]
+from conftest import synthetic_mnist
+import espn.data.mnist as mnist_module
+data = synthetic_mnist()
+mnist_module.load_mnist_like = lambda *a, **k: data
+from deploy_fixtures import fc_test
+from espn.models.registry import MODELS
+MODELS._items["fc-test"] = fc_test
+from espn.cli.main import app
+app(sys.argv[1:], prog_name="espn")
+"""
+
+
+def test_process_killed_by_sigkill_and_resumed_from_the_cli(tmp_path, reference):
+    out = tmp_path / "run"
+    script = tmp_path / "espn_run.py"
+    script.write_text(SCRIPT.format(tests=str(TESTS)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *cli_options(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    manifest = out / "checkpoint" / "manifest.json"
+    deadline = time.monotonic() + 120
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                doc = json.loads(manifest.read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                doc = {}
+            if len(doc.get("tasks", [])) >= 1 and doc.get("training"):
+                os.kill(proc.pid, signal.SIGKILL)  # in the middle of task 2
+                break
+            time.sleep(0.005)
+    finally:
+        if proc.poll() is None and time.monotonic() >= deadline:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not json.loads(manifest.read_text())["complete"]
+    result = runner.invoke(app, [*cli_options(out), "--resume"])
+    assert result.exit_code == 0, result.output
+    assert fingerprint(out) == reference
+
+
+def test_resume_with_other_options_is_refused(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 20)
+        with pytest.raises(Killed):
+            run_experiment(make_config(**run_options(out)), progress=False)
+    before = (out / "checkpoint" / "manifest.json").read_text()
+    result = runner.invoke(app, [*cli_options(out), "--resume", "--gamma", "0.5", "--seed", "3"])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "it was made with different options" in text
+    assert "gamma=0.2 in the checkpoint, 0.5 now" in text
+    assert "seed=0 in the checkpoint, 3 now" in text
+    assert (out / "checkpoint" / "manifest.json").read_text() == before
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, reference):
+    out = tmp_path / "run"
+    run_experiment(make_config(**run_options(out)), progress=False)
+    options = [o for o in cli_options(out) if o != "--quiet"]
+    result = runner.invoke(app, [*options, "--resume"])
+    assert result.exit_code == 0, result.output
+    assert "3/3 tasks done" in " ".join(result.output.split())
+    assert "task 1/3" not in result.output  # nothing trained again
+    assert fingerprint(out) == reference
+
+
+def test_resume_without_a_checkpoint_starts_over(tmp_path, reference):
+    out = tmp_path / "run"
+    options = [o for o in cli_options(out) if o != "--quiet"]
+    result = runner.invoke(app, [*options, "--resume"])
+    assert result.exit_code == 0, result.output
+    assert "no checkpoint in" in result.output and "starting from the first task" in " ".join(
+        result.output.split()
+    )
+    assert fingerprint(out) == reference
