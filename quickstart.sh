@@ -13,4 +13,4 @@ fi
 python3 -m pip install -q torch==2.14.1 torchvision==0.29.1
 python3 -m pip install -q -e ".[dev,onnx]"
 espn run --benchmark rotated-fashion-mnist --tasks 5 --train-per-task 6000 \
-  --method espn --gamma 0.2 --out runs/quickstart "$@"
+  --method espn --gamma 0.2 --out runs/quickstart --overwrite "$@"

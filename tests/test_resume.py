@@ -261,3 +261,18 @@ def test_resume_without_a_checkpoint_starts_over(tmp_path, reference):
         result.output.split()
     )
     assert fingerprint(out) == reference
+
+
+def test_an_earlier_run_is_not_overwritten_by_accident(tmp_path, reference):
+    out = tmp_path / "run"
+    run_experiment(make_config(**run_options(out)), progress=False)
+    again = runner.invoke(app, cli_options(out))
+    assert again.exit_code == 2
+    text = " ".join(again.output.split())
+    assert "already holds a run" in text and "--resume" in text and "--overwrite" in text
+    assert fingerprint(out) == reference  # nothing was touched
+    both = runner.invoke(app, [*cli_options(out), "--resume", "--overwrite"])
+    assert both.exit_code == 2 and "exclude each other" in " ".join(both.output.split())
+    replaced = runner.invoke(app, [*cli_options(out), "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert fingerprint(out) == reference  # started over: the same seed gives the same run

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from espn import __version__
-from espn.checkpoint.run import RunCheckpoint
+from espn.checkpoint.run import RunCheckpoint, check_out_dir
 from espn.config import RunConfig
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence
@@ -113,15 +113,18 @@ def run_experiment(
     progress: bool = True,
     on_task_end: Callable[[str], None] | None = None,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run ``cfg`` to the end; results are rewritten atomically after every task, and the
     checkpoint in ``<out>/checkpoint`` after every task and every epoch.
 
     ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task;
-    ``resume`` continues a killed run from its checkpoint (same options required).
+    ``resume`` continues a killed run from its checkpoint (same options required); an ``out``
+    that holds another run's checkpoint is refused unless ``resume`` or ``overwrite``.
     """
     start = time.perf_counter()
     out = Path(cfg.out)
+    check_out_dir(out, resume, overwrite)
     seq = build_benchmark(cfg)
     supernet = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())

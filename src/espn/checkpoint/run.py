@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,19 +45,47 @@ def run_meta(cfg: RunConfig, seq: TaskSequence) -> dict[str, Any]:
     }
 
 
-def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:
-    """Refuse to resume with options that change the results, naming each difference."""
+def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """The options (outside :data:`RESUMABLE_CHANGES`) in which ``cfg`` differs from the
+    ``saved`` configuration of a run, each as ``"key=saved in the checkpoint, now now"``."""
     now = cfg.model_dump(mode="json")
-    diffs = [
+    return [
         f"{key}={saved.get(key)!r} in the checkpoint, {now[key]!r} now"
         for key in now
         if key not in RESUMABLE_CHANGES and saved.get(key) != now[key]
     ]
+
+
+def saved_config(out: Path | str) -> dict[str, Any] | None:
+    """The configuration recorded in ``out``'s checkpoint manifest, if one is readable."""
+    try:
+        return dict(json.loads((checkpoint_dir(out) / MANIFEST).read_text())["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:
+    """Refuse to resume with options that change the results, naming each difference."""
+    diffs = option_differences(saved, cfg)
     if diffs:
         raise CheckpointError(
             f"cannot resume {where}: it was made with different options ({'; '.join(diffs)}); "
-            "rerun with the same options, or without --resume to start over"
+            "rerun with the same options, or with --overwrite instead of --resume to start over"
         )
+
+
+def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
+    """Refuse, before anything is computed, to start a run over an earlier one's checkpoint
+    unless told to continue it (``resume``) or to replace it (``overwrite``)."""
+    if resume and overwrite:
+        raise CheckpointError("--resume and --overwrite exclude each other; choose one")
+    manifest = checkpoint_dir(out) / MANIFEST
+    if resume or overwrite or not manifest.exists():
+        return
+    raise CheckpointError(
+        f"{out} already holds a run (its checkpoint is {manifest.parent}); pass --resume to "
+        "continue it, --overwrite to start over and replace it, or another --out"
+    )
 
 
 @dataclass
@@ -87,6 +116,7 @@ class RunCheckpoint:
 
         Resuming where no checkpoint was written yet (killed in the first epoch) starts over; a
         checkpoint that is there but unreadable, too new or of other options is refused.
+        Without ``resume`` the caller has checked :func:`check_out_dir` (``--overwrite``).
         """
         directory = checkpoint_dir(cfg.out)
         if not resume or not (directory / MANIFEST).exists():

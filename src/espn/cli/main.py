@@ -82,6 +82,9 @@ def run(
     resume: bool = typer.Option(
         False, help="Continue a killed run from OUT/checkpoint (same options required)."
     ),
+    overwrite: bool = typer.Option(
+        False, help="Start over in an OUT that holds an earlier run, replacing it."
+    ),
     preset: str | None = typer.Option(
         None, help="Recipe (see `espn presets`) or a .json file; explicit options win over it."
     ),
@@ -130,6 +133,7 @@ def run(
         progress=progress,
         on_task_end=None if quiet else lambda line: console.print(line),
         resume=resume,
+        overwrite=overwrite,
     )
     ratios = doc["flops_ratio"]
     console.print(

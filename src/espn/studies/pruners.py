@@ -24,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from espn.checkpoint.run import option_differences, saved_config
 from espn.config import RunConfig, make_config
 from espn.utils.io import atomic_target
 
@@ -61,9 +62,14 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
         doc = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    now = cfg.model_dump(mode="json")
-    same = all(doc.get("config", {}).get(k) == v for k, v in now.items() if k != "out")
+    same = not option_differences(doc.get("config", {}), cfg)
     return doc if doc.get("complete") and same else None
+
+
+def _resumable(cfg: RunConfig) -> bool:
+    """Whether ``cfg.out`` holds a checkpoint of the same options (a killed point)."""
+    saved = saved_config(cfg.out)
+    return saved is not None and not option_differences(saved, cfg)
 
 
 def run_pruner_study(
@@ -85,7 +91,8 @@ def run_pruner_study(
         doc = _finished(cfg)
         reused = doc is not None
         if doc is None:
-            doc = run_experiment(cfg, progress=progress)
+            resume = _resumable(cfg)  # a killed point goes on; one of other options is redone
+            doc = run_experiment(cfg, progress=progress, resume=resume, overwrite=not resume)
         point = StudyPoint(
             pruner=pruner,
             gamma=gamma,
