@@ -218,6 +218,19 @@ def test_export_task_writes_a_checked_standalone_model(tmp_path, kind):
     assert saved["flops"] == report.flops and saved["task"] == task
 
 
+def test_tolerance_is_absolute_for_small_outputs_and_relative_for_large_ones(tmp_path):
+    sn, seq, _ = train_tiny("fc")
+    x = seq.tasks[1].test.x
+    tiny = export_task(sn, 1, [x * 1e-4], tmp_path / "tiny.pt2", also_onnx=False)
+    assert tiny.max_abs_output < 1 and tiny.tolerance == 1e-5
+    assert tiny.max_abs_diff <= 1e-5
+    # logits in the hundreds: float32 rounding of the folded gates grows with them
+    large = export_task(sn, 1, [x * 100.0], tmp_path / "large.pt2", also_onnx=False)
+    assert large.max_abs_output > 100
+    assert large.tolerance == pytest.approx(1e-5 * large.max_abs_output)
+    assert large.max_abs_diff <= large.tolerance
+
+
 @pytest.mark.skipif(not onnx_available(), reason="onnx/onnxscript not installed")
 def test_export_to_onnx(tmp_path):
     import onnx
