@@ -91,11 +91,20 @@ def test_study_pruners_writes_csv_plot_and_one_run_per_point(fake_mnist, tmp_pat
     def no_training(*args, **kwargs):
         raise AssertionError("a finished point was trained again")
 
+    real_run = experiment_module.run_experiment
     monkeypatch.setattr(experiment_module, "run_experiment", no_training)
     again = runner.invoke(app, [*STUDY, "--out", str(out)])
     assert again.exit_code == 0, again.output
     assert again.output.count("(reused)") == 6
     assert read_csv(out / "pruners.csv") == points
+    monkeypatch.setattr(experiment_module, "run_experiment", real_run)
+    other = runner.invoke(app, [*STUDY, "--out", str(out), "--seed", "1"])  # points redone
+    assert other.exit_code == 0, other.output
+    assert "(reused)" not in other.output
+    assert all(
+        json.loads((out / p.run / "results.json").read_text())["seed"] == 1
+        for p in read_csv(out / "pruners.csv")
+    )
 
 
 @pytest.mark.parametrize(
