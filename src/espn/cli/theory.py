@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -49,6 +50,9 @@ app = typer.Typer(
 
 ACT_HELP = "Activation psi: " + ", ".join(ACTIVATIONS) + "."
 INPUT_HELP = "Input distribution (radius sqrt(d)): " + ", ".join(INPUT_DISTRIBUTIONS) + "."
+
+
+C = TypeVar("C", SampleComplexityConfig, MismatchConfig, TaskOrderConfig)
 
 
 def _fail(message: str) -> None:
@@ -169,61 +173,77 @@ def _guard(fn: Callable[[], None]) -> None:
         _fail(str(exc))
 
 
+# Options every experiment shares, declared once; each command gives its own defaults.
+D = Annotated[int, typer.Option(help="Input dimension d.")]
+R = Annotated[int, typer.Option(help="Representation dimension r (rows of W*).")]
+Ns = Annotated[str, typer.Option(help="Samples per task N (comma-separated, >= 1).")]
+Activation = Annotated[str, typer.Option(help=ACT_HELP)]
+Noise = Annotated[float, typer.Option(help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3.")]
+HeadNorm = Annotated[float, typer.Option(help="Norm of every planted head v_t.")]
+Inputs = Annotated[str, typer.Option(help=INPUT_HELP)]
+Replicates = Annotated[int, typer.Option(help="Independent planted models (curves are means).")]
+Restarts = Annotated[int, typer.Option(help="Solver initialisations (the best one is kept).")]
+MaxIter = Annotated[int, typer.Option(help="L-BFGS iterations per solve.")]
+BoundSlack = Annotated[
+    float, typer.Option(help="Norm bounds B_v, B_W = slack x the planted norms.")
+]
+Seed = Annotated[int, typer.Option(help="Seed of every random draw.")]
+Threads = Annotated[int, typer.Option(help="Torch CPU threads (0: torch's default).")]
+ShowProgress = Annotated[
+    bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")
+]
+
+
+def _config(cls: type[C], options: dict[str, Any], **parsed: Any) -> C:
+    """``cls`` from a command's options (those that are fields of ``cls``) and the
+    values parsed from text; validated, so a bad value stops the command here."""
+    names = {f.name for f in fields(cls)}
+    cfg = cls(**{k: v for k, v in options.items() if k in names and k not in parsed}, **parsed)
+    cfg.validate()
+    return cfg
+
+
 @app.command("sample-complexity")
 def sample_complexity(
-    out: Path = typer.Option(..., help="Output directory for sample_complexity.csv/.png."),
-    d: int = typer.Option(40, help="Input dimension d."),
-    r: int = typer.Option(8, help="Representation dimension r (rows of W*)."),
-    tasks: int = typer.Option(8, help="Number of tasks T."),
-    r_frz: str = typer.Option(
-        "4,7", help="Frozen rows r_frz (comma-separated, each in [0, r]); scratch is always run."
-    ),
-    ns: str = typer.Option(
-        "4,8,16,32,64,128,256,512,1024", help="Samples per task N (comma-separated, >= 1)."
-    ),
-    activation: str = typer.Option("identity", help=ACT_HELP),
-    noise: float = typer.Option(0.5, help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3."),
-    head_norm: float = typer.Option(2.5, help="Norm of every planted head v_t."),
-    inputs: str = typer.Option("sphere", help=INPUT_HELP),
-    replicates: int = typer.Option(3, help="Independent planted models (curves are means)."),
-    n_test: int = typer.Option(2000, help="Test samples per task."),
-    restarts: int = typer.Option(3, help="Solver initialisations (the best one is kept)."),
-    max_iter: int = typer.Option(300, help="L-BFGS iterations per solve."),
-    bound_slack: float = typer.Option(
-        1.5, help="Norm bounds B_v, B_W = slack x the planted norms."
-    ),
-    target: float = typer.Option(0.01, help="Excess risk at which N*T is compared."),
-    seed: int = typer.Option(0, help="Seed of every random draw."),
-    threads: int = typer.Option(1, help="Torch CPU threads (0: torch's default)."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    out: Annotated[Path, typer.Option(help="Output directory for sample_complexity.csv/.png.")],
+    d: D = 40,
+    r: R = 8,
+    tasks: Annotated[int, typer.Option(help="Number of tasks T.")] = 8,
+    r_frz: Annotated[
+        str,
+        typer.Option(
+            help="Frozen rows r_frz (comma-separated, each in [0, r]); scratch is always run."
+        ),
+    ] = "4,7",
+    ns: Ns = "4,8,16,32,64,128,256,512,1024",
+    activation: Activation = "identity",
+    noise: Noise = 0.5,
+    head_norm: HeadNorm = 2.5,
+    inputs: Inputs = "sphere",
+    replicates: Replicates = 3,
+    n_test: Annotated[int, typer.Option(help="Test samples per task.")] = 2000,
+    restarts: Restarts = 3,
+    max_iter: MaxIter = 300,
+    bound_slack: BoundSlack = 1.5,
+    target: Annotated[float, typer.Option(help="Excess risk at which N*T is compared.")] = 0.01,
+    seed: Seed = 0,
+    threads: Threads = 1,
+    progress: ShowProgress = True,
 ) -> None:
     """Excess risk vs N*T: frozen features (each r_frz) against learning from scratch.
 
     Prints the N*T needed to reach --target per setting next to the bound's
     prediction (proportional to dof = T*r + r_new*d).
     """
+    options = locals()
 
     def body() -> None:
-        cfg = SampleComplexityConfig(
-            d=d,
-            r=r,
-            tasks=tasks,
+        cfg = _config(
+            SampleComplexityConfig,
+            options,
             r_frz=parse_ints("--r-frz", r_frz),
             ns=parse_ints("--ns", ns),
-            activation=activation,
-            noise=noise,
-            head_norm=head_norm,
-            inputs=inputs,
-            replicates=replicates,
-            n_test=n_test,
-            restarts=restarts,
-            max_iter=max_iter,
-            bound_slack=bound_slack,
-            target=target,
-            seed=seed,
-            threads=threads,
         )
-        cfg.validate()
         rows = _run(
             sample_complexity_solves(cfg),
             progress,
@@ -237,68 +257,56 @@ def sample_complexity(
 
 @app.command()
 def mismatch(
-    out: Path = typer.Option(..., help="Output directory for mismatch.csv/.png."),
-    d: int = typer.Option(40, help="Input dimension d."),
-    r: int = typer.Option(8, help="Representation dimension r (rows of W*)."),
-    tasks: int = typer.Option(8, help="Number of tasks T."),
-    r_frz: int = typer.Option(6, help="Frozen rows r_frz, in [0, r]."),
-    r_new: int | None = typer.Option(
-        None, help="New rows learned (default r - r_frz; fewer gives a partial representation)."
-    ),
-    perturbations: str = typer.Option(
-        "0,0.1,0.25,0.5",
-        help="Perturbation sizes eps of W_frz (comma-separated, >= 0): row + eps * orthogonal.",
-    ),
-    ns: str = typer.Option(
-        "8,16,32,64,128,256,512,1024,2048", help="Samples per task N (comma-separated, >= 1)."
-    ),
-    mm_n: int = typer.Option(2000, help="Noise-free samples per task of the MM solve."),
-    scratch: bool = typer.Option(True, help="Also run learning from scratch for reference."),
-    activation: str = typer.Option("identity", help=ACT_HELP),
-    noise: float = typer.Option(0.5, help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3."),
-    head_norm: float = typer.Option(2.5, help="Norm of every planted head v_t."),
-    inputs: str = typer.Option("sphere", help=INPUT_HELP),
-    replicates: int = typer.Option(3, help="Independent planted models (curves are means)."),
-    n_test: int = typer.Option(2000, help="Test samples per task."),
-    restarts: int = typer.Option(3, help="Solver initialisations (the best one is kept)."),
-    max_iter: int = typer.Option(300, help="L-BFGS iterations per solve."),
-    bound_slack: float = typer.Option(
-        1.5, help="Norm bounds B_v, B_W = slack x the planted norms."
-    ),
-    seed: int = typer.Option(0, help="Seed of every random draw."),
-    threads: int = typer.Option(1, help="Torch CPU threads (0: torch's default)."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    out: Annotated[Path, typer.Option(help="Output directory for mismatch.csv/.png.")],
+    d: D = 40,
+    r: R = 8,
+    tasks: Annotated[int, typer.Option(help="Number of tasks T.")] = 8,
+    r_frz: Annotated[int, typer.Option(help="Frozen rows r_frz, in [0, r].")] = 6,
+    r_new: Annotated[
+        int | None,
+        typer.Option(
+            help="New rows learned (default r - r_frz; fewer gives a partial representation)."
+        ),
+    ] = None,
+    perturbations: Annotated[
+        str,
+        typer.Option(
+            help="Perturbation sizes eps of W_frz (comma-separated, >= 0): row + eps * orthogonal."
+        ),
+    ] = "0,0.1,0.25,0.5",
+    ns: Ns = "8,16,32,64,128,256,512,1024,2048",
+    mm_n: Annotated[int, typer.Option(help="Noise-free samples per task of the MM solve.")] = 2000,
+    scratch: Annotated[
+        bool, typer.Option(help="Also run learning from scratch for reference.")
+    ] = True,
+    activation: Activation = "identity",
+    noise: Noise = 0.5,
+    head_norm: HeadNorm = 2.5,
+    inputs: Inputs = "sphere",
+    replicates: Replicates = 3,
+    n_test: Annotated[int, typer.Option(help="Test samples per task.")] = 2000,
+    restarts: Restarts = 3,
+    max_iter: MaxIter = 300,
+    bound_slack: BoundSlack = 1.5,
+    seed: Seed = 0,
+    threads: Threads = 1,
+    progress: ShowProgress = True,
 ) -> None:
     """Risk vs N*T on a perturbed W_frz: it levels off at the mismatch MM.
 
     MM = L*_frz - L* is measured separately by a large noise-free solve; the summary
     puts it next to the floor the risk curves reach.
     """
+    options = locals()
 
     def body() -> None:
-        cfg = MismatchConfig(
-            d=d,
-            r=r,
-            tasks=tasks,
-            r_frz=r_frz,
-            r_new=r_new,
+        cfg = _config(
+            MismatchConfig,
+            options,
             perturbations=parse_floats("--perturbations", perturbations),
             ns=parse_ints("--ns", ns),
-            mm_n=mm_n,
             include_scratch=scratch,
-            activation=activation,
-            noise=noise,
-            head_norm=head_norm,
-            inputs=inputs,
-            replicates=replicates,
-            n_test=n_test,
-            restarts=restarts,
-            max_iter=max_iter,
-            bound_slack=bound_slack,
-            seed=seed,
-            threads=threads,
         )
-        cfg.validate()
         rows = _run(mismatch_solves(cfg), progress, "mismatch", lambda p: run_mismatch(cfg, p))
         _finish(out, "mismatch", rows, MISMATCH_COLUMNS, config_dict(cfg))
 
@@ -307,66 +315,49 @@ def mismatch(
 
 @app.command("task-order")
 def task_order(
-    out: Path = typer.Option(..., help="Output directory for task_order.csv/.png."),
-    d: int = typer.Option(30, help="Input dimension d."),
-    r: int = typer.Option(4, help="Representation dimension r (rows of W*)."),
-    tasks: int = typer.Option(10, help="Number of tasks (arrivals)."),
-    heads: int = typer.Option(4, help="Heads (outputs) per task, like classes per task."),
-    n_max: int = typer.Option(1000, help="Samples per head of task ID 1 (the largest)."),
-    n_min: int = typer.Option(50, help="Samples per head of the last task ID (the smallest)."),
-    first_rows: int | None = typer.Option(None, help="Rows the first arrival adds (default r)."),
-    rows_per_task: int = typer.Option(1, help="Rows every later arrival adds (>= 0)."),
-    orders: str = typer.Option(
-        ",".join(TASK_ORDERS), help="Orders to run: " + ", ".join(TASK_ORDERS) + "."
-    ),
-    activation: str = typer.Option("relu", help=ACT_HELP),
-    noise: float = typer.Option(0.5, help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3."),
-    head_norm: float = typer.Option(2.5, help="Norm of every planted head v_t."),
-    inputs: str = typer.Option("sphere", help=INPUT_HELP),
-    replicates: int = typer.Option(3, help="Independent planted models (curves are means)."),
-    n_test: int = typer.Option(1000, help="Test samples per head."),
-    restarts: int = typer.Option(3, help="Solver initialisations (the best one is kept)."),
-    max_iter: int = typer.Option(300, help="L-BFGS iterations per solve."),
-    bound_slack: float = typer.Option(
-        1.5, help="Norm bounds B_v, B_W = slack x the planted norms."
-    ),
-    seed: int = typer.Option(0, help="Seed of every random draw."),
-    threads: int = typer.Option(1, help="Torch CPU threads (0: torch's default)."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    out: Annotated[Path, typer.Option(help="Output directory for task_order.csv/.png.")],
+    d: D = 30,
+    r: R = 4,
+    tasks: Annotated[int, typer.Option(help="Number of tasks (arrivals).")] = 10,
+    heads: Annotated[
+        int, typer.Option(help="Heads (outputs) per task, like classes per task.")
+    ] = 4,
+    n_max: Annotated[int, typer.Option(help="Samples per head of task ID 1 (the largest).")] = 1000,
+    n_min: Annotated[
+        int, typer.Option(help="Samples per head of the last task ID (the smallest).")
+    ] = 50,
+    first_rows: Annotated[
+        int | None, typer.Option(help="Rows the first arrival adds (default r).")
+    ] = None,
+    rows_per_task: Annotated[int, typer.Option(help="Rows every later arrival adds (>= 0).")] = 1,
+    orders: Annotated[
+        str, typer.Option(help="Orders to run: " + ", ".join(TASK_ORDERS) + ".")
+    ] = ",".join(TASK_ORDERS),
+    activation: Activation = "relu",
+    noise: Noise = 0.5,
+    head_norm: HeadNorm = 2.5,
+    inputs: Inputs = "sphere",
+    replicates: Replicates = 3,
+    n_test: Annotated[int, typer.Option(help="Test samples per head.")] = 1000,
+    restarts: Restarts = 3,
+    max_iter: MaxIter = 300,
+    bound_slack: BoundSlack = 1.5,
+    seed: Seed = 0,
+    threads: Threads = 1,
+    progress: ShowProgress = True,
 ) -> None:
     """Sequential CRL: large tasks first vs small tasks first vs individual.
 
     Sample sizes fall as floor(n_max * (n_min/n_max)^((ID-1)/(tasks-1))), as in the
     paper's figure on sample size.
     """
+    options = locals()
 
     def body() -> None:
         names = tuple(o.strip() for o in orders.split(",") if o.strip())
         if not names:
             raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
-        cfg = TaskOrderConfig(
-            d=d,
-            r=r,
-            tasks=tasks,
-            heads=heads,
-            n_max=n_max,
-            n_min=n_min,
-            first_rows=first_rows,
-            rows_per_task=rows_per_task,
-            orders=names,
-            activation=activation,
-            noise=noise,
-            head_norm=head_norm,
-            inputs=inputs,
-            replicates=replicates,
-            n_test=n_test,
-            restarts=restarts,
-            max_iter=max_iter,
-            bound_slack=bound_slack,
-            seed=seed,
-            threads=threads,
-        )
-        cfg.validate()
+        cfg = _config(TaskOrderConfig, options, orders=names)
         rows = _run(
             task_order_solves(cfg), progress, "task order", lambda p: run_task_order(cfg, p)
         )

@@ -88,7 +88,7 @@ def plot_sample_complexity(
         yscale="log",
         xlabel="N*T / dof,   dof = T*r + r_new*d",
         ylabel="excess test risk",
-        title="collapse onto one curve when rescaled by dof",
+        title="excess risk against N*T rescaled by dof",
     )
     ax2.legend(fontsize=8)
     fig.suptitle("Sample complexity of CRL: frozen features vs learning from scratch")
@@ -131,7 +131,7 @@ def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path:
         ylim=(noise * 0.9, min(top, noise + 0.25) * 1.05),
         xlabel="total samples N*T",
         ylabel="test risk",
-        title="test risk levels off at E[Z^2] + MM (dashed)",
+        title="test risk; dashed: E[Z^2] + MM",
     )
     ax.legend(fontsize=8)
     ax2.set(
@@ -139,7 +139,7 @@ def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path:
         yscale="log",
         xlabel="total samples N*T",
         ylabel="excess test risk (risk - E[Z^2])",
-        title="excess risk floors at MM (dashed: large-N solve)",
+        title="excess risk; dashed: MM (large noise-free solve)",
     )
     ax2.legend(fontsize=8)
     fig.suptitle("Representation mismatch: perturbed frozen features")
@@ -166,7 +166,7 @@ def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], pat
         yscale="log",
         xlabel="task ID (sorted by per-head sample size)",
         ylabel="excess test risk",
-        title="Sequential CRL: training large tasks first helps; small first hurts",
+        title="Sequential CRL: excess risk per task ID for each training order",
     )
     ax.legend(fontsize=8)
     return _save(fig, path)
