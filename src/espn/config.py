@@ -281,6 +281,7 @@ class RunConfig(BaseModel):
             )
 
     def method_config(self) -> MethodConfig:
+        """The method's settings (budgets, epochs, pruner) from this run configuration."""
         return MethodConfig(
             gamma=float(self.gamma),
             alpha=float(self.alpha),
@@ -293,6 +294,7 @@ class RunConfig(BaseModel):
         )
 
     def optim_config(self) -> OptimConfig:
+        """The optimizer's settings from this run configuration."""
         return OptimConfig(
             name=str(self.optimizer),
             lr=float(self.lr),

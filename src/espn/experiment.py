@@ -32,6 +32,7 @@ from espn.utils.io import write_json_atomic
 
 
 def build_benchmark(cfg: RunConfig) -> TaskSequence:
+    """The task sequence a run configuration names, on its device."""
     args = BenchmarkArgs(
         n_tasks=cfg.tasks,
         seed=cfg.seed,

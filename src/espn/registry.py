@@ -40,6 +40,7 @@ class Registry(Generic[T]):
             ) from None
 
     def names(self) -> list[str]:
+        """Registered names, in registration order."""
         return list(self._items)
 
     def __contains__(self, name: object) -> bool:

@@ -43,14 +43,17 @@ def checkpoint_dir(run_dir: Path | str) -> Path:
 
 
 def task_file(index: int) -> str:
+    """File name of task ``index``'s masks, BatchNorm and head."""
     return f"task-{index:04d}.safetensors"
 
 
 def state_file(generation: int) -> str:
+    """File name of the shared state written by save number ``generation``."""
     return f"state-{generation:06d}.safetensors"
 
 
 def sha256_of(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB blocks (the manifest's integrity check)."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):

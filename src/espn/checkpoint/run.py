@@ -193,6 +193,7 @@ class LoadedRun:
 
     @property
     def n_tasks(self) -> int:
+        """Tasks finished in the checkpoint."""
         return len(self.supernet.masks)
 
     def example_input(self, batch: int = 2) -> torch.Tensor:
@@ -202,6 +203,7 @@ class LoadedRun:
         return torch.zeros(batch, *shape, device=device)
 
     def check_task(self, task: int) -> None:
+        """Raise :class:`CheckpointError` unless ``task`` is a finished task of the run."""
         if not 0 <= task < self.n_tasks:
             raise CheckpointError(
                 f"task {task} is not in the checkpoint; it holds tasks 0..{self.n_tasks - 1}"

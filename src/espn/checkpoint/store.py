@@ -73,6 +73,7 @@ class Checkpoint:
 
     @property
     def complete(self) -> bool:
+        """Whether the run finished its last task (not only a mid-run save)."""
         return bool(self.manifest.get("complete"))
 
 

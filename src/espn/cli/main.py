@@ -184,6 +184,7 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
 
 
 def main() -> None:
+    """Console entry point ``espn``."""
     app()
 
 

@@ -24,6 +24,7 @@ class DatasetUnavailable(RuntimeError):
 
 
 def default_data_dir() -> Path:
+    """Where downloads go: ``$ESPN_DATA`` or ``~/.cache/espn/data``."""
     return Path(os.environ.get("ESPN_DATA", Path.home() / ".cache" / "espn" / "data"))
 
 

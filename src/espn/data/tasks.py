@@ -35,6 +35,7 @@ class Task:
     n_classes: int
 
     def split(self, name: str) -> Split:
+        """The ``train`` or ``test`` split."""
         if name not in ("train", "test"):
             raise ValueError(f"unknown split {name!r}; choose 'train' or 'test'")
         return self.train if name == "train" else self.test
@@ -67,6 +68,7 @@ class Task:
         return list(order.to(device).split(batch_size))
 
     def num_batches(self, split: str, batch_size: int) -> int:
+        """Batches per pass over ``split`` (the last one may be short)."""
         return -(-len(self.split(split)) // batch_size)
 
 
@@ -85,6 +87,7 @@ class TaskSequence:
 
     @property
     def n_classes(self) -> int:
+        """The largest class count of any task (the width of a shared head)."""
         return max(t.n_classes for t in self.tasks)
 
 

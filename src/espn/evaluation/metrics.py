@@ -36,6 +36,7 @@ def final_accuracy(matrix: list[list[float]]) -> list[float]:
 
 
 def average_accuracy(matrix: list[list[float]]) -> float:
+    """Mean accuracy over all tasks after the last one (the matrix's last row)."""
     row = matrix[-1]
     return sum(row) / len(row)
 

@@ -92,6 +92,7 @@ class ExportReport:
     widths: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
         return asdict(self)
 
 

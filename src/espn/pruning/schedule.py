@@ -18,10 +18,12 @@ class GradualSchedule:
     gamma: float
 
     def flops_fraction(self, progress: float) -> float:
+        """FLOPs target at ``progress`` in [0, 1]: width shrinks linearly to sqrt(gamma)."""
         return (1.0 - progress * (1.0 - math.sqrt(self.gamma))) ** 2
 
     @staticmethod
     def new_weight_target(progress: float, start: int, budget: int) -> int:
+        """New weights allowed at ``progress``: from ``start`` down to ``budget`` linearly."""
         if start <= budget:
             return start
         return budget + math.floor((1.0 - progress) * (start - budget))

@@ -30,14 +30,17 @@ class LayerCost:
 
     @property
     def in_size(self) -> int:
+        """Input features/channels of the full-width layer."""
         w = self.module.weight
         return int(w.shape[1])
 
     @property
     def out_size(self) -> int:
+        """Output features/channels of the full-width layer."""
         return int(self.module.weight.shape[0])
 
     def flops(self, alive: dict[str, int]) -> float:
+        """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
         a_in = alive[self.in_units] if self.in_units else self.in_size
         a_out = alive[self.out_units] if self.out_units else self.out_size
         return 2.0 * a_in * a_out * self.kernel_area * self.positions

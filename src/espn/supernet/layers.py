@@ -37,6 +37,7 @@ class MaskedLayer:
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
 
     def masked_weight(self) -> Tensor:
+        """The weight with the active task's mask applied (zeros elsewhere)."""
         return self.weight * self.weight_mask
 
 
@@ -124,6 +125,7 @@ class UnitModule(TaskSpecific):
 
     @property
     def num_units(self) -> int:
+        """Units (neurons or channels) the module gates."""
         return int(self.unit_mask.numel())
 
 
@@ -205,6 +207,7 @@ class TaskHead(nn.Linear, TaskSpecific):
         self.reset_parameters()
 
     def load_task_state(self, state: dict[str, Tensor]) -> None:
+        """Load a task's head and resize ``out_features`` to its class count."""
         super().load_task_state(state)
         self.out_features = self.weight.shape[0]
 

@@ -112,6 +112,7 @@ class Supernet(nn.Module):
 
     # -------------------------------------------------------------- counting
     def alive_counts(self, units: dict[str, Tensor] | None = None) -> dict[str, int]:
+        """Alive units per group, of the active task or of ``units``."""
         units = self.unit_masks() if units is None else units
         return {g: int(a.sum()) for g, a in units.items()}
 
@@ -135,6 +136,7 @@ class Supernet(nn.Module):
 
     @property
     def free_weights(self) -> int:
+        """Weights no earlier task owns: p - p_{t-1}."""
         return self.total_weights - self.frozen_weights
 
     def weight_budget(self, alpha: float) -> int:
@@ -148,13 +150,16 @@ class Supernet(nn.Module):
         )
 
     def used_weights(self) -> int:
+        """Weights in the active task's mask (frozen and new)."""
         return sum(int(layer.weight_mask.bool().sum()) for layer in self.layers.values())
 
     # ---------------------------------------------------------------- parameters
     def shared_parameters(self) -> list[nn.Parameter]:
+        """The shared weight tensors, one per masked layer."""
         return [layer.weight for layer in self.layers.values()]
 
     def task_parameters(self) -> list[nn.Parameter]:
+        """The active task's own parameters: gates/BatchNorm and head."""
         return [p for m in self.task_modules.values() for p in m.parameters()]
 
     # ---------------------------------------------------------------- task life
@@ -173,6 +178,7 @@ class Supernet(nn.Module):
         self._n_classes = n_classes
 
     def task_state(self) -> dict[str, Tensor]:
+        """The active task's own tensors (gates/BatchNorm, head, statistics) by name."""
         return {
             f"{name}.{key}": value
             for name, m in self.task_modules.items()

@@ -702,7 +702,9 @@ def summarize_task_order(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not group:
             continue
 
-        def avg(key: str, subset: set[int] | None = None, group=group) -> float | None:
+        def avg(
+            key: str, subset: set[int] | None = None, group: list[dict[str, Any]] = group
+        ) -> float | None:
             vals = [float(r[key]) for r in group if subset is None or int(r["task_id"]) in subset]
             return mean(vals) if vals else None
 

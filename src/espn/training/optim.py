@@ -57,11 +57,13 @@ class FrozenGuard:
         self.snapshot = [layer.weight.detach().clone() for layer in self.layers]
 
     def mask_gradients(self) -> None:
+        """Zero the gradient of every frozen weight."""
         for layer in self.layers:
             if layer.weight.grad is not None:
                 layer.weight.grad.masked_fill_(layer.frozen, 0.0)
 
     @torch.no_grad()
     def restore(self) -> None:
+        """Put every frozen weight back to its snapshot, whatever the optimizer did."""
         for layer, saved in zip(self.layers, self.snapshot, strict=True):
             layer.weight.copy_(torch.where(layer.frozen, saved, layer.weight))
