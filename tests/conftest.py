@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
+from deploy_fixtures import cli_options, register_fc_test
+from espn.cli.main import app
 
 
 def synthetic_mnist(n_train: int = 400, n_test: int = 200, seed: int = 0) -> dict:
@@ -40,3 +45,13 @@ def tiny_run_args(tmp_path) -> dict:
         "batch_size": 128,
         "out": tmp_path / "run",
     }
+
+
+@pytest.fixture
+def cli_run(fake_mnist: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A finished 3-task run of the tiny FC model made through ``espn run``: its out dir."""
+    register_fc_test(monkeypatch)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, cli_options(out))
+    assert result.exit_code == 0, result.output
+    return out

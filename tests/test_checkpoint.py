@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import espn.checkpoint.store as store_module
-from deploy_fixtures import cli_options, make_model, register_fc_test, train_tiny
+from deploy_fixtures import make_model, train_tiny
 from espn.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -240,15 +240,6 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path, monkeypat
 
 
 # ----------------------------------------------------------------- through the CLI
-@pytest.fixture
-def cli_run(fake_mnist, monkeypatch, tmp_path):
-    register_fc_test(monkeypatch)
-    out = tmp_path / "run"
-    result = runner.invoke(app, cli_options(out))
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def test_evaluate_recomputes_results_from_the_checkpoint(cli_run):
     result = runner.invoke(app, ["evaluate", "--run", str(cli_run)])
     assert result.exit_code == 0, result.output

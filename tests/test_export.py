@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from deploy_fixtures import TinyResNet, cli_options, register_fc_test, train_tiny
+from deploy_fixtures import TinyResNet, train_tiny
 from espn.checkpoint.run import load_run
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
@@ -256,15 +256,6 @@ def test_export_refuses_unknown_formats(tmp_path):
     sn, seq, _ = train_tiny("fc", n_tasks=1)
     with pytest.raises(ExportError, match=r"use a file name ending in \.pt2 or \.onnx"):
         export_task(sn, 0, [seq.tasks[0].test.x], tmp_path / "m.pt")
-
-
-@pytest.fixture
-def cli_run(fake_mnist, monkeypatch, tmp_path):
-    register_fc_test(monkeypatch)
-    out = tmp_path / "run"
-    result = runner.invoke(app, cli_options(out))
-    assert result.exit_code == 0, result.output
-    return out
 
 
 def test_cli_export_matches_supernet_and_results_flops(cli_run, tmp_path):

@@ -85,7 +85,13 @@ def test_resnet18_reduced_is_gems():
     n_conv = sum(m.weight.numel() for m in plain.modules() if isinstance(m, nn.Conv2d))
     # the same topology at (20/64)^2 of the weights
     assert sn.total_weights == pytest.approx(n_conv * (20 / 64) ** 2, rel=0.01)
-    assert 1.0e6 < sn.total_weights < 1.2e6
+    # and exactly GEM's count, by hand: a 3x3 stem, two BasicBlocks per stage (four 3x3
+    # convs), a 1x1 downsample where the width doubles
+    widths, k = [20, 40, 80, 160], 9
+    by_hand = 3 * 20 * k
+    for c_in, c_out in zip([20, *widths[:-1]], widths, strict=True):
+        by_hand += (c_in * c_out + 3 * c_out * c_out) * k + (c_in * c_out if c_in != c_out else 0)
+    assert sn.total_weights == by_hand == 1_090_140
     # the analytic dense FLOPs equal FlopCounterMode on the model itself
     assert sn.dense_flops == measured_flops(model.eval(), torch.zeros(1, 3, 32, 32))
 

@@ -19,6 +19,7 @@ Only safetensors and JSON are read: no pickled code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -67,15 +68,18 @@ def file_entry(path: Path) -> dict[str, Any]:
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make renames in ``directory`` durable (a no-op where directories cannot be opened)."""
+    """Make renames in ``directory`` durable.
+
+    Best effort by design: some platforms and filesystems cannot open or fsync a directory
+    (Windows, some network mounts); there the renames are as durable as the OS makes them.
+    """
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 

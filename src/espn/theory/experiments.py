@@ -16,6 +16,7 @@ on rows read back from the CSV, so a summary can be recomputed from the file alo
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import time
@@ -752,11 +753,10 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
 
 
 def _parse(text: str) -> Any:
+    """A CSV cell as int, else float, else the text itself."""
     for kind in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return kind(text)
-        except ValueError:
-            pass
     return text
 
 
