@@ -18,7 +18,9 @@ from espn.training.optim import OptimConfig
 
 def fc_small(spec: ModelSpec) -> FCNet:
     """784-48-32-classes: FC1024's shape at a test's size."""
-    return FCNet(math.prod(spec.input_shape), [48, 32], spec.n_classes, spec.multi_head)
+    return FCNet(
+        math.prod(spec.input_shape), [48, 32], spec.n_classes, spec.multi_head, spec.task_affine
+    )
 
 
 def register_fc_small(monkeypatch: pytest.MonkeyPatch) -> None:

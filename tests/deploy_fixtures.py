@@ -90,7 +90,9 @@ def register_fc_test(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def fc_test(spec: ModelSpec) -> FCNet:
     """784-64-48-classes: FC1024's shape, small enough for tests."""
-    return FCNet(math.prod(spec.input_shape), [64, 48], spec.n_classes, spec.multi_head)
+    return FCNet(
+        math.prod(spec.input_shape), [64, 48], spec.n_classes, spec.multi_head, spec.task_affine
+    )
 
 
 def run_options(out: Path, **overrides: Any) -> dict[str, Any]:

@@ -127,7 +127,11 @@ def test_bad_method_options_are_rejected(tmp_path, args, message):
 def test_alpha_of_a_preset_does_not_stop_methods_without_a_weight_budget(tmp_path):
     cfg = make_config(preset="quick", method="mtl", out=tmp_path)
     assert cfg.alpha == 1.0 and cfg.gamma == 1.0
-    assert make_config(preset="quick", method="individual", out=tmp_path).alpha == 0.1
+    # Individual-gamma has no weight budget: the recipe's alpha is not its (paper's Table 1)
+    assert make_config(preset="quick", method="individual", out=tmp_path).alpha == 1.0
+    assert make_config(preset="paper", method="individual", out=tmp_path).alpha == 1.0
+    assert make_config(preset="paper", method="individual", alpha=0.1, out=tmp_path).alpha == 0.1
+    assert make_config(preset="paper", method="packnet", out=tmp_path).alpha == 0.1
     with pytest.raises(ConfigError, match="has no weight budget"):
         make_config(preset="quick", method="supsup", alpha=0.5, out=tmp_path)
 

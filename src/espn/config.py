@@ -9,12 +9,36 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from espn.data.registry import BENCHMARKS
-from espn.methods.base import METHODS, MethodConfig, Strategy
+from espn.methods.base import METHODS, SCHEDULES, MethodConfig, Strategy
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
+from espn.supernet.flops import FLOP_LOADS
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
-REUSE_POLICIES = ("magnitude", "all")
+REUSE_POLICIES = ("all", "magnitude")
+
+#: what runs recorded before an option existed behaved as (read from older manifests)
+LEGACY_DEFAULTS: dict[str, Any] = {
+    "task_affine": True,
+    "flop_load": "total",
+    "warmup": 0,
+    "finetune_schedule": "cosine",
+    "task_seed": None,
+    "class_order": None,
+    "init_weights": None,
+}
+
+
+def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
+    """A configuration saved by an older espn, completed with the values that reproduce what
+    that espn did (its fine-tuning started from the run's learning rate)."""
+    upgraded = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in values} | dict(values)
+    if "finetune_lr" not in values:
+        upgraded["finetune_lr"] = values.get("lr")
+    return upgraded
+
+
+FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
 
 
 class ConfigError(ValueError):
@@ -63,14 +87,22 @@ class RunConfig(BaseModel):
     weight_decay: float = 0.0
     momentum: float = 0.0
     betas: tuple[float, float] | None = None
+    warmup: int | None = None
+    finetune_lr: float | None = None
+    finetune_schedule: str | None = None
     pruner: str = "flop-aware"
-    penalty: float = 1e-4
+    penalty: float = 1.0
+    flop_load: str = "output"
     supsup_k: float | None = None
-    reuse: str = "magnitude"
+    reuse: str = "all"
+    task_affine: bool = False
     prune_updates_per_epoch: int = 4
     train_per_task: int | None = None
     test_per_task: int | None = None
     seed: int = 0
+    task_seed: int | None = None
+    class_order: str | None = None
+    init_weights: Path | None = None
     device: str = "cpu"
     data_dir: Path | None = None
     out: Path = Path("runs/latest")
@@ -96,6 +128,9 @@ class RunConfig(BaseModel):
                 f"preset {data['preset']!r} sets unknown option(s) {', '.join(unknown)}; "
                 f"accepted: {', '.join(f for f in cls.model_fields if f not in ('preset', 'out'))}"
             )
+        method = data.get("method") or values.get("method") or "espn"
+        if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
+            values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
         return _need_benchmark(merge(values, data))
 
     @field_validator("benchmark")
@@ -139,6 +174,23 @@ class RunConfig(BaseModel):
             )
         return v
 
+    @field_validator("flop_load")
+    @classmethod
+    def _flop_load(cls, v: str) -> str:
+        return _one_of("flop load", v, FLOP_LOADS)
+
+    @field_validator("finetune_schedule")
+    @classmethod
+    def _finetune_schedule(cls, v: str | None) -> str | None:
+        return None if v is None else _one_of("fine-tune schedule", v, FINETUNE_SCHEDULES)
+
+    @field_validator("init_weights")
+    @classmethod
+    def _init_weights(cls, v: Path | None) -> Path | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"init_weights: no file {v} (give a .safetensors or .pt file)")
+        return v
+
     @field_validator("gamma")
     @classmethod
     def _gamma(cls, v: float | None) -> float | None:
@@ -168,11 +220,18 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be >= 1, got {v}")
         return v
 
-    @field_validator("lr")
+    @field_validator("lr", "finetune_lr")
     @classmethod
-    def _lr(cls, v: float | None) -> float | None:
+    def _lr(cls, v: float | None, info: Any) -> float | None:
         if v is not None and not v > 0:
-            raise ValueError(f"lr must be > 0, got {v}")
+            raise ValueError(f"{info.field_name} must be > 0, got {v}")
+        return v
+
+    @field_validator("warmup")
+    @classmethod
+    def _warmup(cls, v: int | None) -> int | None:
+        if v is not None and v < 0:
+            raise ValueError(f"warmup must be >= 0 epochs, got {v}")
         return v
 
     @field_validator("weight_decay", "penalty")
@@ -199,11 +258,11 @@ class RunConfig(BaseModel):
             )
         return v
 
-    @field_validator("seed")
+    @field_validator("seed", "task_seed")
     @classmethod
-    def _seed(cls, v: int) -> int:
-        if v < 0:
-            raise ValueError(f"seed must be >= 0, got {v}")
+    def _seed(cls, v: int | None, info: Any) -> int | None:
+        if v is not None and v < 0:
+            raise ValueError(f"{info.field_name} must be >= 0, got {v}")
         return v
 
     @field_validator("device")
@@ -226,6 +285,13 @@ class RunConfig(BaseModel):
             )
         self._check_folders(bench.needs_folders)
         self._check_method_options(strategy)
+        self._check_sequence(bench.class_orders)
+        if self.init_weights is not None and not strategy.accepts_pretrained:
+            raise ValueError(
+                f"method {self.method!r} cannot start from a pretrained first task "
+                "(init_weights); methods that can: "
+                + ", ".join(n for n in METHODS.names() if METHODS.get(n).accepts_pretrained)
+            )
         d = bench.defaults
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         self.betas = self.betas or tuple(d.get("betas", (0.9, 0.999)))
@@ -239,7 +305,38 @@ class RunConfig(BaseModel):
         self.optimizer = self.optimizer or str(d.get("optimizer", "adam"))
         self.lr = self.lr or float(d.get("lr", 1e-3))
         self.batch_size = self.batch_size or int(d.get("batch_size", 128))
+        self._resolve_recipe(d)
         return self
+
+    def _resolve_recipe(self, d: dict[str, Any]) -> None:
+        """Warm-up and fine-tuning: given values, else the benchmark's recipe."""
+        assert self.epochs is not None
+        pre = self.epochs[0]
+        if self.warmup is None:
+            self.warmup = min(int(d.get("warmup", 0)), pre)  # type: ignore[call-overload]
+        elif self.warmup > pre:
+            raise ValueError(
+                f"warmup must be <= the {pre} pre-training epochs it is taken from, "
+                f"got {self.warmup}"
+            )
+        self.finetune_schedule = self.finetune_schedule or str(d.get("finetune_schedule", "cosine"))
+        if self.finetune_lr is None:
+            self.finetune_lr = float(d.get("finetune_lr", self.lr))  # type: ignore[arg-type]
+        if self.task_seed is None:
+            self.task_seed = self.seed
+
+    def _check_sequence(self, class_orders: tuple[str, ...]) -> None:
+        if self.class_order is None:
+            self.class_order = class_orders[0] if class_orders else None
+        elif self.class_order not in class_orders:
+            raise ValueError(
+                f"class order {self.class_order!r} is not available for {self.benchmark}; "
+                + (
+                    f"choose one of: {', '.join(class_orders)}"
+                    if class_orders
+                    else "it has no class split (leave class_order unset)"
+                )
+            )
 
     def _check_method_options(self, strategy: type[Strategy]) -> None:
         """Options of one method given to another are refused (alpha from a preset is not)."""
@@ -257,11 +354,6 @@ class RunConfig(BaseModel):
             self.supsup_k = 0.5
         if strategy.uses_alpha or self.alpha in (None, 1.0):
             return
-        if self.preset is not None:
-            from espn.presets import load_preset
-
-            if load_preset(self.preset).get("alpha") == self.alpha:
-                return
         raise ValueError(
             f"method {self.method!r} has no weight budget; alpha must be 1 or unset, "
             f"got {self.alpha}"
@@ -288,9 +380,14 @@ class RunConfig(BaseModel):
             epochs=self.epochs,
             pruner=self.pruner,
             penalty=self.penalty,
+            flop_load=self.flop_load,
             reuse=self.reuse,
             prune_updates_per_epoch=self.prune_updates_per_epoch,
             supsup_k=float(self.supsup_k or 0.5),
+            warmup=int(self.warmup or 0),
+            finetune_lr=self.finetune_lr,
+            finetune_schedule=str(self.finetune_schedule),
+            task_affine=self.task_affine,
         )
 
     def optim_config(self) -> OptimConfig:
@@ -302,6 +399,18 @@ class RunConfig(BaseModel):
             momentum=self.momentum,
             betas=self.betas,
         )
+
+
+def _one_of(what: str, value: str, accepted: tuple[str, ...]) -> str:
+    if value not in accepted:
+        raise ValueError(f"unknown {what} {value!r}; choose one of: {', '.join(accepted)}")
+    return value
+
+
+def _takes_recipe_alpha(strategy: type[Strategy]) -> bool:
+    """Whether a recipe's (preset's, benchmark's) alpha applies to a method: not to one
+    without a weight budget, nor to one whose own default differs (Individual: none)."""
+    return strategy.uses_alpha and strategy.default_alpha is None
 
 
 def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:

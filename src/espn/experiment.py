@@ -26,6 +26,7 @@ from espn.evaluation.plots import plot_run
 from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS, ModelSpec
+from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine
 from espn.utils.io import write_json_atomic
@@ -35,7 +36,8 @@ def build_benchmark(cfg: RunConfig) -> TaskSequence:
     """The task sequence a run configuration names, on its device."""
     args = BenchmarkArgs(
         n_tasks=cfg.tasks,
-        seed=cfg.seed,
+        seed=cfg.seed if cfg.task_seed is None else cfg.task_seed,
+        class_order=cfg.class_order,
         train_per_task=cfg.train_per_task,
         test_per_task=cfg.test_per_task,
         data_dir=cfg.data_dir,
@@ -49,7 +51,7 @@ def build_benchmark(cfg: RunConfig) -> TaskSequence:
 def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
     """The model named in ``cfg``, wrapped as a supernet on ``cfg.device``."""
     torch.manual_seed(cfg.seed)
-    spec = ModelSpec(seq.input_shape, seq.n_classes, seq.multi_head)
+    spec = ModelSpec(seq.input_shape, seq.n_classes, seq.multi_head, cfg.task_affine)
     model = MODELS.get(str(cfg.model))(spec).to(cfg.device)
     first = seq.tasks[0]
     example = first.transform(first.train.x[first.train.index[:2]], False)
@@ -145,21 +147,28 @@ def run_experiment(
     rows, per_task = ckpt.rows, ckpt.per_task
     doc = results_document(cfg, seq, supernet, rows, per_task)
     doc["wall_time_s"] = ckpt.elapsed
+    pretrained = None
+    if cfg.init_weights is not None and not rows:
+        pretrained = load_weight_file(cfg.init_weights)
+        expected_shapes(supernet, seq.tasks[0].n_classes)  # refused now, not after training
     for i, task in enumerate(strategy.training_tasks(seq)):
         if i < len(rows):
             continue
         first = len(supernet.masks)
-        log = engine.train_task(
-            task,
-            i,
-            on_progress=ckpt.on_progress(i, strategy, seq, lambda: time.perf_counter() - start),
-            resume=ckpt.resume_point(i),
-        )
+        if i == 0 and pretrained is not None:
+            log = engine.adopt_task(task, pretrained)
+        else:
+            log = engine.train_task(
+                task,
+                i,
+                on_progress=ckpt.on_progress(i, strategy, seq, lambda: time.perf_counter() - start),
+                resume=ckpt.resume_point(i),
+            )
         learned = range(first, len(supernet.masks))  # one task, or all of them for MTL
         rows.append([task_accuracy(supernet, seq.tasks[j], j) for j in range(learned.stop)])
         for t in learned:
             record = task_record(supernet, t)
-            record |= {
+            record |= strategy.report() | {
                 "weight_budget": strategy.weight_budget,
                 "seconds": log.seconds / len(learned),
                 "seconds_per_epoch": log.seconds_per_epoch,

@@ -18,7 +18,7 @@ from espn.checkpoint.store import (
     read_checkpoint,
     restore,
 )
-from espn.config import RunConfig, make_config
+from espn.config import RunConfig, make_config, upgrade_saved_config
 from espn.data.tasks import TaskSequence
 from espn.methods.base import Strategy
 from espn.models.registry import MODELS, ModelSpec
@@ -59,7 +59,8 @@ def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
 def saved_config(out: Path | str) -> dict[str, Any] | None:
     """The configuration recorded in ``out``'s checkpoint manifest, if one is readable."""
     try:
-        return dict(json.loads((checkpoint_dir(out) / MANIFEST).read_text())["config"])
+        saved = json.loads((checkpoint_dir(out) / MANIFEST).read_text())["config"]
+        return upgrade_saved_config(dict(saved))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -124,7 +125,7 @@ class RunCheckpoint:
             note = f"no checkpoint in {directory}; starting from the first task" if resume else ""
             return cls(writer, supernet, engine, [], [], summary=note)
         ckpt = read_checkpoint(directory)
-        check_same_run(ckpt.manifest["config"], cfg, directory)
+        check_same_run(upgrade_saved_config(ckpt.manifest["config"]), cfg, directory)
         restore(ckpt, supernet, engine, strategy)
         tr = ckpt.training
         where = (
@@ -221,11 +222,14 @@ def load_run(run_dir: Path | str, device: str = "cpu") -> LoadedRun:
             f"the checkpoint is of model {m['model']!r}, which this espn does not know; "
             f"known models: {', '.join(MODELS.names())}"
         )
-    values = {k: v for k, v in m["config"].items() if k not in ("device", "out")}
+    saved = upgrade_saved_config(m["config"])
+    values = {k: v for k, v in saved.items() if k not in ("device", "out")}
     cfg = make_config(**values, device=device, out=Path(run_dir))
     spec = m["spec"]
     torch.manual_seed(cfg.seed)
-    model_spec = ModelSpec(tuple(spec["input_shape"]), int(spec["n_classes"]), spec["multi_head"])
+    model_spec = ModelSpec(
+        tuple(spec["input_shape"]), int(spec["n_classes"]), spec["multi_head"], cfg.task_affine
+    )
     model = MODELS.get(str(m["model"]))(model_spec).to(device)
     example = torch.zeros(2, *spec["input_shape"], device=device)
     supernet = Supernet(model, example)

@@ -328,28 +328,23 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
         w = ckpt.shared.get(name)
         if w is None or w.shape != layer.weight.shape:
             raise CheckpointError(f"{where}: shared weight of layer {name!r} missing or misshapen")
-    state_keys = {
-        f"{n}.{k}"
-        for n, m in supernet.task_modules.items()
-        for k in m.state_dict()
-        if k != "unit_mask"
-    }
+    committed_keys = supernet.task_state_keys(committed=True)
     packed = {n: (layer.weight.numel() + 7) // 8 for n, layer in supernet.layers.items()}
 
-    def check_masks(what: str, weights: dict, units: dict, state: dict) -> None:
+    def check_masks(what: str, weights: dict, units: dict, state: dict, keys: set[str]) -> None:
         for name, n_bytes in packed.items():
             if name not in weights or weights[name].numel() != n_bytes:
                 raise CheckpointError(f"{where}: {what}: weight mask of {name!r} missing or cut")
         for g, size in supernet.group_sizes.items():
             if g not in units or units[g].shape != (size,):
                 raise CheckpointError(f"{where}: {what}: unit mask of group {g!r} missing or cut")
-        if set(state) != state_keys:
+        if set(state) != keys:
             raise CheckpointError(f"{where}: {what}: task state does not match the model's")
 
     for t, mask in enumerate(ckpt.masks):
         if mask.shapes != {n: tuple(layer.weight.shape) for n, layer in supernet.layers.items()}:
             raise CheckpointError(f"{where}: task {t}: mask shapes differ from the model's")
-        check_masks(f"task {t}", mask.weights, mask.units, mask.state)
+        check_masks(f"task {t}", mask.weights, mask.units, mask.state, committed_keys)
         if mask.own and (
             set(mask.own) != set(packed)
             or any(mask.own[n].numel() != int(mask.weight_mask(n).sum()) for n in packed)
@@ -357,7 +352,9 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
             raise CheckpointError(f"{where}: task {t}: its own weights do not fit its masks")
     if ckpt.training is not None:
         tr = ckpt.training
-        check_masks("task in training", tr.weight_masks, tr.units, tr.task_state)
+        check_masks(
+            "task in training", tr.weight_masks, tr.units, tr.task_state, supernet.task_state_keys()
+        )
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ from espn.checkpoint.format import CheckpointError
 from espn.config import ConfigError
 from espn.data.sources import DatasetUnavailable
 from espn.registry import UnknownNameError
+from espn.supernet.pretrained import PretrainedError
 
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -22,6 +23,7 @@ USER_ERRORS = (
     CheckpointError,
     DatasetUnavailable,
     UnknownNameError,
+    PretrainedError,
     FileNotFoundError,
 )
 

@@ -65,14 +65,50 @@ def run(
     pruner: str = typer.Option(
         "flop-aware", help="Unit pruner: " + ", ".join(PRUNERS.names()) + "."
     ),
-    penalty: float = typer.Option(1e-4, help="Strength of the pruner's sparsity penalty."),
+    penalty: float = typer.Option(
+        1.0, help="Strength of the pruner's penalty, averaged over alive units (authors: 1)."
+    ),
+    flop_load: str = typer.Option(
+        "output",
+        help="FLOP load of a unit for the FLOP-aware penalty: 'output' (the paper: the cost of "
+        "computing it) or 'total' (also the cost of its outgoing connections).",
+    ),
     supsup_k: float | None = typer.Option(
         None, help="SupSup: fraction of each layer's weights in a supermask, in (0, 1]; 0.5."
     ),
     reuse: str = typer.Option(
-        "magnitude", help="Frozen weights a task keeps: 'magnitude' or 'all'."
+        "all",
+        help="Frozen weights a task keeps: 'all' in its alive units (the paper) or 'magnitude'.",
     ),
-    seed: int = typer.Option(0, help="Seed of data order, permutations/rotations, init."),
+    task_affine: bool = typer.Option(
+        False,
+        "--task-affine",
+        help="Beyond the paper: per-task unit scale and shift (FC gates, BatchNorm affine for "
+        "every method) and a per-task bias on a shared head.",
+    ),
+    warmup: int | None = typer.Option(
+        None, help="Warm-up epochs (free weights only, lr ramp), taken from pre-training."
+    ),
+    finetune_lr: float | None = typer.Option(
+        None, help="Fine-tuning learning rate; default: the benchmark's (MNIST 1e-4)."
+    ),
+    finetune_schedule: str | None = typer.Option(
+        None, help="Fine-tuning schedule: 'cosine' or 'constant'; default: the benchmark's."
+    ),
+    seed: int = typer.Option(0, help="Seed of initialisation, batch order and augmentation."),
+    task_seed: int | None = typer.Option(
+        None,
+        help="Seed of the task sequence (permutations, rotation/class order, subsets); "
+        "default: --seed.",
+    ),
+    class_order: str | None = typer.Option(
+        None, help="Split benchmarks: 'random' (from the task seed) or 'superclass' (CIFAR-100)."
+    ),
+    init_weights: Path | None = typer.Option(
+        None,
+        help="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): its "
+        "non-zero weights are frozen as the first task.",
+    ),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
     data_dir: Path | None = typer.Option(
         None, help="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
@@ -117,9 +153,17 @@ def run(
         momentum=momentum,
         pruner=pruner,
         penalty=penalty,
+        flop_load=flop_load,
         supsup_k=supsup_k,
         reuse=reuse,
+        task_affine=task_affine,
+        warmup=warmup,
+        finetune_lr=finetune_lr,
+        finetune_schedule=finetune_schedule,
         seed=seed,
+        task_seed=task_seed,
+        class_order=class_order,
+        init_weights=init_weights,
         device=device,
         data_dir=data_dir,
         preset=preset,

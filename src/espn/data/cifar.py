@@ -31,7 +31,8 @@ SHAPES = {"cifar10": (3, 32, 32), "cifar100": (3, 32, 32), "fashion-mnist": (1, 
 HOW_TO_GET = "run once with internet access (torchvision downloads it into the data directory)"
 
 #: the paper's SplitCIFAR100 recipe (Adam with betas (0, 0.999), lr 0.01, batch 128,
-#: 60 pre-train + 90 prune + 100 fine-tune epochs, alpha 0.1, the reduced ResNet18)
+#: 60 pre-train + 90 prune + 100 fine-tune epochs with cosine decay from 0.01, alpha 0.1,
+#: the reduced ResNet18) and the authors' warm-up (the first 10 pre-training epochs)
 CIFAR_DEFAULTS: dict[str, object] = {
     "model": "resnet18-reduced",
     "alpha": 0.1,
@@ -40,9 +41,11 @@ CIFAR_DEFAULTS: dict[str, object] = {
     "lr": 0.01,
     "batch_size": 128,
     "epochs": (60, 90, 100),
+    "warmup": 10,
+    "finetune_schedule": "cosine",
 }
 #: Fashion-MNIST is learned in a few epochs: the CIFAR recipe with the MNIST epoch counts
-FASHION_DEFAULTS: dict[str, object] = CIFAR_DEFAULTS | {"epochs": (3, 4, 3)}
+FASHION_DEFAULTS: dict[str, object] = CIFAR_DEFAULTS | {"epochs": (3, 4, 3), "warmup": 1}
 
 Raw = dict[str, tuple[Tensor, Tensor]]
 
@@ -76,8 +79,24 @@ def load_raw(source: str, root: Path | None, download: bool) -> Raw:
     return load_cifar(source, root, download)
 
 
-def class_order(n_classes: int, seed: int) -> list[int]:
-    """The seeded random order in which classes are dealt to the tasks."""
+#: the CIFAR-100 superclass (coarse label) of every class (fine label), as the dataset ships it
+CIFAR100_SUPERCLASS = (
+    4, 1, 14, 8, 0, 6, 7, 7, 18, 3, 3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
+    6, 11, 5, 10, 7, 6, 13, 15, 3, 15, 0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
+    5, 19, 8, 8, 15, 13, 14, 17, 18, 10, 16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
+    10, 3, 2, 12, 12, 16, 12, 1, 9, 19, 2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
+    16, 19, 2, 4, 6, 19, 5, 5, 8, 19, 18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
+)  # fmt: skip
+
+
+def class_order(n_classes: int, seed: int, order: str = "random") -> list[int]:
+    """The order in which classes are dealt to the tasks: ``random`` (drawn from the seed) or
+    ``superclass`` (CIFAR-100: superclass 0's five classes, then superclass 1's, ...; the
+    authors' fixed split)."""
+    if order == "superclass":
+        if n_classes != len(CIFAR100_SUPERCLASS):
+            raise ValueError("the superclass order exists for CIFAR-100 only")
+        return sorted(range(n_classes), key=lambda c: (CIFAR100_SUPERCLASS[c], c))
     return torch.randperm(n_classes, generator=torch.Generator().manual_seed(seed)).tolist()
 
 
@@ -109,7 +128,11 @@ def split_benchmark(
     n_tasks = args.n_tasks or max_tasks
     if n_tasks > max_tasks:
         raise ValueError(f"{name} has at most {max_tasks} tasks, got {n_tasks}")
-    order = class_order(n_total, args.seed) if shuffle_classes else list(range(n_total))
+    order = (
+        class_order(n_total, args.seed, args.class_order or "random")
+        if shuffle_classes
+        else list(range(n_total))
+    )
     mean, std = STATS[source]
     transform = ImageTransform(mean, std, crop_padding=4 if augment else 0, flip=augment)
     tasks = []
@@ -170,5 +193,12 @@ for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
             description=f"{_what} ({'seeded class order, ' if _shuffle else ''}"
             f"one head per task{', crop+flip augmentation' if _augment else ''})",
             defaults=_defaults,
+            class_orders=(
+                ("random", "superclass")
+                if _source == "cifar100"
+                else ("random",)
+                if _shuffle
+                else ()
+            ),
         )
     )

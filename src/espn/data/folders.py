@@ -106,6 +106,7 @@ class StreamingTask(Task):
         batch_size: int,
         shuffle: bool = False,
         generator: torch.Generator | None = None,
+        augment: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor]]:
         data = self.split(split)
         images: LazyImages = data.x  # type: ignore[assignment]
@@ -120,7 +121,7 @@ class StreamingTask(Task):
             # its own generator: the loader leaves torch's default one (augmentation) alone
             generator=torch.Generator().manual_seed(0),
         )
-        train = split == "train"
+        train = split == "train" if augment is None else augment
         for r, x in zip(rows, loader, strict=True):
             x = x.to(device, non_blocking=True)
             yield self.transform(x, train), data.y[r.to(data.y.device)]

@@ -17,6 +17,7 @@ class BenchmarkArgs:
     """The one constructor signature of all benchmarks."""
 
     n_tasks: int | None = None
+    #: the task-sequence seed: permutations, rotation order, class order, per-task subsets
     seed: int = 0
     train_per_task: int | None = None
     test_per_task: int | None = None
@@ -25,6 +26,7 @@ class BenchmarkArgs:
     download: bool = True
     folders: tuple[Path, ...] = ()  # image-folders: one directory per task
     image_size: int | None = None  # image-folders: side of the square images
+    class_order: str | None = None  # split benchmarks: one of the benchmark's class_orders
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Benchmark:
     description: str
     defaults: dict[str, object] = field(default_factory=dict)
     needs_folders: bool = False  # its tasks come from the --folders directories
+    #: how classes may be dealt to tasks (split benchmarks; the first is the default)
+    class_orders: tuple[str, ...] = ()
 
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark")

@@ -46,10 +46,14 @@ class Task:
         batch_size: int,
         shuffle: bool = False,
         generator: torch.Generator | None = None,
+        augment: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Yield ``(inputs, labels)`` batches; everything stays on the data's device."""
+        """Yield ``(inputs, labels)`` batches; everything stays on the data's device.
+
+        ``augment`` (default: on for the training split) applies the training transform.
+        """
         data = self.split(split)
-        train = split == "train"
+        train = split == "train" if augment is None else augment
         for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
             yield self.transform(data.x[data.index[rows]], train), data.y[rows]
 

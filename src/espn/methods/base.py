@@ -16,43 +16,62 @@ from espn.pruning.selection import select_weights
 from espn.registry import Registry
 from espn.supernet.supernet import Supernet
 
+#: learning-rate schedules of a phase: ``constant``; ``cosine`` decay to zero over the phase;
+#: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up)
+SCHEDULES = ("constant", "cosine", "ramp")
+
 
 @dataclass(frozen=True)
 class Phase:
     """A stretch of training of one task.
 
     ``prune_updates`` prune steps are spread evenly over the phase, the last one at its end
-    (all at once when the phase has no epochs); ``cosine`` decays the learning rate to zero
-    over the phase; ``regularise`` adds the strategy's penalty to the loss.
+    (all at once when the phase has no epochs); ``schedule`` shapes the learning rate over
+    the phase, starting from ``lr`` (None: the optimizer's); ``regularise`` adds the
+    strategy's penalty to the loss; ``free_only`` runs the phase on the free weights alone
+    (frozen weights masked out of the forward pass: the authors' warm-up).
     """
 
     name: str
     epochs: int
-    cosine: bool = False
+    schedule: str = "constant"
+    lr: float | None = None
     regularise: bool = False
     prune_updates: int = 0
+    free_only: bool = False
 
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """Settings of a method; each method reads the ones that concern it."""
+    """Settings of a method; each method reads the ones that concern it.
+
+    ``warmup`` epochs are taken from the pre-training epochs; ``finetune_lr`` (None: the
+    optimizer's) and ``finetune_schedule`` shape the fine-tuning phase; ``task_affine`` (beyond
+    the paper) trains and stores per-task unit scales and shifts for every method.
+    """
 
     gamma: float = 1.0
     alpha: float = 0.05
     epochs: tuple[int, int, int] = (3, 4, 3)
     pruner: str = "flop-aware"
-    penalty: float = 1e-4
-    reuse: str = "magnitude"
+    penalty: float = 1.0
+    flop_load: str = "output"
+    reuse: str = "all"
     prune_updates_per_epoch: int = 4
     supsup_k: float = 0.5
+    warmup: int = 0
+    finetune_lr: float | None = None
+    finetune_schedule: str = "cosine"
+    task_affine: bool = False
 
 
 class Strategy(ABC):
     """A continual-learning method as hooks over the one training engine."""
 
     name: ClassVar[str]
-    #: whether the unit gates / BatchNorm affine parameters are trained (heads always are)
-    train_unit_affine: ClassVar[bool] = True
+    #: whether the method trains task-specific unit scales and shifts (BatchNorm affine
+    #: parameters, affine gates) without ``task_affine``; heads are always trained
+    trains_unit_affine: ClassVar[bool] = True
     #: whether the method takes a FLOPs budget gamma
     uses_gamma: ClassVar[bool] = True
     #: whether the method takes a weight allocation alpha (if not, alpha is 1)
@@ -63,6 +82,8 @@ class Strategy(ABC):
     #: frozen for later tasks), "own" (each task trains and keeps its own copy), "fixed"
     #: (never trained: the shared weights get no gradient, a task is its masks and state)
     weights: ClassVar[str] = "shared"
+    #: whether the first task may be adopted from pretrained weights (``init_weights``)
+    accepts_pretrained: ClassVar[bool] = True
 
     def __init__(self, cfg: MethodConfig) -> None:
         self.cfg = cfg
@@ -70,9 +91,38 @@ class Strategy(ABC):
         self.layer_free: dict[str, int] = {}
         self.weight_budget = 0
 
+    @property
+    def train_unit_affine(self) -> bool:
+        """Whether BatchNorm affine parameters and affine gates are trained this run."""
+        return self.trains_unit_affine or self.cfg.task_affine
+
+    @property
+    def prunes_units(self) -> bool:
+        """Whether the method prunes neurons/channels (then non-affine gates are trained as
+        saliencies until pruning ends)."""
+        return False
+
     @abstractmethod
     def phases(self) -> list[Phase]:
         """The phases every task goes through, in order."""
+
+    def warmup_phases(self) -> list[Phase]:
+        """The authors' warm-up: the first ``cfg.warmup`` pre-training epochs train the free
+        weights alone (no penalty), the learning rate ramping up epoch by epoch."""
+        if self.cfg.warmup <= 0:
+            return []
+        free_only = self.weights == "shared"
+        return [Phase("warmup", self.cfg.warmup, schedule="ramp", free_only=free_only)]
+
+    def finetune_phase(self, epochs: int) -> Phase:
+        """Fine-tuning with the run's fine-tune learning rate and schedule."""
+        return Phase(
+            "finetune", epochs, schedule=self.cfg.finetune_schedule, lr=self.cfg.finetune_lr
+        )
+
+    def report(self) -> dict[str, Any]:
+        """Per-task facts for ``results.json`` beyond FLOPs and weights (e.g. penalty lambdas)."""
+        return {}
 
     def begin_task(self, supernet: Supernet) -> None:
         """Called after the supernet opened a new working sub-network."""

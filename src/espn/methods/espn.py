@@ -19,16 +19,23 @@ class ESPN(Strategy):
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
-        self.pruner = PRUNERS.get(cfg.pruner)(cfg.gamma, cfg.penalty)
-        self.prunes_units = cfg.gamma < 1.0
+        self.pruner = PRUNERS.get(cfg.pruner)(cfg.gamma, cfg.penalty, cfg.flop_load)
+
+    @property
+    def prunes_units(self) -> bool:
+        return self.cfg.gamma < 1.0
 
     def phases(self) -> list[Phase]:
+        """Warm-up, pre-training and gradual pruning (both with the penalty, as the authors),
+        then fine-tuning."""
         pre, prune, fine = self.cfg.epochs
         updates = max(1, prune * self.cfg.prune_updates_per_epoch)
+        penalty = self.prunes_units
         return [
-            Phase("pretrain", pre),
-            Phase("prune", prune, regularise=self.prunes_units, prune_updates=updates),
-            Phase("finetune", fine, cosine=True),
+            *self.warmup_phases(),
+            Phase("pretrain", pre - self.cfg.warmup, regularise=penalty),
+            Phase("prune", prune, regularise=penalty, prune_updates=updates),
+            self.finetune_phase(fine),
         ]
 
     def begin_task(self, supernet: Supernet) -> None:
@@ -36,14 +43,19 @@ class ESPN(Strategy):
         self.pruner.refresh(supernet)
 
     def state_dict(self) -> dict[str, Any]:
-        """Budgets and the penalty's per-group lambdas (as the last prune step left them)."""
-        lambdas = getattr(self.pruner.regulariser, "lambdas", None)
-        return super().state_dict() | {"lambdas": None if lambdas is None else dict(lambdas)}
+        """Budgets and the penalty's state (its lambdas as the last prune step left them)."""
+        return super().state_dict() | {"pruner": self.pruner.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if state.get("lambdas") is not None:
-            self.pruner.regulariser.lambdas = {g: float(v) for g, v in state["lambdas"].items()}
+        if state.get("pruner"):
+            self.pruner.load_state_dict(state["pruner"])
+        elif state.get("lambdas") is not None:  # a task in training saved by espn 0.1
+            self.pruner.load_state_dict({"lambdas": state["lambdas"]})
+
+    def report(self) -> dict[str, Any]:
+        """The effective per-unit penalty weight of every unit group at the end of pruning."""
+        return {"penalty_lambdas": self.pruner.state_dict().get("lambdas")}
 
     def penalty(self, supernet: Supernet) -> Tensor | None:
         return self.pruner.penalty(supernet) if self.prunes_units else None
@@ -56,3 +68,5 @@ class ESPN(Strategy):
         if self.prunes_units:
             self.pruner.prune_units(supernet, progress)
         self.prune_weights(supernet, progress, self.cfg.reuse)
+        if progress >= 1.0:
+            supernet.release_gates()

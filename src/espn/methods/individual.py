@@ -46,3 +46,5 @@ class Individual(ESPN):
             self.pruner.prune_units(supernet, progress)
         if self.cfg.alpha < 1.0:
             self.prune_weights(supernet, progress, "all")
+        if progress >= 1.0:
+            supernet.release_gates()

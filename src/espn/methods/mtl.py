@@ -70,11 +70,12 @@ class JointTask(Task):
         batch_size: int,
         shuffle: bool = False,
         generator: torch.Generator | None = None,
+        augment: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Yield ``(inputs, joint labels)``; each task's samples of a batch are transformed
-        together by that task's transform."""
+        together by that task's transform (``augment`` as in :meth:`Task.batches`)."""
         data = self.split(split)
-        train = split == "train"
+        train = split == "train" if augment is None else augment
         for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
             owner, local = data.x[rows], data.index[rows]
             out: Tensor | None = None
@@ -124,8 +125,8 @@ class MTL(Strategy):
     """Multitask learning: all tasks trained jointly on one dense network, a head per task.
 
     One training run over the union of the tasks' data (shuffled batches mix tasks) with the
-    same epochs as every other method spends on each task (pre-train + prune epochs at
-    constant learning rate, then fine-tune epochs with cosine decay); no pruning. The joint
+    same epochs and learning-rate recipe as every other method spends on each task (warm-up,
+    pre-train + prune epochs at a constant rate, then the fine-tune epochs); no pruning. The joint
     network is then committed as every task's sub-network (each with its own head block), so
     that it is evaluated and exported like any other run; results.json has a single row.
     """
@@ -133,6 +134,7 @@ class MTL(Strategy):
     name = "mtl"
     uses_gamma = False
     uses_alpha = False
+    accepts_pretrained = False
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
@@ -140,7 +142,11 @@ class MTL(Strategy):
 
     def phases(self) -> list[Phase]:
         pre, prune, fine = self.cfg.epochs
-        return [Phase("train", pre + prune), Phase("finetune", fine, cosine=True)]
+        return [
+            *self.warmup_phases(),
+            Phase("train", pre + prune - self.cfg.warmup),
+            self.finetune_phase(fine),
+        ]
 
     def training_tasks(self, seq: TaskSequence) -> list[Task]:
         self.joint = JointTask(seq)

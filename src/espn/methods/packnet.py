@@ -11,19 +11,22 @@ class PackNet(Strategy):
     """Train free weights, keep the ceil(alpha x free) largest new ones, fine-tune.
 
     No FLOP constraint; every frozen weight is reused; gates/BatchNorm affine parameters are
-    not trained (PackNet has no task-specific affine layers), heads are.
+    not trained (PackNet has no task-specific affine layers; ``--task-affine`` trains them as
+    for every method), heads are. The warm-up and fine-tuning follow the run's recipe, as for
+    every method.
     """
 
     name = "packnet"
-    train_unit_affine = False
+    trains_unit_affine = False
     uses_gamma = False
 
     def phases(self) -> list[Phase]:
         pre, prune, fine = self.cfg.epochs
         return [
-            Phase("pretrain", pre + prune),
+            *self.warmup_phases(),
+            Phase("pretrain", pre + prune - self.cfg.warmup),
             Phase("prune", 0, prune_updates=1),
-            Phase("finetune", fine, cosine=True),
+            self.finetune_phase(fine),
         ]
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:

@@ -52,7 +52,8 @@ class SupSup(Strategy):
     weights = "fixed"
     uses_gamma = False
     uses_alpha = False
-    train_unit_affine = False
+    trains_unit_affine = False
+    accepts_pretrained = False
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
@@ -64,8 +65,9 @@ class SupSup(Strategy):
     def phases(self) -> list[Phase]:
         pre, prune, fine = self.cfg.epochs
         return [
-            Phase("train", pre + prune),
-            Phase("finetune", fine, cosine=True),
+            *self.warmup_phases(),
+            Phase("train", pre + prune - self.cfg.warmup),
+            self.finetune_phase(fine),
             Phase("mask", 0, prune_updates=1),
         ]
 

@@ -169,7 +169,7 @@ def _masked(m: nn.Module, in_units: str | None, out_units: str | None) -> nn.Mod
 
 
 @torch.no_grad()
-def _head(m: nn.Linear, in_units: str | None, multi_head: bool) -> nn.Module:
+def _head(m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool) -> nn.Module:
     bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
     if multi_head:
         head = TaskHead(m.in_features, m.out_features, in_units=in_units)
@@ -177,6 +177,8 @@ def _head(m: nn.Linear, in_units: str | None, multi_head: bool) -> nn.Module:
         head.bias.copy_(bias)
         return head
     shared = _masked(m, in_units, None)
+    if not task_affine:
+        return nn.Sequential(shared)
     task_bias = TaskBias(m.out_features)
     task_bias.bias.copy_(bias)
     return nn.Sequential(shared, task_bias)
@@ -186,12 +188,14 @@ def to_supernet(
     model: nn.Module,
     example_input: Tensor,
     multi_head: bool = True,
+    task_affine: bool = False,
 ) -> nn.Module:
     """A supernet-ready copy of ``model`` (see the module docstring); ``model`` is untouched.
 
     ``example_input`` is a small batch of inputs used to trace the network. The output layer
     becomes the task head: a :class:`TaskHead` per task with ``multi_head``, else a shared
-    masked linear layer followed by a per-task :class:`TaskBias`. Weights, BatchNorm
+    masked linear layer (followed by a per-task :class:`TaskBias` with ``task_affine``, which
+    also gives gates a per-task scale and shift). Weights, BatchNorm
     parameters and statistics and the classifier are copied, so that the result computes what
     ``model`` computes (in eval mode) until the first task begins, which resets BatchNorms and
     heads.
@@ -228,11 +232,12 @@ def to_supernet(
             bn.load_state_dict(m.state_dict(), strict=False)
             _set(model, name, bn)
         elif name == head:
-            _set(model, name, _head(m, in_group.get(name), multi_head))
+            _set(model, name, _head(m, in_group.get(name), multi_head, task_affine))
         else:
             layer = _masked(m, in_group.get(name), out_group.get(name))
             if name in gated:
-                layer = nn.Sequential(layer, UnitGate(int(m.weight.shape[0]), out_group[name]))
+                gate = UnitGate(int(m.weight.shape[0]), out_group[name], affine=task_affine)
+                layer = nn.Sequential(layer, gate)
             _set(model, name, layer)
     return model
 
@@ -249,7 +254,7 @@ def register_converted(
     def factory(spec: ModelSpec) -> nn.Module:
         plain = build(spec)
         example = torch.zeros(example_batch, *spec.input_shape)
-        return to_supernet(plain, example, multi_head=spec.multi_head)
+        return to_supernet(plain, example, spec.multi_head, spec.task_affine)
 
     factory.__doc__ = f"{name}: converted from a plain torch model by espn.models.convert"
     MODELS.register(name)(factory)

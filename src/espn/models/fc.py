@@ -7,18 +7,25 @@ import math
 from torch import Tensor, nn
 
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedLinear, TaskBias, TaskHead, UnitGate
+from espn.supernet.layers import MaskedLinear, TaskHead, UnitGate, shared_head
 
 
 class FCNet(nn.Module):
     """A ReLU MLP whose hidden neurons each have a task-specific gate (the unit pruned).
 
     With ``multi_head=False`` one head is shared by all tasks and masked like every other
-    layer (only a small per-task output bias is task-specific); with ``multi_head=True``
-    each task owns its head.
+    layer; with ``multi_head=True`` each task owns its head. ``task_affine`` (beyond the
+    paper) gives every gate a per-task scale and shift and a shared head a per-task bias.
     """
 
-    def __init__(self, in_features: int, hidden: list[int], n_classes: int, multi_head: bool):
+    def __init__(
+        self,
+        in_features: int,
+        hidden: list[int],
+        n_classes: int,
+        multi_head: bool,
+        task_affine: bool = False,
+    ):
         super().__init__()
         blocks: list[nn.Module] = []
         prev, prev_units = in_features, None
@@ -26,7 +33,7 @@ class FCNet(nn.Module):
             group = f"hidden{i + 1}"
             blocks += [
                 MaskedLinear(prev, width, in_units=prev_units, out_units=group),
-                UnitGate(width, group),
+                UnitGate(width, group, affine=task_affine),
                 nn.ReLU(),
             ]
             prev, prev_units = width, group
@@ -34,9 +41,7 @@ class FCNet(nn.Module):
         if multi_head:
             self.head: nn.Module = TaskHead(prev, n_classes, in_units=prev_units)
         else:
-            self.head = nn.Sequential(
-                MaskedLinear(prev, n_classes, in_units=prev_units), TaskBias(n_classes)
-            )
+            self.head = shared_head(prev, n_classes, prev_units, task_affine)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.features(x.flatten(1)))
@@ -45,4 +50,6 @@ class FCNet(nn.Module):
 @MODELS.register("fc1024")
 def fc1024(spec: ModelSpec) -> FCNet:
     """784-1024-1024-10, as in SupSup and the paper's Rotated/Permuted MNIST runs."""
-    return FCNet(math.prod(spec.input_shape), [1024, 1024], spec.n_classes, spec.multi_head)
+    return FCNet(
+        math.prod(spec.input_shape), [1024, 1024], spec.n_classes, spec.multi_head, spec.task_affine
+    )

@@ -17,6 +17,9 @@ class ModelSpec:
     input_shape: tuple[int, ...]
     n_classes: int
     multi_head: bool
+    #: beyond the paper: per-task scale and shift on FC gates and a per-task output bias on a
+    #: shared head (``--task-affine``); the paper's default is binary masks only
+    task_affine: bool = False
 
 
 ModelFactory = Callable[[ModelSpec], nn.Module]

@@ -24,7 +24,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskBatchNorm2d, TaskBias, TaskHead
+from espn.supernet.layers import (
+    MaskedConv2d,
+    TaskBatchNorm2d,
+    TaskHead,
+    shared_head,
+)
 
 
 def conv_bn(
@@ -120,6 +125,7 @@ class ResNet(nn.Module):
         n_classes: int,
         multi_head: bool,
         stem: str = "cifar",
+        task_affine: bool = False,
     ) -> None:
         super().__init__()
         if stem not in ("cifar", "imagenet"):
@@ -144,9 +150,7 @@ class ResNet(nn.Module):
         if multi_head:
             self.fc: nn.Module = TaskHead(c_in, n_classes, in_units=stream)
         else:
-            self.fc = nn.Sequential(
-                MaskedLinear(c_in, n_classes, in_units=stream), TaskBias(n_classes)
-            )
+            self.fc = shared_head(c_in, n_classes, stream, task_affine)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -174,27 +178,38 @@ def _in_channels(spec: ModelSpec) -> int:
     return int(spec.input_shape[0])
 
 
+def _resnet(
+    spec: ModelSpec,
+    block: type[BasicBlock] | type[Bottleneck],
+    blocks: list[int],
+    nf: int,
+    stem: str = "cifar",
+) -> ResNet:
+    return ResNet(
+        block,
+        blocks,
+        nf,
+        _in_channels(spec),
+        spec.n_classes,
+        spec.multi_head,
+        stem=stem,
+        task_affine=spec.task_affine,
+    )
+
+
 @MODELS.register("resnet18-reduced")
 def resnet18_reduced(spec: ModelSpec) -> ResNet:
     """Reduced ResNet18 of GEM (nf=20, 3x3 stem): the paper's SplitCIFAR100 supernet."""
-    return ResNet(BasicBlock, [2, 2, 2, 2], 20, _in_channels(spec), spec.n_classes, spec.multi_head)
+    return _resnet(spec, BasicBlock, [2, 2, 2, 2], 20)
 
 
 @MODELS.register("resnet18")
 def resnet18(spec: ModelSpec) -> ResNet:
     """CIFAR-style ResNet18 (nf=64, 3x3 stride-1 stem, no max pooling)."""
-    return ResNet(BasicBlock, [2, 2, 2, 2], 64, _in_channels(spec), spec.n_classes, spec.multi_head)
+    return _resnet(spec, BasicBlock, [2, 2, 2, 2], 64)
 
 
 @MODELS.register("resnet50")
 def resnet50(spec: ModelSpec) -> ResNet:
     """ResNet50 in torchvision's layout (7x7 stem, max pooling, bottlenecks [3, 4, 6, 3])."""
-    return ResNet(
-        Bottleneck,
-        [3, 4, 6, 3],
-        64,
-        _in_channels(spec),
-        spec.n_classes,
-        spec.multi_head,
-        stem="imagenet",
-    )
+    return _resnet(spec, Bottleneck, [3, 4, 6, 3], 64, stem="imagenet")

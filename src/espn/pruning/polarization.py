@@ -11,17 +11,18 @@ from espn.pruning.schedule import GradualSchedule
 from espn.supernet.supernet import Supernet
 
 #: the weight t of the L1 term; Zhuang et al. use t in about [1.2, 1.5] (t > 1 keeps the
-#: penalty bounded below so it pushes some saliencies to 0 and the others away from them)
+#: penalty bounded below so it pushes some saliencies to 0 and the others away from them);
+#: the authors' code uses 1.2
 POLARIZATION_T = 1.2
 
 
 class Polarization(Regulariser):
-    """``strength * sum_l sum_i (t |gamma_li| - |gamma_li - mean_l(gamma)|)``.
+    """``strength / n * sum_l sum_i (t |gamma_li| - |gamma_li - mean(gamma)|)``.
 
-    The sum runs over every gate/BatchNorm ``l`` and its alive units ``i``; ``mean_l`` is the
-    mean over those alive units. The second term rewards saliencies far from their layer's
-    mean, so they split into a group at 0 and a group well above it. After every optimizer
-    step the saliencies are clamped to [0, 1], as in the paper.
+    The sum runs over every gate/BatchNorm ``l`` and its alive units ``i``; ``mean`` is the
+    mean over all ``n`` alive saliencies of the network (Zhuang et al.'s gamma-bar). The
+    second term rewards saliencies far from the mean, so they split into a group at 0 and a
+    group well above it. After every optimizer step the saliencies are clamped to [0, 1].
     """
 
     def __init__(self, strength: float, t: float = POLARIZATION_T) -> None:
@@ -29,14 +30,13 @@ class Polarization(Regulariser):
         self.t = t
 
     def __call__(self, supernet: Supernet) -> Tensor:
-        terms = []
-        for mods in supernet.groups.values():
-            for m in mods:
-                alive = m.unit_mask.to(m.weight.dtype)
-                mean = (m.weight * alive).sum() / alive.sum().clamp_min(1.0)
-                polar = self.t * m.weight.abs() - (m.weight - mean).abs()
-                terms.append((polar * alive).sum())
-        return self.strength * torch.stack(terms).sum()
+        mods = [m for group in supernet.groups.values() for m in group]
+        gammas = torch.cat([m.weight for m in mods])
+        alive = torch.cat([m.unit_mask for m in mods]).to(gammas.dtype)
+        n = alive.sum().clamp_min(1.0)
+        mean = (gammas * alive).sum() / n
+        polar = self.t * gammas.abs() - (gammas - mean).abs()
+        return self.strength * (polar * alive).sum() / n
 
     @torch.no_grad()
     def after_step(self, supernet: Supernet) -> None:
@@ -46,6 +46,6 @@ class Polarization(Regulariser):
 
 
 @PRUNERS.register("polarization")
-def polarization(gamma: float, strength: float) -> Pruner:
+def polarization(gamma: float, strength: float, flop_load: str = "output") -> Pruner:
     """Polarization (Zhuang et al. 2020): |gamma| saliency, polarizing penalty, global threshold."""
     return Pruner(gate_magnitude, Polarization(strength), GradualSchedule(gamma))

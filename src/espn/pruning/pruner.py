@@ -43,6 +43,14 @@ class Pruner:
     def after_step(self, supernet: Supernet) -> None:
         self.regulariser.after_step(supernet)
 
+    def state_dict(self) -> dict:
+        """The regulariser's state (e.g. the effective lambdas the last prune step set)."""
+        return self.regulariser.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (a task resumed mid-way)."""
+        self.regulariser.load_state_dict(state)
+
     def prune_units(self, supernet: Supernet, progress: float) -> None:
         """Apply the FLOPs target at ``progress`` (1.0 = the final budget gamma)."""
         target = self.schedule.flops_fraction(progress) * supernet.dense_flops
@@ -56,17 +64,19 @@ class Pruner:
         self.refresh(supernet)
 
 
-PrunerFactory = Callable[[float, float], Pruner]
+#: ``factory(gamma, strength, flop_load)``; ``flop_load`` (see ``espn.supernet.flops``)
+#: matters to FLOP-aware penalties only
+PrunerFactory = Callable[[float, float, str], Pruner]
 PRUNERS: Registry[PrunerFactory] = Registry("pruner")
 
 
 @PRUNERS.register("flop-aware")
-def flop_aware(gamma: float, strength: float) -> Pruner:
+def flop_aware(gamma: float, strength: float, flop_load: str = "output") -> Pruner:
     """ESPN's pruner: |gamma| saliency, FLOP-aware L1, gradual FLOPs schedule."""
-    return Pruner(gate_magnitude, FlopAwareL1(strength), GradualSchedule(gamma))
+    return Pruner(gate_magnitude, FlopAwareL1(strength, flop_load), GradualSchedule(gamma))
 
 
 @PRUNERS.register("l1")
-def network_slimming(gamma: float, strength: float) -> Pruner:
+def network_slimming(gamma: float, strength: float, flop_load: str = "output") -> Pruner:
     """Network slimming: |gamma| saliency, one uniform L1 lambda, global threshold."""
     return Pruner(gate_magnitude, UniformL1(strength), GradualSchedule(gamma))

@@ -1,4 +1,9 @@
-"""Sparsity regularisers on unit saliencies (gates or BatchNorm gamma)."""
+"""Sparsity regularisers on unit saliencies (gates or BatchNorm gamma).
+
+Every penalty is averaged over the alive saliencies (one per unit and gate/BatchNorm), as in
+the authors' code, so that one strength (default 1) means the same pull on a small FC net
+and on a ResNet, and the three pruners are compared at the same strength.
+"""
 
 from __future__ import annotations
 
@@ -31,14 +36,27 @@ class Regulariser(ABC):
     def after_step(self, supernet: Supernet) -> None:
         """Called after every optimizer step of a task that prunes units (e.g. to clamp)."""
 
+    def state_dict(self) -> dict[str, float | dict[str, float]]:
+        """What the penalty depends on besides the supernet (saved with a task in training)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
     @abstractmethod
     def __call__(self, supernet: Supernet) -> Tensor: ...
 
 
 class WeightedL1(Regulariser):
-    """strength * sum_l lambda_l * ||Gamma_l||_1 with one lambda per unit group."""
+    """``sum_l lambda_l ||Gamma_l||_1`` with one effective per-unit lambda per unit group.
 
-    lambdas: dict[str, float]
+    ``lambdas`` are the effective weights the loss uses: ``strength * w_l / n`` with ``n`` the
+    alive saliencies and ``w_l`` the regulariser's relative weight of group ``l``.
+    """
+
+    def __init__(self, strength: float) -> None:
+        super().__init__(strength)
+        self.lambdas: dict[str, float] = {}
 
     def __call__(self, supernet: Supernet) -> Tensor:
         terms = [
@@ -46,18 +64,40 @@ class WeightedL1(Regulariser):
             for g, mods in supernet.groups.items()
             for m in mods
         ]
-        return self.strength * torch.stack(terms).sum()
+        return torch.stack(terms).sum()
+
+    @abstractmethod
+    def relative_weights(self, supernet: Supernet) -> dict[str, float]:
+        """w_l of every unit group in the current sub-network."""
+
+    def refresh(self, supernet: Supernet) -> None:
+        n = max(supernet.alive_unit_entries(), 1)
+        weights = self.relative_weights(supernet)
+        self.lambdas = {g: self.strength * w / n for g, w in weights.items()}
+
+    def state_dict(self) -> dict[str, float | dict[str, float]]:
+        return {"lambdas": dict(self.lambdas)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lambdas = {g: float(v) for g, v in state["lambdas"].items()}
 
 
 class FlopAwareL1(WeightedL1):
-    """The paper's FLOP-aware L1 penalty (lambda_l from the current sub-network's FLOPs)."""
+    """The paper's FLOP-aware L1 penalty: ``w_l = sqrt(FLOP_l(m)) / mean_i sqrt(FLOP_i(m))``,
+    i.e. the paper's ``lambda_l`` times the number of groups (the authors' normalisation),
+    recomputed from the current sub-network after every prune step."""
 
-    def refresh(self, supernet: Supernet) -> None:
-        self.lambdas = flop_aware_lambdas(supernet.unit_flops())
+    def __init__(self, strength: float, load: str = "output") -> None:
+        super().__init__(strength)
+        self.load = load
+
+    def relative_weights(self, supernet: Supernet) -> dict[str, float]:
+        lambdas = flop_aware_lambdas(supernet.unit_flops(self.load))
+        return {g: lam * len(lambdas) for g, lam in lambdas.items()}
 
 
 class UniformL1(WeightedL1):
     """Network slimming (Liu et al. 2017): the same lambda on every |gamma|."""
 
-    def refresh(self, supernet: Supernet) -> None:
-        self.lambdas = dict.fromkeys(supernet.groups, 1.0)
+    def relative_weights(self, supernet: Supernet) -> dict[str, float]:
+        return dict.fromkeys(supernet.groups, 1.0)

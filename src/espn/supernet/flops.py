@@ -91,19 +91,31 @@ def count_flops(costs: list[LayerCost], alive: dict[str, int]) -> float:
     return sum(c.flops(alive) for c in costs)
 
 
-def unit_flops(costs: list[LayerCost], alive: dict[str, int]) -> dict[str, float]:
+#: what the FLOPs load of a unit counts: ``output`` (the paper: the cost of computing the
+#: unit's output, from its alive inputs) or ``total`` (beyond the paper: also the cost its
+#: output causes in the layers that consume it)
+FLOP_LOADS = ("output", "total")
+
+
+def unit_flops(
+    costs: list[LayerCost], alive: dict[str, int], load: str = "output"
+) -> dict[str, float]:
     """FLOPs carried by one unit of each group in the current sub-network, FLOP_l(m).
 
-    A unit's load is every multiply-add it takes part in: its incoming connections in the
-    layers that produce it and its outgoing connections in the layers that consume it.
+    ``load="output"`` (the paper's definition, "determined by its input feature dimensions
+    and operations"): the multiply-adds that compute the unit, i.e. its incoming connections
+    in every layer that produces it. ``load="total"`` adds its outgoing connections in the
+    layers that consume it.
     """
-    load = dict.fromkeys(alive, 0.0)
+    if load not in FLOP_LOADS:
+        raise ValueError(f"unknown FLOP load {load!r}; choose one of: {', '.join(FLOP_LOADS)}")
+    out = dict.fromkeys(alive, 0.0)
     for c in costs:
         a_in = alive[c.in_units] if c.in_units else c.in_size
         a_out = alive[c.out_units] if c.out_units else c.out_size
         per_pair = 2.0 * c.kernel_area * c.positions
         if c.out_units:
-            load[c.out_units] += per_pair * a_in
-        if c.in_units:
-            load[c.in_units] += per_pair * a_out
-    return load
+            out[c.out_units] += per_pair * a_in
+        if c.in_units and load == "total":
+            out[c.in_units] += per_pair * a_out
+    return out

@@ -92,6 +92,10 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
 class TaskSpecific(nn.Module, ABC):
     """A module whose parameters and buffers are swapped in and out with the active task."""
 
+    #: whether a committed task stores this module's state; a module that does not is
+    #: rebuilt by :meth:`load_task_state` from nothing (e.g. a released gate: all ones)
+    per_task: bool = True
+
     @abstractmethod
     def reset_task(self, n_classes: int) -> None:
         """Re-initialise for a new task (``n_classes`` matters to heads only)."""
@@ -130,24 +134,57 @@ class UnitModule(TaskSpecific):
 
 
 class UnitGate(UnitModule):
-    """Per-neuron scale and shift of a fully-connected layer: the neuron's BatchNorm-free gamma."""
+    """Per-neuron gate of a fully-connected layer: the neuron's BatchNorm-free gamma.
 
-    def __init__(self, n: int, group: str) -> None:
+    ``affine=False`` (the paper's default): a scale only, the saliency that unit pruning
+    trains; once pruning is over the gate is *released* (scale 1 on every alive neuron, no
+    longer trained), so a finished task is its binary masks alone and stores no gate state.
+    ``affine=True`` (beyond the paper, ``--task-affine``): a per-task scale and shift,
+    trained in every phase and stored with the task.
+    """
+
+    def __init__(self, n: int, group: str, affine: bool = False) -> None:
         super().__init__()
+        self.affine = affine
+        self.per_task = affine
         self.weight = nn.Parameter(torch.ones(n))
-        self.bias = nn.Parameter(torch.zeros(n))
+        self.bias = nn.Parameter(torch.zeros(n), requires_grad=affine)
+        self.register_buffer("released", torch.zeros((), dtype=torch.bool))
         self._init_units(group, n)
 
     def reset_task(self, n_classes: int) -> None:
         with torch.no_grad():
             self.weight.fill_(1.0)
             self.bias.zero_()
+            self.released.fill_(False)
+        self._follow_release()
+
+    @torch.no_grad()
+    def release(self) -> None:
+        """End of pruning (non-affine gates): scale 1 on alive neurons, no more training."""
+        if not self.affine:
+            self.weight.copy_(self.unit_mask)
+            self.released.fill_(True)
+            self._follow_release()
+
+    def _follow_release(self) -> None:
+        # a released scale gets no gradient, so no optimizer (momentum, decay) can move it
+        self.weight.requires_grad_(not bool(self.released))
+
+    def load_task_state(self, state: dict[str, Tensor]) -> None:
+        """Load a task's gate; a non-affine gate of a committed task is simply released."""
+        if state or self.affine:
+            super().load_task_state(state)
+            self._follow_release()
+        else:
+            self.release()
 
     def forward(self, x: Tensor) -> Tensor:
         shape = (1, -1) + (1,) * (x.dim() - 2)
         scale = (self.weight * self.unit_mask).view(shape)
-        shift = (self.bias * self.unit_mask).view(shape)
-        return x * scale + shift
+        if not self.affine:
+            return x * scale
+        return x * scale + (self.bias * self.unit_mask).view(shape)
 
 
 class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
@@ -215,3 +252,12 @@ class TaskHead(nn.Linear, TaskSpecific):
 def is_costed(module: nn.Module) -> bool:
     """Layers whose FLOPs the supernet counts: masked layers and task heads."""
     return isinstance(module, MaskedLayer | TaskHead)
+
+
+def shared_head(
+    in_features: int, n_classes: int, in_units: str | None, task_bias: bool
+) -> nn.Module:
+    """A head shared by every task and masked like the other layers; with ``task_bias``
+    (beyond the paper) each task adds its own output bias."""
+    head = MaskedLinear(in_features, n_classes, in_units=in_units)
+    return nn.Sequential(head, TaskBias(n_classes)) if task_bias else nn.Sequential(head)

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
-from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitModule
+from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate, UnitModule
 from espn.supernet.masks import TaskMask
 
 #: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
@@ -120,9 +120,15 @@ class Supernet(nn.Module):
         """FLOPs of the active sub-network, or of the given unit masks (see ``espn.supernet.flops``)."""
         return count_flops(self.costs, self.alive_counts(units))
 
-    def unit_flops(self) -> dict[str, float]:
-        """FLOP_l(m): the FLOPs one unit of each group carries in the active sub-network."""
-        return unit_flops(self.costs, self.alive_counts())
+    def unit_flops(self, load: str = "output") -> dict[str, float]:
+        """FLOP_l(m): the FLOPs one unit of each group carries in the active sub-network
+        (``load``: see :func:`espn.supernet.flops.unit_flops`)."""
+        return unit_flops(self.costs, self.alive_counts(), load)
+
+    def alive_unit_entries(self) -> int:
+        """Alive units counted once per gate/BatchNorm that scales them: the number of
+        saliencies the sparsity penalties are averaged over."""
+        return sum(int(mods[0].unit_mask.sum()) * len(mods) for mods in self.groups.values())
 
     @property
     def total_weights(self) -> int:
@@ -177,13 +183,35 @@ class Supernet(nn.Module):
         self.in_training = True
         self._n_classes = n_classes
 
-    def task_state(self) -> dict[str, Tensor]:
-        """The active task's own tensors (gates/BatchNorm, head, statistics) by name."""
+    def task_state(self, committed: bool = False) -> dict[str, Tensor]:
+        """The active task's own tensors (gates/BatchNorm, head, statistics) by name.
+
+        ``committed``: only what a finished task stores (modules with ``per_task`` set); the
+        default is everything a task in training needs to continue exactly.
+        """
         return {
             f"{name}.{key}": value
             for name, m in self.task_modules.items()
+            if m.per_task or not committed
             for key, value in m.task_state().items()
         }
+
+    def task_state_keys(self, committed: bool = False) -> set[str]:
+        """The names :meth:`task_state` returns, without copying any tensor."""
+        return {
+            f"{name}.{key}"
+            for name, m in self.task_modules.items()
+            if m.per_task or not committed
+            for key in m.state_dict()
+            if key != "unit_mask"
+        }
+
+    @torch.no_grad()
+    def release_gates(self) -> None:
+        """End of pruning: non-affine gates become 1 on alive units and stop training."""
+        for m in self.task_modules.values():
+            if isinstance(m, UnitGate):
+                m.release()
 
     @torch.no_grad()
     def commit_task(self, weights: str = "shared") -> TaskMask:
@@ -205,7 +233,7 @@ class Supernet(nn.Module):
         mask = TaskMask.from_dense(
             self.weight_masks(),
             self.unit_masks(),
-            self.task_state(),
+            self.task_state(committed=True),
             self._n_classes,
             0 if weights == "fixed" else self.new_weights(),
             own,
@@ -227,14 +255,14 @@ class Supernet(nn.Module):
         if not 0 <= task < len(self.masks):
             raise IndexError(f"task {task} is not learned (tasks 0..{len(self.masks) - 1})")
         mask = self.masks[task]
+        for g, alive in mask.units.items():  # first: a released gate is its unit mask
+            for m in self.groups[g]:
+                m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
         for name, m in self.task_modules.items():
             prefix = f"{name}."
             m.load_task_state(
                 {k[len(prefix) :]: v for k, v in mask.state.items() if k.startswith(prefix)}
             )
-        for g, alive in mask.units.items():
-            for m in self.groups[g]:
-                m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
         for name, layer in self.layers.items():
             weight_mask = mask.weight_mask(name, layer.weight.device)
             layer.weight_mask.copy_(weight_mask)

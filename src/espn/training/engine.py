@@ -13,7 +13,9 @@ from tqdm.auto import tqdm
 from espn.data.tasks import Task
 from espn.methods.base import Phase, Strategy
 from espn.supernet.layers import UnitModule
+from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
+from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.optim import FrozenGuard, OptimConfig, build_optimizer, cosine_factor
 
 
@@ -81,12 +83,18 @@ class Engine:
         strategy.attach(supernet)
 
     def _trainable(self) -> list[torch.nn.Parameter]:
+        """Free weights (masked by the guard), heads, and the unit scales the method trains:
+        affine ones (BatchNorm, ``--task-affine`` gates) if it trains them, the scale of a
+        non-affine gate only as the saliency of a method that prunes units."""
         fixed = self.strategy.weights == "fixed"
         params = [] if fixed else list(self.supernet.shared_parameters())
         for module in self.supernet.task_modules.values():
-            if isinstance(module, UnitModule) and not self.strategy.train_unit_affine:
-                continue
-            params += list(module.parameters())
+            if not isinstance(module, UnitModule):
+                params += list(module.parameters())
+            elif module.affine:
+                params += list(module.parameters()) if self.strategy.train_unit_affine else []
+            elif self.strategy.prunes_units:
+                params.append(module.weight)
         return params + self.strategy.extra_parameters()
 
     def train_task(
@@ -132,10 +140,13 @@ class Engine:
             while first == 0 and done < len(points) and points[done] == 0:
                 done += 1
                 strategy.prune_step(sn, done / len(points))
+            if phase.free_only and first == 0 and phase.epochs > 0:
+                sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
             for epoch in range(first, phase.epochs):
                 bar.set_description(f"task {index + 1} {phase.name} {epoch + 1}/{phase.epochs}")
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
-                    loss_value = self._step(optimizer, guard, phase, x, y, step, n_iters)
+                    lr = self._lr(phase, epoch, step, n_iters)
+                    loss_value = self._step(optimizer, guard, phase, x, y, lr)
                     step += 1
                     while done < len(points) and points[done] == step:
                         done += 1
@@ -143,6 +154,10 @@ class Engine:
                     bar.update(1)
                 bar.set_postfix(loss=f"{float(loss_value):.3f}")
                 epochs_done += 1
+                if phase.free_only and epoch + 1 == phase.epochs:  # back to the whole network
+                    sn.set_weight_masks(
+                        {n: torch.ones_like(m) for n, m in sn.weight_masks().items()}
+                    )
                 if on_epoch_end is not None:
                     on_epoch_end(phase.name, epoch)
                 if on_progress is not None:
@@ -151,10 +166,28 @@ class Engine:
                         here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
                     on_progress(replace(here, optimizer=optimizer.state_dict()["state"]))
         bar.close()
+        recalibrate_batchnorm(sn, task, self.batch_size)
         sn.eval()
         strategy.commit(sn, task)
         seconds = time.perf_counter() - start
         return TaskLog(seconds, epochs_done, seconds / max(epochs_done, 1), float(loss_value))
+
+    def adopt_task(self, task: Task, tensors: dict[str, torch.Tensor]) -> TaskLog:
+        """Commit pretrained ``tensors`` as ``task`` without training (``init_weights``): its
+        non-zero weights become the task's (see :func:`adopt_pretrained`)."""
+        start = time.perf_counter()
+        adopt_pretrained(self.supernet, tensors, task.n_classes, self.strategy.weights)
+        self.supernet.eval()
+        return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
+
+    def _lr(self, phase: Phase, epoch: int, step: int, n_iters: int) -> float:
+        """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)."""
+        base = self.optim.lr if phase.lr is None else phase.lr
+        if phase.schedule == "cosine":
+            return base * cosine_factor(step, n_iters)
+        if phase.schedule == "ramp":
+            return base * (epoch + 1) / phase.epochs
+        return base
 
     def _step(
         self,
@@ -163,10 +196,8 @@ class Engine:
         phase: Phase,
         x: torch.Tensor,
         y: torch.Tensor,
-        step: int,
-        n_iters: int,
+        lr: float,
     ) -> torch.Tensor:
-        lr = self.optim.lr * (cosine_factor(step, n_iters) if phase.cosine else 1.0)
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):

@@ -1,0 +1,94 @@
+"""A first task adopted from pretrained weights, as the paper's ImageNet-pretrained supernet.
+
+The paper's diversity experiment starts from a sparse pretrained ResNet50 (20% non-zero
+weights) as task 0 and learns the next tasks on top of it. :func:`adopt_pretrained` commits
+such a network as the supernet's next task: its non-zero weights become that task's (and
+frozen for every later task), its BatchNorms and head become its task state. Weight files are
+read without pickles: safetensors, or torch's format with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor
+
+from espn.supernet.layers import TaskHead
+from espn.supernet.supernet import Supernet
+
+
+class PretrainedError(ValueError):
+    """A pretrained weight file cannot be read or does not fit the supernet."""
+
+
+def load_weight_file(path: Path | str) -> dict[str, Tensor]:
+    """The tensors of a state-dict file (``.safetensors``, or torch's ``.pt``/``.pth`` read
+    with ``weights_only=True``); a ``{"state_dict": ...}`` wrapper and a ``module.`` prefix
+    (DataParallel) are removed."""
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            raw: object = load_file(str(path))
+        else:
+            raw = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, SafetensorError, RuntimeError, EOFError, ValueError) as exc:
+        raise PretrainedError(f"cannot read pretrained weights {path}: {exc}") from None
+    if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
+        raw = raw["state_dict"]
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Tensor) for k, v in raw.items()
+    ):
+        raise PretrainedError(f"{path} is not a state dict (a mapping of names to tensors)")
+    return {k.removeprefix("module."): v for k, v in raw.items()}
+
+
+def expected_shapes(supernet: Supernet, n_classes: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor a pretrained first task of ``n_classes`` classes must provide, with its
+    shape: the masked layers' weights and the state of every task module a task stores."""
+    shapes = {f"{n}.weight": tuple(layer.weight.shape) for n, layer in supernet.layers.items()}
+    for name, m in supernet.task_modules.items():
+        if not m.per_task:
+            continue
+        for key, value in m.task_state().items():
+            shape = tuple(value.shape)
+            if isinstance(m, TaskHead):  # a head has the task's own class count
+                shape = (n_classes, *shape[1:])
+            shapes[f"{name}.{key}"] = shape
+    return shapes
+
+
+@torch.no_grad()
+def adopt_pretrained(
+    supernet: Supernet, tensors: dict[str, Tensor], n_classes: int, weights: str = "shared"
+) -> None:
+    """Commit ``tensors`` as the supernet's next task: its non-zero weights are the task's
+    mask (every unit alive), its BatchNorms and head its state; ``weights`` as in
+    :meth:`Supernet.commit_task` (``"own"``: Individual keeps its own copy). Missing or
+    misshapen tensors are refused before anything changes."""
+    shapes = expected_shapes(supernet, n_classes)
+    missing = sorted(set(shapes) - set(tensors))
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise PretrainedError(f"the pretrained weights lack {', '.join(missing[:5])}{more}")
+    for key, shape in shapes.items():
+        if tuple(tensors[key].shape) != shape:
+            raise PretrainedError(
+                f"pretrained {key} has shape {tuple(tensors[key].shape)}, the supernet needs "
+                f"{shape} (a head must have the first task's {n_classes} classes)"
+            )
+    supernet.begin_task(n_classes)
+    for name, m in supernet.task_modules.items():
+        if m.per_task:
+            prefix = f"{name}."
+            m.load_task_state(
+                {k[len(prefix) :]: tensors[k] for k in shapes if k.startswith(prefix)}
+            )
+    for name, layer in supernet.layers.items():
+        weight = tensors[f"{name}.weight"].to(layer.weight.device, layer.weight.dtype)
+        layer.weight.copy_(weight)
+        layer.weight_mask.copy_((weight != 0).to(layer.weight_mask.dtype))
+    supernet.commit_task(weights)

@@ -1,0 +1,57 @@
+"""Task BatchNorm statistics that match the task's final sub-network.
+
+During training the running mean/variance of a BatchNorm follow the weights with momentum,
+so they lag behind weights that moved fast (short runs, high learning rates) and behind the
+last prune steps; a task evaluated with them can score at chance although its weights are
+fine. Before a task is committed, its statistics are therefore recomputed under its final
+sub-network: a cumulative average over the training data, without augmentation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from espn.data.tasks import Task
+from espn.supernet.layers import TaskBatchNorm2d
+from espn.supernet.supernet import Supernet
+
+#: training batches (in order, no augmentation) the statistics are averaged over; the whole
+#: training split of a task when it has fewer
+RECALIBRATION_BATCHES = 100
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(
+    supernet: Supernet, task: Task, batch_size: int, max_batches: int = RECALIBRATION_BATCHES
+) -> int:
+    """Reset the working sub-network's BatchNorm statistics and recompute them over (at most
+    ``max_batches`` batches of) ``task``'s training data; returns the batches used (0 when
+    the supernet has no BatchNorm).
+
+    Batch ``k`` enters with momentum ``1/k``: the running statistics end as the plain mean of
+    the batches' means and (unbiased) variances, as ``nn.BatchNorm2d(momentum=None)`` computes.
+    """
+    norms = [m for m in supernet.task_modules.values() if isinstance(m, TaskBatchNorm2d)]
+    if not norms:
+        return 0
+    saved = [(m.momentum, m.training) for m in norms]
+    was_training = supernet.training
+    supernet.eval()
+    for m in norms:
+        m.reset_running_stats()
+        m.train()
+    used = 0
+    try:
+        for x, _ in task.batches("train", batch_size, augment=False):
+            if used == max_batches:
+                break
+            used += 1
+            for m in norms:
+                m.momentum = 1.0 / used
+            supernet(x)
+    finally:
+        for m, (momentum, training) in zip(norms, saved, strict=True):
+            m.momentum = momentum
+            m.train(training)
+        supernet.train(was_training)
+    return used
