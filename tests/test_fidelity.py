@@ -360,7 +360,8 @@ def test_init_weights_must_exist_and_fit_the_method(tmp_path):
         make_config(benchmark="split-cifar10", method="mtl", init_weights=path)
 
 
-def test_a_run_adopts_pretrained_weights_as_task_zero(fake_cifar10, tmp_path):
+@pytest.mark.usefixtures("fake_cifar10")
+def test_a_run_adopts_pretrained_weights_as_task_zero(tmp_path):
     _, state, layers = pretrained_state(ModelSpec((3, 32, 32), 2, True))
     path = tmp_path / "w.safetensors"
     save_file({k: v.contiguous() for k, v in state.items()}, str(path))
