@@ -249,7 +249,8 @@ def test_warmup_defaults_follow_the_recipes():
     assert (mnist.warmup, mnist.finetune_lr, mnist.finetune_schedule) == (1, 1e-4, "constant")
     cifar = make_config(benchmark="split-cifar100")
     assert (cifar.warmup, cifar.finetune_lr, cifar.finetune_schedule) == (10, 0.01, "cosine")
-    assert make_config(benchmark="split-cifar100", epochs=(2, 1, 1)).warmup == 2
+    assert make_config(benchmark="split-cifar100", epochs=(2, 1, 1)).warmup == 1
+    assert make_config(benchmark="permuted-mnist", epochs=(1, 1, 1)).warmup == 0
     with pytest.raises(ConfigError, match="warmup must be <= the 2 pre-training epochs"):
         make_config(benchmark="split-cifar100", epochs=(2, 1, 1), warmup=3)
 

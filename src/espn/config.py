@@ -312,8 +312,8 @@ class RunConfig(BaseModel):
         """Warm-up and fine-tuning: given values, else the benchmark's recipe."""
         assert self.epochs is not None
         pre = self.epochs[0]
-        if self.warmup is None:
-            self.warmup = min(int(d.get("warmup", 0)), pre)  # type: ignore[call-overload]
+        if self.warmup is None:  # the recipe's, leaving at least one full pre-training epoch
+            self.warmup = max(0, min(int(d.get("warmup", 0)), pre - 1))  # type: ignore[call-overload]
         elif self.warmup > pre:
             raise ValueError(
                 f"warmup must be <= the {pre} pre-training epochs it is taken from, "
