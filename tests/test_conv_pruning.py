@@ -60,8 +60,9 @@ def test_analytic_flops_equal_measured_flops_of_the_slim_copy(name, shape, keeps
 
 @pytest.mark.parametrize("name", ["resnet18-reduced", "resnet50"])
 def test_unit_flops_is_the_cost_of_one_channel(name):
-    """FLOP_l(m), the weight of the FLOP-aware penalty, is exactly what removing one channel of
-    the group saves, residual streams included (every writer and reader of the stream)."""
+    """FLOP_l(m) with ``--flop-load total`` is exactly what removing one channel of the group
+    saves, residual streams included (every writer and reader of the stream); the paper's
+    ``output`` load is the writers' part of it."""
     sn = supernet_of(name, (3, 32, 32))
     gen = torch.Generator().manual_seed(2)
     sn.begin_task(5)
@@ -69,7 +70,9 @@ def test_unit_flops_is_the_cost_of_one_channel(name):
     for alive in units.values():
         alive[:2] = True
     sn.set_unit_masks(units)
-    per_unit = sn.unit_flops()
+    per_unit = sn.unit_flops("total")
+    output = sn.unit_flops()
+    assert all(0 < output[g] < per_unit[g] for g in per_unit)
     base = sn.flops()
     for g, alive in units.items():
         fewer = dict(units)

@@ -73,7 +73,8 @@ def build(kind: str) -> tuple[Supernet, torch.Tensor]:
         model, x = TinyResNet(), torch.randn(16, 1, 8, 8, generator=gen)
         n_classes = [3, 5]
     elif kind == "fc1024":
-        model = fc1024(ModelSpec((1, 28, 28), 10, multi_head=False))
+        # --task-affine: gates with a shift and a per-task head bias, all folded on export
+        model = fc1024(ModelSpec((1, 28, 28), 10, multi_head=False, task_affine=True))
         x, n_classes = torch.randn(16, 1, 28, 28, generator=gen), [10, 10]
     else:
         model, x = FCNet(64, [32, 24], 4, multi_head=True), torch.randn(16, 1, 8, 8, generator=gen)

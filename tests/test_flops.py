@@ -15,7 +15,8 @@ from espn.supernet import Supernet, count_flops
 
 def make_fc1024() -> Supernet:
     torch.manual_seed(0)
-    return Supernet(fc1024(ModelSpec((1, 28, 28), 10, False)), torch.zeros(2, 1, 28, 28))
+    spec = ModelSpec((1, 28, 28), 10, False, task_affine=True)  # gates with scale and shift
+    return Supernet(fc1024(spec), torch.zeros(2, 1, 28, 28))
 
 
 def measured_flops(model: nn.Module, x: torch.Tensor) -> int:
@@ -117,7 +118,9 @@ def test_flop_aware_lambdas_on_fc1024_units():
     alive = torch.zeros(1024, dtype=torch.bool)
     alive[:100] = True
     sn.set_unit_masks({"hidden1": alive, "hidden2": torch.ones(1024, dtype=torch.bool)})
-    loads = sn.unit_flops()
+    # the paper's load: the cost of computing the unit (784 inputs; 100 alive inputs)
+    assert sn.unit_flops() == {"hidden1": 2.0 * 784, "hidden2": 2.0 * 100}
+    loads = sn.unit_flops("total")
     # one hidden1 neuron: 784 inputs in, 1024 hidden2 neurons out; hidden2: 100 in, 10 out
     assert loads == {"hidden1": 2.0 * (784 + 1024), "hidden2": 2.0 * (100 + 10)}
     lambdas = flop_aware_lambdas(loads)

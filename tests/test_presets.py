@@ -16,11 +16,12 @@ from espn.presets import describe, load_preset, preset_names
 runner = CliRunner()
 
 
-def test_shipped_presets_are_valid_configs():
-    assert {"paper", "quick"} <= set(preset_names())
+def test_shipped_presets_are_valid_configs(tmp_path):
+    assert {"paper", "quick", "imagenet"} <= set(preset_names())
     for name in preset_names():
         assert describe(name)
-        cfg = make_config(preset=name)
+        needs_folders = load_preset(name)["benchmark"] == "image-folders"
+        cfg = make_config(preset=name, folders=(tmp_path,) if needs_folders else None)
         assert cfg.preset == name
         for key, value in load_preset(name).items():
             got = getattr(cfg, key)
@@ -128,6 +129,8 @@ def test_bad_presets_are_rejected_clearly(tmp_path, content, message):
 def test_unknown_preset_names_the_choices(tmp_path):
     result = runner.invoke(app, ["run", "--preset", "fast", "--out", str(tmp_path)])
     assert result.exit_code == 2
-    assert "unknown preset 'fast'; choose one of: paper, quick" in " ".join(result.output.split())
+    assert "unknown preset 'fast'; choose one of: imagenet, paper, quick" in " ".join(
+        result.output.split()
+    )
     result = runner.invoke(app, ["presets", "show", "fast"])
     assert result.exit_code == 2 and "unknown preset 'fast'" in result.output

@@ -35,23 +35,25 @@ def test_flop_aware_lambdas_on_a_hand_computed_fcnet():
     # FLOPs = 2 x MACs: 6 inputs -> 3 alive hidden1 -> 2 alive hidden2 -> 2 outputs
     assert sn.dense_flops == 2 * (6 * 4 + 4 * 3 + 3 * 2)
     assert sn.flops() == 2 * (6 * 3 + 3 * 2 + 2 * 2)
-    # one hidden1 unit: 6 incoming weights + 2 outgoing (to alive hidden2 units), x2
-    # one hidden2 unit: 3 incoming weights (from alive hidden1 units) + 2 outgoing (head), x2
-    flop_1, flop_2 = 2.0 * (6 + 2), 2.0 * (3 + 2)
+    # the paper's load, the cost of computing a unit: hidden1 6 inputs, hidden2 3 alive inputs
+    flop_1, flop_2 = 2.0 * 6, 2.0 * 3
     assert sn.unit_flops() == {"hidden1": flop_1, "hidden2": flop_2}
+    # --flop-load total adds the outgoing connections: 2 alive hidden2 units, 2 head outputs
+    assert sn.unit_flops("total") == {"hidden1": 2.0 * (6 + 2), "hidden2": 2.0 * (3 + 2)}
     lambdas = flop_aware_lambdas(sn.unit_flops())
     denominator = math.sqrt(flop_1) + math.sqrt(flop_2)
     assert lambdas["hidden1"] == pytest.approx(math.sqrt(flop_1) / denominator)
     assert lambdas["hidden2"] == pytest.approx(math.sqrt(flop_2) / denominator)
-    assert lambdas["hidden1"] == pytest.approx(4 / (4 + math.sqrt(10)))
+    assert lambdas["hidden1"] == pytest.approx(math.sqrt(2) / (math.sqrt(2) + 1))
 
-    # the penalty the pruner adds: strength * sum_l lambda_l * ||gamma_l||_1
+    # the penalty the pruner adds: strength * sum_l w_l ||gamma_l||_1 / (alive saliencies),
+    # w_l = lambda_l x (number of groups) = sqrt(FLOP_l) / mean_i sqrt(FLOP_i)
     with torch.no_grad():
         sn.model.features[1].weight.copy_(torch.tensor([0.5, 0.0, -1.0, 2.0]))
         sn.model.features[4].weight.copy_(torch.tensor([0.0, 0.25, -0.75]))
     reg = FlopAwareL1(1e-3)
     reg.refresh(sn)
-    expected = 1e-3 * (lambdas["hidden1"] * 3.5 + lambdas["hidden2"] * 1.0)
+    expected = 1e-3 * 2 * (lambdas["hidden1"] * 3.5 + lambdas["hidden2"] * 1.0) / (3 + 2)
     assert float(reg(sn).detach()) == pytest.approx(expected)
 
 
@@ -61,9 +63,9 @@ def test_polarization_penalty_and_clamp_by_hand():
         sn.model.features[1].weight.copy_(torch.tensor([0.2, 0.0, 0.8, 0.5]))
         sn.model.features[4].weight.copy_(torch.tensor([0.0, 1.0, 0.4]))
     reg = Polarization(0.01, t=1.2)
-    # hidden1 alive [0.2, 0.8, 0.5], mean 0.5: (0.24-0.3) + (0.96-0.3) + (0.6-0) = 1.2
-    # hidden2 alive [1.0, 0.4], mean 0.7: (1.2-0.3) + (0.48-0.3) = 1.08
-    assert float(reg(sn).detach()) == pytest.approx(0.01 * (1.2 + 1.08))
+    # alive saliencies [0.2, 0.8, 0.5, 1.0, 0.4], mean 0.58 over the network:
+    # (0.24-0.38) + (0.96-0.22) + (0.6-0.08) + (1.2-0.42) + (0.48-0.18) = 2.2, over 5 of them
+    assert float(reg(sn).detach()) == pytest.approx(0.01 * 2.2 / 5)
     with torch.no_grad():
         sn.model.features[1].weight.copy_(torch.tensor([-0.3, 0.0, 1.7, 0.5]))
     reg.after_step(sn)

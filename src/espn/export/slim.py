@@ -109,14 +109,18 @@ def _plain_layer(m: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def _fold_affine(layer: nn.Module, scale: Tensor | None, shift: Tensor) -> None:
-    """Make ``layer`` (Linear/Conv2d) compute ``layer(x) * scale + shift`` per output unit."""
+def _fold_affine(layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
+    """Make ``layer`` (Linear/Conv2d) compute ``layer(x) * scale + shift`` per output unit
+    (no bias is added where there is neither a bias nor a shift)."""
     shape = (-1,) + (1,) * (layer.weight.dim() - 1)
-    bias = layer.bias if layer.bias is not None else torch.zeros_like(shift)
     if scale is not None:
         layer.weight.mul_(scale.view(shape))
+    if layer.bias is None and shift is None:
+        return
+    bias = layer.bias if layer.bias is not None else torch.zeros_like(shift)
+    if scale is not None:
         bias = bias * scale
-    layer.bias = _param(bias + shift)
+    layer.bias = _param(bias if shift is None else bias + shift)
 
 
 def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
@@ -163,7 +167,8 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
             )
         with torch.no_grad():
             if isinstance(m, UnitGate):
-                _fold_affine(target, m.weight * m.unit_mask, m.bias * m.unit_mask)
+                shift = m.bias * m.unit_mask if m.affine else None  # a scale-only gate
+                _fold_affine(target, m.weight * m.unit_mask, shift)
             else:
                 _fold_affine(target, None, m.bias)
         node.replace_all_uses_with(prev)
