@@ -120,6 +120,7 @@ def test_bad_options_exit_2_naming_the_value(
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow  # importing Avalanche alone takes about 10 s of CPU
 def test_avalanche_side_keeps_each_task_in_its_own_subnetwork(
     peer, fake_mnist, tmp_path: Path
 ) -> None:
