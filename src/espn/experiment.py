@@ -117,18 +117,21 @@ def run_experiment(
     on_task_end: Callable[[str], None] | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    seq: TaskSequence | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` to the end; results are rewritten atomically after every task, and the
     checkpoint in ``<out>/checkpoint`` after every task and every epoch.
 
     ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task;
     ``resume`` continues a killed run from its checkpoint (same options required); an ``out``
-    that holds another run's checkpoint is refused unless ``resume`` or ``overwrite``.
+    that holds another run's checkpoint is refused unless ``resume`` or ``overwrite``;
+    ``seq``, when given, is the benchmark ``cfg`` names, built once by the caller (so that
+    another library can be handed the very same tensors, see ``benchmarks/peer_packnet.py``).
     """
     start = time.perf_counter()
     out = Path(cfg.out)
     check_out_dir(out, resume, overwrite)
-    seq = build_benchmark(cfg)
+    seq = build_benchmark(cfg) if seq is None else seq
     supernet = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
     engine = Engine(
