@@ -74,18 +74,41 @@ def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:
         )
 
 
+#: files and directories that mark a directory as holding a run's output
+RUN_OUTPUTS = ("results.json", "accuracy.png", "checkpoint")
+
+
 def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
-    """Refuse, before anything is computed, to start a run over an earlier one's checkpoint
-    unless told to continue it (``resume``) or to replace it (``overwrite``)."""
+    """Refuse, before anything is computed, to start a run over anything that looks like an
+    earlier run's output (``results.json``, ``accuracy.png``, a non-empty ``checkpoint/``)
+    unless told to continue it (``resume``) or to replace it (``overwrite``); refuse to resume
+    where the checkpoint is gone but results are there."""
     if resume and overwrite:
         raise CheckpointError("--resume and --overwrite exclude each other; choose one")
-    manifest = checkpoint_dir(out) / MANIFEST
-    if resume or overwrite or not manifest.exists():
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out} is a file, not a directory; choose another --out")
+    if overwrite:
         return
-    raise CheckpointError(
-        f"{out} already holds a run (its checkpoint is {manifest.parent}); pass --resume to "
-        "continue it, --overwrite to start over and replace it, or another --out"
-    )
+    manifest = checkpoint_dir(out) / MANIFEST
+    found = [
+        name
+        for name in RUN_OUTPUTS
+        if (out / name).is_file() or ((out / name).is_dir() and any((out / name).iterdir()))
+    ]
+    if resume:
+        if manifest.exists() or not (out / "results.json").exists():
+            return
+        raise CheckpointError(
+            f"cannot resume {out}: it holds results.json but no checkpoint ({manifest} is "
+            "missing), so there is nothing to continue from; pass --overwrite to start over "
+            "and replace it, or another --out"
+        )
+    if found:
+        raise CheckpointError(
+            f"{out} already holds a run's output ({', '.join(found)}); pass --resume to "
+            "continue it, --overwrite to start over and replace it, or another --out"
+        )
 
 
 @dataclass
