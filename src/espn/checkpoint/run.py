@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.manifest import check_against_results
 from espn.checkpoint.store import (
     Checkpoint,
     CheckpointWriter,
@@ -20,6 +21,7 @@ from espn.checkpoint.store import (
 )
 from espn.config import RunConfig, make_config
 from espn.data.tasks import TaskSequence
+from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.supernet import Supernet
@@ -111,6 +113,17 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
         )
 
 
+def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:
+    """Refuse a run directory whose results.json is not of the run its checkpoint holds."""
+    results = read_results(run_dir)
+    reason = None if results is None else check_against_results(manifest, results)
+    if reason is not None:
+        raise CheckpointError(
+            f"{run_dir}: the checkpoint and results.json do not belong together ({reason}); "
+            "one of them was changed or replaced, so neither can be trusted"
+        )
+
+
 @dataclass
 class RunCheckpoint:
     """The checkpoint of one ``run_experiment`` call: the writer and where to pick up."""
@@ -148,6 +161,7 @@ class RunCheckpoint:
             return cls(writer, supernet, engine, [], [], summary=note)
         ckpt = read_checkpoint(directory)
         check_same_run(ckpt.manifest["config"], cfg, directory)
+        check_results_match(cfg.out, ckpt.manifest)
         restore(ckpt, supernet, engine, strategy)
         tr = ckpt.training
         where = (
@@ -239,6 +253,7 @@ def load_run(run_dir: Path | str, device: str = "cpu") -> LoadedRun:
     """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task."""
     ckpt = read_checkpoint(checkpoint_dir(run_dir))
     m = ckpt.manifest
+    check_results_match(run_dir, m)
     if m["model"] not in MODELS:
         raise CheckpointError(
             f"the checkpoint is of model {m['model']!r}, which this espn does not know; "

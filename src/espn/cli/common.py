@@ -49,6 +49,7 @@ def _theory_error() -> type[Exception]:
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     """The exception types that are the user's to fix: one line and exit status 2."""
+    from espn.evaluation.results import ResultsError
     from espn.presets import PresetError
     from espn.training.engine import TrainingStopped
 
@@ -59,6 +60,7 @@ def user_error_types() -> tuple[type[BaseException], ...]:
         DatasetUnavailable,
         UnknownNameError,
         PresetError,
+        ResultsError,
         TrainingStopped,
         _theory_error(),
     )

@@ -15,6 +15,7 @@ from espn.cli import deploy, presets, study, theory
 from espn.cli.common import (
     RunInterrupted,
     err_console,
+    fail,
     parse_epochs,
     run_dir_option,
     set_debug,
@@ -225,7 +226,12 @@ def list_components() -> None:
 @user_errors
 def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
     """Print the accuracy matrix and per-task budgets of a finished run."""
-    doc = json.loads((run_dir / "results.json").read_text())
+    from espn.evaluation.results import read_results
+
+    doc = read_results(run_dir)
+    if doc is None:
+        fail(f"no results.json in {run_dir} (is it the --out of an `espn run`?)")
+        return
     table = Table("task", "name", "final acc %", "FLOPs ratio", "new weights", "budget")
     for j, name in enumerate(doc["task_names"]):
         table.add_row(
