@@ -140,7 +140,9 @@ def load_hint(out: Path, files: list[str]) -> str:
         return f"onnxruntime.InferenceSession({str(out)!r})"
     hint = f"torch.export.load({str(out)!r}).module()"
     onnx = out.with_suffix(".onnx")
-    return hint + (f", or onnxruntime.InferenceSession({str(onnx)!r})" if str(onnx) in files else "")
+    return hint + (
+        f", or onnxruntime.InferenceSession({str(onnx)!r})" if str(onnx) in files else ""
+    )
 
 
 @app.command()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -72,12 +74,45 @@ class Task:
         return -(-len(self.split(split)) // batch_size)
 
 
+class LazyTasks(Sequence[Task]):
+    """``n`` tasks built on use by ``build(t)``, the ``keep`` most recently used held.
+
+    A long sequence then holds what builds a task (e.g. its permutation), not every task's
+    index tensors: memory stays bounded however many tasks a run has.
+    """
+
+    def __init__(self, n: int, build: Callable[[int], Task], keep: int = 4) -> None:
+        self.n, self.build, self.keep = n, build, keep
+        self._cache: OrderedDict[int, Task] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Task]: ...
+
+    def __getitem__(self, i: int | slice) -> Task | list[Task]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        t = i + self.n if i < 0 else i
+        if not 0 <= t < self.n:
+            raise IndexError(f"task {i} out of range for {self.n} tasks")
+        task = self._cache.pop(t, None) or self.build(t)
+        self._cache[t] = task
+        while len(self._cache) > self.keep:
+            self._cache.popitem(last=False)
+        return task
+
+
 @dataclass
 class TaskSequence:
     """A benchmark instance: the tasks in training order and what a model needs to know."""
 
     name: str
-    tasks: list[Task]
+    tasks: Sequence[Task]
     input_shape: tuple[int, ...]
     multi_head: bool
     info: dict[str, object] = field(default_factory=dict)
