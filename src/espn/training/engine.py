@@ -210,9 +210,14 @@ def _check_capacity(strategy: Strategy, name: str, index: int) -> None:
     if strategy.weight_budget > 0 and sum(strategy.layer_budgets.values()) > 0:
         return
     free = sum(strategy.layer_free.values())
+    why = (
+        "the earlier tasks took every weight"
+        if free == 0
+        else f"{free} weight(s) are free, but alpha {strategy.cfg.alpha:g} of each layer's rounds "
+        "down to none"
+    )
     raise TrainingStopped(
-        f"task {index + 1} ({name}) would get no new weights: {free} weight(s) are still free "
-        f"and alpha {strategy.cfg.alpha:g} allots none of them, so the network's capacity is "
-        "used up; the run stops here with the earlier tasks kept (use a smaller --alpha, "
-        "fewer --tasks or a wider model)"
+        f"task {index + 1} ({name}) would get no new weights: {why}; the network's capacity "
+        "is used up, so the run stops before it with the earlier tasks kept (use a smaller "
+        "--alpha, fewer --tasks or a wider model)"
     )
