@@ -98,7 +98,7 @@ def results_document(
         "gamma": cfg.gamma,
         "alpha": cfg.alpha,
         "config": cfg.model_dump(mode="json"),
-        "task_names": [t.name for t in seq.tasks[: len(per_task)]],
+        "task_names": seq.names(len(per_task)),
         "complete": len(per_task) == len(seq),
         "accuracy_matrix": rows,
         "final_accuracy": final_accuracy(rows) if rows else [],

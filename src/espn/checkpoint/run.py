@@ -213,8 +213,9 @@ class RunCheckpoint:
         )
 
     def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
+        names = seq.names(len(self.per_task))
         return [
-            {"name": seq.tasks[t].name, "record": self.per_task[t]}
+            {"name": names[t], "record": self.per_task[t]}
             | ({"accuracy": self.rows[t]} if t < len(self.rows) else {})
             for t in range(len(self.per_task))
         ]

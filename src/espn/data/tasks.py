@@ -84,6 +84,11 @@ class LazyTasks(Sequence[Task]):
     def __init__(self, n: int, build: Callable[[int], Task], keep: int = 4) -> None:
         self.n, self.build, self.keep = n, build, keep
         self._cache: OrderedDict[int, Task] = OrderedDict()
+        self._names: dict[int, str] = {}
+
+    def name(self, t: int) -> str:
+        """Task ``t``'s name, remembered once built (names are all a run's records need)."""
+        return self._names[t] if t in self._names else self[t].name
 
     def __len__(self) -> int:
         return self.n
@@ -102,6 +107,7 @@ class LazyTasks(Sequence[Task]):
             raise IndexError(f"task {i} out of range for {self.n} tasks")
         task = self._cache.pop(t, None) or self.build(t)
         self._cache[t] = task
+        self._names[t] = task.name
         while len(self._cache) > self.keep:
             self._cache.popitem(last=False)
         return task
@@ -119,6 +125,13 @@ class TaskSequence:
 
     def __len__(self) -> int:
         return len(self.tasks)
+
+    def names(self, n: int | None = None) -> list[str]:
+        """Names of the first ``n`` tasks (all by default), without building lazy tasks anew."""
+        count = len(self.tasks) if n is None else min(n, len(self.tasks))
+        if isinstance(self.tasks, LazyTasks):
+            return [self.tasks.name(t) for t in range(count)]
+        return [t.name for t in self.tasks[:count]]
 
     @property
     def n_classes(self) -> int:
