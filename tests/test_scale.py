@@ -90,8 +90,8 @@ def _check_long_run(doc: dict, held: list[int], n_tasks: int) -> None:
 
 
 def test_a_long_sequence_holds_only_a_few_tasks(tmp_path, monkeypatch, fake_mnist):
-    doc, held = _long_run(tmp_path, monkeypatch, 30)
-    _check_long_run(doc, held, 30)
+    doc, held = _long_run(tmp_path, monkeypatch, 20)
+    _check_long_run(doc, held, 20)
 
 
 @pytest.mark.slow

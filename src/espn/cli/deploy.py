@@ -33,7 +33,7 @@ def _mib(n: float) -> str:
 def evaluate(
     run: Path = typer.Option(..., help=RUN_HELP),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
-    batch_size: int = typer.Option(1024, min=1, help="Evaluation batch size."),
+    batch_size: int = typer.Option(1024, min=1, max=2**31 - 1, help="Evaluation batch size."),
 ) -> None:
     """Re-compute each task's test accuracy from the checkpoint alone.
 

@@ -42,7 +42,7 @@ app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, 
 @app.callback()
 def root(
     debug: bool = typer.Option(
-        False, "--debug", envvar="ESPN_DEBUG", help="On an error, show the Python traceback."
+        False, "--debug", help="On an error, show the Python traceback (or set ESPN_DEBUG=1)."
     ),
 ) -> None:
     """Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning."""
