@@ -70,11 +70,11 @@ def _long_run(tmp_path, monkeypatch, n_tasks: int) -> tuple[dict, list[int]]:
             alpha=0.01,
         )
     )
-    held = []
+    held, before = [], live_tasks()  # other tests' tasks may still be alive
 
     def on_task_end(line: str) -> None:
         if int(line.split()[1].split("/")[0]) % 10 == 0:
-            held.append(live_tasks())
+            held.append(live_tasks() - before)
 
     doc = run_experiment(cfg, progress=False, on_task_end=on_task_end)
     return doc, held
