@@ -215,7 +215,19 @@ def test_anything_that_looks_like_a_run_is_not_overwritten(cli_run, tmp_path):
     (foreign / "results.json").write_text('{"mine": 1}\n')
     assert "already holds a run's output" in one_line_error(invoke(run_args(foreign)))
     assert (foreign / "results.json").read_text() == '{"mine": 1}\n'
-    assert invoke(run_args(foreign, "--overwrite")).exit_code == 0
+    assert invoke(run_args(foreign, "--overwrite", "--tasks", "1")).exit_code == 0
+    assert json.loads((foreign / "results.json").read_text())["task_names"] == ["permutation 0"]
+
+
+def test_overwrite_removes_the_earlier_results_at_once(cli_run, monkeypatch):
+    import espn.methods.espn as espn_module
+
+    def interrupt(self, supernet, progress):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(espn_module.ESPN, "prune_step", interrupt)
+    one_line_error(invoke(run_args(cli_run, "--overwrite")), code=130)
+    assert not (cli_run / "results.json").exists() and not (cli_run / "accuracy.png").exists()
 
 
 def test_bad_out_directories_are_refused_before_training(tmp_path):

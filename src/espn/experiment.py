@@ -182,6 +182,9 @@ def run_experiment(
     check_out_dir(cfg.out, resume, overwrite)
     with run_lock(cfg.out):
         check_out_dir(cfg.out, resume, overwrite)  # again, now that no other run can write
+        if overwrite:  # the earlier run's results go now, not when the first task is done
+            for name in ("results.json", "accuracy.png"):
+                (Path(cfg.out) / name).unlink(missing_ok=True)
         try:
             return _run_locked(cfg, progress, on_task_end, resume, on_warning)
         except TrainingStopped as exc:
