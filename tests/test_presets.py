@@ -70,7 +70,7 @@ def captured(monkeypatch):
 
 
 def invoke(args: list[str]) -> None:
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, args, env={"ESPN_DEBUG": "1"})  # let Captured through
     assert isinstance(result.exception, Captured), result.output
 
 

@@ -16,6 +16,12 @@ from espn.supernet.flops import FLOP_LOADS
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
 REUSE_POLICIES = ("all", "magnitude")
+#: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
+MAX_SEED = 2**32 - 1
+#: largest accepted value of the other integer options (batch size, images per task, ...)
+MAX_COUNT = 2**31 - 1
+#: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
+MAX_IMAGE_SIZE = 1024
 
 #: what runs recorded before an option existed behaved as (read from older manifests)
 LEGACY_DEFAULTS: dict[str, Any] = {
@@ -72,7 +78,8 @@ def _in_unit_interval(name: str, value: float | None) -> float | None:
 class RunConfig(BaseModel):
     """Everything a continual-learning run depends on. ``None`` means the benchmark's default."""
 
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # non-finite floats (inf, nan) are refused for every float option, one rule for all
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
     benchmark: str
     method: str = "espn"
@@ -132,6 +139,16 @@ class RunConfig(BaseModel):
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
             values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
         return _need_benchmark(merge(values, data))
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, v: Any, info: Any) -> Any:
+        """JSON ``true`` is not a number: a preset's ``"tasks": true`` would run 1 task."""
+        annotation = str(cls.model_fields[info.field_name].annotation)
+        values = v if isinstance(v, list | tuple) else (v,)
+        if "bool" not in annotation and any(isinstance(x, bool) for x in values):
+            raise ValueError(f"{info.field_name} must be a number, got {v!r}")
+        return v
 
     @field_validator("benchmark")
     @classmethod
@@ -218,6 +235,10 @@ class RunConfig(BaseModel):
     def _positive(cls, v: int | None, info: Any) -> int | None:
         if v is not None and v < 1:
             raise ValueError(f"{info.field_name} must be >= 1, got {v}")
+        if v is not None and v > MAX_COUNT:
+            raise ValueError(f"{info.field_name} must be <= {MAX_COUNT}, got {v}")
+        if info.field_name == "image_size" and v is not None and v > MAX_IMAGE_SIZE:
+            raise ValueError(f"image_size must be <= {MAX_IMAGE_SIZE}, got {v}")
         return v
 
     @field_validator("lr", "finetune_lr")
@@ -251,9 +272,10 @@ class RunConfig(BaseModel):
     @field_validator("epochs")
     @classmethod
     def _epochs(cls, v: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
-        if v is not None and (min(v) < 0 or sum(v) < 1):
+        if v is not None and (min(v) < 0 or sum(v) < 1 or max(v) > MAX_COUNT):
             raise ValueError(
                 f"epochs must be three non-negative counts (pre-train, prune, fine-tune) "
+                f"of at most {MAX_COUNT} "
                 f"with at least one epoch, got {','.join(map(str, v))}"
             )
         return v
@@ -261,8 +283,8 @@ class RunConfig(BaseModel):
     @field_validator("seed", "task_seed")
     @classmethod
     def _seed(cls, v: int | None, info: Any) -> int | None:
-        if v is not None and v < 0:
-            raise ValueError(f"{info.field_name} must be >= 0, got {v}")
+        if v is not None and not 0 <= v <= MAX_SEED:
+            raise ValueError(f"{info.field_name} must be in [0, {MAX_SEED}], got {v}")
         return v
 
     @field_validator("device")
@@ -367,6 +389,10 @@ class RunConfig(BaseModel):
             )
         if self.folders and not needed:
             raise ValueError(f"folders are only used by image-folders, not by {self.benchmark}")
+        if self.image_size is not None and not needed:
+            raise ValueError(
+                f"image_size is only used by image-folders, not by {self.benchmark}; leave it unset"
+            )
         if self.tasks is not None and self.folders and self.tasks > len(self.folders):
             raise ValueError(
                 f"tasks must be <= the {len(self.folders)} folders given, got {self.tasks}"
@@ -431,5 +457,8 @@ def make_config(**values: Any) -> RunConfig:
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "config"
             msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "finite_number":
+                where = str(err["loc"][0]) if err["loc"] else where
+                msg = f"must be a finite number, got {err['input']!r}"
             lines.append(f"{where}: {msg}")
         raise ConfigError("; ".join(lines)) from None

@@ -3,6 +3,7 @@ evaluate every task seen so far, write ``results.json`` and ``accuracy.png``."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,8 +12,10 @@ from typing import Any
 import torch
 
 from espn import __version__
+from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
-from espn.config import RunConfig
+from espn.config import ConfigError, RunConfig
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence
 from espn.evaluation.metrics import (
@@ -26,10 +29,11 @@ from espn.evaluation.plots import plot_run
 from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS, ModelSpec
+from espn.supernet.flops import count_flops
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine
-from espn.utils.io import write_json_atomic
+from espn.training.engine import Engine, TrainingStopped
+from espn.utils.io import os_error_text, write_json_atomic
 
 
 def build_benchmark(cfg: RunConfig) -> TaskSequence:
@@ -96,7 +100,7 @@ def results_document(
         "gamma": cfg.gamma,
         "alpha": cfg.alpha,
         "config": cfg.model_dump(mode="json"),
-        "task_names": [t.name for t in seq.tasks[: len(per_task)]],
+        "task_names": seq.names(len(per_task)),
         "complete": len(per_task) == len(seq),
         "accuracy_matrix": rows,
         "final_accuracy": final_accuracy(rows) if rows else [],
@@ -111,6 +115,52 @@ def results_document(
     }
 
 
+def min_flops_ratio(supernet: Supernet) -> float:
+    """The smallest FLOPs ratio unit pruning can reach: one unit left in every group (the
+    pruner never empties a layer, see :func:`espn.pruning.selection.select_units`)."""
+    return count_flops(supernet.costs, dict.fromkeys(supernet.group_sizes, 1)) / max(
+        supernet.dense_flops, 1
+    )
+
+
+def check_gamma_reachable(cfg: RunConfig, supernet: Supernet) -> None:
+    """Refuse, before training, a FLOPs budget gamma that no sub-network can meet."""
+    if not METHODS.get(cfg.method).uses_gamma or cfg.gamma is None or cfg.gamma >= 1.0:
+        return
+    floor = min_flops_ratio(supernet)
+    if cfg.gamma < floor:
+        raise ConfigError(
+            f"gamma {cfg.gamma:g} is below the smallest FLOPs ratio model {cfg.model} can reach "
+            f"({floor:.4g}, with one unit left in every layer); use --gamma >= {floor:.4g}"
+        )
+
+
+def check_data_dir(cfg: RunConfig) -> None:
+    """An explicit ``data_dir`` must be a directory (it is never silently replaced)."""
+    path = cfg.data_dir
+    if path is not None and not Path(path).is_dir():
+        what = "is a file" if Path(path).exists() else "does not exist"
+        raise ConfigError(
+            f"data_dir {path} {what}; give an existing dataset directory, or leave "
+            "--data-dir out to use $ESPN_DATA or ~/.cache/espn/data"
+        )
+
+
+def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
+    """Requests the data could not honour (more images per task than there are)."""
+    notes = []
+    for split, asked in (("train", cfg.train_per_task), ("test", cfg.test_per_task)):
+        if asked is None:
+            continue
+        have = min(len(task.split(split)) for task in seq.tasks)
+        if have < asked:
+            notes.append(
+                f"{split}_per_task {asked} is more than the {have} {split} images a task has; "
+                f"all of them are used (results.json: {split}_samples per task)"
+            )
+    return notes
+
+
 def run_experiment(
     cfg: RunConfig,
     progress: bool = True,
@@ -118,21 +168,63 @@ def run_experiment(
     resume: bool = False,
     overwrite: bool = False,
     seq: TaskSequence | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` to the end; results are rewritten atomically after every task, and the
     checkpoint in ``<out>/checkpoint`` after every task and every epoch.
 
     ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task;
     ``resume`` continues a killed run from its checkpoint (same options required); an ``out``
-    that holds another run's checkpoint is refused unless ``resume`` or ``overwrite``;
-    ``seq``, when given, is the benchmark ``cfg`` names, built once by the caller (so that
-    another library can be handed the very same tensors, see ``benchmarks/peer_packnet.py``).
+    that holds another run's output is refused unless ``resume`` or ``overwrite``; a second
+    run on the same ``out`` is refused while one holds it (a lock file with its pid).
+    ``on_warning`` receives what the run could not do as asked (also in results.json).
+    Training stops with :class:`TrainingStopped` (the last good checkpoint kept) rather than
+    commit a task that breaks a budget or learned from a non-finite loss. ``seq``, when given,
+    is the benchmark ``cfg`` names, built once by the caller (so that another library can be
+    handed the very same tensors, see ``benchmarks/peer_packnet.py``).
     """
+    check_data_dir(cfg)
+    check_out_dir(cfg.out, resume, overwrite)
+    with run_lock(cfg.out):
+        check_out_dir(cfg.out, resume, overwrite)  # again, now that no other run can write
+        if overwrite:  # the earlier run's results go now, not when the first task is done
+            for name in ("results.json", "accuracy.png"):
+                (Path(cfg.out) / name).unlink(missing_ok=True)
+        try:
+            return _run_locked(cfg, progress, on_task_end, resume, on_warning, seq)
+        except TrainingStopped as exc:
+            raise TrainingStopped(f"{exc}; {_kept(cfg)}") from None
+
+
+def _kept(cfg: RunConfig) -> str:
+    """Where a stopped run's last good state is, and how to go on from it."""
+    directory = checkpoint_dir(cfg.out)
+    try:
+        done = len(json.loads((directory / MANIFEST).read_text())["tasks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no task was finished, so nothing was kept"
+    return (
+        f"the last good checkpoint is {directory} ({done} task(s) finished, in "
+        f"{Path(cfg.out) / 'results.json'})"
+    )
+
+
+def _run_locked(
+    cfg: RunConfig,
+    progress: bool,
+    on_task_end: Callable[[str], None] | None,
+    resume: bool,
+    on_warning: Callable[[str], None] | None,
+    seq: TaskSequence | None,
+) -> dict[str, Any]:
     start = time.perf_counter()
     out = Path(cfg.out)
-    check_out_dir(out, resume, overwrite)
     seq = build_benchmark(cfg) if seq is None else seq
     supernet = build_supernet(cfg, seq)
+    check_gamma_reachable(cfg, supernet)
+    notes = data_warnings(cfg, seq)
+    for note in notes if on_warning is not None else []:
+        on_warning(note)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
     engine = Engine(
         supernet,
@@ -148,7 +240,7 @@ def run_experiment(
     if ckpt.summary and on_task_end is not None:
         on_task_end(ckpt.summary)
     rows, per_task = ckpt.rows, ckpt.per_task
-    doc = results_document(cfg, seq, supernet, rows, per_task)
+    doc = results_document(cfg, seq, supernet, rows, per_task) | {"warnings": notes}
     doc["wall_time_s"] = ckpt.elapsed
     pretrained = None
     if cfg.init_weights is not None and not rows:
@@ -158,7 +250,8 @@ def run_experiment(
         if i < len(rows):
             continue
         first = len(supernet.masks)
-        if i == 0 and pretrained is not None:
+        adopted = i == 0 and pretrained is not None
+        if adopted:
             log = engine.adopt_task(task, pretrained)
         else:
             log = engine.train_task(
@@ -175,11 +268,22 @@ def run_experiment(
                 "weight_budget": strategy.weight_budget,
                 "seconds": log.seconds / len(learned),
                 "seconds_per_epoch": log.seconds_per_epoch,
+                "train_samples": len(seq.tasks[t].train),
+                "test_samples": len(seq.tasks[t].test),
             }
+            record["pretrained"] = adopted  # adopted from --init-weights: no budget applies
+            if not adopted:
+                check_budgets(cfg, strategy.uses_gamma, record, seq.tasks[t].name, t)
             per_task.append(record)
-        doc = results_document(cfg, seq, supernet, rows, per_task)
+        doc = results_document(cfg, seq, supernet, rows, per_task) | {"warnings": notes}
         doc["wall_time_s"] = time.perf_counter() - start
-        write_json_atomic(out / "results.json", doc)
+        try:
+            write_json_atomic(out / "results.json", doc)
+        except OSError as exc:
+            raise CheckpointError(
+                f"could not write {out / 'results.json'} ({os_error_text(exc)}); the checkpoint "
+                f"in {checkpoint_dir(out)} is intact and --resume continues from it"
+            ) from None
         ckpt.task_done(seq, doc["wall_time_s"])
         if on_task_end is not None:
             acc = sum(rows[-1][learned.start :]) / len(learned)  # the mean of MTL's tasks
@@ -191,3 +295,15 @@ def run_experiment(
             )
     plot_run(doc, out / "accuracy.png")
     return doc
+
+
+def check_budgets(
+    cfg: RunConfig, uses_gamma: bool, record: dict[str, Any], name: str, task: int
+) -> None:
+    """Stop before a task that misses its FLOPs budget is recorded as learned."""
+    ratio = record["flops_ratio"]
+    if uses_gamma and not ratio <= float(cfg.gamma) * (1 + 1e-9):
+        raise TrainingStopped(
+            f"task {task + 1} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
+            f"more than the budget gamma {cfg.gamma:g}; the run stopped instead of recording it"
+        )

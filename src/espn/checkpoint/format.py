@@ -136,12 +136,23 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     for key in ("model", "benchmark", "config", "spec", "architecture", "tasks", "state"):
         if key not in manifest:
             raise CheckpointError(f"{path} is incomplete: no {key!r} field")
+    from espn.checkpoint.manifest import validate_manifest
+
+    try:
+        validate_manifest(manifest)
+    except ValueError as exc:
+        raise CheckpointError(f"{path} does not match the checkpoint format: {exc}") from None
     return manifest
 
 
 def verify_file(directory: Path, entry: dict[str, Any]) -> Path:
-    """The path of a file the manifest names, after checking its size and SHA-256."""
+    """The path of a file the manifest names, after checking that it lies directly in
+    ``directory`` (no other directory, no link out of it), its size and its SHA-256."""
     path = directory / entry["file"]
+    if path.resolve().parent != directory.resolve() or path.is_symlink():
+        raise CheckpointError(
+            f"checkpoint file {entry['file']!r} is not a file inside {directory}; refused"
+        )
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing")
     size = path.stat().st_size

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.manifest import check_against_results
 from espn.checkpoint.store import (
     Checkpoint,
     CheckpointWriter,
@@ -20,6 +21,7 @@ from espn.checkpoint.store import (
 )
 from espn.config import RunConfig, make_config, upgrade_saved_config
 from espn.data.tasks import TaskSequence
+from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.supernet import Supernet
@@ -75,18 +77,52 @@ def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:
         )
 
 
+#: files and directories that mark a directory as holding a run's output
+RUN_OUTPUTS = ("results.json", "accuracy.png", "checkpoint")
+
+
 def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
-    """Refuse, before anything is computed, to start a run over an earlier one's checkpoint
-    unless told to continue it (``resume``) or to replace it (``overwrite``)."""
+    """Refuse, before anything is computed, to start a run over anything that looks like an
+    earlier run's output (``results.json``, ``accuracy.png``, a non-empty ``checkpoint/``)
+    unless told to continue it (``resume``) or to replace it (``overwrite``); refuse to resume
+    where the checkpoint is gone but results are there."""
     if resume and overwrite:
         raise CheckpointError("--resume and --overwrite exclude each other; choose one")
-    manifest = checkpoint_dir(out) / MANIFEST
-    if resume or overwrite or not manifest.exists():
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"--out {out} is a file, not a directory; choose another --out")
+    if overwrite:
         return
-    raise CheckpointError(
-        f"{out} already holds a run (its checkpoint is {manifest.parent}); pass --resume to "
-        "continue it, --overwrite to start over and replace it, or another --out"
-    )
+    manifest = checkpoint_dir(out) / MANIFEST
+    found = [
+        name
+        for name in RUN_OUTPUTS
+        if (out / name).is_file() or ((out / name).is_dir() and any((out / name).iterdir()))
+    ]
+    if resume:
+        if manifest.exists() or not (out / "results.json").exists():
+            return
+        raise CheckpointError(
+            f"cannot resume {out}: it holds results.json but no checkpoint ({manifest} is "
+            "missing), so there is nothing to continue from; pass --overwrite to start over "
+            "and replace it, or another --out"
+        )
+    if found:
+        raise CheckpointError(
+            f"{out} already holds a run's output ({', '.join(found)}); pass --resume to "
+            "continue it, --overwrite to start over and replace it, or another --out"
+        )
+
+
+def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:
+    """Refuse a run directory whose results.json is not of the run its checkpoint holds."""
+    results = read_results(run_dir)
+    reason = None if results is None else check_against_results(manifest, results)
+    if reason is not None:
+        raise CheckpointError(
+            f"{run_dir}: the checkpoint and results.json do not belong together ({reason}); "
+            "one of them was changed or replaced, so neither can be trusted"
+        )
 
 
 @dataclass
@@ -126,6 +162,7 @@ class RunCheckpoint:
             return cls(writer, supernet, engine, [], [], summary=note)
         ckpt = read_checkpoint(directory)
         check_same_run(upgrade_saved_config(ckpt.manifest["config"]), cfg, directory)
+        check_results_match(cfg.out, ckpt.manifest)
         restore(ckpt, supernet, engine, strategy)
         tr = ckpt.training
         where = (
@@ -177,8 +214,9 @@ class RunCheckpoint:
         )
 
     def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
+        names = seq.names(len(self.per_task))
         return [
-            {"name": seq.tasks[t].name, "record": self.per_task[t]}
+            {"name": names[t], "record": self.per_task[t]}
             | ({"accuracy": self.rows[t]} if t < len(self.rows) else {})
             for t in range(len(self.per_task))
         ]
@@ -217,6 +255,7 @@ def load_run(run_dir: Path | str, device: str = "cpu") -> LoadedRun:
     """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task."""
     ckpt = read_checkpoint(checkpoint_dir(run_dir))
     m = ckpt.manifest
+    check_results_match(run_dir, m)
     if m["model"] not in MODELS:
         raise CheckpointError(
             f"the checkpoint is of model {m['model']!r}, which this espn does not know; "

@@ -38,7 +38,7 @@ from espn.methods.base import Strategy
 from espn.supernet.masks import TaskMask, pack_bits, unpack_bits
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
-from espn.utils.io import atomic_target, write_json_atomic
+from espn.utils.io import atomic_target, os_error_text, write_json_atomic
 
 
 @dataclass
@@ -133,7 +133,36 @@ class CheckpointWriter:
     ) -> None:
         """Write the checkpoint: every committed task (its entry from ``task_results``: name,
         record, accuracy row), the shared weights, the RNG states and, for ``training = (task,
-        progress, strategy)``, the task in training. ``extra`` goes into the manifest as is."""
+        progress, strategy)``, the task in training. ``extra`` goes into the manifest as is.
+
+        If a file cannot be written (a full disk), the files of this save are removed and
+        :class:`CheckpointError` says so: the previous checkpoint is still complete.
+        """
+        try:
+            self._save(supernet, engine, task_results, training, extra)
+        except (OSError, SafetensorError) as exc:
+            self._clean(keep={t["file"] for t in self.tasks} | {state_file(self.generation)})
+            reason = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+            previous = (
+                f"the previous checkpoint there ({len(self.tasks)} task(s) finished) is intact "
+                "and --resume continues from it"
+                if self.generation
+                else "no earlier checkpoint was there"
+            )
+            raise CheckpointError(
+                f"could not write the checkpoint in {self.directory} ({reason}); {previous}; "
+                "the partly written files were removed"
+            ) from None
+        self._clean(keep={t["file"] for t in self.tasks} | {state_file(self.generation)})
+
+    def _save(
+        self,
+        supernet: Supernet,
+        engine: Engine,
+        task_results: list[dict[str, Any]],
+        training: tuple[int, TaskProgress, Strategy] | None,
+        extra: dict[str, Any] | None,
+    ) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tasks = list(self.tasks)  # the writer's own state changes only once the save succeeded
         for t in range(len(tasks), len(supernet.masks)):
@@ -199,7 +228,6 @@ class CheckpointWriter:
         write_json_atomic(self.directory / MANIFEST, manifest)
         fsync_dir(self.directory)
         self.tasks, self.generation = tasks, generation
-        self._clean(keep={t["file"] for t in tasks} | {path.name})
 
     def _clean(self, keep: set[str]) -> None:
         """Delete checkpoint files (ours only, by pattern) that the manifest does not name."""

@@ -1,13 +1,25 @@
-"""Helpers shared by the CLI commands: clear errors and a non-zero exit."""
+"""Helpers shared by the CLI commands: one error handler, clear messages, non-zero exits.
+
+Every command is wrapped in :func:`user_errors`, the one place where an exception becomes a
+single ``error: ...`` line on stderr: errors a user can fix (bad options, unusable files,
+checkpoints or run directories, a diverged run, a full disk) exit with status 2, an
+interrupted run with 130, anything unexpected with 1. ``espn --debug ...`` or
+``ESPN_DEBUG=1`` shows the Python traceback instead.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
+import click
 import typer
 from rich.console import Console
+from typer.exceptions import TyperException
 
 from espn.checkpoint.format import CheckpointError
 from espn.config import ConfigError
@@ -18,33 +30,120 @@ from espn.supernet.pretrained import PretrainedError
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
-USER_ERRORS = (
-    ConfigError,
-    CheckpointError,
-    DatasetUnavailable,
-    UnknownNameError,
-    PretrainedError,
-    FileNotFoundError,
-)
+#: exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it)
+INTERRUPTED = 130
+
+
+class UserError(ValueError):
+    """An error a user can fix; the message says what was wrong and what is accepted."""
+
+
+class RunInterrupted(Exception):
+    """A run stopped by Ctrl-C; the message says where its checkpoint is and how to resume."""
+
+
+def _theory_error() -> type[Exception]:
+    from espn.theory.planted import TheoryConfigError
+
+    return TheoryConfigError
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """The exception types that are the user's to fix: one line and exit status 2."""
+    from espn.evaluation.results import ResultsError
+    from espn.presets import PresetError
+    from espn.training.engine import TrainingStopped
+
+    return (
+        UserError,
+        ConfigError,
+        CheckpointError,
+        DatasetUnavailable,
+        UnknownNameError,
+        PresetError,
+        PretrainedError,
+        ResultsError,
+        TrainingStopped,
+        _theory_error(),
+    )
+
+
+_debug = False
+
+
+def set_debug(on: bool) -> None:
+    """Show tracebacks instead of one-line errors (``espn --debug``)."""
+    global _debug
+    _debug = on
+
+
+def debug_enabled() -> bool:
+    """Whether ``--debug`` was given or ``ESPN_DEBUG`` is set to a true value."""
+    env = os.environ.get("ESPN_DEBUG", "").strip().lower()
+    return _debug or env not in ("", "0", "false", "no", "off")
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print ``message`` to stderr and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print ``message`` to stderr as one line and exit with ``code``."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
+def os_error_message(exc: OSError) -> str:
+    """A file-system error as one line naming the path and what to do."""
+    where = f" {exc.filename}" if exc.filename else ""
+    reason = exc.strerror or str(exc)
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device{where}; free some space and retry"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot write{where}: {reason} (choose a writable location)"
+    return f"{reason}:{where}" if where else reason
+
+
+def handle(exc: BaseException) -> None:
+    """Turn ``exc`` into one line on stderr and the matching exit status."""
+    passthrough = (typer.Exit, typer.Abort, TyperException, click.exceptions.Exit)
+    if isinstance(exc, (*passthrough, click.ClickException, click.Abort)):
+        raise exc
+    if debug_enabled():
+        raise exc
+    if isinstance(exc, RunInterrupted):
+        fail(str(exc), INTERRUPTED)
+    if isinstance(exc, KeyboardInterrupt):
+        fail("interrupted", INTERRUPTED)
+    if isinstance(exc, user_error_types()):
+        fail(str(exc))
+    if isinstance(exc, OSError):
+        fail(os_error_message(exc))
+    if isinstance(exc, MemoryError):
+        fail(f"out of memory ({exc}); use smaller sizes (batch, image size, tasks)")
+    if isinstance(exc, Exception):
+        fail(
+            f"unexpected {type(exc).__name__}: {exc} (a bug in espn; rerun with "
+            "`espn --debug ...` or ESPN_DEBUG=1 for the traceback and report it)",
+            code=1,
+        )
+    raise exc
+
+
 def user_errors(fn: F) -> F:
-    """Turn the errors a user can fix into a one-line message and exit status 2."""
+    """The CLI's one error handler around a command (see the module docstring)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except USER_ERRORS as exc:
-            fail(str(exc))
+        except BaseException as exc:
+            handle(exc)
 
     return wrapper  # type: ignore[return-value]
+
+
+def run_dir_option(text: str) -> Path:
+    """``--out`` / ``--run`` as a path; an empty one is refused (it would mean ``.``)."""
+    if not text.strip():
+        raise typer.BadParameter("must name a directory, got an empty string")
+    return Path(text)
 
 
 def parse_epochs(text: str | None) -> tuple[int, ...] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,10 @@ RUN_HELP = "Run directory (the --out of `espn run`), holding checkpoint/ and res
 
 
 def _results(run: Path) -> dict[str, Any] | None:
-    """``results.json`` of a run, or None when there is none."""
-    path = run / "results.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        fail(f"{path} is not valid JSON ({exc})")
-    return None
+    """``results.json`` of a run (checked), or None when there is none."""
+    from espn.evaluation.results import read_results
+
+    return read_results(run)
 
 
 def _mib(n: float) -> str:
@@ -39,7 +33,7 @@ def _mib(n: float) -> str:
 def evaluate(
     run: Path = typer.Option(..., help=RUN_HELP),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
-    batch_size: int = typer.Option(1024, min=1, help="Evaluation batch size."),
+    batch_size: int = typer.Option(1024, min=1, max=2**31 - 1, help="Evaluation batch size."),
 ) -> None:
     """Re-compute each task's test accuracy from the checkpoint alone.
 
@@ -104,9 +98,13 @@ def export_command(
 
     from espn.checkpoint.run import load_run
     from espn.experiment import build_benchmark
-    from espn.export.export import export_task
+    from espn.export.export import check_target, export_task
     from espn.export.slim import ExportError
 
+    try:
+        check_target(out)
+    except ExportError as exc:
+        fail(str(exc))
     loaded = load_run(run, device)
     loaded.check_task(task)
     if check_data:
@@ -132,7 +130,18 @@ def export_command(
         f"  max |output - supernet output| = {report.max_abs_diff:.2e} "
         f"on {report.checked_samples} {'test' if check_data else 'random'} inputs "
         f"(allowed {report.tolerance:.2e}; outputs up to {report.max_abs_output:.3g})\n"
-        f"  load it without espn: torch.export.load({str(out)!r}).module()"
+        f"  load it without espn: {load_hint(out, report.files)}"
+    )
+
+
+def load_hint(out: Path, files: list[str]) -> str:
+    """How to load the file written to ``out`` without espn (torch.export or ONNX Runtime)."""
+    if out.suffix == ".onnx":
+        return f"onnxruntime.InferenceSession({str(out)!r})"
+    hint = f"torch.export.load({str(out)!r}).module()"
+    onnx = out.with_suffix(".onnx")
+    return hint + (
+        f", or onnxruntime.InferenceSession({str(onnx)!r})" if str(onnx) in files else ""
     )
 
 

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from espn.cli import deploy, presets, study, theory
-from espn.cli.common import parse_epochs, user_errors
+from espn.cli.common import (
+    RunInterrupted,
+    err_console,
+    fail,
+    parse_epochs,
+    run_dir_option,
+    set_debug,
+    user_errors,
+)
 from espn.data.registry import BENCHMARKS
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
@@ -29,6 +39,45 @@ app.add_typer(study.app, name="study")  # study pruners
 app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, task-order, report
 
 
+@app.callback()
+def root(
+    debug: bool = typer.Option(
+        False, "--debug", help="On an error, show the Python traceback (or set ESPN_DEBUG=1)."
+    ),
+) -> None:
+    """Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning."""
+    set_debug(debug)
+
+
+def resume_command(ctx: typer.Context) -> str:
+    """The ``espn run`` command line that continues this run: its explicit options and
+    ``--resume`` (``--overwrite`` dropped)."""
+    words = ["espn", "run"]
+    for param in ctx.command.params:
+        name, value = param.name or "", ctx.params.get(param.name or "")
+        source = ctx.get_parameter_source(name)
+        if name in ("resume", "overwrite") or source is None or source.name != "COMMANDLINE":
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + name.replace("_", "-"))
+        else:
+            words += [flag, shlex.quote(str(value))]
+    return " ".join([*words, "--resume"])
+
+
+def interrupted_message(out: Path, ctx: typer.Context) -> str:
+    """What Ctrl-C leaves behind: where the last checkpoint is and how to continue."""
+    manifest = out / "checkpoint" / "manifest.json"
+    try:
+        doc: dict[str, Any] = json.loads(manifest.read_text())
+        done = len(doc["tasks"])
+        where = f"the last checkpoint ({done} task(s) finished) is in {manifest.parent}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "interrupted before the first checkpoint was written; nothing to resume"
+    return f"interrupted; {where}; continue with: {resume_command(ctx)}"
+
+
 @app.command()
 @user_errors
 def run(
@@ -38,7 +87,9 @@ def run(
     ),
     method: str = typer.Option("espn", help="Method: " + ", ".join(METHODS.names()) + "."),
     out: Path = typer.Option(
-        ..., help="Run directory for results.json, accuracy.png and checkpoint/."
+        ...,
+        parser=run_dir_option,
+        help="Run directory for results.json, accuracy.png and checkpoint/.",
     ),
     model: str | None = typer.Option(None, help="Model name; default: the benchmark's."),
     gamma: float | None = typer.Option(
@@ -172,13 +223,19 @@ def run(
         image_size=image_size,
         out=out,
     )
-    doc = run_experiment(
-        cfg,
-        progress=progress,
-        on_task_end=None if quiet else lambda line: console.print(line),
-        resume=resume,
-        overwrite=overwrite,
-    )
+    try:
+        doc = run_experiment(
+            cfg,
+            progress=progress,
+            on_task_end=None if quiet else lambda line: console.print(line),
+            resume=resume,
+            overwrite=overwrite,
+            on_warning=lambda line: err_console.print(
+                f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True
+            ),
+        )
+    except KeyboardInterrupt:
+        raise RunInterrupted(interrupted_message(Path(out), ctx)) from None
     ratios = doc["flops_ratio"]
     console.print(
         f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "
@@ -192,6 +249,7 @@ def run(
 
 
 @app.command("list")
+@user_errors
 def list_components() -> None:
     """List the benchmarks, models, methods and pruners espn knows by name."""
     table = Table("kind", "name", "description")
@@ -212,7 +270,12 @@ def list_components() -> None:
 @user_errors
 def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
     """Print the accuracy matrix and per-task budgets of a finished run."""
-    doc = json.loads((run_dir / "results.json").read_text())
+    from espn.evaluation.results import read_results
+
+    doc = read_results(run_dir)
+    if doc is None:
+        fail(f"no results.json in {run_dir} (is it the --out of an `espn run`?)")
+        return
     table = Table("task", "name", "final acc %", "FLOPs ratio", "new weights", "budget")
     for j, name in enumerate(doc["task_names"]):
         table.add_row(

@@ -28,7 +28,15 @@ def parse_gammas(text: str) -> list[float]:
     bad = [v for v in values if not 0.0 < v <= 1.0]
     if bad:
         raise ConfigError(f"--gammas: every gamma must be in (0, 1], got {bad[0]:g}")
+    _no_repeats("--gammas", [f"{v:g}" for v in values])
     return values
+
+
+def _no_repeats(option: str, values: list[str]) -> None:
+    """A study point given twice would be run and reported twice: refuse it."""
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ConfigError(f"{option}: {', '.join(repeated)} given more than once; list each once")
 
 
 def parse_pruners(text: str) -> list[str]:
@@ -38,6 +46,7 @@ def parse_pruners(text: str) -> list[str]:
         raise ConfigError(f"--pruners must name pruners separated by commas, got {text!r}")
     for name in names:
         PRUNERS.get(name)
+    _no_repeats("--pruners", names)
     return names
 
 

@@ -8,6 +8,7 @@ from a CSV alone.
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Callable
 from dataclasses import fields
@@ -16,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from espn.cli.common import user_errors
 from espn.theory.experiments import (
     MISMATCH_COLUMNS,
     SAMPLE_COMPLEXITY_COLUMNS,
@@ -128,11 +130,29 @@ def _kind(rows: list[dict[str, Any]]) -> str:
     )
 
 
+#: the CSV columns that hold text; every other cell is a number
+TEXT_COLUMNS = ("setting", "order")
+
+
+def _check_numbers(rows: list[dict[str, Any]], csv_path: Path) -> None:
+    """Every cell outside :data:`TEXT_COLUMNS` must be a number (or empty)."""
+    for line, row in enumerate(rows, start=2):
+        for column, value in row.items():
+            if column not in TEXT_COLUMNS and isinstance(value, str) and value != "":
+                raise TheoryConfigError(
+                    f"CSV: {csv_path} line {line}, column {column}: {value!r} is not a number"
+                )
+
+
 def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
     from espn.theory import plots
 
-    rows = read_csv(csv_path)
+    try:
+        rows = read_csv(csv_path)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise TheoryConfigError(f"CSV: {csv_path} is not a CSV file ({exc})") from None
     kind = _kind(rows)
+    _check_numbers(rows, csv_path)
     stem = csv_path.with_suffix("")
     if kind == "sample_complexity":
         target = float(config["target"]) if config else _stored_target(stem)
@@ -204,6 +224,7 @@ def _config(cls: type[C], options: dict[str, Any], **parsed: Any) -> C:
 
 
 @app.command("sample-complexity")
+@user_errors
 def sample_complexity(
     out: Annotated[Path, typer.Option(help="Output directory for sample_complexity.csv/.png.")],
     d: D = 40,
@@ -256,6 +277,7 @@ def sample_complexity(
 
 
 @app.command()
+@user_errors
 def mismatch(
     out: Annotated[Path, typer.Option(help="Output directory for mismatch.csv/.png.")],
     d: D = 40,
@@ -314,6 +336,7 @@ def mismatch(
 
 
 @app.command("task-order")
+@user_errors
 def task_order(
     out: Annotated[Path, typer.Option(help="Output directory for task_order.csv/.png.")],
     d: D = 30,
@@ -367,6 +390,7 @@ def task_order(
 
 
 @app.command()
+@user_errors
 def report(
     csv_file: Path = typer.Argument(..., help="A CSV written by one of the theory commands."),
 ) -> None:

@@ -205,6 +205,11 @@ def image_folders(
     listed = []
     for t, root in enumerate(folders):
         classes, train, test = folder_samples(root, args.seed, t)
+        if len(classes) < 2:
+            raise DatasetUnavailable(
+                f"{root}: a task needs at least 2 classes (class directories), found "
+                f"{len(classes)}: {', '.join(classes) or 'none'}"
+            )
         keep = []
         for salt, (samples, n) in enumerate(
             ((train, args.train_per_task), (test, args.test_per_task))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 import torchvision.transforms.v2.functional as TF
@@ -10,8 +11,11 @@ from torch import Tensor
 
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
 from espn.data.sources import load_mnist_like
-from espn.data.tasks import Split, Task, TaskSequence, subset_index
+from espn.data.tasks import LazyTasks, Split, Task, TaskSequence, subset_index
 
+#: most tasks of a permuted benchmark: every task adds its masks to the checkpoint and is
+#: evaluated after every later one (quadratic time), so longer sequences are refused
+MAX_PERMUTED_TASKS = 1000
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
 #: the paper's MNIST recipe (FC1024, RMSprop lr 1e-3, batch 256, 3 pre-train + 4 prune +
 #: 3 fine-tune epochs, alpha 0.05) with the authors' 1-epoch warm-up and fine-tuning at a
@@ -61,27 +65,38 @@ def _splits(base: dict, args: BenchmarkArgs, t: int) -> dict[str, Split]:
         (("train", args.train_per_task), ("test", args.test_per_task))
     ):
         x, y = base[split]
+        if keep is None or keep >= len(y):  # every image: one index shared by all tasks
+            out[split] = base.setdefault(
+                f"all-{split}", Split(x, torch.arange(len(y), device=x.device), y)
+            )
+            continue
         index = subset_index(len(y), keep, task_generator(args.seed, t, salt)).to(x.device)
         out[split] = Split(x, index, y[index])
     return out
 
 
-def _seq(name: str, tasks: list[Task], kind: str, **info: object) -> TaskSequence:
+def _seq(name: str, tasks: Sequence[Task], kind: str, **info: object) -> TaskSequence:
     return TaskSequence(name, tasks, (1, 28, 28), multi_head=False, info={"kind": kind, **info})
 
 
 def permuted(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
     """Task t permutes the pixels with its own permutation drawn from the seed."""
     n_tasks = args.n_tasks or 36
+    if n_tasks > MAX_PERMUTED_TASKS:  # before anything is allocated
+        raise ValueError(f"{name}: at most {MAX_PERMUTED_TASKS} tasks, got {n_tasks}")
     base = _base_splits(source, args)
     gen = torch.Generator().manual_seed(args.seed)
-    perms = [torch.randperm(28 * 28, generator=gen) for _ in range(n_tasks)]
-    tasks = []
-    for t, perm in enumerate(perms):
-        transform = functools.partial(permute_pixels, perm=perm.to(args.device), source=source)
+    # 1.5 KiB per task; its index tensors and transform are made when the task is used
+    perms = torch.stack([torch.randperm(28 * 28, generator=gen) for _ in range(n_tasks)])
+    perms = perms.to(torch.int16)
+
+    def build(t: int) -> Task:
+        perm = perms[t].to(args.device, torch.long)
+        transform = functools.partial(permute_pixels, perm=perm, source=source)
         splits = _splits(base, args, t)
-        tasks.append(Task(f"permutation {t}", splits["train"], splits["test"], transform, 10))
-    return _seq(name, tasks, "permuted")
+        return Task(f"permutation {t}", splits["train"], splits["test"], transform, 10)
+
+    return _seq(name, LazyTasks(n_tasks, build), "permuted")
 
 
 def normalise_images(x: Tensor, train: bool, source: str) -> Tensor:
@@ -122,7 +137,7 @@ def rotated(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
 
 for _source, _label in (("mnist", "MNIST"), ("fashion-mnist", "Fashion-MNIST")):
     for _kind, _fn, _max, _what in (
-        ("permuted", permuted, None, "a fixed random pixel permutation per task"),
+        ("permuted", permuted, MAX_PERMUTED_TASKS, "a fixed random pixel permutation per task"),
         ("rotated", rotated, 36, "rotations of 10..360 degrees in a seeded random order"),
     ):
         _name = f"{_kind}-{_source}"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -76,18 +78,64 @@ class Task:
         return -(-len(self.split(split)) // batch_size)
 
 
+class LazyTasks(Sequence[Task]):
+    """``n`` tasks built on use by ``build(t)``, the ``keep`` most recently used held.
+
+    A long sequence then holds what builds a task (e.g. its permutation), not every task's
+    index tensors: memory stays bounded however many tasks a run has.
+    """
+
+    def __init__(self, n: int, build: Callable[[int], Task], keep: int = 4) -> None:
+        self.n, self.build, self.keep = n, build, keep
+        self._cache: OrderedDict[int, Task] = OrderedDict()
+        self._names: dict[int, str] = {}
+
+    def name(self, t: int) -> str:
+        """Task ``t``'s name, remembered once built (names are all a run's records need)."""
+        return self._names[t] if t in self._names else self[t].name
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Task]: ...
+
+    def __getitem__(self, i: int | slice) -> Task | list[Task]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        t = i + self.n if i < 0 else i
+        if not 0 <= t < self.n:
+            raise IndexError(f"task {i} out of range for {self.n} tasks")
+        task = self._cache.pop(t, None) or self.build(t)
+        self._cache[t] = task
+        self._names[t] = task.name
+        while len(self._cache) > self.keep:
+            self._cache.popitem(last=False)
+        return task
+
+
 @dataclass
 class TaskSequence:
     """A benchmark instance: the tasks in training order and what a model needs to know."""
 
     name: str
-    tasks: list[Task]
+    tasks: Sequence[Task]
     input_shape: tuple[int, ...]
     multi_head: bool
     info: dict[str, object] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.tasks)
+
+    def names(self, n: int | None = None) -> list[str]:
+        """Names of the first ``n`` tasks (all by default), without building lazy tasks anew."""
+        count = len(self.tasks) if n is None else min(n, len(self.tasks))
+        if isinstance(self.tasks, LazyTasks):
+            return [self.tasks.name(t) for t in range(count)]
+        return [t.name for t in self.tasks[:count]]
 
     @property
     def n_classes(self) -> int:

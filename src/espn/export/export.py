@@ -136,6 +136,25 @@ def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
     onnx.checker.check_model(onnx.load(str(path)))
 
 
+def check_target(out: Path | str) -> Path:
+    """Refuse, before any work, an output path that cannot be written: a directory, a path
+    under a file, a directory without write permission, or an unknown suffix."""
+    out = Path(out)
+    if out.is_dir():
+        raise ExportError(f"--out {out} is a directory; give a file name ending in .pt2 or .onnx")
+    if out.suffix not in FORMATS:
+        raise ExportError(
+            f"cannot tell the export format from {out.name!r}; "
+            f"use a file name ending in {' or '.join(FORMATS)}"
+        )
+    parent = next((p for p in out.absolute().parents if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise ExportError(f"--out {out}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ExportError(f"--out {out}: cannot write into {parent} (permission denied)")
+    return out
+
+
 def export_task(
     supernet: Supernet,
     task: int,
@@ -154,12 +173,7 @@ def export_task(
     must equal the FLOPs measured on it. ``fold_bn`` folds each BatchNorm into the convolution
     before it (faster; outputs still checked). A ``.json`` report is written beside ``out``.
     """
-    out = Path(out)
-    if out.suffix not in FORMATS:
-        raise ExportError(
-            f"cannot tell the export format from {out.name!r}; "
-            f"use a file name ending in {' or '.join(FORMATS)}"
-        )
+    out = check_target(out)
     if not inputs:
         raise ExportError("export needs at least one batch of inputs to check the model on")
     if out.suffix == ".onnx" and not onnx_available():

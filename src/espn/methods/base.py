@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -149,10 +150,11 @@ class Strategy(ABC):
         """Called once when the engine is built, before any task is trained or a checkpoint
         restored: the supernet holds its freshly initialised weights."""
 
-    def training_tasks(self, seq: TaskSequence) -> list[Task]:
+    def training_tasks(self, seq: TaskSequence) -> Sequence[Task]:
         """What the engine trains, in order: one task per entry of ``seq`` by default; each
-        entry is committed by :meth:`commit` into one or more of ``seq``'s tasks."""
-        return list(seq.tasks)
+        entry is committed by :meth:`commit` into one or more of ``seq``'s tasks (a lazy
+        sequence stays lazy)."""
+        return seq.tasks
 
     def extra_parameters(self) -> list[nn.Parameter]:
         """Trainable tensors the method owns besides the supernet's (e.g. SupSup's scores)."""

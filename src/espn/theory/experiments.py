@@ -22,7 +22,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -117,6 +117,7 @@ class PlantedConfig:
 
     def validate(self) -> None:
         """Raise :class:`TheoryConfigError` naming the first bad value."""
+        _check_finite(self)
         _at_least("--threads", self.threads, 0)
         check_choice("--activation", self.activation, tuple(ACTIVATIONS))
         check_choice("--inputs", self.inputs, INPUT_DISTRIBUTIONS)
@@ -758,6 +759,16 @@ def _parse(text: str) -> Any:
         with contextlib.suppress(ValueError):
             return kind(text)
     return text
+
+
+def _check_finite(cfg: PlantedConfig) -> None:
+    """Every float option (and every number of a list option) must be finite."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        for x in value if isinstance(value, tuple) else (value,):
+            if isinstance(x, float) and not math.isfinite(x):
+                option = "--" + f.name.replace("_", "-")
+                raise TheoryConfigError(f"{option}: must be a finite number, got {x:g}")
 
 
 def config_dict(cfg: PlantedConfig) -> dict[str, Any]:

@@ -19,6 +19,11 @@ from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.optim import FrozenGuard, OptimConfig, build_optimizer, cosine_factor
 
 
+class TrainingStopped(RuntimeError):
+    """Training cannot go on without breaking a guarantee (a non-finite loss, no weights
+    left for a task, a budget not met); the message names the task, phase and epoch."""
+
+
 @dataclass
 class TaskLog:
     """What happened while training one task."""
@@ -115,6 +120,7 @@ class Engine:
         if resume is None:
             sn.begin_task(task.n_classes)
             strategy.begin_task(sn)
+            _check_capacity(strategy, task.name, index)
         guard = FrozenGuard(sn)
         optimizer = build_optimizer(self.optim, self._trainable())
         if resume is not None and resume.optimizer is not None:
@@ -132,6 +138,7 @@ class Engine:
             leave=False,
         )
         sn.train()
+        device = next(sn.parameters()).device
         for p in range(at.phase, len(phases)):
             phase = phases[p]
             n_iters = phase.epochs * per_epoch
@@ -144,14 +151,24 @@ class Engine:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
             for epoch in range(first, phase.epochs):
                 bar.set_description(f"task {index + 1} {phase.name} {epoch + 1}/{phase.epochs}")
+                finite = torch.ones((), dtype=torch.bool, device=device)
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
                     lr = self._lr(phase, epoch, step, n_iters)
                     loss_value = self._step(optimizer, guard, phase, x, y, lr)
+                    finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
                     step += 1
                     while done < len(points) and points[done] == step:
                         done += 1
                         strategy.prune_step(sn, done / len(points))
                     bar.update(1)
+                if not bool(finite):  # before the epoch is checkpointed: the last good one stays
+                    bar.close()
+                    raise TrainingStopped(
+                        f"task {index + 1} ({task.name}), {phase.name} phase, epoch "
+                        f"{epoch + 1}/{phase.epochs}: the training loss is not finite "
+                        f"(last {float(loss_value):g}); training diverged, so it stopped "
+                        f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
+                    )
                 bar.set_postfix(loss=f"{float(loss_value):.3f}")
                 epochs_done += 1
                 if phase.free_only and epoch + 1 == phase.epochs:  # back to the whole network
@@ -215,3 +232,23 @@ class Engine:
         guard.restore()
         self.strategy.after_step(self.supernet)
         return loss.detach()
+
+
+def _check_capacity(strategy: Strategy, name: str, index: int) -> None:
+    """Stop before a task of a weight-sharing method that would get no new weight at all."""
+    if not strategy.uses_alpha or strategy.weights != "shared":
+        return
+    if strategy.weight_budget > 0 and sum(strategy.layer_budgets.values()) > 0:
+        return
+    free = sum(strategy.layer_free.values())
+    why = (
+        "the earlier tasks took every weight"
+        if free == 0
+        else f"{free} weight(s) are free, but alpha {strategy.cfg.alpha:g} of each layer's rounds "
+        "down to none"
+    )
+    raise TrainingStopped(
+        f"task {index + 1} ({name}) would get no new weights: {why}; the network's capacity "
+        "is used up, so the run stops before it with the earlier tasks kept (use a smaller "
+        "--alpha, fewer --tasks or a wider model)"
+    )

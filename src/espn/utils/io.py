@@ -29,3 +29,9 @@ def write_json_atomic(path: Path | str, data: object) -> None:
     """Write ``data`` as indented JSON, atomically."""
     with atomic_target(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def os_error_text(exc: OSError) -> str:
+    """A file-system error in a few words: its reason and path (``No space left on device``)."""
+    reason = exc.strerror or str(exc)
+    return f"{reason}: {exc.filename}" if exc.filename else reason

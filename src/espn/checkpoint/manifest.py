@@ -1,0 +1,205 @@
+"""The schema of a checkpoint's ``manifest.json``, checked once where it is read.
+
+:func:`validate_manifest` is called by :func:`espn.checkpoint.format.read_manifest`, so every
+reader (evaluate, info, export, resume) sees a manifest whose fields have the right types,
+whose file names are plain names inside the checkpoint directory, whose task entries are
+numbered in order, and whose top-level model, benchmark and method agree with its recorded
+configuration. A later format version extends these models; fields they do not name are
+kept as they are (``extra="allow"``), so a reader of version N ignores additions of N+1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+#: a checkpoint file name: a plain name (no directory part) ending in .safetensors
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.safetensors")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=())
+
+
+class FileEntry(_Model):
+    """A file the manifest names, with its size and SHA-256."""
+
+    file: str
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("file")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if not FILE_NAME.fullmatch(v) or ".." in v:
+            raise ValueError(
+                f"file name {v!r} is not a plain *.safetensors name inside the checkpoint directory"
+            )
+        return v
+
+
+class Spec(_Model):
+    """What the model is built for: input shape, classes, one head or one per task."""
+
+    input_shape: list[int] = Field(min_length=1)
+    n_classes: int = Field(ge=1)
+    multi_head: bool
+
+    @field_validator("input_shape")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(d < 1 for d in v):
+            raise ValueError(f"every input dimension must be >= 1, got {v}")
+        return v
+
+
+class Architecture(_Model):
+    """Layer shapes, unit groups and task modules the checkpoint was written for."""
+
+    layers: dict[str, list[int]]
+    groups: dict[str, int]
+    task_modules: dict[str, str]
+
+
+class TaskRecord(_Model):
+    """A learned task's budgets and costs, as results.json reports them (a library user's
+    checkpoint may leave them out)."""
+
+    flops: int | float | None = None
+    flops_ratio: int | float | None = None
+    new_weights: int | None = Field(default=None, ge=0)
+    weight_budget: int | None = Field(default=None, ge=0)
+
+
+class TaskEntry(FileEntry):
+    """One committed task: its file, mask shapes, classes and results."""
+
+    index: int = Field(ge=0)
+    shapes: dict[str, list[int]]
+    n_classes: int = Field(ge=1)
+    new_weights: int = Field(ge=0)
+    name: str | None = None
+    record: TaskRecord | None = None
+    accuracy: list[int | float] | None = None
+
+    @field_validator("accuracy")
+    @classmethod
+    def _percentages(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and not all(math.isfinite(a) and 0 <= a <= 100 for a in v):
+            raise ValueError("accuracies must be percentages in [0, 100]")
+        return v
+
+
+class StateEntry(FileEntry):
+    """The current shared-state file and the save number that wrote it."""
+
+    generation: int = Field(ge=1)
+
+
+class Position(_Model):
+    """Where the task in training stands (see :class:`espn.training.engine.TaskProgress`)."""
+
+    phase: int = Field(ge=0)
+    epoch: int = Field(ge=0)
+    step: int = Field(ge=0)
+    prunes_done: int = Field(ge=0)
+    epochs_done: int = Field(ge=0)
+    loss: int | float
+
+
+class Training(_Model):
+    """The task in training, if the save was made between two of its epochs."""
+
+    task: int = Field(ge=0)
+    n_classes: int = Field(ge=1)
+    position: Position
+    optimizer: bool
+    optimizer_scalars: dict[str, dict[str, Any]]
+    strategy: dict[str, Any]
+
+
+class Manifest(_Model):
+    """``manifest.json`` of format ``espn-checkpoint`` (see :mod:`espn.checkpoint.format`)."""
+
+    format: str
+    format_version: int = Field(ge=1)
+    espn_version: str | None = None
+    model: str
+    benchmark: str
+    method: str | None = None
+    config: dict[str, Any]
+    spec: Spec
+    n_tasks: int | None = Field(default=None, ge=1)
+    architecture: Architecture
+    tasks: list[TaskEntry]
+    state: StateEntry
+    training: Training | None = None
+    complete: bool | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        for i, entry in enumerate(self.tasks):
+            if entry.index != i:
+                raise ValueError(f"tasks[{i}] has index {entry.index}; entries must be 0, 1, ...")
+        names = [t.file for t in self.tasks] + [self.state.file]
+        if len(set(names)) != len(names):
+            raise ValueError("two entries name the same file")
+        for key in ("model", "benchmark", "method"):
+            mine, recorded = getattr(self, key), self.config.get(key)
+            if mine is not None and recorded is not None and mine != recorded:
+                raise ValueError(
+                    f"{key} is {mine!r} but the recorded configuration says {recorded!r}"
+                )
+        if self.n_tasks is not None and len(self.tasks) > self.n_tasks:
+            raise ValueError(f"{len(self.tasks)} tasks committed of a run of {self.n_tasks}")
+        if self.training is not None and self.training.task != len(self.tasks):
+            raise ValueError(
+                f"task {self.training.task} is in training but {len(self.tasks)} are committed"
+            )
+        if self.complete and self.n_tasks is not None and len(self.tasks) != self.n_tasks:
+            raise ValueError(f"marked complete with {len(self.tasks)} of {self.n_tasks} tasks")
+        return self
+
+
+def describe_errors(exc: ValidationError, limit: int = 3) -> str:
+    """The first ``limit`` validation errors as ``where: what (got value)``."""
+    parts = []
+    for err in exc.errors()[:limit]:
+        where = ".".join(str(p) for p in err["loc"]) or "manifest"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        got = repr(err.get("input"))
+        parts.append(
+            f"{where}: {msg}" + (f" (got {got[:60]})" if err["type"] != "value_error" else "")
+        )
+    more = len(exc.errors()) - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def validate_manifest(doc: dict[str, Any]) -> Manifest:
+    """Check ``doc`` against :class:`Manifest`; raise ``ValueError`` naming what is wrong."""
+    try:
+        return Manifest.model_validate(doc)
+    except ValidationError as exc:
+        raise ValueError(describe_errors(exc)) from None
+
+
+def comparable_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's configuration without what may change between a run and its resumption."""
+    return {k: v for k, v in config.items() if k not in ("out", "device", "data_dir")}
+
+
+def check_against_results(manifest: dict[str, Any], results: dict[str, Any]) -> str | None:
+    """Why ``results.json`` and the checkpoint cannot be of the same run, or None.
+
+    The run writes results.json just before the checkpoint of a finished task, so results may
+    be ahead of a checkpoint that still holds that task in training, never behind it.
+    """
+    if comparable_config(results.get("config") or {}) != comparable_config(manifest["config"]):
+        return "results.json was written with other options than the checkpoint"
+    have, done = len(results.get("task_names") or []), len(manifest["tasks"])
+    if have == done or (have > done and manifest.get("training") is not None):
+        return None
+    return f"results.json records {have} finished task(s), the checkpoint {done}"

@@ -1,0 +1,62 @@
+"""Reading a run's ``results.json`` back, checked against the layout ``run_experiment`` writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+RESULTS = "results.json"
+Number = int | float
+
+
+class ResultsError(ValueError):
+    """A results.json is unreadable or not of the layout espn writes; the message says why."""
+
+
+class Results(BaseModel):
+    """The fields of results.json that ``show``, ``evaluate`` and ``export`` read."""
+
+    model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=())
+
+    config: dict[str, Any]
+    task_names: list[str]
+    accuracy_matrix: list[list[Number]]
+    final_accuracy: list[Number]
+    average_accuracy: Number | None
+    complete: bool
+    flops: list[Number] = Field(default_factory=list)
+    flops_ratio: list[Number] = Field(default_factory=list)
+    new_weights: list[int] = Field(default_factory=list)
+    weight_budget: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_entry_per_task(self) -> Results:
+        n = len(self.task_names)
+        for key in ("final_accuracy", "flops", "flops_ratio", "new_weights", "weight_budget"):
+            if len(getattr(self, key)) != n:
+                raise ValueError(f"{key} has {len(getattr(self, key))} entries for {n} tasks")
+        return self
+
+
+def read_results(run_dir: Path | str) -> dict[str, Any] | None:
+    """``<run_dir>/results.json`` checked against :class:`Results`, or None if there is none."""
+    path = Path(run_dir) / RESULTS
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ResultsError(f"{path} is not an espn results.json (not a JSON object)")
+    try:
+        Results.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "document"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ResultsError(f"{path} is not an espn results.json ({where}: {msg})") from None
+    return doc
