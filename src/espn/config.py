@@ -66,6 +66,8 @@ class RunConfig(BaseModel):
     pruner: str = "flop-aware"
     penalty: float = 1e-4
     supsup_k: float | None = None
+    cpg_acc_loss: float | None = None
+    rmn_l1: float | None = None
     reuse: str = "magnitude"
     prune_updates_per_epoch: int = 4
     train_per_task: int | None = None
@@ -154,6 +156,20 @@ class RunConfig(BaseModel):
     def _supsup_k(cls, v: float | None) -> float | None:
         return _in_unit_interval("supsup_k", v)
 
+    @field_validator("cpg_acc_loss")
+    @classmethod
+    def _cpg_acc_loss(cls, v: float | None) -> float | None:
+        if v is not None and not 0.0 <= v <= 100.0:
+            raise ValueError(f"cpg_acc_loss must be in [0, 100] (accuracy points), got {v}")
+        return v
+
+    @field_validator("rmn_l1")
+    @classmethod
+    def _rmn_l1(cls, v: float | None) -> float | None:
+        if v is not None and not v >= 0.0:
+            raise ValueError(f"rmn_l1 must be >= 0, got {v}")
+        return v
+
     @field_validator(
         "tasks",
         "train_per_task",
@@ -239,6 +255,11 @@ class RunConfig(BaseModel):
         self.optimizer = self.optimizer or str(d.get("optimizer", "adam"))
         self.lr = self.lr or float(d.get("lr", 1e-3))
         self.batch_size = self.batch_size or int(d.get("batch_size", 128))
+        if self.method == "cpg" and self.epochs[1] < 1:
+            raise ValueError(
+                f"method 'cpg' compacts in rounds of PRUNE epochs, so epochs PRE,PRUNE,FINE needs "
+                f"PRUNE >= 1, got {','.join(map(str, self.epochs))}"
+            )
         return self
 
     def _check_method_options(self, strategy: type[Strategy]) -> None:
@@ -255,6 +276,13 @@ class RunConfig(BaseModel):
             )
         if self.method == "supsup" and self.supsup_k is None:
             self.supsup_k = 0.5
+        for option, owner, default in (("cpg_acc_loss", "cpg", 0.0), ("rmn_l1", "rmn", 1e-6)):
+            if getattr(self, option) is not None and self.method != owner:
+                raise ValueError(
+                    f"{option} applies to method {owner!r} only, not {self.method!r}; leave it unset"
+                )
+            if self.method == owner and getattr(self, option) is None:
+                setattr(self, option, default)
         if strategy.uses_alpha or self.alpha in (None, 1.0):
             return
         if self.preset is not None:
@@ -291,6 +319,8 @@ class RunConfig(BaseModel):
             reuse=self.reuse,
             prune_updates_per_epoch=self.prune_updates_per_epoch,
             supsup_k=float(self.supsup_k or 0.5),
+            cpg_acc_loss=float(self.cpg_acc_loss or 0.0),
+            rmn_l1=float(1e-6 if self.rmn_l1 is None else self.rmn_l1),
         )
 
     def optim_config(self) -> OptimConfig:

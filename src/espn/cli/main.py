@@ -69,6 +69,12 @@ def run(
     supsup_k: float | None = typer.Option(
         None, help="SupSup: fraction of each layer's weights in a supermask, in (0, 1]; 0.5."
     ),
+    cpg_acc_loss: float | None = typer.Option(
+        None, help="CPG: accuracy points a compacting round may lose before it is undone; 0."
+    ),
+    rmn_l1: float | None = typer.Option(
+        None, help="RMN: L1 strength on the relevance maps, >= 0; 1e-6."
+    ),
     reuse: str = typer.Option(
         "magnitude", help="Frozen weights a task keeps: 'magnitude' or 'all'."
     ),
@@ -118,6 +124,8 @@ def run(
         pruner=pruner,
         penalty=penalty,
         supsup_k=supsup_k,
+        cpg_acc_loss=cpg_acc_loss,
+        rmn_l1=rmn_l1,
         reuse=reuse,
         seed=seed,
         device=device,

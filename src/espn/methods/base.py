@@ -45,6 +45,8 @@ class MethodConfig:
     reuse: str = "magnitude"
     prune_updates_per_epoch: int = 4
     supsup_k: float = 0.5
+    cpg_acc_loss: float = 0.0
+    rmn_l1: float = 1e-6
 
 
 class Strategy(ABC):
@@ -107,6 +109,11 @@ class Strategy(ABC):
     def extra_parameters(self) -> list[nn.Parameter]:
         """Trainable tensors the method owns besides the supernet's (e.g. SupSup's scores)."""
         return []
+
+    def skips(self, phase: Phase) -> bool:
+        """Whether the engine leaves ``phase`` out when it comes to it (a decision taken
+        during the task, e.g. CPG ends its compacting rounds once the accuracy goal fails)."""
+        return False
 
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         """Training-time logits of the working sub-network."""

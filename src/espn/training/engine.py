@@ -126,6 +126,8 @@ class Engine:
         sn.train()
         for p in range(at.phase, len(phases)):
             phase = phases[p]
+            if strategy.skips(phase):
+                continue
             n_iters = phase.epochs * per_epoch
             points = prune_points(n_iters, phase.prune_updates)
             first, step, done = (at.epoch, at.step, at.prunes_done) if p == at.phase else (0, 0, 0)
