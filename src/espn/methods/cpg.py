@@ -47,12 +47,12 @@ class CPG(Strategy):
     over the frozen weights, binarised at 5e-3 from 1e-2 and trained through the
     straight-through estimator), then up to ten compacting rounds of PRUNE epochs each
     (gradual magnitude pruning of the task's own weights to 10%, 20%, ..., 90%, 95% sparsity
-    on a cubic schedule, picking fixed; a round whose accuracy falls below the goal is undone
-    and ends the compacting), then ``retrain`` (FINE epochs, cosine: picking mask and kept
-    weights). The goal is the task's accuracy at the end of ``train`` minus ``cpg_acc_loss``
-    points; accuracies are those of the training batches after a phase's last pruning step.
-    Pruned weights are released for later tasks; gates/BatchNorm affine parameters are not
-    trained, heads are. No FLOP constraint, no weight budget.
+    on a cubic schedule in the round's first half, picking fixed; a round whose accuracy falls
+    below the goal is undone and ends the compacting), then ``retrain`` (FINE epochs, cosine:
+    picking mask and kept weights). Accuracies are those of the training batches of a phase's
+    second half; the goal is that of ``train`` minus ``cpg_acc_loss`` points. Pruned weights
+    are released for later tasks; gates/BatchNorm affine parameters are not trained, heads
+    are. No FLOP constraint, no weight budget.
     """
 
     name = "cpg"
@@ -198,32 +198,28 @@ class CPG(Strategy):
         supernet.set_weight_masks(masks)
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:
-        """``train``: measure the goal over its last stretch. A compacting round: prune on the
-        cubic schedule, measure at the round's sparsity, keep or undo the round at its end."""
+        """Of a phase's ``n`` updates, the first half prunes (compacting rounds: on the cubic
+        schedule to the round's sparsity) and the second half measures the accuracy: the goal
+        (``train``), or whether the round is kept or undone (compacting rounds)."""
         pre, prune, _ = self.cfg.epochs
-        if self.stage == "train":
-            n = self._updates(pre)
-            k = round(progress * n)
-            if k == n - 1:
-                self._measure()
-            elif k == n:
-                acc = self._measured()
-                self.goal = None if acc is None else acc - self.cfg.cpg_acc_loss
-                self._take_snapshot(supernet)
-                self.stage = "compact"
+        if self.stage not in ("train", "compact"):
             return
-        if self.stage != "compact":
-            return
-        n = self._updates(prune)
-        k = round(progress * n)
-        if k < n:
+        n = self._updates(pre if self.stage == "train" else prune)
+        k, half = round(progress * n), n // 2
+        if self.stage == "compact" and k <= half:
             start = SPARSITIES[self.round - 1] if self.round else 0.0
             end = SPARSITIES[self.round]
-            self._compact(supernet, end + (start - end) * (1.0 - k / (n - 1)) ** 3)
-            if k == n - 1:
-                self._measure()
+            self._compact(supernet, end + (start - end) * (1.0 - k / half) ** 3)
+        if k == half:
+            self._measure()
+        if k < n:
             return
         acc = self._measured()
+        if self.stage == "train":
+            self.goal = None if acc is None else acc - self.cfg.cpg_acc_loss
+            self._take_snapshot(supernet)
+            self.stage = "compact"
+            return
         if self.goal is None or acc is None or acc >= self.goal:  # nothing measured: no miss
             self._take_snapshot(supernet)
             self.round += 1
