@@ -23,7 +23,8 @@ class Phase:
 
     ``prune_updates`` prune steps are spread evenly over the phase, the last one at its end
     (all at once when the phase has no epochs); ``cosine`` decays the learning rate to zero
-    over the phase; ``regularise`` adds the strategy's penalty to the loss.
+    over the phase; ``regularise`` adds the strategy's penalty to the loss; ``lr_scale``
+    multiplies the run's learning rate in the phase.
     """
 
     name: str
@@ -31,6 +32,7 @@ class Phase:
     cosine: bool = False
     regularise: bool = False
     prune_updates: int = 0
+    lr_scale: float = 1.0
 
 
 @dataclass(frozen=True)

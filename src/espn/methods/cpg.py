@@ -17,6 +17,9 @@ from espn.supernet.supernet import Supernet
 #: sparsity of the task's own weights after each compacting round (CPG's schedule: steps
 #: of 0.1, then 0.05); rounds stop at the first one whose accuracy misses the goal
 SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+#: learning rate of the compacting rounds and of retraining, relative to the run's (CPG: 1e-3
+#: after training at 1e-2)
+LR_SCALE = 0.1
 #: CPG's real-valued picking mask: initial value and binarisation threshold
 PICK_INIT = 1e-2
 PICK_THRESHOLD = 5e-3
@@ -49,7 +52,7 @@ class CPG(Strategy):
     (gradual magnitude pruning of the task's own weights to 10%, 20%, ..., 90%, 95% sparsity
     on a cubic schedule in the round's first half, picking fixed; a round whose accuracy falls
     below the goal is undone and ends the compacting), then ``retrain`` (FINE epochs, cosine:
-    picking mask and kept weights). Accuracies are those of the training batches of a phase's
+    picking mask and kept weights); rounds and retraining run at a tenth of the learning rate. Accuracies are those of the training batches of a phase's
     second half; the goal is that of ``train`` minus ``cpg_acc_loss`` points. Pruned weights
     are released for later tasks; gates/BatchNorm affine parameters are not trained, heads
     are. No FLOP constraint, no weight budget.
@@ -87,12 +90,13 @@ class CPG(Strategy):
     def phases(self) -> list[Phase]:
         pre, prune, fine = self.cfg.epochs
         rounds = [
-            Phase(f"compact {s:g}", prune, prune_updates=self._updates(prune)) for s in SPARSITIES
+            Phase(f"compact {s:g}", prune, prune_updates=self._updates(prune), lr_scale=LR_SCALE)
+            for s in SPARSITIES
         ]
         return [
             Phase("train", pre, prune_updates=self._updates(pre)),
             *rounds,
-            Phase("retrain", fine, cosine=True),
+            Phase("retrain", fine, cosine=True, lr_scale=LR_SCALE),
         ]
 
     def skips(self, phase: Phase) -> bool:

@@ -168,7 +168,9 @@ class Engine:
         step: int,
         n_iters: int,
     ) -> torch.Tensor:
-        lr = self.optim.lr * (cosine_factor(step, n_iters) if phase.cosine else 1.0)
+        lr = (
+            self.optim.lr * phase.lr_scale * (cosine_factor(step, n_iters) if phase.cosine else 1.0)
+        )
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
