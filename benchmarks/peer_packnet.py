@@ -74,6 +74,10 @@ def espn_config(args: argparse.Namespace, out: Path) -> RunConfig:
         epochs=(args.epochs - args.post_prune_epochs, 0, args.post_prune_epochs),
         optimizer="rmsprop",
         lr=args.lr,
+        # the reference's recipe: no warm-up, post-prune training at the same constant lr
+        warmup=0,
+        finetune_lr=args.lr,
+        finetune_schedule="constant",
         batch_size=args.batch_size,
         seed=args.seed,
         device=args.device,

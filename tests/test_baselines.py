@@ -107,7 +107,7 @@ def test_each_baseline_runs_from_the_cli_and_writes_valid_results(fake_mnist, tm
         (["--method", "espn", "--supsup-k", "0.3"], "supsup_k applies to method 'supsup' only"),
         (["--method", "supsup", "--supsup-k", "0"], "supsup_k must be in (0, 1], got 0.0"),
         (["--method", "supsup", "--supsup-k", "1.5"], "supsup_k must be in (0, 1], got 1.5"),
-        (["--method", "ewc"], "choose one of: espn, individual, mtl, packnet, supsup"),
+        (["--method", "ewc"], "choose one of: cpg, espn, individual, mtl, packnet, rmn, supsup"),
         (["--pruner", "magic"], "choose one of: flop-aware, l1, polarization"),
         (
             ["--method", "packnet", "--pruner", "l1"],
@@ -167,8 +167,18 @@ def train_and_check_logits(args: dict, optim: OptimConfig) -> None:
         *[({"method": "supsup"}, optim) for optim in OPTIMIZERS],
         ({"method": "individual"}, OPTIMIZERS[1]),
         ({"method": "espn", "pruner": "polarization", "alpha": 0.2}, OPTIMIZERS[0]),
+        ({"method": "cpg", "cpg_acc_loss": 100.0}, OPTIMIZERS[1]),
+        ({"method": "rmn", "alpha": 0.3, "rmn_l1": 1e-4}, OPTIMIZERS[2]),
     ],
-    ids=["supsup-sgd", "supsup-adam", "supsup-rmsprop", "individual-adam", "espn-polarization-sgd"],
+    ids=[
+        "supsup-sgd",
+        "supsup-adam",
+        "supsup-rmsprop",
+        "individual-adam",
+        "espn-polarization-sgd",
+        "cpg-adam",
+        "rmn-rmsprop",
+    ],
 )
 def test_earlier_tasks_logits_stay_bit_identical(fake_mnist, tiny_run_args, method, optim):
     train_and_check_logits({**tiny_run_args, **method, "model": "fc-small"}, optim)

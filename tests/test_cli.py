@@ -60,7 +60,7 @@ def test_run_writes_results_and_plot(fake_mnist, tmp_path, method):
     ("args", "message"),
     [
         (["--benchmark", "nope"], "unknown benchmark 'nope'; choose one of: permuted-mnist"),
-        (["--method", "ewc"], "unknown method 'ewc'; choose one of: espn"),
+        (["--method", "ewc"], "unknown method 'ewc'; choose one of: cpg, espn"),
         (["--gamma", "1.5"], "gamma must be in (0, 1], got 1.5"),
         (["--gamma", "0"], "gamma must be in (0, 1], got 0.0"),
         (["--alpha", "0"], "alpha must be in (0, 1], got 0.0"),

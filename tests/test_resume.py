@@ -129,6 +129,22 @@ def test_every_method_resumes_exactly(tmp_path, monkeypatch, references, method)
     assert fingerprint(out) == references(method)
 
 
+# CPG takes up to 88 steps per task (epochs 1,2,1: a 1-epoch train phase, ten 2-epoch
+# compacting rounds unless one misses its goal, retraining): 6 = task 1's first round, 30 =
+# a later round of task 1, 100 = task 2, picking; the resumed run needs the stage, goal,
+# accuracy being measured, snapshot and picking masks of the strategy's state
+@pytest.mark.parametrize("kill", [6, 30, 100])
+def test_cpg_resumes_exactly_within_its_compacting_rounds(tmp_path, monkeypatch, references, kill):
+    out = tmp_path / "run"
+    cfg = make_config(**run_options(out, method="cpg"))
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, kill)
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False, resume=True)
+    assert fingerprint(out) == references("cpg")
+
+
 def register_tiny_conv(monkeypatch: pytest.MonkeyPatch) -> None:
     """Benchmark ``tiny-conv``: three 1x8x8 tasks, one head each, on model ``tiny-res``."""
     monkeypatch.setitem(MODELS._items, "tiny-res", lambda spec: TinyResNet(spec.n_classes))

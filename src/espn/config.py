@@ -101,6 +101,8 @@ class RunConfig(BaseModel):
     penalty: float = 1.0
     flop_load: str = "output"
     supsup_k: float | None = None
+    cpg_acc_loss: float | None = None
+    rmn_l1: float | None = None
     reuse: str = "all"
     task_affine: bool = False
     prune_updates_per_epoch: int = 4
@@ -223,6 +225,20 @@ class RunConfig(BaseModel):
     def _supsup_k(cls, v: float | None) -> float | None:
         return _in_unit_interval("supsup_k", v)
 
+    @field_validator("cpg_acc_loss")
+    @classmethod
+    def _cpg_acc_loss(cls, v: float | None) -> float | None:
+        if v is not None and not 0.0 <= v <= 100.0:
+            raise ValueError(f"cpg_acc_loss must be in [0, 100] (accuracy points), got {v}")
+        return v
+
+    @field_validator("rmn_l1")
+    @classmethod
+    def _rmn_l1(cls, v: float | None) -> float | None:
+        if v is not None and not v >= 0.0:
+            raise ValueError(f"rmn_l1 must be >= 0, got {v}")
+        return v
+
     @field_validator(
         "tasks",
         "train_per_task",
@@ -328,6 +344,11 @@ class RunConfig(BaseModel):
         self.lr = self.lr or float(d.get("lr", 1e-3))
         self.batch_size = self.batch_size or int(d.get("batch_size", 128))
         self._resolve_recipe(d)
+        if self.method == "cpg" and self.epochs[1] < 1:
+            raise ValueError(
+                f"method 'cpg' compacts in rounds of PRUNE epochs, so epochs PRE,PRUNE,FINE needs "
+                f"PRUNE >= 1, got {','.join(map(str, self.epochs))}"
+            )
         return self
 
     def _resolve_recipe(self, d: dict[str, Any]) -> None:
@@ -374,6 +395,13 @@ class RunConfig(BaseModel):
             )
         if self.method == "supsup" and self.supsup_k is None:
             self.supsup_k = 0.5
+        for option, owner, default in (("cpg_acc_loss", "cpg", 0.0), ("rmn_l1", "rmn", 1e-6)):
+            if getattr(self, option) is not None and self.method != owner:
+                raise ValueError(
+                    f"{option} applies to method {owner!r} only, not {self.method!r}; leave it unset"
+                )
+            if self.method == owner and getattr(self, option) is None:
+                setattr(self, option, default)
         if strategy.uses_alpha or self.alpha in (None, 1.0):
             return
         raise ValueError(
@@ -414,6 +442,8 @@ class RunConfig(BaseModel):
             finetune_lr=self.finetune_lr,
             finetune_schedule=str(self.finetune_schedule),
             task_affine=self.task_affine,
+            cpg_acc_loss=float(self.cpg_acc_loss or 0.0),
+            rmn_l1=float(1e-6 if self.rmn_l1 is None else self.rmn_l1),
         )
 
     def optim_config(self) -> OptimConfig:

@@ -127,6 +127,12 @@ def run(
     supsup_k: float | None = typer.Option(
         None, help="SupSup: fraction of each layer's weights in a supermask, in (0, 1]; 0.5."
     ),
+    cpg_acc_loss: float | None = typer.Option(
+        None, help="CPG: accuracy points a compacting round may lose before it is undone; 0."
+    ),
+    rmn_l1: float | None = typer.Option(
+        None, help="RMN: L1 strength on the relevance maps, >= 0; 1e-6."
+    ),
     reuse: str = typer.Option(
         "all",
         help="Frozen weights a task keeps: 'all' in its alive units (the paper) or 'magnitude'.",
@@ -206,6 +212,8 @@ def run(
         penalty=penalty,
         flop_load=flop_load,
         supsup_k=supsup_k,
+        cpg_acc_loss=cpg_acc_loss,
+        rmn_l1=rmn_l1,
         reuse=reuse,
         task_affine=task_affine,
         warmup=warmup,

@@ -1,6 +1,6 @@
 """Continual-learning methods as strategies over one engine, found by name in METHODS."""
 
-from espn.methods import espn, individual, mtl, packnet, supsup
+from espn.methods import cpg, espn, individual, mtl, packnet, rmn, supsup
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
 
 __all__ = [
@@ -8,9 +8,11 @@ __all__ = [
     "MethodConfig",
     "Phase",
     "Strategy",
+    "cpg",
     "espn",
     "individual",
     "mtl",
     "packnet",
+    "rmn",
     "supsup",
 ]

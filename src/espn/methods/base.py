@@ -28,9 +28,9 @@ class Phase:
 
     ``prune_updates`` prune steps are spread evenly over the phase, the last one at its end
     (all at once when the phase has no epochs); ``schedule`` shapes the learning rate over
-    the phase, starting from ``lr`` (None: the optimizer's); ``regularise`` adds the
-    strategy's penalty to the loss; ``free_only`` runs the phase on the free weights alone
-    (frozen weights masked out of the forward pass: the authors' warm-up).
+    the phase, starting from ``lr`` (None: the optimizer's) times ``lr_scale``; ``regularise``
+    adds the strategy's penalty to the loss; ``free_only`` runs the phase on the free weights
+    alone (frozen weights masked out of the forward pass: the authors' warm-up).
     """
 
     name: str
@@ -40,6 +40,7 @@ class Phase:
     regularise: bool = False
     prune_updates: int = 0
     free_only: bool = False
+    lr_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class MethodConfig:
     finetune_lr: float | None = None
     finetune_schedule: str = "cosine"
     task_affine: bool = False
+    cpg_acc_loss: float = 0.0
+    rmn_l1: float = 1e-6
 
 
 class Strategy(ABC):
@@ -159,6 +162,11 @@ class Strategy(ABC):
     def extra_parameters(self) -> list[nn.Parameter]:
         """Trainable tensors the method owns besides the supernet's (e.g. SupSup's scores)."""
         return []
+
+    def skips(self, phase: Phase) -> bool:
+        """Whether the engine leaves ``phase`` out when it comes to it (a decision taken
+        during the task, e.g. CPG ends its compacting rounds once the accuracy goal fails)."""
+        return False
 
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         """Training-time logits of the working sub-network."""

@@ -141,6 +141,8 @@ class Engine:
         device = next(sn.parameters()).device
         for p in range(at.phase, len(phases)):
             phase = phases[p]
+            if strategy.skips(phase):
+                continue
             n_iters = phase.epochs * per_epoch
             points = prune_points(n_iters, phase.prune_updates)
             first, step, done = (at.epoch, at.step, at.prunes_done) if p == at.phase else (0, 0, 0)
@@ -199,7 +201,7 @@ class Engine:
 
     def _lr(self, phase: Phase, epoch: int, step: int, n_iters: int) -> float:
         """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)."""
-        base = self.optim.lr if phase.lr is None else phase.lr
+        base = (self.optim.lr if phase.lr is None else phase.lr) * phase.lr_scale
         if phase.schedule == "cosine":
             return base * cosine_factor(step, n_iters)
         if phase.schedule == "ramp":

@@ -1,0 +1,248 @@
+"""CPG (Hung et al. 2019): compacting, picking and growing, growing disabled."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from espn.data.tasks import Task
+from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.pruning.selection import select_weights
+from espn.supernet.supernet import Supernet
+
+#: sparsity of the task's own weights after each compacting round (CPG's schedule: steps
+#: of 0.1, then 0.05); rounds stop at the first one whose accuracy misses the goal
+SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+#: learning rate of the compacting rounds and of retraining, relative to the run's (CPG: 1e-3
+#: after training at 1e-2)
+LR_SCALE = 0.1
+#: CPG's real-valued picking mask: initial value and binarisation threshold
+PICK_INIT = 1e-2
+PICK_THRESHOLD = 5e-3
+
+
+class _Binarise(torch.autograd.Function):
+    """1 where the real mask exceeds the threshold, else 0; the gradient passes straight through."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: Tensor, threshold: float) -> Tensor:
+        return (scores > threshold).to(scores.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+def picking_mask(scores: Tensor) -> Tensor:
+    """The binary picking mask of one layer (straight-through estimator in the backward)."""
+    return _Binarise.apply(scores, PICK_THRESHOLD)
+
+
+@METHODS.register("cpg")
+class CPG(Strategy):
+    """Each task picks among the frozen weights and compacts its own, growing disabled.
+
+    Phases of a task: ``train`` (PRE epochs: the free weights and a real-valued picking mask
+    over the frozen weights, binarised at 5e-3 from 1e-2 and trained through the
+    straight-through estimator), then up to ten compacting rounds of PRUNE epochs each
+    (gradual magnitude pruning of the task's own weights to 10%, 20%, ..., 90%, 95% sparsity
+    on a cubic schedule in the round's first half, picking fixed; a round whose accuracy falls
+    below the goal is undone and ends the compacting), then ``retrain`` (FINE epochs, cosine:
+    picking mask and kept weights); rounds and retraining run at a tenth of the learning rate. Accuracies are those of the training batches of a phase's
+    second half; the goal is that of ``train`` minus ``cpg_acc_loss`` points. Pruned weights
+    are released for later tasks; gates/BatchNorm affine parameters are not trained, heads
+    are. No FLOP constraint, no weight budget.
+    """
+
+    name = "cpg"
+    trains_unit_affine = False
+    uses_gamma = False
+    uses_alpha = False
+
+    def __init__(self, cfg: MethodConfig) -> None:
+        super().__init__(cfg)
+        if not 0.0 <= cfg.cpg_acc_loss <= 100.0:
+            raise ValueError(f"cpg_acc_loss must be in [0, 100], got {cfg.cpg_acc_loss}")
+        if cfg.epochs[1] < 1:
+            raise ValueError(
+                f"cpg compacts in rounds of PRUNE epochs; PRUNE must be >= 1, got {cfg.epochs[1]}"
+            )
+        self.scores: dict[str, nn.Parameter] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.stage = "train"  # then "compact", then "retrain"
+        self.round = 0  # compacting rounds that met the goal
+        self.stopped = False  # compacting is over (goal missed or last round done)
+        self.goal: float | None = None
+        self.measuring = False
+        self.correct: int | Tensor = 0
+        self.seen = 0
+        self.snapshot: dict[str, Tensor] = {}
+
+    def _updates(self, epochs: int) -> int:
+        return max(2, epochs * self.cfg.prune_updates_per_epoch)
+
+    def phases(self) -> list[Phase]:
+        pre, prune, fine = self.cfg.epochs
+        rounds = [
+            Phase(f"compact {s:g}", prune, prune_updates=self._updates(prune), lr_scale=LR_SCALE)
+            for s in SPARSITIES
+        ]
+        return [
+            Phase("train", pre, prune_updates=self._updates(pre)),
+            *rounds,
+            Phase("retrain", fine, schedule="cosine", lr_scale=LR_SCALE),
+        ]
+
+    def skips(self, phase: Phase) -> bool:
+        return self.stopped and phase.name.startswith("compact")
+
+    def begin_task(self, supernet: Supernet) -> None:
+        super().begin_task(supernet)
+        self._reset()
+        self.scores = {
+            n: nn.Parameter(torch.full_like(layer.weight, PICK_INIT))
+            for n, layer in supernet.layers.items()
+            if bool(layer.frozen.any())
+        }
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Budgets, stage, goal, the accuracy being measured, the picking masks and the
+        snapshot a failed round returns to (tensors, which the checkpoint stores apart)."""
+        state = super().state_dict() | {
+            "stage": self.stage,
+            "round": self.round,
+            "stopped": self.stopped,
+            "goal": self.goal,
+            "measuring": self.measuring,
+            "correct": int(self.correct),
+            "seen": self.seen,
+            "score_layers": list(self.scores),
+            "snapshot_keys": list(self.snapshot),
+        }
+        state |= {f"scores.{n}": s.detach() for n, s in self.scores.items()}
+        return state | {f"snapshot.{k}": v for k, v in self.snapshot.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.stage = str(state["stage"])
+        self.round = int(state["round"])
+        self.stopped = bool(state["stopped"])
+        self.goal = None if state["goal"] is None else float(state["goal"])
+        self.measuring = bool(state["measuring"])
+        self.correct, self.seen = int(state["correct"]), int(state["seen"])
+        self.scores = {
+            n: nn.Parameter(state[f"scores.{n}"].detach().clone()) for n in state["score_layers"]
+        }
+        self.snapshot = {k: state[f"snapshot.{k}"].clone() for k in state["snapshot_keys"]}
+
+    def extra_parameters(self) -> list[nn.Parameter]:
+        return list(self.scores.values())
+
+    # -------------------------------------------------------------- training
+    def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
+        if not self.scores:
+            return supernet(x)
+        masks = {}
+        for n, s in self.scores.items():
+            layer = supernet.layers[n]
+            pick = picking_mask(s.detach() if self.stage == "compact" else s)
+            masks[f"{n}.weight_mask"] = torch.where(layer.frozen, pick, layer.weight_mask)
+        return functional_call(supernet.model, masks, (x,))
+
+    def loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        if self.measuring:
+            self.correct = self.correct + (logits.detach().argmax(1) == y).sum()
+            self.seen += int(y.numel())
+        return super().loss(logits, y)
+
+    def _measured(self) -> float | None:
+        """Accuracy (%) of the training batches since measuring started (None: no batch)."""
+        self.measuring = False
+        return None if self.seen == 0 else 100.0 * int(self.correct) / self.seen
+
+    def _measure(self) -> None:
+        self.measuring, self.correct, self.seen = True, 0, 0
+
+    @torch.no_grad()
+    def _take_snapshot(self, supernet: Supernet) -> None:
+        self.snapshot = {
+            f"weight.{n}": m.weight.detach().clone() for n, m in supernet.layers.items()
+        }
+        self.snapshot |= {f"mask.{n}": m.bool().clone() for n, m in supernet.weight_masks().items()}
+        self.snapshot |= {f"state.{k}": v for k, v in supernet.task_state().items()}
+
+    @torch.no_grad()
+    def _roll_back(self, supernet: Supernet) -> None:
+        """Return to the snapshot: the task's own weights, its masks, its head/BatchNorm."""
+        for n, layer in supernet.layers.items():
+            saved = self.snapshot[f"weight.{n}"]
+            layer.weight.copy_(torch.where(layer.frozen, layer.weight, saved))
+        supernet.set_weight_masks({n: self.snapshot[f"mask.{n}"] for n in supernet.layers})
+        for name, m in supernet.task_modules.items():
+            prefix = f"state.{name}."
+            m.load_task_state(
+                {k[len(prefix) :]: v for k, v in self.snapshot.items() if k.startswith(prefix)}
+            )
+
+    def _compact(self, supernet: Supernet, sparsity: float) -> None:
+        """Keep the largest ``1 - sparsity`` of each layer's free weights (among those kept)."""
+        masks = {}
+        for name, layer in supernet.layers.items():
+            free = self.layer_free[name]
+            keep = free - math.floor(sparsity * free)
+            candidates = layer.weight_mask.bool()
+            masks[name] = select_weights(layer.weight, candidates, layer.frozen, keep, "all")
+        supernet.set_weight_masks(masks)
+
+    def prune_step(self, supernet: Supernet, progress: float) -> None:
+        """Of a phase's ``n`` updates, the first half prunes (compacting rounds: on the cubic
+        schedule to the round's sparsity) and the second half measures the accuracy: the goal
+        (``train``), or whether the round is kept or undone (compacting rounds)."""
+        pre, prune, _ = self.cfg.epochs
+        if self.stage not in ("train", "compact"):
+            return
+        n = self._updates(pre if self.stage == "train" else prune)
+        k, half = round(progress * n), n // 2
+        if self.stage == "compact" and k <= half:
+            start = SPARSITIES[self.round - 1] if self.round else 0.0
+            end = SPARSITIES[self.round]
+            self._compact(supernet, end + (start - end) * (1.0 - k / half) ** 3)
+        if k == half:
+            self._measure()
+        if k < n:
+            return
+        acc = self._measured()
+        if self.stage == "train":
+            self.goal = None if acc is None else acc - self.cfg.cpg_acc_loss
+            self._take_snapshot(supernet)
+            self.stage = "compact"
+            return
+        if self.goal is None or acc is None or acc >= self.goal:  # nothing measured: no miss
+            self._take_snapshot(supernet)
+            self.round += 1
+            self.stopped = self.round == len(SPARSITIES)
+        else:
+            self._roll_back(supernet)
+            self.stopped = True
+        if self.stopped:
+            self.snapshot = {}
+            self.stage = "retrain"
+
+    @torch.no_grad()
+    def commit(self, supernet: Supernet, task: Task) -> None:
+        """Store the task: its picked frozen weights and its compacted own weights."""
+        masks = {}
+        for n, layer in supernet.layers.items():
+            kept = layer.weight_mask.bool()
+            if n in self.scores:
+                kept = torch.where(layer.frozen, self.scores[n] > PICK_THRESHOLD, kept)
+            masks[n] = kept
+        supernet.set_weight_masks(masks)
+        supernet.commit_task(self.weights)

@@ -1,0 +1,105 @@
+"""RMN (Kaushik et al. 2021): relevance mapping networks, task identity given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.pruning.selection import select_weights
+from espn.supernet.supernet import Supernet
+
+
+@METHODS.register("rmn")
+class RMN(Strategy):
+    """Each task learns a relevance map over all weights, L1-regularised, then binarised.
+
+    Phases of a task: ``train`` (PRE + PRUNE epochs: the free weights and a real-valued
+    relevance per weight, starting at 1, multiply into the layer's weights, with the penalty
+    ``rmn_l1`` x sum |relevance| added to the loss), ``binarise`` (the map becomes binary:
+    per layer the ``floor(alpha x free)`` free weights of largest |relevance| and the frozen
+    weights whose |relevance| is at least as large as the smallest of those; the kept free
+    weights absorb their relevance, ``w <- w x r``), ``finetune`` (FINE epochs with the run's
+    fine-tune recipe: kept free weights under the binary map); the run's warm-up comes first. Frozen weights are never changed, only selected.
+    Gates/BatchNorm affine parameters are not trained, heads are. No FLOP constraint.
+    """
+
+    name = "rmn"
+    trains_unit_affine = False
+    uses_gamma = False
+
+    def __init__(self, cfg: MethodConfig) -> None:
+        super().__init__(cfg)
+        if not cfg.rmn_l1 >= 0.0:
+            raise ValueError(f"rmn_l1 must be >= 0, got {cfg.rmn_l1}")
+        self.relevance: dict[str, nn.Parameter] = {}
+        self.binarised = False
+
+    def phases(self) -> list[Phase]:
+        pre, prune, fine = self.cfg.epochs
+        return [
+            *self.warmup_phases(),
+            Phase("train", pre + prune - self.cfg.warmup, regularise=True),
+            Phase("binarise", 0, prune_updates=1),
+            self.finetune_phase(fine),
+        ]
+
+    def begin_task(self, supernet: Supernet) -> None:
+        super().begin_task(supernet)
+        self.binarised = False
+        self.relevance = {
+            n: nn.Parameter(torch.ones_like(layer.weight)) for n, layer in supernet.layers.items()
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Budgets, whether the map is binary yet, and the relevance maps (tensors)."""
+        state = super().state_dict() | {
+            "binarised": self.binarised,
+            "relevance_layers": list(self.relevance),
+        }
+        return state | {f"relevance.{n}": r.detach() for n, r in self.relevance.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.binarised = bool(state["binarised"])
+        self.relevance = {
+            n: nn.Parameter(state[f"relevance.{n}"].detach().clone())
+            for n in state["relevance_layers"]
+        }
+
+    def extra_parameters(self) -> list[nn.Parameter]:
+        return list(self.relevance.values())
+
+    def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
+        if self.binarised:
+            return supernet(x)
+        masks = {
+            f"{n}.weight_mask": r * supernet.layers[n].weight_mask
+            for n, r in self.relevance.items()
+        }
+        return functional_call(supernet.model, masks, (x,))
+
+    def penalty(self, supernet: Supernet) -> Tensor | None:
+        if self.binarised or self.cfg.rmn_l1 == 0.0:
+            return None
+        return self.cfg.rmn_l1 * sum(r.abs().sum() for r in self.relevance.values())
+
+    @torch.no_grad()
+    def prune_step(self, supernet: Supernet, progress: float) -> None:
+        """Binarise the relevance maps (the largest |relevance| within the weight budget)."""
+        masks = {}
+        for n, layer in supernet.layers.items():
+            relevance = self.relevance[n].detach()
+            candidates = torch.ones_like(layer.frozen)
+            keep = select_weights(
+                relevance, candidates, layer.frozen, self.layer_budgets[n], "magnitude"
+            )
+            layer.weight.copy_(
+                torch.where(keep & ~layer.frozen, layer.weight * relevance, layer.weight)
+            )
+            masks[n] = keep
+        supernet.set_weight_masks(masks)
+        self.binarised = True
