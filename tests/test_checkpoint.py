@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -90,14 +91,25 @@ def test_files_are_safetensors_and_json_with_shared_weights_once(saved_fc):
     state = load_file(str(directory / "state-000001.safetensors"))
     shared = [k for k in state if k.startswith("shared.")]
     assert len(shared) == len(sn.layers)
+    for name, layer in sn.layers.items():  # one owner id per weight, for all tasks together
+        assert state[f"owner.{name}"].dtype == torch.uint8
+        assert torch.equal(state[f"owner.{name}"] != 255, layer.frozen)
     for t in range(3):
         task = load_file(str(directory / f"task-{t:04d}.safetensors"))
         assert not any(k.startswith("shared.") for k in task)  # weights are stored once
-        packed = [v for k, v in task.items() if k.startswith("weights.")]
-        assert all(v.dtype == torch.uint8 for v in packed)
-        assert sum(v.numel() for v in packed) == sum(
-            -(-layer.weight.numel() // 8) for layer in sn.layers.values()
-        )
+        forms = manifest["tasks"][t]["masks"]
+        assert set(forms) == set(sn.layers)
+        stored = {
+            k.removeprefix("weights."): v for k, v in task.items() if k.startswith("weights.")
+        }
+        assert set(stored) == {n for n, f in forms.items() if f in ("bits", "indices")}
+        for name, payload in stored.items():  # the smaller of bits and indices
+            numel = sn.layers[name].weight.numel()
+            nnz = int(sn.masks[t].weight_mask(name).sum())
+            assert payload.numel() * payload.element_size() == min(-(-numel // 8), 4 * nnz)
+        for g, size in sn.group_sizes.items():  # unit masks: a bit per unit
+            assert task[f"units.{g}"].dtype == torch.uint8
+            assert task[f"units.{g}"].numel() == -(-size // 8)
         assert manifest["tasks"][t]["sha256"] == sha256_of(directory / f"task-{t:04d}.safetensors")
 
 
@@ -259,18 +271,33 @@ def test_info_reports_per_task_storage(cli_run):
     doc = json.loads((cli_run / "results.json").read_text())
     total = doc["total_weights"]  # 784*64 + 64*48 + 48*10 weights
     assert total == 784 * 64 + 64 * 48 + 48 * 10
-    mask_bytes = sum(-(-n // 8) for n in (784 * 64, 64 * 48, 48 * 10)) + (64 // 8 + 48 // 8)
+    manifest = json.loads((cli_run / "checkpoint" / "manifest.json").read_text())
+    sizes = {n: math.prod(shape) for n, shape in manifest["architecture"]["layers"].items()}
+    assert sorted(sizes.values()) == sorted([784 * 64, 64 * 48, 48 * 10])
     state_bytes = 4 * (2 * 64 + 2 * 48 + 10)  # gates (scale, shift) and the head's bias
     lines = [line for line in result.output.splitlines() if line.startswith("│")]
     assert len(lines) == 3
     for t, line in enumerate(lines):
+        forms = manifest["tasks"][t]["masks"]
+        task = load_file(str(cli_run / "checkpoint" / f"task-{t:04d}.safetensors"))
+        # a derived mask costs nothing; an explicit one its bits (or 4 bytes per index)
+        weight_bytes = sum(
+            v.numel() * v.element_size() for k, v in task.items() if k.startswith("weights.")
+        )
+        assert weight_bytes <= sum(-(-sizes[n] // 8) for n in sizes)
+        assert weight_bytes == 0 or any(f in ("bits", "indices") for f in forms.values())
+        mask_bytes = weight_bytes + (64 // 8 + 48 // 8)
         cells = [c.strip() for c in line.strip("│").split("│")]
         assert cells[0] == str(t)
         assert cells[1] == f"{doc['flops_ratio'][t]:.3f}"
         assert cells[2] == f"{doc['used_weights'][t]:,}"
         assert cells[3] == f"{doc['new_weights'][t]:,}"
-        assert cells[4] == f"{mask_bytes:,}"
-        assert cells[5] == f"{state_bytes:,}"
+        assert cells[4] == "+".join(sorted(set(forms.values())))
+        assert cells[5] == f"{mask_bytes:,}"
+        assert cells[6] == f"{state_bytes:,}"
+        assert cells[7] == f"{mask_bytes + state_bytes:,}"
+        assert cells[8] == f"{manifest['tasks'][t]['bytes']:,}"
+    assert f"owner ids: {sum(sizes.values()) / 2**10:.1f} KiB (uint8" in result.output
     on_disk = sum(p.stat().st_size for p in (cli_run / "checkpoint").iterdir())
     assert f"checkpoint {on_disk / 2**10:.1f} KiB on disk" in " ".join(result.output.split())
     dense = 3 * (4 * total + state_bytes)

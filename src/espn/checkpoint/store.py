@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,15 @@ from espn.checkpoint.format import (
     verify_file,
 )
 from espn.methods.base import Strategy
-from espn.supernet.masks import TaskMask, pack_bits, unpack_bits
+from espn.supernet.masks import (
+    EXPLICIT_FORMS,
+    MASK_FORMS,
+    OWNER_DTYPES,
+    Ownership,
+    TaskMask,
+    pack_bits,
+    unpack_bits,
+)
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
 from espn.utils.io import atomic_target, write_json_atomic
@@ -65,6 +73,8 @@ class Checkpoint:
     rng: dict[str, Tensor]
     training: TrainingState | None = None
     file_bytes: dict[str, int] = field(default_factory=dict)
+    #: the supernet's owner ids (None in a version-1 checkpoint: derived from the masks)
+    owner_ids: dict[str, Tensor] | None = None
 
     @property
     def tasks(self) -> list[dict[str, Any]]:
@@ -118,7 +128,11 @@ class CheckpointWriter:
         m = checkpoint.manifest
         writer.directory = checkpoint.directory
         writer.meta = {k: m[k] for k in ("model", "benchmark", "config", "spec")}
-        writer.tasks = [dict(t) for t in m["tasks"]]
+        # accuracy rows live in version-2 task files (read back into the entries in memory)
+        writer.tasks = [
+            {k: v for k, v in t.items() if not (k == "accuracy" and "masks" in t and v is not None)}
+            for t in m["tasks"]
+        ]
         writer.generation = int(m["state"]["generation"])
         writer.started = m.get("started", "")
         return writer
@@ -139,21 +153,30 @@ class CheckpointWriter:
         for t in range(len(tasks), len(supernet.masks)):
             path = self.directory / task_file(t)
             mask = supernet.masks[t]
-            _save_tensors(path, _task_tensors(mask))
-            info = task_results[t] if t < len(task_results) else {}
+            info = dict(task_results[t]) if t < len(task_results) else {}
+            row = info.pop("accuracy", None)
+            _save_tensors(path, _task_tensors(mask, row))
             tasks.append(
                 {
                     "index": t,
                     **file_entry(path),
-                    "shapes": {k: list(v) for k, v in mask.shapes.items()},
+                    "masks": {k: mask.form(k) for k in mask.weights},
+                    "horizon": mask.horizon,
                     "n_classes": mask.n_classes,
                     "new_weights": mask.new_weights,
                     **info,
+                    # a row skipped by --eval-every is null; a task after MTL's row has none
+                    **(
+                        {"accuracy": None}
+                        if row is None and t < len(task_results) and "accuracy" in task_results[t]
+                        else {}
+                    ),
                 }
             )
         generation = self.generation + 1
         path = self.directory / state_file(generation)
         tensors = {f"shared.{n}": layer.weight for n, layer in supernet.layers.items()}
+        tensors |= {f"owner.{n}": ids for n, ids in supernet.owners.ids.items()}
         tensors |= _rng_tensors(engine)
         train_doc = None
         if training is not None:
@@ -217,11 +240,15 @@ def _scaler_state(engine: Engine) -> dict[str, Any] | None:
     return scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
 
 
-def _task_tensors(mask: TaskMask) -> dict[str, Tensor]:
-    out = {f"weights.{k}": v for k, v in mask.weights.items()}
-    out |= {f"units.{k}": v for k, v in mask.units.items()}
+def _task_tensors(mask: TaskMask, row: list[float] | None) -> dict[str, Tensor]:
+    """A task file's tensors: explicit masks only (derived ones are their form and horizon in
+    the manifest), bit-packed unit masks, task state, own weights, its accuracy row."""
+    out = {f"weights.{k}": v for k, v in mask.weights.items() if mask.form(k) in EXPLICIT_FORMS}
+    out |= {f"units.{k}": pack_bits(v) for k, v in mask.units.items()}
     out |= {f"state.{k}": v for k, v in mask.state.items()}
     out |= {f"own.{k}": v for k, v in mask.own.items()}
+    if row is not None:
+        out["accuracy"] = torch.tensor(row, dtype=torch.float64)
     return out
 
 
@@ -257,8 +284,57 @@ def _prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
+def _read_task(
+    path: Path, entry: dict[str, Any], tensors: dict[str, Tensor], arch: dict[str, Any]
+) -> TaskMask:
+    """A task's mask from its file: version 2 (entry names each layer's mask form) or
+    version 1 (every mask bit-packed, unit masks as booleans, shapes in the entry)."""
+    weights = _prefixed(tensors, "weights.")
+    common = {
+        "state": _prefixed(tensors, "state."),
+        "n_classes": int(entry["n_classes"]),
+        "new_weights": int(entry["new_weights"]),
+        "own": _prefixed(tensors, "own."),
+    }
+    if "masks" not in entry:  # version 1
+        shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
+        if set(weights) != set(shapes):
+            raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
+        units = {k: v.bool() for k, v in _prefixed(tensors, "units.").items()}
+        return TaskMask(weights=weights, shapes=shapes, units=units, **common)
+    forms = dict(entry["masks"])
+    shapes = {k: tuple(v) for k, v in arch["layers"].items()}
+    bad = {k: f for k, f in forms.items() if f not in MASK_FORMS}
+    if (
+        set(forms) != set(shapes)
+        or bad
+        or set(weights) != {k for k, f in forms.items() if f in EXPLICIT_FORMS}
+    ):
+        raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
+    for k, f in forms.items():
+        if f not in EXPLICIT_FORMS:
+            weights[k] = torch.empty(0, dtype=torch.uint8)
+    units = {}
+    for g, packed in _prefixed(tensors, "units.").items():
+        size = int(arch["groups"].get(g, -1))
+        fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
+        units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
+    return TaskMask(
+        weights=weights,
+        shapes=shapes,
+        units=units,
+        forms=forms,
+        horizon=int(entry["horizon"]),
+        **common,
+    )
+
+
 def read_checkpoint(directory: Path | str) -> Checkpoint:
-    """Read and validate a checkpoint: manifest, every file's size and SHA-256, tensor names."""
+    """Read and validate a checkpoint: manifest, every file's size and SHA-256, tensor names.
+
+    Version-1 checkpoints (every mask bit-packed, no owner ids) are read as they are and
+    converted by :func:`restore`; a task's accuracy row, kept in its version-2 task file,
+    is put back into its manifest entry (``"accuracy"``) in memory."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     sizes = {MANIFEST: (directory / MANIFEST).stat().st_size}
@@ -267,24 +343,13 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
         path = verify_file(directory, entry)
         sizes[path.name] = entry["bytes"]
         tensors = _load_tensors(path)
-        shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
-        weights = _prefixed(tensors, "weights.")
-        if set(weights) != set(shapes):
-            raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
-        masks.append(
-            TaskMask(
-                weights=weights,
-                shapes=shapes,
-                units={k: v.bool() for k, v in _prefixed(tensors, "units.").items()},
-                state=_prefixed(tensors, "state."),
-                n_classes=int(entry["n_classes"]),
-                new_weights=int(entry["new_weights"]),
-                own=_prefixed(tensors, "own."),
-            )
-        )
+        masks.append(_read_task(path, entry, tensors, manifest["architecture"]))
+        if "accuracy" in tensors:
+            entry["accuracy"] = tensors["accuracy"].tolist()
     path = verify_file(directory, manifest["state"])
     sizes[path.name] = manifest["state"]["bytes"]
     tensors = _load_tensors(path)
+    owner_ids = _prefixed(tensors, "owner.") if manifest["format_version"] >= 2 else None
     training = None
     doc = manifest.get("training")
     if doc is not None:
@@ -317,6 +382,7 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
         rng=_prefixed(tensors, "rng."),
         training=training,
         file_bytes=sizes,
+        owner_ids=owner_ids,
     )
 
 
@@ -328,18 +394,35 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
         w = ckpt.shared.get(name)
         if w is None or w.shape != layer.weight.shape:
             raise CheckpointError(f"{where}: shared weight of layer {name!r} missing or misshapen")
+        if ckpt.owner_ids is not None:
+            ids = ckpt.owner_ids.get(name)
+            if ids is None or ids.shape != layer.weight.shape or ids.dtype not in OWNER_DTYPES:
+                raise CheckpointError(f"{where}: owner ids of layer {name!r} missing or misshapen")
     state_keys = {
         f"{n}.{k}"
         for n, m in supernet.task_modules.items()
         for k in m.state_dict()
         if k != "unit_mask"
     }
-    packed = {n: (layer.weight.numel() + 7) // 8 for n, layer in supernet.layers.items()}
+    numel = {n: layer.weight.numel() for n, layer in supernet.layers.items()}
 
-    def check_masks(what: str, weights: dict, units: dict, state: dict) -> None:
-        for name, n_bytes in packed.items():
-            if name not in weights or weights[name].numel() != n_bytes:
+    def check_masks(what: str, weights: dict, units: dict, state: dict, forms: dict) -> None:
+        for name, n in numel.items():
+            form = forms.get(name, "bits")
+            payload = weights.get(name)
+            fits = payload is not None and (
+                (form == "bits" and payload.numel() == (n + 7) // 8)
+                or (
+                    form == "indices"
+                    and payload.dtype == torch.int32
+                    and bool(((payload >= 0) & (payload < n)).all())
+                )
+                or form not in EXPLICIT_FORMS
+            )
+            if not fits:
                 raise CheckpointError(f"{where}: {what}: weight mask of {name!r} missing or cut")
+            if form == "owned" and ckpt.owner_ids is None:
+                raise CheckpointError(f"{where}: {what}: mask of {name!r} needs owner ids")
         for g, size in supernet.group_sizes.items():
             if g not in units or units[g].shape != (size,):
                 raise CheckpointError(f"{where}: {what}: unit mask of group {g!r} missing or cut")
@@ -349,15 +432,55 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
     for t, mask in enumerate(ckpt.masks):
         if mask.shapes != {n: tuple(layer.weight.shape) for n, layer in supernet.layers.items()}:
             raise CheckpointError(f"{where}: task {t}: mask shapes differ from the model's")
-        check_masks(f"task {t}", mask.weights, mask.units, mask.state)
-        if mask.own and (
-            set(mask.own) != set(packed)
-            or any(mask.own[n].numel() != int(mask.weight_mask(n).sum()) for n in packed)
-        ):
-            raise CheckpointError(f"{where}: task {t}: its own weights do not fit its masks")
+        check_masks(f"task {t}", mask.weights, mask.units, mask.state, mask.forms)
     if ckpt.training is not None:
         tr = ckpt.training
-        check_masks("task in training", tr.weight_masks, tr.units, tr.task_state)
+        check_masks("task in training", tr.weight_masks, tr.units, tr.task_state, {})
+
+
+def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[TaskMask]]:
+    """The checkpoint's owner ids and masks reading them, on the supernet's device.
+
+    A version-1 checkpoint has no owner ids: each weight's owner is the first task (that does
+    not keep its own weights) whose mask holds it, and every mask is converted to its smallest
+    exact form, as if it had been committed by this espn.
+    """
+    device = next(iter(supernet.layers.values())).weight.device
+    layout = supernet.owners.layout
+    if ckpt.owner_ids is not None:
+        owners = Ownership(layout, {n: ckpt.owner_ids[n].to(device) for n in layout})
+    else:
+        owners = Ownership.empty(layout, device)
+        for t, mask in enumerate(ckpt.masks):
+            if not mask.own:
+                owners.take({n: mask.weight_mask(n, device) for n in layout}, t)
+    masks = []
+    for t, mask in enumerate(ckpt.masks):
+        if mask.forms:
+            masks.append(replace(mask, owners=owners))
+        else:
+            dense = {n: mask.weight_mask(n) for n in layout}
+            masks.append(
+                TaskMask.from_dense(
+                    dense,
+                    mask.units,
+                    mask.state,
+                    mask.n_classes,
+                    mask.new_weights,
+                    mask.own,
+                    owners=owners,
+                    horizon=t,
+                )
+            )
+    for t, mask in enumerate(masks):
+        if mask.own and (
+            set(mask.own) != set(layout)
+            or any(mask.own[n].numel() != int(mask.weight_mask(n).sum()) for n in layout)
+        ):
+            raise CheckpointError(
+                f"{ckpt.directory}: task {t}: its own weights do not fit its masks"
+            )
+    return owners, masks
 
 
 @torch.no_grad()
@@ -367,25 +490,24 @@ def restore(
     engine: Engine | None = None,
     strategy: Strategy | None = None,
 ) -> None:
-    """Load ``ckpt`` into a freshly built ``supernet``: shared weights, every committed task
-    (frozen weights are their union) and, given the ``engine`` and ``strategy`` to continue
-    with, the task in training and the random-number generators. Validates first."""
+    """Load ``ckpt`` into a freshly built ``supernet``: shared weights, owner ids, every
+    committed task (frozen weights are the owned ones) and, given the ``engine`` and
+    ``strategy`` to continue with, the task in training and the random-number generators.
+    Validates first; converts a version-1 checkpoint (see :func:`_owned_masks`)."""
     check_architecture(ckpt.manifest["architecture"], supernet, str(ckpt.manifest["model"]))
     _check_tensors(ckpt, supernet)
     if supernet.masks:
         raise ValueError("restore() needs a freshly built supernet with no task learned")
-    supernet.masks = list(ckpt.masks)
+    owners, masks = _owned_masks(ckpt, supernet)
+    supernet.owners = owners
+    supernet.masks = masks
     supernet.in_training = False
     supernet.active_task = None
     if supernet.masks:  # first: a task with its own weights (Individual) writes them in
         supernet.use_task(len(supernet.masks) - 1)
     for name, layer in supernet.layers.items():
         layer.weight.copy_(ckpt.shared[name].to(layer.weight.device))
-        frozen = torch.zeros_like(layer.frozen)
-        for mask in ckpt.masks:
-            if not mask.own:  # a task with its own weights freezes nothing
-                frozen |= mask.weight_mask(name, layer.weight.device)
-        layer.frozen.copy_(frozen)
+        layer.frozen.copy_(owners.frozen(name))
     if engine is None:
         return
     tr = ckpt.training
