@@ -68,6 +68,7 @@ class RunConfig(BaseModel):
     supsup_k: float | None = None
     reuse: str = "magnitude"
     prune_updates_per_epoch: int = 4
+    eval_every: int = 1
     train_per_task: int | None = None
     test_per_task: int | None = None
     seed: int = 0
@@ -160,6 +161,7 @@ class RunConfig(BaseModel):
         "test_per_task",
         "batch_size",
         "prune_updates_per_epoch",
+        "eval_every",
         "image_size",
     )
     @classmethod

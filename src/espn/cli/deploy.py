@@ -47,14 +47,14 @@ def evaluate(
     status is 1 if any differs.
     """
     from espn.checkpoint.run import load_run
-    from espn.evaluation.metrics import task_accuracy
+    from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.experiment import build_benchmark
 
     loaded = load_run(run, device)
     seq = build_benchmark(loaded.config)
     doc = _results(run)
-    rows = [t["accuracy"] for t in loaded.checkpoint.tasks if "accuracy" in t]
-    reported = doc["final_accuracy"] if doc else (rows[-1] if rows else [])
+    rows = [t["accuracy"] for t in loaded.checkpoint.tasks if t.get("accuracy") is not None]
+    reported = doc["final_accuracy"] if doc else (final_accuracy(rows) if rows else [])
     source = "results.json" if doc else "checkpoint"
     table = Table("task", "name", "accuracy %", f"{source} %", "match")
     mismatches = []

@@ -72,6 +72,11 @@ def run(
     reuse: str = typer.Option(
         "magnitude", help="Frozen weights a task keeps: 'magnitude' or 'all'."
     ),
+    eval_every: int = typer.Option(
+        1,
+        help="Evaluate all tasks so far after every K-th task and the last (accuracy-matrix "
+        "rows; skipped rows are null).",
+    ),
     seed: int = typer.Option(0, help="Seed of data order, permutations/rotations, init."),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
     data_dir: Path | None = typer.Option(
@@ -119,6 +124,7 @@ def run(
         penalty=penalty,
         supsup_k=supsup_k,
         reuse=reuse,
+        eval_every=eval_every,
         seed=seed,
         device=device,
         data_dir=data_dir,
@@ -181,6 +187,14 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
         )
     console.print(table)
     console.print(f"average accuracy {doc['average_accuracy']:.2f}%")
+    rows = doc["accuracy_matrix"]
+    skipped = sum(row is None for row in rows)
+    if skipped:
+        console.print(
+            f"accuracy matrix: {len(rows) - skipped} of {len(rows)} rows evaluated "
+            f"(every {doc['config'].get('eval_every', 1)} tasks and the last); "
+            "forgetting and BWT use those rows"
+        )
 
 
 def main() -> None:
