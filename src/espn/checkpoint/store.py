@@ -34,7 +34,7 @@ from espn.checkpoint.format import (
     task_file,
     verify_file,
 )
-from espn.methods.base import Strategy
+from espn.methods.base import METHODS, Strategy
 from espn.supernet.masks import (
     EXPLICIT_FORMS,
     MASK_FORMS,
@@ -454,8 +454,12 @@ def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[
         for t, mask in enumerate(ckpt.masks):
             if not mask.own:
                 owners.take({n: mask.weight_mask(n, device) for n in layout}, t)
+    method = ckpt.manifest.get("method")
+    kind = METHODS.get(method).weights if method in METHODS else None
     masks = []
     for t, mask in enumerate(ckpt.masks):
+        # as commit_task does: only trained, shared weights may be stored as owned
+        shared = kind == "shared" or (kind is None and not mask.own)
         if mask.forms:
             masks.append(replace(mask, owners=owners))
         else:
@@ -469,7 +473,7 @@ def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[
                     mask.new_weights,
                     mask.own,
                     owners=owners,
-                    horizon=t,
+                    horizon=t if shared else -1,
                 )
             )
     for t, mask in enumerate(masks):

@@ -200,7 +200,8 @@ class Supernet(nn.Module):
         them for every later task (the task owns those no earlier task owned); ``"own"`` (Individual) stores the task's own copy of its
         weights in the mask and freezes nothing; ``"fixed"`` (SupSup) means the weights were
         never trained: they are frozen like shared ones, and the task took no new weights.
-        The mask is stored in its smallest exact form (see :mod:`espn.supernet.masks`).
+        The mask is stored in its smallest exact form (see :mod:`espn.supernet.masks`); only
+        ``"shared"`` tasks may be stored as the weights they and earlier tasks own.
         """
         if not self.in_training:
             raise RuntimeError("commit_task() called with no task in training")
@@ -225,7 +226,7 @@ class Supernet(nn.Module):
             new_weights,
             own,
             owners=self.owners,
-            horizon=index,
+            horizon=index if weights == "shared" else -1,  # trained weights only: owned form
         )
         self.masks.append(mask)
         self.in_training = False
