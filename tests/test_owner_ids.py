@@ -240,6 +240,7 @@ def write_version_1(directory: Path, masks: list) -> None:
     state_path = directory / manifest["state"]["file"]
     state = {k: v for k, v in load_file(str(state_path)).items() if not k.startswith("owner.")}
     save_file(state, str(state_path))
+    manifest["config"].pop("eval_every")  # an option version 1 did not have
     manifest |= {
         "format_version": 1,
         "tasks": tasks,
