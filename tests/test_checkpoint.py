@@ -24,10 +24,11 @@ from espn.checkpoint.format import sha256_of
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
 from espn.models.fc import FCNet
-from espn.supernet import Supernet
+from espn.supernet import Supernet, unpack_bits
 from espn.training.engine import Engine
 
 runner = CliRunner()
+GROUPS = {"hidden1": 64, "hidden2": 48}  # the unit groups of fc-test (784-64-48-classes)
 META = {
     "model": "tiny",
     "benchmark": "tiny",
@@ -274,9 +275,9 @@ def test_info_reports_per_task_storage(cli_run):
     manifest = json.loads((cli_run / "checkpoint" / "manifest.json").read_text())
     sizes = {n: math.prod(shape) for n, shape in manifest["architecture"]["layers"].items()}
     assert sorted(sizes.values()) == sorted([784 * 64, 64 * 48, 48 * 10])
-    state_bytes = 4 * (2 * 64 + 2 * 48 + 10)  # gates (scale, shift) and the head's bias
     lines = [line for line in result.output.splitlines() if line.startswith("│")]
     assert len(lines) == 3
+    dense = 0  # one dense model per task, with its own gates and head
     for t, line in enumerate(lines):
         forms = manifest["tasks"][t]["masks"]
         task = load_file(str(cli_run / "checkpoint" / f"task-{t:04d}.safetensors"))
@@ -287,6 +288,14 @@ def test_info_reports_per_task_storage(cli_run):
         assert weight_bytes <= sum(-(-sizes[n] // 8) for n in sizes)
         assert weight_bytes == 0 or any(f in ("bits", "indices") for f in forms.values())
         mask_bytes = weight_bytes + (64 // 8 + 48 // 8)
+        # gates (scale, shift) of the alive units only and the head's bias
+        alive = {g: int(unpack_bits(task[f"units.{g}"], (n,)).sum()) for g, n in GROUPS.items()}
+        state_bytes = 4 * (2 * alive["hidden1"] + 2 * alive["hidden2"] + 10)
+        dense += 4 * total + state_bytes
+        assert state_bytes == sum(
+            v.numel() * v.element_size() for k, v in task.items() if k.startswith("state.")
+        )
+        assert state_bytes < 4 * (2 * 64 + 2 * 48 + 10)  # dead units cost nothing
         cells = [c.strip() for c in line.strip("│").split("│")]
         assert cells[0] == str(t)
         assert cells[1] == f"{doc['flops_ratio'][t]:.3f}"
@@ -300,7 +309,6 @@ def test_info_reports_per_task_storage(cli_run):
     assert f"owner ids: {sum(sizes.values()) / 2**10:.1f} KiB (uint8" in result.output
     on_disk = sum(p.stat().st_size for p in (cli_run / "checkpoint").iterdir())
     assert f"checkpoint {on_disk / 2**10:.1f} KiB on disk" in " ".join(result.output.split())
-    dense = 3 * (4 * total + state_bytes)
     assert f"the checkpoint is {on_disk / dense:.3f} of that" in " ".join(result.output.split())
 
 

@@ -99,6 +99,15 @@ def test_owner_ids_reproduce_every_tasks_logits_bit_for_bit(tmp_path, method, mo
     )
     restore(read_checkpoint(tmp_path / "checkpoint"), other)
     check_every_task(other, seq, dense, logits)
+    manifest = json.loads((tmp_path / "checkpoint" / MANIFEST).read_text())
+    for t, entry in enumerate(manifest["tasks"]):  # gates/BatchNorm of dead units: not stored
+        stored = load_file(str(tmp_path / "checkpoint" / entry["file"]))
+        cut = entry["alive_only"]
+        assert bool(cut) == (method == "espn")  # PackNet keeps every unit: nothing to cut
+        assert not any(k.endswith(("running_mean", "running_var")) for k in cut)
+        for key, group in cut.items():
+            assert stored[f"state.{key}"].numel() == int(sn.masks[t].units[group].sum())
+        assert all(torch.equal(other.masks[t].state[k], v) for k, v in sn.masks[t].state.items())
     for name in sn.layers:
         assert torch.equal(other.owners.ids[name], sn.owners.ids[name])
         assert torch.equal(other.layers[name].frozen, sn.layers[name].frozen)
@@ -230,10 +239,10 @@ def write_version_1(directory: Path, masks: list) -> None:
     tasks = []
     for entry, mask in zip(manifest["tasks"], masks, strict=True):
         path = directory / entry["file"]
-        tensors = load_file(str(path))
         old = {f"weights.{n}": pack_bits(mask.weight_mask(n)) for n in layers}
         old |= {f"units.{g}": a for g, a in mask.units.items()}
-        old |= {k: v for k, v in tensors.items() if k.startswith(("state.", "own."))}
+        old |= {f"state.{k}": v for k, v in mask.state.items()}
+        old |= {f"own.{k}": v for k, v in mask.own.items()}
         save_file(old, str(path))
         kept = {k: v for k, v in entry.items() if k not in ("masks", "horizon", "bytes", "sha256")}
         tasks.append({**kept, **file_entry(path), "shapes": layers})

@@ -155,13 +155,15 @@ class CheckpointWriter:
             mask = supernet.masks[t]
             info = dict(task_results[t]) if t < len(task_results) else {}
             row = info.pop("accuracy", None)
-            _save_tensors(path, _task_tensors(mask, row))
+            state, cut = mask.alive_state(supernet.unit_state_groups())
+            _save_tensors(path, _task_tensors(replace(mask, state=state), row))
             tasks.append(
                 {
                     "index": t,
                     **file_entry(path),
                     "masks": {k: mask.form(k) for k in mask.weights},
                     "horizon": mask.horizon,
+                    "alive_only": cut,
                     "n_classes": mask.n_classes,
                     "new_weights": mask.new_weights,
                     **info,
@@ -319,6 +321,13 @@ def _read_task(
         size = int(arch["groups"].get(g, -1))
         fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
         units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
+    state = common["state"]
+    # a missing or misshapen unit mask is reported by the tensor checks of restore()
+    cut = {k: g for k, g in entry.get("alive_only", {}).items() if g in units}
+    for key, group in cut.items():
+        if key not in state or state[key].shape != (int(units[group].sum()),):
+            raise CheckpointError(f"checkpoint file {path}: task state {key!r} is cut")
+    common["state"] = TaskMask.expand_state(state, cut, units)
     return TaskMask(
         weights=weights,
         shapes=shapes,

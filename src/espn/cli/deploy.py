@@ -172,9 +172,10 @@ def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
         layer.weight.numel() * layer.weight.element_size() for layer in sn.layers.values()
     )
     dense_total = 0
+    groups = sn.unit_state_groups()
     for t, mask in enumerate(sn.masks):
         sn.use_task(t)
-        nbytes = mask.nbytes()
+        nbytes = mask.nbytes(groups)
         entry = ckpt.tasks[t]
         dense_total += weight_bytes + nbytes["state"]
         mask_bytes = nbytes["weight_masks"] + nbytes["unit_masks"]

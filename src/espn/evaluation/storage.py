@@ -39,7 +39,9 @@ def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
     * ``unit_masks``: one bit per unit per task, except that a unit mask keeping every unit
       costs nothing, and identical ones are stored once.
     * ``task_state``: gates or BatchNorm and heads of each task, identical tensors stored once
-      (so MTL's shared network state counts once and each task's head block once).
+      (so MTL's shared network state counts once and each task's head block once); a per-unit
+      tensor whose dead units are exactly zero (gates, BatchNorm scale and shift) counts its
+      alive units only, as checkpoints store it (see :meth:`TaskMask.alive_state`).
 
     ``total`` is their sum; ``one_dense_network`` (the dense supernet's weights) is given for
     comparison and is not part of the total.
@@ -63,8 +65,10 @@ def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
         len({_digest(m.units[g]) for m in masks if not bool(m.units[g].all())}) * ((size + 7) // 8)
         for g, size in supernet.group_sizes.items()
     )
-    keys = sorted({k for m in masks for k in m.state})
-    task_state = sum(_distinct_bytes([m.state[k] for m in masks if k in m.state]) for k in keys)
+    groups = supernet.unit_state_groups()
+    states = [m.alive_state(groups)[0] for m in masks]  # as checkpoints store them
+    keys = sorted({k for s in states for k in s})
+    task_state = sum(_distinct_bytes([s[k] for s in states if k in s]) for k in keys)
     own = sum(v.numel() * v.element_size() for m in masks for v in m.own.values())
     report = {
         "shared_weights": shared,

@@ -254,16 +254,46 @@ class TaskMask:
             mask = mask & self.owners.owned(layer, self.horizon, device)
         return mask.clone() if form == "structure" else mask
 
+    def alive_state(self, groups: dict[str, str]) -> tuple[dict[str, Tensor], dict[str, str]]:
+        """The task state with each per-unit tensor (``groups``: key -> unit group) cut to its
+        alive units where every dead unit's value is exactly +0.0 (gates and BatchNorm affine
+        parameters, zeroed when units die), and the keys so cut with their groups: what a
+        checkpoint stores; :meth:`expand_state` puts the zeros back, bit for bit."""
+        out, cut = dict(self.state), {}
+        for key, group in groups.items():
+            value, alive = self.state.get(key), self.units.get(group)
+            if value is None or alive is None or value.shape != alive.shape or bool(alive.all()):
+                continue
+            dead = value[~alive]
+            if bool((dead == 0).all()) and not bool(torch.signbit(dead).any()):
+                out[key], cut[key] = value[alive].clone(), group
+        return out, cut
+
+    @staticmethod
+    def expand_state(
+        state: dict[str, Tensor], cut: dict[str, str], units: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Inverse of :meth:`alive_state`: zeros at the dead units of each cut tensor."""
+        out = dict(state)
+        for key, group in cut.items():
+            alive = units[group]
+            full = torch.zeros(alive.shape, dtype=state[key].dtype)
+            full[alive] = state[key]
+            out[key] = full
+        return out
+
     def nnz(self) -> int:
         """Number of weights in the sub-network (an independent count from the stored form)."""
         return sum(int(self.weight_mask(k).sum()) for k in self.weights)
 
-    def nbytes(self) -> dict[str, int]:
-        """Bytes held by the stored masks, the unit masks, the task state and own weights
-        (the owner ids that derived masks read are shared by all tasks, not counted here)."""
+    def nbytes(self, groups: dict[str, str] | None = None) -> dict[str, int]:
+        """Bytes held by the stored masks, the unit masks, the task state (per-unit tensors of
+        ``groups`` cut to the alive units, see :meth:`alive_state`) and own weights (the owner
+        ids that derived masks read are shared by all tasks, not counted here)."""
+        state = self.alive_state(groups)[0] if groups else self.state
         return {
             "weight_masks": sum(v.numel() * v.element_size() for v in self.weights.values()),
             "unit_masks": sum((v.numel() + 7) // 8 for v in self.units.values()),
-            "state": sum(v.numel() * v.element_size() for v in self.state.values()),
+            "state": sum(v.numel() * v.element_size() for v in state.values()),
             "own_weights": sum(v.numel() * v.element_size() for v in self.own.values()),
         }

@@ -192,6 +192,16 @@ class Supernet(nn.Module):
             for key, value in m.task_state().items()
         }
 
+    def unit_state_groups(self) -> dict[str, str]:
+        """Task-state keys holding one value per unit (gates, BatchNorm), with their group."""
+        return {
+            f"{name}.{key}": m.group
+            for name, m in self.task_modules.items()
+            if isinstance(m, UnitModule)
+            for key, value in m.state_dict().items()
+            if key != "unit_mask" and value.dim() == 1 and value.numel() == m.num_units
+        }
+
     @torch.no_grad()
     def commit_task(self, weights: str = "shared") -> TaskMask:
         """Store the working sub-network as the next task's mask.
