@@ -403,7 +403,9 @@ def test_storage_counts_shared_weights_once_and_masks_per_task(fake_mnist, tiny_
             else:  # the smaller of one bit per weight and one int32 per kept weight
                 explicit += min((layer.weight.numel() + 7) // 8, 4 * int(dense.sum()))
     assert report["weight_masks"] == explicit
-    assert report["owner_ids"] == (sn.total_weights if derived else 0)  # uint8: one byte each
+    # 3 tasks: ids 0..2 and the free sentinel in 2 bit-planes of each layer
+    planes = 2 * sum((m.weight.numel() + 7) // 8 for m in sn.layers.values())
+    assert report["owner_ids"] == (planes if derived else 0)
     if reuse == "all":  # every task keeps all frozen weights: nothing stored per task
         assert derived == 3 * len(sn.layers) and explicit == 0
     else:  # the first task's mask is what it owns; later ones keep only some frozen weights

@@ -92,9 +92,20 @@ def test_files_are_safetensors_and_json_with_shared_weights_once(saved_fc):
     state = load_file(str(directory / "state-000001.safetensors"))
     shared = [k for k in state if k.startswith("shared.")]
     assert len(shared) == len(sn.layers)
+    bits = manifest["owner_bits"]  # 3 tasks: ids 0..2 and the free sentinel 3 in 2 bits
+    assert bits == 2
     for name, layer in sn.layers.items():  # one owner id per weight, for all tasks together
-        assert state[f"owner.{name}"].dtype == torch.uint8
-        assert torch.equal(state[f"owner.{name}"] != 255, layer.frozen)
+        planes = state[f"owner.{name}"]
+        n = layer.weight.numel()
+        assert planes.dtype == torch.uint8 and planes.numel() == bits * -(-n // 8)
+        ids = sum(
+            unpack_bits(planes[k * -(-n // 8) : (k + 1) * -(-n // 8)], (n,)).long() << k
+            for k in range(bits)
+        )
+        assert torch.equal(ids.view_as(layer.frozen) != 3, layer.frozen)
+        assert torch.equal(
+            ids.view_as(layer.frozen), sn.owners.ids[name].long().masked_fill(~layer.frozen, 3)
+        )
     for t in range(3):
         task = load_file(str(directory / f"task-{t:04d}.safetensors"))
         assert not any(k.startswith("shared.") for k in task)  # weights are stored once
@@ -306,7 +317,8 @@ def test_info_reports_per_task_storage(cli_run):
         assert cells[6] == f"{state_bytes:,}"
         assert cells[7] == f"{mask_bytes + state_bytes:,}"
         assert cells[8] == f"{manifest['tasks'][t]['bytes']:,}"
-    assert f"owner ids: {sum(sizes.values()) / 2**10:.1f} KiB (uint8" in result.output
+    owner_bytes = manifest["owner_bits"] * sum(-(-n // 8) for n in sizes.values())
+    assert f"owner ids: {owner_bytes / 2**10:.1f} KiB (2 bits per weight" in result.output
     on_disk = sum(p.stat().st_size for p in (cli_run / "checkpoint").iterdir())
     assert f"checkpoint {on_disk / 2**10:.1f} KiB on disk" in " ".join(result.output.split())
     assert f"the checkpoint is {on_disk / dense:.3f} of that" in " ".join(result.output.split())

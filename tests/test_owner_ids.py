@@ -217,7 +217,10 @@ def test_more_than_255_tasks_round_trip_through_the_checkpoint(tmp_path):
     meta = {"model": "tiny", "benchmark": "tiny", "config": {}, "spec": {}}
     CheckpointWriter(tmp_path / "checkpoint", meta).save(sn, engine, [])
     state = load_file(str(tmp_path / "checkpoint" / "state-000001.safetensors"))
-    assert all(state[f"owner.{n}"].dtype == torch.int16 for n in sn.layers)
+    manifest = json.loads((tmp_path / "checkpoint" / MANIFEST).read_text())
+    assert manifest["owner_bits"] == 9  # ids up to 299 and the sentinel 511: 9 bit-planes
+    for name, layer in sn.layers.items():
+        assert state[f"owner.{name}"].numel() == 9 * -(-layer.weight.numel() // 8)
     torch.manual_seed(5)
     other = Supernet(FCNet(64, [24, 16], 2, multi_head=True), torch.zeros(2, 1, 8, 8))
     restore(read_checkpoint(tmp_path / "checkpoint"), other)

@@ -38,7 +38,6 @@ from espn.methods.base import METHODS, Strategy
 from espn.supernet.masks import (
     EXPLICIT_FORMS,
     MASK_FORMS,
-    OWNER_DTYPES,
     Ownership,
     TaskMask,
     pack_bits,
@@ -73,7 +72,8 @@ class Checkpoint:
     rng: dict[str, Tensor]
     training: TrainingState | None = None
     file_bytes: dict[str, int] = field(default_factory=dict)
-    #: the supernet's owner ids (None in a version-1 checkpoint: derived from the masks)
+    #: the supernet's owner ids as bit-planes (see ``Ownership.packed``; None in a version-1
+    #: checkpoint: derived from the masks)
     owner_ids: dict[str, Tensor] | None = None
 
     @property
@@ -178,7 +178,7 @@ class CheckpointWriter:
         generation = self.generation + 1
         path = self.directory / state_file(generation)
         tensors = {f"shared.{n}": layer.weight for n, layer in supernet.layers.items()}
-        tensors |= {f"owner.{n}": ids for n, ids in supernet.owners.ids.items()}
+        tensors |= {f"owner.{n}": planes for n, planes in supernet.owners.packed().items()}
         tensors |= _rng_tensors(engine)
         train_doc = None
         if training is not None:
@@ -216,6 +216,7 @@ class CheckpointWriter:
             "total_weights": supernet.total_weights,
             "tasks": tasks,
             "state": {**file_entry(path), "generation": generation},
+            "owner_bits": supernet.owners.bits,
             "training": train_doc,
             "grad_scaler": _scaler_state(engine),
             **(extra or {}),
@@ -404,9 +405,16 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
         if w is None or w.shape != layer.weight.shape:
             raise CheckpointError(f"{where}: shared weight of layer {name!r} missing or misshapen")
         if ckpt.owner_ids is not None:
-            ids = ckpt.owner_ids.get(name)
-            if ids is None or ids.shape != layer.weight.shape or ids.dtype not in OWNER_DTYPES:
-                raise CheckpointError(f"{where}: owner ids of layer {name!r} missing or misshapen")
+            bits = ckpt.manifest.get("owner_bits")
+            planes = ckpt.owner_ids.get(name)
+            if (
+                not isinstance(bits, int)
+                or not 1 <= bits <= 63
+                or planes is None
+                or planes.dtype != torch.uint8
+                or planes.numel() != bits * ((layer.weight.numel() + 7) // 8)
+            ):
+                raise CheckpointError(f"{where}: owner ids of layer {name!r} missing or cut")
     state_keys = {
         f"{n}.{k}"
         for n, m in supernet.task_modules.items()
@@ -457,7 +465,10 @@ def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[
     device = next(iter(supernet.layers.values())).weight.device
     layout = supernet.owners.layout
     if ckpt.owner_ids is not None:
-        owners = Ownership(layout, {n: ckpt.owner_ids[n].to(device) for n in layout})
+        planes = {n: ckpt.owner_ids[n].to(device) for n in layout}
+        owners = Ownership.unpacked(
+            layout, planes, int(ckpt.manifest["owner_bits"]), len(ckpt.masks)
+        )
     else:
         owners = Ownership.empty(layout, device)
         for t, mask in enumerate(ckpt.masks):

@@ -197,8 +197,8 @@ def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
     total = sum(sizes.values())
     owners = sn.owners
     wide.print(
-        f"owner ids: {_mib(owners.nbytes())} ({str(owners.dtype).removeprefix('torch.')}, "
-        "one per weight for all tasks)"
+        f"owner ids: {_mib(owners.nbytes())} ({owners.bits} bits per weight, for all tasks "
+        "together)"
     )
     wide.print(
         f"checkpoint {_mib(total)} on disk: shared weights, owner ids and RNG state "

@@ -101,9 +101,51 @@ class Ownership:
         """The sentinel of a weight no task owns."""
         return torch.iinfo(self.dtype).max
 
+    @property
+    def bits(self) -> int:
+        """Bits per weight that hold every id given so far and the free sentinel (all ones):
+        ``ceil(log2(tasks + 1))``, at least 1."""
+        top = max(
+            (
+                int(v[v != self.free_id].max())
+                for v in self.ids.values()
+                if bool((v != self.free_id).any())
+            ),
+            default=-1,
+        )
+        return max(1, (top + 1).bit_length())
+
     def nbytes(self) -> int:
-        """Bytes of the owner-id tensors."""
-        return sum(v.numel() * v.element_size() for v in self.ids.values())
+        """Bytes of the owner ids as stored: :attr:`bits` bit-planes per layer."""
+        return self.bits * sum((v.numel() + 7) // 8 for v in self.ids.values())
+
+    def packed(self) -> dict[str, Tensor]:
+        """Each layer's ids as :attr:`bits` bit-planes, packed (uint8, one plane after the
+        other, each padded to whole bytes), the free sentinel as all ones."""
+        bits, free = self.bits, self.free_id
+        out = {}
+        for name, ids in self.ids.items():
+            values = ids.to(torch.int64).masked_fill(ids == free, (1 << bits) - 1).flatten()
+            out[name] = torch.cat([pack_bits((values >> k) & 1) for k in range(bits)])
+        return out
+
+    @classmethod
+    def unpacked(
+        cls, layout: dict[str, LayerLayout], planes: dict[str, Tensor], bits: int, n_tasks: int
+    ) -> Ownership:
+        """Inverse of :meth:`packed` (``n_tasks``: the dtype to hold them in)."""
+        dtype = owner_dtype(max(n_tasks, 1))
+        ids = {}
+        for name, lay in layout.items():
+            numel = torch.Size(lay.shape).numel()
+            per_plane = (numel + 7) // 8
+            values = torch.zeros(numel, dtype=torch.int64, device=planes[name].device)
+            for k in range(bits):
+                plane = planes[name][k * per_plane : (k + 1) * per_plane]
+                values |= unpack_bits(plane, (numel,)).to(torch.int64) << k
+            free = values == (1 << bits) - 1
+            ids[name] = values.masked_fill(free, torch.iinfo(dtype).max).to(dtype).view(lay.shape)
+        return cls(layout, ids)
 
     @torch.no_grad()
     def reserve(self, n_tasks: int) -> None:
