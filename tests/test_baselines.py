@@ -389,22 +389,41 @@ def test_mtl_trains_once_on_all_tasks_and_files_one_view_per_task(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ storage
-def test_storage_counts_shared_weights_once_and_masks_per_task(fake_mnist, tiny_run_args):
-    # gamma = 1: masks are sparse weight masks inside dense layers, so all must be stored
-    cfg = make_config(**tiny_run_args, model="fc-small", method="espn", gamma=1.0, alpha=0.3)
+@pytest.mark.parametrize("reuse", ["magnitude", "all"])
+def test_storage_counts_shared_weights_once_and_masks_per_task(fake_mnist, tiny_run_args, reuse):
+    # gamma = 1: masks are sparse weight masks inside dense layers; a mask that is exactly the
+    # weights owned by its task and earlier ones costs nothing (the owner ids count once)
+    cfg = make_config(
+        **tiny_run_args, model="fc-small", method="espn", gamma=1.0, alpha=0.3, reuse=reuse
+    )
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     engine = Engine(
         sn, METHODS.get("espn")(cfg.method_config()), cfg.optim_config(), 64, progress=False
     )
+    owned = []  # frozen after each task: the weights owned by it and earlier tasks
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)
+        owned.append({n: m.frozen.clone() for n, m in sn.layers.items()})
     report = storage_report(sn, "shared")
     used = sum(int(m.frozen.sum()) for m in sn.layers.values())
     assert report["shared_weights"] == 4 * used
-    assert report["weight_masks"] == 3 * sum(
-        (m.weight.numel() + 7) // 8 for m in sn.layers.values()
-    )
+    explicit, derived = 0, 0
+    for t, mask in enumerate(sn.masks):
+        for name, layer in sn.layers.items():
+            dense = mask.weight_mask(name)
+            if torch.equal(dense, owned[t][name]):
+                derived += 1
+            else:  # the smaller of one bit per weight and one int32 per kept weight
+                explicit += min((layer.weight.numel() + 7) // 8, 4 * int(dense.sum()))
+    assert report["weight_masks"] == explicit
+    # 3 tasks: ids 0..2 and the free sentinel in 2 bit-planes of each layer
+    planes = 2 * sum((m.weight.numel() + 7) // 8 for m in sn.layers.values())
+    assert report["owner_ids"] == (planes if derived else 0)
+    if reuse == "all":  # every task keeps all frozen weights: nothing stored per task
+        assert derived == 3 * len(sn.layers) and explicit == 0
+    else:  # the first task's mask is what it owns; later ones keep only some frozen weights
+        assert derived >= len(sn.layers) and explicit > 0
     assert report["own_weights"] == 0
     assert report["one_dense_network"] == 4 * sn.total_weights
     fixed = storage_report(sn, "fixed")["shared_weights"]

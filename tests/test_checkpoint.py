@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,11 @@ from espn.checkpoint.format import sha256_of
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
 from espn.models.fc import FCNet
-from espn.supernet import Supernet
+from espn.supernet import Supernet, unpack_bits
 from espn.training.engine import Engine
 
 runner = CliRunner()
+GROUPS = {"hidden1": 64, "hidden2": 48}  # the unit groups of fc-test (784-64-48-classes)
 META = {
     "model": "tiny",
     "benchmark": "tiny",
@@ -90,14 +92,36 @@ def test_files_are_safetensors_and_json_with_shared_weights_once(saved_fc):
     state = load_file(str(directory / "state-000001.safetensors"))
     shared = [k for k in state if k.startswith("shared.")]
     assert len(shared) == len(sn.layers)
+    bits = manifest["owner_bits"]  # 3 tasks: ids 0..2 and the free sentinel 3 in 2 bits
+    assert bits == 2
+    for name, layer in sn.layers.items():  # one owner id per weight, for all tasks together
+        planes = state[f"owner.{name}"]
+        n = layer.weight.numel()
+        assert planes.dtype == torch.uint8 and planes.numel() == bits * -(-n // 8)
+        ids = sum(
+            unpack_bits(planes[k * -(-n // 8) : (k + 1) * -(-n // 8)], (n,)).long() << k
+            for k in range(bits)
+        )
+        assert torch.equal(ids.view_as(layer.frozen) != 3, layer.frozen)
+        assert torch.equal(
+            ids.view_as(layer.frozen), sn.owners.ids[name].long().masked_fill(~layer.frozen, 3)
+        )
     for t in range(3):
         task = load_file(str(directory / f"task-{t:04d}.safetensors"))
         assert not any(k.startswith("shared.") for k in task)  # weights are stored once
-        packed = [v for k, v in task.items() if k.startswith("weights.")]
-        assert all(v.dtype == torch.uint8 for v in packed)
-        assert sum(v.numel() for v in packed) == sum(
-            -(-layer.weight.numel() // 8) for layer in sn.layers.values()
-        )
+        forms = manifest["tasks"][t]["masks"]
+        assert set(forms) == set(sn.layers)
+        stored = {
+            k.removeprefix("weights."): v for k, v in task.items() if k.startswith("weights.")
+        }
+        assert set(stored) == {n for n, f in forms.items() if f in ("bits", "indices")}
+        for name, payload in stored.items():  # the smaller of bits and indices
+            numel = sn.layers[name].weight.numel()
+            nnz = int(sn.masks[t].weight_mask(name).sum())
+            assert payload.numel() * payload.element_size() == min(-(-numel // 8), 4 * nnz)
+        for g, size in sn.group_sizes.items():  # unit masks: a bit per unit
+            assert task[f"units.{g}"].dtype == torch.uint8
+            assert task[f"units.{g}"].numel() == -(-size // 8)
         assert manifest["tasks"][t]["sha256"] == sha256_of(directory / f"task-{t:04d}.safetensors")
 
 
@@ -259,21 +283,44 @@ def test_info_reports_per_task_storage(cli_run):
     doc = json.loads((cli_run / "results.json").read_text())
     total = doc["total_weights"]  # 784*64 + 64*48 + 48*10 weights
     assert total == 784 * 64 + 64 * 48 + 48 * 10
-    mask_bytes = sum(-(-n // 8) for n in (784 * 64, 64 * 48, 48 * 10)) + (64 // 8 + 48 // 8)
-    state_bytes = 0  # the paper's FC task is its binary masks: released gates, no head bias
+    manifest = json.loads((cli_run / "checkpoint" / "manifest.json").read_text())
+    sizes = {n: math.prod(shape) for n, shape in manifest["architecture"]["layers"].items()}
+    assert sorted(sizes.values()) == sorted([784 * 64, 64 * 48, 48 * 10])
     lines = [line for line in result.output.splitlines() if line.startswith("│")]
     assert len(lines) == 3
+    dense = 0  # one dense model per task, with its own gates and head
     for t, line in enumerate(lines):
+        forms = manifest["tasks"][t]["masks"]
+        task = load_file(str(cli_run / "checkpoint" / f"task-{t:04d}.safetensors"))
+        # a derived mask costs nothing; an explicit one its bits (or 4 bytes per index)
+        weight_bytes = sum(
+            v.numel() * v.element_size() for k, v in task.items() if k.startswith("weights.")
+        )
+        assert weight_bytes <= sum(-(-sizes[n] // 8) for n in sizes)
+        assert weight_bytes == 0 or any(f in ("bits", "indices") for f in forms.values())
+        mask_bytes = weight_bytes + (64 // 8 + 48 // 8)
+        # gates (scale, shift) of the alive units only and the head's bias
+        alive = {g: int(unpack_bits(task[f"units.{g}"], (n,)).sum()) for g, n in GROUPS.items()}
+        state_bytes = 4 * (2 * alive["hidden1"] + 2 * alive["hidden2"] + 10)
+        dense += 4 * total + state_bytes
+        assert state_bytes == sum(
+            v.numel() * v.element_size() for k, v in task.items() if k.startswith("state.")
+        )
+        assert state_bytes < 4 * (2 * 64 + 2 * 48 + 10)  # dead units cost nothing
         cells = [c.strip() for c in line.strip("│").split("│")]
         assert cells[0] == str(t)
         assert cells[1] == f"{doc['flops_ratio'][t]:.3f}"
         assert cells[2] == f"{doc['used_weights'][t]:,}"
         assert cells[3] == f"{doc['new_weights'][t]:,}"
-        assert cells[4] == f"{mask_bytes:,}"
-        assert cells[5] == f"{state_bytes:,}"
+        assert cells[4] == "+".join(sorted(set(forms.values())))
+        assert cells[5] == f"{mask_bytes:,}"
+        assert cells[6] == f"{state_bytes:,}"
+        assert cells[7] == f"{mask_bytes + state_bytes:,}"
+        assert cells[8] == f"{manifest['tasks'][t]['bytes']:,}"
+    owner_bytes = manifest["owner_bits"] * sum(-(-n // 8) for n in sizes.values())
+    assert f"owner ids: {owner_bytes / 2**10:.1f} KiB (2 bits per weight" in result.output
     on_disk = sum(p.stat().st_size for p in (cli_run / "checkpoint").iterdir())
     assert f"checkpoint {on_disk / 2**10:.1f} KiB on disk" in " ".join(result.output.split())
-    dense = 3 * (4 * total + state_bytes)
     assert f"the checkpoint is {on_disk / dense:.3f} of that" in " ".join(result.output.split())
 
 

@@ -106,6 +106,7 @@ class RunConfig(BaseModel):
     reuse: str = "all"
     task_affine: bool = False
     prune_updates_per_epoch: int = 4
+    eval_every: int = 1
     train_per_task: int | None = None
     test_per_task: int | None = None
     seed: int = 0
@@ -245,6 +246,7 @@ class RunConfig(BaseModel):
         "test_per_task",
         "batch_size",
         "prune_updates_per_epoch",
+        "eval_every",
         "image_size",
     )
     @classmethod

@@ -81,15 +81,17 @@ def results_document(
     cfg: RunConfig,
     seq: TaskSequence,
     supernet: Supernet,
-    rows: list[list[float]],
+    rows: list[list[float] | None],
     per_task: list[dict],
 ) -> dict[str, Any]:
     """The ``results.json`` document of a (possibly unfinished) run.
 
     ``rows`` has one accuracy row per training step (per task, or a single row for MTL's
-    joint training), ``per_task`` one record per learned task.
+    joint training), None where ``eval_every`` skipped the evaluation; ``per_task`` one
+    record per learned task.
     """
     column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
+    rows_seen = any(r is not None for r in rows)
     storage = storage_report(supernet, METHODS.get(cfg.method).weights)
     return {
         "espn_version": __version__,
@@ -103,10 +105,10 @@ def results_document(
         "task_names": seq.names(len(per_task)),
         "complete": len(per_task) == len(seq),
         "accuracy_matrix": rows,
-        "final_accuracy": final_accuracy(rows) if rows else [],
-        "average_accuracy": average_accuracy(rows) if rows else None,
-        "forgetting": forgetting(rows) if rows else [],
-        "backward_transfer": backward_transfer(rows) if rows else None,
+        "final_accuracy": final_accuracy(rows) if rows_seen else [],
+        "average_accuracy": average_accuracy(rows) if rows_seen else None,
+        "forgetting": forgetting(rows) if rows_seen else [],
+        "backward_transfer": backward_transfer(rows) if rows_seen else None,
         "dense_flops": supernet.dense_flops,
         "total_weights": supernet.total_weights,
         "storage_bytes": storage["total"],
@@ -170,8 +172,9 @@ def run_experiment(
     seq: TaskSequence | None = None,
     on_warning: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``cfg`` to the end; results are rewritten atomically after every task, and the
-    checkpoint in ``<out>/checkpoint`` after every task and every epoch.
+    """Run ``cfg`` to the end; results are rewritten atomically after every evaluated task
+    (every ``cfg.eval_every`` tasks and the last), and the checkpoint in ``<out>/checkpoint``
+    after every task and every epoch.
 
     ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task;
     ``resume`` continues a killed run from its checkpoint (same options required); an ``out``
@@ -246,7 +249,8 @@ def _run_locked(
     if cfg.init_weights is not None and not rows:
         pretrained = load_weight_file(cfg.init_weights)
         expected_shapes(supernet, seq.tasks[0].n_classes)  # refused now, not after training
-    for i, task in enumerate(strategy.training_tasks(seq)):
+    steps = strategy.training_tasks(seq)
+    for i, task in enumerate(steps):
         if i < len(rows):
             continue
         first = len(supernet.masks)
@@ -261,7 +265,12 @@ def _run_locked(
                 resume=ckpt.resume_point(i),
             )
         learned = range(first, len(supernet.masks))  # one task, or all of them for MTL
-        rows.append([task_accuracy(supernet, seq.tasks[j], j) for j in range(learned.stop)])
+        evaluated = (i + 1) % cfg.eval_every == 0 or i == len(steps) - 1
+        rows.append(
+            [task_accuracy(supernet, seq.tasks[j], j) for j in range(learned.stop)]
+            if evaluated
+            else None
+        )
         for t in learned:
             record = task_record(supernet, t)
             record |= strategy.report() | {
@@ -286,10 +295,12 @@ def _run_locked(
             ) from None
         ckpt.task_done(seq, doc["wall_time_s"])
         if on_task_end is not None:
-            acc = sum(rows[-1][learned.start :]) / len(learned)  # the mean of MTL's tasks
+            row = rows[-1]
+            # the mean of MTL's tasks
+            acc = "-" if row is None else f"{sum(row[learned.start :]) / len(learned):.2f}%"
             new = sum(r["new_weights"] for r in per_task[learned.start :])
             on_task_end(
-                f"task {learned.stop}/{len(seq)} {task.name}: acc {acc:.2f}%  "
+                f"task {learned.stop}/{len(seq)} {task.name}: acc {acc}  "
                 f"FLOPs {record['flops_ratio']:.3f}  new weights {new}"
                 f"/{record['weight_budget']}  ({log.seconds:.1f}s)"
             )

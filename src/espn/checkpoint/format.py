@@ -6,10 +6,16 @@ A checkpoint is a directory (``<run>/checkpoint``) holding
   configuration, the supernet's architecture (layer shapes, unit groups, task modules), one
   entry per committed task (its file, budgets and results), the current state file, and the
   position of a task in training, if any;
-* ``task-NNNN.safetensors``: one per committed task, never rewritten: its bit-packed weight
-  masks, unit masks and task-specific state (gates or BatchNorm, heads);
-* ``state-GGGGGG.safetensors``: the shared weights (once), random-number-generator states and,
-  mid-task, the working sub-network, task modules and optimizer state.
+* ``task-NNNN.safetensors``: one per committed task, never rewritten: its explicitly stored
+  weight masks (bit-packed or indices; a mask derived from owner ids or unit masks is only
+  its form and horizon in the manifest, see :mod:`espn.supernet.masks`), bit-packed unit
+  masks, task-specific state (gates or BatchNorm, heads) and its accuracy row;
+* ``state-GGGGGG.safetensors``: the shared weights and their owner ids (once), random-number-
+  generator states and, mid-task, the working sub-network, task modules and optimizer state.
+
+Version 1 (before owner ids) stored every mask bit-packed, unit masks as booleans, the layer
+shapes and accuracy row of each task in the manifest; it is still read (converted on read)
+and a run resumed from it keeps its old task files.
 
 Every file is written to a temporary name and renamed; the manifest, which names every file
 with its size and SHA-256, is replaced last, and files it no longer names are deleted after.
@@ -29,7 +35,7 @@ from typing import Any
 from espn.supernet.supernet import Supernet
 
 FORMAT_NAME = "espn-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 CHECKPOINT_DIR = "checkpoint"
 

@@ -51,10 +51,12 @@ def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
     """The options (outside :data:`RESUMABLE_CHANGES`) in which ``cfg`` differs from the
     ``saved`` configuration of a run, each as ``"key=saved in the checkpoint, now now"``."""
     now = cfg.model_dump(mode="json")
+    # an option newer than the checkpoint was, in effect, at its default
+    was = {k: saved.get(k, RunConfig.model_fields[k].default) for k in now}
     return [
-        f"{key}={saved.get(key)!r} in the checkpoint, {now[key]!r} now"
+        f"{key}={was[key]!r} in the checkpoint, {now[key]!r} now"
         for key in now
-        if key not in RESUMABLE_CHANGES and saved.get(key) != now[key]
+        if key not in RESUMABLE_CHANGES and was[key] != now[key]
     ]
 
 
@@ -132,7 +134,7 @@ class RunCheckpoint:
     writer: CheckpointWriter
     supernet: Supernet
     engine: Engine
-    rows: list[list[float]]
+    rows: list[list[float] | None]
     per_task: list[dict[str, Any]]
     training: TrainingState | None = None
     elapsed: float = 0.0
@@ -174,7 +176,11 @@ class RunCheckpoint:
             CheckpointWriter.resume(ckpt),
             supernet,
             engine,
-            rows=[list(t["accuracy"]) for t in ckpt.tasks if "accuracy" in t],
+            rows=[
+                None if t["accuracy"] is None else list(t["accuracy"])
+                for t in ckpt.tasks
+                if "accuracy" in t
+            ],
             per_task=[dict(t["record"]) for t in ckpt.tasks],
             training=ckpt.training,
             elapsed=float(ckpt.manifest.get("wall_time_s", 0.0)),

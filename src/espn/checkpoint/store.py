@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,15 @@ from espn.checkpoint.format import (
     task_file,
     verify_file,
 )
-from espn.methods.base import Strategy
-from espn.supernet.masks import TaskMask, pack_bits, unpack_bits
+from espn.methods.base import METHODS, Strategy
+from espn.supernet.masks import (
+    EXPLICIT_FORMS,
+    MASK_FORMS,
+    Ownership,
+    TaskMask,
+    pack_bits,
+    unpack_bits,
+)
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
 from espn.utils.io import atomic_target, os_error_text, write_json_atomic
@@ -65,6 +72,9 @@ class Checkpoint:
     rng: dict[str, Tensor]
     training: TrainingState | None = None
     file_bytes: dict[str, int] = field(default_factory=dict)
+    #: the supernet's owner ids as bit-planes (see ``Ownership.packed``; None in a version-1
+    #: checkpoint: derived from the masks)
+    owner_ids: dict[str, Tensor] | None = None
 
     @property
     def tasks(self) -> list[dict[str, Any]]:
@@ -118,7 +128,11 @@ class CheckpointWriter:
         m = checkpoint.manifest
         writer.directory = checkpoint.directory
         writer.meta = {k: m[k] for k in ("model", "benchmark", "config", "spec")}
-        writer.tasks = [dict(t) for t in m["tasks"]]
+        # accuracy rows live in version-2 task files (read back into the entries in memory)
+        writer.tasks = [
+            {k: v for k, v in t.items() if not (k == "accuracy" and "masks" in t and v is not None)}
+            for t in m["tasks"]
+        ]
         writer.generation = int(m["state"]["generation"])
         writer.started = m.get("started", "")
         return writer
@@ -168,21 +182,32 @@ class CheckpointWriter:
         for t in range(len(tasks), len(supernet.masks)):
             path = self.directory / task_file(t)
             mask = supernet.masks[t]
-            _save_tensors(path, _task_tensors(mask))
-            info = task_results[t] if t < len(task_results) else {}
+            info = dict(task_results[t]) if t < len(task_results) else {}
+            row = info.pop("accuracy", None)
+            state, cut = mask.alive_state(supernet.unit_state_groups())
+            _save_tensors(path, _task_tensors(replace(mask, state=state), row))
             tasks.append(
                 {
                     "index": t,
                     **file_entry(path),
-                    "shapes": {k: list(v) for k, v in mask.shapes.items()},
+                    "masks": {k: mask.form(k) for k in mask.weights},
+                    "horizon": mask.horizon,
+                    "alive_only": cut,
                     "n_classes": mask.n_classes,
                     "new_weights": mask.new_weights,
                     **info,
+                    # a row skipped by --eval-every is null; a task after MTL's row has none
+                    **(
+                        {"accuracy": None}
+                        if row is None and t < len(task_results) and "accuracy" in task_results[t]
+                        else {}
+                    ),
                 }
             )
         generation = self.generation + 1
         path = self.directory / state_file(generation)
         tensors = {f"shared.{n}": layer.weight for n, layer in supernet.layers.items()}
+        tensors |= {f"owner.{n}": planes for n, planes in supernet.owners.packed().items()}
         tensors |= _rng_tensors(engine)
         train_doc = None
         if training is not None:
@@ -220,6 +245,7 @@ class CheckpointWriter:
             "total_weights": supernet.total_weights,
             "tasks": tasks,
             "state": {**file_entry(path), "generation": generation},
+            "owner_bits": supernet.owners.bits,
             "training": train_doc,
             "grad_scaler": _scaler_state(engine),
             **(extra or {}),
@@ -245,11 +271,15 @@ def _scaler_state(engine: Engine) -> dict[str, Any] | None:
     return scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
 
 
-def _task_tensors(mask: TaskMask) -> dict[str, Tensor]:
-    out = {f"weights.{k}": v for k, v in mask.weights.items()}
-    out |= {f"units.{k}": v for k, v in mask.units.items()}
+def _task_tensors(mask: TaskMask, row: list[float] | None) -> dict[str, Tensor]:
+    """A task file's tensors: explicit masks only (derived ones are their form and horizon in
+    the manifest), bit-packed unit masks, task state, own weights, its accuracy row."""
+    out = {f"weights.{k}": v for k, v in mask.weights.items() if mask.form(k) in EXPLICIT_FORMS}
+    out |= {f"units.{k}": pack_bits(v) for k, v in mask.units.items()}
     out |= {f"state.{k}": v for k, v in mask.state.items()}
     out |= {f"own.{k}": v for k, v in mask.own.items()}
+    if row is not None:
+        out["accuracy"] = torch.tensor(row, dtype=torch.float64)
     return out
 
 
@@ -285,8 +315,64 @@ def _prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
+def _read_task(
+    path: Path, entry: dict[str, Any], tensors: dict[str, Tensor], arch: dict[str, Any]
+) -> TaskMask:
+    """A task's mask from its file: version 2 (entry names each layer's mask form) or
+    version 1 (every mask bit-packed, unit masks as booleans, shapes in the entry)."""
+    weights = _prefixed(tensors, "weights.")
+    common = {
+        "state": _prefixed(tensors, "state."),
+        "n_classes": int(entry["n_classes"]),
+        "new_weights": int(entry["new_weights"]),
+        "own": _prefixed(tensors, "own."),
+    }
+    if "masks" not in entry:  # version 1
+        shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
+        if set(weights) != set(shapes):
+            raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
+        units = {k: v.bool() for k, v in _prefixed(tensors, "units.").items()}
+        return TaskMask(weights=weights, shapes=shapes, units=units, **common)
+    forms = dict(entry["masks"])
+    shapes = {k: tuple(v) for k, v in arch["layers"].items()}
+    bad = {k: f for k, f in forms.items() if f not in MASK_FORMS}
+    if (
+        set(forms) != set(shapes)
+        or bad
+        or set(weights) != {k for k, f in forms.items() if f in EXPLICIT_FORMS}
+    ):
+        raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
+    for k, f in forms.items():
+        if f not in EXPLICIT_FORMS:
+            weights[k] = torch.empty(0, dtype=torch.uint8)
+    units = {}
+    for g, packed in _prefixed(tensors, "units.").items():
+        size = int(arch["groups"].get(g, -1))
+        fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
+        units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
+    state = common["state"]
+    # a missing or misshapen unit mask is reported by the tensor checks of restore()
+    cut = {k: g for k, g in entry.get("alive_only", {}).items() if g in units}
+    for key, group in cut.items():
+        if key not in state or state[key].shape != (int(units[group].sum()),):
+            raise CheckpointError(f"checkpoint file {path}: task state {key!r} is cut")
+    common["state"] = TaskMask.expand_state(state, cut, units)
+    return TaskMask(
+        weights=weights,
+        shapes=shapes,
+        units=units,
+        forms=forms,
+        horizon=int(entry["horizon"]),
+        **common,
+    )
+
+
 def read_checkpoint(directory: Path | str) -> Checkpoint:
-    """Read and validate a checkpoint: manifest, every file's size and SHA-256, tensor names."""
+    """Read and validate a checkpoint: manifest, every file's size and SHA-256, tensor names.
+
+    Version-1 checkpoints (every mask bit-packed, no owner ids) are read as they are and
+    converted by :func:`restore`; a task's accuracy row, kept in its version-2 task file,
+    is put back into its manifest entry (``"accuracy"``) in memory."""
     directory = Path(directory)
     manifest = read_manifest(directory)
     sizes = {MANIFEST: (directory / MANIFEST).stat().st_size}
@@ -295,24 +381,13 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
         path = verify_file(directory, entry)
         sizes[path.name] = entry["bytes"]
         tensors = _load_tensors(path)
-        shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
-        weights = _prefixed(tensors, "weights.")
-        if set(weights) != set(shapes):
-            raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
-        masks.append(
-            TaskMask(
-                weights=weights,
-                shapes=shapes,
-                units={k: v.bool() for k, v in _prefixed(tensors, "units.").items()},
-                state=_prefixed(tensors, "state."),
-                n_classes=int(entry["n_classes"]),
-                new_weights=int(entry["new_weights"]),
-                own=_prefixed(tensors, "own."),
-            )
-        )
+        masks.append(_read_task(path, entry, tensors, manifest["architecture"]))
+        if "accuracy" in tensors:
+            entry["accuracy"] = tensors["accuracy"].tolist()
     path = verify_file(directory, manifest["state"])
     sizes[path.name] = manifest["state"]["bytes"]
     tensors = _load_tensors(path)
+    owner_ids = _prefixed(tensors, "owner.") if manifest["format_version"] >= 2 else None
     training = None
     doc = manifest.get("training")
     if doc is not None:
@@ -345,6 +420,7 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
         rng=_prefixed(tensors, "rng."),
         training=training,
         file_bytes=sizes,
+        owner_ids=owner_ids,
     )
 
 
@@ -356,13 +432,38 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
         w = ckpt.shared.get(name)
         if w is None or w.shape != layer.weight.shape:
             raise CheckpointError(f"{where}: shared weight of layer {name!r} missing or misshapen")
-    committed_keys = supernet.task_state_keys(committed=True)
-    packed = {n: (layer.weight.numel() + 7) // 8 for n, layer in supernet.layers.items()}
+        if ckpt.owner_ids is not None:
+            bits = ckpt.manifest.get("owner_bits")
+            planes = ckpt.owner_ids.get(name)
+            if (
+                not isinstance(bits, int)
+                or not 1 <= bits <= 63
+                or planes is None
+                or planes.dtype != torch.uint8
+                or planes.numel() != bits * ((layer.weight.numel() + 7) // 8)
+            ):
+                raise CheckpointError(f"{where}: owner ids of layer {name!r} missing or cut")
+    numel = {n: layer.weight.numel() for n, layer in supernet.layers.items()}
 
-    def check_masks(what: str, weights: dict, units: dict, state: dict, keys: set[str]) -> None:
-        for name, n_bytes in packed.items():
-            if name not in weights or weights[name].numel() != n_bytes:
+    def check_masks(
+        what: str, weights: dict, units: dict, state: dict, forms: dict, keys: set[str]
+    ) -> None:
+        for name, n in numel.items():
+            form = forms.get(name, "bits")
+            payload = weights.get(name)
+            fits = payload is not None and (
+                (form == "bits" and payload.numel() == (n + 7) // 8)
+                or (
+                    form == "indices"
+                    and payload.dtype == torch.int32
+                    and bool(((payload >= 0) & (payload < n)).all())
+                )
+                or form not in EXPLICIT_FORMS
+            )
+            if not fits:
                 raise CheckpointError(f"{where}: {what}: weight mask of {name!r} missing or cut")
+            if form == "owned" and ckpt.owner_ids is None:
+                raise CheckpointError(f"{where}: {what}: mask of {name!r} needs owner ids")
         for g, size in supernet.group_sizes.items():
             if g not in units or units[g].shape != (size,):
                 raise CheckpointError(f"{where}: {what}: unit mask of group {g!r} missing or cut")
@@ -372,17 +473,64 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
     for t, mask in enumerate(ckpt.masks):
         if mask.shapes != {n: tuple(layer.weight.shape) for n, layer in supernet.layers.items()}:
             raise CheckpointError(f"{where}: task {t}: mask shapes differ from the model's")
-        check_masks(f"task {t}", mask.weights, mask.units, mask.state, committed_keys)
-        if mask.own and (
-            set(mask.own) != set(packed)
-            or any(mask.own[n].numel() != int(mask.weight_mask(n).sum()) for n in packed)
-        ):
-            raise CheckpointError(f"{where}: task {t}: its own weights do not fit its masks")
+        keys = supernet.task_state_keys(committed=True)
+        check_masks(f"task {t}", mask.weights, mask.units, mask.state, mask.forms, keys)
     if ckpt.training is not None:
         tr = ckpt.training
-        check_masks(
-            "task in training", tr.weight_masks, tr.units, tr.task_state, supernet.task_state_keys()
+        keys = supernet.task_state_keys()
+        check_masks("task in training", tr.weight_masks, tr.units, tr.task_state, {}, keys)
+
+
+def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[TaskMask]]:
+    """The checkpoint's owner ids and masks reading them, on the supernet's device.
+
+    A version-1 checkpoint has no owner ids: each weight's owner is the first task (that does
+    not keep its own weights) whose mask holds it, and every mask is converted to its smallest
+    exact form, as if it had been committed by this espn.
+    """
+    device = next(iter(supernet.layers.values())).weight.device
+    layout = supernet.owners.layout
+    if ckpt.owner_ids is not None:
+        planes = {n: ckpt.owner_ids[n].to(device) for n in layout}
+        owners = Ownership.unpacked(
+            layout, planes, int(ckpt.manifest["owner_bits"]), len(ckpt.masks)
         )
+    else:
+        owners = Ownership.empty(layout, device)
+        for t, mask in enumerate(ckpt.masks):
+            if not mask.own:
+                owners.take({n: mask.weight_mask(n, device) for n in layout}, t)
+    method = ckpt.manifest.get("method")
+    kind = METHODS.get(method).weights if method in METHODS else None
+    masks = []
+    for t, mask in enumerate(ckpt.masks):
+        # as commit_task does: only trained, shared weights may be stored as owned
+        shared = kind == "shared" or (kind is None and not mask.own)
+        if mask.forms:
+            masks.append(replace(mask, owners=owners))
+        else:
+            dense = {n: mask.weight_mask(n) for n in layout}
+            masks.append(
+                TaskMask.from_dense(
+                    dense,
+                    mask.units,
+                    mask.state,
+                    mask.n_classes,
+                    mask.new_weights,
+                    mask.own,
+                    owners=owners,
+                    horizon=t if shared else -1,
+                )
+            )
+    for t, mask in enumerate(masks):
+        if mask.own and (
+            set(mask.own) != set(layout)
+            or any(mask.own[n].numel() != int(mask.weight_mask(n).sum()) for n in layout)
+        ):
+            raise CheckpointError(
+                f"{ckpt.directory}: task {t}: its own weights do not fit its masks"
+            )
+    return owners, masks
 
 
 @torch.no_grad()
@@ -392,25 +540,24 @@ def restore(
     engine: Engine | None = None,
     strategy: Strategy | None = None,
 ) -> None:
-    """Load ``ckpt`` into a freshly built ``supernet``: shared weights, every committed task
-    (frozen weights are their union) and, given the ``engine`` and ``strategy`` to continue
-    with, the task in training and the random-number generators. Validates first."""
+    """Load ``ckpt`` into a freshly built ``supernet``: shared weights, owner ids, every
+    committed task (frozen weights are the owned ones) and, given the ``engine`` and
+    ``strategy`` to continue with, the task in training and the random-number generators.
+    Validates first; converts a version-1 checkpoint (see :func:`_owned_masks`)."""
     check_architecture(ckpt.manifest["architecture"], supernet, str(ckpt.manifest["model"]))
     _check_tensors(ckpt, supernet)
     if supernet.masks:
         raise ValueError("restore() needs a freshly built supernet with no task learned")
-    supernet.masks = list(ckpt.masks)
+    owners, masks = _owned_masks(ckpt, supernet)
+    supernet.owners = owners
+    supernet.masks = masks
     supernet.in_training = False
     supernet.active_task = None
     if supernet.masks:  # first: a task with its own weights (Individual) writes them in
         supernet.use_task(len(supernet.masks) - 1)
     for name, layer in supernet.layers.items():
         layer.weight.copy_(ckpt.shared[name].to(layer.weight.device))
-        frozen = torch.zeros_like(layer.frozen)
-        for mask in ckpt.masks:
-            if not mask.own:  # a task with its own weights freezes nothing
-                frozen |= mask.weight_mask(name, layer.weight.device)
-        layer.frozen.copy_(frozen)
+        layer.frozen.copy_(owners.frozen(name))
     if engine is None:
         return
     tr = ckpt.training

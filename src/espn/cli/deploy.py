@@ -41,14 +41,14 @@ def evaluate(
     status is 1 if any differs.
     """
     from espn.checkpoint.run import load_run
-    from espn.evaluation.metrics import task_accuracy
+    from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.experiment import build_benchmark
 
     loaded = load_run(run, device)
     seq = build_benchmark(loaded.config)
     doc = _results(run)
-    rows = [t["accuracy"] for t in loaded.checkpoint.tasks if "accuracy" in t]
-    reported = doc["final_accuracy"] if doc else (rows[-1] if rows else [])
+    rows = [t["accuracy"] for t in loaded.checkpoint.tasks if t.get("accuracy") is not None]
+    reported = doc["final_accuracy"] if doc else (final_accuracy(rows) if rows else [])
     source = "results.json" if doc else "checkpoint"
     table = Table("task", "name", "accuracy %", f"{source} %", "match")
     mismatches = []
@@ -150,52 +150,73 @@ def load_hint(out: Path, files: list[str]) -> str:
 def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
     """Print per-task FLOPs, weights and storage, and the checkpoint's size.
 
-    Per task: FLOPs ratio, weights used, new weights, bytes of its masks and of its
-    BatchNorm/gates/head; then the whole checkpoint's size next to one dense model per task.
+    Per task: FLOPs ratio, weights used, new weights (those it owns), the form its weight masks
+    are stored in, the bytes of its masks and of its BatchNorm/gates/head, the task's bytes in
+    all, and its file's size; then the owner ids and the whole checkpoint's size next to one
+    dense model per task.
     """
     from espn.checkpoint.run import load_run
 
     loaded = load_run(run)
     sn, ckpt, m = loaded.supernet, loaded.checkpoint, loaded.checkpoint.manifest
     cfg = loaded.config
-    console.print(
+    wide = Console(width=max(console.width, 132))  # nine columns, not cut off in a pipe
+    wide.print(
         f"{run}: {cfg.method} on {cfg.benchmark} with {cfg.model}, gamma {cfg.gamma}, "
         f"alpha {cfg.alpha}; {loaded.n_tasks}/{m.get('n_tasks', '?')} tasks finished"
         + ("" if ckpt.training is None else f", task {ckpt.training.task} in training")
     )
     table = Table(
-        "task", "FLOPs ratio", "weights used", "new weights", "mask B", "BN/head B", "file B"
+        "task",
+        "FLOPs ratio",
+        "weights used",
+        "new weights owned",
+        "masks as",
+        "mask B",
+        "BN/head B",
+        "task B",
+        "file B",
     )
     weight_bytes = sum(
         layer.weight.numel() * layer.weight.element_size() for layer in sn.layers.values()
     )
     dense_total = 0
+    groups = sn.unit_state_groups()
     for t, mask in enumerate(sn.masks):
         sn.use_task(t)
-        nbytes = mask.nbytes()
+        nbytes = mask.nbytes(groups)
         entry = ckpt.tasks[t]
         dense_total += weight_bytes + nbytes["state"]
+        mask_bytes = nbytes["weight_masks"] + nbytes["unit_masks"]
         table.add_row(
             str(t),
             f"{sn.flops(mask.units) / sn.dense_flops:.3f}",
             f"{mask.nnz():,}",
             f"{mask.new_weights:,}",
-            f"{nbytes['weight_masks'] + nbytes['unit_masks']:,}",
+            "+".join(sorted({mask.form(n) for n in mask.weights})),
+            f"{mask_bytes:,}",
             f"{nbytes['state']:,}",
+            f"{sum(nbytes.values()):,}",
             f"{entry['bytes']:,}",
         )
-    console.print(table)
+    wide.print(table)
     sizes = ckpt.file_bytes
     task_bytes = sum(t["bytes"] for t in ckpt.tasks)
     state_bytes = m["state"]["bytes"]
     total = sum(sizes.values())
-    console.print(
-        f"checkpoint {_mib(total)} on disk: shared weights and RNG state {_mib(state_bytes)}"
+    owners = sn.owners
+    wide.print(
+        f"owner ids: {_mib(owners.nbytes())} ({owners.bits} bits per weight, for all tasks "
+        "together)"
+    )
+    wide.print(
+        f"checkpoint {_mib(total)} on disk: shared weights, owner ids and RNG state "
+        f"{_mib(state_bytes)}"
         + ("" if ckpt.training is None else " (with the task in training and its optimizer)")
         + f", {len(ckpt.tasks)} task files {_mib(task_bytes)}, manifest {_mib(sizes['manifest.json'])}"
     )
     if dense_total:
-        console.print(
+        wide.print(
             f"one dense model per task: {loaded.n_tasks} x {_mib(weight_bytes)} weights + own "
             f"BN/gates/head = {_mib(dense_total)}; the checkpoint is {total / dense_total:.3f} of that"
         )

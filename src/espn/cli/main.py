@@ -166,6 +166,11 @@ def run(
         help="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): its "
         "non-zero weights are frozen as the first task.",
     ),
+    eval_every: int = typer.Option(
+        1,
+        help="Evaluate all tasks so far after every K-th task and the last (accuracy-matrix "
+        "rows; skipped rows are null).",
+    ),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
     data_dir: Path | None = typer.Option(
         None, help="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
@@ -219,6 +224,7 @@ def run(
         warmup=warmup,
         finetune_lr=finetune_lr,
         finetune_schedule=finetune_schedule,
+        eval_every=eval_every,
         seed=seed,
         task_seed=task_seed,
         class_order=class_order,
@@ -296,6 +302,14 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
         )
     console.print(table)
     console.print(f"average accuracy {doc['average_accuracy']:.2f}%")
+    rows = doc["accuracy_matrix"]
+    skipped = sum(row is None for row in rows)
+    if skipped:
+        console.print(
+            f"accuracy matrix: {len(rows) - skipped} of {len(rows)} rows evaluated "
+            f"(every {doc['config'].get('eval_every', 1)} tasks and the last); "
+            "forgetting and BWT use those rows"
+        )
 
 
 def main() -> None:

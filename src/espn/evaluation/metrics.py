@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -30,28 +32,46 @@ def task_accuracy(
     return 100.0 * int(correct) / max(len(task.split(split)), 1)
 
 
-def final_accuracy(matrix: list[list[float]]) -> list[float]:
-    """Accuracy of every task after the last task was learned (the last row)."""
-    return list(matrix[-1])
+#: an accuracy matrix: one row per training step, None where evaluation was skipped
+#: (``--eval-every``); the last step's row is always there in a finished run
+Matrix = Sequence[Sequence[float] | None]
 
 
-def average_accuracy(matrix: list[list[float]]) -> float:
-    """Mean accuracy over all tasks after the last one (the matrix's last row)."""
-    row = matrix[-1]
+def last_row(matrix: Matrix) -> tuple[int, list[float]]:
+    """Index and values of the latest evaluated row."""
+    for i in range(len(matrix) - 1, -1, -1):
+        row = matrix[i]
+        if row is not None:
+            return i, list(row)
+    raise ValueError("the accuracy matrix has no evaluated row")
+
+
+def final_accuracy(matrix: Matrix) -> list[float]:
+    """Accuracy of every task after the last task was learned (the last evaluated row)."""
+    return last_row(matrix)[1]
+
+
+def average_accuracy(matrix: Matrix) -> float:
+    """Mean accuracy over all tasks after the last one (the last evaluated row)."""
+    row = final_accuracy(matrix)
     return sum(row) / len(row)
 
 
-def forgetting(matrix: list[list[float]]) -> list[float]:
-    """Per task: best accuracy it ever had minus its final accuracy (0 for zero forgetting).
+def forgetting(matrix: Matrix) -> list[float]:
+    """Per task: best accuracy it had in an evaluated row minus its final accuracy (0 for
+    zero forgetting).
 
     Rows may cover several tasks at once (MTL's single row covers all of them)."""
-    last = matrix[-1]
-    return [max(row[j] for row in matrix if len(row) > j) - last[j] for j in range(len(last))]
+    last = final_accuracy(matrix)
+    rows = [row for row in matrix if row is not None]
+    return [max(row[j] for row in rows if len(row) > j) - last[j] for j in range(len(last))]
 
 
-def backward_transfer(matrix: list[list[float]]) -> float:
-    """BWT (Lopez-Paz & Ranzato 2017): mean over j < T-1 of acc[T-1][j] - acc[j][j]."""
-    n = len(matrix)
-    if n < 2:
+def backward_transfer(matrix: Matrix) -> float:
+    """BWT (Lopez-Paz & Ranzato 2017): mean over j < T-1 of acc[T-1][j] - acc[j][j], over the
+    tasks j whose row was evaluated (all of them unless ``--eval-every`` skipped some)."""
+    n, last = last_row(matrix)
+    seen = [j for j in range(n) if matrix[j] is not None]
+    if not seen:
         return 0.0
-    return sum(matrix[-1][j] - matrix[j][j] for j in range(n - 1)) / (n - 1)
+    return sum(last[j] - matrix[j][j] for j in seen) / len(seen)  # type: ignore[index]

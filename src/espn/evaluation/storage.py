@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import hashlib
 
-import torch
 from torch import Tensor
 
-from espn.supernet.masks import TaskMask
 from espn.supernet.supernet import Supernet
 
 
 def _digest(t: Tensor) -> str:
-    return hashlib.sha1(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+    data = t.detach().cpu().contiguous().numpy().tobytes()
+    return hashlib.sha1(str(t.dtype).encode() + data).hexdigest()
 
 
 def _distinct_bytes(tensors: list[Tensor]) -> int:
@@ -23,32 +22,26 @@ def _distinct_bytes(tensors: list[Tensor]) -> int:
     return sum(seen.values())
 
 
-def _structural(supernet: Supernet, mask: TaskMask, name: str) -> bool:
-    """Whether ``mask``'s weight mask of layer ``name`` follows from its unit masks alone."""
-    layer = supernet.layers[name]
-    shape = layer.weight.shape
-    implied = torch.ones(shape[:2], dtype=torch.bool)
-    if layer.out_units:
-        implied &= mask.units[layer.out_units].view(-1, 1)
-    if layer.in_units:
-        implied &= mask.units[layer.in_units].view(1, -1)
-    implied = implied.view(*shape[:2], *([1] * (len(shape) - 2))).expand(shape)
-    return torch.equal(mask.weight_mask(name), implied)
-
-
 def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
     """Bytes needed to store every learned task so that each can be run again, by part.
 
     * ``shared_weights``: for ``weights="shared"`` the values of the weights some task uses
-      (the union of the masks), for ``"fixed"`` (SupSup's signed constants) one sign bit per
-      weight plus one float per layer, for ``"own"`` (Individual) nothing: each task stores
-      its own weights (``own_weights``: the values inside its mask).
-    * ``weight_masks`` and ``unit_masks``: one bit per weight / unit per task, except that a
-      unit mask keeping every unit costs nothing, a weight mask that is exactly the structure
-      its unit masks imply (every weight between alive units: no weight pruning) costs
-      nothing, and identical masks are stored once.
+      (the owned weights: the union of the masks), for ``"fixed"`` (SupSup's signed
+      constants) one sign bit per weight plus one float per layer, for ``"own"``
+      (Individual) nothing: each task stores its own weights (``own_weights``: the values
+      inside its mask).
+    * ``owner_ids``: the supernet's owner-id tensors (one small integer per weight, for all
+      tasks together), counted when some task's mask is stored as the weights it and earlier
+      tasks own.
+    * ``weight_masks``: each task's mask in the form it is stored in (see
+      :mod:`espn.supernet.masks`): nothing for a mask derived from owner ids or from its unit
+      masks, else bit-packed or as indices; identical masks are stored once.
+    * ``unit_masks``: one bit per unit per task, except that a unit mask keeping every unit
+      costs nothing, and identical ones are stored once.
     * ``task_state``: gates or BatchNorm and heads of each task, identical tensors stored once
-      (so MTL's shared network state counts once and each task's head block once).
+      (so MTL's shared network state counts once and each task's head block once); a per-unit
+      tensor whose dead units are exactly zero (gates, BatchNorm scale and shift) counts its
+      alive units only, as checkpoints store it (see :meth:`TaskMask.alive_state`).
 
     ``total`` is their sum; ``one_dense_network`` (the dense supernet's weights) is given for
     comparison and is not part of the total.
@@ -58,27 +51,28 @@ def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
     shared = 0
     if weights == "shared" and masks:
         for name in supernet.layers:
-            used = masks[0].weight_mask(name)
-            for mask in masks[1:]:
-                used |= mask.weight_mask(name)
-            shared += int(used.sum()) * element[name]
+            shared += int(supernet.owners.frozen(name).sum()) * element[name]
     elif weights == "fixed":
         shared = sum((m.weight.numel() + 7) // 8 + element[n] for n, m in supernet.layers.items())
     elif weights not in ("shared", "own"):
         raise ValueError(f"unknown weights {weights!r}; choose 'shared', 'own' or 'fixed'")
+    owned = any(m.form(n) == "owned" for m in masks for n in m.weights)
     weight_masks = sum(
-        _distinct_bytes([m.weights[n] for m in masks if not _structural(supernet, m, n)])
+        _distinct_bytes([m.weights[n] for m in masks if m.weights[n].numel()])
         for n in supernet.layers
     )
     unit_masks = sum(
         len({_digest(m.units[g]) for m in masks if not bool(m.units[g].all())}) * ((size + 7) // 8)
         for g, size in supernet.group_sizes.items()
     )
-    keys = sorted({k for m in masks for k in m.state})
-    task_state = sum(_distinct_bytes([m.state[k] for m in masks if k in m.state]) for k in keys)
+    groups = supernet.unit_state_groups()
+    states = [m.alive_state(groups)[0] for m in masks]  # as checkpoints store them
+    keys = sorted({k for s in states for k in s})
+    task_state = sum(_distinct_bytes([s[k] for s in states if k in s]) for k in keys)
     own = sum(v.numel() * v.element_size() for m in masks for v in m.own.values())
     report = {
         "shared_weights": shared,
+        "owner_ids": supernet.owners.nbytes() if owned else 0,
         "weight_masks": weight_masks,
         "unit_masks": unit_masks,
         "task_state": task_state,

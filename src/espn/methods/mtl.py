@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -108,10 +109,8 @@ class JointTask(Task):
                 module = key.rsplit(".", 1)[0]
                 state[key] = value[lo:hi].clone() if module in heads else value
             out.append(
-                TaskMask(
-                    weights=joint.weights,
-                    shapes=joint.shapes,
-                    units=joint.units,
+                replace(
+                    joint,
                     state=state,
                     n_classes=task.n_classes,
                     new_weights=joint.new_weights if t == 0 else 0,

@@ -1,14 +1,36 @@
-"""Per-task sub-networks, stored compactly: bit-packed weight masks, unit masks, task state."""
+"""Per-task sub-networks, stored compactly.
+
+A task's weight mask is kept in the smallest of four forms, chosen per task and layer when
+the task is committed, and only after checking that the form decodes to exactly that mask:
+
+* ``"structure"``: every weight between the task's alive units (no weight pruning): nothing
+  stored;
+* ``"owned"``: the weights that task ``horizon`` or an earlier task owns (see
+  :class:`Ownership`), between its alive units: nothing stored per task. This is the mask
+  of every task that keeps all frozen weights inside its alive units (ESPN and PackNet with
+  ``reuse="all"``);
+* ``"bits"``: one bit per weight (a bit-packed boolean tensor);
+* ``"indices"``: the flat positions of the kept weights (int32), when fewer than one
+  weight in 32 is kept.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 _BIT_VALUES = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+
+#: the forms a weight mask is stored in (see the module docstring)
+MASK_FORMS = ("structure", "owned", "bits", "indices")
+#: the forms that store a payload per task
+EXPLICIT_FORMS = ("bits", "indices")
+#: owner-id dtypes, smallest first: torch compares no unsigned type wider than uint8 on CPU
+OWNER_DTYPES = (torch.uint8, torch.int16, torch.int32, torch.int64)
 
 
 def pack_bits(mask: Tensor) -> Tensor:
@@ -28,16 +50,186 @@ def unpack_bits(packed: Tensor, shape: tuple[int, ...] | torch.Size) -> Tensor:
     return bits.flatten()[:numel].view(tuple(shape)).bool()
 
 
+def owner_dtype(n_tasks: int) -> torch.dtype:
+    """The smallest owner-id dtype holding ids ``0 .. n_tasks - 1`` and the free sentinel
+    (the dtype's largest value): uint8 up to 255 tasks, then int16, int32, int64."""
+    for dtype in OWNER_DTYPES:
+        if n_tasks <= torch.iinfo(dtype).max:
+            return dtype
+    raise ValueError(f"{n_tasks} tasks do not fit any owner-id dtype")
+
+
+class LayerLayout(NamedTuple):
+    """A masked layer's weight shape and the unit groups indexing its outputs and inputs."""
+
+    shape: tuple[int, ...]
+    out_units: str | None
+    in_units: str | None
+
+
+class Ownership:
+    """Which task owns each shared weight: the first task that took it as a new weight.
+
+    One owner-id tensor per masked layer for the whole supernet (``ids``), in the smallest
+    dtype that fits the task count (:func:`owner_dtype`, widened as tasks are added); free
+    weights hold the dtype's largest value. Ids are written once: a weight's owner never
+    changes, so ``ids <= t`` is the same set at any later time, which is what lets a task's
+    mask be stored as its ``horizon`` alone.
+    """
+
+    def __init__(self, layout: dict[str, LayerLayout], ids: dict[str, Tensor]) -> None:
+        self.layout = layout
+        self.ids = ids
+
+    @classmethod
+    def empty(cls, layout: dict[str, LayerLayout], device: torch.device | str) -> Ownership:
+        """Every weight free, in uint8."""
+        free = torch.iinfo(torch.uint8).max
+        ids = {
+            n: torch.full(lay.shape, free, dtype=torch.uint8, device=device)
+            for n, lay in layout.items()
+        }
+        return cls(layout, ids)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The current owner-id dtype."""
+        return next(iter(self.ids.values())).dtype if self.ids else torch.uint8
+
+    @property
+    def free_id(self) -> int:
+        """The sentinel of a weight no task owns."""
+        return torch.iinfo(self.dtype).max
+
+    @property
+    def bits(self) -> int:
+        """Bits per weight that hold every id given so far and the free sentinel (all ones):
+        ``ceil(log2(tasks + 1))``, at least 1."""
+        top = max(
+            (
+                int(v[v != self.free_id].max())
+                for v in self.ids.values()
+                if bool((v != self.free_id).any())
+            ),
+            default=-1,
+        )
+        return max(1, (top + 1).bit_length())
+
+    def nbytes(self) -> int:
+        """Bytes of the owner ids as stored: :attr:`bits` bit-planes per layer."""
+        return self.bits * sum((v.numel() + 7) // 8 for v in self.ids.values())
+
+    def packed(self) -> dict[str, Tensor]:
+        """Each layer's ids as :attr:`bits` bit-planes, packed (uint8, one plane after the
+        other, each padded to whole bytes), the free sentinel as all ones."""
+        bits, free = self.bits, self.free_id
+        out = {}
+        for name, ids in self.ids.items():
+            values = ids.to(torch.int64).masked_fill(ids == free, (1 << bits) - 1).flatten()
+            out[name] = torch.cat([pack_bits((values >> k) & 1) for k in range(bits)])
+        return out
+
+    @classmethod
+    def unpacked(
+        cls, layout: dict[str, LayerLayout], planes: dict[str, Tensor], bits: int, n_tasks: int
+    ) -> Ownership:
+        """Inverse of :meth:`packed` (``n_tasks``: the dtype to hold them in)."""
+        dtype = owner_dtype(max(n_tasks, 1))
+        ids = {}
+        for name, lay in layout.items():
+            numel = torch.Size(lay.shape).numel()
+            per_plane = (numel + 7) // 8
+            values = torch.zeros(numel, dtype=torch.int64, device=planes[name].device)
+            for k in range(bits):
+                plane = planes[name][k * per_plane : (k + 1) * per_plane]
+                values |= unpack_bits(plane, (numel,)).to(torch.int64) << k
+            free = values == (1 << bits) - 1
+            ids[name] = values.masked_fill(free, torch.iinfo(dtype).max).to(dtype).view(lay.shape)
+        return cls(layout, ids)
+
+    @torch.no_grad()
+    def reserve(self, n_tasks: int) -> None:
+        """Widen the dtype (keeping every id, remapping the free sentinel) so that ids up to
+        ``n_tasks - 1`` fit."""
+        dtype = owner_dtype(n_tasks)
+        if OWNER_DTYPES.index(dtype) <= OWNER_DTYPES.index(self.dtype):
+            return
+        old_free, new_free = self.free_id, torch.iinfo(dtype).max
+        for name, ids in self.ids.items():
+            self.ids[name] = ids.to(dtype).masked_fill_(ids == old_free, new_free)
+
+    @torch.no_grad()
+    def take(self, masks: dict[str, Tensor], task: int) -> None:
+        """Task ``task`` owns the weights of ``masks`` that no task owned yet."""
+        self.reserve(task + 1)
+        free = self.free_id
+        for name, mask in masks.items():
+            ids = self.ids[name]
+            ids.masked_fill_(mask.to(ids.device) & (ids == free), task)
+
+    def frozen(self, name: str) -> Tensor:
+        """Weights of layer ``name`` that some task owns."""
+        return self.ids[name] != self.free_id
+
+    def owned(self, name: str, horizon: int, device: torch.device | str | None = None) -> Tensor:
+        """Weights of layer ``name`` owned by task ``horizon`` or an earlier one."""
+        ids = self.ids[name] if device is None else self.ids[name].to(device)
+        return ids <= horizon  # the free sentinel exceeds every task id
+
+    def to(self, device: torch.device | str) -> Ownership:
+        """The ids moved to ``device`` (in place)."""
+        self.ids = {n: v.to(device) for n, v in self.ids.items()}
+        return self
+
+    def structure(
+        self, name: str, units: dict[str, Tensor], device: torch.device | str = "cpu"
+    ) -> Tensor:
+        """Weights of layer ``name`` whose output and input units are both alive in ``units``."""
+        lay = self.layout[name]
+        mask = torch.ones(lay.shape[:2], dtype=torch.bool, device=device)
+        if lay.out_units:
+            mask &= units[lay.out_units].to(device).view(-1, 1)
+        if lay.in_units:
+            mask &= units[lay.in_units].to(device).view(1, -1)
+        return mask.view(*lay.shape[:2], *([1] * (len(lay.shape) - 2))).expand(lay.shape)
+
+
+def encode_mask(
+    mask: Tensor,
+    name: str,
+    units: dict[str, Tensor],
+    owners: Ownership | None,
+    horizon: int,
+) -> tuple[str, Tensor]:
+    """The smallest form (and its payload, empty for derived forms) that decodes to exactly
+    ``mask``; derived forms are checked against ``mask``, never assumed."""
+    mask = mask.detach().bool()
+    if owners is not None:
+        structure = owners.structure(name, units, mask.device)
+        if torch.equal(mask, structure):
+            return "structure", torch.empty(0, dtype=torch.uint8)
+        if horizon >= 0 and torch.equal(mask, structure & owners.owned(name, horizon, mask.device)):
+            return "owned", torch.empty(0, dtype=torch.uint8)
+    mask = mask.cpu()
+    nnz = int(mask.sum())
+    if nnz * 4 < (mask.numel() + 7) // 8:
+        return "indices", torch.nonzero(mask.flatten()).flatten().to(torch.int32)
+    return "bits", pack_bits(mask)
+
+
 @dataclass
 class TaskMask:
     """Task t's sub-network m_t and its own small state.
 
-    ``weights`` holds one bit-packed mask per masked layer (``shapes`` gives their shapes),
-    ``units`` one boolean vector per unit group (True = neuron/channel alive), and ``state``
-    the task-specific parameters and buffers (gates or BatchNorm, heads), keyed
-    ``"<module>.<tensor>"``. ``new_weights`` counts the weights the task took from the free
-    ones when it was committed. ``own`` holds, for a task that keeps its own copy of its
-    weights (Individual), the values of its masked weights per layer (in mask order).
+    ``weights`` holds one payload per masked layer, in the form ``forms`` names (see the
+    module docstring; a missing form means ``"bits"``), ``shapes`` their shapes; the derived
+    forms read ``owners`` (the supernet's :class:`Ownership`, shared by all tasks) and
+    ``horizon``. ``units`` holds one boolean vector per unit group (True = neuron/channel
+    alive), and ``state`` the task-specific parameters and buffers (gates or BatchNorm,
+    heads), keyed ``"<module>.<tensor>"``. ``new_weights`` counts the weights the task took
+    from the free ones when it was committed. ``own`` holds, for a task that keeps its own
+    copy of its weights (Individual), the values of its masked weights per layer (in mask
+    order).
     """
 
     weights: dict[str, Tensor]
@@ -47,6 +239,9 @@ class TaskMask:
     n_classes: int = 0
     new_weights: int = 0
     own: dict[str, Tensor] = field(default_factory=dict)
+    forms: dict[str, str] = field(default_factory=dict)
+    horizon: int = -1
+    owners: Ownership | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_dense(
@@ -57,31 +252,90 @@ class TaskMask:
         n_classes: int,
         new_weights: int,
         own: dict[str, Tensor] | None = None,
+        owners: Ownership | None = None,
+        horizon: int = -1,
     ) -> TaskMask:
-        """Pack boolean weight masks (moved to the CPU) into a :class:`TaskMask`."""
+        """Store boolean weight masks (on the CPU) in their smallest exact form.
+
+        Without ``owners`` only the explicit forms (bits or indices) are used; with them, a
+        mask may also be stored as its unit structure or as the weights owned by tasks up to
+        ``horizon`` (the task's own index), each only if it decodes to exactly the mask.
+        """
+        units = {k: v.detach().cpu().bool().clone() for k, v in units.items()}
+        encoded = {k: encode_mask(v, k, units, owners, horizon) for k, v in weights.items()}
         return cls(
-            weights={k: pack_bits(v.cpu()) for k, v in weights.items()},
+            weights={k: payload for k, (_, payload) in encoded.items()},
             shapes={k: tuple(v.shape) for k, v in weights.items()},
-            units={k: v.detach().cpu().bool().clone() for k, v in units.items()},
+            units=units,
             state={k: v.detach().cpu().clone() for k, v in state.items()},
             n_classes=n_classes,
             new_weights=new_weights,
             own={k: v.detach().cpu().clone() for k, v in (own or {}).items()},
+            forms={k: form for k, (form, _) in encoded.items()},
+            horizon=horizon,
+            owners=owners,
         )
+
+    def form(self, layer: str) -> str:
+        """The form ``layer``'s mask is stored in."""
+        return self.forms.get(layer, "bits")
 
     def weight_mask(self, layer: str, device: torch.device | str = "cpu") -> Tensor:
         """The boolean weight mask of ``layer``."""
-        return unpack_bits(self.weights[layer].to(device), self.shapes[layer])
+        form, shape = self.form(layer), self.shapes[layer]
+        if form == "bits":
+            return unpack_bits(self.weights[layer].to(device), shape)
+        if form == "indices":
+            flat = torch.zeros(torch.Size(shape).numel(), dtype=torch.bool, device=device)
+            flat[self.weights[layer].to(device, torch.long)] = True
+            return flat.view(shape)
+        if self.owners is None:
+            raise RuntimeError(f"layer {layer!r}: a {form!r} mask needs the supernet's owner ids")
+        mask = self.owners.structure(layer, self.units, device)
+        if form == "owned":
+            mask = mask & self.owners.owned(layer, self.horizon, device)
+        return mask.clone() if form == "structure" else mask
+
+    def alive_state(self, groups: dict[str, str]) -> tuple[dict[str, Tensor], dict[str, str]]:
+        """The task state with each per-unit tensor (``groups``: key -> unit group) cut to its
+        alive units where every dead unit's value is exactly +0.0 (gates and BatchNorm affine
+        parameters, zeroed when units die), and the keys so cut with their groups: what a
+        checkpoint stores; :meth:`expand_state` puts the zeros back, bit for bit."""
+        out, cut = dict(self.state), {}
+        for key, group in groups.items():
+            value, alive = self.state.get(key), self.units.get(group)
+            if value is None or alive is None or value.shape != alive.shape or bool(alive.all()):
+                continue
+            dead = value[~alive]
+            if bool((dead == 0).all()) and not bool(torch.signbit(dead).any()):
+                out[key], cut[key] = value[alive].clone(), group
+        return out, cut
+
+    @staticmethod
+    def expand_state(
+        state: dict[str, Tensor], cut: dict[str, str], units: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """Inverse of :meth:`alive_state`: zeros at the dead units of each cut tensor."""
+        out = dict(state)
+        for key, group in cut.items():
+            alive = units[group]
+            full = torch.zeros(alive.shape, dtype=state[key].dtype)
+            full[alive] = state[key]
+            out[key] = full
+        return out
 
     def nnz(self) -> int:
-        """Number of weights in the sub-network (an independent count from the packed bits)."""
+        """Number of weights in the sub-network (an independent count from the stored form)."""
         return sum(int(self.weight_mask(k).sum()) for k in self.weights)
 
-    def nbytes(self) -> dict[str, int]:
-        """Bytes held by the packed masks, the unit masks, the task state and own weights."""
+    def nbytes(self, groups: dict[str, str] | None = None) -> dict[str, int]:
+        """Bytes held by the stored masks, the unit masks, the task state (per-unit tensors of
+        ``groups`` cut to the alive units, see :meth:`alive_state`) and own weights (the owner
+        ids that derived masks read are shared by all tasks, not counted here)."""
+        state = self.alive_state(groups)[0] if groups else self.state
         return {
-            "weight_masks": sum(v.numel() for v in self.weights.values()),
+            "weight_masks": sum(v.numel() * v.element_size() for v in self.weights.values()),
             "unit_masks": sum((v.numel() + 7) // 8 for v in self.units.values()),
-            "state": sum(v.numel() * v.element_size() for v in self.state.values()),
+            "state": sum(v.numel() * v.element_size() for v in state.values()),
             "own_weights": sum(v.numel() * v.element_size() for v in self.own.values()),
         }

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
 from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate, UnitModule
-from espn.supernet.masks import TaskMask
+from espn.supernet.masks import LayerLayout, Ownership, TaskMask
 
 #: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
 WEIGHT_KINDS = ("shared", "own", "fixed")
@@ -43,6 +43,13 @@ class Supernet(nn.Module):
         self.costs: list[LayerCost] = trace_costs(model, example_input)
         self.dense_flops = count_flops(self.costs, self.group_sizes)
         self.masks: list[TaskMask] = []
+        layout = {
+            n: LayerLayout(tuple(m.weight.shape), m.out_units, m.in_units)
+            for n, m in self.layers.items()
+        }
+        device = next(iter(self.layers.values())).weight.device if self.layers else "cpu"
+        #: which task owns each shared weight (the first that took it as a new weight)
+        self.owners = Ownership.empty(layout, device)
         self.active_task: int | None = None
         self.in_training = False
 
@@ -213,14 +220,26 @@ class Supernet(nn.Module):
             if isinstance(m, UnitGate):
                 m.release()
 
+    def unit_state_groups(self) -> dict[str, str]:
+        """Task-state keys holding one value per unit (gates, BatchNorm), with their group."""
+        return {
+            f"{name}.{key}": m.group
+            for name, m in self.task_modules.items()
+            if isinstance(m, UnitModule)
+            for key, value in m.state_dict().items()
+            if key != "unit_mask" and value.dim() == 1 and value.numel() == m.num_units
+        }
+
     @torch.no_grad()
     def commit_task(self, weights: str = "shared") -> TaskMask:
         """Store the working sub-network as the next task's mask.
 
         ``weights`` says how the task holds its weights: ``"shared"`` (ESPN, PackNet) freezes
-        them for every later task; ``"own"`` (Individual) stores the task's own copy of its
+        them for every later task (the task owns those no earlier task owned); ``"own"`` (Individual) stores the task's own copy of its
         weights in the mask and freezes nothing; ``"fixed"`` (SupSup) means the weights were
         never trained: they are frozen like shared ones, and the task took no new weights.
+        The mask is stored in its smallest exact form (see :mod:`espn.supernet.masks`); only
+        ``"shared"`` tasks may be stored as the weights they and earlier tasks own.
         """
         if not self.in_training:
             raise RuntimeError("commit_task() called with no task in training")
@@ -230,17 +249,23 @@ class Supernet(nn.Module):
         own = None
         if weights == "own":
             own = {n: m.weight.detach()[m.weight_mask.bool()] for n, m in self.layers.items()}
+        index = len(self.masks)
+        new_weights = 0 if weights == "fixed" else self.new_weights()
+        masks = self.weight_masks()
+        if weights != "own":
+            self.owners.take(masks, index)
+            for name, layer in self.layers.items():
+                layer.frozen |= masks[name]
         mask = TaskMask.from_dense(
-            self.weight_masks(),
+            masks,
             self.unit_masks(),
             self.task_state(committed=True),
             self._n_classes,
-            0 if weights == "fixed" else self.new_weights(),
+            new_weights,
             own,
+            owners=self.owners,
+            horizon=index if weights == "shared" else -1,  # trained weights only: owned form
         )
-        if weights != "own":
-            for layer in self.layers.values():
-                layer.frozen |= layer.weight_mask.bool()
         self.masks.append(mask)
         self.in_training = False
         self.active_task = len(self.masks) - 1
