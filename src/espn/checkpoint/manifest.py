@@ -75,10 +75,13 @@ class TaskRecord(_Model):
 
 
 class TaskEntry(FileEntry):
-    """One committed task: its file, mask shapes, classes and results."""
+    """One committed task: its file, classes and results; format 1 also lists its mask
+    shapes, format 2 the form of each layer's mask (``masks``) and its ``horizon``."""
 
     index: int = Field(ge=0)
-    shapes: dict[str, list[int]]
+    shapes: dict[str, list[int]] | None = None
+    masks: dict[str, str] | None = None
+    horizon: int | None = None
     n_classes: int = Field(ge=1)
     new_weights: int = Field(ge=0)
     name: str | None = None
