@@ -51,7 +51,7 @@ def test_espn_meets_flops_and_weight_budgets(fake_mnist, tiny_run_args, gamma, a
 def test_reuse_policies(fake_mnist, tiny_run_args):
     """'all' keeps every frozen weight of alive units; 'magnitude' may drop small ones."""
     for reuse in ("all", "magnitude"):
-        sn, _ = train({**tiny_run_args, "tasks": 2, "gamma": 0.5, "alpha": 0.2, "reuse": reuse})
+        sn, _ = train({**tiny_run_args, "tasks": 2, "gamma": 0.5, "alpha": 0.02, "reuse": reuse})
         second = sn.masks[1]
         kept, available = 0, 0
         sn.use_task(1)

@@ -226,7 +226,7 @@ def test_rmn_trains_relevance_with_the_l1_penalty_before_binarising():
     moved = [not torch.equal(r, torch.ones_like(r)) for r in strategy.relevance.values()]
     assert all(moved)
     mask = sn.masks[0]
-    assert all(v.dtype == torch.uint8 for v in mask.weights.values())  # stored bit-packed
-    assert mask.nbytes()["weight_masks"] == sum(
+    # stored in the smallest exact form: derived from ownership (nothing), bits or indices
+    assert mask.nbytes()["weight_masks"] <= sum(
         (m.weight.numel() + 7) // 8 for m in sn.layers.values()
     )

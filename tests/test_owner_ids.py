@@ -34,6 +34,9 @@ from espn.utils.io import write_json_atomic
 
 runner = CliRunner()
 
+#: what a checkpoint's manifest records of the benchmark (shapes only matter for tracing)
+SPEC = {"input_shape": [1, 28, 28], "n_classes": 3, "multi_head": False}
+
 
 def train(model_name: str, shape: tuple[int, ...], method: str, reuse: str, n_tasks: int = 3):
     """Train ``n_tasks`` tiny tasks into a registered model; per task, the frozen weights
@@ -90,7 +93,7 @@ def test_owner_ids_reproduce_every_tasks_logits_bit_for_bit(tmp_path, method, mo
     # and a checkpoint holds them as owner ids: a fresh supernet reproduces every task
     CheckpointWriter(
         tmp_path / "checkpoint",
-        {"model": model_name, "benchmark": "tiny", "config": {}, "spec": {}},
+        {"model": model_name, "benchmark": "tiny", "config": {}, "spec": SPEC},
     ).save(sn, engine, [])
     torch.manual_seed(1)
     other = Supernet(
@@ -103,8 +106,11 @@ def test_owner_ids_reproduce_every_tasks_logits_bit_for_bit(tmp_path, method, mo
     for t, entry in enumerate(manifest["tasks"]):  # gates/BatchNorm of dead units: not stored
         stored = load_file(str(tmp_path / "checkpoint" / entry["file"]))
         cut = entry["alive_only"]
-        assert bool(cut) == (method == "espn")  # PackNet keeps every unit: nothing to cut
-        assert not any(k.endswith(("running_mean", "running_var")) for k in cut)
+        # PackNet keeps every unit: nothing to cut; the paper's FC task stores no gate at all
+        assert bool(cut) == (method == "espn" and model_name != "fc1024")
+        # statistics recomputed under the final sub-network are exactly 0 on dead channels,
+        # so they are cut like the affine parameters (and restored bit for bit, below)
+        assert all(k.endswith(("weight", "bias", "running_mean", "running_var")) for k in cut)
         for key, group in cut.items():
             assert stored[f"state.{key}"].numel() == int(sn.masks[t].units[group].sum())
         assert all(torch.equal(other.masks[t].state[k], v) for k, v in sn.masks[t].state.items())
@@ -137,9 +143,9 @@ def test_masks_ownership_does_not_describe_are_stored_explicitly(tmp_path, metho
             (m.weight.numel() + 7) // 8 for m in sn.layers.values()
         )
     path = tmp_path / "checkpoint"
-    CheckpointWriter(path, {"model": "fc1024", "benchmark": "tiny", "config": {}, "spec": {}}).save(
-        sn, engine, []
-    )
+    CheckpointWriter(
+        path, {"model": "fc1024", "benchmark": "tiny", "config": {}, "spec": SPEC}
+    ).save(sn, engine, [])
     torch.manual_seed(1)
     other = Supernet(
         MODELS.get("fc1024")(ModelSpec((1, 28, 28), 3, False)), seq.tasks[0].train.x[:2]
@@ -198,7 +204,9 @@ def random_task(sn: Supernet, t: int, gen: torch.Generator, keep_all: bool) -> N
 def test_more_than_255_tasks_round_trip_through_the_checkpoint(tmp_path):
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    sn = Supernet(FCNet(64, [24, 16], 2, multi_head=True), torch.zeros(2, 1, 8, 8))
+    sn = Supernet(
+        FCNet(64, [24, 16], 2, multi_head=True, task_affine=True), torch.zeros(2, 1, 8, 8)
+    )
     x = torch.randn(8, 1, 8, 8, generator=gen)
     logits = []
     for t in range(300):
@@ -214,7 +222,7 @@ def test_more_than_255_tasks_round_trip_through_the_checkpoint(tmp_path):
     engine = Engine(
         sn, METHODS.get("espn")(MethodConfig()), OptimConfig("adam", lr=1e-3), 8, 0, False
     )
-    meta = {"model": "tiny", "benchmark": "tiny", "config": {}, "spec": {}}
+    meta = {"model": "tiny", "benchmark": "tiny", "config": {}, "spec": SPEC}
     CheckpointWriter(tmp_path / "checkpoint", meta).save(sn, engine, [])
     state = load_file(str(tmp_path / "checkpoint" / "state-000001.safetensors"))
     manifest = json.loads((tmp_path / "checkpoint" / MANIFEST).read_text())
@@ -222,7 +230,9 @@ def test_more_than_255_tasks_round_trip_through_the_checkpoint(tmp_path):
     for name, layer in sn.layers.items():
         assert state[f"owner.{name}"].numel() == 9 * -(-layer.weight.numel() // 8)
     torch.manual_seed(5)
-    other = Supernet(FCNet(64, [24, 16], 2, multi_head=True), torch.zeros(2, 1, 8, 8))
+    other = Supernet(
+        FCNet(64, [24, 16], 2, multi_head=True, task_affine=True), torch.zeros(2, 1, 8, 8)
+    )
     restore(read_checkpoint(tmp_path / "checkpoint"), other)
     other.eval()
     assert len(other.masks) == 300

@@ -200,7 +200,12 @@ def check_against_results(manifest: dict[str, Any], results: dict[str, Any]) -> 
     The run writes results.json just before the checkpoint of a finished task, so results may
     be ahead of a checkpoint that still holds that task in training, never behind it.
     """
-    if comparable_config(results.get("config") or {}) != comparable_config(manifest["config"]):
+    ours, theirs = (
+        comparable_config(results.get("config") or {}),
+        comparable_config(manifest["config"]),
+    )
+    # an option one of them predates (an older espn wrote it) is not a difference
+    if any(ours[k] != theirs[k] for k in ours.keys() & theirs.keys()):
         return "results.json was written with other options than the checkpoint"
     have, done = len(results.get("task_names") or []), len(manifest["tasks"])
     if have == done or (have > done and manifest.get("training") is not None):

@@ -23,7 +23,7 @@ class Results(BaseModel):
 
     config: dict[str, Any]
     task_names: list[str]
-    accuracy_matrix: list[list[Number]]
+    accuracy_matrix: list[list[Number] | None]  # null: a row --eval-every skipped
     final_accuracy: list[Number]
     average_accuracy: Number | None
     complete: bool
