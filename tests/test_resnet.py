@@ -140,7 +140,8 @@ def test_converter_keeps_trained_batchnorm_and_supports_a_shared_head():
         plain.train()(torch.randn(8, 3, 16, 16))  # move the BatchNorm statistics
     x = torch.randn(3, 3, 16, 16)
     for multi_head in (True, False):
-        converted = to_supernet(plain, x, multi_head=multi_head).eval()
+        # --task-affine: a shared head keeps the classifier's bias as the per-task bias
+        converted = to_supernet(plain, x, multi_head=multi_head, task_affine=True).eval()
         assert torch.equal(converted(x), plain.eval()(x))
         head_types = [type(m) for m in converted.fc.modules()]
         assert (TaskHead in head_types) == multi_head and (TaskBias in head_types) != multi_head
