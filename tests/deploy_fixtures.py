@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import espn.training.engine as engine_module
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.models.fc import FCNet
@@ -140,3 +141,21 @@ def comparable(doc: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in doc.items() if k not in TIMING_KEYS}
     out["config"] = {k: v for k, v in doc["config"].items() if k != "out"}
     return out
+
+
+class Killed(Exception):
+    """Stands for the process dying."""
+
+
+def kill_at_step(monkeypatch: pytest.MonkeyPatch, kill: int) -> None:
+    """Make the engine's ``kill``-th optimizer step raise :class:`Killed` (a kill mid-run)."""
+    real = engine_module.Engine._step
+    count = {"steps": 0}
+
+    def step(self, *args):
+        count["steps"] += 1
+        if count["steps"] == kill:
+            raise Killed
+        return real(self, *args)
+
+    monkeypatch.setattr(engine_module.Engine, "_step", step)

@@ -12,9 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-import espn.training.engine as engine_module
 from baseline_fixtures import tiny_sequence
-from deploy_fixtures import comparable, register_fc_test, run_options
+from deploy_fixtures import Killed, comparable, kill_at_step, register_fc_test, run_options
 from espn.checkpoint import CheckpointWriter, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, file_entry, sha256_of
 from espn.checkpoint.run import load_run
@@ -271,10 +270,6 @@ def write_version_1(directory: Path, masks: list) -> None:
     write_json_atomic(directory / MANIFEST, manifest)
 
 
-class Killed(Exception):
-    """Stands for the process dying."""
-
-
 @pytest.fixture
 def fc_test(fake_mnist, monkeypatch):
     register_fc_test(monkeypatch)
@@ -287,17 +282,8 @@ def test_a_version_1_checkpoint_loads_and_resumes_exactly(tmp_path, monkeypatch,
     run_experiment(make_config(**run_options(reference, **options)), progress=False)
     out = tmp_path / "run"
     cfg = make_config(**run_options(out, **options))
-    real = engine_module.Engine._step
-    count = {"steps": 0}
-
-    def step(self, *args):
-        count["steps"] += 1
-        if count["steps"] == kill:
-            raise Killed
-        return real(self, *args)
-
     with monkeypatch.context() as mp:
-        mp.setattr(engine_module.Engine, "_step", step)
+        kill_at_step(mp, kill)
         with pytest.raises(Killed):
             run_experiment(cfg, progress=False)
     directory = out / "checkpoint"

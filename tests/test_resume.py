@@ -14,12 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
-import espn.training.engine as engine_module
 from conftest import synthetic_mnist
 from deploy_fixtures import (
+    Killed,
     TinyResNet,
     cli_options,
     comparable,
+    kill_at_step,
     register_fc_test,
     run_options,
     tiny_sequence,
@@ -34,10 +35,6 @@ from espn.models.registry import MODELS
 
 runner = CliRunner()
 TESTS = Path(__file__).parent
-
-
-class Killed(Exception):
-    """Stands for the process dying."""
 
 
 def fingerprint(run: Path) -> dict:
@@ -81,19 +78,6 @@ def references(tmp_path_factory) -> dict[str, dict]:
 def reference(references) -> dict:
     """The uninterrupted ESPN run."""
     return references("espn")
-
-
-def kill_at_step(monkeypatch: pytest.MonkeyPatch, kill: int) -> None:
-    real = engine_module.Engine._step
-    count = {"steps": 0}
-
-    def step(self, *args):
-        count["steps"] += 1
-        if count["steps"] == kill:
-            raise Killed
-        return real(self, *args)
-
-    monkeypatch.setattr(engine_module.Engine, "_step", step)
 
 
 # 16 optimizer steps per task (4 per epoch; 1 pre-train, 2 prune, 1 fine-tune epochs):
