@@ -37,11 +37,10 @@ from espn.theory.experiments import (
     summarize_sample_complexity,
     summarize_task_order,
     task_order_solves,
-    write_csv,
 )
-from espn.theory.files import write_json
 from espn.theory.planted import ACTIVATIONS, INPUT_DISTRIBUTIONS, TheoryConfigError
 from espn.theory.report import format_mismatch, format_sample_complexity, format_task_order
+from espn.utils.io import write_csv, write_json_atomic
 
 app = typer.Typer(
     help="Theory lab: the paper's shallow-network model of continual representation "
@@ -169,7 +168,7 @@ def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
         text = format_task_order(summary)
     summary_path = stem.parent / f"{stem.name}_summary.json"
     doc = {"config": config if config is not None else _stored_config(summary_path)}
-    write_json(summary_path, {**doc, "summary": summary})
+    write_json_atomic(summary_path, {**doc, "summary": summary})
     typer.echo(text)
     typer.echo(f"wrote {csv_path}, {stem.with_suffix('.png')} and {summary_path}")
 
