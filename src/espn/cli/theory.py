@@ -56,11 +56,6 @@ INPUT_HELP = "Input distribution (radius sqrt(d)): " + ", ".join(INPUT_DISTRIBUT
 C = TypeVar("C", SampleComplexityConfig, MismatchConfig, TaskOrderConfig)
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def parse_ints(option: str, text: str) -> tuple[int, ...]:
     """``"4,8,16"`` -> (4, 8, 16), or a clear error naming ``option``."""
     try:
@@ -185,13 +180,6 @@ def _stored_target(stem: Path) -> float:
     return float(config.get("target", 0.01))
 
 
-def _guard(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except TheoryConfigError as exc:
-        _fail(str(exc))
-
-
 # Options every experiment shares, declared once; each command gives its own defaults.
 D = Annotated[int, typer.Option(help="Input dimension d.")]
 R = Annotated[int, typer.Option(help="Representation dimension r (rows of W*).")]
@@ -257,22 +245,19 @@ def sample_complexity(
     """
     options = locals()
 
-    def body() -> None:
-        cfg = _config(
-            SampleComplexityConfig,
-            options,
-            r_frz=parse_ints("--r-frz", r_frz),
-            ns=parse_ints("--ns", ns),
-        )
-        rows = _run(
-            sample_complexity_solves(cfg),
-            progress,
-            "sample complexity",
-            lambda p: run_sample_complexity(cfg, p),
-        )
-        _finish(out, "sample_complexity", rows, SAMPLE_COMPLEXITY_COLUMNS, config_dict(cfg))
-
-    _guard(body)
+    cfg = _config(
+        SampleComplexityConfig,
+        options,
+        r_frz=parse_ints("--r-frz", r_frz),
+        ns=parse_ints("--ns", ns),
+    )
+    rows = _run(
+        sample_complexity_solves(cfg),
+        progress,
+        "sample complexity",
+        lambda p: run_sample_complexity(cfg, p),
+    )
+    _finish(out, "sample_complexity", rows, SAMPLE_COMPLEXITY_COLUMNS, config_dict(cfg))
 
 
 @app.command()
@@ -320,18 +305,15 @@ def mismatch(
     """
     options = locals()
 
-    def body() -> None:
-        cfg = _config(
-            MismatchConfig,
-            options,
-            perturbations=parse_floats("--perturbations", perturbations),
-            ns=parse_ints("--ns", ns),
-            include_scratch=scratch,
-        )
-        rows = _run(mismatch_solves(cfg), progress, "mismatch", lambda p: run_mismatch(cfg, p))
-        _finish(out, "mismatch", rows, MISMATCH_COLUMNS, config_dict(cfg))
-
-    _guard(body)
+    cfg = _config(
+        MismatchConfig,
+        options,
+        perturbations=parse_floats("--perturbations", perturbations),
+        ns=parse_ints("--ns", ns),
+        include_scratch=scratch,
+    )
+    rows = _run(mismatch_solves(cfg), progress, "mismatch", lambda p: run_mismatch(cfg, p))
+    _finish(out, "mismatch", rows, MISMATCH_COLUMNS, config_dict(cfg))
 
 
 @app.command("task-order")
@@ -375,17 +357,12 @@ def task_order(
     """
     options = locals()
 
-    def body() -> None:
-        names = tuple(o.strip() for o in orders.split(",") if o.strip())
-        if not names:
-            raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
-        cfg = _config(TaskOrderConfig, options, orders=names)
-        rows = _run(
-            task_order_solves(cfg), progress, "task order", lambda p: run_task_order(cfg, p)
-        )
-        _finish(out, "task_order", rows, TASK_ORDER_COLUMNS, config_dict(cfg))
-
-    _guard(body)
+    names = tuple(o.strip() for o in orders.split(",") if o.strip())
+    if not names:
+        raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
+    cfg = _config(TaskOrderConfig, options, orders=names)
+    rows = _run(task_order_solves(cfg), progress, "task order", lambda p: run_task_order(cfg, p))
+    _finish(out, "task_order", rows, TASK_ORDER_COLUMNS, config_dict(cfg))
 
 
 @app.command()
@@ -395,9 +372,6 @@ def report(
 ) -> None:
     """Recompute the summary and the figure of an experiment from its CSV alone."""
 
-    def body() -> None:
-        if not csv_file.is_file():
-            raise TheoryConfigError(f"CSV: no such file {csv_file}")
-        _report(csv_file)
-
-    _guard(body)
+    if not csv_file.is_file():
+        raise TheoryConfigError(f"CSV: no such file {csv_file}")
+    _report(csv_file)
