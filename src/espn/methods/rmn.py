@@ -85,7 +85,8 @@ class RMN(Strategy):
     def penalty(self, supernet: Supernet) -> Tensor | None:
         if self.binarised or self.cfg.rmn_l1 == 0.0:
             return None
-        return self.cfg.rmn_l1 * sum(r.abs().sum() for r in self.relevance.values())
+        l1 = sum((r.abs().sum() for r in self.relevance.values()), torch.zeros(()))
+        return self.cfg.rmn_l1 * l1
 
     @torch.no_grad()
     def prune_step(self, supernet: Supernet, progress: float) -> None:
