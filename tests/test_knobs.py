@@ -12,7 +12,6 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from deploy_fixtures import Killed, comparable, kill_at_step, register_fc_test, run_options
 from espn.checkpoint.run import load_run, option_differences
 from espn.cli.main import app
 from espn.config import make_config, resolve_train_sizes
@@ -20,7 +19,8 @@ from espn.data.order import DESCRIPTOR_SAMPLES, farthest_point_order, task_order
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark, run_experiment
-from image_fixtures import fake_raw, patch_raw
+from helpers.deploy import Killed, comparable, kill_at_step, register_fc_test, run_options
+from helpers.images import fake_raw, patch_raw
 
 runner = CliRunner()
 

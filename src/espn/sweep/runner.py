@@ -8,6 +8,7 @@ after another in this process, through the very same :func:`run_point` (no Ray n
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -128,7 +129,7 @@ def _run_on_ray(
             n = workers or default_workers()
             gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             ray.init(
-                num_cpus=n * cpus,
+                num_cpus=math.ceil(n * cpus),  # Ray wants whole CPUs (0.5 x 3 -> 2)
                 num_gpus=gpu_count,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                 **common,
