@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from espn.data.registry import BENCHMARKS
+from espn.data.registry import BENCHMARKS, RunDefaults
 from espn.errors import EspnError
 from espn.methods.base import METHODS, SCHEDULES, MethodConfig, Strategy
 from espn.models.registry import MODELS
@@ -75,6 +75,17 @@ def check_device(device: str) -> str:
 def _in_unit_interval(name: str, value: float | None) -> float | None:
     if value is not None and not 0.0 < value <= 1.0:
         raise ValueError(f"{name} must be in (0, 1], got {value}")
+    return value
+
+
+T = TypeVar("T")
+
+
+def resolved(value: T | None, name: str) -> T:
+    """An option the configuration's validator fills in: never None in a configuration built
+    by :func:`make_config` (or ``RunConfig(...)``), only in one made without validation."""
+    if value is None:
+        raise ConfigError(f"{name} was never resolved; build the configuration with make_config")
     return value
 
 
@@ -364,40 +375,39 @@ class RunConfig(BaseModel):
             )
         d = bench.defaults
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
-        self.betas = self.betas or tuple(d.get("betas", (0.9, 0.999)))
+        self.betas = self.betas or d.get("betas", (0.9, 0.999))
         self.gamma = self.gamma if self.gamma is not None else (0.2 if strategy.uses_gamma else 1.0)
         if not strategy.uses_alpha:
             self.alpha = 1.0
         elif self.alpha is None:
             self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
-        self.model = self.model or str(d.get("model", "fc1024"))
-        self.epochs = self.epochs or tuple(d.get("epochs", (3, 4, 3)))
-        self.optimizer = self.optimizer or str(d.get("optimizer", "adam"))
-        self.lr = self.lr or float(d.get("lr", 1e-3))
-        self.batch_size = self.batch_size or int(d.get("batch_size", 128))
-        self._resolve_recipe(d)
+        self.model = self.model or d.get("model", "fc1024")
+        self.epochs = epochs = self.epochs or d.get("epochs", (3, 4, 3))
+        self.optimizer = self.optimizer or d.get("optimizer", "adam")
+        self.lr = lr = self.lr or d.get("lr", 1e-3)
+        self.batch_size = self.batch_size or d.get("batch_size", 128)
+        self._resolve_recipe(d, epochs[0], lr)
         self.task_train_sizes()  # a list of sizes must have one per task
-        if self.method == "cpg" and self.epochs[1] < 1:
+        if self.method == "cpg" and epochs[1] < 1:
             raise ValueError(
                 f"method 'cpg' compacts in rounds of PRUNE epochs, so epochs PRE,PRUNE,FINE needs "
-                f"PRUNE >= 1, got {','.join(map(str, self.epochs))}"
+                f"PRUNE >= 1, got {','.join(map(str, epochs))}"
             )
         return self
 
-    def _resolve_recipe(self, d: dict[str, Any]) -> None:
-        """Warm-up and fine-tuning: given values, else the benchmark's recipe."""
-        assert self.epochs is not None
-        pre = self.epochs[0]
+    def _resolve_recipe(self, d: RunDefaults, pre: int, lr: float) -> None:
+        """Warm-up and fine-tuning: given values, else the benchmark's recipe (``pre``
+        pre-training epochs, learning rate ``lr``)."""
         if self.warmup is None:  # the recipe's, leaving at least one full pre-training epoch
-            self.warmup = max(0, min(int(d.get("warmup", 0)), pre - 1))  # type: ignore[call-overload]
+            self.warmup = max(0, min(d.get("warmup", 0), pre - 1))
         elif self.warmup > pre:
             raise ValueError(
                 f"warmup must be <= the {pre} pre-training epochs it is taken from, "
                 f"got {self.warmup}"
             )
-        self.finetune_schedule = self.finetune_schedule or str(d.get("finetune_schedule", "cosine"))
+        self.finetune_schedule = self.finetune_schedule or d.get("finetune_schedule", "cosine")
         if self.finetune_lr is None:
-            self.finetune_lr = float(d.get("finetune_lr", self.lr))  # type: ignore[arg-type]
+            self.finetune_lr = d.get("finetune_lr", lr)
         if self.task_seed is None:
             self.task_seed = self.seed
 
@@ -499,9 +509,9 @@ class RunConfig(BaseModel):
     def method_config(self) -> MethodConfig:
         """The method's settings (budgets, epochs, pruner) from this run configuration."""
         return MethodConfig(
-            gamma=float(self.gamma),
-            alpha=float(self.alpha),
-            epochs=self.epochs,
+            gamma=float(resolved(self.gamma, "gamma")),
+            alpha=float(resolved(self.alpha, "alpha")),
+            epochs=resolved(self.epochs, "epochs"),
             pruner=self.pruner,
             penalty=self.penalty,
             flop_load=self.flop_load,
@@ -520,10 +530,10 @@ class RunConfig(BaseModel):
         """The optimizer's settings from this run configuration."""
         return OptimConfig(
             name=str(self.optimizer),
-            lr=float(self.lr),
+            lr=float(resolved(self.lr, "lr")),
             weight_decay=self.weight_decay,
             momentum=self.momentum,
-            betas=self.betas,
+            betas=resolved(self.betas, "betas"),
         )
 
 
