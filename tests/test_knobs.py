@@ -331,3 +331,21 @@ def test_a_run_saved_before_the_knobs_existed_resumes_with_their_defaults(tiny, 
     assert option_differences(saved, changed) == [
         "task_order='given' in the checkpoint, 'random' now"
     ]
+
+
+@pytest.mark.parametrize("method", ["packnet", "individual", "supsup", "cpg", "rmn"])
+def test_every_sequential_method_learns_on_top_of_a_run(tiny, tmp_path, method):
+    source = tmp_path / "source"
+    small = {"method": method, "tasks": 2, "train_per_task": 64, "epochs": (1, 1, 1)}
+    run_experiment(make_config(**run_options(source, **small)), progress=False)
+    out = tmp_path / "new"
+    doc = run_experiment(
+        make_config(
+            **run_options(out, **small | {"tasks": 1}), task_seed=3, from_run=source, after_task=1
+        ),
+        progress=False,
+    )
+    assert doc["complete"] and len(doc["accuracy_matrix"]) == 2
+    old, new = load_run(source), load_run(out)
+    task = build_benchmark(new.config).tasks[0]
+    assert torch.equal(task_logits(old.supernet, task, 0), task_logits(new.supernet, task, 0))
