@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,7 @@ def _run_on_ray(
     address: str | None,
     cpus: float,
     gpus: float,
-) -> Any:
+) -> Iterator[PointOutcome]:
     """Yield each point's outcome as its Ray task finishes."""
     try:
         import ray
@@ -162,11 +162,12 @@ def _run_on_ray(
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             point = pending.pop(ref)
             try:
-                yield ray.get(ref)
+                outcome = ray.get(ref)
             except Exception as exc:  # the worker died (killed, out of memory): no outcome
                 run_dir = out / point.name
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                yield PointOutcome(point, "failed", run_dir, None, error, run_dir / LOG_NAME)
+                outcome = PointOutcome(point, "failed", run_dir, None, error, run_dir / LOG_NAME)
+            yield outcome
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
