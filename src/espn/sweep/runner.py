@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def run_sweep(
             f"{gpus_per_run:g}"
         )
     validate_points(points, out)
-    console = Console()
+    console = Console(file=sys.stdout)  # fixed: in-process points redirect sys.stdout to logs
     outcomes: dict[str, PointOutcome] = {}
     with _Reporter(len(points), console, progress) as report:
         todo = []
