@@ -274,10 +274,12 @@ def from_run_cli(source: Path, out: Path, *extra: str) -> list[str]:
         (["--after-task", "1", "--method", "packnet"], "is a run of method 'espn'"),
         (["--after-task", "1", "--model", "fc1024"], "its model is 'fc-test' but this run's"),
         ([], "from_run and after_task go together"),
+        (["--after-task", "1", "--out", "SOURCE"], "is this run's own --out"),
     ],
 )
 def test_bad_from_run_is_refused(source_run, tmp_path, extra, message):
     before = tree_hashes(source_run)
+    extra = [str(source_run) if e == "SOURCE" else e for e in extra]
     result = runner.invoke(app, from_run_cli(source_run, tmp_path / "new", *extra))
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
