@@ -274,10 +274,12 @@ def from_run_cli(source: Path, out: Path, *extra: str) -> list[str]:
         (["--after-task", "1", "--method", "packnet"], "is a run of method 'espn'"),
         (["--after-task", "1", "--model", "fc1024"], "its model is 'fc-test' but this run's"),
         ([], "from_run and after_task go together"),
+        (["--after-task", "1", "--out", "SOURCE"], "is this run's own --out"),
     ],
 )
 def test_bad_from_run_is_refused(source_run, tmp_path, extra, message):
     before = tree_hashes(source_run)
+    extra = [str(source_run) if e == "SOURCE" else e for e in extra]
     result = runner.invoke(app, from_run_cli(source_run, tmp_path / "new", *extra))
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
@@ -331,3 +333,21 @@ def test_a_run_saved_before_the_knobs_existed_resumes_with_their_defaults(tiny, 
     assert option_differences(saved, changed) == [
         "task_order='given' in the checkpoint, 'random' now"
     ]
+
+
+@pytest.mark.parametrize("method", ["packnet", "individual", "supsup", "cpg", "rmn"])
+def test_every_sequential_method_learns_on_top_of_a_run(tiny, tmp_path, method):
+    source = tmp_path / "source"
+    small = {"method": method, "tasks": 2, "train_per_task": 64, "epochs": (1, 1, 1)}
+    run_experiment(make_config(**run_options(source, **small)), progress=False)
+    out = tmp_path / "new"
+    doc = run_experiment(
+        make_config(
+            **run_options(out, **small | {"tasks": 1}), task_seed=3, from_run=source, after_task=1
+        ),
+        progress=False,
+    )
+    assert doc["complete"] and len(doc["accuracy_matrix"]) == 2
+    old, new = load_run(source), load_run(out)
+    task = build_benchmark(new.config).tasks[0]
+    assert torch.equal(task_logits(old.supernet, task, 0), task_logits(new.supernet, task, 0))

@@ -257,9 +257,10 @@ def test_a_point_killed_mid_sweep_is_resumed_not_restarted(
     assert second[0].results["accuracy_matrix"] == one_by_one(points[0])["accuracy_matrix"]
 
 
-def test_a_failing_point_does_not_stop_the_others(ray_instance, data_dir, tmp_path):
+def test_a_failing_point_does_not_stop_the_others(ray_instance, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(data_dir.parent)  # a relative data_dir means the same in Ray's workers
     spec = {
-        "base": {**base_options(data_dir), "method": "espn", "tasks": 1},
+        "base": {**base_options(Path(data_dir.name)), "method": "espn", "tasks": 1},
         "grid": {"gamma": [0.5, 1e-5, 0.2]},
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
@@ -274,5 +275,6 @@ def test_a_failing_point_does_not_stop_the_others(ray_instance, data_dir, tmp_pa
     assert f"log: {log})" in result.output
     assert "Traceback" in log.read_text()
     for name in ("gamma0.5", "gamma0.2"):
-        assert json.loads((out / name / "results.json").read_text())["complete"]
+        doc = json.loads((out / name / "results.json").read_text())
+        assert doc["complete"] and doc["config"]["data_dir"] == str(data_dir)
     assert "done gamma0.5:" in text and "failed gamma1e-05:" in text

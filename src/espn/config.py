@@ -435,6 +435,11 @@ class RunConfig(BaseModel):
             )
         if self.from_run is None or self.after_task is None:
             return
+        if Path(self.out).resolve() == self.from_run:
+            raise ValueError(
+                f"from_run {self.from_run} is this run's own --out; the run it starts from is "
+                "only read, so give the new run another --out"
+            )
         from espn.checkpoint.continuation import source_summary
 
         if strategy.training_tasks is not Strategy.training_tasks:
