@@ -66,7 +66,9 @@ def make_engine(
     """A supernet around ``model``, the named method and an engine to train ``seq`` with."""
     example = seq.tasks[0].transform(seq.tasks[0].train.x[:2], False)
     sn = Supernet(model, example)
-    cfg = MethodConfig(**{"epochs": (1, 1, 1), **method_options})  # type: ignore[arg-type]
+    general = {k: v for k, v in method_options.items() if k in MethodConfig.__dataclass_fields__}
+    own = {k: v for k, v in method_options.items() if k not in general}
+    cfg = MethodConfig(**{"epochs": (1, 1, 1), **general}, settings=own)  # type: ignore[arg-type]
     strategy = METHODS.get(method)(cfg)
     engine = Engine(
         sn,

@@ -139,8 +139,10 @@ def test_alpha_of_a_preset_does_not_stop_methods_without_a_weight_budget(tmp_pat
 def test_method_defaults():
     assert make_config(benchmark="permuted-mnist", method="individual").alpha == 1.0
     assert make_config(benchmark="permuted-mnist", method="individual").gamma == 0.2
-    assert make_config(benchmark="permuted-mnist", method="supsup").supsup_k == 0.5
-    assert make_config(benchmark="permuted-mnist", method="espn").supsup_k is None
+    assert make_config(benchmark="permuted-mnist", method="supsup").method_options == {
+        "supsup_k": 0.5
+    }
+    assert make_config(benchmark="permuted-mnist", method="espn").method_options == {}
 
 
 # ------------------------------------------------------------------- zero forgetting

@@ -45,7 +45,8 @@ def test_runs_from_the_cli_and_evaluate_info_export_work(fake_mnist, monkeypatch
     assert all(0 < n <= u for n, u in zip(doc["new_weights"], doc["used_weights"], strict=True))
     parts = {k: v for k, v in doc["storage"].items() if k not in ("total", "one_dense_network")}
     assert doc["storage_bytes"] == sum(parts.values()) and parts["own_weights"] == 0
-    assert doc["config"][f"{method}_{'acc_loss' if method == 'cpg' else 'l1'}"] is not None
+    own = {"cpg": {"cpg_acc_loss": 0.0}, "rmn": {"rmn_l1": 1e-6}}[method]  # the defaults
+    assert doc["config"]["method_options"] == own
 
     evaluated = runner.invoke(app, ["evaluate", "--run", str(out)])
     assert evaluated.exit_code == 0, evaluated.output
