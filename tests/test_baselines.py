@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from typer.testing import CliRunner
 
-from baseline_fixtures import fc_small, make_engine, register_fc_small, tiny_sequence
+from baseline_fixtures import fc_small, make_engine, tiny_sequence
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.evaluation import task_logits
@@ -35,8 +35,8 @@ OPTIMIZERS = [
 
 
 @pytest.fixture(autouse=True)
-def small_model(monkeypatch):
-    register_fc_small(monkeypatch)
+def small_model(fc_small_model):
+    """Every test here may run model ``fc-small``."""
 
 
 # ------------------------------------------------------------------------------ the CLI

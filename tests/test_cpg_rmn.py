@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from typer.testing import CliRunner
 
-from baseline_fixtures import make_engine, register_fc_small, tiny_sequence
+from baseline_fixtures import make_engine, tiny_sequence
 from espn.cli.main import app
 from espn.methods.cpg import CPG, PICK_THRESHOLD, SPARSITIES
 from espn.models.fc import FCNet
@@ -29,8 +29,9 @@ def small_net() -> FCNet:
 
 # ------------------------------------------------------------------------------ the CLI
 @pytest.mark.parametrize("method", ["cpg", "rmn"])
-def test_runs_from_the_cli_and_evaluate_info_export_work(fake_mnist, monkeypatch, tmp_path, method):
-    register_fc_small(monkeypatch)
+def test_runs_from_the_cli_and_evaluate_info_export_work(
+    fake_mnist, fc_small_model, tmp_path, method
+):
     out = tmp_path / method
     argv = ["run", "--benchmark", "permuted-mnist", "--method", method, "--out", str(out)]
     budget = ["--alpha", "0.5"] if method == "rmn" else []  # 10% is too little this short
