@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from espn.data.registry import BENCHMARKS
+from espn.errors import EspnError
 from espn.methods.base import (
     DEFAULT_GAMMA,
     METHODS,
@@ -75,7 +76,7 @@ def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
 FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
 
 
-class ConfigError(ValueError):
+class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 
 

@@ -11,8 +11,6 @@ continues where it stopped.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,6 +25,8 @@ import matplotlib.pyplot as plt
 from espn.checkpoint.run import option_differences, saved_config
 from espn.config import RunConfig, make_config
 from espn.utils.io import atomic_target
+from espn.utils.io import read_csv as io_read_csv
+from espn.utils.io import write_csv as io_write_csv
 
 #: the appendix's FLOPs budgets
 DEFAULT_GAMMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -113,30 +113,23 @@ def run_pruner_study(
 
 def write_csv(points: list[StudyPoint], path: Path) -> None:
     """One row per point, atomically."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for p in points:
-        writer.writerow(asdict(p))
-    with atomic_target(path) as tmp:
-        tmp.write_text(buffer.getvalue())
+    io_write_csv(path, [asdict(p) for p in points], CSV_FIELDS)
 
 
 def read_csv(path: Path) -> list[StudyPoint]:
     """The points of a ``pruners.csv``."""
-    with Path(path).open(newline="") as fh:
-        return [
-            StudyPoint(
-                pruner=r["pruner"],
-                gamma=float(r["gamma"]),
-                accuracy=float(r["accuracy"]),
-                flops_ratio=float(r["flops_ratio"]),
-                units_kept=float(r["units_kept"]),
-                seconds=float(r["seconds"]),
-                run=r["run"],
-            )
-            for r in csv.DictReader(fh)
-        ]
+    return [
+        StudyPoint(
+            pruner=r["pruner"],
+            gamma=float(r["gamma"]),
+            accuracy=float(r["accuracy"]),
+            flops_ratio=float(r["flops_ratio"]),
+            units_kept=float(r["units_kept"]),
+            seconds=float(r["seconds"]),
+            run=r["run"],
+        )
+        for r in io_read_csv(path)
+    ]
 
 
 def plot_pruner_study(points: list[StudyPoint], path: Path, title: str = "") -> None:
