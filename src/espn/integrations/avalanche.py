@@ -207,7 +207,9 @@ class ESPNStrategy(SupervisedTemplate):
             dataset.eval(), batch_size=max(self.eval_mb_size or 256, 1), shuffle=False
         )
         xs, ys, ts = [], [], []
-        for batch in loader:
+        with torch.random.fork_rng(devices=[]):  # the loader's seed draw leaves training's alone
+            batches = list(loader)
+        for batch in batches:
             if len(batch) < 3:
                 raise ValueError(
                     f"experience {experience.current_experience} has no task labels; espn "
