@@ -70,15 +70,15 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
         if name not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
         return OptimConfig(name)
-    name = TORCH_OPTIMIZERS.get(type(optimizer))
-    if name is None:
+    known = TORCH_OPTIMIZERS.get(type(optimizer))
+    if known is None:
         raise ValueError(
             f"optimizer {type(optimizer).__name__} is not one espn's engine runs; use "
             "torch.optim.SGD, Adam or RMSprop (or their names)"
         )
     group = optimizer.param_groups[0]
     return OptimConfig(
-        name,
+        known,
         lr=float(group["lr"]),
         weight_decay=float(group.get("weight_decay", 0.0)),
         momentum=float(group.get("momentum", 0.0)),
@@ -267,4 +267,4 @@ class ESPNStrategy(SupervisedTemplate):
 # Avalanche wraps a strategy's __init__ to refuse keywords that no __init__ in the class's MRO
 # names; the method's settings arrive in **settings and are checked by create_method (which
 # names the accepted ones), so ESPNStrategy keeps its own __init__.
-ESPNStrategy.__init__ = ESPNStrategy.__init__.__wrapped__  # type: ignore[attr-defined]
+ESPNStrategy.__init__ = ESPNStrategy.__init__.__wrapped__  # type: ignore[attr-defined,method-assign]
