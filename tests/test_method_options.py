@@ -5,6 +5,7 @@ the duration of a test."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -303,3 +304,24 @@ def test_a_choice_out_of_its_list_is_refused(fc_small_model, tmp_path):
         result = runner.invoke(app, run_args(tmp_path, "--method", "switches", "--sw-mode", "c"))
     assert result.exit_code == 2
     assert "sw_mode must be one of: a, b, got 'c'" in " ".join(result.output.split())
+
+
+def test_every_method_file_of_the_package_registers_itself():
+    """No list of methods to extend: each module of espn.methods is imported with it."""
+    import pkgutil
+
+    import espn.methods
+
+    names = {m.name for m in pkgutil.iter_modules(espn.methods.__path__)}
+    assert all(f"espn.methods.{n}" in sys.modules for n in names)
+    defined = {
+        cls.name
+        for n in names
+        for cls in vars(sys.modules[f"espn.methods.{n}"]).values()
+        if isinstance(cls, type) and issubclass(cls, Strategy) and "name" in vars(cls)
+    }
+    assert (
+        defined
+        == set(METHODS.names())
+        == {"cpg", "espn", "individual", "mtl", "packnet", "rmn", "supsup"}
+    )
