@@ -25,6 +25,8 @@ from espn.supernet.flops import FLOP_LOADS
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
 REUSE_POLICIES = ("all", "magnitude")
+#: orders in which a benchmark's tasks may be learned (see :mod:`espn.data.order`)
+TASK_ORDERS = ("given", "random", "large-first", "small-first", "diverse")
 #: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
 MAX_SEED = 2**32 - 1
 #: largest accepted value of the other integer options (batch size, images per task, ...)
@@ -148,6 +150,10 @@ class RunConfig(BaseModel):
     amp: bool = False
     folders: tuple[Path, ...] = ()
     image_size: int | None = None
+    train_sizes: str | None = None
+    task_order: str = "given"
+    from_run: Path | None = None
+    after_task: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -319,6 +325,28 @@ class RunConfig(BaseModel):
     def _device(cls, v: str) -> str:
         return check_device(v)
 
+    @field_validator("train_sizes", mode="before")
+    @classmethod
+    def _train_sizes(cls, v: Any) -> str | None:
+        return None if v is None else normalise_train_sizes(v)
+
+    @field_validator("task_order")
+    @classmethod
+    def _task_order(cls, v: str) -> str:
+        return _one_of("task order", v, TASK_ORDERS)
+
+    @field_validator("from_run")
+    @classmethod
+    def _from_run(cls, v: Path | None) -> Path | None:
+        return None if v is None else Path(v).resolve()  # the same run from any directory
+
+    @field_validator("after_task")
+    @classmethod
+    def _after_task(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_COUNT:
+            raise ValueError(f"after_task must be >= 1 (tasks kept from --from-run), got {v}")
+        return v
+
     @model_validator(mode="after")
     def _resolve(self) -> RunConfig:
         bench = BENCHMARKS.get(self.benchmark)
@@ -335,6 +363,7 @@ class RunConfig(BaseModel):
         self._check_folders(bench.needs_folders)
         self._check_method_options(strategy)
         self._check_sequence(bench.class_orders)
+        self._check_from_run(strategy)
         if self.init_weights is not None and not strategy.accepts_pretrained:
             raise ValueError(
                 f"method {self.method!r} cannot start from a pretrained first task "
@@ -359,6 +388,7 @@ class RunConfig(BaseModel):
         self.lr = self.lr or float(d.get("lr", 1e-3))
         self.batch_size = self.batch_size or int(d.get("batch_size", 128))
         self._resolve_recipe(d)
+        self.task_train_sizes()  # a list of sizes must have one per task
         strategy.check_config(self.method_config())
         return self
 
@@ -391,6 +421,43 @@ class RunConfig(BaseModel):
                     else "it has no class split (leave class_order unset)"
                 )
             )
+
+    def _check_from_run(self, strategy: type[Strategy]) -> None:
+        """``from_run`` and ``after_task`` go together, and name a checkpoint with at least
+        ``after_task`` finished tasks of the same method (more is checked when the run starts,
+        see :mod:`espn.checkpoint.continuation`)."""
+        if (self.from_run is None) != (self.after_task is None):
+            raise ValueError(
+                "from_run and after_task go together: --from-run DIR --after-task K "
+                "(learn on top of DIR's supernet as it was after its first K tasks)"
+            )
+        if self.from_run is None or self.after_task is None:
+            return
+        from espn.checkpoint.continuation import source_summary
+
+        if strategy.training_tasks is not Strategy.training_tasks:
+            raise ValueError(
+                f"method {self.method!r} learns all its tasks at once, so it cannot learn new "
+                "tasks on top of a finished run (from_run); use a sequential method"
+            )
+        method, done = source_summary(Path(self.from_run))
+        if method != self.method:
+            raise ValueError(
+                f"from_run {self.from_run} is a run of method {method!r}; learning on top of "
+                f"it needs the same method (--method {method}), got {self.method!r}"
+            )
+        if self.after_task > done:
+            raise ValueError(
+                f"after_task must be <= the {done} task(s) finished in {self.from_run}, "
+                f"got {self.after_task}"
+            )
+
+    def task_train_sizes(self) -> list[int] | None:
+        """The training-set size of each task (in the benchmark's given order) that
+        ``train_sizes`` asks for, or None (``train_per_task`` for every task)."""
+        if self.train_sizes is None or self.tasks is None:
+            return None
+        return resolve_train_sizes(self.train_sizes, self.tasks)
 
     def _check_method_options(self, strategy: type[Strategy]) -> None:
         """Options of one method given to another are refused (alpha from a preset is not);
@@ -458,6 +525,54 @@ class RunConfig(BaseModel):
             momentum=self.momentum,
             betas=self.betas,
         )
+
+
+TRAIN_SIZES_HELP = (
+    "comma-separated sizes, one per task (e.g. 2500,2500,100), or geometric:N1:N2 "
+    "(task 1 gets N1, the last N2, geometric in between)"
+)
+
+
+def normalise_train_sizes(value: Any) -> str:
+    """``train_sizes`` as given (a list of counts or a string), checked and written as the
+    canonical string ``"2500,2500,100"`` or ``"geometric:N1:N2"``."""
+    if isinstance(value, list | tuple):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
+    text = value.replace(" ", "")
+    rule = text.startswith("geometric:")
+    parts = text.removeprefix("geometric:").split(":" if rule else ",")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if not sizes or (rule and len(sizes) != 2):
+        raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
+    bad = [n for n in sizes if not 1 <= n <= MAX_COUNT]
+    if bad:
+        raise ValueError(f"train_sizes: every size must be in [1, {MAX_COUNT}], got {bad[0]}")
+    return ("geometric:" if rule else "") + (":" if rule else ",").join(map(str, sizes))
+
+
+def resolve_train_sizes(text: str, n_tasks: int) -> list[int]:
+    """Per-task sizes of a canonical ``train_sizes`` string for ``n_tasks`` tasks: the list
+    itself (one entry per task), or N1 * (N2/N1)^(t/(n-1)) rounded for ``geometric:N1:N2``."""
+    if text.startswith("geometric:"):
+        first, last = (int(v) for v in text.removeprefix("geometric:").split(":"))
+        if n_tasks == 1:
+            return [first]
+        ratio = last / first
+        return [max(1, round(first * ratio ** (t / (n_tasks - 1)))) for t in range(n_tasks)]
+    sizes = [int(v) for v in text.split(",")]
+    if len(sizes) != n_tasks:
+        raise ValueError(
+            f"train_sizes lists {len(sizes)} size(s) but the run has {n_tasks} task(s); "
+            "give one size per task, or a rule such as geometric:N1:N2"
+        )
+    return sizes
 
 
 def _one_of(what: str, value: str, accepted: tuple[str, ...]) -> str:

@@ -12,12 +12,14 @@ from typing import Any
 import torch
 
 from espn import __version__
+from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_source
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
 from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
 from espn.config import ConfigError, RunConfig
+from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
-from espn.data.tasks import TaskSequence
+from espn.data.tasks import TaskSequence, prepended
 from espn.evaluation.metrics import (
     average_accuracy,
     backward_transfer,
@@ -38,7 +40,9 @@ from espn.utils.io import os_error_text, write_json_atomic
 
 
 def build_benchmark(cfg: RunConfig) -> TaskSequence:
-    """The task sequence a run configuration names, on its device."""
+    """The task sequence a run configuration names, on its device: the benchmark's tasks
+    (``train_sizes`` images each) in ``task_order``, after the tasks kept from ``from_run``."""
+    sizes = cfg.task_train_sizes()
     args = BenchmarkArgs(
         n_tasks=cfg.tasks,
         seed=cfg.seed if cfg.task_seed is None else cfg.task_seed,
@@ -49,8 +53,13 @@ def build_benchmark(cfg: RunConfig) -> TaskSequence:
         device=torch.device(cfg.device),
         folders=tuple(cfg.folders),
         image_size=cfg.image_size,
+        train_sizes=None if sizes is None else tuple(sizes),
     )
-    return BENCHMARKS.get(cfg.benchmark).build(args)
+    seq = ordered(BENCHMARKS.get(cfg.benchmark).build(args), cfg.task_order, args.seed)
+    if cfg.from_run is None:
+        return seq
+    source = open_source(cfg)
+    return prepended(build_benchmark(source.config), source.keep, seq)
 
 
 def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
@@ -150,10 +159,25 @@ def check_data_dir(cfg: RunConfig) -> None:
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
     """Requests the data could not honour (more images per task than there are)."""
     notes = []
+    first = cfg.after_task or 0  # tasks kept from --from-run were checked by their run
+    sizes = cfg.task_train_sizes()
+    if sizes is not None:
+        given = seq.info.get("given_positions", range(len(sizes)))
+        short = [
+            (sizes[g], len(task.train))
+            for g, task in zip(given, seq.tasks[first:], strict=True)
+            if len(task.train) < sizes[g]
+        ]
+        if short:
+            notes.append(
+                f"train_sizes asks for up to {max(a for a, _ in short)} training images but "
+                f"{len(short)} task(s) have fewer (as few as {min(h for _, h in short)}); "
+                "all of theirs are used (results.json: train_samples per task)"
+            )
     for split, asked in (("train", cfg.train_per_task), ("test", cfg.test_per_task)):
-        if asked is None:
+        if asked is None or (split == "train" and sizes is not None):
             continue
-        have = min(len(task.split(split)) for task in seq.tasks)
+        have = min(len(task.split(split)) for task in seq.tasks[first:])
         if have < asked:
             notes.append(
                 f"{split}_per_task {asked} is more than the {have} {split} images a task has; "
@@ -222,6 +246,9 @@ def _run_locked(
     start = time.perf_counter()
     out = Path(cfg.out)
     seq = build_benchmark(cfg) if seq is None else seq
+    source = None if cfg.from_run is None else open_source(cfg)
+    if source is not None:
+        check_compatible(cfg, source, seq)
     supernet = build_supernet(cfg, seq)
     check_gamma_reachable(cfg, supernet)
     notes = data_warnings(cfg, seq)
@@ -238,6 +265,8 @@ def _run_locked(
         amp=cfg.amp,
     )
     ckpt = RunCheckpoint.open(cfg, seq, supernet, engine, strategy, resume)
+    if source is not None and not ckpt.rows:  # a fresh start on top of another run
+        ckpt.rows, ckpt.per_task = adopt_tasks(supernet, source)
     start -= ckpt.elapsed
     if ckpt.summary and on_task_end is not None:
         on_task_end(ckpt.summary)

@@ -142,7 +142,7 @@ def split_benchmark(
         splits = [
             _task_split(*data[split], cls_t, keep, task_generator(args.seed, t, salt))
             for salt, (split, keep) in enumerate(
-                (("train", args.train_per_task), ("test", args.test_per_task))
+                (("train", args.train_keep(t)), ("test", args.test_per_task))
             )
         ]
         label = ",".join(map(str, classes))

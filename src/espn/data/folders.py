@@ -212,7 +212,7 @@ def image_folders(
             )
         keep = []
         for salt, (samples, n) in enumerate(
-            ((train, args.train_per_task), (test, args.test_per_task))
+            ((train, args.train_keep(t)), (test, args.test_per_task))
         ):
             if not samples:
                 raise DatasetUnavailable(

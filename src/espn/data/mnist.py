@@ -62,7 +62,7 @@ def _base_splits(source: str, args: BenchmarkArgs) -> dict[str, tuple[Tensor, Te
 def _splits(base: dict, args: BenchmarkArgs, t: int) -> dict[str, Split]:
     out = {}
     for salt, (split, keep) in enumerate(
-        (("train", args.train_per_task), ("test", args.test_per_task))
+        (("train", args.train_keep(t)), ("test", args.test_per_task))
     ):
         x, y = base[split]
         if keep is None or keep >= len(y):  # every image: one index shared by all tasks

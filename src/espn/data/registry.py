@@ -27,6 +27,14 @@ class BenchmarkArgs:
     folders: tuple[Path, ...] = ()  # image-folders: one directory per task
     image_size: int | None = None  # image-folders: side of the square images
     class_order: str | None = None  # split benchmarks: one of the benchmark's class_orders
+    #: training images of each task (``--train-sizes``); overrides ``train_per_task``
+    train_sizes: tuple[int, ...] | None = None
+
+    def train_keep(self, task: int) -> int | None:
+        """Training images to keep for task ``task`` (None: all of them)."""
+        if self.train_sizes is not None and task < len(self.train_sizes):
+            return self.train_sizes[task]
+        return self.train_per_task
 
 
 @dataclass(frozen=True)
