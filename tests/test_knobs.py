@@ -19,15 +19,15 @@ from espn.data.order import DESCRIPTOR_SAMPLES, farthest_point_order, task_order
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark, run_experiment
-from helpers.deploy import Killed, comparable, kill_at_step, register_fc_test, run_options
+from helpers.deploy import Killed, comparable, kill_at_step, run_options
 from helpers.images import fake_raw, patch_raw
 
 runner = CliRunner()
 
 
 @pytest.fixture
-def tiny(fake_mnist, monkeypatch):
-    register_fc_test(monkeypatch)
+def tiny(fake_mnist, fc_test_model):
+    """Model ``fc-test`` on the fake data."""
 
 
 def train_sizes_of(seq: TaskSequence) -> list[int]:
