@@ -349,3 +349,15 @@ def test_a_run_recorded_with_flat_options_evaluates_and_resumes(
     other = runner.invoke(app, [*args[:-1], "0.5", "--resume"])
     assert other.exit_code == 2
     assert "method_options={'supsup_k': 0.25} in the checkpoint" in " ".join(other.output.split())
+
+
+def test_sweeps_and_presets_take_method_options_by_name():
+    from espn.sweep import expand_spec
+
+    spec = {"base": {"benchmark": "permuted-mnist", "method": "supsup"}}
+    points = expand_spec(spec | {"grid": {"supsup_k": [0.3, 0.5]}})
+    assert [p.options["supsup_k"] for p in points] == [0.3, 0.5]
+    with pytest.raises(ValueError, match=r"supsup_k must be in \(0, 1\], got 2"):
+        expand_spec(spec | {"grid": {"supsup_k": [2]}})
+    with pytest.raises(ValueError, match=r"unknown option 'supsup_kk'; accepted: .*, supsup_k"):
+        expand_spec(spec | {"grid": {"supsup_kk": [0.3]}})
