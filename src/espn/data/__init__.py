@@ -1,6 +1,6 @@
 """Benchmarks (task sequences held as tensors on the device), found by name in BENCHMARKS."""
 
-from espn.data import cifar, folders, mnist
+from espn.data import cifar, folders, mnist, tensors
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.sources import DatasetUnavailable, load_mnist_like
 from espn.data.tasks import Split, Task, TaskSequence
@@ -17,4 +17,5 @@ __all__ = [
     "folders",
     "load_mnist_like",
     "mnist",
+    "tensors",
 ]

@@ -1,0 +1,211 @@
+"""The Python API: wrapping a user's model, learning from DataLoaders and tensors, state that
+round-trips (``state_dict`` and checkpoints), and checkpoints shared with the CLI both ways."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from typer.testing import CliRunner
+
+import espn
+from api_models import SmallConvNet, SmallMLP
+from deploy_fixtures import make_model, train_tiny
+from espn.checkpoint.run import load_run
+from espn.cli.main import app
+from espn.data.tensors import split_tensors
+from espn.evaluation.metrics import task_logits
+from espn.experiment import build_benchmark
+from espn.supernet import Supernet
+
+runner = CliRunner()
+TESTS = Path(__file__).parent
+
+
+def tiny_data(seed: int, n: int = 96, n_classes: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Learnable 1x8x8 samples: noisy class prototypes (seed picks the task)."""
+    gen = torch.Generator().manual_seed(seed)
+    protos = torch.randn(n_classes, 1, 8, 8, generator=gen) * 2
+    y = torch.arange(n) % n_classes
+    return protos[y] + 0.5 * torch.randn(n, 1, 8, 8, generator=gen), y
+
+
+def learner_of(model: nn.Module | type, **model_args: object) -> espn.ContinualLearner:
+    torch.manual_seed(0)
+    sn = espn.wrap(model, torch.zeros(2, 1, 8, 8), **model_args)
+    return espn.ContinualLearner(
+        sn, "espn", gamma=0.5, alpha=0.3, epochs=(1, 1, 1), lr=1e-2, batch_size=16
+    )
+
+
+# ------------------------------------------------------------------ inputs
+def test_dataloader_and_tensors_learn_the_same_task() -> None:
+    """A DataLoader, a list of batches and an (x, y) pair are the same data: the engine
+    batches and shuffles it itself, so all three learn bit-identical tasks."""
+    x, y = tiny_data(1)
+    test = tiny_data(2)
+    inputs = {
+        "loader": DataLoader(TensorDataset(x, y), batch_size=10),
+        "list": [(x[i : i + 7], y[i : i + 7]) for i in range(0, len(x), 7)],
+        "tensors": (x, y),
+    }
+    logits = {}
+    for kind, data in inputs.items():
+        learner = learner_of(SmallMLP)  # built under the seed: the same initial weights
+        record = learner.learn(data, test=test, name=kind)
+        assert record["flops_ratio"] <= 0.5 and record["train_samples"] == len(x)
+        assert learner.names == [kind] and len(learner.accuracy_matrix) == 1
+        logits[kind] = learner.supernet(test[0], task=0)
+    assert torch.equal(logits["loader"], logits["tensors"])
+    assert torch.equal(logits["list"], logits["tensors"])
+
+
+def test_two_tasks_accuracy_matrix_report_and_zero_forgetting() -> None:
+    learner = learner_of(SmallConvNet)
+    learner.learn(tiny_data(1), test=tiny_data(2))
+    before = learner.supernet(tiny_data(2)[0], task=0).clone()
+    learner.learn(DataLoader(TensorDataset(*tiny_data(3)), batch_size=16), test=tiny_data(4))
+    matrix = learner.accuracy_matrix
+    assert len(matrix) == 2 and len(matrix[1]) == 2
+    assert matrix[0][0] == matrix[1][0] > 50  # learned, and not forgotten
+    assert matrix[1][1] == learner.evaluate(1) == learner.evaluate(1, tiny_data(4))
+    assert torch.equal(learner.supernet(tiny_data(2)[0], task=0), before)
+    report = learner.report()
+    assert [r["task"] for r in report] == [0, 1]
+    for r in report:  # an independent count of the task's weights
+        mask = learner.supernet.masks[r["task"]]
+        assert r["used_weights"] == mask.nnz() and r["flops_ratio"] <= 0.5
+
+
+def test_bad_inputs_are_refused_with_what_is_accepted() -> None:
+    learner = learner_of(SmallMLP())
+    x, y = tiny_data(1)
+    with pytest.raises(TypeError, match=r"expected \(x, y\) tensors or an iterable"):
+        learner.learn(x)
+    with pytest.raises(ValueError, match="labels must be integer class indices"):
+        learner.learn((x, y.float()))
+    with pytest.raises(ValueError, match="n_classes 2 does not cover the labels"):
+        learner.learn((x, y), n_classes=2)
+    with pytest.raises(IndexError, match="no task is learned yet"):
+        learner.evaluate(0, (x, y))
+
+
+def test_a_model_with_nothing_to_mask_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"nothing to mask.*nn\.Linear and nn\.Conv2d"):
+        Supernet(nn.Sequential(nn.Linear(64, 3)), torch.zeros(2, 64))
+    with pytest.raises(ValueError, match=r"supports nn\.Conv2d, nn\.BatchNorm2d and nn\.Linear"):
+        espn.wrap(
+            nn.Sequential(nn.Flatten(), nn.LayerNorm(64), nn.Linear(64, 3)), torch.zeros(2, 64)
+        )
+
+
+def test_a_torchvision_resnet_is_wrapped_by_reference() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    sn = espn.wrap(torchvision.models.resnet18, torch.zeros(2, 3, 32, 32), num_classes=5)
+    assert sn.model_name == "torchvision.models.resnet:resnet18(num_classes=5)"
+    assert len(sn.layers) == 20 and sn.dense_flops > 0  # 20 convs (incl. downsampling) + head
+
+
+# ------------------------------------------------------------- state_dict
+@pytest.mark.parametrize("kind", ["fc", "conv"])
+def test_state_dict_round_trip_keeps_every_task_bit_for_bit(kind: str) -> None:
+    sn, seq, _ = train_tiny(kind)
+    want = [task_logits(sn, seq.tasks[t], t) for t in range(3)]
+    buffer = io.BytesIO()
+    torch.save(sn.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)  # tensors and plain containers only
+    torch.manual_seed(123)  # other initial weights: everything must come from the state
+    fresh = Supernet(make_model(kind), seq.tasks[0].train.x[:2])
+    fresh.load_state_dict(state)
+    assert len(fresh.masks) == 3
+    for t in range(3):
+        assert torch.equal(task_logits(fresh, seq.tasks[t], t), want[t])
+        assert fresh.masks[t].nnz() == sn.masks[t].nnz()
+    for name in sn.layers:
+        assert torch.equal(fresh.owners.ids[name], sn.owners.ids[name])
+        assert torch.equal(fresh.layers[name].frozen, sn.layers[name].frozen)
+
+
+def test_state_dict_of_another_model_is_refused() -> None:
+    sn, _, _ = train_tiny("fc", n_tasks=1)
+    wider = espn.wrap(SmallMLP(hidden=16), torch.zeros(2, 1, 8, 8))
+    with pytest.raises(ValueError, match="masked layers differ"):
+        wider.load_state_dict(sn.state_dict())
+
+
+# ----------------------------------------------------- checkpoints and the CLI
+def saved_run(tmp_path: Path) -> tuple[espn.ContinualLearner, Path]:
+    """Two tasks learned from Python into a model built by reference, saved in tmp_path/run."""
+    learner = learner_of(SmallConvNet, n_classes=3)
+    learner.learn(tiny_data(1), test=tiny_data(2), name="first")
+    learner.learn(tiny_data(3), test=tiny_data(4), name="second")
+    return learner, learner.save(tmp_path / "run")
+
+
+def test_api_checkpoint_is_read_by_espn_evaluate_and_export(tmp_path: Path) -> None:
+    learner, run = saved_run(tmp_path)
+    matrix = learner.accuracy_matrix
+    doc = json.loads((run / "results.json").read_text())
+    assert doc["accuracy_matrix"] == matrix and doc["task_names"] == ["first", "second"]
+    result = runner.invoke(app, ["evaluate", "--run", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "all 2 tasks match results.json" in result.output
+    out = tmp_path / "second.pt2"
+    args = ["export", "--run", str(run), "--task", "1", "--out", str(out), "--no-onnx"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    exported = torch.export.load(str(out)).module()
+    x = tiny_data(4)[0]
+    assert torch.allclose(exported(x), learner.supernet(x, task=1), atol=1e-4)
+    again = espn.load(run)  # and the API reads its own checkpoint back
+    assert again.accuracy_matrix == matrix and again.names == ["first", "second"]
+    for t in range(2):
+        assert again.evaluate(t) == matrix[1][t]
+        assert torch.equal(again.supernet(x, task=t), learner.supernet(x, task=t))
+
+
+def test_api_checkpoint_is_read_by_espn_info_in_another_process(tmp_path: Path) -> None:
+    """A fresh process rebuilds the model from the checkpoint's import reference alone."""
+    _, run = saved_run(tmp_path)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
+    info = subprocess.run(
+        [sys.executable, "-m", "espn.cli.main", "info", "--run", str(run)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert info.returncode == 0, info.stderr
+    assert "2/2 tasks finished" in info.stdout and "api_models:SmallConvNet" in info.stdout
+
+
+def test_model_instance_checkpoint_loads_with_the_model_given(tmp_path: Path) -> None:
+    learner = learner_of(SmallMLP())
+    learner.learn(tiny_data(1), test=tiny_data(2))
+    run = learner.save(tmp_path / "run")
+    again = espn.load(run, model=SmallMLP())
+    x = tiny_data(2)[0]
+    assert torch.equal(again.supernet(x, task=0), learner.supernet(x, task=0))
+    again.learn(tiny_data(3), test=tiny_data(4))  # and goes on learning, forgetting nothing
+    assert torch.equal(again.supernet(x, task=0), learner.supernet(x, task=0))
+    assert again.accuracy_matrix[1][0] == learner.accuracy_matrix[0][0]
+
+
+def test_cli_run_checkpoint_loads_in_the_api(cli_run: Path) -> None:
+    learner = espn.load(cli_run)
+    doc = json.loads((cli_run / "results.json").read_text())
+    seq = build_benchmark(load_run(cli_run).config)
+    assert learner.names == doc["task_names"]
+    assert learner.accuracy_matrix == doc["accuracy_matrix"]
+    for t, task in enumerate(seq.tasks):
+        assert learner.evaluate(t, split_tensors(task, "test")) == doc["final_accuracy"][t]
+    assert [r["flops"] for r in learner.report()] == doc["flops"]
