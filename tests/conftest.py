@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
-from deploy_fixtures import cli_options, register_fc_test
+from baseline_fixtures import fc_small
+from deploy_fixtures import cli_options, fc_test
 from espn.cli.main import app
+from espn.models.registry import MODELS
+from image_fixtures import small_resnet
 
 
 def synthetic_mnist(n_train: int = 400, n_test: int = 200, seed: int = 0) -> dict:
@@ -48,9 +52,29 @@ def tiny_run_args(tmp_path) -> dict:
 
 
 @pytest.fixture
-def cli_run(fake_mnist: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+def fc_test_model() -> Iterator[str]:
+    """Model ``fc-test`` (784-64-48-classes, see deploy_fixtures) for the duration of a test."""
+    with MODELS.temporarily("fc-test", fc_test):
+        yield "fc-test"
+
+
+@pytest.fixture
+def fc_small_model() -> Iterator[str]:
+    """Model ``fc-small`` (see baseline_fixtures) for the duration of a test."""
+    with MODELS.temporarily("fc-small", fc_small):
+        yield "fc-small"
+
+
+@pytest.fixture
+def small_resnet_model() -> Iterator[str]:
+    """Model ``small-resnet`` (see image_fixtures) for the duration of a test."""
+    with MODELS.temporarily("small-resnet", small_resnet):
+        yield "small-resnet"
+
+
+@pytest.fixture
+def cli_run(fake_mnist: dict, fc_test_model: str, tmp_path: Path) -> Path:
     """A finished 3-task run of the tiny FC model made through ``espn run``: its out dir."""
-    register_fc_test(monkeypatch)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, cli_options(out))
     assert result.exit_code == 0, result.output

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import espn.data.cifar as cifar_module
-from espn.models import MODELS, ModelSpec
+from espn.models import ModelSpec
 from espn.models.resnet import BasicBlock, ResNet
 from espn.supernet import Supernet, TaskHead
 
@@ -45,12 +45,11 @@ def patch_raw(monkeypatch: pytest.MonkeyPatch, per_source: dict[str, dict]) -> l
 
 
 @pytest.fixture
-def fake_cifar10(monkeypatch: pytest.MonkeyPatch) -> dict:
+def fake_cifar10(monkeypatch: pytest.MonkeyPatch, small_resnet_model: str) -> dict:
     """CIFAR-10-shaped fake data (32 training and 16 test images per class), and the
     ``small-resnet`` model."""
     data = fake_raw(10, 32, 16)
     patch_raw(monkeypatch, {"cifar10": data})
-    register_small_resnet(monkeypatch)
     return data
 
 
@@ -82,8 +81,3 @@ def small_resnet(spec: ModelSpec) -> ResNet:
     """The reduced ResNet18's structure at a test-friendly size: nf=8, blocks [2, 2, 1, 1]
     (stem in the first stream, downsample shortcuts, inner groups, task BatchNorm, heads)."""
     return ResNet(BasicBlock, [2, 2, 1, 1], 8, spec.input_shape[0], spec.n_classes, True)
-
-
-def register_small_resnet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``small-resnet`` a model name for the duration of a test."""
-    monkeypatch.setitem(MODELS._items, "small-resnet", small_resnet)

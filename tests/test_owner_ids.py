@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from baseline_fixtures import tiny_sequence
-from deploy_fixtures import Killed, comparable, kill_at_step, register_fc_test, run_options
+from deploy_fixtures import Killed, comparable, kill_at_step, run_options
 from espn.checkpoint import CheckpointWriter, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, file_entry, sha256_of
 from espn.checkpoint.run import load_run
@@ -271,8 +271,8 @@ def write_version_1(directory: Path, masks: list) -> None:
 
 
 @pytest.fixture
-def fc_test(fake_mnist, monkeypatch):
-    register_fc_test(monkeypatch)
+def fc_test(fake_mnist, fc_test_model):
+    """Model ``fc-test`` on the fake data."""
 
 
 @pytest.mark.parametrize("kill", [17, 30])  # before task 2's first save; task 2 fine-tuning

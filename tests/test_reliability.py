@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import espn.checkpoint.store as store_module
 import espn.data.mnist as mnist_module
-from deploy_fixtures import cli_options, comparable, register_fc_test
+from deploy_fixtures import cli_options, comparable
 from espn.checkpoint.store import read_checkpoint
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
@@ -24,8 +24,8 @@ LOCK_FILE = ".espn-run.lock"
 
 
 @pytest.fixture(autouse=True)
-def tiny(fake_mnist, monkeypatch):
-    register_fc_test(monkeypatch)
+def tiny(fake_mnist, fc_test_model):
+    """Every test here runs model ``fc-test`` on the fake data."""
 
 
 def invoke(args: list[str], **kw) -> object:

@@ -10,7 +10,6 @@ import torch
 from typer.testing import CliRunner
 
 import espn.experiment as experiment_module
-from baseline_fixtures import register_fc_small
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.data import BENCHMARKS, BenchmarkArgs
@@ -38,8 +37,8 @@ STUDY = [
 
 
 @pytest.fixture(autouse=True)
-def small_model(monkeypatch):
-    register_fc_small(monkeypatch)
+def small_model(fc_small_model):
+    """Every test here may run model ``fc-small``."""
 
 
 def test_fashion_mnist_is_one_plain_ten_class_task(fake_mnist):

@@ -9,7 +9,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from espn.data.registry import BENCHMARKS
-from espn.methods.base import METHODS, SCHEDULES, MethodConfig, Strategy
+from espn.methods.base import (
+    DEFAULT_GAMMA,
+    METHODS,
+    SCHEDULES,
+    MethodConfig,
+    Strategy,
+    declared_options,
+)
+from espn.methods.options import resolve_settings
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 from espn.supernet.flops import FLOP_LOADS
@@ -37,11 +45,31 @@ LEGACY_DEFAULTS: dict[str, Any] = {
 
 def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
     """A configuration saved by an older espn, completed with the values that reproduce what
-    that espn did (its fine-tuning started from the run's learning rate)."""
+    that espn did (its fine-tuning started from the run's learning rate); method options it
+    recorded flat (``supsup_k``, unset ones as null) move into ``method_options``."""
     upgraded = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in values} | dict(values)
     if "finetune_lr" not in values:
         upgraded["finetune_lr"] = values.get("lr")
-    return upgraded
+    return gather_method_options(upgraded)
+
+
+def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the methods' options given flat (``supsup_k=0.3``: CLI flags, presets,
+    sweep points, older configurations) moved into ``method_options``; unset (None) ones
+    dropped."""
+    declared = declared_options()
+    clash = sorted(set(declared) & set(RunConfig.model_fields))
+    if clash:
+        raise ValueError(
+            f"method option(s) {', '.join(clash)} of {declared[clash[0]][1][0]!r} clash with "
+            "run options of the same name; the method must name them otherwise"
+        )
+    flat = {k: values[k] for k in values if k in declared}
+    if not flat:
+        return values
+    given = dict(values.get("method_options") or {})
+    rest = {k: v for k, v in values.items() if k not in flat}
+    return rest | {"method_options": given | {k: v for k, v in flat.items() if v is not None}}
 
 
 FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
@@ -100,9 +128,8 @@ class RunConfig(BaseModel):
     pruner: str = "flop-aware"
     penalty: float = 1.0
     flop_load: str = "output"
-    supsup_k: float | None = None
-    cpg_acc_loss: float | None = None
-    rmn_l1: float | None = None
+    #: the method's own options (see ``Strategy.options``), completed with their defaults
+    method_options: dict[str, Any] = {}
     reuse: str = "all"
     task_affine: bool = False
     prune_updates_per_epoch: int = 4
@@ -128,11 +155,11 @@ class RunConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         if data.get("preset") is None:
-            return _need_benchmark(data)
+            return _need_benchmark(gather_method_options(data))
         from espn.presets import load_preset, merge
 
         values = load_preset(str(data["preset"]))
-        unknown = sorted(set(values) - set(cls.model_fields))
+        unknown = sorted(set(values) - set(cls.model_fields) - set(declared_options()))
         if unknown:
             raise ValueError(
                 f"preset {data['preset']!r} sets unknown option(s) {', '.join(unknown)}; "
@@ -141,7 +168,7 @@ class RunConfig(BaseModel):
         method = data.get("method") or values.get("method") or "espn"
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
             values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
-        return _need_benchmark(merge(values, data))
+        return _need_benchmark(gather_method_options(merge(values, data)))
 
     @field_validator("*", mode="before")
     @classmethod
@@ -220,25 +247,6 @@ class RunConfig(BaseModel):
     @classmethod
     def _alpha(cls, v: float | None) -> float | None:
         return _in_unit_interval("alpha", v)
-
-    @field_validator("supsup_k")
-    @classmethod
-    def _supsup_k(cls, v: float | None) -> float | None:
-        return _in_unit_interval("supsup_k", v)
-
-    @field_validator("cpg_acc_loss")
-    @classmethod
-    def _cpg_acc_loss(cls, v: float | None) -> float | None:
-        if v is not None and not 0.0 <= v <= 100.0:
-            raise ValueError(f"cpg_acc_loss must be in [0, 100] (accuracy points), got {v}")
-        return v
-
-    @field_validator("rmn_l1")
-    @classmethod
-    def _rmn_l1(cls, v: float | None) -> float | None:
-        if v is not None and not v >= 0.0:
-            raise ValueError(f"rmn_l1 must be >= 0, got {v}")
-        return v
 
     @field_validator(
         "tasks",
@@ -335,7 +343,11 @@ class RunConfig(BaseModel):
         d = bench.defaults
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         self.betas = self.betas or tuple(d.get("betas", (0.9, 0.999)))
-        self.gamma = self.gamma if self.gamma is not None else (0.2 if strategy.uses_gamma else 1.0)
+        self.gamma = (
+            self.gamma
+            if self.gamma is not None
+            else (DEFAULT_GAMMA if strategy.uses_gamma else 1.0)
+        )
         if not strategy.uses_alpha:
             self.alpha = 1.0
         elif self.alpha is None:
@@ -346,11 +358,7 @@ class RunConfig(BaseModel):
         self.lr = self.lr or float(d.get("lr", 1e-3))
         self.batch_size = self.batch_size or int(d.get("batch_size", 128))
         self._resolve_recipe(d)
-        if self.method == "cpg" and self.epochs[1] < 1:
-            raise ValueError(
-                f"method 'cpg' compacts in rounds of PRUNE epochs, so epochs PRE,PRUNE,FINE needs "
-                f"PRUNE >= 1, got {','.join(map(str, self.epochs))}"
-            )
+        strategy.check_config(self.method_config())
         return self
 
     def _resolve_recipe(self, d: dict[str, Any]) -> None:
@@ -384,26 +392,20 @@ class RunConfig(BaseModel):
             )
 
     def _check_method_options(self, strategy: type[Strategy]) -> None:
-        """Options of one method given to another are refused (alpha from a preset is not)."""
-        if self.supsup_k is not None and self.method != "supsup":
-            raise ValueError(
-                f"supsup_k applies to method 'supsup' only, not {self.method!r}; leave it unset"
-            )
+        """Options of one method given to another are refused (alpha from a preset is not);
+        the method's own are checked against its declaration and completed with defaults."""
+        owners = {
+            n: m for n, (_, m) in declared_options().items() if n not in strategy.option_names()
+        }
+        self.method_options = resolve_settings(
+            self.method, strategy.options, self.method_options, owners
+        )
         if not strategy.uses_gamma and self.pruner != "flop-aware":
             pruning = ", ".join(n for n in METHODS.names() if METHODS.get(n).uses_gamma)
             raise ValueError(
                 f"method {self.method!r} prunes no units, so pruner {self.pruner!r} would be "
                 f"ignored; pruners apply to: {pruning}"
             )
-        if self.method == "supsup" and self.supsup_k is None:
-            self.supsup_k = 0.5
-        for option, owner, default in (("cpg_acc_loss", "cpg", 0.0), ("rmn_l1", "rmn", 1e-6)):
-            if getattr(self, option) is not None and self.method != owner:
-                raise ValueError(
-                    f"{option} applies to method {owner!r} only, not {self.method!r}; leave it unset"
-                )
-            if self.method == owner and getattr(self, option) is None:
-                setattr(self, option, default)
         if strategy.uses_alpha or self.alpha in (None, 1.0):
             return
         raise ValueError(
@@ -439,13 +441,11 @@ class RunConfig(BaseModel):
             flop_load=self.flop_load,
             reuse=self.reuse,
             prune_updates_per_epoch=self.prune_updates_per_epoch,
-            supsup_k=float(self.supsup_k or 0.5),
             warmup=int(self.warmup or 0),
             finetune_lr=self.finetune_lr,
             finetune_schedule=str(self.finetune_schedule),
             task_affine=self.task_affine,
-            cpg_acc_loss=float(self.cpg_acc_loss or 0.0),
-            rmn_l1=float(1e-6 if self.rmn_l1 is None else self.rmn_l1),
+            settings=dict(self.method_options),
         )
 
     def optim_config(self) -> OptimConfig:
