@@ -38,7 +38,7 @@ from espn.data.tensors import (
 from espn.evaluation.metrics import task_accuracy
 from espn.experiment import min_flops_ratio, results_document, task_record
 from espn.export.export import ExportReport, export_task
-from espn.methods.base import METHODS, MethodConfig, Strategy
+from espn.methods.base import METHODS, MethodConfig, Strategy, create_method
 from espn.models.reference import build, reference_of, supernet_ready
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.supernet import Supernet
@@ -46,6 +46,8 @@ from espn.training.engine import Engine, TrainingStopped
 from espn.training.optim import OptimConfig
 from espn.utils.io import write_json_atomic
 
+#: the batch size when neither the learner nor a DataLoader gives one
+DEFAULT_BATCH_SIZE = 128
 #: where a saved run keeps the test data its accuracy matrix was computed on
 DATA_DIR = "data"
 
@@ -107,11 +109,6 @@ def _strategy(method: str | type[Strategy] | Strategy, settings: dict[str, Any])
         if settings:
             raise TypeError(f"settings {sorted(settings)} given with a built strategy")
         return method
-    try:
-        from espn.methods import create_method  # type: ignore[attr-defined]
-    except ImportError:  # until issue-14b's create_method is merged
-        cls = METHODS.get(method) if isinstance(method, str) else method
-        return cls(MethodConfig(**({"gamma": 0.2} | settings)))
     return create_method(method, **settings)
 
 
@@ -121,8 +118,8 @@ class ContinualLearner:
     ``method`` is a method name (``espn.methods.METHODS``), a :class:`Strategy` class, or a
     built strategy; ``settings`` are the method's own (``gamma=0.2``, ``alpha=0.1``,
     ``epochs=(3, 4, 3)`` for pre-training, pruning and fine-tuning, ...). The optimizer
-    (``"adam"``, ``"sgd"``, ``"rmsprop"``), learning rate, batch size and seed drive the one
-    training engine that ``espn run`` uses; ``device`` moves the supernet there (default:
+    (``"adam"``, ``"sgd"``, ``"rmsprop"``), learning rate, batch size (default: a DataLoader's,
+    else 128) and seed drive the one training engine that ``espn run`` uses; ``device`` moves the supernet there (default:
     where it is).
     """
 
@@ -133,7 +130,7 @@ class ContinualLearner:
         *,
         optimizer: str = "adam",
         lr: float = 1e-3,
-        batch_size: int = 128,
+        batch_size: int | None = None,
         weight_decay: float = 0.0,
         momentum: float = 0.0,
         device: str | torch.device | None = None,
@@ -148,7 +145,9 @@ class ContinualLearner:
         self.strategy = _strategy(method, settings)
         self.optim = OptimConfig(optimizer, lr, weight_decay, momentum)
         self.batch_size, self.seed = batch_size, seed
-        self.engine = Engine(supernet, self.strategy, self.optim, batch_size, seed, progress)
+        self.engine = Engine(
+            supernet, self.strategy, self.optim, batch_size or DEFAULT_BATCH_SIZE, seed, progress
+        )
         self.device = next(supernet.parameters()).device
         #: per learned task: its data (None: not known here, e.g. a task loaded from a run)
         self.tasks: list[Task | None] = [None] * len(supernet.masks)
@@ -185,6 +184,10 @@ class ContinualLearner:
         if not len(task.train):
             raise ValueError(f"{name}: no training samples")
         self._check_gamma()
+        loader_batch = getattr(data, "batch_size", None)
+        self.engine.batch_size = self.batch_size or (
+            loader_batch if isinstance(loader_batch, int) else DEFAULT_BATCH_SIZE
+        )
         log = self.engine.train_task(task, index)
         self.tasks.append(task)
         self.names.append(name)
@@ -263,12 +266,13 @@ class ContinualLearner:
         task: int,
         path: Path | str,
         data: TaskData | None = None,
-        onnx: bool | None = None,
+        onnx: bool = False,
         fold_bn: bool = True,
     ) -> ExportReport:
         """Write task ``task`` as a slim standalone model (``.pt2`` or ``.onnx``), checked
         against the supernet on ``data``'s inputs (default: the task's test, else training
-        data) and against the task's FLOPs (see :func:`espn.export.export.export_task`)."""
+        data) and against the task's FLOPs (see :func:`espn.export.export.export_task`);
+        ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it."""
         self._check_task(task)
         if data is not None:
             x = tensor_task(self.names[task], None, data, None, self.device).test.x
@@ -287,11 +291,10 @@ class ContinualLearner:
         ``tensors``: the test data saved beside it)."""
         cfg: MethodConfig = self.strategy.cfg
         method = type(self.strategy)
-        own = {"supsup_k": "supsup", "cpg_acc_loss": "cpg", "rmn_l1": "rmn"}
         settings = {
-            k: v
-            for k, v in dataclasses.asdict(cfg).items()
-            if k in RunConfig.model_fields and own.get(k, self.strategy.name) == self.strategy.name
+            f.name: getattr(cfg, f.name)
+            for f in dataclasses.fields(cfg)
+            if f.name in RunConfig.model_fields
         }
         settings["gamma"] = cfg.gamma if method.uses_gamma else None
         settings["alpha"] = cfg.alpha if method.uses_alpha else None
@@ -307,10 +310,11 @@ class ContinualLearner:
             lr=self.optim.lr,
             weight_decay=self.optim.weight_decay,
             momentum=self.optim.momentum,
-            batch_size=self.batch_size,
+            batch_size=self.engine.batch_size,
             seed=self.seed,
             device=str(self.device),
             out=Path(out),
+            method_options=dict(self.strategy.settings),
             **settings,
         )
 
