@@ -135,6 +135,47 @@ def test_state_dict_round_trip_keeps_every_task_bit_for_bit(kind: str) -> None:
         assert torch.equal(fresh.layers[name].frozen, sn.layers[name].frozen)
 
 
+@pytest.mark.parametrize(
+    ("method", "settings"),
+    [("packnet", {}), ("individual", {"gamma": 0.5}), ("supsup", {"supsup_k": 0.3})],
+)
+def test_state_dict_round_trip_of_other_methods(method: str, settings: dict) -> None:
+    """Own weights (Individual) and fixed weights with per-task masks (SupSup) round-trip
+    too, through torch.save and a weights-only torch.load."""
+    torch.manual_seed(0)
+    sn = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
+    learner = espn.ContinualLearner(sn, method, epochs=(1, 1, 1), lr=1e-2, **settings)
+    for seed in (1, 3):
+        learner.learn(tiny_data(seed))
+    x = tiny_data(2)[0]
+    want = [sn(x, task=t).detach() for t in range(2)]
+    buffer = io.BytesIO()
+    torch.save(sn.state_dict(), buffer)
+    buffer.seek(0)
+    torch.manual_seed(7)
+    fresh = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    for t in range(2):
+        assert torch.equal(fresh(x, task=t), want[t])
+
+
+def test_method_by_class_with_its_own_option_and_settings_checked(tmp_path: Path) -> None:
+    from espn.methods.supsup import SupSup
+
+    sn = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
+    assert espn.ContinualLearner(sn).strategy.cfg.gamma == 0.2  # ESPN-0.2 as on the CLI
+    with pytest.raises(ValueError, match="unknown setting 'gama' for method 'espn'"):
+        espn.ContinualLearner(sn, "espn", gama=0.3)
+    learner = espn.ContinualLearner(sn, SupSup, supsup_k=0.3, epochs=(1, 1, 1), lr=1e-2)
+    learner.learn(tiny_data(1), test=tiny_data(2))
+    run = learner.save(tmp_path / "run")
+    config = json.loads((run / "results.json").read_text())["config"]
+    assert config["method"] == "supsup" and config["method_options"] == {"supsup_k": 0.3}
+    again = espn.load(run)
+    assert type(again.strategy) is SupSup and again.strategy.settings == {"supsup_k": 0.3}
+    assert again.evaluate(0) == learner.accuracy_matrix[0][0]
+
+
 def test_state_dict_of_another_model_is_refused() -> None:
     sn, _, _ = train_tiny("fc", n_tasks=1)
     wider = espn.wrap(SmallMLP(hidden=16), torch.zeros(2, 1, 8, 8))
@@ -253,3 +294,23 @@ def test_readme_example_runs_verbatim(tmp_path: Path, monkeypatch: pytest.Monkey
     assert torch.allclose(exported(x), learner.supernet(x, task=0), atol=1e-4)
     lines = [line for line in code.splitlines() if line.strip()]
     assert len(lines) == 10  # as the README says
+
+
+def test_espn_run_on_task_files_with_a_model_by_reference(tmp_path: Path) -> None:
+    """Task files (benchmark ``tensors``) and an import-reference model on the CLI; the run's
+    checkpoint then loads in the API with its test data."""
+    from espn.data.tensors import save_task, task_path, tensor_task
+
+    for t in range(2):
+        task = tensor_task(f"mine {t}", tiny_data(2 * t + 1), tiny_data(2 * t + 2))
+        save_task(task_path(tmp_path / "data", t), task)
+    out = tmp_path / "run"
+    model = "api_models:SmallMLP(n_in=64, hidden=32)"
+    args = ["run", "--benchmark", "tensors", "--data-dir", str(tmp_path / "data"), "--tasks", "2"]
+    args += ["--model", model, "--epochs", "1,1,1", "--batch-size", "16", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--no-progress", "--quiet"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "results.json").read_text())
+    learner = espn.load(out)
+    assert learner.names == ["mine 0", "mine 1"] and learner.supernet.model_name == model
+    assert [learner.evaluate(t) for t in range(2)] == doc["final_accuracy"]
