@@ -314,3 +314,22 @@ def test_espn_run_on_task_files_with_a_model_by_reference(tmp_path: Path) -> Non
     learner = espn.load(out)
     assert learner.names == ["mine 0", "mine 1"] and learner.supernet.model_name == model
     assert [learner.evaluate(t) for t in range(2)] == doc["final_accuracy"]
+
+
+def test_a_model_only_this_script_can_build_is_loaded_by_passing_it_again(
+    tmp_path: Path,
+) -> None:
+    class ScriptNet(SmallMLP):
+        """Defined in a function: no other process can import it."""
+
+    torch.manual_seed(0)
+    sn = espn.wrap(ScriptNet, torch.zeros(2, 1, 8, 8), hidden=16)
+    assert sn.model_name is not None and sn.model_name.endswith("ScriptNet instance>")
+    learner = espn.ContinualLearner(sn, epochs=(1, 1, 1), lr=1e-2)
+    learner.learn(tiny_data(1), test=tiny_data(2))
+    run = learner.save(tmp_path / "run")
+    result = runner.invoke(app, ["info", "--run", str(run)])
+    assert result.exit_code == 2
+    assert "espn.load(run, model=...)" in " ".join(result.output.split())
+    again = espn.load(run, model=ScriptNet(hidden=16))
+    assert again.evaluate(0) == learner.accuracy_matrix[0][0]

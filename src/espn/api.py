@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from espn.checkpoint.format import checkpoint_dir
+from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
 from espn.checkpoint.run import check_out_dir, load_run, run_meta
 from espn.checkpoint.store import CheckpointWriter
 from espn.config import RunConfig, make_config
@@ -39,7 +39,13 @@ from espn.evaluation.metrics import task_accuracy
 from espn.experiment import min_flops_ratio, results_document, task_record
 from espn.export.export import ExportReport, export_task
 from espn.methods.base import METHODS, MethodConfig, Strategy, create_method
-from espn.models.reference import build, reference_of, supernet_ready
+from espn.models.reference import (
+    ModelReferenceError,
+    build,
+    check_factory,
+    reference_of,
+    supernet_ready,
+)
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TrainingStopped
@@ -84,11 +90,22 @@ def wrap(
         _no_args(model_args, type(model).__name__)
         name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
         plain = model
-    else:
-        name = model if isinstance(model, str) else reference_of(model, model_args)
-        if isinstance(model, str):
-            _no_args(model_args, model)
+    elif isinstance(model, str):
+        _no_args(model_args, model)
+        name = model
         plain = build(name).to(example_input.device)
+    else:
+        try:
+            name = reference_of(model, model_args)
+        except ModelReferenceError as exc:
+            if "not an nn.Module class" in str(exc):
+                raise
+            # defined in a script, or given non-literal arguments: usable here, but a saved
+            # run can only be loaded by passing the model again
+            plain = check_factory(model, repr(model))(**model_args)
+            name = f"<{type(plain).__module__}.{type(plain).__qualname__} instance>"
+        else:
+            plain = build(name).to(example_input.device)
     ready = supernet_ready(plain, example_input, multi_head, task_affine)
     sn = Supernet(ready, example_input)
     sn.model_name = name
@@ -133,6 +150,7 @@ class ContinualLearner:
         batch_size: int | None = None,
         weight_decay: float = 0.0,
         momentum: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
         device: str | torch.device | None = None,
         seed: int = 0,
         progress: bool = False,
@@ -143,7 +161,7 @@ class ContinualLearner:
             supernet.owners.to(device)
         self.supernet = supernet
         self.strategy = _strategy(method, settings)
-        self.optim = OptimConfig(optimizer, lr, weight_decay, momentum)
+        self.optim = OptimConfig(optimizer, lr, weight_decay, momentum, tuple(betas))
         self.batch_size, self.seed = batch_size, seed
         self.engine = Engine(
             supernet, self.strategy, self.optim, batch_size or DEFAULT_BATCH_SIZE, seed, progress
@@ -310,6 +328,7 @@ class ContinualLearner:
             lr=self.optim.lr,
             weight_decay=self.optim.weight_decay,
             momentum=self.optim.momentum,
+            betas=self.optim.betas,
             batch_size=self.engine.batch_size,
             seed=self.seed,
             device=str(self.device),
@@ -319,7 +338,7 @@ class ContinualLearner:
         )
 
     def _model_name(self) -> str:
-        name = getattr(self.supernet, "model_name", None)
+        name = self.supernet.model_name
         if name is None:
             model = self.supernet.model
             name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
@@ -344,7 +363,7 @@ class ContinualLearner:
         doc["wall_time_s"] = sum(float(r.get("seconds", 0.0)) for r in self.records)
         write_json_atomic(path / "results.json", doc)
         meta = run_meta(cfg, seq)
-        width = getattr(self.supernet, "model_classes", None)  # a registered model's head
+        width = self.supernet.model_classes  # the head a registered model was built with
         meta["spec"]["n_classes"] = max(seq.n_classes, width or 1)
         writer = CheckpointWriter(checkpoint_dir(path), meta)
         results = [
@@ -383,9 +402,9 @@ def _known(name: str) -> None:
         return
 
     def factory(spec: ModelSpec) -> nn.Module:
-        raise ValueError(
-            f"model {name} was given to espn.wrap() as an instance; pass it again: "
-            "espn.load(run, model=...)"
+        raise CheckpointError(
+            f"the checkpoint is of model {name!r}, built in Python from a model instance, so "
+            "only its code can rebuild it: espn.load(run, model=...)"
         )
 
     MODELS.register(name)(factory)
@@ -407,24 +426,23 @@ def load(
     when only your code can build it (a model given to :func:`wrap` as an instance).
     Test data saved with the run is loaded with it.
     """
-    manifest_model = _manifest_model(path)
+    manifest = read_manifest(checkpoint_dir(path))
+    name = str(manifest["model"])
     given = None
     if model is not None:
-        _known(manifest_model)
-        spec = _manifest_spec(path)
-        example = torch.zeros(2, *spec["input_shape"], device=device)
+        _known(name)
+        spec = manifest["spec"]
         given = wrap(
             model,
-            example,
+            torch.zeros(2, *spec["input_shape"], device=device),
             multi_head=bool(spec["multi_head"]),
-            task_affine=bool(_manifest_config(path).get("task_affine", False)),
+            task_affine=bool(manifest["config"].get("task_affine", False)),
             **model_args,
         )
-        given.model_name = manifest_model
     loaded = load_run(path, device, supernet=given)
     cfg = loaded.config
     sn = loaded.supernet
-    sn.model_name = manifest_model
+    sn.model_name = name
     strategy = METHODS.get(cfg.method)(cfg.method_config())
     learner = ContinualLearner(
         sn,
@@ -434,6 +452,7 @@ def load(
         batch_size=int(cfg.batch_size or 128),
         weight_decay=cfg.weight_decay,
         momentum=cfg.momentum,
+        betas=tuple(cfg.betas or (0.9, 0.999)),
         seed=cfg.seed,
         progress=progress,
     )
@@ -446,24 +465,6 @@ def load(
             file = task_path(cfg.data_dir, t)
             learner.tasks[t] = load_task(file, learner.device) if file.is_file() else None
     return learner
-
-
-def _manifest(path: Path | str) -> dict[str, Any]:
-    from espn.checkpoint.format import read_manifest
-
-    return read_manifest(checkpoint_dir(path))
-
-
-def _manifest_model(path: Path | str) -> str:
-    return str(_manifest(path)["model"])
-
-
-def _manifest_spec(path: Path | str) -> dict[str, Any]:
-    return dict(_manifest(path)["spec"])
-
-
-def _manifest_config(path: Path | str) -> dict[str, Any]:
-    return dict(_manifest(path)["config"])
 
 
 __all__ = ["ContinualLearner", "load", "wrap"]

@@ -41,6 +41,10 @@ class Supernet(nn.Module):
             )
         #: the shape of one input sample (the example batch without its batch dimension)
         self.input_shape = tuple(example_input.shape[1:])
+        #: how a checkpoint names the model (a registered name or an import reference, see
+        #: ``espn.wrap``) and the class count it was built for; None when not known
+        self.model_name: str | None = None
+        self.model_classes: int | None = None
         self.task_modules: dict[str, TaskSpecific] = {
             n: m for n, m in model.named_modules() if isinstance(m, TaskSpecific)
         }
