@@ -20,6 +20,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
+from torch.utils.data import Dataset
 
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
@@ -47,7 +48,8 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
         x, y = data
     else:
         if isinstance(data, Tensor) or not isinstance(data, Iterable):
-            raise TypeError(f"{what}: expected {ACCEPTED}, got {type(data).__name__}")
+            hint = " (a Dataset: wrap it in a DataLoader)" if isinstance(data, Dataset) else ""
+            raise TypeError(f"{what}: expected {ACCEPTED}, got {type(data).__name__}{hint}")
         xs, ys = [], []
         for i, batch in enumerate(data):
             if (
@@ -58,7 +60,8 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
             ):
                 raise TypeError(
                     f"{what}: batch {i} is a {type(batch).__name__}, not an (x, y) pair of "
-                    f"tensors; expected {ACCEPTED}"
+                    f"tensors; expected {ACCEPTED} (a Dataset yields single samples: wrap it "
+                    "in a DataLoader)"
                 )
             xs.append(batch[0])
             ys.append(batch[1].to(batch[0].device))
