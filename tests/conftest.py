@@ -1,4 +1,5 @@
-"""Shared fixtures: small learnable MNIST-shaped data made on the spot, tiny configs."""
+"""Shared fixtures: small learnable MNIST- and CIFAR-shaped data made on the spot, tiny
+configs, a finished tiny run (the helpers they use: the ``helpers`` package)."""
 
 from __future__ import annotations
 
@@ -6,29 +7,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
-from baseline_fixtures import fc_small
-from deploy_fixtures import cli_options, fc_test
 from espn.cli.main import app
 from espn.models.registry import MODELS
-from image_fixtures import small_resnet
-
-
-def synthetic_mnist(n_train: int = 400, n_test: int = 200, seed: int = 0) -> dict:
-    """Ten noisy class prototypes as uint8 28x28 images: learnable in a few steps."""
-    gen = torch.Generator().manual_seed(seed)
-    prototypes = torch.rand(10, 28, 28, generator=gen) * 255
-
-    def split(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.arange(n) % 10
-        noise = torch.randn(n, 28, 28, generator=gen) * 60
-        x = (prototypes[y] + noise).clamp(0, 255).to(torch.uint8)
-        return x, y
-
-    return {"train": split(n_train), "test": split(n_test)}
+from helpers.baseline import fc_small
+from helpers.deploy import cli_options, fc_test
+from helpers.images import fake_raw, patch_raw, small_resnet
+from helpers.mnist import synthetic_mnist
 
 
 @pytest.fixture
@@ -53,21 +40,21 @@ def tiny_run_args(tmp_path) -> dict:
 
 @pytest.fixture
 def fc_test_model() -> Iterator[str]:
-    """Model ``fc-test`` (784-64-48-classes, see deploy_fixtures) for the duration of a test."""
+    """Model ``fc-test`` (784-64-48-classes, see helpers.deploy) for the duration of a test."""
     with MODELS.temporarily("fc-test", fc_test):
         yield "fc-test"
 
 
 @pytest.fixture
 def fc_small_model() -> Iterator[str]:
-    """Model ``fc-small`` (see baseline_fixtures) for the duration of a test."""
+    """Model ``fc-small`` (see helpers.baseline) for the duration of a test."""
     with MODELS.temporarily("fc-small", fc_small):
         yield "fc-small"
 
 
 @pytest.fixture
 def small_resnet_model() -> Iterator[str]:
-    """Model ``small-resnet`` (see image_fixtures) for the duration of a test."""
+    """Model ``small-resnet`` (see helpers.images) for the duration of a test."""
     with MODELS.temporarily("small-resnet", small_resnet):
         yield "small-resnet"
 
@@ -79,3 +66,12 @@ def cli_run(fake_mnist: dict, fc_test_model: str, tmp_path: Path) -> Path:
     result = CliRunner().invoke(app, cli_options(out))
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture
+def fake_cifar10(monkeypatch: pytest.MonkeyPatch, small_resnet_model: str) -> dict:
+    """CIFAR-10-shaped fake data (32 training and 16 test images per class), and the
+    ``small-resnet`` model."""
+    data = fake_raw(10, 32, 16)
+    patch_raw(monkeypatch, {"cifar10": data})
+    return data

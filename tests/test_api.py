@@ -17,14 +17,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from typer.testing import CliRunner
 
 import espn
-from api_models import SmallConvNet, SmallMLP
-from deploy_fixtures import make_model, train_tiny
 from espn.checkpoint.run import load_run
 from espn.cli.main import app
 from espn.data.tensors import split_tensors
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark
 from espn.supernet import Supernet
+from helpers.api_models import SmallConvNet, SmallMLP
+from helpers.deploy import make_model, train_tiny
 
 runner = CliRunner()
 TESTS = Path(__file__).parent
@@ -226,7 +226,7 @@ def test_api_checkpoint_is_read_by_espn_info_in_another_process(tmp_path: Path) 
         timeout=300,
     )
     assert info.returncode == 0, info.stderr
-    assert "2/2 tasks finished" in info.stdout and "api_models:SmallConvNet" in info.stdout
+    assert "2/2 tasks finished" in info.stdout and "helpers.api_models:SmallConvNet" in info.stdout
 
 
 def test_model_instance_checkpoint_loads_with_the_model_given(tmp_path: Path) -> None:
@@ -305,7 +305,7 @@ def test_espn_run_on_task_files_with_a_model_by_reference(tmp_path: Path) -> Non
         task = tensor_task(f"mine {t}", tiny_data(2 * t + 1), tiny_data(2 * t + 2))
         save_task(task_path(tmp_path / "data", t), task)
     out = tmp_path / "run"
-    model = "api_models:SmallMLP(n_in=64, hidden=32)"
+    model = "helpers.api_models:SmallMLP(n_in=64, hidden=32)"
     args = ["run", "--benchmark", "tensors", "--data-dir", str(tmp_path / "data"), "--tasks", "2"]
     args += ["--model", model, "--epochs", "1,1,1", "--batch-size", "16", "--out", str(out)]
     result = runner.invoke(app, [*args, "--no-progress", "--quiet"])

@@ -5,20 +5,19 @@ the duration of a test."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from baseline_fixtures import fc_small
 from espn.checkpoint.run import option_differences
 from espn.cli.main import app
 from espn.config import ConfigError, make_config, upgrade_saved_config
 from espn.methods import METHODS, MethodConfig, Option, Strategy, create_method
 from espn.methods.base import declared_options
 from espn.methods.packnet import PackNet
-from espn.models.registry import MODELS
 from espn.registry import Registry
 
 runner = CliRunner()
@@ -36,9 +35,9 @@ class Toy(PackNet):
 
 
 @pytest.fixture
-def toy() -> Iterator[type[Toy]]:
-    """Method ``toy`` and model ``fc-small`` registered for the duration of a test."""
-    with METHODS.temporarily("toy", Toy), MODELS.temporarily("fc-small", fc_small):
+def toy(fc_small_model: str) -> Iterator[type[Toy]]:
+    """Method ``toy`` (and model ``fc-small``) registered for the duration of a test."""
+    with METHODS.temporarily("toy", Toy):
         yield Toy
 
 
@@ -265,3 +264,64 @@ def test_temporarily_registers_for_the_block_only():
 
 def test_the_strategy_base_declares_nothing():
     assert Strategy.options == () and PackNet.options == ()
+
+
+class Switches(PackNet):
+    """PackNet with a flag and a choice of its own."""
+
+    name = "switches"
+    options = (
+        Option("sw_fast", bool, False, "a flag"),
+        Option("sw_mode", str, "a", "a choice", choices=("a", "b")),
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], {"sw_fast": False, "sw_mode": "a"}),
+        (["--sw-fast", "--sw-mode", "b"], {"sw_fast": True, "sw_mode": "b"}),
+        (["--no-sw-fast"], {"sw_fast": False, "sw_mode": "a"}),
+    ],
+)
+def test_flags_and_choices_from_the_command_line(
+    fc_small_model, tmp_path, monkeypatch, args, expected
+):
+    seen: list[dict] = []
+
+    def record(cfg: Any, **kw: Any) -> dict:
+        seen.append(cfg.method_options)
+        raise KeyboardInterrupt  # stop before training: the configuration is what is tested
+
+    monkeypatch.setattr("espn.experiment.run_experiment", record)
+    with METHODS.temporarily("switches", Switches):
+        result = runner.invoke(app, run_args(tmp_path, "--method", "switches", *args))
+    assert result.exit_code == 130 and seen == [expected]
+
+
+def test_a_choice_out_of_its_list_is_refused(fc_small_model, tmp_path):
+    with METHODS.temporarily("switches", Switches):
+        result = runner.invoke(app, run_args(tmp_path, "--method", "switches", "--sw-mode", "c"))
+    assert result.exit_code == 2
+    assert "sw_mode must be one of: a, b, got 'c'" in " ".join(result.output.split())
+
+
+def test_every_method_file_of_the_package_registers_itself():
+    """No list of methods to extend: each module of espn.methods is imported with it."""
+    import pkgutil
+
+    import espn.methods
+
+    names = {m.name for m in pkgutil.iter_modules(espn.methods.__path__)}
+    assert all(f"espn.methods.{n}" in sys.modules for n in names)
+    defined = {
+        cls.name
+        for n in names
+        for cls in vars(sys.modules[f"espn.methods.{n}"]).values()
+        if isinstance(cls, type) and issubclass(cls, Strategy) and "name" in vars(cls)
+    }
+    assert (
+        defined
+        == set(METHODS.names())
+        == {"cpg", "espn", "individual", "mtl", "packnet", "rmn", "supsup"}
+    )

@@ -46,7 +46,7 @@ from espn.models.reference import (
     reference_of,
     supernet_ready,
 )
-from espn.models.registry import MODELS, ModelSpec
+from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TrainingStopped
 from espn.training.optim import OptimConfig
@@ -83,7 +83,7 @@ def wrap(
         n_classes = int(model_args.pop("n_classes", 10))
         _no_args(model_args, model)
         spec = ModelSpec(tuple(example_input.shape[1:]), n_classes, multi_head, task_affine)
-        sn = Supernet(MODELS.get(model)(spec).to(example_input.device), example_input)
+        sn = build_supernet(model, spec, example_input, None, example_input.device)
         sn.model_name, sn.model_classes = model, n_classes
         return sn
     if isinstance(model, nn.Module):

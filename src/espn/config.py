@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from espn.data.registry import BENCHMARKS
+from espn.data.registry import BENCHMARKS, RunDefaults
+from espn.errors import EspnError
 from espn.methods.base import (
     DEFAULT_GAMMA,
     METHODS,
@@ -24,6 +25,8 @@ from espn.supernet.flops import FLOP_LOADS
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
 REUSE_POLICIES = ("all", "magnitude")
+#: orders in which a benchmark's tasks may be learned (see :mod:`espn.data.order`)
+TASK_ORDERS = ("given", "random", "large-first", "small-first", "diverse")
 #: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
 MAX_SEED = 2**32 - 1
 #: largest accepted value of the other integer options (batch size, images per task, ...)
@@ -75,7 +78,7 @@ def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
 FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
 
 
-class ConfigError(ValueError):
+class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 
 
@@ -100,6 +103,17 @@ def check_device(device: str) -> str:
 def _in_unit_interval(name: str, value: float | None) -> float | None:
     if value is not None and not 0.0 < value <= 1.0:
         raise ValueError(f"{name} must be in (0, 1], got {value}")
+    return value
+
+
+T = TypeVar("T")
+
+
+def resolved(value: T | None, name: str) -> T:
+    """An option the configuration's validator fills in: never None in a configuration built
+    by :func:`make_config` (or ``RunConfig(...)``), only in one made without validation."""
+    if value is None:
+        raise ConfigError(f"{name} was never resolved; build the configuration with make_config")
     return value
 
 
@@ -147,6 +161,10 @@ class RunConfig(BaseModel):
     amp: bool = False
     folders: tuple[Path, ...] = ()
     image_size: int | None = None
+    train_sizes: str | None = None
+    task_order: str = "given"
+    from_run: Path | None = None
+    after_task: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -323,6 +341,28 @@ class RunConfig(BaseModel):
     def _device(cls, v: str) -> str:
         return check_device(v)
 
+    @field_validator("train_sizes", mode="before")
+    @classmethod
+    def _train_sizes(cls, v: Any) -> str | None:
+        return None if v is None else normalise_train_sizes(v)
+
+    @field_validator("task_order")
+    @classmethod
+    def _task_order(cls, v: str) -> str:
+        return _one_of("task order", v, TASK_ORDERS)
+
+    @field_validator("from_run")
+    @classmethod
+    def _from_run(cls, v: Path | None) -> Path | None:
+        return None if v is None else Path(v).resolve()  # the same run from any directory
+
+    @field_validator("after_task")
+    @classmethod
+    def _after_task(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_COUNT:
+            raise ValueError(f"after_task must be >= 1 (tasks kept from --from-run), got {v}")
+        return v
+
     @model_validator(mode="after")
     def _resolve(self) -> RunConfig:
         bench = BENCHMARKS.get(self.benchmark)
@@ -339,6 +379,7 @@ class RunConfig(BaseModel):
         self._check_folders(bench.needs_folders)
         self._check_method_options(strategy)
         self._check_sequence(bench.class_orders)
+        self._check_from_run(strategy)
         if self.init_weights is not None and not strategy.accepts_pretrained:
             raise ValueError(
                 f"method {self.method!r} cannot start from a pretrained first task "
@@ -347,7 +388,7 @@ class RunConfig(BaseModel):
             )
         d = bench.defaults
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
-        self.betas = self.betas or tuple(d.get("betas", (0.9, 0.999)))
+        self.betas = self.betas or d.get("betas", (0.9, 0.999))
         self.gamma = (
             self.gamma
             if self.gamma is not None
@@ -357,29 +398,29 @@ class RunConfig(BaseModel):
             self.alpha = 1.0
         elif self.alpha is None:
             self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
-        self.model = self.model or str(d.get("model", "fc1024"))
-        self.epochs = self.epochs or tuple(d.get("epochs", (3, 4, 3)))
-        self.optimizer = self.optimizer or str(d.get("optimizer", "adam"))
-        self.lr = self.lr or float(d.get("lr", 1e-3))
-        self.batch_size = self.batch_size or int(d.get("batch_size", 128))
-        self._resolve_recipe(d)
+        self.model = self.model or d.get("model", "fc1024")
+        self.epochs = epochs = self.epochs or d.get("epochs", (3, 4, 3))
+        self.optimizer = self.optimizer or d.get("optimizer", "adam")
+        self.lr = lr = self.lr or d.get("lr", 1e-3)
+        self.batch_size = self.batch_size or d.get("batch_size", 128)
+        self._resolve_recipe(d, epochs[0], lr)
+        self.task_train_sizes()  # a list of sizes must have one per task
         strategy.check_config(self.method_config())
         return self
 
-    def _resolve_recipe(self, d: dict[str, Any]) -> None:
-        """Warm-up and fine-tuning: given values, else the benchmark's recipe."""
-        assert self.epochs is not None
-        pre = self.epochs[0]
+    def _resolve_recipe(self, d: RunDefaults, pre: int, lr: float) -> None:
+        """Warm-up and fine-tuning: given values, else the benchmark's recipe (``pre``
+        pre-training epochs, learning rate ``lr``)."""
         if self.warmup is None:  # the recipe's, leaving at least one full pre-training epoch
-            self.warmup = max(0, min(int(d.get("warmup", 0)), pre - 1))  # type: ignore[call-overload]
+            self.warmup = max(0, min(d.get("warmup", 0), pre - 1))
         elif self.warmup > pre:
             raise ValueError(
                 f"warmup must be <= the {pre} pre-training epochs it is taken from, "
                 f"got {self.warmup}"
             )
-        self.finetune_schedule = self.finetune_schedule or str(d.get("finetune_schedule", "cosine"))
+        self.finetune_schedule = self.finetune_schedule or d.get("finetune_schedule", "cosine")
         if self.finetune_lr is None:
-            self.finetune_lr = float(d.get("finetune_lr", self.lr))  # type: ignore[arg-type]
+            self.finetune_lr = d.get("finetune_lr", lr)
         if self.task_seed is None:
             self.task_seed = self.seed
 
@@ -395,6 +436,48 @@ class RunConfig(BaseModel):
                     else "it has no class split (leave class_order unset)"
                 )
             )
+
+    def _check_from_run(self, strategy: type[Strategy]) -> None:
+        """``from_run`` and ``after_task`` go together, and name a checkpoint with at least
+        ``after_task`` finished tasks of the same method (more is checked when the run starts,
+        see :mod:`espn.checkpoint.continuation`)."""
+        if (self.from_run is None) != (self.after_task is None):
+            raise ValueError(
+                "from_run and after_task go together: --from-run DIR --after-task K "
+                "(learn on top of DIR's supernet as it was after its first K tasks)"
+            )
+        if self.from_run is None or self.after_task is None:
+            return
+        if Path(self.out).resolve() == self.from_run:
+            raise ValueError(
+                f"from_run {self.from_run} is this run's own --out; the run it starts from is "
+                "only read, so give the new run another --out"
+            )
+        from espn.checkpoint.continuation import source_summary
+
+        if strategy.training_tasks is not Strategy.training_tasks:
+            raise ValueError(
+                f"method {self.method!r} learns all its tasks at once, so it cannot learn new "
+                "tasks on top of a finished run (from_run); use a sequential method"
+            )
+        method, done = source_summary(Path(self.from_run))
+        if method != self.method:
+            raise ValueError(
+                f"from_run {self.from_run} is a run of method {method!r}; learning on top of "
+                f"it needs the same method (--method {method}), got {self.method!r}"
+            )
+        if self.after_task > done:
+            raise ValueError(
+                f"after_task must be <= the {done} task(s) finished in {self.from_run}, "
+                f"got {self.after_task}"
+            )
+
+    def task_train_sizes(self) -> list[int] | None:
+        """The training-set size of each task (in the benchmark's given order) that
+        ``train_sizes`` asks for, or None (``train_per_task`` for every task)."""
+        if self.train_sizes is None or self.tasks is None:
+            return None
+        return resolve_train_sizes(self.train_sizes, self.tasks)
 
     def _check_method_options(self, strategy: type[Strategy]) -> None:
         """Options of one method given to another are refused (alpha from a preset is not);
@@ -438,9 +521,9 @@ class RunConfig(BaseModel):
     def method_config(self) -> MethodConfig:
         """The method's settings (budgets, epochs, pruner) from this run configuration."""
         return MethodConfig(
-            gamma=float(self.gamma),
-            alpha=float(self.alpha),
-            epochs=self.epochs,
+            gamma=float(resolved(self.gamma, "gamma")),
+            alpha=float(resolved(self.alpha, "alpha")),
+            epochs=resolved(self.epochs, "epochs"),
             pruner=self.pruner,
             penalty=self.penalty,
             flop_load=self.flop_load,
@@ -457,11 +540,59 @@ class RunConfig(BaseModel):
         """The optimizer's settings from this run configuration."""
         return OptimConfig(
             name=str(self.optimizer),
-            lr=float(self.lr),
+            lr=float(resolved(self.lr, "lr")),
             weight_decay=self.weight_decay,
             momentum=self.momentum,
-            betas=self.betas,
+            betas=resolved(self.betas, "betas"),
         )
+
+
+TRAIN_SIZES_HELP = (
+    "comma-separated sizes, one per task (e.g. 2500,2500,100), or geometric:N1:N2 "
+    "(task 1 gets N1, the last N2, geometric in between)"
+)
+
+
+def normalise_train_sizes(value: Any) -> str:
+    """``train_sizes`` as given (a list of counts or a string), checked and written as the
+    canonical string ``"2500,2500,100"`` or ``"geometric:N1:N2"``."""
+    if isinstance(value, list | tuple):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
+    text = value.replace(" ", "")
+    rule = text.startswith("geometric:")
+    parts = text.removeprefix("geometric:").split(":" if rule else ",")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if not sizes or (rule and len(sizes) != 2):
+        raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
+    bad = [n for n in sizes if not 1 <= n <= MAX_COUNT]
+    if bad:
+        raise ValueError(f"train_sizes: every size must be in [1, {MAX_COUNT}], got {bad[0]}")
+    return ("geometric:" if rule else "") + (":" if rule else ",").join(map(str, sizes))
+
+
+def resolve_train_sizes(text: str, n_tasks: int) -> list[int]:
+    """Per-task sizes of a canonical ``train_sizes`` string for ``n_tasks`` tasks: the list
+    itself (one entry per task), or N1 * (N2/N1)^(t/(n-1)) rounded for ``geometric:N1:N2``."""
+    if text.startswith("geometric:"):
+        first, last = (int(v) for v in text.removeprefix("geometric:").split(":"))
+        if n_tasks == 1:
+            return [first]
+        ratio = last / first
+        return [max(1, round(first * ratio ** (t / (n_tasks - 1)))) for t in range(n_tasks)]
+    sizes = [int(v) for v in text.split(",")]
+    if len(sizes) != n_tasks:
+        raise ValueError(
+            f"train_sizes lists {len(sizes)} size(s) but the run has {n_tasks} task(s); "
+            "give one size per task, or a rule such as geometric:N1:N2"
+        )
+    return sizes
 
 
 def _one_of(what: str, value: str, accepted: tuple[str, ...]) -> str:

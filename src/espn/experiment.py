@@ -12,12 +12,14 @@ from typing import Any
 import torch
 
 from espn import __version__
+from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_source
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
 from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
-from espn.config import ConfigError, RunConfig
+from espn.config import ConfigError, RunConfig, resolved
+from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
-from espn.data.tasks import TaskSequence
+from espn.data.tasks import TaskSequence, prepended
 from espn.evaluation.metrics import (
     average_accuracy,
     backward_transfer,
@@ -28,7 +30,8 @@ from espn.evaluation.metrics import (
 from espn.evaluation.plots import plot_run
 from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS
-from espn.models.registry import MODELS, ModelSpec
+from espn.models import registry as models
+from espn.models.registry import ModelSpec
 from espn.supernet.flops import count_flops
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
@@ -37,7 +40,9 @@ from espn.utils.io import os_error_text, write_json_atomic
 
 
 def build_benchmark(cfg: RunConfig) -> TaskSequence:
-    """The task sequence a run configuration names, on its device."""
+    """The task sequence a run configuration names, on its device: the benchmark's tasks
+    (``train_sizes`` images each) in ``task_order``, after the tasks kept from ``from_run``."""
+    sizes = cfg.task_train_sizes()
     args = BenchmarkArgs(
         n_tasks=cfg.tasks,
         seed=cfg.seed if cfg.task_seed is None else cfg.task_seed,
@@ -48,18 +53,21 @@ def build_benchmark(cfg: RunConfig) -> TaskSequence:
         device=torch.device(cfg.device),
         folders=tuple(cfg.folders),
         image_size=cfg.image_size,
+        train_sizes=None if sizes is None else tuple(sizes),
     )
-    return BENCHMARKS.get(cfg.benchmark).build(args)
+    seq = ordered(BENCHMARKS.get(cfg.benchmark).build(args), cfg.task_order, args.seed)
+    if cfg.from_run is None:
+        return seq
+    source = open_source(cfg)
+    return prepended(build_benchmark(source.config), source.keep, seq)
 
 
 def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
     """The model named in ``cfg``, wrapped as a supernet on ``cfg.device``."""
-    torch.manual_seed(cfg.seed)
     spec = ModelSpec(seq.input_shape, seq.n_classes, seq.multi_head, cfg.task_affine)
-    model = MODELS.get(str(cfg.model))(spec).to(cfg.device)
     first = seq.tasks[0]
     example = first.transform(first.train.x[first.train.index[:2]], False)
-    return Supernet(model, example)
+    return models.build_supernet(str(cfg.model), spec, example, cfg.seed, cfg.device)
 
 
 def task_record(supernet: Supernet, task: int) -> dict[str, Any]:
@@ -151,10 +159,26 @@ def check_data_dir(cfg: RunConfig) -> None:
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
     """Requests the data could not honour (more images per task than there are)."""
     notes = []
+    first = cfg.after_task or 0  # tasks kept from --from-run were checked by their run
+    sizes = cfg.task_train_sizes()
+    if sizes is not None:
+        order = seq.info.get("given_positions")  # set by a --task-order other than given
+        given = order if isinstance(order, list) else range(len(sizes))
+        short = [
+            (sizes[g], len(task.train))
+            for g, task in zip(given, seq.tasks[first:], strict=True)
+            if len(task.train) < sizes[g]
+        ]
+        if short:
+            notes.append(
+                f"train_sizes asks for up to {max(a for a, _ in short)} training images but "
+                f"{len(short)} task(s) have fewer (as few as {min(h for _, h in short)}); "
+                "all of theirs are used (results.json: train_samples per task)"
+            )
     for split, asked in (("train", cfg.train_per_task), ("test", cfg.test_per_task)):
-        if asked is None:
+        if asked is None or (split == "train" and sizes is not None):
             continue
-        have = min(len(task.split(split)) for task in seq.tasks)
+        have = min(len(task.split(split)) for task in seq.tasks[first:])
         if have < asked:
             notes.append(
                 f"{split}_per_task {asked} is more than the {have} {split} images a task has; "
@@ -223,22 +247,28 @@ def _run_locked(
     start = time.perf_counter()
     out = Path(cfg.out)
     seq = build_benchmark(cfg) if seq is None else seq
+    source = None if cfg.from_run is None else open_source(cfg)
+    if source is not None:
+        check_compatible(cfg, source, seq)
     supernet = build_supernet(cfg, seq)
     check_gamma_reachable(cfg, supernet)
     notes = data_warnings(cfg, seq)
-    for note in notes if on_warning is not None else []:
-        on_warning(note)
+    if on_warning is not None:
+        for note in notes:
+            on_warning(note)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
     engine = Engine(
         supernet,
         strategy,
         cfg.optim_config(),
-        int(cfg.batch_size),
+        int(resolved(cfg.batch_size, "batch_size")),
         cfg.seed,
         progress,
         amp=cfg.amp,
     )
     ckpt = RunCheckpoint.open(cfg, seq, supernet, engine, strategy, resume)
+    if source is not None and not ckpt.rows:  # a fresh start on top of another run
+        ckpt.rows, ckpt.per_task = adopt_tasks(supernet, source)
     start -= ckpt.elapsed
     if ckpt.summary and on_task_end is not None:
         on_task_end(ckpt.summary)
@@ -254,9 +284,10 @@ def _run_locked(
         if i < len(rows):
             continue
         first = len(supernet.masks)
-        adopted = i == 0 and pretrained is not None
-        if adopted:
-            log = engine.adopt_task(task, pretrained)
+        adopt = pretrained if i == 0 else None  # the first task, from --init-weights
+        adopted = adopt is not None
+        if adopt is not None:
+            log = engine.adopt_task(task, adopt)
         else:
             log = engine.train_task(
                 task,
@@ -313,7 +344,7 @@ def check_budgets(
 ) -> None:
     """Stop before a task that misses its FLOPs budget is recorded as learned."""
     ratio = record["flops_ratio"]
-    if uses_gamma and not ratio <= float(cfg.gamma) * (1 + 1e-9):
+    if uses_gamma and not ratio <= float(resolved(cfg.gamma, "gamma")) * (1 + 1e-9):
         raise TrainingStopped(
             f"task {task + 1} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
             f"more than the budget gamma {cfg.gamma:g}; the run stopped instead of recording it"

@@ -6,10 +6,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
+from espn.errors import EspnError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(EspnError, ValueError):
     """Raised when a name is not in a registry; the message lists what is accepted."""
 
 

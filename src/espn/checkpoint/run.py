@@ -24,7 +24,7 @@ from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
 from espn.models.reference import is_reference, register_reference
-from espn.models.registry import MODELS, ModelSpec
+from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
 
@@ -292,13 +292,11 @@ def load_run(
     cfg = make_config(**values, device=device, out=Path(run_dir))
     spec = m["spec"]
     if supernet is None:
-        torch.manual_seed(cfg.seed)
         model_spec = ModelSpec(
             tuple(spec["input_shape"]), int(spec["n_classes"]), spec["multi_head"], cfg.task_affine
         )
-        model = MODELS.get(name)(model_spec).to(device)
         example = torch.zeros(2, *spec["input_shape"], device=device)
-        supernet = Supernet(model, example)
+        supernet = build_supernet(name, model_spec, example, cfg.seed, device)
     restore(ckpt, supernet)
     supernet.eval()
     return LoadedRun(cfg, ckpt, supernet)

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli import deploy, presets, study, theory
+from espn.cli import deploy, presets, study, sweep, theory
 from espn.cli.common import (
     RunInterrupted,
     err_console,
@@ -40,6 +40,7 @@ app.add_typer(deploy.app)  # evaluate, export, info
 app.add_typer(presets.app, name="presets")  # presets [show NAME]
 app.add_typer(study.app, name="study")  # study pruners
 app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, task-order, report
+app.command("sweep")(sweep.sweep)  # sweep SPEC --out DIR
 
 
 @app.callback()
@@ -235,6 +236,25 @@ def run(
     image_size: int | None = typer.Option(
         None, help="image-folders: side of the square images (default 224)."
     ),
+    train_sizes: str | None = typer.Option(
+        None,
+        help="Training images per task, in the given task order: N1,N2,... (one per task) "
+        "or geometric:N1:N2 (N1 for the first task, N2 for the last); overrides "
+        "--train-per-task.",
+    ),
+    task_order: str = typer.Option(
+        "given",
+        help="Order the tasks are learned in: given, random (from the task seed), "
+        "large-first, small-first (training-set size) or diverse (most diverse first).",
+    ),
+    from_run: Path | None = typer.Option(
+        None,
+        help="Learn this run's tasks on top of the supernet of the finished run DIR as it "
+        "was after its first --after-task tasks (DIR is only read).",
+    ),
+    after_task: int | None = typer.Option(
+        None, help="With --from-run: how many of its tasks to keep (K >= 1)."
+    ),
     **method_options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights.
@@ -279,6 +299,10 @@ def run(
         amp=amp,
         folders=presets.parse_folders(folders),
         image_size=image_size,
+        train_sizes=train_sizes,
+        task_order=task_order,
+        from_run=from_run,
+        after_task=after_task,
         out=out,
         **method_options,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -27,6 +28,29 @@ class BenchmarkArgs:
     folders: tuple[Path, ...] = ()  # image-folders: one directory per task
     image_size: int | None = None  # image-folders: side of the square images
     class_order: str | None = None  # split benchmarks: one of the benchmark's class_orders
+    #: training images of each task (``--train-sizes``); overrides ``train_per_task``
+    train_sizes: tuple[int, ...] | None = None
+
+    def train_keep(self, task: int) -> int | None:
+        """Training images to keep for task ``task`` (None: all of them)."""
+        if self.train_sizes is not None and task < len(self.train_sizes):
+            return self.train_sizes[task]
+        return self.train_per_task
+
+
+class RunDefaults(TypedDict, total=False):
+    """A benchmark's values for the run options left out (its recipe)."""
+
+    model: str
+    alpha: float
+    optimizer: str
+    betas: tuple[float, float]
+    lr: float
+    batch_size: int
+    epochs: tuple[int, int, int]
+    warmup: int
+    finetune_lr: float
+    finetune_schedule: str
 
 
 @dataclass(frozen=True)
@@ -37,7 +61,7 @@ class Benchmark:
     default_tasks: int
     max_tasks: int | None
     description: str
-    defaults: dict[str, object] = field(default_factory=dict)
+    defaults: RunDefaults = field(default_factory=lambda: RunDefaults())
     needs_folders: bool = False  # its tasks come from the --folders directories
     #: how classes may be dealt to tasks (split benchmarks; the first is the default)
     class_orders: tuple[str, ...] = ()

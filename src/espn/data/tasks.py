@@ -148,3 +148,39 @@ def subset_index(n: int, keep: int | None, generator: torch.Generator) -> Tensor
     if keep is None or keep >= n:
         return torch.arange(n)
     return torch.randperm(n, generator=generator)[:keep].sort().values
+
+
+def _pick(tasks: Sequence[Task], index: list[int]) -> Sequence[Task]:
+    """``tasks[index[0]], tasks[index[1]], ...``; lazy when ``tasks`` is."""
+    if isinstance(tasks, LazyTasks):
+        return LazyTasks(len(index), lambda t: tasks.build(index[t]), tasks.keep)
+    return [tasks[i] for i in index]
+
+
+def reordered(seq: TaskSequence, order: list[int]) -> TaskSequence:
+    """``seq`` with its tasks in ``order`` (a permutation of the given positions)."""
+    if sorted(order) != list(range(len(seq))):
+        raise ValueError(f"task order {order} is not a permutation of 0..{len(seq) - 1}")
+    tasks = _pick(seq.tasks, order)
+    return TaskSequence(
+        seq.name, tasks, seq.input_shape, seq.multi_head, {**seq.info, "given_positions": order}
+    )
+
+
+def prepended(first: TaskSequence, keep: int, seq: TaskSequence) -> TaskSequence:
+    """The first ``keep`` tasks of ``first`` followed by the tasks of ``seq``."""
+    if keep > len(first):
+        raise ValueError(f"cannot keep {keep} tasks of a sequence of {len(first)}")
+    head, tail = first.tasks, seq.tasks
+    n = keep + len(seq)
+
+    def build(t: int) -> Task:
+        return head[t] if t < keep else tail[t - keep]
+
+    tasks: Sequence[Task] = (
+        LazyTasks(n, build)
+        if isinstance(head, LazyTasks) or isinstance(tail, LazyTasks)
+        else [build(t) for t in range(n)]
+    )
+    info = {**seq.info, "inherited_tasks": keep, "inherited_from": first.name}
+    return TaskSequence(seq.name, tasks, seq.input_shape, seq.multi_head, info)

@@ -10,7 +10,7 @@ from torch.func import functional_call
 
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
 from espn.methods.options import Option
-from espn.pruning.selection import select_weights
+from espn.pruning.weights import select_weights
 from espn.supernet.supernet import Supernet
 
 
@@ -86,7 +86,8 @@ class RMN(Strategy):
     def penalty(self, supernet: Supernet) -> Tensor | None:
         if self.binarised or self.l1 == 0.0:
             return None
-        return self.l1 * sum(r.abs().sum() for r in self.relevance.values())
+        l1 = sum((r.abs().sum() for r in self.relevance.values()), torch.zeros(()))
+        return self.l1 * l1
 
     @torch.no_grad()
     def prune_step(self, supernet: Supernet, progress: float) -> None:

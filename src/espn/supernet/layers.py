@@ -17,16 +17,32 @@ channels are kept or pruned together.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar, Literal, TypeGuard
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class MaskedLayer:
-    """Mixin of a layer whose weight is shared across tasks and masked per task."""
+class MaskedLayer(nn.Module):
+    """Base of a layer whose weight is shared across tasks and masked per task (mixed into
+    ``nn.Linear`` and ``nn.Conv2d``).
+
+    Its state is the shared ``weight`` and the buffers named in :data:`BUFFERS`, declared
+    below; a task's sub-network is the ``weight_mask`` the supernet swaps in for it.
+    """
+
+    #: the buffers a masked layer adds to its module's state, in registration order
+    BUFFERS: ClassVar[tuple[str, ...]] = ("weight_mask", "frozen")
 
     weight: Tensor
+    #: the active task's weight mask: 1.0 where it uses a weight, 0.0 elsewhere (float, the
+    #: shape of ``weight``)
+    weight_mask: Tensor
+    #: weights an earlier task owns, which no later task may change (bool, the shape of
+    #: ``weight``)
+    frozen: Tensor
+    #: unit groups indexing the layer's input and output units (None: not prunable)
     in_units: str | None
     out_units: str | None
 
@@ -58,6 +74,24 @@ class MaskedLinear(nn.Linear, MaskedLayer):
         return F.linear(x, self.masked_weight())
 
 
+#: how ``nn.Conv2d`` pads
+PaddingMode = Literal["zeros", "reflect", "replicate", "circular"]
+
+
+def conv_pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+    """A 2-D convolution's size argument (kernel size, stride, dilation) as a pair; accepts
+    the ``tuple[int, ...]`` that ``nn.Conv2d`` stores."""
+    if isinstance(value, int):
+        return value, value
+    height, width = value
+    return height, width
+
+
+def conv_padding(value: str | int | tuple[int, ...]) -> str | tuple[int, int]:
+    """A 2-D convolution's padding: a mode name (``"same"``) or a pair."""
+    return value if isinstance(value, str) else conv_pair(value)
+
+
 class MaskedConv2d(nn.Conv2d, MaskedLayer):
     """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask."""
 
@@ -65,21 +99,21 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
         self,
         in_channels: int,
         out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | str = 0,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
         in_units: str | None = None,
         out_units: str | None = None,
-        dilation: int | tuple[int, int] = 1,
-        padding_mode: str = "zeros",
+        dilation: int | tuple[int, ...] = 1,
+        padding_mode: PaddingMode = "zeros",
     ) -> None:
         super().__init__(
             in_channels,
             out_channels,
-            kernel_size,
-            stride=stride,
-            padding=padding,
-            dilation=dilation,
+            conv_pair(kernel_size),
+            stride=conv_pair(stride),
+            padding=conv_padding(padding),
+            dilation=conv_pair(dilation),
             bias=False,
             padding_mode=padding_mode,
         )
@@ -122,6 +156,8 @@ class UnitModule(TaskSpecific):
     weight: Tensor
     bias: Tensor
     group: str
+    #: 1.0 for an alive unit, 0.0 for a pruned one (one entry per unit)
+    unit_mask: Tensor
 
     def _init_units(self, group: str, n: int) -> None:
         self.group = group
@@ -142,6 +178,9 @@ class UnitGate(UnitModule):
     ``affine=True`` (beyond the paper, ``--task-affine``): a per-task scale and shift,
     trained in every phase and stored with the task.
     """
+
+    #: whether the gate was released (a 0-d bool)
+    released: Tensor
 
     def __init__(self, n: int, group: str, affine: bool = False) -> None:
         super().__init__()
@@ -188,7 +227,17 @@ class UnitGate(UnitModule):
 
 
 class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
-    """BatchNorm whose affine parameters and running statistics belong to the active task."""
+    """BatchNorm whose affine parameters and running statistics belong to the active task.
+
+    Always affine and with running statistics, so none of these is None as in a general
+    ``nn.BatchNorm2d``; ``momentum`` None (a converted model's) is a cumulative average.
+    """
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
 
     def __init__(self, n: int, group: str) -> None:
         super().__init__(n)
@@ -199,8 +248,11 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
 
     def forward(self, x: Tensor) -> Tensor:
         use_batch_stats = self.training
+        factor = 0.0 if self.momentum is None else self.momentum
         if self.training:
             self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average, as nn.BatchNorm2d
+                factor = 1.0 / float(self.num_batches_tracked)
         return F.batch_norm(
             x,
             self.running_mean,
@@ -208,7 +260,7 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
             self.weight * self.unit_mask,
             self.bias * self.unit_mask,
             use_batch_stats,
-            self.momentum,
+            factor,
             self.eps,
         )
 
@@ -249,7 +301,7 @@ class TaskHead(nn.Linear, TaskSpecific):
         self.out_features = self.weight.shape[0]
 
 
-def is_costed(module: nn.Module) -> bool:
+def is_costed(module: nn.Module) -> TypeGuard[MaskedLayer | TaskHead]:
     """Layers whose FLOPs the supernet counts: masked layers and task heads."""
     return isinstance(module, MaskedLayer | TaskHead)
 

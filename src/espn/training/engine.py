@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from espn.data.tasks import Task
+from espn.errors import EspnError
 from espn.methods.base import Phase, Strategy
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
@@ -19,7 +20,7 @@ from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.optim import FrozenGuard, OptimConfig, build_optimizer, cosine_factor
 
 
-class TrainingStopped(RuntimeError):
+class TrainingStopped(EspnError, RuntimeError):
     """Training cannot go on without breaking a guarantee (a non-finite loss, no weights
     left for a task, a budget not met); the message names the task, phase and epoch."""
 
@@ -87,12 +88,12 @@ class Engine:
         )
         strategy.attach(supernet)
 
-    def _trainable(self) -> list[torch.nn.Parameter]:
+    def _trainable(self) -> list[torch.Tensor]:
         """Free weights (masked by the guard), heads, and the unit scales the method trains:
         affine ones (BatchNorm, ``--task-affine`` gates) if it trains them, the scale of a
         non-affine gate only as the saliency of a method that prunes units."""
         fixed = self.strategy.weights == "fixed"
-        params = [] if fixed else list(self.supernet.shared_parameters())
+        params: list[torch.Tensor] = [] if fixed else list(self.supernet.shared_parameters())
         for module in self.supernet.task_modules.values():
             if not isinstance(module, UnitModule):
                 params += list(module.parameters())

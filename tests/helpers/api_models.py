@@ -1,5 +1,5 @@
 """Plain torch models (no espn layers) for the Python API tests, importable by reference
-(``api_models:SmallConvNet(n_classes=3)``) from another process."""
+(``helpers.api_models:SmallConvNet(n_classes=3)``) from another process."""
 
 from __future__ import annotations
 

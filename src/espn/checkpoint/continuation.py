@@ -1,0 +1,108 @@
+"""Learning new tasks on top of a finished run (``--from-run DIR --after-task K``).
+
+The source run's checkpoint is only read, never written nor locked: its supernet is
+rebuilt, cut back to its first K tasks (their masks, task state, heads and weight
+ownership; the weights later tasks took become free again and, for methods that share
+weights, get the new run's fresh initialisation) and the new run's tasks are learned on
+top. The new run's task sequence is the source's first K tasks followed by its own, so
+its accuracy matrix shows that the inherited tasks are not forgotten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
+from espn.checkpoint.store import read_checkpoint, restore
+from espn.config import ConfigError, RunConfig, make_config, upgrade_saved_config
+from espn.data.tasks import TaskSequence
+from espn.methods.base import METHODS
+from espn.supernet.supernet import Supernet
+
+
+def source_summary(run_dir: Path) -> tuple[str, int]:
+    """The method and number of finished tasks of the run in ``run_dir`` (manifest only)."""
+    try:
+        manifest = read_manifest(checkpoint_dir(run_dir))
+    except CheckpointError as exc:
+        raise ValueError(
+            f"from_run {run_dir}: {exc} (give the --out of a finished espn run)"
+        ) from None
+    return str(manifest["method"]), len(manifest["tasks"])
+
+
+@dataclass
+class SourceRun:
+    """The run ``--from-run`` names: its directory, manifest and configuration."""
+
+    directory: Path
+    config: RunConfig
+    manifest: dict[str, Any]
+    keep: int  # tasks kept: the first ``keep`` of the source run
+
+
+def open_source(cfg: RunConfig) -> SourceRun:
+    """The run ``cfg.from_run`` names, from its checkpoint manifest (read only)."""
+    assert cfg.from_run is not None and cfg.after_task is not None
+    directory = Path(cfg.from_run)
+    manifest = read_manifest(checkpoint_dir(directory))
+    saved = upgrade_saved_config(dict(manifest["config"]))
+    values = {k: v for k, v in saved.items() if k not in ("device", "out")}
+    try:
+        source = make_config(**values, device=cfg.device, out=directory)
+    except ConfigError as exc:
+        raise ConfigError(f"from_run {directory}: its options are not valid here: {exc}") from None
+    return SourceRun(directory, source, manifest, int(cfg.after_task))
+
+
+def check_compatible(cfg: RunConfig, source: SourceRun, seq: TaskSequence) -> None:
+    """Refuse, before anything is trained, a run whose supernet differs from the source's."""
+    m = source.manifest
+    spec = m["spec"]
+    checks = (
+        ("model", m["model"], cfg.model),
+        ("task_affine", source.config.task_affine, cfg.task_affine),
+        ("input shape", tuple(spec["input_shape"]), tuple(seq.input_shape)),
+        ("multi-head", bool(spec["multi_head"]), seq.multi_head),
+    )
+    for what, theirs, ours in checks:
+        if theirs != ours:
+            raise ConfigError(
+                f"--from-run {source.directory}: its {what} is {theirs!r} but this run's is "
+                f"{ours!r}; the new tasks must fit the same supernet"
+            )
+    if not seq.multi_head and seq.n_classes != int(spec["n_classes"]):
+        raise ConfigError(
+            f"--from-run {source.directory}: its shared head has {spec['n_classes']} classes "
+            f"but this run's tasks need {seq.n_classes}"
+        )
+
+
+@torch.no_grad()
+def adopt_tasks(
+    supernet: Supernet, source: SourceRun
+) -> tuple[list[list[float] | None], list[dict[str, Any]]]:
+    """Load the source's first ``keep`` tasks into a freshly built ``supernet``; their
+    accuracy rows and per-task records, as the new run's first rows and records."""
+    ckpt = read_checkpoint(checkpoint_dir(source.directory))
+    fresh = {n: layer.weight.detach().clone() for n, layer in supernet.layers.items()}
+    restore(ckpt, supernet)
+    k = source.keep
+    supernet.masks = supernet.masks[:k]
+    owners = supernet.owners
+    for ids in owners.ids.values():  # weights of later tasks: free again
+        ids.masked_fill_((ids >= k) & (ids != owners.free_id), owners.free_id)
+    shared = METHODS.get(source.config.method).weights == "shared"
+    for name, layer in supernet.layers.items():
+        layer.frozen.copy_(owners.frozen(name))
+        if shared:  # free weights start as the new run's initialisation, not as trained later
+            layer.weight.copy_(torch.where(layer.frozen, layer.weight, fresh[name]))
+    supernet.active_task = None
+    supernet.use_task(k - 1)
+    entries = ckpt.tasks[:k]
+    rows = [None if t.get("accuracy") is None else list(t["accuracy"]) for t in entries]
+    return rows, [dict(t["record"]) for t in entries]

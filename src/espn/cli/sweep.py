@@ -1,0 +1,68 @@
+"""``espn sweep SPEC --out DIR``: a grid of ``espn run`` options, run on Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from espn.cli.common import UserError, run_dir_option, user_errors
+from espn.sweep import PointOutcome
+
+console = Console()
+
+
+def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:
+    """Print the outcomes as a table; exit non-zero (2) naming the failed points' logs."""
+    table = Table("point", "status", "average acc %", "seconds")
+    for o in outcomes:
+        acc = (o.results or {}).get("average_accuracy")
+        table.add_row(
+            o.point.name, o.status, "-" if acc is None else f"{acc:.2f}", f"{o.seconds:.1f}"
+        )
+    console.print(table)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise UserError(
+            f"{len(failed)} of {len(outcomes)} point(s) failed: "
+            + "; ".join(f"{o.point.name} ({o.error}; log: {o.log})" for o in failed)
+            + "; rerun the same command to retry them (finished points are reused)"
+        )
+    console.print(f"{len(outcomes)} point(s) in {out}")
+
+
+@user_errors
+def sweep(
+    spec: Path = typer.Argument(..., help="Sweep spec, .json or .yaml: base options and a grid."),
+    out: Path = typer.Option(
+        ..., parser=run_dir_option, help="Sweep directory: one `espn run` directory per point."
+    ),
+    workers: int | None = typer.Option(
+        None,
+        help="Points run at once on an embedded local Ray (default: GPUs, else CPU cores); "
+        "1 runs them one after another in this process, without Ray.",
+    ),
+    ray_address: str | None = typer.Option(
+        None, help="Run on this existing Ray cluster (e.g. ray://host:10001 or auto)."
+    ),
+    cpus_per_run: float = typer.Option(1.0, help="CPUs Ray reserves for each point."),
+    gpus_per_run: float = typer.Option(0.0, help="GPUs Ray reserves for each point."),
+    progress: bool = typer.Option(True, help="Bar over points and a line per finished point."),
+) -> None:
+    """Run every point of a grid of `espn run` options (reusing finished points, resuming
+    killed ones); one point's failure does not stop the others."""
+    from espn.sweep import expand_spec, load_spec, run_sweep
+
+    points = expand_spec(load_spec(spec))
+    outcomes = run_sweep(
+        points,
+        out,
+        workers=workers,
+        ray_address=ray_address,
+        cpus_per_run=cpus_per_run,
+        gpus_per_run=gpus_per_run,
+        progress=progress,
+    )
+    sweep_summary(outcomes, out)

@@ -1,0 +1,207 @@
+"""Run a sweep's points on Ray: an embedded local instance or an existing cluster.
+
+Ray schedules; this module only submits one task per unfinished point, waits for them as
+they finish, and reports. With ``workers=1`` and no cluster address the points run one
+after another in this process, through the very same :func:`run_point` (no Ray needed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from espn.sweep.point import LOG_NAME, PointOutcome, reused_outcome, run_point
+from espn.sweep.spec import Point, SweepError, validate_points
+
+RAY_MISSING = (
+    "running points in parallel needs Ray, which is not installed: pip install 'espn[ray]' "
+    "(or run one point at a time in this process with --workers 1)"
+)
+#: object store of an embedded instance: points exchange only their results documents
+LOCAL_OBJECT_STORE_BYTES = 128 * 2**20
+
+
+def default_workers() -> int:
+    """One point per GPU when there are GPUs, else one per CPU core."""
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def outcome_line(outcome: PointOutcome) -> str:
+    """One line per finished point: status, name, accuracy, seconds (and log when failed)."""
+    if outcome.status == "failed":
+        return f"failed   {outcome.point.name}: {outcome.error} (log: {outcome.log})"
+    doc = outcome.results or {}
+    acc = doc.get("average_accuracy")
+    acc_text = "-" if acc is None else f"{acc:.2f}%"
+    return (
+        f"{outcome.status:<8} {outcome.point.name}: average accuracy {acc_text}  "
+        f"{outcome.seconds:.1f}s"
+    )
+
+
+def run_sweep(
+    points: Sequence[Point],
+    out: Path,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    progress: bool = True,
+) -> list[PointOutcome]:
+    """Run every point into ``out/<name>`` and return their outcomes in the points' order.
+
+    Every point's configuration is validated before anything runs. Finished points are
+    reused, killed ones resumed from their checkpoint; a failing point is reported (status
+    ``failed``, its log path) and the others go on. ``workers`` points run at once on an
+    embedded local Ray instance (default: GPUs if any, else CPU cores), or on the cluster at
+    ``ray_address`` (then Ray's resources decide); each point asks Ray for ``cpus_per_run``
+    CPUs and ``gpus_per_run`` GPUs. ``workers=1`` without an address runs the points in
+    this process, one after another. If Ray is already initialised in this process, that
+    instance is used. ``progress`` shows a bar over points and a line per finished point.
+    """
+    out = Path(out).resolve()  # Ray workers need not share this process's directory
+    if workers is not None and workers < 1:
+        raise SweepError(f"workers must be >= 1, got {workers}")
+    if cpus_per_run <= 0 or gpus_per_run < 0:
+        raise SweepError(
+            f"cpus_per_run must be > 0 and gpus_per_run >= 0, got {cpus_per_run:g} and "
+            f"{gpus_per_run:g}"
+        )
+    validate_points(points, out)
+    console = Console(file=sys.stdout)  # fixed: in-process points redirect sys.stdout to logs
+    outcomes: dict[str, PointOutcome] = {}
+    with _Reporter(len(points), console, progress) as report:
+        todo = []
+        for p in map(anchored, points):
+            reused = reused_outcome(p, out)
+            if reused is None:
+                todo.append(p)
+            else:
+                outcomes[p.name] = reused
+                report(reused)
+        in_process = ray_address is None and (workers or default_workers()) == 1
+        if todo and in_process:
+            for p in todo:
+                outcomes[p.name] = run_point(p, out)
+                report(outcomes[p.name])
+        elif todo:
+            for outcome in _run_on_ray(todo, out, workers, ray_address, cpus_per_run, gpus_per_run):
+                outcomes[outcome.point.name] = outcome
+                report(outcome)
+    for p in points:  # the caller's points, as given
+        outcomes[p.name].point = p
+    return [outcomes[p.name] for p in points]
+
+
+#: options naming files or directories, made absolute before a point runs anywhere
+PATH_OPTIONS = ("data_dir", "init_weights", "from_run")
+
+
+def anchored(point: Point) -> Point:
+    """``point`` with its relative paths made absolute from this process's directory, so
+    that a point means the same in a Ray worker (whose directory may differ) and in here."""
+    options = dict(point.options)
+    for key in PATH_OPTIONS:
+        if options.get(key) is not None:
+            options[key] = str(Path(options[key]).resolve())
+    if options.get("folders"):
+        options["folders"] = [str(Path(f).resolve()) for f in options["folders"]]
+    preset = options.get("preset")
+    if isinstance(preset, str) and preset.endswith(".json") and Path(preset).is_file():
+        options["preset"] = str(Path(preset).resolve())
+    return Point(point.name, options)
+
+
+def _run_on_ray(
+    points: list[Point],
+    out: Path,
+    workers: int | None,
+    address: str | None,
+    cpus: float,
+    gpus: float,
+) -> Iterator[PointOutcome]:
+    """Yield each point's outcome as its Ray task finishes."""
+    try:
+        import ray
+    except ImportError:
+        raise SweepError(RAY_MISSING) from None
+    started = not ray.is_initialized()
+    if started:
+        common: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": logging.WARNING,
+            "configure_logging": False,
+        }
+        if address is not None:
+            ray.init(address=address, **common)
+        else:
+            n = workers or default_workers()
+            gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            ray.init(
+                num_cpus=max(1, math.ceil(n * cpus)),  # Ray wants whole CPUs (0.5 x 3 -> 2)
+                num_gpus=gpu_count,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                **common,
+            )
+    remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(run_point)
+    pending = {remote.remote(p, out): p for p in points}
+    try:
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            point = pending.pop(ref)
+            try:
+                outcome = ray.get(ref)
+            except Exception as exc:  # the worker died (killed, out of memory): no outcome
+                run_dir = out / point.name
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                outcome = PointOutcome(point, "failed", run_dir, None, error, run_dir / LOG_NAME)
+            yield outcome
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
+
+
+class _Reporter:
+    """A bar over points (rich) and one printed line per finished point."""
+
+    def __init__(self, total: int, console: Console, show: bool) -> None:
+        self.show = show
+        self.console = console
+        self.bar = Progress(
+            TextColumn("sweep"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self.task = self.bar.add_task("points", total=total)
+
+    def __enter__(self) -> Callable[[PointOutcome], None]:
+        if self.show:
+            self.bar.start()
+        return self._report
+
+    def __exit__(self, *exc: object) -> None:
+        if self.show:
+            self.bar.stop()
+
+    def _report(self, outcome: PointOutcome) -> None:
+        self.bar.advance(self.task)
+        if self.show:
+            self.bar.console.print(outcome_line(outcome), highlight=False, soft_wrap=True)

@@ -1,0 +1,168 @@
+"""Sweep specifications: base options and a grid, expanded into named points.
+
+A spec is a JSON or YAML mapping::
+
+    {"base": {"benchmark": "permuted-fashion-mnist", "tasks": 3, "epochs": [1, 1, 1]},
+     "grid": {"method": ["espn", "packnet"], "seed": [0, 1]},
+     "name": "{method}-seed{seed}"}
+
+``base`` holds ``espn run`` options shared by every point (the fields of
+:class:`espn.config.RunConfig`, without ``out``), ``grid`` one list of values per option;
+the points are the cartesian product of the grid's lists, in the grid's key order (the
+last key varies fastest). ``name`` is an optional ``str.format`` template over the grid's
+keys; by default a point is named by its grid values (``espn_seed0``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from espn.config import ConfigError, RunConfig, make_config
+
+SPEC_KEYS = ("base", "grid", "name")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
+class SweepError(ConfigError):
+    """A sweep spec or point list is not accepted; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a sweep: its run directory is ``OUT/<name>``."""
+
+    name: str  # unique, filesystem-safe
+    options: dict[str, Any]  # make_config(**options) keyword arguments (no "out")
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    """Read a ``.json``, ``.yaml`` or ``.yml`` sweep spec file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"sweep spec {path} does not exist (give a .json or .yaml file)")
+    suffix = path.suffix.lower()
+    text = path.read_text()
+    if suffix == ".json":
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SweepError(f"sweep spec {path} is not valid JSON: {exc}") from None
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise SweepError(
+                f"reading {path} needs PyYAML: pip install 'espn[ray]' (or pyyaml), "
+                "or write the spec as .json"
+            ) from None
+        try:
+            spec = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise SweepError(f"sweep spec {path} is not valid YAML: {exc}") from None
+    else:
+        raise SweepError(f"sweep spec {path}: unknown format {suffix!r}; use .json, .yaml or .yml")
+    return spec
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return ",".join(_value_text(v) for v in value)
+    return str(value)
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every run of characters unsafe in a file name replaced by ``-``."""
+    return _UNSAFE.sub("-", text).strip("-.") or "point"
+
+
+def default_name(values: dict[str, Any]) -> str:
+    """A readable name from grid values: the method by itself, other options as key+value
+    (``espn_gamma0.2_seed0``)."""
+    parts = [
+        _value_text(v) if key == "method" else f"{key}{_value_text(v)}" for key, v in values.items()
+    ]
+    return safe_name("_".join(parts) or "base")
+
+
+def expand_spec(spec: Any) -> list[Point]:
+    """The points of a sweep spec (see the module docstring), validated: keys, grid lists,
+    unique names and every point's configuration (before anything runs)."""
+    if not isinstance(spec, dict):
+        raise SweepError(f"a sweep spec must be a mapping with keys {', '.join(SPEC_KEYS)}")
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise SweepError(
+            f"unknown sweep spec key(s) {', '.join(unknown)}; accepted: {', '.join(SPEC_KEYS)}"
+        )
+    base = spec.get("base") or {}
+    grid = spec.get("grid") or {}
+    if not isinstance(base, dict) or not isinstance(grid, dict):
+        raise SweepError("sweep spec: 'base' and 'grid' must be mappings of option -> value(s)")
+    accepted = [f for f in RunConfig.model_fields if f != "out"]
+    for key in [*base, *grid]:
+        if key not in accepted:
+            raise SweepError(f"sweep spec: unknown option {key!r}; accepted: {', '.join(accepted)}")
+    both = sorted(set(base) & set(grid))
+    if both:
+        raise SweepError(f"sweep spec: {', '.join(both)} in both 'base' and 'grid'; give it once")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise SweepError(
+                f"sweep spec: grid {key!r} must be a non-empty list of values, got {values!r}"
+            )
+    template = spec.get("name")
+    if template is not None and not isinstance(template, str):
+        raise SweepError(f"sweep spec: 'name' must be a format string, got {template!r}")
+    points = []
+    for combo in itertools.product(*grid.values()):
+        values = dict(zip(grid, combo, strict=True))
+        if template is None:
+            name = default_name(values)
+        else:
+            try:
+                name = safe_name(template.format(**{k: _value_text(v) for k, v in values.items()}))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise SweepError(
+                    f"sweep spec: name template {template!r} uses {exc}, which is not a grid "
+                    f"key; grid keys: {', '.join(grid) or '(none)'}"
+                ) from None
+        points.append(Point(name, {**base, **values}))
+    validate_points(points)
+    return points
+
+
+def validate_points(points: Sequence[Point], out: Path | None = None) -> list[RunConfig]:
+    """Check names (unique, filesystem-safe) and build every point's configuration, so that
+    a bad point is refused before any point runs; the configurations, in order."""
+    if not points:
+        raise SweepError("the sweep has no points")
+    names = [p.name for p in points]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise SweepError(
+            f"point name(s) {', '.join(repeated)} given more than once; every point needs its "
+            "own name (add the varying option to the name template)"
+        )
+    configs = []
+    for p in points:
+        if not p.name or safe_name(p.name) != p.name:
+            raise SweepError(
+                f"point name {p.name!r} is not a safe directory name; use letters, digits "
+                "and . _ = + -"
+            )
+        if "out" in p.options:
+            raise SweepError(f"point {p.name}: 'out' is set by the sweep (OUT/{p.name}); drop it")
+        run_dir = (Path(out) if out is not None else Path(".")) / p.name
+        try:
+            configs.append(make_config(**p.options, out=run_dir))
+        except ConfigError as exc:
+            raise SweepError(f"point {p.name}: {exc}") from None
+    return configs
