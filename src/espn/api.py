@@ -161,7 +161,7 @@ class ContinualLearner:
             supernet.owners.to(device)
         self.supernet = supernet
         self.strategy = _strategy(method, settings)
-        self.optim = OptimConfig(optimizer, lr, weight_decay, momentum, tuple(betas))
+        self.optim = OptimConfig(optimizer, lr, weight_decay, momentum, (betas[0], betas[1]))
         self.batch_size, self.seed = batch_size, seed
         self.engine = Engine(
             supernet, self.strategy, self.optim, batch_size or DEFAULT_BATCH_SIZE, seed, progress
@@ -452,7 +452,7 @@ def load(
         batch_size=int(cfg.batch_size or 128),
         weight_decay=cfg.weight_decay,
         momentum=cfg.momentum,
-        betas=tuple(cfg.betas or (0.9, 0.999)),
+        betas=cfg.betas or (0.9, 0.999),
         seed=cfg.seed,
         progress=progress,
     )

@@ -89,7 +89,7 @@ def tensor_task(
 ) -> Task:
     """A :class:`Task` of the given data on ``device`` (either split may be missing: then it
     is empty). ``n_classes`` defaults to the largest label + 1; a label beyond it is refused."""
-    splits = {}
+    splits: dict[str, tuple[Tensor, Tensor] | None] = {}
     for split, data in (("train", train), ("test", test)):
         if data is None:
             splits[split] = None
