@@ -96,6 +96,12 @@ def test_bad_inputs_are_refused_with_what_is_accepted() -> None:
         learner.learn((x, y), n_classes=2)
     with pytest.raises(IndexError, match="no task is learned yet"):
         learner.evaluate(0, (x, y))
+    sn = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"gamma 0\.001 is below the smallest FLOPs ratio"):
+        espn.ContinualLearner(sn, gamma=0.001).learn((x, y))
+    with pytest.raises(ValueError, match="method 'mtl' trains all tasks together"):
+        espn.ContinualLearner(sn, "mtl").learn((x, y))
+    assert sn.masks == []  # nothing was learned by the refused calls
 
 
 def test_a_model_with_nothing_to_mask_is_refused() -> None:
