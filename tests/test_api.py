@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typer.testing import CliRunner
 
 import espn
+from espn.checkpoint.format import CheckpointError
 from espn.checkpoint.run import load_run
 from espn.cli.main import app
 from espn.data.tensors import split_tensors
@@ -245,6 +246,11 @@ def test_model_instance_checkpoint_loads_with_the_model_given(tmp_path: Path) ->
     again.learn(tiny_data(3), test=tiny_data(4))  # and goes on learning, forgetting nothing
     assert torch.equal(again.supernet(x, task=0), learner.supernet(x, task=0))
     assert again.accuracy_matrix[1][0] == learner.accuracy_matrix[0][0]
+    with pytest.raises(CheckpointError, match="already holds a run's output"):
+        again.save(run)
+    again.save(run, overwrite=True)
+    third = espn.load(run, model=SmallMLP())
+    assert third.accuracy_matrix == again.accuracy_matrix and len(third.supernet.masks) == 2
 
 
 def test_cli_run_checkpoint_loads_in_the_api(cli_run: Path) -> None:

@@ -356,9 +356,13 @@ class ContinualLearner:
         check_out_dir(path, resume=False, overwrite=overwrite)
         cfg = self.config(path)
         seq = self._sequence()
+        written = set()
         for t, task in enumerate(self.tasks):
             if task is not None and len(task.test):
-                save_task(task_path(path / DATA_DIR, t), task, splits=("test",))
+                written.add(save_task(task_path(path / DATA_DIR, t), task, splits=("test",)))
+        for stale in (path / DATA_DIR).glob("task-*.safetensors"):  # of an overwritten run
+            if stale not in written:
+                stale.unlink()
         doc = results_document(cfg, seq, self.supernet, self.rows, self.records)
         doc["wall_time_s"] = sum(float(r.get("seconds", 0.0)) for r in self.records)
         write_json_atomic(path / "results.json", doc)
