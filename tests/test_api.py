@@ -262,6 +262,8 @@ def test_cli_run_checkpoint_loads_in_the_api(cli_run: Path) -> None:
     for t, task in enumerate(seq.tasks):
         assert learner.evaluate(t, split_tensors(task, "test")) == doc["final_accuracy"][t]
     assert [r["flops"] for r in learner.report()] == doc["flops"]
+    with_data = espn.load(cli_run, benchmark_data=True)
+    assert [with_data.evaluate(t) for t in range(len(seq))] == doc["final_accuracy"]
 
 
 # ------------------------------------------------------------------ README

@@ -36,7 +36,7 @@ from espn.data.tensors import (
     tensor_task,
 )
 from espn.evaluation.metrics import task_accuracy
-from espn.experiment import min_flops_ratio, results_document, task_record
+from espn.experiment import build_benchmark, min_flops_ratio, results_document, task_record
 from espn.export.export import ExportReport, export_task
 from espn.methods.base import METHODS, MethodConfig, Strategy, create_method
 from espn.models.reference import (
@@ -420,6 +420,7 @@ def load(
     *,
     device: str = "cpu",
     progress: bool = False,
+    benchmark_data: bool = False,
     **model_args: Any,
 ) -> ContinualLearner:
     """A learner holding every task of the run saved in ``path`` (by :meth:`ContinualLearner.
@@ -428,7 +429,8 @@ def load(
 
     The model is rebuilt from the checkpoint's record, or from ``model`` (and ``model_args``)
     when only your code can build it (a model given to :func:`wrap` as an instance).
-    Test data saved with the run is loaded with it.
+    Test data saved with the run is loaded with it; ``benchmark_data`` also builds the
+    benchmark of an ``espn run`` run, so that its tasks evaluate without data given.
     """
     manifest = read_manifest(checkpoint_dir(path))
     name = str(manifest["model"])
@@ -468,6 +470,9 @@ def load(
         for t in range(len(tasks)):
             file = task_path(cfg.data_dir, t)
             learner.tasks[t] = load_task(file, learner.device) if file.is_file() else None
+    elif benchmark_data:
+        seq = build_benchmark(cfg)
+        learner.tasks = [seq.tasks[t] for t in range(len(tasks))]
     return learner
 
 
