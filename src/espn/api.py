@@ -136,8 +136,8 @@ class ContinualLearner:
     built strategy; ``settings`` are the method's own (``gamma=0.2``, ``alpha=0.1``,
     ``epochs=(3, 4, 3)`` for pre-training, pruning and fine-tuning, ...). The optimizer
     (``"adam"``, ``"sgd"``, ``"rmsprop"``), learning rate, batch size (default: a DataLoader's,
-    else 128) and seed drive the one training engine that ``espn run`` uses; ``device`` moves the supernet there (default:
-    where it is).
+    else 128) and seed drive the one training engine that ``espn run`` uses; ``device``
+    moves the supernet there (default: where it is).
     """
 
     def __init__(
