@@ -89,7 +89,7 @@ def test_two_tasks_accuracy_matrix_report_and_zero_forgetting() -> None:
 def test_bad_inputs_are_refused_with_what_is_accepted() -> None:
     learner = learner_of(SmallMLP())
     x, y = tiny_data(1)
-    with pytest.raises(TypeError, match=r"expected \(x, y\) tensors or an iterable"):
+    with pytest.raises(ValueError, match=r"expected \(x, y\) tensors or an iterable"):
         learner.learn(x)
     with pytest.raises(ValueError, match="labels must be integer class indices"):
         learner.learn((x, y.float()))
@@ -347,3 +347,20 @@ def test_a_model_only_this_script_can_build_is_loaded_by_passing_it_again(
     assert "espn.load(run, model=...)" in " ".join(result.output.split())
     again = espn.load(run, model=ScriptNet(hidden=16))
     assert again.evaluate(0) == learner.accuracy_matrix[0][0]
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("subprocess:run(args='ls')", "is not an nn.Module class nor a function annotated"),
+        ("helpers.api_models:SmallMLP(hidden=len('ab'))", "must be key=literal pairs"),
+        ("helpers.no_such_module:Net()", "cannot be imported here"),
+    ],
+)
+def test_a_model_reference_runs_nothing_but_a_model_factory(
+    model: str, message: str, tmp_path: Path
+) -> None:
+    args = ["run", "--benchmark", "tensors", "--data-dir", str(tmp_path), "--model", model]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())

@@ -35,6 +35,7 @@ from espn.data.tensors import (
     task_path,
     tensor_task,
 )
+from espn.errors import EspnError
 from espn.evaluation.metrics import task_accuracy
 from espn.experiment import build_benchmark, min_flops_ratio, results_document, task_record
 from espn.export.export import ExportReport, export_task
@@ -51,6 +52,12 @@ from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TrainingStopped
 from espn.training.optim import OptimConfig
 from espn.utils.io import write_json_atomic
+
+
+class LearnerError(EspnError, ValueError):
+    """A learner cannot do what was asked (no data to evaluate on, an unreachable budget,
+    nothing to save); the message says why and what would work."""
+
 
 #: the batch size when neither the learner nor a DataLoader gives one
 DEFAULT_BATCH_SIZE = 128
@@ -191,7 +198,7 @@ class ContinualLearner:
         label + 1.
         """
         if type(self.strategy).training_tasks is not Strategy.training_tasks:
-            raise ValueError(
+            raise LearnerError(
                 f"method {self.strategy.name!r} trains all tasks together, not one at a time; "
                 "use `espn run` for it"
             )
@@ -200,7 +207,7 @@ class ContinualLearner:
         with torch.random.fork_rng(devices=[]):  # a loader's draws leave training's alone
             task = tensor_task(name, data, test, n_classes, self.device)
         if not len(task.train):
-            raise ValueError(f"{name}: no training samples")
+            raise LearnerError(f"{name}: no training samples")
         self._check_gamma()
         loader_batch = getattr(data, "batch_size", None)
         self.engine.batch_size = self.batch_size or (
@@ -232,7 +239,7 @@ class ContinualLearner:
         gamma = self.strategy.cfg.gamma
         floor = min_flops_ratio(self.supernet)
         if self.strategy.uses_gamma and gamma < 1.0 and gamma < floor:
-            raise ValueError(
+            raise LearnerError(
                 f"gamma {gamma:g} is below the smallest FLOPs ratio this model can reach "
                 f"({floor:.4g}, with one unit left in every layer); use gamma >= {floor:.4g}"
             )
@@ -258,7 +265,7 @@ class ContinualLearner:
         if data is None:
             known = self.tasks[task]
             if known is None or not len(known.test):
-                raise ValueError(f"task {task} has no test data here; pass data=(x, y)")
+                raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
             return task_accuracy(self.supernet, known, task)
         n_classes = self.supernet.masks[task].n_classes
         probe = tensor_task(self.names[task], None, data, n_classes, self.device)
@@ -297,7 +304,9 @@ class ContinualLearner:
         else:
             known = self.tasks[task]
             if known is None:
-                raise ValueError(f"task {task} has no data here to check the export on; pass data")
+                raise LearnerError(
+                    f"task {task} has no data here to check the export on; pass data"
+                )
             x = split_tensors(known, "test" if len(known.test) else "train")[0]
         inputs = list(x.split(1024))
         flops = self._record(task)["flops"]
@@ -352,7 +361,7 @@ class ContinualLearner:
         another run unless ``overwrite``."""
         path = Path(path)
         if not self.supernet.masks:
-            raise ValueError("nothing to save: no task is learned yet")
+            raise LearnerError("nothing to save: no task is learned yet")
         check_out_dir(path, resume=False, overwrite=overwrite)
         cfg = self.config(path)
         seq = self._sequence()

@@ -24,7 +24,13 @@ from torch.utils.data import Dataset
 
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
+from espn.errors import EspnError
 from espn.utils.io import atomic_target
+
+
+class TaskDataError(EspnError, ValueError):
+    """Task data that cannot be used; the message says what was wrong and what is accepted."""
+
 
 #: what a task's data may be: ``(x, y)`` tensors or an iterable of ``(x, y[, ...])`` batches
 TaskData = tuple[Tensor, Tensor] | Iterable[Any]
@@ -49,7 +55,7 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
     else:
         if isinstance(data, Tensor) or not isinstance(data, Iterable):
             hint = " (a Dataset: wrap it in a DataLoader)" if isinstance(data, Dataset) else ""
-            raise TypeError(f"{what}: expected {ACCEPTED}, got {type(data).__name__}{hint}")
+            raise TaskDataError(f"{what}: expected {ACCEPTED}, got {type(data).__name__}{hint}")
         xs, ys = [], []
         for i, batch in enumerate(data):
             if (
@@ -58,7 +64,7 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
                 or not isinstance(batch[0], Tensor)
                 or not isinstance(batch[1], Tensor)
             ):
-                raise TypeError(
+                raise TaskDataError(
                     f"{what}: batch {i} is a {type(batch).__name__}, not an (x, y) pair of "
                     f"tensors; expected {ACCEPTED} (a Dataset yields single samples: wrap it "
                     "in a DataLoader)"
@@ -66,17 +72,17 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
             xs.append(batch[0])
             ys.append(batch[1].to(batch[0].device))
         if not xs:
-            raise ValueError(f"{what} holds no batch; expected {ACCEPTED}")
+            raise TaskDataError(f"{what} holds no batch; expected {ACCEPTED}")
         x, y = torch.cat(xs), torch.cat(ys)
     if x.dim() < 2 or y.dim() != 1 or len(x) != len(y):
-        raise ValueError(
+        raise TaskDataError(
             f"{what}: expected x of shape [N, ...] and labels y of shape [N], got x "
             f"{list(x.shape)} and y {list(y.shape)}"
         )
     if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
-        raise ValueError(f"{what}: labels must be integer class indices, got dtype {y.dtype}")
+        raise TaskDataError(f"{what}: labels must be integer class indices, got dtype {y.dtype}")
     if len(y) and int(y.min()) < 0:
-        raise ValueError(f"{what}: labels must be class indices >= 0, got {int(y.min())}")
+        raise TaskDataError(f"{what}: labels must be class indices >= 0, got {int(y.min())}")
     return x, y.long()
 
 
@@ -98,12 +104,12 @@ def tensor_task(
         splits[split] = (x.to(device), y.to(device))
     shapes = {tuple(s[0].shape[1:]) for s in splits.values() if s is not None}
     if len(shapes) > 1:
-        raise ValueError(f"{name}: train and test inputs differ in shape: {sorted(shapes)}")
+        raise TaskDataError(f"{name}: train and test inputs differ in shape: {sorted(shapes)}")
     top = max((int(s[1].max()) for s in splits.values() if s is not None and len(s[1])), default=-1)
     if n_classes is None:
         n_classes = top + 1
     if n_classes < 1 or top >= n_classes:
-        raise ValueError(
+        raise TaskDataError(
             f"{name}: n_classes {n_classes} does not cover the labels (largest {top}); "
             "give n_classes > every label, or leave it out"
         )
@@ -152,13 +158,13 @@ def load_task(path: Path | str, device: torch.device | str = "cpu") -> Task:
         with safe_open(str(path), "pt") as fh:
             meta = fh.metadata() or {}
     except (OSError, SafetensorError, ValueError) as exc:
-        raise ValueError(f"task file {path} cannot be read: {exc}") from None
+        raise TaskDataError(f"task file {path} cannot be read: {exc}") from None
     pairs = {}
     for split in ("train", "test"):
         if f"{split}.x" in tensors and f"{split}.y" in tensors:
             pairs[split] = (tensors[f"{split}.x"], tensors[f"{split}.y"])
     if not pairs:
-        raise ValueError(f"task file {path} holds neither train.x/train.y nor test.x/test.y")
+        raise TaskDataError(f"task file {path} holds neither train.x/train.y nor test.x/test.y")
     n_classes = int(meta["n_classes"]) if "n_classes" in meta else None
     name = meta.get("name", path.stem)
     return tensor_task(name, pairs.get("train"), pairs.get("test"), n_classes, device)
@@ -167,14 +173,14 @@ def load_task(path: Path | str, device: torch.device | str = "cpu") -> Task:
 def build_tensor_files(args: BenchmarkArgs) -> TaskSequence:
     """The ``tensors`` benchmark: the first ``n_tasks`` task files of ``data_dir``."""
     if args.data_dir is None:
-        raise ValueError(
+        raise TaskDataError(
             "benchmark tensors reads its tasks from --data-dir DIR (task-0000.safetensors, ...)"
         )
     n = args.n_tasks or 1
     paths = [task_path(args.data_dir, t) for t in range(n)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise ValueError(
+        raise TaskDataError(
             f"benchmark tensors: {len(missing)} of {n} task files missing: {missing[0]}"
         )
     tasks = []
@@ -188,7 +194,9 @@ def build_tensor_files(args: BenchmarkArgs) -> TaskSequence:
         tasks.append(task)
     shapes = {tuple(t.split("test" if len(t.test) else "train").x.shape[1:]) for t in tasks}
     if len(shapes) != 1:
-        raise ValueError(f"benchmark tensors: the tasks' inputs differ in shape: {sorted(shapes)}")
+        raise TaskDataError(
+            f"benchmark tensors: the tasks' inputs differ in shape: {sorted(shapes)}"
+        )
     return TaskSequence("tensors", tasks, shapes.pop(), multi_head=True)
 
 

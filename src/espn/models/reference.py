@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from espn.errors import EspnError
 from espn.models.convert import to_supernet
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import MaskedLayer
@@ -30,7 +31,7 @@ _REFERENCE = re.compile(
 )
 
 
-class ModelReferenceError(ValueError):
+class ModelReferenceError(EspnError, ValueError):
     """A model reference cannot be resolved or is not allowed; the message says why."""
 
 
@@ -101,8 +102,9 @@ def parse(name: str) -> tuple[str, str, dict[str, Any]]:
     return match["module"], match["attr"], kwargs
 
 
-def build(name: str) -> nn.Module:
-    """Import the reference's factory, check it (see :func:`check_factory`) and call it."""
+def resolve(name: str) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
+    """Import the reference's factory and check it (see :func:`check_factory`), calling
+    nothing; with its keyword arguments."""
     module_name, attr, kwargs = parse(name)
     try:
         obj: Any = importlib.import_module(module_name)
@@ -110,7 +112,13 @@ def build(name: str) -> nn.Module:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ModelReferenceError(f"model {name!r} cannot be imported here: {exc}") from None
-    model = check_factory(obj, f"{module_name}:{attr}")(**kwargs)
+    return check_factory(obj, f"{module_name}:{attr}"), kwargs
+
+
+def build(name: str) -> nn.Module:
+    """The model a reference names: its checked factory called with its arguments."""
+    factory, kwargs = resolve(name)
+    model = factory(**kwargs)
     if not isinstance(model, nn.Module):
         raise ModelReferenceError(
             f"model {name!r} built a {type(model).__name__}, not an nn.Module"
@@ -129,10 +137,11 @@ def supernet_ready(
 
 def register_reference(name: str) -> None:
     """Make ``MODELS.get(name)`` build the referenced model (converted on the fly), so that a
-    run configuration may name it; the factory is imported only when the model is built."""
-    parse(name)
+    run configuration may name it; the factory is imported and checked now, called only
+    when the model is built."""
     if name in MODELS:
         return
+    resolve(name)
 
     def factory(spec: ModelSpec) -> nn.Module:
         example = torch.zeros(2, *spec.input_shape)

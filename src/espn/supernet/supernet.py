@@ -8,9 +8,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from espn.errors import EspnError
 from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
 from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate, UnitModule
 from espn.supernet.masks import LayerLayout, Ownership, TaskMask
+
+
+class NothingToMask(EspnError, ValueError):
+    """A model without masked layers: espn has nothing to mask in it."""
+
 
 #: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
 WEIGHT_KINDS = ("shared", "own", "fixed")
@@ -33,7 +39,7 @@ class Supernet(nn.Module):
             n: m for n, m in model.named_modules() if isinstance(m, MaskedLayer)
         }
         if not self.layers:
-            raise ValueError(
+            raise NothingToMask(
                 f"{type(model).__name__} has no masked layer, so espn has nothing to mask: a "
                 "supernet masks the weights of nn.Linear and nn.Conv2d layers (with "
                 "nn.BatchNorm2d as task BatchNorm); wrap a plain model with "
