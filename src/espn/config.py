@@ -214,6 +214,11 @@ class RunConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str | None) -> str | None:
+        if v is not None and v not in MODELS:
+            from espn.models.reference import is_reference, register_reference
+
+            if is_reference(v):  # "package.module:Factory(key=value)"
+                register_reference(v)
         if v is not None:
             MODELS.get(v)
         return v
