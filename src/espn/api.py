@@ -420,6 +420,7 @@ def _known(name: str) -> None:
             "only its code can rebuild it: espn.load(run, model=...)"
         )
 
+    factory.__doc__ = f"{name}: given to espn.wrap() as an instance (rebuilt by its code only)"
     MODELS.register(name)(factory)
 
 
