@@ -21,7 +21,7 @@ from espn.sweep import Point
 SCALES: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {
     # CIFAR-10 with the Table 1 recipe (the paper's "same architecture and hyperparameters")
     "paper": ({"preset": "paper", "benchmark": "cifar10"}, DEFAULT_GAMMAS),
-    "cpu": ({"benchmark": "fashion-mnist", "train_per_task": 5000}, DEFAULT_GAMMAS),
+    "cpu": ({"benchmark": "fashion-mnist", "train_per_task": 3000}, DEFAULT_GAMMAS),
     "smoke": ({"benchmark": "fashion-mnist"} | SMOKE, (0.1, 0.5)),
 }
 
@@ -157,7 +157,7 @@ FIG_PRUNERS = TARGETS.register("fig-pruners")(
         plot=pruner_plot,
         cost={
             "smoke": "6 runs of one task x 64 images, seconds each",
-            "cpu": "36 runs (3 pruners x 6 gammas x 2 seeds) of one Fashion-MNIST task x 5000 images on FC1024",
+            "cpu": "36 runs (3 pruners x 6 gammas x 2 seeds) of one Fashion-MNIST task x 3000 images on FC1024",
             "paper": "90 runs (3 x 6 x 5 seeds) of CIFAR-10 x 250 epochs on a GPU",
         },
     )
