@@ -111,6 +111,9 @@ def _target_command(name: str) -> Callable[..., None]:
         init_weights: Path | None = typer.Option(
             None, help="table-imagenet: sparse pretrained ResNet50 adopted as the ImageNet task."
         ),
+        model: str | None = typer.Option(
+            None, help="Run every point on this model instead of the target's (`espn list`)."
+        ),
         progress: bool = typer.Option(True, help="Bar over points and a line per point."),
     ) -> None:
         options = Options(
@@ -120,6 +123,7 @@ def _target_command(name: str) -> Callable[..., None]:
             data_dir=data_dir,
             data_root=data_root,
             init_weights=init_weights,
+            model=model,
         )
         gpus = gpus_per_run if gpus_per_run is not None else float(device.startswith("cuda"))
         result = run_target(

@@ -131,7 +131,7 @@ def _table1_observations(table: Table) -> list[str]:
     rivals = {m: _avg(table, m) for m in ("PackNet", "CPG", "RMN")}
     rivals = {m: v for m, v in rivals.items() if v is not None}
     first = "needs ESPN and PackNet/CPG/RMN runs"
-    if rivals and all(v is not None for v in espn.values()):
+    if rivals and any(v is not None for v in espn.values()):
         best = max(rivals, key=lambda m: rivals[m])
         first = ", ".join(
             f"{m} {v:.2f} ({signed(v - rivals[best])} vs the best of them, {best} {rivals[best]:.2f})"

@@ -38,6 +38,7 @@ class Options:
     data_dir: Path | None = None  # dataset root of torchvision's datasets (``--data-dir``)
     data_root: Path | None = None  # table-imagenet: the directory holding the six task folders
     init_weights: Path | None = None  # table-imagenet: a sparse pretrained ResNet50 as task 0
+    model: str | None = None  # every point on this model instead of the target's
 
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
@@ -52,6 +53,8 @@ class Options:
         extra: dict[str, Any] = {"device": self.device}
         if self.data_dir is not None:
             extra["data_dir"] = str(self.data_dir)
+        if self.model is not None:
+            extra["model"] = self.model
         return extra
 
 
