@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 from baseline_fixtures import fc_small, make_engine, register_fc_small, tiny_sequence
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
+from espn.data.joint import JointTask
 from espn.evaluation import task_logits
 from espn.evaluation.storage import storage_report
 from espn.experiment import build_benchmark, build_supernet
 from espn.methods import METHODS
-from espn.methods.mtl import JointTask
 from espn.methods.supsup import supermask
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec

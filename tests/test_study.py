@@ -34,6 +34,8 @@ STUDY = [
     "--gammas",
     "0.05,0.3",
     "--no-progress",
+    "--workers",
+    "1",  # in this process: the fake data and model are patched in here
 ]
 
 

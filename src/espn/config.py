@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from espn.data.registry import BENCHMARKS
+from espn.errors import EspnError
 from espn.methods.base import METHODS, SCHEDULES, MethodConfig, Strategy
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
@@ -49,7 +50,7 @@ def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
 FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
 
 
-class ConfigError(ValueError):
+class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 
 

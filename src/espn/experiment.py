@@ -30,7 +30,8 @@ from espn.evaluation.metrics import (
 from espn.evaluation.plots import plot_run
 from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS
-from espn.models.registry import MODELS, ModelSpec
+from espn.models import registry as models
+from espn.models.registry import ModelSpec
 from espn.supernet.flops import count_flops
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
@@ -63,12 +64,10 @@ def build_benchmark(cfg: RunConfig) -> TaskSequence:
 
 def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
     """The model named in ``cfg``, wrapped as a supernet on ``cfg.device``."""
-    torch.manual_seed(cfg.seed)
     spec = ModelSpec(seq.input_shape, seq.n_classes, seq.multi_head, cfg.task_affine)
-    model = MODELS.get(str(cfg.model))(spec).to(cfg.device)
     first = seq.tasks[0]
     example = first.transform(first.train.x[first.train.index[:2]], False)
-    return Supernet(model, example)
+    return models.build_supernet(str(cfg.model), spec, example, cfg.seed, cfg.device)
 
 
 def task_record(supernet: Supernet, task: int) -> dict[str, Any]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from espn.errors import EspnError
+
 T = TypeVar("T")
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(EspnError, ValueError):
     """Raised when a name is not in a registry; the message lists what is accepted."""
 
 

@@ -32,6 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from espn.errors import EspnError
 from espn.supernet.supernet import Supernet
 
 FORMAT_NAME = "espn-checkpoint"
@@ -40,7 +41,7 @@ MANIFEST = "manifest.json"
 CHECKPOINT_DIR = "checkpoint"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(EspnError, ValueError):
     """A checkpoint cannot be used: missing, truncated, corrupted, too new, or of another model."""
 
 

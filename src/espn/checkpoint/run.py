@@ -23,7 +23,7 @@ from espn.config import RunConfig, make_config, upgrade_saved_config
 from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
-from espn.models.registry import MODELS, ModelSpec
+from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
 
@@ -271,13 +271,11 @@ def load_run(run_dir: Path | str, device: str = "cpu") -> LoadedRun:
     values = {k: v for k, v in saved.items() if k not in ("device", "out")}
     cfg = make_config(**values, device=device, out=Path(run_dir))
     spec = m["spec"]
-    torch.manual_seed(cfg.seed)
     model_spec = ModelSpec(
         tuple(spec["input_shape"]), int(spec["n_classes"]), spec["multi_head"], cfg.task_affine
     )
-    model = MODELS.get(str(m["model"]))(model_spec).to(device)
     example = torch.zeros(2, *spec["input_shape"], device=device)
-    supernet = Supernet(model, example)
+    supernet = build_supernet(str(m["model"]), model_spec, example, cfg.seed, device)
     restore(ckpt, supernet)
     supernet.eval()
     return LoadedRun(cfg, ckpt, supernet)

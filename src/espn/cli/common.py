@@ -1,9 +1,9 @@
 """Helpers shared by the CLI commands: one error handler, clear messages, non-zero exits.
 
 Every command is wrapped in :func:`user_errors`, the one place where an exception becomes a
-single ``error: ...`` line on stderr: errors a user can fix (bad options, unusable files,
-checkpoints or run directories, a diverged run, a full disk) exit with status 2, an
-interrupted run with 130, anything unexpected with 1. ``espn --debug ...`` or
+single ``error: ...`` line on stderr: errors a user can fix (any :class:`espn.errors.EspnError`:
+bad options, unusable files, checkpoints or run directories, a diverged run; and a full disk)
+exit with status 2, an interrupted run with 130, anything unexpected with 1. ``espn --debug ...`` or
 ``ESPN_DEBUG=1`` shows the Python traceback instead.
 """
 
@@ -21,11 +21,8 @@ import typer
 from rich.console import Console
 from typer.exceptions import TyperException
 
-from espn.checkpoint.format import CheckpointError
 from espn.config import ConfigError
-from espn.data.sources import DatasetUnavailable
-from espn.registry import UnknownNameError
-from espn.supernet.pretrained import PretrainedError
+from espn.errors import EspnError
 
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -34,38 +31,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 INTERRUPTED = 130
 
 
-class UserError(ValueError):
+class UserError(EspnError, ValueError):
     """An error a user can fix; the message says what was wrong and what is accepted."""
 
 
 class RunInterrupted(Exception):
     """A run stopped by Ctrl-C; the message says where its checkpoint is and how to resume."""
-
-
-def _theory_error() -> type[Exception]:
-    from espn.theory.planted import TheoryConfigError
-
-    return TheoryConfigError
-
-
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """The exception types that are the user's to fix: one line and exit status 2."""
-    from espn.evaluation.results import ResultsError
-    from espn.presets import PresetError
-    from espn.training.engine import TrainingStopped
-
-    return (
-        UserError,
-        ConfigError,
-        CheckpointError,
-        DatasetUnavailable,
-        UnknownNameError,
-        PresetError,
-        PretrainedError,
-        ResultsError,
-        TrainingStopped,
-        _theory_error(),
-    )
 
 
 _debug = False
@@ -111,7 +82,7 @@ def handle(exc: BaseException) -> None:
         fail(str(exc), INTERRUPTED)
     if isinstance(exc, KeyboardInterrupt):
         fail("interrupted", INTERRUPTED)
-    if isinstance(exc, user_error_types()):
+    if isinstance(exc, EspnError):
         fail(str(exc))
     if isinstance(exc, OSError):
         fail(os_error_message(exc))

@@ -99,12 +99,8 @@ def export_command(
     from espn.checkpoint.run import load_run
     from espn.experiment import build_benchmark
     from espn.export.export import check_target, export_task
-    from espn.export.slim import ExportError
 
-    try:
-        check_target(out)
-    except ExportError as exc:
-        fail(str(exc))
+    check_target(out)
     loaded = load_run(run, device)
     loaded.check_task(task)
     if check_data:
@@ -119,10 +115,7 @@ def export_command(
         if doc and "flops" in doc
         else [t["record"]["flops"] for t in loaded.checkpoint.tasks]
     )
-    try:
-        report = export_task(loaded.supernet, task, inputs, out, onnx, records[task], fold_bn)
-    except ExportError as exc:
-        fail(str(exc))
+    report = export_task(loaded.supernet, task, inputs, out, onnx, records[task], fold_bn)
     console.print(
         f"task {task}: wrote {', '.join(report.files)}\n"
         f"  {report.parameters} parameters, {report.flops} FLOPs per sample "

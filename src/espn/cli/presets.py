@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli.common import fail, user_errors
+from espn.cli.common import user_errors
 from espn.config import ConfigError, RunConfig, make_config
-from espn.presets import PresetError, describe, load_preset, preset_names
+from espn.presets import describe, load_preset, preset_names
 
 app = typer.Typer(
     help="Named run recipes for `espn run --preset NAME` (options given explicitly win).",
@@ -37,10 +37,7 @@ def presets(ctx: typer.Context) -> None:
 @user_errors
 def show(name: str = typer.Argument(..., help="A preset name or a .json preset file.")) -> None:
     """Print the options preset NAME sets, as JSON."""
-    try:
-        values = load_preset(name)
-    except PresetError as exc:
-        fail(str(exc))
+    values = load_preset(name)
     console.print_json(json.dumps(values))
 
 

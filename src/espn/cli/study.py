@@ -74,12 +74,21 @@ def pruners(
     seed: int = typer.Option(0, help="Seed of data subsets, order and initialisation."),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
     data_dir: Path | None = typer.Option(None, help="Dataset root."),
-    progress: bool = typer.Option(True, help="Show a progress bar per run."),
+    progress: bool = typer.Option(
+        True, help="Bar over points and a line per finished point (else lines at the end)."
+    ),
+    workers: int | None = typer.Option(
+        None,
+        help="Points run at once on an embedded local Ray (default: GPUs, else CPU cores); "
+        "1 runs them one after another in this process, without Ray.",
+    ),
+    ray_address: str | None = typer.Option(None, help="Run on this existing Ray cluster."),
 ) -> None:
     """Accuracy and fraction of units kept against gamma for each pruner, on one task.
 
     Each point is an Individual-gamma run (train from scratch, prune to gamma x the dense
-    FLOPs, no weight budget) in OUT/<pruner>-gamma<g>/; finished points are reused.
+    FLOPs, no weight budget) in OUT/<pruner>-gamma<g>/, run as a sweep (see `espn sweep`):
+    finished points are reused, killed ones resumed.
     """
     from espn.studies.pruners import run_pruner_study
 
@@ -106,7 +115,14 @@ def pruners(
         )
 
     points = run_pruner_study(
-        base, out, parse_pruners(pruner_names), parse_gammas(gammas), progress, report
+        base,
+        out,
+        parse_pruners(pruner_names),
+        parse_gammas(gammas),
+        progress,
+        None if progress else report,
+        workers=workers,
+        ray_address=ray_address,
     )
     table = Table("pruner", "gamma", "accuracy %", "FLOPs ratio", "units kept")
     for p in points:

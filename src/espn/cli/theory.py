@@ -37,11 +37,10 @@ from espn.theory.experiments import (
     summarize_sample_complexity,
     summarize_task_order,
     task_order_solves,
-    write_csv,
 )
-from espn.theory.files import write_json
 from espn.theory.planted import ACTIVATIONS, INPUT_DISTRIBUTIONS, TheoryConfigError
 from espn.theory.report import format_mismatch, format_sample_complexity, format_task_order
+from espn.utils.io import write_csv, write_json_atomic
 
 app = typer.Typer(
     help="Theory lab: the paper's shallow-network model of continual representation "
@@ -55,11 +54,6 @@ INPUT_HELP = "Input distribution (radius sqrt(d)): " + ", ".join(INPUT_DISTRIBUT
 
 
 C = TypeVar("C", SampleComplexityConfig, MismatchConfig, TaskOrderConfig)
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def parse_ints(option: str, text: str) -> tuple[int, ...]:
@@ -169,7 +163,7 @@ def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
         text = format_task_order(summary)
     summary_path = stem.parent / f"{stem.name}_summary.json"
     doc = {"config": config if config is not None else _stored_config(summary_path)}
-    write_json(summary_path, {**doc, "summary": summary})
+    write_json_atomic(summary_path, {**doc, "summary": summary})
     typer.echo(text)
     typer.echo(f"wrote {csv_path}, {stem.with_suffix('.png')} and {summary_path}")
 
@@ -184,13 +178,6 @@ def _stored_config(summary_path: Path) -> dict[str, Any] | None:
 def _stored_target(stem: Path) -> float:
     config = _stored_config(stem.parent / f"{stem.name}_summary.json") or {}
     return float(config.get("target", 0.01))
-
-
-def _guard(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except TheoryConfigError as exc:
-        _fail(str(exc))
 
 
 # Options every experiment shares, declared once; each command gives its own defaults.
@@ -258,22 +245,19 @@ def sample_complexity(
     """
     options = locals()
 
-    def body() -> None:
-        cfg = _config(
-            SampleComplexityConfig,
-            options,
-            r_frz=parse_ints("--r-frz", r_frz),
-            ns=parse_ints("--ns", ns),
-        )
-        rows = _run(
-            sample_complexity_solves(cfg),
-            progress,
-            "sample complexity",
-            lambda p: run_sample_complexity(cfg, p),
-        )
-        _finish(out, "sample_complexity", rows, SAMPLE_COMPLEXITY_COLUMNS, config_dict(cfg))
-
-    _guard(body)
+    cfg = _config(
+        SampleComplexityConfig,
+        options,
+        r_frz=parse_ints("--r-frz", r_frz),
+        ns=parse_ints("--ns", ns),
+    )
+    rows = _run(
+        sample_complexity_solves(cfg),
+        progress,
+        "sample complexity",
+        lambda p: run_sample_complexity(cfg, p),
+    )
+    _finish(out, "sample_complexity", rows, SAMPLE_COMPLEXITY_COLUMNS, config_dict(cfg))
 
 
 @app.command()
@@ -321,18 +305,15 @@ def mismatch(
     """
     options = locals()
 
-    def body() -> None:
-        cfg = _config(
-            MismatchConfig,
-            options,
-            perturbations=parse_floats("--perturbations", perturbations),
-            ns=parse_ints("--ns", ns),
-            include_scratch=scratch,
-        )
-        rows = _run(mismatch_solves(cfg), progress, "mismatch", lambda p: run_mismatch(cfg, p))
-        _finish(out, "mismatch", rows, MISMATCH_COLUMNS, config_dict(cfg))
-
-    _guard(body)
+    cfg = _config(
+        MismatchConfig,
+        options,
+        perturbations=parse_floats("--perturbations", perturbations),
+        ns=parse_ints("--ns", ns),
+        include_scratch=scratch,
+    )
+    rows = _run(mismatch_solves(cfg), progress, "mismatch", lambda p: run_mismatch(cfg, p))
+    _finish(out, "mismatch", rows, MISMATCH_COLUMNS, config_dict(cfg))
 
 
 @app.command("task-order")
@@ -376,17 +357,12 @@ def task_order(
     """
     options = locals()
 
-    def body() -> None:
-        names = tuple(o.strip() for o in orders.split(",") if o.strip())
-        if not names:
-            raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
-        cfg = _config(TaskOrderConfig, options, orders=names)
-        rows = _run(
-            task_order_solves(cfg), progress, "task order", lambda p: run_task_order(cfg, p)
-        )
-        _finish(out, "task_order", rows, TASK_ORDER_COLUMNS, config_dict(cfg))
-
-    _guard(body)
+    names = tuple(o.strip() for o in orders.split(",") if o.strip())
+    if not names:
+        raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
+    cfg = _config(TaskOrderConfig, options, orders=names)
+    rows = _run(task_order_solves(cfg), progress, "task order", lambda p: run_task_order(cfg, p))
+    _finish(out, "task_order", rows, TASK_ORDER_COLUMNS, config_dict(cfg))
 
 
 @app.command()
@@ -396,9 +372,6 @@ def report(
 ) -> None:
     """Recompute the summary and the figure of an experiment from its CSV alone."""
 
-    def body() -> None:
-        if not csv_file.is_file():
-            raise TheoryConfigError(f"CSV: no such file {csv_file}")
-        _report(csv_file)
-
-    _guard(body)
+    if not csv_file.is_file():
+        raise TheoryConfigError(f"CSV: no such file {csv_file}")
+    _report(csv_file)

@@ -1,6 +1,7 @@
 """Benchmarks (task sequences held as tensors on the device), found by name in BENCHMARKS."""
 
 from espn.data import cifar, folders, mnist
+from espn.data.joint import JointTask
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.sources import DatasetUnavailable, load_mnist_like
 from espn.data.tasks import Split, Task, TaskSequence
@@ -10,6 +11,7 @@ __all__ = [
     "Benchmark",
     "BenchmarkArgs",
     "DatasetUnavailable",
+    "JointTask",
     "Split",
     "Task",
     "TaskSequence",

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from espn.errors import EspnError
+
 OFFLINE_DIRS = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}
 HOW_TO_GET = {
     "mnist": "run with internet access once (torchvision downloads it into --data-dir)",
@@ -19,7 +21,7 @@ HOW_TO_GET = {
 }
 
 
-class DatasetUnavailable(RuntimeError):
+class DatasetUnavailable(EspnError, RuntimeError):
     """A dataset is neither on disk nor downloadable; the message says how to get it."""
 
 

@@ -8,11 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from espn.errors import EspnError
+
 RESULTS = "results.json"
 Number = int | float
 
 
-class ResultsError(ValueError):
+class ResultsError(EspnError, ValueError):
     """A results.json is unreadable or not of the layout espn writes; the message says why."""
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.supernet.supernet import Supernet
-from espn.utils.io import write_json_atomic
+from espn.utils.io import atomic_target, write_json_atomic
 
 FORMATS = {".pt2": "torch.export", ".onnx": "onnx"}
 #: outputs must match the supernet's within TOLERANCE x max(1, largest |supernet output|):
@@ -96,23 +94,12 @@ class ExportReport:
         return asdict(self)
 
 
-@contextmanager
-def _atomic_file(path: Path) -> Iterator[Path]:
-    """A temporary path with ``path``'s suffix (exporters look at it), renamed on success."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _write_pt2(model: nn.Module, example: Tensor, path: Path) -> nn.Module:
     batch = torch.export.Dim("batch")
     program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
     buffer = io.BytesIO()  # saved through a buffer: the archive is named after the file
     torch.export.save(program, buffer)
-    with _atomic_file(path) as tmp:
+    with atomic_target(path, keep_suffix=True) as tmp:
         tmp.write_bytes(buffer.getvalue())
     return torch.export.load(str(path)).module()
 
@@ -121,7 +108,7 @@ def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
     import onnx
 
     batch = torch.export.Dim("batch")
-    with _atomic_file(path) as tmp:
+    with atomic_target(path, keep_suffix=True) as tmp:
         torch.onnx.export(
             model,
             (example,),

@@ -20,6 +20,7 @@ import torch_pruning as tp
 from torch import Tensor, fx, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from espn.errors import EspnError
 from espn.supernet.layers import (
     MaskedConv2d,
     MaskedLayer,
@@ -33,7 +34,7 @@ from espn.supernet.layers import (
 from espn.supernet.supernet import Supernet
 
 
-class ExportError(ValueError):
+class ExportError(EspnError, ValueError):
     """A sub-network cannot be turned into a plain or slim model; the message says why."""
 
 

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.data.tasks import Task, TaskSequence
-from espn.pruning.schedule import GradualSchedule
-from espn.pruning.selection import select_weights
+from espn.pruning.weights import new_weight_target, prune_weights
 from espn.registry import Registry
 from espn.supernet.supernet import Supernet
 
@@ -196,14 +195,11 @@ class Strategy(ABC):
         A layer's budget is ``floor(alpha * its free weights)``, so that the task's new
         weights never exceed ``ceil(alpha * all free weights)``.
         """
-        masks = {}
-        for name, layer in supernet.layers.items():
-            n_new = GradualSchedule.new_weight_target(
-                progress, self.layer_free[name], self.layer_budgets[name]
-            )
-            candidates = layer.weight_mask.bool()
-            masks[name] = select_weights(layer.weight, candidates, layer.frozen, n_new, reuse)
-        supernet.set_weight_masks(masks)
+        n_new = {
+            name: new_weight_target(progress, self.layer_free[name], self.layer_budgets[name])
+            for name in supernet.layers
+        }
+        prune_weights(supernet, n_new, reuse)
 
 
 METHODS: Registry[type[Strategy]] = Registry("method")

@@ -11,7 +11,7 @@ from torch.func import functional_call
 
 from espn.data.tasks import Task
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
-from espn.pruning.selection import select_weights
+from espn.pruning.weights import prune_weights
 from espn.supernet.supernet import Supernet
 
 #: sparsity of the task's own weights after each compacting round (CPG's schedule: steps
@@ -193,13 +193,8 @@ class CPG(Strategy):
 
     def _compact(self, supernet: Supernet, sparsity: float) -> None:
         """Keep the largest ``1 - sparsity`` of each layer's free weights (among those kept)."""
-        masks = {}
-        for name, layer in supernet.layers.items():
-            free = self.layer_free[name]
-            keep = free - math.floor(sparsity * free)
-            candidates = layer.weight_mask.bool()
-            masks[name] = select_weights(layer.weight, candidates, layer.frozen, keep, "all")
-        supernet.set_weight_masks(masks)
+        keep = {n: free - math.floor(sparsity * free) for n, free in self.layer_free.items()}
+        prune_weights(supernet, keep, "all")
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:
         """Of a phase's ``n`` updates, the first half prunes (compacting rounds: on the cubic

@@ -2,121 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from espn.data.tasks import Split, Task, TaskSequence
+from espn.data.joint import JointTask
+from espn.data.tasks import Task, TaskSequence
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
 from espn.supernet.layers import TaskHead
 from espn.supernet.masks import TaskMask
 from espn.supernet.supernet import Supernet
 
 
-def _joint_split(tasks: list[Task], split: str, offsets: list[int]) -> Split:
-    """Every sample of ``split`` of every task: ``x`` holds its task, ``index`` its row in
-    that task's split, ``y`` its label shifted by its task's label offset."""
-    parts = [t.split(split) for t in tasks]
-    device = parts[0].y.device
-    owner = torch.cat(
-        [torch.full((len(p),), t, dtype=torch.long, device=device) for t, p in enumerate(parts)]
-    )
-    rows = torch.cat([torch.arange(len(p), device=device) for p in parts])
-    labels = torch.cat([p.y + off for p, off in zip(parts, offsets, strict=True)])
-    return Split(owner, rows, labels)
-
-
-class JointTask(Task):
-    """All tasks of a sequence as one task: shuffled batches mix samples of every task.
-
-    Each sample goes through its own task's transform. With one head per task
-    (``multi_head``) the joint head has all tasks' classes side by side and a sample's label
-    is offset into its task's block; :meth:`loss` then routes every sample to its task's
-    block only (a softmax over its own task's classes). With a shared head the labels are
-    the tasks' own.
-    """
-
-    def __init__(self, seq: TaskSequence) -> None:
-        self.tasks = list(seq.tasks)
-        self.multi_head = seq.multi_head
-        sizes = [t.n_classes for t in self.tasks]
-        if self.multi_head:
-            self.offsets = [sum(sizes[:t]) for t in range(len(sizes))]
-            n_classes = sum(sizes)
-        else:
-            self.offsets = [0] * len(sizes)
-            n_classes = seq.n_classes
-        super().__init__(
-            name=f"joint ({len(self.tasks)} tasks)",
-            train=_joint_split(self.tasks, "train", self.offsets),
-            test=_joint_split(self.tasks, "test", self.offsets),
-            transform=self._no_transform,
-            n_classes=n_classes,
-        )
-        device = self.train.y.device
-        column_task = [t for t, n in enumerate(sizes) for _ in range(n)]
-        #: the task each column of the joint head (= each joint label) belongs to
-        self.column_task = torch.tensor(column_task, dtype=torch.long, device=device)
-
-    @staticmethod
-    def _no_transform(x: Tensor, train: bool) -> Tensor:
-        raise TypeError("a JointTask's samples are transformed by their own tasks in batches()")
-
-    def batches(
-        self,
-        split: str,
-        batch_size: int,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-        augment: bool | None = None,
-    ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Yield ``(inputs, joint labels)``; each task's samples of a batch are transformed
-        together by that task's transform (``augment`` as in :meth:`Task.batches`)."""
-        data = self.split(split)
-        train = split == "train" if augment is None else augment
-        for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
-            owner, local = data.x[rows], data.index[rows]
-            out: Tensor | None = None
-            for t in torch.unique(owner).tolist():
-                where = torch.nonzero(owner == t).squeeze(1)
-                part = self.tasks[t].split(split)
-                inputs = self.tasks[t].transform(part.x[part.index[local[where]]], train)
-                if out is None:
-                    out = inputs.new_empty((len(rows), *inputs.shape[1:]))
-                out[where] = inputs
-            assert out is not None
-            yield out, data.y[rows]
-
-    def loss(self, logits: Tensor, y: Tensor) -> Tensor:
-        """Cross-entropy of every sample over its own task's classes."""
-        if not self.multi_head:
-            return F.cross_entropy(logits, y)
-        sample_task = self.column_task[y]
-        other = self.column_task.unsqueeze(0) != sample_task.unsqueeze(1)
-        return F.cross_entropy(logits.masked_fill(other, float("-inf")), y)
-
-    def views(self, joint: TaskMask, heads: list[str]) -> list[TaskMask]:
-        """One :class:`TaskMask` per task from the joint one: same sub-network and state,
-        with each task's block of the joint ``heads`` (TaskHead modules) as its own head."""
-        out = []
-        for t, task in enumerate(self.tasks):
-            lo, hi = self.offsets[t], self.offsets[t] + task.n_classes
-            state = {}
-            for key, value in joint.state.items():
-                module = key.rsplit(".", 1)[0]
-                state[key] = value[lo:hi].clone() if module in heads else value
-            out.append(
-                replace(
-                    joint,
-                    state=state,
-                    n_classes=task.n_classes,
-                    new_weights=joint.new_weights if t == 0 else 0,
-                )
+def task_views(task: JointTask, joint: TaskMask, heads: list[str]) -> list[TaskMask]:
+    """One :class:`TaskMask` per task of ``task`` from the joint one: same sub-network and state,
+    with each task's block of the joint ``heads`` (TaskHead modules) as its own head."""
+    out = []
+    for t, single in enumerate(task.tasks):
+        lo, hi = task.offsets[t], task.offsets[t] + single.n_classes
+        state = {}
+        for key, value in joint.state.items():
+            module = key.rsplit(".", 1)[0]
+            state[key] = value[lo:hi].clone() if module in heads else value
+        out.append(
+            replace(
+                joint,
+                state=state,
+                n_classes=single.n_classes,
+                new_weights=joint.new_weights if t == 0 else 0,
             )
-        return out
+        )
+    return out
 
 
 @METHODS.register("mtl")
@@ -163,5 +79,5 @@ class MTL(Strategy):
         supernet.commit_task(self.weights)
         joint = supernet.masks.pop()
         heads = [n for n, m in supernet.task_modules.items() if isinstance(m, TaskHead)]
-        supernet.masks.extend(task.views(joint, heads))
+        supernet.masks.extend(task_views(task, joint, heads))
         supernet.active_task = None

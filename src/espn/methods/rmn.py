@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
-from espn.pruning.selection import select_weights
+from espn.pruning.weights import select_weights
 from espn.supernet.supernet import Supernet
 
 

@@ -32,6 +32,7 @@ import torch
 import torch_pruning as tp
 from torch import Tensor, nn
 
+from espn.errors import EspnError
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import (
     MaskedConv2d,
@@ -45,7 +46,7 @@ from espn.supernet.layers import (
 SUPPORTED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d)
 
 
-class ConvertError(ValueError):
+class ConvertError(EspnError, ValueError):
     """The network uses something the converter cannot express; the message says what."""
 
 

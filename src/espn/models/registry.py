@@ -1,13 +1,16 @@
-"""The model registry: ``MODELS.get(name)(spec)`` builds a supernet-ready network."""
+"""The model registry: ``MODELS.get(name)(spec)`` builds a supernet-ready network, and
+:func:`build_supernet` wraps it (the one place a run's or a checkpoint's supernet is built)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from espn.registry import Registry
+from espn.supernet.supernet import Supernet
 
 
 @dataclass(frozen=True)
@@ -24,3 +27,14 @@ class ModelSpec:
 
 ModelFactory = Callable[[ModelSpec], nn.Module]
 MODELS: Registry[ModelFactory] = Registry("model")
+
+
+def build_supernet(
+    name: str, spec: ModelSpec, example: Tensor, seed: int, device: str | torch.device = "cpu"
+) -> Supernet:
+    """The registered model ``name`` built for ``spec`` on ``device`` and wrapped as a supernet
+    traced on ``example``. Torch's RNG is seeded with ``seed`` first, so a run and the reload
+    of its checkpoint start from the same initial weights."""
+    torch.manual_seed(seed)
+    model = MODELS.get(name)(spec).to(device)
+    return Supernet(model, example)

@@ -14,13 +14,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from espn.errors import EspnError
 from espn.registry import UnknownNameError
 
 #: options a preset may not set (they name the run itself)
 NOT_IN_PRESETS = ("preset", "out")
 
 
-class PresetError(ValueError):
+class PresetError(EspnError, ValueError):
     """A preset file is malformed; the message names the file and the problem."""
 
 

@@ -1,4 +1,5 @@
-"""Gradual pruning schedules: how far along the FLOPs and new-weight targets are."""
+"""The gradual unit-pruning schedule: how far along the FLOPs target is (the new-weight
+target is :func:`espn.pruning.weights.new_weight_target`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ class GradualSchedule:
     """Targets at pruning progress ``p`` in [0, 1] (p = 1 at the last pruning update).
 
     The FLOPs target shrinks the width linearly, ``(1 - p (1 - sqrt(gamma)))^2`` of the dense
-    FLOPs, ending at ``gamma``; the new-weight target falls linearly from the new weights
-    available when pruning starts to the task's budget.
+    FLOPs, ending at ``gamma``.
     """
 
     gamma: float
@@ -20,10 +20,3 @@ class GradualSchedule:
     def flops_fraction(self, progress: float) -> float:
         """FLOPs target at ``progress`` in [0, 1]: width shrinks linearly to sqrt(gamma)."""
         return (1.0 - progress * (1.0 - math.sqrt(self.gamma))) ** 2
-
-    @staticmethod
-    def new_weight_target(progress: float, start: int, budget: int) -> int:
-        """New weights allowed at ``progress``: from ``start`` down to ``budget`` linearly."""
-        if start <= budget:
-            return start
-        return budget + math.floor((1.0 - progress) * (start - budget))

@@ -1,4 +1,4 @@
-"""Choosing which units and which weights a task keeps."""
+"""Choosing which units (neurons/channels) a task keeps; weights: :mod:`espn.pruning.weights`."""
 
 from __future__ import annotations
 
@@ -52,36 +52,3 @@ def select_units(
         else:
             lo = mid
     return alive_after(hi)
-
-
-def select_weights(
-    weight: Tensor,
-    candidates: Tensor,
-    frozen: Tensor,
-    n_new: int,
-    reuse: str,
-) -> Tensor:
-    """Magnitude-based weight mask of one layer.
-
-    Keeps the ``n_new`` largest free weights among ``candidates``. Frozen candidates are all
-    kept with ``reuse="all"`` (PackNet); with ``reuse="magnitude"`` the frozen and free weights
-    compete on one magnitude threshold, the smallest magnitude among the kept free weights,
-    so that a task keeps only the frozen weights at least as large as its own new ones.
-    """
-    magnitude = weight.detach().abs()
-    free = candidates & ~frozen
-    n_new = min(n_new, int(free.sum()))
-    scores = torch.where(free, magnitude, -torch.inf).flatten()
-    keep = torch.zeros_like(scores, dtype=torch.bool)
-    threshold = -torch.inf
-    if n_new > 0:
-        top = torch.topk(scores, n_new)
-        keep[top.indices] = True
-        threshold = top.values.min()
-    keep = keep.view_as(weight)
-    reused = candidates & frozen
-    if reuse == "magnitude":
-        reused &= magnitude >= threshold
-    elif reuse != "all":
-        raise ValueError(f"unknown reuse policy {reuse!r}; choose 'all' or 'magnitude'")
-    return keep | reused

@@ -3,18 +3,15 @@ gamma, for each channel/neuron pruner, on one task without continual learning.
 
 Every point is one ``individual`` run (a network trained from scratch on the benchmark's
 first task and pruned to ``gamma`` x the dense FLOPs with the given pruner, no weight
-budget), written to ``OUT/<pruner>-gamma<gamma>/`` like any ``espn run``; the study then
-collects them into ``OUT/pruners.csv`` and the two-panel ``OUT/pruners.png``. Runs whose
-complete ``results.json`` was made with the same options are reused, so a killed study
-continues where it stopped.
+budget), a point of a sweep (:mod:`espn.sweep`) written to ``OUT/<pruner>-gamma<gamma>/``
+like any ``espn run``; the study then collects them into ``OUT/pruners.csv`` and the
+two-panel ``OUT/pruners.png``. Finished points are reused and killed ones resumed, so a
+killed study continues where it stopped.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +21,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from espn.checkpoint.run import option_differences, saved_config
-from espn.config import RunConfig, make_config
+from espn.sweep import Point, SweepError, run_sweep
 from espn.utils.io import atomic_target
+from espn.utils.io import read_csv as io_read_csv
+from espn.utils.io import write_csv as io_write_csv
 
 #: the appendix's FLOPs budgets
 DEFAULT_GAMMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -47,29 +45,19 @@ class StudyPoint:
     run: str
 
 
-def point_config(base: dict[str, Any], pruner: str, gamma: float, out: Path) -> RunConfig:
-    """The run of one point: Individual-gamma with ``pruner`` on the first task only."""
-    run_dir = out / f"{pruner}-gamma{gamma:g}"
-    return make_config(
-        **base, method="individual", pruner=pruner, gamma=gamma, tasks=1, out=run_dir
-    )
-
-
-def _finished(cfg: RunConfig) -> dict[str, Any] | None:
-    """The results of an earlier complete run of exactly ``cfg`` (output path aside), if any."""
-    path = Path(cfg.out) / "results.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    same = not option_differences(doc.get("config", {}), cfg)
-    return doc if doc.get("complete") and same else None
-
-
-def _resumable(cfg: RunConfig) -> bool:
-    """Whether ``cfg.out`` holds a checkpoint of the same options (a killed point)."""
-    saved = saved_config(cfg.out)
-    return saved is not None and not option_differences(saved, cfg)
+def pruner_points(
+    base: dict[str, Any], pruners: Sequence[str], gammas: Sequence[float]
+) -> list[Point]:
+    """The sweep of the study: Individual-gamma with each pruner on the first task only,
+    point ``<pruner>-gamma<gamma>``."""
+    return [
+        Point(
+            f"{pruner}-gamma{gamma:g}",
+            {**base, "method": "individual", "pruner": pruner, "gamma": gamma, "tasks": 1},
+        )
+        for pruner in pruners
+        for gamma in gammas
+    ]
 
 
 def run_pruner_study(
@@ -79,64 +67,63 @@ def run_pruner_study(
     gammas: tuple[float, ...] | list[float] = DEFAULT_GAMMAS,
     progress: bool = True,
     on_point: Callable[[StudyPoint, bool], None] | None = None,
+    workers: int | None = None,
+    ray_address: str | None = None,
 ) -> list[StudyPoint]:
-    """Run (or reuse) every (pruner, gamma) point, then write ``pruners.csv`` and
-    ``pruners.png`` in ``out``. ``base`` holds the other run options (benchmark, model,
-    epochs, ...); ``on_point`` receives each point and whether it was reused."""
-    from espn.experiment import run_experiment
-
-    configs = [(p, g, point_config(base, p, g, out)) for p in pruners for g in gammas]
-    points = []
-    for pruner, gamma, cfg in configs:  # all options are validated before the first run
-        doc = _finished(cfg)
-        reused = doc is not None
-        if doc is None:
-            resume = _resumable(cfg)  # a killed point goes on; one of other options is redone
-            doc = run_experiment(cfg, progress=progress, resume=resume, overwrite=not resume)
+    """Run (or reuse) every (pruner, gamma) point as a sweep (:func:`espn.sweep.run_sweep`,
+    ``workers`` / ``ray_address`` as there), then write ``pruners.csv`` and ``pruners.png``
+    in ``out``. ``base`` holds the other run options (benchmark, model, epochs, ...);
+    ``on_point`` receives each point and whether it was reused. A failed point is an
+    error naming its log, after the others ran (rerunning reuses them)."""
+    out = Path(out)
+    points = pruner_points(base, pruners, gammas)
+    outcomes = run_sweep(points, out, workers=workers, ray_address=ray_address, progress=progress)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        raise SweepError(
+            f"{len(failed)} of {len(outcomes)} study point(s) failed: "
+            + "; ".join(f"{o.point.name} ({o.error}; log: {o.log})" for o in failed)
+        )
+    study = []
+    for o in outcomes:
+        doc = o.results or {}
         point = StudyPoint(
-            pruner=pruner,
-            gamma=gamma,
+            pruner=o.point.options["pruner"],
+            gamma=o.point.options["gamma"],
             accuracy=float(doc["final_accuracy"][0]),
             flops_ratio=float(doc["flops_ratio"][0]),
             units_kept=float(doc["units_kept"][0]),
             seconds=float(doc["wall_time_s"]),
-            run=str(Path(cfg.out).relative_to(out)),
+            run=o.point.name,
         )
-        points.append(point)
+        study.append(point)
         if on_point is not None:
-            on_point(point, reused)
-    write_csv(points, out / "pruners.csv")
-    title = f"{base.get('benchmark')} on {configs[0][2].model}" if configs else ""
-    plot_pruner_study(points, out / "pruners.png", title)
-    return points
+            on_point(point, o.status == "reused")
+    write_csv(study, out / "pruners.csv")
+    model = (outcomes[0].results or {}).get("model") if outcomes else None
+    plot_pruner_study(study, out / "pruners.png", f"{base.get('benchmark')} on {model}")
+    return study
 
 
 def write_csv(points: list[StudyPoint], path: Path) -> None:
     """One row per point, atomically."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for p in points:
-        writer.writerow(asdict(p))
-    with atomic_target(path) as tmp:
-        tmp.write_text(buffer.getvalue())
+    io_write_csv(path, [asdict(p) for p in points], CSV_FIELDS)
 
 
 def read_csv(path: Path) -> list[StudyPoint]:
     """The points of a ``pruners.csv``."""
-    with Path(path).open(newline="") as fh:
-        return [
-            StudyPoint(
-                pruner=r["pruner"],
-                gamma=float(r["gamma"]),
-                accuracy=float(r["accuracy"]),
-                flops_ratio=float(r["flops_ratio"]),
-                units_kept=float(r["units_kept"]),
-                seconds=float(r["seconds"]),
-                run=r["run"],
-            )
-            for r in csv.DictReader(fh)
-        ]
+    return [
+        StudyPoint(
+            pruner=r["pruner"],
+            gamma=float(r["gamma"]),
+            accuracy=float(r["accuracy"]),
+            flops_ratio=float(r["flops_ratio"]),
+            units_kept=float(r["units_kept"]),
+            seconds=float(r["seconds"]),
+            run=r["run"],
+        )
+        for r in io_read_csv(path)
+    ]
 
 
 def plot_pruner_study(points: list[StudyPoint], path: Path, title: str = "") -> None:

@@ -17,11 +17,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
+from espn.errors import EspnError
 from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
 
 
-class PretrainedError(ValueError):
+class PretrainedError(EspnError, ValueError):
     """A pretrained weight file cannot be read or does not fit the supernet."""
 
 

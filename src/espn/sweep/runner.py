@@ -8,8 +8,9 @@ after another in this process, through the very same :func:`run_point` (no Ray n
 from __future__ import annotations
 
 import logging
+import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from espn.sweep.point import PointOutcome, reused_outcome, run_point
+from espn.sweep.point import LOG_NAME, PointOutcome, reused_outcome, run_point
 from espn.sweep.spec import Point, SweepError, validate_points
 
 RAY_MISSING = (
@@ -82,7 +83,7 @@ def run_sweep(
     outcomes: dict[str, PointOutcome] = {}
     with _Reporter(len(points), console, progress) as report:
         todo = []
-        for p in points:
+        for p in map(anchored, points):
             reused = reused_outcome(p, out)
             if reused is None:
                 todo.append(p)
@@ -98,7 +99,28 @@ def run_sweep(
             for outcome in _run_on_ray(todo, out, workers, ray_address, cpus_per_run, gpus_per_run):
                 outcomes[outcome.point.name] = outcome
                 report(outcome)
+    for p in points:  # the caller's points, as given
+        outcomes[p.name].point = p
     return [outcomes[p.name] for p in points]
+
+
+#: options naming files or directories, made absolute before a point runs anywhere
+PATH_OPTIONS = ("data_dir", "init_weights", "from_run")
+
+
+def anchored(point: Point) -> Point:
+    """``point`` with its relative paths made absolute from this process's directory, so
+    that a point means the same in a Ray worker (whose directory may differ) and in here."""
+    options = dict(point.options)
+    for key in PATH_OPTIONS:
+        if options.get(key) is not None:
+            options[key] = str(Path(options[key]).resolve())
+    if options.get("folders"):
+        options["folders"] = [str(Path(f).resolve()) for f in options["folders"]]
+    preset = options.get("preset")
+    if isinstance(preset, str) and preset.endswith(".json") and Path(preset).is_file():
+        options["preset"] = str(Path(preset).resolve())
+    return Point(point.name, options)
 
 
 def _run_on_ray(
@@ -108,7 +130,7 @@ def _run_on_ray(
     address: str | None,
     cpus: float,
     gpus: float,
-) -> Any:
+) -> Iterator[PointOutcome]:
     """Yield each point's outcome as its Ray task finishes."""
     try:
         import ray
@@ -128,7 +150,7 @@ def _run_on_ray(
             n = workers or default_workers()
             gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             ray.init(
-                num_cpus=n * cpus,
+                num_cpus=max(1, math.ceil(n * cpus)),
                 num_gpus=gpu_count,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                 **common,
@@ -140,11 +162,12 @@ def _run_on_ray(
             (ref,), _ = ray.wait(list(pending), num_returns=1)
             point = pending.pop(ref)
             try:
-                yield ray.get(ref)
+                outcome = ray.get(ref)
             except Exception as exc:  # the worker died (killed, out of memory): no outcome
                 run_dir = out / point.name
                 error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                yield PointOutcome(point, "failed", run_dir, None, error, run_dir / "log.txt")
+                outcome = PointOutcome(point, "failed", run_dir, None, error, run_dir / LOG_NAME)
+            yield outcome
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)

@@ -25,7 +25,6 @@ from espn.theory.experiments import (
     summarize_mismatch,
     summarize_sample_complexity,
     summarize_task_order,
-    write_csv,
 )
 from espn.theory.planted import PlantedModel, TaskData, TheoryConfigError
 from espn.theory.solver import (
@@ -35,6 +34,7 @@ from espn.theory.solver import (
     solve_crl,
     solve_sequential,
 )
+from espn.utils.io import write_csv
 
 __all__ = [
     "CRLSolution",

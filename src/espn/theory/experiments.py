@@ -17,7 +17,6 @@ on rows read back from the CSV, so a summary can be recomputed from the file alo
 from __future__ import annotations
 
 import contextlib
-import csv
 import math
 import time
 from collections import defaultdict
@@ -29,7 +28,6 @@ from typing import Any
 
 import torch
 
-from espn.theory.files import atomic_file
 from espn.theory.planted import (
     ACTIVATIONS,
     INPUT_DISTRIBUTIONS,
@@ -41,6 +39,7 @@ from espn.theory.planted import (
     generator,
 )
 from espn.theory.solver import SolverConfig, solve_crl, solve_sequential
+from espn.utils.io import read_csv as io_read_csv
 
 Progress = Callable[[int], None]
 
@@ -731,26 +730,9 @@ def summarize_task_order(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- files
 
 
-def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Path:
-    """Write ``rows`` (only ``columns``, in that order) to ``path`` atomically."""
-    with atomic_file(path) as tmp, tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _fmt(row.get(k)) for k in columns})
-    return path
-
-
-def _fmt(value: Any) -> Any:
-    if isinstance(value, float):
-        return repr(value)
-    return value
-
-
 def read_csv(path: Path) -> list[dict[str, Any]]:
-    """Rows of a CSV written by :func:`write_csv`, numbers parsed back to int/float."""
-    with Path(path).open(newline="") as fh:
-        return [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+    """Rows of a CSV written by :func:`espn.utils.io.write_csv`, numbers parsed back to int/float."""
+    return [{k: _parse(v) for k, v in row.items()} for row in io_read_csv(path)]
 
 
 def _parse(text: str) -> Any:

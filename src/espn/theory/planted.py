@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from espn.errors import EspnError
+
 DTYPE = torch.float64
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "identity": lambda z: z,
@@ -35,7 +37,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 INPUT_DISTRIBUTIONS = ("sphere", "ball")
 
 
-class TheoryConfigError(ValueError):
+class TheoryConfigError(EspnError, ValueError):
     """A theory-lab setting is not accepted; the message names the value and what is."""
 
 

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from espn.theory.files import atomic_file
+from espn.utils.io import atomic_target
 
 LINESTYLES = {"decreasing": "-", "increasing": "--", "individual": ":"}
 ORDER_COLORS = {"decreasing": "C0", "increasing": "C3", "individual": "C2"}
@@ -25,7 +25,7 @@ ORDER_LABELS = {
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
-    with atomic_file(path) as tmp:
+    with atomic_target(path) as tmp:
         fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -11,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from espn.data.tasks import Task
+from espn.errors import EspnError
 from espn.methods.base import Phase, Strategy
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
@@ -19,7 +20,7 @@ from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.optim import FrozenGuard, OptimConfig, build_optimizer, cosine_factor
 
 
-class TrainingStopped(RuntimeError):
+class TrainingStopped(EspnError, RuntimeError):
     """Training cannot go on without breaking a guarantee (a non-finite loss, no weights
     left for a task, a budget not met); the message names the task, phase and epoch."""
 

@@ -1,0 +1,62 @@
+"""One error base class: every user-fixable error is an EspnError, and the CLI's one
+handler turns any of them into one line and exit status 2."""
+
+import click
+import pytest
+import typer
+
+from espn.checkpoint.format import CheckpointError
+from espn.checkpoint.lock import RunLocked
+from espn.cli.common import UserError, user_errors
+from espn.config import ConfigError
+from espn.data.sources import DatasetUnavailable
+from espn.errors import EspnError
+from espn.evaluation.results import ResultsError
+from espn.export.slim import ExportError
+from espn.models.convert import ConvertError
+from espn.presets import PresetError
+from espn.registry import UnknownNameError
+from espn.supernet.pretrained import PretrainedError
+from espn.theory.planted import TheoryConfigError
+from espn.training.engine import TrainingStopped
+
+ERRORS = [
+    (CheckpointError, ValueError),
+    (RunLocked, ValueError),
+    (ConfigError, ValueError),
+    (DatasetUnavailable, RuntimeError),
+    (ResultsError, ValueError),
+    (ExportError, ValueError),
+    (ConvertError, ValueError),
+    (PresetError, ValueError),
+    (UnknownNameError, ValueError),
+    (PretrainedError, ValueError),
+    (TheoryConfigError, ValueError),
+    (TrainingStopped, RuntimeError),
+    (UserError, ValueError),
+]
+
+
+@pytest.mark.parametrize(("error", "standard"), ERRORS, ids=[e.__name__ for e, _ in ERRORS])
+def test_every_user_error_is_an_espn_error_and_exits_2(error, standard, capsys):
+    assert issubclass(error, EspnError) and issubclass(error, standard)
+
+    @user_errors
+    def command() -> None:
+        raise error("bad value 7; accepted: 1..5")
+
+    with pytest.raises((typer.Exit, click.exceptions.Exit)) as exc:
+        command()
+    assert exc.value.exit_code == 2
+    assert capsys.readouterr().err.strip() == "error: bad value 7; accepted: 1..5"
+
+
+def test_an_unexpected_error_is_reported_as_a_bug(capsys):
+    @user_errors
+    def command() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises((typer.Exit, click.exceptions.Exit)) as exc:
+        command()
+    assert exc.value.exit_code == 1
+    assert "unexpected ValueError: boom (a bug in espn" in capsys.readouterr().err
