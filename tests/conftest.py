@@ -1,30 +1,18 @@
-"""Shared fixtures: small learnable MNIST-shaped data made on the spot, tiny configs."""
+"""Shared fixtures: small learnable MNIST- and CIFAR-shaped data made on the spot, tiny
+configs, a finished tiny run (the helpers they use: the ``helpers`` package)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
-from deploy_fixtures import cli_options, register_fc_test
 from espn.cli.main import app
-
-
-def synthetic_mnist(n_train: int = 400, n_test: int = 200, seed: int = 0) -> dict:
-    """Ten noisy class prototypes as uint8 28x28 images: learnable in a few steps."""
-    gen = torch.Generator().manual_seed(seed)
-    prototypes = torch.rand(10, 28, 28, generator=gen) * 255
-
-    def split(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.arange(n) % 10
-        noise = torch.randn(n, 28, 28, generator=gen) * 60
-        x = (prototypes[y] + noise).clamp(0, 255).to(torch.uint8)
-        return x, y
-
-    return {"train": split(n_train), "test": split(n_test)}
+from helpers.deploy import cli_options, register_fc_test
+from helpers.images import fake_raw, patch_raw, register_small_resnet
+from helpers.mnist import synthetic_mnist
 
 
 @pytest.fixture
@@ -55,3 +43,13 @@ def cli_run(fake_mnist: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     result = CliRunner().invoke(app, cli_options(out))
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture
+def fake_cifar10(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """CIFAR-10-shaped fake data (32 training and 16 test images per class), and the
+    ``small-resnet`` model."""
+    data = fake_raw(10, 32, 16)
+    patch_raw(monkeypatch, {"cifar10": data})
+    register_small_resnet(monkeypatch)
+    return data

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from typer.testing import CliRunner
 
-from baseline_fixtures import fc_small, make_engine, register_fc_small, tiny_sequence
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.data.joint import JointTask
@@ -24,6 +23,7 @@ from espn.methods.supsup import supermask
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
 from espn.training import Engine, OptimConfig
+from helpers.baseline import fc_small, make_engine, register_fc_small, tiny_sequence
 
 runner = CliRunner()
 TINY = ["--model", "fc-small", "--tasks", "3", "--epochs", "1,1,1", "--batch-size", "64"]

@@ -12,7 +12,6 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 import espn.checkpoint.store as store_module
-from deploy_fixtures import make_model, train_tiny
 from espn.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
@@ -26,6 +25,7 @@ from espn.evaluation.metrics import task_logits
 from espn.models.fc import FCNet
 from espn.supernet import Supernet, unpack_bits
 from espn.training.engine import Engine
+from helpers.deploy import make_model, train_tiny
 
 runner = CliRunner()
 GROUPS = {"hidden1": 64, "hidden2": 48}  # the unit groups of fc-test (784-64-48-classes)

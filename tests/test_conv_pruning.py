@@ -17,7 +17,7 @@ from espn.models import MODELS, ModelSpec
 from espn.models.resnet import BasicBlock, Bottleneck
 from espn.supernet import Supernet, TaskBatchNorm2d
 from espn.training import Engine, OptimConfig
-from image_fixtures import fake_cifar10, random_task  # noqa: F401  (fixture)
+from helpers.images import random_task
 
 ADAM = OptimConfig("adam", lr=0.01, betas=(0.0, 0.999), weight_decay=1e-3)
 

@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from typer.testing import CliRunner
 
-from baseline_fixtures import make_engine, register_fc_small, tiny_sequence
 from espn.cli.main import app
 from espn.methods.cpg import CPG, PICK_THRESHOLD, SPARSITIES
 from espn.models.fc import FCNet
 from espn.training import OptimConfig
+from helpers.baseline import make_engine, register_fc_small, tiny_sequence
 
 runner = CliRunner()
 TINY = ["--model", "fc-small", "--tasks", "3", "--epochs", "1,1,1", "--batch-size", "64"]

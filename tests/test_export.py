@@ -13,7 +13,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from deploy_fixtures import TinyResNet, train_tiny
 from espn.checkpoint.run import load_run
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
@@ -28,6 +27,7 @@ from espn.supernet import (
     TaskHead,
     UnitGate,
 )
+from helpers.deploy import TinyResNet, train_tiny
 
 runner = CliRunner()
 

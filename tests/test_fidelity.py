@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from baseline_fixtures import fc_small, make_engine, tiny_sequence
 from espn.config import ConfigError, make_config, upgrade_saved_config
 from espn.data.cifar import CIFAR100_SUPERCLASS, class_order
 from espn.evaluation.metrics import task_accuracy
@@ -24,7 +23,8 @@ from espn.supernet.layers import TaskBatchNorm2d
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
-from image_fixtures import fake_cifar10, small_resnet  # noqa: F401 (a fixture)
+from helpers.baseline import fc_small, make_engine, tiny_sequence
+from helpers.images import small_resnet
 
 
 # ------------------------------------------------------------- BatchNorm statistics

@@ -17,7 +17,7 @@ from espn.data.augment import ImageTransform, normalise, random_crop, random_fli
 from espn.data.cifar import STATS, class_order, load_cifar
 from espn.data.folders import StreamingTask, image_folders
 from espn.experiment import run_experiment
-from image_fixtures import fake_raw, patch_raw, register_small_resnet
+from helpers.images import fake_raw, patch_raw, register_small_resnet
 
 runner = CliRunner()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from espn.supernet import TaskMask, pack_bits, unpack_bits
+from espn.supernet import MaskedConv2d, MaskedLinear, TaskMask, pack_bits, unpack_bits
+from espn.supernet.layers import MaskedLayer
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (8,), (13, 5), (4, 3, 3, 3), (1024, 784)])
@@ -30,3 +31,16 @@ def test_task_mask_counts_and_bytes():
     # a copy, not a view: later edits of the source do not leak into the stored mask
     weights["a"].fill_(False)
     assert mask.nnz() > int(weights["b"].sum())
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [MaskedLinear(5, 3, "a", "b"), MaskedConv2d(2, 4, 3, in_units="a", out_units=None)],
+    ids=["linear", "conv"],
+)
+def test_masked_layer_state_is_its_weight_and_declared_buffers(layer):
+    assert [name for name, _ in layer.named_buffers()] == list(MaskedLayer.BUFFERS)
+    assert list(layer.state_dict()) == ["weight", *MaskedLayer.BUFFERS]
+    assert layer.weight_mask.dtype == layer.weight.dtype and layer.frozen.dtype == torch.bool
+    assert layer.weight_mask.shape == layer.frozen.shape == layer.weight.shape
+    assert bool(layer.weight_mask.all()) and not bool(layer.frozen.any())

@@ -12,8 +12,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from baseline_fixtures import tiny_sequence
-from deploy_fixtures import Killed, comparable, kill_at_step, register_fc_test, run_options
 from espn.checkpoint import CheckpointWriter, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, file_entry, sha256_of
 from espn.checkpoint.run import load_run
@@ -30,6 +28,8 @@ from espn.supernet.masks import Ownership, owner_dtype
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from espn.utils.io import write_json_atomic
+from helpers.baseline import tiny_sequence
+from helpers.deploy import Killed, comparable, kill_at_step, register_fc_test, run_options
 
 runner = CliRunner()
 

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from baseline_fixtures import make_engine, tiny_sequence
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
 from espn.pruning import PRUNERS, FlopAwareL1, Polarization, flop_aware_lambdas
 from espn.supernet import Supernet
+from helpers.baseline import make_engine, tiny_sequence
 
 PRUNER_NAMES = ["flop-aware", "l1", "polarization"]
 

@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 import espn.checkpoint.store as store_module
 import espn.data.mnist as mnist_module
-from deploy_fixtures import cli_options, comparable, register_fc_test
 from espn.checkpoint.store import read_checkpoint
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.methods.base import Strategy
+from helpers.deploy import cli_options, comparable, register_fc_test
 
 runner = CliRunner()
 LOCK_FILE = ".espn-run.lock"

@@ -14,8 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
-from conftest import synthetic_mnist
-from deploy_fixtures import (
+from espn.checkpoint.run import RunCheckpoint
+from espn.cli.main import app
+from espn.config import make_config
+from espn.data.registry import BENCHMARKS, Benchmark
+from espn.experiment import run_experiment
+from espn.methods.base import METHODS
+from espn.models.registry import MODELS
+from helpers.deploy import (
     Killed,
     TinyResNet,
     cli_options,
@@ -25,13 +31,7 @@ from deploy_fixtures import (
     run_options,
     tiny_sequence,
 )
-from espn.checkpoint.run import RunCheckpoint
-from espn.cli.main import app
-from espn.config import make_config
-from espn.data.registry import BENCHMARKS, Benchmark
-from espn.experiment import run_experiment
-from espn.methods.base import METHODS
-from espn.models.registry import MODELS
+from helpers.mnist import synthetic_mnist
 
 runner = CliRunner()
 TESTS = Path(__file__).parent
@@ -181,11 +181,11 @@ def test_killed_between_results_and_checkpoint_of_a_task(tmp_path, monkeypatch, 
 SCRIPT = """
 import sys
 sys.path[:0] = [{tests!r}]
-from conftest import synthetic_mnist
+from helpers.mnist import synthetic_mnist
 import espn.data.mnist as mnist_module
 data = synthetic_mnist()
 mnist_module.load_mnist_like = lambda *a, **k: data
-from deploy_fixtures import fc_test
+from helpers.deploy import fc_test
 from espn.models.registry import MODELS
 MODELS._items["fc-test"] = fc_test
 from espn.cli.main import app

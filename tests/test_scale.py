@@ -8,10 +8,10 @@ import gc
 import pytest
 import torch
 
-from deploy_fixtures import register_fc_test, run_options
 from espn.config import make_config
 from espn.data.tasks import LazyTasks, Split, Task
 from espn.experiment import build_benchmark, run_experiment
+from helpers.deploy import register_fc_test, run_options
 
 
 def live_tasks() -> int:

@@ -10,12 +10,12 @@ import torch
 from typer.testing import CliRunner
 
 import espn.experiment as experiment_module
-from baseline_fixtures import register_fc_small
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.data import BENCHMARKS, BenchmarkArgs
 from espn.data.mnist import NORMALISATION
 from espn.studies.pruners import read_csv
+from helpers.baseline import register_fc_small
 
 runner = CliRunner()
 STUDY = [

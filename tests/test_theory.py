@@ -18,17 +18,16 @@ from espn.theory import (
     solve_crl,
     solve_sequential,
 )
-from espn.theory.experiments import (
-    SampleComplexityConfig,
-    TaskOrderConfig,
-    crossing,
-    evaluate,
-    fit_rate_constant,
-    summarize_mismatch,
-    summarize_sample_complexity,
-    summarize_task_order,
-)
+from espn.theory.common import evaluate
+from espn.theory.mismatch import summarize_mismatch
 from espn.theory.planted import generator
+from espn.theory.sample_complexity import (
+    SampleComplexityConfig,
+    crossing,
+    fit_rate_constant,
+    summarize_sample_complexity,
+)
+from espn.theory.task_order import TaskOrderConfig, summarize_task_order
 
 
 def excess(model: PlantedModel, predict, n_test: int = 1000, seed: int = 99) -> float:
@@ -73,13 +72,13 @@ def test_planted_model_shapes_noise_and_frozen_rows():
 
 def test_planted_model_rejects_bad_values():
     with pytest.raises(
-        TheoryConfigError, match=r"--activation: got 'tanh'; accepted: identity, relu"
+        TheoryConfigError, match=r"activation: got 'tanh'; accepted: identity, relu"
     ):
         PlantedModel.create(5, 2, 2, activation="tanh")
     model = PlantedModel.create(5, 2, 2)
-    with pytest.raises(TheoryConfigError, match=r"--r-frz: must be in \[0, r=2\], got 3"):
+    with pytest.raises(TheoryConfigError, match=r"r_frz: must be in \[0, r=2\], got 3"):
         model.frozen(3)
-    with pytest.raises(TheoryConfigError, match=r"--ns: every N must be >= 1, got 0"):
+    with pytest.raises(TheoryConfigError, match=r"ns: every N must be >= 1, got 0"):
         model.sample(0, generator(0))
 
 
@@ -117,9 +116,9 @@ def test_solver_is_deterministic_and_validates():
     assert len(a.restart_objectives) == 2
     assert a.restart_objectives[a.restart] == min(a.restart_objectives)
     assert a.objective <= a.restart_objectives[a.restart] + 1e-12
-    with pytest.raises(TheoryConfigError, match="--activation"):
+    with pytest.raises(TheoryConfigError, match=r"^activation: "):
         solve_crl(noisy, 1, None, SolverConfig(activation="gelu"))
-    with pytest.raises(TheoryConfigError, match="--restarts"):
+    with pytest.raises(TheoryConfigError, match=r"^restarts: "):
         solve_crl(noisy, 1, None, SolverConfig(restarts=0))
 
 
@@ -236,13 +235,11 @@ def test_mismatch_and_task_order_summaries():
 
 
 def test_config_validation_messages():
-    with pytest.raises(
-        TheoryConfigError, match=r"--r-frz: each value must be in \[0, r=8\], got 9"
-    ):
+    with pytest.raises(TheoryConfigError, match=r"r_frz: each value must be in \[0, r=8\], got 9"):
         SampleComplexityConfig(r_frz=(9,)).validate()
-    with pytest.raises(TheoryConfigError, match=r"--ns: every N must be >= 1, got -2"):
+    with pytest.raises(TheoryConfigError, match=r"ns: every N must be >= 1, got -2"):
         SampleComplexityConfig(ns=(4, -2)).validate()
-    with pytest.raises(TheoryConfigError, match=r"--orders: got 'random'"):
+    with pytest.raises(TheoryConfigError, match=r"orders: got 'random'"):
         TaskOrderConfig(orders=("random",)).validate()
     assert TaskOrderConfig(tasks=20, n_max=2500, n_min=125).sizes[-1] == 125
     assert TaskOrderConfig(tasks=20, n_max=2500, n_min=125).sizes[1] == math.floor(

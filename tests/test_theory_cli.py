@@ -10,11 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from espn.cli.theory import app
-from espn.theory.experiments import (
-    MISMATCH_COLUMNS,
-    SAMPLE_COMPLEXITY_COLUMNS,
-    TASK_ORDER_COLUMNS,
-)
+from espn.theory.mismatch import MISMATCH_COLUMNS
+from espn.theory.sample_complexity import SAMPLE_COMPLEXITY_COLUMNS
+from espn.theory.task_order import TASK_ORDER_COLUMNS
 
 runner = CliRunner()
 SMALL = ["--replicates", "1", "--n-test", "200", "--restarts", "2", "--max-iter", "60"]
@@ -113,9 +111,15 @@ def test_task_order_command(tmp_path):
         (["mismatch", "--r", "4", "--r-frz", "5"], ["--r-frz", "[0, r=4]", "got 5"]),
         (["mismatch", "--perturbations", "0,-1"], ["--perturbations", ">= 0", "got -1"]),
         (["mismatch", "--ns", "-3"], ["--ns", "got -3"]),
+        (
+            ["mismatch", "--r", "4", "--r-frz", "2", "--r-new", "3"],
+            ["--r-new:", "[0, r - r_frz = 2]"],
+        ),
+        (["mismatch", "--mm-n", "0"], ["--mm-n: must be >= 1, got 0"]),
+        (["mismatch", "--noise", "nan"], ["--noise: must be a finite number, got nan"]),
         (["mismatch", "--activation", "gelu"], ["'gelu'", "accepted: identity, relu"]),
         (["task-order", "--orders", "random"], ["--orders", "'random'", "decreasing"]),
-        (["task-order", "--n-min", "500", "--n-max", "100"], ["--n-max", ">= --n-min (500)"]),
+        (["task-order", "--n-min", "500", "--n-max", "100"], ["--n-max:", ">= n_min (500)"]),
         (["task-order", "--inputs", "cube"], ["--inputs", "'cube'", "sphere, ball"]),
         (["task-order", "--r", "40", "--d", "30"], ["--r", "[1, d=30]", "got 40"]),
     ],

@@ -18,28 +18,31 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from espn.cli.common import user_errors
-from espn.theory.experiments import (
+from espn.theory.common import config_dict, read_csv
+from espn.theory.mismatch import (
     MISMATCH_COLUMNS,
-    SAMPLE_COMPLEXITY_COLUMNS,
-    TASK_ORDER_COLUMNS,
-    TASK_ORDERS,
     MismatchConfig,
-    SampleComplexityConfig,
-    TaskOrderConfig,
-    config_dict,
     mismatch_solves,
-    read_csv,
     run_mismatch,
-    run_sample_complexity,
-    run_task_order,
-    sample_complexity_solves,
     summarize_mismatch,
-    summarize_sample_complexity,
-    summarize_task_order,
-    task_order_solves,
 )
 from espn.theory.planted import ACTIVATIONS, INPUT_DISTRIBUTIONS, TheoryConfigError
 from espn.theory.report import format_mismatch, format_sample_complexity, format_task_order
+from espn.theory.sample_complexity import (
+    SAMPLE_COMPLEXITY_COLUMNS,
+    SampleComplexityConfig,
+    run_sample_complexity,
+    sample_complexity_solves,
+    summarize_sample_complexity,
+)
+from espn.theory.task_order import (
+    TASK_ORDER_COLUMNS,
+    TASK_ORDERS,
+    TaskOrderConfig,
+    run_task_order,
+    summarize_task_order,
+    task_order_solves,
+)
 from espn.utils.io import write_csv, write_json_atomic
 
 app = typer.Typer(
@@ -201,12 +204,28 @@ ShowProgress = Annotated[
 ]
 
 
+#: library parameters whose option is not named after them
+OPTION_NAMES = {"include_scratch": "--scratch"}
+
+
+def option_name(parameter: str) -> str:
+    """The command-line option of a library parameter (``r_frz`` -> ``--r-frz``; several
+    joined by ``/``)."""
+    return "/".join(OPTION_NAMES.get(p, "--" + p.replace("_", "-")) for p in parameter.split("/"))
+
+
 def _config(cls: type[C], options: dict[str, Any], **parsed: Any) -> C:
     """``cls`` from a command's options (those that are fields of ``cls``) and the
-    values parsed from text; validated, so a bad value stops the command here."""
+    values parsed from text; validated, so a bad value stops the command here, its
+    error naming the option (the library names its parameter)."""
     names = {f.name for f in fields(cls)}
     cfg = cls(**{k: v for k, v in options.items() if k in names and k not in parsed}, **parsed)
-    cfg.validate()
+    try:
+        cfg.validate()
+    except TheoryConfigError as exc:
+        if exc.parameter is None:
+            raise
+        raise TheoryConfigError(exc.reason, option_name(exc.parameter)) from None
     return cfg
 
 

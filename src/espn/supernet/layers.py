@@ -17,16 +17,32 @@ channels are kept or pruned together.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class MaskedLayer:
-    """Mixin of a layer whose weight is shared across tasks and masked per task."""
+class MaskedLayer(nn.Module):
+    """Base of a layer whose weight is shared across tasks and masked per task (mixed into
+    ``nn.Linear`` and ``nn.Conv2d``).
+
+    Its state is the shared ``weight`` and the buffers named in :data:`BUFFERS`, declared
+    below; a task's sub-network is the ``weight_mask`` the supernet swaps in for it.
+    """
+
+    #: the buffers a masked layer adds to its module's state, in registration order
+    BUFFERS: ClassVar[tuple[str, ...]] = ("weight_mask", "frozen")
 
     weight: Tensor
+    #: the active task's weight mask: 1.0 where it uses a weight, 0.0 elsewhere (float, the
+    #: shape of ``weight``)
+    weight_mask: Tensor
+    #: weights an earlier task owns, which no later task may change (bool, the shape of
+    #: ``weight``)
+    frozen: Tensor
+    #: unit groups indexing the layer's input and output units (None: not prunable)
     in_units: str | None
     out_units: str | None
 
@@ -122,6 +138,8 @@ class UnitModule(TaskSpecific):
     weight: Tensor
     bias: Tensor
     group: str
+    #: 1.0 for an alive unit, 0.0 for a pruned one (one entry per unit)
+    unit_mask: Tensor
 
     def _init_units(self, group: str, n: int) -> None:
         self.group = group
@@ -142,6 +160,9 @@ class UnitGate(UnitModule):
     ``affine=True`` (beyond the paper, ``--task-affine``): a per-task scale and shift,
     trained in every phase and stored with the task.
     """
+
+    #: whether the gate was released (a 0-d bool)
+    released: Tensor
 
     def __init__(self, n: int, group: str, affine: bool = False) -> None:
         super().__init__()

@@ -38,19 +38,29 @@ INPUT_DISTRIBUTIONS = ("sphere", "ball")
 
 
 class TheoryConfigError(EspnError, ValueError):
-    """A theory-lab setting is not accepted; the message names the value and what is."""
+    """A theory-lab setting is not accepted; the message names the value and what is.
+
+    ``parameter`` is the setting's name as the library calls it (``r_frz``; None when the
+    error concerns no single setting); the message is ``"<parameter>: <reason>"``, and the
+    command line shows its own option name (``--r-frz``) in its place.
+    """
+
+    def __init__(self, reason: str, parameter: str | None = None) -> None:
+        super().__init__(f"{parameter}: {reason}" if parameter else reason)
+        self.reason = reason
+        self.parameter = parameter
 
 
-def check_choice(option: str, value: str, accepted: Sequence[str]) -> str:
+def check_choice(parameter: str, value: str, accepted: Sequence[str]) -> str:
     """Return ``value`` if it is one of ``accepted``, else raise a clear error."""
     if value not in accepted:
-        raise TheoryConfigError(f"{option}: got {value!r}; accepted: {', '.join(accepted)}")
+        raise TheoryConfigError(f"got {value!r}; accepted: {', '.join(accepted)}", parameter)
     return value
 
 
 def activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The activation ``psi`` called ``name`` (identity or relu)."""
-    return ACTIVATIONS[check_choice("--activation", name, tuple(ACTIVATIONS))]
+    return ACTIVATIONS[check_choice("activation", name, tuple(ACTIVATIONS))]
 
 
 def derive_seed(*parts: object) -> int:
@@ -67,7 +77,7 @@ def sample_inputs(
     n: int, d: int, gen: torch.Generator, distribution: str = "sphere"
 ) -> torch.Tensor:
     """``n`` inputs of radius ``sqrt(d)``: on the sphere, or uniform in the ball."""
-    check_choice("--inputs", distribution, INPUT_DISTRIBUTIONS)
+    check_choice("inputs", distribution, INPUT_DISTRIBUTIONS)
     g = torch.randn(n, d, generator=gen, dtype=DTYPE)
     x = g / g.norm(dim=1, keepdim=True) * d**0.5
     if distribution == "ball":
@@ -144,13 +154,13 @@ class PlantedModel:
     ) -> PlantedModel:
         """Draw ``W*`` with orthonormal rows and ``tasks`` heads of norm ``head_norm``."""
         activation_fn(activation)
-        check_choice("--inputs", inputs, INPUT_DISTRIBUTIONS)
+        check_choice("inputs", inputs, INPUT_DISTRIBUTIONS)
         if not 1 <= r <= d:
-            raise TheoryConfigError(f"--r: must be in [1, d={d}], got {r}")
+            raise TheoryConfigError(f"must be in [1, d={d}], got {r}", "r")
         if tasks < 1:
-            raise TheoryConfigError(f"--tasks: must be >= 1, got {tasks}")
+            raise TheoryConfigError(f"must be >= 1, got {tasks}", "tasks")
         if noise < 0:
-            raise TheoryConfigError(f"--noise: must be >= 0, got {noise:g}")
+            raise TheoryConfigError(f"must be >= 0, got {noise:g}", "noise")
         gen = generator("planted", seed, d, r, tasks)
         q, _ = torch.linalg.qr(torch.randn(d, r, generator=gen, dtype=DTYPE))
         heads = torch.randn(tasks, r, generator=gen, dtype=DTYPE)
@@ -176,7 +186,7 @@ class PlantedModel:
         Xs, noisy_y, clean_y = [], [], []
         for t, k in enumerate(ns):
             if k < 1:
-                raise TheoryConfigError(f"--ns: every N must be >= 1, got {k}")
+                raise TheoryConfigError(f"every N must be >= 1, got {k}", "ns")
             X = sample_inputs(k, self.d, gen, self.inputs)
             f = self.clean(X, t)
             z = (2 * torch.rand(k, generator=gen, dtype=DTYPE) - 1) * self.noise
@@ -194,9 +204,9 @@ class PlantedModel:
         no new rows can undo that, so the mismatch ``MM`` is positive.
         """
         if not 0 <= r_frz <= self.r:
-            raise TheoryConfigError(f"--r-frz: must be in [0, r={self.r}], got {r_frz}")
+            raise TheoryConfigError(f"must be in [0, r={self.r}], got {r_frz}", "r_frz")
         if perturbation < 0:
-            raise TheoryConfigError(f"--perturbation: must be >= 0, got {perturbation:g}")
+            raise TheoryConfigError(f"must be >= 0, got {perturbation:g}", "perturbation")
         W = self.W[:r_frz].clone()
         if perturbation > 0 and r_frz > 0:
             gen = generator("perturb", seed, r_frz, self.d)

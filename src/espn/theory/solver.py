@@ -69,15 +69,15 @@ class SolverConfig:
         """Raise :class:`TheoryConfigError` on a setting that is not accepted."""
         activation_fn(self.activation)
         if self.init not in INITS:
-            raise TheoryConfigError(f"--init: got {self.init!r}; accepted: {', '.join(INITS)}")
+            raise TheoryConfigError(f"got {self.init!r}; accepted: {', '.join(INITS)}", "init")
         if self.restarts < 1:
-            raise TheoryConfigError(f"--restarts: must be >= 1, got {self.restarts}")
+            raise TheoryConfigError(f"must be >= 1, got {self.restarts}", "restarts")
         if self.threads < 0:
-            raise TheoryConfigError(f"--threads: must be >= 0, got {self.threads}")
+            raise TheoryConfigError(f"must be >= 0, got {self.threads}", "threads")
         if self.screen_iter < 0:
-            raise TheoryConfigError(f"--screen-iter: must be >= 0, got {self.screen_iter}")
+            raise TheoryConfigError(f"must be >= 0, got {self.screen_iter}", "screen_iter")
         if self.max_iter < 1:
-            raise TheoryConfigError(f"--max-iter: must be >= 1, got {self.max_iter}")
+            raise TheoryConfigError(f"must be >= 1, got {self.max_iter}", "max_iter")
         for name, bound in (
             ("head bound", self.head_bound),
             ("representation bound", self.rep_bound),
@@ -213,11 +213,11 @@ def _solve_crl(
     data: TaskData, r_new: int, W_frz: torch.Tensor | None, config: SolverConfig
 ) -> CRLSolution:
     if r_new < 0:
-        raise TheoryConfigError(f"r_new: must be >= 0, got {r_new}")
+        raise TheoryConfigError(f"must be >= 0, got {r_new}", "r_new")
     if not data.X:
         raise TheoryConfigError("need at least one task")
     if min(data.sizes) < 1:
-        raise TheoryConfigError(f"--ns: every N must be >= 1, got {min(data.sizes)}")
+        raise TheoryConfigError(f"every N must be >= 1, got {min(data.sizes)}", "ns")
     d = data.X[0].shape[1]
     W_frz = torch.zeros(0, d, dtype=DTYPE) if W_frz is None else W_frz.to(DTYPE)
     r_frz = W_frz.shape[0]

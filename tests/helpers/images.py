@@ -44,16 +44,6 @@ def patch_raw(monkeypatch: pytest.MonkeyPatch, per_source: dict[str, dict]) -> l
     return calls
 
 
-@pytest.fixture
-def fake_cifar10(monkeypatch: pytest.MonkeyPatch) -> dict:
-    """CIFAR-10-shaped fake data (32 training and 16 test images per class), and the
-    ``small-resnet`` model."""
-    data = fake_raw(10, 32, 16)
-    patch_raw(monkeypatch, {"cifar10": data})
-    register_small_resnet(monkeypatch)
-    return data
-
-
 @torch.no_grad()
 def random_task(
     sn: Supernet, n_classes: int, x: torch.Tensor, gen: torch.Generator, keep: float

@@ -1,0 +1,225 @@
+"""Mismatch: a perturbed ``W_frz``. The excess risk levels off at the mismatch
+``MM = L*_frz - L*`` (measured by a separate large-sample solve on clean labels) instead of
+going to 0; learning from scratch eventually goes below it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import mean
+from typing import Any
+
+import torch
+
+from espn.theory.common import (
+    PlantedConfig,
+    Progress,
+    at_least,
+    check_ns,
+    check_r_frz,
+    evaluate,
+    mean_curve,
+    tick,
+)
+from espn.theory.planted import PlantedModel, TaskData, TheoryConfigError, derive_seed, generator
+from espn.theory.solver import solve_crl
+
+MISMATCH_COLUMNS = (
+    "setting",
+    "perturbation",
+    "r_frz",
+    "r_new",
+    "replicate",
+    "N",
+    "T",
+    "NT",
+    "dof",
+    "train_loss",
+    "test_risk",
+    "excess_risk",
+    "noise_floor",
+    "seconds",
+)
+
+
+@dataclass
+class MismatchConfig(PlantedConfig):
+    """Mismatch: frozen rows perturbed by each of ``perturbations``, plus scratch."""
+
+    r_frz: int = 6
+    r_new: int | None = None
+    perturbations: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5)
+    ns: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    mm_n: int = 2000
+    include_scratch: bool = True
+
+    def validate(self) -> None:
+        """Raise :class:`TheoryConfigError` naming the first bad value."""
+        super().validate()
+        check_ns(self.ns)
+        check_r_frz((self.r_frz,), self.r)
+        if self.r_new is not None and not 0 <= self.r_new <= self.r - self.r_frz:
+            raise TheoryConfigError(
+                f"must be in [0, r - r_frz = {self.r - self.r_frz}], got {self.r_new}", "r_new"
+            )
+        if self.r_frz + self.learned_rows < 1:
+            raise TheoryConfigError("the representation needs at least one row", "r_frz/r_new")
+        if not self.perturbations:
+            raise TheoryConfigError("give at least one value >= 0", "perturbations")
+        bad = [p for p in self.perturbations if not p >= 0]
+        if bad:
+            raise TheoryConfigError(f"every value must be >= 0, got {bad[0]:g}", "perturbations")
+        at_least("mm_n", self.mm_n, 1)
+
+    @property
+    def learned_rows(self) -> int:
+        """Rows the learner adds on top of the frozen ones (default ``r - r_frz``)."""
+        return self.r - self.r_frz if self.r_new is None else self.r_new
+
+
+def mismatch_solves(cfg: MismatchConfig) -> int:
+    """Number of solves :func:`run_mismatch` makes (for a progress bar)."""
+    curves = len(cfg.perturbations) + int(cfg.include_scratch)
+    return cfg.replicates * (curves * len(cfg.ns) + len(cfg.perturbations))
+
+
+def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Frozen rows perturbed by each ``eps``: risk curves and the mismatch MM itself.
+
+    MM = L*_frz - L* is the smallest population excess risk reachable on top of the
+    perturbed ``W_frz``; it is measured by solving the same problem on ``mm_n`` clean
+    samples per task (``setting = "mm-train"``: in-sample loss, a slight
+    under-estimate; ``"mm-test"``: on the clean test set, a slight over-estimate).
+    """
+    cfg.validate()
+    rows: list[dict[str, Any]] = []
+    r_new = cfg.learned_rows
+    for rep in range(cfg.replicates):
+        model = cfg.model(rep)
+        train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
+        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
+        tasks = list(range(model.T))
+        base = {"T": model.T, "replicate": rep, "noise_floor": model.noise_floor}
+        for eps in cfg.perturbations:
+            W_frz = model.frozen(cfg.r_frz, eps, seed=derive_seed(cfg.seed, "perturb", rep))
+            # the mismatch: a large noise-free solve on top of the perturbed rows
+            start = time.perf_counter()
+            _, mm_clean = model.sample(cfg.mm_n, generator(cfg.seed, "mm", rep, eps))
+            sol = solve_crl(mm_clean, r_new, W_frz, cfg.solver(model, derive_seed(rep, eps)))
+            _, mm_test = evaluate(sol.predict, tasks, test, test_clean)
+            seconds = time.perf_counter() - start
+            common = {
+                **base,
+                "perturbation": eps,
+                "r_frz": cfg.r_frz,
+                "r_new": r_new,
+                "N": cfg.mm_n,
+                "NT": cfg.mm_n * model.T,
+                "dof": model.T * (cfg.r_frz + r_new) + r_new * cfg.d,
+                "seconds": seconds,
+            }
+            for setting, value in (("mm-train", sol.train_loss), ("mm-test", mm_test)):
+                rows.append(
+                    {
+                        **common,
+                        "setting": setting,
+                        "train_loss": sol.train_loss,
+                        "test_risk": value + model.noise_floor,
+                        "excess_risk": value,
+                    }
+                )
+            tick(progress)
+            rows.extend(
+                _risk_curve(cfg, rep, model, train, (test, test_clean), W_frz, r_new, eps, progress)
+            )
+        if cfg.include_scratch:
+            rows.extend(
+                _risk_curve(
+                    cfg, rep, model, train, (test, test_clean), None, cfg.r, math.nan, progress
+                )
+            )
+    return rows
+
+
+def _risk_curve(
+    cfg: MismatchConfig,
+    rep: int,
+    model: PlantedModel,
+    train: TaskData,
+    tests: tuple[TaskData, TaskData],
+    W_frz: torch.Tensor | None,
+    r_new: int,
+    eps: float,
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    """Excess risk over ``cfg.ns`` on top of ``W_frz`` (``None``: from scratch)."""
+    rows = []
+    test, test_clean = tests
+    setting = "scratch" if W_frz is None else "frozen"
+    r_frz = 0 if W_frz is None else W_frz.shape[0]
+    for n in sorted(cfg.ns):
+        start = time.perf_counter()
+        seed = derive_seed(cfg.seed, rep, setting, eps, n)
+        sol = solve_crl(train.head(n), r_new, W_frz, cfg.solver(model, seed))
+        test_risk, excess = evaluate(sol.predict, list(range(model.T)), test, test_clean)
+        rows.append(
+            {
+                "setting": setting,
+                "perturbation": eps,
+                "r_frz": r_frz,
+                "r_new": r_new,
+                "replicate": rep,
+                "N": n,
+                "T": model.T,
+                "NT": n * model.T,
+                "dof": model.T * (r_frz + r_new) + r_new * cfg.d,
+                "train_loss": sol.train_loss,
+                "test_risk": test_risk,
+                "excess_risk": excess,
+                "noise_floor": model.noise_floor,
+                "seconds": time.perf_counter() - start,
+            }
+        )
+        tick(progress)
+    return rows
+
+
+def summarize_mismatch(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per perturbation: MM (mean over replicates) next to the frozen risk's floor.
+
+    The floor is the frozen-feature excess risk at the largest ``N*T``; the theory
+    says it approaches MM from above (never below, up to evaluation noise), while
+    learning from scratch keeps falling towards 0.
+    """
+    out = []
+    perts = sorted({float(r["perturbation"]) for r in rows if r["setting"] == "frozen"})
+    for eps in perts:
+
+        def pick(setting: str, eps: float = eps) -> list[dict[str, Any]]:
+            return [r for r in rows if r["setting"] == setting and float(r["perturbation"]) == eps]
+
+        curve = mean_curve(pick("frozen"), "NT")
+        mm_test = mean(float(r["excess_risk"]) for r in pick("mm-test"))
+        mm_train = mean(float(r["excess_risk"]) for r in pick("mm-train"))
+        out.append(
+            {
+                "perturbation": eps,
+                "mm_train": mm_train,
+                "mm_test": mm_test,
+                "floor": curve[-1][1],
+                "min_excess": min(y for _, y in curve),
+                "floor_over_mm": curve[-1][1] / mm_test if mm_test > 1e-6 else None,
+                "max_nt": curve[-1][0],
+            }
+        )
+    scratch = [r for r in rows if r["setting"] == "scratch"]
+    scratch_curve = mean_curve(scratch, "NT") if scratch else []
+    noise = mean(float(r["noise_floor"]) for r in rows)
+    return {
+        "noise_floor": noise,
+        "perturbations": out,
+        "scratch_at_max_nt": scratch_curve[-1][1] if scratch_curve else None,
+        "scratch_curve": scratch_curve,
+    }

@@ -1,0 +1,193 @@
+"""Sample complexity: excess risk against ``N*T`` with frozen features (several ``r_frz``)
+and from scratch; the paper's Corollary 1 says the excess risk is governed by
+``dof / (N*T)`` with ``dof = T*r + r_new*d``."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from statistics import mean
+from typing import Any
+
+from espn.theory.common import (
+    PlantedConfig,
+    Progress,
+    check_ns,
+    check_r_frz,
+    check_target,
+    evaluate,
+    mean_curve,
+    tick,
+)
+from espn.theory.planted import derive_seed, generator
+from espn.theory.solver import solve_crl
+
+SAMPLE_COMPLEXITY_COLUMNS = (
+    "setting",
+    "r_frz",
+    "r_new",
+    "replicate",
+    "N",
+    "T",
+    "NT",
+    "dof",
+    "train_loss",
+    "test_risk",
+    "excess_risk",
+    "noise_floor",
+    "restart",
+    "seconds",
+)
+
+
+@dataclass
+class SampleComplexityConfig(PlantedConfig):
+    """Sample complexity: scratch and frozen (each ``r_frz``) over per-task sizes ``ns``."""
+
+    r_frz: tuple[int, ...] = (4, 7)
+    ns: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    target: float = 0.01
+
+    def validate(self) -> None:
+        """Raise :class:`TheoryConfigError` naming the first bad value."""
+        super().validate()
+        check_ns(self.ns)
+        check_r_frz(self.r_frz, self.r)
+        check_target(self.target)
+
+    @property
+    def settings(self) -> list[int]:
+        """``r_frz`` of each setting: 0 (from scratch) first, then the frozen ones."""
+        return [0, *sorted(set(self.r_frz) - {0})]
+
+
+def sample_complexity_solves(cfg: SampleComplexityConfig) -> int:
+    """Number of solves :func:`run_sample_complexity` makes (for a progress bar)."""
+    return cfg.replicates * len(cfg.settings) * len(cfg.ns)
+
+
+def run_sample_complexity(
+    cfg: SampleComplexityConfig, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """Solve CRL for every replicate, setting (scratch / each ``r_frz``) and ``N``.
+
+    Within a replicate all settings see the same planted model, the same test set and
+    nested training sets (the first ``N`` samples of one draw), so the curves are
+    paired and differences between settings are not sampling noise.
+    """
+    cfg.validate()
+    rows: list[dict[str, Any]] = []
+    for rep in range(cfg.replicates):
+        model = cfg.model(rep)
+        train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
+        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
+        tasks = list(range(model.T))
+        for r_frz in cfg.settings:
+            r_new = cfg.r - r_frz
+            W_frz = model.frozen(r_frz)
+            for n in sorted(cfg.ns):
+                start = time.perf_counter()
+                solver = cfg.solver(model, derive_seed(cfg.seed, rep, r_frz, n))
+                sol = solve_crl(train.head(n), r_new, W_frz, solver)
+                test_risk, excess = evaluate(sol.predict, tasks, test, test_clean)
+                rows.append(
+                    {
+                        "setting": "scratch" if r_frz == 0 else "frozen",
+                        "r_frz": r_frz,
+                        "r_new": r_new,
+                        "replicate": rep,
+                        "N": n,
+                        "T": model.T,
+                        "NT": n * model.T,
+                        "dof": model.T * cfg.r + r_new * cfg.d,
+                        "train_loss": sol.train_loss,
+                        "test_risk": test_risk,
+                        "excess_risk": excess,
+                        "noise_floor": model.noise_floor,
+                        "restart": sol.restart,
+                        "seconds": time.perf_counter() - start,
+                    }
+                )
+                tick(progress)
+    return rows
+
+
+def crossing(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    """First ``x`` where the curve reaches ``target`` (log-log interpolation), else None.
+
+    Returns the first grid point itself when the curve starts at or below ``target``.
+    """
+    for i, (x, y) in enumerate(curve):
+        if y <= target:
+            if i == 0:
+                return x
+            x0, y0 = curve[i - 1]
+            if y0 <= 0 or y <= 0 or y0 == y:
+                return x
+            frac = (math.log(y0) - math.log(target)) / (math.log(y0) - math.log(y))
+            return math.exp(math.log(x0) + frac * (math.log(x) - math.log(x0)))
+    return None
+
+
+def fit_rate_constant(rows: Iterable[dict[str, Any]]) -> float:
+    """``c`` of the prediction ``excess ~ c * dof / (N*T)``, fitted in log space.
+
+    One constant for all settings, over the points with ``N*T >= dof`` (below that
+    the problem is under-determined and no rate applies).  ``c`` is the only free
+    number: the shape and the spacing between the settings come from ``dof``.
+    """
+    logs = [
+        math.log(float(r["excess_risk"])) - math.log(float(r["dof"]) / float(r["NT"]))
+        for r in rows
+        if float(r["NT"]) >= float(r["dof"]) and float(r["excess_risk"]) > 0
+    ]
+    return math.exp(mean(logs)) if logs else float("nan")
+
+
+def summarize_sample_complexity(
+    rows: Sequence[dict[str, Any]], target: float = 0.01
+) -> dict[str, Any]:
+    """N*T needed to reach ``target`` excess risk per setting, against the bound.
+
+    The bound depends on the data only through ``dof / (N*T)``, so whatever its
+    constant, the N*T needed for a given excess risk is proportional to ``dof``: the
+    constant-free prediction is ``NT_scratch / NT_frozen = dof_scratch / dof_frozen``.
+    """
+    c = fit_rate_constant(rows)
+    by_setting: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_setting[int(row["r_frz"])].append(row)
+    settings = []
+    for r_frz in sorted(by_setting):
+        group = by_setting[r_frz]
+        curve = mean_curve(group, "NT")
+        dof = float(group[0]["dof"])
+        settings.append(
+            {
+                "setting": "scratch" if r_frz == 0 else f"frozen r_frz={r_frz}",
+                "r_frz": r_frz,
+                "r_new": int(group[0]["r_new"]),
+                "dof": dof,
+                "nt_needed": crossing(curve, target),
+                "nt_predicted": c * dof / target,
+                "excess_at_max_nt": curve[-1][1],
+                "max_nt": curve[-1][0],
+            }
+        )
+    scratch = next((s for s in settings if s["r_frz"] == 0), None)
+    for s in settings:
+        if scratch is None:
+            s["ratio_measured"] = s["ratio_predicted"] = s["excess_ratio_at_max_nt"] = None
+            continue
+        s["ratio_predicted"] = scratch["dof"] / s["dof"]
+        both = scratch["nt_needed"] is not None and s["nt_needed"] is not None
+        s["ratio_measured"] = scratch["nt_needed"] / s["nt_needed"] if both else None
+        # at a fixed N*T in the asymptotic regime the bound says excess is ~ dof
+        same_nt = scratch["max_nt"] == s["max_nt"] and s["excess_at_max_nt"] > 0
+        s["excess_ratio_at_max_nt"] = (
+            scratch["excess_at_max_nt"] / s["excess_at_max_nt"] if same_nt else None
+        )
+    return {"target": target, "rate_constant": c, "settings": settings}

@@ -1,0 +1,193 @@
+"""Task order: the sequential variant (CRL-SEQ) with sample sizes that fall geometrically over
+the task IDs, trained large-first, small-first and individually (from scratch), as in the
+paper's figure on sample size."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import Any
+
+from espn.theory.common import PlantedConfig, Progress, at_least, evaluate, mean_curve, tick
+from espn.theory.planted import TheoryConfigError, check_choice, derive_seed, generator
+from espn.theory.solver import solve_crl, solve_sequential
+
+TASK_ORDER_COLUMNS = (
+    "order",
+    "replicate",
+    "task_id",
+    "position",
+    "N",
+    "heads",
+    "rows",
+    "new_rows",
+    "train_loss",
+    "test_risk",
+    "excess_risk",
+    "noise_floor",
+)
+TASK_ORDERS = ("decreasing", "increasing", "individual")
+
+
+@dataclass
+class TaskOrderConfig(PlantedConfig):
+    """Task order: ``arrivals`` multi-head tasks with sizes falling from n_max to n_min."""
+
+    d: int = 30
+    r: int = 4
+    tasks: int = 10
+    activation: str = "relu"
+    heads: int = 4
+    n_max: int = 1000
+    n_min: int = 50
+    first_rows: int | None = None
+    rows_per_task: int = 1
+    n_test: int = 1000
+    orders: tuple[str, ...] = field(default=TASK_ORDERS)
+
+    def validate(self) -> None:
+        """Raise :class:`TheoryConfigError` naming the first bad value."""
+        super().validate()
+        at_least("heads", self.heads, 1)
+        at_least("n_min", self.n_min, 1)
+        if self.n_max < self.n_min:
+            raise TheoryConfigError(f"must be >= n_min ({self.n_min}), got {self.n_max}", "n_max")
+        if self.first_rows is not None:
+            at_least("first_rows", self.first_rows, 1)
+        at_least("rows_per_task", self.rows_per_task, 0)
+        for order in self.orders:
+            check_choice("orders", order, TASK_ORDERS)
+
+    @property
+    def sizes(self) -> list[int]:
+        """Per-head sample size of task ID i: floor(n_max * (n_min/n_max)^((i-1)/(A-1)))."""
+        if self.tasks == 1:
+            return [self.n_max]
+        ratio = self.n_min / self.n_max
+        return [
+            max(self.n_min, math.floor(self.n_max * ratio ** (i / (self.tasks - 1)) + 1e-9))
+            for i in range(self.tasks)
+        ]
+
+    @property
+    def rows_first(self) -> int:
+        """New rows of the first arrival (default ``r``: room for a full representation)."""
+        return self.r if self.first_rows is None else self.first_rows
+
+
+def task_order_solves(cfg: TaskOrderConfig) -> int:
+    """Number of solves :func:`run_task_order` makes (for a progress bar)."""
+    return cfg.replicates * cfg.tasks * len(cfg.orders)
+
+
+def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Sequential CRL with falling sample sizes, in decreasing and increasing order.
+
+    Task ID ``i`` (1 = largest) has ``heads`` planted heads with ``sizes[i-1]`` samples
+    each; all tasks share ``W*``.  An arrival adds ``first_rows`` rows if it is the
+    first and ``rows_per_task`` rows otherwise (the first task can build a full
+    representation, later ones extend it a little, like ESPN's weight budget).
+    ``individual`` learns each task alone from scratch with ``first_rows`` rows.
+    """
+    cfg.validate()
+    rows: list[dict[str, Any]] = []
+    sizes = cfg.sizes
+    groups = [list(range(i * cfg.heads, (i + 1) * cfg.heads)) for i in range(cfg.tasks)]
+    new_rows = [cfg.rows_first] + [cfg.rows_per_task] * (cfg.tasks - 1)
+    for rep in range(cfg.replicates):
+        model = cfg.model(rep, tasks=cfg.tasks * cfg.heads)
+        per_head = [n for n in sizes for _ in range(cfg.heads)]
+        train, _ = model.sample(per_head, generator(cfg.seed, "train", rep))
+        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
+        base = {"replicate": rep, "heads": cfg.heads, "noise_floor": model.noise_floor}
+        for order in cfg.orders:
+            solver = cfg.solver(model, derive_seed(cfg.seed, rep, order))
+            if order == "individual":
+                for i, group in enumerate(groups):
+                    sol = solve_crl(train.select(group), cfg.rows_first, None, solver)
+                    test_risk, excess = evaluate(sol.predict, group, test, test_clean)
+                    rows.append(
+                        {
+                            **base,
+                            "order": order,
+                            "task_id": i + 1,
+                            "position": 1,
+                            "N": sizes[i],
+                            "rows": cfg.rows_first,
+                            "new_rows": cfg.rows_first,
+                            "train_loss": sol.train_loss,
+                            "test_risk": test_risk,
+                            "excess_risk": excess,
+                        }
+                    )
+                    tick(progress)
+                continue
+            ids = list(range(cfg.tasks)) if order == "decreasing" else list(range(cfg.tasks))[::-1]
+            result = solve_sequential(
+                train,
+                [groups[i] for i in ids],
+                new_rows,
+                None,
+                solver,
+                on_arrival=(lambda _step: tick(progress)),
+            )
+            for position, i in enumerate(ids, start=1):
+                group = groups[i]
+                test_risk, excess = evaluate(
+                    lambda X, j, group=group, result=result: result.predict(X, group[j]),
+                    group,
+                    test,
+                    test_clean,
+                )
+                rows.append(
+                    {
+                        **base,
+                        "order": order,
+                        "task_id": i + 1,
+                        "position": position,
+                        "N": sizes[i],
+                        "rows": result.W[group[0]].shape[0],
+                        "new_rows": new_rows[position - 1],
+                        "train_loss": mean(result.train_loss[t] for t in group),
+                        "test_risk": test_risk,
+                        "excess_risk": excess,
+                    }
+                )
+    return rows
+
+
+def summarize_task_order(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Average risks per order: over all tasks, the larger half and the smaller half."""
+    ids = sorted({int(r["task_id"]) for r in rows})
+    half = len(ids) // 2
+    large, small = set(ids[: max(half, 1)]), set(ids[max(half, 1) :])
+    orders = []
+    for order in TASK_ORDERS:
+        group = [r for r in rows if r["order"] == order]
+        if not group:
+            continue
+
+        def avg(
+            key: str, subset: set[int] | None = None, group: list[dict[str, Any]] = group
+        ) -> float | None:
+            vals = [float(r[key]) for r in group if subset is None or int(r["task_id"]) in subset]
+            return mean(vals) if vals else None
+
+        orders.append(
+            {
+                "order": order,
+                "average_excess": avg("excess_risk"),
+                "average_test_risk": avg("test_risk"),
+                "large_tasks_excess": avg("excess_risk", large),
+                "small_tasks_excess": avg("excess_risk", small),
+                "per_task_excess": [p[1] for p in mean_curve(group, "task_id")],
+            }
+        )
+    return {
+        "task_ids": ids,
+        "sizes": [int(next(r["N"] for r in rows if int(r["task_id"]) == i)) for i in ids],
+        "noise_floor": mean(float(r["noise_floor"]) for r in rows),
+        "orders": orders,
+    }
