@@ -15,7 +15,7 @@ from espn.reproduce.continual import _title, split_base
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table, mean_se
 from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
-from espn.studies.pruners import DEFAULT_GAMMAS, DEFAULT_PRUNERS
+from espn.studies.pruners import DEFAULT_GAMMAS, DEFAULT_PRUNERS, pruner_points
 from espn.sweep import Point
 
 SCALES: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {
@@ -26,24 +26,17 @@ SCALES: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {
 }
 
 
-def point_options(base: dict[str, Any], pruner: str, gamma: float) -> dict[str, Any]:
-    """Individual-gamma with ``pruner`` on the first task only."""
-    return {**base, "method": "individual", "pruner": pruner, "gamma": gamma, "tasks": 1}
-
-
 def pruner_stages(options: Options, out: Path) -> list[list[Point]]:
-    """Every pruner at every gamma, per seed."""
+    """Every pruner at every gamma, per seed: the points of ``espn study pruners``."""
     base, gammas = SCALES[options.scale]
     base = base | options.common()
     return [
         [
-            Point(
-                point_name("fig-pruners", f"{pruner}+gamma{gamma:g}", seed),
-                point_options(base | {"seed": seed}, pruner, gamma),
-            )
-            for pruner in DEFAULT_PRUNERS
-            for gamma in gammas
+            Point(point_name("fig-pruners", f"{o['pruner']}+gamma{o['gamma']:g}", seed), o)
             for seed in FIG_PRUNERS.seeds(options)
+            for o in (
+                p.options for p in pruner_points(base | {"seed": seed}, DEFAULT_PRUNERS, gammas)
+            )
         ]
     ]
 

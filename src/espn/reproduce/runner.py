@@ -107,9 +107,9 @@ def _build(target: Target, runs: list[Run], missing: list[str]) -> Table:
 def write_outputs(target: Target, table: Table, out: Path) -> list[Path]:
     """``OUT/TARGET.csv``, ``.md`` and ``.png``, each written atomically."""
     paths = [out / f"{target.name}.{ext}" for ext in ("csv", "md", "png")]
-    for path, text in zip(paths, (table.csv_text(), table.markdown()), strict=False):
-        with atomic_target(path) as tmp:
-            tmp.write_text(text)
+    table.write_csv(paths[0])
+    with atomic_target(paths[1]) as tmp:
+        tmp.write_text(table.markdown())
     target.plot(table, paths[2])
     return paths
 

@@ -6,12 +6,13 @@ the pair as ``mean ± se``. Columns starting with ``paper`` hold the paper's rep
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from espn.utils.io import write_csv
 
 
 def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -46,14 +47,9 @@ class Table:
         """The values of ``name`` in the rows matching every ``key=value`` of ``where``."""
         return [r.get(name) for r in self.rows if all(r.get(k) == v for k, v in where.items())]
 
-    def csv_text(self) -> str:
-        """Every column of every row; numbers unrounded, missing values empty."""
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(self.columns)
-        for row in self.rows:
-            writer.writerow(["" if row.get(c) is None else _csv_cell(row[c]) for c in self.columns])
-        return buffer.getvalue()
+    def write_csv(self, path: Path) -> None:
+        """Every column of every row, atomically; numbers unrounded, missing values empty."""
+        write_csv(path, self.rows, self.columns)
 
     def markdown(self) -> str:
         """The title, the table (``mean ± se``, paper's numbers beside ours) and the notes."""
@@ -73,10 +69,6 @@ class Table:
         if self.appendix:
             lines += ["", self.appendix.rstrip("\n")]
         return "\n".join(lines) + "\n"
-
-
-def _csv_cell(value: Any) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _md_cell(value: Any, se: Any) -> str:
