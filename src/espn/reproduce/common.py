@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from espn.methods.base import METHODS
+from espn.reproduce.table import Table
 from espn.reproduce.target import Run
 from espn.utils.io import atomic_target
 
@@ -111,3 +112,9 @@ def save_figure(fig: Figure, path: Path) -> None:
 def signed(value: float) -> str:
     """A difference in points with its sign: ``+1.23`` / ``-0.40``."""
     return f"{value:+.2f}"
+
+
+def figure_title(what: str, table: Table) -> str:
+    """The figure title, saying when the data stand in for the paper's."""
+    stand_in = any(n.startswith("data:") for n in table.notes)
+    return what + (" — ours on Fashion-MNIST stand-in data" if stand_in else "")

@@ -15,6 +15,7 @@ from espn.reproduce.common import (
     SMOKE,
     built,
     by_series,
+    figure_title,
     label,
     mean_of,
     method_options,
@@ -175,17 +176,11 @@ def table1_plot(table: Table, path: Path) -> None:
     low = min([v for v in ours if v is not None] + [77.0])
     ax.set_ylim(max(0.0, low - 5), 100)
     ax.set_ylabel("task-averaged test accuracy (%)")
-    ax.set_title(_title("Table 1", table))
+    ax.set_title(figure_title("Table 1", table))
     ax.legend(loc="lower right")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)
-
-
-def _title(what: str, table: Table) -> str:
-    """The figure title, saying when the data stand in for the paper's."""
-    stand_in = any(n.startswith("data:") for n in table.notes)
-    return what + (" — ours on Fashion-MNIST stand-in data" if stand_in else "")
 
 
 TABLE1 = TARGETS.register("table1")(
@@ -342,7 +337,7 @@ def mnist_plot(table: Table, path: Path) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("test accuracy (%)")
-    fig.suptitle(_title("Fig. 4 (the paper gives curves only)", table))
+    fig.suptitle(figure_title("Fig. 4 (the paper gives curves only)", table))
     fig.tight_layout()
     save_figure(fig, path)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from espn.reproduce.common import SMOKE, mean_of, save_figure, signed
-from espn.reproduce.continual import _title, split_base
+from espn.reproduce.common import SMOKE, figure_title, mean_of, save_figure, signed
+from espn.reproduce.continual import split_base
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table, mean_se
 from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
@@ -133,7 +133,7 @@ def pruner_plot(table: Table, path: Path) -> None:
         ax.set_xlabel("FLOPs constraint gamma")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    ax_acc.set(ylabel="test accuracy (%)", title=_title("Fig. 5a", table))
+    ax_acc.set(ylabel="test accuracy (%)", title=figure_title("Fig. 5a", table))
     ax_kept.set(ylabel="fraction of units kept", title="Fig. 5b: fraction of nonzero units")
     ax_kept.set_ylim(0, 1.02)
     fig.tight_layout()
@@ -264,7 +264,7 @@ def alpha_gamma_plot(table: Table, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("FLOPs constraint gamma")
     ax.set_ylabel("task-averaged ESPN accuracy (%)")
-    ax.set_title(_title("Fig. 5c (curves only in the paper)", table), fontsize=9)
+    ax.set_title(figure_title("Fig. 5c (curves only in the paper)", table), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -14,6 +14,7 @@ from matplotlib.ticker import MaxNLocator
 from espn.reproduce.common import (
     SMOKE,
     by_series,
+    figure_title,
     label,
     mean_of,
     method_options,
@@ -21,7 +22,6 @@ from espn.reproduce.common import (
     save_figure,
     signed,
 )
-from espn.reproduce.continual import _title
 from espn.reproduce.paper import claims_notes, data_notes, paper
 from espn.reproduce.table import Table, mean_se
 from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point_name
@@ -333,7 +333,7 @@ def efficiency_plot(table: Table, path: Path) -> None:
     ax.set_xlabel("tasks learned before the small tasks")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("small-task test accuracy (%)")
-    ax.set_title(_title("Fig. 2a", table), fontsize=9)
+    ax.set_title(figure_title("Fig. 2a", table), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -479,7 +479,7 @@ def order_plot(table: Table, path: Path) -> None:
     ax.set_xlabel("task ID (larger ID has less data)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(_title("Fig. 2c (curves only in the paper)", table), fontsize=9)
+    ax.set_title(figure_title("Fig. 2c (curves only in the paper)", table), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
