@@ -177,7 +177,7 @@ def table1_plot(table: Table, path: Path) -> None:
     ax.set_ylim(max(0.0, low - 5), 100)
     ax.set_ylabel("task-averaged test accuracy (%)")
     ax.set_title(figure_title("Table 1", table))
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)

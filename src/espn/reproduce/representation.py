@@ -165,7 +165,7 @@ def imagenet_plot(table: Table, path: Path) -> None:
     ax.set_xticks(xs, [r["task"] for r in table.rows])
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("ImageNet -> CUBS -> Cars -> Flowers -> WikiArt -> Sketch (Fig. 2b)")
-    ax.legend(fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)
