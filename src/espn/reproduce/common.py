@@ -72,7 +72,8 @@ def method_options(series: str, alpha: float | None = None) -> dict[str, Any]:
 
 def built(series: Iterable[str]) -> tuple[list[str], list[str]]:
     """The series whose method exists in this espn, and those left out (not built yet)."""
-    have, missing = [], []
+    have: list[str] = []
+    missing: list[str] = []
     for s in series:
         (have if METHOD_SETTINGS[s][1]["method"] in METHODS else missing).append(s)
     return have, missing
@@ -107,6 +108,11 @@ def save_figure(fig: Figure, path: Path) -> None:
     with atomic_target(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+
+
+def known(*values: float | None) -> list[float] | None:
+    """``values`` as floats when none is missing, else None."""
+    return None if any(v is None for v in values) else [float(v) for v in values if v is not None]
 
 
 def signed(value: float) -> str:

@@ -16,6 +16,7 @@ from espn.reproduce.common import (
     built,
     by_series,
     figure_title,
+    known,
     label,
     mean_of,
     method_options,
@@ -129,8 +130,7 @@ def _avg(table: Table, method: str) -> float | None:
 
 def _table1_observations(table: Table) -> list[str]:
     espn = {m: _avg(table, m) for m in ("ESPN-0.2", "ESPN-0.5")}
-    rivals = {m: _avg(table, m) for m in ("PackNet", "CPG", "RMN")}
-    rivals = {m: v for m, v in rivals.items() if v is not None}
+    rivals = {m: v for m in ("PackNet", "CPG", "RMN") if (v := _avg(table, m)) is not None}
     first = "needs ESPN and PackNet/CPG/RMN runs"
     if rivals and any(v is not None for v in espn.values()):
         best = max(rivals, key=lambda m: rivals[m])
@@ -139,10 +139,10 @@ def _table1_observations(table: Table) -> list[str]:
             for m, v in espn.items()
             if v is not None
         )
-    ind = (_avg(table, "Individual-0.2"), _avg(table, "Individual-1"))
+    ind = known(_avg(table, "Individual-0.2"), _avg(table, "Individual-1"))
     second = (
         f"Individual-0.2 {ind[0]:.2f} vs Individual-1 {ind[1]:.2f} ({signed(ind[0] - ind[1])})"
-        if None not in ind
+        if ind
         else "needs both Individual runs"
     )
     ranked = sorted(table.rows, key=lambda r: -(r["avg"] or 0.0))
@@ -288,21 +288,22 @@ def _get(table: Table, column: str, benchmark_kind: str, method: str) -> float |
 def _mnist_observations(table: Table) -> list[str]:
     first, second, third = [], [], []
     for kind in MNIST_KINDS:
-        a, b = (_get(table, "avg", kind, m) for m in ("Individual-0.2", "Individual-1"))
-        if a is not None and b is not None:
+        ind = known(*(_get(table, "avg", kind, m) for m in ("Individual-0.2", "Individual-1")))
+        if ind:
+            a, b = ind
             first.append(
                 f"{kind}: Individual-0.2 {a:.2f} vs Individual-1 {b:.2f} ({signed(a - b)})"
             )
-        e = [_get(table, c, kind, "ESPN-0.2") for c in ("early", "late")]
-        p = [_get(table, c, kind, "PackNet") for c in ("early", "late")]
-        if None not in e and None not in p:
+        e = known(*(_get(table, c, kind, "ESPN-0.2") for c in ("early", "late")))
+        p = known(*(_get(table, c, kind, "PackNet") for c in ("early", "late")))
+        if e and p:
             second.append(
                 f"{kind}: ESPN-0.2 minus PackNet {signed(e[0] - p[0])} on the early tasks, "
                 f"{signed(e[1] - p[1])} on the late ones"
             )
-    late = [_get(table, "late", k, "ESPN-0.2") for k in MNIST_KINDS]
-    early = [_get(table, "early", k, "ESPN-0.2") for k in MNIST_KINDS]
-    if None not in late and None not in early:
+    late = known(*(_get(table, "late", k, "ESPN-0.2") for k in MNIST_KINDS))
+    early = known(*(_get(table, "early", k, "ESPN-0.2") for k in MNIST_KINDS))
+    if late and early:
         third.append(
             f"ESPN-0.2 from early to late tasks: rotated {signed(late[0] - early[0])}, "
             f"permuted {signed(late[1] - early[1])}; late tasks rotated minus permuted "

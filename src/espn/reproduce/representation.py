@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -187,19 +188,33 @@ TABLE_IMAGENET = TARGETS.register("table-imagenet")(
     )
 )
 
+
 # ---------------------------------------------------------------------- fig-data-efficiency
-#: per scale: base options, full-data tasks before the small ones, small tasks, their sizes
-#: (full, small), and the supernets (tasks learned before) the small tasks are tried on
+@dataclass(frozen=True)
+class Efficiency:
+    """The data-efficiency experiment at one scale: ``full_tasks`` tasks of ``full`` images
+    learned first, then ``small_tasks`` of ``small`` images, tried on the supernets after
+    each K in ``before`` full tasks."""
+
+    base: dict[str, Any]
+    full_tasks: int
+    small_tasks: int
+    full: int
+    small: int
+    before: tuple[int, ...]
+
+
 EFFICIENCY = {
-    "paper": ({"preset": "paper"}, 15, 5, (2500, 250), tuple(range(16))),
-    "cpu": (
+    "paper": Efficiency({"preset": "paper"}, 15, 5, 2500, 250, tuple(range(16))),
+    "cpu": Efficiency(
         {"benchmark": "rotated-fashion-mnist", "test_per_task": 1000},
         8,
         2,
-        (1000, 100),
+        1000,
+        100,
         (0, 1, 2, 4, 8),
     ),
-    "smoke": ({"benchmark": "rotated-fashion-mnist"} | SMOKE, 2, 1, (64, 16), (0, 1, 2)),
+    "smoke": Efficiency({"benchmark": "rotated-fashion-mnist"} | SMOKE, 2, 1, 64, 16, (0, 1, 2)),
 }
 EFFICIENCY_METHODS = {
     "paper": ["espn-0.2", "espn-1", "packnet"],
@@ -213,11 +228,12 @@ def efficiency_stages(options: Options, out: Path) -> list[list[Point]]:
     (``train_sizes`` + ``large-first``: its small tasks are the K = all point); the small
     tasks alone on a fresh supernet (K = 0); Individual on the small tasks. Stage 2: the
     small tasks learned on top of each method's supernet after K full tasks (``from_run``)."""
-    base, n_full, n_small, (full, small), ks = EFFICIENCY[options.scale]
-    base = base | options.common() | {"task_seed": 0}
-    small_only = {"tasks": n_small, "train_per_task": small}
-    sizes = [small] * n_small + [full] * n_full
-    source = {"tasks": n_small + n_full, "train_sizes": sizes, "task_order": "large-first"}
+    e = EFFICIENCY[options.scale]
+    n_full, ks = e.full_tasks, e.before
+    base = e.base | options.common() | {"task_seed": 0}
+    small_only = {"tasks": e.small_tasks, "train_per_task": e.small}
+    sizes = [e.small] * e.small_tasks + [e.full] * n_full
+    source = {"tasks": e.small_tasks + n_full, "train_sizes": sizes, "task_order": "large-first"}
     first: list[Point] = []
     second: list[Point] = []
     for seed in FIG_DATA_EFFICIENCY.seeds(options):
