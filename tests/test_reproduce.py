@@ -281,11 +281,15 @@ def test_every_point_of_every_target_is_a_valid_run(scale: str, tmp_path: Path) 
 def test_data_efficiency_second_stage_starts_from_the_first(tmp_path: Path) -> None:
     first, second = TARGETS.get("fig-data-efficiency").stages(Options(scale="cpu"), tmp_path)
     sources = {str(tmp_path.resolve() / p.name) for p in first}
-    assert {p.options["after_task"] for p in second} == {1, 2, 4}
+    assert {p.options["after_task"] for p in second} == {1, 2, 4, 8}
     assert all(p.options["from_run"] in sources for p in second)
-    src = next(p for p in first if p.name == "fig-data-efficiency__espn-0.2+k8__seed0")
+    src = next(p for p in first if p.name == "fig-data-efficiency__espn-0.2+source__seed0")
     assert src.options["train_sizes"] == [100, 100] + [1000] * 8
     assert src.options["task_order"] == "large-first"
+    # the small tasks are the sequence's first two: the first tasks of every small-task run
+    small = [p for p in first + second if "+source" not in p.name]
+    assert {(p.options["tasks"], p.options["train_per_task"]) for p in small} == {(2, 100)}
+    assert {p.options["batch_size"] for p in small} == {32}
 
 
 # ------------------------------------------------------------------ aggregation, numbers
