@@ -10,7 +10,7 @@ EPOCHS - POST_PRUNE epochs and fine-tunes the kept weights POST_PRUNE epochs
 --epochs EPOCHS-POST_PRUNE,0,POST_PRUNE``. Printed: the final test accuracy and the training
 time of every task for both, and their averages.
 
-    pip install 'espn[peer]'       # avalanche-lib, an optional dependency of this script only
+    pip install 'espn[avalanche]'  # avalanche-lib (optional; see .ci/run for a torch-safe install)
     python benchmarks/peer_packnet.py                      # 3 tasks x 4000 images, CPU
     python benchmarks/peer_packnet.py --tasks 5 --train-per-task 6000 --seed 1 --device cuda
     python benchmarks/peer_packnet.py --side espn --json peer.json  # without Avalanche
@@ -219,7 +219,7 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if args.side != "espn" and importlib.util.find_spec("avalanche") is None:
         raise ValueError(
-            "avalanche-lib is not installed: pip install 'espn[peer]', or use --side espn"
+            "avalanche-lib is not installed: pip install 'espn[avalanche]', or use --side espn"
         )
 
 

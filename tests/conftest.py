@@ -3,6 +3,7 @@ configs, a finished tiny run (the helpers they use: the ``helpers`` package)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
 from espn.cli.main import app
-from helpers.deploy import cli_options, register_fc_test
-from helpers.images import fake_raw, patch_raw, register_small_resnet
+from espn.models.registry import MODELS
+from helpers.baseline import fc_small
+from helpers.deploy import cli_options, fc_test
+from helpers.images import fake_raw, patch_raw, small_resnet
 from helpers.mnist import synthetic_mnist
 
 
@@ -36,9 +39,29 @@ def tiny_run_args(tmp_path) -> dict:
 
 
 @pytest.fixture
-def cli_run(fake_mnist: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+def fc_test_model() -> Iterator[str]:
+    """Model ``fc-test`` (784-64-48-classes, see helpers.deploy) for the duration of a test."""
+    with MODELS.temporarily("fc-test", fc_test):
+        yield "fc-test"
+
+
+@pytest.fixture
+def fc_small_model() -> Iterator[str]:
+    """Model ``fc-small`` (see helpers.baseline) for the duration of a test."""
+    with MODELS.temporarily("fc-small", fc_small):
+        yield "fc-small"
+
+
+@pytest.fixture
+def small_resnet_model() -> Iterator[str]:
+    """Model ``small-resnet`` (see helpers.images) for the duration of a test."""
+    with MODELS.temporarily("small-resnet", small_resnet):
+        yield "small-resnet"
+
+
+@pytest.fixture
+def cli_run(fake_mnist: dict, fc_test_model: str, tmp_path: Path) -> Path:
     """A finished 3-task run of the tiny FC model made through ``espn run``: its out dir."""
-    register_fc_test(monkeypatch)
     out = tmp_path / "run"
     result = CliRunner().invoke(app, cli_options(out))
     assert result.exit_code == 0, result.output
@@ -46,10 +69,9 @@ def cli_run(fake_mnist: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 @pytest.fixture
-def fake_cifar10(monkeypatch: pytest.MonkeyPatch) -> dict:
+def fake_cifar10(monkeypatch: pytest.MonkeyPatch, small_resnet_model: str) -> dict:
     """CIFAR-10-shaped fake data (32 training and 16 test images per class), and the
     ``small-resnet`` model."""
     data = fake_raw(10, 32, 16)
     patch_raw(monkeypatch, {"cifar10": data})
-    register_small_resnet(monkeypatch)
     return data

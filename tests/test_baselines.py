@@ -23,7 +23,7 @@ from espn.methods.supsup import supermask
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
 from espn.training import Engine, OptimConfig
-from helpers.baseline import fc_small, make_engine, register_fc_small, tiny_sequence
+from helpers.baseline import fc_small, make_engine, tiny_sequence
 
 runner = CliRunner()
 TINY = ["--model", "fc-small", "--tasks", "3", "--epochs", "1,1,1", "--batch-size", "64"]
@@ -35,8 +35,8 @@ OPTIMIZERS = [
 
 
 @pytest.fixture(autouse=True)
-def small_model(monkeypatch):
-    register_fc_small(monkeypatch)
+def small_model(fc_small_model):
+    """Every test here may run model ``fc-small``."""
 
 
 # ------------------------------------------------------------------------------ the CLI
@@ -139,8 +139,10 @@ def test_alpha_of_a_preset_does_not_stop_methods_without_a_weight_budget(tmp_pat
 def test_method_defaults():
     assert make_config(benchmark="permuted-mnist", method="individual").alpha == 1.0
     assert make_config(benchmark="permuted-mnist", method="individual").gamma == 0.2
-    assert make_config(benchmark="permuted-mnist", method="supsup").supsup_k == 0.5
-    assert make_config(benchmark="permuted-mnist", method="espn").supsup_k is None
+    assert make_config(benchmark="permuted-mnist", method="supsup").method_options == {
+        "supsup_k": 0.5
+    }
+    assert make_config(benchmark="permuted-mnist", method="espn").method_options == {}
 
 
 # ------------------------------------------------------------------- zero forgetting

@@ -16,7 +16,7 @@ from espn.cli.main import app
 from espn.methods.cpg import CPG, PICK_THRESHOLD, SPARSITIES
 from espn.models.fc import FCNet
 from espn.training import OptimConfig
-from helpers.baseline import make_engine, register_fc_small, tiny_sequence
+from helpers.baseline import make_engine, tiny_sequence
 
 runner = CliRunner()
 TINY = ["--model", "fc-small", "--tasks", "3", "--epochs", "1,1,1", "--batch-size", "64"]
@@ -29,8 +29,9 @@ def small_net() -> FCNet:
 
 # ------------------------------------------------------------------------------ the CLI
 @pytest.mark.parametrize("method", ["cpg", "rmn"])
-def test_runs_from_the_cli_and_evaluate_info_export_work(fake_mnist, monkeypatch, tmp_path, method):
-    register_fc_small(monkeypatch)
+def test_runs_from_the_cli_and_evaluate_info_export_work(
+    fake_mnist, fc_small_model, tmp_path, method
+):
     out = tmp_path / method
     argv = ["run", "--benchmark", "permuted-mnist", "--method", method, "--out", str(out)]
     budget = ["--alpha", "0.5"] if method == "rmn" else []  # 10% is too little this short
@@ -45,7 +46,8 @@ def test_runs_from_the_cli_and_evaluate_info_export_work(fake_mnist, monkeypatch
     assert all(0 < n <= u for n, u in zip(doc["new_weights"], doc["used_weights"], strict=True))
     parts = {k: v for k, v in doc["storage"].items() if k not in ("total", "one_dense_network")}
     assert doc["storage_bytes"] == sum(parts.values()) and parts["own_weights"] == 0
-    assert doc["config"][f"{method}_{'acc_loss' if method == 'cpg' else 'l1'}"] is not None
+    own = {"cpg": {"cpg_acc_loss": 0.0}, "rmn": {"rmn_l1": 1e-6}}[method]  # the defaults
+    assert doc["config"]["method_options"] == own
 
     evaluated = runner.invoke(app, ["evaluate", "--run", str(out)])
     assert evaluated.exit_code == 0, evaluated.output

@@ -17,6 +17,7 @@ from espn.models.convert import ConvertError
 from espn.presets import PresetError
 from espn.registry import UnknownNameError
 from espn.supernet.pretrained import PretrainedError
+from espn.sweep.spec import SweepError
 from espn.theory.planted import TheoryConfigError
 from espn.training.engine import TrainingStopped
 
@@ -32,6 +33,7 @@ ERRORS = [
     (UnknownNameError, ValueError),
     (PretrainedError, ValueError),
     (TheoryConfigError, ValueError),
+    (SweepError, ValueError),
     (TrainingStopped, RuntimeError),
     (UserError, ValueError),
 ]

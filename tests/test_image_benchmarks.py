@@ -17,7 +17,7 @@ from espn.data.augment import ImageTransform, normalise, random_crop, random_fli
 from espn.data.cifar import STATS, class_order, load_cifar
 from espn.data.folders import StreamingTask, image_folders
 from espn.experiment import run_experiment
-from helpers.images import fake_raw, patch_raw, register_small_resnet
+from helpers.images import fake_raw, patch_raw
 
 runner = CliRunner()
 
@@ -227,8 +227,7 @@ def test_image_folders_errors(tmp_path, folders):
     assert make_config(benchmark="image-folders", folders=folders).tasks == 2
 
 
-def test_image_folders_run_end_to_end(folders, tmp_path, monkeypatch):
-    register_small_resnet(monkeypatch)
+def test_image_folders_run_end_to_end(folders, tmp_path, small_resnet_model):
     result = runner.invoke(
         app,
         [
@@ -259,9 +258,8 @@ def test_image_folders_run_end_to_end(folders, tmp_path, monkeypatch):
     assert all(r <= 0.5 for r in doc["flops_ratio"])
 
 
-def test_split_cifar10_run_writes_results(monkeypatch, tmp_path):
+def test_split_cifar10_run_writes_results(monkeypatch, tmp_path, small_resnet_model):
     patch_raw(monkeypatch, {"cifar10": fake_raw(10, 16, 8, shape=(3, 16, 16))})
-    register_small_resnet(monkeypatch)
     cfg = make_config(
         benchmark="split-cifar10",
         model="small-resnet",

@@ -12,7 +12,6 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from deploy_fixtures import Killed, comparable, kill_at_step, register_fc_test, run_options
 from espn.checkpoint.run import load_run, option_differences
 from espn.cli.main import app
 from espn.config import make_config, resolve_train_sizes
@@ -20,14 +19,15 @@ from espn.data.order import DESCRIPTOR_SAMPLES, farthest_point_order, task_order
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark, run_experiment
-from image_fixtures import fake_raw, patch_raw
+from helpers.deploy import Killed, comparable, kill_at_step, run_options
+from helpers.images import fake_raw, patch_raw
 
 runner = CliRunner()
 
 
 @pytest.fixture
-def tiny(fake_mnist, monkeypatch):
-    register_fc_test(monkeypatch)
+def tiny(fake_mnist, fc_test_model):
+    """Model ``fc-test`` on the fake data."""
 
 
 def train_sizes_of(seq: TaskSequence) -> list[int]:
@@ -274,10 +274,12 @@ def from_run_cli(source: Path, out: Path, *extra: str) -> list[str]:
         (["--after-task", "1", "--method", "packnet"], "is a run of method 'espn'"),
         (["--after-task", "1", "--model", "fc1024"], "its model is 'fc-test' but this run's"),
         ([], "from_run and after_task go together"),
+        (["--after-task", "1", "--out", "SOURCE"], "is this run's own --out"),
     ],
 )
 def test_bad_from_run_is_refused(source_run, tmp_path, extra, message):
     before = tree_hashes(source_run)
+    extra = [str(source_run) if e == "SOURCE" else e for e in extra]
     result = runner.invoke(app, from_run_cli(source_run, tmp_path / "new", *extra))
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())

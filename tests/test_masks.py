@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from espn.supernet import MaskedConv2d, MaskedLinear, TaskMask, pack_bits, unpack_bits
-from espn.supernet.layers import MaskedLayer
+from espn.supernet.layers import MaskedLayer, TaskBatchNorm2d
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (8,), (13, 5), (4, 3, 3, 3), (1024, 784)])
@@ -44,3 +44,16 @@ def test_masked_layer_state_is_its_weight_and_declared_buffers(layer):
     assert layer.weight_mask.dtype == layer.weight.dtype and layer.frozen.dtype == torch.bool
     assert layer.weight_mask.shape == layer.frozen.shape == layer.weight.shape
     assert bool(layer.weight_mask.all()) and not bool(layer.frozen.any())
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_task_batchnorm_keeps_running_statistics_as_torch_does(momentum):
+    gen = torch.Generator().manual_seed(0)
+    ours, ref = TaskBatchNorm2d(3, "g"), torch.nn.BatchNorm2d(3, momentum=momentum)
+    ours.momentum = momentum  # a converted model's BatchNorm may average cumulatively
+    for _ in range(3):
+        x = torch.randn(4, 3, 5, 5, generator=gen)
+        torch.testing.assert_close(ours(x), ref(x))
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+    assert int(ours.num_batches_tracked) == 3

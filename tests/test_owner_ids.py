@@ -29,7 +29,7 @@ from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from espn.utils.io import write_json_atomic
 from helpers.baseline import tiny_sequence
-from helpers.deploy import Killed, comparable, kill_at_step, register_fc_test, run_options
+from helpers.deploy import Killed, comparable, kill_at_step, run_options
 
 runner = CliRunner()
 
@@ -271,8 +271,8 @@ def write_version_1(directory: Path, masks: list) -> None:
 
 
 @pytest.fixture
-def fc_test(fake_mnist, monkeypatch):
-    register_fc_test(monkeypatch)
+def fc_test(fake_mnist, fc_test_model):
+    """Model ``fc-test`` on the fake data."""
 
 
 @pytest.mark.parametrize("kill", [17, 30])  # before task 2's first save; task 2 fine-tuning

@@ -17,15 +17,15 @@ from espn.checkpoint.store import read_checkpoint
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.methods.base import Strategy
-from helpers.deploy import cli_options, comparable, register_fc_test
+from helpers.deploy import cli_options, comparable
 
 runner = CliRunner()
 LOCK_FILE = ".espn-run.lock"
 
 
 @pytest.fixture(autouse=True)
-def tiny(fake_mnist, monkeypatch):
-    register_fc_test(monkeypatch)
+def tiny(fake_mnist, fc_test_model):
+    """Every test here runs model ``fc-test`` on the fake data."""
 
 
 def invoke(args: list[str], **kw) -> object:

@@ -10,10 +10,12 @@ import torchvision
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+import espn.models.convert as convert_module
 from espn.export.slim import slim_copy
 from espn.models import MODELS, ModelSpec
 from espn.models.convert import ConvertError, register_converted, to_supernet
 from espn.models.resnet import BasicBlock, ResNet
+from espn.registry import Registry
 from espn.supernet import (
     MaskedConv2d,
     MaskedLayer,
@@ -248,7 +250,8 @@ def test_converter_refuses_what_it_cannot_express(model, message):
 
 
 def test_register_converted_makes_a_model_name(monkeypatch):
-    monkeypatch.setattr(MODELS, "_items", dict(MODELS._items))
+    models: Registry = Registry("model")  # what it registers leaves with the test
+    monkeypatch.setattr(convert_module, "MODELS", models)
 
     def build(spec: ModelSpec) -> nn.Module:
         return nn.Sequential(
@@ -261,7 +264,8 @@ def test_register_converted_makes_a_model_name(monkeypatch):
         )
 
     register_converted("tiny-conv", build)
-    model = MODELS.get("tiny-conv")(ModelSpec((1, 8, 8), 3, multi_head=True))
+    assert models.names() == ["tiny-conv"] and "tiny-conv" not in MODELS
+    model = models.get("tiny-conv")(ModelSpec((1, 8, 8), 3, multi_head=True))
     sn = Supernet(model, torch.zeros(2, 1, 8, 8))
     assert sn.group_sizes == {"0": 6}
     assert isinstance(model[5], TaskHead)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,8 @@ from helpers.deploy import (
     TinyResNet,
     cli_options,
     comparable,
+    fc_test,
     kill_at_step,
-    register_fc_test,
     run_options,
     tiny_sequence,
 )
@@ -50,8 +51,8 @@ def fingerprint(run: Path) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def tiny(fake_mnist, monkeypatch):
-    register_fc_test(monkeypatch)
+def tiny(fake_mnist, fc_test_model):
+    """Every test here runs model ``fc-test`` on the fake data."""
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +63,9 @@ def references(tmp_path_factory) -> dict[str, dict]:
     def get(method: str) -> dict:
         if method not in cache:
             out = tmp_path_factory.mktemp("reference") / "run"
-            with pytest.MonkeyPatch.context() as mp:
+            with pytest.MonkeyPatch.context() as mp, MODELS.temporarily("fc-test", fc_test):
                 data = synthetic_mnist()
                 mp.setattr(mnist_module, "load_mnist_like", lambda *a, **k: data)
-                register_fc_test(mp)
                 run_experiment(make_config(**run_options(out, method=method)), progress=False)
             cache[method] = fingerprint(out)
             assert cache[method]["complete"] and len(cache[method]["tasks"]) == 3
@@ -129,9 +129,9 @@ def test_cpg_resumes_exactly_within_its_compacting_rounds(tmp_path, monkeypatch,
     assert fingerprint(out) == references("cpg")
 
 
-def register_tiny_conv(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def tiny_conv() -> Iterator[str]:
     """Benchmark ``tiny-conv``: three 1x8x8 tasks, one head each, on model ``tiny-res``."""
-    monkeypatch.setitem(MODELS._items, "tiny-res", lambda spec: TinyResNet(spec.n_classes))
     bench = Benchmark(
         build=lambda args: tiny_sequence(args.n_tasks or 3, seed=args.seed),
         default_tasks=3,
@@ -139,12 +139,15 @@ def register_tiny_conv(monkeypatch: pytest.MonkeyPatch) -> None:
         description="tiny conv tasks",
         defaults={"model": "tiny-res", "batch_size": 16, "optimizer": "sgd", "lr": 0.05},
     )
-    monkeypatch.setitem(BENCHMARKS._items, "tiny-conv", bench)
+    with (
+        MODELS.temporarily("tiny-res", lambda spec: TinyResNet(spec.n_classes)),
+        BENCHMARKS.temporarily("tiny-conv", bench),
+    ):
+        yield "tiny-conv"
 
 
-def test_conv_model_with_batchnorm_resumes_exactly(tmp_path, monkeypatch):
+def test_conv_model_with_batchnorm_resumes_exactly(tmp_path, monkeypatch, tiny_conv):
     """Task BatchNorm (affine and running statistics), SGD momentum, a residual stream."""
-    register_tiny_conv(monkeypatch)
     options = {"benchmark": "tiny-conv", "epochs": (1, 2, 1), "momentum": 0.9, "gamma": 0.5}
     run_experiment(make_config(**options, out=tmp_path / "reference"), progress=False)
     cfg = make_config(**options, out=tmp_path / "run")
@@ -187,7 +190,7 @@ data = synthetic_mnist()
 mnist_module.load_mnist_like = lambda *a, **k: data
 from helpers.deploy import fc_test
 from espn.models.registry import MODELS
-MODELS._items["fc-test"] = fc_test
+MODELS.register("fc-test")(fc_test)
 from espn.cli.main import app
 app(sys.argv[1:], prog_name="espn")
 """

@@ -11,7 +11,7 @@ import torch
 from espn.config import make_config
 from espn.data.tasks import LazyTasks, Split, Task
 from espn.experiment import build_benchmark, run_experiment
-from helpers.deploy import register_fc_test, run_options
+from helpers.deploy import run_options
 
 
 def live_tasks() -> int:
@@ -58,7 +58,6 @@ def test_permuted_tasks_are_the_sequential_draws_and_few_are_held(fake_mnist):
 
 
 def _long_run(tmp_path, monkeypatch, n_tasks: int) -> tuple[dict, list[int]]:
-    register_fc_test(monkeypatch)
     cfg = make_config(
         **run_options(
             tmp_path / "run",
@@ -89,12 +88,12 @@ def _check_long_run(doc: dict, held: list[int], n_tasks: int) -> None:
     assert all(doc["final_accuracy"][j] == matrix[j][j] for j in range(n_tasks))
 
 
-def test_a_long_sequence_holds_only_a_few_tasks(tmp_path, monkeypatch, fake_mnist):
+def test_a_long_sequence_holds_only_a_few_tasks(tmp_path, monkeypatch, fake_mnist, fc_test_model):
     doc, held = _long_run(tmp_path, monkeypatch, 20)
     _check_long_run(doc, held, 20)
 
 
 @pytest.mark.slow
-def test_300_tiny_tasks_run_to_the_end(tmp_path, monkeypatch, fake_mnist):
+def test_300_tiny_tasks_run_to_the_end(tmp_path, monkeypatch, fake_mnist, fc_test_model):
     doc, held = _long_run(tmp_path, monkeypatch, 300)
     _check_long_run(doc, held, 300)

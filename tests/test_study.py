@@ -15,7 +15,6 @@ from espn.config import ConfigError, make_config
 from espn.data import BENCHMARKS, BenchmarkArgs
 from espn.data.mnist import NORMALISATION
 from espn.studies.pruners import read_csv
-from helpers.baseline import register_fc_small
 
 runner = CliRunner()
 STUDY = [
@@ -40,8 +39,8 @@ STUDY = [
 
 
 @pytest.fixture(autouse=True)
-def small_model(monkeypatch):
-    register_fc_small(monkeypatch)
+def small_model(fc_small_model):
+    """Every test here may run model ``fc-small``."""
 
 
 def test_fashion_mnist_is_one_plain_ten_class_task(fake_mnist):

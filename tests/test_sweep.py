@@ -13,11 +13,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import synthetic_mnist
-from deploy_fixtures import kill_at_step
 from espn.cli.main import app
 from espn.sweep import Point, SweepError, expand_spec, load_spec, run_sweep
 from espn.sweep.runner import RAY_MISSING
+from helpers.deploy import kill_at_step
+from helpers.mnist import synthetic_mnist
 
 runner = CliRunner()
 

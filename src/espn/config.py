@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from espn.data.registry import BENCHMARKS
+from espn.data.registry import BENCHMARKS, RunDefaults
 from espn.errors import EspnError
-from espn.methods.base import METHODS, SCHEDULES, MethodConfig, Strategy
+from espn.methods.base import (
+    DEFAULT_GAMMA,
+    METHODS,
+    SCHEDULES,
+    MethodConfig,
+    Strategy,
+    declared_options,
+)
+from espn.methods.options import resolve_settings
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 from espn.supernet.flops import FLOP_LOADS
@@ -40,11 +48,31 @@ LEGACY_DEFAULTS: dict[str, Any] = {
 
 def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
     """A configuration saved by an older espn, completed with the values that reproduce what
-    that espn did (its fine-tuning started from the run's learning rate)."""
+    that espn did (its fine-tuning started from the run's learning rate); method options it
+    recorded flat (``supsup_k``, unset ones as null) move into ``method_options``."""
     upgraded = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in values} | dict(values)
     if "finetune_lr" not in values:
         upgraded["finetune_lr"] = values.get("lr")
-    return upgraded
+    return gather_method_options(upgraded)
+
+
+def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the methods' options given flat (``supsup_k=0.3``: CLI flags, presets,
+    sweep points, older configurations) moved into ``method_options``; unset (None) ones
+    dropped."""
+    declared = declared_options()
+    clash = sorted(set(declared) & set(RunConfig.model_fields))
+    if clash:
+        raise ValueError(
+            f"method option(s) {', '.join(clash)} of {declared[clash[0]][1][0]!r} clash with "
+            "run options of the same name; the method must name them otherwise"
+        )
+    flat = {k: values[k] for k in values if k in declared}
+    if not flat:
+        return values
+    given = dict(values.get("method_options") or {})
+    rest = {k: v for k, v in values.items() if k not in flat}
+    return rest | {"method_options": given | {k: v for k, v in flat.items() if v is not None}}
 
 
 FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
@@ -78,6 +106,17 @@ def _in_unit_interval(name: str, value: float | None) -> float | None:
     return value
 
 
+T = TypeVar("T")
+
+
+def resolved(value: T | None, name: str) -> T:
+    """An option the configuration's validator fills in: never None in a configuration built
+    by :func:`make_config` (or ``RunConfig(...)``), only in one made without validation."""
+    if value is None:
+        raise ConfigError(f"{name} was never resolved; build the configuration with make_config")
+    return value
+
+
 class RunConfig(BaseModel):
     """Everything a continual-learning run depends on. ``None`` means the benchmark's default."""
 
@@ -103,9 +142,8 @@ class RunConfig(BaseModel):
     pruner: str = "flop-aware"
     penalty: float = 1.0
     flop_load: str = "output"
-    supsup_k: float | None = None
-    cpg_acc_loss: float | None = None
-    rmn_l1: float | None = None
+    #: the method's own options (see ``Strategy.options``), completed with their defaults
+    method_options: dict[str, Any] = {}
     reuse: str = "all"
     task_affine: bool = False
     prune_updates_per_epoch: int = 4
@@ -135,11 +173,11 @@ class RunConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         if data.get("preset") is None:
-            return _need_benchmark(data)
+            return _need_benchmark(gather_method_options(data))
         from espn.presets import load_preset, merge
 
         values = load_preset(str(data["preset"]))
-        unknown = sorted(set(values) - set(cls.model_fields))
+        unknown = sorted(set(values) - set(cls.model_fields) - set(declared_options()))
         if unknown:
             raise ValueError(
                 f"preset {data['preset']!r} sets unknown option(s) {', '.join(unknown)}; "
@@ -148,7 +186,7 @@ class RunConfig(BaseModel):
         method = data.get("method") or values.get("method") or "espn"
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
             values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
-        return _need_benchmark(merge(values, data))
+        return _need_benchmark(gather_method_options(merge(values, data)))
 
     @field_validator("*", mode="before")
     @classmethod
@@ -227,25 +265,6 @@ class RunConfig(BaseModel):
     @classmethod
     def _alpha(cls, v: float | None) -> float | None:
         return _in_unit_interval("alpha", v)
-
-    @field_validator("supsup_k")
-    @classmethod
-    def _supsup_k(cls, v: float | None) -> float | None:
-        return _in_unit_interval("supsup_k", v)
-
-    @field_validator("cpg_acc_loss")
-    @classmethod
-    def _cpg_acc_loss(cls, v: float | None) -> float | None:
-        if v is not None and not 0.0 <= v <= 100.0:
-            raise ValueError(f"cpg_acc_loss must be in [0, 100] (accuracy points), got {v}")
-        return v
-
-    @field_validator("rmn_l1")
-    @classmethod
-    def _rmn_l1(cls, v: float | None) -> float | None:
-        if v is not None and not v >= 0.0:
-            raise ValueError(f"rmn_l1 must be >= 0, got {v}")
-        return v
 
     @field_validator(
         "tasks",
@@ -364,40 +383,39 @@ class RunConfig(BaseModel):
             )
         d = bench.defaults
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
-        self.betas = self.betas or tuple(d.get("betas", (0.9, 0.999)))
-        self.gamma = self.gamma if self.gamma is not None else (0.2 if strategy.uses_gamma else 1.0)
+        self.betas = self.betas or d.get("betas", (0.9, 0.999))
+        self.gamma = (
+            self.gamma
+            if self.gamma is not None
+            else (DEFAULT_GAMMA if strategy.uses_gamma else 1.0)
+        )
         if not strategy.uses_alpha:
             self.alpha = 1.0
         elif self.alpha is None:
             self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
-        self.model = self.model or str(d.get("model", "fc1024"))
-        self.epochs = self.epochs or tuple(d.get("epochs", (3, 4, 3)))
-        self.optimizer = self.optimizer or str(d.get("optimizer", "adam"))
-        self.lr = self.lr or float(d.get("lr", 1e-3))
-        self.batch_size = self.batch_size or int(d.get("batch_size", 128))
-        self._resolve_recipe(d)
+        self.model = self.model or d.get("model", "fc1024")
+        self.epochs = epochs = self.epochs or d.get("epochs", (3, 4, 3))
+        self.optimizer = self.optimizer or d.get("optimizer", "adam")
+        self.lr = lr = self.lr or d.get("lr", 1e-3)
+        self.batch_size = self.batch_size or d.get("batch_size", 128)
+        self._resolve_recipe(d, epochs[0], lr)
         self.task_train_sizes()  # a list of sizes must have one per task
-        if self.method == "cpg" and self.epochs[1] < 1:
-            raise ValueError(
-                f"method 'cpg' compacts in rounds of PRUNE epochs, so epochs PRE,PRUNE,FINE needs "
-                f"PRUNE >= 1, got {','.join(map(str, self.epochs))}"
-            )
+        strategy.check_config(self.method_config())
         return self
 
-    def _resolve_recipe(self, d: dict[str, Any]) -> None:
-        """Warm-up and fine-tuning: given values, else the benchmark's recipe."""
-        assert self.epochs is not None
-        pre = self.epochs[0]
+    def _resolve_recipe(self, d: RunDefaults, pre: int, lr: float) -> None:
+        """Warm-up and fine-tuning: given values, else the benchmark's recipe (``pre``
+        pre-training epochs, learning rate ``lr``)."""
         if self.warmup is None:  # the recipe's, leaving at least one full pre-training epoch
-            self.warmup = max(0, min(int(d.get("warmup", 0)), pre - 1))  # type: ignore[call-overload]
+            self.warmup = max(0, min(d.get("warmup", 0), pre - 1))
         elif self.warmup > pre:
             raise ValueError(
                 f"warmup must be <= the {pre} pre-training epochs it is taken from, "
                 f"got {self.warmup}"
             )
-        self.finetune_schedule = self.finetune_schedule or str(d.get("finetune_schedule", "cosine"))
+        self.finetune_schedule = self.finetune_schedule or d.get("finetune_schedule", "cosine")
         if self.finetune_lr is None:
-            self.finetune_lr = float(d.get("finetune_lr", self.lr))  # type: ignore[arg-type]
+            self.finetune_lr = d.get("finetune_lr", lr)
         if self.task_seed is None:
             self.task_seed = self.seed
 
@@ -425,6 +443,11 @@ class RunConfig(BaseModel):
             )
         if self.from_run is None or self.after_task is None:
             return
+        if Path(self.out).resolve() == self.from_run:
+            raise ValueError(
+                f"from_run {self.from_run} is this run's own --out; the run it starts from is "
+                "only read, so give the new run another --out"
+            )
         from espn.checkpoint.continuation import source_summary
 
         if strategy.training_tasks is not Strategy.training_tasks:
@@ -452,26 +475,20 @@ class RunConfig(BaseModel):
         return resolve_train_sizes(self.train_sizes, self.tasks)
 
     def _check_method_options(self, strategy: type[Strategy]) -> None:
-        """Options of one method given to another are refused (alpha from a preset is not)."""
-        if self.supsup_k is not None and self.method != "supsup":
-            raise ValueError(
-                f"supsup_k applies to method 'supsup' only, not {self.method!r}; leave it unset"
-            )
+        """Options of one method given to another are refused (alpha from a preset is not);
+        the method's own are checked against its declaration and completed with defaults."""
+        owners = {
+            n: m for n, (_, m) in declared_options().items() if n not in strategy.option_names()
+        }
+        self.method_options = resolve_settings(
+            self.method, strategy.options, self.method_options, owners
+        )
         if not strategy.uses_gamma and self.pruner != "flop-aware":
             pruning = ", ".join(n for n in METHODS.names() if METHODS.get(n).uses_gamma)
             raise ValueError(
                 f"method {self.method!r} prunes no units, so pruner {self.pruner!r} would be "
                 f"ignored; pruners apply to: {pruning}"
             )
-        if self.method == "supsup" and self.supsup_k is None:
-            self.supsup_k = 0.5
-        for option, owner, default in (("cpg_acc_loss", "cpg", 0.0), ("rmn_l1", "rmn", 1e-6)):
-            if getattr(self, option) is not None and self.method != owner:
-                raise ValueError(
-                    f"{option} applies to method {owner!r} only, not {self.method!r}; leave it unset"
-                )
-            if self.method == owner and getattr(self, option) is None:
-                setattr(self, option, default)
         if strategy.uses_alpha or self.alpha in (None, 1.0):
             return
         raise ValueError(
@@ -499,31 +516,29 @@ class RunConfig(BaseModel):
     def method_config(self) -> MethodConfig:
         """The method's settings (budgets, epochs, pruner) from this run configuration."""
         return MethodConfig(
-            gamma=float(self.gamma),
-            alpha=float(self.alpha),
-            epochs=self.epochs,
+            gamma=float(resolved(self.gamma, "gamma")),
+            alpha=float(resolved(self.alpha, "alpha")),
+            epochs=resolved(self.epochs, "epochs"),
             pruner=self.pruner,
             penalty=self.penalty,
             flop_load=self.flop_load,
             reuse=self.reuse,
             prune_updates_per_epoch=self.prune_updates_per_epoch,
-            supsup_k=float(self.supsup_k or 0.5),
             warmup=int(self.warmup or 0),
             finetune_lr=self.finetune_lr,
             finetune_schedule=str(self.finetune_schedule),
             task_affine=self.task_affine,
-            cpg_acc_loss=float(self.cpg_acc_loss or 0.0),
-            rmn_l1=float(1e-6 if self.rmn_l1 is None else self.rmn_l1),
+            settings=dict(self.method_options),
         )
 
     def optim_config(self) -> OptimConfig:
         """The optimizer's settings from this run configuration."""
         return OptimConfig(
             name=str(self.optimizer),
-            lr=float(self.lr),
+            lr=float(resolved(self.lr, "lr")),
             weight_decay=self.weight_decay,
             momentum=self.momentum,
-            betas=self.betas,
+            betas=resolved(self.betas, "betas"),
         )
 
 

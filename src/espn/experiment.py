@@ -16,7 +16,7 @@ from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_sou
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
 from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
-from espn.config import ConfigError, RunConfig
+from espn.config import ConfigError, RunConfig, resolved
 from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence, prepended
@@ -162,7 +162,8 @@ def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
     first = cfg.after_task or 0  # tasks kept from --from-run were checked by their run
     sizes = cfg.task_train_sizes()
     if sizes is not None:
-        given = seq.info.get("given_positions", range(len(sizes)))
+        order = seq.info.get("given_positions")  # set by a --task-order other than given
+        given = order if isinstance(order, list) else range(len(sizes))
         short = [
             (sizes[g], len(task.train))
             for g, task in zip(given, seq.tasks[first:], strict=True)
@@ -252,14 +253,15 @@ def _run_locked(
     supernet = build_supernet(cfg, seq)
     check_gamma_reachable(cfg, supernet)
     notes = data_warnings(cfg, seq)
-    for note in notes if on_warning is not None else []:
-        on_warning(note)
+    if on_warning is not None:
+        for note in notes:
+            on_warning(note)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
     engine = Engine(
         supernet,
         strategy,
         cfg.optim_config(),
-        int(cfg.batch_size),
+        int(resolved(cfg.batch_size, "batch_size")),
         cfg.seed,
         progress,
         amp=cfg.amp,
@@ -282,9 +284,10 @@ def _run_locked(
         if i < len(rows):
             continue
         first = len(supernet.masks)
-        adopted = i == 0 and pretrained is not None
-        if adopted:
-            log = engine.adopt_task(task, pretrained)
+        adopt = pretrained if i == 0 else None  # the first task, from --init-weights
+        adopted = adopt is not None
+        if adopt is not None:
+            log = engine.adopt_task(task, adopt)
         else:
             log = engine.train_task(
                 task,
@@ -341,7 +344,7 @@ def check_budgets(
 ) -> None:
     """Stop before a task that misses its FLOPs budget is recorded as learned."""
     ratio = record["flops_ratio"]
-    if uses_gamma and not ratio <= float(cfg.gamma) * (1 + 1e-9):
+    if uses_gamma and not ratio <= float(resolved(cfg.gamma, "gamma")) * (1 + 1e-9):
         raise TrainingStopped(
             f"task {task + 1} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
             f"more than the budget gamma {cfg.gamma:g}; the run stopped instead of recording it"

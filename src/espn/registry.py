@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 from espn.errors import EspnError
@@ -31,6 +32,21 @@ class Registry(Generic[T]):
             return obj
 
         return wrap
+
+    @contextmanager
+    def temporarily(self, name: str, obj: T) -> Iterator[T]:
+        """File ``obj`` under ``name`` for the duration of a ``with`` block (tests, one-off
+        experiments), then restore what the name held before (nothing, or the object it
+        shadowed), even if the block raises."""
+        shadowed = [self._items[name]] if name in self._items else []
+        self._items[name] = obj
+        try:
+            yield obj
+        finally:
+            if shadowed:
+                self._items[name] = shadowed[0]  # back in its place in the order
+            else:
+                self._items.pop(name, None)
 
     def get(self, name: str) -> T:
         """Return the object for ``name`` or raise with the accepted names."""

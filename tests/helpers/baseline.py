@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.models.fc import FCNet
-from espn.models.registry import MODELS, ModelSpec
+from espn.models.registry import ModelSpec
 from espn.supernet import Supernet
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
@@ -21,11 +20,6 @@ def fc_small(spec: ModelSpec) -> FCNet:
     return FCNet(
         math.prod(spec.input_shape), [48, 32], spec.n_classes, spec.multi_head, spec.task_affine
     )
-
-
-def register_fc_small(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``fc-small`` a model name for the duration of a test."""
-    monkeypatch.setitem(MODELS._items, "fc-small", fc_small)
 
 
 def tiny_sequence(
@@ -66,7 +60,9 @@ def make_engine(
     """A supernet around ``model``, the named method and an engine to train ``seq`` with."""
     example = seq.tasks[0].transform(seq.tasks[0].train.x[:2], False)
     sn = Supernet(model, example)
-    cfg = MethodConfig(**{"epochs": (1, 1, 1), **method_options})  # type: ignore[arg-type]
+    general = {k: v for k, v in method_options.items() if k in MethodConfig.__dataclass_fields__}
+    own = {k: v for k, v in method_options.items() if k not in general}
+    cfg = MethodConfig(**{"epochs": (1, 1, 1), **general}, settings=own)  # type: ignore[arg-type]
     strategy = METHODS.get(method)(cfg)
     engine = Engine(
         sn,

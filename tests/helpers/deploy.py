@@ -15,7 +15,7 @@ import espn.training.engine as engine_module
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.models.fc import FCNet
-from espn.models.registry import MODELS, ModelSpec
+from espn.models.registry import ModelSpec
 from espn.supernet import MaskedConv2d, Supernet, TaskBatchNorm2d, TaskHead
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
@@ -82,11 +82,6 @@ def train_tiny(kind: str, n_tasks: int = 3, seed: int = 0) -> tuple[Supernet, Ta
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)
     return sn, seq, engine
-
-
-def register_fc_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Register a small MNIST-shaped FC supernet as model ``fc-test`` (784-64-48-classes)."""
-    monkeypatch.setitem(MODELS._items, "fc-test", fc_test)
 
 
 def fc_test(spec: ModelSpec) -> FCNet:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import espn.data.cifar as cifar_module
-from espn.models import MODELS, ModelSpec
+from espn.models import ModelSpec
 from espn.models.resnet import BasicBlock, ResNet
 from espn.supernet import Supernet, TaskHead
 
@@ -72,8 +72,3 @@ def small_resnet(spec: ModelSpec) -> ResNet:
     """The reduced ResNet18's structure at a test-friendly size: nf=8, blocks [2, 2, 1, 1]
     (stem in the first stream, downsample shortcuts, inner groups, task BatchNorm, heads)."""
     return ResNet(BasicBlock, [2, 2, 1, 1], 8, spec.input_shape[0], spec.n_classes, True)
-
-
-def register_small_resnet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make ``small-resnet`` a model name for the duration of a test."""
-    monkeypatch.setitem(MODELS._items, "small-resnet", small_resnet)

@@ -293,7 +293,8 @@ def _training_tensors(supernet: Supernet) -> dict[str, Tensor]:
 def _split_optimizer(
     state: dict[int, dict[str, Any]],
 ) -> tuple[dict[str, Tensor], dict[str, dict[str, Any]]]:
-    tensors, scalars = {}, {}
+    tensors: dict[str, Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
     for index, entries in state.items():
         for name, value in entries.items():
             if isinstance(value, Tensor):
@@ -321,18 +322,23 @@ def _read_task(
     """A task's mask from its file: version 2 (entry names each layer's mask form) or
     version 1 (every mask bit-packed, unit masks as booleans, shapes in the entry)."""
     weights = _prefixed(tensors, "weights.")
-    common = {
-        "state": _prefixed(tensors, "state."),
-        "n_classes": int(entry["n_classes"]),
-        "new_weights": int(entry["new_weights"]),
-        "own": _prefixed(tensors, "own."),
-    }
+    state = _prefixed(tensors, "state.")
+    n_classes, new_weights = int(entry["n_classes"]), int(entry["new_weights"])
+    own = _prefixed(tensors, "own.")
     if "masks" not in entry:  # version 1
         shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
         if set(weights) != set(shapes):
             raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
         units = {k: v.bool() for k, v in _prefixed(tensors, "units.").items()}
-        return TaskMask(weights=weights, shapes=shapes, units=units, **common)
+        return TaskMask(
+            weights=weights,
+            shapes=shapes,
+            units=units,
+            state=state,
+            n_classes=n_classes,
+            new_weights=new_weights,
+            own=own,
+        )
     forms = dict(entry["masks"])
     shapes = {k: tuple(v) for k, v in arch["layers"].items()}
     bad = {k: f for k, f in forms.items() if f not in MASK_FORMS}
@@ -350,20 +356,21 @@ def _read_task(
         size = int(arch["groups"].get(g, -1))
         fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
         units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
-    state = common["state"]
     # a missing or misshapen unit mask is reported by the tensor checks of restore()
     cut = {k: g for k, g in entry.get("alive_only", {}).items() if g in units}
     for key, group in cut.items():
         if key not in state or state[key].shape != (int(units[group].sum()),):
             raise CheckpointError(f"checkpoint file {path}: task state {key!r} is cut")
-    common["state"] = TaskMask.expand_state(state, cut, units)
     return TaskMask(
         weights=weights,
         shapes=shapes,
         units=units,
+        state=TaskMask.expand_state(state, cut, units),
+        n_classes=n_classes,
+        new_weights=new_weights,
+        own=own,
         forms=forms,
         horizon=int(entry["horizon"]),
-        **common,
     )
 
 
@@ -501,7 +508,7 @@ def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[
             if not mask.own:
                 owners.take({n: mask.weight_mask(n, device) for n in layout}, t)
     method = ckpt.manifest.get("method")
-    kind = METHODS.get(method).weights if method in METHODS else None
+    kind = METHODS.get(method).weights if isinstance(method, str) and method in METHODS else None
     masks = []
     for t, mask in enumerate(ckpt.masks):
         # as commit_task does: only trained, shared weights may be stored as owned

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from espn.cli.common import (
     user_errors,
 )
 from espn.data.registry import BENCHMARKS
-from espn.methods.base import METHODS
+from espn.methods.base import METHODS, declared_options
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 
@@ -80,7 +83,55 @@ def interrupted_message(out: Path, ctx: typer.Context) -> str:
     return f"interrupted; {where}; continue with: {resume_command(ctx)}"
 
 
+#: where ``espn run --help`` lists the flags the methods declare for themselves
+METHOD_OPTIONS_PANEL = "Method options"
+
+
+def method_option_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter (a typer option, None when not given) per option that the
+    registered methods declare (``Strategy.options``)."""
+    params = []
+    for name, (option, methods) in declared_options().items():
+        decls = [option.flag]
+        if option.type is bool:
+            decls = [f"{option.flag}/--no-{option.flag[2:]}"]
+        text = (
+            f"{', '.join(methods)}: {option.help}, {option.accepted()}; default {option.default}."
+        )
+        info = typer.Option(None, *decls, help=text, rich_help_panel=METHOD_OPTIONS_PANEL)
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=option.type | None
+            )
+        )
+    return params
+
+
+class WithMethodOptions:
+    """A command callback whose signature, as typer reads it, is ``fn``'s own parameters plus
+    :func:`method_option_parameters`.
+
+    typer builds the click command from the callback's signature each time the CLI runs, so
+    the flags follow the methods registered at that time (a method added by a plugin or a
+    test has its flags without any change here); their values reach ``fn``'s ``**kwargs``.
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        own = inspect.signature(self._fn)
+        fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        return own.replace(parameters=[*fixed, *method_option_parameters()])
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self._fn(**kwargs)
+
+
 @app.command()
+@WithMethodOptions
 @user_errors
 def run(
     ctx: typer.Context,
@@ -125,15 +176,6 @@ def run(
         "output",
         help="FLOP load of a unit for the FLOP-aware penalty: 'output' (the paper: the cost of "
         "computing it) or 'total' (also the cost of its outgoing connections).",
-    ),
-    supsup_k: float | None = typer.Option(
-        None, help="SupSup: fraction of each layer's weights in a supermask, in (0, 1]; 0.5."
-    ),
-    cpg_acc_loss: float | None = typer.Option(
-        None, help="CPG: accuracy points a compacting round may lose before it is undone; 0."
-    ),
-    rmn_l1: float | None = typer.Option(
-        None, help="RMN: L1 strength on the relevance maps, >= 0; 1e-6."
     ),
     reuse: str = typer.Option(
         "all",
@@ -214,8 +256,13 @@ def run(
     after_task: int | None = typer.Option(
         None, help="With --from-run: how many of its tasks to keep (K >= 1)."
     ),
+    **method_options: Any,
 ) -> None:
-    """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
+    """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights.
+
+    Each method's own options (e.g. ``--supsup-k``) come from its declaration (see
+    :class:`WithMethodOptions`) and arrive in ``method_options``.
+    """
     from espn.experiment import run_experiment
 
     cfg = presets.make_config_given(
@@ -237,9 +284,6 @@ def run(
         pruner=pruner,
         penalty=penalty,
         flop_load=flop_load,
-        supsup_k=supsup_k,
-        cpg_acc_loss=cpg_acc_loss,
-        rmn_l1=rmn_l1,
         reuse=reuse,
         task_affine=task_affine,
         warmup=warmup,
@@ -261,6 +305,7 @@ def run(
         from_run=from_run,
         after_task=after_task,
         out=out,
+        **method_options,
     )
     try:
         doc = run_experiment(

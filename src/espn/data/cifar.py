@@ -17,7 +17,7 @@ from torch import Tensor
 
 from espn.data.augment import ImageTransform
 from espn.data.mnist import NORMALISATION
-from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
 from espn.data.sources import DatasetUnavailable, default_data_dir, load_mnist_like
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 
@@ -33,7 +33,7 @@ HOW_TO_GET = "run once with internet access (torchvision downloads it into the d
 #: the paper's SplitCIFAR100 recipe (Adam with betas (0, 0.999), lr 0.01, batch 128,
 #: 60 pre-train + 90 prune + 100 fine-tune epochs with cosine decay from 0.01, alpha 0.1,
 #: the reduced ResNet18) and the authors' warm-up (the first 10 pre-training epochs)
-CIFAR_DEFAULTS: dict[str, object] = {
+CIFAR_DEFAULTS: RunDefaults = {
     "model": "resnet18-reduced",
     "alpha": 0.1,
     "optimizer": "adam",
@@ -45,7 +45,7 @@ CIFAR_DEFAULTS: dict[str, object] = {
     "finetune_schedule": "cosine",
 }
 #: Fashion-MNIST is learned in a few epochs: the CIFAR recipe with the MNIST epoch counts
-FASHION_DEFAULTS: dict[str, object] = CIFAR_DEFAULTS | {"epochs": (3, 4, 3), "warmup": 1}
+FASHION_DEFAULTS: RunDefaults = CIFAR_DEFAULTS | {"epochs": (3, 4, 3), "warmup": 1}
 
 Raw = dict[str, tuple[Tensor, Tensor]]
 

@@ -28,14 +28,14 @@ from torch.utils.data import DataLoader, Dataset
 
 from espn.data.augment import ImageTransform
 from espn.data.cifar import CIFAR_DEFAULTS
-from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
 from espn.data.sources import DatasetUnavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DEFAULT_IMAGE_SIZE = 224
 TEST_FRACTION = 0.2
-FOLDER_DEFAULTS: dict[str, object] = CIFAR_DEFAULTS | {
+FOLDER_DEFAULTS: RunDefaults = CIFAR_DEFAULTS | {
     "model": "resnet50",
     "batch_size": 64,
     "epochs": (10, 15, 15),

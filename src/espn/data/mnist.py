@@ -9,7 +9,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 
-from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
 from espn.data.sources import load_mnist_like
 from espn.data.tasks import LazyTasks, Split, Task, TaskSequence, subset_index
 
@@ -20,7 +20,7 @@ NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
 #: the paper's MNIST recipe (FC1024, RMSprop lr 1e-3, batch 256, 3 pre-train + 4 prune +
 #: 3 fine-tune epochs, alpha 0.05) with the authors' 1-epoch warm-up and fine-tuning at a
 #: constant 1e-4
-MNIST_DEFAULTS: dict[str, object] = {
+MNIST_DEFAULTS: RunDefaults = {
     "model": "fc1024",
     "alpha": 0.05,
     "optimizer": "rmsprop",

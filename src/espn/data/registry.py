@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -37,6 +38,21 @@ class BenchmarkArgs:
         return self.train_per_task
 
 
+class RunDefaults(TypedDict, total=False):
+    """A benchmark's values for the run options left out (its recipe)."""
+
+    model: str
+    alpha: float
+    optimizer: str
+    betas: tuple[float, float]
+    lr: float
+    batch_size: int
+    epochs: tuple[int, int, int]
+    warmup: int
+    finetune_lr: float
+    finetune_schedule: str
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """A named benchmark: how to build it, its task count limits, and its run defaults."""
@@ -45,7 +61,7 @@ class Benchmark:
     default_tasks: int
     max_tasks: int | None
     description: str
-    defaults: dict[str, object] = field(default_factory=dict)
+    defaults: RunDefaults = field(default_factory=lambda: RunDefaults())
     needs_folders: bool = False  # its tasks come from the --folders directories
     #: how classes may be dealt to tasks (split benchmarks; the first is the default)
     class_orders: tuple[str, ...] = ()

@@ -71,7 +71,7 @@ def backward_transfer(matrix: Matrix) -> float:
     """BWT (Lopez-Paz & Ranzato 2017): mean over j < T-1 of acc[T-1][j] - acc[j][j], over the
     tasks j whose row was evaluated (all of them unless ``--eval-every`` skipped some)."""
     n, last = last_row(matrix)
-    seen = [j for j in range(n) if matrix[j] is not None]
-    if not seen:
+    diagonal = {j: row[j] for j, row in enumerate(matrix[:n]) if row is not None}
+    if not diagonal:
         return 0.0
-    return sum(last[j] - matrix[j][j] for j in seen) / len(seen)  # type: ignore[index]
+    return sum(last[j] - acc for j, acc in diagonal.items()) / len(diagonal)

@@ -30,6 +30,8 @@ from espn.supernet.layers import (
     TaskHead,
     TaskSpecific,
     UnitGate,
+    conv_padding,
+    conv_pair,
 )
 from espn.supernet.supernet import Supernet
 
@@ -74,51 +76,65 @@ def _param(t: Tensor) -> nn.Parameter:
     return nn.Parameter(t.detach().clone())
 
 
+def _module_target(node: fx.Node) -> str:
+    """The submodule path a ``call_module`` node calls."""
+    if not isinstance(node.target, str):
+        raise ExportError(f"graph node {node.name!r} calls no submodule")
+    return node.target
+
+
 @torch.no_grad()
 def _plain_layer(m: nn.Module) -> nn.Module:
     """The plain torch module computing what espn module ``m`` computes for the active task."""
+    out: nn.Module
     if isinstance(m, MaskedLinear):
-        out = nn.Linear(m.in_features, m.out_features, bias=False)
-        out.weight = _param(m.masked_weight())
+        linear = nn.Linear(m.in_features, m.out_features, bias=False)
+        linear.weight = _param(m.masked_weight())
+        out, weight = linear, m.weight
     elif isinstance(m, MaskedConv2d):
-        out = nn.Conv2d(
+        conv = nn.Conv2d(
             m.in_channels,
             m.out_channels,
-            m.kernel_size,
-            stride=m.stride,
-            padding=m.padding,
-            dilation=m.dilation,
+            conv_pair(m.kernel_size),
+            stride=conv_pair(m.stride),
+            padding=conv_padding(m.padding),
+            dilation=conv_pair(m.dilation),
             groups=m.groups,
             bias=False,
             padding_mode=m.padding_mode,
         )
-        out.weight = _param(m.masked_weight())
+        conv.weight = _param(m.masked_weight())
+        out, weight = conv, m.weight
     elif isinstance(m, TaskHead):
-        out = nn.Linear(m.in_features, m.out_features)
-        out.weight, out.bias = _param(m.weight), _param(m.bias)
+        head = nn.Linear(m.in_features, m.out_features)
+        head.weight, head.bias = _param(m.weight), _param(m.bias)
+        out, weight = head, m.weight
     elif isinstance(m, TaskBatchNorm2d):
-        out = nn.BatchNorm2d(m.num_features, eps=m.eps, momentum=m.momentum)
-        out.weight = _param(m.weight * m.unit_mask)
-        out.bias = _param(m.bias * m.unit_mask)
-        out.running_mean.copy_(m.running_mean)
-        out.running_var.copy_(m.running_var)
-        out.num_batches_tracked.copy_(m.num_batches_tracked)
+        bn = nn.BatchNorm2d(m.num_features, eps=m.eps, momentum=m.momentum)
+        bn.weight = _param(m.weight * m.unit_mask)
+        bn.bias = _param(m.bias * m.unit_mask)
+        bn.running_mean = m.running_mean.detach().clone()
+        bn.running_var = m.running_var.detach().clone()
+        bn.num_batches_tracked = m.num_batches_tracked.detach().clone()
+        out, weight = bn, m.weight
     else:
         raise ExportError(f"no plain torch equivalent for {type(m).__name__}")
-    weight = m.weight
     return out.to(device=weight.device, dtype=weight.dtype)
 
 
 @torch.no_grad()
-def _fold_affine(layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
-    """Make ``layer`` (Linear/Conv2d) compute ``layer(x) * scale + shift`` per output unit
-    (no bias is added where there is neither a bias nor a shift)."""
+def _fold_affine(layer: nn.Linear | nn.Conv2d, scale: Tensor | None, shift: Tensor | None) -> None:
+    """Make ``layer`` compute ``layer(x) * scale + shift`` per output unit (no bias is added
+    where there is neither a bias nor a shift)."""
     shape = (-1,) + (1,) * (layer.weight.dim() - 1)
     if scale is not None:
         layer.weight.mul_(scale.view(shape))
-    if layer.bias is None and shift is None:
+    if layer.bias is not None:
+        bias = layer.bias
+    elif shift is not None:
+        bias = torch.zeros_like(shift)
+    else:
         return
-    bias = layer.bias if layer.bias is not None else torch.zeros_like(shift)
     if scale is not None:
         bias = bias * scale
     layer.bias = _param(bias if shift is None else bias + shift)
@@ -153,15 +169,19 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
                 f"module {node.target!r} ({type(m).__name__}) has no plain torch equivalent"
             )
     for node in folded:
-        m = modules[node.target]
+        m = modules[_module_target(node)]
         prev = node.args[0] if node.args else None
         target = (
-            gm.get_submodule(prev.target)
+            gm.get_submodule(_module_target(prev))
             if isinstance(prev, fx.Node) and prev.op == "call_module"
             else None
         )
-        foldable = isinstance(target, nn.Linear | nn.Conv2d)
-        if not foldable or len(prev.users) != 1 or calls[prev.target] != 1:
+        if (
+            not isinstance(prev, fx.Node)
+            or not isinstance(target, nn.Linear | nn.Conv2d)
+            or len(prev.users) != 1
+            or calls[_module_target(prev)] != 1
+        ):
             raise ExportError(
                 f"{type(m).__name__} {node.target!r} must directly follow a linear or conv "
                 "layer called once, whose output only it consumes, to be folded into that layer"
@@ -255,18 +275,19 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
         if node.op == "call_module":
             calls[node.target] = calls.get(node.target, 0) + 1
     for node in list(gm.graph.nodes):
-        if node.op != "call_module" or not isinstance(
-            gm.get_submodule(node.target), nn.BatchNorm2d
-        ):
+        if node.op != "call_module":
             continue
-        prev = node.args[0]
-        if not (isinstance(prev, fx.Node) and prev.op == "call_module"):
+        bn = gm.get_submodule(_module_target(node))
+        prev = node.args[0] if node.args else None
+        if not (isinstance(bn, nn.BatchNorm2d) and isinstance(prev, fx.Node)):
             continue
-        conv = gm.get_submodule(prev.target)
-        if not isinstance(conv, nn.Conv2d) or len(prev.users) != 1 or calls[prev.target] != 1:
+        if prev.op != "call_module":
             continue
-        bn = gm.get_submodule(node.target)
-        _set_submodule(gm, prev.target, fuse_conv_bn_eval(conv.eval(), bn.eval()))
+        conv_name = _module_target(prev)
+        conv = gm.get_submodule(conv_name)
+        if not isinstance(conv, nn.Conv2d) or len(prev.users) != 1 or calls[conv_name] != 1:
+            continue
+        _set_submodule(gm, conv_name, fuse_conv_bn_eval(conv.eval(), bn.eval()))
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
     gm.graph.lint()

@@ -1,18 +1,16 @@
-"""Continual-learning methods as strategies over one engine, found by name in METHODS."""
+"""Continual-learning methods as strategies over one engine, found by name in METHODS.
 
-from espn.methods import cpg, espn, individual, mtl, packnet, rmn, supsup
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+Every module of this package is imported here, so that a method's own file is all it takes to
+add one: its ``@METHODS.register`` and its declared options (``Strategy.options``) take effect.
+"""
 
-__all__ = [
-    "METHODS",
-    "MethodConfig",
-    "Phase",
-    "Strategy",
-    "cpg",
-    "espn",
-    "individual",
-    "mtl",
-    "packnet",
-    "rmn",
-    "supsup",
-]
+import importlib
+import pkgutil
+
+from espn.methods.base import METHODS, MethodConfig, Phase, Strategy, create_method
+from espn.methods.options import Option
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
+
+__all__ = ["METHODS", "MethodConfig", "Option", "Phase", "Strategy", "create_method"]

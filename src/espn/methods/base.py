@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.data.tasks import Task, TaskSequence
+from espn.methods.options import Option, resolve_settings
 from espn.pruning.weights import new_weight_target, prune_weights
 from espn.registry import Registry
 from espn.supernet.supernet import Supernet
@@ -19,6 +20,8 @@ from espn.supernet.supernet import Supernet
 #: learning-rate schedules of a phase: ``constant``; ``cosine`` decay to zero over the phase;
 #: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up)
 SCHEDULES = ("constant", "cosine", "ramp")
+#: the FLOPs budget of a method that takes one, when none is given (the paper's ESPN-0.2)
+DEFAULT_GAMMA = 0.2
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class MethodConfig:
     ``warmup`` epochs are taken from the pre-training epochs; ``finetune_lr`` (None: the
     optimizer's) and ``finetune_schedule`` shape the fine-tuning phase; ``task_affine`` (beyond
     the paper) trains and stores per-task unit scales and shifts for every method.
+    ``settings`` holds the values of the method's own options (see :attr:`Strategy.options`);
+    those left out take their declared defaults.
     """
 
     gamma: float = 1.0
@@ -59,13 +64,11 @@ class MethodConfig:
     flop_load: str = "output"
     reuse: str = "all"
     prune_updates_per_epoch: int = 4
-    supsup_k: float = 0.5
     warmup: int = 0
     finetune_lr: float | None = None
     finetune_schedule: str = "cosine"
     task_affine: bool = False
-    cpg_acc_loss: float = 0.0
-    rmn_l1: float = 1e-6
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Strategy(ABC):
@@ -87,12 +90,51 @@ class Strategy(ABC):
     weights: ClassVar[str] = "shared"
     #: whether the first task may be adopted from pretrained weights (``init_weights``)
     accepts_pretrained: ClassVar[bool] = True
+    #: the method's own settings: each becomes an ``espn run`` flag, is validated, and is
+    #: recorded under ``method_options`` in results.json (see :class:`Option`)
+    options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, cfg: MethodConfig) -> None:
         self.cfg = cfg
+        owners = {n: m for n, (_, m) in declared_options().items() if n not in self.option_names()}
+        #: the values of :attr:`options`, checked and completed with their defaults
+        self.settings: dict[str, Any] = resolve_settings(
+            self.name, self.options, cfg.settings, owners
+        )
         self.layer_budgets: dict[str, int] = {}
         self.layer_free: dict[str, int] = {}
         self.weight_budget = 0
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        """The names of the method's own options, in declaration order."""
+        return [o.name for o in cls.options]
+
+    @classmethod
+    def check_config(cls, cfg: MethodConfig) -> None:
+        """Refuse (ValueError naming the value and what is accepted) general settings this
+        method cannot run with; methods with further needs extend it."""
+        for what, value, used, budget in (
+            ("gamma", cfg.gamma, cls.uses_gamma, "FLOP constraint"),
+            ("alpha", cfg.alpha, cls.uses_alpha, "weight budget"),
+        ):
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{what} must be in (0, 1], got {value}")
+            if not used and value != 1.0:
+                raise ValueError(
+                    f"method {cls.name!r} has no {budget}; {what} must be 1 or unset, got {value}"
+                )
+        epochs = tuple(cfg.epochs)
+        if len(epochs) != 3 or min(epochs) < 0 or sum(epochs) < 1:
+            raise ValueError(
+                "epochs must be three non-negative counts (pre-train, prune, fine-tune) with at "
+                f"least one epoch, got {','.join(map(str, epochs))}"
+            )
+        if not 0 <= cfg.warmup <= epochs[0]:
+            raise ValueError(
+                f"warmup must be in [0, {epochs[0]}] (the pre-training epochs it is taken "
+                f"from), got {cfg.warmup}"
+            )
 
     @property
     def train_unit_affine(self) -> bool:
@@ -203,3 +245,66 @@ class Strategy(ABC):
 
 
 METHODS: Registry[type[Strategy]] = Registry("method")
+
+
+def declared_options() -> dict[str, tuple[Option, list[str]]]:
+    """Every option the registered methods declare: name -> (declaration, its methods).
+
+    Two methods may share an option only with the same declaration (a subclass inherits
+    its parent's); an option may not be named like a general setting of
+    :class:`MethodConfig`.
+    """
+    general = {f.name for f in fields(MethodConfig)}
+    found: dict[str, tuple[Option, list[str]]] = {}
+    for method in METHODS:
+        for option in METHODS.get(method).options:
+            if option.name in general:
+                raise ValueError(
+                    f"method {method!r} declares option {option.name!r}, which is a general "
+                    "setting of every method; give it another name"
+                )
+            first = found.setdefault(option.name, (option, []))
+            if first[0] != option:
+                raise ValueError(
+                    f"methods {first[1][0]!r} and {method!r} declare option {option.name!r} "
+                    "differently; give one of them another name"
+                )
+            first[1].append(method)
+    return found
+
+
+def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strategy:
+    """A method by registered name or class, with keyword settings: the general ones of
+    :class:`MethodConfig` (``gamma`` defaults to 0.2 for a method that takes a FLOPs budget,
+    as on the CLI) and the method's own :attr:`Strategy.options`.
+
+    A setting the method does not accept, or a value out of range, raises ValueError naming
+    it and what is accepted. Example: ``create_method("supsup", supsup_k=0.3, epochs=(1, 1, 1))``.
+    """
+    if isinstance(name_or_class, str):
+        cls = METHODS.get(name_or_class)
+    elif isinstance(name_or_class, type) and issubclass(name_or_class, Strategy):
+        cls = name_or_class
+    else:
+        raise TypeError(
+            f"create_method takes a method name ({', '.join(METHODS.names())}) or a Strategy "
+            f"subclass, got {name_or_class!r}"
+        )
+    general = [f.name for f in fields(MethodConfig) if f.name != "settings"]
+    own = cls.option_names()
+    foreign = declared_options()
+    for key in settings:
+        if key not in general and key not in own and key not in foreign:
+            raise ValueError(
+                f"unknown setting {key!r} for method {cls.name!r}; accepted: "
+                + ", ".join([*general, *own])
+            )
+    values = {k: v for k, v in settings.items() if k in general}
+    values.setdefault("gamma", DEFAULT_GAMMA if cls.uses_gamma else 1.0)
+    if cls.default_alpha is not None or not cls.uses_alpha:
+        values.setdefault("alpha", cls.default_alpha if cls.uses_alpha else 1.0)
+    if "epochs" in values:
+        values["epochs"] = tuple(values["epochs"])
+    cfg = MethodConfig(**values, settings={k: v for k, v in settings.items() if k not in general})
+    cls.check_config(cfg)
+    return cls(cfg)

@@ -11,6 +11,7 @@ from torch.func import functional_call
 
 from espn.data.tasks import Task
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.methods.options import Option
 from espn.pruning.weights import prune_weights
 from espn.supernet.supernet import Supernet
 
@@ -42,6 +43,14 @@ def picking_mask(scores: Tensor) -> Tensor:
     return _Binarise.apply(scores, PICK_THRESHOLD)
 
 
+def _check_rounds(epochs: tuple[int, int, int]) -> None:
+    if epochs[1] < 1:
+        raise ValueError(
+            f"method 'cpg' compacts in rounds of PRUNE epochs, so epochs PRE,PRUNE,FINE "
+            f"needs PRUNE >= 1, got {','.join(map(str, epochs))}"
+        )
+
+
 @METHODS.register("cpg")
 class CPG(Strategy):
     """Each task picks among the frozen weights and compacts its own, growing disabled.
@@ -62,15 +71,27 @@ class CPG(Strategy):
     trains_unit_affine = False
     uses_gamma = False
     uses_alpha = False
+    options = (
+        Option(
+            "cpg_acc_loss",
+            float,
+            0.0,
+            "accuracy points a compacting round may lose before it is undone",
+            low=0.0,
+            high=100.0,
+            unit="accuracy points",
+        ),
+    )
+
+    @classmethod
+    def check_config(cls, cfg: MethodConfig) -> None:
+        """Compacting runs in rounds of PRUNE epochs, so PRUNE must be at least 1."""
+        super().check_config(cfg)
+        _check_rounds(cfg.epochs)
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
-        if not 0.0 <= cfg.cpg_acc_loss <= 100.0:
-            raise ValueError(f"cpg_acc_loss must be in [0, 100], got {cfg.cpg_acc_loss}")
-        if cfg.epochs[1] < 1:
-            raise ValueError(
-                f"cpg compacts in rounds of PRUNE epochs; PRUNE must be >= 1, got {cfg.epochs[1]}"
-            )
+        _check_rounds(cfg.epochs)
         self.scores: dict[str, nn.Parameter] = {}
         self._reset()
 
@@ -215,7 +236,7 @@ class CPG(Strategy):
             return
         acc = self._measured()
         if self.stage == "train":
-            self.goal = None if acc is None else acc - self.cfg.cpg_acc_loss
+            self.goal = None if acc is None else acc - self.settings["cpg_acc_loss"]
             self._take_snapshot(supernet)
             self.stage = "compact"
             return

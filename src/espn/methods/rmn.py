@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.methods.options import Option
 from espn.pruning.weights import select_weights
 from espn.supernet.supernet import Supernet
 
@@ -30,11 +31,11 @@ class RMN(Strategy):
     name = "rmn"
     trains_unit_affine = False
     uses_gamma = False
+    options = (Option("rmn_l1", float, 1e-6, "L1 strength on the relevance maps", low=0.0),)
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
-        if not cfg.rmn_l1 >= 0.0:
-            raise ValueError(f"rmn_l1 must be >= 0, got {cfg.rmn_l1}")
+        self.l1: float = self.settings["rmn_l1"]
         self.relevance: dict[str, nn.Parameter] = {}
         self.binarised = False
 
@@ -83,9 +84,10 @@ class RMN(Strategy):
         return functional_call(supernet.model, masks, (x,))
 
     def penalty(self, supernet: Supernet) -> Tensor | None:
-        if self.binarised or self.cfg.rmn_l1 == 0.0:
+        if self.binarised or self.l1 == 0.0:
             return None
-        return self.cfg.rmn_l1 * sum(r.abs().sum() for r in self.relevance.values())
+        l1 = sum((r.abs().sum() for r in self.relevance.values()), torch.zeros(()))
+        return self.l1 * l1
 
     @torch.no_grad()
     def prune_step(self, supernet: Supernet, progress: float) -> None:

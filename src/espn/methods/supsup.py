@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.methods.options import Option
 from espn.supernet.supernet import Supernet
 
 
@@ -54,12 +55,21 @@ class SupSup(Strategy):
     uses_alpha = False
     trains_unit_affine = False
     accepts_pretrained = False
+    options = (
+        Option(
+            "supsup_k",
+            float,
+            0.5,
+            "fraction of each layer's weights in a supermask",
+            low=0.0,
+            low_open=True,
+            high=1.0,
+        ),
+    )
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
-        if not 0.0 < cfg.supsup_k <= 1.0:
-            raise ValueError(f"supsup_k must be in (0, 1], got {cfg.supsup_k}")
-        self.k = cfg.supsup_k
+        self.k: float = self.settings["supsup_k"]
         self.scores: dict[str, nn.Parameter] = {}
 
     def phases(self) -> list[Phase]:

@@ -44,6 +44,8 @@ from espn.supernet.layers import (
 )
 
 SUPPORTED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d)
+#: a module the converter turns into its supernet counterpart
+Convertible = nn.Conv2d | nn.Linear | nn.BatchNorm2d
 
 
 class ConvertError(EspnError, ValueError):
@@ -61,9 +63,9 @@ class _Group:
     name: str = ""
 
 
-def _check_modules(model: nn.Module) -> dict[str, nn.Module]:
+def _check_modules(model: nn.Module) -> dict[str, Convertible]:
     """Named conv/linear/BN modules; anything else holding parameters is refused."""
-    found: dict[str, nn.Module] = {}
+    found: dict[str, Convertible] = {}
     seen: dict[int, str] = {}
     for name, m in model.named_modules(remove_duplicate=False):
         if isinstance(m, SUPPORTED):
@@ -88,7 +90,7 @@ def _check_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def _groups(
-    model: nn.Module, example_input: Tensor, modules: dict[str, nn.Module]
+    model: nn.Module, example_input: Tensor, modules: dict[str, Convertible]
 ) -> tuple[list[_Group], dict[str, nn.Module | None], str]:
     """Coupled channel groups, each layer's sole direct consumer, and the output layer."""
     names = {m: n for n, m in modules.items()}
@@ -138,7 +140,7 @@ def _groups(
     return groups, successor, outputs[0]
 
 
-def _width(m: nn.Module, out_side: bool) -> int:
+def _width(m: Convertible, out_side: bool) -> int:
     if isinstance(m, nn.BatchNorm2d):
         return m.num_features
     return int(m.weight.shape[0 if out_side else 1])
@@ -150,9 +152,12 @@ def _set(root: nn.Module, name: str, module: nn.Module) -> None:
 
 
 @torch.no_grad()
-def _masked(m: nn.Module, in_units: str | None, out_units: str | None) -> nn.Module:
+def _masked(
+    m: nn.Conv2d | nn.Linear, in_units: str | None, out_units: str | None
+) -> MaskedConv2d | MaskedLinear:
+    out: MaskedConv2d | MaskedLinear
     if isinstance(m, nn.Conv2d):
-        out: nn.Module = MaskedConv2d(
+        out = MaskedConv2d(
             m.in_channels,
             m.out_channels,
             m.kernel_size,
@@ -232,10 +237,10 @@ def to_supernet(
             bn.eps, bn.momentum = m.eps, m.momentum
             bn.load_state_dict(m.state_dict(), strict=False)
             _set(model, name, bn)
-        elif name == head:
+        elif isinstance(m, nn.Linear) and name == head:  # _groups checked it is one
             _set(model, name, _head(m, in_group.get(name), multi_head, task_affine))
         else:
-            layer = _masked(m, in_group.get(name), out_group.get(name))
+            layer: nn.Module = _masked(m, in_group.get(name), out_group.get(name))
             if name in gated:
                 gate = UnitGate(int(m.weight.shape[0]), out_group[name], affine=task_affine)
                 layer = nn.Sequential(layer, gate)

@@ -42,7 +42,7 @@ def select_weights(
     n_new = min(n_new, int(free.sum()))
     scores = torch.where(free, magnitude, -torch.inf).flatten()
     keep = torch.zeros_like(scores, dtype=torch.bool)
-    threshold = -torch.inf
+    threshold: Tensor | float = -torch.inf
     if n_new > 0:
         top = torch.topk(scores, n_new)
         keep[top.indices] = True

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from espn.supernet.layers import is_costed
+from espn.supernet.layers import MaskedLayer, TaskHead, is_costed
 
 
 @dataclass
@@ -22,7 +22,7 @@ class LayerCost:
     """Shape facts of one costed layer needed to count its FLOPs under any unit mask."""
 
     name: str
-    module: nn.Module
+    module: MaskedLayer | TaskHead
     in_units: str | None
     out_units: str | None
     positions: int  # output positions per sample (H*W for conv, 1 for linear on vectors)

@@ -17,7 +17,7 @@ channels are kept or pruned together.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Literal, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +74,24 @@ class MaskedLinear(nn.Linear, MaskedLayer):
         return F.linear(x, self.masked_weight())
 
 
+#: how ``nn.Conv2d`` pads
+PaddingMode = Literal["zeros", "reflect", "replicate", "circular"]
+
+
+def conv_pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+    """A 2-D convolution's size argument (kernel size, stride, dilation) as a pair; accepts
+    the ``tuple[int, ...]`` that ``nn.Conv2d`` stores."""
+    if isinstance(value, int):
+        return value, value
+    height, width = value
+    return height, width
+
+
+def conv_padding(value: str | int | tuple[int, ...]) -> str | tuple[int, int]:
+    """A 2-D convolution's padding: a mode name (``"same"``) or a pair."""
+    return value if isinstance(value, str) else conv_pair(value)
+
+
 class MaskedConv2d(nn.Conv2d, MaskedLayer):
     """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask."""
 
@@ -81,21 +99,21 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
         self,
         in_channels: int,
         out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | str = 0,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
         in_units: str | None = None,
         out_units: str | None = None,
-        dilation: int | tuple[int, int] = 1,
-        padding_mode: str = "zeros",
+        dilation: int | tuple[int, ...] = 1,
+        padding_mode: PaddingMode = "zeros",
     ) -> None:
         super().__init__(
             in_channels,
             out_channels,
-            kernel_size,
-            stride=stride,
-            padding=padding,
-            dilation=dilation,
+            conv_pair(kernel_size),
+            stride=conv_pair(stride),
+            padding=conv_padding(padding),
+            dilation=conv_pair(dilation),
             bias=False,
             padding_mode=padding_mode,
         )
@@ -209,7 +227,17 @@ class UnitGate(UnitModule):
 
 
 class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
-    """BatchNorm whose affine parameters and running statistics belong to the active task."""
+    """BatchNorm whose affine parameters and running statistics belong to the active task.
+
+    Always affine and with running statistics, so none of these is None as in a general
+    ``nn.BatchNorm2d``; ``momentum`` None (a converted model's) is a cumulative average.
+    """
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
 
     def __init__(self, n: int, group: str) -> None:
         super().__init__(n)
@@ -220,8 +248,11 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
 
     def forward(self, x: Tensor) -> Tensor:
         use_batch_stats = self.training
+        factor = 0.0 if self.momentum is None else self.momentum
         if self.training:
             self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average, as nn.BatchNorm2d
+                factor = 1.0 / float(self.num_batches_tracked)
         return F.batch_norm(
             x,
             self.running_mean,
@@ -229,7 +260,7 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
             self.weight * self.unit_mask,
             self.bias * self.unit_mask,
             use_batch_stats,
-            self.momentum,
+            factor,
             self.eps,
         )
 
@@ -270,7 +301,7 @@ class TaskHead(nn.Linear, TaskSpecific):
         self.out_features = self.weight.shape[0]
 
 
-def is_costed(module: nn.Module) -> bool:
+def is_costed(module: nn.Module) -> TypeGuard[MaskedLayer | TaskHead]:
     """Layers whose FLOPs the supernet counts: masked layers and task heads."""
     return isinstance(module, MaskedLayer | TaskHead)
 

@@ -167,7 +167,7 @@ class Supernet(nn.Module):
         return sum(int(layer.weight_mask.bool().sum()) for layer in self.layers.values())
 
     # ---------------------------------------------------------------- parameters
-    def shared_parameters(self) -> list[nn.Parameter]:
+    def shared_parameters(self) -> list[Tensor]:
         """The shared weight tensors, one per masked layer."""
         return [layer.weight for layer in self.layers.values()]
 
@@ -181,8 +181,8 @@ class Supernet(nn.Module):
         """Start a new task: the working sub-network is the whole network (m_t = [p])."""
         for m in self.task_modules.values():
             m.reset_task(n_classes)
-        for m in self.groups.values():
-            for unit in m:
+        for members in self.groups.values():
+            for unit in members:
                 unit.unit_mask.fill_(1.0)
         for layer in self.layers.values():
             layer.weight_mask.fill_(1.0)
@@ -281,8 +281,8 @@ class Supernet(nn.Module):
             raise IndexError(f"task {task} is not learned (tasks 0..{len(self.masks) - 1})")
         mask = self.masks[task]
         for g, alive in mask.units.items():  # first: a released gate is its unit mask
-            for m in self.groups[g]:
-                m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
+            for unit in self.groups[g]:
+                unit.unit_mask.copy_(alive.to(unit.unit_mask.device, unit.unit_mask.dtype))
         for name, m in self.task_modules.items():
             prefix = f"{name}."
             m.load_task_state(

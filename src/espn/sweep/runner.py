@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def run_sweep(
             f"{gpus_per_run:g}"
         )
     validate_points(points, out)
-    console = Console()
+    console = Console(file=sys.stdout)  # fixed: in-process points redirect sys.stdout to logs
     outcomes: dict[str, PointOutcome] = {}
     with _Reporter(len(points), console, progress) as report:
         todo = []
@@ -150,7 +151,7 @@ def _run_on_ray(
             n = workers or default_workers()
             gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             ray.init(
-                num_cpus=max(1, math.ceil(n * cpus)),
+                num_cpus=max(1, math.ceil(n * cpus)),  # Ray wants whole CPUs (0.5 x 3 -> 2)
                 num_gpus=gpu_count,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                 **common,

@@ -160,7 +160,7 @@ def summarize_sample_complexity(
     by_setting: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_setting[int(row["r_frz"])].append(row)
-    settings = []
+    settings: list[dict[str, Any]] = []
     for r_frz in sorted(by_setting):
         group = by_setting[r_frz]
         curve = mean_curve(group, "NT")

@@ -5,14 +5,16 @@ paper's figure on sample size."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
+from torch import Tensor
+
 from espn.theory.common import PlantedConfig, Progress, at_least, evaluate, mean_curve, tick
 from espn.theory.planted import TheoryConfigError, check_choice, derive_seed, generator
-from espn.theory.solver import solve_crl, solve_sequential
+from espn.theory.solver import SequentialResult, solve_crl, solve_sequential
 
 TASK_ORDER_COLUMNS = (
     "order",
@@ -135,12 +137,7 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
             )
             for position, i in enumerate(ids, start=1):
                 group = groups[i]
-                test_risk, excess = evaluate(
-                    lambda X, j, group=group, result=result: result.predict(X, group[j]),
-                    group,
-                    test,
-                    test_clean,
-                )
+                test_risk, excess = evaluate(_heads_of(result, group), group, test, test_clean)
                 rows.append(
                     {
                         **base,
@@ -156,6 +153,12 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
                     }
                 )
     return rows
+
+
+def _heads_of(result: SequentialResult, group: list[int]) -> Callable[[Tensor, int], Tensor]:
+    """``predict(X, j)``: the sequential solution's prediction for the ``j``-th head of
+    ``group``."""
+    return lambda X, j: result.predict(X, group[j])
 
 
 def summarize_task_order(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -88,12 +88,12 @@ class Engine:
         )
         strategy.attach(supernet)
 
-    def _trainable(self) -> list[torch.nn.Parameter]:
+    def _trainable(self) -> list[torch.Tensor]:
         """Free weights (masked by the guard), heads, and the unit scales the method trains:
         affine ones (BatchNorm, ``--task-affine`` gates) if it trains them, the scale of a
         non-affine gate only as the saliency of a method that prunes units."""
         fixed = self.strategy.weights == "fixed"
-        params = [] if fixed else list(self.supernet.shared_parameters())
+        params: list[torch.Tensor] = [] if fixed else list(self.supernet.shared_parameters())
         for module in self.supernet.task_modules.values():
             if not isinstance(module, UnitModule):
                 params += list(module.parameters())

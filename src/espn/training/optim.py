@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+from torch import Tensor
 
 from espn.supernet.supernet import Supernet
 
@@ -24,7 +24,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
 
 
-def build_optimizer(cfg: OptimConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optimizer:
     """A fresh optimizer per task, so no state of an earlier task carries over."""
     if cfg.name == "sgd":
         return torch.optim.SGD(

@@ -1,0 +1,270 @@
+"""espn's methods as an Avalanche strategy, for task-incremental Avalanche benchmarks.
+
+Change one line of an Avalanche script::
+
+    strategy = Naive(model=model, optimizer=optimizer, train_mb_size=128, train_epochs=10)
+    strategy = ESPNStrategy(model=model, optimizer=optimizer, train_mb_size=128, train_epochs=10)
+
+and every experience (one task, one task label) is learned into a supernet of ``model`` by
+espn's one training engine with the chosen method (ESPN-0.2 by default): earlier tasks are
+kept bit for bit, and each task's FLOPs and weights are reported as metrics
+(``FLOPs_Ratio_Exp/...``, ``FLOPs_Exp/...``, ``New_Weights_Exp/...``) and in
+:attr:`ESPNStrategy.task_records`. Evaluation is Avalanche's own loop (its metrics, loggers and
+plugins see ordinary logits): a sample of task label ``t`` goes through task ``t``'s
+sub-network, whose head scores the task's classes (all other classes at ``-inf``).
+
+An experience's samples are read once onto the device (with the dataset's eval transforms: no
+per-epoch augmentation), as espn keeps its tasks; the model is converted by
+:func:`espn.models.convert.to_supernet` (its last linear layer becomes one head per task).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+try:
+    from avalanche.evaluation.metric_results import MetricValue
+    from avalanche.training.plugins.evaluation import default_evaluator
+    from avalanche.training.templates import SupervisedTemplate
+except ImportError as exc:  # an optional dependency: say how to get it
+    raise ImportError(
+        "espn's Avalanche integration needs avalanche-lib: pip install 'espn[avalanche]' "
+        f"(importing it failed: {exc})"
+    ) from exc
+
+from espn.data.tasks import Split, Task
+from espn.experiment import task_record
+from espn.methods.base import Strategy, create_method
+from espn.models.convert import to_supernet
+from espn.supernet.layers import MaskedLayer
+from espn.supernet.supernet import Supernet
+from espn.training.engine import Engine
+from espn.training.optim import OPTIMIZERS, OptimConfig
+
+#: torch optimizer classes espn's engine can rebuild, by the engine's names
+TORCH_OPTIMIZERS = {
+    torch.optim.SGD: "sgd",
+    torch.optim.Adam: "adam",
+    torch.optim.RMSprop: "rmsprop",
+}
+
+
+def split_epochs(total: int) -> tuple[int, int, int]:
+    """Avalanche's ``train_epochs`` as espn's (pre-train, prune, fine-tune) epochs, in the
+    proportions of espn's default 3,4,3 (1 epoch: all pruning)."""
+    if total < 1:
+        raise ValueError(f"train_epochs must be >= 1, got {total}")
+    pre = fine = total * 3 // 10
+    return pre, total - pre - fine, fine
+
+
+def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
+    """espn's optimizer settings from a torch optimizer (its class and first parameter
+    group), an optimizer name, or None (Adam at 1e-3)."""
+    if optimizer is None or isinstance(optimizer, str):
+        name = optimizer or "adam"
+        if name not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+        return OptimConfig(name)
+    known = TORCH_OPTIMIZERS.get(type(optimizer))
+    if known is None:
+        raise ValueError(
+            f"optimizer {type(optimizer).__name__} is not one espn's engine runs; use "
+            "torch.optim.SGD, Adam or RMSprop (or their names)"
+        )
+    group = optimizer.param_groups[0]
+    return OptimConfig(
+        known,
+        lr=float(group["lr"]),
+        weight_decay=float(group.get("weight_decay", 0.0)),
+        momentum=float(group.get("momentum", 0.0)),
+        betas=tuple(group.get("betas", (0.9, 0.999))),
+    )
+
+
+def _identity(x: Tensor, train: bool) -> Tensor:
+    return x
+
+
+class ESPNStrategy(SupervisedTemplate):
+    """An Avalanche strategy that learns each experience as one espn task.
+
+    ``model``: a plain ``nn.Module`` (converted on the first experience, traced on two of its
+    samples), a module of espn's masked layers, or a :class:`Supernet`. ``optimizer``: a torch
+    SGD/Adam/RMSprop whose class and hyper-parameters espn's engine uses for every task (it
+    builds its own optimizer over the supernet's free weights), an optimizer name, or None.
+    ``train_epochs`` is split into pre-train, prune and fine-tune epochs (see
+    :func:`split_epochs`) unless ``epochs=(pre, prune, fine)`` is given. ``method`` (a name or
+    Strategy class) and ``settings`` (``gamma``, ``alpha``, the method's own options) go to
+    :func:`espn.methods.create_method`. ``criterion`` is used by Avalanche's evaluation loss
+    only; training uses the method's loss. Each experience must hold one task label, and a
+    task label is learned once.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | str | None = None,
+        criterion: Any = None,
+        train_mb_size: int = 128,
+        train_epochs: int = 10,
+        eval_mb_size: int | None = 512,
+        device: str | torch.device = "cpu",
+        plugins: list[Any] | None = None,
+        evaluator: Any = default_evaluator,
+        eval_every: int = -1,
+        method: str | type[Strategy] = "espn",
+        seed: int = 0,
+        progress: bool = False,
+        **settings: Any,
+    ) -> None:
+        self.optim = optim_config(optimizer)
+        settings.setdefault("epochs", split_epochs(train_epochs))
+        self.method: Strategy = create_method(method, **settings)
+        super().__init__(
+            model=model,
+            optimizer=optimizer if isinstance(optimizer, torch.optim.Optimizer) else None,
+            criterion=criterion or nn.CrossEntropyLoss(),
+            train_mb_size=train_mb_size,
+            train_epochs=train_epochs,
+            eval_mb_size=eval_mb_size,
+            device=device,
+            plugins=plugins,
+            evaluator=evaluator,
+            eval_every=eval_every,
+        )
+        self.seed, self.progress = seed, progress
+        self.supernet: Supernet | None = model if isinstance(model, Supernet) else None
+        self.engine: Engine | None = None
+        #: Avalanche task label -> espn task index, and the task's classes (the head's outputs)
+        self.task_index: dict[int, int] = {}
+        self.task_classes: dict[int, Tensor] = {}
+        #: per task label: FLOPs, FLOPs ratio, new and used weights, units kept, budget, time
+        self.task_records: dict[int, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ training
+    def make_optimizer(self, **kwargs: Any) -> None:
+        """Nothing to do: espn's engine builds each task's optimizer from :attr:`optim`."""
+
+    def _train_exp(self, experience: Any, eval_streams: Any = None, **kwargs: Any) -> None:
+        """Learn the experience as one task through espn's engine (in place of Avalanche's
+        epoch loop; the experience callbacks around it still run)."""
+        label, x, y = self._read(self.adapted_dataset, experience)
+        if label in self.task_index:
+            raise ValueError(
+                f"task label {label} is learned already; espn learns each task once "
+                "(a task-incremental stream: one experience per task)"
+            )
+        classes, local = torch.unique(y, sorted=True, return_inverse=True)
+        engine = self._engine(x)
+        index = len(engine.supernet.masks)
+        n = len(y)
+        rows = torch.arange(n, device=x.device)
+        empty = torch.zeros(0, dtype=torch.long, device=x.device)
+        task = Task(
+            f"task {label}",
+            Split(x, rows, local),
+            Split(x[:0], empty, empty),
+            _identity,
+            len(classes),
+        )
+        log = engine.train_task(task, index)
+        self.task_index[label], self.task_classes[label] = index, classes
+        record = task_record(engine.supernet, index) | {
+            "weight_budget": self.method.weight_budget,
+            "seconds": log.seconds,
+            "train_samples": n,
+        }
+        self.task_records[label] = record
+        self._publish(label, record)
+        self.model = engine.supernet
+
+    def _engine(self, x: Tensor) -> Engine:
+        """The engine, built on the first experience (the model traced on two of its inputs)."""
+        if self.engine is None:
+            example = x[:2]
+            model = self.supernet if self.supernet is not None else self.model
+            if not isinstance(model, Supernet):
+                model = model.to(self.device)
+                masked = any(isinstance(m, MaskedLayer) for m in model.modules())
+                model = Supernet(model if masked else to_supernet(model, example), example)
+            self.supernet = model
+            torch.manual_seed(self.seed)
+            self.engine = Engine(
+                self.supernet, self.method, self.optim, self.train_mb_size, self.seed, self.progress
+            )
+        return self.engine
+
+    @torch.no_grad()
+    def _read(self, dataset: Any, experience: Any) -> tuple[int, Tensor, Tensor]:
+        """The experience's task label and samples (eval transforms), on the device."""
+        loader = torch.utils.data.DataLoader(
+            dataset.eval(), batch_size=max(self.eval_mb_size or 256, 1), shuffle=False
+        )
+        xs, ys, ts = [], [], []
+        with torch.random.fork_rng(devices=[]):  # the loader's seed draw leaves training's alone
+            batches = list(loader)
+        for batch in batches:
+            if len(batch) < 3:
+                raise ValueError(
+                    f"experience {experience.current_experience} has no task labels; espn "
+                    "learns task-incremental streams (e.g. task_incremental_benchmark(...))"
+                )
+            xs.append(batch[0])
+            ys.append(batch[1])
+            ts.append(batch[-1])
+        labels = torch.cat(ts).unique().tolist()
+        if len(labels) != 1:
+            raise ValueError(
+                f"experience {experience.current_experience} holds task labels {labels}; "
+                "espn learns one task per experience"
+            )
+        return int(labels[0]), torch.cat(xs).to(self.device), torch.cat(ys).long().to(self.device)
+
+    def _publish(self, label: int, record: dict[str, Any]) -> None:
+        """The task's FLOPs and weights as Avalanche metric values (logged by the loggers at
+        the end of the experience, returned by :meth:`train`)."""
+        x = self.clock.train_exp_counter
+        for metric, key in (
+            ("FLOPs_Ratio_Exp", "flops_ratio"),
+            ("FLOPs_Exp", "flops"),
+            ("New_Weights_Exp", "new_weights"),
+        ):
+            name = f"{metric}/train_phase/train_stream/Task{label:03d}"
+            self.evaluator.publish_metric_value(MetricValue(self, name, record[key], x))
+
+    # --------------------------------------------------------------- evaluation
+    def forward(self) -> Tensor:
+        """Logits of the mini-batch, each sample through its task's sub-network."""
+        width = int(self.mb_y.max()) + 1 if self.mb_y.numel() else 0
+        return self.predict(self.mb_x, self.mb_task_id, width)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, task_labels: Tensor, width: int = 0) -> Tensor:
+        """Logits over the original class ids (at least ``width`` of them): task ``t``'s head
+        scores its classes, the others get ``-inf``; a task not learned yet gets zeros."""
+        known = [int(c.max()) + 1 for c in self.task_classes.values()]
+        out = torch.zeros(len(x), max([width, *known, 1]), device=x.device)
+        if self.supernet is None:
+            return out
+        self.supernet.eval()
+        for label in task_labels.unique().tolist():
+            if label not in self.task_index:
+                continue
+            rows = (task_labels == label).nonzero().squeeze(1)
+            logits = self.supernet(x[rows], task=self.task_index[label])
+            scores = torch.full((len(rows), out.shape[1]), -math.inf, device=x.device)
+            scores[:, self.task_classes[label]] = logits.float()
+            out[rows] = scores
+        return out
+
+
+# Avalanche wraps a strategy's __init__ to refuse keywords that no __init__ in the class's MRO
+# names; the method's settings arrive in **settings and are checked by create_method (which
+# names the accepted ones), so ESPNStrategy keeps its own __init__.
+ESPNStrategy.__init__ = ESPNStrategy.__init__.__wrapped__  # type: ignore[attr-defined,method-assign]

@@ -1,0 +1,127 @@
+"""Settings a method declares for itself: one declaration gives the CLI flag, the validation
+and the entry in a run's configuration."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: the value types an option may take
+OPTION_TYPES = (float, int, str, bool)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a method, e.g. ``Option("supsup_k", float, 0.5, "...", low=0,
+    low_open=True, high=1)``.
+
+    ``low``/``high`` bound a number (``low_open``/``high_open``: the bound itself is
+    excluded), ``choices`` list the accepted strings; ``unit`` follows the range in
+    messages (``"accuracy points"``). The CLI flag is ``--name-with-dashes``.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] = ()
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name != self.name.lower():
+            raise ValueError(f"option name {self.name!r} must be a lower-case Python identifier")
+        if self.type not in OPTION_TYPES:
+            accepted = ", ".join(t.__name__ for t in OPTION_TYPES)
+            raise ValueError(f"option {self.name!r}: type {self.type!r} is not one of {accepted}")
+        self.check(self.default)  # a declaration whose default is refused is a bug
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, e.g. ``--supsup-k``."""
+        return "--" + self.name.replace("_", "-")
+
+    def accepted(self) -> str:
+        """What the option accepts, in words: ``in (0, 1]``, ``>= 0``, ``one of: a, b``."""
+        if self.choices:
+            text = "one of: " + ", ".join(self.choices)
+        elif self.low is not None and self.high is not None:
+            text = (
+                f"in {'(' if self.low_open else '['}{self.low:g}, "
+                f"{self.high:g}{')' if self.high_open else ']'}"
+            )
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        elif self.high is not None:
+            text = f"{'<' if self.high_open else '<='} {self.high:g}"
+        else:
+            text = {float: "a finite number", int: "an integer", bool: "true or false"}.get(
+                self.type, "a string"
+            )
+        return f"{text} ({self.unit})" if self.unit else text
+
+    def check(self, value: Any) -> Any:
+        """``value`` as the option's type, or ValueError naming it and what is accepted."""
+        typed = self._typed(value)
+        if typed is None or not self._in_range(typed):
+            raise ValueError(f"{self.name} must be {self.accepted()}, got {value!r}")
+        return typed
+
+    def _typed(self, value: Any) -> Any:
+        if self.type is bool:
+            return value if isinstance(value, bool) else None
+        if isinstance(value, bool):  # JSON ``true`` is not a number
+            return None
+        if self.type is float and isinstance(value, int | float):
+            return float(value) if math.isfinite(value) else None
+        if self.type is int and isinstance(value, int):
+            return value
+        if self.type is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if self.type is str and isinstance(value, str):
+            return value
+        return None
+
+    def _in_range(self, value: Any) -> bool:
+        if self.choices:
+            return value in self.choices
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return not (
+            self.high is not None and (value > self.high or (self.high_open and value == self.high))
+        )
+
+
+def resolve_settings(
+    method: str,
+    options: Iterable[Option],
+    given: Mapping[str, Any],
+    owners: Mapping[str, list[str]] | None = None,
+) -> dict[str, Any]:
+    """The settings of ``method`` from the ``given`` values (None: unset), checked against its
+    declared ``options`` and completed with their defaults, in declaration order.
+
+    ``owners`` maps other methods' option names to the methods that declare them, so that a
+    setting given to the wrong method is refused with a message naming its method.
+    """
+    declared = {o.name: o for o in options}
+    for name, value in given.items():
+        if name in declared or value is None:
+            continue
+        if owners and name in owners:
+            whose = ", ".join(repr(m) for m in owners[name])
+            raise ValueError(
+                f"{name} applies to method{'s' * (len(owners[name]) > 1)} {whose} only, "
+                f"not {method!r}; leave it unset"
+            )
+        accepted = ", ".join(declared) or "none (it has no options of its own)"
+        raise ValueError(f"unknown option {name!r} of method {method!r}; its options: {accepted}")
+    return {
+        name: option.default if given.get(name) is None else option.check(given[name])
+        for name, option in declared.items()
+    }
