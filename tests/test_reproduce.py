@@ -30,7 +30,6 @@ from espn.reproduce import (
 from espn.reproduce import report as rebuild
 from espn.reproduce.representation import IMAGENET_TASKS, by_size_rank, small_task_accuracies
 from espn.reproduce.target import parse_name, point_name
-from helpers.baseline import register_fc_small
 from helpers.mnist import synthetic_mnist
 
 runner = CliRunner()
@@ -87,13 +86,6 @@ def smoke(target: str, out: Path, data: Path, images: Path | None = None, model:
     return run_target(target, options, out, workers=1, progress=False)
 
 
-@pytest.fixture
-def fc_small(monkeypatch: pytest.MonkeyPatch) -> str:
-    """The test-sized FC model (points run in this process: ``workers=1``)."""
-    register_fc_small(monkeypatch)
-    return "fc-small"
-
-
 def csv_rows(path: Path) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(path.read_text())))
 
@@ -145,10 +137,18 @@ def test_every_target_at_smoke_scale_and_report_from_directories(
         assert result.table.markdown() == tables[result.target][1]
 
 
-def test_cli_target_table_and_report_equal_the_sweeps(fashion_dir, fc_small, tmp_path):
+def test_cli_target_table_and_report_equal_the_sweeps(fashion_dir, fc_small_model, tmp_path):
     out = tmp_path / "rep"
     args = ["reproduce", "fig-task-order", "--scale", "smoke", "--out", str(out)]
-    args += ["--workers", "1", "--model", fc_small, "--data-dir", str(fashion_dir), "--no-progress"]
+    args += [
+        "--workers",
+        "1",
+        "--model",
+        fc_small_model,
+        "--data-dir",
+        str(fashion_dir),
+        "--no-progress",
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "| ESPN-0.2 | large-first | 1 |" in result.output
@@ -184,11 +184,11 @@ def test_cli_target_table_and_report_equal_the_sweeps(fashion_dir, fc_small, tmp
     assert again.exit_code == 0 and again.output == result.output
 
 
-def test_alpha_gamma_keeps_a_run_that_ran_out_of_capacity(fashion_dir, fc_small, tmp_path):
+def test_alpha_gamma_keeps_a_run_that_ran_out_of_capacity(fashion_dir, fc_small_model, tmp_path):
     """alpha 1 at gamma 1: the first task takes every weight, the run stops before task 2;
     the table reports it from the task it learned and says so."""
     out = tmp_path / "rep"
-    result = smoke("fig-alpha-gamma", out, fashion_dir, model=fc_small)
+    result = smoke("fig-alpha-gamma", out, fashion_dir, model=fc_small_model)
     rows = {
         (float(r["alpha"]), float(r["gamma"])): r for r in csv_rows(out / "fig-alpha-gamma.csv")
     }
