@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli import deploy, presets, study, sweep, theory
+from espn.cli import deploy, presets, reproduce, study, sweep, theory
 from espn.cli.common import (
     RunInterrupted,
     err_console,
@@ -39,6 +39,7 @@ console = Console()
 app.add_typer(deploy.app)  # evaluate, export, info
 app.add_typer(presets.app, name="presets")  # presets [show NAME]
 app.add_typer(study.app, name="study")  # study pruners
+app.add_typer(reproduce.app, name="reproduce")  # reproduce TARGET|list|report
 app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, task-order, report
 app.command("sweep")(sweep.sweep)  # sweep SPEC --out DIR
 
