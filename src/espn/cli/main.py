@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli import deploy, presets, study, sweep, theory
+from espn.cli import deploy, presets, reproduce, study, sweep, theory
 from espn.cli.common import (
     RunInterrupted,
     err_console,
@@ -39,6 +39,7 @@ console = Console()
 app.add_typer(deploy.app)  # evaluate, export, info
 app.add_typer(presets.app, name="presets")  # presets [show NAME]
 app.add_typer(study.app, name="study")  # study pruners
+app.add_typer(reproduce.app, name="reproduce")  # reproduce TARGET|list|report
 app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, task-order, report
 app.command("sweep")(sweep.sweep)  # sweep SPEC --out DIR
 
@@ -340,13 +341,16 @@ def list_components() -> None:
         b = BENCHMARKS.get(name)
         n = b.default_tasks
         table.add_row("benchmark", name, f"{b.description} ({n} task{'s' * (n != 1)} by default)")
-    for name in MODELS:
-        table.add_row("model", name, (MODELS.get(name).__doc__ or "").strip().splitlines()[0])
-    for name in METHODS:
-        table.add_row("method", name, (METHODS.get(name).__doc__ or "").strip().splitlines()[0])
-    for name in PRUNERS:
-        table.add_row("pruner", name, (PRUNERS.get(name).__doc__ or "").strip().splitlines()[0])
+    for kind, registry in (("model", MODELS), ("method", METHODS), ("pruner", PRUNERS)):
+        for name in registry:
+            table.add_row(kind, name, _summary(registry.get(name)))
     console.print(table)
+
+
+def _summary(obj: object) -> str:
+    """The first line of ``obj``'s docstring ("" for none: a model registered by reference)."""
+    lines = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 @app.command()

@@ -1,0 +1,165 @@
+"""``espn reproduce TARGET --scale S --out DIR``, ``espn reproduce list`` and
+``espn reproduce report DIR``: the paper's tables and figures from one command."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from espn.cli.common import UserError, fail, run_dir_option, user_errors
+from espn.reproduce import SCALES, TARGETS, Options, report, run_target
+
+console = Console()
+
+
+class _TargetGroup(TyperGroup):
+    """Subcommands: one per target, ``list`` and ``report``; any other name is refused with
+    the accepted ones."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            fail(
+                f"unknown target {name!r}; choose one of: {', '.join(TARGETS.names())} "
+                "(or `list`, `report DIR`)"
+            )
+        return super().resolve_command(ctx, args)
+
+
+app = typer.Typer(
+    cls=_TargetGroup,
+    help="Reproduce the paper's tables and figures: espn reproduce TARGET --scale "
+    f"{{{','.join(SCALES)}}} --out DIR; `espn reproduce list` names the targets.",
+    no_args_is_help=True,
+)
+
+
+@app.command("list")
+@user_errors
+def list_targets() -> None:
+    """The targets, what they reproduce and their cost at each scale."""
+    for name in TARGETS:
+        t = TARGETS.get(name)
+        console.print(f"[bold]{name}[/]: {t.title}", highlight=False)
+        for s in SCALES:
+            console.print(f"    {s}: {t.cost[s]}", highlight=False)
+
+
+@app.command("report")
+@user_errors
+def report_command(
+    out: Path = typer.Argument(..., help="The --out of `espn reproduce`."),
+    target: list[str] | None = typer.Option(
+        None, help="Only this target (repeatable); default: every target found in DIR."
+    ),
+) -> None:
+    """Rebuild TARGET.csv/.md/.png of every target in DIR from its run directories alone."""
+    for result in report(out, target or None):
+        _written(result.files, result.table.incomplete)
+
+
+def _written(files: list[Path], incomplete: list[str]) -> None:
+    if incomplete:
+        console.print(f"[yellow]not in the table (no finished results):[/] {', '.join(incomplete)}")
+    console.print("wrote " + ", ".join(str(f) for f in files))
+
+
+def _target_command(name: str) -> Callable[..., None]:
+    """The ``espn reproduce NAME`` command."""
+
+    @user_errors
+    def command(
+        scale: str = typer.Option(
+            ...,
+            help="smoke: seconds (tiny data, 1 seed); cpu: minutes on 2 cores, Fashion-MNIST "
+            "where the paper's data are absent; paper: the paper's full recipe (GPU).",
+        ),
+        out: Path = typer.Option(
+            ...,
+            parser=run_dir_option,
+            help="Directory of the run directories and TARGET.csv/.md/.png.",
+        ),
+        seeds: int | None = typer.Option(
+            None, help="Number of seeds (0..N-1); default: the target's at the scale."
+        ),
+        workers: int | None = typer.Option(
+            None,
+            help="Points run at once on an embedded local Ray (default: GPUs, else CPU cores); "
+            "1 runs them one after another in this process.",
+        ),
+        ray_address: str | None = typer.Option(None, help="Run on this existing Ray cluster."),
+        cpus_per_run: float = typer.Option(1.0, help="CPUs Ray reserves for each point."),
+        gpus_per_run: float | None = typer.Option(
+            None, help="GPUs Ray reserves for each point; default 1 with a CUDA --device, else 0."
+        ),
+        device: str = typer.Option("cpu", help="cpu, cuda or cuda:N (every point)."),
+        data_dir: Path | None = typer.Option(
+            None, help="Dataset root of MNIST/CIFAR (default $ESPN_DATA or ~/.cache/espn/data)."
+        ),
+        data_root: Path | None = typer.Option(
+            None,
+            help="table-imagenet: directory holding imagenet/, cubs/, cars/, flowers/, "
+            "wikiart/, sketch/ (ImageFolder layout).",
+        ),
+        init_weights: Path | None = typer.Option(
+            None, help="table-imagenet: sparse pretrained ResNet50 adopted as the ImageNet task."
+        ),
+        model: str | None = typer.Option(
+            None, help="Run every point on this model instead of the target's (`espn list`)."
+        ),
+        progress: bool = typer.Option(True, help="Bar over points and a line per point."),
+    ) -> None:
+        options = Options(
+            scale=scale,
+            seeds=seeds,
+            device=device,
+            data_dir=data_dir,
+            data_root=data_root,
+            init_weights=init_weights,
+            model=model,
+        )
+        gpus = gpus_per_run if gpus_per_run is not None else float(device.startswith("cuda"))
+        result = run_target(
+            name,
+            options,
+            out,
+            workers=workers,
+            ray_address=ray_address,
+            cpus_per_run=cpus_per_run,
+            gpus_per_run=gpus,
+            progress=progress,
+        )
+        console.print(result.table.markdown(), highlight=False, markup=False)
+        _written(result.files, result.table.incomplete)
+        for o in result.outcomes:  # e.g. stopped out of capacity, still in a partial table
+            if o.status == "failed" and o.point.name not in result.table.incomplete:
+                console.print(f"[yellow]stopped early:[/] {o.point.name}: {o.error}")
+        failed = [o for o in result.outcomes if o.point.name in result.table.incomplete]
+        if result.table.incomplete:
+            raise UserError(
+                f"{len(result.table.incomplete)} point(s) have no results: "
+                + "; ".join(f"{o.point.name} ({o.error}; log: {o.log})" for o in failed)
+                + (
+                    f"; not run, their source failed: {', '.join(result.skipped)}"
+                    if result.skipped
+                    else ""
+                )
+                + "; the table has the others; rerun the same command to retry them "
+                "(finished points are reused)"
+            )
+
+    command.__doc__ = f"{TARGETS.get(name).title}."
+    return command
+
+
+def _register() -> None:
+    for name in TARGETS:
+        app.command(name, help=TARGETS.get(name).title)(_target_command(name))
+
+
+_register()

@@ -1,0 +1,28 @@
+"""``espn reproduce``: every table and figure of the paper from one command.
+
+A target (``TARGETS``) is a list of sweep points at a scale (``smoke``, ``cpu``, ``paper``)
+and a way to aggregate their runs; :func:`run_target` runs the points on the sweep engine
+and writes ``OUT/TARGET.csv``, ``.md`` (ours beside the paper's numbers, which ship as
+package data) and ``.png``; :func:`report` rebuilds them from the run directories alone.
+"""
+
+from espn.reproduce import continual, pruners, representation  # noqa: F401  (register targets)
+from espn.reproduce.paper import paper_numbers
+from espn.reproduce.runner import TargetResult, report, run_target
+from espn.reproduce.table import Table, mean_se
+from espn.reproduce.target import SCALES, TARGETS, Options, ReproduceError, Run, Target
+
+__all__ = [
+    "SCALES",
+    "TARGETS",
+    "Options",
+    "ReproduceError",
+    "Run",
+    "Table",
+    "Target",
+    "TargetResult",
+    "mean_se",
+    "paper_numbers",
+    "report",
+    "run_target",
+]

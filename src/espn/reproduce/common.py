@@ -1,0 +1,126 @@
+"""Pieces shared by the targets: the CPU recipes, method labels, grouping runs by series,
+and writing a figure atomically."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from espn.methods.base import METHODS
+from espn.reproduce.table import Table
+from espn.reproduce.target import Run
+from espn.utils.io import atomic_target
+
+#: the paper's FC1024 recipe (RMSprop lr 1e-3, batch 256, 3 + 4 + 3 epochs, the authors'
+#: 1-epoch warm-up and constant 1e-4 fine-tuning): the MNIST family's defaults, given
+#: explicitly for the split Fashion-MNIST stand-in of SplitCIFAR100 on the CPU
+FC_RECIPE: dict[str, Any] = {
+    "model": "fc1024",
+    "optimizer": "rmsprop",
+    "lr": 1e-3,
+    "batch_size": 256,
+    "epochs": [3, 4, 3],
+    "warmup": 1,
+    "finetune_lr": 1e-4,
+    "finetune_schedule": "constant",
+}
+#: seconds-long runs: one epoch per phase on a few dozen images
+SMOKE: dict[str, Any] = {
+    "epochs": [1, 1, 1],
+    "train_per_task": 64,
+    "test_per_task": 32,
+    "batch_size": 32,
+}
+
+#: the paper's name of each method setting used by the targets: series -> (label, options)
+METHOD_SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "individual-0.2": ("Individual-0.2", {"method": "individual", "gamma": 0.2}),
+    "individual-1": ("Individual-1", {"method": "individual", "gamma": 1.0}),
+    "mtl": ("MTL", {"method": "mtl"}),
+    "packnet": ("PackNet", {"method": "packnet"}),
+    "supsup": ("SupSup", {"method": "supsup"}),
+    "cpg": ("CPG", {"method": "cpg"}),
+    "rmn": ("RMN", {"method": "rmn"}),
+    "espn-0.2": ("ESPN-0.2", {"method": "espn", "gamma": 0.2}),
+    "espn-0.5": ("ESPN-0.5", {"method": "espn", "gamma": 0.5}),
+    "espn-1": ("ESPN-1", {"method": "espn", "gamma": 1.0}),
+}
+
+
+def label(series: str) -> str:
+    """The paper's name of a method series (``espn-0.2`` -> ``ESPN-0.2``)."""
+    return METHOD_SETTINGS[series][0] if series in METHOD_SETTINGS else series
+
+
+def method_options(series: str, alpha: float | None = None) -> dict[str, Any]:
+    """``make_config`` options of a method series; ``alpha`` only where the method has a
+    weight budget of the recipe's (Individual keeps none, as in the paper)."""
+    options = dict(METHOD_SETTINGS[series][1])
+    strategy = METHODS.get(options["method"])
+    if alpha is not None and strategy.uses_alpha and strategy.default_alpha is None:
+        options["alpha"] = alpha
+    return options
+
+
+def built(series: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The series whose method exists in this espn, and those left out (not built yet)."""
+    have: list[str] = []
+    missing: list[str] = []
+    for s in series:
+        (have if METHOD_SETTINGS[s][1]["method"] in METHODS else missing).append(s)
+    return have, missing
+
+
+def by_series(runs: Iterable[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by series, each group sorted by seed."""
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[run.series].append(run)
+    return {k: sorted(v, key=lambda r: r.seed) for k, v in groups.items()}
+
+
+def ordered(keys: Iterable[str], order: list[str]) -> list[str]:
+    """``keys`` in ``order``'s order, any others after them, sorted."""
+    keys = list(keys)
+    return [k for k in order if k in keys] + sorted(k for k in keys if k not in order)
+
+
+def mean_of(values: list[float]) -> float:
+    """Plain mean (values non-empty)."""
+    return sum(values) / len(values)
+
+
+def values_of(runs: Iterable[Run], get: Callable[[dict[str, Any]], float]) -> list[float]:
+    """``get(results)`` of every run."""
+    return [float(get(r.doc)) for r in runs]
+
+
+def save_figure(fig: Figure, path: Path) -> None:
+    """Write ``fig`` as PNG atomically and close it."""
+    with atomic_target(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def known(*values: float | None) -> list[float] | None:
+    """``values`` as floats when none is missing, else None."""
+    return None if any(v is None for v in values) else [float(v) for v in values if v is not None]
+
+
+def signed(value: float) -> str:
+    """A difference in points with its sign: ``+1.23`` / ``-0.40``."""
+    return f"{value:+.2f}"
+
+
+def figure_title(what: str, table: Table) -> str:
+    """The figure title, saying when the data stand in for the paper's."""
+    stand_in = any(n.startswith("data:") for n in table.notes)
+    return what + (" — ours on Fashion-MNIST stand-in data" if stand_in else "")

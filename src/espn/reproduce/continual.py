@@ -1,0 +1,360 @@
+"""The continual-learning results: Table 1 (SplitCIFAR100, every method) and Fig. 4 (Rotated
+and Permuted MNIST over 36 tasks)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
+
+from espn.reproduce.common import (
+    FC_RECIPE,
+    SMOKE,
+    built,
+    by_series,
+    figure_title,
+    known,
+    label,
+    mean_of,
+    method_options,
+    ordered,
+    save_figure,
+    signed,
+)
+from espn.reproduce.paper import claims_notes, data_notes, paper
+from espn.reproduce.table import Table, markdown_table, mean_se
+from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
+from espn.sweep import Point
+
+# ---------------------------------------------------------------------------------- table1
+TABLE1_SERIES = [
+    "individual-0.2",
+    "individual-1",
+    "mtl",
+    "packnet",
+    "supsup",
+    "cpg",
+    "rmn",
+    "espn-0.2",
+    "espn-0.5",
+    "espn-1",
+]
+SPLIT_CPU = {"benchmark": "split-fashion-mnist", **FC_RECIPE, "tasks": 5}
+SPLIT_CPU_SIZES = {"train_per_task": 1000, "test_per_task": 1000}
+
+
+def split_base(options: Options) -> dict[str, Any]:
+    """SplitCIFAR100 with the paper's recipe, or its split Fashion-MNIST stand-in (FC1024,
+    5 tasks of 2 classes), always on one task sequence (task seed 0) as the paper."""
+    if options.scale == "paper":
+        return {"preset": "paper", "task_seed": 0}
+    if options.scale == "cpu":
+        return SPLIT_CPU | SPLIT_CPU_SIZES | {"task_seed": 0}
+    return SPLIT_CPU | SMOKE | {"tasks": 2, "task_seed": 0}
+
+
+def _alpha(options: Options) -> float | None:
+    """alpha 0.1 as the paper's SplitCIFAR100 runs (the ``paper`` preset sets it itself)."""
+    return None if options.scale == "paper" else 0.1
+
+
+def table1_stages(options: Options, out: Path) -> list[list[Point]]:
+    """One point per method setting and seed, all on one task sequence."""
+    have, _ = built(TABLE1_SERIES)
+    base = split_base(options) | options.common()
+    return [
+        [
+            Point(
+                point_name("table1", s, seed),
+                base | method_options(s, _alpha(options)) | {"seed": seed},
+            )
+            for s in have
+            for seed in TABLE1.seeds(options)
+        ]
+    ]
+
+
+def _final(run: Run, j: int) -> float | None:
+    acc = run.doc["final_accuracy"]
+    return float(acc[j]) if j < len(acc) else None
+
+
+def table1_table(runs: list[Run]) -> Table:
+    """Per method: seeds, task-averaged accuracy (mean ± se over seeds) beside the paper's,
+    mean FLOPs ratio, and the mean accuracy of every task."""
+    groups = by_series(runs)
+    reported = paper("table1")["methods"]
+    n_tasks = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
+    tasks = [f"task{j + 1}" for j in range(n_tasks)]
+    columns = ["method", "seeds", "avg", "avg_se", "paper_avg", "paper_avg_se", "flops_ratio"]
+    rows = []
+    for s in ordered(groups, TABLE1_SERIES):
+        rs = groups[s]
+        avg, se = mean_se([float(r.doc["average_accuracy"]) for r in rs])
+        ref = reported.get(label(s), {})
+        row: dict[str, Any] = {
+            "method": label(s),
+            "seeds": len(rs),
+            "avg": avg,
+            "avg_se": se,
+            "paper_avg": ref.get("avg"),
+            "paper_avg_se": ref.get("se"),
+            "flops_ratio": mean_of([mean_of(r.doc["flops_ratio"]) for r in rs]),
+        }
+        for j, name in enumerate(tasks):
+            found = [v for v in (_final(r, j) for r in rs) if v is not None]
+            row[name] = mean_of(found) if found else None
+        rows.append(row)
+    table = Table("table1", TABLE1.title, columns + tasks, rows)
+    _, missing = built(TABLE1_SERIES)
+    notes = data_notes(
+        (r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "resnet18-reduced"
+    )
+    if missing:
+        notes.append("left out (method not built in this espn): " + ", ".join(map(label, missing)))
+    table.notes = notes + claims_notes("table1", _table1_observations(table))
+    table.appendix = "The paper's Table 1 (SplitCIFAR100), per task:\n\n" + markdown_table(
+        ["method", *[str(j + 1) for j in range(20)], "avg ± se"],
+        [[m, *v["tasks"], f"{v['avg']:.1f} ± {v['se']:.2f}"] for m, v in reported.items()],
+    )
+    return table
+
+
+def _avg(table: Table, method: str) -> float | None:
+    found = table.column("avg", method=method)
+    return found[0] if found else None
+
+
+def _table1_observations(table: Table) -> list[str]:
+    espn = {m: _avg(table, m) for m in ("ESPN-0.2", "ESPN-0.5")}
+    rivals = {m: v for m in ("PackNet", "CPG", "RMN") if (v := _avg(table, m)) is not None}
+    first = "needs ESPN and PackNet/CPG/RMN runs"
+    if rivals and any(v is not None for v in espn.values()):
+        best = max(rivals, key=lambda m: rivals[m])
+        first = ", ".join(
+            f"{m} {v:.2f} ({signed(v - rivals[best])} vs the best of them, {best} {rivals[best]:.2f})"
+            for m, v in espn.items()
+            if v is not None
+        )
+    ind = known(_avg(table, "Individual-0.2"), _avg(table, "Individual-1"))
+    second = (
+        f"Individual-0.2 {ind[0]:.2f} vs Individual-1 {ind[1]:.2f} ({signed(ind[0] - ind[1])})"
+        if ind
+        else "needs both Individual runs"
+    )
+    ranked = sorted(table.rows, key=lambda r: -(r["avg"] or 0.0))
+    third = (
+        "MTL ranks "
+        + str(next(i + 1 for i, r in enumerate(ranked) if r["method"] == "MTL"))
+        + f" of {len(ranked)} (best: {ranked[0]['method']} {ranked[0]['avg']:.2f})"
+        if any(r["method"] == "MTL" for r in ranked)
+        else "needs an MTL run"
+    )
+    return [first, second, third]
+
+
+def table1_plot(table: Table, path: Path) -> None:
+    """Bars: our task-averaged accuracy ± se per method, the paper's as markers."""
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    xs = range(len(table.rows))
+    ours = [r["avg"] for r in table.rows]
+    errs = [r["avg_se"] or 0.0 for r in table.rows]
+    ax.bar(xs, ours, yerr=errs, color="tab:blue", alpha=0.8, capsize=3, label="ours")
+    px = [i for i, r in enumerate(table.rows) if r["paper_avg"] is not None]
+    ax.scatter(
+        px,
+        [table.rows[i]["paper_avg"] for i in px],
+        color="tab:red",
+        marker="D",
+        zorder=3,
+        label="paper (Table 1, SplitCIFAR100)",
+    )
+    ax.set_xticks(list(xs), [r["method"] for r in table.rows], rotation=30, ha="right")
+    low = min([v for v in ours if v is not None] + [77.0])
+    ax.set_ylim(max(0.0, low - 5), 100)
+    ax.set_ylabel("task-averaged test accuracy (%)")
+    ax.set_title(figure_title("Table 1", table))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+TABLE1 = TARGETS.register("table1")(
+    Target(
+        name="table1",
+        title="SplitCIFAR100, every method: accuracy per task and task-averaged (Table 1)",
+        default_seeds={"smoke": 1, "cpu": 2, "paper": 5},
+        stages=table1_stages,
+        table=table1_table,
+        plot=table1_plot,
+        cost={
+            "smoke": "10 runs of 2 tasks x 64 images, seconds each",
+            "cpu": "20 runs (10 methods x 2 seeds) of 5 split Fashion-MNIST tasks x 1000 images on FC1024",
+            "paper": "50 runs (10 methods x 5 seeds) of 20 SplitCIFAR100 tasks x 250 epochs on a GPU",
+        },
+    )
+)
+
+# -------------------------------------------------------------------------------- fig-mnist
+MNIST_METHODS = ["espn-0.2", "packnet", "individual-0.2", "individual-1"]
+MNIST_KINDS = ["rotated", "permuted"]
+
+
+def mnist_base(kind: str, options: Options) -> dict[str, Any]:
+    """Rotated/Permuted MNIST with the paper's FC1024 recipe (36 tasks), or the Fashion-MNIST
+    variants with fewer tasks and images."""
+    if options.scale == "paper":
+        return {"benchmark": f"{kind}-mnist"}
+    if options.scale == "cpu":
+        return {
+            "benchmark": f"{kind}-fashion-mnist",
+            "tasks": 10,
+            "train_per_task": 1000,
+            "test_per_task": 1000,
+        }
+    return {"benchmark": f"{kind}-fashion-mnist", "tasks": 2} | SMOKE
+
+
+def mnist_stages(options: Options, out: Path) -> list[list[Point]]:
+    """One point per benchmark, method and seed (the seed also draws the task sequence)."""
+    have, _ = built(MNIST_METHODS)
+    return [
+        [
+            Point(
+                point_name("fig-mnist", f"{kind}+{s}", seed),
+                mnist_base(kind, options) | options.common() | method_options(s) | {"seed": seed},
+            )
+            for kind in MNIST_KINDS
+            for s in have
+            for seed in FIG_MNIST.seeds(options)
+        ]
+    ]
+
+
+def _split_series(series: str) -> tuple[str, str]:
+    kind, _, method = series.partition("+")
+    return kind, method
+
+
+def _quarter(n: int) -> int:
+    return max(1, math.ceil(n / 4))
+
+
+def mnist_table(runs: list[Run]) -> Table:
+    """Per benchmark and method: task-averaged accuracy, the first quarter of the tasks, the
+    second half, and every task's final accuracy (mean over seeds)."""
+    groups = by_series(runs)
+    n_tasks = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
+    tasks = [f"task{j + 1}" for j in range(n_tasks)]
+    columns = ["benchmark", "method", "seeds", "avg", "avg_se", "early", "early_se"]
+    columns += ["late", "late_se", *tasks]
+    order = [f"{k}+{m}" for k in MNIST_KINDS for m in MNIST_METHODS]
+    rows = []
+    for s in ordered(groups, order):
+        rs = groups[s]
+        _, method = _split_series(s)
+        row: dict[str, Any] = {"benchmark": rs[0].doc["benchmark"], "method": label(method)}
+        row["seeds"] = len(rs)
+        row["avg"], row["avg_se"] = mean_se([float(r.doc["average_accuracy"]) for r in rs])
+        accs = [[float(a) for a in r.doc["final_accuracy"]] for r in rs]
+        row["early"], row["early_se"] = mean_se([mean_of(a[: _quarter(len(a))]) for a in accs])
+        row["late"], row["late_se"] = mean_se([mean_of(a[len(a) // 2 :]) for a in accs])
+        for j, name in enumerate(tasks):
+            found = [a[j] for a in accs if j < len(a)]
+            row[name] = mean_of(found) if found else None
+        rows.append(row)
+    table = Table("fig-mnist", FIG_MNIST.title, columns, rows)
+    table.md_columns = columns[:9]
+    notes = data_notes((r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "fc1024")
+    notes.append(
+        "early: mean final accuracy of the first quarter of the tasks; late: of the second "
+        "half (by zero forgetting, a task's final accuracy is its accuracy when learned)"
+    )
+    table.notes = notes + claims_notes("fig-mnist", _mnist_observations(table))
+    return table
+
+
+def _get(table: Table, column: str, benchmark_kind: str, method: str) -> float | None:
+    for r in table.rows:
+        if r["benchmark"].startswith(benchmark_kind) and r["method"] == method:
+            return r[column]
+    return None
+
+
+def _mnist_observations(table: Table) -> list[str]:
+    first, second, third = [], [], []
+    for kind in MNIST_KINDS:
+        ind = known(*(_get(table, "avg", kind, m) for m in ("Individual-0.2", "Individual-1")))
+        if ind:
+            a, b = ind
+            first.append(
+                f"{kind}: Individual-0.2 {a:.2f} vs Individual-1 {b:.2f} ({signed(a - b)})"
+            )
+        e = known(*(_get(table, c, kind, "ESPN-0.2") for c in ("early", "late")))
+        p = known(*(_get(table, c, kind, "PackNet") for c in ("early", "late")))
+        if e and p:
+            second.append(
+                f"{kind}: ESPN-0.2 minus PackNet {signed(e[0] - p[0])} on the early tasks, "
+                f"{signed(e[1] - p[1])} on the late ones"
+            )
+    late = known(*(_get(table, "late", k, "ESPN-0.2") for k in MNIST_KINDS))
+    early = known(*(_get(table, "early", k, "ESPN-0.2") for k in MNIST_KINDS))
+    if late and early:
+        third.append(
+            f"ESPN-0.2 from early to late tasks: rotated {signed(late[0] - early[0])}, "
+            f"permuted {signed(late[1] - early[1])}; late tasks rotated minus permuted "
+            f"{signed(late[0] - late[1])}"
+        )
+    return ["; ".join(x) or "needs the runs" for x in (first, second, third)]
+
+
+def mnist_plot(table: Table, path: Path) -> None:
+    """Per benchmark: final accuracy per task id for ESPN-0.2 and PackNet, Individual-0.2/-1
+    as dashed lines at their task-averaged accuracy (the paper's Fig. 4 gives no numbers)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    colours = {"ESPN-0.2": "tab:blue", "PackNet": "tab:orange"}
+    lines = {"Individual-0.2": "tab:green", "Individual-1": "tab:red"}
+    for ax, kind in zip(axes, MNIST_KINDS, strict=True):
+        mine = [r for r in table.rows if r["benchmark"].startswith(kind)]
+        for r in mine:
+            ys = [v for k, v in r.items() if k.startswith("task") and v is not None]
+            if r["method"] in colours:
+                ax.plot(
+                    range(1, len(ys) + 1),
+                    ys,
+                    marker=".",
+                    color=colours[r["method"]],
+                    label=r["method"],
+                )
+            elif r["method"] in lines:
+                ax.axhline(r["avg"], ls="--", color=lines[r["method"]], label=r["method"])
+        ax.set_title(f"{mine[0]['benchmark'] if mine else kind}")
+        ax.set_xlabel("task id (# of trained tasks)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("test accuracy (%)")
+    fig.suptitle(figure_title("Fig. 4 (the paper gives curves only)", table))
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+FIG_MNIST = TARGETS.register("fig-mnist")(
+    Target(
+        name="fig-mnist",
+        title="Rotated and Permuted MNIST: ESPN-0.2 and PackNet per task, Individual-0.2/-1 (Fig. 4)",
+        default_seeds={"smoke": 1, "cpu": 2, "paper": 5},
+        stages=mnist_stages,
+        table=mnist_table,
+        plot=mnist_plot,
+        cost={
+            "smoke": "8 runs of 2 tasks x 64 images, seconds each",
+            "cpu": "16 runs (2 benchmarks x 4 methods x 2 seeds) of 10 Fashion-MNIST tasks x 1000 images",
+            "paper": "40 runs (2 x 4 x 5 seeds) of 36 MNIST tasks x 60000 images x 10 epochs",
+        },
+    )
+)

@@ -1,0 +1,532 @@
+"""The continual-representation-learning results: task diversity (the ImageNet table, Fig.
+2b), data efficiency of small tasks learned late (Fig. 2a) and task order by sample size
+(Fig. 2c)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from espn.reproduce.common import (
+    SMOKE,
+    by_series,
+    figure_title,
+    label,
+    mean_of,
+    method_options,
+    ordered,
+    save_figure,
+    signed,
+)
+from espn.reproduce.paper import claims_notes, data_notes, paper
+from espn.reproduce.table import Table, mean_se
+from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point_name
+from espn.sweep import Point
+
+# --------------------------------------------------------------------------- table-imagenet
+IMAGENET_TASKS = ["imagenet", "cubs", "cars", "flowers", "wikiart", "sketch"]
+IMAGENET_SERIES = ["individual", "espn-no-pretrain", "espn-imagenet"]
+
+
+def imagenet_folders(options: Options) -> list[Path]:
+    """The six task folders under ``options.data_root``, refused clearly when missing."""
+    layout = ", ".join(f"{t}/" for t in IMAGENET_TASKS)
+    if options.data_root is None:
+        raise ReproduceError(
+            "table-imagenet needs the paper's six image datasets: give --data-root DIR where "
+            f"DIR holds {layout} (each an ImageFolder directory: train/ and val/, or the class "
+            "directories); they cannot be downloaded by espn"
+        )
+    root = Path(options.data_root)
+    missing = [t for t in IMAGENET_TASKS if not (root / t).is_dir()]
+    if missing:
+        raise ReproduceError(
+            f"table-imagenet: --data-root {root} lacks {', '.join(f'{t}/' for t in missing)}; "
+            f"it must hold {layout} (ImageFolder directories)"
+        )
+    return [root / t for t in IMAGENET_TASKS]
+
+
+def imagenet_base(options: Options) -> dict[str, Any]:
+    """The appendix's recipe (``imagenet`` preset: ResNet50 at 224 px), or a reduced ResNet18
+    on small images and subsets for the CPU."""
+    if options.scale == "paper":
+        return {"preset": "imagenet"}
+    small = {"benchmark": "image-folders", "model": "resnet18-reduced"}
+    if options.scale == "cpu":
+        return small | {
+            "image_size": 64,
+            "train_per_task": 1000,
+            "test_per_task": 500,
+            "epochs": [2, 3, 2],
+            "batch_size": 64,
+        }
+    return small | SMOKE | {"image_size": 16, "train_per_task": 16, "test_per_task": 8}
+
+
+def imagenet_stages(options: Options, out: Path) -> list[list[Point]]:
+    """Individual and ESPN on CUBS..Sketch, and ESPN with ImageNet first (learned from the
+    folder, or adopted from ``--init-weights`` as the paper's sparse pretrained ResNet50)."""
+    folders = [str(f) for f in imagenet_folders(options)]
+    base = imagenet_base(options) | options.common() | {"alpha": 0.1}
+    espn = {"method": "espn", "gamma": 0.2}
+    settings = {
+        "individual": {"method": "individual", "gamma": 1.0, "folders": folders[1:]},
+        "espn-no-pretrain": espn | {"folders": folders[1:]},
+        "espn-imagenet": espn | {"folders": folders},
+    }
+    if options.init_weights is not None:
+        settings["espn-imagenet"]["init_weights"] = str(options.init_weights)
+    return [
+        [
+            Point(point_name("table-imagenet", s, seed), base | settings[s] | {"seed": seed})
+            for s in IMAGENET_SERIES
+            for seed in TABLE_IMAGENET.seeds(options)
+        ]
+    ]
+
+
+def _by_task(run: Run) -> dict[str, float]:
+    """Final accuracy per task, by folder name."""
+    names = [Path(n).name.lower() for n in run.doc["task_names"]]
+    return {n: float(a) for n, a in zip(names, run.doc["final_accuracy"], strict=False)}
+
+
+def imagenet_table(runs: list[Run]) -> Table:
+    """Per dataset: final accuracy of each of the three settings beside the paper's."""
+    groups = by_series(runs)
+    reported = paper("table-imagenet")["tasks"]
+    columns = ["task"]
+    for s in IMAGENET_SERIES:
+        columns += [s, f"{s}_se", f"paper_{s}"]
+    seen = {n for r in runs for n in _by_task(r)}
+    rows = []
+    for task in ordered(seen | set(IMAGENET_TASKS), IMAGENET_TASKS):
+        row: dict[str, Any] = {"task": task}
+        for s in IMAGENET_SERIES:
+            found = [_by_task(r)[task] for r in groups.get(s, []) if task in _by_task(r)]
+            row[s], row[f"{s}_se"] = mean_se(found)
+            row[f"paper_{s}"] = reported.get(task, {}).get(s)
+        rows.append(row)
+    table = Table("table-imagenet", TABLE_IMAGENET.title, columns, rows)
+    models = sorted({r.doc["model"] for r in runs} - {"resnet50"})
+    notes = (
+        [f"model: {', '.join(models)} at reduced image size and subsets (CPU cost)"]
+        if models
+        else []
+    )
+    pretrained = [r for r in groups.get("espn-imagenet", []) if r.doc["config"].get("init_weights")]
+    notes.append(
+        "ImageNet first: adopted from --init-weights (as the paper's sparse pretrained ResNet50)"
+        if pretrained
+        else "ImageNet first: learned from the imagenet folder as task 1 (no --init-weights given)"
+    )
+    table.notes = notes + claims_notes("table-imagenet", _imagenet_observations(table))
+    return table
+
+
+def _imagenet_observations(table: Table) -> list[str]:
+    later = [r for r in table.rows if r["task"] != "imagenet"]
+    pairs = [
+        (r["espn-imagenet"], r["espn-no-pretrain"], r["individual"])
+        for r in later
+        if None not in (r["espn-imagenet"], r["espn-no-pretrain"], r["individual"])
+    ]
+    if not pairs:
+        return ["needs the three settings' runs"]
+    better = sum(a > b and a > c for a, b, c in pairs)
+    gain = mean_of([a - b for a, b, _ in pairs])
+    return [
+        f"ImageNet first beats both others on {better} of {len(pairs)} tasks "
+        f"(mean {signed(gain)} points over no pretrain)"
+    ]
+
+
+def imagenet_plot(table: Table, path: Path) -> None:
+    """Grouped bars per dataset (ours), the paper's numbers as markers."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    xs = np.arange(len(table.rows))
+    colours = {
+        "individual": "tab:blue",
+        "espn-no-pretrain": "tab:orange",
+        "espn-imagenet": "tab:green",
+    }
+    for i, s in enumerate(IMAGENET_SERIES):
+        ys = [r[s] if r[s] is not None else np.nan for r in table.rows]
+        es = [r[f"{s}_se"] or 0.0 for r in table.rows]
+        ax.bar(xs + (i - 1) * 0.27, ys, 0.27, yerr=es, color=colours[s], label=f"ours: {s}")
+        ps = [r[f"paper_{s}"] if r[f"paper_{s}"] is not None else np.nan for r in table.rows]
+        ax.scatter(xs + (i - 1) * 0.27, ps, color="black", marker="_", s=200, zorder=3)
+    ax.scatter([], [], color="black", marker="_", s=200, label="paper (appendix table)")
+    ax.set_xticks(xs, [r["task"] for r in table.rows])
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("ImageNet -> CUBS -> Cars -> Flowers -> WikiArt -> Sketch (Fig. 2b)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+TABLE_IMAGENET = TARGETS.register("table-imagenet")(
+    Target(
+        name="table-imagenet",
+        title="Task diversity: CUBS..Sketch with and without ImageNet first (appendix table, Fig. 2b)",
+        default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
+        stages=imagenet_stages,
+        table=imagenet_table,
+        plot=imagenet_plot,
+        cost={
+            "smoke": "3 runs on tiny image folders, seconds each (needs --data-root)",
+            "cpu": "3 runs of 5-6 tasks x 1000 images at 64 px on a reduced ResNet18 (needs --data-root)",
+            "paper": "3 ResNet50 runs at 224 px x 250 epochs per task, ImageNet included, on a GPU (needs --data-root)",
+        },
+    )
+)
+
+
+# ---------------------------------------------------------------------- fig-data-efficiency
+@dataclass(frozen=True)
+class Efficiency:
+    """The data-efficiency experiment at one scale: ``full_tasks`` tasks of ``full`` images
+    learned first, then ``small_tasks`` of ``small`` images, tried on the supernets after
+    each K in ``before`` full tasks; ``small_recipe`` are options of the runs that learn
+    the small tasks (all of them: on a supernet, on a fresh one, Individual)."""
+
+    base: dict[str, Any]
+    full_tasks: int
+    small_tasks: int
+    full: int
+    small: int
+    before: tuple[int, ...]
+    small_recipe: dict[str, Any] = field(default_factory=dict)
+
+
+EFFICIENCY = {
+    "paper": Efficiency({"preset": "paper"}, 15, 5, 2500, 250, tuple(range(16))),
+    # with the MNIST recipe (batch 256, 10 epochs) a task of 100 images would get 10 steps
+    # (the paper's small tasks get 500): the small-task runs take batch 32 and 30 epochs
+    "cpu": Efficiency(
+        {"benchmark": "rotated-fashion-mnist", "test_per_task": 1000},
+        8,
+        2,
+        1000,
+        100,
+        (0, 1, 2, 4, 8),
+        {"batch_size": 32, "epochs": [9, 12, 9]},
+    ),
+    "smoke": Efficiency({"benchmark": "rotated-fashion-mnist"} | SMOKE, 2, 1, 64, 16, (0, 1, 2)),
+}
+EFFICIENCY_METHODS = {
+    "paper": ["espn-0.2", "espn-1", "packnet"],
+    "cpu": ["espn-0.2", "espn-1", "packnet"],
+    "smoke": ["espn-0.2"],
+}
+
+
+def efficiency_stages(options: Options, out: Path) -> list[list[Point]]:
+    """Stage 1: per method a source run learning the full-data tasks first (``train_sizes``
+    + ``large-first`` on the sequence whose first tasks are the small ones, so the full tasks
+    it learns first are other tasks than the small ones; it learns those last); the small
+    tasks alone on a fresh supernet (K = 0); Individual on the small tasks. Stage 2: the
+    small tasks learned on top of each source's supernet after K full tasks
+    (``from_run``)."""
+    e = EFFICIENCY[options.scale]
+    n_full, ks = e.full_tasks, e.before
+    base = e.base | options.common() | {"task_seed": 0}
+    small_only = {"tasks": e.small_tasks, "train_per_task": e.small} | e.small_recipe
+    sizes = [e.small] * e.small_tasks + [e.full] * n_full
+    source = {"tasks": e.small_tasks + n_full, "train_sizes": sizes, "task_order": "large-first"}
+    first: list[Point] = []
+    second: list[Point] = []
+    for seed in FIG_DATA_EFFICIENCY.seeds(options):
+        for m in EFFICIENCY_METHODS[options.scale]:
+            method = method_options(m) | {"seed": seed}
+            src = point_name("fig-data-efficiency", f"{m}+source", seed)
+            first.append(Point(src, base | method | source))
+            if 0 in ks:
+                name = point_name("fig-data-efficiency", f"{m}+k0", seed)
+                first.append(Point(name, base | method | small_only))
+            for k in (k for k in ks if 0 < k <= n_full):
+                name = point_name("fig-data-efficiency", f"{m}+k{k}", seed)
+                after = {"from_run": str(Path(out).resolve() / src), "after_task": k}
+                second.append(Point(name, base | method | small_only | after))
+        alone = method_options("individual-1") | {"seed": seed}
+        name = point_name("fig-data-efficiency", "individual-1+alone", seed)
+        first.append(Point(name, base | alone | small_only))
+    return [first, second]
+
+
+def small_task_accuracies(doc: dict[str, Any]) -> tuple[int, list[float]]:
+    """(tasks learned before the small ones, the small tasks' final accuracies) of a run:
+    its own tasks are those after the ``after_task`` inherited ones, the small ones those
+    of its own tasks with the fewest training images."""
+    inherited = int(doc["config"].get("after_task") or 0)
+    sizes = doc["train_samples"][inherited:]
+    accs = [float(a) for a in doc["final_accuracy"][inherited:]]
+    least = min(sizes)
+    before = inherited + sum(s > least for s in sizes)
+    return before, [a for a, s in zip(accs, sizes, strict=True) if s == least]
+
+
+def efficiency_table(runs: list[Run]) -> Table:
+    """Per method and K (full-data tasks learned before): accuracy of the small tasks (mean
+    over them, then mean ± se over seeds) and of the first small task; Individual alone."""
+    groups: dict[tuple[str, int | None], list[tuple[float, float]]] = {}
+    small_sizes, recipes = set(), set()
+    for r in runs:
+        method, _, role = r.series.partition("+")
+        if role == "source":  # the supernets' run: its small tasks are not a point
+            continue
+        cfg = r.doc["config"]
+        recipes.add(f"batch {cfg['batch_size']}, epochs {','.join(map(str, cfg['epochs']))}")
+        before, accs = small_task_accuracies(r.doc)
+        small_sizes.add(min(r.doc["train_samples"][int(r.doc["config"].get("after_task") or 0) :]))
+        key = (method, None if method.startswith("individual") else before)
+        groups.setdefault(key, []).append((mean_of(accs), accs[0]))
+    order = ["espn-0.2", "espn-1", "packnet", "individual-1"]
+    columns = ["method", "tasks_before", "seeds", "small", "small_se", "first", "first_se"]
+    rows = []
+    for method in ordered({m for m, _ in groups}, order):
+        for k in sorted(
+            {k for m, k in groups if m == method}, key=lambda k: -1 if k is None else k
+        ):
+            vals = groups[method, k]
+            row: dict[str, Any] = {"method": label(method), "tasks_before": k, "seeds": len(vals)}
+            row["small"], row["small_se"] = mean_se([v for v, _ in vals])
+            row["first"], row["first_se"] = mean_se([f for _, f in vals])
+            rows.append(row)
+    table = Table("fig-data-efficiency", FIG_DATA_EFFICIENCY.title, columns, rows)
+    notes = data_notes((r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "")
+    notes = [n for n in notes if n.startswith("data:")]
+    notes.append(
+        f"small tasks: {', '.join(map(str, sorted(small_sizes)))} training images each; "
+        "small: mean over the small tasks, learned one after the other on the supernet after "
+        "tasks_before full-data tasks (the paper trains each on it separately); first: the "
+        "first small task, learned directly on that supernet; the small-task runs: "
+        + "; ".join(sorted(recipes))
+    )
+    table.notes = notes + claims_notes("fig-data-efficiency", _efficiency_observations(table))
+    return table
+
+
+def _efficiency_observations(table: Table) -> list[str]:
+    ind = [r["small"] for r in table.rows if r["tasks_before"] is None]
+    cl = [r for r in table.rows if r["tasks_before"] is not None]
+    if not ind or not cl:
+        return ["needs the runs"]
+    most = max(r["tasks_before"] for r in cl)
+    at_most = [f"{r['method']} {r['small']:.2f}" for r in cl if r["tasks_before"] == most]
+    first = f"after {most} tasks: {', '.join(at_most)} vs Individual {ind[0]:.2f}"
+    second = f"Individual {ind[0]:.2f} (paper: about 68 on SplitCIFAR100)"
+    trends = []
+    for method in dict.fromkeys(r["method"] for r in cl):
+        mine = [r for r in cl if r["method"] == method]
+        trends.append(f"{method} " + " -> ".join(f"{r['small']:.1f}" for r in mine))
+    third = "by tasks before: " + "; ".join(trends)
+    return [first, second, third]
+
+
+def efficiency_plot(table: Table, path: Path) -> None:
+    """Small-task accuracy against the number of full-data tasks learned before, per method;
+    Individual as a dashed line; the paper's stated levels (68%, 75%) dotted."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for method in dict.fromkeys(r["method"] for r in table.rows if r["tasks_before"] is not None):
+        mine = [r for r in table.rows if r["method"] == method]
+        ax.errorbar(
+            [r["tasks_before"] for r in mine],
+            [r["small"] for r in mine],
+            yerr=[r["small_se"] or 0.0 for r in mine],
+            marker="o",
+            capsize=3,
+            label=method,
+        )
+    for r in table.rows:
+        if r["tasks_before"] is None:
+            ax.axhline(r["small"], ls="--", color="tab:red", label=f"{r['method']} (ours)")
+    numbers = paper("fig-data-efficiency")["numbers"]
+    ax.axhline(
+        numbers["individual"], ls=":", color="gray", label="paper: Individual ≈68% (SplitCIFAR100)"
+    )
+    ax.axhline(
+        numbers["espn_packnet_above"],
+        ls=":",
+        color="black",
+        label="paper: CL > 75% (SplitCIFAR100)",
+    )
+    ax.set_xlabel("tasks learned before the small tasks")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("small-task test accuracy (%)")
+    ax.set_title(figure_title("Fig. 2a", table), fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+FIG_DATA_EFFICIENCY = TARGETS.register("fig-data-efficiency")(
+    Target(
+        name="fig-data-efficiency",
+        title="Data efficiency: small tasks learned on supernets after K tasks vs Individual (Fig. 2a)",
+        default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
+        stages=efficiency_stages,
+        table=efficiency_table,
+        plot=efficiency_plot,
+        cost={
+            "smoke": "4 runs of 1-3 tasks x 16-64 images, seconds each",
+            "cpu": "19 runs: per method (3) a run of 10 rotated Fashion-MNIST tasks (8 x 1000 "
+            "images, then 2 x 100) and 5 runs of the 2 small tasks on its supernets after 0-8 "
+            "tasks; Individual",
+            "paper": "3 SplitCIFAR100 runs of 20 tasks, 48 runs of 5 small tasks (3 on a fresh "
+            "supernet, 45 on theirs) and Individual, 250 epochs per task, on a GPU",
+        },
+    )
+)
+
+# --------------------------------------------------------------------------- fig-task-order
+ORDER = {
+    "paper": ({"preset": "paper", "tasks": 20, "train_sizes": "geometric:2500:125"}),
+    "cpu": {
+        "benchmark": "rotated-fashion-mnist",
+        "tasks": 10,
+        "train_sizes": "geometric:2000:100",
+        "test_per_task": 1000,
+    },
+    "smoke": {"benchmark": "rotated-fashion-mnist", "tasks": 3}
+    | SMOKE
+    | {"train_sizes": "geometric:64:16"},
+}
+ORDER_METHODS = {
+    "paper": ["espn-0.2", "espn-1", "packnet"],
+    "cpu": ["espn-0.2", "packnet"],
+    "smoke": ["espn-0.2"],
+}
+POLICIES = ["large-first", "small-first"]
+
+
+def order_stages(options: Options, out: Path) -> list[list[Point]]:
+    """Per method: tasks whose sizes fall geometrically, learned large first and small
+    first; Individual-1 (order does not matter to it)."""
+    base = ORDER[options.scale] | options.common() | {"task_seed": 0}
+    points = []
+    for seed in FIG_TASK_ORDER.seeds(options):
+        for m in ORDER_METHODS[options.scale]:
+            for policy in POLICIES:
+                name = point_name("fig-task-order", f"{m}+{policy}", seed)
+                points.append(
+                    Point(name, base | method_options(m) | {"task_order": policy, "seed": seed})
+                )
+        name = point_name("fig-task-order", "individual-1+given", seed)
+        points.append(Point(name, base | method_options("individual-1") | {"seed": seed}))
+    return [points]
+
+
+def by_size_rank(doc: dict[str, Any]) -> list[float]:
+    """Final accuracies by task ID = rank of the training-set size (1 = the largest task),
+    whatever order the tasks were learned in (ties: in the order learned)."""
+    sizes, accs = doc["train_samples"], doc["final_accuracy"]
+    rank = sorted(range(len(sizes)), key=lambda j: (-sizes[j], j))
+    return [float(accs[j]) for j in rank]
+
+
+def order_table(runs: list[Run]) -> Table:
+    """Per method and order: task-averaged accuracy, the larger and the smaller half of the
+    tasks (by size), and each task's accuracy by task ID (mean over seeds)."""
+    groups = by_series(runs)
+    n = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
+    tasks = [f"task{j + 1}" for j in range(n)]
+    columns = ["method", "order", "seeds", "avg", "avg_se", "large_half", "large_half_se"]
+    columns += ["small_half", "small_half_se", *tasks]
+    series_order = [f"{m}+{p}" for m in ORDER_METHODS["paper"] for p in POLICIES]
+    rows = []
+    for s in ordered(groups, [*series_order, "individual-1+given"]):
+        rs = groups[s]
+        method, _, policy = s.partition("+")
+        accs = [by_size_rank(r.doc) for r in rs]
+        half = n // 2
+        row: dict[str, Any] = {"method": label(method), "order": policy, "seeds": len(rs)}
+        row["avg"], row["avg_se"] = mean_se([mean_of(a) for a in accs])
+        row["large_half"], row["large_half_se"] = mean_se([mean_of(a[:half] or a) for a in accs])
+        row["small_half"], row["small_half_se"] = mean_se([mean_of(a[half:]) for a in accs])
+        for j, name in enumerate(tasks):
+            row[name] = mean_of([a[j] for a in accs if j < len(a)])
+        rows.append(row)
+    table = Table("fig-task-order", FIG_TASK_ORDER.title, columns, rows)
+    table.md_columns = columns[:9]
+    sizes = sorted({s for r in runs for s in r.doc["train_samples"]}, reverse=True)
+    notes = [n for n in data_notes((r.doc["benchmark"] for r in runs), [], "") if n]
+    notes.append(
+        "task ID = rank of the training-set size (1: the largest, "
+        f"{sizes[0] if sizes else '-'} images; last: {sizes[-1] if sizes else '-'}); "
+        "large_half / small_half: mean over the larger / smaller half of the tasks"
+    )
+    table.notes = notes + claims_notes("fig-task-order", _order_observations(table))
+    return table
+
+
+def _order_observations(table: Table) -> list[str]:
+    def row(method: str, order: str) -> dict[str, Any] | None:
+        found = [r for r in table.rows if r["method"] == method and r["order"] == order]
+        return found[0] if found else None
+
+    first, second = [], []
+    ind = row("Individual-1", "given")
+    for method in dict.fromkeys(r["method"] for r in table.rows if r["order"] != "given"):
+        large, small = row(method, "large-first"), row(method, "small-first")
+        if large and small:
+            first.append(
+                f"{method} large-first {large['avg']:.2f} vs small-first {small['avg']:.2f}"
+            )
+        if large and small and ind:
+            second.append(
+                f"{method}: small half large-first {signed(large['small_half'] - ind['small_half'])} "
+                f"vs Individual; large half small-first {signed(small['large_half'] - ind['large_half'])}"
+            )
+    return ["; ".join(first) or "needs the runs", "; ".join(second) or "needs the runs"]
+
+
+def order_plot(table: Table, path: Path) -> None:
+    """Accuracy by task ID (size rank): solid large-first, dashed small-first, dotted
+    Individual (the paper smooths its curves with a moving average; we do not)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    styles = {"large-first": "-", "small-first": "--", "given": ":"}
+    colours = {"ESPN-0.2": "tab:blue", "ESPN-1": "tab:green", "PackNet": "tab:orange"}
+    for r in table.rows:
+        ys = [v for k, v in r.items() if k.startswith("task") and v is not None]
+        ax.plot(
+            range(1, len(ys) + 1),
+            ys,
+            ls=styles.get(r["order"], "-"),
+            marker=".",
+            color=colours.get(r["method"], "tab:red"),
+            label=f"{r['method']} {r['order']}",
+        )
+    ax.set_xlabel("task ID (larger ID has less data)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(figure_title("Fig. 2c (curves only in the paper)", table), fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+FIG_TASK_ORDER = TARGETS.register("fig-task-order")(
+    Target(
+        name="fig-task-order",
+        title="Task order by sample size: large tasks first vs small first vs Individual (Fig. 2c)",
+        default_seeds={"smoke": 1, "cpu": 2, "paper": 1},
+        stages=order_stages,
+        table=order_table,
+        plot=order_plot,
+        cost={
+            "smoke": "3 runs of 3 tasks x 16-64 images, seconds each",
+            "cpu": "10 runs (2 methods x 2 orders + Individual, 2 seeds) of 10 rotated Fashion-MNIST tasks of 2000 -> 100 images",
+            "paper": "7 SplitCIFAR100 runs of 20 tasks of 2500 -> 125 images x 250 epochs on a GPU",
+        },
+    )
+)

@@ -1,0 +1,156 @@
+"""Run a target's points on the sweep engine and write ``OUT/TARGET.csv/.md/.png``; rebuild
+those files from the run directories alone (``espn reproduce report``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from espn.reproduce.table import Table
+from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, parse_name
+from espn.sweep import Point, PointOutcome, run_sweep
+from espn.utils.io import atomic_target
+
+
+@dataclass
+class TargetResult:
+    """What ``run_target`` did: the table, the files written, every point's outcome and the
+    points not run because the run they start from failed."""
+
+    target: str
+    table: Table
+    files: list[Path]
+    outcomes: list[PointOutcome] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def run_target(
+    name: str,
+    options: Options,
+    out: Path,
+    *,
+    workers: int | None = None,
+    ray_address: str | None = None,
+    cpus_per_run: float = 1.0,
+    gpus_per_run: float = 0.0,
+    progress: bool = True,
+) -> TargetResult:
+    """Run (reuse, resume) every point of target ``name`` at ``options`` into ``out``, stage
+    by stage through :func:`espn.sweep.run_sweep`, then write its table and figure."""
+    target = TARGETS.get(name)
+    out = Path(out)
+    stages = target.stages(options, out)  # validates data locations before anything runs
+    outcomes: list[PointOutcome] = []
+    skipped: list[str] = []
+    failed: set[Path] = set()
+    for stage in stages:
+        ready = [p for p in stage if _source(p) not in failed]
+        skipped += [p.name for p in stage if _source(p) in failed]
+        if ready:
+            outcomes += run_sweep(
+                ready,
+                out,
+                workers=workers,
+                ray_address=ray_address,
+                cpus_per_run=cpus_per_run,
+                gpus_per_run=gpus_per_run,
+                progress=progress,
+            )
+        failed |= {o.run_dir.resolve() for o in outcomes if not _complete(o.results)}
+    runs, missing = [], list(skipped)
+    for o in outcomes:
+        doc = o.results if _complete(o.results) else _read(o.run_dir)  # a partial run's tasks
+        if doc is None:
+            missing.append(o.point.name)
+        else:
+            runs.append(_run(o.point.name, doc))
+    table = _build(target, runs, missing)
+    return TargetResult(name, table, write_outputs(target, table, out), outcomes, skipped)
+
+
+def _source(point: Point) -> Path | None:
+    """The run directory a point starts from (``from_run``), if any."""
+    source = point.options.get("from_run")
+    return None if source is None else Path(source).resolve()
+
+
+def _complete(doc: dict[str, Any] | None) -> bool:
+    return isinstance(doc, dict) and bool(doc.get("complete"))
+
+
+def _read(run_dir: Path) -> dict[str, Any] | None:
+    """A run directory's results with at least one finished task, else None."""
+    try:
+        doc = json.loads((Path(run_dir) / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("final_accuracy") else None
+
+
+def _run(name: str, doc: dict[str, Any]) -> Run:
+    parsed = parse_name(name)
+    assert parsed is not None, name
+    return Run(name, parsed[1], parsed[2], doc, _complete(doc))
+
+
+def _build(target: Target, runs: list[Run], missing: list[str]) -> Table:
+    """The target's table from its runs; runs that stopped early enter only ``partial``
+    targets, the others are listed as incomplete with the points that left no results."""
+    used = sorted((r for r in runs if r.complete or target.partial), key=lambda r: r.name)
+    table = target.table(used)
+    table.incomplete = sorted([*missing, *(r.name for r in runs if r not in used)])
+    return table
+
+
+def write_outputs(target: Target, table: Table, out: Path) -> list[Path]:
+    """``OUT/TARGET.csv``, ``.md`` and ``.png``, each written atomically."""
+    paths = [out / f"{target.name}.{ext}" for ext in ("csv", "md", "png")]
+    table.write_csv(paths[0])
+    with atomic_target(paths[1]) as tmp:
+        tmp.write_text(table.markdown())
+    target.plot(table, paths[2])
+    return paths
+
+
+def collect(out: Path) -> dict[str, tuple[list[Run], list[str]]]:
+    """The run directories of every target in ``out``: its runs with results (finished or
+    stopped early) and the names of its directories with no finished task."""
+    found: dict[str, tuple[list[Run], list[str]]] = {}
+    for directory in sorted(Path(out).iterdir()):
+        parsed = parse_name(directory.name)
+        if parsed is None or not directory.is_dir() or parsed[0] not in TARGETS:
+            continue
+        runs, missing = found.setdefault(parsed[0], ([], []))
+        doc = _read(directory)
+        if doc is None:
+            missing.append(directory.name)
+        else:
+            runs.append(_run(directory.name, doc))
+    return found
+
+
+def report(out: Path, targets: list[str] | None = None) -> list[TargetResult]:
+    """Rebuild the table and figure of every target (or of ``targets``) whose run
+    directories are in ``out``, from those directories alone."""
+    out = Path(out)
+    if not out.is_dir():
+        raise ReproduceError(f"report: {out} is not a directory (give the --out of espn reproduce)")
+    for name in targets or []:
+        TARGETS.get(name)
+    found = collect(out)
+    wanted = targets or list(found)
+    missing = [t for t in wanted if t not in found]
+    if not found or missing:
+        raise ReproduceError(
+            f"report: no run directories of {', '.join(missing) or 'any target'} in {out} "
+            "(they are named TARGET__SERIES__seedK by espn reproduce)"
+        )
+    results = []
+    for name in wanted:
+        target = TARGETS.get(name)
+        runs, missing = found[name]
+        table = _build(target, runs, missing)
+        results.append(TargetResult(name, table, write_outputs(target, table, out)))
+    return results
