@@ -364,3 +364,17 @@ def test_a_model_reference_runs_nothing_but_a_model_factory(
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+def test_a_run_saved_without_test_data_is_read_by_espn_info_and_show(tmp_path: Path) -> None:
+    """Tasks learned without test data (as an Avalanche stream's) save a results.json the
+    CLI accepts: no accuracy is recorded, the budgets are."""
+    learner = learner_of(SmallMLP)
+    learner.learn(tiny_data(0), name="first")
+    learner.learn(tiny_data(1), name="second")
+    run = learner.save(tmp_path / "run")
+    doc = json.loads((run / "results.json").read_text())
+    assert doc["final_accuracy"] == [] and len(doc["flops_ratio"]) == 2
+    for argv in (["info", "--run", str(run)], ["show", str(run)]):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0, result.output

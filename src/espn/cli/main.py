@@ -364,16 +364,20 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
         fail(f"no results.json in {run_dir} (is it the --out of an `espn run`?)")
         return
     table = Table("task", "name", "final acc %", "FLOPs ratio", "new weights", "budget")
+    final = doc["final_accuracy"] or [None] * len(doc["task_names"])  # no test data: none
     for j, name in enumerate(doc["task_names"]):
         table.add_row(
             str(j + 1),
             name,
-            f"{doc['final_accuracy'][j]:.2f}",
+            "-" if final[j] is None else f"{final[j]:.2f}",
             f"{doc['flops_ratio'][j]:.3f}",
             str(doc["new_weights"][j]),
             str(doc["weight_budget"][j]),
         )
     console.print(table)
+    if doc["average_accuracy"] is None:
+        console.print("no accuracy recorded (the tasks were learned without test data)")
+        return
     console.print(f"average accuracy {doc['average_accuracy']:.2f}%")
     rows = doc["accuracy_matrix"]
     skipped = sum(row is None for row in rows)

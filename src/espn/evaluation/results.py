@@ -37,7 +37,10 @@ class Results(BaseModel):
     @model_validator(mode="after")
     def _one_entry_per_task(self) -> Results:
         n = len(self.task_names)
-        for key in ("final_accuracy", "flops", "flops_ratio", "new_weights", "weight_budget"):
+        keys = ["flops", "flops_ratio", "new_weights", "weight_budget"]
+        if any(row is not None for row in self.accuracy_matrix) or self.final_accuracy:
+            keys.append("final_accuracy")  # empty when no task had test data to measure
+        for key in keys:
             if len(getattr(self, key)) != n:
                 raise ValueError(f"{key} has {len(getattr(self, key))} entries for {n} tasks")
         return self
