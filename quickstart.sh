@@ -11,6 +11,6 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
 fi
 python3 -m pip install -q torch==2.14.1 torchvision==0.29.1
-python3 -m pip install -q -e ".[dev,onnx]"
+python3 -m pip install -q -e ".[dev,onnx,ray]"
 espn run --benchmark rotated-fashion-mnist --tasks 5 --train-per-task 6000 \
   --method espn --gamma 0.2 --out runs/quickstart --overwrite "$@"

@@ -74,7 +74,7 @@ def accuracy(results: dict, task: int) -> float:
 
 
 @pytest.mark.parametrize("method", ["espn", "packnet"])
-def test_two_tasks_are_learned_with_zero_forgetting_and_their_flops(method):
+def test_two_tasks_are_learned_with_zero_forgetting_and_their_flops(method, tmp_path):
     bench = scenario()
     learner = strategy(method=method)
     x0 = torch.stack([bench.test_stream[0].dataset[i][0] for i in range(128)])
@@ -105,6 +105,10 @@ def test_two_tasks_are_learned_with_zero_forgetting_and_their_flops(method):
         assert results[f"New_Weights_Exp/{name}"] == record["new_weights"]
     if method == "espn":
         assert learner.task_records[0]["units_kept"] < 1.0  # units pruned to meet gamma
+        # the slim export of task 0 (espn's learner behind the strategy) computes its logits
+        # with the FLOPs counted independently on the exported model
+        report = learner.learner.export(0, tmp_path / "task0.pt2", data=(x0, labels0))
+        assert report.flops == learner.task_records[0]["flops"] and report.checked_samples == 128
 
 
 def test_the_methods_own_settings_reach_it():

@@ -190,12 +190,12 @@ def test_checkpoint_of_another_model_is_refused_and_nothing_is_loaded(saved_fc):
     _, seq, directory = saved_fc
     torch.manual_seed(0)
     other = Supernet(FCNet(64, [32, 20], 3, multi_head=True), seq.tasks[0].train.x[:2])
-    before = {k: v.clone() for k, v in other.state_dict().items()}
+    before = {k: v.clone() for k, v in other.model.state_dict().items()}
     with pytest.raises(CheckpointError, match="does not fit this tiny supernet") as info:
         restore(read_checkpoint(directory), other)
     assert "layer 'features.3' is [24, 32] in the checkpoint, [20, 32] here" in str(info.value)
     assert other.masks == []
-    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in other.model.state_dict().items())
 
 
 def test_tensor_that_does_not_fit_is_refused_before_anything_changes(saved_fc, tmp_path):
@@ -210,11 +210,11 @@ def test_tensor_that_does_not_fit_is_refused_before_anything_changes(saved_fc, t
     manifest["tasks"][2] |= {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
     (damaged / "manifest.json").write_text(json.dumps(manifest))
     other = fresh_supernet("fc", seq)
-    before = {k: v.clone() for k, v in other.state_dict().items()}
+    before = {k: v.clone() for k, v in other.model.state_dict().items()}
     with pytest.raises(CheckpointError, match="task 2: unit mask of group 'hidden2' missing"):
         restore(read_checkpoint(damaged), other)
     assert other.masks == []
-    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in other.model.state_dict().items())
 
 
 @pytest.mark.parametrize("fail_at", ["state file", "manifest"])

@@ -103,3 +103,16 @@ def test_list_names_every_registry():
     assert result.exit_code == 0
     for name in ("permuted-fashion-mnist", "fc1024", "espn", "packnet", "flop-aware"):
         assert name in result.output
+
+
+def test_list_shows_a_model_without_docstring():
+    """A model registered by import reference may have no docstring; `list` still lists it."""
+    from espn.models.registry import MODELS
+
+    def undocumented(spec):
+        return None
+
+    with MODELS.temporarily("undocumented-model", undocumented):
+        result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    assert "undocumented-model" in result.output

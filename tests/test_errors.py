@@ -5,18 +5,22 @@ import click
 import pytest
 import typer
 
+from espn.api import LearnerError
 from espn.checkpoint.format import CheckpointError
 from espn.checkpoint.lock import RunLocked
 from espn.cli.common import UserError, user_errors
 from espn.config import ConfigError
 from espn.data.sources import DatasetUnavailable
+from espn.data.tensors import TaskDataError
 from espn.errors import EspnError
 from espn.evaluation.results import ResultsError
 from espn.export.slim import ExportError
 from espn.models.convert import ConvertError
+from espn.models.reference import ModelReferenceError
 from espn.presets import PresetError
 from espn.registry import UnknownNameError
 from espn.supernet.pretrained import PretrainedError
+from espn.supernet.supernet import NothingToMask
 from espn.sweep.spec import SweepError
 from espn.theory.planted import TheoryConfigError
 from espn.training.engine import TrainingStopped
@@ -36,6 +40,10 @@ ERRORS = [
     (SweepError, ValueError),
     (TrainingStopped, RuntimeError),
     (UserError, ValueError),
+    (TaskDataError, ValueError),
+    (ModelReferenceError, ValueError),
+    (LearnerError, ValueError),
+    (NothingToMask, ValueError),
 ]
 
 

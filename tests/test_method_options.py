@@ -325,3 +325,39 @@ def test_every_method_file_of_the_package_registers_itself():
         == set(METHODS.names())
         == {"cpg", "espn", "individual", "mtl", "packnet", "rmn", "supsup"}
     )
+
+
+def test_a_run_recorded_with_flat_options_evaluates_and_resumes(
+    fake_mnist, fc_small_model, tmp_path
+):
+    """A run written before options were declared (flat ``supsup_k``, the others null)."""
+    args = run_args(tmp_path, "--method", "supsup", "--supsup-k", "0.25")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "run"
+    for path in (out / "results.json", out / "checkpoint" / "manifest.json"):
+        doc = json.loads(path.read_text())
+        config = doc["config"]
+        assert config.pop("method_options") == {"supsup_k": 0.25}
+        config |= {"supsup_k": 0.25, "cpg_acc_loss": None, "rmn_l1": None}
+        path.write_text(json.dumps(doc))
+    evaluated = runner.invoke(app, ["evaluate", "--run", str(out)])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert "all 2 tasks match results.json" in " ".join(evaluated.output.split())
+    resumed = runner.invoke(app, [*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    other = runner.invoke(app, [*args[:-1], "0.5", "--resume"])
+    assert other.exit_code == 2
+    assert "method_options={'supsup_k': 0.25} in the checkpoint" in " ".join(other.output.split())
+
+
+def test_sweeps_and_presets_take_method_options_by_name():
+    from espn.sweep import expand_spec
+
+    spec = {"base": {"benchmark": "permuted-mnist", "method": "supsup"}}
+    points = expand_spec(spec | {"grid": {"supsup_k": [0.3, 0.5]}})
+    assert [p.options["supsup_k"] for p in points] == [0.3, 0.5]
+    with pytest.raises(ValueError, match=r"supsup_k must be in \(0, 1\], got 2"):
+        expand_spec(spec | {"grid": {"supsup_k": [2]}})
+    with pytest.raises(ValueError, match=r"unknown option 'supsup_kk'; accepted: .*, supsup_k"):
+        expand_spec(spec | {"grid": {"supsup_kk": [0.3]}})

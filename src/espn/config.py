@@ -177,11 +177,12 @@ class RunConfig(BaseModel):
         from espn.presets import load_preset, merge
 
         values = load_preset(str(data["preset"]))
-        unknown = sorted(set(values) - set(cls.model_fields) - set(declared_options()))
+        accepted = run_option_names(exclude=("preset", "out"))
+        unknown = sorted(set(values) - set(accepted))
         if unknown:
             raise ValueError(
                 f"preset {data['preset']!r} sets unknown option(s) {', '.join(unknown)}; "
-                f"accepted: {', '.join(f for f in cls.model_fields if f not in ('preset', 'out'))}"
+                f"accepted: {', '.join(accepted)}"
             )
         method = data.get("method") or values.get("method") or "espn"
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
@@ -213,6 +214,11 @@ class RunConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str | None) -> str | None:
+        if v is not None and v not in MODELS:
+            from espn.models.reference import is_reference, register_reference
+
+            if is_reference(v):  # "package.module:Factory(key=value)"
+                register_reference(v)
         if v is not None:
             MODELS.get(v)
         return v
@@ -609,6 +615,13 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
             f"benchmarks: {', '.join(BENCHMARKS.names())}"
         )
     return data
+
+
+def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
+    """The keyword options :func:`make_config` takes (presets, sweep specs): the run's
+    fields, then every option a registered method declares (given flat, e.g. ``supsup_k``)."""
+    fields = [f for f in RunConfig.model_fields if f not in exclude]
+    return fields + [n for n in declared_options() if n not in fields]
 
 
 def make_config(**values: Any) -> RunConfig:

@@ -23,6 +23,7 @@ from espn.config import RunConfig, make_config, upgrade_saved_config
 from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
+from espn.models.reference import is_reference, register_reference
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
@@ -257,25 +258,45 @@ class LoadedRun:
             )
 
 
-def load_run(run_dir: Path | str, device: str = "cpu") -> LoadedRun:
-    """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task."""
+def load_run(
+    run_dir: Path | str, device: str = "cpu", supernet: Supernet | None = None
+) -> LoadedRun:
+    """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task.
+
+    The model is built from the manifest's name (a registered model, or an import reference
+    written by the Python API, see :mod:`espn.models.reference`), or given as a freshly
+    built ``supernet`` (a model only the caller can build). A relative ``data_dir`` in the
+    configuration (the test data the Python API saves) is read from ``run_dir``.
+    """
     ckpt = read_checkpoint(checkpoint_dir(run_dir))
     m = ckpt.manifest
     check_results_match(run_dir, m)
-    if m["model"] not in MODELS:
+    name = str(m["model"])
+    if name not in MODELS and is_reference(name):
+        register_reference(name)
+    if name not in MODELS and supernet is None:
+        built_from = (
+            "; it was built in Python from a model instance, so only its code can rebuild it: "
+            "espn.load(run, model=...)"
+            if name.startswith("<")
+            else ""
+        )
         raise CheckpointError(
-            f"the checkpoint is of model {m['model']!r}, which this espn does not know; "
+            f"the checkpoint is of model {name!r}, which this espn does not know{built_from}; "
             f"known models: {', '.join(MODELS.names())}"
         )
     saved = upgrade_saved_config(m["config"])
     values = {k: v for k, v in saved.items() if k not in ("device", "out")}
+    if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
+        values["data_dir"] = Path(run_dir) / values["data_dir"]
     cfg = make_config(**values, device=device, out=Path(run_dir))
     spec = m["spec"]
-    model_spec = ModelSpec(
-        tuple(spec["input_shape"]), int(spec["n_classes"]), spec["multi_head"], cfg.task_affine
-    )
-    example = torch.zeros(2, *spec["input_shape"], device=device)
-    supernet = build_supernet(str(m["model"]), model_spec, example, cfg.seed, device)
+    if supernet is None:
+        model_spec = ModelSpec(
+            tuple(spec["input_shape"]), int(spec["n_classes"]), spec["multi_head"], cfg.task_affine
+        )
+        example = torch.zeros(2, *spec["input_shape"], device=device)
+        supernet = build_supernet(name, model_spec, example, cfg.seed, device)
     restore(ckpt, supernet)
     supernet.eval()
     return LoadedRun(cfg, ckpt, supernet)

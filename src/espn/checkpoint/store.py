@@ -97,8 +97,10 @@ def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
             os.fsync(fh.fileno())
 
 
-def _rng_tensors(engine: Engine) -> dict[str, Tensor]:
-    rng = {"rng.torch": torch.get_rng_state(), "rng.engine": engine.generator.get_state()}
+def _rng_tensors(engine: Engine | None) -> dict[str, Tensor]:
+    rng = {"rng.torch": torch.get_rng_state()}
+    if engine is not None:  # a supernet saved without its training engine has no batch order
+        rng["rng.engine"] = engine.generator.get_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["rng.cuda"] = torch.cuda.get_rng_state()
     return rng
@@ -140,12 +142,13 @@ class CheckpointWriter:
     def save(
         self,
         supernet: Supernet,
-        engine: Engine,
+        engine: Engine | None,
         task_results: list[dict[str, Any]],
         training: tuple[int, TaskProgress, Strategy] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        """Write the checkpoint: every committed task (its entry from ``task_results``: name,
+        """Write the checkpoint (``engine`` None: of a supernet alone, as the Python API
+        saves it, without the engine's batch-order generator): every committed task (its entry from ``task_results``: name,
         record, accuracy row), the shared weights, the RNG states and, for ``training = (task,
         progress, strategy)``, the task in training. ``extra`` goes into the manifest as is.
 
@@ -172,7 +175,7 @@ class CheckpointWriter:
     def _save(
         self,
         supernet: Supernet,
-        engine: Engine,
+        engine: Engine | None,
         task_results: list[dict[str, Any]],
         training: tuple[int, TaskProgress, Strategy] | None,
         extra: dict[str, Any] | None,
@@ -265,7 +268,7 @@ class CheckpointWriter:
                     path.unlink(missing_ok=True)
 
 
-def _scaler_state(engine: Engine) -> dict[str, Any] | None:
+def _scaler_state(engine: Engine | None) -> dict[str, Any] | None:
     """The engine's mixed-precision loss scale (float16 on CUDA), which persists across tasks."""
     scaler = getattr(engine, "scaler", None)
     return scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
@@ -589,6 +592,7 @@ def restore(
     if scaler_state and scaler is not None and scaler.is_enabled():
         scaler.load_state_dict(scaler_state)
     torch.set_rng_state(ckpt.rng["torch"])
-    engine.generator.set_state(ckpt.rng["engine"])
+    if "engine" in ckpt.rng:  # not in a checkpoint saved without the engine
+        engine.generator.set_state(ckpt.rng["engine"])
     if "cuda" in ckpt.rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(ckpt.rng["cuda"])

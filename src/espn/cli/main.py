@@ -341,13 +341,16 @@ def list_components() -> None:
         b = BENCHMARKS.get(name)
         n = b.default_tasks
         table.add_row("benchmark", name, f"{b.description} ({n} task{'s' * (n != 1)} by default)")
-    for name in MODELS:
-        table.add_row("model", name, (MODELS.get(name).__doc__ or "").strip().splitlines()[0])
-    for name in METHODS:
-        table.add_row("method", name, (METHODS.get(name).__doc__ or "").strip().splitlines()[0])
-    for name in PRUNERS:
-        table.add_row("pruner", name, (PRUNERS.get(name).__doc__ or "").strip().splitlines()[0])
+    for kind, registry in (("model", MODELS), ("method", METHODS), ("pruner", PRUNERS)):
+        for name in registry:
+            table.add_row(kind, name, _summary(registry.get(name)))
     console.print(table)
+
+
+def _summary(obj: object) -> str:
+    """The first line of ``obj``'s docstring ("" for none: a model registered by reference)."""
+    lines = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 @app.command()

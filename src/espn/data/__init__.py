@@ -1,6 +1,6 @@
 """Benchmarks (task sequences held as tensors on the device), found by name in BENCHMARKS."""
 
-from espn.data import cifar, folders, mnist
+from espn.data import cifar, folders, mnist, tensors
 from espn.data.joint import JointTask
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.sources import DatasetUnavailable, load_mnist_like
@@ -19,4 +19,5 @@ __all__ = [
     "folders",
     "load_mnist_like",
     "mnist",
+    "tensors",
 ]

@@ -6,16 +6,17 @@ Change one line of an Avalanche script::
     strategy = ESPNStrategy(model=model, optimizer=optimizer, train_mb_size=128, train_epochs=10)
 
 and every experience (one task, one task label) is learned into a supernet of ``model`` by
-espn's one training engine with the chosen method (ESPN-0.2 by default): earlier tasks are
-kept bit for bit, and each task's FLOPs and weights are reported as metrics
-(``FLOPs_Ratio_Exp/...``, ``FLOPs_Exp/...``, ``New_Weights_Exp/...``) and in
-:attr:`ESPNStrategy.task_records`. Evaluation is Avalanche's own loop (its metrics, loggers and
+espn's front door, :class:`espn.api.ContinualLearner` (the one training engine), with the
+chosen method (ESPN-0.2 by default): earlier tasks are kept bit for bit, and each task's FLOPs
+and weights are reported as metrics (``FLOPs_Ratio_Exp/...``, ``FLOPs_Exp/...``,
+``New_Weights_Exp/...``) and in :attr:`ESPNStrategy.task_records`; :attr:`ESPNStrategy.learner`
+saves and exports the tasks as any learner does. Evaluation is Avalanche's own loop (its metrics, loggers and
 plugins see ordinary logits): a sample of task label ``t`` goes through task ``t``'s
 sub-network, whose head scores the task's classes (all other classes at ``-inf``).
 
 An experience's samples are read once onto the device (with the dataset's eval transforms: no
-per-epoch augmentation), as espn keeps its tasks; the model is converted by
-:func:`espn.models.convert.to_supernet` (its last linear layer becomes one head per task).
+per-epoch augmentation), as espn keeps its tasks; the model is wrapped by :func:`espn.wrap`
+(its last linear layer becomes one head per task).
 """
 
 from __future__ import annotations
@@ -36,13 +37,9 @@ except ImportError as exc:  # an optional dependency: say how to get it
         f"(importing it failed: {exc})"
     ) from exc
 
-from espn.data.tasks import Split, Task
-from espn.experiment import task_record
+from espn.api import ContinualLearner, wrap
 from espn.methods.base import Strategy, create_method
-from espn.models.convert import to_supernet
-from espn.supernet.layers import MaskedLayer
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
 #: torch optimizer classes espn's engine can rebuild, by the engine's names
@@ -86,14 +83,10 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
     )
 
 
-def _identity(x: Tensor, train: bool) -> Tensor:
-    return x
-
-
 class ESPNStrategy(SupervisedTemplate):
     """An Avalanche strategy that learns each experience as one espn task.
 
-    ``model``: a plain ``nn.Module`` (converted on the first experience, traced on two of its
+    ``model``: a plain ``nn.Module`` (wrapped on the first experience, traced on two of its
     samples), a module of espn's masked layers, or a :class:`Supernet`. ``optimizer``: a torch
     SGD/Adam/RMSprop whose class and hyper-parameters espn's engine uses for every task (it
     builds its own optimizer over the supernet's free weights), an optimizer name, or None.
@@ -139,8 +132,9 @@ class ESPNStrategy(SupervisedTemplate):
             eval_every=eval_every,
         )
         self.seed, self.progress = seed, progress
-        self.supernet: Supernet | None = model if isinstance(model, Supernet) else None
-        self.engine: Engine | None = None
+        self.given_supernet = model if isinstance(model, Supernet) else None
+        #: espn's learner, made on the first experience (save, export, report, records)
+        self.learner: ContinualLearner | None = None
         #: Avalanche task label -> espn task index, and the task's classes (the head's outputs)
         self.task_index: dict[int, int] = {}
         self.task_classes: dict[int, Tensor] = {}
@@ -161,44 +155,38 @@ class ESPNStrategy(SupervisedTemplate):
                 "(a task-incremental stream: one experience per task)"
             )
         classes, local = torch.unique(y, sorted=True, return_inverse=True)
-        engine = self._engine(x)
-        index = len(engine.supernet.masks)
-        n = len(y)
-        rows = torch.arange(n, device=x.device)
-        empty = torch.zeros(0, dtype=torch.long, device=x.device)
-        task = Task(
-            f"task {label}",
-            Split(x, rows, local),
-            Split(x[:0], empty, empty),
-            _identity,
-            len(classes),
-        )
-        log = engine.train_task(task, index)
-        self.task_index[label], self.task_classes[label] = index, classes
-        record = task_record(engine.supernet, index) | {
-            "weight_budget": self.method.weight_budget,
-            "seconds": log.seconds,
-            "train_samples": n,
-        }
+        learner = self._learner(x)
+        record = learner.learn((x, local), n_classes=len(classes), name=f"task {label}")
+        self.task_index[label] = len(learner.supernet.masks) - 1
+        self.task_classes[label] = classes
         self.task_records[label] = record
         self._publish(label, record)
-        self.model = engine.supernet
+        self.model = learner.supernet
 
-    def _engine(self, x: Tensor) -> Engine:
-        """The engine, built on the first experience (the model traced on two of its inputs)."""
-        if self.engine is None:
-            example = x[:2]
-            model = self.supernet if self.supernet is not None else self.model
-            if not isinstance(model, Supernet):
-                model = model.to(self.device)
-                masked = any(isinstance(m, MaskedLayer) for m in model.modules())
-                model = Supernet(model if masked else to_supernet(model, example), example)
-            self.supernet = model
+    @property
+    def supernet(self) -> Supernet | None:
+        """The supernet the tasks are learned into (None before the first experience)."""
+        return self.learner.supernet if self.learner is not None else self.given_supernet
+
+    def _learner(self, x: Tensor) -> ContinualLearner:
+        """espn's learner, made on the first experience (the model traced on two inputs)."""
+        if self.learner is None:
+            model = self.given_supernet or wrap(self.model.to(self.device), x[:2])
             torch.manual_seed(self.seed)
-            self.engine = Engine(
-                self.supernet, self.method, self.optim, self.train_mb_size, self.seed, self.progress
+            self.learner = ContinualLearner(
+                model,
+                self.method,
+                optimizer=self.optim.name,
+                lr=self.optim.lr,
+                batch_size=self.train_mb_size,
+                weight_decay=self.optim.weight_decay,
+                momentum=self.optim.momentum,
+                betas=self.optim.betas,
+                device=self.device,
+                seed=self.seed,
+                progress=self.progress,
             )
-        return self.engine
+        return self.learner
 
     @torch.no_grad()
     def _read(self, dataset: Any, experience: Any) -> tuple[int, Tensor, Tensor]:

@@ -30,11 +30,17 @@ MODELS: Registry[ModelFactory] = Registry("model")
 
 
 def build_supernet(
-    name: str, spec: ModelSpec, example: Tensor, seed: int, device: str | torch.device = "cpu"
+    name: str,
+    spec: ModelSpec,
+    example: Tensor,
+    seed: int | None,
+    device: str | torch.device = "cpu",
 ) -> Supernet:
     """The registered model ``name`` built for ``spec`` on ``device`` and wrapped as a supernet
-    traced on ``example``. Torch's RNG is seeded with ``seed`` first, so a run and the reload
-    of its checkpoint start from the same initial weights."""
-    torch.manual_seed(seed)
+    traced on ``example``. Torch's RNG is seeded with ``seed`` first (None: left as it is, as
+    ``espn.wrap`` does), so a run and the reload of its checkpoint start from the same
+    initial weights."""
+    if seed is not None:
+        torch.manual_seed(seed)
     model = MODELS.get(name)(spec).to(device)
     return Supernet(model, example)

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from espn.errors import EspnError
 from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
 from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate, UnitModule
 from espn.supernet.masks import LayerLayout, Ownership, TaskMask
+
+
+class NothingToMask(EspnError, ValueError):
+    """A model without masked layers: espn has nothing to mask in it."""
+
 
 #: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
 WEIGHT_KINDS = ("shared", "own", "fixed")
@@ -31,6 +38,19 @@ class Supernet(nn.Module):
         self.layers: dict[str, MaskedLayer] = {
             n: m for n, m in model.named_modules() if isinstance(m, MaskedLayer)
         }
+        if not self.layers:
+            raise NothingToMask(
+                f"{type(model).__name__} has no masked layer, so espn has nothing to mask: a "
+                "supernet masks the weights of nn.Linear and nn.Conv2d layers (with "
+                "nn.BatchNorm2d as task BatchNorm); wrap a plain model with "
+                "espn.wrap(model, example_input), which converts those layers"
+            )
+        #: the shape of one input sample (the example batch without its batch dimension)
+        self.input_shape = tuple(example_input.shape[1:])
+        #: how a checkpoint names the model (a registered name or an import reference, see
+        #: ``espn.wrap``) and the class count it was built for; None when not known
+        self.model_name: str | None = None
+        self.model_classes: int | None = None
         self.task_modules: dict[str, TaskSpecific] = {
             n: m for n, m in model.named_modules() if isinstance(m, TaskSpecific)
         }
@@ -278,7 +298,8 @@ class Supernet(nn.Module):
         if self.in_training:
             raise RuntimeError("a task is in training; commit it before switching tasks")
         if not 0 <= task < len(self.masks):
-            raise IndexError(f"task {task} is not learned (tasks 0..{len(self.masks) - 1})")
+            learned = f"tasks 0..{len(self.masks) - 1}" if self.masks else "no task is learned yet"
+            raise IndexError(f"task {task} is not learned ({learned})")
         mask = self.masks[task]
         for g, alive in mask.units.items():  # first: a released gate is its unit mask
             for unit in self.groups[g]:
@@ -295,6 +316,72 @@ class Supernet(nn.Module):
                 values = mask.own[name].to(layer.weight.device, layer.weight.dtype)
                 layer.weight.masked_scatter_(weight_mask, values)
         self.active_task = task
+
+    # ------------------------------------------------------------------ state
+    def get_extra_state(self) -> dict[str, Any]:
+        """What ``state_dict()`` carries besides the modules' tensors: every learned task
+        (its stored masks, unit masks, BatchNorm/gates/head state, own weights), the owner
+        ids, and which task is loaded or in training. Tensors, numbers, strings, lists and
+        dicts only, so ``torch.load(weights_only=True)`` reads a saved state dict."""
+        return {
+            "format": 1,
+            "active_task": -1 if self.active_task is None else self.active_task,
+            "in_training": self.in_training,
+            "n_classes": int(getattr(self, "_n_classes", 0)),
+            "owners": {n: ids.clone() for n, ids in self.owners.ids.items()},
+            "tasks": [
+                {
+                    "weights": dict(m.weights),
+                    "forms": dict(m.forms),
+                    "units": dict(m.units),
+                    "state": dict(m.state),
+                    "own": dict(m.own),
+                    "n_classes": m.n_classes,
+                    "new_weights": m.new_weights,
+                    "horizon": m.horizon,
+                }
+                for m in self.masks
+            ],
+        }
+
+    @torch.no_grad()
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`get_extra_state` returned (called by ``load_state_dict``
+        before the modules' own tensors are loaded: heads are resized to the saved task's
+        width here so that they fit)."""
+        if not isinstance(state, dict) or state.get("format") != 1:
+            raise ValueError("not a supernet state (no task list in its '_extra_state')")
+        layers = {n: tuple(layer.weight.shape) for n, layer in self.layers.items()}
+        owners = state["owners"]
+        if set(owners) != set(layers) or any(
+            tuple(owners[n].shape) != shape for n, shape in layers.items()
+        ):
+            raise ValueError(
+                "the state's masked layers differ from this supernet's "
+                f"({sorted(owners)} vs {sorted(layers)}); it was saved from another model"
+            )
+        device = next(iter(self.layers.values())).weight.device
+        self.owners = Ownership(self.owners.layout, {n: v.to(device) for n, v in owners.items()})
+        self.masks = [
+            TaskMask(
+                weights=dict(t["weights"]),
+                shapes=dict(layers),
+                units={g: u.bool() for g, u in t["units"].items()},
+                state=dict(t["state"]),
+                n_classes=int(t["n_classes"]),
+                new_weights=int(t["new_weights"]),
+                own=dict(t["own"]),
+                forms=dict(t["forms"]),
+                horizon=int(t["horizon"]),
+                owners=self.owners,
+            )
+            for t in state["tasks"]
+        ]
+        self.in_training, self.active_task = False, None
+        if state["in_training"]:
+            self.begin_task(int(state["n_classes"]))
+        elif state["active_task"] >= 0:
+            self.use_task(int(state["active_task"]))
 
     def forward(self, x: Tensor, task: int | None = None) -> Tensor:
         """Logits of ``task``'s sub-network (or of the working sub-network when ``task`` is None)."""

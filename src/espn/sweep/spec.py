@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from espn.config import ConfigError, RunConfig, make_config
+from espn.config import ConfigError, RunConfig, make_config, run_option_names
 
 SPEC_KEYS = ("base", "grid", "name")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
@@ -106,7 +106,7 @@ def expand_spec(spec: Any) -> list[Point]:
     grid = spec.get("grid") or {}
     if not isinstance(base, dict) or not isinstance(grid, dict):
         raise SweepError("sweep spec: 'base' and 'grid' must be mappings of option -> value(s)")
-    accepted = [f for f in RunConfig.model_fields if f != "out"]
+    accepted = run_option_names()
     for key in [*base, *grid]:
         if key not in accepted:
             raise SweepError(f"sweep spec: unknown option {key!r}; accepted: {', '.join(accepted)}")

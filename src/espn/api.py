@@ -1,0 +1,489 @@
+"""espn from Python: wrap your own model, learn tasks from your own data, evaluate, export,
+save and load.
+
+* :func:`wrap` turns any ``nn.Module`` (FC or conv, torchvision-style ResNets, your own)
+  into a supernet, given an example input;
+* :class:`ContinualLearner` learns one task per :meth:`~ContinualLearner.learn` call from
+  ``(x, y)`` tensors or any iterable of ``(x, y)`` batches (a ``DataLoader``), with a method
+  chosen by name or class and its own settings, through the one training engine;
+* :meth:`ContinualLearner.save` and :func:`load` write and read the same checkpoint
+  ``espn run`` writes, so ``espn evaluate/info/export`` read a run saved from Python and
+  :func:`load` reads a CLI run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
+from espn.checkpoint.run import check_out_dir, load_run, run_meta
+from espn.checkpoint.store import CheckpointWriter
+from espn.config import RunConfig, make_config
+from espn.data.tasks import Split, Task, TaskSequence
+from espn.data.tensors import (
+    TaskData,
+    identity,
+    load_task,
+    save_task,
+    split_tensors,
+    task_path,
+    tensor_task,
+)
+from espn.errors import EspnError
+from espn.evaluation.metrics import task_accuracy
+from espn.experiment import build_benchmark, min_flops_ratio, results_document, task_record
+from espn.export.export import ExportReport, export_task
+from espn.methods.base import METHODS, MethodConfig, Strategy, create_method
+from espn.models.reference import (
+    ModelReferenceError,
+    build,
+    check_factory,
+    reference_of,
+    supernet_ready,
+)
+from espn.models.registry import MODELS, ModelSpec, build_supernet
+from espn.supernet.supernet import Supernet
+from espn.training.engine import Engine, TrainingStopped
+from espn.training.optim import OptimConfig
+from espn.utils.io import write_json_atomic
+
+
+class LearnerError(EspnError, ValueError):
+    """A learner cannot do what was asked (no data to evaluate on, an unreachable budget,
+    nothing to save); the message says why and what would work."""
+
+
+#: the batch size when neither the learner nor a DataLoader gives one
+DEFAULT_BATCH_SIZE = 128
+#: where a saved run keeps the test data its accuracy matrix was computed on
+DATA_DIR = "data"
+
+
+def wrap(
+    model: nn.Module | str | Callable[..., nn.Module],
+    example_input: Tensor,
+    *,
+    multi_head: bool = True,
+    task_affine: bool = False,
+    **model_args: Any,
+) -> Supernet:
+    """A supernet of ``model``, traced on ``example_input`` (a small batch of inputs).
+
+    ``model`` is a plain ``nn.Module`` (its ``nn.Conv2d``/``nn.Linear`` layers become masked
+    layers, its ``nn.BatchNorm2d`` task BatchNorm, its last linear layer the task head, see
+    :mod:`espn.models.convert`; the model is copied), a module already made of espn's masked
+    layers (used as it is), a registered model name (``"resnet18"``, with ``n_classes``), or
+    a class or factory function with its keyword arguments (``wrap(Net, x, width=8)``,
+    ``wrap(torchvision.models.resnet18, x, num_classes=10)``), or its import reference
+    ``"package.module:Net(width=8)"``: built that way, a saved run records how to rebuild the
+    model, so that ``espn evaluate/info/export`` can read it. ``multi_head``: one head per
+    task (else one shared, masked head); ``task_affine``: per-task gate scales and shifts
+    (beyond the paper).
+    """
+    if isinstance(model, str) and model in MODELS:
+        n_classes = int(model_args.pop("n_classes", 10))
+        _no_args(model_args, model)
+        spec = ModelSpec(tuple(example_input.shape[1:]), n_classes, multi_head, task_affine)
+        sn = build_supernet(model, spec, example_input, None, example_input.device)
+        sn.model_name, sn.model_classes = model, n_classes
+        return sn
+    if isinstance(model, nn.Module):
+        _no_args(model_args, type(model).__name__)
+        name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+        plain = model
+    elif isinstance(model, str):
+        _no_args(model_args, model)
+        name = model
+        plain = build(name).to(example_input.device)
+    else:
+        try:
+            name = reference_of(model, model_args)
+        except ModelReferenceError as exc:
+            if "not an nn.Module class" in str(exc):
+                raise
+            # defined in a script, or given non-literal arguments: usable here, but a saved
+            # run can only be loaded by passing the model again
+            plain = check_factory(model, repr(model))(**model_args)
+            name = f"<{type(plain).__module__}.{type(plain).__qualname__} instance>"
+        else:
+            plain = build(name).to(example_input.device)
+    ready = supernet_ready(plain, example_input, multi_head, task_affine)
+    sn = Supernet(ready, example_input)
+    sn.model_name = name
+    return sn
+
+
+def _no_args(args: dict[str, Any], what: str) -> None:
+    if args:
+        raise TypeError(
+            f"keyword arguments {sorted(args)} given with {what}; they are passed to a class "
+            "or factory function (wrap(Net, x, width=8)), not to a model instance"
+        )
+
+
+def _strategy(method: str | type[Strategy] | Strategy, settings: dict[str, Any]) -> Strategy:
+    """The method's strategy, by name or class with its own settings, or as given."""
+    if isinstance(method, Strategy):
+        if settings:
+            raise TypeError(f"settings {sorted(settings)} given with a built strategy")
+        return method
+    return create_method(method, **settings)
+
+
+class ContinualLearner:
+    """Learns tasks one after another into ``supernet`` with one method.
+
+    ``method`` is a method name (``espn.methods.METHODS``), a :class:`Strategy` class, or a
+    built strategy; ``settings`` are the method's own (``gamma=0.2``, ``alpha=0.1``,
+    ``epochs=(3, 4, 3)`` for pre-training, pruning and fine-tuning, ...). The optimizer
+    (``"adam"``, ``"sgd"``, ``"rmsprop"``), learning rate, batch size (default: a DataLoader's,
+    else 128) and seed drive the one training engine that ``espn run`` uses; ``device``
+    moves the supernet there (default: where it is).
+    """
+
+    def __init__(
+        self,
+        supernet: Supernet,
+        method: str | type[Strategy] | Strategy = "espn",
+        *,
+        optimizer: str = "adam",
+        lr: float = 1e-3,
+        batch_size: int | None = None,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        progress: bool = False,
+        **settings: Any,
+    ) -> None:
+        if device is not None:
+            supernet.to(device)
+            supernet.owners.to(device)
+        self.supernet = supernet
+        self.strategy = _strategy(method, settings)
+        self.optim = OptimConfig(optimizer, lr, weight_decay, momentum, (betas[0], betas[1]))
+        self.batch_size, self.seed = batch_size, seed
+        self.engine = Engine(
+            supernet, self.strategy, self.optim, batch_size or DEFAULT_BATCH_SIZE, seed, progress
+        )
+        self.device = next(supernet.parameters()).device
+        #: per learned task: its data (None: not known here, e.g. a task loaded from a run)
+        self.tasks: list[Task | None] = [None] * len(supernet.masks)
+        self.names: list[str] = [f"task {t}" for t in range(len(supernet.masks))]
+        #: one row per learned task (accuracy % of every task so far; None: not evaluated)
+        self.rows: list[list[float] | None] = [None] * len(supernet.masks)
+        self.records: list[dict[str, Any]] = [self._record(t) for t in range(len(supernet.masks))]
+
+    # ------------------------------------------------------------------ learning
+    def learn(
+        self,
+        data: TaskData,
+        test: TaskData | None = None,
+        *,
+        n_classes: int | None = None,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Learn one task from ``data`` (``(x, y)`` tensors or an iterable of ``(x, y)``
+        batches, gathered once onto the device) and return its record (FLOPs, weights).
+
+        With ``test`` data, every task learned so far that has test data is evaluated after
+        it: the task's row of :attr:`accuracy_matrix`. ``n_classes`` defaults to the largest
+        label + 1.
+        """
+        if type(self.strategy).training_tasks is not Strategy.training_tasks:
+            raise LearnerError(
+                f"method {self.strategy.name!r} trains all tasks together, not one at a time; "
+                "use `espn run` for it"
+            )
+        index = len(self.supernet.masks)
+        name = name or f"task {index}"
+        with torch.random.fork_rng(devices=[]):  # a loader's draws leave training's alone
+            task = tensor_task(name, data, test, n_classes, self.device)
+        if not len(task.train):
+            raise LearnerError(f"{name}: no training samples")
+        self._check_gamma()
+        loader_batch = getattr(data, "batch_size", None)
+        self.engine.batch_size = self.batch_size or (
+            loader_batch if isinstance(loader_batch, int) else DEFAULT_BATCH_SIZE
+        )
+        log = self.engine.train_task(task, index)
+        self.tasks.append(task)
+        self.names.append(name)
+        record = self._record(index) | self.strategy.report()
+        record |= {
+            "weight_budget": self.strategy.weight_budget,
+            "seconds": log.seconds,
+            "seconds_per_epoch": log.seconds_per_epoch,
+            "train_samples": len(task.train),
+            "test_samples": len(task.test),
+            "pretrained": False,
+        }
+        self.records.append(record)
+        self.rows.append(self._row())
+        gamma = self.strategy.cfg.gamma
+        if self.strategy.uses_gamma and not record["flops_ratio"] <= gamma * (1 + 1e-9):
+            raise TrainingStopped(
+                f"{name}: its sub-network needs {record['flops_ratio']:.4g} of the dense FLOPs, "
+                f"more than the budget gamma {gamma:g}"
+            )
+        return record
+
+    def _check_gamma(self) -> None:
+        gamma = self.strategy.cfg.gamma
+        floor = min_flops_ratio(self.supernet)
+        if self.strategy.uses_gamma and gamma < 1.0 and gamma < floor:
+            raise LearnerError(
+                f"gamma {gamma:g} is below the smallest FLOPs ratio this model can reach "
+                f"({floor:.4g}, with one unit left in every layer); use gamma >= {floor:.4g}"
+            )
+
+    def _record(self, task: int) -> dict[str, Any]:
+        return task_record(self.supernet, task)
+
+    def _row(self) -> list[float] | None:
+        if any(t is None or not len(t.test) for t in self.tasks):
+            return None
+        return [task_accuracy(self.supernet, t, j) for j, t in enumerate(self.tasks) if t]
+
+    # ---------------------------------------------------------------- evaluation
+    @property
+    def accuracy_matrix(self) -> list[list[float] | None]:
+        """Row ``i``: accuracy (%) of tasks ``0..i`` after task ``i`` was learned (None where
+        some task had no test data)."""
+        return [None if r is None else list(r) for r in self.rows]
+
+    def evaluate(self, task: int, data: TaskData | None = None) -> float:
+        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data)."""
+        self._check_task(task)
+        if data is None:
+            known = self.tasks[task]
+            if known is None or not len(known.test):
+                raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
+            return task_accuracy(self.supernet, known, task)
+        n_classes = self.supernet.masks[task].n_classes
+        probe = tensor_task(self.names[task], None, data, n_classes, self.device)
+        return task_accuracy(self.supernet, probe, task)
+
+    def _check_task(self, task: int) -> None:
+        n = len(self.supernet.masks)
+        if not 0 <= task < n:
+            learned = f"tasks 0..{n - 1}" if n else "no task is learned yet"
+            raise IndexError(f"task {task} is not learned ({learned})")
+
+    def report(self) -> list[dict[str, Any]]:
+        """Per task: name, classes, FLOPs (and ratio to the dense supernet), weights used and
+        new weights owned, units kept; counted from the supernet as it is now."""
+        return [
+            {"task": t, "name": self.names[t], "n_classes": self.supernet.masks[t].n_classes}
+            | self._record(t)
+            for t in range(len(self.supernet.masks))
+        ]
+
+    def export(
+        self,
+        task: int,
+        path: Path | str,
+        data: TaskData | None = None,
+        onnx: bool = False,
+        fold_bn: bool = True,
+    ) -> ExportReport:
+        """Write task ``task`` as a slim standalone model (``.pt2`` or ``.onnx``), checked
+        against the supernet on ``data``'s inputs (default: the task's test, else training
+        data) and against the task's FLOPs (see :func:`espn.export.export.export_task`);
+        ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it."""
+        self._check_task(task)
+        if data is not None:
+            x = tensor_task(self.names[task], None, data, None, self.device).test.x
+        else:
+            known = self.tasks[task]
+            if known is None:
+                raise LearnerError(
+                    f"task {task} has no data here to check the export on; pass data"
+                )
+            x = split_tensors(known, "test" if len(known.test) else "train")[0]
+        inputs = list(x.split(1024))
+        flops = self._record(task)["flops"]
+        return export_task(self.supernet, task, inputs, path, onnx, flops, fold_bn)
+
+    # ------------------------------------------------------------------ saving
+    def config(self, out: Path | str) -> RunConfig:
+        """The run configuration a checkpoint records for this learner (benchmark
+        ``tensors``: the test data saved beside it)."""
+        cfg: MethodConfig = self.strategy.cfg
+        method = type(self.strategy)
+        settings = {
+            f.name: getattr(cfg, f.name)
+            for f in dataclasses.fields(cfg)
+            if f.name in RunConfig.model_fields
+        }
+        settings["gamma"] = cfg.gamma if method.uses_gamma else None
+        settings["alpha"] = cfg.alpha if method.uses_alpha else None
+        if not method.uses_gamma:
+            settings.pop("pruner", None)
+        return make_config(
+            benchmark="tensors",
+            data_dir=Path(DATA_DIR),
+            method=self.strategy.name,
+            model=self._model_name(),
+            tasks=max(len(self.supernet.masks), 1),
+            optimizer=self.optim.name,
+            lr=self.optim.lr,
+            weight_decay=self.optim.weight_decay,
+            momentum=self.optim.momentum,
+            betas=self.optim.betas,
+            batch_size=self.engine.batch_size,
+            seed=self.seed,
+            device=str(self.device),
+            out=Path(out),
+            method_options=dict(self.strategy.settings),
+            **settings,
+        )
+
+    def _model_name(self) -> str:
+        name = self.supernet.model_name
+        if name is None:
+            model = self.supernet.model
+            name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+        _known(name)
+        return name
+
+    def save(self, path: Path | str, overwrite: bool = False) -> Path:
+        """Save every learned task as ``espn run`` does: ``path/checkpoint`` (safetensors +
+        JSON), ``path/results.json``, and the tasks' test data in ``path/data`` (so that
+        ``espn evaluate --run path`` re-computes the accuracies). Refuses a directory holding
+        another run unless ``overwrite``."""
+        path = Path(path)
+        if not self.supernet.masks:
+            raise LearnerError("nothing to save: no task is learned yet")
+        check_out_dir(path, resume=False, overwrite=overwrite)
+        cfg = self.config(path)
+        seq = self._sequence()
+        written = set()
+        for t, task in enumerate(self.tasks):
+            if task is not None and len(task.test):
+                written.add(save_task(task_path(path / DATA_DIR, t), task, splits=("test",)))
+        for stale in (path / DATA_DIR).glob("task-*.safetensors"):  # of an overwritten run
+            if stale not in written:
+                stale.unlink()
+        doc = results_document(cfg, seq, self.supernet, self.rows, self.records)
+        doc["wall_time_s"] = sum(float(r.get("seconds", 0.0)) for r in self.records)
+        write_json_atomic(path / "results.json", doc)
+        meta = run_meta(cfg, seq)
+        width = self.supernet.model_classes  # the head a registered model was built with
+        meta["spec"]["n_classes"] = max(seq.n_classes, width or 1)
+        writer = CheckpointWriter(checkpoint_dir(path), meta)
+        results = [
+            {"name": self.names[t], "record": self.records[t]}
+            | ({"accuracy": self.rows[t]} if self.rows[t] is not None else {})
+            for t in range(len(self.records))
+        ]
+        writer.save(self.supernet, None, results, extra={"complete": True, "saved_by": "api"})
+        return path
+
+    def _sequence(self) -> TaskSequence:
+        """The learned tasks as a sequence (names and class counts), for the records."""
+        empty = Split(torch.zeros(0, 1), torch.zeros(0, dtype=torch.long), torch.zeros(0))
+        tasks = [
+            Task(self.names[t], empty, empty, identity, m.n_classes)
+            for t, m in enumerate(self.supernet.masks)
+        ]
+        shape = tuple(self.supernet.input_shape)
+        return TaskSequence("tensors", tasks, shape, self._multi_head())
+
+    def _multi_head(self) -> bool:
+        from espn.supernet.layers import TaskHead
+
+        return any(isinstance(m, TaskHead) for m in self.supernet.task_modules.values())
+
+
+def _known(name: str) -> None:
+    """Let a run configuration name the model: a reference or an instance's name is
+    registered (an instance's factory says how to rebuild it: only with its code)."""
+    from espn.models.reference import is_reference, register_reference
+
+    if name in MODELS:
+        return
+    if is_reference(name):
+        register_reference(name)
+        return
+
+    def factory(spec: ModelSpec) -> nn.Module:
+        raise CheckpointError(
+            f"the checkpoint is of model {name!r}, built in Python from a model instance, so "
+            "only its code can rebuild it: espn.load(run, model=...)"
+        )
+
+    factory.__doc__ = f"{name}: given to espn.wrap() as an instance (rebuilt by its code only)"
+    MODELS.register(name)(factory)
+
+
+def load(
+    path: Path | str,
+    model: nn.Module | Callable[..., nn.Module] | None = None,
+    *,
+    device: str = "cpu",
+    progress: bool = False,
+    benchmark_data: bool = False,
+    **model_args: Any,
+) -> ContinualLearner:
+    """A learner holding every task of the run saved in ``path`` (by :meth:`ContinualLearner.
+    save` or ``espn run``), ready to evaluate, export or learn more tasks with the run's
+    method and settings.
+
+    The model is rebuilt from the checkpoint's record, or from ``model`` (and ``model_args``)
+    when only your code can build it (a model given to :func:`wrap` as an instance).
+    Test data saved with the run is loaded with it; ``benchmark_data`` also builds the
+    benchmark of an ``espn run`` run, so that its tasks evaluate without data given.
+    """
+    manifest = read_manifest(checkpoint_dir(path))
+    name = str(manifest["model"])
+    given = None
+    if model is not None:
+        _known(name)
+        spec = manifest["spec"]
+        given = wrap(
+            model,
+            torch.zeros(2, *spec["input_shape"], device=device),
+            multi_head=bool(spec["multi_head"]),
+            task_affine=bool(manifest["config"].get("task_affine", False)),
+            **model_args,
+        )
+    loaded = load_run(path, device, supernet=given)
+    cfg = loaded.config
+    sn = loaded.supernet
+    sn.model_name = name
+    strategy = METHODS.get(cfg.method)(cfg.method_config())
+    learner = ContinualLearner(
+        sn,
+        strategy,
+        optimizer=str(cfg.optimizer),
+        lr=float(cfg.lr or 1e-3),
+        batch_size=int(cfg.batch_size or 128),
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.momentum,
+        betas=cfg.betas or (0.9, 0.999),
+        seed=cfg.seed,
+        progress=progress,
+    )
+    tasks = loaded.checkpoint.tasks
+    learner.names = [str(t.get("name") or f"task {i}") for i, t in enumerate(tasks)]
+    learner.records = [dict(t.get("record") or learner.records[i]) for i, t in enumerate(tasks)]
+    learner.rows = [None if t.get("accuracy") is None else list(t["accuracy"]) for t in tasks]
+    if cfg.benchmark == "tensors" and cfg.data_dir is not None:
+        for t in range(len(tasks)):
+            file = task_path(cfg.data_dir, t)
+            learner.tasks[t] = load_task(file, learner.device) if file.is_file() else None
+    elif benchmark_data:
+        seq = build_benchmark(cfg)
+        learner.tasks = [seq.tasks[t] for t in range(len(tasks))]
+    return learner
+
+
+__all__ = ["ContinualLearner", "load", "wrap"]
