@@ -116,7 +116,8 @@ def known(*values: float | None) -> list[float] | None:
 
 
 def signed(value: float) -> str:
-    """A difference in points with its sign: ``+1.23`` / ``-0.40``."""
+    """A difference in points with its sign: ``+1.23`` / ``-0.40`` (``+0.00``, never ``-0.00``)."""
+    value = 0.0 if round(value, 2) == 0 else value
     return f"{value:+.2f}"
 
 
