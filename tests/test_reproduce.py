@@ -91,7 +91,6 @@ def csv_rows(path: Path) -> list[dict[str, str]]:
 
 
 # ------------------------------------------------------------------------ the whole targets
-@pytest.mark.slow
 def test_every_target_at_smoke_scale_and_report_from_directories(
     fashion_dir: Path, image_root: Path, tmp_path: Path
 ) -> None:

@@ -219,7 +219,6 @@ def test_without_ray_parallel_points_say_how_to_install_it(tmp_path, data_dir, m
 
 
 # ------------------------------------------------------------------ on Ray
-@pytest.mark.slow  # four points on Ray's two fresh worker processes: about 30 s on 2 cores
 def test_four_points_on_two_ray_workers_equal_one_by_one(
     ray_instance, data_dir, one_by_one, tmp_path
 ):
