@@ -12,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from espn.methods.base import METHODS
@@ -103,8 +104,15 @@ def values_of(runs: Iterable[Run], get: Callable[[dict[str, Any]], float]) -> li
     return [float(get(r.doc)) for r in runs]
 
 
+def legend_outside_with_grid(ax: Axes) -> None:
+    """The bar charts' finish: the legend right of the axes, horizontal grid lines."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
 def save_figure(fig: Figure, path: Path) -> None:
-    """Write ``fig`` as PNG atomically and close it."""
+    """Lay ``fig`` out tightly, write it as PNG atomically and close it."""
+    fig.tight_layout()
     with atomic_target(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)

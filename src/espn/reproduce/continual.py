@@ -18,6 +18,7 @@ from espn.reproduce.common import (
     figure_title,
     known,
     label,
+    legend_outside_with_grid,
     mean_of,
     method_options,
     ordered,
@@ -177,9 +178,7 @@ def table1_plot(table: Table, path: Path) -> None:
     ax.set_ylim(max(0.0, low - 5), 100)
     ax.set_ylabel("task-averaged test accuracy (%)")
     ax.set_title(figure_title("Table 1", table))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
+    legend_outside_with_grid(ax)
     save_figure(fig, path)
 
 
@@ -339,7 +338,6 @@ def mnist_plot(table: Table, path: Path) -> None:
         ax.legend(fontsize=8)
     axes[0].set_ylabel("test accuracy (%)")
     fig.suptitle(figure_title("Fig. 4 (the paper gives curves only)", table))
-    fig.tight_layout()
     save_figure(fig, path)
 
 

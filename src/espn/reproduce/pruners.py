@@ -136,7 +136,6 @@ def pruner_plot(table: Table, path: Path) -> None:
     ax_acc.set(ylabel="test accuracy (%)", title=figure_title("Fig. 5a", table))
     ax_kept.set(ylabel="fraction of units kept", title="Fig. 5b: fraction of nonzero units")
     ax_kept.set_ylim(0, 1.02)
-    fig.tight_layout()
     save_figure(fig, path)
 
 
@@ -273,7 +272,6 @@ def alpha_gamma_plot(table: Table, path: Path) -> None:
     ax.set_title(figure_title("Fig. 5c (curves only in the paper)", table), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
     save_figure(fig, path)
 
 

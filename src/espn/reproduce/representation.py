@@ -17,6 +17,7 @@ from espn.reproduce.common import (
     by_series,
     figure_title,
     label,
+    legend_outside_with_grid,
     mean_of,
     method_options,
     ordered,
@@ -166,9 +167,7 @@ def imagenet_plot(table: Table, path: Path) -> None:
     ax.set_xticks(xs, [r["task"] for r in table.rows])
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("ImageNet -> CUBS -> Cars -> Flowers -> WikiArt -> Sketch (Fig. 2b)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
+    legend_outside_with_grid(ax)
     save_figure(fig, path)
 
 
@@ -364,7 +363,6 @@ def efficiency_plot(table: Table, path: Path) -> None:
     ax.set_title(figure_title("Fig. 2a", table), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     save_figure(fig, path)
 
 
@@ -511,7 +509,6 @@ def order_plot(table: Table, path: Path) -> None:
     ax.set_title(figure_title("Fig. 2c (curves only in the paper)", table), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
     save_figure(fig, path)
 
 
