@@ -463,11 +463,3 @@ def test_a_one_class_image_folder_is_refused(tmp_path):
     args = ["run", "--benchmark", "image-folders", "--folders", folders, "--out", tmp_path / "r"]
     line = one_line_error(invoke([*args, "--image-size", "16", "--no-progress"]))
     assert "one: a task needs at least 2 classes (class directories), found 1: cat" in line
-
-
-def test_repeated_study_points_are_refused(tmp_path):
-    line = one_line_error(invoke(["study", "pruners", "--out", tmp_path, "--gammas", "0.5,0.5"]))
-    assert "--gammas: 0.5 given more than once" in line
-    line = one_line_error(invoke(["study", "pruners", "--out", tmp_path, "--pruners", "l1,l1"]))
-    assert "--pruners: l1 given more than once" in line
-    assert not list(tmp_path.iterdir())

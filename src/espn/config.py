@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from espn.data.registry import BENCHMARKS, RunDefaults
 from espn.errors import EspnError
@@ -123,48 +123,132 @@ class RunConfig(BaseModel):
     # non-finite floats (inf, nan) are refused for every float option, one rule for all
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
-    benchmark: str
-    method: str = "espn"
-    model: str | None = None
-    tasks: int | None = None
-    gamma: float | None = None
-    alpha: float | None = None
-    epochs: tuple[int, int, int] | None = None
-    optimizer: str | None = None
-    lr: float | None = None
-    batch_size: int | None = None
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-    betas: tuple[float, float] | None = None
-    warmup: int | None = None
-    finetune_lr: float | None = None
-    finetune_schedule: str | None = None
-    pruner: str = "flop-aware"
-    penalty: float = 1.0
-    flop_load: str = "output"
-    #: the method's own options (see ``Strategy.options``), completed with their defaults
-    method_options: dict[str, Any] = {}
-    reuse: str = "all"
-    task_affine: bool = False
-    prune_updates_per_epoch: int = 4
-    eval_every: int = 1
-    train_per_task: int | None = None
-    test_per_task: int | None = None
-    seed: int = 0
-    task_seed: int | None = None
-    class_order: str | None = None
-    init_weights: Path | None = None
-    device: str = "cpu"
-    data_dir: Path | None = None
-    out: Path = Path("runs/latest")
-    preset: str | None = None
-    amp: bool = False
-    folders: tuple[Path, ...] = ()
-    image_size: int | None = None
-    train_sizes: str | None = None
-    task_order: str = "given"
-    from_run: Path | None = None
-    after_task: int | None = None
+    benchmark: str = Field(
+        description="Benchmark name (see `espn list`); required unless the preset sets one."
+    )
+    method: str = Field("espn", description="Method (see `espn list`).")
+    model: str | None = Field(None, description="Model name; default: the benchmark's.")
+    tasks: int | None = Field(None, description="Number of tasks; default: the benchmark's.")
+    gamma: float | None = Field(
+        None, description="FLOPs budget per task, in (0, 1]; ESPN default 0.2."
+    )
+    alpha: float | None = Field(
+        None, description="Weight allocation in (0, 1]; default: the benchmark's."
+    )
+    epochs: tuple[int, int, int] | None = Field(
+        None, description="PRE,PRUNE,FINE epochs per task, e.g. 3,4,3."
+    )
+    optimizer: str | None = Field(
+        None, description="sgd, adam or rmsprop; default: the benchmark's."
+    )
+    lr: float | None = Field(None, description="Learning rate; default: the benchmark's.")
+    batch_size: int | None = Field(None, description="Batch size; default: the benchmark's.")
+    weight_decay: float = Field(0.0, description="Weight decay (never reaches frozen weights).")
+    momentum: float = Field(0.0, description="Momentum of SGD and RMSprop.")
+    betas: tuple[float, float] | None = Field(
+        None, description="B1,B2: Adam's betas; default: the benchmark's (0.9,0.999)."
+    )
+    warmup: int | None = Field(
+        None, description="Warm-up epochs (free weights only, lr ramp), taken from pre-training."
+    )
+    finetune_lr: float | None = Field(
+        None, description="Fine-tuning learning rate; default: the benchmark's (MNIST 1e-4)."
+    )
+    finetune_schedule: str | None = Field(
+        None,
+        description="Fine-tuning schedule: 'cosine' or 'constant'; default: the benchmark's.",
+    )
+    pruner: str = Field("flop-aware", description="Unit pruner (see `espn list`).")
+    penalty: float = Field(
+        1.0,
+        description="Strength of the pruner's penalty, averaged over alive units (authors: 1).",
+    )
+    flop_load: str = Field(
+        "output",
+        description="FLOP load of a unit for the FLOP-aware penalty: 'output' (the paper: the "
+        "cost of computing it) or 'total' (also the cost of its outgoing connections).",
+    )
+    #: the method's own options (see ``Strategy.options``), completed with their defaults;
+    #: on the command line each is a flag of its own (see ``espn.cli.options``)
+    method_options: dict[str, Any] = Field({}, description="The method's own options.")
+    reuse: str = Field(
+        "all",
+        description="Frozen weights a task keeps: 'all' in its alive units (the paper) or "
+        "'magnitude'.",
+    )
+    task_affine: bool = Field(
+        False,
+        description="Beyond the paper: per-task unit scale and shift (FC gates, BatchNorm "
+        "affine for every method) and a per-task bias on a shared head.",
+    )
+    prune_updates_per_epoch: int = Field(
+        4, description="Pruning steps per pruning epoch (the schedule's granularity)."
+    )
+    eval_every: int = Field(
+        1,
+        description="Evaluate all tasks so far after every K-th task and the last "
+        "(accuracy-matrix rows; skipped rows are null).",
+    )
+    train_per_task: int | None = Field(
+        None, description="Keep a seeded subset of N training images per task."
+    )
+    test_per_task: int | None = Field(
+        None, description="Keep a seeded subset of N test images per task."
+    )
+    seed: int = Field(0, description="Seed of initialisation, batch order and augmentation.")
+    task_seed: int | None = Field(
+        None,
+        description="Seed of the task sequence (permutations, rotation/class order, subsets); "
+        "default: --seed.",
+    )
+    class_order: str | None = Field(
+        None,
+        description="Split benchmarks: 'random' (from the task seed) or 'superclass' (CIFAR-100).",
+    )
+    init_weights: Path | None = Field(
+        None,
+        description="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): "
+        "its non-zero weights are frozen as the first task.",
+    )
+    device: str = Field("cpu", description="cpu, cuda or cuda:N.")
+    data_dir: Path | None = Field(
+        None, description="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
+    )
+    out: Path = Field(
+        Path("runs/latest"),
+        description="Run directory for results.json, accuracy.png and checkpoint/.",
+        json_schema_extra={"cli_required": True},
+    )
+    preset: str | None = Field(
+        None,
+        description="Recipe (see `espn presets`) or a .json file; explicit options win over it.",
+    )
+    amp: bool = Field(False, description="Mixed precision (float16 + loss scaling on CUDA).")
+    folders: tuple[Path, ...] = Field(
+        (), description="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
+    )
+    image_size: int | None = Field(
+        None, description="image-folders: side of the square images (default 224)."
+    )
+    train_sizes: str | None = Field(
+        None,
+        description="Training images per task, in the given task order: N1,N2,... (one per "
+        "task) or geometric:N1:N2 (N1 for the first task, N2 for the last); overrides "
+        "--train-per-task.",
+    )
+    task_order: str = Field(
+        "given",
+        description="Order the tasks are learned in: given, random (from the task seed), "
+        "large-first, small-first (training-set size) or diverse (most diverse first).",
+    )
+    from_run: Path | None = Field(
+        None,
+        description="Learn this run's tasks on top of the supernet of the finished run DIR as "
+        "it was after its first --after-task tasks (DIR is only read).",
+    )
+    after_task: int | None = Field(
+        None, description="With --from-run: how many of its tasks to keep (K >= 1)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -318,6 +402,49 @@ class RunConfig(BaseModel):
         if not 0 <= v < 1:
             raise ValueError(f"momentum must be in [0, 1), got {v}")
         return v
+
+    @field_validator("epochs", mode="before")
+    @classmethod
+    def _epochs_text(cls, v: Any) -> Any:
+        """``"3,4,3"`` (the command line's form) -> (3, 4, 3)."""
+        if not isinstance(v, str):
+            return v
+        values = _comma_separated(v, int)
+        if values is None or len(values) != 3:
+            raise ValueError(
+                "--epochs must be three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3), "
+                f"got {v!r}"
+            )
+        return values
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _betas_text(cls, v: Any) -> Any:
+        """``"0.9,0.999"`` (the command line's form) -> (0.9, 0.999)."""
+        if not isinstance(v, str):
+            return v
+        values = _comma_separated(v, float)
+        if values is None or len(values) != 2:
+            raise ValueError(f"--betas must be two comma-separated numbers B1,B2, got {v!r}")
+        return values
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not all(0 <= b < 1 for b in v):
+            raise ValueError(f"betas must be in [0, 1), got {','.join(map(str, v))}")
+        return v
+
+    @field_validator("folders", mode="before")
+    @classmethod
+    def _folders_text(cls, v: Any) -> Any:
+        """``"a,b"`` (the command line's form) -> (Path("a"), Path("b"))."""
+        if not isinstance(v, str):
+            return v
+        parts = tuple(Path(p.strip()) for p in v.split(",") if p.strip())
+        if not parts:
+            raise ValueError(f"--folders must list directories separated by commas, got {v!r}")
+        return parts
 
     @field_validator("epochs")
     @classmethod
@@ -594,6 +721,14 @@ def resolve_train_sizes(text: str, n_tasks: int) -> list[int]:
             "give one size per task, or a rule such as geometric:N1:N2"
         )
     return sizes
+
+
+def _comma_separated(text: str, kind: type[T]) -> tuple[T, ...] | None:
+    """``"1,2"`` as a tuple of ``kind`` (int or float), or None when a part is not one."""
+    try:
+        return tuple(kind(v) for v in text.split(","))  # type: ignore[call-arg]
+    except ValueError:
+        return None
 
 
 def _one_of(what: str, value: str, accepted: tuple[str, ...]) -> str:

@@ -21,7 +21,6 @@ import typer
 from rich.console import Console
 from typer.exceptions import TyperException
 
-from espn.config import ConfigError
 from espn.errors import EspnError
 
 err_console = Console(stderr=True)
@@ -115,18 +114,3 @@ def run_dir_option(text: str) -> Path:
     if not text.strip():
         raise typer.BadParameter("must name a directory, got an empty string")
     return Path(text)
-
-
-def parse_epochs(text: str | None) -> tuple[int, ...] | None:
-    """``"3,4,3"`` -> (3, 4, 3): pre-train, prune and fine-tune epochs."""
-    if text is None:
-        return None
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 3:
-        raise ConfigError(
-            f"--epochs must be three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3), got {text!r}"
-        )
-    return values

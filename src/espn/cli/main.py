@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import shlex
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +11,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli import deploy, presets, reproduce, study, sweep, theory
+from espn.cli import deploy, presets, reproduce, sweep, theory
 from espn.cli.common import (
     RunInterrupted,
     err_console,
     fail,
-    parse_epochs,
-    run_dir_option,
     set_debug,
     user_errors,
 )
+from espn.cli.options import WithOptions
 from espn.data.registry import BENCHMARKS
-from espn.methods.base import METHODS, declared_options
+from espn.methods.base import METHODS
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 
@@ -38,7 +34,6 @@ app = typer.Typer(
 console = Console()
 app.add_typer(deploy.app)  # evaluate, export, info
 app.add_typer(presets.app, name="presets")  # presets [show NAME]
-app.add_typer(study.app, name="study")  # study pruners
 app.add_typer(reproduce.app, name="reproduce")  # reproduce TARGET|list|report
 app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, task-order, report
 app.command("sweep")(sweep.sweep)  # sweep SPEC --out DIR
@@ -83,142 +78,11 @@ def interrupted_message(out: Path, ctx: typer.Context) -> str:
     return f"interrupted; {where}; continue with: {resume_command(ctx)}"
 
 
-#: where ``espn run --help`` lists the flags the methods declare for themselves
-METHOD_OPTIONS_PANEL = "Method options"
-
-
-def method_option_parameters() -> list[inspect.Parameter]:
-    """One keyword parameter (a typer option, None when not given) per option that the
-    registered methods declare (``Strategy.options``)."""
-    params = []
-    for name, (option, methods) in declared_options().items():
-        decls = [option.flag]
-        if option.type is bool:
-            decls = [f"{option.flag}/--no-{option.flag[2:]}"]
-        text = (
-            f"{', '.join(methods)}: {option.help}, {option.accepted()}; default {option.default}."
-        )
-        info = typer.Option(None, *decls, help=text, rich_help_panel=METHOD_OPTIONS_PANEL)
-        params.append(
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=option.type | None
-            )
-        )
-    return params
-
-
-class WithMethodOptions:
-    """A command callback whose signature, as typer reads it, is ``fn``'s own parameters plus
-    :func:`method_option_parameters`.
-
-    typer builds the click command from the callback's signature each time the CLI runs, so
-    the flags follow the methods registered at that time (a method added by a plugin or a
-    test has its flags without any change here); their values reach ``fn``'s ``**kwargs``.
-    """
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        functools.update_wrapper(self, fn)
-        self._fn = fn
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        own = inspect.signature(self._fn)
-        fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
-        return own.replace(parameters=[*fixed, *method_option_parameters()])
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self._fn(**kwargs)
-
-
 @app.command()
-@WithMethodOptions
+@WithOptions
 @user_errors
 def run(
     ctx: typer.Context,
-    benchmark: str | None = typer.Option(
-        None, help="Benchmark name (see `espn list`); required unless the preset sets one."
-    ),
-    method: str = typer.Option("espn", help="Method: " + ", ".join(METHODS.names()) + "."),
-    out: Path = typer.Option(
-        ...,
-        parser=run_dir_option,
-        help="Run directory for results.json, accuracy.png and checkpoint/.",
-    ),
-    model: str | None = typer.Option(None, help="Model name; default: the benchmark's."),
-    gamma: float | None = typer.Option(
-        None, help="FLOPs budget per task, in (0, 1]; ESPN default 0.2."
-    ),
-    alpha: float | None = typer.Option(
-        None, help="Weight allocation in (0, 1]; default: the benchmark's."
-    ),
-    tasks: int | None = typer.Option(None, help="Number of tasks; default: the benchmark's."),
-    train_per_task: int | None = typer.Option(
-        None, help="Keep a seeded subset of N training images per task."
-    ),
-    test_per_task: int | None = typer.Option(
-        None, help="Keep a seeded subset of N test images per task."
-    ),
-    epochs: str | None = typer.Option(None, help="PRE,PRUNE,FINE epochs per task, e.g. 3,4,3."),
-    optimizer: str | None = typer.Option(
-        None, help="sgd, adam or rmsprop; default: the benchmark's."
-    ),
-    lr: float | None = typer.Option(None, help="Learning rate; default: the benchmark's."),
-    batch_size: int | None = typer.Option(None, help="Batch size; default: the benchmark's."),
-    weight_decay: float = typer.Option(0.0, help="Weight decay (never reaches frozen weights)."),
-    momentum: float = typer.Option(0.0, help="Momentum of SGD and RMSprop."),
-    pruner: str = typer.Option(
-        "flop-aware", help="Unit pruner: " + ", ".join(PRUNERS.names()) + "."
-    ),
-    penalty: float = typer.Option(
-        1.0, help="Strength of the pruner's penalty, averaged over alive units (authors: 1)."
-    ),
-    flop_load: str = typer.Option(
-        "output",
-        help="FLOP load of a unit for the FLOP-aware penalty: 'output' (the paper: the cost of "
-        "computing it) or 'total' (also the cost of its outgoing connections).",
-    ),
-    reuse: str = typer.Option(
-        "all",
-        help="Frozen weights a task keeps: 'all' in its alive units (the paper) or 'magnitude'.",
-    ),
-    task_affine: bool = typer.Option(
-        False,
-        "--task-affine",
-        help="Beyond the paper: per-task unit scale and shift (FC gates, BatchNorm affine for "
-        "every method) and a per-task bias on a shared head.",
-    ),
-    warmup: int | None = typer.Option(
-        None, help="Warm-up epochs (free weights only, lr ramp), taken from pre-training."
-    ),
-    finetune_lr: float | None = typer.Option(
-        None, help="Fine-tuning learning rate; default: the benchmark's (MNIST 1e-4)."
-    ),
-    finetune_schedule: str | None = typer.Option(
-        None, help="Fine-tuning schedule: 'cosine' or 'constant'; default: the benchmark's."
-    ),
-    seed: int = typer.Option(0, help="Seed of initialisation, batch order and augmentation."),
-    task_seed: int | None = typer.Option(
-        None,
-        help="Seed of the task sequence (permutations, rotation/class order, subsets); "
-        "default: --seed.",
-    ),
-    class_order: str | None = typer.Option(
-        None, help="Split benchmarks: 'random' (from the task seed) or 'superclass' (CIFAR-100)."
-    ),
-    init_weights: Path | None = typer.Option(
-        None,
-        help="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): its "
-        "non-zero weights are frozen as the first task.",
-    ),
-    eval_every: int = typer.Option(
-        1,
-        help="Evaluate all tasks so far after every K-th task and the last (accuracy-matrix "
-        "rows; skipped rows are null).",
-    ),
-    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
-    data_dir: Path | None = typer.Option(
-        None, help="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
-    ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     quiet: bool = typer.Option(False, help="Print only the final summary."),
     resume: bool = typer.Option(
@@ -227,86 +91,14 @@ def run(
     overwrite: bool = typer.Option(
         False, help="Start over in an OUT that holds an earlier run, replacing it."
     ),
-    preset: str | None = typer.Option(
-        None, help="Recipe (see `espn presets`) or a .json file; explicit options win over it."
-    ),
-    amp: bool = typer.Option(False, help="Mixed precision (float16 + loss scaling on CUDA)."),
-    folders: str | None = typer.Option(
-        None, help="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
-    ),
-    image_size: int | None = typer.Option(
-        None, help="image-folders: side of the square images (default 224)."
-    ),
-    train_sizes: str | None = typer.Option(
-        None,
-        help="Training images per task, in the given task order: N1,N2,... (one per task) "
-        "or geometric:N1:N2 (N1 for the first task, N2 for the last); overrides "
-        "--train-per-task.",
-    ),
-    task_order: str = typer.Option(
-        "given",
-        help="Order the tasks are learned in: given, random (from the task seed), "
-        "large-first, small-first (training-set size) or diverse (most diverse first).",
-    ),
-    from_run: Path | None = typer.Option(
-        None,
-        help="Learn this run's tasks on top of the supernet of the finished run DIR as it "
-        "was after its first --after-task tasks (DIR is only read).",
-    ),
-    after_task: int | None = typer.Option(
-        None, help="With --from-run: how many of its tasks to keep (K >= 1)."
-    ),
-    **method_options: Any,
+    **options: Any,
 ) -> None:
-    """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights.
-
-    Each method's own options (e.g. ``--supsup-k``) come from its declaration (see
-    :class:`WithMethodOptions`) and arrive in ``method_options``.
-    """
+    """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
+    # every other option is a RunConfig field or a method's own (generated, see cli.options)
     from espn.experiment import run_experiment
 
-    cfg = presets.make_config_given(
-        ctx,
-        benchmark=benchmark,
-        method=method,
-        model=model,
-        gamma=gamma,
-        alpha=alpha,
-        tasks=tasks,
-        train_per_task=train_per_task,
-        test_per_task=test_per_task,
-        epochs=parse_epochs(epochs),
-        optimizer=optimizer,
-        lr=lr,
-        batch_size=batch_size,
-        weight_decay=weight_decay,
-        momentum=momentum,
-        pruner=pruner,
-        penalty=penalty,
-        flop_load=flop_load,
-        reuse=reuse,
-        task_affine=task_affine,
-        warmup=warmup,
-        finetune_lr=finetune_lr,
-        finetune_schedule=finetune_schedule,
-        eval_every=eval_every,
-        seed=seed,
-        task_seed=task_seed,
-        class_order=class_order,
-        init_weights=init_weights,
-        device=device,
-        data_dir=data_dir,
-        preset=preset,
-        amp=amp,
-        folders=presets.parse_folders(folders),
-        image_size=image_size,
-        train_sizes=train_sizes,
-        task_order=task_order,
-        from_run=from_run,
-        after_task=after_task,
-        out=out,
-        **method_options,
-    )
+    cfg = presets.make_config_given(ctx, **options)
+    out = Path(options["out"])
     try:
         doc = run_experiment(
             cfg,
@@ -319,7 +111,7 @@ def run(
             ),
         )
     except KeyboardInterrupt:
-        raise RunInterrupted(interrupted_message(Path(out), ctx)) from None
+        raise RunInterrupted(interrupted_message(out, ctx)) from None
     ratios = doc["flops_ratio"]
     console.print(
         f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "
@@ -329,7 +121,7 @@ def run(
         f"storage {doc['storage_bytes'] / 2**20:.2f} MiB, "
         f"wall time {doc['wall_time_s']:.1f}s"
     )
-    console.print(f"wrote {Path(out) / 'results.json'} and {Path(out) / 'accuracy.png'}")
+    console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
 
 
 @app.command("list")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -11,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from espn.cli.common import user_errors
-from espn.config import ConfigError, RunConfig, make_config
+from espn.config import RunConfig, make_config
 from espn.presets import describe, load_preset, preset_names
 
 app = typer.Typer(
@@ -58,13 +57,3 @@ def explicit_options(ctx: typer.Context, values: dict[str, Any]) -> dict[str, An
 def make_config_given(ctx: typer.Context, **values: Any) -> RunConfig:
     """``make_config`` from the options given on the command line (see :func:`explicit_options`)."""
     return make_config(**explicit_options(ctx, values))
-
-
-def parse_folders(text: str | None) -> tuple[Path, ...] | None:
-    """``"a,b"`` -> (Path("a"), Path("b")); None when the option was not given."""
-    if text is None:
-        return None
-    parts = tuple(Path(p.strip()) for p in text.split(",") if p.strip())
-    if not parts:
-        raise ConfigError(f"--folders must list directories separated by commas, got {text!r}")
-    return parts

@@ -1,7 +1,7 @@
 """The appendix's Fig. 5: the pruner comparison (5a/5b: accuracy and fraction of units kept
 against the FLOPs budget gamma for FLOP-aware, l1 and polarization pruning, one task, no
-continual learning; the points of ``espn study pruners``, one set per seed) and the weight
-allocation study (5c: task-averaged ESPN accuracy over alpha x gamma)."""
+continual learning: every point an Individual-gamma run of the benchmark's first task, one set
+per seed) and the weight allocation study (5c: task-averaged ESPN accuracy over alpha x gamma)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from espn.reproduce.continual import split_base
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table, mean_se
 from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
-from espn.studies.pruners import DEFAULT_GAMMAS, DEFAULT_PRUNERS, pruner_points
 from espn.sweep import Point
+
+#: the appendix's FLOPs budgets and pruners
+DEFAULT_GAMMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+DEFAULT_PRUNERS = ("flop-aware", "l1", "polarization")
 
 SCALES: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {
     # CIFAR-10 with the Table 1 recipe (the paper's "same architecture and hyperparameters")
@@ -27,16 +30,19 @@ SCALES: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {
 
 
 def pruner_stages(options: Options, out: Path) -> list[list[Point]]:
-    """Every pruner at every gamma, per seed: the points of ``espn study pruners``."""
+    """Every pruner at every gamma, per seed: an Individual-gamma run (trained from scratch,
+    pruned to gamma x the dense FLOPs, no weight budget) of the benchmark's first task only."""
     base, gammas = SCALES[options.scale]
-    base = base | options.common()
+    base = base | options.common() | {"method": "individual", "tasks": 1}
     return [
         [
-            Point(point_name("fig-pruners", f"{o['pruner']}+gamma{o['gamma']:g}", seed), o)
-            for seed in FIG_PRUNERS.seeds(options)
-            for o in (
-                p.options for p in pruner_points(base | {"seed": seed}, DEFAULT_PRUNERS, gammas)
+            Point(
+                point_name("fig-pruners", f"{pruner}+gamma{gamma:g}", seed),
+                base | {"pruner": pruner, "gamma": gamma, "seed": seed},
             )
+            for seed in FIG_PRUNERS.seeds(options)
+            for pruner in DEFAULT_PRUNERS
+            for gamma in gammas
         ]
     ]
 

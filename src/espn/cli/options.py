@@ -1,0 +1,123 @@
+"""``espn run``'s options, generated from their one declaration: a :class:`RunConfig` field
+(name, type, default, description) or an option a method declares (``Strategy.options``).
+
+typer builds a command's click options from its callback's signature; :class:`WithOptions`
+gives the callback a signature made of its own parameters (the CLI-only switches) plus one
+keyword parameter per run option and per method option, so a field added to ``RunConfig`` or
+an option added to a method is a flag without any change here.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic.fields import FieldInfo
+
+from espn.cli.common import run_dir_option
+from espn.config import RunConfig
+from espn.methods.base import declared_options
+
+#: where ``espn run --help`` lists the flags the methods declare for themselves
+METHOD_OPTIONS_PANEL = "Method options"
+#: the fields that are not a flag of their own: the method's options, one flag each
+NOT_FLAGS = ("method_options",)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of an option, e.g. ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _cli_type(annotation: Any) -> type:
+    """The type typer parses a field's value as: the field's own for a scalar, ``str`` for a
+    tuple (its validator parses ``"3,4,3"``)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if typing.get_origin(annotation) is tuple:
+        return str
+    if annotation in (bool, int, float, str, Path):
+        return typing.cast(type, annotation)
+    raise TypeError(f"RunConfig field of type {annotation!r} has no command-line form")
+
+
+def field_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
+    """The typer option of one :class:`RunConfig` field; None (not given) unless the field
+    has a scalar default, which the option shows."""
+    kind = _cli_type(field.annotation)
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if extra.get("cli_required"):  # a directory the command line must name
+        info = typer.Option(..., flag(name), parser=run_dir_option, help=field.description)
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info)
+    default = field.default if kind is not str or isinstance(field.default, str) else None
+    if default is not None and not isinstance(default, kind):
+        default = None
+    decls = [f"{flag(name)}/--no-{flag(name)[2:]}" if kind is bool else flag(name)]
+    info = typer.Option(default, *decls, help=field.description)
+    annotation = kind if default is not None else kind | None
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation
+    )
+
+
+def run_option_parameters() -> list[inspect.Parameter]:
+    """One option per :class:`RunConfig` field (but :data:`NOT_FLAGS`)."""
+    return [
+        field_parameter(name, field)
+        for name, field in RunConfig.model_fields.items()
+        if name not in NOT_FLAGS
+    ]
+
+
+def method_option_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter (a typer option, None when not given) per option that the
+    registered methods declare (``Strategy.options``)."""
+    params = []
+    for name, (option, methods) in declared_options().items():
+        decls = [option.flag]
+        if option.type is bool:
+            decls = [f"{option.flag}/--no-{option.flag[2:]}"]
+        text = (
+            f"{', '.join(methods)}: {option.help}, {option.accepted()}; default {option.default}."
+        )
+        info = typer.Option(None, *decls, help=text, rich_help_panel=METHOD_OPTIONS_PANEL)
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=option.type | None
+            )
+        )
+    return params
+
+
+class WithOptions:
+    """A command callback whose signature, as typer reads it, is ``fn``'s own parameters plus
+    :func:`run_option_parameters` and :func:`method_option_parameters`.
+
+    typer builds the click command from the callback's signature each time the CLI runs, so
+    the flags follow the fields and the methods registered at that time (a method added by a
+    plugin or a test has its flags without any change here); their values reach ``fn``'s
+    ``**kwargs``.
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        own = inspect.signature(self._fn)
+        fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        context = [p for p in fixed if p.annotation in (typer.Context, "typer.Context")]
+        switches = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed if p not in context]
+        generated = [*run_option_parameters(), *method_option_parameters()]
+        return own.replace(parameters=[*context, *generated, *switches])
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self._fn(**kwargs)
