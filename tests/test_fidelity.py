@@ -11,13 +11,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from espn.config import ConfigError, make_config, upgrade_saved_config
+from espn.checkpoint.legacy import upgrade_saved_config
+from espn.config import ConfigError, make_config
 from espn.data.cifar import CIFAR100_SUPERCLASS, class_order
 from espn.evaluation.metrics import task_accuracy
 from espn.experiment import build_benchmark, run_experiment
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
+from espn.preflight import check_run
 from espn.supernet import Supernet
 from espn.supernet.layers import TaskBatchNorm2d
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes
@@ -353,8 +355,9 @@ def test_our_resnet50_reads_torchvision_resnet50_weights():
 
 
 def test_init_weights_must_exist_and_fit_the_method(tmp_path):
-    with pytest.raises(ConfigError, match="no file"):
-        make_config(benchmark="split-cifar10", init_weights=tmp_path / "missing.pt")
+    missing = make_config(benchmark="split-cifar10", init_weights=tmp_path / "missing.pt")
+    with pytest.raises(ConfigError, match="no file"):  # checked before the run starts
+        check_run(missing)
     path = tmp_path / "w.safetensors"
     save_file({"x": torch.zeros(1)}, str(path))
     with pytest.raises(ConfigError, match="cannot start from a pretrained first task"):

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from espn.checkpoint.run import load_run, option_differences
 from espn.cli.main import app
-from espn.config import make_config, resolve_train_sizes
+from espn.config import make_config
 from espn.data.order import DESCRIPTOR_SAMPLES, farthest_point_order, task_order
+from espn.data.sizes import resolve_train_sizes
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark, run_experiment

@@ -8,7 +8,9 @@ from typing import Any, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from espn.data.order import TASK_ORDERS
 from espn.data.registry import BENCHMARKS, RunDefaults
+from espn.data.sizes import MAX_COUNT, normalise_train_sizes, resolve_train_sizes
 from espn.errors import EspnError
 from espn.methods.base import (
     DEFAULT_GAMMA,
@@ -25,35 +27,10 @@ from espn.supernet.flops import FLOP_LOADS
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
 REUSE_POLICIES = ("all", "magnitude")
-#: orders in which a benchmark's tasks may be learned (see :mod:`espn.data.order`)
-TASK_ORDERS = ("given", "random", "large-first", "small-first", "diverse")
 #: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
 MAX_SEED = 2**32 - 1
-#: largest accepted value of the other integer options (batch size, images per task, ...)
-MAX_COUNT = 2**31 - 1
 #: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
 MAX_IMAGE_SIZE = 1024
-
-#: what runs recorded before an option existed behaved as (read from older manifests)
-LEGACY_DEFAULTS: dict[str, Any] = {
-    "task_affine": True,
-    "flop_load": "total",
-    "warmup": 0,
-    "finetune_schedule": "cosine",
-    "task_seed": None,
-    "class_order": None,
-    "init_weights": None,
-}
-
-
-def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
-    """A configuration saved by an older espn, completed with the values that reproduce what
-    that espn did (its fine-tuning started from the run's learning rate); method options it
-    recorded flat (``supsup_k``, unset ones as null) move into ``method_options``."""
-    upgraded = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in values} | dict(values)
-    if "finetune_lr" not in values:
-        upgraded["finetune_lr"] = values.get("lr")
-    return gather_method_options(upgraded)
 
 
 def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
@@ -83,20 +60,14 @@ class ConfigError(EspnError, ValueError):
 
 
 def check_device(device: str) -> str:
-    """Accept ``cpu``, ``cuda`` or ``cuda:N`` when that device is usable here."""
+    """Accept ``cpu``, ``cuda`` or ``cuda:N`` (whether this machine has it is checked before a
+    run starts, see :mod:`espn.preflight`)."""
     try:
         parsed = torch.device(device)
     except RuntimeError:
         raise ValueError(f"unknown device {device!r}; choose 'cpu', 'cuda' or 'cuda:N'") from None
     if parsed.type not in ("cpu", "cuda"):
         raise ValueError(f"unknown device {device!r}; choose 'cpu', 'cuda' or 'cuda:N'")
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: CUDA is not available here; use --device cpu")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present"
-            )
     return device
 
 
@@ -339,13 +310,6 @@ class RunConfig(BaseModel):
     def _finetune_schedule(cls, v: str | None) -> str | None:
         return None if v is None else _one_of("fine-tune schedule", v, FINETUNE_SCHEDULES)
 
-    @field_validator("init_weights")
-    @classmethod
-    def _init_weights(cls, v: Path | None) -> Path | None:
-        if v is not None and not Path(v).is_file():
-            raise ValueError(f"init_weights: no file {v} (give a .safetensors or .pt file)")
-        return v
-
     @field_validator("gamma")
     @classmethod
     def _gamma(cls, v: float | None) -> float | None:
@@ -566,9 +530,8 @@ class RunConfig(BaseModel):
             )
 
     def _check_from_run(self, strategy: type[Strategy]) -> None:
-        """``from_run`` and ``after_task`` go together, and name a checkpoint with at least
-        ``after_task`` finished tasks of the same method (more is checked when the run starts,
-        see :mod:`espn.checkpoint.continuation`)."""
+        """``from_run`` and ``after_task`` go together, for a sequential method, with another
+        ``out`` (the run it names is checked before the run starts, see :mod:`espn.preflight`)."""
         if (self.from_run is None) != (self.after_task is None):
             raise ValueError(
                 "from_run and after_task go together: --from-run DIR --after-task K "
@@ -581,23 +544,10 @@ class RunConfig(BaseModel):
                 f"from_run {self.from_run} is this run's own --out; the run it starts from is "
                 "only read, so give the new run another --out"
             )
-        from espn.checkpoint.continuation import source_summary
-
         if strategy.training_tasks is not Strategy.training_tasks:
             raise ValueError(
                 f"method {self.method!r} learns all its tasks at once, so it cannot learn new "
                 "tasks on top of a finished run (from_run); use a sequential method"
-            )
-        method, done = source_summary(Path(self.from_run))
-        if method != self.method:
-            raise ValueError(
-                f"from_run {self.from_run} is a run of method {method!r}; learning on top of "
-                f"it needs the same method (--method {method}), got {self.method!r}"
-            )
-        if self.after_task > done:
-            raise ValueError(
-                f"after_task must be <= the {done} task(s) finished in {self.from_run}, "
-                f"got {self.after_task}"
             )
 
     def task_train_sizes(self) -> list[int] | None:
@@ -673,54 +623,6 @@ class RunConfig(BaseModel):
             momentum=self.momentum,
             betas=resolved(self.betas, "betas"),
         )
-
-
-TRAIN_SIZES_HELP = (
-    "comma-separated sizes, one per task (e.g. 2500,2500,100), or geometric:N1:N2 "
-    "(task 1 gets N1, the last N2, geometric in between)"
-)
-
-
-def normalise_train_sizes(value: Any) -> str:
-    """``train_sizes`` as given (a list of counts or a string), checked and written as the
-    canonical string ``"2500,2500,100"`` or ``"geometric:N1:N2"``."""
-    if isinstance(value, list | tuple):
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
-        value = ",".join(str(v) for v in value)
-    if not isinstance(value, str):
-        raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
-    text = value.replace(" ", "")
-    rule = text.startswith("geometric:")
-    parts = text.removeprefix("geometric:").split(":" if rule else ",")
-    try:
-        sizes = [int(p) for p in parts]
-    except ValueError:
-        sizes = []
-    if not sizes or (rule and len(sizes) != 2):
-        raise ValueError(f"train_sizes must be {TRAIN_SIZES_HELP}, got {value!r}")
-    bad = [n for n in sizes if not 1 <= n <= MAX_COUNT]
-    if bad:
-        raise ValueError(f"train_sizes: every size must be in [1, {MAX_COUNT}], got {bad[0]}")
-    return ("geometric:" if rule else "") + (":" if rule else ",").join(map(str, sizes))
-
-
-def resolve_train_sizes(text: str, n_tasks: int) -> list[int]:
-    """Per-task sizes of a canonical ``train_sizes`` string for ``n_tasks`` tasks: the list
-    itself (one entry per task), or N1 * (N2/N1)^(t/(n-1)) rounded for ``geometric:N1:N2``."""
-    if text.startswith("geometric:"):
-        first, last = (int(v) for v in text.removeprefix("geometric:").split(":"))
-        if n_tasks == 1:
-            return [first]
-        ratio = last / first
-        return [max(1, round(first * ratio ** (t / (n_tasks - 1)))) for t in range(n_tasks)]
-    sizes = [int(v) for v in text.split(",")]
-    if len(sizes) != n_tasks:
-        raise ValueError(
-            f"train_sizes lists {len(sizes)} size(s) but the run has {n_tasks} task(s); "
-            "give one size per task, or a rule such as geometric:N1:N2"
-        )
-    return sizes
 
 
 def _comma_separated(text: str, kind: type[T]) -> tuple[T, ...] | None:

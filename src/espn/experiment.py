@@ -32,6 +32,7 @@ from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS
 from espn.models import registry as models
 from espn.models.registry import ModelSpec
+from espn.preflight import check_run
 from espn.supernet.flops import count_flops
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
@@ -145,17 +146,6 @@ def check_gamma_reachable(cfg: RunConfig, supernet: Supernet) -> None:
         )
 
 
-def check_data_dir(cfg: RunConfig) -> None:
-    """An explicit ``data_dir`` must be a directory (it is never silently replaced)."""
-    path = cfg.data_dir
-    if path is not None and not Path(path).is_dir():
-        what = "is a file" if Path(path).exists() else "does not exist"
-        raise ConfigError(
-            f"data_dir {path} {what}; give an existing dataset directory, or leave "
-            "--data-dir out to use $ESPN_DATA or ~/.cache/espn/data"
-        )
-
-
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
     """Requests the data could not honour (more images per task than there are)."""
     notes = []
@@ -210,7 +200,7 @@ def run_experiment(
     is the benchmark ``cfg`` names, built once by the caller (so that another library can be
     handed the very same tensors, see ``benchmarks/peer_packnet.py``).
     """
-    check_data_dir(cfg)
+    check_run(cfg)
     check_out_dir(cfg.out, resume, overwrite)
     with run_lock(cfg.out):
         check_out_dir(cfg.out, resume, overwrite)  # again, now that no other run can write

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
+from espn.checkpoint.legacy import upgrade_saved_config
 from espn.checkpoint.store import read_checkpoint, restore
-from espn.config import ConfigError, RunConfig, make_config, upgrade_saved_config
+from espn.config import ConfigError, RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.methods.base import METHODS
 from espn.supernet.supernet import Supernet

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.legacy import upgrade_saved_config
 from espn.checkpoint.manifest import check_against_results
 from espn.checkpoint.store import (
     Checkpoint,
@@ -19,12 +20,13 @@ from espn.checkpoint.store import (
     read_checkpoint,
     restore,
 )
-from espn.config import RunConfig, make_config, upgrade_saved_config
+from espn.config import RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
 from espn.models.reference import is_reference, register_reference
 from espn.models.registry import MODELS, ModelSpec, build_supernet
+from espn.preflight import check_device
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
 
@@ -290,6 +292,7 @@ def load_run(
     if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
         values["data_dir"] = Path(run_dir) / values["data_dir"]
     cfg = make_config(**values, device=device, out=Path(run_dir))
+    check_device(cfg.device)
     spec = m["spec"]
     if supernet is None:
         model_spec = ModelSpec(

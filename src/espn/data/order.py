@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from espn.config import TASK_ORDERS
 from espn.data.registry import task_generator
 from espn.data.tasks import Task, TaskSequence, reordered
 
+#: the orders in which a benchmark's tasks may be learned
+TASK_ORDERS = ("given", "random", "large-first", "small-first", "diverse")
 #: training samples per task that its diversity descriptor is computed from
 DESCRIPTOR_SAMPLES = 256
 #: side above which image inputs are average-pooled for the descriptor

@@ -1,0 +1,74 @@
+"""What a run needs of this machine and its file system, checked before it starts: the
+device is usable here, the files and runs its configuration names exist. The configuration
+(:mod:`espn.config`) checks values only; these probes run when a run (or a saved run) is
+about to use them, with the same ``<option>: <message>`` lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from espn.checkpoint.continuation import source_summary
+from espn.config import ConfigError, RunConfig
+
+
+def check_device(device: str) -> None:
+    """Refuse a CUDA device this machine does not have (the name itself is the config's)."""
+    parsed = torch.device(device)
+    if parsed.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device: device {device!r}: CUDA is not available here; use --device cpu"
+        )
+    if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device: device {device!r}: only {torch.cuda.device_count()} CUDA device(s) present"
+        )
+
+
+def check_run(cfg: RunConfig) -> None:
+    """Everything ``cfg`` names beyond its values: device, init weights, data directory and
+    the run ``from_run`` continues (its method and how many tasks it finished)."""
+    check_device(cfg.device)
+    if cfg.init_weights is not None and not Path(cfg.init_weights).is_file():
+        raise ConfigError(
+            f"init_weights: init_weights: no file {cfg.init_weights} "
+            "(give a .safetensors or .pt file)"
+        )
+    check_data_dir(cfg)
+    check_from_run(cfg)
+
+
+def check_data_dir(cfg: RunConfig) -> None:
+    """An explicit ``data_dir`` must be a directory (it is never silently replaced)."""
+    path = cfg.data_dir
+    if path is not None and not Path(path).is_dir():
+        what = "is a file" if Path(path).exists() else "does not exist"
+        raise ConfigError(
+            f"data_dir {path} {what}; give an existing dataset directory, or leave "
+            "--data-dir out to use $ESPN_DATA or ~/.cache/espn/data"
+        )
+
+
+def check_from_run(cfg: RunConfig) -> None:
+    """``from_run`` names a checkpoint of the same method with at least ``after_task``
+    finished tasks (more is checked when the run starts, see
+    :mod:`espn.checkpoint.continuation`)."""
+    if cfg.from_run is None or cfg.after_task is None:
+        return
+    try:
+        method, done = source_summary(Path(cfg.from_run))
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    if method != cfg.method:
+        raise ConfigError(
+            f"config: from_run {cfg.from_run} is a run of method {method!r}; learning on top "
+            f"of it needs the same method (--method {method}), got {cfg.method!r}"
+        )
+    if cfg.after_task > done:
+        raise ConfigError(
+            f"config: after_task must be <= the {done} task(s) finished in {cfg.from_run}, "
+            f"got {cfg.after_task}"
+        )
