@@ -247,9 +247,25 @@ class Norm1d(nn.Module):
         return self.fc(self.norm(self.fc1(x.flatten(1))))
 
 
+class Branching(nn.Module):
+    """A forward that branches on the data: it runs, but torch.fx cannot trace it for export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, bias=False)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.fc(h.mean((2, 3)))
+
+
 @pytest.mark.parametrize(
     ("net", "message"),
     [
+        (Branching, "Branching.forward cannot be traced by torch.fx, so its tasks could not be"),
         (Grouped, "conv 'grouped' is grouped (groups=2, 8 in and 8 out channels); supported:"),
         (Multiplier, "conv 'grouped' is grouped (groups=8, 8 in and 16 out channels); supported:"),
         (Norm1d, "module 'norm' is a BatchNorm1d with parameters; the converter supports"),

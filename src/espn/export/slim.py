@@ -72,6 +72,23 @@ def _trace(model: nn.Module) -> fx.GraphModule:
     return fx.GraphModule(copy.deepcopy(model), graph, class_name=type(model).__name__)
 
 
+def check_traceable(model: nn.Module) -> None:
+    """Raise :class:`ExportError` (one line) if :func:`plain_copy` could not trace ``model``:
+    checked before training, so that no run trains a model it cannot export."""
+    was_training = model.training
+    model.eval()
+    try:
+        _EspnLeafTracer().trace(model)
+    except Exception as exc:  # fx raises many kinds of errors on untraceable code
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(
+            f"{type(model).__name__}.forward cannot be traced by torch.fx, so its tasks could "
+            f"not be exported (data-dependent control flow?): {first}"
+        ) from None
+    finally:
+        model.train(was_training)
+
+
 def _set_submodule(root: nn.Module, target: str, module: nn.Module) -> None:
     parent_name, _, name = target.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root

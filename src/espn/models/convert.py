@@ -33,6 +33,7 @@ import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+from espn.export.slim import ExportError, check_traceable
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import (
     MaskedConv2d,
@@ -321,7 +322,16 @@ def to_supernet(
                 gate = UnitGate(int(m.weight.shape[0]), out_group[name], affine=task_affine)
                 layer = nn.Sequential(layer, gate)
             _set(model, name, layer)
+    _check_exportable(model)
     return model
+
+
+def _check_exportable(model: nn.Module) -> None:
+    """Refuse, before any training, a model whose tasks could not be exported."""
+    try:
+        check_traceable(model)
+    except ExportError as exc:
+        raise ConvertError(str(exc)) from None
 
 
 def register_converted(
