@@ -33,12 +33,14 @@ import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+from espn.export.slim import ExportError, check_traceable
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import (
     MaskedConv2d,
     MaskedLinear,
     TaskBatchNorm2d,
     TaskBias,
+    TaskChannelBias,
     TaskHead,
     UnitGate,
 )
@@ -82,17 +84,52 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
                 "supports nn.Conv2d, nn.BatchNorm2d and nn.Linear (plus parameter-free modules)"
             )
     for name, m in found.items():
-        if isinstance(m, nn.Conv2d) and m.groups != 1:
-            raise ConvertError(f"conv {name!r} is grouped (groups={m.groups}); not supported")
+        if isinstance(m, nn.Conv2d) and m.groups != 1 and not _depthwise(m):
+            raise ConvertError(
+                f"conv {name!r} is grouped (groups={m.groups}, {m.in_channels} in and "
+                f"{m.out_channels} out channels); supported: ungrouped convs and depthwise convs "
+                "(groups = in channels = out channels)"
+            )
         if isinstance(m, nn.BatchNorm2d) and not m.affine:
             raise ConvertError(f"BatchNorm {name!r} has affine=False; its gamma is the saliency")
     return found
 
 
+def _depthwise(m: nn.Module) -> bool:
+    """A conv that convolves each channel on its own: its input and output channels are one."""
+    return isinstance(m, nn.Conv2d) and m.groups != 1 and m.groups == m.in_channels == m.out_channels
+
+
+def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
+    """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
+    features (the excitation of a squeeze-excitation block) rather than being features."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) in seen or not isinstance(node.module, tp.ops._ElementWiseOp):
+            continue
+        seen.add(id(node))
+        if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
+            return True
+        frontier.extend(node.outputs)
+    return False
+
+
+def _flattened(m: Convertible, out_side: bool, taken: int, size: int) -> int:
+    """Inputs per channel when linear layer ``m`` reads a flattened map of ``size`` channels
+    (``taken`` of its inputs follow them, all of them), else 0."""
+    if out_side or not isinstance(m, nn.Linear) or taken != m.in_features:
+        return 0
+    return taken // size if taken > size and taken % size == 0 else 0
+
+
 def _groups(
     model: nn.Module, example_input: Tensor, modules: dict[str, Convertible]
-) -> tuple[list[_Group], dict[str, nn.Module | None], str]:
-    """Coupled channel groups, each layer's sole direct consumer, and the output layer."""
+) -> tuple[list[_Group], dict[str, nn.Module | None], str, dict[str, int], set[str]]:
+    """Coupled channel groups, each layer's sole direct consumer, the output layer, the
+    inputs per channel of linear layers reading a flattened feature map, and the layers whose
+    output scales features (see :func:`_multiplies`)."""
     names = {m: n for n, m in modules.items()}
     graph = tp.DependencyGraph().build_dependency(
         model, example_inputs=example_input, verbose=False
@@ -112,6 +149,8 @@ def _groups(
             f"the model's output; found output layers: {outputs or 'none'}"
         )
     groups = []
+    repeats: dict[str, int] = {}
+    scales: set[str] = set()
     for group in graph.get_all_groups(root_module_types=(nn.Conv2d, nn.Linear)):
         items = list(group)
         root_name = names[items[0][0].target.module]
@@ -123,26 +162,34 @@ def _groups(
             name = names[m]
             out_side = graph.is_out_channel_pruning_fn(dep.handler)
             width = _width(m, out_side)
-            if len(idxs) != g.size or width != g.size:
+            repeat = _flattened(m, out_side, len(idxs), g.size)
+            if repeat:
+                repeats[name] = repeat
+            elif len(idxs) != g.size or width != g.size:
                 raise ConvertError(
                     f"layer {name!r} uses {len(idxs)} of its {width} "
                     f"{'output' if out_side else 'input'} channels from the channels of "
-                    f"{root_name!r} ({g.size}): concatenation, splitting or flattening a feature "
-                    "map into a linear layer is not supported; pool it globally first"
+                    f"{root_name!r} ({g.size}): concatenation and splitting of feature maps "
+                    "are not supported"
                 )
             if isinstance(m, nn.BatchNorm2d):
                 g.norms.append(name)
-            elif out_side:
-                g.producers.append(name)
+            elif out_side or _depthwise(m):  # a depthwise conv's inputs are its outputs
+                if name not in g.producers:
+                    g.producers.append(name)
+                if not isinstance(m, nn.Linear) and _multiplies(graph, m):
+                    scales.add(name)
             else:
                 g.consumers.append(name)
         groups.append(g)
-    return groups, successor, outputs[0]
+    return groups, successor, outputs[0], repeats, scales
 
 
 def _width(m: Convertible, out_side: bool) -> int:
     if isinstance(m, nn.BatchNorm2d):
         return m.num_features
+    if _depthwise(m):
+        return int(m.weight.shape[0])
     return int(m.weight.shape[0 if out_side else 1])
 
 
@@ -153,7 +200,7 @@ def _set(root: nn.Module, name: str, module: nn.Module) -> None:
 
 @torch.no_grad()
 def _masked(
-    m: nn.Conv2d | nn.Linear, in_units: str | None, out_units: str | None
+    m: nn.Conv2d | nn.Linear, in_units: str | None, out_units: str | None, in_repeat: int = 1
 ) -> MaskedConv2d | MaskedLinear:
     out: MaskedConv2d | MaskedLinear
     if isinstance(m, nn.Conv2d):
@@ -163,26 +210,46 @@ def _masked(
             m.kernel_size,
             stride=m.stride,
             padding=m.padding,
-            in_units=in_units,
+            in_units=None if _depthwise(m) else in_units,
             out_units=out_units,
             dilation=m.dilation,
             padding_mode=m.padding_mode,
+            groups=m.groups,
         )
     else:
-        out = MaskedLinear(m.in_features, m.out_features, in_units=in_units, out_units=out_units)
+        out = MaskedLinear(
+            m.in_features,
+            m.out_features,
+            in_units=in_units,
+            out_units=out_units,
+            in_repeat=in_repeat,
+        )
     out.weight.copy_(m.weight)
     return out
 
 
 @torch.no_grad()
-def _head(m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool) -> nn.Module:
+def _scaling(m: nn.Conv2d | nn.Linear, layer: nn.Module) -> nn.Module:
+    """``layer`` (the masked copy of ``m``, whose output scales features) followed by a
+    per-task channel bias holding ``m``'s bias: a dead channel's feature is zero, so its scale
+    needs no gate."""
+    bias = TaskChannelBias(int(m.weight.shape[0]))
+    if m.bias is not None:
+        bias.bias.copy_(m.bias)
+    return nn.Sequential(layer, bias)
+
+
+@torch.no_grad()
+def _head(
+    m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool, in_repeat: int = 1
+) -> nn.Module:
     bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
     if multi_head:
-        head = TaskHead(m.in_features, m.out_features, in_units=in_units)
+        head = TaskHead(m.in_features, m.out_features, in_units=in_units, in_repeat=in_repeat)
         head.weight.copy_(m.weight)
         head.bias.copy_(bias)
         return head
-    shared = _masked(m, in_units, None)
+    shared = _masked(m, in_units, None, in_repeat)
     if not task_affine:
         return nn.Sequential(shared)
     task_bias = TaskBias(m.out_features)
@@ -208,7 +275,7 @@ def to_supernet(
     """
     model = copy.deepcopy(model).eval()
     modules = _check_modules(model)
-    groups, successor, head = _groups(model, example_input, modules)
+    groups, successor, head, repeats, scales = _groups(model, example_input, modules)
     order = {name: i for i, name in enumerate(modules)}
     in_group: dict[str, str] = {}
     out_group: dict[str, str] = {}
@@ -225,6 +292,8 @@ def to_supernet(
         for name in g.producers:
             out_group[name] = g.name
             bias = modules[name].bias is not None
+            if g.norms and name in scales:
+                continue  # a feature scale: its dead channels multiply zero features
             # a bias right before a BatchNorm is absorbed by it; any other bias becomes the
             # shift of a gate, and a group without BatchNorm gets its saliency from gates
             if not g.norms or (bias and not isinstance(successor[name], nn.BatchNorm2d)):
@@ -238,14 +307,31 @@ def to_supernet(
             bn.load_state_dict(m.state_dict(), strict=False)
             _set(model, name, bn)
         elif isinstance(m, nn.Linear) and name == head:  # _groups checked it is one
-            _set(model, name, _head(m, in_group.get(name), multi_head, task_affine))
+            _set(
+                model,
+                name,
+                _head(m, in_group.get(name), multi_head, task_affine, repeats.get(name, 1)),
+            )
         else:
-            layer: nn.Module = _masked(m, in_group.get(name), out_group.get(name))
-            if name in gated:
+            layer: nn.Module = _masked(
+                m, in_group.get(name), out_group.get(name), repeats.get(name, 1)
+            )
+            if name in scales and name in out_group and name not in gated:
+                layer = _scaling(m, layer)
+            elif name in gated:
                 gate = UnitGate(int(m.weight.shape[0]), out_group[name], affine=task_affine)
                 layer = nn.Sequential(layer, gate)
             _set(model, name, layer)
+    _check_exportable(model)
     return model
+
+
+def _check_exportable(model: nn.Module) -> None:
+    """Refuse, before any training, a model whose tasks could not be exported."""
+    try:
+        check_traceable(model)
+    except ExportError as exc:
+        raise ConvertError(str(exc)) from None
 
 
 def register_converted(

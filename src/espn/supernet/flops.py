@@ -2,9 +2,14 @@
 
 Convention: FLOPs = 2 x multiply-accumulates of the convolution and linear layers (the
 count of :class:`torch.utils.flop_counter.FlopCounterMode`), for one input sample.
-BatchNorm, gates, activations, pooling and additions are not counted. A layer with
-``a_in`` alive input units and ``a_out`` alive output units costs
-``2 * a_in * a_out * kernel_area * output_positions`` FLOPs.
+BatchNorm, gates, activations, pooling, additions and products (the scale of a
+squeeze-excitation block) are not counted; the convolutions of a squeeze-excitation block
+are counted like any other (one output position each). A layer with ``a_in`` alive input
+units and ``a_out`` alive output units costs ``2 * a_in * a_out * kernel_area *
+output_positions`` FLOPs. Two shapes refine ``a_in``: a depthwise convolution reads one input
+channel per output channel (``a_in`` = 1, its weight's input width: its channels are its
+output units), and a linear layer reading a flattened feature map reads ``in_repeat``
+inputs per alive channel (``a_in`` = alive channels x ``in_repeat``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class LayerCost:
     out_units: str | None
     positions: int  # output positions per sample (H*W for conv, 1 for linear on vectors)
     kernel_area: int
+    in_repeat: int = 1  # inputs per input unit (a flattened feature map: H*W)
 
     @property
     def in_size(self) -> int:
@@ -41,9 +47,21 @@ class LayerCost:
 
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
-        a_in = alive[self.in_units] if self.in_units else self.in_size
-        a_out = alive[self.out_units] if self.out_units else self.out_size
-        return 2.0 * a_in * a_out * self.kernel_area * self.positions
+        return 2.0 * self.alive_inputs(alive) * self.alive_outputs(alive) * self.per_pair
+
+    @property
+    def per_pair(self) -> int:
+        """Multiply-accumulate positions of one (input, output) pair: kernel x positions."""
+        return self.kernel_area * self.positions
+
+    def alive_inputs(self, alive: dict[str, int]) -> int:
+        """Inputs each output reads: alive input units x ``in_repeat`` (the full width when
+        the input is not pruned; 1 for a depthwise convolution)."""
+        return alive[self.in_units] * self.in_repeat if self.in_units else self.in_size
+
+    def alive_outputs(self, alive: dict[str, int]) -> int:
+        """Alive outputs (the full width when the output is not pruned)."""
+        return alive[self.out_units] if self.out_units else self.out_size
 
 
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
@@ -70,8 +88,12 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
     for name, module in modules.items():
         if name not in records:
             continue
-        if getattr(module, "groups", 1) != 1:
-            raise ValueError(f"grouped convolution {name!r} is not supported by the FLOP count")
+        groups = getattr(module, "groups", 1)
+        if groups != 1 and (module.in_units is not None or module.weight.shape[1] != 1):
+            raise ValueError(
+                f"grouped convolution {name!r} (groups={groups}) is not depthwise; the FLOP "
+                "count supports depthwise convolutions only"
+            )
         kernel = module.weight.shape[2:]
         costs.append(
             LayerCost(
@@ -81,6 +103,7 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
                 out_units=module.out_units,
                 positions=records[name],
                 kernel_area=int(torch.Size(kernel).numel()),
+                in_repeat=module.in_repeat,
             )
         )
     return costs
@@ -111,11 +134,9 @@ def unit_flops(
         raise ValueError(f"unknown FLOP load {load!r}; choose one of: {', '.join(FLOP_LOADS)}")
     out = dict.fromkeys(alive, 0.0)
     for c in costs:
-        a_in = alive[c.in_units] if c.in_units else c.in_size
-        a_out = alive[c.out_units] if c.out_units else c.out_size
-        per_pair = 2.0 * c.kernel_area * c.positions
+        per_pair = 2.0 * c.per_pair
         if c.out_units:
-            out[c.out_units] += per_pair * a_in
+            out[c.out_units] += per_pair * c.alive_inputs(alive)
         if c.in_units and load == "total":
-            out[c.in_units] += per_pair * a_out
+            out[c.in_units] += per_pair * c.alive_outputs(alive) * c.in_repeat
     return out

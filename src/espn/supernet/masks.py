@@ -65,6 +65,8 @@ class LayerLayout(NamedTuple):
     shape: tuple[int, ...]
     out_units: str | None
     in_units: str | None
+    #: input columns per unit of ``in_units`` (a feature map flattened into a linear layer)
+    in_repeat: int = 1
 
 
 class Ownership:
@@ -190,7 +192,8 @@ class Ownership:
         if lay.out_units:
             mask &= units[lay.out_units].to(device).view(-1, 1)
         if lay.in_units:
-            mask &= units[lay.in_units].to(device).view(1, -1)
+            alive = units[lay.in_units].to(device).repeat_interleave(lay.in_repeat)
+            mask &= alive.view(1, -1)
         return mask.view(*lay.shape[:2], *([1] * (len(lay.shape) - 2))).expand(lay.shape)
 
 

@@ -64,7 +64,7 @@ class Supernet(nn.Module):
         self.dense_flops = count_flops(self.costs, self.group_sizes)
         self.masks: list[TaskMask] = []
         layout = {
-            n: LayerLayout(tuple(m.weight.shape), m.out_units, m.in_units)
+            n: LayerLayout(tuple(m.weight.shape), m.out_units, m.in_units, m.in_repeat)
             for n, m in self.layers.items()
         }
         device = next(iter(self.layers.values())).weight.device if self.layers else "cpu"
@@ -85,10 +85,11 @@ class Supernet(nn.Module):
                     continue
                 if group not in self.group_sizes:
                     raise ValueError(f"layer {name!r}: {attr}={group!r} names no gate/BatchNorm")
-                if layer.weight.shape[dim] != self.group_sizes[group]:
+                width = self.group_sizes[group] * (layer.in_repeat if dim == 1 else 1)
+                if layer.weight.shape[dim] != width:
                     raise ValueError(
                         f"layer {name!r}: {attr}={group!r} has {self.group_sizes[group]} units "
-                        f"but the weight has {layer.weight.shape[dim]}"
+                        f"({width} weight columns) but the weight has {layer.weight.shape[dim]}"
                     )
 
     # -------------------------------------------------------------- unit masks
@@ -116,7 +117,7 @@ class Supernet(nn.Module):
         if layer.out_units:
             mask &= units[layer.out_units].view(-1, 1)
         if layer.in_units:
-            mask &= units[layer.in_units].view(1, -1)
+            mask &= units[layer.in_units].repeat_interleave(layer.in_repeat).view(1, -1)
         return mask.view(*w.shape[:2], *([1] * (w.dim() - 2))).expand_as(w)
 
     @torch.no_grad()
