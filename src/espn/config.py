@@ -52,6 +52,12 @@ def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
     return rest | {"method_options": given | {k: v for k, v in flat.items() if v is not None}}
 
 
+#: tuple fields given as one comma-separated string: element type, count, the form in words
+COMMA_FORMS: dict[str, tuple[type, int, str]] = {
+    "epochs": (int, 3, "three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3)"),
+    "betas": (float, 2, "two comma-separated numbers B1,B2"),
+}
+
 FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
 
 
@@ -367,29 +373,16 @@ class RunConfig(BaseModel):
             raise ValueError(f"momentum must be in [0, 1), got {v}")
         return v
 
-    @field_validator("epochs", mode="before")
+    @field_validator("epochs", "betas", mode="before")
     @classmethod
-    def _epochs_text(cls, v: Any) -> Any:
-        """``"3,4,3"`` (the command line's form) -> (3, 4, 3)."""
+    def _comma_text(cls, v: Any, info: Any) -> Any:
+        """``"3,4,3"`` / ``"0.9,0.999"`` (the command line's form) -> a tuple of numbers."""
         if not isinstance(v, str):
             return v
-        values = _comma_separated(v, int)
-        if values is None or len(values) != 3:
-            raise ValueError(
-                "--epochs must be three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3), "
-                f"got {v!r}"
-            )
-        return values
-
-    @field_validator("betas", mode="before")
-    @classmethod
-    def _betas_text(cls, v: Any) -> Any:
-        """``"0.9,0.999"`` (the command line's form) -> (0.9, 0.999)."""
-        if not isinstance(v, str):
-            return v
-        values = _comma_separated(v, float)
-        if values is None or len(values) != 2:
-            raise ValueError(f"--betas must be two comma-separated numbers B1,B2, got {v!r}")
+        kind, count, form = COMMA_FORMS[info.field_name]
+        values = _comma_separated(v, kind)
+        if values is None or len(values) != count:
+            raise ValueError(f"--{info.field_name} must be {form}, got {v!r}")
         return values
 
     @field_validator("betas")
@@ -625,10 +618,10 @@ class RunConfig(BaseModel):
         )
 
 
-def _comma_separated(text: str, kind: type[T]) -> tuple[T, ...] | None:
+def _comma_separated(text: str, kind: type) -> tuple[Any, ...] | None:
     """``"1,2"`` as a tuple of ``kind`` (int or float), or None when a part is not one."""
     try:
-        return tuple(kind(v) for v in text.split(","))  # type: ignore[call-arg]
+        return tuple(kind(v) for v in text.split(","))
     except ValueError:
         return None
 
