@@ -13,7 +13,6 @@ save and load.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from torch import Tensor, nn
 from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
 from espn.checkpoint.run import check_out_dir, load_run, run_meta
 from espn.checkpoint.store import CheckpointWriter
-from espn.config import RunConfig, make_config
+from espn.config import RunConfig, make_config, run_settings
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import (
     TaskData,
@@ -40,7 +39,7 @@ from espn.evaluation.metrics import task_accuracy
 from espn.experiment import build_benchmark, results_document
 from espn.export.export import ExportReport, export_task
 from espn.learning import TaskRunner, task_record
-from espn.methods.base import METHODS, MethodConfig, Strategy, create_method
+from espn.methods.base import METHODS, Strategy, create_method
 from espn.models.reference import (
     ModelReferenceError,
     build,
@@ -375,17 +374,6 @@ class ContinualLearner:
     def config(self, out: Path | str) -> RunConfig:
         """The run configuration a checkpoint records for this learner (benchmark
         ``tensors``: the test data saved beside it)."""
-        cfg: MethodConfig = self.strategy.cfg
-        method = type(self.strategy)
-        settings = {
-            f.name: getattr(cfg, f.name)
-            for f in dataclasses.fields(cfg)
-            if f.name in RunConfig.model_fields
-        }
-        settings["gamma"] = cfg.gamma if method.uses_gamma else None
-        settings["alpha"] = cfg.alpha if method.uses_alpha else None
-        if not method.uses_gamma:
-            settings.pop("pruner", None)
         return make_config(
             benchmark="tensors",
             data_dir=Path(DATA_DIR),
@@ -402,7 +390,7 @@ class ContinualLearner:
             device=str(self.device),
             out=Path(out),
             method_options=dict(self.strategy.settings),
-            **settings,
+            **run_settings(self.strategy.cfg, type(self.strategy)),
         )
 
     def _model_name(self) -> str:

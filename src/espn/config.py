@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -590,22 +591,18 @@ class RunConfig(BaseModel):
             )
 
     def method_config(self) -> MethodConfig:
-        """The method's settings (budgets, epochs, pruner) from this run configuration."""
-        return MethodConfig(
-            gamma=float(resolved(self.gamma, "gamma")),
-            alpha=float(resolved(self.alpha, "alpha")),
-            epochs=resolved(self.epochs, "epochs"),
-            pruner=self.pruner,
-            penalty=self.penalty,
-            flop_load=self.flop_load,
-            reuse=self.reuse,
-            prune_updates_per_epoch=self.prune_updates_per_epoch,
-            warmup=int(self.warmup or 0),
-            finetune_lr=self.finetune_lr,
-            finetune_schedule=str(self.finetune_schedule),
-            task_affine=self.task_affine,
-            settings=dict(self.method_options),
-        )
+        """The method's settings (budgets, epochs, pruner) from this run configuration: every
+        :class:`MethodConfig` field of the same name (see :func:`run_settings` for the way
+        back), the method's own options as its ``settings``."""
+        values = {name: getattr(self, name) for name in shared_method_fields()}
+        values |= {
+            "gamma": float(resolved(self.gamma, "gamma")),
+            "alpha": float(resolved(self.alpha, "alpha")),
+            "epochs": resolved(self.epochs, "epochs"),
+            "warmup": int(self.warmup or 0),
+            "finetune_schedule": str(self.finetune_schedule),
+        }
+        return MethodConfig(**values, settings=dict(self.method_options))
 
     def optim_config(self) -> OptimConfig:
         """The optimizer's settings from this run configuration."""
@@ -645,6 +642,23 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
             f"benchmarks: {', '.join(BENCHMARKS.names())}"
         )
     return data
+
+
+def shared_method_fields() -> list[str]:
+    """The :class:`MethodConfig` fields that are run options of the same name."""
+    return [f.name for f in dataclasses.fields(MethodConfig) if f.name in RunConfig.model_fields]
+
+
+def run_settings(cfg: MethodConfig, strategy: type[Strategy]) -> dict[str, Any]:
+    """The run options that give a method ``cfg`` (the way back of
+    :meth:`RunConfig.method_config`): budgets it has no use for are left unset, as is the
+    pruner of a method that prunes nothing."""
+    values = {name: getattr(cfg, name) for name in shared_method_fields()}
+    values["gamma"] = cfg.gamma if strategy.uses_gamma else None
+    values["alpha"] = cfg.alpha if strategy.uses_alpha else None
+    if not strategy.uses_gamma:
+        values.pop("pruner", None)
+    return values
 
 
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
