@@ -49,12 +49,13 @@ def min_flops_ratio(supernet: Supernet) -> float:
 
 
 def check_budget(gamma: float, record: dict[str, Any], name: str, task: int) -> None:
-    """Stop before a task whose sub-network misses the FLOPs budget ``gamma`` is kept."""
+    """Stop when a task's sub-network misses the FLOPs budget ``gamma`` (``espn run`` then
+    writes neither its results nor its checkpoint)."""
     ratio = record["flops_ratio"]
     if not ratio <= gamma * (1 + 1e-9):
         raise TrainingStopped(
             f"task {task + 1} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
-            f"more than the budget gamma {gamma:g}; the run stopped instead of recording it"
+            f"more than the budget gamma {gamma:g}"
         )
 
 
