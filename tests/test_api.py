@@ -378,3 +378,38 @@ def test_a_run_saved_without_test_data_is_read_by_espn_info_and_show(tmp_path: P
     for argv in (["info", "--run", str(run)], ["show", str(run)]):
         result = runner.invoke(app, argv)
         assert result.exit_code == 0, result.output
+
+
+def test_the_learner_trains_mtl_as_espn_run_does(tmp_path: Path) -> None:
+    """MTL through the Python learner (all tasks at once, ``learn_all``) is the very run
+    ``espn run --method mtl`` makes of the same task files: bit-identical logits, the same
+    single accuracy row and per-task records, and a saved run that reloads."""
+    from espn.data.tensors import save_task, task_path, tensor_task
+
+    data = [(tiny_data(2 * t + 1), tiny_data(2 * t + 2)) for t in range(2)]
+    for t, (train, test) in enumerate(data):
+        save_task(task_path(tmp_path / "data", t), tensor_task(f"task {t}", train, test))
+    model = "helpers.api_models:SmallMLP(n_in=64, hidden=32)"
+    args = ["run", "--benchmark", "tensors", "--data-dir", str(tmp_path / "data"), "--tasks", "2"]
+    args += ["--model", model, "--method", "mtl", "--epochs", "1,1,1", "--batch-size", "16"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "cli"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "cli" / "results.json").read_text())
+
+    torch.manual_seed(0)  # espn run seeds the model's initialisation with --seed 0
+    sn = espn.wrap(model, torch.zeros(2, 1, 8, 8))
+    learner = espn.ContinualLearner(sn, "mtl", epochs=(1, 1, 1), batch_size=16, finetune_lr=1e-3)
+    with pytest.raises(ValueError, match="method 'mtl' trains all tasks together"):
+        learner.learn(*data[0])
+    records = learner.learn_all(data)
+    assert len(records) == 2 and len(learner.accuracy_matrix) == 1  # one joint step
+    assert learner.accuracy_matrix == doc["accuracy_matrix"]
+    assert [r["new_weights"] for r in records] == doc["new_weights"]
+    cli = espn.load(tmp_path / "cli")
+    for t, (_, test) in enumerate(data):
+        assert torch.equal(learner.supernet(test[0], task=t), cli.supernet(test[0], task=t))
+        assert learner.evaluate(t) == doc["final_accuracy"][t]
+    saved = espn.load(learner.save(tmp_path / "api"))
+    assert [saved.evaluate(t) for t in range(2)] == doc["final_accuracy"]
+    with pytest.raises(ValueError, match="learns all its tasks in one call"):
+        learner.learn_all(data)

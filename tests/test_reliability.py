@@ -149,15 +149,14 @@ def test_gamma_below_the_reachable_flops_is_refused_before_training(tmp_path):
 
 
 def test_a_task_over_its_flops_budget_is_never_recorded():
-    from espn.experiment import check_budgets
+    from espn.learning import check_budget
     from espn.training.engine import TrainingStopped
 
-    cfg = make_config(benchmark="permuted-mnist", gamma=0.2)
-    check_budgets(cfg, True, {"flops_ratio": 0.2}, "t", 0)
+    check_budget(0.2, {"flops_ratio": 0.2}, "t", 0)
     with pytest.raises(TrainingStopped, match=r"task 3 \(t\): .* 0\.5 of the dense FLOPs"):
-        check_budgets(cfg, True, {"flops_ratio": 0.5}, "t", 2)
+        check_budget(0.2, {"flops_ratio": 0.5}, "t", 2)
     with pytest.raises(TrainingStopped):
-        check_budgets(cfg, True, {"flops_ratio": float("nan")}, "t", 0)
+        check_budget(0.2, {"flops_ratio": float("nan")}, "t", 0)
 
 
 def test_a_diverging_task_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

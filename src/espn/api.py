@@ -13,8 +13,7 @@ save and load.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from torch import Tensor, nn
 from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
 from espn.checkpoint.run import check_out_dir, load_run, run_meta
 from espn.checkpoint.store import CheckpointWriter
-from espn.config import RunConfig, make_config
+from espn.config import RunConfig, make_config, run_settings
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import (
     TaskData,
@@ -37,9 +36,10 @@ from espn.data.tensors import (
 )
 from espn.errors import EspnError
 from espn.evaluation.metrics import task_accuracy
-from espn.experiment import build_benchmark, min_flops_ratio, results_document, task_record
+from espn.experiment import build_benchmark, results_document
 from espn.export.export import ExportReport, export_task
-from espn.methods.base import METHODS, MethodConfig, Strategy, create_method
+from espn.learning import TaskRunner, task_record
+from espn.methods.base import METHODS, Strategy, create_method
 from espn.models.reference import (
     ModelReferenceError,
     build,
@@ -49,7 +49,7 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine, TrainingStopped
+from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from espn.utils.io import write_json_atomic
 
@@ -177,9 +177,33 @@ class ContinualLearner:
         #: per learned task: its data (None: not known here, e.g. a task loaded from a run)
         self.tasks: list[Task | None] = [None] * len(supernet.masks)
         self.names: list[str] = [f"task {t}" for t in range(len(supernet.masks))]
-        #: one row per learned task (accuracy % of every task so far; None: not evaluated)
-        self.rows: list[list[float] | None] = [None] * len(supernet.masks)
-        self.records: list[dict[str, Any]] = [self._record(t) for t in range(len(supernet.masks))]
+        #: learns and records every task (one accuracy row per task learned, None: not
+        #: evaluated; one record per task), as ``espn run`` does
+        self.runner = TaskRunner(
+            supernet,
+            self.strategy,
+            self.engine,
+            [None] * len(supernet.masks),
+            [task_record(supernet, t) for t in range(len(supernet.masks))],
+        )
+
+    @property
+    def rows(self) -> list[list[float] | None]:
+        """One accuracy row per learning step (see :attr:`accuracy_matrix`)."""
+        return self.runner.rows
+
+    @rows.setter
+    def rows(self, value: list[list[float] | None]) -> None:
+        self.runner.rows = value
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """One record per learned task: FLOPs, weights, budget, time, data sizes."""
+        return self.runner.records
+
+    @records.setter
+    def records(self, value: list[dict[str, Any]]) -> None:
+        self.runner.records = value
 
     # ------------------------------------------------------------------ learning
     def learn(
@@ -197,60 +221,94 @@ class ContinualLearner:
         it: the task's row of :attr:`accuracy_matrix`. ``n_classes`` defaults to the largest
         label + 1.
         """
-        if type(self.strategy).training_tasks is not Strategy.training_tasks:
+        if self._joint():
             raise LearnerError(
                 f"method {self.strategy.name!r} trains all tasks together, not one at a time; "
-                "use `espn run` for it"
+                "give them all at once: learn_all([(train, test), ...])"
             )
-        index = len(self.supernet.masks)
-        name = name or f"task {index}"
-        with torch.random.fork_rng(devices=[]):  # a loader's draws leave training's alone
-            task = tensor_task(name, data, test, n_classes, self.device)
-        if not len(task.train):
-            raise LearnerError(f"{name}: no training samples")
-        self._check_gamma()
+        (task,) = self._tasks([(data, test)], [n_classes], [name])
+        self._prepare(data)
+        self._learn_steps([task], [task])
+        return self.records[-1]
+
+    def learn_all(
+        self,
+        tasks: Sequence[tuple[TaskData, TaskData | None]],
+        *,
+        n_classes: Sequence[int | None] | None = None,
+        names: Sequence[str | None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Learn several tasks, each ``(train, test)`` data as in :meth:`learn`: one after
+        another, or all together for a method that trains them jointly (MTL: one accuracy
+        row, after the joint training); their records, in order."""
+        if not self._joint():
+            n = len(self.records)
+            for t, (data, test) in enumerate(tasks):
+                self.learn(
+                    data,
+                    test,
+                    n_classes=None if n_classes is None else n_classes[t],
+                    name=None if names is None else names[t],
+                )
+            return self.records[n:]
+        if self.supernet.masks:
+            raise LearnerError(
+                f"method {self.strategy.name!r} learns all its tasks in one call; this learner "
+                f"already holds {len(self.supernet.masks)} task(s)"
+            )
+        given = self._tasks(tasks, n_classes, names)
+        self._prepare(tasks[0][0] if tasks else None)
+        seq = TaskSequence("tensors", given, tuple(self.supernet.input_shape), self._multi_head())
+        self._learn_steps(self.strategy.training_tasks(seq), given)
+        return list(self.records)
+
+    def _learn_steps(self, steps: Sequence[Task], tasks: list[Task]) -> None:
+        """Learn ``steps`` (committing ``tasks``) through the runner; the tasks are kept as
+        learned once the supernet holds them (a task over budget too: it is recorded)."""
+        known = [*self.tasks, *tasks]
+        try:
+            for step in steps:
+                self.runner.learn(step, len(self.runner.rows), known)
+        finally:
+            learned = len(self.supernet.masks) - len(self.tasks)
+            self.tasks += tasks[:learned]
+            self.names += [t.name for t in tasks[:learned]]
+
+    def _joint(self) -> bool:
+        """Whether the method trains every task at once (MTL), not one at a time."""
+        return type(self.strategy).training_tasks is not Strategy.training_tasks
+
+    def _tasks(
+        self,
+        data: Sequence[tuple[TaskData, TaskData | None]],
+        n_classes: Sequence[int | None] | None,
+        names: Sequence[str | None] | None,
+    ) -> list[Task]:
+        """The given data as tasks on the device, named ``task N`` unless named."""
+        if not data:
+            raise LearnerError("no task given: pass one (train, test) pair per task")
+        tasks = []
+        for t, (train, test) in enumerate(data):
+            name = (names[t] if names is not None else None) or f"task {len(self.tasks) + t}"
+            classes = None if n_classes is None else n_classes[t]
+            with torch.random.fork_rng(devices=[]):  # a loader's draws leave training's alone
+                task = tensor_task(name, train, test, classes, self.device)
+            if not len(task.train):
+                raise LearnerError(f"{name}: no training samples")
+            tasks.append(task)
+        return tasks
+
+    def _prepare(self, data: TaskData | None) -> None:
+        """Check the FLOPs budget can be met and take the batch size (the learner's, else a
+        DataLoader's, else the default)."""
+        self.runner.check_gamma_reachable(self.supernet.model_name)
         loader_batch = getattr(data, "batch_size", None)
         self.engine.batch_size = self.batch_size or (
             loader_batch if isinstance(loader_batch, int) else DEFAULT_BATCH_SIZE
         )
-        log = self.engine.train_task(task, index)
-        self.tasks.append(task)
-        self.names.append(name)
-        record = self._record(index) | self.strategy.report()
-        record |= {
-            "weight_budget": self.strategy.weight_budget,
-            "seconds": log.seconds,
-            "seconds_per_epoch": log.seconds_per_epoch,
-            "train_samples": len(task.train),
-            "test_samples": len(task.test),
-            "pretrained": False,
-        }
-        self.records.append(record)
-        self.rows.append(self._row())
-        gamma = self.strategy.cfg.gamma
-        if self.strategy.uses_gamma and not record["flops_ratio"] <= gamma * (1 + 1e-9):
-            raise TrainingStopped(
-                f"{name}: its sub-network needs {record['flops_ratio']:.4g} of the dense FLOPs, "
-                f"more than the budget gamma {gamma:g}"
-            )
-        return record
-
-    def _check_gamma(self) -> None:
-        gamma = self.strategy.cfg.gamma
-        floor = min_flops_ratio(self.supernet)
-        if self.strategy.uses_gamma and gamma < 1.0 and gamma < floor:
-            raise LearnerError(
-                f"gamma {gamma:g} is below the smallest FLOPs ratio this model can reach "
-                f"({floor:.4g}, with one unit left in every layer); use gamma >= {floor:.4g}"
-            )
 
     def _record(self, task: int) -> dict[str, Any]:
         return task_record(self.supernet, task)
-
-    def _row(self) -> list[float] | None:
-        if any(t is None or not len(t.test) for t in self.tasks):
-            return None
-        return [task_accuracy(self.supernet, t, j) for j, t in enumerate(self.tasks) if t]
 
     # ---------------------------------------------------------------- evaluation
     @property
@@ -316,17 +374,6 @@ class ContinualLearner:
     def config(self, out: Path | str) -> RunConfig:
         """The run configuration a checkpoint records for this learner (benchmark
         ``tensors``: the test data saved beside it)."""
-        cfg: MethodConfig = self.strategy.cfg
-        method = type(self.strategy)
-        settings = {
-            f.name: getattr(cfg, f.name)
-            for f in dataclasses.fields(cfg)
-            if f.name in RunConfig.model_fields
-        }
-        settings["gamma"] = cfg.gamma if method.uses_gamma else None
-        settings["alpha"] = cfg.alpha if method.uses_alpha else None
-        if not method.uses_gamma:
-            settings.pop("pruner", None)
         return make_config(
             benchmark="tensors",
             data_dir=Path(DATA_DIR),
@@ -343,7 +390,7 @@ class ContinualLearner:
             device=str(self.device),
             out=Path(out),
             method_options=dict(self.strategy.settings),
-            **settings,
+            **run_settings(self.strategy.cfg, type(self.strategy)),
         )
 
     def _model_name(self) -> str:
@@ -381,7 +428,11 @@ class ContinualLearner:
         writer = CheckpointWriter(checkpoint_dir(path), meta)
         results = [
             {"name": self.names[t], "record": self.records[t]}
-            | ({"accuracy": self.rows[t]} if self.rows[t] is not None else {})
+            | (
+                {"accuracy": self.rows[t]}
+                if t < len(self.rows) and self.rows[t] is not None
+                else {}
+            )
             for t in range(len(self.records))
         ]
         writer.save(self.supernet, None, results, extra={"complete": True, "saved_by": "api"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +52,12 @@ def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
     rest = {k: v for k, v in values.items() if k not in flat}
     return rest | {"method_options": given | {k: v for k, v in flat.items() if v is not None}}
 
+
+#: tuple fields given as one comma-separated string: element type, count, the form in words
+COMMA_FORMS: dict[str, tuple[type, int, str]] = {
+    "epochs": (int, 3, "three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3)"),
+    "betas": (float, 2, "two comma-separated numbers B1,B2"),
+}
 
 FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
 
@@ -367,29 +374,16 @@ class RunConfig(BaseModel):
             raise ValueError(f"momentum must be in [0, 1), got {v}")
         return v
 
-    @field_validator("epochs", mode="before")
+    @field_validator("epochs", "betas", mode="before")
     @classmethod
-    def _epochs_text(cls, v: Any) -> Any:
-        """``"3,4,3"`` (the command line's form) -> (3, 4, 3)."""
+    def _comma_text(cls, v: Any, info: Any) -> Any:
+        """``"3,4,3"`` / ``"0.9,0.999"`` (the command line's form) -> a tuple of numbers."""
         if not isinstance(v, str):
             return v
-        values = _comma_separated(v, int)
-        if values is None or len(values) != 3:
-            raise ValueError(
-                "--epochs must be three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3), "
-                f"got {v!r}"
-            )
-        return values
-
-    @field_validator("betas", mode="before")
-    @classmethod
-    def _betas_text(cls, v: Any) -> Any:
-        """``"0.9,0.999"`` (the command line's form) -> (0.9, 0.999)."""
-        if not isinstance(v, str):
-            return v
-        values = _comma_separated(v, float)
-        if values is None or len(values) != 2:
-            raise ValueError(f"--betas must be two comma-separated numbers B1,B2, got {v!r}")
+        kind, count, form = COMMA_FORMS[info.field_name]
+        values = _comma_separated(v, kind)
+        if values is None or len(values) != count:
+            raise ValueError(f"--{info.field_name} must be {form}, got {v!r}")
         return values
 
     @field_validator("betas")
@@ -597,22 +591,18 @@ class RunConfig(BaseModel):
             )
 
     def method_config(self) -> MethodConfig:
-        """The method's settings (budgets, epochs, pruner) from this run configuration."""
-        return MethodConfig(
-            gamma=float(resolved(self.gamma, "gamma")),
-            alpha=float(resolved(self.alpha, "alpha")),
-            epochs=resolved(self.epochs, "epochs"),
-            pruner=self.pruner,
-            penalty=self.penalty,
-            flop_load=self.flop_load,
-            reuse=self.reuse,
-            prune_updates_per_epoch=self.prune_updates_per_epoch,
-            warmup=int(self.warmup or 0),
-            finetune_lr=self.finetune_lr,
-            finetune_schedule=str(self.finetune_schedule),
-            task_affine=self.task_affine,
-            settings=dict(self.method_options),
-        )
+        """The method's settings (budgets, epochs, pruner) from this run configuration: every
+        :class:`MethodConfig` field of the same name (see :func:`run_settings` for the way
+        back), the method's own options as its ``settings``."""
+        values = {name: getattr(self, name) for name in shared_method_fields()}
+        values |= {
+            "gamma": float(resolved(self.gamma, "gamma")),
+            "alpha": float(resolved(self.alpha, "alpha")),
+            "epochs": resolved(self.epochs, "epochs"),
+            "warmup": int(self.warmup or 0),
+            "finetune_schedule": str(self.finetune_schedule),
+        }
+        return MethodConfig(**values, settings=dict(self.method_options))
 
     def optim_config(self) -> OptimConfig:
         """The optimizer's settings from this run configuration."""
@@ -625,10 +615,10 @@ class RunConfig(BaseModel):
         )
 
 
-def _comma_separated(text: str, kind: type[T]) -> tuple[T, ...] | None:
+def _comma_separated(text: str, kind: type) -> tuple[Any, ...] | None:
     """``"1,2"`` as a tuple of ``kind`` (int or float), or None when a part is not one."""
     try:
-        return tuple(kind(v) for v in text.split(","))  # type: ignore[call-arg]
+        return tuple(kind(v) for v in text.split(","))
     except ValueError:
         return None
 
@@ -652,6 +642,23 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
             f"benchmarks: {', '.join(BENCHMARKS.names())}"
         )
     return data
+
+
+def shared_method_fields() -> list[str]:
+    """The :class:`MethodConfig` fields that are run options of the same name."""
+    return [f.name for f in dataclasses.fields(MethodConfig) if f.name in RunConfig.model_fields]
+
+
+def run_settings(cfg: MethodConfig, strategy: type[Strategy]) -> dict[str, Any]:
+    """The run options that give a method ``cfg`` (the way back of
+    :meth:`RunConfig.method_config`): budgets it has no use for are left unset, as is the
+    pruner of a method that prunes nothing."""
+    values = {name: getattr(cfg, name) for name in shared_method_fields()}
+    values["gamma"] = cfg.gamma if strategy.uses_gamma else None
+    values["alpha"] = cfg.alpha if strategy.uses_alpha else None
+    if not strategy.uses_gamma:
+        values.pop("pruner", None)
+    return values
 
 
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:

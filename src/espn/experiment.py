@@ -16,7 +16,7 @@ from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_sou
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
 from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
-from espn.config import ConfigError, RunConfig, resolved
+from espn.config import RunConfig, resolved
 from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence, prepended
@@ -25,15 +25,14 @@ from espn.evaluation.metrics import (
     backward_transfer,
     final_accuracy,
     forgetting,
-    task_accuracy,
 )
 from espn.evaluation.plots import plot_run
 from espn.evaluation.storage import storage_report
+from espn.learning import Learned, TaskRunner
 from espn.methods.base import METHODS
 from espn.models import registry as models
 from espn.models.registry import ModelSpec
 from espn.preflight import check_run
-from espn.supernet.flops import count_flops
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TrainingStopped
@@ -69,21 +68,6 @@ def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
     first = seq.tasks[0]
     example = first.transform(first.train.x[first.train.index[:2]], False)
     return models.build_supernet(str(cfg.model), spec, example, cfg.seed, cfg.device)
-
-
-def task_record(supernet: Supernet, task: int) -> dict[str, Any]:
-    """FLOPs and weight counts of a learned task's sub-network."""
-    supernet.use_task(task)
-    mask = supernet.masks[task]
-    alive = supernet.alive_counts(mask.units)
-    flops = supernet.flops(mask.units)
-    return {
-        "flops": flops,
-        "flops_ratio": flops / supernet.dense_flops,
-        "new_weights": mask.new_weights,
-        "used_weights": supernet.used_weights(),
-        "units_kept": sum(alive.values()) / max(sum(supernet.group_sizes.values()), 1),
-    }
 
 
 def results_document(
@@ -124,26 +108,6 @@ def results_document(
         "storage": storage,
         **column,
     }
-
-
-def min_flops_ratio(supernet: Supernet) -> float:
-    """The smallest FLOPs ratio unit pruning can reach: one unit left in every group (the
-    pruner never empties a layer, see :func:`espn.pruning.selection.select_units`)."""
-    return count_flops(supernet.costs, dict.fromkeys(supernet.group_sizes, 1)) / max(
-        supernet.dense_flops, 1
-    )
-
-
-def check_gamma_reachable(cfg: RunConfig, supernet: Supernet) -> None:
-    """Refuse, before training, a FLOPs budget gamma that no sub-network can meet."""
-    if not METHODS.get(cfg.method).uses_gamma or cfg.gamma is None or cfg.gamma >= 1.0:
-        return
-    floor = min_flops_ratio(supernet)
-    if cfg.gamma < floor:
-        raise ConfigError(
-            f"gamma {cfg.gamma:g} is below the smallest FLOPs ratio model {cfg.model} can reach "
-            f"({floor:.4g}, with one unit left in every layer); use --gamma >= {floor:.4g}"
-        )
 
 
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
@@ -226,6 +190,42 @@ def _kept(cfg: RunConfig) -> str:
     )
 
 
+def task_done(
+    cfg: RunConfig,
+    seq: TaskSequence,
+    supernet: Supernet,
+    runner: TaskRunner,
+    ckpt: RunCheckpoint,
+    notes: list[str],
+    elapsed: float,
+) -> dict[str, Any]:
+    """After a step: rewrite ``results.json``, then the checkpoint; the new document."""
+    out = Path(cfg.out)
+    doc = results_document(cfg, seq, supernet, runner.rows, runner.records)
+    doc |= {"warnings": notes, "wall_time_s": elapsed}
+    try:
+        write_json_atomic(out / "results.json", doc)
+    except OSError as exc:
+        raise CheckpointError(
+            f"could not write {out / 'results.json'} ({os_error_text(exc)}); the checkpoint "
+            f"in {checkpoint_dir(out)} is intact and --resume continues from it"
+        ) from None
+    ckpt.task_done(seq, doc["wall_time_s"])
+    return doc
+
+
+def task_line(learned: Learned, records: list[dict[str, Any]], n_tasks: int, name: str) -> str:
+    """The one-line summary of a learned step (the mean accuracy of MTL's tasks)."""
+    tasks, row = learned.tasks, learned.row
+    acc = "-" if row is None else f"{sum(row[tasks.start :]) / len(tasks):.2f}%"
+    new = sum(r["new_weights"] for r in records[tasks.start :])
+    last = records[-1]
+    return (
+        f"task {tasks.stop}/{n_tasks} {name}: acc {acc}  FLOPs {last['flops_ratio']:.3f}  "
+        f"new weights {new}/{last['weight_budget']}  ({learned.log.seconds:.1f}s)"
+    )
+
+
 def _run_locked(
     cfg: RunConfig,
     progress: bool,
@@ -241,11 +241,6 @@ def _run_locked(
     if source is not None:
         check_compatible(cfg, source, seq)
     supernet = build_supernet(cfg, seq)
-    check_gamma_reachable(cfg, supernet)
-    notes = data_warnings(cfg, seq)
-    if on_warning is not None:
-        for note in notes:
-            on_warning(note)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
     engine = Engine(
         supernet,
@@ -256,86 +251,40 @@ def _run_locked(
         progress,
         amp=cfg.amp,
     )
+    runner = TaskRunner(supernet, strategy, engine)
+    runner.check_gamma_reachable(cfg.model)
+    notes = data_warnings(cfg, seq)
+    if on_warning is not None:
+        for note in notes:
+            on_warning(note)
     ckpt = RunCheckpoint.open(cfg, seq, supernet, engine, strategy, resume)
     if source is not None and not ckpt.rows:  # a fresh start on top of another run
         ckpt.rows, ckpt.per_task = adopt_tasks(supernet, source)
+    runner.rows, runner.records = ckpt.rows, ckpt.per_task  # the checkpoint saves them
     start -= ckpt.elapsed
     if ckpt.summary and on_task_end is not None:
         on_task_end(ckpt.summary)
-    rows, per_task = ckpt.rows, ckpt.per_task
-    doc = results_document(cfg, seq, supernet, rows, per_task) | {"warnings": notes}
+    doc = results_document(cfg, seq, supernet, ckpt.rows, ckpt.per_task) | {"warnings": notes}
     doc["wall_time_s"] = ckpt.elapsed
     pretrained = None
-    if cfg.init_weights is not None and not rows:
+    if cfg.init_weights is not None and not ckpt.rows:
         pretrained = load_weight_file(cfg.init_weights)
         expected_shapes(supernet, seq.tasks[0].n_classes)  # refused now, not after training
     steps = strategy.training_tasks(seq)
     for i, task in enumerate(steps):
-        if i < len(rows):
+        if i < len(runner.rows):
             continue
-        first = len(supernet.masks)
-        adopt = pretrained if i == 0 else None  # the first task, from --init-weights
-        adopted = adopt is not None
-        if adopt is not None:
-            log = engine.adopt_task(task, adopt)
-        else:
-            log = engine.train_task(
-                task,
-                i,
-                on_progress=ckpt.on_progress(i, strategy, seq, lambda: time.perf_counter() - start),
-                resume=ckpt.resume_point(i),
-            )
-        learned = range(first, len(supernet.masks))  # one task, or all of them for MTL
-        evaluated = (i + 1) % cfg.eval_every == 0 or i == len(steps) - 1
-        rows.append(
-            [task_accuracy(supernet, seq.tasks[j], j) for j in range(learned.stop)]
-            if evaluated
-            else None
+        learned = runner.learn(
+            task,
+            i,
+            seq.tasks,
+            evaluate=(i + 1) % cfg.eval_every == 0 or i == len(steps) - 1,
+            pretrained=pretrained if i == 0 else None,  # the first task, from --init-weights
+            on_progress=ckpt.on_progress(i, strategy, seq, lambda: time.perf_counter() - start),
+            resume=ckpt.resume_point(i),
         )
-        for t in learned:
-            record = task_record(supernet, t)
-            record |= strategy.report() | {
-                "weight_budget": strategy.weight_budget,
-                "seconds": log.seconds / len(learned),
-                "seconds_per_epoch": log.seconds_per_epoch,
-                "train_samples": len(seq.tasks[t].train),
-                "test_samples": len(seq.tasks[t].test),
-            }
-            record["pretrained"] = adopted  # adopted from --init-weights: no budget applies
-            if not adopted:
-                check_budgets(cfg, strategy.uses_gamma, record, seq.tasks[t].name, t)
-            per_task.append(record)
-        doc = results_document(cfg, seq, supernet, rows, per_task) | {"warnings": notes}
-        doc["wall_time_s"] = time.perf_counter() - start
-        try:
-            write_json_atomic(out / "results.json", doc)
-        except OSError as exc:
-            raise CheckpointError(
-                f"could not write {out / 'results.json'} ({os_error_text(exc)}); the checkpoint "
-                f"in {checkpoint_dir(out)} is intact and --resume continues from it"
-            ) from None
-        ckpt.task_done(seq, doc["wall_time_s"])
+        doc = task_done(cfg, seq, supernet, runner, ckpt, notes, time.perf_counter() - start)
         if on_task_end is not None:
-            row = rows[-1]
-            # the mean of MTL's tasks
-            acc = "-" if row is None else f"{sum(row[learned.start :]) / len(learned):.2f}%"
-            new = sum(r["new_weights"] for r in per_task[learned.start :])
-            on_task_end(
-                f"task {learned.stop}/{len(seq)} {task.name}: acc {acc}  "
-                f"FLOPs {record['flops_ratio']:.3f}  new weights {new}"
-                f"/{record['weight_budget']}  ({log.seconds:.1f}s)"
-            )
+            on_task_end(task_line(learned, runner.records, len(seq), task.name))
     plot_run(doc, out / "accuracy.png")
     return doc
-
-
-def check_budgets(
-    cfg: RunConfig, uses_gamma: bool, record: dict[str, Any], name: str, task: int
-) -> None:
-    """Stop before a task that misses its FLOPs budget is recorded as learned."""
-    ratio = record["flops_ratio"]
-    if uses_gamma and not ratio <= float(resolved(cfg.gamma, "gamma")) * (1 + 1e-9):
-        raise TrainingStopped(
-            f"task {task + 1} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
-            f"more than the budget gamma {cfg.gamma:g}; the run stopped instead of recording it"
-        )

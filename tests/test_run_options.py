@@ -1,0 +1,102 @@
+"""``espn run``'s options are generated from their one declaration: every RunConfig field is
+exactly one flag with the field's description as help, every flag is a field, a method's
+declared option or one of the CLI's own switches, and a flag's value reaches the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import espn.experiment as experiment_module
+from espn.cli.main import app
+from espn.cli.options import NOT_FLAGS, flag
+from espn.config import RunConfig, make_config
+from espn.methods.base import declared_options
+
+runner = CliRunner()
+#: the switches ``espn run`` has of its own (how to run, not what): no RunConfig field
+CLI_ONLY = {"progress", "quiet", "resume", "overwrite"}
+
+
+def run_options() -> dict[str, list[str]]:
+    """Parameter name -> its flags, as the click command of ``espn run`` has them."""
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    return {p.name: [*p.opts, *p.secondary_opts] for p in command.params if p.opts}
+
+
+def test_every_field_is_one_flag_and_every_flag_one_declaration() -> None:
+    options = run_options()
+    fields = [f for f in RunConfig.model_fields if f not in NOT_FLAGS]
+    methods = set(declared_options())
+    assert set(options) == set(fields) | methods | CLI_ONLY
+    assert not (set(fields) & (methods | CLI_ONLY))  # no name declared twice
+    for name in fields:
+        assert flag(name) in options[name]
+    flags = [f for opts in options.values() for f in opts]
+    assert len(flags) == len(set(flags))  # no flag belongs to two options
+    assert NOT_FLAGS == ("method_options",)  # given as the methods' own flags
+
+
+def test_the_help_of_a_field_is_its_description() -> None:
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    helps = {p.name: p.help for p in command.params}
+    for name, field in RunConfig.model_fields.items():
+        if name not in NOT_FLAGS:
+            assert field.description and helps[name] == field.description, name
+
+
+def test_flag_values_reach_the_configuration(tmp_path: Path, monkeypatch) -> None:
+    """Each flag given on the command line builds the same configuration as the typed values
+    given to make_config (the comma forms parsed by the fields' validators)."""
+    seen: list[RunConfig] = []
+
+    def capture(cfg: RunConfig, **kwargs: object) -> dict:
+        seen.append(cfg)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiment_module, "run_experiment", capture)
+    given = {
+        "benchmark": "permuted-mnist",
+        "tasks": 3,
+        "epochs": "2,1,1",
+        "betas": "0.8,0.99",
+        "warmup": 1,
+        "penalty": 0.5,
+        "prune_updates_per_epoch": 2,
+        "task_affine": True,
+        "amp": False,
+        "train_sizes": "50,40,30",
+        "task_order": "small-first",
+        "eval_every": 2,
+        "seed": 7,
+        "out": str(tmp_path / "r"),
+    }
+    argv = ["run"]
+    for name, value in given.items():
+        if isinstance(value, bool):
+            argv.append(flag(name) if value else f"--no-{flag(name)[2:]}")
+        else:
+            argv += [flag(name), str(value)]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 130, result.output  # stopped by capture, after the config
+    typed = given | {"epochs": (2, 1, 1), "betas": (0.8, 0.99), "out": Path(given["out"])}
+    assert seen == [make_config(**typed)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--betas", "0.9"], "--betas must be two comma-separated numbers B1,B2, got '0.9'"),
+        (["--betas", "0.9,1.5"], "betas must be in [0, 1), got 0.9,1.5"),
+        (["--prune-updates-per-epoch", "0"], "prune_updates_per_epoch must be >= 1, got 0"),
+        (["--folders", ","], "--folders must list directories separated by commas, got ','"),
+    ],
+)
+def test_new_flags_refuse_bad_values(tmp_path: Path, args: list[str], message: str) -> None:
+    argv = ["run", "--benchmark", "permuted-mnist", "--out", str(tmp_path / "r"), *args]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
