@@ -97,7 +97,9 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
 
 def _depthwise(m: nn.Module) -> bool:
     """A conv that convolves each channel on its own: its input and output channels are one."""
-    return isinstance(m, nn.Conv2d) and m.groups != 1 and m.groups == m.in_channels == m.out_channels
+    return (
+        isinstance(m, nn.Conv2d) and m.groups != 1 and m.groups == m.in_channels == m.out_channels
+    )
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
