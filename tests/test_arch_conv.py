@@ -44,16 +44,18 @@ def tiny_mobilenet(n_classes: int = 3) -> nn.Module:
 
 
 class TinySE(nn.Module):
-    """Conv, depthwise conv, a squeeze-excitation block with biased convs and a hard-sigmoid
-    scale, Hardswish activations, a residual add with stochastic depth, pooled head."""
+    """An MBConv block: 1x1 expansion, 5x5 depthwise conv, a squeeze-excitation block with
+    biased convs and a hard-sigmoid scale, Hardswish, projection, a residual add under
+    stochastic depth; pooled head."""
 
     def __init__(self, n_classes: int = 3) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
-        self.dw = nn.Conv2d(8, 8, 5, padding=2, groups=8, bias=False)
-        self.bn = nn.BatchNorm2d(8)
-        self.se = SqueezeExcitation(8, 4, scale_activation=nn.Hardsigmoid)
-        self.project = nn.Conv2d(8, 8, 1, bias=False)
+        self.expand = nn.Sequential(nn.Conv2d(8, 12, 1, bias=False), nn.BatchNorm2d(12))
+        self.dw = nn.Conv2d(12, 12, 5, padding=2, groups=12, bias=False)
+        self.bn = nn.BatchNorm2d(12)
+        self.se = SqueezeExcitation(12, 4, scale_activation=nn.Hardsigmoid)
+        self.project = nn.Conv2d(12, 8, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(8)
         self.drop = torchvision.ops.StochasticDepth(0.2, "row")
         self.act = nn.Hardswish()
@@ -61,7 +63,7 @@ class TinySE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.act(self.stem(x))
-        h = self.se(self.act(self.bn(self.dw(s))))
+        h = self.se(self.act(self.bn(self.dw(self.act(self.expand(s))))))
         s = s + self.drop(self.bn2(self.project(h)))
         return self.head(nn.functional.adaptive_avg_pool2d(s, 1).flatten(1))
 
@@ -116,8 +118,8 @@ def test_unit_groups_couple_depthwise_squeeze_excitation_and_flatten():
     excitation conv scales that group; a flattened map's linear reads H*W inputs per channel."""
     sn = supernet_of("se")
     dw, fc2 = sn.layers["dw"], sn.layers["se.fc2.0"]
-    assert (dw.out_units, dw.in_units, dw.groups) == ("stem.0", None, 8)
-    assert fc2.out_units == "stem.0" and fc2.in_units == "se.fc1"
+    assert (dw.out_units, dw.in_units, dw.groups) == ("expand.0", None, 12)
+    assert fc2.out_units == "expand.0" and fc2.in_units == "se.fc1"
     assert sn.layers["project"].out_units == "stem.0"  # the residual stream
     vgg = supernet_of("vgg")
     linear = vgg.layers["classifier.0.0"]
@@ -149,6 +151,28 @@ def test_flops_equal_measured_flops_and_export_equals_supernet(kind):
             if getattr(layer, "groups", 1) != 1:  # a depthwise conv keeps one group per channel
                 conv = slim.get_submodule(name)
                 assert conv.groups == conv.in_channels == widths[layer.out_units]
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_unit_flops_is_the_cost_of_one_unit(kind):
+    """FLOP_l(m) with the ``total`` load is exactly what removing one unit saves: a depthwise
+    channel with its expansion, a scaled channel with its excitation row, a flattened channel
+    with its H*W columns; the paper's ``output`` load is the producing part of it."""
+    sn = supernet_of(kind)
+    gen = torch.Generator().manual_seed(2)
+    sn.begin_task(3)
+    units = {g: torch.rand(s, generator=gen) < 0.7 for g, s in sn.group_sizes.items()}
+    for alive in units.values():
+        alive[:2] = True
+    sn.set_unit_masks(units)
+    total, output = sn.unit_flops("total"), sn.unit_flops()
+    base = sn.flops()
+    for g, alive in units.items():
+        fewer = dict(units)
+        fewer[g] = alive.clone()
+        fewer[g][alive.nonzero()[0]] = False
+        assert base - sn.flops(fewer) == total[g], g
+        assert 0 < output[g] <= total[g]
 
 
 @pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
