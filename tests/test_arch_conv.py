@@ -294,9 +294,15 @@ class Branching(nn.Module):
         return self.fc(h.mean((2, 3)))
 
 
+class ChannelsLast(FlattenHead):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).permute(0, 2, 3, 1).flatten(1))
+
+
 @pytest.mark.parametrize(
     ("net", "message"),
     [
+        (ChannelsLast, "linear layer 'fc' reads a flattened feature map whose inputs are not"),
         (Branching, "Branching.forward cannot be traced by torch.fx, so its tasks could not be"),
         (Grouped, "conv 'grouped' is grouped (groups=2, 8 in and 8 out channels); supported:"),
         (Multiplier, "conv 'grouped' is grouped (groups=8, 8 in and 16 out channels); supported:"),
