@@ -6,7 +6,8 @@ class prototypes) are learned with ESPN (SGD with momentum and weight decay), an
 checks and prints: whether task 0's logits are bit-identical after task 1, each task's FLOPs
 ratio, whether the exported slim model's FLOPs (``FlopCounterMode``) equal the supernet's count
 (``export_task`` refuses otherwise), its parameters against the full-width plain model's, and its
-speed-up over the masked supernet at batch 1 on the CPU (median of timed blocks). No accuracy
+speed-up over the masked supernet at batch 1 on the CPU (median of timed blocks, the two
+models taking turns). No accuracy
 is reported: the tasks are tiny and synthetic, the point is what works.
 
     python benchmarks/torchvision_table.py
@@ -16,14 +17,13 @@ is reported: the tasks are tiny and synthetic, the point is what works.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torchvision
-from torch.utils import benchmark
+from inference_speed import interleaved_medians  # benchmarks/, beside this script
 
 import espn
 from espn.errors import EspnError
@@ -45,14 +45,6 @@ def tasks(n_tasks: int, per_task: int, n_classes: int, seed: int) -> list[tuple]
             pair.append((protos[y] + 0.5 * torch.randn(per_task, 3, 32, 32, generator=gen), y))
         out.append(tuple(pair))
     return out
-
-
-def median_ms(fn, x: torch.Tensor, repeats: int = 7, block: float = 0.2) -> float:
-    """Median milliseconds per ``fn(x)`` over ``repeats`` timed blocks of about ``block`` s."""
-    timer = benchmark.Timer("fn(x)", globals={"fn": fn, "x": x}, num_threads=1)
-    with torch.no_grad():
-        number = max(1, round(block / max(timer.timeit(2).median, 1e-7)))
-        return 1e3 * statistics.median(timer.timeit(number).median for _ in range(repeats))
 
 
 def row(name: str, args: argparse.Namespace) -> str:
@@ -89,9 +81,10 @@ def row(name: str, args: argparse.Namespace) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         report = learner.export(0, Path(tmp) / "task0.pt2")
         slim = load_exported(report.files[0])
-        one = probe[:1]
         sn.use_task(0)
-        speedup = median_ms(lambda v: sn(v, task=0), one) / median_ms(slim, one)
+        models = {"supernet": lambda v: sn(v, task=0), "slim": slim}
+        ms = interleaved_medians(models, probe[:1], repeats=9, block=0.1)
+        speedup = ms["supernet"] / ms["slim"]
     dense_params = sum(p.numel() for p in plain_copy(sn, 0).parameters())
     return (
         f"{name:<20} works: task 0 bit-identical after task 1: {identical}; FLOPs ratio "

@@ -19,7 +19,7 @@ from espn.config import make_config
 from espn.data.registry import BENCHMARKS, Benchmark
 from espn.evaluation import task_logits
 from espn.experiment import run_experiment
-from espn.export.export import measured_flops
+from espn.export.export import export_task, load_exported, measured_flops
 from espn.export.slim import slim_copy
 from espn.methods.base import METHODS, MethodConfig
 from espn.models import MODELS, ModelSpec
@@ -44,16 +44,18 @@ def tiny_mobilenet(n_classes: int = 3) -> nn.Module:
 
 
 class TinySE(nn.Module):
-    """Conv, depthwise conv, a squeeze-excitation block with biased convs and a hard-sigmoid
-    scale, Hardswish activations, a residual add with stochastic depth, pooled head."""
+    """An MBConv block: 1x1 expansion, 5x5 depthwise conv, a squeeze-excitation block with
+    biased convs and a hard-sigmoid scale, Hardswish, projection, a residual add under
+    stochastic depth; pooled head."""
 
     def __init__(self, n_classes: int = 3) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
-        self.dw = nn.Conv2d(8, 8, 5, padding=2, groups=8, bias=False)
-        self.bn = nn.BatchNorm2d(8)
-        self.se = SqueezeExcitation(8, 4, scale_activation=nn.Hardsigmoid)
-        self.project = nn.Conv2d(8, 8, 1, bias=False)
+        self.expand = nn.Sequential(nn.Conv2d(8, 12, 1, bias=False), nn.BatchNorm2d(12))
+        self.dw = nn.Conv2d(12, 12, 5, padding=2, groups=12, bias=False)
+        self.bn = nn.BatchNorm2d(12)
+        self.se = SqueezeExcitation(12, 4, scale_activation=nn.Hardsigmoid)
+        self.project = nn.Conv2d(12, 8, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(8)
         self.drop = torchvision.ops.StochasticDepth(0.2, "row")
         self.act = nn.Hardswish()
@@ -61,7 +63,7 @@ class TinySE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.act(self.stem(x))
-        h = self.se(self.act(self.bn(self.dw(s))))
+        h = self.se(self.act(self.bn(self.dw(self.act(self.expand(s))))))
         s = s + self.drop(self.bn2(self.project(h)))
         return self.head(nn.functional.adaptive_avg_pool2d(s, 1).flatten(1))
 
@@ -116,8 +118,8 @@ def test_unit_groups_couple_depthwise_squeeze_excitation_and_flatten():
     excitation conv scales that group; a flattened map's linear reads H*W inputs per channel."""
     sn = supernet_of("se")
     dw, fc2 = sn.layers["dw"], sn.layers["se.fc2.0"]
-    assert (dw.out_units, dw.in_units, dw.groups) == ("stem.0", None, 8)
-    assert fc2.out_units == "stem.0" and fc2.in_units == "se.fc1"
+    assert (dw.out_units, dw.in_units, dw.groups) == ("expand.0", None, 12)
+    assert fc2.out_units == "expand.0" and fc2.in_units == "se.fc1"
     assert sn.layers["project"].out_units == "stem.0"  # the residual stream
     vgg = supernet_of("vgg")
     linear = vgg.layers["classifier.0.0"]
@@ -151,20 +153,45 @@ def test_flops_equal_measured_flops_and_export_equals_supernet(kind):
                 assert conv.groups == conv.in_channels == widths[layer.out_units]
 
 
+@pytest.mark.parametrize("kind", list(NETS))
+def test_unit_flops_is_the_cost_of_one_unit(kind):
+    """FLOP_l(m) with the ``total`` load is exactly what removing one unit saves: a depthwise
+    channel with its expansion, a scaled channel with its excitation row, a flattened channel
+    with its H*W columns; the paper's ``output`` load is the producing part of it."""
+    sn = supernet_of(kind)
+    gen = torch.Generator().manual_seed(2)
+    sn.begin_task(3)
+    units = {g: torch.rand(s, generator=gen) < 0.7 for g, s in sn.group_sizes.items()}
+    for alive in units.values():
+        alive[:2] = True
+    sn.set_unit_masks(units)
+    total, output = sn.unit_flops("total"), sn.unit_flops()
+    base = sn.flops()
+    for g, alive in units.items():
+        fewer = dict(units)
+        fewer[g] = alive.clone()
+        fewer[g][alive.nonzero()[0]] = False
+        assert base - sn.flops(fewer) == total[g], g
+        assert 0 < output[g] <= total[g]
+
+
 @pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
 @pytest.mark.parametrize("kind", ["mobilenet", "se", "vgg"])
-def test_task_zero_logits_bit_identical_after_task_one(kind, optim):
+def test_task_zero_logits_bit_identical_after_task_one(kind, optim, tmp_path):
     """ESPN-0.5: after task 1 (SGD with momentum or Adam, weight decay), task 0's logits and
-    frozen weights are bit-identical, and each task meets its FLOP budget."""
+    frozen weights are bit-identical, each task meets its FLOP and weight budgets, and the
+    written slim model of each task has the FLOPs counted and the supernet's outputs."""
     seq = tiny_sequence(n_tasks=2)
     torch.manual_seed(0)
     sn = Supernet(to_supernet(NETS[kind](), seq.tasks[0].train.x[:2]), seq.tasks[0].train.x[:2])
     strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.5, epochs=(1, 1, 1)))
     engine = Engine(sn, strategy, optim, batch_size=16, seed=0, progress=False)
     engine.train_task(seq.tasks[0], 0)
+    assert sn.masks[0].new_weights <= strategy.weight_budget
     logits = task_logits(sn, seq.tasks[0], 0)
     frozen = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
     engine.train_task(seq.tasks[1], 1)
+    assert sn.masks[1].new_weights <= strategy.weight_budget
     assert torch.equal(task_logits(sn, seq.tasks[0], 0), logits)
     assert any(not torch.equal(frozen[n], m.weight) for n, m in sn.layers.items())
     for n, layer in sn.layers.items():
@@ -173,6 +200,11 @@ def test_task_zero_logits_bit_identical_after_task_one(kind, optim):
     for t in (0, 1):
         sn.use_task(t)
         assert sn.flops() <= 0.5 * sn.dense_flops
+    if optim.name == "adam":  # export_task refuses a model whose FLOPs or outputs differ
+        x = seq.tasks[1].test.x
+        report = export_task(sn, 1, [x], tmp_path / "task1.pt2", also_onnx=False)
+        assert report.flops == sn.flops(sn.masks[1].units) < sn.dense_flops
+        assert torch.allclose(load_exported(report.files[0])(x), sn(x, task=1), atol=1e-5)
 
 
 @pytest.fixture
@@ -262,9 +294,15 @@ class Branching(nn.Module):
         return self.fc(h.mean((2, 3)))
 
 
+class ChannelsLast(FlattenHead):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).permute(0, 2, 3, 1).flatten(1))
+
+
 @pytest.mark.parametrize(
     ("net", "message"),
     [
+        (ChannelsLast, "linear layer 'fc' reads a flattened feature map whose inputs are not"),
         (Branching, "Branching.forward cannot be traced by torch.fx, so its tasks could not be"),
         (Grouped, "conv 'grouped' is grouped (groups=2, 8 in and 8 out channels); supported:"),
         (Multiplier, "conv 'grouped' is grouped (groups=8, 8 in and 16 out channels); supported:"),
@@ -295,9 +333,14 @@ def test_registry_mobilenet_builds_for_grayscale_and_colour_images():
         assert measured_flops(slim, x) == sn.flops() < sn.dense_flops
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", ["mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "vgg11_bn"]
+    "name",
+    [
+        "mobilenet_v3_small",  # a few seconds: squeeze-excitation, Hardswish, depthwise convs
+        pytest.param("mobilenet_v2", marks=pytest.mark.slow),
+        pytest.param("efficientnet_b0", marks=pytest.mark.slow),
+        pytest.param("vgg11_bn", marks=pytest.mark.slow),  # 132 M weights: minutes, ~5 GB
+    ],
 )
 def test_torchvision_models_wrap_and_export_exactly(name):
     """torchvision's MobileNets, EfficientNet-B0 (squeeze-excitation, stochastic depth) and

@@ -97,7 +97,9 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
 
 def _depthwise(m: nn.Module) -> bool:
     """A conv that convolves each channel on its own: its input and output channels are one."""
-    return isinstance(m, nn.Conv2d) and m.groups != 1 and m.groups == m.in_channels == m.out_channels
+    return (
+        isinstance(m, nn.Conv2d) and m.groups != 1 and m.groups == m.in_channels == m.out_channels
+    )
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
@@ -181,8 +183,54 @@ def _groups(
                     scales.add(name)
             else:
                 g.consumers.append(name)
+        features = [n for n in g.producers if n not in scales] or g.producers
+        producer = modules[features[0]]
+        for name in g.consumers:
+            if name in repeats:
+                _check_flatten_order(model, example_input, producer, name, modules[name], g.size)
         groups.append(g)
     return groups, successor, outputs[0], repeats, scales
+
+
+@torch.no_grad()
+def _check_flatten_order(
+    model: nn.Module, example: Tensor, producer: nn.Module, name: str, linear: nn.Module, size: int
+) -> None:
+    """Check that linear layer ``name`` reads its flattened map channel-major (channel ``c``
+    owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)`` of ``(N, C, H, W)``): raise
+    a channel of ``producer`` in one sample each and see which inputs move. (The dependency
+    graph maps any flatten so; a channels-last one would mask the wrong inputs.)"""
+    repeat = int(linear.weight.shape[1]) // size
+    probe = sorted({0, 1, size - 1})
+    x = example[:1].expand(len(probe) + 1, *example.shape[1:]).clone()
+    seen: dict[str, Tensor] = {}
+
+    def raise_channels(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        out = out.clone()
+        for i, c in enumerate(probe):
+            out[i + 1, c] += 1e3
+        return out
+
+    def capture(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
+        seen["x"] = inp[0]
+
+    hooks = [
+        producer.register_forward_hook(raise_channels),
+        linear.register_forward_pre_hook(capture),
+    ]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    for i, c in enumerate(probe):
+        moved = (seen["x"][i + 1] != seen["x"][0]).nonzero().flatten()
+        if bool(((moved < c * repeat) | (moved >= (c + 1) * repeat)).any()):
+            raise ConvertError(
+                f"linear layer {name!r} reads a flattened feature map whose inputs are not "
+                "grouped by channel; supported: x.flatten(1) of an (N, C, H, W) map "
+                "(channel-major), not a channels-last flatten"
+            )
 
 
 def _width(m: Convertible, out_side: bool) -> int:
