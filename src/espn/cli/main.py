@@ -11,31 +11,30 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from espn.cli import deploy, presets, reproduce, study, sweep, theory
 from espn.cli.common import (
     RunInterrupted,
-    err_console,
+    command_group,
+    console,
     fail,
     parse_epochs,
     run_dir_option,
     set_debug,
     user_errors,
+    warn,
 )
 from espn.data.registry import BENCHMARKS
 from espn.methods.base import METHODS, declared_options
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 
-app = typer.Typer(
+app = command_group(
     help="Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning.",
     no_args_is_help=True,
     add_completion=False,
-    pretty_exceptions_enable=False,
 )
-console = Console()
 app.add_typer(deploy.app)  # evaluate, export, info
 app.add_typer(presets.app, name="presets")  # presets [show NAME]
 app.add_typer(study.app, name="study")  # study pruners
@@ -314,9 +313,7 @@ def run(
             on_task_end=None if quiet else lambda line: console.print(line),
             resume=resume,
             overwrite=overwrite,
-            on_warning=lambda line: err_console.print(
-                f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True
-            ),
+            on_warning=warn,
         )
     except KeyboardInterrupt:
         raise RunInterrupted(interrupted_message(Path(out), ctx)) from None
@@ -367,7 +364,7 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
     final = doc["final_accuracy"] or [None] * len(doc["task_names"])  # no test data: none
     for j, name in enumerate(doc["task_names"]):
         table.add_row(
-            str(j + 1),
+            str(j),
             name,
             "-" if final[j] is None else f"{final[j]:.2f}",
             f"{doc['flops_ratio'][j]:.3f}",

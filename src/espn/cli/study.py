@@ -5,16 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from espn.cli.common import parse_epochs, user_errors
+from espn.cli.common import command_group, console, parse_epochs, user_errors
 from espn.config import ConfigError
 from espn.pruning.pruner import PRUNERS
 from espn.studies.pruners import DEFAULT_GAMMAS, DEFAULT_PRUNERS, StudyPoint
 
-app = typer.Typer(help="Studies that put several runs side by side.", no_args_is_help=True)
-console = Console()
+app = command_group(help="Studies that put several runs side by side.", no_args_is_help=True)
 
 
 def parse_gammas(text: str) -> list[float]:
