@@ -266,50 +266,6 @@ def test_cli_run_checkpoint_loads_in_the_api(cli_run: Path) -> None:
     assert [with_data.evaluate(t) for t in range(len(seq))] == doc["final_accuracy"]
 
 
-# ------------------------------------------------------------------ README
-README = TESTS.parent / "README.md"
-MARKER = "<!-- readme-example: python-api -->"
-
-
-def readme_example() -> str:
-    """The code block right after the marker in README.md, as it is written there."""
-    text = README.read_text()
-    start = text.index("```python\n", text.index(MARKER)) + len("```python\n")
-    return text[start : text.index("```", start)]
-
-
-def test_readme_example_runs_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's "Use espn from Python" example, executed as written on two small tasks of
-    1x28x28 images given as DataLoaders (the ``tasks`` the README leaves to the reader)."""
-    gen = torch.Generator().manual_seed(0)
-    tasks = []
-    for _ in range(2):
-        protos = torch.rand(10, 1, 28, 28, generator=gen) * 4
-        loaders = []
-        for n in (200, 100):
-            y = torch.arange(n) % 10
-            x = protos[y] + torch.randn(n, 1, 28, 28, generator=gen)
-            loaders.append(DataLoader(TensorDataset(x, y), batch_size=25, shuffle=True))
-        tasks.append(tuple(loaders))
-    monkeypatch.chdir(tmp_path)
-    torch.manual_seed(0)
-    scope: dict[str, object] = {"tasks": tasks}
-    code = readme_example()
-    exec(compile(code, str(README), "exec"), scope)
-    learner = scope["learner"]
-    assert isinstance(learner, espn.ContinualLearner)
-    matrix = learner.accuracy_matrix
-    assert [len(row) for row in matrix] == [1, 2] and matrix[1][0] == matrix[0][0]
-    assert min(matrix[1]) > 50  # both tasks learned (chance: 10%), the first not forgotten
-    assert all(r["flops_ratio"] <= 0.2 for r in learner.report())
-    assert (tmp_path / "task0.pt2").is_file()
-    exported = torch.export.load(str(tmp_path / "task0.pt2")).module()
-    x = next(iter(tasks[0][1]))[0]
-    assert torch.allclose(exported(x), learner.supernet(x, task=0), atol=1e-4)
-    lines = [line for line in code.splitlines() if line.strip()]
-    assert len(lines) == 10  # as the README says
-
-
 def test_espn_run_on_task_files_with_a_model_by_reference(tmp_path: Path) -> None:
     """Task files (benchmark ``tensors``) and an import-reference model on the CLI; the run's
     checkpoint then loads in the API with its test data."""
