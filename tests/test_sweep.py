@@ -252,7 +252,8 @@ def test_a_point_killed_mid_sweep_is_resumed_not_restarted(
     log = second[0].log.read_text()
     after = log[log.rindex("resumed from") :]
     assert "1/2 tasks done; task 1 continues after 1 of its epochs" in after
-    assert "(1/2 done)" not in after and "task 1 (2/2 done)" in after  # task 1 was not learned again
+    # task 0 was not learned again
+    assert "(1/2 done)" not in after and "task 1 (2/2 done)" in after
     assert second[0].results["accuracy_matrix"] == one_by_one(points[0])["accuracy_matrix"]
 
 

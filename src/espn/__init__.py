@@ -42,7 +42,19 @@ _HOMES = {
     "list_pruners": "espn.catalog",
 }
 
-__all__ = [*sorted(_HOMES), "__version__"]
+__all__ = [
+    "ContinualLearner",
+    "Supernet",
+    "__version__",
+    "create_method",
+    "list_benchmarks",
+    "list_methods",
+    "list_models",
+    "list_pruners",
+    "load",
+    "run",
+    "wrap",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -310,7 +310,7 @@ def run(
         doc = run_experiment(
             cfg,
             progress=progress,
-            on_task_end=None if quiet else lambda line: console.print(line),
+            on_task_end=None if quiet else lambda line: console.print(line, soft_wrap=True),
             resume=resume,
             overwrite=overwrite,
             on_warning=warn,
@@ -324,7 +324,8 @@ def run(
         f"mean FLOPs ratio {sum(ratios) / len(ratios):.3f}, "
         f"max forgetting {max(doc['forgetting']):.2f} points, "
         f"storage {doc['storage_bytes'] / 2**20:.2f} MiB, "
-        f"wall time {doc['wall_time_s']:.1f}s"
+        f"wall time {doc['wall_time_s']:.1f}s",
+        soft_wrap=True,
     )
     console.print(f"wrote {Path(out) / 'results.json'} and {Path(out) / 'accuracy.png'}")
 

@@ -22,7 +22,6 @@ from espn.cli.common import (
 from espn.reproduce import SCALES, TARGETS, Options, report, run_target
 
 
-
 class _TargetGroup(TyperGroup):
     """Subcommands: one per target, ``list`` and ``report``; any other name is refused with
     the accepted ones."""

@@ -11,7 +11,6 @@ from espn.cli.common import UserError, console, run_dir_option, user_errors
 from espn.sweep import PointOutcome
 
 
-
 def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:
     """Print the outcomes as a table; exit non-zero (2) naming the failed points' logs."""
     table = Table("point", "status", "average acc %", "seconds")

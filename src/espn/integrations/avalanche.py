@@ -43,6 +43,7 @@ from espn.methods.base import Strategy, create_method
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
+
 class StrategyError(EspnError, ValueError):
     """A stream, optimizer or setting the strategy cannot learn from; the message says why and
     what it accepts."""
@@ -71,7 +72,9 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
     if optimizer is None or isinstance(optimizer, str):
         name = optimizer or "adam"
         if name not in OPTIMIZERS:
-            raise StrategyError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+            raise StrategyError(
+                f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}"
+            )
         return OptimConfig(name)
     known = TORCH_OPTIMIZERS.get(type(optimizer))
     if known is None:
