@@ -334,3 +334,30 @@ def test_a_run_saved_without_test_data_is_read_by_espn_info_and_show(tmp_path: P
     for argv in (["info", "--run", str(run)], ["show", str(run)]):
         result = runner.invoke(app, argv)
         assert result.exit_code == 0, result.output
+
+
+# ------------------------------------------------------------------ the front door
+def test_the_front_door_exports_what_a_user_reaches_for_first(tmp_path: Path) -> None:
+    """``espn.run``, ``create_method`` and the names: the same objects as their homes, the
+    names the CLI accepts."""
+    from espn.config import ConfigError, make_config
+    from espn.data.registry import BENCHMARKS
+    from espn.experiment import run
+    from espn.methods import METHODS, create_method
+    from espn.models.registry import MODELS
+    from espn.pruning.pruner import PRUNERS
+
+    assert espn.run is run and espn.create_method is create_method
+    assert espn.list_methods() == list(METHODS) and "espn" in espn.list_methods()
+    assert espn.list_models() == list(MODELS) and "fc1024" in espn.list_models()
+    assert espn.list_benchmarks() == list(BENCHMARKS)
+    assert espn.list_pruners() == list(PRUNERS)
+    assert sorted(espn.__all__) == sorted([*espn._HOMES, "__version__"])
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = espn.nope
+    cfg = make_config(benchmark="permuted-mnist", out=str(tmp_path / "r"))
+    with pytest.raises(ConfigError, match=r"not both \(got gamma\)"):
+        espn.run(cfg, gamma=0.5)
+    with pytest.raises(ConfigError, match=r"gamma must be in \(0, 1\], got 1.5"):
+        espn.run(benchmark="permuted-mnist", gamma=1.5, out=str(tmp_path / "r"))
+    assert not (tmp_path / "r").exists()  # refused before anything was written
