@@ -28,6 +28,14 @@ FENCE = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 SLOW_PAGES = {"avalanche.md"}
 
 
+def checkout_env() -> dict[str, str]:
+    """The environment of a fresh process that imports this checkout's ``espn``."""
+    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def python_blocks(text: str) -> list[tuple[int, str]]:
     """Every ```python block of a Markdown text: (line of its first code line, code)."""
     return [(text[: m.start(1)].count("\n") + 1, m.group(1)) for m in FENCE.finditer(text)]
@@ -44,10 +52,8 @@ def run_python(blocks: list[tuple[int, str]], source: Path, cwd: Path) -> str:
         f"for line, code in {blocks!r}:\n"
         f"    exec(compile('\\n' * (line - 1) + code, {str(source)!r}, 'exec'), namespace)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path[1:]])}
-    env.setdefault("OMP_NUM_THREADS", "1")
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True
+        [sys.executable, str(script)], cwd=cwd, env=checkout_env(), capture_output=True, text=True
     )
     assert done.returncode == 0, f"{source.name} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -126,11 +132,10 @@ def test_the_site_navigation_names_pages_that_exist() -> None:
 # ------------------------------------------------------------ messages as written
 def espn_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The ``espn`` command as a user runs it (a fresh process, this checkout's code)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path[1:]])}
     return subprocess.run(
         [sys.executable, "-m", "espn.cli.main", *args],
         cwd=cwd,
-        env=env,
+        env=checkout_env(),
         capture_output=True,
         text=True,
     )
