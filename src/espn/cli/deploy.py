@@ -152,9 +152,8 @@ def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
     loaded = load_run(run)
     sn, ckpt, m = loaded.supernet, loaded.checkpoint, loaded.checkpoint.manifest
     cfg = loaded.config
-    wide = Console(
-        width=max(console.width, 132), markup=False
-    )  # nine columns, not cut off in a pipe
+    # nine columns, not cut off in a pipe; text printed as written (no markup)
+    wide = Console(width=max(console.width, 132), markup=False)
     wide.print(
         f"{run}: {cfg.method} on {cfg.benchmark} with {cfg.model}, gamma {cfg.gamma}, "
         f"alpha {cfg.alpha}; {loaded.n_tasks}/{m.get('n_tasks', '?')} tasks finished"
