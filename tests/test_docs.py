@@ -149,12 +149,17 @@ def test_an_error_with_brackets_reaches_the_terminal_intact(tmp_path: Path) -> N
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "unknown benchmark 'nope[ray]'" in lines[0]
-    done = espn_cli("show", "runs/[bold]x[/]", cwd=tmp_path)
-    assert done.returncode == 2
-    assert done.stderr.strip() == (
+    assert not (tmp_path / "x").exists()  # refused before anything was made
+
+    from typer.testing import CliRunner
+
+    from espn.cli.main import app
+
+    shown = CliRunner().invoke(app, ["show", "runs/[bold]x[/]"])
+    assert shown.exit_code == 2
+    assert shown.stderr.strip() == (
         "error: no results.json in runs/[bold]x[/] (is it the --out of an `espn run`?)"
     )
-    assert not (tmp_path / "x").exists()  # refused before anything was made
 
 
 def test_warnings_and_labels_are_printed_as_written(capsys: pytest.CaptureFixture[str]) -> None:
