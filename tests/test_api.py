@@ -266,50 +266,6 @@ def test_cli_run_checkpoint_loads_in_the_api(cli_run: Path) -> None:
     assert [with_data.evaluate(t) for t in range(len(seq))] == doc["final_accuracy"]
 
 
-# ------------------------------------------------------------------ README
-README = TESTS.parent / "README.md"
-MARKER = "<!-- readme-example: python-api -->"
-
-
-def readme_example() -> str:
-    """The code block right after the marker in README.md, as it is written there."""
-    text = README.read_text()
-    start = text.index("```python\n", text.index(MARKER)) + len("```python\n")
-    return text[start : text.index("```", start)]
-
-
-def test_readme_example_runs_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's "Use espn from Python" example, executed as written on two small tasks of
-    1x28x28 images given as DataLoaders (the ``tasks`` the README leaves to the reader)."""
-    gen = torch.Generator().manual_seed(0)
-    tasks = []
-    for _ in range(2):
-        protos = torch.rand(10, 1, 28, 28, generator=gen) * 4
-        loaders = []
-        for n in (200, 100):
-            y = torch.arange(n) % 10
-            x = protos[y] + torch.randn(n, 1, 28, 28, generator=gen)
-            loaders.append(DataLoader(TensorDataset(x, y), batch_size=25, shuffle=True))
-        tasks.append(tuple(loaders))
-    monkeypatch.chdir(tmp_path)
-    torch.manual_seed(0)
-    scope: dict[str, object] = {"tasks": tasks}
-    code = readme_example()
-    exec(compile(code, str(README), "exec"), scope)
-    learner = scope["learner"]
-    assert isinstance(learner, espn.ContinualLearner)
-    matrix = learner.accuracy_matrix
-    assert [len(row) for row in matrix] == [1, 2] and matrix[1][0] == matrix[0][0]
-    assert min(matrix[1]) > 50  # both tasks learned (chance: 10%), the first not forgotten
-    assert all(r["flops_ratio"] <= 0.2 for r in learner.report())
-    assert (tmp_path / "task0.pt2").is_file()
-    exported = torch.export.load(str(tmp_path / "task0.pt2")).module()
-    x = next(iter(tasks[0][1]))[0]
-    assert torch.allclose(exported(x), learner.supernet(x, task=0), atol=1e-4)
-    lines = [line for line in code.splitlines() if line.strip()]
-    assert len(lines) == 10  # as the README says
-
-
 def test_espn_run_on_task_files_with_a_model_by_reference(tmp_path: Path) -> None:
     """Task files (benchmark ``tensors``) and an import-reference model on the CLI; the run's
     checkpoint then loads in the API with its test data."""
@@ -413,3 +369,30 @@ def test_the_learner_trains_mtl_as_espn_run_does(tmp_path: Path) -> None:
     assert [saved.evaluate(t) for t in range(2)] == doc["final_accuracy"]
     with pytest.raises(ValueError, match="learns all its tasks in one call"):
         learner.learn_all(data)
+
+
+# ------------------------------------------------------------------ the front door
+def test_the_front_door_exports_what_a_user_reaches_for_first(tmp_path: Path) -> None:
+    """``espn.run``, ``create_method`` and the names: the same objects as their homes, the
+    names the CLI accepts."""
+    from espn.config import ConfigError, make_config
+    from espn.data.registry import BENCHMARKS
+    from espn.experiment import run
+    from espn.methods import METHODS, create_method
+    from espn.models.registry import MODELS
+    from espn.pruning.pruner import PRUNERS
+
+    assert espn.run is run and espn.create_method is create_method
+    assert espn.list_methods() == list(METHODS) and "espn" in espn.list_methods()
+    assert espn.list_models() == list(MODELS) and "fc1024" in espn.list_models()
+    assert espn.list_benchmarks() == list(BENCHMARKS)
+    assert espn.list_pruners() == list(PRUNERS)
+    assert sorted(espn.__all__) == sorted([*espn._HOMES, "__version__"])
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = espn.nope
+    cfg = make_config(benchmark="permuted-mnist", out=str(tmp_path / "r"))
+    with pytest.raises(ConfigError, match=r"not both \(got gamma\)"):
+        espn.run(cfg, gamma=0.5)
+    with pytest.raises(ConfigError, match=r"gamma must be in \(0, 1\], got 1.5"):
+        espn.run(benchmark="permuted-mnist", gamma=1.5, out=str(tmp_path / "r"))
+    assert not (tmp_path / "r").exists()  # refused before anything was written

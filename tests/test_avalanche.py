@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from espn.errors import EspnError
+
 pytest.importorskip("avalanche")
 pytestmark = pytest.mark.filterwarnings("ignore:No loggers specified")
 with warnings.catch_warnings():  # Avalanche's import-time notices (no QP solver, ...)
@@ -123,8 +125,8 @@ def test_the_methods_own_settings_reach_it():
         ({"gama": 0.2}, ValueError, "unknown setting 'gama' for method 'espn'"),
         ({"supsup_k": 0.3}, ValueError, "supsup_k applies to method 'supsup' only"),
         ({"gamma": 1.5}, ValueError, r"gamma must be in \(0, 1\], got 1.5"),
-        ({"optimizer": "adagrad"}, ValueError, "unknown optimizer 'adagrad'; choose one of"),
-        ({"train_epochs": 0}, ValueError, "train_epochs must be >= 1, got 0"),
+        ({"optimizer": "adagrad"}, EspnError, "unknown optimizer 'adagrad'; choose one of"),
+        ({"train_epochs": 0}, EspnError, "train_epochs must be >= 1, got 0"),
     ],
 )
 def test_bad_settings_are_refused_when_built(kw, error, message):
@@ -137,11 +139,11 @@ def test_streams_espn_cannot_learn_are_refused():
     no_labels = class_incremental_benchmark(
         {"train": dataset(64, [0, 1, 2, 3], 0)}, num_experiences=2
     )
-    with pytest.raises(ValueError, match="has no task labels; espn learns task-incremental"):
+    with pytest.raises(EspnError, match="has no task labels; espn learns task-incremental"):
         learner.train(no_labels.train_stream[0])
     bench = scenario()
     learner.train(bench.train_stream[0])
-    with pytest.raises(ValueError, match="task label 0 is learned already; espn learns each"):
+    with pytest.raises(EspnError, match="task label 0 is learned already; espn learns each"):
         learner.train(bench.train_stream[0])
 
 
@@ -151,7 +153,7 @@ def test_optimizer_settings_come_from_the_torch_optimizer():
     assert (sgd.name, sgd.lr, sgd.momentum, sgd.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
     assert optim_config(torch.optim.Adam(params, betas=(0.0, 0.99))).betas == (0.0, 0.99)
     assert optim_config(None).name == "adam"
-    with pytest.raises(ValueError, match="optimizer Adagrad is not one espn's engine runs"):
+    with pytest.raises(EspnError, match="optimizer Adagrad is not one espn's engine runs"):
         optim_config(torch.optim.Adagrad(params))
     assert [split_epochs(n) for n in (1, 2, 4, 10)] == [(0, 1, 0), (0, 2, 0), (1, 2, 1), (3, 4, 3)]
 

@@ -54,6 +54,10 @@ def test_run_writes_results_and_plot(fake_mnist, tmp_path, method):
 
     shown = runner.invoke(app, ["show", str(out)])
     assert shown.exit_code == 0 and "average accuracy" in shown.output
+    # tasks numbered from 0 everywhere: the run's per-task lines, show (as info, export --task)
+    assert "task 0 (1/3 done)" in result.output and "task 2 (3/3 done)" in result.output
+    rows = [line.split("│")[1].strip() for line in shown.output.splitlines() if "│" in line]
+    assert rows == ["0", "1", "2"]
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,7 @@ def test_a_task_over_its_flops_budget_is_never_recorded():
     from espn.training.engine import TrainingStopped
 
     check_budget(0.2, {"flops_ratio": 0.2}, "t", 0)
-    with pytest.raises(TrainingStopped, match=r"task 3 \(t\): .* 0\.5 of the dense FLOPs"):
+    with pytest.raises(TrainingStopped, match=r"task 2 \(t\): .* 0\.5 of the dense FLOPs"):
         check_budget(0.2, {"flops_ratio": 0.5}, "t", 2)
     with pytest.raises(TrainingStopped):
         check_budget(0.2, {"flops_ratio": float("nan")}, "t", 0)
@@ -179,7 +179,7 @@ def test_a_diverging_task_stops_and_keeps_the_last_good_checkpoint(tmp_path, mon
         patch.setattr(Strategy, "loss", loss)
         out = tmp_path / "r"
         line = one_line_error(invoke(run_args(out)))
-    assert "task 2 (permutation 1), prune phase, epoch 1/2: the training loss is not finite" in line
+    assert "task 1 (permutation 1), prune phase, epoch 1/2: the training loss is not finite" in line
     assert f"the last good checkpoint is {out / 'checkpoint'} (1 task(s) finished" in line
     ckpt = read_checkpoint(out / "checkpoint")
     assert len(ckpt.masks) == 1 and ckpt.training is not None
@@ -193,7 +193,7 @@ def test_a_diverging_task_stops_and_keeps_the_last_good_checkpoint(tmp_path, mon
 def test_capacity_running_out_stops_before_the_task_that_gets_no_weights(tmp_path):
     out = tmp_path / "r"
     line = one_line_error(invoke(run_args(out, "--alpha", "1", "--gamma", "1")))
-    assert "task 2 (permutation 1) would get no new weights: the earlier tasks took every" in line
+    assert "task 1 (permutation 1) would get no new weights: the earlier tasks took every" in line
     doc = json.loads((out / "results.json").read_text())
     assert doc["task_names"] == ["permutation 0"] and doc["complete"] is False
     assert len(read_checkpoint(out / "checkpoint").masks) == 1

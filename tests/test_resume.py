@@ -251,7 +251,7 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, reference):
     result = runner.invoke(app, [*options, "--resume"])
     assert result.exit_code == 0, result.output
     assert "3/3 tasks done" in " ".join(result.output.split())
-    assert "task 1/3" not in result.output  # nothing trained again
+    assert "(1/3 done)" not in result.output  # nothing trained again
     assert fingerprint(out) == reference
 
 

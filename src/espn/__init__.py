@@ -1,28 +1,65 @@
 """espn: Efficient Sparse PackNet, zero-forgetting and inference-efficient continual learning.
 
-From Python: ``espn.wrap(model, example_input)`` wraps your model,
-``espn.ContinualLearner(supernet, method="espn", gamma=0.2)`` learns tasks from your data
-(``learn``, ``evaluate``, ``accuracy_matrix``, ``report``, ``export``, ``save``), and
-``espn.load(run_dir)`` reads a saved run (see :mod:`espn.api`).
+What a user reaches for first, all importable from ``espn``:
+
+- :func:`run`: a whole run as ``espn run`` makes it (benchmark, model, method, options by
+  keyword or as a :class:`~espn.config.RunConfig`), returning its ``results.json`` document;
+- :func:`wrap` your own model, :class:`ContinualLearner` to learn tasks from your own data
+  (``learn``, ``evaluate``, ``accuracy_matrix``, ``report``, ``export``, ``save``), and
+  :func:`load` to read a saved run back (see :mod:`espn.api`);
+- :func:`create_method`: a continual-learning method by name with its settings;
+- :func:`list_benchmarks`, :func:`list_models`, :func:`list_methods`, :func:`list_pruners`:
+  the names those accept.
+
+Everything is imported on first use, so ``import espn`` stays light.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from espn.api import ContinualLearner, load, wrap
+    from espn.catalog import list_benchmarks, list_methods, list_models, list_pruners
+    from espn.experiment import run
+    from espn.methods import create_method
     from espn.supernet.supernet import Supernet
 
-__all__ = ["ContinualLearner", "Supernet", "__version__", "load", "wrap"]
+#: each name of the front door -> the module that defines it
+_HOMES = {
+    "ContinualLearner": "espn.api",
+    "load": "espn.api",
+    "wrap": "espn.api",
+    "Supernet": "espn.supernet.supernet",
+    "run": "espn.experiment",
+    "create_method": "espn.methods",
+    "list_benchmarks": "espn.catalog",
+    "list_methods": "espn.catalog",
+    "list_models": "espn.catalog",
+    "list_pruners": "espn.catalog",
+}
+
+__all__ = [
+    "ContinualLearner",
+    "Supernet",
+    "__version__",
+    "create_method",
+    "list_benchmarks",
+    "list_methods",
+    "list_models",
+    "list_pruners",
+    "load",
+    "run",
+    "wrap",
+]
 
 
 def __getattr__(name: str) -> Any:
     """The front door, imported on first use (``import espn.cli`` stays light)."""
-    if name in ("ContinualLearner", "Supernet", "load", "wrap"):
-        from espn import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'espn' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'espn' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

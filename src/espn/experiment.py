@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_sou
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
 from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
-from espn.config import RunConfig, resolved
+from espn.config import ConfigError, RunConfig, make_config, resolved
 from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence, prepended
@@ -177,6 +178,44 @@ def run_experiment(
             raise TrainingStopped(f"{exc}; {_kept(cfg)}") from None
 
 
+def run(
+    config: RunConfig | None = None,
+    *,
+    progress: bool = False,
+    on_task_end: Callable[[str], None] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    **options: Any,
+) -> dict[str, Any]:
+    """One run as ``espn run`` makes it, from Python: its ``results.json`` document.
+
+    Give ``espn run``'s options as keywords (``benchmark``, ``method``, ``out``, ``tasks``,
+    ``train_per_task``, ``gamma``, ``epochs=(3, 4, 3)``, a method's own options such as
+    ``supsup_k``, ...: the :class:`~espn.config.RunConfig` fields) or a ready ``RunConfig``;
+    each value is checked before any work (:class:`~espn.config.ConfigError` naming it).
+    The run directory ``out`` gets what the CLI writes (``results.json``, ``accuracy.png``,
+    ``checkpoint/``); ``resume`` and ``overwrite`` are the CLI's ``--resume``/``--overwrite``,
+    ``progress`` shows the progress bar, ``on_task_end`` receives the per-task lines, and what
+    the run could not do as asked is issued as a Python warning (and kept in the document).
+
+    Example: ``espn.run(benchmark="permuted-fashion-mnist", tasks=2, train_per_task=500,
+    out="runs/mine")["average_accuracy"]``.
+    """
+    if config is not None and options:
+        raise ConfigError(
+            f"give a RunConfig or keyword options, not both (got {', '.join(sorted(options))})"
+        )
+    cfg = config if config is not None else make_config(**options)
+    return run_experiment(
+        cfg,
+        progress=progress,
+        on_task_end=on_task_end,
+        resume=resume,
+        overwrite=overwrite,
+        on_warning=lambda line: warnings.warn(line, UserWarning, stacklevel=3),
+    )
+
+
 def _kept(cfg: RunConfig) -> str:
     """Where a stopped run's last good state is, and how to go on from it."""
     directory = checkpoint_dir(cfg.out)
@@ -220,8 +259,10 @@ def task_line(learned: Learned, records: list[dict[str, Any]], n_tasks: int, nam
     acc = "-" if row is None else f"{sum(row[tasks.start :]) / len(tasks):.2f}%"
     new = sum(r["new_weights"] for r in records[tasks.start :])
     last = records[-1]
+    which = f"task {tasks.start}" if len(tasks) == 1 else f"tasks {tasks.start}..{tasks.stop - 1}"
     return (
-        f"task {tasks.stop}/{n_tasks} {name}: acc {acc}  FLOPs {last['flops_ratio']:.3f}  "
+        f"{which} ({tasks.stop}/{n_tasks} done) {name}: acc {acc}  "
+        f"FLOPs {last['flops_ratio']:.3f}  "
         f"new weights {new}/{last['weight_budget']}  ({learned.log.seconds:.1f}s)"
     )
 

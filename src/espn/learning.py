@@ -54,7 +54,7 @@ def check_budget(gamma: float, record: dict[str, Any], name: str, task: int) -> 
     ratio = record["flops_ratio"]
     if not ratio <= gamma * (1 + 1e-9):
         raise TrainingStopped(
-            f"task {task + 1} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
+            f"task {task} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
             f"more than the budget gamma {gamma:g}"
         )
 

@@ -171,7 +171,7 @@ class RunCheckpoint:
         restore(ckpt, supernet, engine, strategy)
         tr = ckpt.training
         where = (
-            f"; task {tr.task + 1} continues after {tr.progress.epochs_done} of its epochs"
+            f"; task {tr.task} continues after {tr.progress.epochs_done} of its epochs"
             if tr is not None
             else ""
         )

@@ -5,6 +5,10 @@ single ``error: ...`` line on stderr: errors a user can fix (any :class:`espn.er
 bad options, unusable files, checkpoints or run directories, a diverged run; and a full disk)
 exit with status 2, an interrupted run with 130, anything unexpected with 1. ``espn --debug ...`` or
 ``ESPN_DEBUG=1`` shows the Python traceback instead.
+
+Text reaches the terminal as written: the consoles here print with rich markup off (a message
+such as ``pip install 'espn[ray]'`` would otherwise lose ``[ray]``), and every command group is
+made by :func:`command_group`, whose help is not read as markup either.
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
 
-import click
 import typer
 from rich.console import Console
+from rich.text import Text
 from typer.exceptions import TyperException
 
 from espn.errors import EspnError
 
-err_console = Console(stderr=True)
+#: the CLI's output and its messages, printed as written (no rich markup)
+console = Console(markup=False)
+err_console = Console(stderr=True, markup=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it)
@@ -53,9 +59,24 @@ def debug_enabled() -> bool:
     return _debug or env not in ("", "0", "false", "no", "off")
 
 
+def command_group(**settings: Any) -> typer.Typer:
+    """A typer app whose help texts reach the terminal as written (no rich markup)."""
+    return typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, **settings)
+
+
+def labelled(label: str, style: str, message: str) -> Text:
+    """``label message`` with only the label styled; ``message`` is printed as written."""
+    return Text.assemble((label, style), " ", message)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: message`` to stderr as one line."""
+    err_console.print(labelled("warning:", "yellow", message), highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 2) -> None:
     """Print ``message`` to stderr as one line and exit with ``code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(labelled("error:", "bold red", message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -72,8 +93,7 @@ def os_error_message(exc: OSError) -> str:
 
 def handle(exc: BaseException) -> None:
     """Turn ``exc`` into one line on stderr and the matching exit status."""
-    passthrough = (typer.Exit, typer.Abort, TyperException, click.exceptions.Exit)
-    if isinstance(exc, (*passthrough, click.ClickException, click.Abort)):
+    if isinstance(exc, (typer.Exit, typer.Abort, TyperException)):  # typer's own (usage errors)
         raise exc
     if debug_enabled():
         raise exc

@@ -9,10 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli.common import fail, user_errors
+from espn.cli.common import command_group, console, fail, user_errors
 
-app = typer.Typer()
-console = Console()
+app = command_group()
 
 RUN_HELP = "Run directory (the --out of `espn run`), holding checkpoint/ and results.json."
 
@@ -153,7 +152,8 @@ def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
     loaded = load_run(run)
     sn, ckpt, m = loaded.supernet, loaded.checkpoint, loaded.checkpoint.manifest
     cfg = loaded.config
-    wide = Console(width=max(console.width, 132))  # nine columns, not cut off in a pipe
+    # nine columns, not cut off in a pipe; text printed as written (no markup)
+    wide = Console(width=max(console.width, 132), markup=False)
     wide.print(
         f"{run}: {cfg.method} on {cfg.benchmark} with {cfg.model}, gamma {cfg.gamma}, "
         f"alpha {cfg.alpha}; {loaded.n_tasks}/{m.get('n_tasks', '?')} tasks finished"

@@ -8,16 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from espn.cli import deploy, presets, reproduce, sweep, theory
 from espn.cli.common import (
     RunInterrupted,
-    err_console,
+    command_group,
+    console,
     fail,
     set_debug,
     user_errors,
+    warn,
 )
 from espn.cli.options import WithOptions
 from espn.data.registry import BENCHMARKS
@@ -25,13 +26,11 @@ from espn.methods.base import METHODS
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 
-app = typer.Typer(
+app = command_group(
     help="Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning.",
     no_args_is_help=True,
     add_completion=False,
-    pretty_exceptions_enable=False,
 )
-console = Console()
 app.add_typer(deploy.app)  # evaluate, export, info
 app.add_typer(presets.app, name="presets")  # presets [show NAME]
 app.add_typer(reproduce.app, name="reproduce")  # reproduce TARGET|list|report
@@ -103,12 +102,10 @@ def run(
         doc = run_experiment(
             cfg,
             progress=progress,
-            on_task_end=None if quiet else lambda line: console.print(line),
+            on_task_end=None if quiet else lambda line: console.print(line, soft_wrap=True),
             resume=resume,
             overwrite=overwrite,
-            on_warning=lambda line: err_console.print(
-                f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True
-            ),
+            on_warning=warn,
         )
     except KeyboardInterrupt:
         raise RunInterrupted(interrupted_message(out, ctx)) from None
@@ -119,7 +116,8 @@ def run(
         f"mean FLOPs ratio {sum(ratios) / len(ratios):.3f}, "
         f"max forgetting {max(doc['forgetting']):.2f} points, "
         f"storage {doc['storage_bytes'] / 2**20:.2f} MiB, "
-        f"wall time {doc['wall_time_s']:.1f}s"
+        f"wall time {doc['wall_time_s']:.1f}s",
+        soft_wrap=True,
     )
     console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
 
@@ -159,7 +157,7 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
     final = doc["final_accuracy"] or [None] * len(doc["task_names"])  # no test data: none
     for j, name in enumerate(doc["task_names"]):
         table.add_row(
-            str(j + 1),
+            str(j),
             name,
             "-" if final[j] is None else f"{final[j]:.2f}",
             f"{doc['flops_ratio'][j]:.3f}",

@@ -6,19 +6,17 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from espn.cli.common import user_errors
+from espn.cli.common import command_group, console, user_errors
 from espn.config import RunConfig, make_config
 from espn.presets import describe, load_preset, preset_names
 
-app = typer.Typer(
+app = command_group(
     help="Named run recipes for `espn run --preset NAME` (options given explicitly win).",
     invoke_without_command=True,
     no_args_is_help=False,
 )
-console = Console()
 
 
 @app.callback()

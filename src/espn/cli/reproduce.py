@@ -8,13 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
-from espn.cli.common import UserError, fail, run_dir_option, user_errors
+from espn.cli.common import (
+    UserError,
+    command_group,
+    console,
+    fail,
+    labelled,
+    run_dir_option,
+    user_errors,
+)
 from espn.reproduce import SCALES, TARGETS, Options, report, run_target
-
-console = Console()
 
 
 class _TargetGroup(TyperGroup):
@@ -31,7 +36,7 @@ class _TargetGroup(TyperGroup):
         return super().resolve_command(ctx, args)
 
 
-app = typer.Typer(
+app = command_group(
     cls=_TargetGroup,
     help="Reproduce the paper's tables and figures: espn reproduce TARGET --scale "
     f"{{{','.join(SCALES)}}} --out DIR; `espn reproduce list` names the targets.",
@@ -45,7 +50,7 @@ def list_targets() -> None:
     """The targets, what they reproduce and their cost at each scale."""
     for name in TARGETS:
         t = TARGETS.get(name)
-        console.print(f"[bold]{name}[/]: {t.title}", highlight=False)
+        console.print(labelled(f"{name}:", "bold", t.title), highlight=False)
         for s in SCALES:
             console.print(f"    {s}: {t.cost[s]}", highlight=False)
 
@@ -65,7 +70,9 @@ def report_command(
 
 def _written(files: list[Path], incomplete: list[str]) -> None:
     if incomplete:
-        console.print(f"[yellow]not in the table (no finished results):[/] {', '.join(incomplete)}")
+        console.print(
+            labelled("not in the table (no finished results):", "yellow", ", ".join(incomplete))
+        )
     console.print("wrote " + ", ".join(str(f) for f in files))
 
 
@@ -134,11 +141,11 @@ def _target_command(name: str) -> Callable[..., None]:
             gpus_per_run=gpus,
             progress=progress,
         )
-        console.print(result.table.markdown(), highlight=False, markup=False)
+        console.print(result.table.markdown(), highlight=False)
         _written(result.files, result.table.incomplete)
         for o in result.outcomes:  # e.g. stopped out of capacity, still in a partial table
             if o.status == "failed" and o.point.name not in result.table.incomplete:
-                console.print(f"[yellow]stopped early:[/] {o.point.name}: {o.error}")
+                console.print(labelled("stopped early:", "yellow", f"{o.point.name}: {o.error}"))
         failed = [o for o in result.outcomes if o.point.name in result.table.incomplete]
         if result.table.incomplete:
             raise UserError(

@@ -5,13 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from espn.cli.common import UserError, run_dir_option, user_errors
+from espn.cli.common import UserError, console, run_dir_option, user_errors
 from espn.sweep import PointOutcome
-
-console = Console()
 
 
 def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:

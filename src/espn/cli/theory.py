@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from espn.cli.common import user_errors
+from espn.cli.common import command_group, user_errors
 from espn.theory.common import config_dict, read_csv
 from espn.theory.mismatch import (
     MISMATCH_COLUMNS,
@@ -45,7 +45,7 @@ from espn.theory.task_order import (
 )
 from espn.utils.io import write_csv, write_json_atomic
 
-app = typer.Typer(
+app = command_group(
     help="Theory lab: the paper's shallow-network model of continual representation "
     "learning (planted model, CRL solver, sample complexity, mismatch, task order). "
     "CPU only, minutes at default sizes.",

@@ -38,9 +38,16 @@ except ImportError as exc:  # an optional dependency: say how to get it
     ) from exc
 
 from espn.api import ContinualLearner, wrap
+from espn.errors import EspnError
 from espn.methods.base import Strategy, create_method
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OPTIMIZERS, OptimConfig
+
+
+class StrategyError(EspnError, ValueError):
+    """A stream, optimizer or setting the strategy cannot learn from; the message says why and
+    what it accepts."""
+
 
 #: torch optimizer classes espn's engine can rebuild, by the engine's names
 TORCH_OPTIMIZERS = {
@@ -54,7 +61,7 @@ def split_epochs(total: int) -> tuple[int, int, int]:
     """Avalanche's ``train_epochs`` as espn's (pre-train, prune, fine-tune) epochs, in the
     proportions of espn's default 3,4,3 (1 epoch: all pruning)."""
     if total < 1:
-        raise ValueError(f"train_epochs must be >= 1, got {total}")
+        raise StrategyError(f"train_epochs must be >= 1, got {total}")
     pre = fine = total * 3 // 10
     return pre, total - pre - fine, fine
 
@@ -65,11 +72,13 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
     if optimizer is None or isinstance(optimizer, str):
         name = optimizer or "adam"
         if name not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+            raise StrategyError(
+                f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}"
+            )
         return OptimConfig(name)
     known = TORCH_OPTIMIZERS.get(type(optimizer))
     if known is None:
-        raise ValueError(
+        raise StrategyError(
             f"optimizer {type(optimizer).__name__} is not one espn's engine runs; use "
             "torch.optim.SGD, Adam or RMSprop (or their names)"
         )
@@ -150,7 +159,7 @@ class ESPNStrategy(SupervisedTemplate):
         epoch loop; the experience callbacks around it still run)."""
         label, x, y = self._read(self.adapted_dataset, experience)
         if label in self.task_index:
-            raise ValueError(
+            raise StrategyError(
                 f"task label {label} is learned already; espn learns each task once "
                 "(a task-incremental stream: one experience per task)"
             )
@@ -199,7 +208,7 @@ class ESPNStrategy(SupervisedTemplate):
             batches = list(loader)
         for batch in batches:
             if len(batch) < 3:
-                raise ValueError(
+                raise StrategyError(
                     f"experience {experience.current_experience} has no task labels; espn "
                     "learns task-incremental streams (e.g. task_incremental_benchmark(...))"
                 )
@@ -208,7 +217,7 @@ class ESPNStrategy(SupervisedTemplate):
             ts.append(batch[-1])
         labels = torch.cat(ts).unique().tolist()
         if len(labels) != 1:
-            raise ValueError(
+            raise StrategyError(
                 f"experience {experience.current_experience} holds task labels {labels}; "
                 "espn learns one task per experience"
             )

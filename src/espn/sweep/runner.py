@@ -80,7 +80,8 @@ def run_sweep(
             f"{gpus_per_run:g}"
         )
     validate_points(points, out)
-    console = Console(file=sys.stdout)  # fixed: in-process points redirect sys.stdout to logs
+    # fixed: in-process points redirect sys.stdout to logs; text printed as written (no markup)
+    console = Console(file=sys.stdout, markup=False)
     outcomes: dict[str, PointOutcome] = {}
     with _Reporter(len(points), console, progress) as report:
         todo = []

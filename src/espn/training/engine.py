@@ -134,7 +134,7 @@ class Engine:
         bar = tqdm(
             initial=sum(p.epochs for p in phases[: at.phase]) * per_epoch + at.epoch * per_epoch,
             total=total,
-            desc=f"task {index + 1}",
+            desc=f"task {index}",
             disable=None if self.progress else True,
             leave=False,
         )
@@ -153,7 +153,7 @@ class Engine:
             if phase.free_only and first == 0 and phase.epochs > 0:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
             for epoch in range(first, phase.epochs):
-                bar.set_description(f"task {index + 1} {phase.name} {epoch + 1}/{phase.epochs}")
+                bar.set_description(f"task {index} {phase.name} {epoch + 1}/{phase.epochs}")
                 finite = torch.ones((), dtype=torch.bool, device=device)
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
                     lr = self._lr(phase, epoch, step, n_iters)
@@ -167,7 +167,7 @@ class Engine:
                 if not bool(finite):  # before the epoch is checkpointed: the last good one stays
                     bar.close()
                     raise TrainingStopped(
-                        f"task {index + 1} ({task.name}), {phase.name} phase, epoch "
+                        f"task {index} ({task.name}), {phase.name} phase, epoch "
                         f"{epoch + 1}/{phase.epochs}: the training loss is not finite "
                         f"(last {float(loss_value):g}); training diverged, so it stopped "
                         f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
@@ -251,7 +251,7 @@ def _check_capacity(strategy: Strategy, name: str, index: int) -> None:
         "down to none"
     )
     raise TrainingStopped(
-        f"task {index + 1} ({name}) would get no new weights: {why}; the network's capacity "
+        f"task {index} ({name}) would get no new weights: {why}; the network's capacity "
         "is used up, so the run stops before it with the earlier tasks kept (use a smaller "
         "--alpha, fewer --tasks or a wider model)"
     )
