@@ -221,6 +221,10 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     channels and biases, and the channels of every layer coupled to it through a residual add.
     ``example_input`` is a batch of model inputs (any batch size) used to trace dependencies.
     """
+    from espn.export.slim_tokens import slim_tokens_copy, uses_tokens  # it imports this module
+
+    if uses_tokens(supernet):
+        return slim_tokens_copy(supernet, task)
     gm = plain_copy(supernet, task)
     units = supernet.masks[task].units
     device = next(gm.parameters()).device

@@ -4,7 +4,11 @@ Convention: FLOPs = 2 x multiply-accumulates of the convolution and linear layer
 count of :class:`torch.utils.flop_counter.FlopCounterMode`), for one input sample.
 BatchNorm, gates, activations, pooling and additions are not counted. A layer with
 ``a_in`` alive input units and ``a_out`` alive output units costs
-``2 * a_in * a_out * kernel_area * output_positions`` FLOPs.
+``2 * a_in * a_out * kernel_area * output_positions`` FLOPs (a linear layer on token
+tensors ``(B, N, D)`` has N output positions; an attention head's unit spans ``head_dim``
+features of its q, k, v and output projections). Self-attention also multiplies activations
+by activations: each alive head costs ``2 * N * N * head_dim`` for ``QK^T`` and as much for
+``AV`` (:class:`AttentionCost`); the softmax and the scaling are not counted.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.supernet.layers import MaskedLayer, TaskHead, is_costed
+from espn.supernet.transformer import MaskedAttention
 
 
 @dataclass
@@ -27,6 +32,8 @@ class LayerCost:
     out_units: str | None
     positions: int  # output positions per sample (H*W for conv, 1 for linear on vectors)
     kernel_area: int
+    in_unit_size: int = 1
+    out_unit_size: int = 1
 
     @property
     def in_size(self) -> int:
@@ -39,24 +46,62 @@ class LayerCost:
         """Output features/channels of the full-width layer."""
         return int(self.module.weight.shape[0])
 
+    def alive_in(self, alive: dict[str, int]) -> int:
+        """Alive input features (units times their width)."""
+        return alive[self.in_units] * self.in_unit_size if self.in_units else self.in_size
+
+    def alive_out(self, alive: dict[str, int]) -> int:
+        """Alive output features (units times their width)."""
+        return alive[self.out_units] * self.out_unit_size if self.out_units else self.out_size
+
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
-        a_in = alive[self.in_units] if self.in_units else self.in_size
-        a_out = alive[self.out_units] if self.out_units else self.out_size
-        return 2.0 * a_in * a_out * self.kernel_area * self.positions
+        return 2.0 * self.alive_in(alive) * self.alive_out(alive) * self.kernel_area * self.positions
 
 
-def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
-    """Run ``example_input`` (a batch) through ``model`` and record every costed layer's shape."""
+@dataclass
+class AttentionCost:
+    """The activation-by-activation products of one self-attention module: ``QK^T`` and
+    ``AV`` cost ``2 * tokens**2 * head_dim`` each per alive head of ``group``."""
+
+    name: str
+    group: str
+    head_dim: int
+    tokens: int
+
+    @property
+    def per_head(self) -> float:
+        """FLOPs of one head's two matmuls for one sample."""
+        return 4.0 * self.tokens * self.tokens * self.head_dim
+
+    def flops(self, alive: dict[str, int]) -> float:
+        """FLOPs of the alive heads' matmuls for one sample."""
+        return self.per_head * alive[self.group]
+
+
+Cost = LayerCost | AttentionCost
+
+
+def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
+    """Run ``example_input`` (a batch) through ``model`` and record every costed layer's shape
+    (and the token count of every self-attention module)."""
     records: dict[str, int] = {}
     hooks = []
     modules = {name: m for name, m in model.named_modules() if is_costed(m)}
+    attentions = {n: m for n, m in model.named_modules() if isinstance(m, MaskedAttention)}
     for name, module in modules.items():
 
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
-            records[name] = out[0].numel() // out.shape[1]
+            # features are the last dimension of a linear layer's output, dimension 1 of a conv's
+            records[name] = out[0].numel() // out.shape[-1 if isinstance(mod, nn.Linear) else 1]
 
         hooks.append(module.register_forward_hook(hook))
+    for name, module in attentions.items():
+
+        def attn_hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
+            records[name] = int(inp[0].shape[1])
+
+        hooks.append(module.register_forward_hook(attn_hook))
     was_training = model.training
     model.eval()
     try:
@@ -66,7 +111,11 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
         model.train(was_training)
         for h in hooks:
             h.remove()
-    costs = []
+    costs: list[Cost] = [
+        AttentionCost(name, m.heads_group, m.head_dim, records[name])
+        for name, m in attentions.items()
+        if name in records
+    ]
     for name, module in modules.items():
         if name not in records:
             continue
@@ -81,12 +130,14 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
                 out_units=module.out_units,
                 positions=records[name],
                 kernel_area=int(torch.Size(kernel).numel()),
+                in_unit_size=getattr(module, "in_unit_size", 1),
+                out_unit_size=getattr(module, "out_unit_size", 1),
             )
         )
     return costs
 
 
-def count_flops(costs: list[LayerCost], alive: dict[str, int]) -> float:
+def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
     """FLOPs of the network whose unit groups have ``alive[group]`` units alive."""
     return sum(c.flops(alive) for c in costs)
 
@@ -98,7 +149,7 @@ FLOP_LOADS = ("output", "total")
 
 
 def unit_flops(
-    costs: list[LayerCost], alive: dict[str, int], load: str = "output"
+    costs: list[Cost], alive: dict[str, int], load: str = "output"
 ) -> dict[str, float]:
     """FLOPs carried by one unit of each group in the current sub-network, FLOP_l(m).
 
@@ -111,11 +162,12 @@ def unit_flops(
         raise ValueError(f"unknown FLOP load {load!r}; choose one of: {', '.join(FLOP_LOADS)}")
     out = dict.fromkeys(alive, 0.0)
     for c in costs:
-        a_in = alive[c.in_units] if c.in_units else c.in_size
-        a_out = alive[c.out_units] if c.out_units else c.out_size
+        if isinstance(c, AttentionCost):  # a head's QK^T and AV: part of computing its output
+            out[c.group] += c.per_head
+            continue
         per_pair = 2.0 * c.kernel_area * c.positions
         if c.out_units:
-            out[c.out_units] += per_pair * a_in
+            out[c.out_units] += per_pair * c.alive_in(alive) * c.out_unit_size
         if c.in_units and load == "total":
-            out[c.in_units] += per_pair * a_out
+            out[c.in_units] += per_pair * c.alive_out(alive) * c.in_unit_size
     return out

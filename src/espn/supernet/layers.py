@@ -45,6 +45,10 @@ class MaskedLayer(nn.Module):
     #: unit groups indexing the layer's input and output units (None: not prunable)
     in_units: str | None
     out_units: str | None
+    #: consecutive features one unit of ``in_units`` / ``out_units`` spans (an attention
+    #: head spans ``head_dim`` features of its q, k, v and output projections; 1 elsewhere)
+    in_unit_size: int = 1
+    out_unit_size: int = 1
 
     def _init_masks(self, in_units: str | None, out_units: str | None) -> None:
         self.in_units = in_units
@@ -55,6 +59,11 @@ class MaskedLayer(nn.Module):
     def masked_weight(self) -> Tensor:
         """The weight with the active task's mask applied (zeros elsewhere)."""
         return self.weight * self.weight_mask
+
+
+def expand_units(alive: Tensor, size: int) -> Tensor:
+    """A per-unit vector repeated over the ``size`` consecutive features of each unit."""
+    return alive if size == 1 else alive.repeat_interleave(size)
 
 
 class MaskedLinear(nn.Linear, MaskedLayer):
