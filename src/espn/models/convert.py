@@ -33,6 +33,14 @@ import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+from espn.models.convert_tokens import (
+    check_stream_sources,
+    check_token_module,
+    convert_attention,
+    convert_layernorm,
+    replace_encoders,
+    token_outputs,
+)
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import (
     MaskedConv2d,
@@ -42,10 +50,13 @@ from espn.supernet.layers import (
     TaskHead,
     UnitGate,
 )
+from espn.supernet.transformer import TokenGate
 
-SUPPORTED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d)
+SUPPORTED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.LayerNorm, nn.MultiheadAttention)
 #: a module the converter turns into its supernet counterpart
-Convertible = nn.Conv2d | nn.Linear | nn.BatchNorm2d
+Convertible = nn.Conv2d | nn.Linear | nn.BatchNorm2d | nn.LayerNorm | nn.MultiheadAttention
+#: modules that normalise the channels of one unit group
+NORMS = (nn.BatchNorm2d, nn.LayerNorm)
 
 
 class ConvertError(EspnError, ValueError):
@@ -60,6 +71,8 @@ class _Group:
     producers: list[str] = field(default_factory=list)
     consumers: list[str] = field(default_factory=list)
     norms: list[str] = field(default_factory=list)
+    #: self-attention modules reading and writing the group (their heads are units of their own)
+    attentions: list[str] = field(default_factory=list)
     name: str = ""
 
 
@@ -67,8 +80,14 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
     """Named conv/linear/BN modules; anything else holding parameters is refused."""
     found: dict[str, Convertible] = {}
     seen: dict[int, str] = {}
+    attention: list[str] = []
     for name, m in model.named_modules(remove_duplicate=False):
+        if any(name.startswith(f"{a}.") for a in attention):
+            continue  # the projections of a MultiheadAttention: converted with it
+        if isinstance(m, nn.MultiheadAttention):
+            attention.append(name)
         if isinstance(m, SUPPORTED):
+            check_token_module(name, m)
             if id(m) in seen:
                 raise ConvertError(
                     f"module {seen[id(m)]!r} is used again as {name!r}; shared layers are "
@@ -76,10 +95,17 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
                 )
             seen[id(m)] = name
             found[name] = m
+        elif isinstance(m, nn.GroupNorm):
+            raise ConvertError(
+                f"GroupNorm {name!r} is not supported (its statistics span groups of channels "
+                "that pruning would split); use nn.BatchNorm2d, or nn.LayerNorm on tokens"
+            )
         elif any(True for _ in m.parameters(recurse=False)):
             raise ConvertError(
                 f"module {name!r} is a {type(m).__name__} with parameters; the converter "
-                "supports nn.Conv2d, nn.BatchNorm2d and nn.Linear (plus parameter-free modules)"
+                "supports nn.Conv2d, nn.BatchNorm2d, nn.Linear, nn.LayerNorm, "
+                "nn.MultiheadAttention and nn.TransformerEncoder(Layer) (plus parameter-free "
+                "modules), and timm's VisionTransformer"
             )
     for name, m in found.items():
         if isinstance(m, nn.Conv2d) and m.groups != 1:
@@ -104,7 +130,7 @@ def _groups(
         if node is None:
             raise ConvertError(f"module {name!r} is not used by forward() on the example input")
         successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
-        if not node.outputs and not isinstance(m, nn.BatchNorm2d):
+        if not node.outputs and not isinstance(m, NORMS):
             outputs.append(name)
     if len(outputs) != 1 or not isinstance(modules[outputs[0]], nn.Linear):
         raise ConvertError(
@@ -130,8 +156,10 @@ def _groups(
                     f"{root_name!r} ({g.size}): concatenation, splitting or flattening a feature "
                     "map into a linear layer is not supported; pool it globally first"
                 )
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, NORMS):
                 g.norms.append(name)
+            elif isinstance(m, nn.MultiheadAttention):
+                g.attentions.append(name)
             elif out_side:
                 g.producers.append(name)
             else:
@@ -143,6 +171,10 @@ def _groups(
 def _width(m: Convertible, out_side: bool) -> int:
     if isinstance(m, nn.BatchNorm2d):
         return m.num_features
+    if isinstance(m, nn.LayerNorm):
+        return int(m.normalized_shape[0])
+    if isinstance(m, nn.MultiheadAttention):
+        return m.embed_dim
     return int(m.weight.shape[0 if out_side else 1])
 
 
@@ -209,19 +241,32 @@ def to_supernet(
     model = copy.deepcopy(model).eval()
     modules = _check_modules(model)
     groups, successor, head = _groups(model, example_input, modules)
+    model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
     in_group: dict[str, str] = {}
     out_group: dict[str, str] = {}
     norm_group: dict[str, str] = {}
+    attention_group: dict[str, str | None] = {}
     gated: set[str] = set()
     for g in groups:
         if head in g.producers:
             continue  # the classes: never pruned
+        if not g.producers:
+            raise ConvertError(
+                f"the channels of {(g.attentions + g.norms + g.consumers)[0]!r} come from no "
+                "layer (the model input?); start the network with a conv or linear layer"
+            )
         g.name = min(g.producers, key=order.__getitem__)
         for name in g.consumers:
             in_group[name] = g.name
         for name in g.norms:
             norm_group[name] = g.name
+        for name in g.attentions:
+            attention_group[name] = g.name
+        if any(isinstance(modules[n], nn.LayerNorm) for n in g.norms) or g.attentions:
+            writers = g.producers + g.norms + g.attentions
+            readers = g.consumers + g.norms + g.attentions
+            check_stream_sources(model, example_input, g.name, writers, readers)
         for name in g.producers:
             out_group[name] = g.name
             bias = modules[name].bias is not None
@@ -229,8 +274,15 @@ def to_supernet(
             # shift of a gate, and a group without BatchNorm gets its saliency from gates
             if not g.norms or (bias and not isinstance(successor[name], nn.BatchNorm2d)):
                 gated.add(name)
+    tokens = token_outputs(model, example_input, sorted(gated))
     for name, m in modules.items():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, nn.LayerNorm):
+            if name not in norm_group:
+                raise ConvertError(f"LayerNorm {name!r} does not follow any linear or conv layer")
+            _set(model, name, convert_layernorm(m, norm_group[name]))
+        elif isinstance(m, nn.MultiheadAttention):
+            _set(model, name, convert_attention(m, name, attention_group.get(name), task_affine))
+        elif isinstance(m, nn.BatchNorm2d):
             if name not in norm_group:
                 raise ConvertError(f"BatchNorm {name!r} does not follow any conv layer")
             bn = TaskBatchNorm2d(m.num_features, norm_group[name])
@@ -242,7 +294,8 @@ def to_supernet(
         else:
             layer: nn.Module = _masked(m, in_group.get(name), out_group.get(name))
             if name in gated:
-                gate = UnitGate(int(m.weight.shape[0]), out_group[name], affine=task_affine)
+                gate_type = TokenGate if name in tokens else UnitGate
+                gate = gate_type(int(m.weight.shape[0]), out_group[name], affine=task_affine)
                 layer = nn.Sequential(layer, gate)
             _set(model, name, layer)
     return model

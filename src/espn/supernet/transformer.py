@@ -122,6 +122,7 @@ class MaskedAttention(nn.Module):
         in_units: str | None,
         head_dim: int | None = None,
         task_affine: bool = False,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.head_dim = head_dim or dim // heads
@@ -136,6 +137,7 @@ class MaskedAttention(nn.Module):
         self.proj = MaskedLinear(width, dim, in_units=heads_group, out_units=in_units)
         self.proj.in_unit_size = self.head_dim
         self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.attn_drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         b, n = x.shape[0], x.shape[1]
@@ -143,5 +145,6 @@ class MaskedAttention(nn.Module):
         k = self.k(x).view(b, n, -1, self.head_dim).transpose(1, 2)
         v = self.gate(self.v(x)).view(b, n, -1, self.head_dim).transpose(1, 2)
         attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
+        attn = self.attn_drop(attn)
         out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
         return self.proj(out)
