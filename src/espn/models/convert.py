@@ -238,6 +238,10 @@ def to_supernet(
     ``model`` computes (in eval mode) until the first task begins, which resets BatchNorms and
     heads.
     """
+    from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
+
+    if is_timm_vit(model):
+        return from_timm_vit(model, example_input, multi_head, task_affine)
     model = copy.deepcopy(model).eval()
     modules = _check_modules(model)
     groups, successor, head = _groups(model, example_input, modules)
