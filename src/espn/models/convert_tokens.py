@@ -239,9 +239,14 @@ def check_stream_sources(
     """Refuse a unit group whose features reach its readers from anything but its writers.
 
     With the outputs of every writer of ``group`` (its producing layers, attention modules
-    and norms) set to zero, every reader must see only zeros; otherwise the model input or
-    a bare parameter feeds the group, and its pruned features could not be zero.
+    and norms) set to zero, every reader must see only zeros on a random input of the
+    example's shape; otherwise the model input or a bare parameter feeds the group, and its
+    pruned features could not be zero.
     """
+    if example_input.is_floating_point():
+        gen = torch.Generator().manual_seed(0)
+        noise = torch.randn(example_input.shape, generator=gen, dtype=example_input.dtype)
+        example_input = noise.to(example_input.device)
     leaked: list[str] = []
     hooks = []
 
