@@ -115,7 +115,7 @@ def test_attention_flops_count_qk_and_av():
 
 @pytest.mark.parametrize("model", ["tiny-vit", "row-transformer"])
 def test_heads_are_pruned_whole(model, trained):
-    sn, seq = trained[model]
+    sn = trained[model][0]
     attentions = [m for m in sn.model.modules() if isinstance(m, MaskedAttention)]
     assert attentions
     for t in range(len(sn.masks)):
@@ -296,9 +296,9 @@ def test_timm_vit_is_converted_and_exported():
     ).eval()
     with torch.no_grad():  # biases no norm absorbs are dropped; the patch bias is kept exactly
         for name, p in model.named_parameters():
-            if name.endswith("bias") and "norm" not in name and "patch_embed" not in name:
-                if not name.startswith("head"):
-                    p.zero_()
+            kept = any(k in name for k in ("norm", "patch_embed", "head"))
+            if name.endswith("bias") and not kept:
+                p.zero_()
     x = torch.randn(4, 1, 8, 8)
     sn = espn.wrap(model, x)
     assert isinstance(sn, Supernet) and "blocks.1.heads" in sn.group_sizes
@@ -313,9 +313,16 @@ def test_timm_vit_is_converted_and_exported():
     slim = slim_copy(sn, 0, x)
     assert measured_flops(slim, x) == sn.flops()
     layer_scale = VisionTransformer(
-        img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=32, depth=1,
-        num_heads=2, init_values=1e-5,
+        img_size=8,
+        patch_size=4,
+        in_chans=1,
+        num_classes=3,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        init_values=1e-5,
     )
-    with pytest.raises(EspnError, match="blocks.0.ls1=LayerScale is not supported"):
+    with pytest.raises(EspnError) as info:
         espn.wrap(layer_scale, x)
-    assert timm.__name__ == "timm"
+    assert "blocks.0.ls1=LayerScale is not supported" in str(info.value)
+    assert "\n" not in str(info.value) and timm.__name__ == "timm"

@@ -63,8 +63,12 @@ def _alive(units: dict[str, Tensor], group: str | None, size: int, width: int) -
     return expand_units(units[group].cpu(), size).nonzero().flatten()
 
 
+#: the espn modules :func:`_slim_layer` turns into plain torch modules
+Sliceable = MaskedLinear | MaskedConv2d | TaskHead | TaskLayerNorm | TaskBatchNorm2d
+
+
 @torch.no_grad()
-def _slim_layer(m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+def _slim_layer(m: Sliceable, units: dict[str, Tensor]) -> nn.Module:
     """The plain torch module computing what espn module ``m`` computes on its alive features."""
     out: nn.Module
     w = m.weight
@@ -96,7 +100,7 @@ def _slim_layer(m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         keep = _alive(units, m.group, 1, w.shape[0]).to(w.device)
         out = nn.LayerNorm(len(keep), eps=m.eps)
         out.weight, out.bias = _param(w[keep]), _param(m.bias[keep])
-    elif isinstance(m, TaskBatchNorm2d):
+    else:
         keep = _alive(units, m.group, 1, w.shape[0]).to(w.device)
         bn = nn.BatchNorm2d(len(keep), eps=m.eps, momentum=m.momentum)
         bn.weight, bn.bias = _param(w[keep]), _param(m.bias[keep])
@@ -104,8 +108,6 @@ def _slim_layer(m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         bn.running_var = m.running_var[keep].clone()
         bn.num_batches_tracked = m.num_batches_tracked.clone()
         out = bn
-    else:
-        raise ExportError(f"no plain torch equivalent for {type(m).__name__}")
     return out.to(device=w.device, dtype=w.dtype)
 
 
@@ -167,7 +169,7 @@ def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:
         m = modules.get(node.target)
         if isinstance(m, UnitGate | TaskBias):
             folded.append(node)
-        elif isinstance(m, MaskedLinear | MaskedConv2d | TaskHead | TaskLayerNorm | TaskBatchNorm2d):
+        elif isinstance(m, Sliceable):
             _set_submodule(gm, node.target, _slim_layer(m, units))
         elif isinstance(m, MaskedLayer | TaskSpecific):
             raise ExportError(

@@ -278,7 +278,8 @@ def to_supernet(
             # shift of a gate, and a group without BatchNorm gets its saliency from gates
             if not g.norms or (bias and not isinstance(successor[name], nn.BatchNorm2d)):
                 gated.add(name)
-    tokens = token_outputs(model, example_input, sorted(gated))
+    linears = sorted(n for n in gated if isinstance(modules[n], nn.Linear))
+    tokens = token_outputs(model, example_input, linears)
     for name, m in modules.items():
         if isinstance(m, nn.LayerNorm):
             if name not in norm_group:

@@ -16,6 +16,8 @@ pooling or extra norms is refused with one line naming the attribute.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -41,9 +43,9 @@ def _refuse(what: str) -> TimmConvertError:
     )
 
 
-def _check(model: nn.Module, example_input: Tensor) -> None:
+def _check(model: Any, example_input: Tensor) -> None:
     """Refuse anything :func:`from_timm_vit` does not reproduce."""
-    if getattr(model, "global_pool", None) != "token" or not getattr(model, "has_class_token"):
+    if getattr(model, "global_pool", None) != "token" or not model.has_class_token:
         raise _refuse(f"global_pool={getattr(model, 'global_pool', None)!r} (needs 'token')")
     if getattr(model, "num_reg_tokens", 0) or getattr(model, "no_embed_class", False):
         raise _refuse("register tokens or no_embed_class")
@@ -84,10 +86,11 @@ def _check(model: nn.Module, example_input: Tensor) -> None:
 
 @torch.no_grad()
 def from_timm_vit(
-    model: nn.Module, example_input: Tensor, multi_head: bool, task_affine: bool
+    timm_model: nn.Module, example_input: Tensor, multi_head: bool, task_affine: bool
 ) -> ViT:
     """An espn :class:`ViT` computing what the timm ``model`` computes, minus dropped biases
     (see the module docstring)."""
+    model: Any = timm_model  # timm's attributes, untyped here
     _check(model, example_input)
     proj = model.patch_embed.proj
     patch = int(proj.kernel_size[0])
@@ -114,6 +117,7 @@ def from_timm_vit(
     vit.tokens.pos_embed.copy_(model.pos_embed)
     if proj.bias is not None:
         vit.tokens.pos_embed[:, 1:] += proj.bias
+    mine: Any
     for mine, theirs in zip(vit.blocks, blocks, strict=True):
         q, k, v = theirs.attn.qkv.weight.chunk(3)
         mine.attn.q.weight.copy_(q)
@@ -127,13 +131,9 @@ def from_timm_vit(
             a.bias.copy_(b.bias)
     vit.norm.weight.copy_(model.norm.weight)
     vit.norm.bias.copy_(model.norm.bias)
-    if isinstance(vit.head, TaskHead):
-        vit.head.weight.copy_(head.weight)
-        vit.head.bias.copy_(head.bias)
-    else:
-        shared = vit.head[0]
-        assert isinstance(shared, MaskedLinear)
-        shared.weight.copy_(head.weight)
-        if len(vit.head) > 1 and isinstance(vit.head[1], TaskBias):
-            vit.head[1].bias.copy_(head.bias)
+    for part in vit.head.modules():
+        if isinstance(part, TaskHead | MaskedLinear):
+            part.weight.copy_(head.weight)
+        if isinstance(part, TaskHead | TaskBias):
+            part.bias.copy_(head.bias)
     return vit

@@ -56,7 +56,9 @@ class LayerCost:
 
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
-        return 2.0 * self.alive_in(alive) * self.alive_out(alive) * self.kernel_area * self.positions
+        return (
+            2.0 * self.alive_in(alive) * self.alive_out(alive) * self.kernel_area * self.positions
+        )
 
 
 @dataclass
@@ -96,12 +98,14 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
             records[name] = out[0].numel() // out.shape[-1 if isinstance(mod, nn.Linear) else 1]
 
         hooks.append(module.register_forward_hook(hook))
-    for name, module in attentions.items():
+    for name, attention in attentions.items():
 
-        def attn_hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
+        def attn_hook(
+            mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name
+        ) -> None:
             records[name] = int(inp[0].shape[1])
 
-        hooks.append(module.register_forward_hook(attn_hook))
+        hooks.append(attention.register_forward_hook(attn_hook))
     was_training = model.training
     model.eval()
     try:
@@ -148,9 +152,7 @@ def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
 FLOP_LOADS = ("output", "total")
 
 
-def unit_flops(
-    costs: list[Cost], alive: dict[str, int], load: str = "output"
-) -> dict[str, float]:
+def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -> dict[str, float]:
     """FLOPs carried by one unit of each group in the current sub-network, FLOP_l(m).
 
     ``load="output"`` (the paper's definition, "determined by its input feature dimensions
