@@ -18,7 +18,7 @@ from espn.errors import EspnError
 from espn.evaluation import task_logits
 from espn.experiment import build_benchmark, build_supernet, run_experiment
 from espn.export.export import export_task, measured_flops
-from espn.export.slim import slim_copy
+from espn.export.slim import ExportError, plain_copy, slim_copy
 from espn.methods import METHODS
 from espn.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TokenGate
@@ -150,6 +150,8 @@ def test_a_dead_head_leaves_the_slim_model():
     with torch.no_grad():
         assert torch.allclose(slim(x), sn(x, task=0), atol=1e-5)
     assert measured_flops(slim, x) == sn.flops()
+    with pytest.raises(ExportError, match="use slim_copy"):
+        plain_copy(sn, 0)
 
 
 def test_layernorm_mlp_exports_equal_to_the_supernet():

@@ -148,6 +148,13 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
     ``nn.BatchNorm2d`` / ``nn.Linear`` with the task's state. The supernet is left on task
     ``task`` (so that ``supernet.flops()`` counts that task's head width).
     """
+    from espn.export.slim_tokens import uses_tokens  # it imports this module
+
+    if uses_tokens(supernet):
+        raise ExportError(
+            "a transformer's sub-network has no full-width plain copy (its task LayerNorms "
+            "normalise over alive features only); use slim_copy, which removes the dead ones"
+        )
     _use_task(supernet, task)
     gm = _trace(supernet.model)
     modules = dict(supernet.model.named_modules())

@@ -8,7 +8,11 @@ additions, flatten) and returns a copy in which
   holding the original weights, with the unit groups of its input and output channels set;
 * every BatchNorm is a task-specific :class:`TaskBatchNorm2d` of its group;
 * the output layer is a per-task :class:`TaskHead` (or a shared masked head plus a per-task
-  :class:`TaskBias` when ``multi_head`` is False).
+  :class:`TaskBias` when ``multi_head`` is False);
+* transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
+  ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and timm's
+  ``VisionTransformer`` are converted as :mod:`espn.models.convert_tokens` and
+  :mod:`espn.models.timm_vit` describe (attention heads become units).
 
 The unit groups are found by Torch-Pruning's ``DependencyGraph``: channels that must be pruned
 together (the two sides of every residual add, a conv and its BatchNorm, the consumers of a
