@@ -254,7 +254,7 @@ class _StreamFromInput(nn.Module):
     [
         (
             nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(144, 3)),
-            "GroupNorm '1' is not supported",
+            "module '1' is a GroupNorm with parameters, not supported",
         ),
         (_CrossAttention(), "MultiheadAttention 'attn' has kdim/vdim"),
         (_StreamFromInput(), "come partly from the model input or a bare parameter"),

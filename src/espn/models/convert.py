@@ -101,8 +101,9 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
             found[name] = m
         elif isinstance(m, nn.GroupNorm):
             raise ConvertError(
-                f"GroupNorm {name!r} is not supported (its statistics span groups of channels "
-                "that pruning would split); use nn.BatchNorm2d, or nn.LayerNorm on tokens"
+                f"module {name!r} is a GroupNorm with parameters, not supported (its statistics "
+                "span groups of channels that pruning would split); use nn.BatchNorm2d, or "
+                "nn.LayerNorm on tokens"
             )
         elif any(True for _ in m.parameters(recurse=False)):
             raise ConvertError(
