@@ -272,6 +272,11 @@ def test_unsupported_models_are_refused_in_one_line(model, message):
     assert message in text and "\n" not in text
 
 
+def test_vit_refuses_inputs_it_cannot_cut_into_patches():
+    with pytest.raises(EspnError, match=r"patch size 4 .* got input shape \(3, 30, 30\)"):
+        espn.wrap("vit-p4", torch.zeros(2, 3, 30, 30), n_classes=2)
+
+
 def test_post_and_pre_norm_encoder_layers_compute_what_torch_does():
     """Converted nn.TransformerEncoder(Layer) equals torch's (biases zeroed: the converter
     drops biases that no norm absorbs) until the first task resets the task state."""

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from espn.errors import EspnError
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskHead, shared_head
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
 
 STREAM = "stream"
+
+
+class ViTShapeError(EspnError, ValueError):
+    """Inputs a ViT cannot cut into patches; the message names the shape and patch size."""
 
 
 class Block(nn.Module):
@@ -61,7 +66,7 @@ class ViT(nn.Module):
     ) -> None:
         super().__init__()
         if len(input_shape) != 3 or input_shape[1] % patch or input_shape[2] % patch:
-            raise ValueError(
+            raise ViTShapeError(
                 f"a ViT with patch size {patch} needs (C, H, W) inputs with H and W multiples "
                 f"of {patch}; got input shape {input_shape}"
             )
