@@ -1,8 +1,8 @@
 """Bring your own conv net: turn an ordinary ``nn.Module`` into a supernet-ready one.
 
-:func:`to_supernet` takes a network made of ``nn.Conv2d``, ``nn.BatchNorm2d`` and
-``nn.Linear`` layers (plus parameter-free modules and functions: activations, pooling,
-additions, flatten) and returns a copy in which
+:func:`to_supernet` takes a network made of ``nn.Conv2d`` (ungrouped or depthwise),
+``nn.BatchNorm2d`` and ``nn.Linear`` layers (plus parameter-free modules and functions:
+activations, pooling, additions, products, flatten) and returns a copy in which
 
 * every conv / linear layer is a masked layer (:class:`MaskedConv2d` / :class:`MaskedLinear`)
   holding the original weights, with the unit groups of its input and output channels set;
@@ -12,12 +12,17 @@ additions, flatten) and returns a copy in which
 
 The unit groups are found by Torch-Pruning's ``DependencyGraph``: channels that must be pruned
 together (the two sides of every residual add, a conv and its BatchNorm, the consumers of a
-tensor) form one group. A layer whose output channels cannot be silenced exactly by a
+tensor, a depthwise conv and the channels it convolves, a squeeze-excitation scale and the
+features it multiplies) form one group. A linear layer reading a flattened feature map reads
+``H*W`` inputs per channel of its group (``in_repeat``). A layer whose output only scales
+features (the excitation of a squeeze-excitation block) keeps its bias per task
+(:class:`TaskChannelBias`) and needs no gate: a dead channel multiplies a zero feature. A layer whose output channels cannot be silenced exactly by a
 BatchNorm of its group (a bias without a BatchNorm right after it, or a group without any
 BatchNorm) gets a :class:`UnitGate` right after it, so that a pruned channel is exactly zero.
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
-and be traceable by Torch-Pruning (no data-dependent control flow). To use such a model from
+and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
+checked here, before any training (see ``docs/architectures.md`` for what is refused). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
