@@ -1,6 +1,7 @@
 """Inference latency of exported slim sub-networks next to the masked supernet.
 
-For each model (FC1024 and the reduced ResNet18 by default),
+For each model (FC1024 and the reduced ResNet18 by default; also ``mobilenetv2-small``, depthwise
+convolutions),
 each FLOPs budget gamma and each batch size, one task is pruned to a *random* sub-network of
 the target FLOPs: unit saliencies are drawn at random and the library's own global-threshold
 selection (``select_units``) removes the least salient units until FLOPs <= gamma x dense; the
@@ -22,6 +23,7 @@ models taking turns (``torch.utils.benchmark.Timer``). Printed: medians, the spe
 
     python benchmarks/inference_speed.py                 # everything, CPU (+ GPU if present)
     python benchmarks/inference_speed.py --models fc1024 --gammas 0.2 --batches 256
+    python benchmarks/inference_speed.py --models mobilenetv2-small --batches 1,64 --device cuda
 
 Transformers (``--token-models``, default the registry ViT ``vit-p4`` on 28x28 inputs, batches
 ``--token-batches``): the exported slim model (pruned heads, MLP neurons and stream features
@@ -58,6 +60,7 @@ SPECS = {
     "fc1024": ModelSpec((1, 28, 28), 10, multi_head=False),
     "resnet18-reduced": ModelSpec((3, 32, 32), 5, multi_head=True),
     "vit-p4": ModelSpec((1, 28, 28), 2, multi_head=True),
+    "mobilenetv2-small": ModelSpec((3, 32, 32), 5, multi_head=True),
 }
 
 
@@ -268,7 +271,12 @@ def main() -> None:
     parser.add_argument("--batches", default="1,256")
     parser.add_argument("--token-models", default="vit-p4", help="transformers ('' for none)")
     parser.add_argument("--token-batches", default="1,64")
-    parser.add_argument("--devices", default=None, help="default: cpu, and cuda when present")
+    parser.add_argument(
+        "--devices",
+        "--device",
+        default=None,
+        help="e.g. cpu,cuda; default: cpu, and cuda when present",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=9, help="timed rounds per model")
     parser.add_argument("--block", type=float, default=0.2, help="seconds per timed block")

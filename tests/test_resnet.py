@@ -202,15 +202,15 @@ def test_converter_gates_layers_whose_channels_batchnorm_cannot_silence():
     torch.testing.assert_close(slim(x), sn(x, task=0), rtol=1e-5, atol=1e-5)
 
 
-class Flattening(nn.Module):
+class Concatenating(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4 * 8 * 8, 2)
+        self.a = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.b = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.fc = nn.Linear(8, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.bn(self.conv(x)).flatten(1))
+        return self.fc(torch.cat([self.a(x), self.b(x)], 1).mean((2, 3)))
 
 
 class Shared(nn.Module):
@@ -227,7 +227,7 @@ class Shared(nn.Module):
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        (Flattening(), "flattening a feature map into a linear layer is not supported"),
+        (Concatenating(), "concatenation and splitting of feature maps are not supported"),
         (Shared(), "module 'conv' is used again as 'again'"),
         (
             nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.LazyLinear(2)),
@@ -235,7 +235,7 @@ class Shared(nn.Module):
         ),
         (
             nn.Sequential(nn.Conv2d(3, 4, 3, groups=1), nn.Conv2d(4, 4, 3, groups=2)),
-            "conv '1' is grouped (groups=2)",
+            "conv '1' is grouped (groups=2, 4 in and 4 out channels); supported:",
         ),
         (
             nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Conv2d(4, 2, 1)),

@@ -56,6 +56,10 @@ def _use_task(supernet: Supernet, task: int) -> None:
 
 
 def _trace(model: nn.Module) -> fx.GraphModule:
+    """The eval-mode graph of ``model`` (a module that branches on ``self.training``, as
+    stochastic depth and dropout do, is traced as it runs in inference)."""
+    was_training = model.training
+    model.eval()
     try:
         graph = _EspnLeafTracer().trace(model)
     except Exception as exc:  # fx raises many kinds of errors on untraceable code
@@ -63,7 +67,26 @@ def _trace(model: nn.Module) -> fx.GraphModule:
             f"{type(model).__name__} cannot be traced by torch.fx "
             f"(data-dependent control flow?): {exc}"
         ) from exc
+    finally:
+        model.train(was_training)
     return fx.GraphModule(copy.deepcopy(model), graph, class_name=type(model).__name__)
+
+
+def check_traceable(model: nn.Module) -> None:
+    """Raise :class:`ExportError` (one line) if :func:`plain_copy` could not trace ``model``:
+    checked before training, so that no run trains a model it cannot export."""
+    was_training = model.training
+    model.eval()
+    try:
+        _EspnLeafTracer().trace(model)
+    except Exception as exc:  # fx raises many kinds of errors on untraceable code
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(
+            f"{type(model).__name__}.forward cannot be traced by torch.fx, so its tasks could "
+            f"not be exported (data-dependent control flow?): {first}"
+        ) from None
+    finally:
+        model.train(was_training)
 
 
 def _set_submodule(root: nn.Module, target: str, module: nn.Module) -> None:
@@ -265,12 +288,15 @@ def _check_widths(supernet: Supernet, gm: nn.Module, units: dict[str, Tensor]) -
         if name not in present or not isinstance(layer, MaskedLayer | TaskHead):
             continue
         shape = present[name].weight.shape
-        for dim, group in ((0, layer.out_units), (1, layer.in_units)):
-            if group is not None and shape[dim] != alive[group]:
+        for dim, group, per_unit in (
+            (0, layer.out_units, 1),
+            (1, layer.in_units, layer.in_unit_size),
+        ):
+            if group is not None and shape[dim] != alive[group] * per_unit:
                 side = "outputs" if dim == 0 else "inputs"
                 raise ExportError(
                     f"slimming left layer {name!r} with {shape[dim]} {side}; "
-                    f"unit group {group!r} has {alive[group]} alive"
+                    f"unit group {group!r} has {alive[group]} alive (x{per_unit} inputs each)"
                 )
 
 

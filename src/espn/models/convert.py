@@ -1,8 +1,8 @@
 """Bring your own conv net: turn an ordinary ``nn.Module`` into a supernet-ready one.
 
-:func:`to_supernet` takes a network made of ``nn.Conv2d``, ``nn.BatchNorm2d`` and
-``nn.Linear`` layers (plus parameter-free modules and functions: activations, pooling,
-additions, flatten) and returns a copy in which
+:func:`to_supernet` takes a network made of ``nn.Conv2d`` (ungrouped or depthwise),
+``nn.BatchNorm2d`` and ``nn.Linear`` layers (plus parameter-free modules and functions:
+activations, pooling, additions, products, flatten) and returns a copy in which
 
 * every conv / linear layer is a masked layer (:class:`MaskedConv2d` / :class:`MaskedLinear`)
   holding the original weights, with the unit groups of its input and output channels set;
@@ -16,12 +16,17 @@ additions, flatten) and returns a copy in which
 
 The unit groups are found by Torch-Pruning's ``DependencyGraph``: channels that must be pruned
 together (the two sides of every residual add, a conv and its BatchNorm, the consumers of a
-tensor) form one group. A layer whose output channels cannot be silenced exactly by a
+tensor, a depthwise conv and the channels it convolves, a squeeze-excitation scale and the
+features it multiplies) form one group. A linear layer reading a flattened feature map reads
+``H*W`` inputs per channel of its group (``in_unit_size``). A layer whose output only scales
+features (the excitation of a squeeze-excitation block) keeps its bias per task
+(:class:`TaskChannelBias`) and needs no gate: a dead channel multiplies a zero feature. A layer whose output channels cannot be silenced exactly by a
 BatchNorm of its group (a bias without a BatchNorm right after it, or a group without any
 BatchNorm) gets a :class:`UnitGate` right after it, so that a pruned channel is exactly zero.
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
-and be traceable by Torch-Pruning (no data-dependent control flow). To use such a model from
+and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
+checked here, before any training (see ``docs/architectures.md`` for what is refused). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
@@ -37,6 +42,7 @@ import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+from espn.export.slim import ExportError, check_traceable
 from espn.models.convert_tokens import (
     check_stream_sources,
     check_token_module,
@@ -51,6 +57,7 @@ from espn.supernet.layers import (
     MaskedLinear,
     TaskBatchNorm2d,
     TaskBias,
+    TaskChannelBias,
     TaskHead,
     UnitGate,
 )
@@ -113,17 +120,54 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
                 "modules), and timm's VisionTransformer"
             )
     for name, m in found.items():
-        if isinstance(m, nn.Conv2d) and m.groups != 1:
-            raise ConvertError(f"conv {name!r} is grouped (groups={m.groups}); not supported")
+        if isinstance(m, nn.Conv2d) and m.groups != 1 and not _depthwise(m):
+            raise ConvertError(
+                f"conv {name!r} is grouped (groups={m.groups}, {m.in_channels} in and "
+                f"{m.out_channels} out channels); supported: ungrouped convs and depthwise convs "
+                "(groups = in channels = out channels)"
+            )
         if isinstance(m, nn.BatchNorm2d) and not m.affine:
             raise ConvertError(f"BatchNorm {name!r} has affine=False; its gamma is the saliency")
     return found
 
 
+def _depthwise(m: nn.Module) -> bool:
+    """A conv that convolves each channel on its own: its input and output channels are one."""
+    return (
+        isinstance(m, nn.Conv2d) and m.groups != 1 and m.groups == m.in_channels == m.out_channels
+    )
+
+
+def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
+    """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
+    features (the excitation of a squeeze-excitation block) rather than being features."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) in seen or not isinstance(node.module, tp.ops._ElementWiseOp):
+            continue
+        seen.add(id(node))
+        if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
+            return True
+        frontier.extend(node.outputs)
+    return False
+
+
+def _flattened(m: Convertible, out_side: bool, taken: int, size: int) -> int:
+    """Inputs per channel when linear layer ``m`` reads a flattened map of ``size`` channels
+    (``taken`` of its inputs follow them, all of them), else 0."""
+    if out_side or not isinstance(m, nn.Linear) or taken != m.in_features:
+        return 0
+    return taken // size if taken > size and taken % size == 0 else 0
+
+
 def _groups(
     model: nn.Module, example_input: Tensor, modules: dict[str, Convertible]
-) -> tuple[list[_Group], dict[str, nn.Module | None], str]:
-    """Coupled channel groups, each layer's sole direct consumer, and the output layer."""
+) -> tuple[list[_Group], dict[str, nn.Module | None], str, dict[str, int], set[str]]:
+    """Coupled channel groups, each layer's sole direct consumer, the output layer, the
+    inputs per channel of linear layers reading a flattened feature map, and the layers whose
+    output scales features (see :func:`_multiplies`)."""
     names = {m: n for n, m in modules.items()}
     graph = tp.DependencyGraph().build_dependency(
         model, example_inputs=example_input, verbose=False
@@ -143,6 +187,8 @@ def _groups(
             f"the model's output; found output layers: {outputs or 'none'}"
         )
     groups = []
+    repeats: dict[str, int] = {}
+    scales: set[str] = set()
     for group in graph.get_all_groups(root_module_types=(nn.Conv2d, nn.Linear)):
         items = list(group)
         root_name = names[items[0][0].target.module]
@@ -154,28 +200,84 @@ def _groups(
             name = names[m]
             out_side = graph.is_out_channel_pruning_fn(dep.handler)
             width = _width(m, out_side)
-            if len(idxs) != g.size or width != g.size:
+            repeat = _flattened(m, out_side, len(idxs), g.size)
+            if repeat:
+                repeats[name] = repeat
+            elif len(idxs) != g.size or width != g.size:
                 raise ConvertError(
                     f"layer {name!r} uses {len(idxs)} of its {width} "
                     f"{'output' if out_side else 'input'} channels from the channels of "
-                    f"{root_name!r} ({g.size}): concatenation, splitting or flattening a feature "
-                    "map into a linear layer is not supported; pool it globally first"
+                    f"{root_name!r} ({g.size}): concatenation and splitting of feature maps "
+                    "are not supported"
                 )
             if isinstance(m, NORMS):
                 g.norms.append(name)
             elif isinstance(m, nn.MultiheadAttention):
                 g.attentions.append(name)
-            elif out_side:
-                g.producers.append(name)
+            elif out_side or _depthwise(m):  # a depthwise conv's inputs are its outputs
+                if name not in g.producers:
+                    g.producers.append(name)
+                if not isinstance(m, nn.Linear) and _multiplies(graph, m):
+                    scales.add(name)
             else:
                 g.consumers.append(name)
+        features = [n for n in g.producers if n not in scales] or g.producers
+        producer = modules[features[0]]
+        for name in g.consumers:
+            if name in repeats:
+                _check_flatten_order(model, example_input, producer, name, modules[name], g.size)
         groups.append(g)
-    return groups, successor, outputs[0]
+    return groups, successor, outputs[0], repeats, scales
+
+
+@torch.no_grad()
+def _check_flatten_order(
+    model: nn.Module, example: Tensor, producer: nn.Module, name: str, linear: nn.Module, size: int
+) -> None:
+    """Check that linear layer ``name`` reads its flattened map channel-major (channel ``c``
+    owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)`` of ``(N, C, H, W)``): raise
+    a channel of ``producer`` in one sample each and see which inputs move. (The dependency
+    graph maps any flatten so; a channels-last one would mask the wrong inputs.)"""
+    weight = linear.weight
+    assert isinstance(weight, Tensor)
+    repeat = int(weight.shape[1]) // size
+    probe = sorted({0, 1, size - 1})
+    x = example[:1].expand(len(probe) + 1, *example.shape[1:]).clone()
+    seen: dict[str, Tensor] = {}
+
+    def raise_channels(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        out = out.clone()
+        for i, c in enumerate(probe):
+            out[i + 1, c] += 1e3
+        return out
+
+    def capture(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
+        seen["x"] = inp[0]
+
+    hooks = [
+        producer.register_forward_hook(raise_channels),
+        linear.register_forward_pre_hook(capture),
+    ]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    for i, c in enumerate(probe):
+        moved = (seen["x"][i + 1] != seen["x"][0]).nonzero().flatten()
+        if bool(((moved < c * repeat) | (moved >= (c + 1) * repeat)).any()):
+            raise ConvertError(
+                f"linear layer {name!r} reads a flattened feature map whose inputs are not "
+                "grouped by channel; supported: x.flatten(1) of an (N, C, H, W) map "
+                "(channel-major), not a channels-last flatten"
+            )
 
 
 def _width(m: Convertible, out_side: bool) -> int:
     if isinstance(m, nn.BatchNorm2d):
         return m.num_features
+    if isinstance(m, nn.Conv2d) and _depthwise(m):
+        return int(m.weight.shape[0])
     if isinstance(m, nn.LayerNorm):
         return int(m.normalized_shape[0])
     if isinstance(m, nn.MultiheadAttention):
@@ -190,7 +292,7 @@ def _set(root: nn.Module, name: str, module: nn.Module) -> None:
 
 @torch.no_grad()
 def _masked(
-    m: nn.Conv2d | nn.Linear, in_units: str | None, out_units: str | None
+    m: nn.Conv2d | nn.Linear, in_units: str | None, out_units: str | None, in_unit_size: int = 1
 ) -> MaskedConv2d | MaskedLinear:
     out: MaskedConv2d | MaskedLinear
     if isinstance(m, nn.Conv2d):
@@ -200,26 +302,46 @@ def _masked(
             m.kernel_size,
             stride=m.stride,
             padding=m.padding,
-            in_units=in_units,
+            in_units=None if _depthwise(m) else in_units,
             out_units=out_units,
             dilation=m.dilation,
             padding_mode=m.padding_mode,
+            groups=m.groups,
         )
     else:
-        out = MaskedLinear(m.in_features, m.out_features, in_units=in_units, out_units=out_units)
+        out = MaskedLinear(
+            m.in_features,
+            m.out_features,
+            in_units=in_units,
+            out_units=out_units,
+            in_unit_size=in_unit_size,
+        )
     out.weight.copy_(m.weight)
     return out
 
 
 @torch.no_grad()
-def _head(m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool) -> nn.Module:
+def _scaling(m: nn.Conv2d | nn.Linear, layer: nn.Module) -> nn.Module:
+    """``layer`` (the masked copy of ``m``, whose output scales features) followed by a
+    per-task channel bias holding ``m``'s bias: a dead channel's feature is zero, so its scale
+    needs no gate."""
+    bias = TaskChannelBias(int(m.weight.shape[0]))
+    if m.bias is not None:
+        bias.bias.copy_(m.bias)
+    return nn.Sequential(layer, bias)
+
+
+@torch.no_grad()
+def _head(
+    m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool, in_unit_size: int = 1
+) -> nn.Module:
     bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
     if multi_head:
-        head = TaskHead(m.in_features, m.out_features, in_units=in_units)
+        head = TaskHead(m.in_features, m.out_features, in_units=in_units, in_unit_size=in_unit_size)
         head.weight.copy_(m.weight)
         head.bias.copy_(bias)
         return head
-    shared = _masked(m, in_units, None)
+    shared = _masked(m, in_units, None, in_unit_size)
     if not task_affine:
         return nn.Sequential(shared)
     task_bias = TaskBias(m.out_features)
@@ -249,7 +371,7 @@ def to_supernet(
         return from_timm_vit(model, example_input, multi_head, task_affine)
     model = copy.deepcopy(model).eval()
     modules = _check_modules(model)
-    groups, successor, head = _groups(model, example_input, modules)
+    groups, successor, head, repeats, scales = _groups(model, example_input, modules)
     model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
     in_group: dict[str, str] = {}
@@ -279,6 +401,8 @@ def to_supernet(
         for name in g.producers:
             out_group[name] = g.name
             bias = modules[name].bias is not None
+            if g.norms and name in scales:
+                continue  # a feature scale: its dead channels multiply zero features
             # a bias right before a BatchNorm is absorbed by it; any other bias becomes the
             # shift of a gate, and a group without BatchNorm gets its saliency from gates
             if not g.norms or (bias and not isinstance(successor[name], nn.BatchNorm2d)):
@@ -300,15 +424,32 @@ def to_supernet(
             bn.load_state_dict(m.state_dict(), strict=False)
             _set(model, name, bn)
         elif isinstance(m, nn.Linear) and name == head:  # _groups checked it is one
-            _set(model, name, _head(m, in_group.get(name), multi_head, task_affine))
+            _set(
+                model,
+                name,
+                _head(m, in_group.get(name), multi_head, task_affine, repeats.get(name, 1)),
+            )
         else:
-            layer: nn.Module = _masked(m, in_group.get(name), out_group.get(name))
-            if name in gated:
+            layer: nn.Module = _masked(
+                m, in_group.get(name), out_group.get(name), repeats.get(name, 1)
+            )
+            if name in scales and name in out_group and name not in gated:
+                layer = _scaling(m, layer)
+            elif name in gated:
                 gate_type = TokenGate if name in tokens else UnitGate
                 gate = gate_type(int(m.weight.shape[0]), out_group[name], affine=task_affine)
                 layer = nn.Sequential(layer, gate)
             _set(model, name, layer)
+    _check_exportable(model)
     return model
+
+
+def _check_exportable(model: nn.Module) -> None:
+    """Refuse, before any training, a model whose tasks could not be exported."""
+    try:
+        check_traceable(model)
+    except ExportError as exc:
+        raise ConvertError(str(exc)) from None
 
 
 def register_converted(

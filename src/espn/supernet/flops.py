@@ -2,13 +2,18 @@
 
 Convention: FLOPs = 2 x multiply-accumulates of the convolution and linear layers (the
 count of :class:`torch.utils.flop_counter.FlopCounterMode`), for one input sample.
-BatchNorm, gates, activations, pooling and additions are not counted. A layer with
-``a_in`` alive input units and ``a_out`` alive output units costs
-``2 * a_in * a_out * kernel_area * output_positions`` FLOPs (a linear layer on token
-tensors ``(B, N, D)`` has N output positions; an attention head's unit spans ``head_dim``
-features of its q, k, v and output projections). Self-attention also multiplies activations
-by activations: each alive head costs ``2 * N * N * head_dim`` for ``QK^T`` and as much for
-``AV`` (:class:`AttentionCost`); the softmax and the scaling are not counted.
+BatchNorm, gates, activations, pooling, additions and products (the scale of a
+squeeze-excitation block) are not counted; the convolutions of a squeeze-excitation block are
+counted like any other (one output position each). A layer with ``a_in`` alive input features
+and ``a_out`` alive output features costs ``2 * a_in * a_out * kernel_area * output_positions``
+FLOPs. A unit may span several consecutive features (``in_unit_size``/``out_unit_size``): a
+channel of a feature map flattened into a linear layer spans its ``H*W`` inputs, an attention
+head spans ``head_dim`` features of its q, k, v and output projections. A depthwise convolution
+reads one input channel per output channel (``a_in`` = 1, its weight's input width: its
+channels are its output units). A linear layer on token tensors ``(B, N, D)`` has N output
+positions. Self-attention also multiplies activations by activations: each alive head costs
+``2 * N * N * head_dim`` for ``QK^T`` and as much for ``AV`` (:class:`AttentionCost`); the
+softmax and the scaling are not counted.
 """
 
 from __future__ import annotations
@@ -123,8 +128,12 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     for name, module in modules.items():
         if name not in records:
             continue
-        if getattr(module, "groups", 1) != 1:
-            raise ValueError(f"grouped convolution {name!r} is not supported by the FLOP count")
+        groups = getattr(module, "groups", 1)
+        if groups != 1 and (module.in_units is not None or module.weight.shape[1] != 1):
+            raise ValueError(
+                f"grouped convolution {name!r} (groups={groups}) is not depthwise; the FLOP "
+                "count supports depthwise convolutions only"
+            )
         kernel = module.weight.shape[2:]
         costs.append(
             LayerCost(

@@ -67,7 +67,12 @@ def expand_units(alive: Tensor, size: int) -> Tensor:
 
 
 class MaskedLinear(nn.Linear, MaskedLayer):
-    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask."""
+    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask.
+
+    ``in_unit_size`` > 1: unit ``c`` of ``in_units`` owns the ``in_unit_size`` consecutive inputs
+    ``c*k ... (c+1)*k - 1`` (a feature map of ``in_features / k`` channels flattened
+    channel-major, ``x.flatten(1)`` of ``(C, H, W)``, with ``k = H*W``).
+    """
 
     def __init__(
         self,
@@ -75,9 +80,11 @@ class MaskedLinear(nn.Linear, MaskedLayer):
         out_features: int,
         in_units: str | None = None,
         out_units: str | None = None,
+        in_unit_size: int = 1,
     ) -> None:
         super().__init__(in_features, out_features, bias=False)
         self._init_masks(in_units, out_units)
+        self.in_unit_size = in_unit_size
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight())
@@ -102,7 +109,12 @@ def conv_padding(value: str | int | tuple[int, ...]) -> str | tuple[int, int]:
 
 
 class MaskedConv2d(nn.Conv2d, MaskedLayer):
-    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask."""
+    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask.
+
+    A depthwise convolution (``groups`` = input channels = output channels) maps channel
+    ``c`` to channel ``c`` alone: its input and output channels are one unit, named by
+    ``out_units`` (``in_units`` stays None; the weight has one input channel per group).
+    """
 
     def __init__(
         self,
@@ -115,7 +127,15 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
         out_units: str | None = None,
         dilation: int | tuple[int, ...] = 1,
         padding_mode: PaddingMode = "zeros",
+        groups: int = 1,
     ) -> None:
+        if groups != 1 and not groups == in_channels == out_channels:
+            raise ValueError(
+                f"grouped conv with groups={groups}, {in_channels} in and {out_channels} out "
+                "channels: only depthwise convs (groups = in = out channels) can be masked"
+            )
+        if groups != 1 and in_units is not None:
+            raise ValueError("a depthwise conv's channels are its out_units; in_units must be None")
         super().__init__(
             in_channels,
             out_channels,
@@ -123,10 +143,16 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
             stride=conv_pair(stride),
             padding=conv_padding(padding),
             dilation=conv_pair(dilation),
+            groups=groups,
             bias=False,
             padding_mode=padding_mode,
         )
         self._init_masks(in_units, out_units)
+
+    @property
+    def depthwise(self) -> bool:
+        """Whether each channel is convolved on its own (``groups`` = channels)."""
+        return self.groups != 1
 
     def forward(self, x: Tensor) -> Tensor:
         return self._conv_forward(x, self.masked_weight(), None)
@@ -289,13 +315,26 @@ class TaskBias(TaskSpecific):
         return x + self.bias
 
 
+class TaskChannelBias(TaskBias):
+    """A per-task bias on the channels (dim 1) of a feature map: the bias of a layer whose
+    output scales features instead of being one (the excitation of a squeeze-excitation
+    block), kept per task so that no task changes another's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.bias.view((1, -1) + (1,) * (x.dim() - 2))
+
+
 class TaskHead(nn.Linear, TaskSpecific):
     """A classifier owned by one task (multi-head setting); its width follows the task."""
 
-    def __init__(self, in_features: int, n_classes: int, in_units: str | None = None) -> None:
+    def __init__(
+        self, in_features: int, n_classes: int, in_units: str | None = None, in_unit_size: int = 1
+    ) -> None:
         super().__init__(in_features, n_classes)
         self.in_units = in_units
         self.out_units: str | None = None
+        #: inputs per unit of ``in_units`` (see :class:`MaskedLinear`)
+        self.in_unit_size = in_unit_size
 
     def reset_task(self, n_classes: int) -> None:
         device, dtype = self.weight.device, self.weight.dtype

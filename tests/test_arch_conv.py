@@ -1,0 +1,357 @@
+"""Depthwise convolutions, squeeze-excitation blocks and flatten-into-linear heads: the same
+guarantees as ResNets (zero forgetting, FLOPs equal to FlopCounterMode on the exported slim
+model, export equal to the supernet, exact resume) and one-line refusals of what is not
+supported."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+from torchvision.ops import SqueezeExcitation
+
+from espn import wrap
+from espn.config import make_config
+from espn.data.registry import BENCHMARKS, Benchmark
+from espn.evaluation import task_logits
+from espn.experiment import run_experiment
+from espn.export.export import export_task, load_exported, measured_flops
+from espn.export.slim import slim_copy
+from espn.methods.base import METHODS, MethodConfig
+from espn.models import MODELS, ModelSpec
+from espn.models.convert import ConvertError, to_supernet
+from espn.models.mobilenet import MobileNetV2Small
+from espn.supernet import Supernet
+from espn.training import Engine, OptimConfig
+from helpers.deploy import Killed, comparable, kill_at_step, tiny_sequence
+from helpers.images import random_task
+
+OPTIMIZERS = [
+    OptimConfig("sgd", lr=0.05, momentum=0.9, weight_decay=1e-2),
+    OptimConfig("adam", lr=1e-2, weight_decay=1e-2, betas=(0.0, 0.999)),
+]
+
+
+def tiny_mobilenet(n_classes: int = 3) -> nn.Module:
+    """Two stages of inverted residuals (expansion 1 and 2, one residual add)."""
+    return MobileNetV2Small(
+        1, n_classes, width=1.0, setting=((1, 8, 1, 1), (2, 8, 2, 2)), last_channels=12
+    )
+
+
+class TinySE(nn.Module):
+    """An MBConv block: 1x1 expansion, 5x5 depthwise conv, a squeeze-excitation block with
+    biased convs and a hard-sigmoid scale, Hardswish, projection, a residual add under
+    stochastic depth; pooled head."""
+
+    def __init__(self, n_classes: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
+        self.expand = nn.Sequential(nn.Conv2d(8, 12, 1, bias=False), nn.BatchNorm2d(12))
+        self.dw = nn.Conv2d(12, 12, 5, padding=2, groups=12, bias=False)
+        self.bn = nn.BatchNorm2d(12)
+        self.se = SqueezeExcitation(12, 4, scale_activation=nn.Hardsigmoid)
+        self.project = nn.Conv2d(12, 8, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.drop = torchvision.ops.StochasticDepth(0.2, "row")
+        self.act = nn.Hardswish()
+        self.head = nn.Sequential(nn.Dropout(0.1), nn.Linear(8, n_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.act(self.stem(x))
+        h = self.se(self.act(self.bn(self.dw(self.act(self.expand(s))))))
+        s = s + self.drop(self.bn2(self.project(h)))
+        return self.head(nn.functional.adaptive_avg_pool2d(s, 1).flatten(1))
+
+
+class TinyVGG(nn.Module):
+    """Conv-BN-ReLU-pool twice, then the feature map flattened into a two-layer classifier."""
+
+    def __init__(self, n_classes: int = 3) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 6, 3, padding=1),
+            nn.BatchNorm2d(6),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 10, 3, padding=1),
+            nn.BatchNorm2d(10),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(10 * 2 * 2, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, n_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+class FlattenHead(nn.Module):
+    """A feature map flattened straight into the classifier (the head reads it per channel)."""
+
+    def __init__(self, n_classes: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 6, 3, stride=2, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(6)
+        self.fc = nn.Linear(6 * 4 * 4, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+NETS = {"mobilenet": tiny_mobilenet, "se": TinySE, "vgg": TinyVGG, "flatten-head": FlattenHead}
+
+
+def supernet_of(kind: str, multi_head: bool = True) -> Supernet:
+    torch.manual_seed(0)
+    x = torch.zeros(2, 1, 8, 8)
+    return Supernet(to_supernet(NETS[kind](), x, multi_head=multi_head), x)
+
+
+def test_unit_groups_couple_depthwise_squeeze_excitation_and_flatten():
+    """A depthwise conv's channels are the channels it convolves (its expansion group); the
+    excitation conv scales that group; a flattened map's linear reads H*W inputs per channel."""
+    sn = supernet_of("se")
+    dw, fc2 = sn.layers["dw"], sn.layers["se.fc2.0"]
+    assert (dw.out_units, dw.in_units, dw.groups) == ("expand.0", None, 12)
+    assert fc2.out_units == "expand.0" and fc2.in_units == "se.fc1"
+    assert sn.layers["project"].out_units == "stem.0"  # the residual stream
+    vgg = supernet_of("vgg")
+    linear = vgg.layers["classifier.0.0"]
+    assert (linear.in_units, linear.in_unit_size) == ("features.4", 4)
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_flops_equal_measured_flops_and_export_equals_supernet(kind):
+    """Under random unit masks, the analytic FLOPs equal FlopCounterMode on the slim copy
+    (depthwise convs counted per group, squeeze-excitation convs included), which is really
+    narrower and computes what the supernet computes."""
+    sn = supernet_of(kind, multi_head=kind != "flatten-head")
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 1, 8, 8, generator=gen)
+    for t, keep in enumerate((0.0, 0.4, 0.8)):
+        random_task(sn, 3, x, gen, keep)
+        slim = slim_copy(sn, t, x[:1])
+        sn.use_task(t)
+        sn.eval()
+        assert measured_flops(slim, x) == sn.flops(), f"task {t}, keep {keep}"
+        widths = {g: int(a.sum()) for g, a in sn.masks[t].units.items()}
+        if keep == 0.0:  # one unit per group: really smaller
+            assert sn.flops() < sn.dense_flops
+            assert sum(p.numel() for p in slim.parameters()) < sum(
+                p.numel() for p in sn.model.parameters() if p.requires_grad
+            )
+        torch.testing.assert_close(slim(x), sn(x, task=t), rtol=1e-5, atol=1e-5)
+        for name, layer in sn.layers.items():
+            if getattr(layer, "groups", 1) != 1:  # a depthwise conv keeps one group per channel
+                conv = slim.get_submodule(name)
+                assert conv.groups == conv.in_channels == widths[layer.out_units]
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_unit_flops_is_the_cost_of_one_unit(kind):
+    """FLOP_l(m) with the ``total`` load is exactly what removing one unit saves: a depthwise
+    channel with its expansion, a scaled channel with its excitation row, a flattened channel
+    with its H*W columns; the paper's ``output`` load is the producing part of it."""
+    sn = supernet_of(kind)
+    gen = torch.Generator().manual_seed(2)
+    sn.begin_task(3)
+    units = {g: torch.rand(s, generator=gen) < 0.7 for g, s in sn.group_sizes.items()}
+    for alive in units.values():
+        alive[:2] = True
+    sn.set_unit_masks(units)
+    total, output = sn.unit_flops("total"), sn.unit_flops()
+    base = sn.flops()
+    for g, alive in units.items():
+        fewer = dict(units)
+        fewer[g] = alive.clone()
+        fewer[g][alive.nonzero()[0]] = False
+        assert base - sn.flops(fewer) == total[g], g
+        assert 0 < output[g] <= total[g]
+
+
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("kind", ["mobilenet", "se", "vgg"])
+def test_task_zero_logits_bit_identical_after_task_one(kind, optim, tmp_path):
+    """ESPN-0.5: after task 1 (SGD with momentum or Adam, weight decay), task 0's logits and
+    frozen weights are bit-identical, each task meets its FLOP and weight budgets, and the
+    written slim model of each task has the FLOPs counted and the supernet's outputs."""
+    seq = tiny_sequence(n_tasks=2)
+    torch.manual_seed(0)
+    sn = Supernet(to_supernet(NETS[kind](), seq.tasks[0].train.x[:2]), seq.tasks[0].train.x[:2])
+    strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.5, epochs=(1, 1, 1)))
+    engine = Engine(sn, strategy, optim, batch_size=16, seed=0, progress=False)
+    engine.train_task(seq.tasks[0], 0)
+    assert sn.masks[0].new_weights <= strategy.weight_budget
+    logits = task_logits(sn, seq.tasks[0], 0)
+    frozen = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
+    engine.train_task(seq.tasks[1], 1)
+    assert sn.masks[1].new_weights <= strategy.weight_budget
+    assert torch.equal(task_logits(sn, seq.tasks[0], 0), logits)
+    assert any(not torch.equal(frozen[n], m.weight) for n, m in sn.layers.items())
+    for n, layer in sn.layers.items():
+        mask = sn.masks[0].weight_mask(n)
+        assert torch.equal(layer.weight[mask], frozen[n][mask])
+    for t in (0, 1):
+        sn.use_task(t)
+        assert sn.flops() <= 0.5 * sn.dense_flops
+    if optim.name == "adam":  # export_task refuses a model whose FLOPs or outputs differ
+        x = seq.tasks[1].test.x
+        report = export_task(sn, 1, [x], tmp_path / "task1.pt2", also_onnx=False)
+        assert report.flops == sn.flops(sn.masks[1].units) < sn.dense_flops
+        assert torch.allclose(load_exported(report.files[0])(x), sn(x, task=1), atol=1e-5)
+
+
+@pytest.fixture
+def tiny_mobile_run() -> Iterator[str]:
+    """Benchmark ``tiny-conv-arch``: 1x8x8 tasks, one head each, on model ``tiny-mobile``."""
+    bench = Benchmark(
+        build=lambda args: tiny_sequence(args.n_tasks or 2, seed=args.seed),
+        default_tasks=2,
+        max_tasks=None,
+        description="tiny conv tasks",
+        defaults={"model": "tiny-mobile", "batch_size": 16, "optimizer": "sgd", "lr": 0.05},
+    )
+
+    def factory(spec: ModelSpec) -> nn.Module:
+        return to_supernet(TinySE(spec.n_classes), torch.zeros(2, *spec.input_shape))
+
+    with (
+        MODELS.temporarily("tiny-mobile", factory),
+        BENCHMARKS.temporarily("tiny-conv-arch", bench),
+    ):
+        yield "tiny-conv-arch"
+
+
+def test_depthwise_and_squeeze_excitation_resume_exactly(tmp_path, monkeypatch, tiny_mobile_run):
+    """Killed mid-task and resumed: the same results, task files and final state."""
+    options = {"benchmark": tiny_mobile_run, "epochs": (1, 2, 1), "momentum": 0.9, "gamma": 0.5}
+    run_experiment(make_config(**options, out=tmp_path / "reference"), progress=False)
+    cfg = make_config(**options, out=tmp_path / "run")
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 17)  # 12 steps per task: task 1, in its second phase
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False, resume=True)
+
+    def fingerprint(run):
+        manifest = json.loads((run / "checkpoint" / "manifest.json").read_text())
+        return (
+            comparable(json.loads((run / "results.json").read_text())),
+            [t["sha256"] for t in manifest["tasks"]],
+            manifest["state"]["sha256"],
+        )
+
+    assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
+
+
+class Grouped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, bias=False)
+        self.grouped = nn.Conv2d(8, 8, 3, groups=2, bias=False)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.grouped(self.conv(x)).mean((2, 3)))
+
+
+class Multiplier(Grouped):
+    def __init__(self) -> None:
+        super().__init__()
+        self.grouped = nn.Conv2d(8, 16, 3, groups=8, bias=False)
+        self.fc = nn.Linear(16, 3)
+
+
+class Norm1d(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(self.fc1(x.flatten(1))))
+
+
+class Branching(nn.Module):
+    """A forward that branches on the data: it runs, but torch.fx cannot trace it for export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, bias=False)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.fc(h.mean((2, 3)))
+
+
+class ChannelsLast(FlattenHead):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).permute(0, 2, 3, 1).flatten(1))
+
+
+@pytest.mark.parametrize(
+    ("net", "message"),
+    [
+        (ChannelsLast, "linear layer 'fc' reads a flattened feature map whose inputs are not"),
+        (Branching, "Branching.forward cannot be traced by torch.fx, so its tasks could not be"),
+        (Grouped, "conv 'grouped' is grouped (groups=2, 8 in and 8 out channels); supported:"),
+        (Multiplier, "conv 'grouped' is grouped (groups=8, 8 in and 16 out channels); supported:"),
+        (Norm1d, "module 'norm' is a BatchNorm1d with parameters; the converter supports"),
+    ],
+)
+def test_unsupported_modules_refused_in_one_line(net, message):
+    with pytest.raises(ConvertError) as info:
+        wrap(net(), torch.zeros(2, 1, 8, 8))
+    text = str(info.value)
+    assert text.startswith(message) and "\n" not in text
+
+
+def test_registry_mobilenet_builds_for_grayscale_and_colour_images():
+    """``mobilenetv2-small``: depthwise channels coupled with their expansion, one stream group
+    per stage, and exact FLOPs on the slim copy of a random sub-network."""
+    for shape in ((1, 28, 28), (3, 32, 32)):
+        torch.manual_seed(0)
+        spec = ModelSpec(shape, 5, multi_head=True)
+        sn = Supernet(MODELS.get("mobilenetv2-small")(spec), torch.zeros(2, *shape))
+        depthwise = [n for n, m in sn.layers.items() if getattr(m, "groups", 1) != 1]
+        assert len(depthwise) == 8  # one per inverted residual block
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(2, *shape, generator=gen)
+        random_task(sn, 5, x, gen, 0.5)
+        slim = slim_copy(sn, 0, x[:1])
+        sn.use_task(0)
+        assert measured_flops(slim, x) == sn.flops() < sn.dense_flops
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mobilenet_v3_small",  # a few seconds: squeeze-excitation, Hardswish, depthwise convs
+        pytest.param("mobilenet_v2", marks=pytest.mark.slow),
+        pytest.param("efficientnet_b0", marks=pytest.mark.slow),
+        pytest.param("vgg11_bn", marks=pytest.mark.slow),  # 132 M weights: minutes, ~5 GB
+    ],
+)
+def test_torchvision_models_wrap_and_export_exactly(name):
+    """torchvision's MobileNets, EfficientNet-B0 (squeeze-excitation, stochastic depth) and
+    VGG11-BN (flattened 7x7 map into the classifier) on 32x32 inputs."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    sn = wrap(getattr(torchvision.models, name)(num_classes=5), x)
+    gen = torch.Generator().manual_seed(1)
+    random_task(sn, 5, x, gen, 0.5)
+    slim = slim_copy(sn, 0, x[:1])
+    sn.use_task(0)
+    sn.eval()
+    assert measured_flops(slim, x) == sn.flops() < sn.dense_flops
+    torch.testing.assert_close(slim(x), sn(x, task=0), rtol=1e-4, atol=1e-4)
