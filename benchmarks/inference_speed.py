@@ -24,6 +24,14 @@ models taking turns (``torch.utils.benchmark.Timer``). Printed: medians, the spe
     python benchmarks/inference_speed.py                 # everything, CPU (+ GPU if present)
     python benchmarks/inference_speed.py --models fc1024 --gammas 0.2 --batches 256
     python benchmarks/inference_speed.py --models mobilenetv2-small --batches 1,64 --device cuda
+
+Transformers (``--token-models``, default the registry ViT ``vit-p4`` on 28x28 inputs, batches
+``--token-batches``): the exported slim model (pruned heads, MLP neurons and stream features
+removed, ``torch.export`` round trip) next to the *dense* exported model of the same network
+(a task with every unit alive) and the masked supernet; printed: medians and the speed-ups
+``dense/slim`` and ``supernet/slim``, side by side.
+
+    python benchmarks/inference_speed.py --models "" --token-models vit-p4 --device cuda
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from espn.supernet.supernet import Supernet
 SPECS = {
     "fc1024": ModelSpec((1, 28, 28), 10, multi_head=False),
     "resnet18-reduced": ModelSpec((3, 32, 32), 5, multi_head=True),
+    "vit-p4": ModelSpec((1, 28, 28), 2, multi_head=True),
     "mobilenetv2-small": ModelSpec((3, 32, 32), 5, multi_head=True),
 }
 
@@ -179,6 +188,65 @@ def measure(
     return rows
 
 
+def measure_tokens(
+    name: str, gammas: list[float], batches: list[int], device: str, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """A transformer: task 0 dense (every unit alive), then one random task per gamma; each
+    exported and loaded back; the slim models timed against the dense one and the supernet."""
+    rows = []
+    supernet = build(name, device)
+    spec = SPECS[name]
+    gen = torch.Generator().manual_seed(100)
+    check = [torch.randn(16, *spec.input_shape, generator=gen).to(device)]
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = []
+        for t, gamma in enumerate([1.0, *gammas]):
+            random_task(supernet, spec.n_classes, gamma, seed=t)
+            report = export_task(supernet, t, check, Path(tmp) / f"{name}-{t}.pt2", also_onnx=False)
+            exported.append((gamma, report, load_exported(report.files[0])))
+        dense = exported[0][2]
+        for t, (gamma, report, slim) in enumerate(exported[1:], start=1):
+            models: dict[str, Any] = {
+                "supernet": lambda x, t=t: supernet(x, task=t),
+                "dense": dense,
+                "slim": slim,
+            }
+            for batch in batches:
+                x = torch.randn(batch, *spec.input_shape, generator=gen).to(device)
+                supernet(x, task=t)  # load the task's masks outside the timed region
+                times = interleaved_medians(models, x, args.repeats, args.block)
+                rows.append(
+                    {
+                        "model": name,
+                        "device": device,
+                        "gamma": gamma,
+                        "flops_ratio": report.flops / report.dense_flops,
+                        "widths": report.widths,
+                        "batch": batch,
+                        "ms": {k: 1e3 * v for k, v in times.items()},
+                        "speedup_vs_dense": times["dense"] / times["slim"],
+                        "speedup_vs_supernet": times["supernet"] / times["slim"],
+                    }
+                )
+                print(format_token_row(rows[-1]), flush=True)
+    return rows
+
+
+TOKEN_HEADER = (
+    f"{'model':<17} {'dev':<4} {'gamma':>5} {'FLOPs':>6} {'batch':>5} "
+    f"{'supernet ms':>11} {'dense ms':>9} {'slim ms':>8} {'x dense':>7} {'x super':>7}"
+)
+
+
+def format_token_row(r: dict[str, Any]) -> str:
+    ms = r["ms"]
+    return (
+        f"{r['model']:<17} {r['device']:<4} {r['gamma']:>5.2f} {r['flops_ratio']:>6.3f} "
+        f"{r['batch']:>5} {ms['supernet']:>11.3f} {ms['dense']:>9.3f} {ms['slim']:>8.3f} "
+        f"{r['speedup_vs_dense']:>7.2f} {r['speedup_vs_supernet']:>7.2f}"
+    )
+
+
 HEADER = (
     f"{'model':<17} {'dev':<4} {'gamma':>5} {'FLOPs':>6} {'batch':>5} "
     f"{'supernet ms':>11} {'plain ms':>9} {'narrow ms':>9} {'slim ms':>8} "
@@ -201,6 +269,8 @@ def main() -> None:
     parser.add_argument("--models", default="fc1024,resnet18-reduced")
     parser.add_argument("--gammas", default="0.2,0.5")
     parser.add_argument("--batches", default="1,256")
+    parser.add_argument("--token-models", default="vit-p4", help="transformers ('' for none)")
+    parser.add_argument("--token-batches", default="1,64")
     parser.add_argument(
         "--devices",
         "--device",
@@ -226,13 +296,24 @@ def main() -> None:
         + (f", GPU {torch.cuda.get_device_name()}" if "cuda" in devices else "")
     )
     print("sub-networks: random units at the FLOPs target (no training); latency = median")
-    print(HEADER)
     rows = []
-    for name in args.models.split(","):
+    conv_models = [m for m in args.models.split(",") if m]
+    if conv_models:
+        print(HEADER)
+    for name in conv_models:
         MODELS.get(name)  # an unknown name fails here, naming the known ones
         for device in devices:
             rows += measure(name, gammas, batches, device, args)
-    cpu_256 = [r for r in rows if r["device"] == "cpu" and r["batch"] == 256]
+    token_models = [m for m in args.token_models.split(",") if m]
+    if token_models:
+        print("transformers: exported slim vs the exported dense network")
+        print(TOKEN_HEADER)
+    token_batches = [int(b) for b in args.token_batches.split(",")]
+    for name in token_models:
+        MODELS.get(name)
+        for device in devices:
+            rows += measure_tokens(name, gammas, token_batches, device, args)
+    cpu_256 = [r for r in rows if r["device"] == "cpu" and r["batch"] == 256 and "target" in r]
     for r in cpu_256:
         verdict = "meets" if r["speedup_vs_supernet"] >= r["target"] else "MISSES"
         print(

@@ -123,7 +123,7 @@ def test_unit_groups_couple_depthwise_squeeze_excitation_and_flatten():
     assert sn.layers["project"].out_units == "stem.0"  # the residual stream
     vgg = supernet_of("vgg")
     linear = vgg.layers["classifier.0.0"]
-    assert (linear.in_units, linear.in_repeat) == ("features.4", 4)
+    assert (linear.in_units, linear.in_unit_size) == ("features.4", 4)
 
 
 @pytest.mark.parametrize("kind", list(NETS))

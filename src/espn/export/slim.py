@@ -171,6 +171,13 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
     ``nn.BatchNorm2d`` / ``nn.Linear`` with the task's state. The supernet is left on task
     ``task`` (so that ``supernet.flops()`` counts that task's head width).
     """
+    from espn.export.slim_tokens import uses_tokens  # it imports this module
+
+    if uses_tokens(supernet):
+        raise ExportError(
+            "a transformer's sub-network has no full-width plain copy (its task LayerNorms "
+            "normalise over alive features only); use slim_copy, which removes the dead ones"
+        )
     _use_task(supernet, task)
     gm = _trace(supernet.model)
     modules = dict(supernet.model.named_modules())
@@ -244,6 +251,10 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     channels and biases, and the channels of every layer coupled to it through a residual add.
     ``example_input`` is a batch of model inputs (any batch size) used to trace dependencies.
     """
+    from espn.export.slim_tokens import slim_tokens_copy, uses_tokens  # it imports this module
+
+    if uses_tokens(supernet):
+        return slim_tokens_copy(supernet, task)
     gm = plain_copy(supernet, task)
     units = supernet.masks[task].units
     device = next(gm.parameters()).device
@@ -277,7 +288,10 @@ def _check_widths(supernet: Supernet, gm: nn.Module, units: dict[str, Tensor]) -
         if name not in present or not isinstance(layer, MaskedLayer | TaskHead):
             continue
         shape = present[name].weight.shape
-        for dim, group, per_unit in ((0, layer.out_units, 1), (1, layer.in_units, layer.in_repeat)):
+        for dim, group, per_unit in (
+            (0, layer.out_units, 1),
+            (1, layer.in_units, layer.in_unit_size),
+        ):
             if group is not None and shape[dim] != alive[group] * per_unit:
                 side = "outputs" if dim == 0 else "inputs"
                 raise ExportError(

@@ -1,23 +1,32 @@
 """Bring your own conv net: turn an ordinary ``nn.Module`` into a supernet-ready one.
 
-:func:`to_supernet` takes a network made of ``nn.Conv2d``, ``nn.BatchNorm2d`` and
-``nn.Linear`` layers (plus parameter-free modules and functions: activations, pooling,
-additions, flatten) and returns a copy in which
+:func:`to_supernet` takes a network made of ``nn.Conv2d`` (ungrouped or depthwise),
+``nn.BatchNorm2d`` and ``nn.Linear`` layers (plus parameter-free modules and functions:
+activations, pooling, additions, products, flatten) and returns a copy in which
 
 * every conv / linear layer is a masked layer (:class:`MaskedConv2d` / :class:`MaskedLinear`)
   holding the original weights, with the unit groups of its input and output channels set;
 * every BatchNorm is a task-specific :class:`TaskBatchNorm2d` of its group;
 * the output layer is a per-task :class:`TaskHead` (or a shared masked head plus a per-task
-  :class:`TaskBias` when ``multi_head`` is False).
+  :class:`TaskBias` when ``multi_head`` is False);
+* transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
+  ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and timm's
+  ``VisionTransformer`` are converted as :mod:`espn.models.convert_tokens` and
+  :mod:`espn.models.timm_vit` describe (attention heads become units).
 
 The unit groups are found by Torch-Pruning's ``DependencyGraph``: channels that must be pruned
 together (the two sides of every residual add, a conv and its BatchNorm, the consumers of a
-tensor) form one group. A layer whose output channels cannot be silenced exactly by a
+tensor, a depthwise conv and the channels it convolves, a squeeze-excitation scale and the
+features it multiplies) form one group. A linear layer reading a flattened feature map reads
+``H*W`` inputs per channel of its group (``in_unit_size``). A layer whose output only scales
+features (the excitation of a squeeze-excitation block) keeps its bias per task
+(:class:`TaskChannelBias`) and needs no gate: a dead channel multiplies a zero feature. A layer whose output channels cannot be silenced exactly by a
 BatchNorm of its group (a bias without a BatchNorm right after it, or a group without any
 BatchNorm) gets a :class:`UnitGate` right after it, so that a pruned channel is exactly zero.
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
-and be traceable by Torch-Pruning (no data-dependent control flow). To use such a model from
+and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
+checked here, before any training (see ``docs/architectures.md`` for what is refused). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
@@ -34,6 +43,14 @@ from torch import Tensor, nn
 
 from espn.errors import EspnError
 from espn.export.slim import ExportError, check_traceable
+from espn.models.convert_tokens import (
+    check_stream_sources,
+    check_token_module,
+    convert_attention,
+    convert_layernorm,
+    replace_encoders,
+    token_outputs,
+)
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import (
     MaskedConv2d,
@@ -44,10 +61,13 @@ from espn.supernet.layers import (
     TaskHead,
     UnitGate,
 )
+from espn.supernet.transformer import TokenGate
 
-SUPPORTED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d)
+SUPPORTED = (nn.Conv2d, nn.Linear, nn.BatchNorm2d, nn.LayerNorm, nn.MultiheadAttention)
 #: a module the converter turns into its supernet counterpart
-Convertible = nn.Conv2d | nn.Linear | nn.BatchNorm2d
+Convertible = nn.Conv2d | nn.Linear | nn.BatchNorm2d | nn.LayerNorm | nn.MultiheadAttention
+#: modules that normalise the channels of one unit group
+NORMS = (nn.BatchNorm2d, nn.LayerNorm)
 
 
 class ConvertError(EspnError, ValueError):
@@ -62,6 +82,8 @@ class _Group:
     producers: list[str] = field(default_factory=list)
     consumers: list[str] = field(default_factory=list)
     norms: list[str] = field(default_factory=list)
+    #: self-attention modules reading and writing the group (their heads are units of their own)
+    attentions: list[str] = field(default_factory=list)
     name: str = ""
 
 
@@ -69,8 +91,14 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
     """Named conv/linear/BN modules; anything else holding parameters is refused."""
     found: dict[str, Convertible] = {}
     seen: dict[int, str] = {}
+    attention: list[str] = []
     for name, m in model.named_modules(remove_duplicate=False):
+        if any(name.startswith(f"{a}.") for a in attention):
+            continue  # the projections of a MultiheadAttention: converted with it
+        if isinstance(m, nn.MultiheadAttention):
+            attention.append(name)
         if isinstance(m, SUPPORTED):
+            check_token_module(name, m)
             if id(m) in seen:
                 raise ConvertError(
                     f"module {seen[id(m)]!r} is used again as {name!r}; shared layers are "
@@ -78,10 +106,18 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
                 )
             seen[id(m)] = name
             found[name] = m
+        elif isinstance(m, nn.GroupNorm):
+            raise ConvertError(
+                f"module {name!r} is a GroupNorm with parameters, not supported (its statistics "
+                "span groups of channels that pruning would split); use nn.BatchNorm2d, or "
+                "nn.LayerNorm on tokens"
+            )
         elif any(True for _ in m.parameters(recurse=False)):
             raise ConvertError(
                 f"module {name!r} is a {type(m).__name__} with parameters; the converter "
-                "supports nn.Conv2d, nn.BatchNorm2d and nn.Linear (plus parameter-free modules)"
+                "supports nn.Conv2d, nn.BatchNorm2d, nn.Linear, nn.LayerNorm, "
+                "nn.MultiheadAttention and nn.TransformerEncoder(Layer) (plus parameter-free "
+                "modules), and timm's VisionTransformer"
             )
     for name, m in found.items():
         if isinstance(m, nn.Conv2d) and m.groups != 1 and not _depthwise(m):
@@ -143,7 +179,7 @@ def _groups(
         if node is None:
             raise ConvertError(f"module {name!r} is not used by forward() on the example input")
         successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
-        if not node.outputs and not isinstance(m, nn.BatchNorm2d):
+        if not node.outputs and not isinstance(m, NORMS):
             outputs.append(name)
     if len(outputs) != 1 or not isinstance(modules[outputs[0]], nn.Linear):
         raise ConvertError(
@@ -174,8 +210,10 @@ def _groups(
                     f"{root_name!r} ({g.size}): concatenation and splitting of feature maps "
                     "are not supported"
                 )
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, NORMS):
                 g.norms.append(name)
+            elif isinstance(m, nn.MultiheadAttention):
+                g.attentions.append(name)
             elif out_side or _depthwise(m):  # a depthwise conv's inputs are its outputs
                 if name not in g.producers:
                     g.producers.append(name)
@@ -200,7 +238,9 @@ def _check_flatten_order(
     owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)`` of ``(N, C, H, W)``): raise
     a channel of ``producer`` in one sample each and see which inputs move. (The dependency
     graph maps any flatten so; a channels-last one would mask the wrong inputs.)"""
-    repeat = int(linear.weight.shape[1]) // size
+    weight = linear.weight
+    assert isinstance(weight, Tensor)
+    repeat = int(weight.shape[1]) // size
     probe = sorted({0, 1, size - 1})
     x = example[:1].expand(len(probe) + 1, *example.shape[1:]).clone()
     seen: dict[str, Tensor] = {}
@@ -236,8 +276,12 @@ def _check_flatten_order(
 def _width(m: Convertible, out_side: bool) -> int:
     if isinstance(m, nn.BatchNorm2d):
         return m.num_features
-    if _depthwise(m):
+    if isinstance(m, nn.Conv2d) and _depthwise(m):
         return int(m.weight.shape[0])
+    if isinstance(m, nn.LayerNorm):
+        return int(m.normalized_shape[0])
+    if isinstance(m, nn.MultiheadAttention):
+        return m.embed_dim
     return int(m.weight.shape[0 if out_side else 1])
 
 
@@ -248,7 +292,7 @@ def _set(root: nn.Module, name: str, module: nn.Module) -> None:
 
 @torch.no_grad()
 def _masked(
-    m: nn.Conv2d | nn.Linear, in_units: str | None, out_units: str | None, in_repeat: int = 1
+    m: nn.Conv2d | nn.Linear, in_units: str | None, out_units: str | None, in_unit_size: int = 1
 ) -> MaskedConv2d | MaskedLinear:
     out: MaskedConv2d | MaskedLinear
     if isinstance(m, nn.Conv2d):
@@ -270,7 +314,7 @@ def _masked(
             m.out_features,
             in_units=in_units,
             out_units=out_units,
-            in_repeat=in_repeat,
+            in_unit_size=in_unit_size,
         )
     out.weight.copy_(m.weight)
     return out
@@ -289,15 +333,15 @@ def _scaling(m: nn.Conv2d | nn.Linear, layer: nn.Module) -> nn.Module:
 
 @torch.no_grad()
 def _head(
-    m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool, in_repeat: int = 1
+    m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool, in_unit_size: int = 1
 ) -> nn.Module:
     bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
     if multi_head:
-        head = TaskHead(m.in_features, m.out_features, in_units=in_units, in_repeat=in_repeat)
+        head = TaskHead(m.in_features, m.out_features, in_units=in_units, in_unit_size=in_unit_size)
         head.weight.copy_(m.weight)
         head.bias.copy_(bias)
         return head
-    shared = _masked(m, in_units, None, in_repeat)
+    shared = _masked(m, in_units, None, in_unit_size)
     if not task_affine:
         return nn.Sequential(shared)
     task_bias = TaskBias(m.out_features)
@@ -321,22 +365,39 @@ def to_supernet(
     ``model`` computes (in eval mode) until the first task begins, which resets BatchNorms and
     heads.
     """
+    from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
+
+    if is_timm_vit(model):
+        return from_timm_vit(model, example_input, multi_head, task_affine)
     model = copy.deepcopy(model).eval()
     modules = _check_modules(model)
     groups, successor, head, repeats, scales = _groups(model, example_input, modules)
+    model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
     in_group: dict[str, str] = {}
     out_group: dict[str, str] = {}
     norm_group: dict[str, str] = {}
+    attention_group: dict[str, str | None] = {}
     gated: set[str] = set()
     for g in groups:
         if head in g.producers:
             continue  # the classes: never pruned
+        if not g.producers:
+            raise ConvertError(
+                f"the channels of {(g.attentions + g.norms + g.consumers)[0]!r} come from no "
+                "layer (the model input?); start the network with a conv or linear layer"
+            )
         g.name = min(g.producers, key=order.__getitem__)
         for name in g.consumers:
             in_group[name] = g.name
         for name in g.norms:
             norm_group[name] = g.name
+        for name in g.attentions:
+            attention_group[name] = g.name
+        if any(isinstance(modules[n], nn.LayerNorm) for n in g.norms) or g.attentions:
+            writers = g.producers + g.norms + g.attentions
+            readers = g.consumers + g.norms + g.attentions
+            check_stream_sources(model, example_input, g.name, writers, readers)
         for name in g.producers:
             out_group[name] = g.name
             bias = modules[name].bias is not None
@@ -346,8 +407,16 @@ def to_supernet(
             # shift of a gate, and a group without BatchNorm gets its saliency from gates
             if not g.norms or (bias and not isinstance(successor[name], nn.BatchNorm2d)):
                 gated.add(name)
+    linears = sorted(n for n in gated if isinstance(modules[n], nn.Linear))
+    tokens = token_outputs(model, example_input, linears)
     for name, m in modules.items():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, nn.LayerNorm):
+            if name not in norm_group:
+                raise ConvertError(f"LayerNorm {name!r} does not follow any linear or conv layer")
+            _set(model, name, convert_layernorm(m, norm_group[name]))
+        elif isinstance(m, nn.MultiheadAttention):
+            _set(model, name, convert_attention(m, name, attention_group.get(name), task_affine))
+        elif isinstance(m, nn.BatchNorm2d):
             if name not in norm_group:
                 raise ConvertError(f"BatchNorm {name!r} does not follow any conv layer")
             bn = TaskBatchNorm2d(m.num_features, norm_group[name])
@@ -367,7 +436,8 @@ def to_supernet(
             if name in scales and name in out_group and name not in gated:
                 layer = _scaling(m, layer)
             elif name in gated:
-                gate = UnitGate(int(m.weight.shape[0]), out_group[name], affine=task_affine)
+                gate_type = TokenGate if name in tokens else UnitGate
+                gate = gate_type(int(m.weight.shape[0]), out_group[name], affine=task_affine)
                 layer = nn.Sequential(layer, gate)
             _set(model, name, layer)
     _check_exportable(model)

@@ -3,13 +3,17 @@
 Convention: FLOPs = 2 x multiply-accumulates of the convolution and linear layers (the
 count of :class:`torch.utils.flop_counter.FlopCounterMode`), for one input sample.
 BatchNorm, gates, activations, pooling, additions and products (the scale of a
-squeeze-excitation block) are not counted; the convolutions of a squeeze-excitation block
-are counted like any other (one output position each). A layer with ``a_in`` alive input
-units and ``a_out`` alive output units costs ``2 * a_in * a_out * kernel_area *
-output_positions`` FLOPs. Two shapes refine ``a_in``: a depthwise convolution reads one input
-channel per output channel (``a_in`` = 1, its weight's input width: its channels are its
-output units), and a linear layer reading a flattened feature map reads ``in_repeat``
-inputs per alive channel (``a_in`` = alive channels x ``in_repeat``).
+squeeze-excitation block) are not counted; the convolutions of a squeeze-excitation block are
+counted like any other (one output position each). A layer with ``a_in`` alive input features
+and ``a_out`` alive output features costs ``2 * a_in * a_out * kernel_area * output_positions``
+FLOPs. A unit may span several consecutive features (``in_unit_size``/``out_unit_size``): a
+channel of a feature map flattened into a linear layer spans its ``H*W`` inputs, an attention
+head spans ``head_dim`` features of its q, k, v and output projections. A depthwise convolution
+reads one input channel per output channel (``a_in`` = 1, its weight's input width: its
+channels are its output units). A linear layer on token tensors ``(B, N, D)`` has N output
+positions. Self-attention also multiplies activations by activations: each alive head costs
+``2 * N * N * head_dim`` for ``QK^T`` and as much for ``AV`` (:class:`AttentionCost`); the
+softmax and the scaling are not counted.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.supernet.layers import MaskedLayer, TaskHead, is_costed
+from espn.supernet.transformer import MaskedAttention
 
 
 @dataclass
@@ -32,7 +37,8 @@ class LayerCost:
     out_units: str | None
     positions: int  # output positions per sample (H*W for conv, 1 for linear on vectors)
     kernel_area: int
-    in_repeat: int = 1  # inputs per input unit (a flattened feature map: H*W)
+    in_unit_size: int = 1
+    out_unit_size: int = 1
 
     @property
     def in_size(self) -> int:
@@ -45,36 +51,66 @@ class LayerCost:
         """Output features/channels of the full-width layer."""
         return int(self.module.weight.shape[0])
 
+    def alive_in(self, alive: dict[str, int]) -> int:
+        """Alive input features (units times their width)."""
+        return alive[self.in_units] * self.in_unit_size if self.in_units else self.in_size
+
+    def alive_out(self, alive: dict[str, int]) -> int:
+        """Alive output features (units times their width)."""
+        return alive[self.out_units] * self.out_unit_size if self.out_units else self.out_size
+
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
-        return 2.0 * self.alive_inputs(alive) * self.alive_outputs(alive) * self.per_pair
+        return (
+            2.0 * self.alive_in(alive) * self.alive_out(alive) * self.kernel_area * self.positions
+        )
+
+
+@dataclass
+class AttentionCost:
+    """The activation-by-activation products of one self-attention module: ``QK^T`` and
+    ``AV`` cost ``2 * tokens**2 * head_dim`` each per alive head of ``group``."""
+
+    name: str
+    group: str
+    head_dim: int
+    tokens: int
 
     @property
-    def per_pair(self) -> int:
-        """Multiply-accumulate positions of one (input, output) pair: kernel x positions."""
-        return self.kernel_area * self.positions
+    def per_head(self) -> float:
+        """FLOPs of one head's two matmuls for one sample."""
+        return 4.0 * self.tokens * self.tokens * self.head_dim
 
-    def alive_inputs(self, alive: dict[str, int]) -> int:
-        """Inputs each output reads: alive input units x ``in_repeat`` (the full width when
-        the input is not pruned; 1 for a depthwise convolution)."""
-        return alive[self.in_units] * self.in_repeat if self.in_units else self.in_size
-
-    def alive_outputs(self, alive: dict[str, int]) -> int:
-        """Alive outputs (the full width when the output is not pruned)."""
-        return alive[self.out_units] if self.out_units else self.out_size
+    def flops(self, alive: dict[str, int]) -> float:
+        """FLOPs of the alive heads' matmuls for one sample."""
+        return self.per_head * alive[self.group]
 
 
-def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
-    """Run ``example_input`` (a batch) through ``model`` and record every costed layer's shape."""
+Cost = LayerCost | AttentionCost
+
+
+def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
+    """Run ``example_input`` (a batch) through ``model`` and record every costed layer's shape
+    (and the token count of every self-attention module)."""
     records: dict[str, int] = {}
     hooks = []
     modules = {name: m for name, m in model.named_modules() if is_costed(m)}
+    attentions = {n: m for n, m in model.named_modules() if isinstance(m, MaskedAttention)}
     for name, module in modules.items():
 
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
-            records[name] = out[0].numel() // out.shape[1]
+            # features are the last dimension of a linear layer's output, dimension 1 of a conv's
+            records[name] = out[0].numel() // out.shape[-1 if isinstance(mod, nn.Linear) else 1]
 
         hooks.append(module.register_forward_hook(hook))
+    for name, attention in attentions.items():
+
+        def attn_hook(
+            mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name
+        ) -> None:
+            records[name] = int(inp[0].shape[1])
+
+        hooks.append(attention.register_forward_hook(attn_hook))
     was_training = model.training
     model.eval()
     try:
@@ -84,7 +120,11 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
         model.train(was_training)
         for h in hooks:
             h.remove()
-    costs = []
+    costs: list[Cost] = [
+        AttentionCost(name, m.heads_group, m.head_dim, records[name])
+        for name, m in attentions.items()
+        if name in records
+    ]
     for name, module in modules.items():
         if name not in records:
             continue
@@ -103,13 +143,14 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[LayerCost]:
                 out_units=module.out_units,
                 positions=records[name],
                 kernel_area=int(torch.Size(kernel).numel()),
-                in_repeat=module.in_repeat,
+                in_unit_size=getattr(module, "in_unit_size", 1),
+                out_unit_size=getattr(module, "out_unit_size", 1),
             )
         )
     return costs
 
 
-def count_flops(costs: list[LayerCost], alive: dict[str, int]) -> float:
+def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
     """FLOPs of the network whose unit groups have ``alive[group]`` units alive."""
     return sum(c.flops(alive) for c in costs)
 
@@ -120,9 +161,7 @@ def count_flops(costs: list[LayerCost], alive: dict[str, int]) -> float:
 FLOP_LOADS = ("output", "total")
 
 
-def unit_flops(
-    costs: list[LayerCost], alive: dict[str, int], load: str = "output"
-) -> dict[str, float]:
+def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -> dict[str, float]:
     """FLOPs carried by one unit of each group in the current sub-network, FLOP_l(m).
 
     ``load="output"`` (the paper's definition, "determined by its input feature dimensions
@@ -134,9 +173,12 @@ def unit_flops(
         raise ValueError(f"unknown FLOP load {load!r}; choose one of: {', '.join(FLOP_LOADS)}")
     out = dict.fromkeys(alive, 0.0)
     for c in costs:
-        per_pair = 2.0 * c.per_pair
+        if isinstance(c, AttentionCost):  # a head's QK^T and AV: part of computing its output
+            out[c.group] += c.per_head
+            continue
+        per_pair = 2.0 * c.kernel_area * c.positions
         if c.out_units:
-            out[c.out_units] += per_pair * c.alive_inputs(alive)
+            out[c.out_units] += per_pair * c.alive_in(alive) * c.out_unit_size
         if c.in_units and load == "total":
-            out[c.in_units] += per_pair * c.alive_outputs(alive) * c.in_repeat
+            out[c.in_units] += per_pair * c.alive_out(alive) * c.in_unit_size
     return out

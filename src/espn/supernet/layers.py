@@ -45,9 +45,10 @@ class MaskedLayer(nn.Module):
     #: unit groups indexing the layer's input and output units (None: not prunable)
     in_units: str | None
     out_units: str | None
-    #: input features per unit of ``in_units``: 1, or the positions of a feature map flattened
-    #: into a linear layer (a channel's ``H*W`` inputs follow it, see :class:`MaskedLinear`)
-    in_repeat: int = 1
+    #: consecutive features one unit of ``in_units`` / ``out_units`` spans (an attention
+    #: head spans ``head_dim`` features of its q, k, v and output projections; 1 elsewhere)
+    in_unit_size: int = 1
+    out_unit_size: int = 1
 
     def _init_masks(self, in_units: str | None, out_units: str | None) -> None:
         self.in_units = in_units
@@ -60,12 +61,17 @@ class MaskedLayer(nn.Module):
         return self.weight * self.weight_mask
 
 
+def expand_units(alive: Tensor, size: int) -> Tensor:
+    """A per-unit vector repeated over the ``size`` consecutive features of each unit."""
+    return alive if size == 1 else alive.repeat_interleave(size)
+
+
 class MaskedLinear(nn.Linear, MaskedLayer):
     """``nn.Linear`` without bias whose weight is multiplied by the active task's mask.
 
-    ``in_repeat`` > 1: the input is a feature map of ``in_features / in_repeat`` channels
-    flattened channel-major (``x.flatten(1)`` of ``(C, H, W)``), so that unit ``c`` of
-    ``in_units`` owns the ``in_repeat`` consecutive inputs ``c*H*W ... (c+1)*H*W - 1``.
+    ``in_unit_size`` > 1: unit ``c`` of ``in_units`` owns the ``in_unit_size`` consecutive inputs
+    ``c*k ... (c+1)*k - 1`` (a feature map of ``in_features / k`` channels flattened
+    channel-major, ``x.flatten(1)`` of ``(C, H, W)``, with ``k = H*W``).
     """
 
     def __init__(
@@ -74,11 +80,11 @@ class MaskedLinear(nn.Linear, MaskedLayer):
         out_features: int,
         in_units: str | None = None,
         out_units: str | None = None,
-        in_repeat: int = 1,
+        in_unit_size: int = 1,
     ) -> None:
         super().__init__(in_features, out_features, bias=False)
         self._init_masks(in_units, out_units)
-        self.in_repeat = in_repeat
+        self.in_unit_size = in_unit_size
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight())
@@ -322,13 +328,13 @@ class TaskHead(nn.Linear, TaskSpecific):
     """A classifier owned by one task (multi-head setting); its width follows the task."""
 
     def __init__(
-        self, in_features: int, n_classes: int, in_units: str | None = None, in_repeat: int = 1
+        self, in_features: int, n_classes: int, in_units: str | None = None, in_unit_size: int = 1
     ) -> None:
         super().__init__(in_features, n_classes)
         self.in_units = in_units
         self.out_units: str | None = None
         #: inputs per unit of ``in_units`` (see :class:`MaskedLinear`)
-        self.in_repeat = in_repeat
+        self.in_unit_size = in_unit_size
 
     def reset_task(self, n_classes: int) -> None:
         device, dtype = self.weight.device, self.weight.dtype

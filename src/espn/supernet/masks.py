@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from espn.supernet.layers import expand_units
+
 _BIT_VALUES = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
 #: the forms a weight mask is stored in (see the module docstring)
@@ -65,8 +67,9 @@ class LayerLayout(NamedTuple):
     shape: tuple[int, ...]
     out_units: str | None
     in_units: str | None
-    #: input columns per unit of ``in_units`` (a feature map flattened into a linear layer)
-    in_repeat: int = 1
+    #: features per unit on each side (see ``MaskedLayer.out_unit_size``)
+    out_unit_size: int = 1
+    in_unit_size: int = 1
 
 
 class Ownership:
@@ -190,10 +193,10 @@ class Ownership:
         lay = self.layout[name]
         mask = torch.ones(lay.shape[:2], dtype=torch.bool, device=device)
         if lay.out_units:
-            mask &= units[lay.out_units].to(device).view(-1, 1)
+            out = units[lay.out_units].to(device)
+            mask &= expand_units(out, lay.out_unit_size).view(-1, 1)
         if lay.in_units:
-            alive = units[lay.in_units].to(device).repeat_interleave(lay.in_repeat)
-            mask &= alive.view(1, -1)
+            mask &= expand_units(units[lay.in_units].to(device), lay.in_unit_size).view(1, -1)
         return mask.view(*lay.shape[:2], *([1] * (len(lay.shape) - 2))).expand(lay.shape)
 
 

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
-from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate, UnitModule
+from espn.supernet.flops import Cost, count_flops, trace_costs, unit_flops
+from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate, UnitModule, expand_units
 from espn.supernet.masks import LayerLayout, Ownership, TaskMask
 
 
@@ -60,11 +60,13 @@ class Supernet(nn.Module):
                 self.groups.setdefault(m.group, []).append(m)
         self.group_sizes = {g: mods[0].num_units for g, mods in self.groups.items()}
         self._check_topology()
-        self.costs: list[LayerCost] = trace_costs(model, example_input)
+        self.costs: list[Cost] = trace_costs(model, example_input)
         self.dense_flops = count_flops(self.costs, self.group_sizes)
         self.masks: list[TaskMask] = []
         layout = {
-            n: LayerLayout(tuple(m.weight.shape), m.out_units, m.in_units, m.in_repeat)
+            n: LayerLayout(
+                tuple(m.weight.shape), m.out_units, m.in_units, m.out_unit_size, m.in_unit_size
+            )
             for n, m in self.layers.items()
         }
         device = next(iter(self.layers.values())).weight.device if self.layers else "cpu"
@@ -85,11 +87,11 @@ class Supernet(nn.Module):
                     continue
                 if group not in self.group_sizes:
                     raise ValueError(f"layer {name!r}: {attr}={group!r} names no gate/BatchNorm")
-                width = self.group_sizes[group] * (layer.in_repeat if dim == 1 else 1)
-                if layer.weight.shape[dim] != width:
+                size = layer.out_unit_size if dim == 0 else layer.in_unit_size
+                if layer.weight.shape[dim] != self.group_sizes[group] * size:
                     raise ValueError(
                         f"layer {name!r}: {attr}={group!r} has {self.group_sizes[group]} units "
-                        f"({width} weight columns) but the weight has {layer.weight.shape[dim]}"
+                        f"of {size} features but the weight has {layer.weight.shape[dim]}"
                     )
 
     # -------------------------------------------------------------- unit masks
@@ -115,9 +117,9 @@ class Supernet(nn.Module):
         mask = torch.ones(w.shape[:2], dtype=torch.bool, device=w.device)
         units = {g: mods[0].unit_mask.bool() for g, mods in self.groups.items()}
         if layer.out_units:
-            mask &= units[layer.out_units].view(-1, 1)
+            mask &= expand_units(units[layer.out_units], layer.out_unit_size).view(-1, 1)
         if layer.in_units:
-            mask &= units[layer.in_units].repeat_interleave(layer.in_repeat).view(1, -1)
+            mask &= expand_units(units[layer.in_units], layer.in_unit_size).view(1, -1)
         return mask.view(*w.shape[:2], *([1] * (w.dim() - 2))).expand_as(w)
 
     @torch.no_grad()

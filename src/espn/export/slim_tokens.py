@@ -1,0 +1,210 @@
+"""Slim export of transformer supernets (token tensors, attention heads, LayerNorm).
+
+Torch-Pruning's dependency graph follows channels through convolutions and residual adds,
+but not through a class token concatenated along the token axis, position embeddings held
+as bare parameters, or heads reshaped out of q, k and v. A transformer supernet already
+names the alive features of every layer (its unit groups, heads spanning ``head_dim``
+features), and its traced graph reads the head count from the tensors, so the slim model is
+built directly: each masked layer becomes an ``nn.Linear`` / ``nn.Conv2d`` holding only the
+rows and columns of alive features, each task LayerNorm an ``nn.LayerNorm`` over the alive
+features, gates are folded into the layer before them, and the task's class token and
+position embeddings are kept at their alive features. No espn class is left.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, fx, nn
+
+from espn.export.slim import ExportError, _fold_affine, _module_target, _param, _set_submodule
+from espn.supernet.layers import (
+    MaskedConv2d,
+    MaskedLayer,
+    MaskedLinear,
+    TaskBatchNorm2d,
+    TaskBias,
+    TaskHead,
+    TaskSpecific,
+    UnitGate,
+    conv_padding,
+    conv_pair,
+    expand_units,
+)
+from espn.supernet.supernet import Supernet
+from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
+
+#: modules that make a supernet take this export path
+TOKEN_MODULES = (TaskLayerNorm, TaskTokens, TokenGate, MaskedAttention)
+
+
+def uses_tokens(supernet: Supernet) -> bool:
+    """Whether ``supernet`` holds transformer modules (and is exported by :func:`slim_tokens_copy`)."""
+    return any(isinstance(m, TOKEN_MODULES) for m in supernet.model.modules())
+
+
+class _TokenTracer(fx.Tracer):
+    """Keeps masked and task modules as leaves, except task tokens, whose parameters are read
+    directly (``get_attr``) so that the graph needs no espn class."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, TaskTokens):
+            return False
+        return isinstance(m, MaskedLayer | TaskSpecific) or super().is_leaf_module(
+            m, module_qualified_name
+        )
+
+
+def _alive(units: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor:
+    """Indices of the alive features of a side of ``width`` features (all if not prunable)."""
+    if group is None:
+        return torch.arange(width)
+    return expand_units(units[group].cpu(), size).nonzero().flatten()
+
+
+#: the espn modules :func:`_slim_layer` turns into plain torch modules
+Sliceable = MaskedLinear | MaskedConv2d | TaskHead | TaskLayerNorm | TaskBatchNorm2d
+
+
+@torch.no_grad()
+def _slim_layer(m: Sliceable, units: dict[str, Tensor]) -> nn.Module:
+    """The plain torch module computing what espn module ``m`` computes on its alive features."""
+    out: nn.Module
+    w = m.weight
+    if isinstance(m, MaskedLinear | MaskedConv2d):
+        rows = _alive(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
+        cols = _alive(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
+        weight = m.masked_weight().index_select(0, rows).index_select(1, cols)
+        if isinstance(m, MaskedLinear):
+            out = nn.Linear(len(cols), len(rows), bias=False)
+        else:
+            if m.groups != 1:
+                raise ExportError(f"grouped convolution ({m.groups} groups) in a token model")
+            out = nn.Conv2d(
+                len(cols),
+                len(rows),
+                conv_pair(m.kernel_size),
+                stride=conv_pair(m.stride),
+                padding=conv_padding(m.padding),
+                dilation=conv_pair(m.dilation),
+                bias=False,
+                padding_mode=m.padding_mode,
+            )
+        out.weight = _param(weight)
+    elif isinstance(m, TaskHead):
+        cols = _alive(units, m.in_units, 1, w.shape[1]).to(w.device)
+        out = nn.Linear(len(cols), m.out_features)
+        out.weight, out.bias = _param(w.index_select(1, cols)), _param(m.bias)
+    elif isinstance(m, TaskLayerNorm):
+        keep = _alive(units, m.group, 1, w.shape[0]).to(w.device)
+        out = nn.LayerNorm(len(keep), eps=m.eps)
+        out.weight, out.bias = _param(w[keep]), _param(m.bias[keep])
+    else:
+        keep = _alive(units, m.group, 1, w.shape[0]).to(w.device)
+        bn = nn.BatchNorm2d(len(keep), eps=m.eps, momentum=m.momentum)
+        bn.weight, bn.bias = _param(w[keep]), _param(m.bias[keep])
+        bn.running_mean = m.running_mean[keep].clone()
+        bn.running_var = m.running_var[keep].clone()
+        bn.num_batches_tracked = m.num_batches_tracked.clone()
+        out = bn
+    return out.to(device=w.device, dtype=w.dtype)
+
+
+def _gate_affine(m: UnitGate, units: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """A gate's per-feature scale and shift, at its alive features."""
+    if isinstance(m, TokenGate):
+        scale, shift = m.feature_affine()
+        size = m.unit_size
+    else:
+        scale = m.weight * m.unit_mask
+        shift = m.bias * m.unit_mask if m.affine else None
+        size = 1
+    keep = _alive(units, m.group, size, scale.numel()).to(scale.device)
+    return scale[keep], None if shift is None else shift[keep]
+
+
+@torch.no_grad()
+def _slim_tokens(gm: fx.GraphModule, model: nn.Module, units: dict[str, Tensor]) -> None:
+    """Cut every class token / position embedding parameter to its alive stream features."""
+    for name, m in model.named_modules():
+        if not isinstance(m, TaskTokens):
+            continue
+        for attr in ("cls_token", "pos_embed"):
+            target = f"{name}.{attr}" if name else attr
+            try:
+                param = gm.get_parameter(target)
+            except AttributeError:
+                continue
+            keep = _alive(units, m.group, 1, param.shape[-1]).to(param.device)
+            parent, _, leaf = target.rpartition(".")
+            owner = gm.get_submodule(parent) if parent else gm
+            setattr(owner, leaf, _param(param.index_select(-1, keep)))
+
+
+def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:
+    """Task ``task``'s sub-network of a transformer supernet with dead units removed
+    (see the module docstring), in eval mode."""
+    if not 0 <= task < len(supernet.masks):
+        raise ExportError(f"task {task} is not learned (tasks 0..{len(supernet.masks) - 1})")
+    supernet.use_task(task)
+    units = {g: a.bool() for g, a in supernet.masks[task].units.items()}
+    for group, alive in units.items():
+        if not bool(alive.any()):
+            raise ExportError(f"task {task}: unit group {group!r} has no alive unit")
+    model = supernet.model
+    try:
+        graph = _TokenTracer().trace(model)
+    except Exception as exc:  # fx raises many kinds of errors on untraceable code
+        raise ExportError(
+            f"{type(model).__name__} cannot be traced by torch.fx "
+            f"(data-dependent control flow?): {exc}"
+        ) from exc
+    gm = fx.GraphModule(copy.deepcopy(model), graph, class_name=type(model).__name__)
+    modules = dict(model.named_modules())
+    folded: list[fx.Node] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        m = modules.get(node.target)
+        if isinstance(m, UnitGate | TaskBias):
+            folded.append(node)
+        elif isinstance(m, Sliceable):
+            _set_submodule(gm, node.target, _slim_layer(m, units))
+        elif isinstance(m, MaskedLayer | TaskSpecific):
+            raise ExportError(
+                f"module {node.target!r} ({type(m).__name__}) has no plain torch equivalent"
+            )
+    for node in folded:
+        m = modules[_module_target(node)]
+        prev = node.args[0] if node.args else None
+        target = (
+            gm.get_submodule(_module_target(prev))
+            if isinstance(prev, fx.Node) and prev.op == "call_module"
+            else None
+        )
+        if not isinstance(prev, fx.Node) or not isinstance(target, nn.Linear | nn.Conv2d):
+            raise ExportError(
+                f"{type(m).__name__} {node.target!r} must directly follow a linear or conv "
+                "layer to be folded into it"
+            )
+        if len(prev.users) != 1:
+            raise ExportError(f"{node.target!r}: the layer before it has other consumers")
+        if isinstance(m, UnitGate):
+            _fold_affine(target, *_gate_affine(m, units))
+        else:
+            _fold_affine(target, None, m.bias)
+        node.replace_all_uses_with(prev)
+        gm.graph.erase_node(node)
+    _slim_tokens(gm, model, units)
+    gm.graph.lint()
+    gm.recompile()
+    gm.delete_all_unused_submodules()
+    leftovers = [
+        f"{n} ({type(m).__name__})"
+        for n, m in gm.named_modules()
+        if n and type(m).__module__.split(".")[0] == "espn"
+    ]
+    if leftovers:
+        raise ExportError(f"espn modules left in the slim copy: {', '.join(leftovers)}")
+    return gm.eval()

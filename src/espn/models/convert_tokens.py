@@ -1,0 +1,279 @@
+"""Converting transformer layers: what :func:`espn.models.convert.to_supernet` does with
+``nn.LayerNorm``, ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer`` /
+``nn.TransformerEncoder`` and linear layers applied to token tensors ``(B, N, D)``.
+
+* ``nn.LayerNorm`` (over the last dimension) becomes a :class:`TaskLayerNorm` of the unit
+  group of the features it normalises (statistics over alive features only);
+* ``nn.MultiheadAttention`` (self-attention, ``q = k = v``) becomes a
+  :class:`MaskedSelfAttention` whose heads are the units of their own group;
+* ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder`` become :class:`EncoderLayer` /
+  :class:`EncoderStack`: the same submodules and computation in a forward that ``torch.fx``
+  can trace (the torch classes branch on their inputs for their fused fast path);
+* a linear layer whose output has more than two dimensions is gated by a :class:`TokenGate`
+  on its last dimension.
+
+A residual stream must start at a layer (an input projection, a patch embedding): a unit
+group reached by the model input or a bare parameter cannot be pruned exactly, and is
+refused before anything is trained (:func:`check_stream_sources`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from espn.errors import EspnError
+from espn.supernet.transformer import MaskedAttention, TaskLayerNorm
+
+
+class TokenConvertError(EspnError, ValueError):
+    """A transformer model the converter cannot express; the message says what."""
+
+
+class MaskedSelfAttention(MaskedAttention):
+    """A :class:`MaskedAttention` called like ``nn.MultiheadAttention`` for self-attention
+    (``query``, ``key`` and ``value`` the same tensor, no masks), returning ``(out, None)``."""
+
+    #: read by code written for ``nn.MultiheadAttention`` (``nn.TransformerEncoderLayer``)
+    in_proj_bias = None
+    _qkv_same_embed_dim = True
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        heads_group: str,
+        in_units: str | None,
+        batch_first: bool,
+        dropout: float,
+        task_affine: bool,
+    ) -> None:
+        super().__init__(
+            dim, heads, heads_group, in_units, task_affine=task_affine, dropout=dropout
+        )
+        self.batch_first = batch_first
+        self.num_heads = heads
+        self.embed_dim = dim
+
+    def forward(  # type: ignore[override]
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, None]:
+        if (key is not None and key is not query) or (value is not None and value is not query):
+            raise TokenConvertError(
+                "a converted nn.MultiheadAttention supports self-attention only (query, key "
+                "and value the same tensor)"
+            )
+        if key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise TokenConvertError(
+                "a converted nn.MultiheadAttention supports no attention or padding mask"
+            )
+        x = query if self.batch_first else query.transpose(0, 1)
+        out = super().forward(x)
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+@torch.no_grad()
+def convert_attention(
+    m: nn.MultiheadAttention, name: str, in_units: str | None, task_affine: bool
+) -> MaskedSelfAttention:
+    """The masked self-attention holding ``m``'s projection weights (biases are dropped, as
+    the converter drops every bias not absorbed by a norm; see ``espn.models.convert``)."""
+    out = MaskedSelfAttention(
+        m.embed_dim,
+        m.num_heads,
+        f"{name}.heads" if name else "heads",
+        in_units,
+        bool(m.batch_first),
+        float(m.dropout),
+        task_affine,
+    )
+    q, k, v = m.in_proj_weight.chunk(3)
+    out.q.weight.copy_(q)
+    out.k.weight.copy_(k)
+    out.v.weight.copy_(v)
+    out.proj.weight.copy_(m.out_proj.weight)
+    return out.to(m.in_proj_weight.device)
+
+
+@torch.no_grad()
+def convert_layernorm(m: nn.LayerNorm, group: str) -> TaskLayerNorm:
+    """A task LayerNorm of ``group`` starting from ``m``'s affine parameters (1 and 0 when
+    ``m`` has none)."""
+    out = TaskLayerNorm(int(m.normalized_shape[0]), group, eps=m.eps)
+    if m.weight is not None:
+        out.weight.copy_(m.weight)
+    if m.bias is not None:
+        out.bias.copy_(m.bias)
+    return out.to(device=out.weight.device if m.weight is None else m.weight.device)
+
+
+def check_token_module(name: str, m: nn.Module) -> None:
+    """Refuse a transformer module the converter cannot express (one line naming it)."""
+    if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) != 1:
+        raise TokenConvertError(
+            f"LayerNorm {name!r} normalises {tuple(m.normalized_shape)}; only a LayerNorm over "
+            "the last dimension is supported"
+        )
+    if isinstance(m, nn.MultiheadAttention) and (
+        not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn
+    ):
+        raise TokenConvertError(
+            f"MultiheadAttention {name!r} has kdim/vdim, add_bias_kv or add_zero_attn; only "
+            "plain self-attention (q, k, v of the embedding width) is supported"
+        )
+
+
+class EncoderLayer(nn.Module):
+    """``nn.TransformerEncoderLayer``'s computation (post- or pre-norm, no masks) with its
+    submodules, in a forward that ``torch.fx`` can trace."""
+
+    def __init__(self, layer: nn.TransformerEncoderLayer) -> None:
+        super().__init__()
+        self.self_attn = layer.self_attn
+        self.linear1, self.dropout, self.linear2 = layer.linear1, layer.dropout, layer.linear2
+        self.norm1, self.norm2 = layer.norm1, layer.norm2
+        self.dropout1, self.dropout2 = layer.dropout1, layer.dropout2
+        self.norm_first = layer.norm_first
+        self.activation: Callable[[Tensor], Tensor] = layer.activation
+
+    def _sa_block(self, x: Tensor) -> Tensor:
+        return self.dropout1(self.self_attn(x, x, x, need_weights=False)[0])
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(
+        self,
+        src: Tensor,
+        src_mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
+        if src_mask is not None or src_key_padding_mask is not None or is_causal:
+            raise TokenConvertError("a converted nn.TransformerEncoderLayer supports no mask")
+        if self.norm_first:
+            src = src + self._sa_block(self.norm1(src))
+            return src + self._ff_block(self.norm2(src))
+        src = self.norm1(src + self._sa_block(src))
+        return self.norm2(src + self._ff_block(src))
+
+
+class EncoderStack(nn.Module):
+    """``nn.TransformerEncoder``: its layers in turn, then its optional norm (no masks)."""
+
+    def __init__(self, encoder: nn.TransformerEncoder) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [
+                EncoderLayer(m) if isinstance(m, nn.TransformerEncoderLayer) else m
+                for m in encoder.layers
+            ]
+        )
+        self.norm = encoder.norm
+
+    def forward(
+        self,
+        src: Tensor,
+        mask: Tensor | None = None,
+        src_key_padding_mask: Tensor | None = None,
+        is_causal: bool | None = None,
+    ) -> Tensor:
+        if mask is not None or src_key_padding_mask is not None or is_causal:
+            raise TokenConvertError("a converted nn.TransformerEncoder supports no mask")
+        for layer in self.layers:
+            src = layer(src)
+        return src if self.norm is None else self.norm(src)
+
+
+def replace_encoders(model: nn.Module) -> nn.Module:
+    """``model`` with every ``nn.TransformerEncoder(Layer)`` replaced by its traceable twin
+    (same submodules, same names), in place; returns ``model``."""
+    if isinstance(model, nn.TransformerEncoder):
+        return EncoderStack(model)
+    if isinstance(model, nn.TransformerEncoderLayer):
+        return EncoderLayer(model)
+    for name, child in list(model.named_children()):
+        setattr(model, name, replace_encoders(child))
+    return model
+
+
+def token_outputs(model: nn.Module, example_input: Tensor, names: list[str]) -> set[str]:
+    """The modules of ``names`` whose output has more than two dimensions on ``example_input``
+    (features on the last dimension of a token tensor)."""
+    found: set[str] = set()
+    hooks = []
+    for name in names:
+
+        def hook(mod: nn.Module, inp: object, out: Tensor, name: str = name) -> None:
+            if isinstance(out, Tensor) and out.dim() > 2:
+                found.add(name)
+
+        hooks.append(model.get_submodule(name).register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(example_input)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found
+
+
+@torch.no_grad()
+def check_stream_sources(
+    model: nn.Module,
+    example_input: Tensor,
+    group: str,
+    writers: list[str],
+    readers: list[str],
+) -> None:
+    """Refuse a unit group whose features reach its readers from anything but its writers.
+
+    With the outputs of every writer of ``group`` (its producing layers, attention modules
+    and norms) set to zero, every reader must see only zeros on a random input of the
+    example's shape; otherwise the model input or a bare parameter feeds the group, and its
+    pruned features could not be zero.
+    """
+    if example_input.is_floating_point():
+        gen = torch.Generator().manual_seed(0)
+        noise = torch.randn(example_input.shape, generator=gen, dtype=example_input.dtype)
+        example_input = noise.to(example_input.device)
+    leaked: list[str] = []
+    hooks = []
+
+    def zero(mod: nn.Module, inp: object, out: object) -> object:
+        if isinstance(out, tuple):
+            return (torch.zeros_like(out[0]), *out[1:])
+        return torch.zeros_like(out) if isinstance(out, Tensor) else out
+
+    for name in writers:
+        hooks.append(model.get_submodule(name).register_forward_hook(zero))
+    for name in readers:
+
+        def check(mod: nn.Module, inp: tuple[object, ...], name: str = name) -> None:
+            x = inp[0] if inp else None
+            if isinstance(x, Tensor) and bool(x.ne(0).any()):
+                leaked.append(name)
+
+        hooks.append(model.get_submodule(name).register_forward_pre_hook(check))
+    try:
+        model(example_input)
+    finally:
+        for h in hooks:
+            h.remove()
+    if leaked:
+        raise TokenConvertError(
+            f"the features {leaked[0]!r} reads (unit group {group!r}) come partly from the "
+            "model input or a bare parameter, not only from layers, so they cannot be pruned "
+            "exactly; start the residual stream with a layer (an input nn.Linear or a patch "
+            "nn.Conv2d)"
+        )

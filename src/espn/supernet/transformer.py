@@ -1,0 +1,150 @@
+"""Supernet building blocks for transformers: features on the last dimension of token tensors.
+
+* :class:`TokenGate`: a :class:`UnitGate` for tensors whose features are the last dimension
+  (``(B, N, D)`` tokens); with ``unit_size > 1`` one gate entry scales ``unit_size``
+  consecutive features (an attention head's ``head_dim`` values).
+* :class:`TaskLayerNorm`: LayerNorm over the last dimension whose affine parameters belong to
+  the active task and whose statistics run over the *alive* features only, so that the
+  output equals a LayerNorm of the slim model (pruned features removed) and a pruned feature
+  outputs exactly zero.
+* :class:`TaskTokens`: a class token and position embeddings owned by the active task.
+* :class:`MaskedAttention`: multi-head self-attention whose heads are the units: the q, k
+  and v rows and the output-projection columns of a head share one unit of the heads group,
+  so a head is kept or removed whole.
+
+Every layer here keeps zero forgetting as the convolutional supernet does: weights are
+:class:`~espn.supernet.layers.MaskedLinear` (frozen once a task owns them), everything else
+is task-specific state swapped in with the task.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from espn.supernet.layers import MaskedLinear, TaskSpecific, UnitGate, UnitModule, expand_units
+
+
+class TokenGate(UnitGate):
+    """A :class:`UnitGate` scaling the last dimension; one unit spans ``unit_size`` features."""
+
+    def __init__(self, n: int, group: str, affine: bool = False, unit_size: int = 1) -> None:
+        super().__init__(n, group, affine=affine)
+        self.unit_size = unit_size
+
+    def feature_affine(self) -> tuple[Tensor, Tensor | None]:
+        """The per-feature scale and shift (None for a scale-only gate) this gate applies."""
+        scale = expand_units(self.weight * self.unit_mask, self.unit_size)
+        if not self.affine:
+            return scale, None
+        return scale, expand_units(self.bias * self.unit_mask, self.unit_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale, shift = self.feature_affine()
+        return x * scale if shift is None else x * scale + shift
+
+
+class TaskLayerNorm(nn.LayerNorm, UnitModule):
+    """LayerNorm over the last dimension with per-task affine parameters (the unit saliency)
+    and statistics over the alive features of its group.
+
+    A pruned feature is excluded from the mean and variance and outputs exactly zero, so the
+    slim model's ``nn.LayerNorm`` over the alive features computes the same values.
+    Always affine (a converted ``elementwise_affine=False`` LayerNorm starts at scale 1,
+    shift 0, which then trains per task).
+    """
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+
+    def __init__(self, n: int, group: str, eps: float = 1e-5) -> None:
+        super().__init__(n, eps=eps)
+        self._init_units(group, n)
+        self.affine = True
+
+    def reset_task(self, n_classes: int) -> None:
+        self.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        mask = self.unit_mask.to(x.dtype)
+        count = mask.sum().clamp_min(1.0)
+        mean = (x * mask).sum(-1, keepdim=True) / count
+        centred = (x - mean) * mask
+        var = (centred * centred).sum(-1, keepdim=True) / count
+        return centred * torch.rsqrt(var + self.eps) * (self.weight * mask) + self.bias * mask
+
+
+class TaskTokens(TaskSpecific):
+    """Prepends a class token and adds position embeddings, both owned by the active task.
+
+    Per-task state (``(N + 1) * D + D`` values per task) rather than shared masked weights:
+    a later task can never change an earlier task's embeddings, and they cost no FLOPs.
+    ``group`` names the unit group of the ``dim`` features (the residual stream), whose
+    pruned features the slim model drops from the embeddings.
+    """
+
+    def __init__(self, tokens: int, dim: int, group: str | None) -> None:
+        super().__init__()
+        self.group = group
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, tokens + 1, dim))
+        self.reset_task(0)
+
+    def reset_task(self, n_classes: int) -> None:
+        with torch.no_grad():
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1) + self.pos_embed
+
+
+class MaskedAttention(nn.Module):
+    """Multi-head self-attention on ``(B, N, D)`` tokens whose units are its heads.
+
+    ``q``, ``k``, ``v`` are masked ``D -> heads * head_dim`` projections and ``proj`` the
+    masked ``heads * head_dim -> D`` output projection; a head is one unit of group
+    ``heads_group`` spanning ``head_dim`` rows of q, k, v and ``head_dim`` columns of proj.
+    A :class:`TokenGate` on v scales each head (its saliency): a pruned head's values are zero,
+    so it adds nothing, and the slim model drops its rows and columns. The head count is
+    read from the tensors, so the traced graph runs unchanged with fewer heads.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        heads_group: str,
+        in_units: str | None,
+        head_dim: int | None = None,
+        task_affine: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim or dim // heads
+        self.heads_group = heads_group
+        width = heads * self.head_dim
+        self.q = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
+        self.k = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
+        self.v = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
+        for layer in (self.q, self.k, self.v):
+            layer.out_unit_size = self.head_dim
+        self.gate = TokenGate(heads, heads_group, affine=task_affine, unit_size=self.head_dim)
+        self.proj = MaskedLinear(width, dim, in_units=heads_group, out_units=in_units)
+        self.proj.in_unit_size = self.head_dim
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.attn_drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n = x.shape[0], x.shape[1]
+        q = self.q(x).view(b, n, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, n, -1, self.head_dim).transpose(1, 2)
+        v = self.gate(self.v(x)).view(b, n, -1, self.head_dim).transpose(1, 2)
+        attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
+        attn = self.attn_drop(attn)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
+        return self.proj(out)

@@ -1,0 +1,335 @@
+"""Transformers as supernets: zero forgetting, exact per-task FLOPs (attention matmuls
+included) against FlopCounterMode on the exported slim model, heads pruned whole, resume, and
+one-line refusals. Tiny models (see ``helpers.tokens``), seconds each."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import espn
+from espn.config import make_config
+from espn.errors import EspnError
+from espn.evaluation import task_logits
+from espn.experiment import build_benchmark, build_supernet, run_experiment
+from espn.export.export import export_task, measured_flops
+from espn.export.slim import ExportError, plain_copy, slim_copy
+from espn.methods import METHODS
+from espn.supernet import Supernet
+from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TokenGate
+from espn.training import Engine, OptimConfig
+from helpers.deploy import Killed, comparable, kill_at_step
+from helpers.tokens import RowTransformer, ln_mlp, token_models
+
+OPTIMIZERS = [
+    OptimConfig("sgd", lr=0.05, momentum=0.9, weight_decay=1e-2),
+    OptimConfig("adam", lr=1e-3, weight_decay=1e-2),
+]
+MODELS = ["tiny-vit", "ln-mlp", "row-transformer"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered() -> Iterator[None]:
+    with token_models():
+        yield
+
+
+def train(model: str, optim: OptimConfig, tmp: Path, method: str = "espn") -> tuple:
+    """Learn the three tiny tasks with ``method`` (gamma 0.5, alpha 0.5), checking after each
+    task that every earlier task's logits and weights are bit-identical."""
+    cfg = make_config(
+        benchmark="tiny-tokens",
+        model=model,
+        method=method,
+        gamma=0.5 if method == "espn" else None,
+        alpha=0.5,
+        epochs=(1, 2, 1),
+        out=tmp / "run",
+    )
+    seq = build_benchmark(cfg)
+    sn = build_supernet(cfg, seq)
+    engine = Engine(sn, METHODS.get(method)(cfg.method_config()), optim, 16, 0, progress=False)
+    logits, weights = [], []
+    for t, task in enumerate(seq.tasks):
+        engine.train_task(task, t)
+        for j in range(t):
+            assert torch.equal(task_logits(sn, seq.tasks[j], j), logits[j]), f"task {j} changed"
+            for n, layer in sn.layers.items():
+                mask = sn.masks[j].weight_mask(n)
+                assert torch.equal(layer.weight[mask], weights[j][n][mask])
+        logits.append(task_logits(sn, task, t))
+        weights.append({n: m.weight.detach().clone() for n, m in sn.layers.items()})
+    return sn, seq
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, tuple]:
+    """Each model trained once with ESPN and SGD, shared by the FLOPs and head tests."""
+    tmp = tmp_path_factory.mktemp("trained")
+    return {m: train(m, OPTIMIZERS[0], tmp / m) for m in MODELS}
+
+
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("model", MODELS)
+def test_earlier_tasks_bit_identical(model, optim, tmp_path):
+    train(model, optim, tmp_path)
+
+
+def test_packnet_on_the_vit_keeps_earlier_tasks(tmp_path):
+    train("tiny-vit", OPTIMIZERS[1], tmp_path, method="packnet")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_flops_equal_flop_counter_on_the_exported_model(model, trained, tmp_path):
+    sn, seq = trained[model]
+    x = seq.tasks[0].test.x[:4]
+    for t in range(len(sn.masks)):
+        slim = slim_copy(sn, t, x)
+        assert measured_flops(slim, x) == sn.flops(sn.masks[t].units)
+        assert sn.flops(sn.masks[t].units) <= 0.5 * sn.dense_flops
+        assert not any(type(m).__module__.startswith("espn") for m in slim.modules())
+        with torch.no_grad():
+            assert torch.allclose(slim(x), sn(x, task=t), atol=1e-5)
+    report = export_task(sn, t, [x], tmp_path / "last.pt2", also_onnx=False)  # torch.export
+    assert report.flops == sn.flops(sn.masks[t].units)
+
+
+def test_attention_flops_count_qk_and_av():
+    """The analytic count of a ViT equals FlopCounterMode on it, whose bmm/matmul counts
+    include QK^T and AV (2 N^2 d per head each): removing a head removes them."""
+    sn = espn.wrap("tiny-vit", torch.zeros(2, 1, 8, 8), n_classes=3)
+    x = torch.randn(1, 1, 8, 8)
+    assert measured_flops(sn.model, x) == sn.dense_flops
+    per_head = sn.unit_flops()["blocks.0.heads"]
+    tokens, head_dim, dim = 5, 16, 32
+    assert per_head == 4 * tokens**2 * head_dim + 3 * 2 * tokens * dim * head_dim
+    units = sn.unit_masks()
+    units["blocks.0.heads"][1] = False
+    assert sn.dense_flops - sn.flops(units) == per_head + 2 * tokens * head_dim * dim
+
+
+@pytest.mark.parametrize("model", ["tiny-vit", "row-transformer"])
+def test_heads_are_pruned_whole(model, trained):
+    sn = trained[model][0]
+    attentions = [m for m in sn.model.modules() if isinstance(m, MaskedAttention)]
+    assert attentions
+    for t in range(len(sn.masks)):
+        sn.use_task(t)
+        for attn in attentions:
+            alive = sn.unit_masks()[attn.heads_group]
+            hd = attn.head_dim
+            for layer in (attn.q, attn.k, attn.v):  # rows of a head: all dead or head alive
+                used = layer.weight_mask.bool().view(-1, hd, layer.in_features).flatten(1).any(1)
+                assert not (used & ~alive).any()
+            cols = attn.proj.weight_mask.bool().view(attn.proj.out_features, -1, hd).any(2).any(0)
+            assert not (cols & ~alive).any()
+
+
+def test_a_dead_head_leaves_the_slim_model():
+    sn = espn.wrap("tiny-vit", torch.zeros(2, 1, 8, 8), n_classes=3)
+    sn.begin_task(3)
+    units = sn.unit_masks()
+    units["blocks.1.heads"][0] = False
+    units["blocks.0.mlp"][:10] = False
+    units["stream"][5:9] = False
+    sn.set_unit_masks(units)
+    sn.commit_task()
+    x = torch.randn(3, 1, 8, 8)
+    slim = slim_copy(sn, 0, x)
+    block0, block1 = slim.get_submodule("blocks.0"), slim.get_submodule("blocks.1")
+    assert block1.attn.q.weight.shape == (16, 28) and block1.attn.proj.weight.shape == (28, 16)
+    assert block0.attn.q.weight.shape == (32, 28) and block0.fc1.weight.shape == (54, 28)
+    assert slim.get_submodule("blocks.0.norm1").normalized_shape == (28,)
+    assert slim.get_parameter("tokens.pos_embed").shape == (1, 5, 28)
+    sn.eval()
+    with torch.no_grad():
+        assert torch.allclose(slim(x), sn(x, task=0), atol=1e-5)
+    assert measured_flops(slim, x) == sn.flops()
+    with pytest.raises(ExportError, match="use slim_copy"):
+        plain_copy(sn, 0)
+
+
+def test_layernorm_mlp_exports_equal_to_the_supernet():
+    """LayerNorm(elementwise_affine=False) after pruned neurons: normalised over the alive
+    neurons only, so the slim model (pruned neurons removed) computes the same."""
+    x = torch.randn(6, 1, 8, 8)
+    sn = espn.wrap(ln_mlp(), x)
+    norms = [m for m in sn.model.modules() if isinstance(m, TaskLayerNorm)]
+    assert len(norms) == 2
+    sn.begin_task(3)
+    with torch.no_grad():
+        for m in norms:
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-1, 1)
+    units = {g: torch.arange(n) % 3 != 0 for g, n in sn.group_sizes.items()}
+    sn.set_unit_masks(units)
+    sn.commit_task()
+    sn.eval()
+    slim = slim_copy(sn, 0, x)
+    with torch.no_grad():
+        assert torch.allclose(slim(x), sn(x, task=0), atol=1e-5)
+        hidden = sn.model[:3](x)  # first linear and its LayerNorm: dead neurons exactly 0
+    assert bool((hidden[:, ~units[next(iter(units))]] == 0).all())
+
+
+def test_token_linear_layers_are_gated_on_the_last_dimension():
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.fc = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.b(torch.relu(self.a(x.flatten(1, 2))))).mean(1))
+
+    x = torch.randn(4, 1, 8, 8)
+    sn = espn.wrap(Tokens(), x)
+    assert sum(isinstance(m, TokenGate) for m in sn.model.modules()) == 2
+    assert sn.dense_flops == measured_flops(sn.model, x[:1])
+    sn.begin_task(3)
+    sn.set_unit_masks({g: torch.arange(n) % 2 == 0 for g, n in sn.group_sizes.items()})
+    sn.commit_task()
+    slim = slim_copy(sn, 0, x)
+    assert measured_flops(slim, x) == sn.flops()
+    sn.eval()
+    with torch.no_grad():
+        assert torch.allclose(slim(x), sn(x, task=0), atol=1e-5)
+
+
+def test_vit_run_resumes_exactly(tmp_path, monkeypatch):
+    options = {
+        "benchmark": "tiny-tokens",
+        "model": "tiny-vit",
+        "epochs": (1, 2, 1),
+        "momentum": 0.9,
+        "gamma": 0.5,
+    }
+
+    def fingerprint(run: Path) -> dict:
+        manifest = json.loads((run / "checkpoint" / "manifest.json").read_text())
+        return {
+            "results": comparable(json.loads((run / "results.json").read_text())),
+            "tasks": [t["sha256"] for t in manifest["tasks"]],
+            "state": manifest["state"]["sha256"],
+        }
+
+    run_experiment(make_config(**options, out=tmp_path / "reference"), progress=False)
+    cfg = make_config(**options, out=tmp_path / "run")
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 17)  # 12 steps per task: task 2, in its second epoch
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False, resume=True)
+    assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
+
+
+class _CrossAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True, kdim=8, vdim=8)
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x):
+        t = x.flatten(1, 2)
+        return self.fc(self.attn(self.inp(t), t, t)[0].mean(1))
+
+
+class _StreamFromInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(self.layer(x.flatten(1, 2)).mean(1))
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Flatten(), nn.Linear(144, 3)),
+            "module '1' is a GroupNorm with parameters, not supported",
+        ),
+        (_CrossAttention(), "MultiheadAttention 'attn' has kdim/vdim"),
+        (_StreamFromInput(), "come partly from the model input or a bare parameter"),
+        (
+            nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Unflatten(1, (2, 4)), nn.LayerNorm(4)),
+            "end in exactly one nn.Linear",
+        ),
+    ],
+    ids=["groupnorm", "cross-attention", "stream-from-input", "layernorm-output"],
+)
+def test_unsupported_models_are_refused_in_one_line(model, message):
+    with pytest.raises(EspnError) as info:
+        espn.wrap(model, torch.zeros(2, 1, 8, 8))
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_vit_refuses_inputs_it_cannot_cut_into_patches():
+    with pytest.raises(EspnError, match=r"patch size 4 .* got input shape \(3, 30, 30\)"):
+        espn.wrap("vit-p4", torch.zeros(2, 3, 30, 30), n_classes=2)
+
+
+def test_post_and_pre_norm_encoder_layers_compute_what_torch_does():
+    """Converted nn.TransformerEncoder(Layer) equals torch's (biases zeroed: the converter
+    drops biases that no norm absorbs) until the first task resets the task state."""
+    for norm_first in (False, True):
+        torch.manual_seed(0)
+        model = RowTransformer(norm_first=norm_first).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias") and "norm" not in name and not name.startswith("fc"):
+                    p.zero_()
+        x = torch.randn(4, 1, 8, 8)
+        sn = espn.wrap(model, x).eval()
+        with torch.no_grad():
+            assert torch.allclose(sn(x), model(x), atol=1e-5)
+
+
+def test_timm_vit_is_converted_and_exported():
+    timm = pytest.importorskip("timm")
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=2
+    ).eval()
+    with torch.no_grad():  # biases no norm absorbs are dropped; the patch bias is kept exactly
+        for name, p in model.named_parameters():
+            kept = any(k in name for k in ("norm", "patch_embed", "head"))
+            if name.endswith("bias") and not kept:
+                p.zero_()
+    x = torch.randn(4, 1, 8, 8)
+    sn = espn.wrap(model, x)
+    assert isinstance(sn, Supernet) and "blocks.1.heads" in sn.group_sizes
+    sn.eval()
+    with torch.no_grad():
+        assert torch.allclose(sn(x), model(x), atol=1e-5)
+    sn.begin_task(3)
+    units = sn.unit_masks()
+    units["blocks.0.heads"][1] = False
+    sn.set_unit_masks(units)
+    sn.commit_task()
+    slim = slim_copy(sn, 0, x)
+    assert measured_flops(slim, x) == sn.flops()
+    layer_scale = VisionTransformer(
+        img_size=8,
+        patch_size=4,
+        in_chans=1,
+        num_classes=3,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
+        init_values=1e-5,
+    )
+    with pytest.raises(EspnError) as info:
+        espn.wrap(layer_scale, x)
+    assert "blocks.0.ls1=LayerScale is not supported" in str(info.value)
+    assert "\n" not in str(info.value) and timm.__name__ == "timm"
