@@ -222,11 +222,12 @@ def test_api_checkpoint_is_read_by_espn_evaluate_and_export(tmp_path: Path) -> N
 
 
 def test_api_checkpoint_is_read_by_espn_info_in_another_process(tmp_path: Path) -> None:
-    """A fresh process rebuilds the model from the checkpoint's import reference alone."""
+    """A fresh process rebuilds the model from the checkpoint's import reference alone, when
+    told to trust the code it names."""
     _, run = saved_run(tmp_path)
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
     info = subprocess.run(
-        [sys.executable, "-m", "espn.cli.main", "info", "--run", str(run)],
+        [sys.executable, "-m", "espn.cli.main", "info", "--run", str(run), "--trust-model-code"],
         capture_output=True,
         text=True,
         env=env,

@@ -404,15 +404,19 @@ class ContinualLearner:
 
 
 def _known(name: str) -> None:
-    """Let a run configuration name the model: a reference or an instance's name is
-    registered (an instance's factory says how to rebuild it: only with its code)."""
-    from espn.models.reference import is_reference, register_reference
+    """Let a run configuration name the model: a reference is registered where it may be
+    imported, else (an instance's name, a reference not trusted) a factory saying that only
+    the caller's code rebuilds it."""
+    from espn.models.reference import is_reference, resolve
 
     if name in MODELS:
         return
     if is_reference(name):
-        register_reference(name)
-        return
+        try:
+            resolve(name)
+            return
+        except ModelReferenceError:
+            pass
 
     def factory(spec: ModelSpec) -> nn.Module:
         raise CheckpointError(
@@ -431,6 +435,7 @@ def load(
     device: str = "cpu",
     progress: bool = False,
     benchmark_data: bool = False,
+    trust_model_code: bool = False,
     **model_args: Any,
 ) -> ContinualLearner:
     """A learner holding every task of the run saved in ``path`` (by :meth:`ContinualLearner.
@@ -441,12 +446,17 @@ def load(
     when only your code can build it (a model given to :func:`wrap` as an instance).
     Test data saved with the run is loaded with it; ``benchmark_data`` also builds the
     benchmark of an ``espn run`` run, so that its tasks evaluate without data given.
+    A module the run names (an import reference) is imported only if it is already imported
+    here or ``trust_model_code`` is set: opening a run directory never runs code it names.
     """
+    from espn.models.reference import reading_run
+
     manifest = read_manifest(checkpoint_dir(path))
     name = str(manifest["model"])
     given = None
     if model is not None:
-        _known(name)
+        with reading_run(path, trust_model_code):
+            _known(name)
         spec = manifest["spec"]
         given = wrap(
             model,
@@ -455,7 +465,7 @@ def load(
             task_affine=bool(manifest["config"].get("task_affine", False)),
             **model_args,
         )
-    loaded = load_run(path, device, supernet=given)
+    loaded = load_run(path, device, supernet=given, trust_code=trust_model_code)
     cfg = loaded.config
     sn = loaded.supernet
     sn.model_name = name

@@ -19,7 +19,6 @@ from espn.methods.base import (
     declared_options,
 )
 from espn.methods.options import resolve_settings
-from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 from espn.supernet.flops import FLOP_LOADS
 from espn.training.optim import OPTIMIZERS, OptimConfig
@@ -214,13 +213,10 @@ class RunConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str | None) -> str | None:
-        if v is not None and v not in MODELS:
-            from espn.models.reference import is_reference, register_reference
-
-            if is_reference(v):  # "package.module:Factory(key=value)"
-                register_reference(v)
         if v is not None:
-            MODELS.get(v)
+            from espn.models.reference import resolve
+
+            resolve(v)  # a registered name, or "package.module:Factory(key=value)"
         return v
 
     @field_validator("pruner")

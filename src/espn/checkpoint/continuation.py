@@ -21,6 +21,7 @@ from espn.checkpoint.store import read_checkpoint, restore
 from espn.config import ConfigError, RunConfig, make_config, upgrade_saved_config
 from espn.data.tasks import TaskSequence
 from espn.methods.base import METHODS
+from espn.models.reference import reading_run
 from espn.supernet.supernet import Supernet
 
 
@@ -53,7 +54,8 @@ def open_source(cfg: RunConfig) -> SourceRun:
     saved = upgrade_saved_config(dict(manifest["config"]))
     values = {k: v for k, v in saved.items() if k not in ("device", "out")}
     try:
-        source = make_config(**values, device=cfg.device, out=directory)
+        with reading_run(directory):  # a module it names is imported only if --model names it
+            source = make_config(**values, device=cfg.device, out=directory)
     except ConfigError as exc:
         raise ConfigError(f"from_run {directory}: its options are not valid here: {exc}") from None
     return SourceRun(directory, source, manifest, int(cfg.after_task))
