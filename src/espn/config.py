@@ -315,6 +315,16 @@ class RunConfig(BaseModel):
             raise ValueError(f"momentum must be in [0, 1), got {v}")
         return v
 
+    @field_validator("epochs", mode="before")
+    @classmethod
+    def _three_epochs(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple) and len(v) != 3:
+            raise ValueError(
+                "epochs must be three non-negative counts (pre-train, prune, fine-tune), "
+                f"got {len(v)} ({','.join(map(str, v))})"
+            )
+        return v
+
     @field_validator("epochs")
     @classmethod
     def _epochs(cls, v: tuple[int, int, int] | None) -> tuple[int, int, int] | None:

@@ -36,6 +36,7 @@ def run_target(
     cpus_per_run: float = 1.0,
     gpus_per_run: float = 0.0,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> TargetResult:
     """Run (reuse, resume) every point of target ``name`` at ``options`` into ``out``, stage
     by stage through :func:`espn.sweep.run_sweep`, then write its table and figure."""
@@ -57,6 +58,7 @@ def run_target(
                 cpus_per_run=cpus_per_run,
                 gpus_per_run=gpus_per_run,
                 progress=progress,
+                overwrite=overwrite,
             )
         failed |= {o.run_dir.resolve() for o in outcomes if not _complete(o.results)}
     runs, missing = [], list(skipped)
