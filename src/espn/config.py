@@ -214,7 +214,7 @@ class RunConfig(BaseModel):
     @classmethod
     def _model(cls, v: str | None) -> str | None:
         if v is not None:
-            from espn.models.reference import resolve
+            from espn.models import resolve
 
             resolve(v)  # a registered name, or "package.module:Factory(key=value)"
         return v

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import torch
 
-from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir, manifest_or_none
 from espn.checkpoint.manifest import check_against_results
 from espn.checkpoint.store import (
     Checkpoint,
@@ -63,11 +62,8 @@ def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
 
 def saved_config(out: Path | str) -> dict[str, Any] | None:
     """The configuration recorded in ``out``'s checkpoint manifest, if one is readable."""
-    try:
-        saved = json.loads((checkpoint_dir(out) / MANIFEST).read_text())["config"]
-        return upgrade_saved_config(dict(saved))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    manifest = manifest_or_none(checkpoint_dir(out))
+    return None if manifest is None else upgrade_saved_config(dict(manifest["config"]))
 
 
 def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:

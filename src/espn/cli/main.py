@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -73,13 +72,14 @@ def resume_command(ctx: typer.Context) -> str:
 
 def interrupted_message(out: Path, ctx: typer.Context) -> str:
     """What Ctrl-C leaves behind: where the last checkpoint is and how to continue."""
-    manifest = out / "checkpoint" / "manifest.json"
-    try:
-        doc: dict[str, Any] = json.loads(manifest.read_text())
-        done = len(doc["tasks"])
-        where = f"the last checkpoint ({done} task(s) finished) is in {manifest.parent}"
-    except (OSError, ValueError, KeyError, TypeError):
+    from espn.checkpoint.format import checkpoint_dir, manifest_or_none
+
+    doc = manifest_or_none(checkpoint_dir(out))
+    if doc is None:
         return "interrupted before the first checkpoint was written; nothing to resume"
+    where = (
+        f"the last checkpoint ({len(doc['tasks'])} task(s) finished) is in {checkpoint_dir(out)}"
+    )
     return f"interrupted; {where}; continue with: {resume_command(ctx)}"
 
 
