@@ -95,7 +95,7 @@ def test_bad_inputs_are_refused_with_what_is_accepted() -> None:
         learner.learn((x, y.float()))
     with pytest.raises(ValueError, match="n_classes 2 does not cover the labels"):
         learner.learn((x, y), n_classes=2)
-    with pytest.raises(IndexError, match="no task is learned yet"):
+    with pytest.raises(ValueError, match="no task is learned yet"):
         learner.evaluate(0, (x, y))
     sn = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
     with pytest.raises(ValueError, match=r"gamma 0\.001 is below the smallest FLOPs ratio"):

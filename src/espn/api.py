@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from espn import api_checks as checks
 from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
 from espn.checkpoint.run import check_out_dir, load_run, run_meta
 from espn.checkpoint.store import CheckpointWriter
@@ -38,7 +39,7 @@ from espn.data.tensors import (
 from espn.errors import EspnError
 from espn.evaluation.metrics import task_accuracy
 from espn.experiment import build_benchmark, min_flops_ratio, results_document, task_record
-from espn.export.export import ExportReport, export_task
+from espn.export.export import ExportReport, check_target, export_task
 from espn.methods.base import METHODS, MethodConfig, Strategy, create_method
 from espn.models.reference import (
     ModelReferenceError,
@@ -86,6 +87,18 @@ def wrap(
     task (else one shared, masked head); ``task_affine``: per-task gate scales and shifts
     (beyond the paper).
     """
+    checks.check_example(model, example_input)
+    with checks.about("example_input", "the model cannot be built and run on it: "):
+        return _wrap(model, example_input, multi_head, task_affine, model_args)
+
+
+def _wrap(
+    model: nn.Module | str | Callable[..., nn.Module],
+    example_input: Tensor,
+    multi_head: bool,
+    task_affine: bool,
+    model_args: dict[str, Any],
+) -> Supernet:
     if isinstance(model, str) and model in MODELS:
         n_classes = int(model_args.pop("n_classes", 10))
         _no_args(model_args, model)
@@ -121,7 +134,7 @@ def wrap(
 
 def _no_args(args: dict[str, Any], what: str) -> None:
     if args:
-        raise TypeError(
+        raise checks.ApiArgumentError(
             f"keyword arguments {sorted(args)} given with {what}; they are passed to a class "
             "or factory function (wrap(Net, x, width=8)), not to a model instance"
         )
@@ -163,11 +176,24 @@ class ContinualLearner:
         progress: bool = False,
         **settings: Any,
     ) -> None:
+        checks.check_learner(
+            supernet,
+            device,
+            settings,
+            optimizer=optimizer,
+            lr=lr,
+            batch_size=batch_size,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            betas=betas,
+            seed=seed,
+        )
         if device is not None:
             supernet.to(device)
             supernet.owners.to(device)
         self.supernet = supernet
-        self.strategy = _strategy(method, settings)
+        with checks.about("settings"):
+            self.strategy = _strategy(method, settings)
         self.optim = OptimConfig(optimizer, lr, weight_decay, momentum, (betas[0], betas[1]))
         self.batch_size, self.seed = batch_size, seed
         self.engine = Engine(
@@ -197,6 +223,10 @@ class ContinualLearner:
         it: the task's row of :attr:`accuracy_matrix`. ``n_classes`` defaults to the largest
         label + 1.
         """
+        checks.check_data_given(data, "data")
+        checks.check_name(name)
+        if n_classes is not None:
+            checks.check_classes(n_classes)
         if type(self.strategy).training_tasks is not Strategy.training_tasks:
             raise LearnerError(
                 f"method {self.strategy.name!r} trains all tasks together, not one at a time; "
@@ -204,8 +234,13 @@ class ContinualLearner:
             )
         index = len(self.supernet.masks)
         name = name or f"task {index}"
-        with torch.random.fork_rng(devices=[]):  # a loader's draws leave training's alone
+        # forked: a loader's draws leave training's alone
+        with torch.random.fork_rng(devices=[]), checks.about("data", test_argument="test"):
             task = tensor_task(name, data, test, n_classes, self.device)
+        checks.check_inputs(task.train.x, "data", self.supernet.input_shape)
+        if len(task.test):
+            checks.check_inputs(task.test.x, "test", self.supernet.input_shape)
+        checks.check_classes(task.n_classes, "n_classes" if n_classes is not None else "data")
         if not len(task.train):
             raise LearnerError(f"{name}: no training samples")
         self._check_gamma()
@@ -268,14 +303,13 @@ class ContinualLearner:
                 raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
             return task_accuracy(self.supernet, known, task)
         n_classes = self.supernet.masks[task].n_classes
-        probe = tensor_task(self.names[task], None, data, n_classes, self.device)
+        with checks.about("data"):
+            probe = tensor_task(self.names[task], None, data, n_classes, self.device)
+        checks.check_inputs(probe.test.x, "data", self.supernet.input_shape)
         return task_accuracy(self.supernet, probe, task)
 
     def _check_task(self, task: int) -> None:
-        n = len(self.supernet.masks)
-        if not 0 <= task < n:
-            learned = f"tasks 0..{n - 1}" if n else "no task is learned yet"
-            raise IndexError(f"task {task} is not learned ({learned})")
+        checks.check_task(task, len(self.supernet.masks))
 
     def report(self) -> list[dict[str, Any]]:
         """Per task: name, classes, FLOPs (and ratio to the dense supernet), weights used and
@@ -299,8 +333,12 @@ class ContinualLearner:
         data) and against the task's FLOPs (see :func:`espn.export.export.export_task`);
         ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it."""
         self._check_task(task)
+        checks.check_export_path(path)
+        check_target(path)
         if data is not None:
-            x = tensor_task(self.names[task], None, data, None, self.device).test.x
+            with checks.about("data"):
+                x = tensor_task(self.names[task], None, data, None, self.device).test.x
+            checks.check_inputs(x, "data", self.supernet.input_shape)
         else:
             known = self.tasks[task]
             if known is None:
@@ -359,7 +397,7 @@ class ContinualLearner:
         JSON), ``path/results.json``, and the tasks' test data in ``path/data`` (so that
         ``espn evaluate --run path`` re-computes the accuracies). Refuses a directory holding
         another run unless ``overwrite``."""
-        path = Path(path)
+        path = checks.check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")
         check_out_dir(path, resume=False, overwrite=overwrite)

@@ -315,6 +315,13 @@ class RunConfig(BaseModel):
             raise ValueError(f"momentum must be in [0, 1), got {v}")
         return v
 
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not all(0 <= b < 1 for b in v):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {v[0]:g},{v[1]:g}")
+        return v
+
     @field_validator("epochs", mode="before")
     @classmethod
     def _three_epochs(cls, v: Any) -> Any:
@@ -635,12 +642,17 @@ def make_config(**values: Any) -> RunConfig:
     try:
         return RunConfig(**values)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "finite_number":
-                where = str(err["loc"][0]) if err["loc"] else where
-                msg = f"must be a finite number, got {err['input']!r}"
-            lines.append(f"{where}: {msg}")
-        raise ConfigError("; ".join(lines)) from None
+        raise config_error(exc) from None
+
+
+def config_error(exc: ValidationError) -> ConfigError:
+    """A :class:`RunConfig` validation error as one line, ``field: what is wrong``."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "finite_number":
+            where = str(err["loc"][0]) if err["loc"] else where
+            msg = f"must be a finite number, got {err['input']!r}"
+        lines.append(f"{where}: {msg}")
+    return ConfigError("; ".join(lines))
