@@ -81,3 +81,18 @@ def test_integer_weights_are_refused_before_anything_changes() -> None:
     with pytest.raises(PretrainedError, match=f"pretrained {first} is int64"):
         adopt_pretrained(sn, tensors, 3)
     assert len(sn.masks) == 0
+
+
+def test_a_replaced_from_run_source_is_named(cli_run, tmp_path) -> None:
+    """A run made on top of ``--from-run SRC``: once SRC is replaced by another run,
+    ``evaluate`` of the derived run names the replaced source (not "tasks differ")."""
+    from helpers.deploy import cli_options
+
+    derived = tmp_path / "derived"
+    args = [*cli_options(derived), "--from-run", str(cli_run), "--after-task", "1"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert runner.invoke(app, ["evaluate", "--run", str(derived)]).exit_code == 0
+    again = [*cli_options(cli_run), "--seed", "1", "--overwrite"]
+    assert runner.invoke(app, again).exit_code == 0
+    line = one_line(runner.invoke(app, ["evaluate", "--run", str(derived)]))
+    assert f"continues --from-run {cli_run}, which was replaced since" in line

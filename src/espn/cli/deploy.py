@@ -46,11 +46,13 @@ def evaluate(
     Every finished task is evaluated on its test data and compared with results.json; the exit
     status is 1 if any differs.
     """
+    from espn.checkpoint.continuation import check_source_unchanged
     from espn.checkpoint.run import load_run
     from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.experiment import build_benchmark
 
     loaded = load_run(run, device, trust_code=trust_model_code)
+    check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = build_benchmark(loaded.config)
     doc = _results(run)
     rows = [t["accuracy"] for t in loaded.checkpoint.tasks if t.get("accuracy") is not None]
@@ -103,6 +105,7 @@ def export_command(
     """
     import torch
 
+    from espn.checkpoint.continuation import check_source_unchanged
     from espn.checkpoint.run import load_run
     from espn.experiment import build_benchmark
     from espn.export.export import check_target, export_task
@@ -111,6 +114,7 @@ def export_command(
     loaded = load_run(run, device, trust_code=trust_model_code)
     loaded.check_task(task)
     if check_data:
+        check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
         seq = build_benchmark(loaded.config)
         inputs = [x for x, _ in seq.tasks[task].batches("test", 1024)]
     else:
