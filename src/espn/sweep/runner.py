@@ -12,7 +12,9 @@ import logging
 import math
 import os
 import socket
+import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -228,6 +230,7 @@ def _run_on_ray(
     except ImportError:
         raise SweepError(RAY_MISSING) from None
     started = not ray.is_initialized()
+    watchdog: subprocess.Popen[bytes] | None = None
     if started:
         common: dict[str, Any] = {
             "include_dashboard": False,
@@ -240,6 +243,7 @@ def _run_on_ray(
         else:
             n = workers or default_workers()
             gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            watchdog = _watch()  # before Ray starts: a kill at any time after is covered
             ray.init(
                 num_cpus=max(1, math.ceil(n * cpus)),  # Ray wants whole CPUs (0.5 x 3 -> 2)
                 num_gpus=gpu_count,
@@ -264,6 +268,43 @@ def _run_on_ray(
             ray.cancel(ref, force=True)
         if started:
             ray.shutdown()
+        if watchdog is not None:
+            os.environ.pop(SWEEP_MARK, None)
+            watchdog.communicate()  # EOF: it removes what the shutdown left, and ends
+
+
+#: the environment variable that marks the processes of a sweep's local Ray instance (Ray
+#: starts them from this process's environment, and its workers from theirs)
+SWEEP_MARK = "ESPN_SWEEP_RAY"
+#: a process that waits for the driver to end (its stdin closes, also when the driver is
+#: killed with SIGKILL), then kills every process that carries the sweep's mark: Ray's
+#: agents outlive a killed driver otherwise
+WATCHDOG = """
+import os, signal, sys
+mark, driver = sys.argv[1].encode(), os.getppid()
+sys.stdin.read()
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) in (os.getpid(), driver):
+        continue
+    try:
+        with open(f"/proc/{entry}/environ", "rb") as fh:
+            if mark in fh.read().split(b"\\0"):
+                os.kill(int(entry), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _watch() -> subprocess.Popen[bytes] | None:
+    """Mark this process's environment for the local Ray it is about to start and start
+    the watchdog that removes that Ray's processes once this process ends (Linux: /proc)."""
+    if not Path("/proc/self/environ").exists():
+        return None
+    value = f"{os.getpid()}-{uuid.uuid4().hex}"
+    os.environ[SWEEP_MARK] = value
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, f"{SWEEP_MARK}={value}"], stdin=subprocess.PIPE
+    )
 
 
 class _Reporter:
