@@ -187,3 +187,51 @@ def test_unreachable_ray_targets_fail_within_seconds(tmp_path, flags, message) -
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in " ".join(errors[0].split()), output
     assert _group_alive(proc.pid) == []
+
+
+@pytest.mark.slow
+def test_no_ray_process_survives_a_sigkill_of_the_sweep(tmp_path) -> None:
+    """Ray's agents outlived a killed driver; the sweep's watchdog removes them."""
+    import signal
+    import time
+
+    pytest.importorskip("ray")
+    spec = write_spec(tmp_path / "s.json", {"base": base(model="fc1024"), "grid": {"seed": [0, 1]}})
+    args = ["sweep", str(spec), "--out", str(tmp_path / "o"), "--workers", "2"]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(SRC), *sys.path])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "espn.cli.main", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        for _ in range(240):  # until Ray's agents run
+            if any("agent" in c for c in _group_alive(proc.pid)):
+                break
+            time.sleep(0.5)
+        assert any("agent" in c for c in _group_alive(proc.pid)), "Ray did not start"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for _ in range(40):
+            if not _group_alive(proc.pid):
+                break
+            time.sleep(0.5)
+        assert _group_alive(proc.pid) == []
+    finally:
+        for pid in _pids(proc.pid):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def _pids(pgid: int) -> list[str]:
+    """``"pid"`` of every live process of group ``pgid`` (to clean up after a failure)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(stat.parent.name)
+    return found

@@ -2,8 +2,10 @@
 
 The point is an ordinary ``espn run`` directory ``OUT/<name>``; what the run prints goes to
 ``OUT/<name>/log.txt``. A point whose complete ``results.json`` was made with the same
-options is reused, one whose checkpoint holds the same options is resumed from it, and any
-other content of the directory is replaced.
+options is reused, one whose checkpoint holds the same options is resumed from it (an
+unreadable results.json beside it set aside), and any other content of the directory is
+replaced (the sweep refuses, before any point runs, to replace a run of other options
+without ``overwrite``, see :func:`espn.sweep.runner.check_not_replacing`).
 """
 
 from __future__ import annotations
