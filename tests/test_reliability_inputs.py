@@ -20,15 +20,9 @@ from espn.supernet.pretrained import (
     expected_shapes,
     load_weight_file,
 )
+from helpers.errors import one_line_error
 
 runner = CliRunner()
-
-
-def one_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return " ".join(lines[0].split())
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".bin", ".pth"])
@@ -42,12 +36,12 @@ def test_a_pickle_is_refused_without_advising_weights_only_false(tmp_path, suffi
     assert "holds Python objects besides tensors" in message
 
 
-def test_a_pickle_given_to_espn_run_is_one_line(tmp_path, fake_mnist, fc_test_model) -> None:
+def test_a_pickle_given_to_espn_run_is_one_line_error(tmp_path, fake_mnist, fc_test_model) -> None:
     path = tmp_path / "w.pt"
     torch.save(nn.Linear(2, 2), path)
     args = ["run", "--benchmark", "permuted-mnist", "--model", "fc-test", "--tasks", "2"]
     args += ["--epochs", "1,1,1", "--init-weights", str(path), "--out", str(tmp_path / "r")]
-    line = one_line(runner.invoke(app, args))
+    line = one_line_error(runner.invoke(app, args))
     assert "holds Python objects besides tensors" in line and "weights_only=False" not in line
 
 
@@ -94,5 +88,5 @@ def test_a_replaced_from_run_source_is_named(cli_run, tmp_path) -> None:
     assert runner.invoke(app, ["evaluate", "--run", str(derived)]).exit_code == 0
     again = [*cli_options(cli_run), "--seed", "1", "--overwrite"]
     assert runner.invoke(app, again).exit_code == 0
-    line = one_line(runner.invoke(app, ["evaluate", "--run", str(derived)]))
+    line = one_line_error(runner.invoke(app, ["evaluate", "--run", str(derived)]))
     assert f"continues --from-run {cli_run}, which was replaced since" in line

@@ -12,17 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from espn.cli.main import app
+from helpers.errors import one_line_error
 from test_reproduce import fashion_dir  # noqa: F401  (the module's synthetic Fashion-MNIST)
 
 runner = CliRunner()
 TARGET = "fig-task-order"
-
-
-def one_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return " ".join(lines[0].split())
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +43,7 @@ def test_a_corrupt_results_json_is_named_and_the_table_kept(reproduced, tmp_path
     before = tables(out)
     bad = out / f"{TARGET}__espn-0.2+small-first__seed0" / "results.json"
     bad.write_text(bad.read_text()[:200])
-    line = one_line(runner.invoke(app, ["reproduce", "report", str(out)]))
+    line = one_line_error(runner.invoke(app, ["reproduce", "report", str(out)]))
     assert f"{TARGET}__espn-0.2+small-first__seed0: " in line and "not valid JSON" in line
     assert "no table was rewritten" in line and tables(out) == before
 
@@ -59,13 +53,13 @@ def test_a_foreign_run_under_a_point_name_is_refused(reproduced, tmp_path) -> No
     shutil.copytree(reproduced, out)
     before = tables(out)
     shutil.copytree(out / f"{TARGET}__espn-0.2+large-first__seed0", out / f"{TARGET}__bogus__seed0")
-    line = one_line(runner.invoke(app, ["reproduce", "report", str(out)]))
+    line = one_line_error(runner.invoke(app, ["reproduce", "report", str(out)]))
     assert f"{TARGET}__bogus__seed0: its name is not a point of the target" in line
     shutil.rmtree(out / f"{TARGET}__bogus__seed0")
     ours = out / f"{TARGET}__espn-0.2+large-first__seed0"
     shutil.rmtree(ours)
     shutil.copytree(out / f"{TARGET}__individual-1+given__seed0", ours)  # another method's run
-    line = one_line(runner.invoke(app, ["reproduce", "report", str(out)]))
+    line = one_line_error(runner.invoke(app, ["reproduce", "report", str(out)]))
     assert "espn-0.2+large-first__seed0: it holds a run of" in line and "'individual'" in line
     assert tables(out) == before
     doc = json.loads((ours / "results.json").read_text())

@@ -17,6 +17,7 @@ import espn.models.reference as reference
 from espn.cli.main import app
 from espn.errors import EspnError
 from espn.models.registry import MODELS
+from helpers.errors import one_line_error
 
 runner = CliRunner()
 
@@ -37,13 +38,6 @@ class Net(nn.Module):
     def forward(self, x):
         return self.head(self.body(x))
 """
-
-
-def one_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return " ".join(lines[0].split())
 
 
 def data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +82,7 @@ def test_a_run_directory_does_not_make_the_cli_import_its_module(foreign_run, co
     args = [command, "--run", str(run)]
     if command == "export":
         args += ["--task", "0", "--out", str(run.parent / "t.pt2"), "--no-onnx"]
-    line = one_line(runner.invoke(app, args))
+    line = one_line_error(runner.invoke(app, args))
     assert f"names the model '{name}:Net(n_in=16)'" in line and "--trust-model-code" in line
     assert not marker.exists() and name not in sys.modules
 
@@ -141,6 +135,6 @@ def test_an_installed_module_a_checkpoint_names_is_not_imported(cli_run, command
         args = [*cli_options(out), "--from-run", str(cli_run), "--after-task", "1"]
     else:
         args = [command, "--run", str(cli_run)]
-    line = one_line(runner.invoke(app, args))
+    line = one_line_error(runner.invoke(app, args))
     assert "'this:s'" in line and "--trust-model-code" in line
     assert "this" not in sys.modules

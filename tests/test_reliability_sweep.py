@@ -19,16 +19,10 @@ from typer.testing import CliRunner
 from espn.cli.main import app
 from espn.sweep import SweepError, expand_spec, run_sweep
 from espn.sweep.spec import MAX_POINTS, Point, validate_points
+from helpers.errors import one_line_error
 
 runner = CliRunner()
 SRC = Path(__file__).resolve().parents[1] / "src"
-
-
-def one_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return " ".join(lines[0].split())
 
 
 def base(**changes) -> dict:
@@ -61,7 +55,7 @@ def test_a_finished_point_whose_options_changed_is_not_overwritten(tiny, tmp_pat
     assert runner.invoke(app, args).exit_code == 0
     before = {p: (out / p / "results.json").read_bytes() for p in ("seed0", "seed1")}
     write_spec(spec, {"base": base(epochs=[1, 1, 2]), "grid": {"seed": [0, 1]}})
-    line = one_line(runner.invoke(app, args))
+    line = one_line_error(runner.invoke(app, args))
     assert "2 point(s) hold a run made with other options" in line and "--overwrite" in line
     assert "seed0 (epochs=[1, 1, 1] in the checkpoint, [1, 1, 2] now)" in line
     assert before == {p: (out / p / "results.json").read_bytes() for p in before}
@@ -105,7 +99,7 @@ def test_a_yaml_alias_bomb_is_refused_before_naming_points(tmp_path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text("\n".join(lines) + "\n")
     assert path.stat().st_size < 600
-    line = one_line(runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o")]))
+    line = one_line_error(runner.invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o")]))
     assert "more than 100000 values once its YAML aliases are expanded" in line
 
 
@@ -120,7 +114,9 @@ def test_a_yaml_alias_bomb_is_refused_before_naming_points(tmp_path) -> None:
 )
 def test_non_finite_resources_are_refused(tmp_path, flag, value, message) -> None:
     spec = write_spec(tmp_path / "s.json", {"base": base(model="fc1024")})
-    line = one_line(runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path), flag, value]))
+    line = one_line_error(
+        runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path), flag, value])
+    )
     assert message in line
 
 
@@ -133,28 +129,45 @@ def test_non_finite_resources_are_refused(tmp_path, flag, value, message) -> Non
 )
 def test_spec_files_that_are_not_specs(tmp_path, make, message) -> None:
     make(tmp_path / "spec")
-    line = one_line(runner.invoke(app, ["sweep", str(tmp_path / "spec.json"), "--out", "o"]))
+    line = one_line_error(runner.invoke(app, ["sweep", str(tmp_path / "spec.json"), "--out", "o"]))
     assert message in line
 
 
 def test_two_epochs_say_three_are_needed(tmp_path) -> None:
     spec = write_spec(tmp_path / "s.json", {"base": base(model="fc1024", epochs=[1, 1])})
-    line = one_line(runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")]))
+    line = one_line_error(runner.invoke(app, ["sweep", str(spec), "--out", str(tmp_path / "o")]))
     assert "epochs must be three non-negative counts (pre-train, prune, fine-tune), got 2" in line
 
 
 # ------------------------------------------------------------------ Ray targets that hang
-def _group_alive(pgid: int) -> list[str]:
-    """Command lines of the processes still in process group ``pgid``."""
-    alive = []
+def _group(pgid: int) -> dict[int, str]:
+    """The live processes of process group ``pgid``: pid -> command line."""
+    alive = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                cmdline = (stat.parent / "cmdline").read_bytes()
+                alive[int(stat.parent.name)] = cmdline.replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
     return alive
+
+
+def sweep_process(tmp_path: Path, flags: list[str], stdout: int) -> subprocess.Popen[str]:
+    """``espn sweep`` of two points on two Ray workers in a new process group (every
+    process it starts is in that group)."""
+    spec = write_spec(tmp_path / "s.json", {"base": base(model="fc1024"), "grid": {"seed": [0, 1]}})
+    args = ["sweep", str(spec), "--out", str(tmp_path / "o"), "--workers", "2", *flags]
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(SRC), *sys.path])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "espn.cli.main", *args],
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -168,17 +181,7 @@ def test_unreachable_ray_targets_fail_within_seconds(tmp_path, flags, message) -
     pytest.importorskip("ray")
     if "--gpus-per-run" in flags and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    spec = write_spec(tmp_path / "s.json", {"base": base(model="fc1024"), "grid": {"seed": [0, 1]}})
-    args = ["sweep", str(spec), "--out", str(tmp_path / "o"), "--workers", "2", *flags]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(SRC), *sys.path])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "espn.cli.main", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,  # its own process group: every process it starts is in it
-    )
+    proc = sweep_process(tmp_path, flags, subprocess.PIPE)
     try:
         output, _ = proc.communicate(timeout=30)
     finally:
@@ -186,7 +189,7 @@ def test_unreachable_ray_targets_fail_within_seconds(tmp_path, flags, message) -
     assert proc.returncode == 2, output
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in " ".join(errors[0].split()), output
-    assert _group_alive(proc.pid) == []
+    assert _group(proc.pid) == {}
 
 
 @pytest.mark.slow
@@ -196,42 +199,20 @@ def test_no_ray_process_survives_a_sigkill_of_the_sweep(tmp_path) -> None:
     import time
 
     pytest.importorskip("ray")
-    spec = write_spec(tmp_path / "s.json", {"base": base(model="fc1024"), "grid": {"seed": [0, 1]}})
-    args = ["sweep", str(spec), "--out", str(tmp_path / "o"), "--workers", "2"]
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(SRC), *sys.path])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "espn.cli.main", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,
-    )
+    proc = sweep_process(tmp_path, [], subprocess.DEVNULL)
     try:
         for _ in range(240):  # until Ray's agents run
-            if any("agent" in c for c in _group_alive(proc.pid)):
+            if any("agent" in c for c in _group(proc.pid).values()):
                 break
             time.sleep(0.5)
-        assert any("agent" in c for c in _group_alive(proc.pid)), "Ray did not start"
+        assert any("agent" in c for c in _group(proc.pid).values()), "Ray did not start"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         for _ in range(40):
-            if not _group_alive(proc.pid):
+            if not _group(proc.pid):
                 break
             time.sleep(0.5)
-        assert _group_alive(proc.pid) == []
+        assert _group(proc.pid) == {}
     finally:
-        for pid in _pids(proc.pid):
-            os.kill(int(pid), signal.SIGKILL)
-
-
-def _pids(pgid: int) -> list[str]:
-    """``"pid"`` of every live process of group ``pgid`` (to clean up after a failure)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(stat.parent.name)
-    return found
+        for pid in _group(proc.pid):
+            os.kill(pid, signal.SIGKILL)
