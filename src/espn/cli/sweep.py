@@ -47,7 +47,7 @@ def sweep(
     ray_address: str | None = typer.Option(
         None,
         help="Run on this existing Ray cluster: its head's host:port, or auto "
-        "(ray://host:port needs the Ray client: pip install 'ray[client]').",
+        "(ray://host:port needs the Ray client: Ray's client extra).",
     ),
     cpus_per_run: float = typer.Option(1.0, help="CPUs Ray reserves for each point."),
     gpus_per_run: float = typer.Option(0.0, help="GPUs Ray reserves for each point."),
