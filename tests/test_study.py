@@ -99,11 +99,11 @@ def test_study_pruners_writes_csv_plot_and_one_run_per_point(fake_mnist, tmp_pat
     assert again.output.count("(reused)") == 6
     assert read_csv(out / "pruners.csv") == points
     monkeypatch.setattr(experiment_module, "run_experiment", real_run)
-    other = runner.invoke(app, [*STUDY, "--out", str(out), "--seed", "1"])  # points redone
-    assert other.exit_code == 0, other.output
-    assert "(reused)" not in other.output
+    other = runner.invoke(app, [*STUDY, "--out", str(out), "--seed", "1"])  # other options
+    assert other.exit_code == 2, other.output  # refused: finished points are not replaced
+    assert "6 point(s) hold a run made with other options" in " ".join(other.output.split())
     assert all(
-        json.loads((out / p.run / "results.json").read_text())["seed"] == 1
+        json.loads((out / p.run / "results.json").read_text())["seed"] == 0
         for p in read_csv(out / "pruners.csv")
     )
 
