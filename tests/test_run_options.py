@@ -90,7 +90,7 @@ def test_flag_values_reach_the_configuration(tmp_path: Path, monkeypatch) -> Non
     ("args", "message"),
     [
         (["--betas", "0.9"], "--betas must be two comma-separated numbers B1,B2, got '0.9'"),
-        (["--betas", "0.9,1.5"], "betas must be in [0, 1), got 0.9,1.5"),
+        (["--betas", "0.9,1.5"], "betas must be two numbers in [0, 1), got 0.9,1.5"),
         (["--prune-updates-per-epoch", "0"], "prune_updates_per_epoch must be >= 1, got 0"),
         (["--folders", ","], "--folders must list directories separated by commas, got ','"),
     ],

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from espn.cli.main import app
 from espn.sweep import Point, SweepError, expand_spec, load_spec, run_sweep
-from espn.sweep.runner import RAY_MISSING
+from espn.sweep.runner import NO_RAY_NOTE, RAY_MISSING
 from helpers.deploy import kill_at_step
 from helpers.mnist import synthetic_mnist
 
@@ -202,7 +202,7 @@ def test_bad_spec_files_and_sweep_options(tmp_path, data_dir):
     points = four_points(data_dir)
     with pytest.raises(SweepError, match="workers must be >= 1, got 0"):
         run_sweep(points, tmp_path / "o", workers=0)
-    with pytest.raises(SweepError, match="cpus_per_run must be > 0"):
+    with pytest.raises(SweepError, match=r"cpus_per_run must be a number in \(0, 1024\], got 0"):
         run_sweep(points, tmp_path / "o", cpus_per_run=0)
     with pytest.raises(SweepError, match="'out' is set by the sweep"):
         run_sweep([Point("p", {"benchmark": "permuted-mnist", "out": "x"})], tmp_path / "o")
@@ -211,10 +211,23 @@ def test_bad_spec_files_and_sweep_options(tmp_path, data_dir):
     assert not (tmp_path / "o").exists()
 
 
-def test_without_ray_parallel_points_say_how_to_install_it(tmp_path, data_dir, monkeypatch):
+def test_without_ray_the_points_run_in_this_process_and_say_so(
+    tmp_path, data_dir, one_by_one, monkeypatch, capsys
+):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails
-    with pytest.raises(SweepError) as err:
-        run_sweep(four_points(data_dir), tmp_path / "o", workers=2, progress=False)
+    points = four_points(data_dir)[:2]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as one_by_one runs them
+    try:
+        outcomes = run_sweep(points, tmp_path / "o", workers=2, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert NO_RAY_NOTE.format(n=2) in " ".join(capsys.readouterr().out.split())
+    for o in outcomes:
+        assert o.status == "done", o.error
+        assert o.results["accuracy_matrix"] == one_by_one(o.point)["accuracy_matrix"]
+    with pytest.raises(SweepError) as err:  # a cluster cannot be reached without Ray
+        run_sweep(points, tmp_path / "p", ray_address="auto", progress=False)
     assert str(err.value) == RAY_MISSING and "pip install 'espn[ray]'" in RAY_MISSING
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from espn import api_checks as checks
 from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
 from espn.checkpoint.run import check_out_dir, load_run, run_meta
 from espn.checkpoint.store import CheckpointWriter
@@ -37,7 +38,7 @@ from espn.data.tensors import (
 from espn.errors import EspnError
 from espn.evaluation.metrics import task_accuracy
 from espn.experiment import build_benchmark, results_document
-from espn.export.export import ExportReport, export_task
+from espn.export.export import ExportReport, check_target, export_task
 from espn.learning import TaskRunner, task_record
 from espn.methods.base import METHODS, Strategy, create_method
 from espn.models.reference import (
@@ -86,6 +87,18 @@ def wrap(
     task (else one shared, masked head); ``task_affine``: per-task gate scales and shifts
     (beyond the paper).
     """
+    checks.check_example(model, example_input)
+    with checks.about("example_input", "the model cannot be built and run on it: "):
+        return _wrap(model, example_input, multi_head, task_affine, model_args)
+
+
+def _wrap(
+    model: nn.Module | str | Callable[..., nn.Module],
+    example_input: Tensor,
+    multi_head: bool,
+    task_affine: bool,
+    model_args: dict[str, Any],
+) -> Supernet:
     if isinstance(model, str) and model in MODELS:
         n_classes = int(model_args.pop("n_classes", 10))
         _no_args(model_args, model)
@@ -121,7 +134,7 @@ def wrap(
 
 def _no_args(args: dict[str, Any], what: str) -> None:
     if args:
-        raise TypeError(
+        raise checks.ApiArgumentError(
             f"keyword arguments {sorted(args)} given with {what}; they are passed to a class "
             "or factory function (wrap(Net, x, width=8)), not to a model instance"
         )
@@ -163,11 +176,24 @@ class ContinualLearner:
         progress: bool = False,
         **settings: Any,
     ) -> None:
+        checks.check_learner(
+            supernet,
+            device,
+            settings,
+            optimizer=optimizer,
+            lr=lr,
+            batch_size=batch_size,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            betas=betas,
+            seed=seed,
+        )
         if device is not None:
             supernet.to(device)
             supernet.owners.to(device)
         self.supernet = supernet
-        self.strategy = _strategy(method, settings)
+        with checks.about("settings"):
+            self.strategy = _strategy(method, settings)
         self.optim = OptimConfig(optimizer, lr, weight_decay, momentum, (betas[0], betas[1]))
         self.batch_size, self.seed = batch_size, seed
         self.engine = Engine(
@@ -221,6 +247,10 @@ class ContinualLearner:
         it: the task's row of :attr:`accuracy_matrix`. ``n_classes`` defaults to the largest
         label + 1.
         """
+        checks.check_data_given(data, "data")
+        checks.check_name(name)
+        if n_classes is not None:
+            checks.check_classes(n_classes)
         if self._joint():
             raise LearnerError(
                 f"method {self.strategy.name!r} trains all tasks together, not one at a time; "
@@ -291,8 +321,13 @@ class ContinualLearner:
         for t, (train, test) in enumerate(data):
             name = (names[t] if names is not None else None) or f"task {len(self.tasks) + t}"
             classes = None if n_classes is None else n_classes[t]
-            with torch.random.fork_rng(devices=[]):  # a loader's draws leave training's alone
+            # forked: a loader's draws leave training's alone
+            with torch.random.fork_rng(devices=[]), checks.about("data", test_argument="test"):
                 task = tensor_task(name, train, test, classes, self.device)
+            checks.check_inputs(task.train.x, "data", self.supernet.input_shape)
+            if len(task.test):
+                checks.check_inputs(task.test.x, "test", self.supernet.input_shape)
+            checks.check_classes(task.n_classes, "n_classes" if classes is not None else "data")
             if not len(task.train):
                 raise LearnerError(f"{name}: no training samples")
             tasks.append(task)
@@ -326,14 +361,13 @@ class ContinualLearner:
                 raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
             return task_accuracy(self.supernet, known, task)
         n_classes = self.supernet.masks[task].n_classes
-        probe = tensor_task(self.names[task], None, data, n_classes, self.device)
+        with checks.about("data"):
+            probe = tensor_task(self.names[task], None, data, n_classes, self.device)
+        checks.check_inputs(probe.test.x, "data", self.supernet.input_shape)
         return task_accuracy(self.supernet, probe, task)
 
     def _check_task(self, task: int) -> None:
-        n = len(self.supernet.masks)
-        if not 0 <= task < n:
-            learned = f"tasks 0..{n - 1}" if n else "no task is learned yet"
-            raise IndexError(f"task {task} is not learned ({learned})")
+        checks.check_task(task, len(self.supernet.masks))
 
     def report(self) -> list[dict[str, Any]]:
         """Per task: name, classes, FLOPs (and ratio to the dense supernet), weights used and
@@ -357,8 +391,12 @@ class ContinualLearner:
         data) and against the task's FLOPs (see :func:`espn.export.export.export_task`);
         ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it."""
         self._check_task(task)
+        checks.check_export_path(path)
+        check_target(path)
         if data is not None:
-            x = tensor_task(self.names[task], None, data, None, self.device).test.x
+            with checks.about("data"):
+                x = tensor_task(self.names[task], None, data, None, self.device).test.x
+            checks.check_inputs(x, "data", self.supernet.input_shape)
         else:
             known = self.tasks[task]
             if known is None:
@@ -406,7 +444,7 @@ class ContinualLearner:
         JSON), ``path/results.json``, and the tasks' test data in ``path/data`` (so that
         ``espn evaluate --run path`` re-computes the accuracies). Refuses a directory holding
         another run unless ``overwrite``."""
-        path = Path(path)
+        path = checks.check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")
         check_out_dir(path, resume=False, overwrite=overwrite)
@@ -455,15 +493,19 @@ class ContinualLearner:
 
 
 def _known(name: str) -> None:
-    """Let a run configuration name the model: a reference or an instance's name is
-    registered (an instance's factory says how to rebuild it: only with its code)."""
-    from espn.models.reference import is_reference, register_reference
+    """Let a run configuration name the model: a reference is registered where it may be
+    imported, else (an instance's name, a reference not trusted) a factory saying that only
+    the caller's code rebuilds it."""
+    from espn.models.reference import is_reference, resolve
 
     if name in MODELS:
         return
     if is_reference(name):
-        register_reference(name)
-        return
+        try:
+            resolve(name)
+            return
+        except ModelReferenceError:
+            pass
 
     def factory(spec: ModelSpec) -> nn.Module:
         raise CheckpointError(
@@ -482,6 +524,7 @@ def load(
     device: str = "cpu",
     progress: bool = False,
     benchmark_data: bool = False,
+    trust_model_code: bool = False,
     **model_args: Any,
 ) -> ContinualLearner:
     """A learner holding every task of the run saved in ``path`` (by :meth:`ContinualLearner.
@@ -492,12 +535,17 @@ def load(
     when only your code can build it (a model given to :func:`wrap` as an instance).
     Test data saved with the run is loaded with it; ``benchmark_data`` also builds the
     benchmark of an ``espn run`` run, so that its tasks evaluate without data given.
+    A module the run names (an import reference) is imported only if it is already imported
+    here or ``trust_model_code`` is set: opening a run directory never runs code it names.
     """
+    from espn.models.reference import reading_run
+
     manifest = read_manifest(checkpoint_dir(path))
     name = str(manifest["model"])
     given = None
     if model is not None:
-        _known(name)
+        with reading_run(path, trust_model_code):
+            _known(name)
         spec = manifest["spec"]
         given = wrap(
             model,
@@ -506,7 +554,7 @@ def load(
             task_affine=bool(manifest["config"].get("task_affine", False)),
             **model_args,
         )
-    loaded = load_run(path, device, supernet=given)
+    loaded = load_run(path, device, supernet=given, trust_code=trust_model_code)
     cfg = loaded.config
     sn = loaded.supernet
     sn.model_name = name

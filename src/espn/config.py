@@ -22,7 +22,6 @@ from espn.methods.base import (
     declared_options,
 )
 from espn.methods.options import resolve_settings
-from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
 from espn.supernet.flops import FLOP_LOADS
 from espn.training.optim import OPTIMIZERS, OptimConfig
@@ -276,13 +275,10 @@ class RunConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str | None) -> str | None:
-        if v is not None and v not in MODELS:
-            from espn.models.reference import is_reference, register_reference
-
-            if is_reference(v):  # "package.module:Factory(key=value)"
-                register_reference(v)
         if v is not None:
-            MODELS.get(v)
+            from espn.models import resolve
+
+            resolve(v)  # a registered name, or "package.module:Factory(key=value)"
         return v
 
     @field_validator("pruner")
@@ -390,7 +386,7 @@ class RunConfig(BaseModel):
     @classmethod
     def _betas(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
         if v is not None and not all(0 <= b < 1 for b in v):
-            raise ValueError(f"betas must be in [0, 1), got {','.join(map(str, v))}")
+            raise ValueError(f"betas must be two numbers in [0, 1), got {v[0]:g},{v[1]:g}")
         return v
 
     @field_validator("folders", mode="before")
@@ -403,6 +399,16 @@ class RunConfig(BaseModel):
         if not parts:
             raise ValueError(f"--folders must list directories separated by commas, got {v!r}")
         return parts
+
+    @field_validator("epochs", mode="before")
+    @classmethod
+    def _three_epochs(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple) and len(v) != 3:
+            raise ValueError(
+                "epochs must be three non-negative counts (pre-train, prune, fine-tune), "
+                f"got {len(v)} ({','.join(map(str, v))})"
+            )
+        return v
 
     @field_validator("epochs")
     @classmethod
@@ -673,12 +679,17 @@ def make_config(**values: Any) -> RunConfig:
     try:
         return RunConfig(**values)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "finite_number":
-                where = str(err["loc"][0]) if err["loc"] else where
-                msg = f"must be a finite number, got {err['input']!r}"
-            lines.append(f"{where}: {msg}")
-        raise ConfigError("; ".join(lines)) from None
+        raise config_error(exc) from None
+
+
+def config_error(exc: ValidationError) -> ConfigError:
+    """A :class:`RunConfig` validation error as one line, ``field: what is wrong``."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "finite_number":
+            where = str(err["loc"][0]) if err["loc"] else where
+            msg = f"must be a finite number, got {err['input']!r}"
+        lines.append(f"{where}: {msg}")
+    return ConfigError("; ".join(lines))

@@ -3,7 +3,6 @@ evaluate every task seen so far, write ``results.json`` and ``accuracy.png``."""
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import torch
 
 from espn import __version__
 from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_source
-from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.format import CheckpointError, checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
 from espn.config import ConfigError, RunConfig, make_config, resolved
@@ -219,10 +218,10 @@ def run(
 def _kept(cfg: RunConfig) -> str:
     """Where a stopped run's last good state is, and how to go on from it."""
     directory = checkpoint_dir(cfg.out)
-    try:
-        done = len(json.loads((directory / MANIFEST).read_text())["tasks"])
-    except (OSError, ValueError, KeyError, TypeError):
+    manifest = manifest_or_none(directory)
+    if manifest is None:
         return "no task was finished, so nothing was kept"
+    done = len(manifest["tasks"])
     return (
         f"the last good checkpoint is {directory} ({done} task(s) finished, in "
         f"{Path(cfg.out) / 'results.json'})"

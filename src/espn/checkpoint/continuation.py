@@ -16,12 +16,18 @@ from typing import Any
 
 import torch
 
-from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
+from espn.checkpoint.format import (
+    CheckpointError,
+    checkpoint_dir,
+    manifest_or_none,
+    read_manifest,
+)
 from espn.checkpoint.legacy import upgrade_saved_config
 from espn.checkpoint.store import read_checkpoint, restore
 from espn.config import ConfigError, RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.methods.base import METHODS
+from espn.models.reference import reading_run
 from espn.supernet.supernet import Supernet
 
 
@@ -54,7 +60,8 @@ def open_source(cfg: RunConfig) -> SourceRun:
     saved = upgrade_saved_config(dict(manifest["config"]))
     values = {k: v for k, v in saved.items() if k not in ("device", "out")}
     try:
-        source = make_config(**values, device=cfg.device, out=directory)
+        with reading_run(directory):  # a module it names is imported only if --model names it
+            source = make_config(**values, device=cfg.device, out=directory)
     except ConfigError as exc:
         raise ConfigError(f"from_run {directory}: its options are not valid here: {exc}") from None
     return SourceRun(directory, source, manifest, int(cfg.after_task))
@@ -107,3 +114,33 @@ def adopt_tasks(
     entries = ckpt.tasks[:k]
     rows = [None if t.get("accuracy") is None else list(t["accuracy"]) for t in entries]
     return rows, [dict(t["record"]) for t in entries]
+
+
+def check_source_unchanged(
+    run_dir: Path | str, cfg: RunConfig, tasks: list[dict[str, Any]]
+) -> None:
+    """Refuse to rebuild the tasks a run inherited from ``--from-run`` when that source was
+    removed or replaced since (its first tasks' records or accuracies differ from those the
+    run copied), naming it; ``tasks`` are the run's checkpoint task entries."""
+    if cfg.from_run is None or cfg.after_task is None:
+        return
+    keep = int(cfg.after_task)
+    source = Path(cfg.from_run)
+    manifest = manifest_or_none(checkpoint_dir(source))
+    if manifest is None or len(manifest["tasks"]) < keep:
+        raise CheckpointError(
+            f"{run_dir} continues --from-run {source}, which no longer holds a finished run "
+            f"of {keep} task(s); its first {keep} task(s) cannot be rebuilt without it"
+        )
+    for t, (ours, theirs) in enumerate(zip(tasks[:keep], manifest["tasks"][:keep], strict=True)):
+        for key in ("record", "accuracy"):
+            if (
+                ours.get(key) is not None
+                and theirs.get(key) is not None
+                and ours[key] != theirs[key]
+            ):
+                raise CheckpointError(
+                    f"{run_dir} continues --from-run {source}, which was replaced since (task "
+                    f"{t}'s {key} differs from the one this run inherited), so its first "
+                    f"{keep} task(s) cannot be rebuilt; restore that run, or rerun this one"
+                )

@@ -152,6 +152,15 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
+def manifest_or_none(directory: Path) -> dict[str, Any] | None:
+    """:func:`read_manifest`, or None where there is no readable, valid manifest (for
+    messages and checks that only ask whether there is a checkpoint and what it holds)."""
+    try:
+        return read_manifest(directory)
+    except (CheckpointError, OSError):
+        return None
+
+
 def verify_file(directory: Path, entry: dict[str, Any]) -> Path:
     """The path of a file the manifest names, after checking that it lies directly in
     ``directory`` (no other directory, no link out of it), its size and its SHA-256."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import torch
 
-from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir, manifest_or_none
 from espn.checkpoint.legacy import upgrade_saved_config
 from espn.checkpoint.manifest import check_against_results
 from espn.checkpoint.store import (
@@ -24,7 +23,7 @@ from espn.config import RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
-from espn.models.reference import is_reference, register_reference
+from espn.models.reference import is_reference, reading_run, resolve
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.preflight import check_device
 from espn.supernet.supernet import Supernet
@@ -65,11 +64,8 @@ def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
 
 def saved_config(out: Path | str) -> dict[str, Any] | None:
     """The configuration recorded in ``out``'s checkpoint manifest, if one is readable."""
-    try:
-        saved = json.loads((checkpoint_dir(out) / MANIFEST).read_text())["config"]
-        return upgrade_saved_config(dict(saved))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    manifest = manifest_or_none(checkpoint_dir(out))
+    return None if manifest is None else upgrade_saved_config(dict(manifest["config"]))
 
 
 def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:
@@ -261,37 +257,43 @@ class LoadedRun:
 
 
 def load_run(
-    run_dir: Path | str, device: str = "cpu", supernet: Supernet | None = None
+    run_dir: Path | str,
+    device: str = "cpu",
+    supernet: Supernet | None = None,
+    trust_code: bool = False,
 ) -> LoadedRun:
     """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task.
 
     The model is built from the manifest's name (a registered model, or an import reference
     written by the Python API, see :mod:`espn.models.reference`), or given as a freshly
     built ``supernet`` (a model only the caller can build). A relative ``data_dir`` in the
-    configuration (the test data the Python API saves) is read from ``run_dir``.
+    configuration (the test data the Python API saves) is read from ``run_dir``. A module
+    the manifest names is imported only if ``trust_code`` (see
+    :func:`espn.models.reference.reading_run`).
     """
     ckpt = read_checkpoint(checkpoint_dir(run_dir))
     m = ckpt.manifest
     check_results_match(run_dir, m)
     name = str(m["model"])
-    if name not in MODELS and is_reference(name):
-        register_reference(name)
-    if name not in MODELS and supernet is None:
-        built_from = (
-            "; it was built in Python from a model instance, so only its code can rebuild it: "
-            "espn.load(run, model=...)"
-            if name.startswith("<")
-            else ""
-        )
-        raise CheckpointError(
-            f"the checkpoint is of model {name!r}, which this espn does not know{built_from}; "
-            f"known models: {', '.join(MODELS.names())}"
-        )
-    saved = upgrade_saved_config(m["config"])
-    values = {k: v for k, v in saved.items() if k not in ("device", "out")}
-    if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
-        values["data_dir"] = Path(run_dir) / values["data_dir"]
-    cfg = make_config(**values, device=device, out=Path(run_dir))
+    with reading_run(run_dir, trust_code):
+        if supernet is None and is_reference(name):
+            resolve(name)
+        if name not in MODELS and supernet is None:
+            built_from = (
+                "; it was built in Python from a model instance, so only its code can rebuild "
+                "it: espn.load(run, model=...)"
+                if name.startswith("<")
+                else ""
+            )
+            raise CheckpointError(
+                f"the checkpoint is of model {name!r}, which this espn does not know"
+                f"{built_from}; known models: {', '.join(MODELS.names())}"
+            )
+        saved = upgrade_saved_config(m["config"])
+        values = {k: v for k, v in saved.items() if k not in ("device", "out")}
+        if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
+            values["data_dir"] = Path(run_dir) / values["data_dir"]
+        cfg = make_config(**values, device=device, out=Path(run_dir))
     check_device(cfg.device)
     spec = m["spec"]
     if supernet is None:

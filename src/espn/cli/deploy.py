@@ -14,6 +14,11 @@ from espn.cli.common import command_group, console, fail, user_errors
 app = command_group()
 
 RUN_HELP = "Run directory (the --out of `espn run`), holding checkpoint/ and results.json."
+TRUST_OPTION = typer.Option(
+    False,
+    help="Import the Python module the run's model reference names (runs its code); without "
+    "it a run directory never makes espn import a module that is not already imported.",
+)
 
 
 def _results(run: Path) -> dict[str, Any] | None:
@@ -33,17 +38,20 @@ def evaluate(
     run: Path = typer.Option(..., help=RUN_HELP),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
     batch_size: int = typer.Option(1024, min=1, max=2**31 - 1, help="Evaluation batch size."),
+    trust_model_code: bool = TRUST_OPTION,
 ) -> None:
     """Re-compute each task's test accuracy from the checkpoint alone.
 
     Every finished task is evaluated on its test data and compared with results.json; the exit
     status is 1 if any differs.
     """
+    from espn.checkpoint.continuation import check_source_unchanged
     from espn.checkpoint.run import load_run
     from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.experiment import build_benchmark
 
-    loaded = load_run(run, device)
+    loaded = load_run(run, device, trust_code=trust_model_code)
+    check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = build_benchmark(loaded.config)
     doc = _results(run)
     rows = [t["accuracy"] for t in loaded.checkpoint.tasks if t.get("accuracy") is not None]
@@ -86,6 +94,7 @@ def export_command(
     fold_bn: bool = typer.Option(
         True, "--fold-bn/--keep-bn", help="Fold BatchNorm into the convolution before it."
     ),
+    trust_model_code: bool = TRUST_OPTION,
 ) -> None:
     """Write one task as a slim standalone model (.pt2 / .onnx).
 
@@ -95,14 +104,16 @@ def export_command(
     """
     import torch
 
+    from espn.checkpoint.continuation import check_source_unchanged
     from espn.checkpoint.run import load_run
     from espn.experiment import build_benchmark
     from espn.export.export import check_target, export_task
 
     check_target(out)
-    loaded = load_run(run, device)
+    loaded = load_run(run, device, trust_code=trust_model_code)
     loaded.check_task(task)
     if check_data:
+        check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
         seq = build_benchmark(loaded.config)
         inputs = [x for x, _ in seq.tasks[task].batches("test", 1024)]
     else:
@@ -139,7 +150,9 @@ def load_hint(out: Path, files: list[str]) -> str:
 
 @app.command()
 @user_errors
-def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
+def info(
+    run: Path = typer.Option(..., help=RUN_HELP), trust_model_code: bool = TRUST_OPTION
+) -> None:
     """Print per-task FLOPs, weights and storage, and the checkpoint's size.
 
     Per task: FLOPs ratio, weights used, new weights (those it owns), the form its weight masks
@@ -149,7 +162,7 @@ def info(run: Path = typer.Option(..., help=RUN_HELP)) -> None:
     """
     from espn.checkpoint.run import load_run
 
-    loaded = load_run(run)
+    loaded = load_run(run, trust_code=trust_model_code)
     sn, ckpt, m = loaded.supernet, loaded.checkpoint, loaded.checkpoint.manifest
     cfg = loaded.config
     # nine columns, not cut off in a pipe; text printed as written (no markup)

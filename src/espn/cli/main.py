@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -67,13 +66,14 @@ def resume_command(ctx: typer.Context) -> str:
 
 def interrupted_message(out: Path, ctx: typer.Context) -> str:
     """What Ctrl-C leaves behind: where the last checkpoint is and how to continue."""
-    manifest = out / "checkpoint" / "manifest.json"
-    try:
-        doc: dict[str, Any] = json.loads(manifest.read_text())
-        done = len(doc["tasks"])
-        where = f"the last checkpoint ({done} task(s) finished) is in {manifest.parent}"
-    except (OSError, ValueError, KeyError, TypeError):
+    from espn.checkpoint.format import checkpoint_dir, manifest_or_none
+
+    doc = manifest_or_none(checkpoint_dir(out))
+    if doc is None:
         return "interrupted before the first checkpoint was written; nothing to resume"
+    where = (
+        f"the last checkpoint ({len(doc['tasks'])} task(s) finished) is in {checkpoint_dir(out)}"
+    )
     return f"interrupted; {where}; continue with: {resume_command(ctx)}"
 
 

@@ -120,6 +120,9 @@ def _target_command(name: str) -> Callable[..., None]:
             None, help="Run every point on this model instead of the target's (`espn list`)."
         ),
         progress: bool = typer.Option(True, help="Bar over points and a line per point."),
+        overwrite: bool = typer.Option(
+            False, help="Replace points whose directory holds a run made with other options."
+        ),
     ) -> None:
         options = Options(
             scale=scale,
@@ -140,6 +143,7 @@ def _target_command(name: str) -> Callable[..., None]:
             cpus_per_run=cpus_per_run,
             gpus_per_run=gpus,
             progress=progress,
+            overwrite=overwrite,
         )
         console.print(result.table.markdown(), highlight=False)
         _written(result.files, result.table.incomplete)

@@ -39,14 +39,19 @@ def sweep(
     workers: int | None = typer.Option(
         None,
         help="Points run at once on an embedded local Ray (default: GPUs, else CPU cores); "
-        "1 runs them one after another in this process, without Ray.",
+        "1, or Ray not installed: one after another in this process.",
     ),
     ray_address: str | None = typer.Option(
-        None, help="Run on this existing Ray cluster (e.g. ray://host:10001 or auto)."
+        None,
+        help="Run on this existing Ray cluster: its head's host:port, or auto "
+        "(ray://host:port needs the Ray client: Ray's client extra).",
     ),
     cpus_per_run: float = typer.Option(1.0, help="CPUs Ray reserves for each point."),
     gpus_per_run: float = typer.Option(0.0, help="GPUs Ray reserves for each point."),
     progress: bool = typer.Option(True, help="Bar over points and a line per finished point."),
+    overwrite: bool = typer.Option(
+        False, help="Replace points whose directory holds a run made with other options."
+    ),
 ) -> None:
     """Run every point of a grid of `espn run` options (reusing finished points, resuming
     killed ones); one point's failure does not stop the others."""
@@ -61,5 +66,6 @@ def sweep(
         cpus_per_run=cpus_per_run,
         gpus_per_run=gpus_per_run,
         progress=progress,
+        overwrite=overwrite,
     )
     sweep_summary(outcomes, out)

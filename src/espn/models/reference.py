@@ -6,6 +6,12 @@ width=8)``) is recorded in its checkpoint by such a reference, so that ``espn ev
 ``nn.Module`` subclass, or to a function annotated to return one (torchvision's model
 functions are), is ever called, and only with literal arguments (numbers, strings, booleans,
 None, tuples, lists, dicts): a checkpoint cannot name an arbitrary callable to run.
+
+A run directory is data (it may have been downloaded), so reading one never imports a module
+it names: within :func:`reading_run` a reference is resolved only when its module is already
+imported in this process, was named by the user in this process (``--model``, ``espn.wrap``,
+a configuration built in Python), or the user opted in (``--trust-model-code``,
+``espn.load(..., trust_model_code=True)``).
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ import ast
 import importlib
 import inspect
 import re
+import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -33,6 +42,41 @@ _REFERENCE = re.compile(
 
 class ModelReferenceError(EspnError, ValueError):
     """A model reference cannot be resolved or is not allowed; the message says why."""
+
+
+#: how to opt in to importing the code a run directory names
+TRUST_HINT = (
+    "if you trust that code, pass --trust-model-code (espn evaluate/info/export), "
+    "trust_model_code=True (espn.load) or --model with the same reference (espn run)"
+)
+#: modules the user named in this process (a reference given outside a run directory)
+_TRUSTED: set[str] = set()
+#: the run directory whose references are being read (None: the user's own references)
+_READING: ContextVar[str | None] = ContextVar("espn_reading_run", default=None)
+
+
+@contextmanager
+def reading_run(where: object, trust_code: bool = False) -> Iterator[None]:
+    """Within: model references come from the run directory ``where`` (data, not code), so
+    a module that is not imported yet is not imported, unless ``trust_code``."""
+    token = _READING.set(None if trust_code else str(where))
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
+def _allowed(name: str, module: str) -> None:
+    """Refuse to import ``module`` for a reference read from a run directory, unless it is
+    already imported, was named by the user in this process, or the user opted in."""
+    where = _READING.get()
+    if where is None:
+        _TRUSTED.add(module)
+    elif module not in sys.modules and module not in _TRUSTED:
+        raise ModelReferenceError(
+            f"{where} names the model {name!r}, whose module {module!r} is not imported in "
+            f"this process; espn does not import code a run directory names: {TRUST_HINT}"
+        )
 
 
 def is_reference(name: str) -> bool:
@@ -102,10 +146,11 @@ def parse(name: str) -> tuple[str, str, dict[str, Any]]:
     return match["module"], match["attr"], kwargs
 
 
-def resolve(name: str) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
-    """Import the reference's factory and check it (see :func:`check_factory`), calling
-    nothing; with its keyword arguments."""
+def factory_of(name: str) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
+    """Import the reference's factory (if allowed, see :func:`reading_run`) and check it
+    (see :func:`check_factory`), calling nothing; with its keyword arguments."""
     module_name, attr, kwargs = parse(name)
+    _allowed(name, module_name)
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
@@ -117,7 +162,7 @@ def resolve(name: str) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
 
 def build(name: str) -> nn.Module:
     """The model a reference names: its checked factory called with its arguments."""
-    factory, kwargs = resolve(name)
+    factory, kwargs = factory_of(name)
     model = factory(**kwargs)
     if not isinstance(model, nn.Module):
         raise ModelReferenceError(
@@ -135,17 +180,18 @@ def supernet_ready(
     return to_supernet(model, example_input, multi_head, task_affine)
 
 
-def register_reference(name: str) -> None:
-    """Make ``MODELS.get(name)`` build the referenced model (converted on the fly), so that a
-    run configuration may name it; the factory is imported and checked now, called only
-    when the model is built."""
-    if name in MODELS:
-        return
-    resolve(name)
+def resolve(name: str) -> str:
+    """``name`` once ``MODELS.get(name)`` builds it: a registered model as it is, an import
+    reference registered (its factory imported, if allowed, and checked now; called, and
+    the model converted, only when built); anything else refused with the known names."""
+    if name not in MODELS and is_reference(name):
+        factory_of(name)
 
-    def factory(spec: ModelSpec) -> nn.Module:
-        example = torch.zeros(2, *spec.input_shape)
-        return supernet_ready(build(name), example, spec.multi_head, spec.task_affine)
+        def factory(spec: ModelSpec) -> nn.Module:
+            example = torch.zeros(2, *spec.input_shape)
+            return supernet_ready(build(name), example, spec.multi_head, spec.task_affine)
 
-    factory.__doc__ = f"{name}: built from its import reference"
-    MODELS.register(name)(factory)
+        factory.__doc__ = f"{name}: built from its import reference"
+        MODELS.register(name)(factory)
+    MODELS.get(name)
+    return name

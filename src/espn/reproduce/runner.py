@@ -8,8 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from espn.errors import EspnError
 from espn.reproduce.table import Table
-from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, parse_name
+from espn.reproduce.target import (
+    SCALES,
+    TARGETS,
+    Options,
+    ReproduceError,
+    Run,
+    Target,
+    parse_name,
+)
 from espn.sweep import Point, PointOutcome, run_sweep
 from espn.utils.io import atomic_target
 
@@ -36,6 +45,7 @@ def run_target(
     cpus_per_run: float = 1.0,
     gpus_per_run: float = 0.0,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> TargetResult:
     """Run (reuse, resume) every point of target ``name`` at ``options`` into ``out``, stage
     by stage through :func:`espn.sweep.run_sweep`, then write its table and figure."""
@@ -57,6 +67,7 @@ def run_target(
                 cpus_per_run=cpus_per_run,
                 gpus_per_run=gpus_per_run,
                 progress=progress,
+                overwrite=overwrite,
             )
         failed |= {o.run_dir.resolve() for o in outcomes if not _complete(o.results)}
     runs, missing = [], list(skipped)
@@ -114,21 +125,84 @@ def write_outputs(target: Target, table: Table, out: Path) -> list[Path]:
     return paths
 
 
-def collect(out: Path) -> dict[str, tuple[list[Run], list[str]]]:
+def collect(
+    out: Path, problems: list[tuple[str, str]] | None = None
+) -> dict[str, tuple[list[Run], list[str]]]:
     """The run directories of every target in ``out``: its runs with results (finished or
-    stopped early) and the names of its directories with no finished task."""
+    stopped early) and the names of its directories with no finished task. A directory
+    whose results.json is corrupt, or that holds a run of another benchmark or method than
+    its name says, is described in ``problems`` as (target, why) (and left out)."""
+    from espn.evaluation.results import ResultsError, read_results
+
     found: dict[str, tuple[list[Run], list[str]]] = {}
+    expected: dict[tuple[str, int], dict[str, dict[str, Any]] | None] = {}
     for directory in sorted(Path(out).iterdir()):
         parsed = parse_name(directory.name)
         if parsed is None or not directory.is_dir() or parsed[0] not in TARGETS:
             continue
         runs, missing = found.setdefault(parsed[0], ([], []))
+        try:
+            read_results(directory)
+        except ResultsError as exc:
+            if problems is not None:
+                problems.append((parsed[0], f"{directory.name}: {exc}"))
+            continue
         doc = _read(directory)
         if doc is None:
             missing.append(directory.name)
-        else:
-            runs.append(_run(directory.name, doc))
+            continue
+        key = (parsed[0], parsed[2])
+        if key not in expected:
+            expected[key] = _points(TARGETS.get(parsed[0]), parsed[2], Path(out))
+        why = _foreign(directory.name, doc, expected[key])
+        if why is not None:
+            if problems is not None:
+                problems.append((parsed[0], f"{directory.name}: {why}"))
+            continue
+        runs.append(_run(directory.name, doc))
     return found
+
+
+#: options whose value tells which run a point is
+IDENTITY = ("benchmark", "method", "preset")
+
+
+def _points(target: Target, seed: int, out: Path) -> dict[str, dict[str, Any]] | None:
+    """The options of every point of ``target`` up to ``seed``, by name, at any scale whose
+    points can be built here (None if none can: then a run cannot be checked)."""
+    points: dict[str, list[dict[str, Any]]] = {}
+    built = False
+    for scale in SCALES:
+        try:
+            stages = target.stages(Options(scale=scale, seeds=seed + 1), out)
+        except EspnError:
+            continue
+        built = True
+        for stage in stages:
+            for p in stage:
+                points.setdefault(p.name, []).append(p.options)
+    if not built:
+        return None
+    return {name: {"options": opts} for name, opts in points.items()}
+
+
+def _foreign(
+    name: str, doc: dict[str, Any], points: dict[str, dict[str, Any]] | None
+) -> str | None:
+    """Why the run ``doc`` in directory ``name`` is not that point of its target, or None."""
+    if points is None:
+        return None
+    if name not in points:
+        return "its name is not a point of the target at any scale"
+    config = doc.get("config") or {}
+    for options in points[name]["options"]:
+        if all(
+            options.get(k) is None or config.get(k) is None or options[k] == config[k]
+            for k in IDENTITY
+        ):
+            return None
+    ours = ", ".join(f"{k} {config.get(k)!r}" for k in IDENTITY if config.get(k) is not None)
+    return f"it holds a run of {ours}, not of this point"
 
 
 def report(out: Path, targets: list[str] | None = None) -> list[TargetResult]:
@@ -139,13 +213,21 @@ def report(out: Path, targets: list[str] | None = None) -> list[TargetResult]:
         raise ReproduceError(f"report: {out} is not a directory (give the --out of espn reproduce)")
     for name in targets or []:
         TARGETS.get(name)
-    found = collect(out)
+    problems: list[tuple[str, str]] = []
+    found = collect(out, problems)
     wanted = targets or list(found)
     missing = [t for t in wanted if t not in found]
     if not found or missing:
         raise ReproduceError(
             f"report: no run directories of {', '.join(missing) or 'any target'} in {out} "
             "(they are named TARGET__SERIES__seedK by espn reproduce)"
+        )
+    unusable = [why for target, why in problems if target in wanted]
+    if unusable:
+        raise ReproduceError(
+            f"report: {len(unusable)} run director(ies) cannot be used, so no table was "
+            "rewritten: " + "; ".join(unusable) + "; rerun those points (espn reproduce ... "
+            "--overwrite) or move them out of the directory"
         )
     results = []
     for name in wanted:

@@ -9,11 +9,11 @@ read without pickles: safetensors, or torch's format with ``weights_only=True``.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
@@ -36,14 +36,33 @@ def load_weight_file(path: Path | str) -> dict[str, Tensor]:
             raw: object = load_file(str(path))
         else:
             raw = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, SafetensorError, RuntimeError, EOFError, ValueError) as exc:
+    except pickle.UnpicklingError as exc:  # torch's message advises weights_only=False: unsafe
+        if "unsupported global" not in str(exc).lower():
+            raise PretrainedError(
+                f"{path} is not a weight file espn reads (.safetensors, or a torch state dict "
+                "of tensors): it is not a torch file"
+            ) from None
+        raise PretrainedError(
+            f"{path} holds Python objects besides tensors, which espn does not load (a "
+            "pickle can run code); save only the state dict, best as .safetensors"
+        ) from None
+    except OSError as exc:
         raise PretrainedError(f"cannot read pretrained weights {path}: {exc}") from None
+    except Exception as exc:  # a file of another kind: torch and safetensors raise anything
+        first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+        raise PretrainedError(
+            f"{path} is not a weight file espn reads (.safetensors, or a torch state dict "
+            f"of tensors): {type(exc).__name__}" + (f" ({first})" if first else "")
+        ) from None
     if isinstance(raw, Mapping) and isinstance(raw.get("state_dict"), Mapping):
         raw = raw["state_dict"]
     if not isinstance(raw, Mapping) or not all(
         isinstance(k, str) and isinstance(v, Tensor) for k, v in raw.items()
     ):
         raise PretrainedError(f"{path} is not a state dict (a mapping of names to tensors)")
+    for key, value in raw.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise PretrainedError(f"{path}: {key} holds NaN or infinite values")
     return {k.removeprefix("module."): v for k, v in raw.items()}
 
 
@@ -75,11 +94,23 @@ def adopt_pretrained(
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise PretrainedError(f"the pretrained weights lack {', '.join(missing[:5])}{more}")
+    floating = {f"{n}.weight" for n in supernet.layers} | {
+        f"{name}.{key}"
+        for name, m in supernet.task_modules.items()
+        if m.per_task
+        for key, value in m.task_state().items()
+        if value.is_floating_point()
+    }
     for key, shape in shapes.items():
         if tuple(tensors[key].shape) != shape:
             raise PretrainedError(
                 f"pretrained {key} has shape {tuple(tensors[key].shape)}, the supernet needs "
                 f"{shape} (a head must have the first task's {n_classes} classes)"
+            )
+        if key in floating and not tensors[key].is_floating_point():
+            raise PretrainedError(
+                f"pretrained {key} is {str(tensors[key].dtype).removeprefix('torch.')}; the "
+                "supernet needs floating-point values there"
             )
     supernet.begin_task(n_classes)
     for name, m in supernet.task_modules.items():

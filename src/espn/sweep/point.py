@@ -2,14 +2,17 @@
 
 The point is an ordinary ``espn run`` directory ``OUT/<name>``; what the run prints goes to
 ``OUT/<name>/log.txt``. A point whose complete ``results.json`` was made with the same
-options is reused, one whose checkpoint holds the same options is resumed from it, and any
-other content of the directory is replaced.
+options is reused, one whose checkpoint holds the same options is resumed from it (an
+unreadable results.json beside it set aside), and any other content of the directory is
+replaced (the sweep refuses, before any point runs, to replace a run of other options
+without ``overwrite``, see :func:`espn.sweep.runner.check_not_replacing`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import traceback
 from dataclasses import dataclass
@@ -19,6 +22,7 @@ from typing import Any
 from espn.checkpoint.run import option_differences, saved_config
 from espn.config import RunConfig, make_config
 from espn.sweep.spec import Point
+from espn.utils.io import write_json_atomic
 
 LOG_NAME = "log.txt"
 STATUSES = ("done", "reused", "resumed", "failed")
@@ -54,6 +58,42 @@ def resumable(cfg: RunConfig) -> bool:
     return saved is not None and not option_differences(saved, cfg)
 
 
+def _results_config(run_dir: Path) -> dict[str, Any] | None:
+    """The options recorded in ``run_dir/results.json``, if it is readable."""
+    try:
+        doc = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = doc.get("config") if isinstance(doc, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def changed_options(point: Point, out: Path) -> list[str]:
+    """How the run in ``out/<point.name>`` (its results.json, else its checkpoint) differs
+    from ``point``'s options (``epochs=[1, 1, 1] in the checkpoint, (1, 1, 2) now``); empty
+    when it holds no run or one of the same options."""
+    run_dir = Path(out) / point.name
+    cfg = make_config(**point.options, out=run_dir)
+    for saved in (_results_config(run_dir), saved_config(run_dir)):
+        if saved is not None and (diffs := option_differences(saved, cfg)):
+            return diffs
+    return []
+
+
+def set_aside_corrupt_results(run_dir: Path) -> tuple[Path, str] | None:
+    """Move an unreadable ``results.json`` aside (``results.json.corrupt``), so that the run
+    is resumed from its intact checkpoint, which rewrites it; where it went and why."""
+    from espn.evaluation.results import ResultsError, read_results
+
+    try:
+        read_results(run_dir)
+    except ResultsError as exc:
+        kept = run_dir / "results.json.corrupt"
+        os.replace(run_dir / "results.json", kept)
+        return kept, str(exc)
+    return None
+
+
 def reused_outcome(point: Point, out: Path) -> PointOutcome | None:
     """The outcome of a point that is already finished in ``out``, else None."""
     run_dir = Path(out) / point.name
@@ -86,6 +126,8 @@ def run_point(point: Point, out: Path) -> PointOutcome:
                 say("reused: results.json is complete and made with the same options")
                 return PointOutcome(point, "reused", run_dir, done, None, log)
             resume = resumable(cfg)
+            if resume and (kept := set_aside_corrupt_results(run_dir)) is not None:
+                say(f"results.json was unreadable ({kept[1]}); kept as {kept[0].name}")
             say(f"resumed from {run_dir / 'checkpoint'}" if resume else "started")
             with contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
                 doc = experiment.run_experiment(
@@ -96,6 +138,8 @@ def run_point(point: Point, out: Path) -> PointOutcome:
                     overwrite=not resume,
                     on_warning=lambda line: say(f"warning: {line}"),
                 )
+            if not (run_dir / "results.json").exists():  # every task was in the checkpoint
+                write_json_atomic(run_dir / "results.json", doc)
         except Exception as exc:
             fh.write(traceback.format_exc())
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]

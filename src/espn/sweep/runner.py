@@ -7,10 +7,14 @@ after another in this process, through the very same :func:`run_point` (no Ray n
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
+import socket
+import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,13 +23,19 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from espn.sweep.point import LOG_NAME, PointOutcome, reused_outcome, run_point
+from espn.sweep.point import LOG_NAME, PointOutcome, changed_options, reused_outcome, run_point
 from espn.sweep.spec import Point, SweepError, validate_points
 
 RAY_MISSING = (
-    "running points in parallel needs Ray, which is not installed: pip install 'espn[ray]' "
-    "(or run one point at a time in this process with --workers 1)"
+    "running points on a Ray cluster needs Ray, which is not installed: pip install "
+    "'espn[ray]' (or leave out --ray-address to run the points in this process)"
 )
+NO_RAY_NOTE = (
+    "Ray is not installed: the {n} point(s) run one after another in this process "
+    "(pip install 'espn[ray]' to run them in parallel)"
+)
+#: seconds to wait for a Ray cluster's address to answer before giving up
+CONNECT_SECONDS = 5.0
 #: object store of an embedded instance: points exchange only their results documents
 LOCAL_OBJECT_STORE_BYTES = 128 * 2**20
 
@@ -59,6 +69,7 @@ def run_sweep(
     cpus_per_run: float = 1.0,
     gpus_per_run: float = 0.0,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> list[PointOutcome]:
     """Run every point into ``out/<name>`` and return their outcomes in the points' order.
 
@@ -68,31 +79,39 @@ def run_sweep(
     embedded local Ray instance (default: GPUs if any, else CPU cores), or on the cluster at
     ``ray_address`` (then Ray's resources decide); each point asks Ray for ``cpus_per_run``
     CPUs and ``gpus_per_run`` GPUs. ``workers=1`` without an address runs the points in
-    this process, one after another. If Ray is already initialised in this process, that
-    instance is used. ``progress`` shows a bar over points and a line per finished point.
+    this process, one after another, as do all points when Ray is not installed (said on
+    the console). If Ray is already initialised in this process, that instance is used.
+    ``progress`` shows a bar over points and a line per finished point. A point whose
+    directory holds a run made with other options is refused (naming the options) unless
+    ``overwrite``, which replaces it.
     """
     out = Path(out).resolve()  # Ray workers need not share this process's directory
-    if workers is not None and workers < 1:
-        raise SweepError(f"workers must be >= 1, got {workers}")
-    if cpus_per_run <= 0 or gpus_per_run < 0:
-        raise SweepError(
-            f"cpus_per_run must be > 0 and gpus_per_run >= 0, got {cpus_per_run:g} and "
-            f"{gpus_per_run:g}"
-        )
+    check_resources(workers, cpus_per_run, gpus_per_run)
     validate_points(points, out)
     # fixed: in-process points redirect sys.stdout to logs; text printed as written (no markup)
     console = Console(file=sys.stdout, markup=False)
     outcomes: dict[str, PointOutcome] = {}
+    todo = []
+    for p in map(anchored, points):
+        reused = reused_outcome(p, out)
+        if reused is None:
+            todo.append(p)
+        else:
+            outcomes[p.name] = reused
+    if not overwrite:
+        check_not_replacing(todo, out)
+    in_process = ray_address is None and (workers or default_workers()) == 1
+    if todo and not in_process:
+        if not ray_available():
+            if ray_address is not None:
+                raise SweepError(RAY_MISSING)
+            console.print(NO_RAY_NOTE.format(n=len(todo)), highlight=False, markup=False)
+            in_process = True
+        else:
+            check_ray_target(ray_address, gpus_per_run)
     with _Reporter(len(points), console, progress) as report:
-        todo = []
-        for p in map(anchored, points):
-            reused = reused_outcome(p, out)
-            if reused is None:
-                todo.append(p)
-            else:
-                outcomes[p.name] = reused
-                report(reused)
-        in_process = ray_address is None and (workers or default_workers()) == 1
+        for outcome in outcomes.values():
+            report(outcome)
         if todo and in_process:
             for p in todo:
                 outcomes[p.name] = run_point(p, out)
@@ -104,6 +123,79 @@ def run_sweep(
     for p in points:  # the caller's points, as given
         outcomes[p.name].point = p
     return [outcomes[p.name] for p in points]
+
+
+def check_resources(workers: int | None, cpus_per_run: float, gpus_per_run: float) -> None:
+    """Refuse worker counts and per-point resources no scheduler can honour."""
+    if workers is not None and workers < 1:
+        raise SweepError(f"workers must be >= 1, got {workers}")
+    if not (math.isfinite(cpus_per_run) and 0 < cpus_per_run <= MAX_PER_RUN):
+        raise SweepError(
+            f"cpus_per_run must be a number in (0, {MAX_PER_RUN}], got {cpus_per_run:g}"
+        )
+    if not (math.isfinite(gpus_per_run) and 0 <= gpus_per_run <= MAX_PER_RUN):
+        raise SweepError(
+            f"gpus_per_run must be a number in [0, {MAX_PER_RUN}], got {gpus_per_run:g}"
+        )
+
+
+#: the most CPUs or GPUs one point may ask for
+MAX_PER_RUN = 1024
+
+
+def ray_available() -> bool:
+    """Whether Ray can be imported here (without importing it)."""
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None
+
+
+def check_ray_target(address: str | None, gpus_per_run: float) -> None:
+    """Refuse, before Ray starts, what Ray would wait on forever: GPUs asked of a local
+    instance on a machine without them, a cluster address that does not answer, a
+    ``ray://`` address without the Ray client installed."""
+    if address is None:
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus_per_run > have:
+            raise SweepError(
+                f"gpus_per_run {gpus_per_run:g} asks each point for more GPUs than this machine "
+                f"has ({have}); use --gpus-per-run {min(have, 1) if have else 0} or "
+                "--ray-address of a cluster with GPUs"
+            )
+        return
+    if address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    if address.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+        raise SweepError(
+            f"ray_address {address!r} needs the Ray client: pip install 'ray[client]' "
+            "(or give the head's host:port, or auto)"
+        )
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SweepError(
+            f"ray_address {address!r} is not host:port (e.g. 10.0.0.5:6379), ray://host:port "
+            "or auto"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise SweepError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with "
+            "`ray start --head` there, or leave out --ray-address to run on this machine"
+        ) from None
+
+
+def check_not_replacing(points: Sequence[Point], out: Path) -> None:
+    """Refuse points whose directory holds a run (finished or not) made with other options,
+    naming each point and the options that differ; ``--overwrite`` replaces them."""
+    changed = [f"{p.name} ({'; '.join(d)})" for p in points if (d := changed_options(p, out))]
+    if changed:
+        raise SweepError(
+            f"{len(changed)} point(s) hold a run made with other options: "
+            + ", ".join(changed)
+            + "; pass --overwrite to replace them, or another --out"
+        )
 
 
 #: options naming files or directories, made absolute before a point runs anywhere
@@ -139,6 +231,7 @@ def _run_on_ray(
     except ImportError:
         raise SweepError(RAY_MISSING) from None
     started = not ray.is_initialized()
+    watchdog: subprocess.Popen[bytes] | None = None
     if started:
         common: dict[str, Any] = {
             "include_dashboard": False,
@@ -151,6 +244,7 @@ def _run_on_ray(
         else:
             n = workers or default_workers()
             gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            watchdog = _watch()  # before Ray starts: a kill at any time after is covered
             ray.init(
                 num_cpus=max(1, math.ceil(n * cpus)),  # Ray wants whole CPUs (0.5 x 3 -> 2)
                 num_gpus=gpu_count,
@@ -175,6 +269,43 @@ def _run_on_ray(
             ray.cancel(ref, force=True)
         if started:
             ray.shutdown()
+        if watchdog is not None:
+            os.environ.pop(SWEEP_MARK, None)
+            watchdog.communicate()  # EOF: it removes what the shutdown left, and ends
+
+
+#: the environment variable that marks the processes of a sweep's local Ray instance (Ray
+#: starts them from this process's environment, and its workers from theirs)
+SWEEP_MARK = "ESPN_SWEEP_RAY"
+#: a process that waits for the driver to end (its stdin closes, also when the driver is
+#: killed with SIGKILL), then kills every process that carries the sweep's mark: Ray's
+#: agents outlive a killed driver otherwise
+WATCHDOG = """
+import os, signal, sys
+mark, driver = sys.argv[1].encode(), os.getppid()
+sys.stdin.read()
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) in (os.getpid(), driver):
+        continue
+    try:
+        with open(f"/proc/{entry}/environ", "rb") as fh:
+            if mark in fh.read().split(b"\\0"):
+                os.kill(int(entry), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _watch() -> subprocess.Popen[bytes] | None:
+    """Mark this process's environment for the local Ray it is about to start and start
+    the watchdog that removes that Ray's processes once this process ends (Linux: /proc)."""
+    if not Path("/proc/self/environ").exists():
+        return None
+    value = f"{os.getpid()}-{uuid.uuid4().hex}"
+    os.environ[SWEEP_MARK] = value
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, f"{SWEEP_MARK}={value}"], stdin=subprocess.PIPE
+    )
 
 
 class _Reporter:

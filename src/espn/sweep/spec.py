@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,11 @@ from typing import Any
 from espn.config import ConfigError, RunConfig, make_config, run_option_names
 
 SPEC_KEYS = ("base", "grid", "name")
+#: the most points a sweep may have: a grid beyond it is refused before it is expanded
+MAX_POINTS = 10_000
+#: the most values (numbers, strings, list items) a spec may hold once YAML aliases are
+#: expanded: a few hundred bytes of nested aliases would otherwise expand to gigabytes
+MAX_VALUES = 100_000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
 
@@ -44,10 +51,15 @@ class Point:
 def load_spec(path: Path) -> dict[str, Any]:
     """Read a ``.json``, ``.yaml`` or ``.yml`` sweep spec file."""
     path = Path(path)
+    if path.is_dir():
+        raise SweepError(f"sweep spec {path} is a directory; give a .json or .yaml file")
     if not path.is_file():
         raise SweepError(f"sweep spec {path} does not exist (give a .json or .yaml file)")
     suffix = path.suffix.lower()
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise SweepError(f"sweep spec {path} is not a text file (UTF-8 JSON or YAML)") from None
     if suffix == ".json":
         try:
             spec = json.loads(text)
@@ -92,11 +104,31 @@ def default_name(values: dict[str, Any]) -> str:
     return safe_name("_".join(parts) or "base")
 
 
+def check_size(value: Any, limit: int = MAX_VALUES) -> None:
+    """Refuse a spec holding more than ``limit`` values once shared parts (YAML aliases) are
+    counted each time they are used; stops counting at the limit, so it is fast."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            raise SweepError(
+                f"sweep spec: more than {limit} values once its YAML aliases are expanded; "
+                "write the values out, or split the sweep"
+            )
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
 def expand_spec(spec: Any) -> list[Point]:
-    """The points of a sweep spec (see the module docstring), validated: keys, grid lists,
-    unique names and every point's configuration (before anything runs)."""
+    """The points of a sweep spec (see the module docstring), validated: size, keys, grid
+    lists, unique names and every point's configuration (before anything runs)."""
     if not isinstance(spec, dict):
         raise SweepError(f"a sweep spec must be a mapping with keys {', '.join(SPEC_KEYS)}")
+    check_size(spec)
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise SweepError(
@@ -118,6 +150,13 @@ def expand_spec(spec: Any) -> list[Point]:
             raise SweepError(
                 f"sweep spec: grid {key!r} must be a non-empty list of values, got {values!r}"
             )
+    size = math.prod(len(v) for v in grid.values())
+    if size > MAX_POINTS:
+        raise SweepError(
+            f"sweep spec: the grid has {size} points ("
+            + " x ".join(f"{len(v)} {k}" for k, v in grid.items())
+            + f"), more than the {MAX_POINTS} a sweep may have; split it into smaller sweeps"
+        )
     template = spec.get("name")
     if template is not None and not isinstance(template, str):
         raise SweepError(f"sweep spec: 'name' must be a format string, got {template!r}")
@@ -144,8 +183,13 @@ def validate_points(points: Sequence[Point], out: Path | None = None) -> list[Ru
     a bad point is refused before any point runs; the configurations, in order."""
     if not points:
         raise SweepError("the sweep has no points")
-    names = [p.name for p in points]
-    repeated = sorted({n for n in names if names.count(n) > 1})
+    if len(points) > MAX_POINTS:
+        raise SweepError(
+            f"the sweep has {len(points)} points, more than the {MAX_POINTS} a sweep may have; "
+            "split it into smaller sweeps"
+        )
+    counts = Counter(p.name for p in points)
+    repeated = sorted(n for n, c in counts.items() if c > 1)
     if repeated:
         raise SweepError(
             f"point name(s) {', '.join(repeated)} given more than once; every point needs its "

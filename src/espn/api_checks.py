@@ -1,0 +1,199 @@
+"""The Python API's arguments, checked at the door with the CLI's own messages.
+
+A learner's training options (``lr``, ``batch_size``, ``seed``, ``device``, ``gamma``,
+``epochs``, ...) are validated by :class:`espn.config.RunConfig`'s validators, one field at a
+time, so that ``ContinualLearner(sn, lr=-1)`` and ``espn run --lr -1`` say the same thing.
+Data, models and paths are checked before anything is built or trained. Every refusal is an
+:class:`ApiArgumentError` (an :class:`~espn.errors.EspnError`) of one line that starts with
+the argument's name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from torch import Tensor, nn
+
+from espn.config import RunConfig, config_error, make_config
+from espn.errors import EspnError
+
+#: the most classes a task may have: labels up to 10^9 would allocate a head of 10^9 rows
+MAX_CLASSES = 100_000
+#: learner options that are run options, validated by RunConfig's validators
+LEARNER_OPTIONS = ("optimizer", "lr", "batch_size", "weight_decay", "momentum", "betas", "seed")
+
+
+class ApiArgumentError(EspnError, ValueError):
+    """An argument of the Python API is not accepted; the message names it and says why."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def fail(argument: str, what: str) -> ApiArgumentError:
+    """The error for ``argument``: ``argument: what`` on one line."""
+    return ApiArgumentError(_one_line(f"{argument}: {what}"))
+
+
+@contextmanager
+def about(argument: str, context: str = "", test_argument: str | None = None) -> Iterator[None]:
+    """Within: an error that is not espn's own (torch's, Python's) becomes one line naming
+    ``argument`` (and ``context``: what was being done with it); espn's own errors pass, a
+    data error named for the argument (``test_argument`` where it is about the test split)."""
+    from espn.data.tensors import TaskDataError
+
+    try:
+        yield
+    except TaskDataError as exc:  # "task 0: test data: ..." from learn(data, test)
+        message = str(exc)
+        named = test_argument if test_argument and ": test data" in message else argument
+        raise fail(named, message) from None
+    except EspnError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise fail(argument, f"{context}{first[:300]}") from None
+
+
+_BASE: RunConfig | None = None
+
+
+def check_option(name: str, value: Any) -> None:
+    """Validate one run option as ``espn run`` does (the same validator, the same words)."""
+    global _BASE
+    if _BASE is None:
+        _BASE = make_config(benchmark="permuted-mnist")
+    if isinstance(value, torch.device):
+        value = str(value)
+    try:
+        RunConfig.__pydantic_validator__.validate_assignment(_BASE.model_copy(), name, value)
+    except ValidationError as exc:
+        message = str(config_error(exc))
+        raise ApiArgumentError(
+            message if message.startswith(name) else f"{name}: {message}"
+        ) from None
+
+
+def check_learner(supernet: Any, device: Any, settings: dict[str, Any], **options: Any) -> None:
+    """``ContinualLearner``'s arguments: a supernet, and options and method settings that
+    are run options checked as run options."""
+    from espn.supernet.supernet import Supernet
+
+    if not isinstance(supernet, Supernet):
+        raise fail(
+            "supernet",
+            f"expected an espn Supernet (espn.wrap(model, example_input)), got "
+            f"{type(supernet).__name__}",
+        )
+    for name, value in options.items():
+        if name in LEARNER_OPTIONS and not (name == "batch_size" and value is None):
+            check_option(name, value)
+    if device is not None:
+        check_option("device", device)
+    for name, value in settings.items():
+        if name in RunConfig.model_fields and name != "method_options":
+            check_option(name, value)
+
+
+def check_example(model: Any, example_input: Any) -> None:
+    """``wrap``'s model and example batch: a module, name or factory, and a non-empty,
+    finite floating-point batch ``[N, ...]``."""
+    if not (isinstance(model, nn.Module | str) or callable(model)):
+        raise fail(
+            "model",
+            f"expected an nn.Module, a model name, a class or factory, got {type(model).__name__}",
+        )
+    if isinstance(model, nn.Module) and any(p.is_meta for p in model.parameters()):
+        raise fail(
+            "model",
+            "its parameters are on the meta device; materialise them first "
+            "(model.to_empty(device='cpu') and initialise)",
+        )
+    check_inputs(example_input, "example_input")
+    if len(example_input) == 0:
+        raise fail("example_input", "is an empty batch; give at least one sample")
+
+
+def check_inputs(x: Any, argument: str, shape: tuple[int, ...] | None = None) -> None:
+    """Model inputs: a finite float32 tensor ``[N, *shape]``."""
+    if not isinstance(x, Tensor):
+        raise fail(argument, f"expected a tensor of inputs [N, ...], got {type(x).__name__}")
+    if x.dim() < 2:
+        raise fail(argument, f"expected inputs of shape [N, ...], got shape {list(x.shape)}")
+    if x.dtype != torch.float32:
+        raise fail(
+            argument,
+            f"inputs must be float32 (the model's dtype), got {str(x.dtype).removeprefix('torch.')}"
+            "; convert them with x.float() (scaled as in training)",
+        )
+    if x.device.type == "meta":
+        raise fail(argument, "inputs are on the meta device; give real tensors")
+    if not bool(torch.isfinite(x).all()):
+        raise fail(argument, "inputs hold NaN or infinite values")
+    if shape is not None and tuple(x.shape[1:]) != tuple(shape):
+        raise fail(
+            argument,
+            f"inputs of shape {list(x.shape[1:])} per sample, the supernet takes {list(shape)}",
+        )
+
+
+def check_data_given(data: Any, argument: str) -> None:
+    """Refuse ``None`` where data are needed, naming the argument."""
+    if data is None:
+        raise fail(argument, "no data: give (x, y) tensors or an iterable of (x, y) batches")
+
+
+def check_classes(n_classes: Any, argument: str = "n_classes") -> None:
+    """A class count: an int in [1, MAX_CLASSES] (labels define it when not given)."""
+    if isinstance(n_classes, bool) or not isinstance(n_classes, int):
+        raise fail(argument, f"must be an int, got {n_classes!r}")
+    if not 1 <= n_classes <= MAX_CLASSES:
+        raise fail(
+            argument,
+            f"must be in [1, {MAX_CLASSES}], got {n_classes} (labels are class indices "
+            "0..n_classes-1)",
+        )
+
+
+def check_task(task: Any, learned: int) -> None:
+    """A learned task's index: an int in ``0..learned-1``."""
+    if isinstance(task, bool) or not isinstance(task, int):
+        raise fail("task", f"must be a task index (int), got {task!r}")
+    if not 0 <= task < learned:
+        which = f"tasks 0..{learned - 1}" if learned else "no task is learned yet"
+        raise fail("task", f"task {task} is not learned ({which})")
+
+
+def check_name(name: Any) -> None:
+    """A task's name: a string or None."""
+    if name is not None and not isinstance(name, str):
+        raise fail("name", f"must be a string, got {type(name).__name__}")
+
+
+def check_save_path(path: Any) -> Path:
+    """A directory ``save`` can write: named (not ''), creatable and writable."""
+    if not isinstance(path, str | os.PathLike) or not str(path).strip():
+        raise fail("path", f"give the directory to save the run in, got {path!r}")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise fail("path", f"{path} is a file, not a directory")
+    parent = next((p for p in path.absolute().parents if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise fail("path", f"{path}: {parent} is a file, not a directory")
+    where = path if path.exists() else parent
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise fail("path", f"{path}: cannot write into {where} (permission denied)")
+    return path
+
+
+def check_export_path(path: Any) -> None:
+    """An export file name: a str or path (its suffix and directory are checked by export)."""
+    if not isinstance(path, str | os.PathLike) or not str(path).strip():
+        raise fail("path", f"give a file name ending in .pt2 or .onnx, got {path!r}")
