@@ -224,15 +224,16 @@ def _groups(
         features = [n for n in g.producers if n not in scales] or g.producers
         producer = modules[features[0]]
         for name in g.consumers:
-            if name in repeats:
-                _check_flatten_order(model, example_input, producer, name, modules[name], g.size)
+            linear = modules[name]
+            if name in repeats and isinstance(linear, nn.Linear):
+                _check_flatten_order(model, example_input, producer, name, linear, g.size)
         groups.append(g)
     return groups, successor, outputs[0], repeats, scales
 
 
 @torch.no_grad()
 def _check_flatten_order(
-    model: nn.Module, example: Tensor, producer: nn.Module, name: str, linear: nn.Module, size: int
+    model: nn.Module, example: Tensor, producer: nn.Module, name: str, linear: nn.Linear, size: int
 ) -> None:
     """Check that linear layer ``name`` reads its flattened map channel-major (channel ``c``
     owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)`` of ``(N, C, H, W)``): raise
