@@ -20,7 +20,7 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-from espn.config import RunConfig, config_error, make_config
+from espn.config import ConfigError, RunConfig, config_error, make_config
 from espn.errors import EspnError
 
 #: the most classes a task may have: labels up to 10^9 would allocate a head of 10^9 rows
@@ -97,6 +97,12 @@ def check_learner(supernet: Any, device: Any, settings: dict[str, Any], **option
             check_option(name, value)
     if device is not None:
         check_option("device", device)
+        from espn.preflight import check_device
+
+        try:
+            check_device(str(device))
+        except ConfigError as exc:
+            raise ApiArgumentError(str(exc)) from None
     for name, value in settings.items():
         if name in RunConfig.model_fields and name != "method_options":
             check_option(name, value)
