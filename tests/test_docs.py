@@ -184,5 +184,5 @@ def test_every_command_groups_help_is_printed_as_written() -> None:
         return found
 
     every = groups(app)
-    assert len(every) >= 6
+    assert len(every) >= 5
     assert all(g.rich_markup_mode is None for g in every)  # type: ignore[attr-defined]
