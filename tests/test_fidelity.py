@@ -151,7 +151,9 @@ def test_the_same_strength_reaches_l1_and_polarization():
     l1 = METHODS.get("espn")(MethodConfig(gamma=0.2, settings={"pruner": "l1", "penalty": 2.0}))
     l1.begin_task(sn)
     assert torch.isclose(l1.penalty(sn), 2.0 * gammas.abs().sum() / 80)
-    polar = METHODS.get("espn")(MethodConfig(gamma=0.2, settings={"pruner": "polarization", "penalty": 2.0}))
+    polar = METHODS.get("espn")(
+        MethodConfig(gamma=0.2, settings={"pruner": "polarization", "penalty": 2.0})
+    )
     polar.begin_task(sn)
     by_hand = 2.0 * (1.2 * gammas.abs() - (gammas - gammas.mean()).abs()).sum() / 80
     assert torch.isclose(polar.penalty(sn), by_hand)

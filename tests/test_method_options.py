@@ -26,6 +26,8 @@ runner = CliRunner()
 def supsup_defaults(**given: Any) -> dict[str, Any]:
     """SupSup's settings: its declared defaults, with ``given`` in their place."""
     return {o.name: given.get(o.name, o.default) for o in METHODS.get("supsup").options}
+
+
 TINY = ["--model", "fc-small", "--tasks", "2", "--epochs", "1,1,1", "--batch-size", "64"]
 
 
@@ -385,7 +387,9 @@ def test_a_run_recorded_with_flat_options_evaluates_and_resumes(
     assert resumed.exit_code == 0, resumed.output
     other = runner.invoke(app, [*args[:-1], "0.5", "--resume"])
     assert other.exit_code == 2
-    assert "method_options.supsup_k=0.25 in the checkpoint, 0.5 now" in " ".join(other.output.split())
+    assert "method_options.supsup_k=0.25 in the checkpoint, 0.5 now" in " ".join(
+        other.output.split()
+    )
 
 
 def test_sweeps_and_presets_take_method_options_by_name():

@@ -14,9 +14,9 @@ from espn.evaluation import task_logits
 from espn.experiment import build_benchmark, build_supernet
 from espn.methods import METHODS
 from espn.methods.base import Strategy
+from espn.models.fc import FCNet
 from espn.supernet.layers import TaskHead
 from espn.training import Engine
-from espn.models.fc import FCNet
 from espn.training.optim import TaskOptimizer, step_factor
 from helpers.baseline import make_engine, tiny_sequence
 
@@ -63,7 +63,7 @@ def test_supsup_scores_train_with_their_own_adam_and_a_cosine_over_the_task(
 
 def test_supsup_head_is_masked_signed_constants_and_dense_is_an_option():
     seq = tiny_sequence(n_tasks=2)
-    sn, strategy, engine = make_engine(FCNet(64, [16, 16], 3, True, False), seq, "supsup")
+    sn, _, engine = make_engine(FCNet(64, [16, 16], 3, True, False), seq, "supsup")
     engine.train_task(seq.tasks[0], 0)
     head = next(m for m in sn.task_modules.values() if isinstance(m, TaskHead))
     scale = math.sqrt(2.0 / (0.5 * head.in_features))
@@ -82,7 +82,10 @@ def test_supsup_head_is_masked_signed_constants_and_dense_is_an_option():
     optimizer = engine.build_optimizer()
     assert optimizer.weights is not None  # the dense head trains with the run's optimizer
     heads = {
-        id(p) for m in dense_sn.task_modules.values() if isinstance(m, TaskHead) for p in m.parameters()
+        id(p)
+        for m in dense_sn.task_modules.values()
+        if isinstance(m, TaskHead)
+        for p in m.parameters()
     }
     assert heads <= {id(p) for p in optimizer.weights.param_groups[0]["params"]}
 
@@ -99,7 +102,7 @@ def test_cpg_weights_sgd_nesterov_masks_adam_and_a_step_decay(fake_mnist, tiny_r
         True,
         4e-5,
     )
-    assert [p.schedule for p in strategy.phases()][0] == "step"
+    assert strategy.phases()[0].schedule == "step"
     factors = [step_factor(s, 100) for s in (0, 49, 50, 79, 80, 99)]
     assert factors == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
     assert strategy.train_unit_affine  # BatchNorm affine trained per task, as the reference

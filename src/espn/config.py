@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -211,7 +211,7 @@ class RunConfig(BaseModel):
         method = data.get("method") or values.get("method") or "espn"
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
             values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
-        benchmark = data.get("benchmark") or values.get("benchmark")
+        benchmark = str(data.get("benchmark") or values.get("benchmark"))
         if method in METHODS and benchmark in BENCHMARKS:  # the method's recipe wins
             regime = BENCHMARKS.get(benchmark).defaults.get("regime", "")
             for key in METHODS.get(method).run_defaults(regime):
@@ -374,7 +374,9 @@ class RunConfig(BaseModel):
                 "(init_weights); methods that can: "
                 + ", ".join(n for n in METHODS.names() if METHODS.get(n).accepts_pretrained)
             )
-        d = RunDefaults(**(bench.defaults | strategy.run_defaults(bench.defaults.get("regime", ""))))
+        d = cast(
+            RunDefaults, bench.defaults | strategy.run_defaults(bench.defaults.get("regime", ""))
+        )
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         self.betas = self.betas or d.get("betas", (0.9, 0.999))
         self.gamma = (

@@ -160,7 +160,8 @@ def run(
     ),
     epochs: str | None = typer.Option(None, help="PRE,PRUNE,FINE epochs per task, e.g. 3,4,3."),
     optimizer: str | None = typer.Option(
-        None, help="sgd, nesterov, adam or rmsprop; default: the method's recipe, else the benchmark's."
+        None,
+        help="sgd, nesterov, adam or rmsprop; default: the method's recipe, else the benchmark's.",
     ),
     lr: float | None = typer.Option(None, help="Learning rate; default: the benchmark's."),
     batch_size: int | None = typer.Option(None, help="Batch size; default: the benchmark's."),

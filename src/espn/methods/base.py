@@ -42,6 +42,10 @@ FREE_INIT_OPTION = Option(
 )
 
 
+#: a method's recipe: per regime, the run options it sets (see :attr:`Strategy.recipe`)
+Recipes = Mapping[str, Mapping[str, Any]]
+
+
 @dataclass(frozen=True)
 class Phase:
     """A stretch of training of one task.
@@ -111,7 +115,7 @@ class Strategy(ABC):
     #: 28x28 digits, ``"cifar"``: ResNets): run options (optimizer, lr, betas, weight decay,
     #: momentum, warm-up, fine-tuning) that replace the benchmark's when the user leaves them
     #: out; empty: the benchmark's recipe (the paper's ESPN recipe)
-    recipe: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    recipe: ClassVar[Recipes] = {}
     #: how the method's own parameters (:meth:`extra_parameters`) train, apart from the
     #: supernet weights; None: with the weights, in one optimizer
     own_optim: ClassVar[OptimConfig | None] = None

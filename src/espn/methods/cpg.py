@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.data.tasks import Task
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.methods.base import METHODS, MethodConfig, Phase, Recipes, Strategy
 from espn.options import Option
 from espn.pruning.weights import prune_weights
 from espn.supernet.supernet import Supernet
@@ -80,7 +80,7 @@ class CPG(Strategy):
     name = "cpg"
     uses_gamma = False
     uses_alpha = False
-    recipe = {
+    recipe: ClassVar[Recipes] = {
         regime: {
             "optimizer": "nesterov",
             "lr": 1e-2,

@@ -8,7 +8,9 @@ fine-tuning with cosine decay from 1e-3.
 
 from __future__ import annotations
 
-from espn.methods.base import FREE_INIT_OPTION, METHODS, Phase, Strategy
+from typing import ClassVar
+
+from espn.methods.base import FREE_INIT_OPTION, METHODS, Phase, Recipes, Strategy
 from espn.options import Option
 from espn.supernet.supernet import Supernet
 
@@ -27,7 +29,7 @@ class PackNet(Strategy):
     name = "packnet"
     trains_unit_affine = False
     uses_gamma = False
-    recipe = {"mnist": {"finetune_lr": 1e-3, "finetune_schedule": "cosine"}}
+    recipe: ClassVar[Recipes] = {"mnist": {"finetune_lr": 1e-3, "finetune_schedule": "cosine"}}
     options = (
         FREE_INIT_OPTION,
         Option(

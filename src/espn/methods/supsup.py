@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.methods.base import METHODS, MethodConfig, Phase, Recipes, Strategy
 from espn.options import Option
 from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
@@ -69,7 +69,7 @@ class SupSup(Strategy):
     uses_alpha = False
     trains_unit_affine = False
     accepts_pretrained = False
-    recipe = {"mnist": {"warmup": 0}, "cifar": {"warmup": 0}}
+    recipe: ClassVar[Recipes] = {"mnist": {"warmup": 0}, "cifar": {"warmup": 0}}
     own_optim = OptimConfig("adam", 1e-3, 1e-4, 0.0, (0.9, 0.999), schedule="cosine")
     options = (
         Option(
@@ -159,9 +159,9 @@ class SupSup(Strategy):
             if n in supernet.layers:
                 tensors[f"{n}.weight_mask"] = supermask(s, self.k)
             else:  # a masked head: its fixed signed constants under the supermask, no bias
-                head = supernet.task_modules[n]
-                tensors[f"{n}.weight"] = head.weight.detach() * supermask(s, self.k)
-                tensors[f"{n}.bias"] = torch.zeros_like(head.bias)
+                weight = supernet.task_modules[n].get_parameter("weight")
+                tensors[f"{n}.weight"] = weight.detach() * supermask(s, self.k)
+                tensors[f"{n}.bias"] = weight.new_zeros(weight.shape[0])
         return functional_call(supernet.model, tensors, (x,))
 
     @torch.no_grad()

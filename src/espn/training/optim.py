@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,11 +68,11 @@ class TaskOptimizer:
     def __init__(
         self,
         weights: OptimConfig,
-        params: list[Tensor],
+        params: Sequence[Tensor],
         own: OptimConfig | None = None,
-        own_params: list[Tensor] | None = None,
+        own_params: Sequence[Tensor] = (),
     ) -> None:
-        own_params = own_params or []
+        params, own_params = list(params), list(own_params)
         if own is None:
             params, own_params = params + own_params, []
         #: None when nothing but the method's own parameters trains (SupSup's masked head)
