@@ -214,7 +214,7 @@ def test_earlier_tasks_logits_stay_bit_identical_under_each_recipe(
     fake_mnist, tiny_run_args, method
 ):
     budget = {"alpha": 0.2} if method in ("packnet", "rmn", "espn") else {}
-    cfg = make_config(**tiny_run_args, method=method, **budget)
+    cfg = make_config(**{**tiny_run_args, "tasks": 2}, method=method, **budget)
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     engine = Engine(
