@@ -51,7 +51,9 @@ def test_espn_meets_flops_and_weight_budgets(fake_mnist, tiny_run_args, gamma, a
 def test_reuse_policies(fake_mnist, tiny_run_args):
     """'all' keeps every frozen weight of alive units; 'magnitude' may drop small ones."""
     for reuse in ("all", "magnitude"):
-        sn, _ = train({**tiny_run_args, "tasks": 2, "gamma": 0.5, "alpha": 0.02, "reuse": reuse})
+        # free weights kept from task 1 (not re-drawn small), so that they compete with frozen ones
+        args = {"tasks": 2, "gamma": 0.5, "alpha": 0.02, "reuse": reuse, "free_init": "keep"}
+        sn, _ = train({**tiny_run_args, **args})
         second = sn.masks[1]
         kept, available = 0, 0
         sn.use_task(1)

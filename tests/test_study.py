@@ -59,7 +59,10 @@ def test_pruner_study_runs_one_individual_run_per_pruner_and_gamma(
         for gamma in gammas:
             name = point_name("fig-pruners", f"{pruner}+gamma{gamma:g}", 0)
             doc = json.loads((out / name / "results.json").read_text())
-            assert doc["method"] == "individual" and doc["config"]["pruner"] == pruner
+            assert (
+                doc["method"] == "individual"
+                and doc["config"]["method_options"]["pruner"] == pruner
+            )
             assert doc["config"]["tasks"] == 1 and doc["benchmark"] == "fashion-mnist"
             assert doc["gamma"] == gamma and doc["alpha"] == 1.0
             assert doc["flops_ratio"][0] <= gamma  # every pruner meets its FLOPs target

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,12 +21,9 @@ from espn.methods.base import (
     Strategy,
     declared_options,
 )
-from espn.methods.options import resolve_settings
-from espn.pruning.pruner import PRUNERS
-from espn.supernet.flops import FLOP_LOADS
+from espn.options import resolve_settings
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
-REUSE_POLICIES = ("all", "magnitude")
 #: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
 MAX_SEED = 2**32 - 1
 #: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
@@ -77,12 +74,6 @@ def check_device(device: str) -> str:
     return device
 
 
-def _in_unit_interval(name: str, value: float | None) -> float | None:
-    if value is not None and not 0.0 < value <= 1.0:
-        raise ValueError(f"{name} must be in (0, 1], got {value}")
-    return value
-
-
 T = TypeVar("T")
 
 
@@ -116,12 +107,21 @@ class RunConfig(BaseModel):
         None, description="PRE,PRUNE,FINE epochs per task, e.g. 3,4,3."
     )
     optimizer: str | None = Field(
-        None, description="sgd, adam or rmsprop; default: the benchmark's."
+        None,
+        description="sgd, nesterov, adam or rmsprop; default: the method's recipe, else the "
+        "benchmark's.",
     )
-    lr: float | None = Field(None, description="Learning rate; default: the benchmark's.")
+    lr: float | None = Field(
+        None, description="Learning rate; default: the method's recipe, else the benchmark's."
+    )
     batch_size: int | None = Field(None, description="Batch size; default: the benchmark's.")
-    weight_decay: float = Field(0.0, description="Weight decay (never reaches frozen weights).")
-    momentum: float = Field(0.0, description="Momentum of SGD and RMSprop.")
+    weight_decay: float | None = Field(
+        None,
+        description="Weight decay (never reaches frozen weights); default: the method's recipe.",
+    )
+    momentum: float | None = Field(
+        None, description="Momentum of SGD and RMSprop; default: the method's recipe."
+    )
     betas: tuple[float, float] | None = Field(
         None, description="B1,B2: Adam's betas; default: the benchmark's (0.9,0.999)."
     )
@@ -129,30 +129,16 @@ class RunConfig(BaseModel):
         None, description="Warm-up epochs (free weights only, lr ramp), taken from pre-training."
     )
     finetune_lr: float | None = Field(
-        None, description="Fine-tuning learning rate; default: the benchmark's (MNIST 1e-4)."
+        None,
+        description="Fine-tuning learning rate; default: the method's recipe, else the benchmark's.",
     )
     finetune_schedule: str | None = Field(
         None,
         description="Fine-tuning schedule: 'cosine' or 'constant'; default: the benchmark's.",
     )
-    pruner: str = Field("flop-aware", description="Unit pruner (see `espn list`).")
-    penalty: float = Field(
-        1.0,
-        description="Strength of the pruner's penalty, averaged over alive units (authors: 1).",
-    )
-    flop_load: str = Field(
-        "output",
-        description="FLOP load of a unit for the FLOP-aware penalty: 'output' (the paper: the "
-        "cost of computing it) or 'total' (also the cost of its outgoing connections).",
-    )
     #: the method's own options (see ``Strategy.options``), completed with their defaults;
     #: on the command line each is a flag of its own (see ``espn.cli.options``)
     method_options: dict[str, Any] = Field({}, description="The method's own options.")
-    reuse: str = Field(
-        "all",
-        description="Frozen weights a task keeps: 'all' in its alive units (the paper) or "
-        "'magnitude'.",
-    )
     task_affine: bool = Field(
         False,
         description="Beyond the paper: per-task unit scale and shift (FC gates, BatchNorm "
@@ -248,6 +234,11 @@ class RunConfig(BaseModel):
         method = data.get("method") or values.get("method") or "espn"
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
             values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
+        benchmark = str(data.get("benchmark") or values.get("benchmark"))
+        if method in METHODS and benchmark in BENCHMARKS:  # the method's recipe wins
+            regime = BENCHMARKS.get(benchmark).defaults.get("regime", "")
+            for key in METHODS.get(method).run_defaults(regime):
+                values.pop(key, None)
         return _need_benchmark(gather_method_options(merge(values, data)))
 
     @field_validator("*", mode="before")
@@ -281,12 +272,6 @@ class RunConfig(BaseModel):
             resolve(v)  # a registered name, or "package.module:Factory(key=value)"
         return v
 
-    @field_validator("pruner")
-    @classmethod
-    def _pruner(cls, v: str) -> str:
-        PRUNERS.get(v)
-        return v
-
     @field_validator("optimizer")
     @classmethod
     def _optimizer(cls, v: str | None) -> str | None:
@@ -294,34 +279,10 @@ class RunConfig(BaseModel):
             raise ValueError(f"unknown optimizer {v!r}; choose one of: {', '.join(OPTIMIZERS)}")
         return v
 
-    @field_validator("reuse")
-    @classmethod
-    def _reuse(cls, v: str) -> str:
-        if v not in REUSE_POLICIES:
-            raise ValueError(
-                f"unknown reuse policy {v!r}; choose one of: {', '.join(REUSE_POLICIES)}"
-            )
-        return v
-
-    @field_validator("flop_load")
-    @classmethod
-    def _flop_load(cls, v: str) -> str:
-        return _one_of("flop load", v, FLOP_LOADS)
-
     @field_validator("finetune_schedule")
     @classmethod
     def _finetune_schedule(cls, v: str | None) -> str | None:
         return None if v is None else _one_of("fine-tune schedule", v, FINETUNE_SCHEDULES)
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma(cls, v: float | None) -> float | None:
-        return _in_unit_interval("gamma", v)
-
-    @field_validator("alpha")
-    @classmethod
-    def _alpha(cls, v: float | None) -> float | None:
-        return _in_unit_interval("alpha", v)
 
     @field_validator(
         "tasks",
@@ -349,24 +310,17 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be > 0, got {v}")
         return v
 
-    @field_validator("warmup")
+    @field_validator("weight_decay")
     @classmethod
-    def _warmup(cls, v: int | None) -> int | None:
+    def _non_negative(cls, v: float | None, info: Any) -> float | None:
         if v is not None and v < 0:
-            raise ValueError(f"warmup must be >= 0 epochs, got {v}")
-        return v
-
-    @field_validator("weight_decay", "penalty")
-    @classmethod
-    def _non_negative(cls, v: float, info: Any) -> float:
-        if v < 0:
             raise ValueError(f"{info.field_name} must be >= 0, got {v}")
         return v
 
     @field_validator("momentum")
     @classmethod
-    def _momentum(cls, v: float) -> float:
-        if not 0 <= v < 1:
+    def _momentum(cls, v: float | None) -> float | None:
+        if v is not None and not 0 <= v < 1:
             raise ValueError(f"momentum must be in [0, 1), got {v}")
         return v
 
@@ -463,11 +417,6 @@ class RunConfig(BaseModel):
                 f"tasks must be <= {bench.max_tasks} for {self.benchmark}, got {self.tasks}"
             )
         strategy = METHODS.get(self.method)
-        if not strategy.uses_gamma and self.gamma not in (None, 1.0):
-            raise ValueError(
-                f"method {self.method!r} has no FLOP constraint; gamma must be 1 or unset, "
-                f"got {self.gamma}"
-            )
         self._check_folders(bench.needs_folders)
         self._check_method_options(strategy)
         self._check_sequence(bench.class_orders)
@@ -478,7 +427,9 @@ class RunConfig(BaseModel):
                 "(init_weights); methods that can: "
                 + ", ".join(n for n in METHODS.names() if METHODS.get(n).accepts_pretrained)
             )
-        d = bench.defaults
+        d = cast(
+            RunDefaults, bench.defaults | strategy.run_defaults(bench.defaults.get("regime", ""))
+        )
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         self.betas = self.betas or d.get("betas", (0.9, 0.999))
         self.gamma = (
@@ -486,7 +437,7 @@ class RunConfig(BaseModel):
             if self.gamma is not None
             else (DEFAULT_GAMMA if strategy.uses_gamma else 1.0)
         )
-        if not strategy.uses_alpha:
+        if not strategy.uses_alpha and self.alpha is None:
             self.alpha = 1.0
         elif self.alpha is None:
             self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
@@ -495,6 +446,10 @@ class RunConfig(BaseModel):
         self.optimizer = self.optimizer or d.get("optimizer", "adam")
         self.lr = lr = self.lr or d.get("lr", 1e-3)
         self.batch_size = self.batch_size or d.get("batch_size", 128)
+        if self.weight_decay is None:
+            self.weight_decay = d.get("weight_decay", 0.0)
+        if self.momentum is None:
+            self.momentum = d.get("momentum", 0.0)
         self._resolve_recipe(d, epochs[0], lr)
         self.task_train_sizes()  # a list of sizes must have one per task
         strategy.check_config(self.method_config())
@@ -505,11 +460,6 @@ class RunConfig(BaseModel):
         pre-training epochs, learning rate ``lr``)."""
         if self.warmup is None:  # the recipe's, leaving at least one full pre-training epoch
             self.warmup = max(0, min(d.get("warmup", 0), pre - 1))
-        elif self.warmup > pre:
-            raise ValueError(
-                f"warmup must be <= the {pre} pre-training epochs it is taken from, "
-                f"got {self.warmup}"
-            )
         self.finetune_schedule = self.finetune_schedule or d.get("finetune_schedule", "cosine")
         if self.finetune_lr is None:
             self.finetune_lr = d.get("finetune_lr", lr)
@@ -566,18 +516,6 @@ class RunConfig(BaseModel):
         self.method_options = resolve_settings(
             self.method, strategy.options, self.method_options, owners
         )
-        if not strategy.uses_gamma and self.pruner != "flop-aware":
-            pruning = ", ".join(n for n in METHODS.names() if METHODS.get(n).uses_gamma)
-            raise ValueError(
-                f"method {self.method!r} prunes no units, so pruner {self.pruner!r} would be "
-                f"ignored; pruners apply to: {pruning}"
-            )
-        if strategy.uses_alpha or self.alpha in (None, 1.0):
-            return
-        raise ValueError(
-            f"method {self.method!r} has no weight budget; alpha must be 1 or unset, "
-            f"got {self.alpha}"
-        )
 
     def _check_folders(self, needed: bool) -> None:
         if needed and not self.folders:
@@ -615,8 +553,8 @@ class RunConfig(BaseModel):
         return OptimConfig(
             name=str(self.optimizer),
             lr=float(resolved(self.lr, "lr")),
-            weight_decay=self.weight_decay,
-            momentum=self.momentum,
+            weight_decay=float(resolved(self.weight_decay, "weight_decay")),
+            momentum=float(resolved(self.momentum, "momentum")),
             betas=resolved(self.betas, "betas"),
         )
 

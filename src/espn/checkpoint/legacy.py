@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from espn.config import gather_method_options
+from espn.methods.base import METHODS, declared_options
 
 #: what runs recorded before an option existed behaved as (read from older manifests)
 LEGACY_DEFAULTS: dict[str, Any] = {
@@ -15,14 +16,51 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "task_seed": None,
     "class_order": None,
     "init_weights": None,
+    "weight_decay": 0.0,
+    "momentum": 0.0,
+}
+#: run options that became ESPN's own (``method_options``); older configurations have them
+#: at the top level, also for methods that never read them
+MOVED_TO_METHOD = ("pruner", "penalty", "flop_load", "reuse")
+#: what methods did before their recipes became their references' (configurations saved
+#: with the moved options at the top level are from then)
+LEGACY_METHOD_OPTIONS: dict[str, Any] = {
+    "free_init": "keep",
+    "packnet_prune": "one-shot",
+    "supsup_head": "dense",
+    "cpg_zero_released": False,
 }
 
 
 def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
     """A configuration saved by an older espn, completed with the values that reproduce what
     that espn did (its fine-tuning started from the run's learning rate); method options it
-    recorded flat (``supsup_k``, unset ones as null) move into ``method_options``."""
-    upgraded = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in values} | dict(values)
+    recorded flat (``supsup_k``, unset ones as null; ESPN's ``pruner``, ``penalty``,
+    ``flop_load``, ``reuse`` for every method) move into ``method_options``, which is
+    completed with the method's options at what they were then (:data:`LEGACY_METHOD_OPTIONS`)
+    or, for an option newer than the run, at its default."""
+    values = dict(values)
+    declared = declared_options()
+    flat_era = any(k in values for k in declared)  # saved before options were the methods'
+    legacy = {
+        k: v
+        for k, v in LEGACY_DEFAULTS.items()
+        if k not in values and (flat_era or k not in MOVED_TO_METHOD)
+    }
+    upgraded = legacy | values
     if "finetune_lr" not in values:
         upgraded["finetune_lr"] = values.get("lr")
-    return gather_method_options(upgraded)
+    method = values.get("method", "espn")
+    if method not in METHODS:
+        return gather_method_options(upgraded)
+    strategy = METHODS.get(method)
+    own = strategy.option_names()  # another method's (ESPN's options in a PackNet run): dropped
+    upgraded = gather_method_options(
+        {k: v for k, v in upgraded.items() if k not in declared or k in own}
+    )
+    given = dict(upgraded.get("method_options") or {})
+    then = LEGACY_METHOD_OPTIONS if flat_era else {}
+    upgraded["method_options"] = {
+        o.name: given.get(o.name, then.get(o.name, o.default)) for o in strategy.options
+    } | {k: v for k, v in given.items() if k not in own}  # unknown ones: refused on use
+    return upgraded

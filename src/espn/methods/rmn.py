@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
-from espn.methods.options import Option
+from espn.options import Option
 from espn.pruning.weights import select_weights
 from espn.supernet.supernet import Supernet
 
@@ -31,6 +31,9 @@ class RMN(Strategy):
     name = "rmn"
     trains_unit_affine = False
     uses_gamma = False
+    #: no public code: the relevances train with the weights' optimizer and schedule, and the
+    #: free weights keep what the previous task left them (no ``free_init``): both measured
+    #: better than a separate Adam and a re-initialisation (docs/fidelity.md)
     options = (Option("rmn_l1", float, 1e-6, "L1 strength on the relevance maps", low=0.0),)
 
     def __init__(self, cfg: MethodConfig) -> None:

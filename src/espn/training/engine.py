@@ -17,7 +17,13 @@ from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
-from espn.training.optim import FrozenGuard, OptimConfig, build_optimizer, cosine_factor
+from espn.training.optim import (
+    FrozenGuard,
+    OptimConfig,
+    TaskOptimizer,
+    cosine_factor,
+    step_factor,
+)
 
 
 class TrainingStopped(EspnError, RuntimeError):
@@ -101,7 +107,18 @@ class Engine:
                 params += list(module.parameters()) if self.strategy.train_unit_affine else []
             elif self.strategy.prunes_units:
                 params.append(module.weight)
-        return params + self.strategy.extra_parameters()
+        return params
+
+    def build_optimizer(self) -> TaskOptimizer:
+        """The task's optimizers as the strategy's recipe asks: the run's for the weights,
+        heads and unit scales; the method's own (:meth:`Strategy.own_optimizer`) for its own
+        parameters, or the run's when it has none."""
+        return TaskOptimizer(
+            self.optim,
+            self._trainable(),
+            self.strategy.own_optimizer(),
+            self.strategy.extra_parameters(),
+        )
 
     def train_task(
         self,
@@ -120,16 +137,19 @@ class Engine:
         sn, strategy = self.supernet, self.strategy
         if resume is None:
             sn.begin_task(task.n_classes)
+            strategy.init_free_weights(sn, self.generator)
             strategy.begin_task(sn)
             _check_capacity(strategy, task.name, index)
         guard = FrozenGuard(sn)
-        optimizer = build_optimizer(self.optim, self._trainable())
+        optimizer = self.build_optimizer()
         if resume is not None and resume.optimizer is not None:
-            optimizer.load_state_dict(optimizer.state_dict() | {"state": resume.optimizer})
+            optimizer.load_state_dict(resume.optimizer)
         at = resume or TaskProgress()
         phases = strategy.phases()
         per_epoch = task.num_batches("train", self.batch_size)
         total = sum(p.epochs for p in phases) * per_epoch
+        #: optimizer steps of the task before each phase (the own parameters' task schedule)
+        before = [sum(q.epochs for q in phases[:i]) * per_epoch for i in range(len(phases))]
         start, loss_value, epochs_done = time.perf_counter(), torch.tensor(at.loss), at.epochs_done
         bar = tqdm(
             initial=sum(p.epochs for p in phases[: at.phase]) * per_epoch + at.epoch * per_epoch,
@@ -157,7 +177,8 @@ class Engine:
                 finite = torch.ones((), dtype=torch.bool, device=device)
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
                     lr = self._lr(phase, epoch, step, n_iters)
-                    loss_value = self._step(optimizer, guard, phase, x, y, lr)
+                    own_lr = self._own_lr(optimizer.own_config, lr, before[p] + step, total)
+                    loss_value = self._step(optimizer, guard, phase, x, y, lr, own_lr)
                     finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
                     step += 1
                     while done < len(points) and points[done] == step:
@@ -184,7 +205,7 @@ class Engine:
                     here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
                     if epoch + 1 == phase.epochs:
                         here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
-                    on_progress(replace(here, optimizer=optimizer.state_dict()["state"]))
+                    on_progress(replace(here, optimizer=optimizer.state_dict()))
         bar.close()
         recalibrate_batchnorm(sn, task, self.batch_size)
         sn.eval()
@@ -207,19 +228,32 @@ class Engine:
             return base * cosine_factor(step, n_iters)
         if phase.schedule == "ramp":
             return base * (epoch + 1) / phase.epochs
+        if phase.schedule == "step":
+            return base * step_factor(step, n_iters)
         return base
+
+    def _own_lr(self, own: OptimConfig | None, lr: float, step: int, total: int) -> float | None:
+        """The learning rate of the method's own parameters at ``step`` of the task's
+        ``total``: their schedule over the task, or the weights' ``lr`` scaled to theirs."""
+        if own is None:
+            return None
+        if own.schedule == "cosine":
+            return own.lr * cosine_factor(step, total)
+        if own.schedule == "constant":
+            return own.lr
+        return own.lr * lr / self.optim.lr
 
     def _step(
         self,
-        optimizer: torch.optim.Optimizer,
+        optimizer: TaskOptimizer,
         guard: FrozenGuard,
         phase: Phase,
         x: torch.Tensor,
         y: torch.Tensor,
         lr: float,
+        own_lr: float | None,
     ) -> torch.Tensor:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        optimizer.set_lr(lr, own_lr)
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
             loss = self.strategy.loss(self.strategy.forward(self.supernet, x), y)
             total = loss
@@ -227,10 +261,11 @@ class Engine:
                 penalty = self.strategy.penalty(self.supernet)
                 if penalty is not None:
                     total = loss + penalty
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         self.scaler.scale(total).backward()
         guard.mask_gradients()
-        self.scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+        for opt in optimizer.optimizers:
+            self.scaler.step(opt)  # skipped when the scaled gradients overflowed
         self.scaler.update()
         guard.restore()
         self.strategy.after_step(self.supernet)
