@@ -221,6 +221,7 @@ class ContinualLearner:
             "weight_budget": self.strategy.weight_budget,
             "seconds": log.seconds,
             "seconds_per_epoch": log.seconds_per_epoch,
+            "phases": log.phases,
             "train_samples": len(task.train),
             "test_samples": len(task.test),
             "pretrained": False,

@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from espn.data.registry import BENCHMARKS, RunDefaults
 from espn.errors import EspnError
@@ -165,6 +172,19 @@ class RunConfig(BaseModel):
     task_order: str = "given"
     from_run: Path | None = None
     after_task: int | None = None
+    step_floor: bool = Field(
+        True,
+        description="the size rule: every phase of a task smaller than the reference size "
+        "trains at least as many optimizer steps as its epochs take on the reference size "
+        "(more passes over the task's data); off: train by the epochs as given",
+    )
+    reference_size: int | None = Field(
+        None,
+        description="training images per task that the epoch counts are stated for (the "
+        "size rule's reference); unset: the benchmark recipe's (60000 for the MNIST family, "
+        "2500 for the CIFAR splits) when the epochs are the recipe's, none (epochs as "
+        "given) when --epochs is given or the benchmark states none",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -280,6 +300,7 @@ class RunConfig(BaseModel):
         "prune_updates_per_epoch",
         "eval_every",
         "image_size",
+        "reference_size",
     )
     @classmethod
     def _positive(cls, v: int | None, info: Any) -> int | None:
@@ -400,6 +421,8 @@ class RunConfig(BaseModel):
         elif self.alpha is None:
             self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
         self.model = self.model or d.get("model", "fc1024")
+        if self.reference_size is None and self.epochs is None:  # the recipe's epochs
+            self.reference_size = d.get("reference_size")
         self.epochs = epochs = self.epochs or d.get("epochs", (3, 4, 3))
         self.optimizer = self.optimizer or d.get("optimizer", "adam")
         self.lr = lr = self.lr or d.get("lr", 1e-3)
@@ -536,6 +559,11 @@ class RunConfig(BaseModel):
             task_affine=self.task_affine,
             settings=dict(self.method_options),
         )
+
+    def floor_reference(self) -> int | None:
+        """The reference data size the size rule applies (None: epochs as given); see
+        :func:`espn.training.engine.plan_phase`."""
+        return self.reference_size if self.step_floor else None
 
     def optim_config(self) -> OptimConfig:
         """The optimizer's settings from this run configuration."""

@@ -265,6 +265,7 @@ def _run_locked(
         cfg.seed,
         progress,
         amp=cfg.amp,
+        reference_size=cfg.floor_reference(),
     )
     ckpt = RunCheckpoint.open(cfg, seq, supernet, engine, strategy, resume)
     if source is not None and not ckpt.rows:  # a fresh start on top of another run
@@ -308,6 +309,7 @@ def _run_locked(
                 "weight_budget": strategy.weight_budget,
                 "seconds": log.seconds / len(learned),
                 "seconds_per_epoch": log.seconds_per_epoch,
+                "phases": log.phases,
                 "train_samples": len(seq.tasks[t].train),
                 "test_samples": len(seq.tasks[t].test),
             }

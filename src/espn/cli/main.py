@@ -256,6 +256,16 @@ def run(
     after_task: int | None = typer.Option(
         None, help="With --from-run: how many of its tasks to keep (K >= 1)."
     ),
+    step_floor: bool = typer.Option(
+        True,
+        help="Size rule: a task smaller than the reference size trains each phase for as many "
+        "optimizer steps as its epochs take on the reference size; off: epochs as given.",
+    ),
+    reference_size: int | None = typer.Option(
+        None,
+        help="Training images per task the epochs are stated for (size rule); default: the "
+        "benchmark's (MNIST 60000, SplitCIFAR 2500) unless --epochs is given.",
+    ),
     **method_options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights.
@@ -304,6 +314,8 @@ def run(
         task_order=task_order,
         from_run=from_run,
         after_task=after_task,
+        step_floor=step_floor,
+        reference_size=reference_size,
         out=out,
         **method_options,
     )
