@@ -62,12 +62,11 @@ def split_base(options: Options) -> dict[str, Any]:
     return (SPLIT_CPU if options.scale == "cpu" else SPLIT_SMOKE) | {"task_seed": 0}
 
 
-def split_paper_steps(series: str, alpha: float | None = 0.1) -> list[tuple[str, int]]:
+def split_paper_steps(series: str) -> list[tuple[str, int]]:
     """Optimizer steps per phase of a task of the paper's SplitCIFAR100 run of ``series``
     (MTL: its one joint task of all 20 tasks' images)."""
     size = CIFAR_TASK_SIZE * (20 if series == "mtl" else 1)
-    paper_point = split_base(Options(scale="paper")) | method_options(series)
-    return planned_steps(paper_point | ({"alpha": alpha} if alpha is not None else {}), size)
+    return planned_steps(split_base(Options(scale="paper")) | method_options(series), size)
 
 
 def _alpha(options: Options) -> float | None:
@@ -129,7 +128,7 @@ def table1_table(runs: list[Run]) -> Table:
     )
     if missing:
         notes.append("left out (method not built in this espn): " + ", ".join(map(label, missing)))
-    notes.append(steps_note(runs, lambda s: split_paper_steps(s, None)))
+    notes.append(steps_note(runs, split_paper_steps))
     table.notes = notes + claims_notes("table1", _table1_observations(table))
     table.appendix = "The paper's Table 1 (SplitCIFAR100), per task:\n\n" + markdown_table(
         ["method", *[str(j + 1) for j in range(20)], "avg ± se"],

@@ -10,8 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from espn.reproduce.common import SMOKE, figure_title, mean_of, save_figure, signed
-from espn.reproduce.common import steps_note
+from espn.reproduce.common import SMOKE, figure_title, mean_of, save_figure, signed, steps_note
 from espn.reproduce.continual import split_base, split_paper_steps
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table, mean_se
