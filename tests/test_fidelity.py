@@ -94,7 +94,7 @@ def test_recalibration_replaces_lagging_momentum_statistics():
 
 # ------------------------------------------------------------------ frozen-weight reuse
 def test_reuse_all_keeps_every_frozen_weight_of_alive_units():
-    assert make_config(benchmark="permuted-mnist").reuse == "all"
+    assert make_config(benchmark="permuted-mnist").method_options["reuse"] == "all"
     seq = tiny_sequence(2, 3, (1, 28, 28))
     torch.manual_seed(0)
     model = fc_small(ModelSpec(seq.input_shape, 3, True))
@@ -114,7 +114,7 @@ def test_reuse_all_keeps_every_frozen_weight_of_alive_units():
 def test_effective_lambdas_are_the_authors_formula_on_a_small_net():
     model = FCNet(784, [48, 32], 10, multi_head=False)
     sn = Supernet(model, torch.zeros(2, 1, 28, 28))
-    strategy = METHODS.get("espn")(MethodConfig(gamma=0.2, penalty=1.0))
+    strategy = METHODS.get("espn")(MethodConfig(gamma=0.2, settings={"penalty": 1.0}))
     strategy.begin_task(sn)
     # the authors: lam * || gamma_l sqrt(FLOP_l) / mean_l sqrt(FLOP_l) ||_1 / #alive, lam = 1,
     # FLOP_l the cost of computing one unit of layer l (its incoming connections)
@@ -148,10 +148,12 @@ def test_the_same_strength_reaches_l1_and_polarization():
             for m in mods:
                 m.weight.uniform_(0, 1)
     gammas = torch.cat([m.weight for mods in sn.groups.values() for m in mods])
-    l1 = METHODS.get("espn")(MethodConfig(gamma=0.2, pruner="l1", penalty=2.0))
+    l1 = METHODS.get("espn")(MethodConfig(gamma=0.2, settings={"pruner": "l1", "penalty": 2.0}))
     l1.begin_task(sn)
     assert torch.isclose(l1.penalty(sn), 2.0 * gammas.abs().sum() / 80)
-    polar = METHODS.get("espn")(MethodConfig(gamma=0.2, pruner="polarization", penalty=2.0))
+    polar = METHODS.get("espn")(
+        MethodConfig(gamma=0.2, settings={"pruner": "polarization", "penalty": 2.0})
+    )
     polar.begin_task(sn)
     by_hand = 2.0 * (1.2 * gammas.abs() - (gammas - gammas.mean()).abs()).sum() / 80
     assert torch.isclose(polar.penalty(sn), by_hand)
@@ -164,7 +166,7 @@ def test_flop_load_output_is_the_paper_total_is_an_option():
     assert output == {"hidden1": 2 * 784, "hidden2": 2 * 1024}
     assert total == {"hidden1": 2 * (784 + 1024), "hidden2": 2 * (1024 + 10)}
     assert output["hidden2"] > output["hidden1"] and total["hidden1"] > total["hidden2"]
-    with pytest.raises(ConfigError, match="flop load"):
+    with pytest.raises(ConfigError, match="flop_load must be one of: output, total"):
         make_config(benchmark="permuted-mnist", flop_load="input")
 
 
@@ -228,9 +230,9 @@ def test_warmup_trains_free_weights_only_with_a_ramp():
     engine_lr = [0.0]
     step = engine._step
 
-    def step_spy(optimizer, guard, phase, x, y, lr):
+    def step_spy(optimizer, guard, phase, x, y, lr, own_lr):
         engine_lr[0] = lr
-        return step(optimizer, guard, phase, x, y, lr)
+        return step(optimizer, guard, phase, x, y, lr, own_lr)
 
     strategy.forward = spy  # type: ignore[method-assign]
     engine._step = step_spy  # type: ignore[method-assign]
@@ -251,7 +253,7 @@ def test_warmup_defaults_follow_the_recipes():
     assert (cifar.warmup, cifar.finetune_lr, cifar.finetune_schedule) == (10, 0.01, "cosine")
     assert make_config(benchmark="split-cifar100", epochs=(2, 1, 1)).warmup == 1
     assert make_config(benchmark="permuted-mnist", epochs=(1, 1, 1)).warmup == 0
-    with pytest.raises(ConfigError, match="warmup must be <= the 2 pre-training epochs"):
+    with pytest.raises(ConfigError, match=r"warmup must be in \[0, 2\] \(the pre-training epochs"):
         make_config(benchmark="split-cifar100", epochs=(2, 1, 1), warmup=3)
 
 
@@ -383,8 +385,9 @@ def test_a_run_adopts_pretrained_weights_as_task_zero(tmp_path):
 def test_configurations_of_older_runs_keep_their_behaviour():
     old = {"benchmark": "permuted-mnist", "lr": 0.001, "reuse": "magnitude", "penalty": 1e-4}
     upgraded = upgrade_saved_config(old)
-    assert upgraded["task_affine"] is True and upgraded["flop_load"] == "total"
+    assert upgraded["task_affine"] is True and upgraded["method_options"]["flop_load"] == "total"
     assert upgraded["warmup"] == 0 and upgraded["finetune_lr"] == 0.001
-    assert upgraded["reuse"] == "magnitude" and upgraded["penalty"] == 1e-4
+    own = upgraded["method_options"]  # ESPN's options since they left RunConfig
+    assert own["reuse"] == "magnitude" and own["penalty"] == 1e-4 and own["free_init"] == "keep"
     cfg = make_config(**upgraded)
     assert cfg.warmup == 0 and cfg.finetune_schedule == "cosine"

@@ -21,6 +21,13 @@ from espn.methods.packnet import PackNet
 from espn.registry import Registry
 
 runner = CliRunner()
+
+
+def supsup_defaults(**given: Any) -> dict[str, Any]:
+    """SupSup's settings: its declared defaults, with ``given`` in their place."""
+    return {o.name: given.get(o.name, o.default) for o in METHODS.get("supsup").options}
+
+
 TINY = ["--model", "fc-small", "--tasks", "2", "--epochs", "1,1,1", "--batch-size", "64"]
 
 
@@ -123,11 +130,13 @@ def test_flat_options_from_presets_and_keywords_are_the_methods(tmp_path):
     preset = tmp_path / "p.json"
     values = {"benchmark": "permuted-mnist", "method": "supsup", "supsup_k": 0.3}
     preset.write_text(json.dumps({"description": "a test", "config": values}))
-    assert make_config(preset=str(preset)).method_options == {"supsup_k": 0.3}
-    assert make_config(preset=str(preset), supsup_k=0.2).method_options == {"supsup_k": 0.2}
+    assert make_config(preset=str(preset)).method_options == supsup_defaults(supsup_k=0.3)
+    assert make_config(preset=str(preset), supsup_k=0.2).method_options == supsup_defaults(
+        supsup_k=0.2
+    )
     nested = make_config(benchmark="permuted-mnist", method="rmn", method_options={"rmn_l1": 0})
-    assert nested.method_options == {"rmn_l1": 0.0}
-    assert nested.method_config().settings == {"rmn_l1": 0.0}
+    assert nested.method_options["rmn_l1"] == 0.0
+    assert nested.method_config().settings["rmn_l1"] == 0.0
     with pytest.raises(ConfigError, match="unknown option 'rmn_x' of method 'rmn'; its options"):
         make_config(benchmark="permuted-mnist", method="rmn", method_options={"rmn_x": 1})
     with pytest.raises(ConfigError, match=r"supsup_k must be in \(0, 1\], got True"):
@@ -139,21 +148,33 @@ def test_configurations_of_older_runs_with_flat_options_still_load():
     now = make_config(benchmark="permuted-mnist", method="supsup", supsup_k=0.25)
     old = {k: v for k, v in now.model_dump(mode="json").items() if k != "method_options"}
     old |= {"supsup_k": 0.25, "cpg_acc_loss": None, "rmn_l1": None}
+    # ... and ESPN's options at the top level, with SupSup's dense head of that time
+    old |= {"pruner": "flop-aware", "penalty": 1.0, "flop_load": "output", "reuse": "all"}
     upgraded = upgrade_saved_config(old)
-    assert upgraded["method_options"] == {"supsup_k": 0.25}
+    assert upgraded["method_options"] == supsup_defaults(supsup_k=0.25, supsup_head="dense")
+    assert not {"pruner", "penalty", "flop_load", "reuse"} & set(upgraded)
     assert not {"supsup_k", "cpg_acc_loss", "rmn_l1"} & set(upgraded)
     cfg = make_config(**upgraded)
-    assert cfg.method_options == {"supsup_k": 0.25}
+    assert cfg.method_options == supsup_defaults(supsup_k=0.25, supsup_head="dense")
     assert option_differences(upgraded, cfg) == []  # resumable with the same options
     other = make_config(**(upgraded | {"method_options": {"supsup_k": 0.5}}))
-    assert option_differences(upgraded, other) == [
-        "method_options={'supsup_k': 0.25} in the checkpoint, {'supsup_k': 0.5} now"
+    assert option_differences(upgraded, other) == [  # the method's options one by one
+        "method_options.supsup_k=0.25 in the checkpoint, 0.5 now",
+        "method_options.supsup_head='dense' in the checkpoint, 'masked' now",
     ]
     espn_run = upgrade_saved_config(
         {"benchmark": "permuted-mnist", "supsup_k": None, "cpg_acc_loss": None, "rmn_l1": None}
     )
-    assert espn_run["method_options"] == {}
-    assert make_config(**espn_run).method_options == {}
+    # ESPN's options as that espn ran them (before flop_load: total; free weights kept)
+    assert espn_run["method_options"] == {
+        "pruner": "flop-aware",
+        "penalty": 1.0,
+        "flop_load": "total",
+        "reuse": "all",
+        "polarization_t": 1.2,
+        "free_init": "keep",
+    }
+    assert make_config(**espn_run).method_options == espn_run["method_options"]
 
 
 # -------------------------------------------------------------- create_method
@@ -163,10 +184,10 @@ def test_create_method_takes_general_and_own_settings():
     assert create_method("packnet").cfg.gamma == 1.0
     assert create_method("individual").cfg.alpha == 1.0
     supsup = create_method("supsup", supsup_k=0.3, epochs=[1, 1, 1])
-    assert supsup.k == 0.3 and supsup.settings == {"supsup_k": 0.3}
+    assert supsup.k == 0.3 and supsup.settings == supsup_defaults(supsup_k=0.3)
     assert supsup.cfg.epochs == (1, 1, 1) and supsup.cfg.alpha == 1.0
     assert create_method(Toy, toy_level=4).settings == {"toy_level": 4}  # a class, unregistered
-    assert create_method("rmn").settings == {"rmn_l1": 1e-6}
+    assert create_method("rmn").settings["rmn_l1"] == 1e-6
 
 
 @pytest.mark.parametrize(
@@ -217,7 +238,24 @@ def test_declarations_that_clash_are_refused():
     with METHODS.temporarily("greedy", Greedy), general:
         declared_options()
     shared = {n: m for n, (_, m) in declared_options().items()}
-    assert shared == {"cpg_acc_loss": ["cpg"], "rmn_l1": ["rmn"], "supsup_k": ["supsup"]}
+    unit_pruning = ["espn", "individual"]  # ESPN's own since they left RunConfig
+    assert shared == {
+        "cpg_acc_loss": ["cpg"],
+        "cpg_mask_lr": ["cpg"],
+        "cpg_zero_released": ["cpg"],
+        "pruner": unit_pruning,
+        "penalty": unit_pruning,
+        "flop_load": unit_pruning,
+        "reuse": unit_pruning,
+        "polarization_t": unit_pruning,
+        "free_init": ["espn", "packnet", "rmn"],
+        "packnet_prune": ["packnet"],
+        "rmn_l1": ["rmn"],
+        "rmn_lr": ["rmn"],
+        "supsup_k": ["supsup"],
+        "supsup_lr": ["supsup"],
+        "supsup_head": ["supsup"],
+    }
 
 
 @pytest.mark.parametrize(
@@ -263,7 +301,7 @@ def test_temporarily_registers_for_the_block_only():
 
 
 def test_the_strategy_base_declares_nothing():
-    assert Strategy.options == () and PackNet.options == ()
+    assert Strategy.options == ()
 
 
 class Switches(PackNet):
@@ -330,15 +368,16 @@ def test_every_method_file_of_the_package_registers_itself():
 def test_a_run_recorded_with_flat_options_evaluates_and_resumes(
     fake_mnist, fc_small_model, tmp_path
 ):
-    """A run written before options were declared (flat ``supsup_k``, the others null)."""
-    args = run_args(tmp_path, "--method", "supsup", "--supsup-k", "0.25")
+    """A run written before options were declared (flat ``supsup_k``, the others null), when
+    SupSup's head was dense."""
+    args = run_args(tmp_path, "--method", "supsup", "--supsup-head", "dense", "--supsup-k", "0.25")
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     out = tmp_path / "run"
     for path in (out / "results.json", out / "checkpoint" / "manifest.json"):
         doc = json.loads(path.read_text())
         config = doc["config"]
-        assert config.pop("method_options") == {"supsup_k": 0.25}
+        assert config.pop("method_options") == supsup_defaults(supsup_k=0.25, supsup_head="dense")
         config |= {"supsup_k": 0.25, "cpg_acc_loss": None, "rmn_l1": None}
         path.write_text(json.dumps(doc))
     evaluated = runner.invoke(app, ["evaluate", "--run", str(out)])
@@ -348,7 +387,9 @@ def test_a_run_recorded_with_flat_options_evaluates_and_resumes(
     assert resumed.exit_code == 0, resumed.output
     other = runner.invoke(app, [*args[:-1], "0.5", "--resume"])
     assert other.exit_code == 2
-    assert "method_options={'supsup_k': 0.25} in the checkpoint" in " ".join(other.output.split())
+    assert "method_options.supsup_k=0.25 in the checkpoint, 0.5 now" in " ".join(
+        other.output.split()
+    )
 
 
 def test_sweeps_and_presets_take_method_options_by_name():

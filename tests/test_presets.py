@@ -79,10 +79,12 @@ def test_cli_options_given_explicitly_win_even_at_their_default_value(captured, 
     preset.write_text(json.dumps({"config": {"penalty": 1e-3, "seed": 5, "pruner": "l1"}}))
     base = ["run", "--benchmark", "permuted-mnist", "--out", str(tmp_path), "--preset", str(preset)]
     invoke(base)
-    assert (captured[-1].penalty, captured[-1].seed, captured[-1].pruner) == (1e-3, 5, "l1")
+    own = captured[-1].method_options  # ESPN's own options since they moved off RunConfig
+    assert (own["penalty"], captured[-1].seed, own["pruner"]) == (1e-3, 5, "l1")
     # the same values as the command's defaults, but typed: they win over the preset
     invoke([*base, "--penalty", "1e-4", "--seed", "0", "--pruner", "flop-aware"])
-    assert (captured[-1].penalty, captured[-1].seed, captured[-1].pruner) == (1e-4, 0, "flop-aware")
+    own = captured[-1].method_options
+    assert (own["penalty"], captured[-1].seed, own["pruner"]) == (1e-4, 0, "flop-aware")
 
 
 def test_cli_preset_supplies_the_benchmark(captured, tmp_path):

@@ -326,8 +326,6 @@ class ContinualLearner:
         }
         settings["gamma"] = cfg.gamma if method.uses_gamma else None
         settings["alpha"] = cfg.alpha if method.uses_alpha else None
-        if not method.uses_gamma:
-            settings.pop("pruner", None)
         return make_config(
             benchmark="tensors",
             data_dir=Path(DATA_DIR),
@@ -467,8 +465,8 @@ def load(
         optimizer=str(cfg.optimizer),
         lr=float(cfg.lr or 1e-3),
         batch_size=int(cfg.batch_size or 128),
-        weight_decay=cfg.weight_decay,
-        momentum=cfg.momentum,
+        weight_decay=float(cfg.weight_decay or 0.0),
+        momentum=float(cfg.momentum or 0.0),
         betas=cfg.betas or (0.9, 0.999),
         seed=cfg.seed,
         progress=progress,

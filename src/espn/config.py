@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from pydantic import (
@@ -25,13 +25,10 @@ from espn.methods.base import (
     Strategy,
     declared_options,
 )
-from espn.methods.options import resolve_settings
 from espn.models.registry import MODELS
-from espn.pruning.pruner import PRUNERS
-from espn.supernet.flops import FLOP_LOADS
+from espn.options import resolve_settings
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
-REUSE_POLICIES = ("all", "magnitude")
 #: orders in which a benchmark's tasks may be learned (see :mod:`espn.data.order`)
 TASK_ORDERS = ("given", "random", "large-first", "small-first", "diverse")
 #: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
@@ -50,17 +47,54 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "task_seed": None,
     "class_order": None,
     "init_weights": None,
+    "weight_decay": 0.0,
+    "momentum": 0.0,
+}
+#: run options that became ESPN's own (``method_options``); older configurations have them
+#: at the top level, also for methods that never read them
+MOVED_TO_METHOD = ("pruner", "penalty", "flop_load", "reuse")
+#: what methods did before their recipes became their references' (configurations saved
+#: with the moved options at the top level are from then)
+LEGACY_METHOD_OPTIONS: dict[str, Any] = {
+    "free_init": "keep",
+    "packnet_prune": "one-shot",
+    "supsup_head": "dense",
+    "cpg_zero_released": False,
 }
 
 
 def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
     """A configuration saved by an older espn, completed with the values that reproduce what
     that espn did (its fine-tuning started from the run's learning rate); method options it
-    recorded flat (``supsup_k``, unset ones as null) move into ``method_options``."""
-    upgraded = {k: v for k, v in LEGACY_DEFAULTS.items() if k not in values} | dict(values)
+    recorded flat (``supsup_k``, unset ones as null; ESPN's ``pruner``, ``penalty``,
+    ``flop_load``, ``reuse`` for every method) move into ``method_options``, which is
+    completed with the method's options at what they were then (:data:`LEGACY_METHOD_OPTIONS`)
+    or, for an option newer than the run, at its default."""
+    values = dict(values)
+    declared = declared_options()
+    flat_era = any(k in values for k in declared)  # saved before options were the methods'
+    legacy = {
+        k: v
+        for k, v in LEGACY_DEFAULTS.items()
+        if k not in values and (flat_era or k not in MOVED_TO_METHOD)
+    }
+    upgraded = legacy | values
     if "finetune_lr" not in values:
         upgraded["finetune_lr"] = values.get("lr")
-    return gather_method_options(upgraded)
+    method = values.get("method", "espn")
+    if method not in METHODS:
+        return gather_method_options(upgraded)
+    strategy = METHODS.get(method)
+    own = strategy.option_names()  # another method's (ESPN's options in a PackNet run): dropped
+    upgraded = gather_method_options(
+        {k: v for k, v in upgraded.items() if k not in declared or k in own}
+    )
+    given = dict(upgraded.get("method_options") or {})
+    then = LEGACY_METHOD_OPTIONS if flat_era else {}
+    upgraded["method_options"] = {
+        o.name: given.get(o.name, then.get(o.name, o.default)) for o in strategy.options
+    } | {k: v for k, v in given.items() if k not in own}  # unknown ones: refused on use
+    return upgraded
 
 
 def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
@@ -107,12 +141,6 @@ def check_device(device: str) -> str:
     return device
 
 
-def _in_unit_interval(name: str, value: float | None) -> float | None:
-    if value is not None and not 0.0 < value <= 1.0:
-        raise ValueError(f"{name} must be in (0, 1], got {value}")
-    return value
-
-
 T = TypeVar("T")
 
 
@@ -140,18 +168,14 @@ class RunConfig(BaseModel):
     optimizer: str | None = None
     lr: float | None = None
     batch_size: int | None = None
-    weight_decay: float = 0.0
-    momentum: float = 0.0
+    weight_decay: float | None = None
+    momentum: float | None = None
     betas: tuple[float, float] | None = None
     warmup: int | None = None
     finetune_lr: float | None = None
     finetune_schedule: str | None = None
-    pruner: str = "flop-aware"
-    penalty: float = 1.0
-    flop_load: str = "output"
     #: the method's own options (see ``Strategy.options``), completed with their defaults
     method_options: dict[str, Any] = {}
-    reuse: str = "all"
     task_affine: bool = False
     prune_updates_per_epoch: int = 4
     eval_every: int = 1
@@ -207,6 +231,11 @@ class RunConfig(BaseModel):
         method = data.get("method") or values.get("method") or "espn"
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
             values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
+        benchmark = str(data.get("benchmark") or values.get("benchmark"))
+        if method in METHODS and benchmark in BENCHMARKS:  # the method's recipe wins
+            regime = BENCHMARKS.get(benchmark).defaults.get("regime", "")
+            for key in METHODS.get(method).run_defaults(regime):
+                values.pop(key, None)
         return _need_benchmark(gather_method_options(merge(values, data)))
 
     @field_validator("*", mode="before")
@@ -243,32 +272,12 @@ class RunConfig(BaseModel):
             MODELS.get(v)
         return v
 
-    @field_validator("pruner")
-    @classmethod
-    def _pruner(cls, v: str) -> str:
-        PRUNERS.get(v)
-        return v
-
     @field_validator("optimizer")
     @classmethod
     def _optimizer(cls, v: str | None) -> str | None:
         if v is not None and v not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {v!r}; choose one of: {', '.join(OPTIMIZERS)}")
         return v
-
-    @field_validator("reuse")
-    @classmethod
-    def _reuse(cls, v: str) -> str:
-        if v not in REUSE_POLICIES:
-            raise ValueError(
-                f"unknown reuse policy {v!r}; choose one of: {', '.join(REUSE_POLICIES)}"
-            )
-        return v
-
-    @field_validator("flop_load")
-    @classmethod
-    def _flop_load(cls, v: str) -> str:
-        return _one_of("flop load", v, FLOP_LOADS)
 
     @field_validator("finetune_schedule")
     @classmethod
@@ -281,16 +290,6 @@ class RunConfig(BaseModel):
         if v is not None and not Path(v).is_file():
             raise ValueError(f"init_weights: no file {v} (give a .safetensors or .pt file)")
         return v
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma(cls, v: float | None) -> float | None:
-        return _in_unit_interval("gamma", v)
-
-    @field_validator("alpha")
-    @classmethod
-    def _alpha(cls, v: float | None) -> float | None:
-        return _in_unit_interval("alpha", v)
 
     @field_validator(
         "tasks",
@@ -319,24 +318,17 @@ class RunConfig(BaseModel):
             raise ValueError(f"{info.field_name} must be > 0, got {v}")
         return v
 
-    @field_validator("warmup")
+    @field_validator("weight_decay")
     @classmethod
-    def _warmup(cls, v: int | None) -> int | None:
+    def _non_negative(cls, v: float | None, info: Any) -> float | None:
         if v is not None and v < 0:
-            raise ValueError(f"warmup must be >= 0 epochs, got {v}")
-        return v
-
-    @field_validator("weight_decay", "penalty")
-    @classmethod
-    def _non_negative(cls, v: float, info: Any) -> float:
-        if v < 0:
             raise ValueError(f"{info.field_name} must be >= 0, got {v}")
         return v
 
     @field_validator("momentum")
     @classmethod
-    def _momentum(cls, v: float) -> float:
-        if not 0 <= v < 1:
+    def _momentum(cls, v: float | None) -> float | None:
+        if v is not None and not 0 <= v < 1:
             raise ValueError(f"momentum must be in [0, 1), got {v}")
         return v
 
@@ -393,11 +385,6 @@ class RunConfig(BaseModel):
                 f"tasks must be <= {bench.max_tasks} for {self.benchmark}, got {self.tasks}"
             )
         strategy = METHODS.get(self.method)
-        if not strategy.uses_gamma and self.gamma not in (None, 1.0):
-            raise ValueError(
-                f"method {self.method!r} has no FLOP constraint; gamma must be 1 or unset, "
-                f"got {self.gamma}"
-            )
         self._check_folders(bench.needs_folders)
         self._check_method_options(strategy)
         self._check_sequence(bench.class_orders)
@@ -408,7 +395,9 @@ class RunConfig(BaseModel):
                 "(init_weights); methods that can: "
                 + ", ".join(n for n in METHODS.names() if METHODS.get(n).accepts_pretrained)
             )
-        d = bench.defaults
+        d = cast(
+            RunDefaults, bench.defaults | strategy.run_defaults(bench.defaults.get("regime", ""))
+        )
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         self.betas = self.betas or d.get("betas", (0.9, 0.999))
         self.gamma = (
@@ -416,7 +405,7 @@ class RunConfig(BaseModel):
             if self.gamma is not None
             else (DEFAULT_GAMMA if strategy.uses_gamma else 1.0)
         )
-        if not strategy.uses_alpha:
+        if not strategy.uses_alpha and self.alpha is None:
             self.alpha = 1.0
         elif self.alpha is None:
             self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
@@ -427,6 +416,10 @@ class RunConfig(BaseModel):
         self.optimizer = self.optimizer or d.get("optimizer", "adam")
         self.lr = lr = self.lr or d.get("lr", 1e-3)
         self.batch_size = self.batch_size or d.get("batch_size", 128)
+        if self.weight_decay is None:
+            self.weight_decay = d.get("weight_decay", 0.0)
+        if self.momentum is None:
+            self.momentum = d.get("momentum", 0.0)
         self._resolve_recipe(d, epochs[0], lr)
         self.task_train_sizes()  # a list of sizes must have one per task
         strategy.check_config(self.method_config())
@@ -437,11 +430,6 @@ class RunConfig(BaseModel):
         pre-training epochs, learning rate ``lr``)."""
         if self.warmup is None:  # the recipe's, leaving at least one full pre-training epoch
             self.warmup = max(0, min(d.get("warmup", 0), pre - 1))
-        elif self.warmup > pre:
-            raise ValueError(
-                f"warmup must be <= the {pre} pre-training epochs it is taken from, "
-                f"got {self.warmup}"
-            )
         self.finetune_schedule = self.finetune_schedule or d.get("finetune_schedule", "cosine")
         if self.finetune_lr is None:
             self.finetune_lr = d.get("finetune_lr", lr)
@@ -512,18 +500,6 @@ class RunConfig(BaseModel):
         self.method_options = resolve_settings(
             self.method, strategy.options, self.method_options, owners
         )
-        if not strategy.uses_gamma and self.pruner != "flop-aware":
-            pruning = ", ".join(n for n in METHODS.names() if METHODS.get(n).uses_gamma)
-            raise ValueError(
-                f"method {self.method!r} prunes no units, so pruner {self.pruner!r} would be "
-                f"ignored; pruners apply to: {pruning}"
-            )
-        if strategy.uses_alpha or self.alpha in (None, 1.0):
-            return
-        raise ValueError(
-            f"method {self.method!r} has no weight budget; alpha must be 1 or unset, "
-            f"got {self.alpha}"
-        )
 
     def _check_folders(self, needed: bool) -> None:
         if needed and not self.folders:
@@ -548,10 +524,6 @@ class RunConfig(BaseModel):
             gamma=float(resolved(self.gamma, "gamma")),
             alpha=float(resolved(self.alpha, "alpha")),
             epochs=resolved(self.epochs, "epochs"),
-            pruner=self.pruner,
-            penalty=self.penalty,
-            flop_load=self.flop_load,
-            reuse=self.reuse,
             prune_updates_per_epoch=self.prune_updates_per_epoch,
             warmup=int(self.warmup or 0),
             finetune_lr=self.finetune_lr,
@@ -570,8 +542,8 @@ class RunConfig(BaseModel):
         return OptimConfig(
             name=str(self.optimizer),
             lr=float(resolved(self.lr, "lr")),
-            weight_decay=self.weight_decay,
-            momentum=self.momentum,
+            weight_decay=float(resolved(self.weight_decay, "weight_decay")),
+            momentum=float(resolved(self.momentum, "momentum")),
             betas=resolved(self.betas, "betas"),
         )
 

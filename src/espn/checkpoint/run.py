@@ -54,6 +54,11 @@ def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
     now = cfg.model_dump(mode="json")
     # an option newer than the checkpoint was, in effect, at its default
     was = {k: saved.get(k, RunConfig.model_fields[k].default) for k in now}
+    # the method's options one by one: ``method_options.supsup_k=0.25 in the checkpoint, ...``
+    for part in (was, now):
+        part |= {f"method_options.{k}": v for k, v in (part.pop("method_options") or {}).items()}
+    now |= {k: None for k in was if k not in now}
+    was |= {k: None for k in now if k not in was}
     return [
         f"{key}={was[key]!r} in the checkpoint, {now[key]!r} now"
         for key in now

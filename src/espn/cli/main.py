@@ -160,26 +160,16 @@ def run(
     ),
     epochs: str | None = typer.Option(None, help="PRE,PRUNE,FINE epochs per task, e.g. 3,4,3."),
     optimizer: str | None = typer.Option(
-        None, help="sgd, adam or rmsprop; default: the benchmark's."
+        None,
+        help="sgd, nesterov, adam or rmsprop; default: the method's recipe, else the benchmark's.",
     ),
     lr: float | None = typer.Option(None, help="Learning rate; default: the benchmark's."),
     batch_size: int | None = typer.Option(None, help="Batch size; default: the benchmark's."),
-    weight_decay: float = typer.Option(0.0, help="Weight decay (never reaches frozen weights)."),
-    momentum: float = typer.Option(0.0, help="Momentum of SGD and RMSprop."),
-    pruner: str = typer.Option(
-        "flop-aware", help="Unit pruner: " + ", ".join(PRUNERS.names()) + "."
+    weight_decay: float | None = typer.Option(
+        None, help="Weight decay (never reaches frozen weights); default: the method's recipe."
     ),
-    penalty: float = typer.Option(
-        1.0, help="Strength of the pruner's penalty, averaged over alive units (authors: 1)."
-    ),
-    flop_load: str = typer.Option(
-        "output",
-        help="FLOP load of a unit for the FLOP-aware penalty: 'output' (the paper: the cost of "
-        "computing it) or 'total' (also the cost of its outgoing connections).",
-    ),
-    reuse: str = typer.Option(
-        "all",
-        help="Frozen weights a task keeps: 'all' in its alive units (the paper) or 'magnitude'.",
+    momentum: float | None = typer.Option(
+        None, help="Momentum of SGD and RMSprop; default: the method's recipe."
     ),
     task_affine: bool = typer.Option(
         False,
@@ -291,10 +281,6 @@ def run(
         batch_size=batch_size,
         weight_decay=weight_decay,
         momentum=momentum,
-        pruner=pruner,
-        penalty=penalty,
-        flop_load=flop_load,
-        reuse=reuse,
         task_affine=task_affine,
         warmup=warmup,
         finetune_lr=finetune_lr,

@@ -34,6 +34,7 @@ HOW_TO_GET = "run once with internet access (torchvision downloads it into the d
 #: 60 pre-train + 90 prune + 100 fine-tune epochs with cosine decay from 0.01, alpha 0.1,
 #: the reduced ResNet18) and the authors' warm-up (the first 10 pre-training epochs)
 CIFAR_RECIPE: RunDefaults = {
+    "regime": "cifar",
     "model": "resnet18-reduced",
     "alpha": 0.1,
     "optimizer": "adam",

@@ -21,6 +21,7 @@ NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
 #: 3 fine-tune epochs, alpha 0.05) with the authors' 1-epoch warm-up and fine-tuning at a
 #: constant 1e-4, stated for tasks of 60000 training images
 MNIST_DEFAULTS: RunDefaults = {
+    "regime": "mnist",
     "model": "fc1024",
     "alpha": 0.05,
     "optimizer": "rmsprop",

@@ -39,12 +39,17 @@ class BenchmarkArgs:
 
 
 class RunDefaults(TypedDict, total=False):
-    """A benchmark's values for the run options left out (its recipe)."""
+    """A benchmark's values for the run options left out (its recipe); ``regime`` names
+    the family of recipes a method's own recipe is chosen from (``"mnist"``: FC networks on
+    28x28 digits, ``"cifar"``: ResNets on images; see ``Strategy.recipe``)."""
 
+    regime: str
     model: str
     alpha: float
     optimizer: str
     betas: tuple[float, float]
+    weight_decay: float
+    momentum: float
     lr: float
     batch_size: int
     epochs: tuple[int, int, int]

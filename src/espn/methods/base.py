@@ -6,22 +6,44 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.data.tasks import Task, TaskSequence
-from espn.methods.options import Option, resolve_settings
+from espn.options import Option, resolve_settings
 from espn.pruning.weights import new_weight_target, prune_weights
 from espn.registry import Registry
 from espn.supernet.supernet import Supernet
 
+if TYPE_CHECKING:
+    from espn.training.optim import OptimConfig
+
 #: learning-rate schedules of a phase: ``constant``; ``cosine`` decay to zero over the phase;
-#: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up)
-SCHEDULES = ("constant", "cosine", "ramp")
+#: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up); ``step``:
+#: x0.1 after half and again after 80% of the phase (CPG's decay at epochs 50 and 80 of 100)
+SCHEDULES = ("constant", "cosine", "ramp", "step")
 #: the FLOPs budget of a method that takes one, when none is given (the paper's ESPN-0.2)
 DEFAULT_GAMMA = 0.2
+#: how the free weights are set when a task after the first begins: ``kaiming`` (normal,
+#: fan-out, as the authors' CtRL ``init_weights``), ``zero``, or ``keep`` (the values the
+#: previous task left them with)
+FREE_INITS = ("kaiming", "zero", "keep")
+#: the option of the methods that re-initialise their free weights per task as CtRL does
+FREE_INIT_OPTION = Option(
+    "free_init",
+    str,
+    "kaiming",
+    "free weights at the start of each task after the first: kaiming (the authors' CtRL), "
+    "zero, or keep (as the previous task left them)",
+    choices=FREE_INITS,
+)
+
+
+#: a method's recipe: per regime, the run options it sets (see :attr:`Strategy.recipe`)
+Recipes = Mapping[str, Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -59,10 +81,6 @@ class MethodConfig:
     gamma: float = 1.0
     alpha: float = 0.05
     epochs: tuple[int, int, int] = (3, 4, 3)
-    pruner: str = "flop-aware"
-    penalty: float = 1.0
-    flop_load: str = "output"
-    reuse: str = "all"
     prune_updates_per_epoch: int = 4
     warmup: int = 0
     finetune_lr: float | None = None
@@ -93,6 +111,14 @@ class Strategy(ABC):
     #: the method's own settings: each becomes an ``espn run`` flag, is validated, and is
     #: recorded under ``method_options`` in results.json (see :class:`Option`)
     options: ClassVar[tuple[Option, ...]] = ()
+    #: the method's recipe for the supernet weights, per regime (``"mnist"``: FC networks on
+    #: 28x28 digits, ``"cifar"``: ResNets): run options (optimizer, lr, betas, weight decay,
+    #: momentum, warm-up, fine-tuning) that replace the benchmark's when the user leaves them
+    #: out; empty: the benchmark's recipe (the paper's ESPN recipe)
+    recipe: ClassVar[Recipes] = {}
+    #: how the method's own parameters (:meth:`extra_parameters`) train, apart from the
+    #: supernet weights; None: with the weights, in one optimizer
+    own_optim: ClassVar[OptimConfig | None] = None
 
     def __init__(self, cfg: MethodConfig) -> None:
         self.cfg = cfg
@@ -135,6 +161,34 @@ class Strategy(ABC):
                 f"warmup must be in [0, {epochs[0]}] (the pre-training epochs it is taken "
                 f"from), got {cfg.warmup}"
             )
+
+    @classmethod
+    def run_defaults(cls, regime: str) -> dict[str, Any]:
+        """The run options this method's recipe sets for a benchmark of ``regime`` (over the
+        benchmark's own; under those the user gives)."""
+        return dict(cls.recipe.get(regime, {}))
+
+    def own_optimizer(self) -> OptimConfig | None:
+        """The optimizer of :meth:`extra_parameters` (None: the weights'); methods whose
+        options override pieces of :attr:`own_optim` extend it."""
+        return self.own_optim
+
+    @torch.no_grad()
+    def init_free_weights(self, supernet: Supernet, generator: torch.Generator) -> None:
+        """Set the free weights of a task after the first as the ``free_init`` option says
+        (methods without it keep them); frozen weights are never touched. Draws come from
+        ``generator`` (the engine's, checkpointed), so a resumed run is identical."""
+        how = self.settings.get("free_init", "keep")
+        if how == "keep" or self.weights != "shared" or not supernet.masks:
+            return
+        for layer in supernet.layers.values():
+            w = layer.weight
+            fresh = torch.zeros(w.shape, dtype=w.dtype)
+            if how == "kaiming":
+                _, fan_out = nn.init._calculate_fan_in_and_fan_out(w)
+                fresh = torch.randn(w.shape, generator=generator, dtype=w.dtype)
+                fresh *= math.sqrt(2.0 / max(fan_out, 1))
+            w.copy_(torch.where(layer.frozen, w, fresh.to(w.device)))
 
     @property
     def train_unit_affine(self) -> bool:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.data.tasks import Task
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
-from espn.methods.options import Option
+from espn.methods.base import METHODS, MethodConfig, Phase, Recipes, Strategy
+from espn.options import Option
 from espn.pruning.weights import prune_weights
 from espn.supernet.supernet import Supernet
+from espn.training.optim import OptimConfig
 
 #: sparsity of the task's own weights after each compacting round (CPG's schedule: steps
 #: of 0.1, then 0.05); rounds stop at the first one whose accuracy misses the goal
@@ -61,16 +63,34 @@ class CPG(Strategy):
     (gradual magnitude pruning of the task's own weights to 10%, 20%, ..., 90%, 95% sparsity
     on a cubic schedule in the round's first half, picking fixed; a round whose accuracy falls
     below the goal is undone and ends the compacting), then ``retrain`` (FINE epochs, cosine:
-    picking mask and kept weights); rounds and retraining run at a tenth of the learning rate. Accuracies are those of the training batches of a phase's
+    picking mask and kept weights); rounds and retraining run at a tenth of the learning rate.
+    Accuracies are those of the training batches of a phase's
     second half; the goal is that of ``train`` minus ``cpg_acc_loss`` points. Pruned weights
-    are released for later tasks; gates/BatchNorm affine parameters are not trained, heads
-    are. No FLOP constraint, no weight budget.
+    are released for later tasks; BatchNorm affine parameters and heads are trained per task.
+    No FLOP constraint, no weight budget.
+
+    Its recipe is ivclab/CPG's (``CPG_cifar100_main_normal.py``, ``prune.py``): the weights
+    train with SGD, Nesterov momentum 0.9, lr 1e-2 decayed x0.1 after half and 80% of the
+    ``train`` phase (the reference's epochs 50 and 80 of 100), weight decay 4e-5; the picking
+    masks with their own Adam at 5e-4 (``cpg_mask_lr``), scaled as the weights' lr; the task's
+    BatchNorm affine parameters are trained and stored per task; weights the compacting
+    releases are zeroed (``cpg_zero_released``), so the next task starts them from zero.
     """
 
     name = "cpg"
-    trains_unit_affine = False
     uses_gamma = False
     uses_alpha = False
+    recipe: ClassVar[Recipes] = {
+        regime: {
+            "optimizer": "nesterov",
+            "lr": 1e-2,
+            "momentum": 0.9,
+            "weight_decay": 4e-5,
+            "warmup": 0,
+        }
+        for regime in ("mnist", "cifar")
+    }
+    own_optim = OptimConfig("adam", 5e-4, 0.0, 0.0, (0.9, 0.999), schedule="phase")
     options = (
         Option(
             "cpg_acc_loss",
@@ -80,6 +100,21 @@ class CPG(Strategy):
             low=0.0,
             high=100.0,
             unit="accuracy points",
+        ),
+        Option(
+            "cpg_mask_lr",
+            float,
+            5e-4,
+            "learning rate of the picking masks (Adam)",
+            low=0.0,
+            low_open=True,
+        ),
+        Option(
+            "cpg_zero_released",
+            bool,
+            True,
+            "zero the weights a task's compacting releases (the reference); false keeps their "
+            "values for the next task",
         ),
     )
 
@@ -94,6 +129,11 @@ class CPG(Strategy):
         _check_rounds(cfg.epochs)
         self.scores: dict[str, nn.Parameter] = {}
         self._reset()
+
+    def own_optimizer(self) -> OptimConfig | None:
+        """The picking masks' Adam, at ``cpg_mask_lr``."""
+        own = self.own_optim
+        return None if own is None else replace(own, lr=self.settings["cpg_mask_lr"])
 
     def _reset(self) -> None:
         self.stage = "train"  # then "compact", then "retrain"
@@ -115,7 +155,7 @@ class CPG(Strategy):
             for s in SPARSITIES
         ]
         return [
-            Phase("train", pre, prune_updates=self._updates(pre)),
+            Phase("train", pre, schedule="step", prune_updates=self._updates(pre)),
             *rounds,
             Phase("retrain", fine, schedule="cosine", lr_scale=LR_SCALE),
         ]
@@ -260,5 +300,7 @@ class CPG(Strategy):
             if n in self.scores:
                 kept = torch.where(layer.frozen, self.scores[n] > PICK_THRESHOLD, kept)
             masks[n] = kept
+            if self.settings["cpg_zero_released"]:
+                layer.weight.masked_fill_(~layer.frozen & ~kept, 0.0)
         supernet.set_weight_masks(masks)
         supernet.commit_task(self.weights)

@@ -1,4 +1,10 @@
-"""ESPN-gamma (Algorithm 1): pre-train, gradual joint unit and weight pruning, fine-tune."""
+"""ESPN-gamma (Algorithm 1): pre-train, gradual joint unit and weight pruning, fine-tune.
+
+Its recipe is the authors' (ucr-optml/CtRL ``manager.py``): the benchmark's run defaults are
+the paper's ESPN recipe, so :attr:`ESPN.recipe` is empty; free weights are re-initialised
+(Kaiming) when a task after the first begins; a pruned unit's gate/BatchNorm scale and shift
+are zeroed (``Supernet.set_unit_masks``).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,48 @@ from typing import Any
 
 from torch import Tensor
 
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
-from espn.pruning.pruner import PRUNERS
+import espn.pruning  # noqa: F401  (every pruner registered, with its own options)
+from espn.methods.base import FREE_INIT_OPTION, METHODS, MethodConfig, Phase, Strategy
+from espn.options import Option
+from espn.pruning.pruner import PRUNER_OPTIONS, PRUNERS
+from espn.pruning.weights import REUSE_POLICIES
+from espn.supernet.flops import FLOP_LOADS
 from espn.supernet.supernet import Supernet
+
+#: the options of a method that prunes units: its pruner, the pruner's penalty, FLOP load
+#: and own settings, and which frozen weights a task reuses
+UNIT_PRUNING_OPTIONS = (
+    Option(
+        "pruner",
+        str,
+        "flop-aware",
+        "unit pruner: " + ", ".join(PRUNERS.names()),
+        choices=tuple(PRUNERS.names()),
+    ),
+    Option(
+        "penalty",
+        float,
+        1.0,
+        "strength of the pruner's penalty, averaged over alive units (authors: 1)",
+        low=0.0,
+    ),
+    Option(
+        "flop_load",
+        str,
+        "output",
+        "FLOP load of a unit for the FLOP-aware penalty: output (the paper: the cost of "
+        "computing it) or total (also the cost of its outgoing connections)",
+        choices=FLOP_LOADS,
+    ),
+    Option(
+        "reuse",
+        str,
+        "all",
+        "frozen weights a task keeps: all in its alive units (the paper) or magnitude",
+        choices=REUSE_POLICIES,
+    ),
+    *(option for options in PRUNER_OPTIONS.values() for option in options),
+)
 
 
 @METHODS.register("espn")
@@ -16,10 +61,15 @@ class ESPN(Strategy):
     """Each task gets at most gamma x the dense FLOPs and ceil(alpha x free) new weights."""
 
     name = "espn"
+    options = (*UNIT_PRUNING_OPTIONS, FREE_INIT_OPTION)
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
-        self.pruner = PRUNERS.get(cfg.pruner)(cfg.gamma, cfg.penalty, cfg.flop_load)
+        pruner = self.settings["pruner"]
+        own = {o.name: self.settings[o.name] for o in PRUNER_OPTIONS.get(pruner, ())}
+        self.pruner = PRUNERS.get(pruner)(
+            cfg.gamma, self.settings["penalty"], self.settings["flop_load"], **own
+        )
 
     @property
     def prunes_units(self) -> bool:
@@ -67,6 +117,6 @@ class ESPN(Strategy):
     def prune_step(self, supernet: Supernet, progress: float) -> None:
         if self.prunes_units:
             self.pruner.prune_units(supernet, progress)
-        self.prune_weights(supernet, progress, self.cfg.reuse)
+        self.prune_weights(supernet, progress, self.settings["reuse"])
         if progress >= 1.0:
             supernet.release_gates()

@@ -1,33 +1,62 @@
-"""PackNet (Mallya & Lazebnik 2018) with ESPN's weight allocation."""
+"""PackNet (Mallya & Lazebnik 2018) as the authors' baseline: with ESPN's weight allocation.
+
+Its recipe is the authors' PackNet baseline (ucr-optml/CtRL ``utils/PackNet_manager.py``,
+``utils/PackNet_manager_small.py``): gradual magnitude pruning over the pruning epochs, free
+weights re-initialised (Kaiming) per task, non-affine BatchNorm, and on the MNIST regime
+fine-tuning with cosine decay from 1e-3.
+"""
 
 from __future__ import annotations
 
-from espn.methods.base import METHODS, Phase, Strategy
+from typing import ClassVar
+
+from espn.methods.base import FREE_INIT_OPTION, METHODS, Phase, Recipes, Strategy
+from espn.options import Option
 from espn.supernet.supernet import Supernet
 
 
 @METHODS.register("packnet")
 class PackNet(Strategy):
-    """Train free weights, keep the ceil(alpha x free) largest new ones, fine-tune.
+    """Train free weights, prune them gradually to the ceil(alpha x free) largest new ones,
+    fine-tune.
 
     No FLOP constraint; every frozen weight is reused; gates/BatchNorm affine parameters are
-    not trained (PackNet has no task-specific affine layers; ``--task-affine`` trains them as
-    for every method), heads are. The warm-up and fine-tuning follow the run's recipe, as for
-    every method.
+    not trained (the authors' baseline has non-affine BatchNorm; ``--task-affine`` trains
+    them as for every method), heads are. ``packnet_prune one-shot`` prunes once at the end
+    of the pruning epochs instead (Mallya & Lazebnik's original, espn before 0.2).
     """
 
     name = "packnet"
     trains_unit_affine = False
     uses_gamma = False
+    recipe: ClassVar[Recipes] = {"mnist": {"finetune_lr": 1e-3, "finetune_schedule": "cosine"}}
+    options = (
+        FREE_INIT_OPTION,
+        Option(
+            "packnet_prune",
+            str,
+            "gradual",
+            "weight pruning: gradual over the pruning epochs (the authors' baseline) or "
+            "one-shot after them",
+            choices=("gradual", "one-shot"),
+        ),
+    )
 
     def phases(self) -> list[Phase]:
         pre, prune, fine = self.cfg.epochs
+        if self.settings.get("packnet_prune") == "one-shot":
+            return [
+                *self.warmup_phases(),
+                Phase("pretrain", pre + prune - self.cfg.warmup),
+                Phase("prune", 0, prune_updates=1),
+                self.finetune_phase(fine),
+            ]
         return [
             *self.warmup_phases(),
-            Phase("pretrain", pre + prune - self.cfg.warmup),
-            Phase("prune", 0, prune_updates=1),
+            Phase("pretrain", pre - self.cfg.warmup),
+            Phase("prune", prune, prune_updates=max(1, prune * self.cfg.prune_updates_per_epoch)),
             self.finetune_phase(fine),
         ]
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:
-        self.prune_weights(supernet, 1.0, "all")
+        self.prune_weights(supernet, progress, "all")

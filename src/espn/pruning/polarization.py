@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from espn.pruning.pruner import PRUNERS, Pruner, gate_magnitude
+from espn.options import Option
+from espn.pruning.pruner import PRUNER_OPTIONS, PRUNERS, Pruner, gate_magnitude
 from espn.pruning.regularisers import Regulariser
 from espn.pruning.schedule import GradualSchedule
 from espn.supernet.supernet import Supernet
@@ -46,6 +47,20 @@ class Polarization(Regulariser):
 
 
 @PRUNERS.register("polarization")
-def polarization(gamma: float, strength: float, flop_load: str = "output") -> Pruner:
+def polarization(
+    gamma: float, strength: float, flop_load: str = "output", polarization_t: float = POLARIZATION_T
+) -> Pruner:
     """Polarization (Zhuang et al. 2020): |gamma| saliency, polarizing penalty, global threshold."""
-    return Pruner(gate_magnitude, Polarization(strength), GradualSchedule(gamma))
+    return Pruner(gate_magnitude, Polarization(strength, polarization_t), GradualSchedule(gamma))
+
+
+PRUNER_OPTIONS["polarization"] = (
+    Option(
+        "polarization_t",
+        float,
+        POLARIZATION_T,
+        "weight t of the L1 term of the polarization pruner (Zhuang et al.: about 1.2 to 1.5)",
+        low=0.0,
+        low_open=True,
+    ),
+)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from espn.options import Option
 from espn.pruning.regularisers import FlopAwareL1, Regulariser, UniformL1
 from espn.pruning.schedule import GradualSchedule
 from espn.pruning.selection import select_units
@@ -64,10 +65,13 @@ class Pruner:
         self.refresh(supernet)
 
 
-#: ``factory(gamma, strength, flop_load)``; ``flop_load`` (see ``espn.supernet.flops``)
-#: matters to FLOP-aware penalties only
-PrunerFactory = Callable[[float, float, str], Pruner]
+#: ``factory(gamma, strength, flop_load, **own)``; ``flop_load`` (see ``espn.supernet.flops``)
+#: matters to FLOP-aware penalties only; ``own`` are the values of the pruner's own options
+PrunerFactory = Callable[..., Pruner]
 PRUNERS: Registry[PrunerFactory] = Registry("pruner")
+#: a pruner's own settings by pruner name (e.g. polarization's ``polarization_t``): options
+#: of the methods that prune units, passed to the factory as keywords when it is chosen
+PRUNER_OPTIONS: dict[str, tuple[Option, ...]] = {}
 
 
 @PRUNERS.register("flop-aware")

@@ -14,6 +14,9 @@ from torch import Tensor
 
 from espn.supernet.supernet import Supernet
 
+#: which frozen weights a task keeps in its alive units (see :func:`select_weights`)
+REUSE_POLICIES = ("all", "magnitude")
+
 
 def new_weight_target(progress: float, start: int, budget: int) -> int:
     """New weights allowed at pruning ``progress`` in [0, 1]: from ``start`` (the new weights

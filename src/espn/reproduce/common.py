@@ -36,16 +36,13 @@ FC_RECIPE: dict[str, Any] = {
     "finetune_lr": 1e-4,
     "finetune_schedule": "constant",
 }
-#: the SplitCIFAR100 regime on the CPU: split Fashion-MNIST tasks of 2500 training images (the
-#: size of a SplitCIFAR100 task) on FC1024 at the CIFAR recipe's batch and epochs (128;
-#: 60 pre-train, the first 10 a warm-up, + 90 prune + 100 fine-tune, cosine): 20 steps per
-#: epoch, the paper's 5000 per task; RMSprop as the FC recipe (Adam at 0.01 is the ResNet's)
-CIFAR_REGIME: dict[str, Any] = FC_RECIPE | {
-    "batch_size": 128,
-    "epochs": [60, 90, 100],
-    "warmup": 10,
-    "finetune_schedule": "cosine",
-    "reference_size": 2500,
+#: the SplitCIFAR100 regime on the CPU: the paper's recipe (``paper`` preset, each method's
+#: own recipe over it) on split Fashion-MNIST tasks of 2500 training images (the size of a
+#: SplitCIFAR100 task) and FC1024: batch 128 x 250 epochs = the paper's 5000 steps per task
+CIFAR_REGIME: dict[str, Any] = {
+    "preset": "paper",
+    "benchmark": "split-fashion-mnist",
+    "model": "fc1024",
     "train_per_task": 2500,
 }
 #: seconds-long runs: one epoch per phase on a few dozen images

@@ -51,7 +51,9 @@ def pruner_table(runs: list[Run]) -> Table:
     """Per pruner and gamma: test accuracy and units kept (mean ± se), FLOPs ratio."""
     groups: dict[tuple[str, float], list[Run]] = {}
     for r in runs:
-        key = (str(r.doc["config"]["pruner"]), float(r.doc["gamma"]))
+        config = r.doc["config"]
+        pruner = (config.get("method_options") or {}).get("pruner", config.get("pruner"))
+        key = (str(pruner), float(r.doc["gamma"]))
         groups.setdefault(key, []).append(r)
     order = {p: i for i, p in enumerate(DEFAULT_PRUNERS)}
     columns = ["pruner", "gamma", "seeds", "accuracy", "accuracy_se", "flops_ratio"]

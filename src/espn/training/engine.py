@@ -18,7 +18,13 @@ from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
-from espn.training.optim import FrozenGuard, OptimConfig, build_optimizer, cosine_factor
+from espn.training.optim import (
+    FrozenGuard,
+    OptimConfig,
+    TaskOptimizer,
+    cosine_factor,
+    step_factor,
+)
 
 
 class TrainingStopped(EspnError, RuntimeError):
@@ -149,7 +155,18 @@ class Engine:
                 params += list(module.parameters()) if self.strategy.train_unit_affine else []
             elif self.strategy.prunes_units:
                 params.append(module.weight)
-        return params + self.strategy.extra_parameters()
+        return params
+
+    def build_optimizer(self) -> TaskOptimizer:
+        """The task's optimizers as the strategy's recipe asks: the run's for the weights,
+        heads and unit scales; the method's own (:meth:`Strategy.own_optimizer`) for its own
+        parameters, or the run's when it has none."""
+        return TaskOptimizer(
+            self.optim,
+            self._trainable(),
+            self.strategy.own_optimizer(),
+            self.strategy.extra_parameters(),
+        )
 
     def train_task(
         self,
@@ -168,22 +185,26 @@ class Engine:
         sn, strategy = self.supernet, self.strategy
         if resume is None:
             sn.begin_task(task.n_classes)
+            strategy.init_free_weights(sn, self.generator)
             strategy.begin_task(sn)
             _check_capacity(strategy, task.name, index)
         guard = FrozenGuard(sn)
-        optimizer = build_optimizer(self.optim, self._trainable())
+        optimizer = self.build_optimizer()
         if resume is not None and resume.optimizer is not None:
-            optimizer.load_state_dict(optimizer.state_dict() | {"state": resume.optimizer})
+            optimizer.load_state_dict(resume.optimizer)
         at = resume or TaskProgress()
         phases = strategy.phases()
         per_epoch = task.num_batches("train", self.batch_size)
         per_reference = reference_batches(self.reference_size, self.batch_size)
         plans = [plan_phase(p, per_epoch, per_reference) for p in phases]
         ran = list(at.phases_run)
+        total = sum(p.steps for p in plans)
+        #: optimizer steps of the task before each phase (the own parameters' task schedule)
+        before = [sum(q.steps for q in plans[:i]) for i in range(len(plans))]
         start, loss_value, epochs_done = time.perf_counter(), torch.tensor(at.loss), at.epochs_done
         bar = tqdm(
-            initial=sum(p.steps for p in plans[: at.phase]) + at.step,
-            total=sum(p.steps for p in plans),
+            initial=before[at.phase] + at.step if at.phase < len(plans) else total,
+            total=total,
             desc=f"task {index + 1}",
             disable=None if self.progress else True,
             leave=False,
@@ -210,7 +231,8 @@ class Engine:
                     if step == n_iters:  # the size rule's last pass ends at the step count
                         break
                     lr = self._lr(phase, epoch, n_epochs, step, n_iters)
-                    loss_value = self._step(optimizer, guard, phase, x, y, lr)
+                    own_lr = self._own_lr(optimizer.own_config, lr, before[p] + step, total)
+                    loss_value = self._step(optimizer, guard, phase, x, y, lr, own_lr)
                     finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
                     step += 1
                     while done < len(points) and points[done] == step:
@@ -240,7 +262,7 @@ class Engine:
                     here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
                     if last:
                         here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
-                    state = optimizer.state_dict()["state"]
+                    state = optimizer.state_dict()
                     on_progress(replace(here, optimizer=state, phases_run=list(ran)))
             if n_epochs == 0:
                 ran.append(plan.record())
@@ -268,19 +290,32 @@ class Engine:
             return base * cosine_factor(step, n_iters)
         if phase.schedule == "ramp":
             return base * (epoch + 1) / n_epochs
+        if phase.schedule == "step":
+            return base * step_factor(step, n_iters)
         return base
+
+    def _own_lr(self, own: OptimConfig | None, lr: float, step: int, total: int) -> float | None:
+        """The learning rate of the method's own parameters at ``step`` of the task's
+        ``total``: their schedule over the task, or the weights' ``lr`` scaled to theirs."""
+        if own is None:
+            return None
+        if own.schedule == "cosine":
+            return own.lr * cosine_factor(step, total)
+        if own.schedule == "constant":
+            return own.lr
+        return own.lr * lr / self.optim.lr
 
     def _step(
         self,
-        optimizer: torch.optim.Optimizer,
+        optimizer: TaskOptimizer,
         guard: FrozenGuard,
         phase: Phase,
         x: torch.Tensor,
         y: torch.Tensor,
         lr: float,
+        own_lr: float | None,
     ) -> torch.Tensor:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        optimizer.set_lr(lr, own_lr)
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
             loss = self.strategy.loss(self.strategy.forward(self.supernet, x), y)
             total = loss
@@ -288,10 +323,11 @@ class Engine:
                 penalty = self.strategy.penalty(self.supernet)
                 if penalty is not None:
                     total = loss + penalty
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         self.scaler.scale(total).backward()
         guard.mask_gradients()
-        self.scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+        for opt in optimizer.optimizers:
+            self.scaler.step(opt)  # skipped when the scaled gradients overflowed
         self.scaler.update()
         guard.restore()
         self.strategy.after_step(self.supernet)

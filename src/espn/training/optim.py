@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -10,25 +11,42 @@ from torch import Tensor
 
 from espn.supernet.supernet import Supernet
 
-OPTIMIZERS = ("sgd", "adam", "rmsprop")
+#: ``nesterov``: SGD with Nesterov momentum (CPG's optimizer)
+OPTIMIZERS = ("sgd", "nesterov", "adam", "rmsprop")
+#: how a method's own parameters' learning rate moves (:attr:`OptimConfig.schedule`):
+#: ``phase``: as the weights' (the phase's schedule and scale); ``cosine``: decay to zero
+#: over all the task's epochs (SupSup); ``constant``
+OWN_SCHEDULES = ("phase", "cosine", "constant")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Optimizer settings; ``betas`` is Adam's, ``momentum`` SGD's and RMSprop's."""
+    """Optimizer settings; ``betas`` is Adam's, ``momentum`` SGD's and RMSprop's.
+
+    ``schedule`` applies to a method's own parameters only (see :data:`OWN_SCHEDULES`); the
+    weights follow the phases' schedules.
+    """
 
     name: str = "rmsprop"
     lr: float = 1e-3
     weight_decay: float = 0.0
     momentum: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
+    schedule: str = "phase"
 
 
 def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optimizer:
     """A fresh optimizer per task, so no state of an earlier task carries over."""
-    if cfg.name == "sgd":
+    if cfg.name in ("sgd", "nesterov"):
+        nesterov = cfg.name == "nesterov"
+        if nesterov and cfg.momentum <= 0:
+            raise ValueError(f"optimizer 'nesterov' needs momentum > 0, got {cfg.momentum}")
         return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            params,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            nesterov=nesterov,
         )
     if cfg.name == "adam":
         return torch.optim.Adam(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
@@ -37,6 +55,70 @@ def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optim
             params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         )
     raise ValueError(f"unknown optimizer {cfg.name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+
+class TaskOptimizer:
+    """The optimizers of one task: the weights' and, when the method trains its own
+    parameters apart, theirs (``own``), stepped together.
+
+    Its :meth:`state_dict` numbers the parameters of all of them in one sequence (the
+    weights' first), so a checkpoint stores it as it would one optimizer's.
+    """
+
+    def __init__(
+        self,
+        weights: OptimConfig,
+        params: Sequence[Tensor],
+        own: OptimConfig | None = None,
+        own_params: Sequence[Tensor] = (),
+    ) -> None:
+        params, own_params = list(params), list(own_params)
+        if own is None:
+            params, own_params = params + own_params, []
+        #: None when nothing but the method's own parameters trains (SupSup's masked head)
+        self.weights = build_optimizer(weights, params) if params else None
+        self.own = build_optimizer(own, own_params) if own is not None and own_params else None
+        self.own_config = own
+        self.n_weights = len(params)
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers, the weights' first."""
+        return [o for o in (self.weights, self.own) if o is not None]
+
+    def set_lr(self, lr: float, own_lr: float | None = None) -> None:
+        """The learning rate of this step: ``lr`` for the weights, ``own_lr`` for the
+        method's own parameters."""
+        for opt, rate in ((self.weights, lr), (self.own, own_lr)):
+            if opt is not None and rate is not None:
+                for group in opt.param_groups:
+                    group["lr"] = rate
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict[int, dict]:
+        """Per-parameter state of every optimizer, numbered in one sequence."""
+        state = {} if self.weights is None else dict(self.weights.state_dict()["state"])
+        if self.own is not None:
+            own = self.own.state_dict()["state"]
+            state |= {self.n_weights + int(i): v for i, v in own.items()}
+        return state
+
+    def load_state_dict(self, state: dict[int, dict]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        if self.weights is not None:
+            mine = {int(i): v for i, v in state.items() if int(i) < self.n_weights}
+            self.weights.load_state_dict(self.weights.state_dict() | {"state": mine})
+        if self.own is not None:
+            own = {int(i) - self.n_weights: v for i, v in state.items() if int(i) >= self.n_weights}
+            self.own.load_state_dict(self.own.state_dict() | {"state": own})
+
+
+def step_factor(step: int, total: int) -> float:
+    """CPG's step decay: 1, then 0.1 after half of ``total`` steps, 0.01 after 80%."""
+    return 0.1 ** ((step >= 0.5 * total) + (step >= 0.8 * total))
 
 
 def cosine_factor(step: int, total: int) -> float:

@@ -1,5 +1,5 @@
-"""Settings a method declares for itself: one declaration gives the CLI flag, the validation
-and the entry in a run's configuration."""
+"""Settings a method (or a pruner it uses) declares for itself: one declaration gives the CLI
+flag, the validation and the entry in a run's configuration."""
 
 from __future__ import annotations
 
