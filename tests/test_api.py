@@ -177,9 +177,9 @@ def test_method_by_class_with_its_own_option_and_settings_checked(tmp_path: Path
     learner.learn(tiny_data(1), test=tiny_data(2))
     run = learner.save(tmp_path / "run")
     config = json.loads((run / "results.json").read_text())["config"]
-    assert config["method"] == "supsup" and config["method_options"] == {"supsup_k": 0.3}
+    assert config["method"] == "supsup" and config["method_options"]["supsup_k"] == 0.3
     again = espn.load(run)
-    assert type(again.strategy) is SupSup and again.strategy.settings == {"supsup_k": 0.3}
+    assert type(again.strategy) is SupSup and again.strategy.settings == learner.strategy.settings
     assert again.evaluate(0) == learner.accuracy_matrix[0][0]
 
 

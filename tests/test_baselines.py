@@ -142,10 +142,13 @@ def test_alpha_of_a_preset_does_not_stop_methods_without_a_weight_budget(tmp_pat
 def test_method_defaults():
     assert make_config(benchmark="permuted-mnist", method="individual").alpha == 1.0
     assert make_config(benchmark="permuted-mnist", method="individual").gamma == 0.2
-    assert make_config(benchmark="permuted-mnist", method="supsup").method_options == {
-        "supsup_k": 0.5
-    }
-    assert make_config(benchmark="permuted-mnist", method="espn").method_options == {}
+    # every method's options, completed with their declared defaults (ESPN's pruner & co.)
+    for method in ("supsup", "espn"):
+        declared = {o.name: o.default for o in METHODS.get(method).options}
+        assert make_config(benchmark="permuted-mnist", method=method).method_options == declared
+    assert (
+        make_config(benchmark="permuted-mnist", method="supsup").method_options["supsup_k"] == 0.5
+    )
 
 
 # ------------------------------------------------------------------- zero forgetting
@@ -237,8 +240,9 @@ def test_supsup_weights_are_fixed_signed_constants_and_masks_are_packed_top_k():
     assert any(
         not torch.equal(sn.masks[0].weight_mask(n), sn.masks[1].weight_mask(n)) for n in sn.layers
     )
-    # the mask is the top-k of the last task's trained scores
-    for name, scores in strategy.scores.items():
+    # the mask is the top-k of the last task's trained scores (the head's: tests/test_recipes.py)
+    for name in sn.layers:
+        scores = strategy.scores[name]
         kept = scores.detach().abs()[sn.masks[1].weight_mask(name)]
         dropped = scores.detach().abs()[~sn.masks[1].weight_mask(name)]
         assert kept.min() >= dropped.max()
@@ -247,7 +251,10 @@ def test_supsup_weights_are_fixed_signed_constants_and_masks_are_packed_top_k():
 def test_supsup_scores_get_the_straight_through_gradient():
     seq = tiny_sequence(n_tasks=1)
     torch.manual_seed(0)
-    sn, strategy, _ = make_engine(FCNet(64, [32, 24], 3, multi_head=True), seq, "supsup")
+    # the dense head, so that the masked layers alone make the difference to the reference
+    sn, strategy, _ = make_engine(
+        FCNet(64, [32, 24], 3, multi_head=True), seq, "supsup", supsup_head="dense"
+    )
     sn.begin_task(3)
     strategy.begin_task(sn)
     x, y = next(seq.tasks[0].batches("train", 16))

@@ -45,8 +45,10 @@ def train(model_name: str, shape: tuple[int, ...], method: str, reuse: str, n_ta
     model = MODELS.get(model_name)(ModelSpec(shape, 3, model_name != "fc1024"))
     sn = Supernet(model, seq.tasks[0].train.x[:2])
     gamma = 0.5 if METHODS.get(method).uses_gamma else 1.0
+    # reuse is an option of the methods that declare it (ESPN's), the others reuse all
+    own = {"reuse": reuse} if "reuse" in METHODS.get(method).option_names() else {}
     cfg = MethodConfig(
-        gamma=gamma, alpha=0.2, epochs=(1, 1, 1), reuse=reuse, prune_updates_per_epoch=1
+        gamma=gamma, alpha=0.2, epochs=(1, 1, 1), prune_updates_per_epoch=1, settings=own
     )
     engine = Engine(sn, METHODS.get(method)(cfg), OptimConfig("adam", lr=1e-2), 16, 0, False)
     before, dense, logits = [], [], []

@@ -76,7 +76,7 @@ def test_study_pruners_writes_csv_plot_and_one_run_per_point(fake_mnist, tmp_pat
         ]
     for p in points:
         doc = json.loads((out / p.run / "results.json").read_text())
-        assert doc["method"] == "individual" and doc["config"]["pruner"] == p.pruner
+        assert doc["method"] == "individual" and doc["config"]["method_options"]["pruner"] == p.pruner
         assert (
             doc["gamma"] == p.gamma and doc["alpha"] == 1.0 and doc["benchmark"] == "fashion-mnist"
         )

@@ -27,10 +27,28 @@ if TYPE_CHECKING:
 SCHEDULES = ("constant", "cosine", "ramp", "step")
 #: the FLOPs budget of a method that takes one, when none is given (the paper's ESPN-0.2)
 DEFAULT_GAMMA = 0.2
-#: how the free weights are set when a task after the first begins: ``kaiming`` (normal,
-#: fan-out, as the authors' CtRL ``init_weights``), ``zero``, or ``keep`` (the values the
-#: previous task left them with)
+#: how the free weights are set when a task after the first begins: ``kaiming`` (as the
+#: authors' CtRL ``init_weights``, see :func:`fresh_weights`), ``zero``, or ``keep`` (the
+#: values the previous task left them with)
 FREE_INITS = ("kaiming", "zero", "keep")
+
+
+def fresh_weights(weight: Tensor, how: str, generator: torch.Generator) -> Tensor:
+    """New values (on the CPU) for a layer's free weights, as CtRL's ``init_weights``: for
+    ``kaiming``, convolutions Kaiming normal in fan-out mode (std ``sqrt(2 / fan_out)``), linear
+    layers uniform in ``+-1/sqrt(fan_in)`` (PyTorch's ``kaiming_uniform_(a=sqrt(5))``); zeros
+    for ``zero``."""
+    if how == "zero":
+        return torch.zeros(weight.shape, dtype=weight.dtype)
+    fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(weight)
+    if weight.dim() > 2:
+        std = math.sqrt(2.0 / max(fan_out, 1))
+        return torch.randn(weight.shape, generator=generator, dtype=weight.dtype) * std
+    bound = 1.0 / math.sqrt(max(fan_in, 1))
+    uniform = torch.rand(weight.shape, generator=generator, dtype=weight.dtype)
+    return (2.0 * uniform - 1.0) * bound
+
+
 #: the option of the methods that re-initialise their free weights per task as CtRL does
 FREE_INIT_OPTION = Option(
     "free_init",
@@ -183,12 +201,7 @@ class Strategy(ABC):
             return
         for layer in supernet.layers.values():
             w = layer.weight
-            fresh = torch.zeros(w.shape, dtype=w.dtype)
-            if how == "kaiming":
-                _, fan_out = nn.init._calculate_fan_in_and_fan_out(w)
-                fresh = torch.randn(w.shape, generator=generator, dtype=w.dtype)
-                fresh *= math.sqrt(2.0 / max(fan_out, 1))
-            w.copy_(torch.where(layer.frozen, w, fresh.to(w.device)))
+            w.copy_(torch.where(layer.frozen, w, fresh_weights(w, how, generator).to(w.device)))
 
     @property
     def train_unit_affine(self) -> bool:

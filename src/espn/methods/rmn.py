@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from espn.methods.base import FREE_INIT_OPTION, METHODS, MethodConfig, Phase, Strategy
+from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
 from espn.options import Option
 from espn.pruning.weights import select_weights
 from espn.supernet.supernet import Supernet
-from espn.training.optim import OptimConfig
 
 
 @METHODS.register("rmn")
@@ -33,33 +31,16 @@ class RMN(Strategy):
     name = "rmn"
     trains_unit_affine = False
     uses_gamma = False
-    #: no public code: the relevances train with their own Adam (betas 0.9, 0.999) at 1e-3
-    #: (``rmn_lr``), scaled as the weights' learning rate; free weights re-initialised per
-    #: task as the other weight-sharing methods (see docs/fidelity.md)
-    own_optim = OptimConfig("adam", 1e-3, 0.0, 0.0, (0.9, 0.999), schedule="phase")
-    options = (
-        Option("rmn_l1", float, 1e-6, "L1 strength on the relevance maps", low=0.0),
-        Option(
-            "rmn_lr",
-            float,
-            1e-3,
-            "learning rate of the relevance maps (Adam)",
-            low=0.0,
-            low_open=True,
-        ),
-        FREE_INIT_OPTION,
-    )
+    #: no public code: the relevances train with the weights' optimizer and schedule, and the
+    #: free weights keep what the previous task left them (no ``free_init``): both measured
+    #: better than a separate Adam and a re-initialisation (docs/fidelity.md)
+    options = (Option("rmn_l1", float, 1e-6, "L1 strength on the relevance maps", low=0.0),)
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
         self.l1: float = self.settings["rmn_l1"]
         self.relevance: dict[str, nn.Parameter] = {}
         self.binarised = False
-
-    def own_optimizer(self) -> OptimConfig | None:
-        """The relevances' Adam, at ``rmn_lr``."""
-        own = self.own_optim
-        return None if own is None else replace(own, lr=self.settings["rmn_lr"])
 
     def phases(self) -> list[Phase]:
         pre, prune, fine = self.cfg.epochs
