@@ -2,12 +2,13 @@
 
 The task sequence is built once by espn's benchmark code (offline Fashion-MNIST by default,
 rotated); espn trains on it through ``run_experiment`` and Avalanche's ``PackNet`` strategy
-gets the same images (espn's preprocessing applied once) with task labels 0..T-1. Both use
-FC 784-1024-1024-10, RMSprop at a constant lr 1e-3, batch 256, EPOCHS epochs per task, and keep
-KEEP of the free weights of every layer per task. Avalanche prunes once after
-EPOCHS - POST_PRUNE epochs and fine-tunes the kept weights POST_PRUNE epochs
-(``prune_proportion = 1 - KEEP``); espn runs ``--method packnet --alpha KEEP
---epochs EPOCHS-POST_PRUNE,0,POST_PRUNE``. Printed: the final test accuracy and the training
+gets the same images (espn's preprocessing applied once) with task labels 0..T-1. espn runs
+``--method packnet`` with its defaults only (its recipe, the benchmark's optimizer, batch
+and alpha, the size rule): nothing here tailors it. Avalanche runs FC 784-1024-1024-10 with
+the optimizer, learning rate, batch size and kept share (alpha) of espn's resolved run, and,
+unless ``--epochs``/``--post-prune-epochs`` are given, as many optimizer steps per task as
+espn's run (its phases, size rule included) and espn's fine-tuning steps after its one-shot
+prune (``prune_proportion = 1 - alpha``). Printed: the final test accuracy and the training
 time of every task for both, and their averages.
 
     pip install 'espn[avalanche]'  # avalanche-lib (optional; see .ci/run for a torch-safe install)
@@ -30,9 +31,12 @@ from pathlib import Path
 
 import torch
 
-from espn.config import ConfigError, RunConfig, make_config
+from espn.config import ConfigError, RunConfig, make_config, resolved
 from espn.data.tasks import Task, TaskSequence
 from espn.experiment import build_benchmark, run_experiment
+from espn.methods.base import METHODS
+from espn.training.engine import plan_phase, reference_batches
+from espn.training.optim import OptimConfig, build_optimizer
 from espn.utils.io import write_json_atomic
 
 SIDES = ("both", "espn", "avalanche")
@@ -63,26 +67,50 @@ class SideResult:
 
 
 def espn_config(args: argparse.Namespace, out: Path) -> RunConfig:
-    """espn's PackNet with the reference's recipe, from public run options only."""
+    """espn's PackNet with its defaults: only the task sequence, seed and device are given
+    (and ``--reference-size``, the size rule's reference, when asked for)."""
     return make_config(
         benchmark=args.benchmark,
         method="packnet",
         tasks=args.tasks,
         train_per_task=args.train_per_task,
         test_per_task=args.test_per_task,
-        alpha=args.keep,
-        epochs=(args.epochs - args.post_prune_epochs, 0, args.post_prune_epochs),
-        optimizer="rmsprop",
-        lr=args.lr,
-        # the reference's recipe: no warm-up, post-prune training at the same constant lr
-        warmup=0,
-        finetune_lr=args.lr,
-        finetune_schedule="constant",
-        batch_size=args.batch_size,
+        reference_size=args.reference_size,
         seed=args.seed,
         device=args.device,
         out=out,
     )
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What Avalanche's side runs: espn's optimizer settings, batch and kept share, and the
+    length of a task in epochs (``epochs`` in all, ``post_prune`` after the prune)."""
+
+    optim: OptimConfig
+    batch_size: int
+    keep: float
+    epochs: int
+    post_prune: int
+
+
+def avalanche_recipe(args: argparse.Namespace, cfg: RunConfig, task_size: int) -> Recipe:
+    """Avalanche's side from espn's resolved run: per task as many optimizer steps as espn
+    takes (in whole epochs, rounded up) and espn's fine-tuning steps after the prune,
+    unless ``--epochs``/``--post-prune-epochs`` say otherwise."""
+    batch = int(resolved(cfg.batch_size, "batch_size"))
+    per_epoch = math.ceil(task_size / batch)
+    per_reference = reference_batches(cfg.floor_reference(), batch)
+    strategy = METHODS.get(cfg.method)(cfg.method_config())
+    phases = strategy.phases()
+    plans = [plan_phase(p, per_epoch, per_reference) for p in phases]
+    last_prune = max(i for i, p in enumerate(phases) if p.prune_updates > 0)
+    after = sum(p.steps for p in plans[last_prune + 1 :])
+    epochs = args.epochs or math.ceil(sum(p.steps for p in plans) / per_epoch)
+    post = args.post_prune_epochs
+    post = math.ceil(after / per_epoch) if post is None else post
+    _check_post_prune(post, epochs)
+    return Recipe(cfg.optim_config(), batch, float(resolved(cfg.alpha, "alpha")), epochs, post)
 
 
 def split_tensors(task: Task, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,7 +125,7 @@ def run_espn(cfg: RunConfig, seq: TaskSequence, progress: bool = False) -> SideR
     return SideResult("espn", list(doc["final_accuracy"]), [float(s) for s in doc["seconds"]])
 
 
-def run_avalanche(seq: TaskSequence, args: argparse.Namespace) -> SideResult:
+def run_avalanche(seq: TaskSequence, args: argparse.Namespace, recipe: Recipe) -> SideResult:
     """Train ``seq`` with Avalanche's PackNet strategy on Avalanche's own FC model.
 
     The model is ``SimpleMLP`` (two hidden layers of 1024 with biases, no dropout) wrapped by
@@ -106,10 +134,10 @@ def run_avalanche(seq: TaskSequence, args: argparse.Namespace) -> SideResult:
     """
     with warnings.catch_warnings():  # Avalanche's import-time and no-logger notices
         warnings.filterwarnings("ignore", message="no QP solver|No loggers specified")
-        return _run_avalanche(seq, args)
+        return _run_avalanche(seq, args, recipe)
 
 
-def _run_avalanche(seq: TaskSequence, args: argparse.Namespace) -> SideResult:
+def _run_avalanche(seq: TaskSequence, args: argparse.Namespace, recipe: Recipe) -> SideResult:
     from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
     from avalanche.benchmarks.scenarios.supervised import with_classes_timeline
     from avalanche.benchmarks.scenarios.task_aware import with_task_labels
@@ -144,11 +172,11 @@ def _run_avalanche(seq: TaskSequence, args: argparse.Namespace) -> SideResult:
     model = PackNetModel(mlp)
     strategy = PackNet(
         model=model,
-        optimizer=torch.optim.RMSprop(model.parameters(), lr=args.lr),
-        post_prune_epochs=args.post_prune_epochs,
-        prune_proportion=1.0 - args.keep,
-        train_mb_size=args.batch_size,
-        train_epochs=args.epochs,
+        optimizer=build_optimizer(recipe.optim, list(model.parameters())),
+        post_prune_epochs=recipe.post_prune,
+        prune_proportion=1.0 - recipe.keep,
+        train_mb_size=recipe.batch_size,
+        train_epochs=recipe.epochs,
         eval_mb_size=1024,
         device=args.device,
         evaluator=EvaluationPlugin(loggers=[]),
@@ -195,11 +223,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=3)
     parser.add_argument("--train-per-task", type=int, default=4000)
     parser.add_argument("--test-per-task", type=int, default=None, help="default: all 10000")
-    parser.add_argument("--epochs", type=int, default=10, help="epochs per task in all")
-    parser.add_argument("--post-prune-epochs", type=int, default=3)
-    parser.add_argument("--keep", type=float, default=0.05, help="share of free weights kept")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument(
+        "--reference-size",
+        type=int,
+        default=None,
+        help="espn's size-rule reference (images per task the epochs are stated for); "
+        "default: the benchmark's (60000)",
+    )
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="Avalanche's epochs per task in all; default: espn's optimizer steps per task",
+    )
+    parser.add_argument(
+        "--post-prune-epochs",
+        type=int,
+        default=None,
+        help="Avalanche's epochs after the prune; default: espn's fine-tuning steps",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -210,13 +252,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _check_post_prune(post: int, epochs: int) -> None:
+    if not 0 <= post < epochs:
+        raise ValueError(
+            f"--post-prune-epochs must be in [0, --epochs), got {post} with --epochs {epochs}"
+        )
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Refuse what neither library could run, naming the value (espn's own checks follow)."""
-    if not 0 <= args.post_prune_epochs < args.epochs:
-        raise ValueError(
-            f"--post-prune-epochs must be in [0, --epochs), got {args.post_prune_epochs} "
-            f"with --epochs {args.epochs}"
-        )
+    for name in ("epochs", "post_prune_epochs"):
+        value = getattr(args, name)
+        if value is not None and value < (1 if name == "epochs" else 0):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} must be >= {1 if name == 'epochs' else 0}, got {value}")
+    if args.epochs is not None and args.post_prune_epochs is not None:
+        _check_post_prune(args.post_prune_epochs, args.epochs)
     if args.side != "espn" and importlib.util.find_spec("avalanche") is None:
         raise ValueError(
             "avalanche-lib is not installed: pip install 'espn[avalanche]', or use --side espn"
@@ -232,19 +283,23 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_args(args)
             cfg = espn_config(args, args.out or Path(tmp) / "espn")
+            seq = build_benchmark(cfg)
+            recipe = avalanche_recipe(args, cfg, len(seq.tasks[0].train))
         except (ValueError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        seq = build_benchmark(cfg)
         sides = []
         if args.side in ("both", "espn"):
             sides.append(run_espn(cfg, seq, args.progress))
         if args.side in ("both", "avalanche"):
-            sides.append(run_avalanche(seq, args))
+            sides.append(run_avalanche(seq, args, recipe))
     print(
         f"{cfg.benchmark}, {len(seq)} tasks x {len(seq.tasks[0].train)} training images, "
-        f"{args.epochs} epochs ({args.post_prune_epochs} after the prune), keep {args.keep}, "
-        f"seed {args.seed}, {args.device}, {torch.get_num_threads()} threads"
+        f"espn: packnet defaults ({cfg.optimizer} lr {cfg.lr:g}, batch {recipe.batch_size}, "
+        f"alpha {recipe.keep:g}, epochs {','.join(map(str, cfg.epochs or ()))}, size rule "
+        f"{'on, reference ' + str(cfg.floor_reference()) if cfg.floor_reference() else 'off'}); "
+        f"avalanche: {recipe.epochs} epochs ({recipe.post_prune} after the prune), keep "
+        f"{recipe.keep:g}; seed {args.seed}, {args.device}, {torch.get_num_threads()} threads"
     )
     print(table(seq, sides))
     if args.json:
@@ -252,6 +307,14 @@ def main(argv: list[str] | None = None) -> int:
             args.json,
             {
                 "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "avalanche_recipe": {
+                    "epochs": recipe.epochs,
+                    "post_prune_epochs": recipe.post_prune,
+                    "keep": recipe.keep,
+                    "batch_size": recipe.batch_size,
+                    "optimizer": recipe.optim.name,
+                    "lr": recipe.optim.lr,
+                },
                 "tasks": [t.name for t in seq.tasks],
                 "torch": torch.__version__,
                 **{s.name: s.summary() for s in sides},

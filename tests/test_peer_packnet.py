@@ -13,10 +13,13 @@ import pytest
 import torch
 
 import espn.experiment as experiment_module
+from espn.config import make_config
+from espn.methods.base import METHODS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_packnet.py"
-TINY = ["--tasks", "2", "--train-per-task", "200", "--test-per-task", "100", "--epochs", "2"]
-TINY += ["--post-prune-epochs", "1", "--batch-size", "32"]
+# espn's defaults with the size rule's reference at 1024 images: 4 steps per recipe epoch
+TINY = ["--tasks", "2", "--train-per-task", "200", "--test-per-task", "100"]
+TINY += ["--reference-size", "1024"]
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +40,39 @@ def tiny(peer, tmp_path: Path, *extra: str):
     return args, cfg, experiment_module.build_benchmark(cfg)
 
 
-def test_config_is_the_reference_recipe(peer, fake_mnist, tmp_path: Path) -> None:
-    args, cfg, _ = tiny(peer, tmp_path, "--keep", "0.1")
-    assert cfg.method == "packnet"
-    assert cfg.alpha == 0.1
-    assert cfg.epochs == (1, 0, 1)  # the prune falls after EPOCHS - POST_PRUNE epochs
-    assert (cfg.optimizer, cfg.lr, cfg.batch_size) == ("rmsprop", 1e-3, 32)
-    assert peer.parse_args([]).batch_size == 256
-    assert args.epochs == 2 and args.post_prune_epochs == 1
+def test_espn_runs_packnet_with_its_defaults_and_avalanche_as_many_steps(
+    peer, fake_mnist, tmp_path: Path
+) -> None:
+    args, cfg, seq = tiny(peer, tmp_path)
+    defaults = make_config(
+        benchmark="rotated-fashion-mnist",
+        method="packnet",
+        tasks=2,
+        train_per_task=200,
+        test_per_task=100,
+        reference_size=1024,
+        out=tmp_path / "espn",
+    )
+    assert cfg == defaults  # nothing of the recipe is handed to espn
+    recipe = peer.avalanche_recipe(args, cfg, len(seq.tasks[0].train))
+    assert (recipe.optim, recipe.batch_size, recipe.keep) == (
+        cfg.optim_config(),
+        cfg.batch_size,
+        cfg.alpha,
+    )
+    # 200 images at batch 256: 1 step per epoch; espn's size rule: 4 steps per recipe epoch
+    result = peer.run_espn(cfg, seq)
+    doc = json.loads((tmp_path / "espn" / "results.json").read_text())
+    steps = [sum(p["steps"] for p in task) for task in doc["phases"]]
+    assert steps == [4 * sum(cfg.epochs)] * 2 and len(result.accuracy) == 2
+    assert recipe.epochs == steps[0]  # one step per Avalanche epoch on these tasks
+    phases = METHODS.get("packnet")(cfg.method_config()).phases()
+    last_prune = max(i for i, p in enumerate(phases) if p.prune_updates > 0)
+    assert recipe.post_prune == sum(p["steps"] for p in doc["phases"][0][last_prune + 1 :])
+    given = peer.avalanche_recipe(
+        peer.parse_args([*TINY, "--epochs", "5", "--post-prune-epochs", "2"]), cfg, 200
+    )
+    assert (given.epochs, given.post_prune) == (5, 2)
 
 
 def test_both_sides_get_the_inputs_espn_trains_and_tests_on(
@@ -106,9 +134,10 @@ def test_main_prints_and_writes_the_comparison(
     [
         (
             ["--epochs", "3", "--post-prune-epochs", "3"],
-            "--post-prune-epochs must be in [0, --epochs)",
+            "--post-prune-epochs must be in [0, --epochs), got 3 with --epochs 3",
         ),
-        (["--keep", "1.5"], "alpha must be in (0, 1], got 1.5"),
+        (["--epochs", "0"], "--epochs must be >= 1, got 0"),
+        (["--reference-size", "0"], "reference_size must be >= 1, got 0"),
         (["--tasks", "0"], "tasks must be >= 1, got 0"),
     ],
 )
@@ -125,9 +154,11 @@ def test_avalanche_side_keeps_each_task_in_its_own_subnetwork(
     peer, fake_mnist, tmp_path: Path
 ) -> None:
     pytest.importorskip("avalanche")
-    args, _, seq = tiny(peer, tmp_path)
-    both = peer.run_avalanche(seq, args)
-    first = peer.run_avalanche(type(seq)(seq.name, seq.tasks[:1], seq.input_shape, False), args)
+    args, cfg, seq = tiny(peer, tmp_path)
+    recipe = peer.avalanche_recipe(args, cfg, len(seq.tasks[0].train))
+    both = peer.run_avalanche(seq, args, recipe)
+    one = type(seq)(seq.name, seq.tasks[:1], seq.input_shape, False)
+    first = peer.run_avalanche(one, args, recipe)
     assert len(both.accuracy) == len(both.seconds) == 2
     # task 1 scores the same alone and after task 2 was packed in: zero forgetting, and the
     # evaluation of task 1 runs task 1's sub-network

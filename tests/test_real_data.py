@@ -37,7 +37,17 @@ def run(tmp_path: Path, *extra: str) -> dict:
 
 @needs_data
 def test_short_espn_run_on_real_images(tmp_path):
-    doc = run(tmp_path, "--tasks", "2", "--train-per-task", "1000", "--test-per-task", "500")
+    # 40 steps per task: the size rule off (with it: 2350, docs/recipes.md)
+    doc = run(
+        tmp_path,
+        "--tasks",
+        "2",
+        "--train-per-task",
+        "1000",
+        "--test-per-task",
+        "500",
+        "--no-step-floor",
+    )
     assert all(a > 60 for a in doc["final_accuracy"])  # chance is 10%
     assert doc["final_accuracy"][0] == doc["accuracy_matrix"][0][0]
     assert max(doc["flops_ratio"]) <= 0.2
@@ -46,7 +56,7 @@ def test_short_espn_run_on_real_images(tmp_path):
 @pytest.mark.slow
 @needs_data
 def test_espn_beats_chance_by_far_on_ten_real_tasks(tmp_path):
-    doc = run(tmp_path, "--tasks", "10", "--train-per-task", "6000")
+    doc = run(tmp_path, "--tasks", "10", "--train-per-task", "6000", "--no-step-floor")
     assert doc["average_accuracy"] > 75
     assert doc["forgetting"] == [0.0] * 10
     assert max(doc["flops_ratio"]) <= 0.2

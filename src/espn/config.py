@@ -212,6 +212,19 @@ class RunConfig(BaseModel):
     after_task: int | None = Field(
         None, description="With --from-run: how many of its tasks to keep (K >= 1)."
     )
+    step_floor: bool = Field(
+        True,
+        description="The size rule: every phase of a task smaller than the reference size "
+        "trains at least as many optimizer steps as its epochs take on the reference size "
+        "(more passes over the task's data); off: train by the epochs as given.",
+    )
+    reference_size: int | None = Field(
+        None,
+        description="Training images per task that the epoch counts are stated for (the "
+        "size rule's reference); unset: the benchmark recipe's (60000 for the MNIST family, "
+        "2500 for the CIFAR splits) when the epochs are the recipe's, none (epochs as "
+        "given) when --epochs is given or the benchmark states none.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -292,6 +305,7 @@ class RunConfig(BaseModel):
         "prune_updates_per_epoch",
         "eval_every",
         "image_size",
+        "reference_size",
     )
     @classmethod
     def _positive(cls, v: int | None, info: Any) -> int | None:
@@ -442,6 +456,8 @@ class RunConfig(BaseModel):
         elif self.alpha is None:
             self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
         self.model = self.model or d.get("model", "fc1024")
+        if self.reference_size is None and self.epochs is None:  # the recipe's epochs
+            self.reference_size = d.get("reference_size")
         self.epochs = epochs = self.epochs or d.get("epochs", (3, 4, 3))
         self.optimizer = self.optimizer or d.get("optimizer", "adam")
         self.lr = lr = self.lr or d.get("lr", 1e-3)
@@ -547,6 +563,11 @@ class RunConfig(BaseModel):
             "finetune_schedule": str(self.finetune_schedule),
         }
         return MethodConfig(**values, settings=dict(self.method_options))
+
+    def floor_reference(self) -> int | None:
+        """The reference data size the size rule applies (None: epochs as given); see
+        :func:`espn.training.engine.plan_phase`."""
+        return self.reference_size if self.step_floor else None
 
     def optim_config(self) -> OptimConfig:
         """The optimizer's settings from this run configuration."""

@@ -290,6 +290,7 @@ def _run_locked(
         cfg.seed,
         progress,
         amp=cfg.amp,
+        reference_size=cfg.floor_reference(),
     )
     runner = TaskRunner(supernet, strategy, engine)
     runner.check_gamma_reachable(cfg.model)

@@ -129,6 +129,7 @@ class TaskRunner:
                 "weight_budget": self.strategy.weight_budget,
                 "seconds": log.seconds / len(learned),
                 "seconds_per_epoch": log.seconds_per_epoch,
+                "phases": log.phases,
                 "train_samples": 0 if task is None else len(task.train),
                 "test_samples": 0 if task is None else len(task.test),
                 "pretrained": pretrained is not None,  # from init weights: no budget applies

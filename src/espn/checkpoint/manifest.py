@@ -111,6 +111,8 @@ class Position(_Model):
     prunes_done: int = Field(ge=0)
     epochs_done: int = Field(ge=0)
     loss: int | float
+    #: the phases before ``phase``: what each ran (older checkpoints: absent)
+    phases_run: list[dict[str, Any]] = []
 
 
 class Training(_Model):

@@ -230,6 +230,7 @@ class CheckpointWriter:
                     "prunes_done": progress.prunes_done,
                     "epochs_done": progress.epochs_done,
                     "loss": progress.loss,
+                    "phases_run": progress.phases_run,
                 },
                 "optimizer": progress.optimizer is not None,
                 "optimizer_scalars": optim_scalars,

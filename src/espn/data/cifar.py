@@ -33,7 +33,7 @@ HOW_TO_GET = "run once with internet access (torchvision downloads it into the d
 #: the paper's SplitCIFAR100 recipe (Adam with betas (0, 0.999), lr 0.01, batch 128,
 #: 60 pre-train + 90 prune + 100 fine-tune epochs with cosine decay from 0.01, alpha 0.1,
 #: the reduced ResNet18) and the authors' warm-up (the first 10 pre-training epochs)
-CIFAR_DEFAULTS: RunDefaults = {
+CIFAR_RECIPE: RunDefaults = {
     "regime": "cifar",
     "model": "resnet18-reduced",
     "alpha": 0.1,
@@ -45,8 +45,15 @@ CIFAR_DEFAULTS: RunDefaults = {
     "warmup": 10,
     "finetune_schedule": "cosine",
 }
+#: the SplitCIFAR100 recipe's epochs are stated for tasks of 2500 training images
+CIFAR_DEFAULTS: RunDefaults = CIFAR_RECIPE | {"reference_size": 2500}
 #: Fashion-MNIST is learned in a few epochs: the CIFAR recipe with the MNIST epoch counts
-FASHION_DEFAULTS: RunDefaults = CIFAR_DEFAULTS | {"epochs": (3, 4, 3), "warmup": 1}
+#: (stated for 60000 images)
+FASHION_DEFAULTS: RunDefaults = CIFAR_RECIPE | {
+    "epochs": (3, 4, 3),
+    "warmup": 1,
+    "reference_size": 60000,
+}
 
 Raw = dict[str, tuple[Tensor, Tensor]]
 

@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from espn.data.augment import ImageTransform
-from espn.data.cifar import CIFAR_DEFAULTS
+from espn.data.cifar import CIFAR_RECIPE
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
 from espn.data.sources import DatasetUnavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
@@ -35,7 +35,9 @@ from espn.data.tasks import Split, Task, TaskSequence, subset_index
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DEFAULT_IMAGE_SIZE = 224
 TEST_FRACTION = 0.2
-FOLDER_DEFAULTS: RunDefaults = CIFAR_DEFAULTS | {
+#: the user's own folders state no reference data size (the size rule applies with
+#: ``--reference-size``)
+FOLDER_DEFAULTS: RunDefaults = CIFAR_RECIPE | {
     "model": "resnet50",
     "batch_size": 64,
     "epochs": (10, 15, 15),

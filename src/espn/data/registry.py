@@ -56,6 +56,9 @@ class RunDefaults(TypedDict, total=False):
     warmup: int
     finetune_lr: float
     finetune_schedule: str
+    #: training images per task that the recipe's epochs are stated for (the size rule's
+    #: reference, see ``RunConfig.reference_size``)
+    reference_size: int
 
 
 @dataclass(frozen=True)

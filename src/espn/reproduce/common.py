@@ -3,6 +3,7 @@ and writing a figure atomically."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,9 +16,11 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from espn.config import make_config, resolved
 from espn.methods.base import METHODS
 from espn.reproduce.table import Table
 from espn.reproduce.target import Run
+from espn.training.engine import plan_phase, reference_batches
 from espn.utils.io import atomic_target
 
 #: the paper's FC1024 recipe (RMSprop lr 1e-3, batch 256, 3 + 4 + 3 epochs, the authors'
@@ -32,6 +35,15 @@ FC_RECIPE: dict[str, Any] = {
     "warmup": 1,
     "finetune_lr": 1e-4,
     "finetune_schedule": "constant",
+}
+#: the SplitCIFAR100 regime on the CPU: the paper's recipe (``paper`` preset, each method's
+#: own recipe over it) on split Fashion-MNIST tasks of 2500 training images (the size of a
+#: SplitCIFAR100 task) and FC1024: batch 128 x 250 epochs = the paper's 5000 steps per task
+CIFAR_REGIME: dict[str, Any] = {
+    "preset": "paper",
+    "benchmark": "split-fashion-mnist",
+    "model": "fc1024",
+    "train_per_task": 2500,
 }
 #: seconds-long runs: one epoch per phase on a few dozen images
 SMOKE: dict[str, Any] = {
@@ -133,3 +145,42 @@ def figure_title(what: str, table: Table) -> str:
     """The figure title, saying when the data stand in for the paper's."""
     stand_in = any(n.startswith("data:") for n in table.notes)
     return what + (" — ours on Fashion-MNIST stand-in data" if stand_in else "")
+
+
+def planned_steps(options: dict[str, Any], task_size: int) -> list[tuple[str, int]]:
+    """(phase, optimizer steps) of one task of ``task_size`` training images of a point with
+    ``options``, the size rule included: what the engine will run (a phase the method may
+    skip, e.g. a later CPG compacting round, counted as planned), from the configuration
+    alone."""
+    cfg = make_config(**options)
+    batch = int(resolved(cfg.batch_size, "batch_size"))
+    per_epoch = math.ceil(task_size / batch)
+    per_reference = reference_batches(cfg.floor_reference(), batch)
+    strategy = METHODS.get(cfg.method)(cfg.method_config())
+    return [(p.name, plan_phase(p, per_epoch, per_reference).steps) for p in strategy.phases()]
+
+
+def run_steps(run: Run) -> list[tuple[str, int]] | None:
+    """(phase, optimizer steps) the run's first task ran (None: recorded by an older espn)."""
+    phases = run.doc.get("phases")
+    if not phases or not phases[0]:
+        return None
+    return [(str(p["phase"]), int(p["steps"])) for p in phases[0]]
+
+
+def steps_note(
+    runs: Iterable[Run], paper_steps: Callable[[str], list[tuple[str, int]] | None]
+) -> str:
+    """One line: per series, the optimizer steps per phase of its first task, ours / the
+    paper's (``paper_steps(series)``, None where the paper has no such run)."""
+    parts = []
+    for series, rs in by_series(runs).items():
+        ours = run_steps(rs[0])
+        if ours is None:
+            continue
+        theirs = dict(paper_steps(series) or [])
+        text = ", ".join(f"{name} {n}/{theirs.get(name, '-')}" for name, n in ours)
+        parts.append(f"{label(series)}: {text}")
+    return "optimizer steps per phase of a task, ours/the paper's: " + (
+        "; ".join(parts) if parts else "not recorded by these runs"
+    )

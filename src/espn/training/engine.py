@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ class TaskLog:
     epochs: int
     seconds_per_epoch: float
     final_loss: float
+    #: per phase, what ran: ``{"phase", "recipe_epochs", "epochs", "steps"}`` (a skipped
+    #: phase ran 0 epochs and 0 steps)
+    phases: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -47,7 +51,8 @@ class TaskProgress:
 
     The next epoch to run is ``epoch`` of phase ``phase`` (``epoch == 0``: the phase has not
     started); ``step`` and ``prunes_done`` are that phase's optimizer steps and prune steps so
-    far. ``optimizer`` is the optimizer's ``state_dict()["state"]``.
+    far. ``optimizer`` is the optimizer's ``state_dict()["state"]``; ``phases_run`` records
+    the phases before ``phase`` (see :attr:`TaskLog.phases`).
     """
 
     phase: int = 0
@@ -57,6 +62,46 @@ class TaskProgress:
     epochs_done: int = 0
     loss: float = float("nan")
     optimizer: dict[int, dict[str, Any]] | None = None
+    phases_run: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """How long a phase of one task runs: ``steps`` optimizer steps in ``epochs`` passes over
+    the task's training data, the last pass cut short where ``steps`` is not a whole number
+    of passes (see :func:`plan_phase`)."""
+
+    name: str
+    recipe_epochs: int
+    epochs: int
+    steps: int
+
+    def record(self, ran: bool = True) -> dict[str, Any]:
+        """The phase's entry of :attr:`TaskLog.phases` (zeros for a phase left out)."""
+        return {
+            "phase": self.name,
+            "recipe_epochs": self.recipe_epochs,
+            "epochs": self.epochs if ran else 0,
+            "steps": self.steps if ran else 0,
+        }
+
+
+def reference_batches(reference_size: int | None, batch_size: int) -> int | None:
+    """Optimizer steps of one epoch over ``reference_size`` images (None: no size rule)."""
+    return None if reference_size is None else math.ceil(reference_size / batch_size)
+
+
+def plan_phase(phase: Phase, batches_per_epoch: int, per_reference_epoch: int | None) -> PhasePlan:
+    """The size rule: a phase of E epochs runs at least E x ``per_reference_epoch`` optimizer
+    steps (E epochs of the reference data size the recipe's epochs are stated for), so a task
+    smaller than the reference is not under-trained; it then takes more passes over its data,
+    the last one cut at the step count. A task at least as large as the reference trains
+    its E epochs as given (no cap). ``per_reference_epoch`` None: epochs as given."""
+    steps = phase.epochs * batches_per_epoch
+    floor = 0 if per_reference_epoch is None else phase.epochs * per_reference_epoch
+    if floor <= steps:
+        return PhasePlan(phase.name, phase.epochs, phase.epochs, steps)
+    return PhasePlan(phase.name, phase.epochs, math.ceil(floor / batches_per_epoch), floor)
 
 
 def prune_points(n_iters: int, n_updates: int) -> list[int]:
@@ -78,11 +123,14 @@ class Engine:
         seed: int = 0,
         progress: bool = True,
         amp: bool = False,
+        reference_size: int | None = None,
     ) -> None:
         self.supernet = supernet
         self.strategy = strategy
         self.optim = optim
         self.batch_size = batch_size
+        #: the size rule's reference data size (see :func:`plan_phase`; None: epochs as given)
+        self.reference_size = reference_size
         self.generator = torch.Generator().manual_seed(seed)
         self.progress = progress
         # mixed precision: float16 + loss scaling on CUDA, bfloat16 (no scaling needed) on CPU
@@ -147,12 +195,15 @@ class Engine:
         at = resume or TaskProgress()
         phases = strategy.phases()
         per_epoch = task.num_batches("train", self.batch_size)
-        total = sum(p.epochs for p in phases) * per_epoch
+        per_reference = reference_batches(self.reference_size, self.batch_size)
+        plans = [plan_phase(p, per_epoch, per_reference) for p in phases]
+        ran = list(at.phases_run)
+        total = sum(p.steps for p in plans)
         #: optimizer steps of the task before each phase (the own parameters' task schedule)
-        before = [sum(q.epochs for q in phases[:i]) * per_epoch for i in range(len(phases))]
+        before = [sum(q.steps for q in plans[:i]) for i in range(len(plans))]
         start, loss_value, epochs_done = time.perf_counter(), torch.tensor(at.loss), at.epochs_done
         bar = tqdm(
-            initial=sum(p.epochs for p in phases[: at.phase]) * per_epoch + at.epoch * per_epoch,
+            initial=before[at.phase] + at.step if at.phase < len(plans) else total,
             total=total,
             desc=f"task {index}",
             disable=None if self.progress else True,
@@ -161,22 +212,25 @@ class Engine:
         sn.train()
         device = next(sn.parameters()).device
         for p in range(at.phase, len(phases)):
-            phase = phases[p]
+            phase, plan = phases[p], plans[p]
             if strategy.skips(phase):
+                ran.append(plan.record(ran=False))
                 continue
-            n_iters = phase.epochs * per_epoch
+            n_iters, n_epochs = plan.steps, plan.epochs
             points = prune_points(n_iters, phase.prune_updates)
             first, step, done = (at.epoch, at.step, at.prunes_done) if p == at.phase else (0, 0, 0)
             while first == 0 and done < len(points) and points[done] == 0:
                 done += 1
                 strategy.prune_step(sn, done / len(points))
-            if phase.free_only and first == 0 and phase.epochs > 0:
+            if phase.free_only and first == 0 and n_epochs > 0:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
-            for epoch in range(first, phase.epochs):
-                bar.set_description(f"task {index} {phase.name} {epoch + 1}/{phase.epochs}")
+            for epoch in range(first, n_epochs):
+                bar.set_description(f"task {index} {phase.name} {epoch + 1}/{n_epochs}")
                 finite = torch.ones((), dtype=torch.bool, device=device)
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
-                    lr = self._lr(phase, epoch, step, n_iters)
+                    if step == n_iters:  # the size rule's last pass ends at the step count
+                        break
+                    lr = self._lr(phase, epoch, n_epochs, step, n_iters)
                     own_lr = self._own_lr(optimizer.own_config, lr, before[p] + step, total)
                     loss_value = self._step(optimizer, guard, phase, x, y, lr, own_lr)
                     finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
@@ -189,29 +243,36 @@ class Engine:
                     bar.close()
                     raise TrainingStopped(
                         f"task {index} ({task.name}), {phase.name} phase, epoch "
-                        f"{epoch + 1}/{phase.epochs}: the training loss is not finite "
+                        f"{epoch + 1}/{n_epochs}: the training loss is not finite "
                         f"(last {float(loss_value):g}); training diverged, so it stopped "
                         f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
                     )
                 bar.set_postfix(loss=f"{float(loss_value):.3f}")
                 epochs_done += 1
-                if phase.free_only and epoch + 1 == phase.epochs:  # back to the whole network
+                last = epoch + 1 == n_epochs
+                if phase.free_only and last:  # back to the whole network
                     sn.set_weight_masks(
                         {n: torch.ones_like(m) for n, m in sn.weight_masks().items()}
                     )
+                if last:
+                    ran.append(plan.record())
                 if on_epoch_end is not None:
                     on_epoch_end(phase.name, epoch)
                 if on_progress is not None:
                     here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
-                    if epoch + 1 == phase.epochs:
+                    if last:
                         here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
-                    on_progress(replace(here, optimizer=optimizer.state_dict()))
+                    state = optimizer.state_dict()
+                    on_progress(replace(here, optimizer=state, phases_run=list(ran)))
+            if n_epochs == 0:
+                ran.append(plan.record())
         bar.close()
         recalibrate_batchnorm(sn, task, self.batch_size)
         sn.eval()
         strategy.commit(sn, task)
         seconds = time.perf_counter() - start
-        return TaskLog(seconds, epochs_done, seconds / max(epochs_done, 1), float(loss_value))
+        per = seconds / max(epochs_done, 1)
+        return TaskLog(seconds, epochs_done, per, float(loss_value), ran)
 
     def adopt_task(self, task: Task, tensors: dict[str, torch.Tensor]) -> TaskLog:
         """Commit pretrained ``tensors`` as ``task`` without training (``init_weights``): its
@@ -221,13 +282,14 @@ class Engine:
         self.supernet.eval()
         return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
 
-    def _lr(self, phase: Phase, epoch: int, step: int, n_iters: int) -> float:
-        """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)."""
+    def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
+        """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)
+        that runs ``n_epochs`` passes of ``n_iters`` steps in all (see :func:`plan_phase`)."""
         base = (self.optim.lr if phase.lr is None else phase.lr) * phase.lr_scale
         if phase.schedule == "cosine":
             return base * cosine_factor(step, n_iters)
         if phase.schedule == "ramp":
-            return base * (epoch + 1) / phase.epochs
+            return base * (epoch + 1) / n_epochs
         if phase.schedule == "step":
             return base * step_factor(step, n_iters)
         return base
