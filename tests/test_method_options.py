@@ -113,12 +113,12 @@ def test_the_interrupted_run_message_repeats_method_flags(toy, tmp_path):
 
     def stop(cfg: Any, **kw: Any) -> dict:
         seen.append(cfg.method)
-        (cfg.out / "checkpoint").mkdir(parents=True)
-        (cfg.out / "checkpoint" / "manifest.json").write_text('{"tasks": [{}]}')
         raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("espn.experiment.run_experiment", stop)
+        # a checkpoint holding one finished task (its manifest read as valid)
+        mp.setattr("espn.checkpoint.format.manifest_or_none", lambda d: {"tasks": [{}]})
         result = runner.invoke(main.app, run_args(tmp_path, "--method", "toy", "--toy-level", "5"))
     assert seen == ["toy"]
     text = " ".join(result.output.split())

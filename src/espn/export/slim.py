@@ -14,6 +14,7 @@ FLOPs that ``FlopCounterMode`` measures on the result equal the supernet's analy
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 import torch_pruning as tp
@@ -181,6 +182,29 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
     _use_task(supernet, task)
     gm = _trace(supernet.model)
     modules = dict(supernet.model.named_modules())
+
+    def plain(m: nn.Module) -> nn.Module | None:
+        if isinstance(m, MaskedLinear | MaskedConv2d | TaskHead | TaskBatchNorm2d):
+            return _plain_layer(m)
+        return None
+
+    def gate_affine(m: UnitGate) -> tuple[Tensor, Tensor | None]:
+        return m.weight * m.unit_mask, m.bias * m.unit_mask if m.affine else None  # scale only
+
+    swap_and_fold(gm, modules, plain, gate_affine)
+    return finish(gm, "plain")
+
+
+def swap_and_fold(
+    gm: fx.GraphModule,
+    modules: dict[str, nn.Module],
+    swap: Callable[[nn.Module], nn.Module | None],
+    gate_affine: Callable[[UnitGate], tuple[Tensor, Tensor | None]],
+) -> None:
+    """Replace each espn module of ``gm`` by the plain one ``swap`` makes of it (``modules``:
+    the supernet's, by name), and fold every gate (scale and shift from ``gate_affine``) and
+    task bias into the linear or conv layer before it; an espn module ``swap`` has no
+    equivalent for is refused."""
     folded: list[fx.Node] = []
     calls: dict[str, int] = {}
     for node in gm.graph.nodes:
@@ -192,8 +216,8 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
         m = modules.get(node.target)
         if isinstance(m, UnitGate | TaskBias):
             folded.append(node)
-        elif isinstance(m, MaskedLinear | MaskedConv2d | TaskHead | TaskBatchNorm2d):
-            _set_submodule(gm, node.target, _plain_layer(m))
+        elif m is not None and (plain := swap(m)) is not None:
+            _set_submodule(gm, node.target, plain)
         elif isinstance(m, MaskedLayer | TaskSpecific):
             raise ExportError(
                 f"module {node.target!r} ({type(m).__name__}) has no plain torch equivalent"
@@ -218,12 +242,15 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
             )
         with torch.no_grad():
             if isinstance(m, UnitGate):
-                shift = m.bias * m.unit_mask if m.affine else None  # a scale-only gate
-                _fold_affine(target, m.weight * m.unit_mask, shift)
-            else:
+                _fold_affine(target, *gate_affine(m))
+            elif isinstance(m, TaskBias):
                 _fold_affine(target, None, m.bias)
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
+
+
+def finish(gm: fx.GraphModule, kind: str) -> fx.GraphModule:
+    """Recompile ``gm`` without its unused modules, refusing any espn module left in it."""
     gm.graph.lint()
     gm.recompile()
     gm.delete_all_unused_submodules()
@@ -233,7 +260,7 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
         if n and type(m).__module__.split(".")[0] == "espn"
     ]
     if leftovers:
-        raise ExportError(f"espn modules left in the plain copy: {', '.join(leftovers)}")
+        raise ExportError(f"espn modules left in the {kind} copy: {', '.join(leftovers)}")
     return gm.eval()
 
 

@@ -18,13 +18,17 @@ import copy
 import torch
 from torch import Tensor, fx, nn
 
-from espn.export.slim import ExportError, _fold_affine, _module_target, _param, _set_submodule
+from espn.export.slim import (
+    ExportError,
+    _param,
+    finish,
+    swap_and_fold,
+)
 from espn.supernet.layers import (
     MaskedConv2d,
     MaskedLayer,
     MaskedLinear,
     TaskBatchNorm2d,
-    TaskBias,
     TaskHead,
     TaskSpecific,
     UnitGate,
@@ -162,49 +166,10 @@ def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:
         ) from exc
     gm = fx.GraphModule(copy.deepcopy(model), graph, class_name=type(model).__name__)
     modules = dict(model.named_modules())
-    folded: list[fx.Node] = []
-    for node in gm.graph.nodes:
-        if node.op != "call_module":
-            continue
-        m = modules.get(node.target)
-        if isinstance(m, UnitGate | TaskBias):
-            folded.append(node)
-        elif isinstance(m, Sliceable):
-            _set_submodule(gm, node.target, _slim_layer(m, units))
-        elif isinstance(m, MaskedLayer | TaskSpecific):
-            raise ExportError(
-                f"module {node.target!r} ({type(m).__name__}) has no plain torch equivalent"
-            )
-    for node in folded:
-        m = modules[_module_target(node)]
-        prev = node.args[0] if node.args else None
-        target = (
-            gm.get_submodule(_module_target(prev))
-            if isinstance(prev, fx.Node) and prev.op == "call_module"
-            else None
-        )
-        if not isinstance(prev, fx.Node) or not isinstance(target, nn.Linear | nn.Conv2d):
-            raise ExportError(
-                f"{type(m).__name__} {node.target!r} must directly follow a linear or conv "
-                "layer to be folded into it"
-            )
-        if len(prev.users) != 1:
-            raise ExportError(f"{node.target!r}: the layer before it has other consumers")
-        if isinstance(m, UnitGate):
-            _fold_affine(target, *_gate_affine(m, units))
-        else:
-            _fold_affine(target, None, m.bias)
-        node.replace_all_uses_with(prev)
-        gm.graph.erase_node(node)
+
+    def slim(m: nn.Module) -> nn.Module | None:
+        return _slim_layer(m, units) if isinstance(m, Sliceable) else None
+
+    swap_and_fold(gm, modules, slim, lambda m: _gate_affine(m, units))
     _slim_tokens(gm, model, units)
-    gm.graph.lint()
-    gm.recompile()
-    gm.delete_all_unused_submodules()
-    leftovers = [
-        f"{n} ({type(m).__name__})"
-        for n, m in gm.named_modules()
-        if n and type(m).__module__.split(".")[0] == "espn"
-    ]
-    if leftovers:
-        raise ExportError(f"espn modules left in the slim copy: {', '.join(leftovers)}")
-    return gm.eval()
+    return finish(gm, "slim")
