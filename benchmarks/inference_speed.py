@@ -42,6 +42,7 @@ import json
 import platform
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,26 +166,40 @@ def measure(
                 "narrow": fresh_like(fold_batchnorm(slim_copy(supernet, t, check[0][:2]))),
                 "slim": slim,
             }
-            for batch in batches:
-                x = torch.randn(batch, *spec.input_shape, generator=gen).to(device)
-                supernet(x, task=t)  # load the task's masks outside the timed region
-                times = interleaved_medians(models, x, args.repeats, args.block)
-                rows.append(
-                    {
-                        "model": name,
-                        "device": device,
-                        "gamma": gamma,
-                        "flops_ratio": report.flops / report.dense_flops,
-                        "widths": report.widths,
-                        "batch": batch,
-                        "ms": {k: 1e3 * v for k, v in times.items()},
-                        "speedup_vs_supernet": times["supernet"] / times["slim"],
-                        "speedup_vs_plain": times["plain"] / times["slim"],
-                        "narrow_vs_slim": times["narrow"] / times["slim"],
-                        "target": 0.7 / gamma,
-                    }
-                )
-                print(format_row(rows[-1]), flush=True)
+            base = {"model": name, "device": device, "gamma": gamma, "target": 0.7 / gamma}
+            rows += time_task(supernet, t, models, base, report, batches, gen, args, format_row)
+    return rows
+
+
+def time_task(
+    supernet: Supernet,
+    task: int,
+    models: dict[str, Any],
+    base: dict[str, Any],
+    report: Any,
+    batches: list[int],
+    gen: torch.Generator,
+    args: argparse.Namespace,
+    fmt: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
+    """Time ``models`` (which include ``slim``) on random batches of each size, printing one
+    row per batch: ``base``, the task's FLOPs ratio and widths, medians in ms, and every other
+    model's time over the slim model's (``speedup_vs_<name>``)."""
+    rows = []
+    device = next(supernet.parameters()).device
+    for batch in batches:
+        x = torch.randn(batch, *supernet.input_shape, generator=gen).to(device)
+        supernet(x, task=task)  # load the task's masks outside the timed region
+        times = interleaved_medians(models, x, args.repeats, args.block)
+        row = base | {
+            "flops_ratio": report.flops / report.dense_flops,
+            "widths": report.widths,
+            "batch": batch,
+            "ms": {k: 1e3 * v for k, v in times.items()},
+        }
+        row |= {f"speedup_vs_{k}": times[k] / times["slim"] for k in models if k != "slim"}
+        rows.append(row)
+        print(fmt(row), flush=True)
     return rows
 
 
@@ -211,24 +226,10 @@ def measure_tokens(
                 "dense": dense,
                 "slim": slim,
             }
-            for batch in batches:
-                x = torch.randn(batch, *spec.input_shape, generator=gen).to(device)
-                supernet(x, task=t)  # load the task's masks outside the timed region
-                times = interleaved_medians(models, x, args.repeats, args.block)
-                rows.append(
-                    {
-                        "model": name,
-                        "device": device,
-                        "gamma": gamma,
-                        "flops_ratio": report.flops / report.dense_flops,
-                        "widths": report.widths,
-                        "batch": batch,
-                        "ms": {k: 1e3 * v for k, v in times.items()},
-                        "speedup_vs_dense": times["dense"] / times["slim"],
-                        "speedup_vs_supernet": times["supernet"] / times["slim"],
-                    }
-                )
-                print(format_token_row(rows[-1]), flush=True)
+            base = {"model": name, "device": device, "gamma": gamma}
+            rows += time_task(
+                supernet, t, models, base, report, batches, gen, args, format_token_row
+            )
     return rows
 
 

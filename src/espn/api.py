@@ -498,14 +498,15 @@ def _known(name: str) -> None:
     the caller's code rebuilds it."""
     from espn.models.reference import is_reference, resolve
 
-    if name in MODELS:
-        return
-    if is_reference(name):
+    def resolves() -> bool:
         try:
             resolve(name)
-            return
-        except ModelReferenceError:
-            pass
+        except ModelReferenceError:  # not trusted here: only the caller's code rebuilds it
+            return False
+        return True
+
+    if name in MODELS or (is_reference(name) and resolves()):
+        return
 
     def factory(spec: ModelSpec) -> nn.Module:
         raise CheckpointError(
