@@ -243,16 +243,32 @@ def test_bad_out_directories_are_refused_before_training(tmp_path):
     assert file.read_text() == "x"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into read-only directories")
-def test_read_only_out_is_refused_before_training(tmp_path):
+def test_read_only_out_is_refused_before_training(tmp_path, monkeypatch):
     locked = tmp_path / "ro"
     locked.mkdir()
-    locked.chmod(0o555)
-    try:
-        line = one_line_error(invoke(run_args(locked / "r")))
-    finally:
-        locked.chmod(0o755)
-    assert "cannot create --out" in line or "cannot write into" in line
+    if os.geteuid() != 0:  # the real refusal; root writes anywhere, so it is simulated below
+        locked.chmod(0o555)
+        try:
+            line = one_line_error(invoke(run_args(locked / "r")))
+        finally:
+            locked.chmod(0o755)
+        assert "cannot create --out" in line or "cannot write into" in line
+    import espn.checkpoint.lock as lock
+
+    real_mkdir, real_access = Path.mkdir, os.access
+
+    def mkdir(self, *args, **kwargs):
+        if self.parent == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    line = one_line_error(invoke(run_args(locked / "new")))
+    assert line.endswith(f"cannot create --out {locked / 'new'}: Permission denied")
+    monkeypatch.setattr(lock.os, "access", lambda p, m: Path(p) != locked and real_access(p, m))
+    line = one_line_error(invoke(run_args(locked)))
+    assert line.endswith(f"cannot write into --out {locked}: permission denied")
+    assert not list(locked.iterdir())
 
 
 def test_a_second_run_on_one_directory_is_refused_at_once(tmp_path):
