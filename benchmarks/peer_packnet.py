@@ -306,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{cfg.benchmark}, {len(seq)} tasks x {len(seq.tasks[0].train)} training images, "
         f"espn: packnet defaults ({cfg.optimizer} lr {cfg.lr:g}, batch {recipe.batch_size}, "
-        f"alpha {recipe.keep:g}, masked L2 {cfg.method_options['masked_l2']:g}, epochs {','.join(map(str, cfg.epochs or ()))}, size rule "
+        f"alpha {recipe.keep:g}, masked L2 {cfg.method_options['masked_l2']:g}, "
+        f"epochs {','.join(map(str, cfg.epochs or ()))}, size rule "
         f"{'on, reference ' + str(cfg.floor_reference()) if cfg.floor_reference() else 'off'}); "
         f"avalanche: {recipe.epochs} epochs ({recipe.post_prune} after the prune), keep "
         f"{recipe.keep:g}; seed {args.seed}, {args.device}, {torch.get_num_threads()} threads"

@@ -253,8 +253,6 @@ def test_read_only_out_is_refused_before_training(tmp_path, monkeypatch):
         finally:
             locked.chmod(0o755)
         assert "cannot create --out" in line or "cannot write into" in line
-    import espn.checkpoint.lock as lock
-
     real_mkdir, real_access = Path.mkdir, os.access
 
     def mkdir(self, *args, **kwargs):
@@ -265,7 +263,7 @@ def test_read_only_out_is_refused_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "mkdir", mkdir)
     line = one_line_error(invoke(run_args(locked / "new")))
     assert line.endswith(f"cannot create --out {locked / 'new'}: Permission denied")
-    monkeypatch.setattr(lock.os, "access", lambda p, m: Path(p) != locked and real_access(p, m))
+    monkeypatch.setattr(os, "access", lambda p, m: Path(p) != locked and real_access(p, m))
     line = one_line_error(invoke(run_args(locked)))
     assert line.endswith(f"cannot write into --out {locked}: permission denied")
     assert not list(locked.iterdir())

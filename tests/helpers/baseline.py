@@ -92,15 +92,14 @@ def scripted_cpg(
     model = FCNet(64, [32, 24], 3, multi_head=True)
     sn, strategy, engine = make_engine(model, seq, "cpg", epochs=(1, 1, 0), **options)
     scripted = iter(accuracies)
-    real_measured, real_snapshot = CPG_MEASURED, CPG_SNAPSHOT
     snapshots: list[dict[str, torch.Tensor]] = []
 
     def measured(self):
-        real_measured(self)
+        CPG_MEASURED(self)
         return next(scripted)
 
     def take_snapshot(self, supernet):
-        real_snapshot(self, supernet)
+        CPG_SNAPSHOT(self, supernet)
         snapshots.append({k: v.clone() for k, v in self.snapshot.items()})
 
     monkeypatch.setattr(CPG, "_measured", measured)

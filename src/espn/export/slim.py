@@ -63,31 +63,14 @@ def _use_task(supernet: Supernet, task: int) -> None:
     supernet.use_task(task)
 
 
-def _trace(model: nn.Module, tracer: fx.Tracer | None = None) -> fx.GraphModule:
+def _graph(model: nn.Module, tracer: fx.Tracer | None = None) -> fx.Graph:
     """The eval-mode graph of ``model`` by ``tracer`` (default: masked and task-specific
     modules as leaves); a module that branches on ``self.training``, as stochastic depth and
-    dropout do, is traced as it runs in inference."""
+    dropout do, is traced as it runs in inference. Untraceable: one-line :class:`ExportError`."""
     was_training = model.training
     model.eval()
     try:
-        graph = (tracer or _EspnLeafTracer()).trace(model)
-    except Exception as exc:  # fx raises many kinds of errors on untraceable code
-        raise ExportError(
-            f"{type(model).__name__} cannot be traced by torch.fx "
-            f"(data-dependent control flow?): {exc}"
-        ) from exc
-    finally:
-        model.train(was_training)
-    return fx.GraphModule(copy.deepcopy(model), graph, class_name=type(model).__name__)
-
-
-def check_traceable(model: nn.Module) -> None:
-    """Raise :class:`ExportError` (one line) if :func:`plain_copy` could not trace ``model``:
-    checked before training, so that no run trains a model it cannot export."""
-    was_training = model.training
-    model.eval()
-    try:
-        _EspnLeafTracer().trace(model)
+        return (tracer or _EspnLeafTracer()).trace(model)
     except Exception as exc:  # fx raises many kinds of errors on untraceable code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(
@@ -96,6 +79,18 @@ def check_traceable(model: nn.Module) -> None:
         ) from None
     finally:
         model.train(was_training)
+
+
+def _trace(model: nn.Module, tracer: fx.Tracer | None = None) -> fx.GraphModule:
+    """A copy of ``model`` as the graph module of :func:`_graph`."""
+    graph = _graph(model, tracer)
+    return fx.GraphModule(copy.deepcopy(model), graph, class_name=type(model).__name__)
+
+
+def check_traceable(model: nn.Module) -> None:
+    """Raise :class:`ExportError` (one line) if :func:`plain_copy` could not trace ``model``:
+    checked before training, so that no run trains a model it cannot export."""
+    _graph(model)
 
 
 def _set_submodule(root: nn.Module, target: str, module: nn.Module) -> None:
