@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
+import espn
 from espn.config import make_config
 from espn.evaluation import task_logits
 from espn.experiment import build_benchmark, build_supernet
 from espn.methods import METHODS
 from espn.training import Engine, OptimConfig
+from espn.training.optim import FrozenGuard
 
 OPTIMIZERS = [
     OptimConfig("sgd", lr=0.05, momentum=0.9, weight_decay=1e-2),
@@ -75,3 +78,29 @@ def test_every_frozen_entry_survives_weight_decay(fake_mnist, tiny_run_args):
     for n, (mask, values) in frozen.items():
         assert mask.any()
         assert torch.equal(sn.layers[n].weight[mask], values[mask])
+
+
+def test_guard_restores_exact_bits_whatever_the_step_wrote():
+    """A diverging step writes NaN, inf and -0.0: every frozen weight gets its bits back and
+    its gradient becomes +0.0; free weights and their gradients keep what was written."""
+    sn = espn.wrap(nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)), torch.zeros(2, 6))
+    gen = torch.Generator().manual_seed(0)
+    for layer in sn.layers.values():
+        layer.frozen.copy_(torch.rand(layer.frozen.shape, generator=gen) < 0.5)
+        layer.weight.data.view(-1)[:2] = torch.tensor([-0.0, float("inf")])
+    start = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
+    guard = FrozenGuard(sn)
+    odd = torch.tensor([float("nan"), float("-inf"), -0.0, 1e-40, 3.0])
+    for layer in sn.layers.values():
+        picks = torch.randint(0, len(odd), layer.weight.shape, generator=gen)
+        layer.weight.grad = odd[picks]
+        layer.weight.data.copy_(odd[picks.flip(-1)])
+    written = {n: (m.weight.detach().clone(), m.weight.grad.clone()) for n, m in sn.layers.items()}
+    guard.mask_gradients()
+    guard.restore()
+    for n, layer in sn.layers.items():
+        frozen, (weight, grad) = layer.frozen, written[n]
+        expected_weight = torch.where(frozen, start[n], weight).view(torch.int32)
+        expected_grad = torch.where(frozen, 0.0, grad).view(torch.int32)
+        assert torch.equal(layer.weight.detach().view(torch.int32), expected_weight)
+        assert torch.equal(layer.weight.grad.view(torch.int32), expected_grad)

@@ -37,7 +37,8 @@ class _Binarise(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, scores: Tensor, threshold: float) -> Tensor:
-        return (scores > threshold).to(scores.dtype)
+        # compared into a float tensor: a bool result converted costs several times more
+        return torch.gt(scores, threshold, out=torch.empty_like(scores))
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -178,6 +179,7 @@ class CPG(Strategy):
         self.kept = 0  # rounds in the snapshot (the state compacting returns to)
         self.goal: float | None = None
         self.measuring = False
+        self._frozen: dict[str, Tensor] = {}  # a picking layer's frozen weights as 1.0, else 0.0
         self.correct: int | Tensor = 0
         self.seen = 0
         self.snapshot: dict[str, Tensor] = {}
@@ -243,6 +245,7 @@ class CPG(Strategy):
             n: nn.Parameter(state[f"scores.{n}"].detach().clone()) for n in state["score_layers"]
         }
         self.snapshot = {k: state[f"snapshot.{k}"].clone() for k in state["snapshot_keys"]}
+        self._frozen = {}
 
     def extra_parameters(self) -> list[nn.Parameter]:
         return list(self.scores.values())
@@ -255,7 +258,11 @@ class CPG(Strategy):
         for n, s in self.scores.items():
             layer = supernet.layers[n]
             pick = picking_mask(s.detach() if self.stage == "compact" else s)
-            masks[f"{n}.weight_mask"] = torch.where(layer.frozen, pick, layer.weight_mask)
+            if n not in self._frozen:
+                self._frozen[n] = layer.frozen.to(pick.dtype)
+            # frozen weights take the picking mask, free ones the task's: a blend by exact
+            # 0/1 weights, several times faster on the CPU than a boolean where
+            masks[f"{n}.weight_mask"] = torch.lerp(layer.weight_mask, pick, self._frozen[n])
         return functional_call(supernet.model, masks, (x,))
 
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:

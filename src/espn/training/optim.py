@@ -130,22 +130,40 @@ class FrozenGuard:
     """Makes sure no optimizer moves a frozen weight, whatever its momentum or weight decay.
 
     Gradients of frozen weights are zeroed before the step (so optimizer state never
-    accumulates for them), and after the step the frozen entries are copied back from a
-    snapshot taken when the task began (weight decay and momentum act even on zero gradients).
+    accumulates for them), and after the step the frozen entries are put back to their values
+    when the task began (weight decay and momentum act even on zero gradients). Both work on
+    the weights' bits through an integer view: an AND with ``keep`` (all ones on a free
+    weight, zero on a frozen one), then for the weights an OR with the snapshot's frozen bits.
+    That is exact for every value, NaN and inf included, and runs as vectorised integer
+    passes, several times faster on the CPU than a boolean ``where`` or ``masked_fill``.
     """
 
     def __init__(self, supernet: Supernet) -> None:
         self.layers = [layer for layer in supernet.layers.values() if bool(layer.frozen.any())]
-        self.snapshot = [layer.weight.detach().clone() for layer in self.layers]
+        self.keep, self.snapshot = [], []
+        for layer in self.layers:
+            weight = _bits(layer.weight.detach())
+            keep = torch.where(layer.frozen, 0, -1).to(weight.dtype)
+            self.keep.append(keep)
+            self.snapshot.append(weight & ~keep)
 
     def mask_gradients(self) -> None:
         """Zero the gradient of every frozen weight."""
-        for layer in self.layers:
+        for layer, keep in zip(self.layers, self.keep, strict=True):
             if layer.weight.grad is not None:
-                layer.weight.grad.masked_fill_(layer.frozen, 0.0)
+                _bits(layer.weight.grad).bitwise_and_(keep)
 
     @torch.no_grad()
     def restore(self) -> None:
         """Put every frozen weight back to its snapshot, whatever the optimizer did."""
-        for layer, saved in zip(self.layers, self.snapshot, strict=True):
-            layer.weight.copy_(torch.where(layer.frozen, saved, layer.weight))
+        for layer, keep, saved in zip(self.layers, self.keep, self.snapshot, strict=True):
+            _bits(layer.weight).bitwise_and_(keep).bitwise_or_(saved)
+
+
+#: the integer type of each floating-point size, to view a tensor's bits
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(tensor: Tensor) -> Tensor:
+    """``tensor``'s memory as integers of its element size (a view: writes go through)."""
+    return tensor.view(_BITS[tensor.element_size()])
