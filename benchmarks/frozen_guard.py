@@ -14,10 +14,10 @@ the milliseconds per step of each and their ratio.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
+from torch.utils import benchmark
 
 from espn.models.registry import ModelSpec, build_supernet
 from espn.supernet import Supernet
@@ -64,25 +64,18 @@ def espn_guard(sn: Supernet) -> Callable[[], None]:
     return step
 
 
-def timed(step: Callable[[], None], repeats: int, device: torch.device) -> float:
-    """Median milliseconds of ``step``."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    step()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[len(times) // 2]
+def median_ms(step: Callable[[], None], seconds: float) -> float:
+    """Median milliseconds of ``step`` over about ``seconds`` (torch's benchmark Timer, which
+    synchronises CUDA)."""
+    timer = benchmark.Timer("step()", globals={"step": step}, num_threads=torch.get_num_threads())
+    return 1e3 * timer.blocked_autorange(min_run_time=seconds).median
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="fc1024,resnet18-reduced")
     parser.add_argument("--frozen", type=float, default=0.5, help="share of weights frozen")
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=1.0, help="timing per guard")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
@@ -109,8 +102,8 @@ def main() -> None:
             ):
                 raise SystemExit(f"{model}: FrozenGuard differs from the boolean guard")
 
-        bool_ms = timed(reference, args.repeats, device)
-        espn_ms = timed(guarded, args.repeats, device)
+        bool_ms = median_ms(reference, args.seconds)
+        espn_ms = median_ms(guarded, args.seconds)
         weights = espn_side.total_weights
         print(
             f"{model:>18} {weights:>10} {bool_ms:>11.2f} {espn_ms:>8.2f} {bool_ms / espn_ms:>8.1f}x"
