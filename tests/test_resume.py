@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -10,11 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
+import espn.training.engine as engine_module
 from espn.checkpoint.run import RunCheckpoint
 from espn.cli.main import app
 from espn.config import make_config
@@ -106,6 +109,27 @@ def test_killed_at_a_step_and_resumed_equals_uninterrupted(tmp_path, monkeypatch
         )
 
 
+def test_resumed_task_reports_its_time_before_the_kill(tmp_path, monkeypatch):
+    """A task's ``seconds`` in results.json is its whole training time, resumes included."""
+    out = tmp_path / "run"
+    cfg = make_config(**run_options(out))
+    clock = itertools.count(start=0.0, step=100.0)  # every reading 100 s after the last
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 30)  # task 2, fine-tuning: three epochs of it checkpointed
+        mp.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    manifest = json.loads((out / "checkpoint" / "manifest.json").read_text())
+    before = manifest["training"]["position"]["seconds"]
+    assert manifest["training"]["task"] == 1 and before > 0
+    with monkeypatch.context() as mp:  # a frozen clock: the resumed part takes no time
+        mp.setattr(engine_module, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+        run_experiment(cfg, progress=False, resume=True)
+    results = json.loads((out / "results.json").read_text())
+    assert results["seconds"][1] == before
+    assert results["seconds"][2] == 0.0
+
+
 @pytest.mark.parametrize("method", METHODS.names())
 def test_every_method_resumes_exactly(tmp_path, monkeypatch, references, method):
     """Methods with state of their own must save it (Strategy.state_dict) to resume exactly."""
@@ -192,6 +216,7 @@ import sys
 sys.path[:0] = [{tests!r}]
 from helpers.mnist import synthetic_mnist
 import espn.data.mnist as mnist_module
+import espn.training.engine as engine_module
 data = synthetic_mnist()
 mnist_module.load_mnist_like = lambda *a, **k: data
 from helpers.deploy import fc_test

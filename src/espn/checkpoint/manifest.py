@@ -113,6 +113,8 @@ class Position(_Model):
     loss: int | float
     #: the phases before ``phase``: what each ran (older checkpoints: absent)
     phases_run: list[dict[str, Any]] = []
+    #: the task's training time before the save (older checkpoints: absent, read as 0)
+    seconds: int | float = 0.0
 
 
 class Training(_Model):

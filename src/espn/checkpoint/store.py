@@ -231,6 +231,7 @@ class CheckpointWriter:
                     "epochs_done": progress.epochs_done,
                     "loss": progress.loss,
                     "phases_run": progress.phases_run,
+                    "seconds": progress.seconds,
                 },
                 "optimizer": progress.optimizer is not None,
                 "optimizer_scalars": optim_scalars,

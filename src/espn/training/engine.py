@@ -52,7 +52,8 @@ class TaskProgress:
     The next epoch to run is ``epoch`` of phase ``phase`` (``epoch == 0``: the phase has not
     started); ``step`` and ``prunes_done`` are that phase's optimizer steps and prune steps so
     far. ``optimizer`` is the optimizer's ``state_dict()["state"]``; ``phases_run`` records
-    the phases before ``phase`` (see :attr:`TaskLog.phases`).
+    the phases before ``phase`` (see :attr:`TaskLog.phases`); ``seconds`` is the task's
+    training time so far, so that a resumed task reports its whole time.
     """
 
     phase: int = 0
@@ -63,6 +64,7 @@ class TaskProgress:
     loss: float = float("nan")
     optimizer: dict[int, dict[str, Any]] | None = None
     phases_run: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,8 @@ class Engine:
         total = sum(p.steps for p in plans)
         #: optimizer steps of the task before each phase (the own parameters' task schedule)
         before = [sum(q.steps for q in plans[:i]) for i in range(len(plans))]
-        start, loss_value, epochs_done = time.perf_counter(), torch.tensor(at.loss), at.epochs_done
+        start = time.perf_counter() - at.seconds  # a resumed task counts its time before
+        loss_value, epochs_done = torch.tensor(at.loss), at.epochs_done
         bar = tqdm(
             initial=before[at.phase] + at.step if at.phase < len(plans) else total,
             total=total,
@@ -263,7 +266,10 @@ class Engine:
                     if last:
                         here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
                     state = optimizer.state_dict()
-                    on_progress(replace(here, optimizer=state, phases_run=list(ran)))
+                    seconds = time.perf_counter() - start
+                    on_progress(
+                        replace(here, optimizer=state, phases_run=list(ran), seconds=seconds)
+                    )
             if n_epochs == 0:
                 ran.append(plan.record())
         bar.close()
