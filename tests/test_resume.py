@@ -216,7 +216,6 @@ import sys
 sys.path[:0] = [{tests!r}]
 from helpers.mnist import synthetic_mnist
 import espn.data.mnist as mnist_module
-import espn.training.engine as engine_module
 data = synthetic_mnist()
 mnist_module.load_mnist_like = lambda *a, **k: data
 from helpers.deploy import fc_test
