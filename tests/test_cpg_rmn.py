@@ -35,14 +35,16 @@ def test_runs_from_the_cli_and_evaluate_info_export_work(
 ):
     out = tmp_path / method
     argv = ["run", "--benchmark", "permuted-mnist", "--method", method, "--out", str(out)]
-    # espn's weight allocation: without it, the first task keeps every weight this short
+    # espn's weight allocation: without it, the first task keeps every weight this short;
+    # two epochs a phase: frozen weights only select (binary map), the free ones need steps
     budget = ["--rmn-budget", "0.5"] if method == "rmn" else []
     # CPG's own recipe (SGD 1e-2, weights released as zeros) learns too little in 3 x 4 steps
     # and its reference stop rule keeps every weight in the first task when training accuracy
     # stays below 95% (later tasks then only pick): the former rule compacts here
     cpg = ["--optimizer", "adam", "--lr", "0.01", "--cpg-stop", "goal"]
     budget += cpg if method == "cpg" else []
-    result = runner.invoke(app, [*argv, *TINY, *budget, "--no-progress"])
+    tiny = [*TINY[:-3], "2,2,2", *TINY[-2:]] if method == "rmn" else TINY
+    result = runner.invoke(app, [*argv, *tiny, *budget, "--no-progress"])
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "results.json").read_text())
     assert [len(row) for row in doc["accuracy_matrix"]] == [1, 2, 3]
@@ -198,7 +200,9 @@ def test_cpg_undoes_the_round_that_misses_the_goal_and_skips_the_rest(monkeypatc
 # ------------------------------------------------------------------------------- RMN
 def test_rmn_relevance_maps_are_binarised_within_the_budget_and_binary_at_inference():
     seq = tiny_sequence(n_tasks=2)
-    sn, strategy, engine = make_engine(small_net(), seq, "rmn", rmn_budget=0.3, rmn_l1=1e-3)
+    sn, strategy, engine = make_engine(
+        small_net(), seq, "rmn", rmn_budget=0.3, rmn_l1=1e-3, rmn_frozen_map="soft"
+    )
     engine.train_task(seq.tasks[0], 0)
     sn.begin_task(3)
     strategy.begin_task(sn)
@@ -229,6 +233,45 @@ def test_rmn_relevance_maps_are_binarised_within_the_budget_and_binary_at_infere
         for r in strategy.relevance.values():
             r.mul_(3.0)
     assert torch.equal(strategy.forward(sn, x), before)  # relevance no longer enters
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.3])
+def test_rmn_binarised_network_is_the_one_trained(budget):
+    """Frozen weights enter training through the binary map they keep (straight-through), so
+    binarising changes nothing where every free weight is kept; the soft map of espn before
+    trains a network that binarising then replaces."""
+    seq = tiny_sequence(n_tasks=2)
+    outputs = {}
+    for frozen_map in ("binary", "soft"):
+        sn, strategy, engine = make_engine(
+            small_net(), seq, "rmn", rmn_budget=0.3, rmn_frozen_map=frozen_map
+        )
+        engine.train_task(seq.tasks[0], 0)  # within a budget, so that free weights remain
+        strategy.budget = budget
+        sn.begin_task(3)
+        strategy.begin_task(sn)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for n, r in strategy.relevance.items():
+                frozen = sn.layers[n].frozen
+                assert frozen.any() and (~frozen).any()
+                r.copy_(torch.where(frozen, torch.rand(r.shape, generator=gen) * 3 - 1, 1.5))
+        x, y = next(seq.tasks[1].batches("train", 16))
+        trained = strategy.forward(sn, x)
+        F.cross_entropy(trained, y).backward()
+        frozen_grads = [r.grad[sn.layers[n].frozen] for n, r in strategy.relevance.items()]
+        assert all(g.abs().sum() > 0 for g in frozen_grads)  # the frozen map still learns
+        if budget:
+            strategy.layer_budgets = {n: int((~m.frozen).sum()) for n, m in sn.layers.items()}
+        strategy.prune_step(sn, 1.0)
+        deployed = strategy.forward(sn, x)
+        for n, layer in sn.layers.items():
+            r, frozen = strategy.relevance[n].detach(), layer.frozen
+            if frozen_map == "binary":  # a negative relevance drops the weight
+                assert torch.equal(layer.weight_mask.bool() & frozen, frozen & (r > 0.5))
+        outputs[frozen_map] = (trained.detach(), deployed)
+    torch.testing.assert_close(*outputs["binary"])
+    assert (outputs["soft"][0] - outputs["soft"][1]).abs().max() > 1e-2
 
 
 def test_rmn_trains_relevance_with_the_l1_penalty_before_binarising():

@@ -264,6 +264,7 @@ def test_declarations_that_clash_are_refused():
         "rmn_l1": ["rmn"],
         "rmn_threshold": ["rmn"],
         "rmn_budget": ["rmn"],
+        "rmn_frozen_map": ["rmn"],
         "supsup_k": ["supsup"],
         "supsup_lr": ["supsup"],
         "supsup_head": ["supsup"],

@@ -20,17 +20,24 @@ class RMN(Strategy):
     """Each task learns a relevance map over all weights, L1-regularised, then binarised.
 
     Phases of a task: ``train`` (PRE + PRUNE epochs: the free weights and a real-valued
-    relevance per weight, starting at 1, multiply into the layer's weights, with the penalty
+    relevance per weight, starting at 1, enters the layer's weights, with the penalty
     ``rmn_l1`` x sum |relevance| added to the loss), ``binarise`` (the map becomes binary:
-    as in the paper, which has no weight budget, a weight, free or frozen, stays in the task
-    where its |relevance| exceeds ``rmn_threshold`` (0.5: halfway from the initial 1 to 0, so
-    the L1 term decides what is dropped); ``rmn_budget`` B > 0 is espn's weight allocation
-    instead: per layer the ``floor(B x free)`` free weights of largest |relevance| and the
-    frozen weights whose |relevance| is at least as large as the smallest of those; the kept
-    free weights absorb their relevance, ``w <- w x r``), ``finetune`` (FINE epochs with the
-    run's fine-tune recipe: kept free weights under the binary map); the run's warm-up comes
-    first. Frozen weights are never changed, only selected. Gates/BatchNorm affine
-    parameters are not trained, heads are. No FLOP constraint, no ``alpha``.
+    as in the paper, which has no weight budget, a free weight stays in the task where its
+    |relevance| exceeds ``rmn_threshold`` (0.5: halfway from the initial 1 to 0, so the L1
+    term decides what is dropped) and absorbs it, ``w <- w x r``; ``rmn_budget`` B > 0 is
+    espn's weight allocation instead: per layer the ``floor(B x free)`` free weights of
+    largest |relevance|), ``finetune`` (FINE epochs with the run's fine-tune recipe: kept
+    free weights under the binary map); the run's warm-up comes first.
+
+    Frozen weights are never changed, only selected, so a real-valued relevance cannot stay
+    with them. With ``rmn_frozen_map`` "binary" (the default) they enter training through
+    the binary map they keep: a frozen weight is in the task while its relevance exceeds
+    the threshold, and the relevance learns through a straight-through gradient, so the
+    binarised network is the one trained. "soft" (espn before) scales them by the
+    real-valued relevance in training and keeps those whose |relevance| exceeds the
+    threshold (under a budget: is at least the smallest kept free one) at their unscaled
+    value, a network that was never trained. Gates/BatchNorm affine parameters are not
+    trained, heads are. No FLOP constraint, no ``alpha``.
     """
 
     name = "rmn"
@@ -59,6 +66,15 @@ class RMN(Strategy):
             low=0.0,
             high=1.0,
         ),
+        Option(
+            "rmn_frozen_map",
+            str,
+            "binary",
+            "how frozen weights enter training: through the binary map they keep, with a "
+            "straight-through gradient (binary), or scaled by the real-valued relevance (soft, "
+            "espn before)",
+            choices=("binary", "soft"),
+        ),
     )
 
     @classmethod
@@ -76,6 +92,8 @@ class RMN(Strategy):
         super().__init__(cfg)
         self.l1: float = self.settings["rmn_l1"]
         self.budget: float = self.settings["rmn_budget"]
+        self.threshold: float = self.settings["rmn_threshold"]
+        self.binary_frozen: bool = self.settings["rmn_frozen_map"] == "binary"
         self.relevance: dict[str, nn.Parameter] = {}
         self.binarised = False
 
@@ -123,10 +141,20 @@ class RMN(Strategy):
         if self.binarised:
             return supernet(x)
         masks = {
-            f"{n}.weight_mask": r * supernet.layers[n].weight_mask
-            for n, r in self.relevance.items()
+            f"{n}.weight_mask": self.training_map(n, layer) * layer.weight_mask
+            for n, layer in supernet.layers.items()
         }
         return functional_call(supernet.model, masks, (x,))
+
+    def training_map(self, name: str, layer: nn.Module) -> Tensor:
+        """The relevance map of one layer in training: real-valued on free weights; on frozen
+        ones the binary map they will keep (``relevance > threshold``), exactly, with the
+        relevance's gradient passed straight through, unless ``rmn_frozen_map`` is soft."""
+        relevance = self.relevance[name]
+        if not self.binary_frozen:
+            return relevance
+        kept = (relevance > self.threshold).to(relevance.dtype)
+        return torch.where(layer.frozen, kept + (relevance - relevance.detach()), relevance)
 
     def penalty(self, supernet: Supernet) -> Tensor | None:
         if self.binarised or self.l1 == 0.0:
@@ -137,7 +165,7 @@ class RMN(Strategy):
     @torch.no_grad()
     def prune_step(self, supernet: Supernet, progress: float) -> None:
         """Binarise the relevance maps: |relevance| above the threshold, or the largest
-        within the weight budget."""
+        within the weight budget; frozen weights as they entered training."""
         masks = {}
         for n, layer in supernet.layers.items():
             relevance = self.relevance[n].detach()
@@ -147,7 +175,9 @@ class RMN(Strategy):
                     relevance, candidates, layer.frozen, self.layer_budgets[n], "magnitude"
                 )
             else:
-                keep = relevance.abs() > self.settings["rmn_threshold"]
+                keep = relevance.abs() > self.threshold
+            if self.binary_frozen:
+                keep = torch.where(layer.frozen, relevance > self.threshold, keep)
             layer.weight.copy_(
                 torch.where(keep & ~layer.frozen, layer.weight * relevance, layer.weight)
             )
