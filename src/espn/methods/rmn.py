@@ -12,6 +12,7 @@ from torch.func import functional_call
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
 from espn.options import Option
 from espn.pruning.weights import select_weights
+from espn.supernet.layers import MaskedLayer
 from espn.supernet.supernet import Supernet
 
 
@@ -146,7 +147,7 @@ class RMN(Strategy):
         }
         return functional_call(supernet.model, masks, (x,))
 
-    def training_map(self, name: str, layer: nn.Module) -> Tensor:
+    def training_map(self, name: str, layer: MaskedLayer) -> Tensor:
         """The relevance map of one layer in training: real-valued on free weights; on frozen
         ones the binary map they will keep (``relevance > threshold``), exactly, with the
         relevance's gradient passed straight through, unless ``rmn_frozen_map`` is soft."""
