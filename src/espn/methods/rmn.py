@@ -154,8 +154,13 @@ class RMN(Strategy):
         relevance = self.relevance[name]
         if not self.binary_frozen:
             return relevance
-        kept = (relevance > self.threshold).to(relevance.dtype)
+        kept = self.frozen_kept(relevance).to(relevance.dtype)
         return torch.where(layer.frozen, kept + (relevance - relevance.detach()), relevance)
+
+    def frozen_kept(self, relevance: Tensor) -> Tensor:
+        """Under the binary frozen map, which frozen weights are in the task: one rule for
+        training and binarising, so that the two agree."""
+        return relevance > self.threshold
 
     def penalty(self, supernet: Supernet) -> Tensor | None:
         if self.binarised or self.l1 == 0.0:
@@ -178,7 +183,7 @@ class RMN(Strategy):
             else:
                 keep = relevance.abs() > self.threshold
             if self.binary_frozen:
-                keep = torch.where(layer.frozen, relevance > self.threshold, keep)
+                keep = torch.where(layer.frozen, self.frozen_kept(relevance), keep)
             layer.weight.copy_(
                 torch.where(keep & ~layer.frozen, layer.weight * relevance, layer.weight)
             )
