@@ -54,7 +54,6 @@ from espn.export.export import export_task, load_exported
 from espn.export.slim import fold_batchnorm, plain_copy, slim_copy
 from espn.models.registry import MODELS, ModelSpec
 from espn.pruning.selection import select_units
-from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
 
 SPECS = {
@@ -98,16 +97,14 @@ def random_task(supernet: Supernet, n_classes: int, gamma: float, seed: int) -> 
     supernet.begin_task(n_classes)
     saliency = {g: torch.rand(n, generator=gen) for g, n in supernet.group_sizes.items()}
     units = select_units(
-        saliency,
-        supernet.unit_masks(),
-        lambda alive: count_flops(supernet.costs, alive),
-        gamma * supernet.dense_flops,
+        saliency, supernet.unit_masks(), supernet.flops, gamma * supernet.dense_flops
     )
     with torch.no_grad():
         for mods in supernet.groups.values():
             for m in mods:
-                m.weight.uniform_(0.5, 1.5, generator=gen)
-                m.bias.uniform_(-0.1, 0.1, generator=gen)
+                # drawn on the CPU: the same sub-network on every device
+                m.weight.copy_(torch.empty(m.weight.shape).uniform_(0.5, 1.5, generator=gen))
+                m.bias.copy_(torch.empty(m.bias.shape).uniform_(-0.1, 0.1, generator=gen))
     supernet.set_unit_masks(units)
     supernet.eval()
     supernet.commit_task()

@@ -232,6 +232,31 @@ def test_tolerance_is_absolute_for_small_outputs_and_relative_for_large_ones(tmp
     assert large.max_abs_diff <= large.tolerance
 
 
+def test_output_check_runs_in_full_float32_and_restores_the_settings(tmp_path, monkeypatch):
+    """On a GPU, cuDNN convolutions default to TF32, whose rounding alone exceeds the
+    tolerance: the supernet and the slim model are compared in IEEE float32, and the user's
+    TF32 settings are as they were afterwards, also when the check fails."""
+    sn, seq, _ = train_tiny("conv", n_tasks=1)
+    backends = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)
+    monkeypatch.setattr(backends[0], "fp32_precision", "tf32")
+    monkeypatch.setattr(backends[1], "fp32_precision", "tf32")
+    seen = []
+    forward = type(sn).forward
+
+    def spying(self, x, task):
+        seen.append([b.fp32_precision for b in backends])
+        return forward(self, x, task=task)
+
+    monkeypatch.setattr(type(sn), "forward", spying)
+    x = seq.tasks[0].test.x
+    export_task(sn, 0, [x], tmp_path / "m.pt2", also_onnx=False)
+    assert seen and all(s == ["ieee", "ieee"] for s in seen)
+    assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
+    with pytest.raises(ExportError, match="differs from the supernet"):
+        export_task(sn, 0, [x + torch.inf], tmp_path / "bad.pt2", also_onnx=False)
+    assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
+
+
 @pytest.mark.skipif(not onnx_available(), reason="onnx/onnxscript not installed")
 def test_export_to_onnx(tmp_path):
     import onnx

@@ -25,7 +25,7 @@ def select_units(
     groups = list(saliency)
     scores = []
     for g in groups:
-        s = saliency[g].detach().float().clone()
+        s = saliency[g].detach().float().to(alive[g].device, copy=True)
         s[~alive[g]] = -torch.inf
         keep = torch.topk(s, min(min_units, s.numel())).indices
         s[keep] = torch.inf

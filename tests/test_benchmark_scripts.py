@@ -1,0 +1,53 @@
+"""The scripts in benchmarks/ run against the library as it is now (their smallest settings).
+
+Nothing here is timed: each script checks what it measures (the exported model against the
+supernet, FrozenGuard against the boolean guard, task 0's logits after task 1) and fails
+loudly when that breaks; these tests only require that they finish and report it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def run_script(name: str, *args: str) -> str:
+    """Run ``benchmarks/name`` on the CPU; its standard output (it must exit 0)."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_inference_speed_prunes_to_the_target_and_exports() -> None:
+    out = run_script(
+        "inference_speed.py",
+        *("--devices", "cpu", "--models", "fc1024", "--gammas", "0.5", "--batches", "1"),
+        *("--token-models", "vit-p4", "--token-batches", "1", "--repeats", "1", "--block", "0.01"),
+    )
+    rows = [row for row in map(str.split, out.splitlines()) if row[1:2] == ["cpu"]]
+    assert [r[0] for r in rows] == ["fc1024", "vit-p4"]
+    for row in rows:
+        assert float(row[3]) <= 0.5  # the random sub-network's FLOPs ratio meets gamma
+
+
+def test_frozen_guard_matches_the_boolean_guard() -> None:
+    out = run_script("frozen_guard.py", "--models", "fc1024", "--seconds", "0.05")
+    assert any(line.split()[:1] == ["fc1024"] for line in out.splitlines())
+
+
+def test_cifar_epoch_time_trains_a_task() -> None:
+    out = run_script("cifar_epoch_time.py", "--train", "64", "--test", "32", "--batch-size", "32")
+    assert "per epoch of 64 images" in out
+
+
+def test_torchvision_table_keeps_task_0() -> None:
+    out = run_script("torchvision_table.py", "--models", "resnet18", "--per-task", "8")
+    assert "task 0 bit-identical after task 1: True" in out

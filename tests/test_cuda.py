@@ -1,0 +1,78 @@
+"""Every method, and the conv and attention supernets, on a GPU: ``pytest -m cuda``.
+
+Deselected by default (CI has no GPU). Each case learns three small tasks on the device and
+checks that task 0's logits stay bit-identical, that FLOPs stay within the budget and, for the
+methods with a slim export, that the exported model matches the supernet (the export checks
+itself in full float32). ``ESPN_TEST_DEVICE=cpu pytest -m cuda`` runs the same cases on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import espn
+
+DEVICE = os.environ.get("ESPN_TEST_DEVICE", "cuda")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        DEVICE.startswith("cuda") and not torch.cuda.is_available(), reason="no CUDA device"
+    ),
+]
+CASES = [(m, "mlp") for m in ("espn", "packnet", "individual", "supsup", "cpg", "rmn")]
+CASES += [("espn", "resnet18-reduced"), ("packnet", "resnet18-reduced"), ("espn", "vit-p4")]
+EXPORTED = ("espn", "packnet", "individual")
+
+
+def task(seed: int, shape: tuple[int, ...], n: int = 200) -> tuple[tuple, tuple]:
+    """4 classes, noisy copies of random prototypes; ``n`` training and 100 test inputs."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(4, *shape, generator=g)
+    y = torch.randint(4, (n + 100,), generator=g)
+    x = prototypes[y] + 1.5 * torch.randn(n + 100, *shape, generator=g)
+    return (x[:n], y[:n]), (x[n:], y[n:])
+
+
+def supernet(model: str) -> tuple[espn.Supernet, tuple[int, ...]]:
+    torch.manual_seed(0)
+    if model == "mlp":
+        mlp = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+        return espn.wrap(mlp, torch.zeros(2, 1, 8, 8)), (1, 8, 8)
+    return espn.wrap(model, torch.zeros(2, 3, 32, 32), n_classes=4), (3, 32, 32)
+
+
+@pytest.mark.parametrize(("method", "model"), CASES)
+def test_method_on_the_device(method: str, model: str, tmp_path) -> None:
+    sn, shape = supernet(model)
+    gamma = 0.5 if method in ("espn", "individual") else 1.0
+    settings = {"gamma": gamma} if gamma < 1 else {}
+    learner = espn.ContinualLearner(
+        sn, method, device=DEVICE, batch_size=50, epochs=(1, 1, 1), **settings
+    )
+    tasks = [task(seed, shape) for seed in range(3)]
+    probe = tasks[0][1][0][:50].to(DEVICE)
+    learner.learn(*tasks[0])
+    sn.eval()
+    with torch.no_grad():
+        first = sn(probe, task=0).clone()
+    for train, test in tasks[1:]:
+        learner.learn(train, test=test)
+        sn.eval()
+        with torch.no_grad():
+            assert torch.equal(sn(probe, task=0), first)
+    assert all(r["flops_ratio"] <= gamma + 1e-9 for r in learner.report())
+    assert next(sn.parameters()).device.type == torch.device(DEVICE).type
+    if method in EXPORTED:
+        report = learner.export(0, tmp_path / "task0.pt2")
+        assert report.max_abs_diff <= report.tolerance
+
+
+def test_mtl_on_the_device() -> None:
+    sn, shape = supernet("mlp")
+    learner = espn.ContinualLearner(sn, "mtl", device=DEVICE, batch_size=50, epochs=(1, 1, 1))
+    learner.learn_all([task(seed, shape) for seed in range(3)])
+    assert len(learner.accuracy_matrix[-1]) == 3
