@@ -53,7 +53,7 @@ def ieee_float32() -> Iterator[None]:
     On Ampere and newer GPUs cuDNN convolutions default to TF32 (a 10-bit mantissa), whose
     rounding alone exceeds :data:`TOLERANCE`: the check of an export compares the models, not
     the arithmetic they happen to run in."""
-    settings = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)
+    settings = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)  # type: ignore[attr-defined]
     saved = [s.fp32_precision for s in settings]
     try:
         for s in settings:
