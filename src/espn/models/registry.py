@@ -41,9 +41,9 @@ def build_supernet(
     device: str | torch.device = "cpu",
 ) -> Supernet:
     """The registered model ``name`` built for ``spec`` on ``device`` and wrapped as a supernet
-    traced on ``example`` (moved to ``device``). Torch's RNG is seeded with ``seed`` first (None: left as it is, as
-    ``espn.wrap`` does), so a run and the reload of its checkpoint start from the same
-    initial weights."""
+    traced on ``example`` (moved to ``device``). Torch's RNG is seeded with ``seed`` first
+    (None: left as it is, as ``espn.wrap`` does), so a run and the reload of its checkpoint
+    start from the same initial weights."""
     if seed is not None:
         torch.manual_seed(seed)
     model = MODELS.get(name)(spec).to(device)
