@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import espn
+from helpers.images import fake_raw
 
 DEVICE = os.environ.get("ESPN_TEST_DEVICE", "cuda")
 pytestmark = [
@@ -28,13 +29,12 @@ CASES += [("espn", "resnet18-reduced"), ("packnet", "resnet18-reduced"), ("espn"
 EXPORTED = ("espn", "packnet", "individual")
 
 
-def task(seed: int, shape: tuple[int, ...], n: int = 200) -> tuple[tuple, tuple]:
-    """4 classes, noisy copies of random prototypes; ``n`` training and 100 test inputs."""
-    g = torch.Generator().manual_seed(seed)
-    prototypes = torch.randn(4, *shape, generator=g)
-    y = torch.randint(4, (n + 100,), generator=g)
-    x = prototypes[y] + 1.5 * torch.randn(n + 100, *shape, generator=g)
-    return (x[:n], y[:n]), (x[n:], y[n:])
+def task(seed: int, shape: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """4 classes of noisy prototypes (the image tests' fake data), 200 training and 100 test
+    inputs scaled to [0, 1]."""
+    raw = fake_raw(4, 50, 25, shape, seed)
+    train, test = ((x.float() / 255, y) for x, y in (raw["train"], raw["test"]))
+    return train, test
 
 
 def supernet(model: str) -> tuple[espn.Supernet, tuple[int, ...]]:

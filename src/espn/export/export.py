@@ -207,12 +207,15 @@ def export_task(
             f"task {task}: slim model has {flops} FLOPs, results.json reports {expected_flops}"
         )
     diff, scale = output_error(slim, supernet, task, inputs)
-    _check_error(task, diff, scale, "the slim model", "; try --keep-bn" if folded_bn else "")
+    hint = "; try --keep-bn" if folded_bn else ""
+    allowed = _check_error(task, diff, scale, "the slim model", hint)
     out.parent.mkdir(parents=True, exist_ok=True)
     files = []
     if out.suffix == ".pt2":
         loaded = _write_pt2(slim, example, out)
-        diff = float(torch.tensor([diff, output_error(loaded, supernet, task, inputs)[0]]).max())
+        saved_diff = output_error(loaded, supernet, task, inputs)[0]
+        _check_error(task, saved_diff, scale, "the saved model")
+        diff = max(diff, saved_diff)  # both checked: finite
         if measured_flops(loaded, example) != flops:
             raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
         files.append(str(out))
@@ -224,7 +227,6 @@ def export_task(
     else:
         _write_onnx(slim, example, out)
         files.append(str(out))
-    allowed = _check_error(task, diff, scale, "the saved model")
     report = ExportReport(
         task=task,
         files=files,
