@@ -1,8 +1,9 @@
 """The scripts in benchmarks/ run against the library as it is now (their smallest settings).
 
 Nothing here is timed: each script checks what it measures (the exported model against the
-supernet, FrozenGuard against the boolean guard, task 0's logits after task 1) and fails
-loudly when that breaks; these tests only require that they finish and report it.
+supernet, FrozenGuard against the boolean guard, espn's fused optimizers against torch's
+default ones, task 0's logits after task 1) and fails loudly when that breaks; these tests
+only require that they finish and report it.
 """
 
 from __future__ import annotations
@@ -51,3 +52,9 @@ def test_cifar_epoch_time_trains_a_task() -> None:
 def test_torchvision_table_keeps_task_0() -> None:
     out = run_script("torchvision_table.py", "--models", "resnet18", "--per-task", "8")
     assert "task 0 bit-identical after task 1: True" in out
+
+
+def test_optimizer_step_agrees_with_torch() -> None:
+    out = run_script("optimizer_step.py", "--models", "fc1024", "--seconds", "0.05")
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
+    assert [r[1] for r in rows] == ["sgd", "nesterov", "adam", "rmsprop"]

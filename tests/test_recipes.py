@@ -17,7 +17,7 @@ from espn.methods.base import Strategy
 from espn.models.fc import FCNet
 from espn.supernet.layers import TaskHead
 from espn.training import Engine
-from espn.training.optim import TaskOptimizer, step_factor
+from espn.training.optim import OptimConfig, TaskOptimizer, build_optimizer, step_factor
 from helpers.baseline import make_engine, tiny_sequence
 
 
@@ -123,6 +123,17 @@ def test_rmn_relevances_train_with_the_weights_optimizer(fake_mnist, tiny_run_ar
     assert optimizer.own is None and optimizer.weights is not None
     params = {id(p) for p in optimizer.weights.param_groups[0]["params"]}
     assert {id(p) for p in strategy.extra_parameters()} <= params
+
+
+@pytest.mark.parametrize("name", ["sgd", "nesterov", "adam"])
+def test_sgd_and_adam_use_the_fused_kernels_on_the_cpu(name):
+    params = [torch.zeros(3, 2, requires_grad=True), torch.zeros(3, requires_grad=True)]
+    optimizer = build_optimizer(OptimConfig(name, 1e-2, momentum=0.9), params)
+    assert optimizer.defaults["fused"] is True
+    rmsprop = build_optimizer(OptimConfig("rmsprop"), params)  # torch has no fused RMSprop
+    assert "fused" not in rmsprop.defaults
+    meta = [torch.zeros(3, 2, device="meta", requires_grad=True)]  # no fused kernel there
+    assert build_optimizer(OptimConfig(name, 1e-2, momentum=0.9), meta).defaults["fused"] is None
 
 
 @pytest.mark.parametrize("method", ["espn", "packnet", "individual", "rmn"])
