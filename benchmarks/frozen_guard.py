@@ -71,17 +71,23 @@ def median_ms(step: Callable[[], None], seconds: float) -> float:
     return 1e3 * timer.blocked_autorange(min_run_time=seconds).median
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_timing_args(parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, torch.device]:
+    """``parser``'s arguments with the options the timing scripts here share (models, seconds
+    per timing, device, CPU threads, which it sets), and the device."""
     parser.add_argument("--models", default="fc1024,resnet18-reduced")
-    parser.add_argument("--frozen", type=float, default=0.5, help="share of weights frozen")
-    parser.add_argument("--seconds", type=float, default=1.0, help="timing per guard")
+    parser.add_argument("--seconds", type=float, default=1.0, help="seconds per timing")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    return args, torch.device(args.device)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frozen", type=float, default=0.5, help="share of weights frozen")
+    args, device = parse_timing_args(parser)
     print(f"{args.frozen:.0%} of the weights frozen, {device}, {torch.get_num_threads()} threads")
     print(f"{'model':>18} {'weights':>10} {'boolean ms':>11} {'espn ms':>8} {'speed-up':>9}")
     for model in args.models.split(","):

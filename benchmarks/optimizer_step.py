@@ -19,13 +19,12 @@ import argparse
 from collections.abc import Callable
 
 import torch
+from frozen_guard import SHAPES, median_ms, parse_timing_args  # beside this script
 from torch import Tensor
-from torch.utils import benchmark
 
 from espn.models.registry import ModelSpec, build_supernet
 from espn.training.optim import OptimConfig, build_optimizer
 
-SHAPES = {"fc1024": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
 #: each optimizer with the settings a method of espn gives it
 CONFIGS = {
     "sgd": OptimConfig("sgd", lr=1e-2, momentum=0.9),
@@ -81,25 +80,11 @@ def agree(cfg: OptimConfig, params: list[Tensor], steps: int = 5) -> tuple[bool,
     return identical, worst / scale
 
 
-def median_ms(step: Callable[[], None], seconds: float) -> float:
-    """Median milliseconds of ``step`` over about ``seconds`` (torch's benchmark Timer, which
-    synchronises CUDA)."""
-    timer = benchmark.Timer("step()", globals={"step": step}, num_threads=torch.get_num_threads())
-    return 1e3 * timer.blocked_autorange(min_run_time=seconds).median
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="fc1024,resnet18-reduced")
     parser.add_argument("--optimizers", default=",".join(CONFIGS))
     parser.add_argument("--batch", type=int, default=32, help="batch of the forward/backward")
-    parser.add_argument("--seconds", type=float, default=1.0, help="timing per measurement")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    args, device = parse_timing_args(parser)
     print(f"{device}, {torch.get_num_threads()} threads, forward+backward at batch {args.batch}")
     header = f"{'model':>18} {'optimizer':>9} {'torch ms':>9} {'espn ms':>8} {'speed-up':>9}"
     print(f"{header} {'fwd+bwd ms':>11} {'bit-identical':>14} {'max rel diff':>13}")
