@@ -127,13 +127,13 @@ def test_rmn_relevances_train_with_the_weights_optimizer(fake_mnist, tiny_run_ar
 
 @pytest.mark.parametrize("name", ["sgd", "nesterov", "adam"])
 def test_sgd_and_adam_use_the_fused_kernels_on_the_cpu(name):
+    cfg = OptimConfig(name, 1e-2, momentum=0.9)
     params = [torch.zeros(3, 2, requires_grad=True), torch.zeros(3, requires_grad=True)]
-    optimizer = build_optimizer(OptimConfig(name, 1e-2, momentum=0.9), params)
-    assert optimizer.defaults["fused"] is True
+    assert build_optimizer(cfg, params).defaults["fused"] is True
     rmsprop = build_optimizer(OptimConfig("rmsprop"), params)  # torch has no fused RMSprop
     assert "fused" not in rmsprop.defaults
     meta = [torch.zeros(3, 2, device="meta", requires_grad=True)]  # no fused kernel there
-    assert build_optimizer(OptimConfig(name, 1e-2, momentum=0.9), meta).defaults["fused"] is None
+    assert build_optimizer(cfg, meta).defaults["fused"] is None
 
 
 @pytest.mark.parametrize("method", ["espn", "packnet", "individual", "rmn"])

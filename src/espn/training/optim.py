@@ -71,7 +71,7 @@ def _fused(params: Sequence[Tensor]) -> bool | None:
     """``True`` when every parameter is a floating-point tensor on the CPU or CUDA, where
     torch has fused SGD and Adam; ``None`` (torch's own choice) otherwise."""
     ok = all(p.is_floating_point() and p.device.type in _FUSED_DEVICES for p in params)
-    return True if params and ok else None
+    return True if ok else None
 
 
 class TaskOptimizer:
