@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from espn.cli.main import app
 from espn.methods import METHODS
-from espn.methods.cpg import PICK_THRESHOLD, SPARSITIES
+from espn.methods.cpg import CPG, PICK_THRESHOLD, SPARSITIES
 from espn.models.fc import FCNet
 from espn.training import OptimConfig
 from helpers.baseline import make_engine, scripted_cpg, tiny_sequence
@@ -176,6 +176,26 @@ def test_cpg_compacting_releases_weights_for_later_tasks():
         r - math.floor(SPARSITIES[-1] * r) for r in (free[n] - kept[n] for n in sn.layers)
     )
     assert sn.free_weights == released - sn.masks[1].new_weights
+
+
+def test_cpg_masks_held_while_compacting_are_always_the_current_ones(monkeypatch):
+    """Compacting holds the blended masks between prune steps (picking is fixed then): each
+    step's masks equal those blended afresh from the task's current masks and picking."""
+    seq = tiny_sequence(n_tasks=2, n=160)  # 10 steps an epoch: several between prune steps
+    *_, engine = make_engine(small_net(), seq, "cpg", cpg_acc_loss=100.0, cpg_stop="goal")
+    engine.train_task(seq.tasks[0], 0)
+    held, forward = [], CPG.forward
+
+    def checked(self: CPG, supernet, x):
+        if self._blended:
+            fresh = self._blend(supernet)
+            assert all(torch.equal(self._blended[k], m) for k, m in fresh.items())
+            held.append(self.stage)
+        return forward(self, supernet, x)
+
+    monkeypatch.setattr(CPG, "forward", checked)
+    engine.train_task(seq.tasks[1], 1)
+    assert held and set(held) == {"compact"}
 
 
 def test_cpg_undoes_the_round_that_misses_the_goal_and_skips_the_rest(monkeypatch):

@@ -180,6 +180,8 @@ class CPG(Strategy):
         self.goal: float | None = None
         self.measuring = False
         self._frozen: dict[str, Tensor] = {}  # a picking layer's frozen weights as 1.0, else 0.0
+        #: the blended masks while compacting (picking fixed), dropped at every prune step
+        self._blended: dict[str, Tensor] = {}
         self.correct: int | Tensor = 0
         self.seen = 0
         self.snapshot: dict[str, Tensor] = {}
@@ -245,7 +247,7 @@ class CPG(Strategy):
             n: nn.Parameter(state[f"scores.{n}"].detach().clone()) for n in state["score_layers"]
         }
         self.snapshot = {k: state[f"snapshot.{k}"].clone() for k in state["snapshot_keys"]}
-        self._frozen = {}
+        self._frozen, self._blended = {}, {}
 
     def extra_parameters(self) -> list[nn.Parameter]:
         return list(self.scores.values())
@@ -254,6 +256,14 @@ class CPG(Strategy):
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         if not self.scores:
             return supernet(x)
+        masks = self._blended or self._blend(supernet)
+        if self.stage == "compact":  # picking fixed: the masks hold until the next prune step
+            self._blended = masks
+        return functional_call(supernet.model, masks, (x,))
+
+    def _blend(self, supernet: Supernet) -> dict[str, Tensor]:
+        """Each picking layer's mask: the picking mask on frozen weights, the task's own on
+        free ones (through the picking mask's straight-through estimator, unless compacting)."""
         masks = {}
         for n, s in self.scores.items():
             layer = supernet.layers[n]
@@ -263,7 +273,7 @@ class CPG(Strategy):
             # frozen weights take the picking mask, free ones the task's: a blend by exact
             # 0/1 weights, several times faster on the CPU than a boolean where
             masks[f"{n}.weight_mask"] = torch.lerp(layer.weight_mask, pick, self._frozen[n])
-        return functional_call(supernet.model, masks, (x,))
+        return masks
 
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:
         if self.measuring:
@@ -310,6 +320,7 @@ class CPG(Strategy):
         schedule to the round's sparsity) and the second half measures the accuracy: the goal
         (``train``), or whether the round is kept or undone (compacting rounds)."""
         pre, prune, _ = self.cfg.epochs
+        self._blended = {}  # the task's masks may change here
         if self.stage not in ("train", "compact"):
             return
         n = self._updates(pre if self.stage == "train" else prune)
