@@ -37,20 +37,19 @@ def run(tmp_path: Path, *extra: str) -> dict:
 
 @needs_data
 def test_short_espn_run_on_real_images(tmp_path):
-    # 40 steps per task: the size rule off (with it: 2350, docs/recipes.md)
+    # 80 steps per task: the size rule off (with it: 2350, docs/recipes.md); at 40 (1000
+    # images) seed 0's first task reached 58.4% on an AVX-512 CPU, at 80 it reaches 76%
     doc = run(
         tmp_path,
         "--tasks",
         "2",
         "--train-per-task",
-        "1000",
+        "2000",
         "--test-per-task",
         "500",
         "--no-step-floor",
     )
-    # chance is 10%; 40 steps leave a task between 58% and 73% (seeds 0-3, on an AVX-512
-    # CPU: seed 0's first task 58.4%, above 60% on others), so the margin is wide
-    assert all(a > 50 for a in doc["final_accuracy"])
+    assert all(a > 60 for a in doc["final_accuracy"])  # chance is 10%
     assert doc["final_accuracy"][0] == doc["accuracy_matrix"][0][0]
     assert max(doc["flops_ratio"]) <= 0.2
 
