@@ -1,0 +1,109 @@
+"""Callbacks: what the learner tells the world while it learns (loggers, the progress bar, the
+run directory), as Lightning's and Avalanche's users know them.
+
+A callback overrides the hooks it needs; every hook gets the learner and an event. Events are
+plain records. A step's loss stays a device tensor: reading it (``float(event.loss)``) waits
+for the device, so a callback that needs it every step costs a synchronisation every step;
+loggers read it only every few steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """After one optimizer step: ``step`` counts the task's steps so far (from 1)."""
+
+    task: int
+    phase: str
+    step: int
+    loss: Tensor
+    lr: float
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """After one pass over a task's training data (``epoch`` from 0 of ``n_epochs`` in
+    ``phase``), with the task's optimizer steps and training seconds so far."""
+
+    task: int
+    phase: str
+    epoch: int
+    n_epochs: int
+    step: int
+    loss: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TaskEnd:
+    """After a task is committed: its accuracy row (tasks ``0..task``; None: not evaluated)
+    and its record (``flops_ratio``, ``used_weights``, ``new_weights``, ``seconds``, ...)."""
+
+    task: int
+    name: str
+    row: list[float] | None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+class Callback:
+    """Hooks called by the learner; each does nothing unless overridden."""
+
+    def on_run_start(self, learner: Any) -> None:
+        """Before the first task a learner learns in this process."""
+
+    def on_task_start(self, learner: Any, task: int, name: str) -> None:
+        """Before task ``task`` is trained (also when it resumes mid-way)."""
+
+    def on_step_end(self, learner: Any, event: StepEnd) -> None:
+        """After every optimizer step."""
+
+    def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
+        """After every pass over the task's training data."""
+
+    def on_task_end(self, learner: Any, event: TaskEnd) -> None:
+        """After a task is committed and evaluated."""
+
+    def on_run_end(self, learner: Any) -> None:
+        """When the learner is done (``close()``, or the end of ``espn run``)."""
+
+
+class CallbackList(Callback):
+    """Several callbacks called in order, as one."""
+
+    def __init__(self, callbacks: Iterable[Callback] = ()) -> None:
+        self.callbacks = list(callbacks)
+
+    def append(self, callback: Callback) -> None:
+        """Call ``callback`` after those already here."""
+        self.callbacks.append(callback)
+
+    def on_run_start(self, learner: Any) -> None:
+        for c in self.callbacks:
+            c.on_run_start(learner)
+
+    def on_task_start(self, learner: Any, task: int, name: str) -> None:
+        for c in self.callbacks:
+            c.on_task_start(learner, task, name)
+
+    def on_step_end(self, learner: Any, event: StepEnd) -> None:
+        for c in self.callbacks:
+            c.on_step_end(learner, event)
+
+    def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
+        for c in self.callbacks:
+            c.on_epoch_end(learner, event)
+
+    def on_task_end(self, learner: Any, event: TaskEnd) -> None:
+        for c in self.callbacks:
+            c.on_task_end(learner, event)
+
+    def on_run_end(self, learner: Any) -> None:
+        for c in self.callbacks:
+            c.on_run_end(learner)
