@@ -57,7 +57,7 @@ def test_run_writes_results_and_plot(fake_mnist, tmp_path, method):
     # tasks numbered from 0 everywhere: the run's per-task lines, show (as info, export --task)
     assert "task 0 (1/3 done)" in result.output and "task 2 (3/3 done)" in result.output
     rows = [line.split("│")[1].strip() for line in shown.output.splitlines() if "│" in line]
-    assert rows == ["0", "1", "2"]
+    assert rows == ["0", "1", "2"] * 2  # the per-task table, then the accuracy matrix's rows
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,30 @@ def run_dir_option(text: str) -> Path:
     return Path(text)
 
 
+RUN_HELP = "Run directory (the --out of `espn run`), holding checkpoint/ and results.json."
+#: the run directory of ``show``, ``info``, ``evaluate`` and ``export``: positional (``espn info
+#: DIR``) for every command that reads a run ...
+RUN_ARGUMENT = typer.Argument(
+    None, parser=run_dir_option, metavar="RUN_DIR", help=RUN_HELP, show_default=False
+)
+#: ... and ``--run DIR``, the same, kept for scripts written for the option
+RUN_ALIAS = typer.Option(None, "--run", parser=run_dir_option, help="Same as RUN_DIR (an alias).")
+
+
+def run_directory(positional: Path | None, alias: Path | None) -> Path:
+    """The run directory a command was given, as ``DIR`` or as ``--run DIR`` (one of them,
+    or both naming the same directory); anything else is refused before any work."""
+    if positional is None and alias is None:
+        raise UserError("missing the run directory: give it as RUN_DIR (the --out of `espn run`)")
+    if positional is not None and alias is not None and positional != alias:
+        raise UserError(
+            f"two run directories given, {str(positional)!r} and --run {str(alias)!r}; give one"
+        )
+    path = positional if positional is not None else alias
+    assert path is not None
+    return path
+
+
 #: the options of how a sweep's points run, shared by ``espn sweep`` and ``espn reproduce``
 #: (:class:`espn.sweep.SweepOptions`)
 WORKERS_OPTION = typer.Option(

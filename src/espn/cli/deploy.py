@@ -9,11 +9,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli.common import command_group, console, fail, user_errors
+from espn.cli.common import (
+    RUN_ALIAS,
+    RUN_ARGUMENT,
+    command_group,
+    console,
+    fail,
+    run_directory,
+    user_errors,
+)
 
 app = command_group()
 
-RUN_HELP = "Run directory (the --out of `espn run`), holding checkpoint/ and results.json."
 TRUST_OPTION = typer.Option(
     False,
     help="Import the Python module the run's model reference names (runs its code); without "
@@ -35,7 +42,8 @@ def _mib(n: float) -> str:
 @app.command()
 @user_errors
 def evaluate(
-    run: Path = typer.Option(..., help=RUN_HELP),
+    run_dir: Path | None = RUN_ARGUMENT,
+    run_alias: Path | None = RUN_ALIAS,
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
     batch_size: int = typer.Option(1024, min=1, max=2**31 - 1, help="Evaluation batch size."),
     trust_model_code: bool = TRUST_OPTION,
@@ -50,6 +58,7 @@ def evaluate(
     from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.experiment import build_benchmark
 
+    run = run_directory(run_dir, run_alias)
     loaded = load_run(run, device, trust_code=trust_model_code)
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = build_benchmark(loaded.config)
@@ -81,7 +90,8 @@ def evaluate(
 @app.command("export")
 @user_errors
 def export_command(
-    run: Path = typer.Option(..., help=RUN_HELP),
+    run_dir: Path | None = RUN_ARGUMENT,
+    run_alias: Path | None = RUN_ALIAS,
     task: int = typer.Option(..., help="Task index, 0-based as in results.json."),
     out: Path = typer.Option(..., help="Output file: NAME.pt2 (torch.export) or NAME.onnx."),
     onnx: bool | None = typer.Option(
@@ -109,6 +119,7 @@ def export_command(
     from espn.experiment import build_benchmark
     from espn.export.export import check_target, export_task
 
+    run = run_directory(run_dir, run_alias)
     check_target(out)
     loaded = load_run(run, device, trust_code=trust_model_code)
     loaded.check_task(task)
@@ -151,7 +162,9 @@ def load_hint(out: Path, files: list[str]) -> str:
 @app.command()
 @user_errors
 def info(
-    run: Path = typer.Option(..., help=RUN_HELP), trust_model_code: bool = TRUST_OPTION
+    run_dir: Path | None = RUN_ARGUMENT,
+    run_alias: Path | None = RUN_ALIAS,
+    trust_model_code: bool = TRUST_OPTION,
 ) -> None:
     """Print per-task FLOPs, weights and storage, and the checkpoint's size.
 
@@ -162,6 +175,7 @@ def info(
     """
     from espn.checkpoint.run import load_run
 
+    run = run_directory(run_dir, run_alias)
     loaded = load_run(run, trust_code=trust_model_code)
     sn, ckpt, m = loaded.supernet, loaded.checkpoint, loaded.checkpoint.manifest
     cfg = loaded.config

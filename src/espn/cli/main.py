@@ -11,10 +11,13 @@ from rich.table import Table
 
 from espn.cli import deploy, presets, reproduce, sweep, theory
 from espn.cli.common import (
+    RUN_ALIAS,
+    RUN_ARGUMENT,
     RunInterrupted,
     command_group,
     console,
     fail,
+    run_directory,
     set_debug,
     user_errors,
     warn,
@@ -145,13 +148,15 @@ def _summary(obj: object) -> str:
 
 @app.command()
 @user_errors
-def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
-    """Print the accuracy matrix and per-task budgets of a finished run."""
+def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS) -> None:
+    """Print a run's per-task table (final accuracy, FLOPs ratio, new weights, budget) and its
+    accuracy matrix (row t: accuracy of tasks 0..t after learning task t), from results.json."""
     from espn.evaluation.results import read_results
 
-    doc = read_results(run_dir)
+    run = run_directory(run_dir, run_alias)
+    doc = read_results(run)
     if doc is None:
-        fail(f"no results.json in {run_dir} (is it the --out of an `espn run`?)")
+        fail(f"no results.json in {run} (is it the --out of an `espn run`?)")
         return
     table = Table("task", "name", "final acc %", "FLOPs ratio", "new weights", "budget")
     final = doc["final_accuracy"] or [None] * len(doc["task_names"])  # no test data: none
@@ -170,6 +175,7 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
         return
     console.print(f"average accuracy {doc['average_accuracy']:.2f}%")
     rows = doc["accuracy_matrix"]
+    console.print(accuracy_matrix_table(rows))
     skipped = sum(row is None for row in rows)
     if skipped:
         console.print(
@@ -177,6 +183,24 @@ def show(run_dir: Path = typer.Argument(..., help="A run directory.")) -> None:
             f"(every {doc['config'].get('eval_every', 1)} tasks and the last); "
             "forgetting and BWT use those rows"
         )
+
+
+def accuracy_matrix_table(rows: list[list[float] | None]) -> Table:
+    """The accuracy matrix as a table: one row per task learned ("after task t"), one column
+    per task (accuracy %, 0-based); rows not evaluated (``--eval-every``) say so."""
+    n = len(rows)
+    table = Table(
+        "after task",
+        *(str(j) for j in range(n)),
+        title="accuracy matrix (%), tasks 0.." + str(n - 1),
+    )
+    for t, row in enumerate(rows):
+        if row is None:
+            table.add_row(str(t), *(["not evaluated"] + [""] * (n - 1)))
+            continue
+        cells = [f"{v:.2f}" for v in row] + [""] * (n - len(row))
+        table.add_row(str(t), *cells)
+    return table
 
 
 def main() -> None:
