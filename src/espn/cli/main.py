@@ -40,10 +40,26 @@ app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, 
 app.command("sweep")(sweep.sweep)  # sweep SPEC --out DIR
 
 
+def print_version(value: bool) -> None:
+    """``espn --version``: print the package version and exit before any command runs."""
+    if value:
+        from espn import __version__
+
+        console.print(f"espn {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     debug: bool = typer.Option(
         False, "--debug", help="On an error, show the Python traceback (or set ESPN_DEBUG=1)."
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=print_version,
+        is_eager=True,
+        help="Print espn's version and exit.",
     ),
 ) -> None:
     """Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning."""

@@ -1,0 +1,194 @@
+"""What every logger records, computed once from the learner's events.
+
+:class:`MetricLogger` turns the callback events of :mod:`espn.training.callbacks` into three
+kinds of records (a training step every ``log_every`` steps, an epoch, a learned task) and hands
+them to its subclass, which only writes them somewhere (a CSV file, TensorBoard, W&B). A
+step's loss is a device tensor; it is read (a host-device synchronisation) only on the steps
+that are logged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from espn.errors import EspnError
+from espn.training.callbacks import Callback, EpochEnd, StepEnd, TaskEnd
+
+#: steps between two logged losses unless the user chooses (Lightning's default too)
+DEFAULT_LOG_EVERY = 50
+
+
+class LoggerError(EspnError, ValueError):
+    """A logger asked for with a bad setting (an unknown name, a bad ``log_every``, ...)."""
+
+
+class LoggerUnavailable(EspnError, RuntimeError):
+    """A logger whose optional extra is not installed; the message names the extra."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One logged training step: the loss read at that step, the learning rate, and the
+    seconds since the run started in this process."""
+
+    task: int
+    phase: str
+    step: int
+    loss: float
+    lr: float
+    elapsed_seconds: float
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One pass over a task's training data (``loss`` as the learner reported it)."""
+
+    task: int
+    phase: str
+    epoch: int
+    n_epochs: int
+    step: int
+    loss: float
+    seconds: float
+    elapsed_seconds: float
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """A learned task: its accuracy row (tasks ``0..task``, None: not evaluated) and the
+    average of that row, its FLOPs ratio to the dense network, the weights the network uses
+    after it and the weights it added, its training seconds and the seconds since the run
+    started in this process."""
+
+    task: int
+    name: str
+    row: list[float] | None
+    average_accuracy: float | None
+    flops_ratio: float | None
+    used_weights: int | None
+    new_weights: int | None
+    seconds: float | None
+    elapsed_seconds: float
+
+
+def _number(record: dict[str, Any], key: str) -> float | None:
+    value = record.get(key)
+    return None if value is None else float(value)
+
+
+def _count(record: dict[str, Any], key: str) -> int | None:
+    value = record.get(key)
+    return None if value is None else int(value)
+
+
+def check_log_every(log_every: object) -> int:
+    """``log_every`` as a positive int, or a :class:`LoggerError` naming the bad value."""
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise LoggerError(f"log_every must be a whole number >= 1, got {log_every!r}")
+    return log_every
+
+
+def require_module(logger: str, module: str, extra: str) -> None:
+    """Raise :class:`LoggerUnavailable` unless ``module`` can be imported."""
+    if importlib.util.find_spec(module) is None:
+        raise LoggerUnavailable(
+            f"the {logger} logger needs the {module!r} package, which is not installed; "
+            f"install it with: pip install 'espn[{extra}]'"
+        )
+
+
+class MetricLogger(Callback, ABC):
+    """A callback that records steps (every ``log_every``), epochs and tasks.
+
+    Subclasses set :attr:`name` (the name ``--log`` accepts), :attr:`extra` (the optional
+    dependency it needs, or None) and write the records in :meth:`log_step`,
+    :meth:`log_epoch`, :meth:`log_task`; :meth:`close` is called by ``on_run_end``.
+    """
+
+    #: the name ``espn run --log`` and :func:`espn.loggers.make_loggers` accept
+    name: ClassVar[str]
+    #: (module, pip extra) the logger needs beyond espn's own dependencies, or None
+    extra: ClassVar[tuple[str, str] | None] = None
+
+    def __init__(self, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
+        self.log_every = check_log_every(log_every)
+        self._start: float | None = None
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise :class:`LoggerUnavailable` when the logger's optional extra is missing."""
+        if cls.extra is not None:
+            require_module(cls.name, *cls.extra)
+
+    @classmethod
+    @abstractmethod
+    def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> MetricLogger:
+        """The logger writing into its place in the run directory ``run_dir``."""
+
+    def elapsed(self) -> float:
+        """Seconds since the run started in this process (its first event)."""
+        now = time.perf_counter()
+        if self._start is None:
+            self._start = now
+        return now - self._start
+
+    def on_run_start(self, learner: Any) -> None:
+        self.elapsed()
+
+    def on_step_end(self, learner: Any, event: StepEnd) -> None:
+        if event.step % self.log_every:
+            return
+        loss = float(event.loss)  # the only host-device synchronisation, every log_every steps
+        self.log_step(
+            StepRecord(event.task, event.phase, event.step, loss, float(event.lr), self.elapsed())
+        )
+
+    def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
+        self.log_epoch(
+            EpochRecord(
+                event.task,
+                event.phase,
+                event.epoch,
+                event.n_epochs,
+                event.step,
+                float(event.loss),
+                float(event.seconds),
+                self.elapsed(),
+            )
+        )
+
+    def on_task_end(self, learner: Any, event: TaskEnd) -> None:
+        row = None if event.row is None else [float(a) for a in event.row]
+        self.log_task(
+            TaskRecord(
+                task=event.task,
+                name=event.name,
+                row=row,
+                average_accuracy=sum(row) / len(row) if row else None,
+                flops_ratio=_number(event.record, "flops_ratio"),
+                used_weights=_count(event.record, "used_weights"),
+                new_weights=_count(event.record, "new_weights"),
+                seconds=_number(event.record, "seconds"),
+                elapsed_seconds=self.elapsed(),
+            )
+        )
+
+    def on_run_end(self, learner: Any) -> None:
+        self.close()
+
+    def log_step(self, record: StepRecord) -> None:
+        """Write one logged step."""
+
+    def log_epoch(self, record: EpochRecord) -> None:
+        """Write one epoch."""
+
+    def log_task(self, record: TaskRecord) -> None:
+        """Write one learned task."""
+
+    def close(self) -> None:
+        """Write what is buffered and release files (the run is over)."""

@@ -1,0 +1,115 @@
+"""The CSV logger: three plain tables a spreadsheet or pandas reads as they are.
+
+In its directory (``RUN/logs/csv`` for ``--log csv``):
+
+- ``steps.csv``: ``task, phase, step, loss, lr, elapsed_seconds``, every ``log_every`` steps;
+- ``epochs.csv``: ``task, phase, epoch, n_epochs, step, loss, seconds, elapsed_seconds``;
+- ``tasks.csv``: one row per learned task: ``task, name``, its accuracy row
+  ``accuracy_0 .. accuracy_N`` (empty cells: tasks not learned yet, or a row not evaluated),
+  ``average_accuracy, flops_ratio, used_weights, new_weights, seconds, elapsed_seconds``.
+
+Each file is rewritten atomically at every epoch and task end (a killed run leaves whole
+files). Rows already in the files are kept, so a resumed run continues them: when a task
+starts again in a new process, the rows it is about to repeat (its steps from the one it
+resumes at, and every later task's) are dropped first.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, ClassVar
+
+from espn.loggers.base import (
+    DEFAULT_LOG_EVERY,
+    EpochRecord,
+    MetricLogger,
+    StepRecord,
+    TaskRecord,
+)
+from espn.training.callbacks import StepEnd
+from espn.utils.io import read_csv, write_csv
+
+STEP_COLUMNS = ["task", "phase", "step", "loss", "lr", "elapsed_seconds"]
+EPOCH_COLUMNS = ["task", "phase", "epoch", "n_epochs", "step", "loss", "seconds", "elapsed_seconds"]
+TASK_TAIL = ["average_accuracy", "flops_ratio", "used_weights", "new_weights", "seconds"]
+
+Row = dict[str, Any]
+
+
+def _rows(path: Path) -> list[Row]:
+    return [dict(r) for r in read_csv(path)] if path.is_file() else []
+
+
+def _before(rows: list[Row], task: int, step: int) -> list[Row]:
+    """The rows that come before step ``step`` of task ``task``."""
+    return [
+        r
+        for r in rows
+        if int(r["task"]) < task or (int(r["task"]) == task and int(r["step"]) < step)
+    ]
+
+
+class CSVLogger(MetricLogger):
+    """Steps, epochs and tasks as CSV files in ``directory``."""
+
+    name: ClassVar[str] = "csv"
+
+    def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
+        super().__init__(log_every=log_every)
+        self.directory = Path(directory)
+        self.steps_path = self.directory / "steps.csv"
+        self.epochs_path = self.directory / "epochs.csv"
+        self.tasks_path = self.directory / "tasks.csv"
+        self._steps = _rows(self.steps_path)
+        self._epochs = _rows(self.epochs_path)
+        self._tasks = _rows(self.tasks_path)
+        self._started: set[int] = set()  # tasks seen in this process
+
+    @classmethod
+    def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> CSVLogger:
+        return cls(Path(run_dir) / "logs" / "csv", log_every=log_every)
+
+    def _begin(self, task: int, step: int) -> None:
+        """On a task's first event in this process: forget the rows it will write again."""
+        if task in self._started:
+            return
+        self._started.add(task)
+        self._steps = _before(self._steps, task, step)
+        self._epochs = _before(self._epochs, task, step)
+        self._tasks = [r for r in self._tasks if int(r["task"]) < task]
+
+    def on_step_end(self, learner: Any, event: StepEnd) -> None:
+        self._begin(event.task, event.step)  # every step (no device read): the exact resume point
+        super().on_step_end(learner, event)
+
+    def log_step(self, record: StepRecord) -> None:
+        self._steps.append(asdict(record))
+
+    def log_epoch(self, record: EpochRecord) -> None:
+        self._begin(record.task, record.step + 1)
+        self._epochs.append(asdict(record))
+        self._write_steps()
+
+    def log_task(self, record: TaskRecord) -> None:
+        self._begin(record.task, sys.maxsize)  # committed with no step here: keep its steps
+        row: Row = {
+            "task": record.task,
+            "name": record.name,
+            **{f"accuracy_{j}": a for j, a in enumerate(record.row or [])},
+            **{key: getattr(record, key) for key in [*TASK_TAIL, "elapsed_seconds"]},
+        }
+        self._tasks = [r for r in self._tasks if int(r["task"]) != record.task] + [row]
+        self._write_steps()
+        n = max(int(r["task"]) for r in self._tasks) + 1
+        columns = ["task", "name", *(f"accuracy_{j}" for j in range(n)), *TASK_TAIL]
+        write_csv(self.tasks_path, self._tasks, [*columns, "elapsed_seconds"])
+
+    def _write_steps(self) -> None:
+        write_csv(self.steps_path, self._steps, STEP_COLUMNS)
+        write_csv(self.epochs_path, self._epochs, EPOCH_COLUMNS)
+
+    def close(self) -> None:
+        if self._steps or self._epochs:
+            self._write_steps()

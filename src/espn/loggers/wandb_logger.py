@@ -1,0 +1,137 @@
+"""The Weights & Biases logger (the optional extra ``wandb``), offline unless asked otherwise.
+
+It needs no account: the run is kept offline under its directory (``RUN/logs/wandb`` for
+``--log wandb``), to be uploaded later with ``wandb sync`` if wanted. ``mode="online"`` (or
+``WANDB_MODE=online`` in the environment) sends it as it runs; the project is ``espn`` unless
+``project=`` or ``WANDB_PROJECT`` says otherwise. Each process is one W&B run.
+
+Logged keys, with the x-axis each is plotted against (``define_metric``):
+
+- against ``task_step`` (the task's step): ``loss/task_T``, ``lr/task_T``, ``phase``,
+  every ``log_every`` steps, and ``epoch_loss/task_T`` at each epoch's end;
+- against ``tasks_learned`` (the task just learned): ``accuracy/task_J``,
+  ``accuracy/average``, ``flops_ratio``, ``weights/used``, ``weights/new``,
+  ``time/task_seconds``, ``time/elapsed_seconds``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal, get_args
+
+from espn.loggers.base import (
+    DEFAULT_LOG_EVERY,
+    EpochRecord,
+    LoggerError,
+    MetricLogger,
+    StepRecord,
+    TaskRecord,
+)
+
+#: the W&B modes accepted (``disabled`` logs nothing)
+Mode = Literal["offline", "online", "disabled"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+
+
+def resolve_mode(mode: str | None) -> Mode:
+    """``mode``, else ``WANDB_MODE``, else ``offline``; a :class:`LoggerError` if unknown."""
+    chosen = mode or os.environ.get("WANDB_MODE") or "offline"
+    for known in MODES:
+        if chosen == known:
+            return known
+    source = "mode" if mode else "WANDB_MODE"
+    raise LoggerError(f"unknown W&B {source} {chosen!r}; choose one of: {', '.join(MODES)}")
+
+
+class WandbLogger(MetricLogger):
+    """Steps, epochs and tasks as a W&B run kept under ``directory`` (offline by default)."""
+
+    name: ClassVar[str] = "wandb"
+    extra: ClassVar[tuple[str, str] | None] = ("wandb", "wandb")
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        log_every: int = DEFAULT_LOG_EVERY,
+        mode: str | None = None,
+        project: str | None = None,
+        run_name: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(log_every=log_every)
+        self.check_available()
+        self.directory = Path(directory)
+        self.mode = resolve_mode(mode)
+        self.project = project or os.environ.get("WANDB_PROJECT") or "espn"
+        self.run_name = run_name
+        self.config = dict(config or {})
+        self._run: Any = None
+
+    @classmethod
+    def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> WandbLogger:
+        run_dir = Path(run_dir)
+        return cls(run_dir / "logs", log_every=log_every, run_name=run_dir.resolve().name)
+
+    @property
+    def run(self) -> Any:
+        """The W&B run, started on first use."""
+        if self._run is None:
+            import wandb
+
+            self.directory.mkdir(parents=True, exist_ok=True)
+            run = wandb.init(
+                project=self.project,
+                name=self.run_name,
+                dir=str(self.directory),
+                mode=self.mode,
+                config=self.config,
+                reinit="create_new",
+                settings=wandb.Settings(console="off", silent=True, save_code=False),
+            )
+            run.define_metric("task_step")
+            run.define_metric("tasks_learned")
+            for key in ("loss/*", "lr/*", "epoch_loss/*", "phase"):
+                run.define_metric(key, step_metric="task_step")
+            for key in ("accuracy/*", "flops_ratio", "weights/*", "time/*"):
+                run.define_metric(key, step_metric="tasks_learned")
+            self._run = run
+        return self._run
+
+    def on_run_start(self, learner: Any) -> None:
+        super().on_run_start(learner)
+        _ = self.run
+
+    def log_step(self, record: StepRecord) -> None:
+        t = record.task
+        self.run.log(
+            {
+                "task_step": record.step,
+                "phase": record.phase,
+                f"loss/task_{t}": record.loss,
+                f"lr/task_{t}": record.lr,
+            }
+        )
+
+    def log_epoch(self, record: EpochRecord) -> None:
+        self.run.log({"task_step": record.step, f"epoch_loss/task_{record.task}": record.loss})
+
+    def log_task(self, record: TaskRecord) -> None:
+        values: dict[str, Any] = {"tasks_learned": record.task}
+        values.update({f"accuracy/task_{j}": a for j, a in enumerate(record.row or [])})
+        optional = {
+            "accuracy/average": record.average_accuracy,
+            "flops_ratio": record.flops_ratio,
+            "weights/used": record.used_weights,
+            "weights/new": record.new_weights,
+            "time/task_seconds": record.seconds,
+        }
+        values.update({k: v for k, v in optional.items() if v is not None})
+        values["time/elapsed_seconds"] = record.elapsed_seconds
+        self.run.log(values)
+
+    def close(self) -> None:
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
