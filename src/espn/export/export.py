@@ -193,7 +193,9 @@ def export_task(
         )
     example = inputs[0][:2].clone()  # a view would save its whole storage as sample input
     slim = slim_copy(supernet, task, example)
-    folded_bn = fold_bn and any(isinstance(m, nn.BatchNorm2d) for m in slim.modules())
+    folded_bn = fold_bn and any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in slim.modules()
+    )
     if fold_bn:
         fold_batchnorm(slim)
     flops = measured_flops(slim, example)

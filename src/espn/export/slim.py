@@ -23,29 +23,29 @@ from collections.abc import Callable
 import torch
 import torch_pruning as tp
 from torch import Tensor, fx, nn
-from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from espn.errors import EspnError
 from espn.export.slim_streams import slim_streams, stream_members
+from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
+from espn.layers.base import param
 from espn.supernet.layers import (
-    MaskedConv2d,
     MaskedLayer,
-    MaskedLinear,
-    TaskBatchNorm2d,
     TaskBias,
-    TaskGroupNorm,
     TaskHead,
     TaskSpecific,
     UnitGate,
-    conv_padding,
-    conv_pair,
     expand_units,
 )
 from espn.supernet.supernet import Supernet
 
-
-class ExportError(EspnError, ValueError):
-    """A sub-network cannot be turned into a plain or slim model; the message says why."""
+__all__ = [
+    "ExportError",
+    "check_traceable",
+    "finish",
+    "fold_batchnorm",
+    "plain_copy",
+    "slim_copy",
+    "swap_and_fold",
+]
 
 
 class _EspnLeafTracer(fx.Tracer):
@@ -99,8 +99,7 @@ def _set_submodule(root: nn.Module, target: str, module: nn.Module) -> None:
     setattr(parent, name, module)
 
 
-def _param(t: Tensor) -> nn.Parameter:
-    return nn.Parameter(t.detach().clone())
+_param = param
 
 
 def _module_target(node: fx.Node) -> str:
@@ -110,65 +109,12 @@ def _module_target(node: fx.Node) -> str:
     return node.target
 
 
-@torch.no_grad()
-def _plain_layer(m: nn.Module) -> nn.Module:
-    """The plain torch module computing what espn module ``m`` computes for the active task."""
-    out: nn.Module
-    if isinstance(m, MaskedLinear):
-        linear = nn.Linear(m.in_features, m.out_features, bias=False)
-        linear.weight = _param(m.masked_weight())
-        out, weight = linear, m.weight
-    elif isinstance(m, MaskedConv2d):
-        conv = nn.Conv2d(
-            m.in_channels,
-            m.out_channels,
-            conv_pair(m.kernel_size),
-            stride=conv_pair(m.stride),
-            padding=conv_padding(m.padding),
-            dilation=conv_pair(m.dilation),
-            groups=m.groups,
-            bias=False,
-            padding_mode=m.padding_mode,
-        )
-        conv.weight = _param(m.masked_weight())
-        out, weight = conv, m.weight
-    elif isinstance(m, TaskHead):
-        head = nn.Linear(m.in_features, m.out_features)
-        head.weight, head.bias = _param(m.weight), _param(m.bias)
-        out, weight = head, m.weight
-    elif isinstance(m, TaskGroupNorm):
-        gn = nn.GroupNorm(m.num_groups, m.num_channels, eps=m.eps)
-        gn.weight, gn.bias = _param(m.weight * m.entry_mask()), _param(m.bias * m.entry_mask())
-        out, weight = gn, m.weight
-    elif isinstance(m, TaskBatchNorm2d):
-        bn = nn.BatchNorm2d(m.num_features, eps=m.eps, momentum=m.momentum)
-        bn.weight = _param(m.weight * m.entry_mask())
-        bn.bias = _param(m.bias * m.entry_mask())
-        bn.running_mean = m.running_mean.detach().clone()
-        bn.running_var = m.running_var.detach().clone()
-        bn.num_batches_tracked = m.num_batches_tracked.detach().clone()
-        out, weight = bn, m.weight
-    else:
-        raise ExportError(f"no plain torch equivalent for {type(m).__name__}")
-    return out.to(device=weight.device, dtype=weight.dtype)
-
-
-@torch.no_grad()
-def _fold_affine(layer: nn.Linear | nn.Conv2d, scale: Tensor | None, shift: Tensor | None) -> None:
-    """Make ``layer`` compute ``layer(x) * scale + shift`` per output unit (no bias is added
-    where there is neither a bias nor a shift)."""
-    shape = (-1,) + (1,) * (layer.weight.dim() - 1)
-    if scale is not None:
-        layer.weight.mul_(scale.view(shape))
-    if layer.bias is not None:
-        bias = layer.bias
-    elif shift is not None:
-        bias = torch.zeros_like(shift)
-    else:
-        return
-    if scale is not None:
-        bias = bias * scale
-    layer.bias = _param(bias if shift is None else bias + shift)
+def _plain_adapter(m: nn.Module) -> LayerAdapter:
+    """The adapter of a plain layer of an exported copy (refused: one it has none for)."""
+    adapter = adapter_for(m)
+    if adapter is None:
+        raise ExportError(f"no espn layer type for {type(m).__name__}")
+    return adapter
 
 
 def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
@@ -191,9 +137,8 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
     modules = dict(supernet.model.named_modules())
 
     def plain(m: nn.Module) -> nn.Module | None:
-        if isinstance(m, MaskedLinear | MaskedConv2d | TaskHead | TaskBatchNorm2d | TaskGroupNorm):
-            return _plain_layer(m)
-        return None
+        adapter = exported_adapter(m)
+        return None if adapter is None else adapter.plain(m)
 
     swap_and_fold(gm, modules, plain, UnitGate.feature_affine)
     return finish(gm, "plain")
@@ -234,9 +179,12 @@ def swap_and_fold(
             if isinstance(prev, fx.Node) and prev.op == "call_module"
             else None
         )
+        adapter = None if target is None else adapter_for(target)
         if (
             not isinstance(prev, fx.Node)
-            or not isinstance(target, nn.Linear | nn.Conv2d)
+            or target is None
+            or adapter is None
+            or adapter.role != "layer"
             or len(prev.users) != 1
             or calls[_module_target(prev)] != 1
         ):
@@ -246,9 +194,9 @@ def swap_and_fold(
             )
         with torch.no_grad():
             if isinstance(m, UnitGate):
-                _fold_affine(target, *gate_affine(m))
+                adapter.fold_affine(target, *gate_affine(m))
             elif isinstance(m, TaskBias):
-                _fold_affine(target, None, m.bias)
+                adapter.fold_affine(target, None, m.bias)
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
 
@@ -266,12 +214,6 @@ def finish(gm: fx.GraphModule, kind: str) -> fx.GraphModule:
     if leftovers:
         raise ExportError(f"espn modules left in the {kind} copy: {', '.join(leftovers)}")
     return gm.eval()
-
-
-def _out_pruner(layer: nn.Module) -> tp.pruner.function.BasePruningFunc:
-    return (
-        tp.prune_linear_out_channels if isinstance(layer, nn.Linear) else tp.prune_conv_out_channels
-    )
 
 
 def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphModule:
@@ -296,7 +238,7 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     for name, layer in supernet.layers.items():
         if layer.out_units is not None and name in present:
             producers.setdefault(layer.out_units, []).append(name)
-    grouped = _grouped_layers(gm, supernet, units)
+    regroup = _hold_groups(gm, supernet, units)
     streams = stream_members(supernet)  # per-conv streams: cut by slim_streams below
     for group, alive in units.items():
         if group in streams or not bool((~alive).any()):
@@ -309,54 +251,38 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
             if layer.weight.shape[0] != alive.numel() * size:
                 continue  # already removed through a coupled layer (residual add)
             dead = (~expand_units(alive, size)).nonzero().flatten().tolist()
-            graph.get_pruning_group(layer, _out_pruner(layer), idxs=dead).prune()
-    _regroup(grouped)
+            pruner = _plain_adapter(layer).out_pruner()
+            if pruner is None:
+                raise ExportError(f"layer {name!r} ({type(layer).__name__}) has no output pruner")
+            graph.get_pruning_group(layer, pruner, idxs=dead).prune()
+    for restore in regroup:
+        restore()
     if streams:
         slim_streams(supernet, gm, units)
     _check_widths(supernet, gm, units)
     return gm.eval()
 
 
-#: a grouped conv (or GroupNorm) of the plain copy with what slimming must leave in it
-Regrouped = tuple[nn.Conv2d, Tensor, int] | tuple[nn.GroupNorm, None, int]
-
-
-def _grouped_layers(gm: nn.Module, supernet: Supernet, units: dict[str, Tensor]) -> list[Regrouped]:
-    """Each grouped conv (not depthwise: Torch-Pruning slims those) of ``gm`` with its weight
-    at its alive output channels (all of their inputs: a whole group lives or dies) and its
-    alive groups, and each GroupNorm with its channels per group, read before slimming.
-
-    Each such conv is left ungrouped, with a stand-in weight of zeros (one stored value,
-    expanded) that Torch-Pruning may cut on both sides as it would an ungrouped conv's; its
-    cut on the input side of a grouped conv assumes every group loses the same channels and
-    would index past the weight. :func:`_regroup` puts the real weight back."""
-    out: list[Regrouped] = []
+def _hold_groups(
+    gm: nn.Module, supernet: Supernet, units: dict[str, Tensor]
+) -> list[Callable[[], None]]:
+    """Let every layer whose channels come in groups (a grouped conv, a GroupNorm) prepare
+    for Torch-Pruning, which keeps group counts and cuts a grouped conv's inputs as if every
+    group lost the same channels; espn removes whole groups. Returns what sets each one's
+    groups from the task's alive units afterwards (see each adapter's ``hold_groups``)."""
+    restores = []
     for name, m in gm.named_modules():
-        if isinstance(m, nn.Conv2d) and m.groups not in (1, m.out_channels):
-            layer = supernet.layers[name]
-            assert layer.out_units is not None  # a grouped conv's channels are its out_units
-            rows = expand_units(units[layer.out_units].to(m.weight.device), layer.out_unit_size)
-            alive_groups = m.groups * int(rows.sum()) // m.out_channels
-            out.append((m, m.weight.detach()[rows].clone(), alive_groups))
-            stand_in = m.weight.new_zeros(()).expand(m.out_channels, m.in_channels, *m.kernel_size)
-            m.weight, m.groups = nn.Parameter(stand_in), 1
-        elif isinstance(m, nn.GroupNorm):
-            out.append((m, None, m.num_channels // m.num_groups))
-    return out
-
-
-def _regroup(grouped: list[Regrouped]) -> None:
-    """Give each grouped conv and GroupNorm the groups its alive channels hold: whole groups
-    were removed, so ``groups`` shrinks with the channels, and a grouped conv keeps the full
-    per-group input width of its alive output channels (Torch-Pruning cut its inputs as if
-    every group had lost some)."""
-    for m, weight, count in grouped:
-        if isinstance(m, nn.GroupNorm):
-            m.num_groups = m.num_channels // count
-        elif weight is not None:
-            m.weight = _param(weight)
-            m.groups = count
-            m.in_channels = count * weight.shape[1]
+        adapter = adapter_for(m)
+        if adapter is None:
+            continue
+        layer = supernet.layers.get(name)
+        alive = None
+        if layer is not None and layer.out_units is not None:
+            alive = expand_units(units[layer.out_units], layer.out_unit_size)
+        restore = adapter.hold_groups(m, alive)
+        if restore is not None:
+            restores.append(restore)
+    return restores
 
 
 def _check_widths(supernet: Supernet, gm: nn.Module, units: dict[str, Tensor]) -> None:
@@ -380,11 +306,14 @@ def _check_widths(supernet: Supernet, gm: nn.Module, units: dict[str, Tensor]) -
 
 
 def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
-    """Fold every eval-mode ``BatchNorm2d`` that directly follows a ``Conv2d`` (whose output only
-    it consumes) into that convolution's weight and bias, in place; returns ``gm``.
+    """Fold every eval-mode BatchNorm that directly follows a layer it folds into (a conv of
+    its dimension; a linear layer for ``BatchNorm1d``), whose output only it consumes, into
+    that layer's weight and bias, in place; returns ``gm``.
 
     A deployment step: one op less per layer (and no FLOPs more, FlopCounterMode does not count
-    a convolution's bias). Outputs change by float rounding only.
+    a bias). The folded weights are computed in float64 and rounded once; the folded model
+    still computes in float32, so outputs change by float32 rounding (the export check
+    measures it, see :func:`espn.export.export.export_task`).
     """
     calls: dict[str, int] = {}
     for node in gm.graph.nodes:
@@ -393,17 +322,20 @@ def fold_batchnorm(gm: fx.GraphModule) -> fx.GraphModule:
     for node in list(gm.graph.nodes):
         if node.op != "call_module":
             continue
-        bn = gm.get_submodule(_module_target(node))
+        norm = gm.get_submodule(_module_target(node))
         prev = node.args[0] if node.args else None
-        if not (isinstance(bn, nn.BatchNorm2d) and isinstance(prev, fx.Node)):
+        adapter = adapter_for(norm)
+        if adapter is None or adapter.role != "norm" or not isinstance(prev, fx.Node):
             continue
         if prev.op != "call_module":
             continue
-        conv_name = _module_target(prev)
-        conv = gm.get_submodule(conv_name)
-        if not isinstance(conv, nn.Conv2d) or len(prev.users) != 1 or calls[conv_name] != 1:
+        layer_name = _module_target(prev)
+        if len(prev.users) != 1 or calls[layer_name] != 1:
             continue
-        _set_submodule(gm, conv_name, fuse_conv_bn_eval(conv.eval(), bn.eval()))
+        fused = adapter.fold_norm(gm.get_submodule(layer_name).eval(), norm.eval())
+        if fused is None:
+            continue
+        _set_submodule(gm, layer_name, fused)
         node.replace_all_uses_with(prev)
         gm.graph.erase_node(node)
     gm.graph.lint()

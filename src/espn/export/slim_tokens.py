@@ -16,25 +16,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, fx, nn
 
-from espn.export.slim import (
-    ExportError,
-    _param,
-    _trace,
-    finish,
-    swap_and_fold,
-)
-from espn.supernet.layers import (
-    MaskedConv2d,
-    MaskedLayer,
-    MaskedLinear,
-    TaskBatchNorm2d,
-    TaskHead,
-    TaskSpecific,
-    UnitGate,
-    conv_padding,
-    conv_pair,
-    expand_units,
-)
+from espn.export.slim import ExportError, _trace, finish, swap_and_fold
+from espn.layers import exported_adapter
+from espn.layers.base import alive_features, param
+from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate
 from espn.supernet.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
 
@@ -59,65 +44,10 @@ class _TokenTracer(fx.Tracer):
         )
 
 
-def _alive(units: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor:
-    """Indices of the alive features of a side of ``width`` features (all if not prunable)."""
-    if group is None:
-        return torch.arange(width)
-    return expand_units(units[group].cpu(), size).nonzero().flatten()
-
-
-#: the espn modules :func:`_slim_layer` turns into plain torch modules
-Sliceable = MaskedLinear | MaskedConv2d | TaskHead | TaskLayerNorm | TaskBatchNorm2d
-
-
-@torch.no_grad()
-def _slim_layer(m: Sliceable, units: dict[str, Tensor]) -> nn.Module:
-    """The plain torch module computing what espn module ``m`` computes on its alive features."""
-    out: nn.Module
-    w = m.weight
-    if isinstance(m, MaskedLinear | MaskedConv2d):
-        rows = _alive(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        cols = _alive(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-        weight = m.masked_weight().index_select(0, rows).index_select(1, cols)
-        if isinstance(m, MaskedLinear):
-            out = nn.Linear(len(cols), len(rows), bias=False)
-        else:
-            if m.groups != 1:
-                raise ExportError(f"grouped convolution ({m.groups} groups) in a token model")
-            out = nn.Conv2d(
-                len(cols),
-                len(rows),
-                conv_pair(m.kernel_size),
-                stride=conv_pair(m.stride),
-                padding=conv_padding(m.padding),
-                dilation=conv_pair(m.dilation),
-                bias=False,
-                padding_mode=m.padding_mode,
-            )
-        out.weight = _param(weight)
-    elif isinstance(m, TaskHead):
-        cols = _alive(units, m.in_units, 1, w.shape[1]).to(w.device)
-        out = nn.Linear(len(cols), m.out_features)
-        out.weight, out.bias = _param(w.index_select(1, cols)), _param(m.bias)
-    elif isinstance(m, TaskLayerNorm):
-        keep = _alive(units, m.group, 1, w.shape[0]).to(w.device)
-        out = nn.LayerNorm(len(keep), eps=m.eps)
-        out.weight, out.bias = _param(w[keep]), _param(m.bias[keep])
-    else:
-        keep = _alive(units, m.group, m.unit_size, w.shape[0]).to(w.device)
-        bn = nn.BatchNorm2d(len(keep), eps=m.eps, momentum=m.momentum)
-        bn.weight, bn.bias = _param(w[keep]), _param(m.bias[keep])
-        bn.running_mean = m.running_mean[keep].clone()
-        bn.running_var = m.running_var[keep].clone()
-        bn.num_batches_tracked = m.num_batches_tracked.clone()
-        out = bn
-    return out.to(device=w.device, dtype=w.dtype)
-
-
 def _gate_affine(m: UnitGate, units: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
     """A gate's per-feature scale and shift, at its alive features."""
     scale, shift = m.feature_affine()
-    keep = _alive(units, m.group, m.unit_size, scale.numel()).to(scale.device)
+    keep = alive_features(units, m.group, m.unit_size, scale.numel()).to(scale.device)
     return scale[keep], None if shift is None else shift[keep]
 
 
@@ -130,13 +60,13 @@ def _slim_tokens(gm: fx.GraphModule, model: nn.Module, units: dict[str, Tensor])
         for attr in ("cls_token", "pos_embed"):
             target = f"{name}.{attr}" if name else attr
             try:
-                param = gm.get_parameter(target)
+                value = gm.get_parameter(target)
             except AttributeError:
                 continue
-            keep = _alive(units, m.group, 1, param.shape[-1]).to(param.device)
+            keep = alive_features(units, m.group, 1, value.shape[-1]).to(value.device)
             parent, _, leaf = target.rpartition(".")
             owner = gm.get_submodule(parent) if parent else gm
-            setattr(owner, leaf, _param(param.index_select(-1, keep)))
+            setattr(owner, leaf, param(value.index_select(-1, keep)))
 
 
 def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:
@@ -154,7 +84,8 @@ def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:
     modules = dict(model.named_modules())
 
     def slim(m: nn.Module) -> nn.Module | None:
-        return _slim_layer(m, units) if isinstance(m, Sliceable) else None
+        adapter = exported_adapter(m)
+        return None if adapter is None else adapter.slim(m, units)
 
     swap_and_fold(gm, modules, slim, lambda m: _gate_affine(m, units))
     _slim_tokens(gm, model, units)

@@ -49,48 +49,38 @@ import torch
 import torch_pruning as tp
 from torch import Tensor, nn
 
-from espn.errors import EspnError
 from espn.export.slim import ExportError, check_traceable
+from espn.layers import (
+    ConvertError,
+    LayerAdapter,
+    Placement,
+    adapter_for,
+    layer_types,
+    source_names,
+)
 from espn.models.convert_tokens import (
     TokenConvertError,
     check_stream_sources,
-    check_token_module,
-    convert_attention,
-    convert_layernorm,
     replace_encoders,
     token_outputs,
 )
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import (
-    MaskedConv2d,
-    MaskedLinear,
-    TaskBatchNorm2d,
-    TaskBias,
-    TaskChannelBias,
-    TaskGroupNorm,
-    TaskHead,
-    UnitGate,
-)
-from espn.supernet.transformer import TokenGate
 
-SUPPORTED = (
-    nn.Conv2d,
-    nn.Linear,
-    nn.BatchNorm2d,
-    nn.GroupNorm,
-    nn.LayerNorm,
-    nn.MultiheadAttention,
-)
-#: a module the converter turns into its supernet counterpart
-Convertible = (
-    nn.Conv2d | nn.Linear | nn.BatchNorm2d | nn.GroupNorm | nn.LayerNorm | nn.MultiheadAttention
-)
-#: modules that normalise the channels of one unit group
-NORMS = (nn.BatchNorm2d, nn.GroupNorm, nn.LayerNorm)
+__all__ = ["ConvertError", "load_entry_point_models", "register_converted", "to_supernet"]
+
+#: a module the converter turns into its supernet counterpart (one with a layer adapter)
+Convertible = nn.Module
 
 
-class ConvertError(EspnError, ValueError):
-    """The network uses something the converter cannot express; the message says what."""
+def _adapter(m: nn.Module) -> LayerAdapter:
+    """The adapter of a module :func:`_check_modules` accepted."""
+    adapter = adapter_for(m)
+    assert adapter is not None
+    return adapter
+
+
+def _is_norm(m: nn.Module) -> bool:
+    return _adapter(m).role == "norm"
 
 
 @dataclass
@@ -123,10 +113,11 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
     for name, m in model.named_modules(remove_duplicate=False):
         if any(name.startswith(f"{a}.") for a in attention):
             continue  # the projections of a MultiheadAttention: converted with it
-        if isinstance(m, nn.MultiheadAttention):
+        adapter = adapter_for(m)
+        if adapter is not None and adapter.role == "attention":
             attention.append(name)
-        if isinstance(m, SUPPORTED):
-            check_token_module(name, m)
+        if adapter is not None:
+            adapter.check(name, m)
             if id(m) in seen:
                 raise ConvertError(
                     f"module {seen[id(m)]!r} is used again as {name!r}; shared layers are "
@@ -137,28 +128,21 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
         elif any(True for _ in m.parameters(recurse=False)):
             raise ConvertError(
                 f"module {name!r} is a {type(m).__name__} with parameters; the converter "
-                "supports nn.Conv2d, nn.BatchNorm2d, nn.GroupNorm, nn.Linear, nn.LayerNorm, "
-                "nn.MultiheadAttention and nn.TransformerEncoder(Layer) (plus parameter-free "
-                "modules), and timm's VisionTransformer"
+                f"supports {source_names()} and nn.TransformerEncoder(Layer) (plus "
+                "parameter-free modules), and timm's VisionTransformer"
             )
-    for name, m in found.items():
-        if isinstance(m, nn.Conv2d) and 1 != m.groups == m.out_channels != m.in_channels:
-            raise ConvertError(
-                f"conv {name!r} has one output channel per group (groups={m.groups}, "
-                f"{m.in_channels} in and {m.out_channels} out channels), which Torch-Pruning "
-                "takes for a depthwise conv; supported: grouped convs with 2 or more output "
-                "channels per group, and depthwise convs (groups = in = out channels)"
-            )
-        if isinstance(m, nn.BatchNorm2d) and not m.affine:
-            raise ConvertError(f"BatchNorm {name!r} has affine=False; its gamma is the saliency")
     return found
 
 
 def _depthwise(m: nn.Module) -> bool:
     """A conv that convolves each channel on its own: its input and output channels are one."""
-    return (
-        isinstance(m, nn.Conv2d) and m.groups != 1 and m.groups == m.in_channels == m.out_channels
-    )
+    return _adapter(m).depthwise(m)
+
+
+def _grouped(m: nn.Module) -> bool:
+    """A layer whose channels come in groups (a grouped conv, depthwise too)."""
+    adapter = _adapter(m)
+    return adapter.role == "layer" and adapter.groups(m) != 1
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
@@ -180,7 +164,7 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
 def _flattened(m: Convertible, out_side: bool, taken: int, size: int) -> int:
     """Inputs per channel when linear layer ``m`` reads a flattened map of ``size`` channels
     (``taken`` of its inputs follow them, all of them), else 0."""
-    if out_side or not isinstance(m, nn.Linear) or taken != m.in_features:
+    if out_side or not _adapter(m).reads_flattened or taken != _adapter(m).width(m, False):
         return 0
     return taken // size if taken > size and taken % size == 0 else 0
 
@@ -202,9 +186,9 @@ def _groups(
         if node is None:
             raise ConvertError(f"module {name!r} is not used by forward() on the example input")
         successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
-        if not node.outputs and not isinstance(m, NORMS):
+        if not node.outputs and not _is_norm(m):
             outputs.append(name)
-    if len(outputs) != 1 or not isinstance(modules[outputs[0]], nn.Linear):
+    if len(outputs) != 1 or not _adapter(modules[outputs[0]]).can_be_head:
         raise ConvertError(
             "the model must end in exactly one nn.Linear layer (the classifier) whose output is "
             f"the model's output; found output layers: {outputs or 'none'}"
@@ -212,8 +196,8 @@ def _groups(
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
-    flattened: list[tuple[nn.Module, str, nn.Linear, int]] = []
-    for group in graph.get_all_groups(root_module_types=(nn.Conv2d, nn.Linear)):
+    flattened: list[tuple[nn.Module, str, nn.Module, int]] = []
+    for group in graph.get_all_groups(root_module_types=layer_types()):
         items = list(group)
         root_name = names[items[0][0].target.module]
         g = _Group(size=len(items[0][1]))
@@ -223,7 +207,8 @@ def _groups(
                 continue
             name = names[m]
             out_side = graph.is_out_channel_pruning_fn(dep.handler)
-            width = _width(m, out_side)
+            adapter = _adapter(m)
+            width = adapter.width(m, out_side)
             repeat = _flattened(m, out_side, len(idxs), g.size)
             if repeat:
                 repeats[name] = repeat
@@ -234,28 +219,27 @@ def _groups(
                     f"{root_name!r} ({g.size}): concatenation and splitting of feature maps "
                     "are not supported"
                 )
-            if isinstance(m, NORMS):
+            if adapter.role == "norm":
                 g.norms.append(name)
-            elif isinstance(m, nn.MultiheadAttention):
+            elif adapter.role == "attention":
                 g.attentions.append(name)
-            elif out_side or _depthwise(m):  # a depthwise conv's inputs are its outputs
+            elif out_side or adapter.depthwise(m):  # a depthwise conv's inputs are its outputs
                 if name not in g.producers:
                     g.producers.append(name)
-                if not isinstance(m, nn.Linear) and _multiplies(graph, m):
+                if adapter.may_scale and _multiplies(graph, m):
                     scales.add(name)
-            elif isinstance(m, nn.Conv2d) and m.groups != 1:
+            elif _grouped(m):
                 g.grouped_inputs.append(name)
             else:
                 g.consumers.append(name)
         features = [n for n in g.producers if n not in scales] or g.producers
         producer = modules[features[0]]
         for name in g.consumers:
-            linear = modules[name]
-            if name in repeats and isinstance(linear, nn.Linear):
-                flattened.append((producer, name, linear, g.size))
+            if name in repeats:
+                flattened.append((producer, name, modules[name], g.size))
         parts.append(g)
     for name, layer in modules.items():
-        if isinstance(layer, nn.Conv2d) and layer.groups != 1:
+        if _grouped(layer):
             _check_grouped_input(model, example_input, name, _depthwise(layer), parts)
     groups = [_join(members, modules, repeats) for members in _joined_parts(parts)]
     unit = {n: size // repeats[n] for g in groups for n, size in g.in_unit.items() if n in repeats}
@@ -320,11 +304,9 @@ def _join(
     for part in members:
         for name in part.producers + part.norms:
             m = modules[name]
-            if isinstance(m, nn.Conv2d) and m.groups != 1:
-                counts.append((f"conv {name!r} (groups={m.groups})", m.groups))
-            elif isinstance(m, nn.GroupNorm):
-                plural = "s" if m.num_groups != 1 else ""
-                counts.append((f"GroupNorm {name!r} ({m.num_groups} group{plural})", m.num_groups))
+            count = _adapter(m).group_count(name, m)
+            if count is not None:
+                counts.append(count)
     units = math.gcd(*(part.size for part in members), *(n for _, n in counts))
     if units == 1 and counts and max(part.size for part in members) > 1:
         order = list(modules)
@@ -339,10 +321,10 @@ def _join(
     for part in members:
         width = part.size // units
         if width > 1:
-            token = [n for n in part.norms if isinstance(modules[n], nn.LayerNorm)]
-            if token or part.attentions:
+            token = [n for n in part.norms + part.attentions if _adapter(modules[n]).tokens]
+            if token:
                 raise ConvertError(
-                    f"module {(token + part.attentions)[0]!r} works on channels pruned in "
+                    f"module {token[0]!r} works on channels pruned in "
                     f"units of {width} (a grouped conv or GroupNorm); supported: LayerNorm and "
                     "attention on features pruned one by one"
                 )
@@ -366,7 +348,7 @@ def _check_flatten_order(
     example: Tensor,
     producer: nn.Module,
     name: str,
-    linear: nn.Linear,
+    linear: nn.Module,
     size: int,
     width: int = 1,
 ) -> None:
@@ -412,100 +394,9 @@ def _check_flatten_order(
             )
 
 
-def _width(m: Convertible, out_side: bool) -> int:
-    if isinstance(m, nn.BatchNorm2d):
-        return m.num_features
-    if isinstance(m, nn.GroupNorm):
-        return m.num_channels
-    if isinstance(m, nn.Conv2d):
-        return m.out_channels if out_side else m.in_channels
-    if isinstance(m, nn.LayerNorm):
-        return int(m.normalized_shape[0])
-    if isinstance(m, nn.MultiheadAttention):
-        return m.embed_dim
-    return int(m.weight.shape[0 if out_side else 1])
-
-
 def _set(root: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, child, module)
-
-
-@torch.no_grad()
-def _masked(
-    m: nn.Conv2d | nn.Linear,
-    in_units: str | None,
-    out_units: str | None,
-    in_unit_size: int = 1,
-    out_unit_size: int = 1,
-) -> MaskedConv2d | MaskedLinear:
-    out: MaskedConv2d | MaskedLinear
-    if isinstance(m, nn.Conv2d):
-        grouped = m.groups != 1  # its input groups are its output units
-        out = MaskedConv2d(
-            m.in_channels,
-            m.out_channels,
-            m.kernel_size,
-            stride=m.stride,
-            padding=m.padding,
-            in_units=None if grouped else in_units,
-            out_units=out_units,
-            dilation=m.dilation,
-            padding_mode=m.padding_mode,
-            groups=m.groups,
-            in_unit_size=1 if grouped else in_unit_size,
-            out_unit_size=out_unit_size,
-        )
-    else:
-        out = MaskedLinear(
-            m.in_features,
-            m.out_features,
-            in_units=in_units,
-            out_units=out_units,
-            in_unit_size=in_unit_size,
-            out_unit_size=out_unit_size,
-        )
-    out.weight.copy_(m.weight)
-    return out
-
-
-@torch.no_grad()
-def _scaling(m: nn.Conv2d | nn.Linear, layer: nn.Module) -> nn.Module:
-    """``layer`` (the masked copy of ``m``, whose output scales features) followed by a
-    per-task channel bias holding ``m``'s bias: a dead channel's feature is zero, so its scale
-    needs no gate."""
-    bias = TaskChannelBias(int(m.weight.shape[0]))
-    if m.bias is not None:
-        bias.bias.copy_(m.bias)
-    return nn.Sequential(layer, bias)
-
-
-@torch.no_grad()
-def _groupnorm(m: nn.GroupNorm, group: str, unit_size: int) -> TaskGroupNorm:
-    """A task GroupNorm of ``group`` holding ``m``'s affine parameters (1 and 0 without)."""
-    norm = TaskGroupNorm(m.num_groups, m.num_channels, group, unit_size, eps=m.eps)
-    if m.affine:
-        norm.weight.copy_(m.weight)
-        norm.bias.copy_(m.bias)
-    return norm
-
-
-@torch.no_grad()
-def _head(
-    m: nn.Linear, in_units: str | None, multi_head: bool, task_affine: bool, in_unit_size: int = 1
-) -> nn.Module:
-    bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
-    if multi_head:
-        head = TaskHead(m.in_features, m.out_features, in_units=in_units, in_unit_size=in_unit_size)
-        head.weight.copy_(m.weight)
-        head.bias.copy_(bias)
-        return head
-    shared = _masked(m, in_units, None, in_unit_size)
-    if not task_affine:
-        return nn.Sequential(shared)
-    task_bias = TaskBias(m.out_features)
-    task_bias.bias.copy_(bias)
-    return nn.Sequential(shared, task_bias)
 
 
 def to_supernet(
@@ -536,7 +427,6 @@ def to_supernet(
     in_group: dict[str, str] = {}
     out_group: dict[str, str] = {}
     norm_group: dict[str, str] = {}
-    attention_group: dict[str, str | None] = {}
     #: features per unit on each side of every layer (inputs: a flattened map's H*W included)
     in_unit = dict(repeats)
     out_unit: dict[str, int] = {}
@@ -559,60 +449,42 @@ def to_supernet(
         for name in g.norms:
             norm_group[name] = g.name
         for name in g.attentions:
-            attention_group[name] = g.name
-        if any(isinstance(modules[n], nn.LayerNorm) for n in g.norms) or g.attentions:
+            in_group[name] = g.name
+        if any(_adapter(modules[n]).tokens for n in g.norms + g.attentions):
             writers = g.producers + g.norms + g.attentions
             readers = g.consumers + g.norms + g.attentions
             check_stream_sources(model, example_input, g.name, writers, readers)
         for name in g.producers:
             out_group[name] = g.name
-            bias = modules[name].bias is not None
+            bias = getattr(modules[name], "bias", None) is not None
             if g.norms and name in scales:
                 continue  # a feature scale: its dead channels multiply zero features
             # a bias right before a BatchNorm is absorbed by it; any other bias (before a
             # GroupNorm too: it shifts channels of a group differently) becomes the shift of a
             # gate, and a group without norms gets its saliency from gates
-            if not g.norms or (bias and not isinstance(successor[name], nn.BatchNorm2d)):
+            after = successor[name]
+            absorbed = after is not None and getattr(adapter_for(after), "absorbs_bias", False)
+            if not g.norms or (bias and not absorbed):
                 gated.add(name)
-    linears = sorted(n for n in gated if isinstance(modules[n], nn.Linear))
+    linears = sorted(n for n in gated if _adapter(modules[n]).token_outputs)
     tokens = token_outputs(model, example_input, linears)
     for name, m in modules.items():
-        if isinstance(m, nn.LayerNorm):
-            if name not in norm_group:
-                raise ConvertError(f"LayerNorm {name!r} does not follow any linear or conv layer")
-            _set(model, name, convert_layernorm(m, norm_group[name]))
-        elif isinstance(m, nn.MultiheadAttention):
-            _set(model, name, convert_attention(m, name, attention_group.get(name), task_affine))
-        elif isinstance(m, nn.BatchNorm2d):
-            if name not in norm_group:
-                raise ConvertError(f"BatchNorm {name!r} does not follow any conv layer")
-            bn = TaskBatchNorm2d(m.num_features, norm_group[name], norm_unit[name])
-            bn.eps, bn.momentum = m.eps, m.momentum
-            bn.load_state_dict(m.state_dict(), strict=False)
-            _set(model, name, bn)
-        elif isinstance(m, nn.GroupNorm):
-            if name not in norm_group:
-                raise ConvertError(f"GroupNorm {name!r} does not follow any conv layer")
-            _set(model, name, _groupnorm(m, norm_group[name], norm_unit[name]))
-        elif isinstance(m, nn.Linear) and name == head:  # _groups checked it is one
-            _set(
-                model,
-                name,
-                _head(m, in_group.get(name), multi_head, task_affine, in_unit.get(name, 1)),
-            )
-        else:
-            width = out_unit.get(name, 1)
-            layer: nn.Module = _masked(
-                m, in_group.get(name), out_group.get(name), in_unit.get(name, 1), width
-            )
-            if name in scales and name in out_group and name not in gated:
-                layer = _scaling(m, layer)
-            elif name in gated:
-                gate_type = TokenGate if name in tokens else UnitGate
-                units = int(m.weight.shape[0]) // width
-                gate = gate_type(units, out_group[name], affine=task_affine, unit_size=width)
-                layer = nn.Sequential(layer, gate)
-            _set(model, name, layer)
+        place = Placement(
+            name,
+            in_group=in_group.get(name),
+            out_group=out_group.get(name),
+            in_unit=in_unit.get(name, 1),
+            out_unit=out_unit.get(name, 1),
+            norm_group=norm_group.get(name),
+            norm_unit=norm_unit.get(name, 1),
+            head=name == head,  # _groups checked it is a layer that can be one
+            multi_head=multi_head,
+            task_affine=task_affine,
+            gated=name in gated,
+            scales=name in scales,
+            tokens=name in tokens,
+        )
+        _set(model, name, _adapter(m).convert(m, place))
     _check_exportable(model)
     return model
 

@@ -1,11 +1,8 @@
-"""Converting transformer layers: what :func:`espn.models.convert.to_supernet` does with
-``nn.LayerNorm``, ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer`` /
-``nn.TransformerEncoder`` and linear layers applied to token tensors ``(B, N, D)``.
+"""Converting transformer models: what :func:`espn.models.convert.to_supernet` does with
+``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder`` and linear layers applied to token
+tensors ``(B, N, D)`` (``nn.LayerNorm`` and ``nn.MultiheadAttention`` have their adapters in
+:mod:`espn.layers.layernorm` and :mod:`espn.layers.attention`).
 
-* ``nn.LayerNorm`` (over the last dimension) becomes a :class:`TaskLayerNorm` of the unit
-  group of the features it normalises (statistics over alive features only);
-* ``nn.MultiheadAttention`` (self-attention, ``q = k = v``) becomes a
-  :class:`MaskedSelfAttention` whose heads are the units of their own group;
 * ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder`` become :class:`EncoderLayer` /
   :class:`EncoderStack`: the same submodules and computation in a forward that ``torch.fx``
   can trace (the torch classes branch on their inputs for their fused fast path);
@@ -25,112 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.supernet.transformer import MaskedAttention, TaskLayerNorm
 
 
 class TokenConvertError(EspnError, ValueError):
     """A transformer model the converter cannot express; the message says what."""
-
-
-class MaskedSelfAttention(MaskedAttention):
-    """A :class:`MaskedAttention` called like ``nn.MultiheadAttention`` for self-attention
-    (``query``, ``key`` and ``value`` the same tensor, no masks), returning ``(out, None)``."""
-
-    #: read by code written for ``nn.MultiheadAttention`` (``nn.TransformerEncoderLayer``)
-    in_proj_bias = None
-    _qkv_same_embed_dim = True
-
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        heads_group: str,
-        in_units: str | None,
-        batch_first: bool,
-        dropout: float,
-        task_affine: bool,
-    ) -> None:
-        super().__init__(
-            dim, heads, heads_group, in_units, task_affine=task_affine, dropout=dropout
-        )
-        self.batch_first = batch_first
-        self.num_heads = heads
-        self.embed_dim = dim
-
-    def forward(  # type: ignore[override]
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        need_weights: bool = True,
-        attn_mask: Tensor | None = None,
-        average_attn_weights: bool = True,
-        is_causal: bool = False,
-    ) -> tuple[Tensor, None]:
-        if (key is not None and key is not query) or (value is not None and value is not query):
-            raise TokenConvertError(
-                "a converted nn.MultiheadAttention supports self-attention only (query, key "
-                "and value the same tensor)"
-            )
-        if key_padding_mask is not None or attn_mask is not None or is_causal:
-            raise TokenConvertError(
-                "a converted nn.MultiheadAttention supports no attention or padding mask"
-            )
-        x = query if self.batch_first else query.transpose(0, 1)
-        out = super().forward(x)
-        return (out if self.batch_first else out.transpose(0, 1)), None
-
-
-@torch.no_grad()
-def convert_attention(
-    m: nn.MultiheadAttention, name: str, in_units: str | None, task_affine: bool
-) -> MaskedSelfAttention:
-    """The masked self-attention holding ``m``'s projection weights (biases are dropped, as
-    the converter drops every bias not absorbed by a norm; see ``espn.models.convert``)."""
-    out = MaskedSelfAttention(
-        m.embed_dim,
-        m.num_heads,
-        f"{name}.heads" if name else "heads",
-        in_units,
-        bool(m.batch_first),
-        float(m.dropout),
-        task_affine,
-    )
-    q, k, v = m.in_proj_weight.chunk(3)
-    out.q.weight.copy_(q)
-    out.k.weight.copy_(k)
-    out.v.weight.copy_(v)
-    out.proj.weight.copy_(m.out_proj.weight)
-    return out.to(m.in_proj_weight.device)
-
-
-@torch.no_grad()
-def convert_layernorm(m: nn.LayerNorm, group: str) -> TaskLayerNorm:
-    """A task LayerNorm of ``group`` starting from ``m``'s affine parameters (1 and 0 when
-    ``m`` has none)."""
-    out = TaskLayerNorm(int(m.normalized_shape[0]), group, eps=m.eps)
-    if m.weight is not None:
-        out.weight.copy_(m.weight)
-    if m.bias is not None:
-        out.bias.copy_(m.bias)
-    return out.to(device=out.weight.device if m.weight is None else m.weight.device)
-
-
-def check_token_module(name: str, m: nn.Module) -> None:
-    """Refuse a transformer module the converter cannot express (one line naming it)."""
-    if isinstance(m, nn.LayerNorm) and len(m.normalized_shape) != 1:
-        raise TokenConvertError(
-            f"LayerNorm {name!r} normalises {tuple(m.normalized_shape)}; only a LayerNorm over "
-            "the last dimension is supported"
-        )
-    if isinstance(m, nn.MultiheadAttention) and (
-        not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn
-    ):
-        raise TokenConvertError(
-            f"MultiheadAttention {name!r} has kdim/vdim, add_bias_kv or add_zero_attn; only "
-            "plain self-attention (q, k, v of the embedding width) is supported"
-        )
 
 
 class EncoderLayer(nn.Module):

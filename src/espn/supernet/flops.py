@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from espn.supernet.layers import MaskedLayer, TaskHead, is_costed
-from espn.supernet.transformer import MaskedAttention
+from espn.supernet.layers import MaskedLayer, TaskHead
 
 
 @dataclass
@@ -91,27 +90,26 @@ Cost = LayerCost | AttentionCost
 
 
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
-    """Run ``example_input`` (a batch) through ``model`` and record every costed layer's shape
-    (and the token count of every self-attention module)."""
+    """Run ``example_input`` (a batch) through ``model`` and record what every costed module
+    costs (its layer type's adapter, :mod:`espn.layers`, says how: a layer's output positions,
+    a self-attention module's token count)."""
+    from espn.layers import exported_adapter  # the adapters build the costs defined here
+
     records: dict[str, int] = {}
     hooks = []
-    modules = {name: m for name, m in model.named_modules() if is_costed(m)}
-    attentions = {n: m for n, m in model.named_modules() if isinstance(m, MaskedAttention)}
-    for name, module in modules.items():
+    costed = {}
+    for name, module in model.named_modules():
+        adapter = exported_adapter(module)
+        if adapter is None or not adapter.counts_flops:
+            continue
+        costed[name] = (module, adapter)
 
-        def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
-            # features are the last dimension of a linear layer's output, dimension 1 of a conv's
-            records[name] = out[0].numel() // out.shape[-1 if isinstance(mod, nn.Linear) else 1]
+        def hook(
+            mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name, a=adapter
+        ) -> None:
+            records[name] = a.measure(mod, inp, out)
 
         hooks.append(module.register_forward_hook(hook))
-    for name, attention in attentions.items():
-
-        def attn_hook(
-            mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name
-        ) -> None:
-            records[name] = int(inp[0].shape[1])
-
-        hooks.append(attention.register_forward_hook(attn_hook))
     was_training = model.training
     model.eval()
     try:
@@ -121,34 +119,13 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
         model.train(was_training)
         for h in hooks:
             h.remove()
-    costs: list[Cost] = [
-        AttentionCost(name, m.heads_group, m.head_dim, records[name])
-        for name, m in attentions.items()
-        if name in records
+    costs = [
+        cost
+        for name, (module, adapter) in costed.items()
+        if name in records and (cost := adapter.cost(name, module, records[name])) is not None
     ]
-    for name, module in modules.items():
-        if name not in records:
-            continue
-        groups = getattr(module, "groups", 1)
-        if groups != 1 and module.in_units is not None:
-            raise ValueError(
-                f"grouped convolution {name!r} (groups={groups}) names input units; its "
-                "channels are its output units"
-            )
-        kernel = module.weight.shape[2:]
-        costs.append(
-            LayerCost(
-                name=name,
-                module=module,
-                in_units=module.in_units,
-                out_units=module.out_units,
-                positions=records[name],
-                kernel_area=int(torch.Size(kernel).numel()),
-                in_unit_size=getattr(module, "in_unit_size", 1),
-                out_unit_size=getattr(module, "out_unit_size", 1),
-            )
-        )
-    return costs
+    # attention's activation products first, then the layers (the order they were listed in)
+    return sorted(costs, key=lambda c: not isinstance(c, AttentionCost))
 
 
 def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:

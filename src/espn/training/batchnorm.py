@@ -10,9 +10,9 @@ sub-network: a cumulative average over the training data, without augmentation.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from espn.data.tasks import Task
-from espn.supernet.layers import TaskBatchNorm2d
 from espn.supernet.supernet import Supernet
 
 #: training batches (in order, no augmentation) the statistics are averaged over; the whole
@@ -31,7 +31,9 @@ def recalibrate_batchnorm(
     Batch ``k`` enters with momentum ``1/k``: the running statistics end as the plain mean of
     the batches' means and (unbiased) variances, as ``nn.BatchNorm2d(momentum=None)`` computes.
     """
-    norms = [m for m in supernet.task_modules.values() if isinstance(m, TaskBatchNorm2d)]
+    norms = [
+        m for m in supernet.task_modules.values() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
     if not norms:
         return 0
     saved = [(m.momentum, m.training) for m in norms]

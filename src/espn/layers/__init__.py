@@ -1,0 +1,39 @@
+"""One adapter per layer type: what a layer type means to espn (conversion, units, FLOPs,
+export) in one file each, registered by type (see :mod:`espn.layers.base`).
+
+Importing this package registers every adapter below; a new layer type is one more file
+here and one more import line.
+"""
+
+from espn.layers import attention, batchnorm2d, conv2d, groupnorm, layernorm, linear
+from espn.layers.base import (
+    ConvertError,
+    ExportError,
+    LayerAdapter,
+    Placement,
+    WeightAdapter,
+    adapter_for,
+    exported_adapter,
+    layer_types,
+    register,
+    source_names,
+)
+
+__all__ = [
+    "ConvertError",
+    "ExportError",
+    "LayerAdapter",
+    "Placement",
+    "WeightAdapter",
+    "adapter_for",
+    "attention",
+    "batchnorm2d",
+    "conv2d",
+    "exported_adapter",
+    "groupnorm",
+    "layer_types",
+    "layernorm",
+    "linear",
+    "register",
+    "source_names",
+]

@@ -1,0 +1,114 @@
+"""``nn.MultiheadAttention`` (self-attention): a masked self-attention whose heads are the
+units of their own group, reading and writing the features of its stream group. Its
+projections are masked linear layers (exported by the linear adapter); it adds the FLOPs of
+``QK^T`` and ``AV`` per alive head (:class:`~espn.supernet.flops.AttentionCost`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from espn.layers.base import ConvertError, LayerAdapter, Placement, register
+from espn.supernet.flops import AttentionCost, Cost
+from espn.supernet.transformer import MaskedAttention
+
+
+class MaskedSelfAttention(MaskedAttention):
+    """A :class:`MaskedAttention` called like ``nn.MultiheadAttention`` for self-attention
+    (``query``, ``key`` and ``value`` the same tensor, no masks), returning ``(out, None)``."""
+
+    #: read by code written for ``nn.MultiheadAttention`` (``nn.TransformerEncoderLayer``)
+    in_proj_bias = None
+    _qkv_same_embed_dim = True
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        heads_group: str,
+        in_units: str | None,
+        batch_first: bool,
+        dropout: float,
+        task_affine: bool,
+    ) -> None:
+        super().__init__(
+            dim, heads, heads_group, in_units, task_affine=task_affine, dropout=dropout
+        )
+        self.batch_first = batch_first
+        self.num_heads = heads
+        self.embed_dim = dim
+
+    def forward(  # type: ignore[override]
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, None]:
+        if (key is not None and key is not query) or (value is not None and value is not query):
+            raise ConvertError(
+                "a converted nn.MultiheadAttention supports self-attention only (query, key "
+                "and value the same tensor)"
+            )
+        if key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise ConvertError(
+                "a converted nn.MultiheadAttention supports no attention or padding mask"
+            )
+        x = query if self.batch_first else query.transpose(0, 1)
+        out = super().forward(x)
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+@register
+class AttentionAdapter(LayerAdapter):
+    source = (nn.MultiheadAttention,)
+    exports = (MaskedAttention,)
+    role = "attention"
+    tokens = True
+    counts_flops = True
+
+    def check(self, name: str, m: nn.Module) -> None:
+        assert isinstance(m, nn.MultiheadAttention)
+        if not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
+            raise ConvertError(
+                f"MultiheadAttention {name!r} has kdim/vdim, add_bias_kv or add_zero_attn; "
+                "only plain self-attention (q, k, v of the embedding width) is supported"
+            )
+
+    def width(self, m: nn.Module, out_side: bool) -> int:
+        assert isinstance(m, nn.MultiheadAttention)
+        return m.embed_dim
+
+    @torch.no_grad()
+    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        """The masked self-attention holding ``m``'s projection weights (biases are dropped,
+        as the converter drops every bias not absorbed by a norm)."""
+        assert isinstance(m, nn.MultiheadAttention)
+        name = place.name
+        out = MaskedSelfAttention(
+            m.embed_dim,
+            m.num_heads,
+            f"{name}.heads" if name else "heads",
+            place.in_group,
+            bool(m.batch_first),
+            float(m.dropout),
+            place.task_affine,
+        )
+        q, k, v = m.in_proj_weight.chunk(3)
+        out.q.weight.copy_(q)
+        out.k.weight.copy_(k)
+        out.v.weight.copy_(v)
+        out.proj.weight.copy_(m.out_proj.weight)
+        return out.to(m.in_proj_weight.device)
+
+    def measure(self, m: nn.Module, inp: tuple[Tensor, ...], out: object) -> int:
+        """Tokens per sample."""
+        return int(inp[0].shape[1])
+
+    def cost(self, name: str, m: nn.Module, measured: int) -> Cost:
+        assert isinstance(m, MaskedAttention)
+        return AttentionCost(name, m.heads_group, m.head_dim, measured)

@@ -1,0 +1,297 @@
+"""What a layer type means to espn, in one class: :class:`LayerAdapter`.
+
+An adapter answers, for one plain torch layer type (``source``) and the espn modules it
+becomes (``exports``), every question the converter, the FLOP count and the exporter ask:
+
+* conversion (:mod:`espn.models.convert`): what it refuses (:meth:`LayerAdapter.check`), its
+  width on each side (:meth:`~LayerAdapter.width`), its role in a unit group (``role``: a
+  ``"layer"`` with weights producing or consuming channels, a ``"norm"`` normalising them, an
+  ``"attention"`` module reading and writing them), its group count, and the espn module it
+  becomes once the converter has placed it in its unit groups (:meth:`~LayerAdapter.convert`);
+* units and FLOPs (:mod:`espn.supernet.flops`): where its features lie in its output and what
+  one sample costs (:meth:`~LayerAdapter.cost`);
+* export (:mod:`espn.export.slim`, :mod:`espn.export.slim_tokens`): the plain torch module
+  computing what its espn module computes for the active task at full width
+  (:meth:`~LayerAdapter.plain`) or on the alive features only (:meth:`~LayerAdapter.slim`),
+  how Torch-Pruning removes its outputs, how a gate folds into it, and how a BatchNorm folds
+  into the layer before it.
+
+Adapters are registered by type (:func:`register`) and found by the nearest registered class
+of a module's type (:func:`adapter_for` for plain modules, :func:`exported_adapter` for espn
+modules), as Torch-Pruning finds one pruning function per layer type. A new layer type is one
+new file in :mod:`espn.layers` (see ``docs/architectures.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from espn.errors import EspnError
+from espn.supernet.flops import Cost, LayerCost
+from espn.supernet.layers import TaskChannelBias, UnitGate, expand_units
+
+#: what a layer does in a unit group
+Role = Literal["layer", "norm", "attention"]
+
+
+class ConvertError(EspnError, ValueError):
+    """The network uses something the converter cannot express; the message says what."""
+
+
+class ExportError(EspnError, ValueError):
+    """A sub-network cannot be turned into a plain or slim model; the message says why."""
+
+
+@dataclass
+class Placement:
+    """Where the converter placed one layer: its unit groups and how it is wrapped."""
+
+    name: str
+    #: unit group of its inputs / outputs (None: not prunable), features per unit on each side
+    in_group: str | None = None
+    out_group: str | None = None
+    in_unit: int = 1
+    out_unit: int = 1
+    #: a norm's group and channels per unit
+    norm_group: str | None = None
+    norm_unit: int = 1
+    #: whether the layer is the model's output (the task head)
+    head: bool = False
+    multi_head: bool = True
+    task_affine: bool = False
+    #: a gate follows the layer (its channels have no norm, or a bias no BatchNorm absorbs)
+    gated: bool = False
+    #: the layer's output scales features (a squeeze-excitation): a per-task bias, no gate
+    scales: bool = False
+    #: features on the last dimension of its output (a token tensor): a token gate
+    tokens: bool = False
+
+
+def param(t: Tensor) -> nn.Parameter:
+    """A detached copy of ``t`` as a parameter."""
+    return nn.Parameter(t.detach().clone())
+
+
+def alive_features(units: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor:
+    """Indices of the alive features of a side of ``width`` features (all if not prunable)."""
+    if group is None:
+        return torch.arange(width)
+    return expand_units(units[group].cpu(), size).nonzero().flatten()
+
+
+class LayerAdapter:
+    """One layer type as espn sees it (see the module docstring); stateless, one instance."""
+
+    #: the plain torch types this adapter converts (subclasses too, unless closer adapted)
+    source: ClassVar[tuple[type[nn.Module], ...]] = ()
+    #: the espn module types it exports back to plain torch modules
+    exports: ClassVar[tuple[type[nn.Module], ...]] = ()
+    role: ClassVar[Role] = "layer"
+    #: works on token features (last dimension): refused on channels pruned in blocks
+    tokens: ClassVar[bool] = False
+    #: a norm that absorbs the bias of the layer right before it
+    absorbs_bias: ClassVar[bool] = False
+    #: may be the model's output layer (the classifier)
+    can_be_head: ClassVar[bool] = False
+    #: its output may scale features (the excitation of a squeeze-excitation block)
+    may_scale: ClassVar[bool] = False
+    #: reads a flattened feature map (channels x positions inputs per channel)
+    reads_flattened: ClassVar[bool] = False
+    #: its outputs may be token tensors (features last, then gated by a TokenGate)
+    token_outputs: ClassVar[bool] = False
+    #: its espn modules cost FLOPs (:meth:`measure` and :meth:`cost` are called)
+    counts_flops: ClassVar[bool] = False
+
+    def check(self, name: str, m: nn.Module) -> None:
+        """Refuse (one-line :class:`ConvertError`) a module of this type espn cannot express."""
+
+    def width(self, m: nn.Module, out_side: bool) -> int:
+        """Features on the output (``out_side``) or input side of ``m``."""
+        raise NotImplementedError
+
+    def groups(self, m: nn.Module) -> int:
+        """Groups its channels come in (a grouped conv's ``groups``; 1 for most layers)."""
+        return 1
+
+    def depthwise(self, m: nn.Module) -> bool:
+        """Whether its input channels are its output channels (a depthwise conv)."""
+        return False
+
+    def group_count(self, name: str, m: nn.Module) -> tuple[str, int] | None:
+        """A description and the group count that a unit of its channels must hold whole (a
+        grouped conv's groups, a GroupNorm's groups), or None."""
+        return None
+
+    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        """The espn module(s) replacing ``m`` once placed in its unit groups."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ FLOPs
+    def feature_dim(self, m: nn.Module) -> int:
+        """The dimension of ``m``'s output holding its output features."""
+        return 1
+
+    def measure(self, m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> int:
+        """What the FLOP count needs from one forward: output positions per sample (the
+        elements of one sample's output per output feature)."""
+        return out[0].numel() // out.shape[self.feature_dim(m)]
+
+    def cost(self, name: str, m: nn.Module, measured: int) -> Cost | None:
+        """The FLOP cost of espn module ``m`` with ``measured`` from :meth:`measure` (None:
+        it costs none, as a norm)."""
+        return None
+
+    # ----------------------------------------------------------------- export
+    def plain(self, m: nn.Module) -> nn.Module:
+        """The plain torch module computing what espn module ``m`` computes for the active
+        task at full width (masks multiplied in)."""
+        raise ExportError(f"no plain torch equivalent for {type(m).__name__}")
+
+    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        """The plain torch module computing what ``m`` computes on its alive features."""
+        raise ExportError(f"no slim torch equivalent for {type(m).__name__}")
+
+    def out_pruner(self) -> Callable[..., object] | None:
+        """Torch-Pruning's function removing output channels of the plain module."""
+        return None
+
+    def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
+        """Make plain ``layer`` compute ``layer(x) * scale + shift`` per output feature."""
+        raise ExportError(f"a gate cannot be folded into a {type(layer).__name__}")
+
+    def fold_norm(self, layer: nn.Module, norm: nn.Module) -> nn.Module | None:
+        """Plain ``layer`` with this plain eval-mode norm folded in, or None if it cannot."""
+        return None
+
+    def hold_groups(self, m: nn.Module, out_units: Tensor | None) -> Callable[[], None] | None:
+        """Prepare plain ``m`` for Torch-Pruning (which keeps group counts) and return what
+        sets its groups from the alive channels afterwards (None: nothing to do).
+        ``out_units``: its alive output channels, per channel, where it has unit groups."""
+        return None
+
+
+class WeightAdapter(LayerAdapter):
+    """A layer of shared weights (masked per task), gated or scaling as placed."""
+
+    counts_flops = True
+
+    def cost(self, name: str, m: nn.Module, measured: int) -> Cost | None:
+        """``2 x alive inputs x alive outputs x kernel area x positions`` (see
+        :class:`~espn.supernet.flops.LayerCost`)."""
+        groups = getattr(m, "groups", 1)
+        in_units, out_units = getattr(m, "in_units", None), getattr(m, "out_units", None)
+        if groups != 1 and in_units is not None:
+            raise ValueError(
+                f"grouped convolution {name!r} (groups={groups}) names input units; its "
+                "channels are its output units"
+            )
+        weight = m.weight
+        assert isinstance(weight, Tensor)
+        return LayerCost(
+            name=name,
+            module=m,  # type: ignore[arg-type]
+            in_units=in_units,
+            out_units=out_units,
+            positions=measured,
+            kernel_area=int(torch.Size(weight.shape[2:]).numel()),
+            in_unit_size=getattr(m, "in_unit_size", 1),
+            out_unit_size=getattr(m, "out_unit_size", 1),
+        )
+
+    def masked(self, m: nn.Module, place: Placement) -> nn.Module:
+        """The masked layer holding ``m``'s weights."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        layer = self.masked(m, place)
+        bias = getattr(m, "bias", None)
+        if place.scales and place.out_group is not None and not place.gated:
+            # a feature scale: a dead channel multiplies a zero feature, so no gate; its bias
+            # is kept per task so that no task changes another's
+            scale_bias = TaskChannelBias(self.width(m, True))
+            if bias is not None:
+                scale_bias.bias.copy_(bias)
+            return nn.Sequential(layer, scale_bias)
+        if place.gated:
+            assert place.out_group is not None
+            from espn.supernet.transformer import TokenGate
+
+            gate_type = TokenGate if place.tokens else UnitGate
+            units = self.width(m, True) // place.out_unit
+            gate = gate_type(
+                units, place.out_group, affine=place.task_affine, unit_size=place.out_unit
+            )
+            return nn.Sequential(layer, gate)
+        return layer
+
+    @torch.no_grad()
+    def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
+        """Output features on the weight's first dimension; the shift becomes (or joins) the
+        bias (no bias is added where there is neither a bias nor a shift)."""
+        weight = layer.weight
+        assert isinstance(weight, Tensor)
+        shape = (-1,) + (1,) * (weight.dim() - 1)
+        if scale is not None:
+            weight.mul_(scale.view(shape))
+        current = getattr(layer, "bias", None)
+        if current is not None:
+            bias = current
+        elif shift is not None:
+            bias = torch.zeros_like(shift)
+        else:
+            return
+        if scale is not None:
+            bias = bias * scale
+        layer.bias = param(bias if shift is None else bias + shift)
+
+
+#: adapters by the plain torch type they convert, and by the espn type they export
+_SOURCES: dict[type[nn.Module], LayerAdapter] = {}
+_EXPORTS: dict[type[nn.Module], LayerAdapter] = {}
+
+
+def register(cls: type[LayerAdapter]) -> type[LayerAdapter]:
+    """Class decorator: register one instance of adapter ``cls`` under its types."""
+    adapter = cls()
+    for t in cls.source:
+        if t in _SOURCES:
+            raise ValueError(f"{t.__name__} already has the adapter {type(_SOURCES[t]).__name__}")
+        _SOURCES[t] = adapter
+    for t in cls.exports:
+        if t in _EXPORTS:
+            raise ValueError(f"{t.__name__} already has the adapter {type(_EXPORTS[t]).__name__}")
+        _EXPORTS[t] = adapter
+    return cls
+
+
+def _nearest(table: dict[type[nn.Module], LayerAdapter], m: nn.Module) -> LayerAdapter | None:
+    for t in type(m).__mro__:
+        if t in table:
+            return table[t]
+    return None
+
+
+def adapter_for(m: nn.Module) -> LayerAdapter | None:
+    """The adapter converting plain module ``m`` (its nearest registered class), or None."""
+    return _nearest(_SOURCES, m)
+
+
+def exported_adapter(m: nn.Module) -> LayerAdapter | None:
+    """The adapter exporting espn module ``m``, or None (not a layer type: a gate, tokens)."""
+    return _nearest(_EXPORTS, m)
+
+
+def layer_types() -> tuple[type[nn.Module], ...]:
+    """The plain types of layers with weights (Torch-Pruning's roots of unit groups)."""
+    return tuple(t for t, a in _SOURCES.items() if a.role == "layer")
+
+
+def source_names() -> str:
+    """The plain types the converter supports, for messages."""
+    return ", ".join(f"nn.{t.__name__}" for t in _SOURCES)

@@ -1,0 +1,95 @@
+"""``nn.BatchNorm2d``: a task BatchNorm (per-task affine parameters and running statistics,
+gamma the channel saliency) that absorbs the bias of the layer before it and folds into the
+convolution before it on export. :class:`BatchNormAdapter` holds what every BatchNorm shares
+(``batchnorm1d`` uses it)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_features, param, register
+from espn.supernet.layers import TaskBatchNorm2d, UnitModule
+
+
+class BatchNormAdapter(LayerAdapter):
+    """A BatchNorm of any dimension: ``task_type`` in the supernet, ``plain_type`` exported."""
+
+    role = "norm"
+    absorbs_bias = True
+    task_type: Any = TaskBatchNorm2d
+    plain_type: type[nn.modules.batchnorm._BatchNorm] = nn.BatchNorm2d
+    #: plain layer types it folds into on export (their outputs' channels on dimension 1)
+    folds_into: tuple[type[nn.Module], ...] = (nn.Conv2d,)
+
+    def check(self, name: str, m: nn.Module) -> None:
+        assert isinstance(m, nn.modules.batchnorm._BatchNorm)
+        if not m.affine:
+            raise ConvertError(f"BatchNorm {name!r} has affine=False; its gamma is the saliency")
+
+    def width(self, m: nn.Module, out_side: bool) -> int:
+        assert isinstance(m, nn.modules.batchnorm._BatchNorm)
+        return m.num_features
+
+    @torch.no_grad()
+    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        assert isinstance(m, nn.modules.batchnorm._BatchNorm)
+        if place.norm_group is None:
+            raise ConvertError(f"BatchNorm {place.name!r} does not follow any conv layer")
+        bn = self.task_type(m.num_features, place.norm_group, place.norm_unit)
+        bn.eps, bn.momentum = m.eps, m.momentum
+        bn.load_state_dict(m.state_dict(), strict=False)
+        return bn
+
+    def _copy(self, m: Any, keep: Tensor | None) -> nn.Module:
+        stats = (m.weight, m.bias, m.running_mean, m.running_var)
+        if keep is None:
+            mask = m.entry_mask()
+            weight, bias = stats[0] * mask, stats[1] * mask
+            mean, var = stats[2], stats[3]
+        else:
+            weight, bias, mean, var = (t[keep] for t in stats)
+        bn = self.plain_type(len(weight), eps=m.eps, momentum=m.momentum)
+        bn.weight, bn.bias = param(weight), param(bias)
+        bn.running_mean = mean.detach().clone()
+        bn.running_var = var.detach().clone()
+        bn.num_batches_tracked = m.num_batches_tracked.detach().clone()
+        return bn.to(device=m.weight.device, dtype=m.weight.dtype)
+
+    @torch.no_grad()
+    def plain(self, m: nn.Module) -> nn.Module:
+        return self._copy(m, None)
+
+    @torch.no_grad()
+    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        assert isinstance(m, UnitModule)
+        w = m.weight
+        keep = alive_features(units, m.group, m.unit_size, w.shape[0]).to(w.device)
+        return self._copy(m, keep)
+
+    @torch.no_grad()
+    def fold_norm(self, layer: nn.Module, norm: nn.Module) -> nn.Module | None:
+        """``layer`` with ``norm`` folded in, the products taken in float64 and rounded once to
+        the layer's dtype."""
+        if not isinstance(layer, self.folds_into):
+            return None
+        weight = layer.weight
+        assert isinstance(weight, Tensor)
+        dtype = weight.dtype
+        wide = copy.deepcopy(layer).double().eval()
+        return self._fuse(wide, copy.deepcopy(norm).double().eval()).to(dtype)
+
+    def _fuse(self, layer: nn.Module, norm: nn.Module) -> nn.Module:
+        assert isinstance(layer, nn.modules.conv._ConvNd)
+        assert isinstance(norm, nn.modules.batchnorm._BatchNorm)
+        return fuse_conv_bn_eval(layer, norm)
+
+
+@register
+class BatchNorm2dAdapter(BatchNormAdapter):
+    source = (nn.BatchNorm2d,)
+    exports = (TaskBatchNorm2d,)

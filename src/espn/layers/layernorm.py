@@ -1,0 +1,54 @@
+"""``nn.LayerNorm`` over the last dimension: a task LayerNorm whose statistics run over the
+alive features of its group (a pruned feature outputs exactly zero), exported as an
+``nn.LayerNorm`` over the alive features (token models have no full-width plain copy)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_features, param, register
+from espn.supernet.transformer import TaskLayerNorm
+
+
+@register
+class LayerNormAdapter(LayerAdapter):
+    source = (nn.LayerNorm,)
+    exports = (TaskLayerNorm,)
+    role = "norm"
+    tokens = True
+
+    def check(self, name: str, m: nn.Module) -> None:
+        assert isinstance(m, nn.LayerNorm)
+        if len(m.normalized_shape) != 1:
+            raise ConvertError(
+                f"LayerNorm {name!r} normalises {tuple(m.normalized_shape)}; only a LayerNorm "
+                "over the last dimension is supported"
+            )
+
+    def width(self, m: nn.Module, out_side: bool) -> int:
+        assert isinstance(m, nn.LayerNorm)
+        return int(m.normalized_shape[0])
+
+    @torch.no_grad()
+    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        """A task LayerNorm of its group starting from ``m``'s affine parameters (1 and 0 when
+        ``m`` has none)."""
+        assert isinstance(m, nn.LayerNorm)
+        if place.norm_group is None:
+            raise ConvertError(f"LayerNorm {place.name!r} does not follow any linear or conv layer")
+        out = TaskLayerNorm(int(m.normalized_shape[0]), place.norm_group, eps=m.eps)
+        if m.weight is not None:
+            out.weight.copy_(m.weight)
+        if m.bias is not None:
+            out.bias.copy_(m.bias)
+        return out.to(device=out.weight.device if m.weight is None else m.weight.device)
+
+    @torch.no_grad()
+    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        assert isinstance(m, TaskLayerNorm)
+        w = m.weight
+        keep = alive_features(units, m.group, 1, w.shape[0]).to(w.device)
+        out = nn.LayerNorm(len(keep), eps=m.eps)
+        out.weight, out.bias = param(w[keep]), param(m.bias[keep])
+        return out.to(device=w.device, dtype=w.dtype)

@@ -1,0 +1,93 @@
+"""``nn.Linear``: masked shared weights whose output neurons are units; the model's last one
+is the task head (one per task, or one shared masked head plus a per-task bias)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch_pruning as tp
+from torch import Tensor, nn
+
+from espn.layers.base import Placement, WeightAdapter, alive_features, param, register
+from espn.supernet.layers import MaskedLinear, TaskBias, TaskHead
+
+
+@register
+class LinearAdapter(WeightAdapter):
+    source = (nn.Linear,)
+    exports = (MaskedLinear, TaskHead)
+    can_be_head = True
+    reads_flattened = True
+    token_outputs = True
+
+    def width(self, m: nn.Module, out_side: bool) -> int:
+        assert isinstance(m, nn.Linear)
+        return m.out_features if out_side else m.in_features
+
+    @torch.no_grad()
+    def masked(self, m: nn.Module, place: Placement) -> nn.Module:
+        assert isinstance(m, nn.Linear)
+        out = MaskedLinear(
+            m.in_features,
+            m.out_features,
+            in_units=place.in_group,
+            out_units=place.out_group,
+            in_unit_size=place.in_unit,
+            out_unit_size=place.out_unit,
+        )
+        out.weight.copy_(m.weight)
+        return out
+
+    @torch.no_grad()
+    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        if not place.head:
+            return super().convert(m, place)
+        assert isinstance(m, nn.Linear)
+        bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
+        if place.multi_head:
+            head = TaskHead(
+                m.in_features, m.out_features, in_units=place.in_group, in_unit_size=place.in_unit
+            )
+            head.weight.copy_(m.weight)
+            head.bias.copy_(bias)
+            return head
+        shared = self.masked(m, Placement(place.name, place.in_group, None, place.in_unit))
+        if not place.task_affine:
+            return nn.Sequential(shared)
+        task_bias = TaskBias(m.out_features)
+        task_bias.bias.copy_(bias)
+        return nn.Sequential(shared, task_bias)
+
+    def feature_dim(self, m: nn.Module) -> int:
+        return -1
+
+    @torch.no_grad()
+    def plain(self, m: nn.Module) -> nn.Module:
+        if isinstance(m, TaskHead):
+            head = nn.Linear(m.in_features, m.out_features)
+            head.weight, head.bias = param(m.weight), param(m.bias)
+            return head.to(device=m.weight.device, dtype=m.weight.dtype)
+        assert isinstance(m, MaskedLinear)
+        linear = nn.Linear(m.in_features, m.out_features, bias=False)
+        linear.weight = param(m.masked_weight())
+        return linear.to(device=m.weight.device, dtype=m.weight.dtype)
+
+    @torch.no_grad()
+    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        w = m.weight
+        assert isinstance(w, Tensor)
+        if isinstance(m, TaskHead):
+            cols = alive_features(units, m.in_units, 1, w.shape[1]).to(w.device)
+            out = nn.Linear(len(cols), m.out_features)
+            out.weight, out.bias = param(w.index_select(1, cols)), param(m.bias)
+            return out.to(device=w.device, dtype=w.dtype)
+        assert isinstance(m, MaskedLinear)
+        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
+        cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
+        linear = nn.Linear(len(cols), len(rows), bias=False)
+        linear.weight = param(m.masked_weight().index_select(0, rows).index_select(1, cols))
+        return linear.to(device=w.device, dtype=w.dtype)
+
+    def out_pruner(self) -> Callable[..., object]:
+        return tp.prune_linear_out_channels
