@@ -243,7 +243,7 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_wandb_offline_needs_no_account(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from espn.loggers import WandbLogger
 
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
@@ -252,6 +252,7 @@ def test_wandb_offline_needs_no_account(tmp_path, monkeypatch):
     logger = WandbLogger(tmp_path / "logs", log_every=6, run_name="tiny")
     assert logger.mode == "offline"
     feed_run(logger, tasks=2)
+    wandb.teardown()  # the W&B service writes the run's file out in the background until here
     rows = wandb_history(tmp_path / "logs")
     steps = [r for r in rows if "loss/task_0" in r or "loss/task_1" in r]
     assert [(r["task_step"], r["phase"]) for r in steps] == [(6, "train"), (12, "finetune")] * 2
@@ -306,6 +307,13 @@ def test_make_loggers_rejects_bad_names_before_writing(tmp_path, names, error, m
         make_loggers(names, tmp_path / "run")
     assert str(info.value) == message
     assert not (tmp_path / "run").exists()
+
+
+def test_a_named_logger_needs_a_run_directory(tmp_path):
+    mine = CSVLogger(tmp_path / "mine")
+    assert make_loggers([mine], None) == [mine]
+    with pytest.raises(LoggerError, match="the csv logger writes into the run directory"):
+        make_loggers([mine, "csv"], None)
 
 
 def test_make_loggers_rejects_bad_log_every(tmp_path):

@@ -70,7 +70,7 @@ def logger_names(names: str | Sequence[str | Callback]) -> list[str]:
 
 def make_loggers(
     names: str | Sequence[str | Callback],
-    run_dir: Path | str,
+    run_dir: Path | str | None,
     *,
     log_every: int = DEFAULT_LOG_EVERY,
 ) -> list[Callback]:
@@ -80,16 +80,23 @@ def make_loggers(
 
     Every name is checked before any logger is made: an unknown one is an error listing the
     accepted names, one given twice a :class:`LoggerError`, one whose optional extra is
-    missing a :class:`LoggerUnavailable` naming the extra.
+    missing a :class:`LoggerUnavailable` naming the extra; a name with no ``run_dir`` (a
+    learner without ``out=``) is a :class:`LoggerError` too.
     """
     check_log_every(log_every)
-    logger_names(names)
+    chosen = logger_names(names)
+    if chosen and run_dir is None:
+        raise LoggerError(
+            f"the {chosen[0]} logger writes into the run directory, and there is none: "
+            f"give the learner out=DIR, or pass a logger object with its own directory, "
+            f"e.g. espn.loggers.CSVLogger('logs')"
+        )
     items = names.split(",") if isinstance(names, str) else list(names)
     made: list[Callback] = []
     for item in items:
         if isinstance(item, Callback):
             made.append(item)
-        elif item.strip():
+        elif item.strip() and run_dir is not None:
             cls = LOGGERS.get(item.strip().lower())
             made.append(cls.in_run(Path(run_dir), log_every=log_every))
     return made
