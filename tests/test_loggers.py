@@ -4,10 +4,7 @@ files read back; the factory's checks; the loss read only on logged steps."""
 from __future__ import annotations
 
 import glob
-import json
 import math
-import struct
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +20,7 @@ from espn.loggers import (
 from espn.registry import UnknownNameError
 from espn.training.callbacks import Callback, CallbackList, EpochEnd, StepEnd, TaskEnd
 from espn.utils.io import read_csv
+from helpers.logs import tensorboard_scalars, tensorboard_texts, wandb_history
 
 #: per task: (phase, steps in that phase), 2 epochs of train then 1 of fine-tune
 PHASES = [("train", 8), ("finetune", 4)]
@@ -169,22 +167,6 @@ def test_a_new_run_replaces_old_rows(tmp_path):
     assert len(tasks) == 1 and float(tasks[0]["accuracy_0"]) == ROWS[0][0]
 
 
-def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(directory))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def tensorboard_texts(directory: Path, tag: str) -> list[tuple[int, str]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(directory))
-    acc.Reload()
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
-
-
 def test_tensorboard_events_hold_every_metric(tmp_path):
     pytest.importorskip("tensorboard")
     feed_run(TensorBoardLogger(tmp_path / "tb", log_every=4))
@@ -210,36 +192,6 @@ def test_tensorboard_events_hold_every_metric(tmp_path):
     assert scalars["time/task_seconds"] == [(t, record_of(t)["seconds"]) for t in range(3)]
     elapsed = [v for _, v in scalars["time/elapsed_seconds"]]
     assert elapsed == sorted(elapsed) and elapsed[0] >= 0
-
-
-def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
-    """The history rows of the one offline W&B run under ``run_dir`` (its ``.wandb`` record
-    log: a 7-byte header, then 32 KiB blocks of records of a 7-byte header (checksum,
-    length, kind: 1 whole, 2 first, 3 middle, 4 last) and a protobuf ``Record``)."""
-    from wandb.proto import wandb_internal_pb2
-
-    (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
-    data = Path(path).read_bytes()
-    assert data[:4] == b":W&B"
-    block, pos, pending, rows = 32768, 7, b"", []
-    while pos + 7 <= len(data):
-        left = block - pos % block
-        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if left < 7 or (length == 0 and kind == 0):  # block padding
-            pos += left
-            continue
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            pending = b""
-            if record.WhichOneof("record_type") == "history":
-                items = record.history.item
-                rows.append(
-                    {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
-                )
-    return rows
 
 
 def test_wandb_offline_needs_no_account(tmp_path, monkeypatch):
