@@ -159,6 +159,15 @@ def test_csv_continues_a_resumed_run_without_repeats(tmp_path):
     assert [r["task"] for r in read_csv(tmp_path / "tasks.csv")] == ["0", "1", "2"]
 
 
+@pytest.mark.parametrize(
+    "text", ["task,step\n0,one\n", "when,what\n1,2\n", "task,step\n0\n", "\xff\xfe\x00"]
+)
+def test_a_foreign_csv_is_refused(tmp_path, text):
+    (tmp_path / "steps.csv").write_bytes(text.encode("latin-1"))
+    with pytest.raises(LoggerError, match=r"steps.csv is not a table the CSV logger wrote"):
+        CSVLogger(tmp_path)
+
+
 def test_a_new_run_replaces_old_rows(tmp_path):
     feed_run(CSVLogger(tmp_path, log_every=1), rows=[[10.0], [10.0, 20.0], [10.0, 20.0, 30.0]])
     feed_run(CSVLogger(tmp_path, log_every=1), tasks=1)

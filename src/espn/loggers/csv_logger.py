@@ -16,7 +16,9 @@ resumes at, and every later task's) are dropped first.
 
 from __future__ import annotations
 
+import csv
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +26,7 @@ from typing import Any, ClassVar
 from espn.loggers.base import (
     DEFAULT_LOG_EVERY,
     EpochRecord,
+    LoggerError,
     MetricLogger,
     StepRecord,
     TaskRecord,
@@ -38,8 +41,22 @@ TASK_TAIL = ["average_accuracy", "flops_ratio", "used_weights", "new_weights", "
 Row = dict[str, Any]
 
 
-def _rows(path: Path) -> list[Row]:
-    return [dict(r) for r in read_csv(path)] if path.is_file() else []
+def _rows(path: Path, keys: Sequence[str]) -> list[Row]:
+    """The rows already in ``path`` (none if it is not there), each with whole numbers in
+    ``keys``; a file that is not such a table is a :class:`LoggerError` naming it."""
+    if not path.is_file():
+        return []
+    try:
+        rows = [dict(r) for r in read_csv(path)]
+        for r in rows:
+            for key in keys:
+                int(r[key])
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError, csv.Error) as exc:
+        raise LoggerError(
+            f"{path} is not a table the CSV logger wrote ({type(exc).__name__}: {exc}); "
+            "move it away or delete it to start a new one"
+        ) from None
+    return rows
 
 
 def _before(rows: list[Row], task: int, step: int) -> list[Row]:
@@ -62,9 +79,9 @@ class CSVLogger(MetricLogger):
         self.steps_path = self.directory / "steps.csv"
         self.epochs_path = self.directory / "epochs.csv"
         self.tasks_path = self.directory / "tasks.csv"
-        self._steps = _rows(self.steps_path)
-        self._epochs = _rows(self.epochs_path)
-        self._tasks = _rows(self.tasks_path)
+        self._steps = _rows(self.steps_path, ["task", "step"])
+        self._epochs = _rows(self.epochs_path, ["task", "step"])
+        self._tasks = _rows(self.tasks_path, ["task"])
         self._started: set[int] = set()  # tasks seen in this process
 
     @classmethod
