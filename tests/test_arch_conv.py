@@ -182,11 +182,11 @@ def test_depthwise_and_squeeze_excitation_resume_exactly(tmp_path, monkeypatch):
         assert_resumes_exactly(tmp_path, monkeypatch, benchmark=benchmark)
 
 
-class Norm1d(nn.Module):
+class LearnedActivation(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = nn.Linear(64, 8)
-        self.norm = nn.BatchNorm1d(8)
+        self.norm = nn.PReLU(8)
         self.fc = nn.Linear(8, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -218,7 +218,7 @@ class ChannelsLast(FlattenHead):
     [
         (ChannelsLast, "linear layer 'fc' reads a flattened feature map whose inputs are not"),
         (Branching, "Branching.forward cannot be traced by torch.fx, so its tasks could not be"),
-        (Norm1d, "module 'norm' is a BatchNorm1d with parameters; the converter supports"),
+        (LearnedActivation, "module 'norm' is a PReLU with parameters; the converter supports"),
     ],
 )
 def test_unsupported_modules_refused_in_one_line(net, message):

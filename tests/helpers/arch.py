@@ -15,6 +15,7 @@ from torch import nn
 
 from espn.config import make_config
 from espn.data.registry import BENCHMARKS, Benchmark
+from espn.data.tasks import TaskSequence
 from espn.evaluation import task_logits
 from espn.experiment import run_experiment
 from espn.export.export import export_task, load_exported, measured_flops
@@ -35,12 +36,17 @@ OPTIMIZERS = [
 
 
 def check_two_tasks(
-    net: Callable[[], nn.Module], optim: OptimConfig, tmp_path: Path, export: bool = True
-) -> None:
-    """ESPN-0.5 on two tiny tasks: task 0's logits and frozen weights bit-identical after
-    task 1, both tasks within their FLOP and weight budgets, and (``export``) task 1's
-    written slim model with the FLOPs counted and the supernet's outputs."""
-    seq = tiny_sequence(n_tasks=2)
+    net: Callable[[], nn.Module],
+    optim: OptimConfig,
+    tmp_path: Path,
+    export: bool = True,
+    seq: TaskSequence | None = None,
+) -> Supernet:
+    """ESPN-0.5 on two tiny tasks (``seq``, default the 1x8x8 ones): task 0's logits and
+    frozen weights bit-identical after task 1, both tasks within their FLOP and weight
+    budgets, and (``export``) task 1's written slim model with the FLOPs counted (equal to
+    FlopCounterMode on it) and the supernet's outputs. Returns the supernet."""
+    seq = seq or tiny_sequence(n_tasks=2)
     torch.manual_seed(0)
     x0 = seq.tasks[0].train.x[:2]
     sn = Supernet(to_supernet(net(), x0), x0)
@@ -65,6 +71,7 @@ def check_two_tasks(
         report = export_task(sn, 1, [x], tmp_path / "task1.pt2", also_onnx=False)
         assert report.flops == sn.flops(sn.masks[1].units) < sn.dense_flops
         assert torch.allclose(load_exported(report.files[0])(x), sn(x, task=1), atol=1e-5)
+    return sn
 
 
 def assert_random_task_exports_exactly(sn: Supernet, x: torch.Tensor, n_classes: int) -> None:

@@ -5,7 +5,17 @@ Importing this package registers every adapter below; a new layer type is one mo
 here and one more import line.
 """
 
-from espn.layers import attention, batchnorm2d, conv2d, groupnorm, layernorm, linear
+from espn.layers import (
+    attention,
+    batchnorm1d,
+    batchnorm2d,
+    conv1d,
+    conv2d,
+    embedding,
+    groupnorm,
+    layernorm,
+    linear,
+)
 from espn.layers.base import (
     ConvertError,
     ExportError,
@@ -27,8 +37,11 @@ __all__ = [
     "WeightAdapter",
     "adapter_for",
     "attention",
+    "batchnorm1d",
     "batchnorm2d",
+    "conv1d",
     "conv2d",
+    "embedding",
     "exported_adapter",
     "groupnorm",
     "layer_types",

@@ -294,4 +294,4 @@ def layer_types() -> tuple[type[nn.Module], ...]:
 
 def source_names() -> str:
     """The plain types the converter supports, for messages."""
-    return ", ".join(f"nn.{t.__name__}" for t in _SOURCES)
+    return ", ".join(sorted(f"nn.{t.__name__}" for t in _SOURCES))

@@ -1,0 +1,66 @@
+"""``nn.BatchNorm1d`` (after a linear layer in an MLP, or a ``Conv1d`` on sequences): a task
+BatchNorm over dimension 1, as :mod:`espn.layers.batchnorm2d`, folded on export into the
+linear layer or 1-D convolution before it."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
+
+from espn.layers.base import register
+from espn.layers.batchnorm2d import BatchNormAdapter
+from espn.supernet.layers import UnitModule
+
+
+class TaskBatchNorm1d(nn.BatchNorm1d, UnitModule):
+    """BatchNorm over dimension 1 of ``(N, C)`` or ``(N, C, L)`` whose affine parameters and
+    running statistics belong to the active task (see
+    :class:`~espn.supernet.layers.TaskBatchNorm2d`)."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
+
+    def __init__(self, n: int, group: str, unit_size: int = 1) -> None:
+        super().__init__(n)
+        self._init_units(group, n, unit_size)
+
+    def reset_task(self, n_classes: int) -> None:
+        self.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        mask = self.entry_mask()
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average, as nn.BatchNorm1d
+                factor = 1.0 / float(self.num_batches_tracked)
+        return F.batch_norm(
+            x,
+            self.running_mean,
+            self.running_var,
+            self.weight * mask,
+            self.bias * mask,
+            self.training,
+            factor,
+            self.eps,
+        )
+
+
+@register
+class BatchNorm1dAdapter(BatchNormAdapter):
+    source = (nn.BatchNorm1d,)
+    exports = (TaskBatchNorm1d,)
+    task_type = TaskBatchNorm1d
+    plain_type = nn.BatchNorm1d
+    folds_into = (nn.Linear, nn.Conv1d)
+
+    def _fuse(self, layer: nn.Module, norm: nn.Module) -> nn.Module:
+        assert isinstance(norm, nn.BatchNorm1d)
+        if isinstance(layer, nn.Linear):
+            return fuse_linear_bn_eval(layer, norm)
+        assert isinstance(layer, nn.Conv1d)
+        return fuse_conv_bn_eval(layer, norm)

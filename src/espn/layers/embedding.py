@@ -1,0 +1,110 @@
+"""``nn.Embedding`` (token models): a masked lookup table whose output features are units.
+
+The table is held as the weight of a linear layer on one-hot inputs, ``(features, vocabulary)``,
+so that its output features are the weight's rows as for every other masked layer (masks,
+frozen weights, budgets unchanged); the vocabulary is never pruned. A lookup multiplies
+nothing: it costs no FLOPs, as FlopCounterMode counts it. The slim model is an
+``nn.Embedding`` of the alive features; a gate after it (its features have no norm) folds
+into the table, so a task shift (``task_affine``), which a table has no bias for, is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+import torch_pruning as tp
+from torch import Tensor, nn
+
+from espn.layers.base import (
+    ConvertError,
+    ExportError,
+    Placement,
+    WeightAdapter,
+    alive_features,
+    param,
+    register,
+)
+from espn.supernet.layers import MaskedLayer
+
+
+class MaskedEmbedding(MaskedLayer):
+    """``nn.Embedding`` whose table (stored transposed, ``(embedding_dim, num_embeddings)``)
+    is multiplied by the active task's mask."""
+
+    def __init__(self, table: nn.Embedding, out_units: str | None, out_unit_size: int) -> None:
+        super().__init__()
+        self.num_embeddings = table.num_embeddings
+        self.embedding_dim = table.embedding_dim
+        self.padding_idx = table.padding_idx
+        self.weight = nn.Parameter(table.weight.detach().t().contiguous())
+        self._init_masks(None, out_units)
+        self.out_unit_size = out_unit_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.embedding(x, self.masked_weight().t(), self.padding_idx)
+
+
+def _table(weight: Tensor, padding_idx: int | None) -> nn.Embedding:
+    """An ``nn.Embedding`` holding ``weight`` (``(num_embeddings, features)``)."""
+    out = nn.Embedding(weight.shape[0], weight.shape[1], padding_idx=padding_idx)
+    out.weight = param(weight.contiguous())
+    return out.to(device=weight.device, dtype=weight.dtype)
+
+
+@register
+class EmbeddingAdapter(WeightAdapter):
+    source = (nn.Embedding,)
+    exports = (MaskedEmbedding,)
+    token_outputs = True
+    counts_flops = False  # a lookup: FlopCounterMode counts nothing
+
+    def check(self, name: str, m: nn.Module) -> None:
+        assert isinstance(m, nn.Embedding)
+        if m.max_norm is not None or m.sparse:
+            raise ConvertError(
+                f"Embedding {name!r} has max_norm or sparse=True (max_norm rewrites the table "
+                "in place, which would change frozen rows); supported: a plain nn.Embedding"
+            )
+
+    def width(self, m: nn.Module, out_side: bool) -> int:
+        assert isinstance(m, nn.Embedding)
+        return m.embedding_dim if out_side else m.num_embeddings
+
+    def feature_dim(self, m: nn.Module) -> int:
+        return -1
+
+    @torch.no_grad()
+    def masked(self, m: nn.Module, place: Placement) -> nn.Module:
+        assert isinstance(m, nn.Embedding)
+        if place.gated and place.task_affine:
+            raise ConvertError(
+                f"Embedding {place.name!r} would get a per-task shift (task_affine), which an "
+                "exported table has no bias for; use task_affine=False or a LayerNorm after it"
+            )
+        return MaskedEmbedding(m, place.out_group, place.out_unit)
+
+    @torch.no_grad()
+    def plain(self, m: nn.Module) -> nn.Module:
+        assert isinstance(m, MaskedEmbedding)
+        return _table(m.masked_weight().t(), m.padding_idx)
+
+    @torch.no_grad()
+    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        assert isinstance(m, MaskedEmbedding)
+        w = m.weight
+        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
+        return _table(m.masked_weight().index_select(0, rows).t(), m.padding_idx)
+
+    def out_pruner(self) -> Callable[..., object]:
+        return tp.prune_embedding_out_channels
+
+    @torch.no_grad()
+    def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
+        """A gate's scale multiplies the table's columns (its features)."""
+        assert isinstance(layer, nn.Embedding)
+        if shift is not None:
+            raise ExportError("a per-task shift cannot be folded into an nn.Embedding")
+        if scale is not None:
+            layer.weight.mul_(scale.view(1, -1))

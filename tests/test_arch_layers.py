@@ -1,0 +1,138 @@
+"""The layer types added as one adapter file each (``espn.layers``): ``nn.BatchNorm1d``,
+``nn.Conv1d``, ``nn.Embedding``. For each: two ESPN tasks with task 0 bit-identical and its
+frozen weights untouched, and the exported slim model's FLOPs (FlopCounterMode) equal to the
+supernet's count, its outputs the supernet's. Tiny models, seconds each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from espn.data.tasks import Split, Task, TaskSequence
+from espn.export.export import measured_flops
+from espn.export.slim import slim_copy
+from espn.layers import adapter_for, exported_adapter
+from espn.layers.batchnorm1d import TaskBatchNorm1d
+from espn.layers.conv1d import MaskedConv1d
+from espn.layers.embedding import MaskedEmbedding
+from espn.models.convert import ConvertError, to_supernet
+from espn.supernet import Supernet
+from helpers.arch import OPTIMIZERS, assert_random_task_exports_exactly, check_two_tasks
+from helpers.images import random_task
+
+
+def bn_mlp() -> nn.Module:
+    """An MLP with BatchNorm1d after each hidden layer (biases absorbed by the norms)."""
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(64, 32),
+        nn.BatchNorm1d(32),
+        nn.ReLU(),
+        nn.Linear(32, 24),
+        nn.BatchNorm1d(24),
+        nn.ReLU(),
+        nn.Linear(24, 3),
+    )
+
+
+class SequenceNet(nn.Module):
+    """The 8x8 image as a 64-step sequence: a Conv1d with BatchNorm1d, a depthwise Conv1d, a
+    strided Conv1d with a bias and no norm (gated), mean over time, a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(1, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm1d(8)
+        self.dw = nn.Conv1d(8, 8, 5, padding=2, groups=8, bias=False)
+        self.bn2 = nn.BatchNorm1d(8)
+        self.conv3 = nn.Conv1d(8, 12, 3, stride=2)
+        self.fc = nn.Linear(12, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.bn1(self.conv1(x.flatten(2))))
+        h = torch.relu(self.bn2(self.dw(h)))
+        return self.fc(torch.relu(self.conv3(h)).mean(-1))
+
+
+class TokenNet(nn.Module):
+    """Token ids in, an embedding, a linear layer per token, mean over tokens, a classifier."""
+
+    def __init__(self, vocabulary: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, 16)
+        self.mix = nn.Linear(16, 24)
+        self.fc = nn.Linear(24, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(torch.relu(self.mix(self.embed(x))).mean(1))
+
+
+def token_sequence(n_tasks: int = 2, n: int = 48, length: int = 8, vocabulary: int = 16):
+    """Learnable token tasks: each class a prototype sequence, a quarter of its tokens
+    replaced at random."""
+    gen = torch.Generator().manual_seed(0)
+    tasks = []
+    for t in range(n_tasks):
+        protos = torch.randint(vocabulary, (3, length), generator=gen)
+        splits = []
+        for _ in range(2):
+            y = torch.arange(n) % 3
+            noise = torch.randint(vocabulary, (n, length), generator=gen)
+            keep = torch.rand(n, length, generator=gen) < 0.75
+            splits.append(Split(torch.where(keep, protos[y], noise), torch.arange(n), y))
+        tasks.append(Task(f"tokens {t}", splits[0], splits[1], lambda x, train: x, 3))
+    return TaskSequence("tokens", tasks, (length,), multi_head=True)
+
+
+NETS = {"bn-mlp": bn_mlp, "conv1d": SequenceNet, "embedding": TokenNet}
+
+
+def sequence(kind: str) -> TaskSequence | None:
+    return token_sequence() if kind == "embedding" else None
+
+
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("kind", list(NETS))
+def test_two_tasks_bit_identical_and_export_counted_exactly(kind, optim, tmp_path):
+    check_two_tasks(NETS[kind], optim, tmp_path, export=optim.name == "sgd", seq=sequence(kind))
+
+
+@pytest.mark.parametrize("kind", list(NETS))
+def test_random_task_slim_copy_matches_flop_counter(kind):
+    seq = sequence(kind)
+    x = seq.tasks[0].test.x[:8] if seq else torch.randn(8, 1, 8, 8)
+    torch.manual_seed(0)
+    sn = Supernet(to_supernet(NETS[kind](), x[:2]), x[:2])
+    assert measured_flops(sn.model, x) == sn.dense_flops
+    assert_random_task_exports_exactly(sn, x, 3)
+
+
+def test_each_layer_becomes_its_espn_module_and_is_found_by_type():
+    x = torch.randn(2, 1, 8, 8)
+    kinds = {
+        TaskBatchNorm1d: to_supernet(bn_mlp(), x),
+        MaskedConv1d: to_supernet(SequenceNet(), x),
+        MaskedEmbedding: to_supernet(TokenNet(), token_sequence().tasks[0].train.x[:2]),
+    }
+    for kind, model in kinds.items():
+        found = [m for m in model.modules() if isinstance(m, kind)]
+        assert found and all(exported_adapter(m) is not None for m in found)
+    assert adapter_for(nn.BatchNorm1d(4)) is not adapter_for(nn.BatchNorm2d(4))
+
+
+def test_embedding_with_max_norm_is_refused():
+    net = TokenNet()
+    net.embed = nn.Embedding(16, 16, max_norm=1.0)
+    with pytest.raises(ConvertError, match="Embedding 'embed' has max_norm"):
+        to_supernet(net, torch.zeros(2, 8, dtype=torch.long))
+
+
+def test_slim_embedding_keeps_alive_features_only():
+    x = token_sequence().tasks[0].test.x[:4]
+    sn = Supernet(to_supernet(TokenNet(), x[:2]), x[:2])
+    random_task(sn, 3, x, torch.Generator().manual_seed(0), 0.5)
+    alive = int(sn.masks[0].units["embed"].sum())
+    table = slim_copy(sn, 0, x).get_submodule("embed.0")
+    assert isinstance(table, nn.Embedding) and table.weight.shape == (16, alive)
+    assert 0 < alive < 16
