@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+import espn
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.export.export import measured_flops
 from espn.export.slim import slim_copy
@@ -136,3 +137,43 @@ def test_slim_embedding_keeps_alive_features_only():
     table = slim_copy(sn, 0, x).get_submodule("embed.0")
     assert isinstance(table, nn.Embedding) and table.weight.shape == (16, alive)
     assert 0 < alive < 16
+
+
+class Tied(nn.Module):
+    """Two linear layers sharing one weight (``fc2.weight = fc1.weight``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc0 = nn.Linear(64, 16)
+        self.fc1 = nn.Linear(16, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc2.weight = self.fc1.weight
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.fc1(torch.relu(self.fc0(x.flatten(1)))))
+        return self.fc(torch.relu(self.fc2(h)))
+
+
+class CalledTwice(nn.Module):
+    """One linear layer applied twice in forward (the FLOPs of two calls, one module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, 64)
+        self.mid = nn.Linear(64, 64)
+        self.fc = nn.Linear(64, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.fc1(x.flatten(1)))
+        return self.fc(torch.relu(self.mid(torch.relu(self.mid(h)))))
+
+
+def test_tied_weights_are_refused_not_untied():
+    with pytest.raises(ConvertError, match="module 'fc2' shares a parameter with 'fc1'"):
+        espn.wrap(Tied(), torch.zeros(2, 1, 8, 8))
+
+
+def test_a_module_called_twice_is_refused_not_counted_once():
+    with pytest.raises(ConvertError, match=r"module 'mid' \(2 times\) is called more than once"):
+        espn.wrap(CalledTwice(), torch.zeros(2, 1, 8, 8))

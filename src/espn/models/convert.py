@@ -131,7 +131,44 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
                 f"supports {source_names()} and nn.TransformerEncoder(Layer) (plus "
                 "parameter-free modules), and timm's VisionTransformer"
             )
+    owner: dict[int, str] = {}
+    for name, m in found.items():
+        for p in m.parameters():
+            if id(p) in owner:
+                raise ConvertError(
+                    f"module {name!r} shares a parameter with {owner[id(p)]!r} (tied weights); "
+                    "espn masks, freezes and prunes each layer's weights on their own, so tied "
+                    "layers would be untied; give each layer its own parameters"
+                )
+            owner[id(p)] = name
     return found
+
+
+def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.Module]) -> None:
+    """Refuse a layer that ``forward`` calls more than once on the example input: its masks,
+    unit groups and FLOPs are per layer, and a second call would need its own."""
+    calls = dict.fromkeys(modules, 0)
+
+    def count(name: str) -> Callable[..., None]:
+        def hook(*_: object) -> None:
+            calls[name] += 1
+
+        return hook
+
+    hooks = [m.register_forward_pre_hook(count(n)) for n, m in modules.items()]
+    try:
+        with torch.no_grad():
+            model(example_input)
+    finally:
+        for h in hooks:
+            h.remove()
+    again = [f"{n!r} ({k} times)" for n, k in calls.items() if k > 1]
+    if again:
+        raise ConvertError(
+            f"module {again[0]} is called more than once by forward(); a layer called again "
+            "is a shared layer, not supported (each call would need its own task masks and "
+            "FLOPs): use one module per call"
+        )
 
 
 def _depthwise(m: nn.Module) -> bool:
@@ -421,6 +458,7 @@ def to_supernet(
         return from_timm_vit(model, example_input, multi_head, task_affine)
     model = copy.deepcopy(model).eval()
     modules = _check_modules(model)
+    _check_calls(model, example_input, modules)
     groups, successor, head, repeats, scales = _groups(model, example_input, modules)
     model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
