@@ -518,6 +518,38 @@ class ContinualLearner:
 
         return any(isinstance(m, TaskHead) for m in self.supernet.task_modules.values())
 
+    # ------------------------------------------------- prediction without the task
+    def infer_task(self, x: Tensor, same_task: bool = False, rule: str | None = None) -> Tensor:
+        """The task of each sample of ``x`` (a batch of inputs), inferred by ``rule`` (see
+        :mod:`espn.inference`; default ``espn.inference.DEFAULT_RULE``); with ``same_task``,
+        one task for the whole batch (the samples' scores summed)."""
+        from espn.inference import infer
+
+        return infer(self.supernet, self._inputs(x), rule, same_task).tasks
+
+    def predict(
+        self,
+        x: Tensor,
+        task: int | None = None,
+        same_task: bool = False,
+        rule: str | None = None,
+    ) -> Tensor:
+        """Class predicted for each sample of ``x`` by task ``task``'s sub-network or, with
+        ``task=None``, by the sub-network of the task inferred for it (:meth:`infer_task`):
+        where the inferred task is ``t`` the prediction equals ``predict(x, task=t)``."""
+        from espn.inference import infer, predict_given
+
+        x = self._inputs(x)
+        if task is not None:
+            self._check_task(task)
+            return predict_given(self.supernet, x, task)
+        return infer(self.supernet, x, rule, same_task).classes
+
+    def _inputs(self, x: Tensor) -> Tensor:
+        """``x`` checked as a batch of model inputs, on the learner's device."""
+        checks.check_inputs(x, "x", self.supernet.input_shape)
+        return x.to(self.device)
+
 
 def _known(name: str) -> None:
     """Let a run configuration name the model: a reference is registered where it may be

@@ -19,6 +19,7 @@ from torch import Tensor
 from espn.config import ConfigError
 from espn.data.tasks import Task
 from espn.evaluation.metrics import task_accuracy
+from espn.inference.statistics import task_statistics
 from espn.methods.base import Strategy
 from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
@@ -120,6 +121,7 @@ class TaskRunner:
         else:
             log = self.engine.train_task(step, index, on_progress=on_progress, resume=resume)
         learned = range(first, len(self.supernet.masks))  # one task, or all of them for MTL
+        self.store_statistics(learned, tasks)
         row = self.accuracy_row(tasks, learned.stop) if evaluate else None
         self.rows.append(row)
         new = []
@@ -141,6 +143,14 @@ class TaskRunner:
             if self.strategy.uses_gamma and pretrained is None:
                 check_budget(self.strategy.cfg.gamma, record, name, t)
         return Learned(learned, log, row)
+
+    def store_statistics(self, learned: range, tasks: Sequence[Task | None]) -> None:
+        """Give each task just committed the statistics of task-agnostic prediction, from
+        its training data (see :mod:`espn.inference.statistics`; none without data here)."""
+        for t in learned:
+            task = tasks[t] if t < len(tasks) else None
+            if task is not None and len(task.train):
+                self.supernet.masks[t].stats = task_statistics(self.supernet, t, task)
 
     def accuracy_row(self, tasks: Sequence[Task | None], n: int) -> list[float] | None:
         """Accuracy (%) of tasks ``0..n-1`` on their test data (built one at a time: a lazy

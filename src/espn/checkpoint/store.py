@@ -278,11 +278,13 @@ def _scaler_state(engine: Engine | None) -> dict[str, Any] | None:
 
 def _task_tensors(mask: TaskMask, row: list[float] | None) -> dict[str, Tensor]:
     """A task file's tensors: explicit masks only (derived ones are their form and horizon in
-    the manifest), bit-packed unit masks, task state, own weights, its accuracy row."""
+    the manifest), bit-packed unit masks, task state, own weights, the statistics of
+    task-agnostic prediction, its accuracy row."""
     out = {f"weights.{k}": v for k, v in mask.weights.items() if mask.form(k) in EXPLICIT_FORMS}
     out |= {f"units.{k}": pack_bits(v) for k, v in mask.units.items()}
     out |= {f"state.{k}": v for k, v in mask.state.items()}
     out |= {f"own.{k}": v for k, v in mask.own.items()}
+    out |= {f"stats.{k}": v for k, v in mask.stats.items()}
     if row is not None:
         out["accuracy"] = torch.tensor(row, dtype=torch.float64)
     return out
@@ -378,6 +380,7 @@ def _read_task(
         own=own,
         forms=forms,
         horizon=int(entry["horizon"]),
+        stats=_prefixed(tensors, "stats."),
     )
 
 

@@ -47,17 +47,32 @@ def evaluate(
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
     batch_size: int = typer.Option(1024, min=1, max=2**31 - 1, help="Evaluation batch size."),
     trust_model_code: bool = TRUST_OPTION,
+    task_agnostic: bool = typer.Option(
+        False,
+        "--task-agnostic",
+        help="Also predict without the task: infer each test sample's task (--rule), report "
+        "per task the accuracy per sample and per batch of 32 and how often the task is "
+        "picked right, store it in results.json and plot the task-confusion matrix.",
+    ),
+    rule: str | None = typer.Option(
+        None, help="With --task-agnostic: the task-inference rule (see docs/task-agnostic.md)."
+    ),
 ) -> None:
     """Re-compute each task's test accuracy from the checkpoint alone.
 
     Every finished task is evaluated on its test data and compared with results.json; the exit
-    status is 1 if any differs.
+    status is 1 if any differs. With --task-agnostic, also without the task given.
     """
     from espn.checkpoint.continuation import check_source_unchanged
     from espn.checkpoint.run import load_run
     from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.experiment import build_benchmark
+    from espn.inference import DEFAULT_RULE, RULES
 
+    if rule is not None and not task_agnostic:
+        fail("--rule is an option of --task-agnostic; add --task-agnostic")
+    if task_agnostic:
+        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
     run = run_directory(run_dir, run_alias)
     loaded = load_run(run, device, trust_code=trust_model_code)
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
@@ -82,9 +97,49 @@ def evaluate(
             "yes" if ok else "NO",
         )
     console.print(table)
+    if task_agnostic:
+        _task_agnostic(run, loaded.supernet, [seq.tasks[t] for t in range(loaded.n_tasks)], rule)
     if mismatches:
         fail(f"tasks {mismatches} differ from {source}", code=1)
     console.print(f"all {loaded.n_tasks} tasks match {source}")
+
+
+def _task_agnostic(run: Path, supernet: Any, tasks: list[Any], rule: str | None) -> None:
+    """Measure, print and store (results.json, the confusion plot) task-agnostic prediction."""
+    from espn.inference import evaluate_task_agnostic
+    from espn.inference.report import plot_confusion, plot_name, store
+
+    doc = evaluate_task_agnostic(supernet, tasks, rule)
+    console.print(agnostic_table(doc, [t.name for t in tasks]))
+    plot = run / plot_name(doc["rule"])
+    plot_confusion(doc, plot, [t.name for t in tasks])
+    kept = "results.json" if store(run, doc) else "no results.json to store it in"
+    console.print(
+        f"rule {doc['rule']}: {doc['flops_passes']:.2f} dense passes per sample; "
+        f"stored in {kept}; task confusion plotted in {plot}"
+    )
+
+
+def agnostic_table(doc: dict[str, Any], names: list[str]) -> Table:
+    """Per task and on average: accuracy with the task given, without it per sample and per
+    batch, and how often the task is picked right."""
+    batch = doc["batch"]
+    table = Table(
+        "task",
+        "name",
+        "task given %",
+        "per sample %",
+        f"per batch of {batch} %",
+        "task picked %",
+        "per batch %",
+        title=f"prediction without the task, rule {doc['rule']}",
+    )
+    keys = ("given", "per_sample", "per_batch", "task_picked", "task_picked_per_batch")
+    for r in doc["tasks"]:
+        name = names[r["task"]] if r["task"] < len(names) else ""
+        table.add_row(str(r["task"]), name, *(f"{r[k]:.2f}" for k in keys))
+    table.add_row("all", "average", *(f"{doc['average'][k]:.2f}" for k in keys))
+    return table
 
 
 @app.command("export")
@@ -92,7 +147,9 @@ def evaluate(
 def export_command(
     run_dir: Path | None = RUN_ARGUMENT,
     run_alias: Path | None = RUN_ALIAS,
-    task: int = typer.Option(..., help="Task index, 0-based as in results.json."),
+    task: int | None = typer.Option(
+        None, help="Task index, 0-based as in results.json (or give --task-agnostic)."
+    ),
     out: Path = typer.Option(..., help="Output file: NAME.pt2 (torch.export) or NAME.onnx."),
     onnx: bool | None = typer.Option(
         None, help="With a .pt2 output, also write NAME.onnx (default: if onnx is installed)."
@@ -105,12 +162,23 @@ def export_command(
         True, "--fold-bn/--keep-bn", help="Fold BatchNorm into the convolution before it."
     ),
     trust_model_code: bool = TRUST_OPTION,
+    task_agnostic: bool = typer.Option(
+        False,
+        "--task-agnostic",
+        help="Instead of one task: one model of every task that infers each input's task "
+        "(--rule) and returns (class, task).",
+    ),
+    rule: str | None = typer.Option(
+        None, help="With --task-agnostic: the task-inference rule (see docs/task-agnostic.md)."
+    ),
 ) -> None:
-    """Write one task as a slim standalone model (.pt2 / .onnx).
+    """Write one task as a slim standalone model (.pt2 / .onnx), or with --task-agnostic one
+    model that predicts without the task.
 
     Pruned units are physically removed and the task's head attached; the model is checked to
     match the supernet within 1e-5 x max(1, largest |output|) and to have the FLOPs that
-    results.json reports.
+    results.json reports. A task-agnostic model holds every task's slim sub-network and the
+    rule's statistics; it is checked to pick the same task and class as espn's prediction.
     """
     import torch
 
@@ -118,10 +186,20 @@ def export_command(
     from espn.checkpoint.run import load_run
     from espn.experiment import build_benchmark
     from espn.export.export import check_target, export_task
+    from espn.inference import DEFAULT_RULE, RULES
 
+    if (task is None) == (not task_agnostic):
+        fail("give either --task N (one task) or --task-agnostic (every task, task inferred)")
+    if rule is not None and not task_agnostic:
+        fail("--rule is an option of --task-agnostic; add --task-agnostic")
+    if task_agnostic:
+        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
     run = run_directory(run_dir, run_alias)
     check_target(out)
     loaded = load_run(run, device, trust_code=trust_model_code)
+    if task is None:
+        _export_task_agnostic(run, loaded, out, rule, onnx, check_data, fold_bn, device)
+        return
     loaded.check_task(task)
     if check_data:
         check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
@@ -144,6 +222,40 @@ def export_command(
         f"  max |output - supernet output| = {report.max_abs_diff:.2e} "
         f"on {report.checked_samples} {'test' if check_data else 'random'} inputs "
         f"(allowed {report.tolerance:.2e}; outputs up to {report.max_abs_output:.3g})\n"
+        f"  load it without espn: {load_hint(out, report.files)}"
+    )
+
+
+def _export_task_agnostic(
+    run: Path,
+    loaded: Any,
+    out: Path,
+    rule: str | None,
+    onnx: bool | None,
+    check_data: bool,
+    fold_bn: bool,
+    device: str,
+) -> None:
+    """``espn export --task-agnostic``: checked on up to 1024 test samples of every task."""
+    import torch
+
+    from espn.checkpoint.continuation import check_source_unchanged
+    from espn.experiment import build_benchmark
+    from espn.inference.export import export_task_agnostic
+
+    if check_data:
+        check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
+        seq = build_benchmark(loaded.config)
+        inputs = [next(seq.tasks[t].batches("test", 1024))[0] for t in range(loaded.n_tasks)]
+    else:
+        gen = torch.Generator().manual_seed(0)
+        inputs = [torch.randn(256, *loaded.example_input().shape[1:], generator=gen).to(device)]
+    report = export_task_agnostic(loaded.supernet, inputs, out, rule, onnx, fold_bn)
+    console.print(
+        f"{report.tasks} tasks, rule {report.rule}: wrote {', '.join(report.files)}\n"
+        f"  {report.parameters} parameters; returns (class, task) per input\n"
+        f"  same task and class as espn's prediction on {report.checked_samples} "
+        f"{'test' if check_data else 'random'} inputs ({report.ties} float32 ties not compared)\n"
         f"  load it without espn: {load_hint(out, report.files)}"
     )
 

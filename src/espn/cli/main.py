@@ -190,6 +190,7 @@ def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS
         console.print("no accuracy recorded (the tasks were learned without test data)")
         return
     console.print(f"average accuracy {doc['average_accuracy']:.2f}%")
+    _show_task_agnostic(doc)
     rows = doc["accuracy_matrix"]
     console.print(accuracy_matrix_table(rows))
     skipped = sum(row is None for row in rows)
@@ -217,6 +218,19 @@ def accuracy_matrix_table(rows: list[list[float] | None]) -> Table:
         cells = [f"{v:.2f}" for v in row] + [""] * (n - len(row))
         table.add_row(str(t), *cells)
     return table
+
+
+def _show_task_agnostic(doc: dict[str, Any]) -> None:
+    """The figures ``espn evaluate --task-agnostic`` stored, one table per rule."""
+    from espn.inference.report import stored
+
+    for entry in stored(doc).values():
+        console.print(deploy.agnostic_table(entry, doc["task_names"]))
+        console.print(
+            f"inference FLOPs per sample: {entry['flops_passes']:.2f} dense passes; "
+            f"task picked right per batch of {entry['batch']}: "
+            f"{entry['average']['task_picked_per_batch']:.2f}%"
+        )
 
 
 def main() -> None:

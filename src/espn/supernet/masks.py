@@ -239,7 +239,8 @@ class TaskMask:
     heads), keyed ``"<module>.<tensor>"``. ``new_weights`` counts the weights the task took
     from the free ones when it was committed. ``own`` holds, for a task that keeps its own
     copy of its weights (Individual), the values of its masked weights per layer (in mask
-    order).
+    order). ``stats`` holds what the task stores for task-agnostic prediction (see
+    :mod:`espn.inference.statistics`; empty for a task committed without them).
     """
 
     weights: dict[str, Tensor]
@@ -252,6 +253,7 @@ class TaskMask:
     forms: dict[str, str] = field(default_factory=dict)
     horizon: int = -1
     owners: Ownership | None = field(default=None, repr=False, compare=False)
+    stats: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_dense(

@@ -403,6 +403,7 @@ class Supernet(nn.Module):
                     "n_classes": m.n_classes,
                     "new_weights": m.new_weights,
                     "horizon": m.horizon,
+                    "stats": dict(m.stats),
                 }
                 for m in self.masks
             ],
@@ -438,6 +439,7 @@ class Supernet(nn.Module):
                 forms=dict(t["forms"]),
                 horizon=int(t["horizon"]),
                 owners=self.owners,
+                stats=dict(t.get("stats", {})),
             )
             for t in state["tasks"]
         ]

@@ -1,0 +1,211 @@
+"""One standalone model that predicts without the task: every task's slim sub-network, the
+statistics the rule reads, and the rule itself, exported with ``torch.export`` (and ONNX).
+
+The model takes a batch of inputs and returns ``(classes, tasks)``: per sample, the class
+its inferred task's sub-network predicts and that task. It computes the same scores as
+:func:`espn.inference.infer` (the rule's :meth:`~espn.inference.rule.OutputRule.combine` on
+the same raw scores) from the slim sub-networks that ``espn export --task`` writes, and is
+checked against :func:`~espn.inference.infer` before it is reported written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, fx, nn
+
+from espn.export.export import _write_pt2, check_target, ieee_float32, onnx_available
+from espn.export.slim import ExportError, fold_batchnorm, slim_copy
+from espn.inference.outputs import head_name
+from espn.inference.predict import get_rule, infer
+from espn.inference.rule import OutputRule, calibration
+from espn.inference.statistics import distance, energy, entropy
+from espn.supernet.supernet import Supernet
+from espn.utils.io import atomic_target, write_json_atomic
+
+#: scores or logits closer than this (relative to max(1, |value|)) are a tie that float32
+#: rounding of the slim model may break either way; such samples are not compared
+MARGIN = 1e-4
+
+
+def with_features(gm: fx.GraphModule, head: str) -> fx.GraphModule:
+    """``gm`` returning ``(logits, input of module head)``."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == head]
+    if len(nodes) != 1 or not nodes[0].args:
+        raise ExportError(f"the sub-network has no single call of its head {head!r}")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.args = ((output.args[0], nodes[0].args[0]),)
+    gm.recompile()
+    return gm
+
+
+class TaskAgnosticModel(nn.Module):
+    """Every task's slim sub-network and the rule that picks among them."""
+
+    def __init__(
+        self,
+        nets: list[fx.GraphModule],
+        stats: list[dict[str, Tensor]],
+        calib: Tensor,
+        rule: OutputRule,
+    ) -> None:
+        super().__init__()
+        self.nets = nn.ModuleList(nets)
+        self.rule = rule
+        self.uses_features = rule.uses_features
+        for t, s in enumerate(stats):
+            if self.uses_features:
+                self.register_buffer(f"means{t}", s["class_means"].clone())
+                self.register_buffer(f"variance{t}", s["variance"].clone())
+        self.register_buffer("calibration", calib.clone())
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        raws, preds = [], []
+        for t, net in enumerate(self.nets):
+            logits, features = net(x)
+            preds.append(logits.argmax(1))
+            cols = [entropy(logits), energy(logits)]
+            if self.uses_features:
+                means, var = getattr(self, f"means{t}"), getattr(self, f"variance{t}")
+                cols.append(distance(features.flatten(1), means, var))
+            else:
+                cols.append(torch.zeros_like(cols[0]))
+            raws.append(torch.stack(cols, 1))
+        calib = self.get_buffer("calibration")
+        scores = self.rule.combine(torch.stack(raws, 1), calib)
+        tasks = scores.argmin(1)
+        classes = torch.stack(preds).gather(0, tasks[None])[0]
+        return classes, tasks
+
+
+def build(supernet: Supernet, example: Tensor, rule: OutputRule, fold_bn: bool = True) -> nn.Module:
+    """The task-agnostic model of ``supernet`` for ``rule`` (traced on ``example``)."""
+    head = head_name(supernet)
+    nets = []
+    for t in range(len(supernet.masks)):
+        slim = slim_copy(supernet, t, example)
+        if fold_bn:
+            fold_batchnorm(slim)
+        nets.append(with_features(slim, head))
+    stats = [m.stats for m in supernet.masks]
+    return TaskAgnosticModel(nets, stats, calibration(supernet), rule).eval()
+
+
+@dataclass
+class AgnosticExportReport:
+    """What was written and how it was checked against :func:`espn.inference.infer`."""
+
+    files: list[str]
+    rule: str
+    tasks: int
+    checked_samples: int
+    ties: int
+    parameters: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return asdict(self)
+
+
+@torch.no_grad()
+def _check(
+    model: nn.Module, supernet: Supernet, rule: OutputRule, inputs: list[Tensor], what: str
+) -> int:
+    """Compare ``model``'s classes and tasks with :func:`infer`'s on every input sample whose
+    decision is not a float32 tie; return the number of ties."""
+    ties = 0
+    with ieee_float32():
+        for x in inputs:
+            want = infer(supernet, x, rule)
+            classes, tasks = model(x)
+            top2 = want.scores.topk(min(2, want.scores.shape[1]), dim=1, largest=False).values
+            margin = (
+                (top2[:, -1] - top2[:, 0])
+                if top2.shape[1] > 1
+                else torch.full_like(top2[:, 0], float("inf"))
+            )
+            tie = margin <= MARGIN * top2[:, 0].abs().clamp_min(1.0)
+            wrong = ((classes != want.classes) | (tasks != want.tasks)) & ~tie
+            if bool(wrong.any()):
+                raise ExportError(
+                    f"{what} picks another task or class than espn's predict on "
+                    f"{int(wrong.sum())} of {len(x)} samples"
+                )
+            ties += int(tie.sum())
+    return ties
+
+
+def export_task_agnostic(
+    supernet: Supernet,
+    inputs: list[Tensor],
+    out: Path | str,
+    rule: str | None = None,
+    also_onnx: bool | None = None,
+    fold_bn: bool = True,
+) -> AgnosticExportReport:
+    """Write the task-agnostic model of ``supernet`` for ``rule`` to ``out`` (``.pt2``, and
+    ``.onnx`` beside it when ONNX export is available, or ``.onnx`` alone), checked against
+    :func:`espn.inference.infer` on ``inputs`` (batches of model inputs) before and after
+    saving; a ``.json`` report is written beside it."""
+    out = check_target(out)
+    found = get_rule(rule, supernet)
+    if not isinstance(found, OutputRule):
+        raise ExportError(
+            f"rule {found.name!r} needs gradients at inference and cannot be exported; export "
+            "with a rule that scores the tasks' outputs (entropy, energy, mahalanobis, "
+            "entropy-mahalanobis)"
+        )
+    if not inputs:
+        raise ExportError("export needs at least one batch of inputs to check the model on")
+    if out.suffix == ".onnx" and not onnx_available():
+        raise ExportError(
+            "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
+        )
+    example = inputs[0][:2].clone()
+    model = build(supernet, example, found, fold_bn)
+    ties = _check(model, supernet, found, inputs, "the task-agnostic model")
+    files = []
+    if out.suffix == ".pt2":
+        loaded = _write_pt2(model, example, out)
+        ties = max(ties, _check(loaded, supernet, found, inputs, "the saved model"))
+        files.append(str(out))
+        if also_onnx is None:
+            also_onnx = onnx_available()
+        if also_onnx:
+            _write_onnx(model, example, out.with_suffix(".onnx"))
+            files.append(str(out.with_suffix(".onnx")))
+    else:
+        _write_onnx(model, example, out)
+        files.append(str(out))
+    report = AgnosticExportReport(
+        files=files,
+        rule=found.name,
+        tasks=len(supernet.masks),
+        checked_samples=sum(len(x) for x in inputs),
+        ties=ties,
+        parameters=sum(p.numel() for p in model.parameters()),
+    )
+    write_json_atomic(out.with_suffix(".json"), report.to_json())
+    return report
+
+
+def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
+    import onnx
+
+    batch = torch.export.Dim("batch")
+    with atomic_target(path, keep_suffix=True) as tmp:
+        torch.onnx.export(
+            model,
+            (example,),
+            str(tmp),
+            dynamo=True,
+            dynamic_shapes=({0: batch},),
+            external_data=False,
+            input_names=["input"],
+            output_names=["class", "task"],
+            verbose=False,
+        )
+    onnx.checker.check_model(onnx.load(str(path)))

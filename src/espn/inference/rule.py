@@ -1,0 +1,113 @@
+"""The interface of a task-inference rule and the registry of rules by name.
+
+A rule gives every sample a score per task (lower: more likely that task). Most rules are
+:class:`OutputRule`: a pure tensor function of each task's raw scores (see
+:data:`espn.inference.statistics.SCORES`) and of the calibration each task stored, so that
+the same function runs in the learner and inside an exported task-agnostic model.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from espn.inference.outputs import InferenceError, TaskOutputs, head_name, task_outputs
+from espn.inference.statistics import STAT_KEYS, raw_scores
+from espn.registry import Registry
+from espn.supernet.supernet import Supernet
+
+
+class Rule(ABC):
+    """How the task of a sample is inferred."""
+
+    name: ClassVar[str]
+    #: one line: what the rule does
+    summary: ClassVar[str]
+    #: whether it reads the statistics each task stored when it was committed
+    needs_statistics: ClassVar[bool] = False
+
+    def check(self, supernet: Supernet) -> None:
+        """Refuse, before any work, a supernet this rule cannot run on."""
+        if not supernet.masks:
+            raise InferenceError("no task is learned yet: there is no task to infer")
+        if self.needs_statistics:
+            missing = [t for t, m in enumerate(supernet.masks) if set(m.stats) != set(STAT_KEYS)]
+            if missing:
+                raise InferenceError(
+                    f"rule {self.name!r} reads the statistics each task stores when it is "
+                    f"committed, and tasks {missing} have none (learned by an espn before "
+                    "0.3); use rule 'entropy', or learn the tasks again"
+                )
+
+    @abstractmethod
+    def scores(self, supernet: Supernet, x: Tensor) -> tuple[Tensor, TaskOutputs | None]:
+        """Scores (N, T) of the samples ``x`` for every task, and the tasks' outputs when the
+        rule computed them (their logits then give the prediction at no further cost)."""
+
+    @abstractmethod
+    def passes(self, flops_ratios: list[float]) -> float:
+        """Inference FLOPs per sample, in dense passes, given each task's FLOPs ratio:
+        inferring the task and predicting the class."""
+
+
+class OutputRule(Rule):
+    """A rule that scores each task from its sub-network's outputs on the sample."""
+
+    #: whether :meth:`combine` reads the penultimate features' distance
+    uses_features: ClassVar[bool] = False
+
+    @abstractmethod
+    def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
+        """Scores (N, T) from the raw scores ``raw`` (N, T, 3) and the tasks' calibration
+        (T, 3, 2: mean and standard deviation of each raw score on the task's training
+        data). Tensor operations only: it also runs inside an exported model."""
+
+    def scores(self, supernet: Supernet, x: Tensor) -> tuple[Tensor, TaskOutputs | None]:
+        tasks = range(len(supernet.masks))
+        head = head_name(supernet) if self.uses_features else None
+        out = task_outputs(supernet, x, tasks, head)
+        return self.score_outputs(supernet, out), out
+
+    def score_outputs(self, supernet: Supernet, out: TaskOutputs) -> Tensor:
+        """The scores of outputs already computed (with features if the rule uses them)."""
+        raw = torch.stack(
+            [
+                raw_scores(
+                    z,
+                    out.features[t] if self.uses_features else None,
+                    supernet.masks[t].stats if self.uses_features else None,
+                )
+                for t, z in enumerate(out.logits)
+            ],
+            1,
+        )
+        return self.combine(raw, calibration(supernet).to(raw.device))
+
+    def passes(self, flops_ratios: list[float]) -> float:
+        """One pass of every task's sub-network; the chosen task's logits are reused."""
+        return float(sum(flops_ratios))
+
+
+def calibration(supernet: Supernet) -> Tensor:
+    """The tasks' calibrations stacked (T, 3, 2); NaN for a task without statistics."""
+    return torch.stack(
+        [
+            m.stats["calibration"].float()
+            if "calibration" in m.stats
+            else torch.full((3, 2), float("nan"))
+            for m in supernet.masks
+        ]
+    )
+
+
+def standardised(raw: Tensor, calibration: Tensor, column: int) -> Tensor:
+    """Raw score ``column`` standardised by each task's training mean and deviation."""
+    mean, std = calibration[:, column, 0], calibration[:, column, 1]
+    return (raw[..., column] - mean) / std
+
+
+#: the task-inference rules by name
+RULES: Registry[type[Rule]] = Registry("task-inference rule")
