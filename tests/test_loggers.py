@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import glob
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import espn.loggers.base as logger_base
+from espn.config import RunConfig
 from espn.loggers import (
     CSVLogger,
     LoggerError,
@@ -20,7 +22,7 @@ from espn.loggers import (
 from espn.registry import UnknownNameError
 from espn.training.callbacks import Callback, CallbackList, EpochEnd, StepEnd, TaskEnd
 from espn.utils.io import read_csv
-from helpers.logs import tensorboard_scalars, tensorboard_texts, wandb_history
+from helpers.logs import tensorboard_scalars, tensorboard_texts, wandb_run
 
 #: per task: (phase, steps in that phase), 2 epochs of train then 1 of fine-tune
 PHASES = [("train", 8), ("finetune", 4)]
@@ -212,9 +214,12 @@ def test_wandb_offline_needs_no_account(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no login anywhere
     logger = WandbLogger(tmp_path / "logs", log_every=6, run_name="tiny")
     assert logger.mode == "offline"
+    learner = SimpleNamespace(cfg=RunConfig(benchmark="permuted-mnist", gamma=0.3))
+    logger.on_run_start(learner)  # its run settings become the W&B config
     feed_run(logger, tasks=2)
     wandb.teardown()  # the W&B service writes the run's file out in the background until here
-    rows = wandb_history(tmp_path / "logs")
+    rows, config = wandb_run(tmp_path / "logs")
+    assert config["gamma"] == 0.3 and config["benchmark"] == "permuted-mnist"
     steps = [r for r in rows if "loss/task_0" in r or "loss/task_1" in r]
     assert [(r["task_step"], r["phase"]) for r in steps] == [(6, "train"), (12, "finetune")] * 2
     assert math.isclose(steps[0]["loss/task_0"], loss_at(0, 6), rel_tol=1e-6)

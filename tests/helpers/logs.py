@@ -27,8 +27,8 @@ def tensorboard_texts(directory: Path, tag: str) -> list[tuple[int, str]]:
     return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
 
 
-def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
-    """The history rows of the one offline W&B run under ``run_dir`` (its ``.wandb`` record
+def wandb_run(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The history rows and the config of the one offline W&B run under ``run_dir`` (its ``.wandb`` record
     log: a 7-byte header, then 32 KiB blocks of records of a 7-byte header (checksum,
     length, kind: 1 whole, 2 first, 3 middle, 4 last) and a protobuf ``Record``)."""
     from wandb.proto import wandb_internal_pb2
@@ -36,7 +36,7 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
     (path,) = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
     data = Path(path).read_bytes()
     assert data[:4] == b":W&B"
-    block, pos, pending, rows = 32768, 7, b"", []
+    block, pos, pending, rows, config = 32768, 7, b"", [], {}
     while pos + 7 <= len(data):
         left = block - pos % block
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
@@ -49,9 +49,13 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             pending = b""
-            if record.WhichOneof("record_type") == "history":
+            kind_of = record.WhichOneof("record_type")
+            updates = {"config": record.config.update, "run": record.run.config.update}
+            for item in updates.get(kind_of or "", []):
+                config[item.key] = json.loads(item.value_json)
+            if kind_of == "history":
                 items = record.history.item
                 rows.append(
                     {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
                 )
-    return rows
+    return rows, config

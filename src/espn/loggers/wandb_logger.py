@@ -3,7 +3,8 @@
 It needs no account: the run is kept offline under its directory (``RUN/logs/wandb`` for
 ``--log wandb``), to be uploaded later with ``wandb sync`` if wanted. ``mode="online"`` (or
 ``WANDB_MODE=online`` in the environment) sends it as it runs; the project is ``espn`` unless
-``project=`` or ``WANDB_PROJECT`` says otherwise. Each process is one W&B run.
+``project=`` or ``WANDB_PROJECT`` says otherwise. Each process is one W&B run; its config is
+the learner's run settings (and ``config=``, which wins).
 
 Logged keys, with the x-axis each is plotted against (``define_metric``):
 
@@ -101,6 +102,9 @@ class WandbLogger(MetricLogger):
 
     def on_run_start(self, learner: Any) -> None:
         super().on_run_start(learner)
+        settings: Any = getattr(learner, "cfg", None)  # the learner's run settings
+        if hasattr(settings, "model_dump"):
+            self.config = {**settings.model_dump(mode="json"), **self.config}
         _ = self.run
 
     def log_step(self, record: StepRecord) -> None:
