@@ -20,7 +20,7 @@ from espn.experiment import run_experiment
 from espn.inference import RULES, InferenceError, evaluate_task_agnostic, infer, task_statistics
 from espn.inference.export import export_task_agnostic
 from espn.inference.oneshot import SupSupOneShot
-from espn.inference.statistics import entropy
+from espn.inference.statistics import STAT_KEYS, entropy
 from espn.registry import UnknownNameError
 from espn.supernet.layers import TaskHead
 from helpers.deploy import Killed, kill_at_step, run_options
@@ -155,7 +155,7 @@ def test_statistics_are_recomputed_identically_and_survive_save_and_load(learner
     for t in range(N_TASKS):
         again = task_statistics(learner.supernet, t, learner.tasks[t])
         stored = learner.supernet.masks[t].stats
-        assert set(stored) == {"class_means", "variance", "calibration"}
+        assert set(stored) == set(STAT_KEYS)
         assert all(torch.equal(again[k], v) for k, v in stored.items())
     loaded = espn.load(learner.save(tmp_path / "run"), model=_model())
     for t in range(N_TASKS):
@@ -187,16 +187,17 @@ def test_statistics_of_a_killed_and_resumed_run_equal_an_uninterrupted_run_s(
         assert all(torch.equal(a.stats[k], b.stats[k]) for k in a.stats)
 
 
-def test_exported_task_agnostic_model_matches_predict(learner, tmp_path):
+@pytest.mark.parametrize("rule", ["entropy-mahalanobis", "input-gaussian"])
+def test_exported_task_agnostic_model_matches_predict(learner, tmp_path, rule):
     x = _inputs(learner)
     report = export_task_agnostic(
-        learner.supernet, [x], tmp_path / "agnostic.pt2", "entropy-mahalanobis", also_onnx=False
+        learner.supernet, [x], tmp_path / "agnostic.pt2", rule, also_onnx=False
     )
     model = torch.export.load(str(tmp_path / "agnostic.pt2")).module()
     classes, tasks = model(x)
     assert report.ties == 0
-    assert torch.equal(tasks, learner.infer_task(x, rule="entropy-mahalanobis"))
-    assert torch.equal(classes, learner.predict(x, rule="entropy-mahalanobis"))
+    assert torch.equal(tasks, learner.infer_task(x, rule=rule))
+    assert torch.equal(classes, learner.predict(x, rule=rule))
     assert json.loads((tmp_path / "agnostic.json").read_text())["checked_samples"] == len(x)
 
 

@@ -3,12 +3,20 @@ sub-networks, then classify it with that task's sub-network.
 
 Rules (:data:`RULES`, by name): ``entropy`` (lowest softmax entropy), ``energy``,
 ``mahalanobis`` (nearest class mean of the penultimate features, from statistics each task
-stores when it is committed), ``entropy-mahalanobis`` (both, standardised; the default) and
+stores when it is committed), ``entropy-mahalanobis`` (both, standardised),
+``input-gaussian`` (the likelihood of the input under each task's stored class Gaussians) and
 ``supsup-oneshot`` (SupSup's entropy gradient over superposed masks). See
 docs/task-agnostic.md for what each costs, stores and achieves.
 """
 
-from espn.inference import combined, energy, entropy, mahalanobis, oneshot  # noqa: F401
+from espn.inference import (  # noqa: F401  (each registers its rule)
+    combined,
+    energy,
+    entropy,
+    gaussian,
+    mahalanobis,
+    oneshot,
+)
 from espn.inference.evaluate import evaluate_rules, evaluate_task_agnostic
 from espn.inference.outputs import InferenceError
 from espn.inference.predict import DEFAULT_RULE, Inferred, get_rule, infer, predict_given

@@ -41,7 +41,7 @@ def _task_scores(
         out = task_outputs(supernet, x, everything, head)
         for i, rule in enumerate(rules):
             if isinstance(rule, OutputRule):
-                scores[i].append(rule.score_outputs(supernet, out).cpu())
+                scores[i].append(rule.score_outputs(supernet, out, x).cpu())
             else:
                 scores[i].append(rule.scores(supernet, x)[0].cpu())
         preds.append(torch.stack([z.argmax(1) for z in out.logits]).cpu())

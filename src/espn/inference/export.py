@@ -22,7 +22,7 @@ from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.inference.outputs import head_name
 from espn.inference.predict import get_rule, infer
 from espn.inference.rule import OutputRule, calibration
-from espn.inference.statistics import distance, energy, entropy
+from espn.inference.statistics import distance, energy, entropy, input_nll
 from espn.supernet.supernet import Supernet
 from espn.utils.io import atomic_target, write_json_atomic
 
@@ -56,10 +56,14 @@ class TaskAgnosticModel(nn.Module):
         self.nets = nn.ModuleList(nets)
         self.rule = rule
         self.uses_features = rule.uses_features
-        for t, s in enumerate(stats):
+        self.uses_input = rule.uses_input
+        for t, st in enumerate(stats):
             if self.uses_features:
-                self.register_buffer(f"means{t}", s["class_means"].clone())
-                self.register_buffer(f"variance{t}", s["variance"].clone())
+                self.register_buffer(f"means{t}", st["class_means"].clone())
+                self.register_buffer(f"variance{t}", st["variance"].clone())
+            if self.uses_input:
+                self.register_buffer(f"input_means{t}", st["input_means"].clone())
+                self.register_buffer(f"input_variance{t}", st["input_variance"].clone())
         self.register_buffer("calibration", calib.clone())
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -68,14 +72,19 @@ class TaskAgnosticModel(nn.Module):
             logits, features = net(x)
             preds.append(logits.argmax(1))
             cols = [entropy(logits), energy(logits)]
+            zeros = torch.zeros_like(cols[0])
             if self.uses_features:
-                means, var = getattr(self, f"means{t}"), getattr(self, f"variance{t}")
+                means, var = self.get_buffer(f"means{t}"), self.get_buffer(f"variance{t}")
                 cols.append(distance(features.flatten(1), means, var))
             else:
-                cols.append(torch.zeros_like(cols[0]))
+                cols.append(zeros)
+            if self.uses_input:
+                means = self.get_buffer(f"input_means{t}")
+                cols.append(input_nll(x, means, self.get_buffer(f"input_variance{t}")))
+            else:
+                cols.append(zeros)
             raws.append(torch.stack(cols, 1))
-        calib = self.get_buffer("calibration")
-        scores = self.rule.combine(torch.stack(raws, 1), calib)
+        scores = self.rule.combine(torch.stack(raws, 1), self.get_buffer("calibration"))
         tasks = scores.argmin(1)
         classes = torch.stack(preds).gather(0, tasks[None])[0]
         return classes, tasks

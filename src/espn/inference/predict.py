@@ -55,9 +55,11 @@ def infer(
     """Infer the task of every sample of ``x`` with ``rule`` (one task for all of them with
     ``same_task``) and classify each with its inferred task's sub-network.
 
-    A sample's class is the argmax of the very logits ``supernet(x, task=t)`` gives for it
-    (computed over the same chunks of :data:`CHUNK` samples), so it equals the class
-    predicted with the task given wherever the inferred task is right."""
+    A sample's class is the one its inferred task ``t`` predicts: for a rule that runs every
+    sub-network, the argmax of the very logits ``supernet(x, task=t)`` gives for it (over the
+    same chunks of :data:`CHUNK` samples); otherwise task ``t``'s sub-network then runs on
+    the samples given to it. Either way it is the class predicted with the task given
+    wherever the inferred task is right."""
     found = get_rule(rule, supernet)
     if len(x) == 0:
         empty = torch.zeros(0, dtype=torch.long, device=x.device)

@@ -2,8 +2,9 @@
 
 A rule gives every sample a score per task (lower: more likely that task). Most rules are
 :class:`OutputRule`: a pure tensor function of each task's raw scores (see
-:data:`espn.inference.statistics.SCORES`) and of the calibration each task stored, so that
-the same function runs in the learner and inside an exported task-agnostic model.
+:data:`espn.inference.statistics.SCORES`: from the sub-networks' outputs on the sample, or
+from the sample under each task's input statistics) and of the calibration each task stored,
+so that the same function runs in the learner and inside an exported task-agnostic model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from espn.inference.outputs import InferenceError, TaskOutputs, head_name, task_outputs
-from espn.inference.statistics import STAT_KEYS, raw_scores
+from espn.inference.statistics import SCORES, STAT_KEYS, raw_scores
 from espn.registry import Registry
 from espn.supernet.supernet import Supernet
 
@@ -54,50 +55,65 @@ class Rule(ABC):
 
 
 class OutputRule(Rule):
-    """A rule that scores each task from its sub-network's outputs on the sample."""
+    """A rule that scores each task from its raw scores (:data:`SCORES`): its sub-network's
+    outputs on the sample, and/or the sample itself under the task's input statistics."""
 
-    #: whether :meth:`combine` reads the penultimate features' distance
+    #: whether :meth:`combine` reads the sub-networks' outputs (logits; else no sub-network
+    #: runs to infer the task, and only the chosen one runs to classify)
+    uses_outputs: ClassVar[bool] = True
+    #: whether it reads the penultimate features' distance
     uses_features: ClassVar[bool] = False
+    #: whether it reads the input's likelihood under the task's input statistics
+    uses_input: ClassVar[bool] = False
 
     @abstractmethod
     def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
-        """Scores (N, T) from the raw scores ``raw`` (N, T, 3) and the tasks' calibration
-        (T, 3, 2: mean and standard deviation of each raw score on the task's training
+        """Scores (N, T) from the raw scores ``raw`` (N, T, 4) and the tasks' calibration
+        (T, 4, 2: mean and standard deviation of each raw score on the task's training
         data). Tensor operations only: it also runs inside an exported model."""
 
     def scores(self, supernet: Supernet, x: Tensor) -> tuple[Tensor, TaskOutputs | None]:
+        if not self.uses_outputs:
+            return self.score_outputs(supernet, None, x), None
         tasks = range(len(supernet.masks))
         head = head_name(supernet) if self.uses_features else None
         out = task_outputs(supernet, x, tasks, head)
-        return self.score_outputs(supernet, out), out
+        return self.score_outputs(supernet, out, x), out
 
-    def score_outputs(self, supernet: Supernet, out: TaskOutputs) -> Tensor:
-        """The scores of outputs already computed (with features if the rule uses them)."""
+    def score_outputs(self, supernet: Supernet, out: TaskOutputs | None, x: Tensor) -> Tensor:
+        """The scores of the samples ``x`` from the tasks' outputs ``out`` on them, already
+        computed (with features if the rule uses them; None if it reads no output)."""
         raw = torch.stack(
             [
                 raw_scores(
-                    z,
-                    out.features[t] if self.uses_features else None,
-                    supernet.masks[t].stats if self.uses_features else None,
+                    out.logits[t] if out is not None and self.uses_outputs else None,
+                    out.features[t] if out is not None and self.uses_features else None,
+                    m.stats,
+                    x if self.uses_input else None,
                 )
-                for t, z in enumerate(out.logits)
+                for t, m in enumerate(supernet.masks)
             ],
             1,
         )
         return self.combine(raw, calibration(supernet).to(raw.device))
 
     def passes(self, flops_ratios: list[float]) -> float:
-        """One pass of every task's sub-network; the chosen task's logits are reused."""
+        """One pass of every task's sub-network (the chosen task's logits are reused), or,
+        for a rule reading no output, one pass of the chosen task's (on average over the
+        tasks; the input statistics' own cost is left out: ``2 C D`` per task, below 0.01
+        dense passes for FC1024)."""
+        if not self.uses_outputs:
+            return sum(flops_ratios) / max(len(flops_ratios), 1)
         return float(sum(flops_ratios))
 
 
 def calibration(supernet: Supernet) -> Tensor:
-    """The tasks' calibrations stacked (T, 3, 2); NaN for a task without statistics."""
+    """The tasks' calibrations stacked (T, 4, 2); NaN for a task without statistics."""
     return torch.stack(
         [
             m.stats["calibration"].float()
             if "calibration" in m.stats
-            else torch.full((3, 2), float("nan"))
+            else torch.full((len(SCORES), 2), float("nan"))
             for m in supernet.masks
         ]
     )

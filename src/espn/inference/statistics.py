@@ -6,17 +6,21 @@ From one pass of the task's sub-network over its own training data (no data is k
 * ``variance`` (k,): the pooled within-class variance of each feature (a diagonal covariance
   shared by the classes), floored at :data:`VARIANCE_FLOOR` x its mean so that a feature
   constant on the training data does not dominate;
-* ``calibration`` (3, 2): mean and standard deviation over the training data of the task's
-  three raw scores (:data:`SCORES`: softmax entropy, energy, Mahalanobis distance to the
-  nearest class mean), so that scores of different sub-networks can be compared.
+* ``input_means`` (C, D) and ``input_variance`` (D,): the same of the model input itself
+  (flattened): a diagonal Gaussian per class of the task's inputs;
+* ``calibration`` (4, 2): mean and standard deviation over the training data of the task's
+  raw scores (:data:`SCORES`), so that scores of different sub-networks can be compared.
 
 ``k`` is the number of alive inputs of the task's head (about 200-450 for FC1024 at gamma
-0.2, 1024 for a dense FC1024), so a task stores ``4 (C + 1) k + 24`` bytes: 18 KiB for 10
-classes over 400 features. Everything is float32, computed in float64 on the CPU from the
-sub-network's outputs, hence the same on every resume.
+0.2, 1024 for a dense FC1024) and ``D`` the input size (784 for 28x28 images), so a task
+stores ``4 (C + 1) (k + D) + 32`` bytes: 52 KiB for 10 classes, 400 features and 784 inputs.
+Everything is float32, computed in float64 on the CPU from the sub-network's outputs, hence
+the same on every resume.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -25,12 +29,14 @@ from espn.data.tasks import Task
 from espn.inference.outputs import head_name, task_outputs
 from espn.supernet.supernet import Supernet
 
-#: the raw scores every task calibrates, in the rows of ``calibration``
-SCORES = ("entropy", "energy", "distance")
+#: the raw scores every task calibrates, in the rows of ``calibration``: softmax entropy,
+#: energy, Mahalanobis distance of the penultimate features to the nearest class mean, and
+#: the negative log-likelihood per input dimension of the input under the task's Gaussians
+SCORES = ("entropy", "energy", "distance", "input")
 #: a feature's variance is at least this fraction of the mean variance
 VARIANCE_FLOOR = 1e-2
 #: the names of the tensors a task stores
-STAT_KEYS = ("class_means", "variance", "calibration")
+STAT_KEYS = ("class_means", "variance", "input_means", "input_variance", "calibration")
 
 
 def entropy(logits: Tensor) -> Tensor:
@@ -44,26 +50,61 @@ def energy(logits: Tensor) -> Tensor:
     return -torch.logsumexp(logits.float(), dim=1)
 
 
+def _squared(features: Tensor, means: Tensor, variance: Tensor) -> Tensor:
+    """Squared Mahalanobis distances (N, C) of each row to each class mean (diagonal)."""
+    inv = variance.to(features.device).reciprocal()
+    m = means.to(features.device)
+    f = features.float()
+    # |f - m|^2_inv = f^2.inv - 2 f.(m inv) + m^2.inv, for all classes at once
+    return ((f * f) @ inv)[:, None] - 2.0 * f @ (m * inv).T + ((m * m) @ inv)[None, :]
+
+
 def distance(features: Tensor, class_means: Tensor, variance: Tensor) -> Tensor:
     """Squared Mahalanobis distance (diagonal covariance) of each row of ``features`` to the
     nearest class mean, divided by the number of features."""
-    inv = variance.to(features.device).reciprocal()
-    means = class_means.to(features.device)
-    f = features.float()
-    # |f - m|^2_inv = f^2.inv - 2 f.(m inv) + m^2.inv, for all classes at once
-    d = ((f * f) @ inv)[:, None] - 2.0 * f @ (means * inv).T + ((means * means) @ inv)[None, :]
+    d = _squared(features, class_means, variance)
     return d.min(1).values.clamp_min(0.0) / max(features.shape[1], 1)
 
 
-def raw_scores(logits: Tensor, features: Tensor | None, stats: dict[str, Tensor] | None) -> Tensor:
-    """The raw scores of :data:`SCORES` of one task's outputs, stacked (N, 3); the distance
-    is NaN without features or statistics."""
-    cols = [entropy(logits), energy(logits)]
-    if features is None or not stats:
-        cols.append(torch.full_like(cols[0], float("nan")))
-    else:
-        cols.append(distance(features, stats["class_means"], stats["variance"]))
+def input_nll(x: Tensor, means: Tensor, variance: Tensor) -> Tensor:
+    """Negative log-likelihood per dimension of each flattened input under an equal mixture
+    of the classes' diagonal Gaussians (the constant ``log 2 pi`` left out): comparable across
+    tasks, as every task's inputs have the same dimensions."""
+    f = x.flatten(1)
+    d = _squared(f, means, variance).clamp_min(0.0)
+    log_det = torch.log(variance.to(f.device)).sum()
+    n_classes = means.shape[0]
+    log_mix = torch.logsumexp(-0.5 * d, 1) - math.log(n_classes) - 0.5 * log_det
+    return -log_mix / max(f.shape[1], 1)
+
+
+def raw_scores(
+    logits: Tensor | None, features: Tensor | None, stats: dict[str, Tensor], x: Tensor | None
+) -> Tensor:
+    """The raw scores of :data:`SCORES` of one task on a batch, stacked (N, 4); a score whose
+    inputs are not given (``None``) is NaN."""
+    n = len(x) if x is not None else len(logits) if logits is not None else 0
+    device = (x if x is not None else logits if logits is not None else torch.zeros(0)).device
+    nan = torch.full((n,), float("nan"), device=device)
+    cols = [entropy(logits), energy(logits)] if logits is not None else [nan, nan]
+    cols.append(
+        distance(features, stats["class_means"], stats["variance"]) if features is not None else nan
+    )
+    cols.append(
+        input_nll(x, stats["input_means"], stats["input_variance"]) if x is not None else nan
+    )
     return torch.stack(cols, 1)
+
+
+def class_gaussians(f: Tensor, y: Tensor, n_classes: int) -> tuple[Tensor, Tensor]:
+    """Per-class means (C, k) of the rows of ``f`` (float64) with labels ``y``, and their
+    pooled within-class variance (k,), floored (see :data:`VARIANCE_FLOOR`)."""
+    counts = torch.bincount(y, minlength=n_classes).double()
+    sums = torch.zeros(n_classes, f.shape[1], dtype=torch.float64).index_add_(0, y, f)
+    means = sums / counts.clamp_min(1.0)[:, None]
+    centred = f - means[y]
+    var = (centred * centred).sum(0) / max(len(f) - int((counts > 0).sum()), 1)
+    return means, var + VARIANCE_FLOOR * var.mean() + 1e-12
 
 
 @torch.no_grad()
@@ -72,22 +113,24 @@ def task_statistics(
 ) -> dict[str, Tensor]:
     """The statistics task ``task`` stores, from its training data ``data`` (unaugmented)."""
     head = head_name(supernet)
-    feats, labels, logits = [], [], []
+    feats, labels, logits, inputs = [], [], [], []
     for x, y in data.batches("train", batch_size, augment=False):
         out = task_outputs(supernet, x, [task], head)
         feats.append(out.features[0].double().cpu())
         logits.append(out.logits[0].cpu())
         labels.append(y.cpu())
-    f, y, z = torch.cat(feats), torch.cat(labels), torch.cat(logits)
+        inputs.append(x.flatten(1).double().cpu())
+    f, y, z, x_all = torch.cat(feats), torch.cat(labels), torch.cat(logits), torch.cat(inputs)
     n_classes = max(int(supernet.masks[task].n_classes), int(y.max()) + 1 if len(y) else 1)
-    counts = torch.bincount(y, minlength=n_classes).double()
-    sums = torch.zeros(n_classes, f.shape[1], dtype=torch.float64).index_add_(0, y, f)
-    means = sums / counts.clamp_min(1.0)[:, None]
-    centred = f - means[y]
-    var = (centred * centred).sum(0) / max(len(f) - int((counts > 0).sum()), 1)
-    var = var + VARIANCE_FLOOR * var.mean() + 1e-12
-    stats = {"class_means": means.float(), "variance": var.float()}
-    scores = raw_scores(z, f.float(), stats).double()
+    means, var = class_gaussians(f, y, n_classes)
+    input_means, input_var = class_gaussians(x_all, y, n_classes)
+    stats = {
+        "class_means": means.float(),
+        "variance": var.float(),
+        "input_means": input_means.float(),
+        "input_variance": input_var.float(),
+    }
+    scores = raw_scores(z, f.float(), stats, x_all.float()).double()
     stats["calibration"] = torch.stack(
         [scores.mean(0), scores.std(0, unbiased=False).clamp_min(1e-6)], 1
     ).float()
