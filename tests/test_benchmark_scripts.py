@@ -58,3 +58,15 @@ def test_optimizer_step_agrees_with_torch() -> None:
     out = run_script("optimizer_step.py", "--models", "fc1024", "--seconds", "0.05")
     rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
     assert [r[1] for r in rows] == ["sgd", "nesterov", "adam", "rmsprop"]
+
+
+def test_step_cost_times_every_phase_against_the_plain_loop() -> None:
+    out = run_script(
+        "step_cost.py",
+        *("--models", "fc1024", "--methods", "espn,packnet", "--steps", "1", "--repeats", "1"),
+        *("--batch", "8", "--threads", "1"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
+    assert [r[1] for r in rows] == ["ESPN-0.2", "packnet"]
+    for row in rows:  # plain ms, ms and (ratio) of pre-training, pruning, fine-tuning, event ms
+        assert len(row) == 11 and all(r.endswith("x)") for r in row[5::2])

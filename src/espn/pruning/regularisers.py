@@ -8,6 +8,7 @@ and on a ResNet, and the three pruners are compared at the same strength.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,15 +25,40 @@ def flop_aware_lambdas(unit_flops: dict[str, float]) -> dict[str, float]:
     return {g: r / total for g, r in roots.items()}
 
 
+class _NormOverLayers(torch.autograd.Function):
+    """``||concat(w_l m_l)||_2 / sqrt(n)`` over layers in a few fused passes: one product per
+    layer whose mask is not all ones, one norm pass (``torch._foreach_norm``), and in the
+    backward one scaled copy per layer, the gradient with respect to ``w_l`` directly
+    (``w_l m_l c``, as ``m_l`` is binary), with no graph through the products."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, count: Tensor, masks: list[Tensor | None], *weights: Tensor
+    ) -> Tensor:
+        masked = [w if m is None else w * m for w, m in zip(weights, masks, strict=True)]
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(masked)))
+        scale = count.clamp_min(1.0).rsqrt()
+        ctx.save_for_backward(total, scale, *masked)
+        return total * scale
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        total, scale, *masked = ctx.saved_tensors
+        # d/dw ||w m|| = w m / ||w m|| (0 where the norm is 0, as torch's norm gradient)
+        coef = torch.where(total > 0, grads[0] * scale / total, torch.zeros_like(total))
+        return (None, None, *torch._foreach_mul(masked, coef))
+
+
 def masked_weight_l2(supernet: Supernet) -> Tensor:
     """The authors' L2 term on the active sub-network's weights: ``||w m||_2 / sqrt(nnz(m))``
     over the masked layers that produce units (CtRL's cells; the head is left out), with
-    ``m`` the weight masks the phase trains under. No host synchronisation: ``nnz`` stays a
-    tensor."""
+    ``m`` the weight masks the phase trains under. Vectorised over the layers, with no host
+    synchronisation: ``nnz`` stays a tensor, counted again only when a mask changed."""
     layers = [layer for layer in supernet.layers.values() if layer.out_units is not None]
-    norms = torch.stack([torch.linalg.vector_norm(layer.masked_weight()) for layer in layers])
-    nnz = torch.stack([layer.weight_mask.sum() for layer in layers]).sum()
-    return torch.linalg.vector_norm(norms) / nnz.clamp_min(1.0).sqrt()
+    count = torch.stack([layer.mask_count() for layer in layers]).sum()
+    masks = [None if layer.mask_is_ones() else layer.weight_mask for layer in layers]
+    result: Tensor = _NormOverLayers.apply(count, masks, *[layer.weight for layer in layers])
+    return result
 
 
 class Regulariser(ABC):
@@ -68,14 +94,19 @@ class WeightedL1(Regulariser):
     def __init__(self, strength: float) -> None:
         super().__init__(strength)
         self.lambdas: dict[str, float] = {}
+        #: the lambdas as one tensor (a module's per entry), with the dict and device it was
+        #: built from (a new dict after every refresh rebuilds it)
+        self._per_module: tuple[dict[str, float], torch.device, Tensor] | None = None
 
     def __call__(self, supernet: Supernet) -> Tensor:
-        terms = [
-            self.lambdas[g] * m.weight.abs().sum()
-            for g, mods in supernet.groups.items()
-            for m in mods
-        ]
-        return torch.stack(terms).sum()
+        weights = [m.weight for mods in supernet.groups.values() for m in mods]
+        cached = self._per_module
+        if cached is None or cached[0] is not self.lambdas or cached[1] != weights[0].device:
+            values = [self.lambdas[g] for g, mods in supernet.groups.items() for _ in mods]
+            lambdas = torch.tensor(values, dtype=weights[0].dtype, device=weights[0].device)
+            cached = self._per_module = (self.lambdas, weights[0].device, lambdas)
+        # one fused L1 pass over every saliency vector, then one dot product with the lambdas
+        return torch.stack(torch._foreach_norm(weights, 1)) @ cached[2]
 
     @abstractmethod
     def relative_weights(self, supernet: Supernet) -> dict[str, float]:

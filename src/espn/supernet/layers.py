@@ -62,10 +62,40 @@ class MaskedLayer(nn.Module):
         self.out_units = out_units
         self.register_buffer("weight_mask", torch.ones_like(self.weight))
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
+        self._ones: tuple[Tensor, int] | None = None
+        self._count: tuple[Tensor, int, Tensor] | None = None
+
+    def note_mask(self) -> None:
+        """Record whether ``weight_mask`` is all ones (one host read, at a mask change, never
+        in a step): while that very tensor is unchanged since (same object, same version
+        counter, which every in-place write bumps), :meth:`masked_weight` is the weight
+        itself, with no product to compute and none to differentiate."""
+        mask = self.weight_mask
+        self._ones = (mask, mask._version) if bool(mask.all()) else None
+
+    def mask_is_ones(self) -> bool:
+        """Whether ``weight_mask`` is known to be all ones (see :meth:`note_mask`); a mask
+        swapped or written since reads as not known."""
+        known = self.__dict__.get("_ones")
+        mask = self.weight_mask
+        return known is not None and known[0] is mask and known[1] == mask._version
 
     def masked_weight(self) -> Tensor:
         """The weight with the active task's mask applied (zeros elsewhere)."""
+        if self.mask_is_ones():
+            return self.weight
         return self.weight * self.weight_mask
+
+    def mask_count(self) -> Tensor:
+        """The number of weights in the mask, as a tensor (no host read), counted again only
+        when the mask changed."""
+        mask = self.weight_mask
+        known = self.__dict__.get("_count")
+        if known is not None and known[0] is mask and known[1] == mask._version:
+            return known[2]
+        count = mask.sum()
+        self._count = (mask, mask._version, count)
+        return count
 
 
 def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor:

@@ -170,6 +170,14 @@ class Supernet(nn.Module):
     def _apply_structure(self) -> None:
         for name, layer in self.layers.items():
             layer.weight_mask.mul_(self.structural_mask(name))
+        self.note_masks()
+
+    def note_masks(self) -> None:
+        """Let every layer record whether its weight mask is all ones (see
+        ``MaskedLayer.note_mask``): called where masks change, so a step multiplies no
+        weight by a mask of ones."""
+        for layer in self.layers.values():
+            layer.note_mask()
 
     # ------------------------------------------------------------ weight masks
     def weight_masks(self) -> dict[str, Tensor]:
@@ -269,6 +277,7 @@ class Supernet(nn.Module):
                 unit.unit_mask.fill_(1.0)
         for layer in self.layers.values():
             layer.weight_mask.fill_(1.0)
+        self.note_masks()
         self.active_task = None
         self.in_training = True
         self._n_classes = n_classes

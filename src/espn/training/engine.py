@@ -190,8 +190,8 @@ class Engine:
             strategy.init_free_weights(sn, self.generator)
             strategy.begin_task(sn)
             _check_capacity(strategy, task.name, index)
-        guard = FrozenGuard(sn)
         optimizer = self.build_optimizer()
+        guard = FrozenGuard(sn, restore=optimizer.decays)
         if resume is not None and resume.optimizer is not None:
             optimizer.load_state_dict(resume.optimizer)
         at = resume or TaskProgress()

@@ -111,6 +111,12 @@ class TaskOptimizer:
                 for group in opt.param_groups:
                     group["lr"] = rate
 
+    @property
+    def decays(self) -> bool:
+        """Whether a step can move a weight whose gradient was always zero: only weight decay
+        can (from zero gradients, every optimizer here keeps zero state and moves nothing)."""
+        return any(g["weight_decay"] != 0 for o in self.optimizers for g in o.param_groups)
+
     def zero_grad(self) -> None:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
@@ -146,23 +152,27 @@ def cosine_factor(step: int, total: int) -> float:
 class FrozenGuard:
     """Makes sure no optimizer moves a frozen weight, whatever its momentum or weight decay.
 
-    Gradients of frozen weights are zeroed before the step (so optimizer state never
-    accumulates for them), and after the step the frozen entries are put back to their values
-    when the task began (weight decay and momentum act even on zero gradients). Both work on
-    the weights' bits through an integer view: an AND with ``keep`` (all ones on a free
-    weight, zero on a frozen one), then for the weights an OR with the snapshot's frozen bits.
-    That is exact for every value, NaN and inf included, and runs as vectorised integer
-    passes, several times faster on the CPU than a boolean ``where`` or ``masked_fill``.
+    Gradients of frozen weights are zeroed before every step, so optimizer state never
+    accumulates for them: from a fresh optimizer, SGD (with or without momentum), Adam and
+    RMSprop then leave them exactly where they are. Weight decay acts even on zero gradients,
+    so with ``restore`` (the engine sets it when an optimizer decays) the frozen entries are
+    also put back to their values when the task began after the step. Both work on the
+    weights' bits through an integer view: an AND with ``keep`` (all ones on a free weight,
+    zero on a frozen one), then for the weights an OR with the snapshot's frozen bits. That
+    is exact for every value, NaN and inf included, and runs as vectorised integer passes,
+    several times faster on the CPU than a boolean ``where`` or ``masked_fill``.
     """
 
-    def __init__(self, supernet: Supernet) -> None:
+    def __init__(self, supernet: Supernet, restore: bool = True) -> None:
         self.layers = [layer for layer in supernet.layers.values() if bool(layer.frozen.any())]
         self.keep, self.snapshot = [], []
+        self.restores = restore
         for layer in self.layers:
             weight = _bits(layer.weight.detach())
             keep = torch.where(layer.frozen, 0, -1).to(weight.dtype)
             self.keep.append(keep)
-            self.snapshot.append(weight & ~keep)
+            if restore:
+                self.snapshot.append(weight & ~keep)
 
     def mask_gradients(self) -> None:
         """Zero the gradient of every frozen weight."""
@@ -172,7 +182,10 @@ class FrozenGuard:
 
     @torch.no_grad()
     def restore(self) -> None:
-        """Put every frozen weight back to its snapshot, whatever the optimizer did."""
+        """Put every frozen weight back to its snapshot, whatever the optimizer did (nothing
+        to do without ``restore``: no optimizer moved them)."""
+        if not self.restores:
+            return
         for layer, keep, saved in zip(self.layers, self.keep, self.snapshot, strict=True):
             _bits(layer.weight).bitwise_and_(keep).bitwise_or_(saved)
 

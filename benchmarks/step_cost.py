@@ -1,0 +1,320 @@
+"""Cost of espn's training step per phase against a plain PyTorch loop over the same network.
+
+For each model and method, espn trains a task through its real engine (the method's phases:
+pre-training, pruning, fine-tuning) while a plain PyTorch loop trains the same dense network
+(``nn.Linear`` / ``nn.Conv2d`` / ``nn.BatchNorm2d`` / ``nn.LayerNorm`` in place of espn's
+masked layers, gates and task norms; no masks, no penalty, no guard) on the same task's
+batches (same data, batch size, augmentation) with the same optimizer. The two are
+interleaved in one process: after every epoch of espn's (``--steps`` optimizer steps) the
+plain loop runs ``--steps`` steps, so a machine shared with other work slows both alike. The
+first epoch of every phase is a warm-up and is not counted; the table prints the median
+milliseconds per step over the ``--repeats`` epochs after it and the median of the
+per-epoch ratios espn / plain (read the ratios on a shared machine).
+
+The timed task is task 1, after a one-batch task 0, so that frozen weights exist (the frozen
+guard and weight reuse work as in every task after the first). Before timing, the script
+checks that the plain network computes what the supernet computes at initialisation (the
+same network, the same weights).
+
+    python benchmarks/step_cost.py --threads 1                       # all models, espn and packnet
+    python benchmarks/step_cost.py --models fc1024 --methods espn,packnet,individual --steps 20
+    python benchmarks/step_cost.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from espn.data.augment import ImageTransform
+from espn.data.tasks import Split, Task
+from espn.methods import create_method
+from espn.models.registry import ModelSpec, build_supernet
+from espn.supernet import Supernet
+from espn.supernet.layers import (
+    MaskedConv2d,
+    MaskedLinear,
+    TaskBatchNorm2d,
+    TaskGroupNorm,
+    TaskHead,
+    UnitGate,
+    conv_padding,
+    conv_pair,
+)
+from espn.supernet.transformer import TaskLayerNorm
+from espn.training.engine import Engine
+from espn.training.optim import OptimConfig, build_optimizer
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A benchmark model: the registered model, its input shape, whether each task has its
+    own head, the optimizer and batch of its regime, and whether training batches are
+    augmented (random crop and flip, as the CIFAR benchmarks)."""
+
+    model: str
+    shape: tuple[int, ...]
+    multi_head: bool
+    optim: OptimConfig
+    batch: int
+    augment: bool
+
+
+_ADAM = OptimConfig("adam", lr=1e-3, betas=(0.0, 0.999))  # the paper's CIFAR recipe
+_RMSPROP = OptimConfig("rmsprop", lr=1e-4)  # the paper's MNIST recipe
+SETTINGS = {
+    "fc1024": Setting("fc1024", (1, 28, 28), False, _RMSPROP, 256, False),
+    "fc1024-32": Setting("fc1024", (3, 32, 32), False, _RMSPROP, 256, False),
+    "resnet18-reduced": Setting("resnet18-reduced", (3, 32, 32), True, _ADAM, 128, True),
+    "mobilenetv2-small": Setting("mobilenetv2-small", (3, 32, 32), True, _ADAM, 128, True),
+    "vit-p4": Setting("vit-p4", (3, 32, 32), True, _ADAM, 128, True),
+}
+#: method names as the table prints them (a method with a FLOPs budget runs at gamma 0.2)
+LABELS = {"espn": "ESPN-0.2"}
+#: the largest difference allowed between the plain network's and the supernet's logits
+TOLERANCE = 1e-4
+
+
+@torch.no_grad()
+def _plain_module(m: nn.Module) -> nn.Module | None:
+    """The plain torch module computing what espn module ``m`` computes with every unit alive
+    and no mask (None: ``m`` is plain already, or a container)."""
+    if isinstance(m, MaskedLinear):
+        out: nn.Module = nn.Linear(m.in_features, m.out_features, bias=False)
+    elif isinstance(m, MaskedConv2d):
+        out = nn.Conv2d(
+            m.in_channels,
+            m.out_channels,
+            conv_pair(m.kernel_size),
+            stride=conv_pair(m.stride),
+            padding=conv_padding(m.padding),
+            dilation=conv_pair(m.dilation),
+            groups=m.groups,
+            bias=False,
+            padding_mode=m.padding_mode,
+        )
+    elif isinstance(m, TaskHead):
+        out = nn.Linear(m.in_features, m.out_features)
+    elif isinstance(m, TaskBatchNorm2d):
+        out = nn.BatchNorm2d(m.num_features, m.eps, m.momentum)
+    elif isinstance(m, TaskGroupNorm):
+        out = nn.GroupNorm(m.num_groups, m.num_channels, m.eps)
+    elif isinstance(m, TaskLayerNorm):
+        out = nn.LayerNorm(m.normalized_shape, m.eps)
+    elif isinstance(m, UnitGate) and not m.affine:
+        return nn.Identity()  # a fresh gate scales by one
+    else:
+        return None
+    for name, value in list(m.named_parameters(recurse=False)) + list(
+        m.named_buffers(recurse=False)
+    ):
+        if hasattr(out, name) and getattr(out, name) is not None:
+            getattr(out, name).copy_(value)
+    return out.to(next(iter(m.parameters())).device)
+
+
+def plain_network(supernet: Supernet) -> nn.Module:
+    """A copy of ``supernet``'s model made of plain torch layers with its current weights."""
+    model = copy.deepcopy(supernet.model)
+    for name, module in list(model.named_modules()):
+        plain = _plain_module(module)
+        if plain is not None and name:
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, plain)
+    return model
+
+
+def synthetic_task(name: str, setting: Setting, images: int, seed: int, device: str) -> Task:
+    """``images`` random uint8 images of ``setting``'s shape in 10 classes, on ``device``,
+    cropped and flipped when training where the setting augments."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(256, (images, *setting.shape), generator=gen, dtype=torch.uint8)
+    y = torch.randint(10, (images,), generator=gen)
+    channels = setting.shape[0]
+    transform = ImageTransform(
+        (0.5,) * channels, (0.25,) * channels, 4 if setting.augment else 0, setting.augment
+    )
+    split = Split(x.to(device), torch.arange(images, device=device), y.to(device))
+    empty = Split(x[:0].to(device), torch.arange(0, device=device), y[:0].to(device))
+    return Task(name, split, empty, transform, 10)
+
+
+@dataclass
+class Timings:
+    """Per phase of espn's task: milliseconds per step of each counted epoch, espn's and the
+    plain loop's right after it."""
+
+    espn: dict[str, list[float]] = field(default_factory=dict)
+    plain: dict[str, list[float]] = field(default_factory=dict)
+    epochs_seen: dict[str, int] = field(default_factory=dict)
+    #: milliseconds of each prune event (not counted in the steps' times)
+    events: list[float] = field(default_factory=list)
+
+    def add(self, phase: str, espn_ms: float, plain_ms: float) -> None:
+        seen = self.epochs_seen.get(phase, 0)
+        self.epochs_seen[phase] = seen + 1
+        if seen == 0:  # the first epoch of a phase warms up (optimizer state, caches)
+            return
+        self.espn.setdefault(phase, []).append(espn_ms)
+        self.plain.setdefault(phase, []).append(plain_ms)
+
+    def row(self, phase: str) -> tuple[float, float, float] | None:
+        """Median espn ms, median plain ms, median ratio of ``phase`` (None: not timed)."""
+        if phase not in self.espn:
+            return None
+        ratios = [e / p for e, p in zip(self.espn[phase], self.plain[phase], strict=True)]
+        return (
+            statistics.median(self.espn[phase]),
+            statistics.median(self.plain[phase]),
+            statistics.median(ratios),
+        )
+
+
+def plain_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    task: Task,
+    batch: int,
+    steps: int,
+    generator: torch.Generator,
+) -> float:
+    """Milliseconds per step of ``steps`` plain PyTorch training steps over ``task``."""
+    model.train()
+    start = time.perf_counter()
+    loss = torch.zeros(())
+    for i, (x, y) in enumerate(task.batches("train", batch, True, generator)):
+        if i == steps:
+            break
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    float(loss.detach())  # wait for the device, as espn's epoch does
+    return 1e3 * (time.perf_counter() - start) / steps
+
+
+def check_same_network(supernet: Supernet, plain: nn.Module, x: Tensor, what: str) -> None:
+    """Stop unless the plain network computes the supernet's logits on ``x``."""
+    with torch.no_grad():
+        supernet.eval()
+        plain.eval()
+        diff = float((supernet(x) - plain(x)).abs().max())
+        supernet.train()
+        plain.train()
+    if not diff <= TOLERANCE:
+        raise SystemExit(f"{what}: the plain network differs from the supernet by {diff:.2e}")
+
+
+def measure(
+    name: str, method: str, args: argparse.Namespace, device: str
+) -> tuple[list[str], Timings]:
+    """Train task 1 of ``method`` on model ``name`` with the plain loop interleaved."""
+    setting = SETTINGS[name]
+    batch = args.batch or setting.batch
+    spec = ModelSpec(setting.shape, 10, setting.multi_head, stream_pruning="per-conv")
+    example = torch.zeros(2, *setting.shape)
+    supernet = build_supernet(setting.model, spec, example, 0, device)
+    plain = plain_network(supernet)
+    probe = synthetic_task("probe", setting, 4, 99, device)
+    check_same_network(supernet, plain, next(probe.batches("train", 4, augment=False))[0], name)
+    plain_opt = build_optimizer(setting.optim, list(plain.parameters()))
+    epochs = args.repeats + 1
+    strategy = create_method(method, epochs=(epochs, epochs, epochs))
+    engine = Engine(
+        supernet,
+        strategy,
+        setting.optim,
+        batch,
+        seed=0,
+        progress=False,
+    )
+    engine.train_task(synthetic_task("task 0", setting, batch, 1, device), 0)
+    task = synthetic_task("task 1", setting, batch * args.steps, 2, device)
+    plain_gen = torch.Generator().manual_seed(3)
+    timings, phases = Timings(), [p.name for p in strategy.phases()]
+    mark = [time.perf_counter()]
+    prune_step = strategy.prune_step
+
+    def timed_prune_step(supernet: Supernet, progress: float) -> None:
+        """A prune event, timed apart from the steps (its count per step is the run's)."""
+        start = time.perf_counter()
+        prune_step(supernet, progress)
+        took = time.perf_counter() - start
+        timings.events.append(1e3 * took)
+        mark[0] += took
+
+    strategy.prune_step = timed_prune_step  # type: ignore[method-assign]
+
+    def after_epoch(phase: str, epoch: int) -> None:
+        espn_ms = 1e3 * (time.perf_counter() - mark[0]) / args.steps
+        plain_ms = plain_epoch(plain, plain_opt, task, batch, args.steps, plain_gen)
+        timings.add(phase, espn_ms, plain_ms)
+        mark[0] = time.perf_counter()
+
+    engine.train_task(task, 1, on_epoch_end=after_epoch)
+    return phases, timings
+
+
+def cell(row: tuple[float, float, float] | None) -> str:
+    return f"{'-':>17}" if row is None else f"{row[0]:>9.1f} ({row[2]:.2f}x)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="fc1024,resnet18-reduced,mobilenetv2-small,vit-p4")
+    parser.add_argument("--methods", default="espn,packnet")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per epoch")
+    parser.add_argument("--repeats", type=int, default=3, help="timed epochs per phase")
+    parser.add_argument("--batch", type=int, default=None, help="batch (default: the model's)")
+    args = parser.parse_args(argv)
+    unknown = [m for m in args.models.split(",") if m not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SETTINGS)}")
+    if args.steps < 1 or args.repeats < 1:
+        parser.error("--steps and --repeats must be at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    print(
+        f"{device}, {torch.get_num_threads()} threads, {args.steps} steps per epoch, median of "
+        f"{args.repeats} epochs per phase; ms per step "
+        "(espn / plain)"
+    )
+    header = f"{'model':>17} {'method':>10} {'batch':>5} {'plain ms':>9}"
+    print(
+        header
+        + "".join(f" {p:>17}" for p in ("pretrain", "prune", "finetune"))
+        + f" {'event ms':>9}  other phases"
+    )
+    for name in args.models.split(","):
+        for method in args.methods.split(","):
+            phases, timings = measure(name, method, args, device)
+            plain_all = [ms for runs in timings.plain.values() for ms in runs]
+            plain_ms = statistics.median(plain_all) if plain_all else float("nan")
+            main_cells = "".join(
+                f" {cell(timings.row(p))}" for p in ("pretrain", "prune", "finetune")
+            )
+            others = [
+                p for p in phases if p not in ("pretrain", "prune", "finetune") and timings.row(p)
+            ]
+            extra = "".join(f"  {p}: {cell(timings.row(p)).strip()}" for p in others)
+            batch = args.batch or SETTINGS[name].batch
+            label = LABELS.get(method, method)
+            event = statistics.median(timings.events) if timings.events else float("nan")
+            print(
+                f"{name:>17} {label:>10} {batch:>5} {plain_ms:>9.1f}{main_cells} {event:>9.1f}"
+                f"{extra}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""The lean training step computes what the plain formulation computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import espn
+from espn.pruning.regularisers import UniformL1, masked_weight_l2
+from espn.supernet import Supernet
+from espn.training.optim import FrozenGuard, OptimConfig, TaskOptimizer
+
+
+def small_supernet() -> Supernet:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 5), nn.ReLU(), nn.Linear(5, 3))
+    return espn.wrap(model, torch.zeros(2, 6))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        OptimConfig("sgd", lr=0.1, momentum=0.9),
+        OptimConfig("nesterov", lr=0.1, momentum=0.9),
+        OptimConfig("adam", lr=0.1, betas=(0.0, 0.999)),
+        OptimConfig("rmsprop", lr=0.1),
+        OptimConfig("rmsprop", lr=0.1, momentum=0.5),
+    ],
+    ids=lambda c: f"{c.name}-{c.momentum}",
+)
+def test_frozen_weights_keep_their_bits_without_a_restore(cfg: OptimConfig) -> None:
+    """Without weight decay the guard skips its restore: zeroed gradients from a fresh
+    optimizer move no frozen weight, whatever the gradients of the others were."""
+    sn = small_supernet()
+    gen = torch.Generator().manual_seed(1)
+    for layer in sn.layers.values():
+        layer.frozen.copy_(torch.rand(layer.frozen.shape, generator=gen) < 0.5)
+    before = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
+    optimizer = TaskOptimizer(cfg, list(sn.shared_parameters()))
+    guard = FrozenGuard(sn, restore=optimizer.decays)
+    assert not guard.restores
+    odd = torch.tensor([float("nan"), float("inf"), -1e30, 1e-40, 3.0, -0.0])
+    for _ in range(5):
+        for layer in sn.layers.values():
+            layer.weight.grad = odd[torch.randint(len(odd), layer.weight.shape, generator=gen)]
+            free = ~layer.frozen
+            layer.weight.grad[free] = torch.randn(int(free.sum()), generator=gen)
+        guard.mask_gradients()
+        for opt in optimizer.optimizers:
+            opt.step()
+        guard.restore()
+    for n, layer in sn.layers.items():
+        frozen = layer.frozen
+        assert torch.equal(
+            layer.weight.detach()[frozen].view(torch.int32), before[n][frozen].view(torch.int32)
+        )
+        assert not torch.equal(layer.weight.detach()[~frozen], before[n][~frozen])
+
+
+def test_weight_decay_keeps_the_restore() -> None:
+    sn = small_supernet()
+    decaying = TaskOptimizer(OptimConfig("adam", weight_decay=1e-2), list(sn.shared_parameters()))
+    assert decaying.decays and FrozenGuard(sn, restore=decaying.decays).restores
+
+
+def reference_l2(sn: Supernet) -> torch.Tensor:
+    """The authors' term as first written: a Python loop of masked products."""
+    layers = [layer for layer in sn.layers.values() if layer.out_units is not None]
+    norms = torch.stack(
+        [torch.linalg.vector_norm(layer.weight * layer.weight_mask) for layer in layers]
+    )
+    nnz = torch.stack([layer.weight_mask.sum() for layer in layers]).sum()
+    return torch.linalg.vector_norm(norms) / nnz.clamp_min(1.0).sqrt()
+
+
+def test_masked_l2_matches_the_loop_in_value_and_gradient() -> None:
+    sn = small_supernet()
+    first, second, *_ = sn.layers.values()
+    gen = torch.Generator().manual_seed(2)
+    second.weight_mask.copy_((torch.rand(second.weight.shape, generator=gen) < 0.6).float())
+    sn.note_masks()
+    assert first.mask_is_ones() and not second.mask_is_ones()
+    grads = []
+    for term in (masked_weight_l2, reference_l2):
+        sn.zero_grad(set_to_none=True)
+        value = term(sn)
+        value.backward()
+        grads.append((value.detach(), [layer.weight.grad.clone() for layer in sn.layers.values()]))
+    (v1, g1), (v2, g2) = grads
+    torch.testing.assert_close(v1, v2)
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_mask_written_in_place_is_no_longer_taken_as_ones() -> None:
+    """The all-ones shortcut follows the mask's version: any write since brings the product
+    back, so no stale shortcut hides a mask."""
+    sn = small_supernet()
+    layer = next(iter(sn.layers.values()))
+    sn.note_masks()
+    assert layer.mask_is_ones() and layer.masked_weight() is layer.weight
+    layer.weight_mask[0, 0] = 0.0
+    assert not layer.mask_is_ones()
+    assert float(layer.masked_weight().detach()[0, 0]) == 0.0
+    assert float(layer.mask_count()) == layer.weight.numel() - 1
+
+
+def test_weighted_l1_is_the_sum_of_lambda_times_l1() -> None:
+    sn = small_supernet()
+    assert len(sn.groups) == 2  # one gate per hidden layer
+    penalty = UniformL1(0.5)
+    penalty.refresh(sn)
+    with torch.no_grad():
+        for mods in sn.groups.values():
+            for m in mods:
+                m.weight.copy_(torch.randn(m.weight.shape))
+    expected = sum(
+        penalty.lambdas[g] * m.weight.abs().sum() for g, mods in sn.groups.items() for m in mods
+    )
+    torch.testing.assert_close(penalty(sn), expected)
