@@ -32,9 +32,7 @@ class _NormOverLayers(torch.autograd.Function):
     (``w_l m_l c``, as ``m_l`` is binary), with no graph through the products."""
 
     @staticmethod
-    def forward(
-        ctx: Any, count: Tensor, masks: list[Tensor | None], *weights: Tensor
-    ) -> Tensor:
+    def forward(ctx: Any, count: Tensor, masks: list[Tensor | None], *weights: Tensor) -> Tensor:
         masked = [w if m is None else w * m for w, m in zip(weights, masks, strict=True)]
         total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(masked)))
         scale = count.clamp_min(1.0).rsqrt()
