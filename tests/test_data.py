@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import espn
 from espn.data import BENCHMARKS, BenchmarkArgs, DatasetUnavailable, load_mnist_like
 from espn.data.mnist import ROTATION_ANGLES, rotation_order
 
@@ -107,3 +109,40 @@ def test_reads_idx_files_in_torchvision_layout(tmp_path):
 def test_missing_dataset_says_how_to_get_it(tmp_path):
     with pytest.raises(DatasetUnavailable, match="internet access"):
         load_mnist_like("mnist", tmp_path, download=False)
+
+
+def test_fashion_mnist_reads_a_directory_of_gzipped_idx_files_as_tensors(tmp_path):
+    """``espn.fashion_mnist(root)``: the Debian layout (the four .gz files in ``root``
+    itself), as float images in [0, 1] of shape [N, 1, 28, 28] and int64 labels."""
+    rng = np.random.default_rng(1)
+    images = {s: rng.integers(0, 256, (n, 28, 28)) for s, n in (("train", 7), ("t10k", 3))}
+    for prefix, arr in images.items():
+        _write_idx(tmp_path / f"{prefix}-images-idx3-ubyte.gz", arr)
+        _write_idx(tmp_path / f"{prefix}-labels-idx1-ubyte.gz", (np.arange(len(arr)) * 3) % 10)
+    x, y = espn.fashion_mnist(tmp_path, train=False)
+    assert x.shape == (3, 1, 28, 28) and x.dtype == torch.float32
+    expected = torch.from_numpy(images["t10k"].astype(np.float32)).unsqueeze(1) / 255
+    assert torch.equal(x, expected)
+    assert y.dtype == torch.int64 and y.tolist() == [0, 3, 6]
+    x, _ = espn.data.fashion_mnist(str(tmp_path))  # the training split by default
+    assert x.shape == (7, 1, 28, 28)
+
+
+def test_fashion_mnist_without_data_says_how_to_get_it(tmp_path, monkeypatch):
+    import espn.data.sources as sources
+
+    monkeypatch.setitem(sources.OFFLINE_DIRS, "fashion-mnist", tmp_path / "no-debian-copy")
+    with pytest.raises(DatasetUnavailable) as err:
+        espn.data.fashion_mnist(tmp_path)
+    assert f"fashion-mnist is not in {tmp_path}" in str(err.value)
+    assert "apt-get install dataset-fashion-mnist, or pass download=True" in str(err.value)
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="Debian's copy not installed"
+)
+def test_fashion_mnist_finds_debians_offline_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("ESPN_DATA", str(tmp_path))  # nothing there: Debian's copy is used
+    x, y = espn.data.fashion_mnist(train=False)
+    assert x.shape == (10000, 1, 28, 28) and 0.0 <= float(x.min()) < float(x.max()) <= 1.0
+    assert torch.bincount(y).tolist() == [1000] * 10

@@ -110,7 +110,9 @@ def test_espn_presets_lists_and_shows():
     ("content", "message"),
     [
         ("{not json", "is not valid JSON"),
-        (json.dumps({"epochs": [1, 1, 1]}), 'must be a JSON object with a "config" object'),
+        (json.dumps([1, 1, 1]), "must be a mapping of options (as `espn presets show` prints"),
+        (json.dumps({"config": [1]}), "must be a mapping of options"),
+        (json.dumps({"config": {}, "seed": 1}), "has 'seed' beside \"config\""),
         (json.dumps({"config": {"out": "x"}}), "may not set out"),
         (json.dumps({"config": {"learning_rate": 1}}), "sets unknown option(s) learning_rate"),
         (json.dumps({"config": {"gamma": 3}}), "gamma must be in (0, 1], got 3"),
@@ -136,3 +138,32 @@ def test_unknown_preset_names_the_choices(tmp_path):
     )
     result = runner.invoke(app, ["presets", "show", "fast"])
     assert result.exit_code == 2 and "unknown preset 'fast'" in result.output
+
+
+def test_a_shown_preset_round_trips_through_a_file(captured, tmp_path):
+    """``espn presets show quick > q.json; espn run --preset q.json`` runs what ``--preset
+    quick`` runs; so does the same options written as YAML."""
+    shown = runner.invoke(app, ["presets", "show", "quick"])
+    assert shown.exit_code == 0, shown.output
+    (tmp_path / "q.json").write_text(shown.output)
+    yaml = pytest.importorskip("yaml")
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(json.loads(shown.output)))
+    configs = {}
+    for preset in ("quick", str(tmp_path / "q.json"), str(tmp_path / "q.yaml")):
+        invoke(["run", "--preset", preset, "--out", str(tmp_path / "o")])
+        configs[preset] = captured[-1].model_dump(exclude={"preset"})
+    assert configs[str(tmp_path / "q.json")] == configs["quick"]
+    assert configs[str(tmp_path / "q.yaml")] == configs["quick"]
+    assert configs["quick"]["train_per_task"] == load_preset("quick")["train_per_task"]
+
+
+def test_a_yaml_preset_file_is_read_and_checked(captured, tmp_path):
+    path = tmp_path / "mine.yml"
+    path.write_text("description: mine\nconfig:\n  epochs: [1, 2, 3]\n  seed: 7\n")
+    pytest.importorskip("yaml")
+    invoke(["run", "--benchmark", "permuted-mnist", "--preset", str(path), "--out", str(tmp_path)])
+    assert (captured[-1].epochs, captured[-1].seed) == ((1, 2, 3), 7)
+    path.write_text("epochs: [1, 2\n")
+    result = runner.invoke(app, ["run", "--preset", str(path), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"preset file {path} is not valid YAML" in " ".join(result.output.split())

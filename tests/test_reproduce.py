@@ -136,7 +136,29 @@ def test_every_target_at_smoke_scale_and_report_from_directories(
         assert result.table.markdown() == tables[result.target][1]
 
 
-def test_cli_target_table_and_report_equal_the_sweeps(fashion_dir, fc_small_model, tmp_path):
+def saved_figures(monkeypatch) -> list[dict]:
+    """Every figure matplotlib saves from now on: its lines' x values and its title."""
+    from matplotlib.figure import Figure
+
+    seen: list[dict] = []
+    save = Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        xs = [list(line.get_xdata()) for ax in fig.axes for line in ax.get_lines()]
+        seen.append({"lines": [x for x in xs if len(x) > 1], "title": fig.get_suptitle()})
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return seen
+
+
+def test_cli_target_table_and_report_equal_the_sweeps(
+    fashion_dir, fc_small_model, tmp_path, monkeypatch
+):
+    """The CLI's table is the runs' numbers; every output says SMOKE SCALE first (markdown
+    title and first line, the figure's title, the CSV's scale column), also when ``report``
+    rebuilds it; tasks are numbered from 0 in the CSV and on the figure's axis."""
+    figures = saved_figures(monkeypatch)
     out = tmp_path / "rep"
     args = ["reproduce", "fig-task-order", "--scale", "smoke", "--out", str(out)]
     args += [
@@ -151,7 +173,17 @@ def test_cli_target_table_and_report_equal_the_sweeps(fashion_dir, fc_small_mode
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "| ESPN-0.2 | large-first | 1 |" in result.output
+    banner = "SMOKE SCALE — not a result"
+    assert result.output.startswith(f"# {banner}: fig-task-order: ")
+    md_lines = (out / "fig-task-order.md").read_text().splitlines()
+    assert md_lines[0].startswith(f"# {banner}: fig-task-order: ")
+    assert md_lines[2].startswith(f"> **{banner}**: a few dozen images")
+    title = Image.open(out / "fig-task-order.png").text["Title"]
+    assert title.startswith(f"{banner}: Fig. 2c")
+    assert figures[-1]["lines"] == [[0, 1, 2]] * 3  # the target's figure, saved last
     rows = csv_rows(out / "fig-task-order.csv")
+    assert {r["scale"] for r in rows} == {"smoke"}
+    assert [k for k in rows[0] if k.startswith("task")] == ["task0", "task1", "task2"]
     assert [(r["method"], r["order"]) for r in rows] == [
         ("ESPN-0.2", "large-first"),
         ("ESPN-0.2", "small-first"),
@@ -167,7 +199,7 @@ def test_cli_target_table_and_report_equal_the_sweeps(fashion_dir, fc_small_mode
         assert doc["config"]["task_order"] == r["order"]
         pairs = zip(doc["train_samples"], doc["final_accuracy"], strict=True)
         ranked = [a for _, a in sorted(pairs, key=lambda p: -p[0])]
-        assert [float(r[f"task{j}"]) for j in (1, 2, 3)] == pytest.approx(ranked)
+        assert [float(r[f"task{j}"]) for j in (0, 1, 2)] == pytest.approx(ranked)
         assert float(r["avg"]) == pytest.approx(sum(ranked) / 3)
     md = (out / "fig-task-order.md").read_text()
     assert "stands in for the paper's RotatedMNIST" in md and "paper says:" in md
@@ -178,7 +210,7 @@ def test_cli_target_table_and_report_equal_the_sweeps(fashion_dir, fc_small_mode
     rebuilt = runner.invoke(app, ["reproduce", "report", str(out)])
     assert rebuilt.exit_code == 0, rebuilt.output
     assert {ext: (out / f"fig-task-order.{ext}").read_text() for ext in files} == files
-    assert (out / "fig-task-order.png").stat().st_size > 0
+    assert Image.open(out / "fig-task-order.png").text["Title"] == title
     again = runner.invoke(app, args)  # every point finished: reused, the same table
     assert again.exit_code == 0 and again.output == result.output
 
@@ -323,7 +355,7 @@ def test_table1_aggregates_seeds_beside_the_papers_numbers() -> None:
     packnet, espn = table.rows  # the paper's order
     assert espn["method"] == "ESPN-0.2" and espn["seeds"] == 2
     assert espn["avg"] == pytest.approx(86.5) and espn["avg_se"] == pytest.approx(1.5)
-    assert espn["task1"] == pytest.approx(82.0) and espn["task2"] == pytest.approx(91.0)
+    assert espn["task0"] == pytest.approx(82.0) and espn["task1"] == pytest.approx(91.0)
     assert (espn["paper_avg"], espn["paper_avg_se"]) == (89.1, 0.12)
     assert packnet["avg_se"] is None and packnet["paper_avg"] == 88.3
     md = table.markdown()

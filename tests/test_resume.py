@@ -309,3 +309,42 @@ def test_an_earlier_run_is_not_overwritten_by_accident(tmp_path, reference):
     replaced = runner.invoke(app, [*cli_options(out), "--overwrite"])
     assert replaced.exit_code == 0, replaced.output
     assert fingerprint(out) == reference  # started over: the same seed gives the same run
+
+
+def test_progress_and_resume_speak_of_passes_and_steps(
+    tmp_path, monkeypatch, fake_mnist, fc_test_model
+):
+    """The bar counts optimizer steps and names the pass of its phase; the resume line says
+    where the task stands in passes over its data and optimizer steps (not "epochs": the
+    size rule may turn --epochs into other pass counts)."""
+    descriptions: list[str] = []
+
+    class Bar(engine_module.tqdm):
+        def __init__(self, *args, **kwargs):
+            assert kwargs["unit"] == "step"
+            super().__init__(*args, **kwargs)
+
+        def set_description(self, desc=None, refresh=True):
+            descriptions.append(desc)
+            super().set_description(desc, refresh)
+
+    monkeypatch.setattr(engine_module, "tqdm", Bar)
+    out = tmp_path / "run"
+    options = [o for o in cli_options(out) if o not in ("--quiet", "--no-progress")]
+    with monkeypatch.context() as mp:  # 4 steps per pass: killed in the prune phase's 2nd pass
+        kill_at_step(mp, 10)
+        killed = runner.invoke(app, options)
+    assert killed.exit_code != 0
+    assert descriptions == [
+        "task 0 pretrain pass 1/1",
+        "task 0 prune pass 1/2",
+        "task 0 prune pass 2/2",
+    ]
+    result = runner.invoke(app, [*options, "--resume"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "0/3 tasks done; task 0 continues in its prune phase after 4 optimizer steps of it "
+        "(2 passes over its training data done)"
+    ) in text
+    assert "epochs" not in text

@@ -4,7 +4,10 @@ killed ones resumed, failed ones reported with their log."""
 
 from __future__ import annotations
 
+import csv
 import json
+import math
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -264,7 +267,7 @@ def test_a_point_killed_mid_sweep_is_resumed_not_restarted(
     assert [o.status for o in second] == ["resumed", "reused"]
     log = second[0].log.read_text()
     after = log[log.rindex("resumed from") :]
-    assert "1/2 tasks done; task 1 continues after 1 of its epochs" in after
+    assert "1/2 tasks done; task 1 continues at the start of its prune phase" in after
     # task 0 was not learned again
     assert "(1/2 done)" not in after and "task 1 (2/2 done)" in after
     assert second[0].results["accuracy_matrix"] == one_by_one(points[0])["accuracy_matrix"]
@@ -291,3 +294,47 @@ def test_a_failing_point_does_not_stop_the_others(ray_instance, data_dir, tmp_pa
         doc = json.loads((out / name / "results.json").read_text())
         assert doc["complete"] and doc["config"]["data_dir"] == str(data_dir)
     assert "done gamma0.5:" in text and "failed gamma1e-05:" in text
+
+
+# ------------------------------------------------------------------ summary across seeds
+def test_a_default_sweep_runs_in_process_and_summarises_each_series(
+    data_dir, tmp_path, monkeypatch
+):
+    """Without --workers or a cluster no Ray starts; OUT/summary.csv/.md/.png hold per
+    series (points differing only in seed) the mean, standard error and count, equal to
+    those computed from the points' own results.json."""
+    import espn.sweep.runner as sweep_runner
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for an in-process sweep")
+
+    monkeypatch.setattr(sweep_runner, "_run_on_ray", no_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = {"base": base_options(data_dir), "grid": {"method": ["espn", "packnet"], "seed": [0, 1]}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(tmp_path / "spec.json"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Ray is not installed" not in result.output
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert [(r["series"], r["method"], r["runs"]) for r in rows] == [
+        ("method=espn", "espn", "2"),
+        ("method=packnet", "packnet", "2"),
+    ]
+    for row in rows:
+        accs = [
+            json.loads((out / f"{row['method']}_seed{s}" / "results.json").read_text())[
+                "average_accuracy"
+            ]
+            for s in (0, 1)
+        ]
+        assert float(row["average_accuracy"]) == pytest.approx(statistics.mean(accs))
+        se = statistics.stdev(accs) / math.sqrt(2)
+        assert float(row["average_accuracy_se"]) == pytest.approx(se)
+        assert row["average_accuracy_n"] == "2" and row["failed"] == "0"
+    md = (out / "summary.md").read_text()
+    espn_row = rows[0]
+    mean, se = float(espn_row["average_accuracy"]), float(espn_row["average_accuracy_se"])
+    assert f"| method=espn | 2 | 0 | {mean:.2f} ± {se:.2f} |" in md
+    assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote{out / 'summary.csv'}," in "".join(result.output.split())

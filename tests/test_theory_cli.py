@@ -90,10 +90,10 @@ def test_task_order_command(tmp_path):
     rows = check_outputs(out, "task_order", TASK_ORDER_COLUMNS, 3 * 3)
     assert {r["order"] for r in rows} == {"decreasing", "increasing", "individual"}
     seq = {(r["order"], r["task_id"]): r for r in rows}
-    # decreasing: task 1 arrives first with r rows, then one row per arrival
-    assert [seq["decreasing", i]["rows"] for i in "123"] == ["2", "3", "4"]
-    assert [seq["increasing", i]["position"] for i in "123"] == ["3", "2", "1"]
-    assert [seq["decreasing", i]["N"] for i in "123"] == ["120", "48", "20"]
+    # decreasing: task 0 arrives first with r rows, then one row per arrival (tasks from 0)
+    assert [seq["decreasing", i]["rows"] for i in "012"] == ["2", "3", "4"]
+    assert [seq["increasing", i]["position"] for i in "012"] == ["3", "2", "1"]
+    assert [seq["decreasing", i]["N"] for i in "012"] == ["120", "48", "20"]
     assert "per-head sample sizes by task ID: [120, 48, 20]" in one_line(result.output)
 
 

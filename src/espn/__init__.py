@@ -9,7 +9,9 @@ What a user reaches for first, all importable from ``espn``:
   :func:`load` to read a saved run back (see :mod:`espn.api`);
 - :func:`create_method`: a continual-learning method by name with its settings;
 - :func:`list_benchmarks`, :func:`list_models`, :func:`list_methods`, :func:`list_pruners`:
-  the names those accept.
+  the names those accept;
+- :func:`fashion_mnist`: Fashion-MNIST as tensors from the offline copy on disk
+  (:mod:`espn.data`, also reachable as ``espn.data`` after ``import espn``).
 
 Everything is imported on first use, so ``import espn`` stays light.
 """
@@ -24,6 +26,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from espn.api import ContinualLearner, load, wrap
     from espn.catalog import list_benchmarks, list_methods, list_models, list_pruners
+    from espn.data.offline import fashion_mnist
     from espn.experiment import run
     from espn.methods import create_method
     from espn.supernet.supernet import Supernet
@@ -36,6 +39,7 @@ _HOMES = {
     "Supernet": "espn.supernet.supernet",
     "run": "espn.experiment",
     "create_method": "espn.methods",
+    "fashion_mnist": "espn.data.offline",
     "list_benchmarks": "espn.catalog",
     "list_methods": "espn.catalog",
     "list_models": "espn.catalog",
@@ -47,6 +51,7 @@ __all__ = [
     "Supernet",
     "__version__",
     "create_method",
+    "fashion_mnist",
     "list_benchmarks",
     "list_methods",
     "list_models",
@@ -59,6 +64,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """The front door, imported on first use (``import espn.cli`` stays light)."""
+    if name == "data":  # the subpackage, for ``espn.data.fashion_mnist`` after ``import espn``
+        return importlib.import_module("espn.data")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'espn' has no attribute {name!r}")

@@ -194,9 +194,14 @@ class RunConfig(BaseModel):
     )
     preset: str | None = Field(
         None,
-        description="Recipe (see `espn presets`) or a .json file; explicit options win over it.",
+        description="Recipe (see `espn presets`) or a .json/.yaml file of options; explicit "
+        "options win over it.",
     )
-    amp: bool = Field(False, description="Mixed precision (float16 + loss scaling on CUDA).")
+    amp: bool = Field(
+        False,
+        description="Mixed precision: float16 + loss scaling on CUDA; bfloat16 on a CPU, "
+        "which warns (rarely faster there).",
+    )
     folders: tuple[Path, ...] = Field(
         (), description="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
     )

@@ -28,6 +28,22 @@ def check_device(device: str) -> None:
         )
 
 
+#: said when ``--amp`` is asked of a CPU run
+AMP_ON_CPU = (
+    "--amp on a CPU autocasts to bfloat16 (float16 with loss scaling is CUDA's): on most CPUs "
+    "that is no faster than float32 and less precise; leave --amp out on a CPU"
+)
+
+
+def run_warnings(cfg: RunConfig) -> list[str]:
+    """What a run will do although it is rarely what was meant (the run goes on): ``--amp``
+    on a CPU."""
+    notes = []
+    if cfg.amp and torch.device(cfg.device).type == "cpu":
+        notes.append(AMP_ON_CPU)
+    return notes
+
+
 def check_run(cfg: RunConfig) -> None:
     """Everything ``cfg`` names beyond its values: device, init weights, data directory and
     the run ``from_run`` continues (its method and how many tasks it finished)."""

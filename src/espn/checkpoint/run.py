@@ -131,6 +131,23 @@ def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:
         )
 
 
+def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
+    """Where a task's training stands, in the units the engine counts: passes over the task's
+    training data (the size rule may make them more than ``--epochs`` asks) and optimizer
+    steps of the phase in progress."""
+    phases = strategy.phases()
+    passes = f"{progress.epochs_done} pass{'es' * (progress.epochs_done != 1)}"
+    if progress.phase >= len(phases):
+        return f"task {task} continues after all its phases ({passes} over its training data done)"
+    name, step = phases[progress.phase].name, progress.step
+    at = (
+        f"at the start of its {name} phase"
+        if step == 0
+        else f"in its {name} phase after {step} optimizer step{'s' * (step != 1)} of it"
+    )
+    return f"task {task} continues {at} ({passes} over its training data done)"
+
+
 @dataclass
 class RunCheckpoint:
     """The checkpoint of one ``run_experiment`` call: the writer and where to pick up."""
@@ -171,11 +188,7 @@ class RunCheckpoint:
         check_results_match(cfg.out, ckpt.manifest)
         restore(ckpt, supernet, engine, strategy)
         tr = ckpt.training
-        where = (
-            f"; task {tr.task} continues after {tr.progress.epochs_done} of its epochs"
-            if tr is not None
-            else ""
-        )
+        where = "" if tr is None else "; " + training_position(tr.task, tr.progress, strategy)
         return cls(
             CheckpointWriter.resume(ckpt),
             supernet,

@@ -164,8 +164,8 @@ def run_directory(positional: Path | None, alias: Path | None) -> Path:
 #: (:class:`espn.sweep.SweepOptions`)
 WORKERS_OPTION = typer.Option(
     None,
-    help="Points run at once on an embedded local Ray (default: GPUs, else CPU cores); "
-    "1, or Ray not installed: one after another in this process.",
+    help="Points run at once: N > 1 on an embedded local Ray of N workers; default 1: one "
+    "after another in this process, no Ray started (unless --ray-address or RAY_ADDRESS).",
 )
 RAY_ADDRESS_OPTION = typer.Option(
     None,

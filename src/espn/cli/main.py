@@ -114,8 +114,11 @@ def run(
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
     # every other option is a RunConfig field or a method's own (generated, see cli.options)
     from espn.experiment import run_experiment
+    from espn.preflight import run_warnings
 
     cfg = presets.make_config_given(ctx, **options)
+    for note in run_warnings(cfg):
+        warn(note)
     out = Path(options["out"])
     try:
         doc = run_experiment(
@@ -149,7 +152,13 @@ def list_components() -> None:
     for name in BENCHMARKS:
         b = BENCHMARKS.get(name)
         n = b.default_tasks
-        table.add_row("benchmark", name, f"{b.description} ({n} task{'s' * (n != 1)} by default)")
+        model = b.defaults.get("model")
+        default = f"model {model}" if model else "no default model: give --model"
+        table.add_row(
+            "benchmark",
+            name,
+            f"{b.description} ({n} task{'s' * (n != 1)} and {default} by default)",
+        )
     for kind, registry in (("model", MODELS), ("method", METHODS), ("pruner", PRUNERS)):
         for name in registry:
             table.add_row(kind, name, _summary(registry.get(name)))

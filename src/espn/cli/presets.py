@@ -32,10 +32,12 @@ def presets(ctx: typer.Context) -> None:
 
 @app.command()
 @user_errors
-def show(name: str = typer.Argument(..., help="A preset name or a .json preset file.")) -> None:
-    """Print the options preset NAME sets, as JSON."""
-    values = load_preset(name)
-    console.print_json(json.dumps(values))
+def show(
+    name: str = typer.Argument(..., help="A preset name or a .json/.yaml preset file."),
+) -> None:
+    """Print the options preset NAME sets, as JSON: save it to a file, edit it and run it with
+    `espn run --preset FILE.json`."""
+    typer.echo(json.dumps(load_preset(name), indent=2))
 
 
 def explicit_options(ctx: typer.Context, values: dict[str, Any]) -> dict[str, Any]:

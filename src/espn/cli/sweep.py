@@ -22,7 +22,10 @@ from espn.sweep import PointOutcome
 
 
 def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:
-    """Print the outcomes as a table; exit non-zero (2) naming the failed points' logs."""
+    """Print the outcomes as a table, then the summary per series across seeds (written to
+    OUT/summary.csv/.md/.png); exit non-zero (2) naming the failed points' logs."""
+    from espn.sweep.summary import summary_rows, write_summary
+
     table = Table("point", "status", "average acc %", "seconds")
     for o in outcomes:
         acc = (o.results or {}).get("average_accuracy")
@@ -30,6 +33,21 @@ def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:
             o.point.name, o.status, "-" if acc is None else f"{acc:.2f}", f"{o.seconds:.1f}"
         )
     console.print(table)
+    files = write_summary(outcomes, out)
+    series = Table(
+        "series", "runs", "average acc % (mean ± se)", "FLOPs ratio", title="per series, over seeds"
+    )
+    for row in summary_rows(outcomes)[1]:
+        acc, se = row["average_accuracy"], row["average_accuracy_se"]
+        ratio = row["flops_ratio"]
+        series.add_row(
+            row["series"],
+            str(row["runs"]),
+            "-" if acc is None else f"{acc:.2f}" + ("" if se is None else f" ± {se:.2f}"),
+            "-" if ratio is None else f"{ratio:.3f}",
+        )
+    console.print(series)
+    console.print("wrote " + ", ".join(map(str, files)))
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         raise UserError(
@@ -54,7 +72,8 @@ def sweep(
     overwrite: bool = OVERWRITE_POINTS_OPTION,
 ) -> None:
     """Run every point of a grid of `espn run` options (reusing finished points, resuming
-    killed ones); one point's failure does not stop the others."""
+    killed ones); one point's failure does not stop the others. Writes OUT/summary.csv, .md
+    and .png: per series (points differing only in seed) mean, standard error and count."""
     from espn.sweep import expand_spec, load_spec, run_sweep
 
     points = expand_spec(load_spec(spec))

@@ -59,8 +59,9 @@ def load_mnist_like(
 ) -> dict[str, tuple[Tensor, Tensor]]:
     """``{"train": (images uint8 [N, 28, 28], labels), "test": ...}`` for MNIST or Fashion-MNIST.
 
-    Looks in ``root`` (torchvision's layout), then in the offline directory of the Debian
-    package, then downloads through torchvision when ``download`` is set.
+    Looks in ``root`` (the IDX files themselves, or torchvision's layout ``root/<Class>/raw``),
+    then in the offline directory of the Debian package, then downloads through torchvision
+    when ``download`` is set.
     """
     from torchvision import datasets
 
@@ -68,11 +69,17 @@ def load_mnist_like(
     cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST}[name]
     offline = OFFLINE_DIRS.get(name)
     raw_dir = root / cls.__name__ / "raw"
-    for directory in (raw_dir, offline):
+    for directory in (root, raw_dir, offline):
         if directory is not None and directory.is_dir():
             found = _offline_mnist_like(directory)
             if found is not None:
                 return found
+    if not download:
+        raise DatasetUnavailable(
+            f"{name} is not in {root} (nor in {raw_dir}"
+            + (f" or {offline}" if offline is not None else "")
+            + f"); to get it: {HOW_TO_GET[name]}, or pass download=True"
+        )
     try:
         splits = {
             s: cls(str(root), train=s == "train", download=download) for s in ("train", "test")

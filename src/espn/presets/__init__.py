@@ -1,9 +1,11 @@
 """Presets: named run recipes stored as JSON files in this package (``espn presets``).
 
-A preset file holds ``{"description": "...", "config": {option: value, ...}}`` where the
-options are those of :class:`espn.config.RunConfig` (``benchmark``, ``model``, ``epochs``,
-``lr``, ...). ``--preset NAME`` applies one of the files shipped here; ``--preset PATH.json``
-applies a file of the user's. Options given explicitly win over the preset, which wins over
+A preset file (JSON, or YAML as sweep specs) holds the options themselves, ``{option: value,
+...}`` as ``espn presets show NAME`` prints them, or ``{"description": "...", "config":
+{option: value, ...}}`` as the shipped ones; the options are those of ``espn run``
+(:class:`espn.config.RunConfig` fields and the methods' own: ``benchmark``, ``model``,
+``epochs``, ``lr``, ...). ``--preset NAME`` applies one of the files shipped here;
+``--preset PATH.json`` (``.yaml``, ``.yml``) applies a file of the user's. Options given explicitly win over the preset, which wins over
 the benchmark's defaults.
 """
 
@@ -16,7 +18,10 @@ from typing import Any
 
 from espn.errors import EspnError
 from espn.registry import UnknownNameError
+from espn.utils.documents import load_document
 
+#: the suffixes of preset files (JSON or YAML, as sweep specs)
+FILE_SUFFIXES = (".json", ".yaml", ".yml")
 #: options a preset may not set (they name the run itself)
 NOT_IN_PRESETS = ("preset", "out")
 
@@ -38,30 +43,39 @@ def preset_names() -> list[str]:
     return sorted(_shipped())
 
 
-def _read(name: str) -> tuple[str, dict[str, Any]]:
+def _read(name: str) -> tuple[str, Any]:
     shipped = _shipped()
     if name in shipped:
         return f"preset {name!r}", json.loads(shipped[name].read_text())
     path = Path(name)
-    if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise PresetError(f"preset file {path} does not exist")
-        try:
-            return f"preset file {path}", json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise PresetError(f"preset file {path} is not valid JSON ({exc})") from None
+    if path.suffix.lower() in FILE_SUFFIXES or path.exists():
+        return f"preset file {path}", load_document(path, "preset file", PresetError)
     raise UnknownNameError(
         f"unknown preset {name!r}; choose one of: {', '.join(preset_names())} "
-        "(or give the path of a .json preset file)"
+        "(or give the path of a .json or .yaml preset file)"
     )
 
 
 def load_preset(name: str) -> dict[str, Any]:
-    """The options set by preset ``name`` (a shipped preset or a ``.json`` file path)."""
+    """The options set by preset ``name``: a shipped preset, or a ``.json`` / ``.yaml`` file
+    holding the options themselves (as ``espn presets show`` prints them) or
+    ``{"description": ..., "config": {options}}``."""
     where, doc = _read(name)
-    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
-        raise PresetError(f'{where} must be a JSON object with a "config" object of options')
-    values = dict(doc["config"])
+    wrapped = isinstance(doc, dict) and "config" in doc
+    values = doc.get("config") if wrapped else doc
+    if not isinstance(values, dict):
+        raise PresetError(
+            f"{where} must be a mapping of options (as `espn presets show` prints them) or "
+            '{"description": "...", "config": {options}}'
+        )
+    if wrapped:
+        extra = sorted(set(doc) - {"description", "config"})
+        if extra:
+            raise PresetError(
+                f'{where} has {", ".join(map(repr, extra))} beside "config"; only '
+                '"description" may be there'
+            )
+    values = {k: v for k, v in values.items() if wrapped or k != "description"}
     banned = [k for k in values if k in NOT_IN_PRESETS]
     if banned:
         raise PresetError(f"{where} may not set {', '.join(banned)}")
@@ -70,7 +84,8 @@ def load_preset(name: str) -> dict[str, Any]:
 
 def describe(name: str) -> str:
     """The one-line description of preset ``name``."""
-    return str(_read(name)[1].get("description", ""))
+    doc = _read(name)[1]
+    return str(doc.get("description", "")) if isinstance(doc, dict) else ""
 
 
 def merge(preset: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:

@@ -9,8 +9,9 @@ package data) and ``.png``; :func:`report` rebuilds them from the run directorie
 from espn.reproduce import continual, pruners, representation  # noqa: F401  (register targets)
 from espn.reproduce.paper import paper_numbers
 from espn.reproduce.runner import TargetResult, report, run_target
-from espn.reproduce.table import Table, mean_se
+from espn.reproduce.table import Table
 from espn.reproduce.target import SCALES, TARGETS, Options, ReproduceError, Run, Target
+from espn.utils.stats import mean_se
 
 __all__ = [
     "SCALES",

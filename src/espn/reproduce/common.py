@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from espn.config import make_config, resolved
 from espn.methods.base import METHODS
-from espn.reproduce.table import Table
+from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
 from espn.training.engine import plan_phase, reference_batches
 from espn.utils.io import atomic_target
@@ -123,10 +123,13 @@ def legend_outside_with_grid(ax: Axes) -> None:
 
 
 def save_figure(fig: Figure, path: Path) -> None:
-    """Lay ``fig`` out tightly, write it as PNG atomically and close it."""
+    """Lay ``fig`` out tightly, write it as PNG atomically (its title, the scale first below
+    the paper's, also as the PNG's ``Title``) and close it."""
     fig.tight_layout()
+    suptitle = fig.get_suptitle()
+    title = suptitle or next((t for ax in fig.axes if (t := ax.get_title())), "")
     with atomic_target(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=110, format="png", metadata={"Title": title.replace("\n", ": ")})
     plt.close(fig)
 
 
@@ -142,9 +145,12 @@ def signed(value: float) -> str:
 
 
 def figure_title(what: str, table: Table) -> str:
-    """The figure title, saying when the data stand in for the paper's."""
+    """The figure title: below the paper's scale the scale on a line of its own first; and
+    saying when the data stand in for the paper's."""
     stand_in = any(n.startswith("data:") for n in table.notes)
-    return what + (" — ours on Fashion-MNIST stand-in data" if stand_in else "")
+    banner = scale_banner(table.scale)
+    title = what + (" — ours on Fashion-MNIST stand-in data" if stand_in else "")
+    return f"{banner}\n{title}" if banner else title
 
 
 def planned_steps(options: dict[str, Any], task_size: int) -> list[tuple[str, int]]:

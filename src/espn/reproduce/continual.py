@@ -29,9 +29,10 @@ from espn.reproduce.common import (
     steps_note,
 )
 from espn.reproduce.paper import claims_notes, data_notes, paper
-from espn.reproduce.table import Table, markdown_table, mean_se
+from espn.reproduce.table import Table, markdown_table
 from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
 from espn.sweep import Point
+from espn.utils.stats import mean_se
 
 # ---------------------------------------------------------------------------------- table1
 TABLE1_SERIES = [
@@ -102,7 +103,7 @@ def table1_table(runs: list[Run]) -> Table:
     groups = by_series(runs)
     reported = paper("table1")["methods"]
     n_tasks = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
-    tasks = [f"task{j + 1}" for j in range(n_tasks)]
+    tasks = [f"task{j}" for j in range(n_tasks)]
     columns = ["method", "seeds", "avg", "avg_se", "paper_avg", "paper_avg_se", "flops_ratio"]
     rows = []
     for s in ordered(groups, TABLE1_SERIES):
@@ -131,8 +132,11 @@ def table1_table(runs: list[Run]) -> Table:
         notes.append("left out (method not built in this espn): " + ", ".join(map(label, missing)))
     notes.append(steps_note(runs, split_paper_steps))
     table.notes = notes + claims_notes("table1", _table1_observations(table))
-    table.appendix = "The paper's Table 1 (SplitCIFAR100), per task:\n\n" + markdown_table(
-        ["method", *[str(j + 1) for j in range(20)], "avg ± se"],
+    table.appendix = (
+        "The paper's Table 1 (SplitCIFAR100), per task (numbered from 0, as everywhere in "
+        "espn):\n\n"
+    ) + markdown_table(
+        ["method", *[str(j) for j in range(20)], "avg ± se"],
         [[m, *v["tasks"], f"{v['avg']:.1f} ± {v['se']:.2f}"] for m, v in reported.items()],
     )
     return table
@@ -267,7 +271,7 @@ def mnist_table(runs: list[Run]) -> Table:
     second half, and every task's final accuracy (mean over seeds)."""
     groups = by_series(runs)
     n_tasks = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
-    tasks = [f"task{j + 1}" for j in range(n_tasks)]
+    tasks = [f"task{j}" for j in range(n_tasks)]
     columns = ["benchmark", "method", "seeds", "avg", "avg_se", "early", "early_se"]
     columns += ["late", "late_se", *tasks]
     order = [f"{k}+{m}" for k in MNIST_KINDS for m in MNIST_METHODS]
@@ -343,7 +347,7 @@ def mnist_plot(table: Table, path: Path) -> None:
             ys = [v for k, v in r.items() if k.startswith("task") and v is not None]
             if r["method"] in colours:
                 ax.plot(
-                    range(1, len(ys) + 1),
+                    range(len(ys)),
                     ys,
                     marker=".",
                     color=colours[r["method"]],
@@ -352,7 +356,7 @@ def mnist_plot(table: Table, path: Path) -> None:
             elif r["method"] in lines:
                 ax.axhline(r["avg"], ls="--", color=lines[r["method"]], label=r["method"])
         ax.set_title(f"{mine[0]['benchmark'] if mine else kind}")
-        ax.set_xlabel("task id (# of trained tasks)")
+        ax.set_xlabel("task (numbered from 0)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

@@ -13,9 +13,10 @@ import matplotlib.pyplot as plt
 from espn.reproduce.common import SMOKE, figure_title, mean_of, save_figure, signed, steps_note
 from espn.reproduce.continual import split_base, split_paper_steps
 from espn.reproduce.paper import claims_notes, data_notes
-from espn.reproduce.table import Table, mean_se
+from espn.reproduce.table import Table
 from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
 from espn.sweep import Point
+from espn.utils.stats import mean_se
 
 #: the appendix's FLOPs budgets and pruners
 DEFAULT_GAMMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)

@@ -25,9 +25,10 @@ from espn.reproduce.common import (
     signed,
 )
 from espn.reproduce.paper import claims_notes, data_notes, paper
-from espn.reproduce.table import Table, mean_se
+from espn.reproduce.table import Table
 from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point_name
 from espn.sweep import Point
+from espn.utils.stats import mean_se
 
 # --------------------------------------------------------------------------- table-imagenet
 IMAGENET_TASKS = ["imagenet", "cubs", "cars", "flowers", "wikiart", "sketch"]
@@ -166,7 +167,9 @@ def imagenet_plot(table: Table, path: Path) -> None:
     ax.scatter([], [], color="black", marker="_", s=200, label="paper (appendix table)")
     ax.set_xticks(xs, [r["task"] for r in table.rows])
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("ImageNet -> CUBS -> Cars -> Flowers -> WikiArt -> Sketch (Fig. 2b)")
+    ax.set_title(
+        figure_title("ImageNet -> CUBS -> Cars -> Flowers -> WikiArt -> Sketch (Fig. 2b)", table)
+    )
     legend_outside_with_grid(ax)
     save_figure(fig, path)
 
@@ -446,7 +449,7 @@ def order_table(runs: list[Run]) -> Table:
     tasks (by size), and each task's accuracy by task ID (mean over seeds)."""
     groups = by_series(runs)
     n = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
-    tasks = [f"task{j + 1}" for j in range(n)]
+    tasks = [f"task{j}" for j in range(n)]
     columns = ["method", "order", "seeds", "avg", "avg_se", "large_half", "large_half_se"]
     columns += ["small_half", "small_half_se", *tasks]
     series_order = [f"{m}+{p}" for m in ORDER_METHODS["paper"] for p in POLICIES]
@@ -468,7 +471,7 @@ def order_table(runs: list[Run]) -> Table:
     sizes = sorted({s for r in runs for s in r.doc["train_samples"]}, reverse=True)
     notes = [n for n in data_notes((r.doc["benchmark"] for r in runs), [], "") if n]
     notes.append(
-        "task ID = rank of the training-set size (1: the largest, "
+        "task ID = rank of the training-set size, from 0 (0: the largest, "
         f"{sizes[0] if sizes else '-'} images; last: {sizes[-1] if sizes else '-'}); "
         "large_half / small_half: mean over the larger / smaller half of the tasks"
     )
@@ -506,14 +509,14 @@ def order_plot(table: Table, path: Path) -> None:
     for r in table.rows:
         ys = [v for k, v in r.items() if k.startswith("task") and v is not None]
         ax.plot(
-            range(1, len(ys) + 1),
+            range(len(ys)),
             ys,
             ls=styles.get(r["order"], "-"),
             marker=".",
             color=colours.get(r["method"], "tab:red"),
             label=f"{r['method']} {r['order']}",
         )
-    ax.set_xlabel("task ID (larger ID has less data)")
+    ax.set_xlabel("task ID, from 0 (larger ID has less data)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(figure_title("Fig. 2c (curves only in the paper)", table), fontsize=9)

@@ -62,7 +62,7 @@ def run_target(
             missing.append(o.point.name)
         else:
             runs.append(_run(o.point.name, doc))
-    table = _build(target, runs, missing)
+    table = _build(target, runs, missing, options.scale)
     return TargetResult(name, table, write_outputs(target, table, out), outcomes, skipped)
 
 
@@ -91,12 +91,14 @@ def _run(name: str, doc: dict[str, Any]) -> Run:
     return Run(name, parsed[1], parsed[2], doc, _complete(doc))
 
 
-def _build(target: Target, runs: list[Run], missing: list[str]) -> Table:
-    """The target's table from its runs; runs that stopped early enter only ``partial``
-    targets, the others are listed as incomplete with the points that left no results."""
+def _build(target: Target, runs: list[Run], missing: list[str], scale: str | None) -> Table:
+    """The target's table from its runs, made at ``scale``; runs that stopped early enter
+    only ``partial`` targets, the others are listed as incomplete with the points that left
+    no results."""
     used = sorted((r for r in runs if r.complete or target.partial), key=lambda r: r.name)
     table = target.table(used)
     table.incomplete = sorted([*missing, *(r.name for r in runs if r not in used)])
+    table.scale = scale
     return table
 
 
@@ -111,12 +113,16 @@ def write_outputs(target: Target, table: Table, out: Path) -> list[Path]:
 
 
 def collect(
-    out: Path, problems: list[tuple[str, str]] | None = None
+    out: Path,
+    problems: list[tuple[str, str]] | None = None,
+    scales: dict[str, set[str]] | None = None,
 ) -> dict[str, tuple[list[Run], list[str]]]:
     """The run directories of every target in ``out``: its runs with results (finished or
     stopped early) and the names of its directories with no finished task. A directory
     whose results.json is corrupt, or that holds a run of another benchmark or method than
-    its name says, is described in ``problems`` as (target, why) (and left out)."""
+    its name says, is described in ``problems`` as (target, why) (and left out). ``scales``
+    receives, per target, the scales its runs were made at (``unknown`` for a run that
+    matches no scale's points)."""
     from espn.evaluation.results import ResultsError, read_results
 
     found: dict[str, tuple[list[Run], list[str]]] = {}
@@ -138,37 +144,78 @@ def collect(
             continue
         key = (parsed[0], parsed[2])
         if key not in expected:
-            expected[key] = _points(TARGETS.get(parsed[0]), parsed[2], Path(out))
+            expected[key] = _points(TARGETS.get(parsed[0]), parsed[2], Path(out), doc)
         why = _foreign(directory.name, doc, expected[key])
         if why is not None:
             if problems is not None:
                 problems.append((parsed[0], f"{directory.name}: {why}"))
             continue
         runs.append(_run(directory.name, doc))
+        if scales is not None:
+            scales.setdefault(parsed[0], set()).add(_scale_of(directory.name, doc, expected[key]))
     return found
 
 
 #: options whose value tells which run a point is
 IDENTITY = ("benchmark", "method", "preset")
+#: options whose values tell at which scale a point was made
+SCALE_KEYS = (
+    "preset",
+    "benchmark",
+    "tasks",
+    "train_per_task",
+    "test_per_task",
+    "epochs",
+    "batch_size",
+    "step_floor",
+)
 
 
-def _points(target: Target, seed: int, out: Path) -> dict[str, dict[str, Any]] | None:
-    """The options of every point of ``target`` up to ``seed``, by name, at any scale whose
-    points can be built here (None if none can: then a run cannot be checked)."""
-    points: dict[str, list[dict[str, Any]]] = {}
+def _points(
+    target: Target, seed: int, out: Path, doc: dict[str, Any]
+) -> dict[str, dict[str, Any]] | None:
+    """The options (and the scale) of every point of ``target`` up to ``seed``, by name, at
+    any scale whose points can be built here, with the data locations the run ``doc`` used
+    (None if none can: then a run cannot be checked)."""
+    config = doc.get("config") or {}
+    folders = config.get("folders") or []
+    where: dict[str, Any] = {
+        "data_dir": config.get("data_dir"),
+        "data_root": Path(folders[-1]).parent if folders else None,
+        "init_weights": config.get("init_weights"),
+    }
+    points: dict[str, dict[str, Any]] = {}
     built = False
     for scale in SCALES:
         try:
-            stages = target.stages(Options(scale=scale, seeds=seed + 1), out)
+            stages = target.stages(Options(scale=scale, seeds=seed + 1, **where), out)
         except EspnError:
             continue
         built = True
         for stage in stages:
             for p in stage:
-                points.setdefault(p.name, []).append(p.options)
-    if not built:
-        return None
-    return {name: {"options": opts} for name, opts in points.items()}
+                entry = points.setdefault(p.name, {"options": [], "scales": []})
+                entry["options"].append(p.options)
+                entry["scales"].append(scale)
+    return points if built else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Option values equal as JSON keeps them (a tuple and a list of the same items alike)."""
+    return bool(json.loads(json.dumps(a)) == json.loads(json.dumps(b)))
+
+
+def _scale_of(name: str, doc: dict[str, Any], points: dict[str, dict[str, Any]] | None) -> str:
+    """The first scale (smallest first) whose point ``name`` sets :data:`SCALE_KEYS` as the
+    run was made with, or ``unknown``."""
+    config = doc.get("config") or {}
+    entry = (points or {}).get(name)
+    if entry is None:
+        return "unknown"
+    for options, scale in zip(entry["options"], entry["scales"], strict=True):
+        if all(_same(options[k], config.get(k)) for k in SCALE_KEYS if options.get(k) is not None):
+            return str(scale)
+    return "unknown"
 
 
 def _foreign(
@@ -199,7 +246,8 @@ def report(out: Path, targets: list[str] | None = None) -> list[TargetResult]:
     for name in targets or []:
         TARGETS.get(name)
     problems: list[tuple[str, str]] = []
-    found = collect(out, problems)
+    scales: dict[str, set[str]] = {}
+    found = collect(out, problems, scales)
     wanted = targets or list(found)
     missing = [t for t in wanted if t not in found]
     if not found or missing:
@@ -218,6 +266,8 @@ def report(out: Path, targets: list[str] | None = None) -> list[TargetResult]:
     for name in wanted:
         target = TARGETS.get(name)
         runs, missing = found[name]
-        table = _build(target, runs, missing)
+        seen = scales.get(name, set())
+        scale = next(iter(seen)) if len(seen) == 1 else "mixed" if seen else None
+        table = _build(target, runs, missing, scale)
         results.append(TargetResult(name, table, write_outputs(target, table, out)))
     return results

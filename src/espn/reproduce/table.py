@@ -6,7 +6,6 @@ the pair as ``mean ± se``. Columns starting with ``paper`` hold the paper's rep
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,17 +13,29 @@ from typing import Any
 
 from espn.utils.io import write_csv
 
+#: what every output of a target run below the paper's scale says first (markdown title and
+#: first line, figure title, CSV ``scale`` column), so that no one mistakes it for a result
+SCALE_BANNERS = {
+    "smoke": "SMOKE SCALE — not a result",
+    "cpu": "CPU SCALE — a reduced regime, not the paper's runs",
+    "mixed": "MIXED SCALES — runs of different scales, not a result",
+    "unknown": "SCALE UNKNOWN — the runs match no scale's points, not a result",
+}
+#: the line under the banner: what the scale means for the numbers
+SCALE_NOTES = {
+    "smoke": "a few dozen images and one epoch per phase: it checks that the target runs, "
+    "its numbers mean nothing; use --scale cpu or paper for numbers",
+    "cpu": "minutes on a CPU, Fashion-MNIST where the paper's data are absent and the "
+    "recipe of docs/reproduce.md: compare with the paper in shape, not digit by digit",
+    "mixed": "the directory holds runs made at different scales; rerun one scale into its "
+    "own --out",
+    "unknown": "rerun the target with --scale to know what the numbers are",
+}
 
-def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and standard error of the mean (sample std / sqrt(n)); se is None for n < 2."""
-    n = len(values)
-    if n == 0:
-        return None, None
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
+
+def scale_banner(scale: str | None) -> str:
+    """The banner of a table or figure at ``scale`` ("" at the paper's scale or unset)."""
+    return SCALE_BANNERS.get(scale or "paper", "")
 
 
 @dataclass
@@ -42,19 +53,29 @@ class Table:
     notes: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
     appendix: str = ""  # more markdown after the notes (e.g. the paper's own table)
+    #: the scale of the runs (smoke, cpu, paper, mixed, unknown; None: not known to the table)
+    scale: str | None = None
 
     def column(self, name: str, **where: Any) -> list[Any]:
         """The values of ``name`` in the rows matching every ``key=value`` of ``where``."""
         return [r.get(name) for r in self.rows if all(r.get(k) == v for k, v in where.items())]
 
     def write_csv(self, path: Path) -> None:
-        """Every column of every row, atomically; numbers unrounded, missing values empty."""
-        write_csv(path, self.rows, self.columns)
+        """Every column of every row, atomically; numbers unrounded, missing values empty;
+        the first column, ``scale``, says at which scale the runs were made."""
+        scale = self.scale or "paper"
+        write_csv(path, [{"scale": scale, **r} for r in self.rows], ["scale", *self.columns])
 
     def markdown(self) -> str:
-        """The title, the table (``mean ± se``, paper's numbers beside ours) and the notes."""
+        """The title (below the paper's scale: the scale first, and a line on what it means),
+        the table (``mean ± se``, paper's numbers beside ours) and the notes."""
         shown = [c for c in (self.md_columns or self.columns) if not c.endswith("_se")]
-        lines = [f"# {self.target}: {self.title}", ""]
+        banner = scale_banner(self.scale)
+        if banner:
+            lines = [f"# {banner}: {self.target}: {self.title}", ""]
+            lines += [f"> **{banner}**: {SCALE_NOTES[self.scale or 'paper']}.", ""]
+        else:
+            lines = [f"# {self.target}: {self.title}", ""]
         lines.append("| " + " | ".join(shown) + " |")
         lines.append("|" + "---|" * len(shown))
         for row in self.rows:

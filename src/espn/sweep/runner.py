@@ -1,8 +1,10 @@
-"""Run a sweep's points on Ray: an embedded local instance or an existing cluster.
+"""Run a sweep's points: one after another in this process, or on Ray when asked.
 
-Ray schedules; this module only submits one task per unfinished point, waits for them as
-they finish, and reports. With ``workers=1`` and no cluster address the points run one
-after another in this process, through the very same :func:`run_point` (no Ray needed).
+Ray is used only when asked for (``workers`` > 1: an embedded local instance of that many
+workers) or when a cluster is configured (``ray_address``, or Ray's own ``RAY_ADDRESS``
+environment variable); otherwise the points run one after another in this process, through
+the very same :func:`run_point`, and no Ray starts. On Ray this module only submits one task
+per unfinished point, waits for them as they finish, and reports.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from espn.presets import FILE_SUFFIXES as PRESET_SUFFIXES
 from espn.sweep.point import LOG_NAME, PointOutcome, changed_options, reused_outcome, run_point
 from espn.sweep.spec import Point, SweepError, validate_points
 
@@ -52,11 +55,16 @@ class SweepOptions(TypedDict, total=False):
     overwrite: bool
 
 
-def default_workers() -> int:
-    """One point per GPU when there are GPUs, else one per CPU core."""
-    if torch.cuda.is_available():
-        return torch.cuda.device_count()
-    return os.cpu_count() or 1
+def cluster_address(ray_address: str | None) -> str | None:
+    """The Ray cluster the points run on: ``ray_address``, else Ray's ``RAY_ADDRESS``
+    environment variable, else None (no cluster configured)."""
+    return ray_address or os.environ.get("RAY_ADDRESS") or None
+
+
+def uses_ray(workers: int | None, ray_address: str | None) -> bool:
+    """Whether a sweep runs on Ray: only when asked (more than one worker) or when a
+    cluster is configured; else its points run in this process and no Ray starts."""
+    return cluster_address(ray_address) is not None or (workers or 1) > 1
 
 
 def outcome_line(outcome: PointOutcome) -> str:
@@ -87,12 +95,13 @@ def run_sweep(
 
     Every point's configuration is validated before anything runs. Finished points are
     reused, killed ones resumed from their checkpoint; a failing point is reported (status
-    ``failed``, its log path) and the others go on. ``workers`` points run at once on an
-    embedded local Ray instance (default: GPUs if any, else CPU cores), or on the cluster at
-    ``ray_address`` (then Ray's resources decide); each point asks Ray for ``cpus_per_run``
-    CPUs and ``gpus_per_run`` GPUs. ``workers=1`` without an address runs the points in
-    this process, one after another, as do all points when Ray is not installed (said on
-    the console). If Ray is already initialised in this process, that instance is used.
+    ``failed``, its log path) and the others go on. By default (``workers`` None or 1, no
+    cluster address) the points run in this process, one after another, and no Ray starts;
+    ``workers`` > 1 points run at once on an embedded local Ray instance, and with
+    ``ray_address`` (or ``RAY_ADDRESS`` set) on that cluster (then Ray's resources decide);
+    each point asks Ray for ``cpus_per_run`` CPUs and ``gpus_per_run`` GPUs. When Ray is
+    not installed, every point runs in this process (said on the console). If Ray is
+    already initialised in this process, that instance is used.
     ``progress`` shows a bar over points and a line per finished point. A point whose
     directory holds a run made with other options is refused (naming the options) unless
     ``overwrite``, which replaces it.
@@ -112,7 +121,8 @@ def run_sweep(
             outcomes[p.name] = reused
     if not overwrite:
         check_not_replacing(todo, out)
-    in_process = ray_address is None and (workers or default_workers()) == 1
+    ray_address = cluster_address(ray_address)
+    in_process = not uses_ray(workers, ray_address)
     if todo and not in_process:
         if not ray_available():
             if ray_address is not None:
@@ -224,7 +234,7 @@ def anchored(point: Point) -> Point:
     if options.get("folders"):
         options["folders"] = [str(Path(f).resolve()) for f in options["folders"]]
     preset = options.get("preset")
-    if isinstance(preset, str) and preset.endswith(".json") and Path(preset).is_file():
+    if isinstance(preset, str) and preset.endswith(PRESET_SUFFIXES) and Path(preset).is_file():
         options["preset"] = str(Path(preset).resolve())
     return Point(point.name, options)
 
@@ -254,7 +264,7 @@ def _run_on_ray(
         if address is not None:
             ray.init(address=address, **common)
         else:
-            n = workers or default_workers()
+            n = workers or 1
             gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             watchdog = _watch()  # before Ray starts: a kill at any time after is covered
             ray.init(

@@ -16,7 +16,6 @@ keys; by default a point is named by its grid values (``espn_seed0``).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 from collections import Counter
@@ -26,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from espn.config import ConfigError, RunConfig, make_config, run_option_names
+from espn.utils.documents import MAX_VALUES, load_document
+from espn.utils.documents import check_size as check_document_size
 
 SPEC_KEYS = ("base", "grid", "name")
 #: the most points a sweep may have: a grid beyond it is refused before it is expanded
 MAX_POINTS = 10_000
-#: the most values (numbers, strings, list items) a spec may hold once YAML aliases are
-#: expanded: a few hundred bytes of nested aliases would otherwise expand to gigabytes
-MAX_VALUES = 100_000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
 
@@ -50,35 +48,7 @@ class Point:
 
 def load_spec(path: Path) -> dict[str, Any]:
     """Read a ``.json``, ``.yaml`` or ``.yml`` sweep spec file."""
-    path = Path(path)
-    if path.is_dir():
-        raise SweepError(f"sweep spec {path} is a directory; give a .json or .yaml file")
-    if not path.is_file():
-        raise SweepError(f"sweep spec {path} does not exist (give a .json or .yaml file)")
-    suffix = path.suffix.lower()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise SweepError(f"sweep spec {path} is not a text file (UTF-8 JSON or YAML)") from None
-    if suffix == ".json":
-        try:
-            spec = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SweepError(f"sweep spec {path} is not valid JSON: {exc}") from None
-    elif suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise SweepError(
-                f"reading {path} needs PyYAML: pip install 'espn[ray]' (or pyyaml), "
-                "or write the spec as .json"
-            ) from None
-        try:
-            spec = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise SweepError(f"sweep spec {path} is not valid YAML: {exc}") from None
-    else:
-        raise SweepError(f"sweep spec {path}: unknown format {suffix!r}; use .json, .yaml or .yml")
+    spec: dict[str, Any] = load_document(path, "sweep spec", SweepError)
     return spec
 
 
@@ -106,21 +76,8 @@ def default_name(values: dict[str, Any]) -> str:
 
 def check_size(value: Any, limit: int = MAX_VALUES) -> None:
     """Refuse a spec holding more than ``limit`` values once shared parts (YAML aliases) are
-    counted each time they are used; stops counting at the limit, so it is fast."""
-    count, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > limit:
-            raise SweepError(
-                f"sweep spec: more than {limit} values once its YAML aliases are expanded; "
-                "write the values out, or split the sweep"
-            )
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+    counted each time they are used (see :func:`espn.utils.documents.check_size`)."""
+    check_document_size(value, "sweep spec", SweepError, limit)
 
 
 def expand_spec(spec: Any) -> list[Point]:

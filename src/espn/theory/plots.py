@@ -147,7 +147,7 @@ def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path:
 
 
 def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
-    """Excess risk per task ID (1 = most samples) for each training order.
+    """Excess risk per task ID (from 0: 0 = most samples) for each training order.
 
     Solid: tasks trained from largest to smallest; dashed: smallest first; dotted:
     each task alone from scratch, as in the paper's figure on sample size.
@@ -164,7 +164,7 @@ def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], pat
     ax.set_xticks(ids, [f"{i}\nN={n}" for i, n in zip(ids, sizes, strict=True)], fontsize=7)
     ax.set(
         yscale="log",
-        xlabel="task ID (sorted by per-head sample size)",
+        xlabel="task ID, from 0 (sorted by per-head sample size)",
         ylabel="excess test risk",
         title="Sequential CRL: excess risk per task ID for each training order",
     )

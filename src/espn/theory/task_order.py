@@ -64,7 +64,7 @@ class TaskOrderConfig(PlantedConfig):
 
     @property
     def sizes(self) -> list[int]:
-        """Per-head sample size of task ID i: floor(n_max * (n_min/n_max)^((i-1)/(A-1)))."""
+        """Per-head sample size of task ID i (from 0): floor(n_max * (n_min/n_max)^(i/(A-1)))."""
         if self.tasks == 1:
             return [self.n_max]
         ratio = self.n_min / self.n_max
@@ -114,7 +114,7 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
                         {
                             **base,
                             "order": order,
-                            "task_id": i + 1,
+                            "task_id": i,
                             "position": 1,
                             "N": sizes[i],
                             "rows": cfg.rows_first,
@@ -142,7 +142,7 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
                     {
                         **base,
                         "order": order,
-                        "task_id": i + 1,
+                        "task_id": i,
                         "position": position,
                         "N": sizes[i],
                         "rows": result.W[group[0]].shape[0],

@@ -209,6 +209,7 @@ class Engine:
             initial=before[at.phase] + at.step if at.phase < len(plans) else total,
             total=total,
             desc=f"task {index}",
+            unit="step",
             disable=None if self.progress else True,
             leave=False,
         )
@@ -228,7 +229,7 @@ class Engine:
             if phase.free_only and first == 0 and n_epochs > 0:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
             for epoch in range(first, n_epochs):
-                bar.set_description(f"task {index} {phase.name} {epoch + 1}/{n_epochs}")
+                bar.set_description(f"task {index} {phase.name} pass {epoch + 1}/{n_epochs}")
                 finite = torch.ones((), dtype=torch.bool, device=device)
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
                     if step == n_iters:  # the size rule's last pass ends at the step count

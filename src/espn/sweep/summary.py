@@ -1,0 +1,163 @@
+"""A sweep's summary across seeds: one row per series (the points that differ only in their
+``seed``) with the mean, standard error and count of each measure, written as
+``OUT/summary.csv``, ``OUT/summary.md`` and ``OUT/summary.png``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from espn.sweep.point import PointOutcome
+from espn.utils.io import atomic_target, write_csv
+from espn.utils.stats import mean_se
+
+#: options that tell runs of one series apart (averaged over, not a series of their own)
+REPEAT_KEYS = ("seed",)
+#: the measures summarised: (column, what it is, how it is read from a run's results.json)
+MEASURES: tuple[tuple[str, str, str], ...] = (
+    ("average_accuracy", "average accuracy %", "final accuracy averaged over the tasks"),
+    ("flops_ratio", "FLOPs ratio", "mean over the tasks of FLOPs / dense FLOPs"),
+    ("max_forgetting", "max forgetting", "largest drop of a task's accuracy, in points"),
+    ("wall_time_s", "wall time s", "seconds the run took"),
+)
+SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
+
+
+@dataclass
+class Series:
+    """The points of a sweep that differ only in :data:`REPEAT_KEYS`: their shared varying
+    options (``values``), the finished runs' results and the number of failed points."""
+
+    name: str
+    values: dict[str, Any]
+    results: list[dict[str, Any]]
+    failed: int = 0
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, list | tuple):
+        return ",".join(_text(v) for v in value)
+    return str(value)
+
+
+def group_series(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[Series]]:
+    """The options that vary between series, and the series in the order of their first
+    point. A sweep whose points differ only in their seed is one series, ``all``."""
+    keys = list(dict.fromkeys(k for o in outcomes for k in o.point.options))
+    varying = [
+        k
+        for k in keys
+        if k not in REPEAT_KEYS and len({repr(o.point.options.get(k)) for o in outcomes}) > 1
+    ]
+    groups: dict[str, Series] = {}
+    for o in outcomes:
+        values = {k: o.point.options.get(k) for k in varying}
+        name = " ".join(f"{k}={_text(v)}" for k, v in values.items()) or "all"
+        series = groups.setdefault(name, Series(name, values, []))
+        if o.status == "failed" or o.results is None:
+            series.failed += 1
+        else:
+            series.results.append(o.results)
+    return varying, list(groups.values())
+
+
+def _measure(doc: dict[str, Any], column: str) -> float | None:
+    """One measure of a finished run (None where the run recorded none: no test data)."""
+    if column == "flops_ratio":
+        ratios = doc.get("flops_ratio") or []
+        return sum(ratios) / len(ratios) if ratios else None
+    if column == "max_forgetting":
+        forgetting = doc.get("forgetting") or []
+        return float(max(forgetting)) if forgetting else None
+    value = doc.get(column)
+    return None if value is None else float(value)
+
+
+def summary_rows(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The CSV's columns and rows: per series its varying options, ``runs`` (finished),
+    ``failed``, and per measure its mean, ``_se`` (standard error) and ``_n`` (count)."""
+    varying, series = group_series(outcomes)
+    columns = ["series", *varying, "runs", "failed"]
+    for column, _, _ in MEASURES:
+        columns += [column, f"{column}_se", f"{column}_n"]
+    rows = []
+    for s in series:
+        row: dict[str, Any] = {"series": s.name, **s.values}
+        row.update({k: _text(v) for k, v in s.values.items() if isinstance(v, list | tuple)})
+        row["runs"], row["failed"] = len(s.results), s.failed
+        for column, _, _ in MEASURES:
+            found = [v for v in (_measure(d, column) for d in s.results) if v is not None]
+            row[column], row[f"{column}_se"] = mean_se(found)
+            row[f"{column}_n"] = len(found)
+        rows.append(row)
+    return columns, rows
+
+
+def _cell(mean: float | None, se: float | None) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.2f}" + ("" if se is None else f" ± {se:.2f}")
+
+
+def summary_markdown(rows: list[dict[str, Any]], out: Path) -> str:
+    """The summary as a markdown table (``mean ± se``, n), with what each column means."""
+    header = ["series", "runs", "failed", *(title for _, title, _ in MEASURES)]
+    lines = [
+        f"# Sweep summary: {out}",
+        "",
+        "Per series (the points that differ only in their seed): mean ± standard error over "
+        "its finished runs (n = runs; no ± with one run).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for r in rows:
+        cells = [r["series"], str(r["runs"]), str(r["failed"])]
+        cells += [_cell(r[c], r[f"{c}_se"]) for c, _, _ in MEASURES]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- {title}: {meaning}" for _, title, meaning in MEASURES]
+    return "\n".join(lines) + "\n"
+
+
+def summary_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bars: each series' mean average accuracy with its standard error; the run count
+    above each bar."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(rows) + 2), 4))
+    xs = list(range(len(rows)))
+    means = [r["average_accuracy"] if r["average_accuracy"] is not None else 0.0 for r in rows]
+    errs = [r["average_accuracy_se"] or 0.0 for r in rows]
+    ax.bar(xs, means, yerr=errs, capsize=4, color="tab:blue", alpha=0.85)
+    for x, r, m in zip(xs, rows, means, strict=True):
+        ax.annotate(f"n={r['average_accuracy_n']}", (x, m), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(xs, [r["series"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("average accuracy % (mean ± se over seeds)")
+    ax.set_title("sweep summary per series")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    with atomic_target(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def write_summary(outcomes: Sequence[PointOutcome], out: Path) -> list[Path]:
+    """``OUT/summary.csv``, ``.md`` and ``.png`` of the sweep's outcomes, each written
+    atomically; returns their paths."""
+    out = Path(out)
+    paths = [out / name for name in SUMMARY_FILES]
+    columns, rows = summary_rows(outcomes)
+    write_csv(paths[0], rows, columns)
+    with atomic_target(paths[1]) as tmp:
+        tmp.write_text(summary_markdown(rows, out))
+    summary_plot(rows, paths[2])
+    return paths

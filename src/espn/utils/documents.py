@@ -1,0 +1,69 @@
+"""Reading the JSON and YAML files a user writes (sweep specs, presets): one reader, one set of
+clear errors naming the file and what is accepted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from espn.errors import EspnError
+
+#: the most values (numbers, strings, list items) a document may hold once YAML aliases are
+#: expanded: a few hundred bytes of nested aliases would otherwise expand to gigabytes
+MAX_VALUES = 100_000
+
+
+def load_document(path: Path, what: str, error: type[EspnError]) -> Any:
+    """The contents of ``path``, a ``.json``, ``.yaml`` or ``.yml`` file; anything else (a
+    missing file, a directory, bad syntax, another suffix) raises ``error`` naming ``what``
+    (e.g. "sweep spec") and the file."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{what} {path} is a directory; give a .json or .yaml file")
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist (give a .json or .yaml file)")
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".yaml", ".yml"):
+        raise error(f"{what} {path}: unknown format {suffix!r}; use .json, .yaml or .yml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not a text file (UTF-8 JSON or YAML)") from None
+    if suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise error(f"{what} {path} is not valid JSON: {exc}") from None
+    try:
+        import yaml
+    except ImportError:
+        raise error(
+            f"reading {path} needs PyYAML: pip install pyyaml (or 'espn[ray]'), or write the "
+            f"{what} as .json"
+        ) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {path} is not valid YAML: {exc}") from None
+    check_size(doc, what, error)
+    return doc
+
+
+def check_size(value: Any, what: str, error: type[EspnError], limit: int = MAX_VALUES) -> None:
+    """Refuse a document holding more than ``limit`` values once shared parts (YAML aliases)
+    are counted each time they are used; stops counting at the limit, so it is fast."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            raise error(
+                f"{what}: more than {limit} values once its YAML aliases are expanded; "
+                "write the values out, or split it"
+            )
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)

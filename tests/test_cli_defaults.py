@@ -1,0 +1,48 @@
+"""Defaults a user can see: each benchmark's default model in ``espn list``; a warning for
+``--amp`` on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import espn.experiment
+from espn.cli.main import app
+from espn.data.registry import BENCHMARKS
+
+runner = CliRunner()
+
+
+def test_espn_list_names_each_benchmarks_default_model():
+    result = runner.invoke(app, ["list"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    rows = {
+        cells[1]: cells[2]
+        for line in result.output.splitlines()
+        if "│" in line and (cells := [c.strip() for c in line.split("│")[1:-1]])[0] == "benchmark"
+    }
+    assert set(rows) == set(BENCHMARKS)
+    assert "5 tasks and model resnet18-reduced by default" in rows["split-fashion-mnist"]
+    assert "36 tasks and model fc1024 by default" in rows["permuted-fashion-mnist"]
+    assert "and no default model: give --model by default" in rows["tensors"]
+    for name, text in rows.items():
+        model = BENCHMARKS.get(name).defaults.get("model")
+        assert model is None or f"model {model} by default" in text
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("amp", [True, False])
+def test_amp_on_a_cpu_warns(monkeypatch, tmp_path, amp):
+    def fake_run(cfg, *args, **kwargs):  # the run itself is not what is tested
+        raise Stop
+
+    monkeypatch.setattr(espn.experiment, "run_experiment", fake_run)
+    args = ["run", "--benchmark", "permuted-mnist", "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, [*args, *(["--amp"] if amp else [])], env={"ESPN_DEBUG": "1"})
+    assert isinstance(result.exception, Stop), result.output
+    text = " ".join(result.output.split())
+    warned = "warning: --amp on a CPU autocasts to bfloat16" in text
+    assert warned == amp
