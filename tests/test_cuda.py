@@ -76,3 +76,41 @@ def test_mtl_on_the_device() -> None:
     learner = espn.ContinualLearner(sn, "mtl", device=DEVICE, batch_size=50, epochs=(1, 1, 1))
     learner.learn_all([task(seed, shape) for seed in range(3)])
     assert len(learner.accuracy_matrix[-1]) == 3
+
+
+def test_step_cost_runs_on_the_device() -> None:
+    """benchmarks/step_cost.py on the device: the plain network computes the supernet's
+    logits, and every phase of ESPN and PackNet is timed against it."""
+    from test_benchmark_scripts import run_script
+
+    device = "cuda" if DEVICE.startswith("cuda") else "cpu"
+    out = run_script(
+        "step_cost.py",
+        *("--device", device, "--models", "fc1024,resnet18-reduced", "--methods", "espn,packnet"),
+        *("--steps", "2", "--repeats", "1", "--batch", "16"),
+    )
+    rows = [
+        row.split()
+        for row in out.splitlines()
+        if row.split()[:1] in (["fc1024"], ["resnet18-reduced"])
+    ]
+    assert [r[1] for r in rows] == ["ESPN-0.2", "packnet"] * 2
+
+
+def test_lean_penalties_match_the_loop_on_the_device() -> None:
+    """The fused masked-L2 term and its gradient equal the per-layer loop on the device."""
+    from espn.pruning.regularisers import masked_weight_l2
+    from test_lean_step import reference_l2, small_supernet
+
+    sn = small_supernet().to(DEVICE)
+    second = list(sn.layers.values())[1]
+    second.weight_mask.copy_((torch.rand(second.weight.shape, device=DEVICE) < 0.6).float())
+    sn.note_masks()
+    results = []
+    for term in (masked_weight_l2, reference_l2):
+        sn.zero_grad(set_to_none=True)
+        value = term(sn)
+        value.backward()
+        results.append([value.detach()] + [m.weight.grad.clone() for m in sn.layers.values()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b)
