@@ -56,7 +56,7 @@ def parameters(model: str, device: torch.device, batch: int) -> tuple[list[Tenso
 
     def forward_backward() -> None:
         sn.zero_grad(set_to_none=False)
-        torch.nn.functional.cross_entropy(sn(x), y).backward()
+        torch.nn.functional.cross_entropy(sn.forward_working(x), y).backward()
 
     forward_backward()
     return [p for p in sn.parameters() if p.grad is not None], forward_backward

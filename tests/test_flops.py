@@ -70,7 +70,7 @@ def test_masked_count_equals_flop_counter_on_slim_model(seed):
     slim = slim_by_hand(sn)
     x = torch.randn(4, 1, 28, 28, generator=gen)
     assert measured_flops(slim, x[:1]) == sn.flops()
-    torch.testing.assert_close(slim(x), sn(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(slim(x), sn.forward_working(x), rtol=1e-5, atol=1e-5)
 
 
 def test_pruned_unit_outputs_exact_zero():

@@ -31,7 +31,6 @@ from espn.data.tensors import (
     identity,
     load_task,
     save_task,
-    split_tensors,
     task_path,
     tensor_task,
 )
@@ -164,9 +163,14 @@ def _record_streams(strategy: Strategy, supernet: Supernet, settings: dict[str, 
     """The residual streams are built with the model (``wrap``): a method's ``stream_pruning``
     records how they were, and one given that differs is refused."""
     built = supernet.stream_pruning
+    asked = settings.get("stream_pruning")
+    if asked is not None and built is None:
+        raise checks.ApiArgumentError(
+            f"stream_pruning={asked!r}, but the supernet has no residual stream for it to "
+            "prune; leave it unset"
+        )
     if "stream_pruning" not in strategy.settings or built is None:
         return
-    asked = settings.get("stream_pruning")
     if asked is not None and asked != built:
         raise checks.ApiArgumentError(
             f"stream_pruning={asked!r}, but the supernet's residual streams are {built}: they "
@@ -430,7 +434,12 @@ class ContinualLearner:
                 raise LearnerError(
                     f"task {task} has no data here to check the export on; pass data"
                 )
-            x = split_tensors(known, "test" if len(known.test) else "train")[0]
+            split = "test" if len(known.test) else "train"
+            flops = self._record(task)["flops"]  # raw inputs in: the task's transform too
+            raw = known.raw_inputs(split, 1024)
+            return export_task(
+                self.supernet, task, raw, path, onnx, flops, fold_bn, known.transform
+            )
         inputs = list(x.split(1024))
         flops = self._record(task)["flops"]
         return export_task(self.supernet, task, inputs, path, onnx, flops, fold_bn)

@@ -21,10 +21,10 @@ from pydantic import ValidationError
 from torch import Tensor, nn
 
 from espn.config import ConfigError, RunConfig, config_error, make_config
+from espn.data.tensors import MAX_CLASSES
 from espn.errors import EspnError
+from espn.utils.io import os_error_text
 
-#: the most classes a task may have: labels up to 10^9 would allocate a head of 10^9 rows
-MAX_CLASSES = 100_000
 #: learner options that are run options, validated by RunConfig's validators
 LEARNER_OPTIONS = ("optimizer", "lr", "batch_size", "weight_decay", "momentum", "betas", "seed")
 
@@ -48,6 +48,7 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
     ``argument`` (and ``context``: what was being done with it); espn's own errors pass, a
     data error named for the argument (``test_argument`` where it is about the test split)."""
     from espn.data.tensors import TaskDataError
+    from espn.methods.base import MethodSettingError
 
     try:
         yield
@@ -55,6 +56,8 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
         message = str(exc)
         named = test_argument if test_argument and ": test data" in message else argument
         raise fail(named, message) from None
+    except MethodSettingError as exc:  # create_method's words, named for the argument
+        raise fail(argument, str(exc)) from None
     except EspnError:
         raise
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
@@ -196,6 +199,10 @@ def check_save_path(path: Any) -> Path:
     where = path if path.exists() else parent
     if not os.access(where, os.W_OK | os.X_OK):
         raise fail("path", f"{path}: cannot write into {where} (permission denied)")
+    try:  # access() says yes to root on read-only places such as /proc: try
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail("path", f"{path}: cannot create it ({os_error_text(exc)})") from None
     return path
 
 

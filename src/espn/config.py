@@ -28,6 +28,9 @@ from espn.training.optim import OPTIMIZERS, OptimConfig
 MAX_SEED = 2**32 - 1
 #: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
 MAX_IMAGE_SIZE = 1024
+#: largest magnitude a float option may have: training runs in float32, where a larger
+#: learning rate or weight decay overflows to infinity
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
@@ -277,6 +280,19 @@ class RunConfig(BaseModel):
         values = v if isinstance(v, list | tuple) else (v,)
         if "bool" not in annotation and any(isinstance(x, bool) for x in values):
             raise ValueError(f"{info.field_name} must be a number, got {v!r}")
+        return v
+
+    @field_validator("*")
+    @classmethod
+    def _float32(cls, v: Any, info: Any) -> Any:
+        """Every float option fits float32, the dtype training runs in (``--lr 1e308`` would
+        overflow to infinity in the first step)."""
+        values = v if isinstance(v, tuple) else (v,)
+        if any(isinstance(x, float) and abs(x) > FLOAT32_MAX for x in values):
+            raise ValueError(
+                f"{info.field_name} must be at most {FLOAT32_MAX:.4g} in magnitude (training "
+                f"runs in float32), got {v!r}"
+            )
         return v
 
     @field_validator("benchmark")
@@ -652,6 +668,36 @@ def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
     fields, then every option a registered method declares (given flat, e.g. ``supsup_k``)."""
     fields = [f for f in RunConfig.model_fields if f not in exclude]
     return fields + [n for n in declared_options() if n not in fields]
+
+
+def check_applicable(given: dict[str, Any], cfg: RunConfig) -> None:
+    """Refuse options the user gave explicitly (``given``: the keywords of ``espn.run``, the
+    flags of ``espn run``) that this run would ignore: the size rule's ``reference_size``
+    with ``step_floor`` off, ``stream_pruning`` on a model whose residual streams it does
+    not build, and a method's own options its other settings leave unused (see
+    :meth:`Strategy.check_given`). Saved configurations, which record every option, are not
+    checked."""
+    from espn.models.resnet import STREAM_MODELS
+
+    names = {k for k, v in given.items() if v is not None}
+    names |= {k for k, v in dict(given.get("method_options") or {}).items() if v is not None}
+    if "reference_size" in names and not cfg.step_floor:
+        raise ConfigError(
+            "reference_size: the size rule is off (step_floor false, --no-step-floor), so "
+            "the reference size it is stated for cannot apply; leave --reference-size out or "
+            "turn the size rule on"
+        )
+    if "stream_pruning" in names and cfg.model not in STREAM_MODELS:
+        raise ConfigError(
+            f"stream_pruning: it sets how espn's registered ResNets ({', '.join(STREAM_MODELS)}) "
+            f"build their residual streams; model {cfg.model!r} has none it builds (a "
+            "converted model's streams are coupled), so leave --stream-pruning out"
+        )
+    strategy = METHODS.get(cfg.method)
+    try:
+        strategy.check_given(cfg.method_options, names & set(strategy.option_names()))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def make_config(**values: Any) -> RunConfig:

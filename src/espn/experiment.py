@@ -16,7 +16,7 @@ from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_sou
 from espn.checkpoint.format import CheckpointError, checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
 from espn.checkpoint.run import RunCheckpoint, check_out_dir
-from espn.config import ConfigError, RunConfig, make_config, resolved
+from espn.config import ConfigError, RunConfig, check_applicable, make_config, resolved
 from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence, prepended
@@ -207,6 +207,8 @@ def run(
             f"give a RunConfig or keyword options, not both (got {', '.join(sorted(options))})"
         )
     cfg = config if config is not None else make_config(**options)
+    if config is None:
+        check_applicable(options, cfg)
     return run_experiment(
         cfg,
         progress=progress,

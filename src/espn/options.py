@@ -10,6 +10,8 @@ from typing import Any
 
 #: the value types an option may take
 OPTION_TYPES = (float, int, str, bool)
+#: the largest magnitude of a float option: the methods compute in float32
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,11 @@ class Option:
     def check(self, value: Any) -> Any:
         """``value`` as the option's type, or ValueError naming it and what is accepted."""
         typed = self._typed(value)
+        if isinstance(typed, float) and abs(typed) > FLOAT32_MAX:
+            raise ValueError(
+                f"{self.name} must be at most {FLOAT32_MAX:.4g} in magnitude (methods compute "
+                f"in float32), got {value!r}"
+            )
         if typed is None or not self._in_range(typed):
             raise ValueError(f"{self.name} must be {self.accepted()}, got {value!r}")
         return typed

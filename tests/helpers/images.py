@@ -56,7 +56,7 @@ def random_task(
             centre = 1.0 if name == "weight" and not isinstance(m, TaskHead) else 0.0
             p.copy_(centre + 0.2 * torch.randn(p.shape, generator=gen))
     sn.train()
-    sn(x)
+    sn.forward_working(x)
     units = {}
     for g, size in sn.group_sizes.items():
         alive = torch.rand(size, generator=gen) < keep

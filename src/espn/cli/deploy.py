@@ -201,10 +201,12 @@ def export_command(
         _export_task_agnostic(run, loaded, out, rule, onnx, check_data, fold_bn, device)
         return
     loaded.check_task(task)
+    transform = None
     if check_data:
         check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
         seq = build_benchmark(loaded.config)
-        inputs = [x for x, _ in seq.tasks[task].batches("test", 1024)]
+        inputs = seq.tasks[task].raw_inputs("test", 1024)  # the program takes them raw
+        transform = seq.tasks[task].transform
     else:
         gen = torch.Generator().manual_seed(0)
         inputs = [torch.randn(256, *loaded.example_input().shape[1:], generator=gen).to(device)]
@@ -214,7 +216,9 @@ def export_command(
         if doc and "flops" in doc
         else [t["record"]["flops"] for t in loaded.checkpoint.tasks]
     )
-    report = export_task(loaded.supernet, task, inputs, out, onnx, records[task], fold_bn)
+    report = export_task(
+        loaded.supernet, task, inputs, out, onnx, records[task], fold_bn, transform
+    )
     console.print(
         f"task {task}: wrote {', '.join(report.files)}\n"
         f"  {report.parameters} parameters, {report.flops} FLOPs per sample "
@@ -222,7 +226,22 @@ def export_command(
         f"  max |output - supernet output| = {report.max_abs_diff:.2e} "
         f"on {report.checked_samples} {'test' if check_data else 'random'} inputs "
         f"(allowed {report.tolerance:.2e}; outputs up to {report.max_abs_output:.3g})\n"
-        f"  load it without espn: {load_hint(out, report.files)}"
+        f"  load it without espn: {load_hint(out, report.files)}\n"
+        f"  {input_line(report.inputs)}"
+    )
+
+
+def input_line(inputs: dict) -> str:
+    """What the exported program takes, in words."""
+    shape = ", ".join(map(str, inputs["shape"]))
+    if inputs["raw"]:
+        return (
+            f"it takes raw inputs: {inputs['dtype']} [N, {shape}] as the dataset stores them "
+            "(the task's input transform is in the program; the .json beside it records it)"
+        )
+    return (
+        f"it takes model inputs: {inputs['dtype']} [N, {shape}], already transformed "
+        "(--no-check-data: the benchmark was not built, so no input transform is included)"
     )
 
 

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from espn.cli.common import command_group, console, user_errors
-from espn.config import RunConfig, make_config
+from espn.config import RunConfig, check_applicable, make_config
 from espn.presets import describe, load_preset, preset_names
 
 app = command_group(
@@ -56,4 +56,7 @@ def explicit_options(ctx: typer.Context, values: dict[str, Any]) -> dict[str, An
 
 def make_config_given(ctx: typer.Context, **values: Any) -> RunConfig:
     """``make_config`` from the options given on the command line (see :func:`explicit_options`)."""
-    return make_config(**explicit_options(ctx, values))
+    given = explicit_options(ctx, values)
+    cfg = make_config(**given)
+    check_applicable(given, cfg)
+    return cfg

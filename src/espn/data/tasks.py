@@ -59,6 +59,13 @@ class Task:
         for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
             yield self.transform(data.x[data.index[rows]], train), data.y[rows]
 
+    def raw_inputs(self, split: str, batch_size: int) -> list[Tensor]:
+        """The samples of ``split`` as stored, before the transform (raw images), in batches
+        of ``batch_size`` in order: what an exported task takes (see ``espn.export``)."""
+        data = self.split(split)
+        rows = self.batch_rows(split, batch_size, device=data.index.device)
+        return [data.x[data.index[r]] for r in rows]
+
     def batch_rows(
         self,
         split: str,

@@ -12,7 +12,7 @@ data of a saved run that way, so that ``espn evaluate`` can re-compute its accur
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,14 @@ class TaskDataError(EspnError, ValueError):
 #: what a task's data may be: ``(x, y)`` tensors or an iterable of ``(x, y[, ...])`` batches
 TaskData = tuple[Tensor, Tensor] | Iterable[Any]
 ACCEPTED = "(x, y) tensors or an iterable of (x, y) batches (a DataLoader, a list)"
+#: the most batches an iterable of task data may yield: one that yields more (an endless
+#: generator, a DataLoader over a stream) is refused rather than read forever; an iterable
+#: with ``len()`` is checked before it is read
+MAX_BATCHES = 1_000_000
+#: the most classes a task may have: labels up to 10^9 would allocate a head of 10^9 rows
+MAX_CLASSES = 100_000
+#: the most bytes of inputs one split may gather (the data are held on the training device)
+MAX_BYTES = 16 * 2**30
 
 
 def identity(x: Tensor, train: bool) -> Tensor:
@@ -57,7 +65,13 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
             hint = " (a Dataset: wrap it in a DataLoader)" if isinstance(data, Dataset) else ""
             raise TaskDataError(f"{what}: expected {ACCEPTED}, got {type(data).__name__}{hint}")
         xs, ys = [], []
+        size = _length(data)
+        if size is not None and size > MAX_BATCHES:
+            raise TaskDataError(_endless(what, f"has {size} batches"))
+        gathered = 0
         for i, batch in enumerate(data):
+            if i == MAX_BATCHES:
+                raise TaskDataError(_endless(what, "did not end"))
             if (
                 not isinstance(batch, tuple | list)
                 or len(batch) < 2
@@ -69,6 +83,13 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
                     f"tensors; expected {ACCEPTED} (a Dataset yields single samples: wrap it "
                     "in a DataLoader)"
                 )
+            gathered += batch[0].numel() * batch[0].element_size()
+            if gathered > MAX_BYTES:
+                raise TaskDataError(
+                    f"{what}: the batches hold more than {MAX_BYTES / 2**30:g} GiB of inputs "
+                    f"by batch {i}, more than espn gathers onto the device for one task; give "
+                    "fewer samples (a subset, itertools.islice(batches, n))"
+                )
             xs.append(batch[0])
             ys.append(batch[1].to(batch[0].device))
         if not xs:
@@ -79,11 +100,58 @@ def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:
             f"{what}: expected x of shape [N, ...] and labels y of shape [N], got x "
             f"{list(x.shape)} and y {list(y.shape)}"
         )
+    if len(x) == 0:
+        raise TaskDataError(
+            f"{what} holds no samples (x of shape {list(x.shape)}); give at least one"
+        )
     if y.dtype.is_floating_point or y.dtype == torch.bool or y.is_complex():
         raise TaskDataError(f"{what}: labels must be integer class indices, got dtype {y.dtype}")
     if len(y) and int(y.min()) < 0:
         raise TaskDataError(f"{what}: labels must be class indices >= 0, got {int(y.min())}")
     return x, y.long()
+
+
+def _length(data: Iterable[Any]) -> int | None:
+    """``len(data)``, or None for an iterable without one (a generator; a DataLoader over an
+    iterable dataset raises TypeError)."""
+    if not isinstance(data, Sized):
+        return None
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _endless(what: str, how: str) -> str:
+    return (
+        f"{what}: the iterable {how} within {MAX_BATCHES} batches, the most espn reads for one "
+        "task (is it an endless generator?); give a finite one, e.g. "
+        "itertools.islice(batches, n), or (x, y) tensors"
+    )
+
+
+def _check_labels_from_zero(name: str, y: Tensor, n_classes: int) -> None:
+    """With the head's width inferred (largest label + 1), every class below it must occur in
+    the training labels: labels 3..5 would silently give a 6-way head whose classes 0..2 no
+    sample teaches (and that predictions may still pick). Refused, never remapped: a remap
+    would change what the predicted indices mean; ``n_classes`` given keeps such a head.
+    A width beyond :data:`MAX_CLASSES` is left to the caller, which refuses it."""
+    present = torch.unique(y)  # sorted; no tensor of n_classes entries is allocated
+    if present.numel() == n_classes or n_classes > MAX_CLASSES:
+        return
+    missing: list[int] = []
+    expected = 0
+    for label in present.tolist():  # once per distinct label, to name the first gaps
+        missing += range(expected, min(label, expected + 5 - len(missing)))
+        expected = label + 1
+    count = n_classes - present.numel()
+    shown = ", ".join(map(str, missing[:5])) + (f" and {count - 5} more" if count > 5 else "")
+    raise TaskDataError(
+        f"{name}: the training labels run {int(present[0])}..{n_classes - 1} but {shown} "
+        f"never occur, so the head inferred from them (largest label + 1 = {n_classes} "
+        "classes) would hold classes no sample teaches; relabel from 0 (e.g. y - y.min()), "
+        f"or give n_classes={n_classes} to keep that head"
+    )
 
 
 def tensor_task(
@@ -108,6 +176,8 @@ def tensor_task(
     top = max((int(s[1].max()) for s in splits.values() if s is not None and len(s[1])), default=-1)
     if n_classes is None:
         n_classes = top + 1
+        if splits["train"] is not None:
+            _check_labels_from_zero(name, splits["train"][1], n_classes)
     if n_classes < 1 or top >= n_classes:
         raise TaskDataError(
             f"{name}: n_classes {n_classes} does not cover the labels (largest {top}); "

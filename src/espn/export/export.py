@@ -1,6 +1,7 @@
 """Writing one task as a standalone model file, checked against the supernet.
 
-The slim model (see :mod:`espn.export.slim`) is saved with ``torch.export`` (``.pt2``: load it
+The slim model (see :mod:`espn.export.slim`), behind the task's input transform when the task
+has one (raw inputs in, see :mod:`espn.export.inputs`), is saved with ``torch.export`` (``.pt2``: load it
 with ``torch.export.load(path).module()``, no espn needed) and/or as ONNX (``.onnx``, when the
 ``onnx`` and ``onnxscript`` packages are installed), with a dynamic batch dimension. Before a
 file is reported written, it is loaded back and its outputs on the given inputs are compared
@@ -23,9 +24,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from espn.data.tasks import BatchTransform
+from espn.export.inputs import WithInputs, describe_transform, has_transform
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.supernet.supernet import Supernet
-from espn.utils.io import atomic_target, write_json_atomic
+from espn.utils.io import atomic_target, os_error_text, write_json_atomic
 
 FORMATS = {".pt2": "torch.export", ".onnx": "onnx"}
 #: outputs must match the supernet's within TOLERANCE x max(1, largest |supernet output|):
@@ -105,6 +108,25 @@ def folding_rounding(model: nn.Module, inputs: list[Tensor]) -> float:
     return float(worst)
 
 
+@torch.no_grad()
+def saved_error(
+    program: nn.Module,
+    supernet: Supernet,
+    task: int,
+    raw_inputs: list[Tensor],
+    inputs: list[Tensor],
+) -> float:
+    """Largest absolute difference between the written ``program`` on the raw inputs and
+    task ``task``'s supernet on the model inputs they become (in full float32)."""
+    supernet.eval()
+    with ieee_float32():
+        diffs = [
+            (program(raw) - supernet(x, task=task)).abs().max()
+            for raw, x in zip(raw_inputs, inputs, strict=True)
+        ]
+    return float(torch.stack(diffs).max())
+
+
 def _check_error(
     task: int, diff: float, scale: float, what: str, hint: str = "", rounding: float = 0.0
 ) -> float:
@@ -138,6 +160,10 @@ class ExportReport:
     checked_samples: int
     batchnorm_folded: bool
     widths: dict[str, int] = field(default_factory=dict)
+    #: what the program takes: ``raw`` (the task's input transform is in the program), the
+    #: dtype and shape of one input as given, the transform (every step and argument, see
+    #: :func:`espn.export.inputs.describe_transform`) and the FLOPs it adds per sample
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
@@ -173,6 +199,16 @@ def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
     onnx.checker.check_model(onnx.load(str(path)))
 
 
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Within: a file-system error (a read-only place such as /proc, a full disk) becomes one
+    :class:`ExportError` naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        raise ExportError(f"--out {path}: cannot write it ({os_error_text(exc)})") from None
+
+
 def check_target(out: Path | str) -> Path:
     """Refuse, before any work, an output path that cannot be written: a directory, a path
     under a file, a directory without write permission, or an unknown suffix."""
@@ -200,8 +236,14 @@ def export_task(
     also_onnx: bool | None = None,
     expected_flops: float | None = None,
     fold_bn: bool = True,
+    transform: BatchTransform | None = None,
 ) -> ExportReport:
     """Write task ``task`` as a slim standalone model to ``out`` and check it.
+
+    ``transform`` is the task's input transform (``Task.transform``): with one, ``inputs``
+    are raw batches as the dataset stores them, and the written program takes them raw (the
+    transform at evaluation is its first step, see :mod:`espn.export.inputs`); without one,
+    ``inputs`` and the program's inputs are the model's.
 
     ``out`` ends in ``.pt2`` (``torch.export``) or ``.onnx``. With a ``.pt2`` target,
     ``also_onnx`` (default: when ONNX export is available) also writes ``out`` with ``.onnx``.
@@ -217,7 +259,12 @@ def export_task(
         raise ExportError(
             "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
         )
-    example = inputs[0][:2].clone()  # a view would save its whole storage as sample input
+    raw_inputs = inputs
+    if has_transform(transform):
+        assert transform is not None
+        inputs = [transform(x, False) for x in raw_inputs]
+    raw_example = raw_inputs[0][:2].clone()  # a view would save its whole storage
+    example = inputs[0][:2].clone()
     slim = slim_copy(supernet, task, example)
     folded_bn = fold_bn and any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in slim.modules()
@@ -238,29 +285,38 @@ def export_task(
     hint = "; try --keep-bn" if folded_bn else ""
     rounding = folding_rounding(slim, inputs) if folded_bn else 0.0
     allowed = _check_error(task, diff, scale, "the slim model", hint, rounding)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    program: nn.Module = slim
+    if has_transform(transform):
+        assert transform is not None
+        program = WithInputs(transform, slim)
+    program_flops = measured_flops(program, raw_example)
+    with _writing(out.parent):
+        out.parent.mkdir(parents=True, exist_ok=True)
     files = []
     if out.suffix == ".pt2":
-        loaded = _write_pt2(slim, example, out)
-        saved_diff = output_error(loaded, supernet, task, inputs)[0]
+        with _writing(out):
+            loaded = _write_pt2(program, raw_example, out)
+        saved_diff = saved_error(loaded, supernet, task, raw_inputs, inputs)
         _check_error(task, saved_diff, scale, "the saved model", rounding=rounding)
         diff = max(diff, saved_diff)  # both checked: finite
-        if measured_flops(loaded, example) != flops:
+        if measured_flops(loaded, raw_example) != program_flops:
             raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
         files.append(str(out))
         if also_onnx is None:
             also_onnx = onnx_available()
         if also_onnx:
-            _write_onnx(slim, example, out.with_suffix(".onnx"))
+            with _writing(out.with_suffix(".onnx")):
+                _write_onnx(program, raw_example, out.with_suffix(".onnx"))
             files.append(str(out.with_suffix(".onnx")))
     else:
-        _write_onnx(slim, example, out)
+        with _writing(out):
+            _write_onnx(program, raw_example, out)
         files.append(str(out))
     report = ExportReport(
         task=task,
         files=files,
         n_classes=supernet.masks[task].n_classes,
-        input_shape=list(example.shape[1:]),
+        input_shape=list(raw_example.shape[1:]),
         flops=flops,
         analytic_flops=analytic,
         dense_flops=supernet.dense_flops,
@@ -271,8 +327,17 @@ def export_task(
         checked_samples=sum(len(x) for x in inputs),
         batchnorm_folded=fold_bn,
         widths={g: int(a.sum()) for g, a in supernet.masks[task].units.items()},
+        inputs={
+            "raw": has_transform(transform),
+            "dtype": str(raw_example.dtype).removeprefix("torch."),
+            "shape": list(raw_example.shape[1:]),
+            "model_input_shape": list(example.shape[1:]),
+            "transform": describe_transform(transform),
+            "transform_flops": program_flops - flops,
+        },
     )
-    write_json_atomic(out.with_suffix(".json"), report.to_json())
+    with _writing(out.with_suffix(".json")):
+        write_json_atomic(out.with_suffix(".json"), report.to_json())
     return report
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.data.tasks import Task, TaskSequence
+from espn.errors import EspnError
 from espn.options import Option, resolve_settings
 from espn.pruning.regularisers import masked_weight_l2
 from espn.pruning.weights import new_weight_target, prune_weights
@@ -195,6 +196,12 @@ class Strategy(ABC):
             )
 
     @classmethod
+    def check_given(cls, settings: Mapping[str, Any], given: set[str]) -> None:
+        """Refuse (ValueError) an own option the user set explicitly (``given``: their names)
+        that cannot apply with the method's resolved ``settings``; the docs promise that an
+        option which would be ignored is refused. Methods with such options extend it."""
+
+    @classmethod
     def run_defaults(cls, regime: str) -> dict[str, Any]:
         """The run options this method's recipe sets for a benchmark of ``regime`` (over the
         benchmark's own; under those the user gives)."""
@@ -246,6 +253,14 @@ class Strategy(ABC):
             "finetune", epochs, schedule=self.cfg.finetune_schedule, lr=self.cfg.finetune_lr
         )
 
+    def capacity_hint(self) -> str:
+        """What to change when the earlier tasks took every weight (the run stops before
+        the next task, see ``espn.training.engine``); methods with their own rule extend it."""
+        return (
+            "use a smaller --alpha so that each task leaves weights free, fewer --tasks or a "
+            "wider model"
+        )
+
     def report(self) -> dict[str, Any]:
         """Per-task facts for ``results.json`` beyond FLOPs and weights (e.g. penalty lambdas)."""
         return {}
@@ -292,7 +307,7 @@ class Strategy(ABC):
 
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         """Training-time logits of the working sub-network."""
-        return supernet(x)
+        return supernet.forward_working(x)
 
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:
         """Training loss of a batch (before the penalty)."""
@@ -334,6 +349,10 @@ class Strategy(ABC):
 METHODS: Registry[type[Strategy]] = Registry("method")
 
 
+class MethodSettingError(EspnError, ValueError):
+    """A method setting is not accepted; the message names it and the accepted values."""
+
+
 def declared_options() -> dict[str, tuple[Option, list[str]]]:
     """Every option the registered methods declare: name -> (declaration, its methods).
 
@@ -365,8 +384,9 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
     :class:`MethodConfig` (``gamma`` defaults to 0.2 for a method that takes a FLOPs budget,
     as on the CLI) and the method's own :attr:`Strategy.options`.
 
-    A setting the method does not accept, or a value out of range, raises ValueError naming
-    it and what is accepted. Example: ``create_method("supsup", supsup_k=0.3, epochs=(1, 1, 1))``.
+    A setting the method does not accept, or a value out of range, raises
+    :class:`MethodSettingError` (an :class:`~espn.errors.EspnError` and ValueError) naming it
+    and what is accepted. Example: ``create_method("supsup", supsup_k=0.3, epochs=(1, 1, 1))``.
     """
     if isinstance(name_or_class, str):
         cls = METHODS.get(name_or_class)
@@ -377,6 +397,15 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
             f"create_method takes a method name ({', '.join(METHODS.names())}) or a Strategy "
             f"subclass, got {name_or_class!r}"
         )
+    try:
+        return _create(cls, settings)
+    except EspnError:
+        raise
+    except ValueError as exc:
+        raise MethodSettingError(str(exc)) from None
+
+
+def _create(cls: type[Strategy], settings: dict[str, Any]) -> Strategy:
     general = [f.name for f in fields(MethodConfig) if f.name != "settings"]
     own = cls.option_names()
     foreign = declared_options()
@@ -392,6 +421,9 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
         values.setdefault("alpha", cls.default_alpha if cls.uses_alpha else 1.0)
     if "epochs" in values:
         values["epochs"] = tuple(values["epochs"])
-    cfg = MethodConfig(**values, settings={k: v for k, v in settings.items() if k not in general})
+    given = {k: v for k, v in settings.items() if k not in general}
+    cfg = MethodConfig(**values, settings=given)
     cls.check_config(cfg)
-    return cls(cfg)
+    strategy = cls(cfg)
+    cls.check_given(strategy.settings, {k for k, v in given.items() if v is not None})
+    return strategy

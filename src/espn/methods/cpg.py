@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -160,6 +161,25 @@ class CPG(Strategy):
         super().check_config(cfg)
         _check_rounds(cfg.epochs)
 
+    @classmethod
+    def check_given(cls, settings: Mapping[str, Any], given: set[str]) -> None:
+        """``cpg_train_acc`` is the reference stop rule's: refused with ``cpg_stop`` goal."""
+        if settings.get("cpg_stop") == "goal" and "cpg_train_acc" in given:
+            raise ValueError(
+                "cpg_train_acc applies to cpg_stop reference only (compacting continues while "
+                f"the training accuracy exceeds it); cpg_stop goal ignores it, so leave it "
+                f"unset (got {settings['cpg_train_acc']!r})"
+            )
+
+    def capacity_hint(self) -> str:
+        """CPG keeps every weight of a task whose compacting keeps no round."""
+        return (
+            "a CPG task keeps all the free weights when no compacting round is kept: with "
+            "cpg_stop reference, rounds run only while the training accuracy exceeds "
+            f"--cpg-train-acc ({self.settings['cpg_train_acc']:g}%); train longer, lower "
+            "--cpg-train-acc, or use fewer --tasks or a wider model"
+        )
+
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
         _check_rounds(cfg.epochs)
@@ -255,7 +275,7 @@ class CPG(Strategy):
     # -------------------------------------------------------------- training
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         if not self.scores:
-            return supernet(x)
+            return supernet.forward_working(x)
         masks = self._blended or self._blend(supernet)
         if self.stage == "compact":  # picking fixed: the masks hold until the next prune step
             self._blended = masks

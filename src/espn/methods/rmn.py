@@ -89,6 +89,15 @@ class RMN(Strategy):
             )
         super().check_config(cfg)
 
+    def capacity_hint(self) -> str:
+        """RMN's threshold rule keeps every free weight whose relevance the L1 term left high."""
+        return (
+            "without --rmn-budget, an RMN task keeps every free weight whose relevance stays "
+            f"above --rmn-threshold ({self.threshold:g}), which at --rmn-l1 {self.l1:g} on a "
+            "short run is nearly all of them; give --rmn-budget B (keep floor(B x free) new "
+            "weights per layer), a larger --rmn-l1, fewer --tasks or a wider model"
+        )
+
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)
         self.l1: float = self.settings["rmn_l1"]
@@ -140,7 +149,7 @@ class RMN(Strategy):
 
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         if self.binarised:
-            return supernet(x)
+            return supernet.forward_working(x)
         masks = {
             f"{n}.weight_mask": self.training_map(n, layer) * layer.weight_mask
             for n, layer in supernet.layers.items()

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from espn.errors import EspnError
+from espn.models.checks import check_plain_model
 from espn.models.convert import to_supernet
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import MaskedLayer
@@ -177,6 +178,7 @@ def supernet_ready(
     """``model`` itself when it holds espn's masked layers, else its converted copy."""
     if any(isinstance(m, MaskedLayer) for m in model.modules()):
         return model
+    check_plain_model(model, example_input)
     return to_supernet(model, example_input, multi_head, task_affine)
 
 

@@ -269,3 +269,8 @@ def resnet18(spec: ModelSpec) -> ResNet:
 def resnet50(spec: ModelSpec) -> ResNet:
     """ResNet50 in torchvision's layout (7x7 stem, max pooling, bottlenecks [3, 4, 6, 3])."""
     return _resnet(spec, Bottleneck, [3, 4, 6, 3], 64, stem="imagenet")
+
+
+#: the registered models whose residual streams ``stream_pruning`` builds (a converted
+#: model's streams are coupled; models without streams have nothing it could change)
+STREAM_MODELS = ("resnet18-reduced", "resnet18", "resnet50")

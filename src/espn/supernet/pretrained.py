@@ -112,6 +112,15 @@ def adopt_pretrained(
                 f"pretrained {key} is {str(tensors[key].dtype).removeprefix('torch.')}; the "
                 "supernet needs floating-point values there"
             )
+    empty = [n for n in supernet.layers if not bool(tensors[f"{n}.weight"].any())]
+    if empty:
+        which = "every masked layer" if len(empty) == len(supernet.layers) else empty[0]
+        raise PretrainedError(
+            f"the pretrained weights of {which} are all zero: the adopted task would hold "
+            f"no weight there ({len(empty)} of {len(supernet.layers)} layers empty), so no "
+            "input could reach its output; give a trained state dict (zeros are pruned "
+            "weights)"
+        )
     supernet.begin_task(n_classes)
     for name, m in supernet.task_modules.items():
         if m.per_task:

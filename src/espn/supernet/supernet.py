@@ -25,6 +25,10 @@ class NothingToMask(EspnError, ValueError):
     """A model without masked layers: espn has nothing to mask in it."""
 
 
+class TaskRequired(EspnError, ValueError):
+    """``supernet(x)`` without ``task=``: which task answers is never guessed."""
+
+
 #: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
 WEIGHT_KINDS = ("shared", "own", "fixed")
 
@@ -459,7 +463,25 @@ class Supernet(nn.Module):
             self.use_task(int(state["active_task"]))
 
     def forward(self, x: Tensor, task: int | None = None) -> Tensor:
-        """Logits of ``task``'s sub-network (or of the working sub-network when ``task`` is None)."""
-        if task is not None and task != self.active_task:
+        """Logits of task ``task``'s sub-network. ``task`` is required: which sub-network an
+        input belongs to is never guessed (the one loaded last would answer silently with
+        another task's head); the training loop runs the task in training through
+        :meth:`forward_working`."""
+        if task is None:
+            learned = f"0..{len(self.masks) - 1}" if self.masks else "none learned yet"
+            raise TaskRequired(
+                f"supernet(x) needs task=: the index of the task whose sub-network should "
+                f"answer (learned tasks: {learned}); espn never guesses it. The task in "
+                "training runs through supernet.forward_working(x)"
+            )
+        if isinstance(task, bool) or not isinstance(task, int):
+            raise TaskRequired(f"task must be a task index (int), got {task!r}")
+        if task != self.active_task:
             self.use_task(task)
+        return self.model(x)
+
+    def forward_working(self, x: Tensor) -> Tensor:
+        """Logits of the sub-network loaded now, explicitly: the task in training (the
+        training loop, BatchNorm recalibration), or the whole network before any task
+        began. Users pick a task with ``supernet(x, task=j)``."""
         return self.model(x)

@@ -50,7 +50,7 @@ def recalibrate_batchnorm(
             used += 1
             for m in norms:
                 m.momentum = 1.0 / used
-            supernet(x)
+            supernet.forward_working(x)
     finally:
         for m, (momentum, training) in zip(norms, saved, strict=True):
             m.momentum = momentum

@@ -345,20 +345,28 @@ class Engine:
 
 
 def _check_capacity(strategy: Strategy, name: str, index: int) -> None:
-    """Stop before a task of a weight-sharing method that would get no new weight at all."""
-    if not strategy.uses_alpha or strategy.weights != "shared":
-        return
-    if strategy.weight_budget > 0 and sum(strategy.layer_budgets.values()) > 0:
+    """Stop before a task of a weight-sharing method that would get no new weight at all:
+    every method whose tasks own the weights they train (``weights == "shared"``) stops when
+    the earlier tasks took every weight, an ``alpha`` method also when its allocation rounds
+    down to none in every layer. Such a task would be trained at chance."""
+    if strategy.weights != "shared":
         return
     free = sum(strategy.layer_free.values())
-    why = (
-        "the earlier tasks took every weight"
-        if free == 0
-        else f"{free} weight(s) are free, but alpha {strategy.cfg.alpha:g} of each layer's rounds "
-        "down to none"
-    )
+    if free > 0 and (
+        not strategy.uses_alpha
+        or (strategy.weight_budget > 0 and sum(strategy.layer_budgets.values()) > 0)
+    ):
+        return
+    if free == 0:
+        why = "the earlier tasks took every weight"
+        fix = strategy.capacity_hint()
+    else:
+        why = (
+            f"{free} weight(s) are free, but alpha {strategy.cfg.alpha:g} of each layer's rounds "
+            "down to none"
+        )
+        fix = "use a larger --alpha (alpha=) or a wider model"
     raise TrainingStopped(
         f"task {index} ({name}) would get no new weights: {why}; the network's capacity "
-        "is used up, so the run stops before it with the earlier tasks kept (use a smaller "
-        "--alpha, fewer --tasks or a wider model)"
+        f"is used up, so the run stops before it with the earlier tasks kept ({fix})"
     )

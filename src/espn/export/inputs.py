@@ -1,0 +1,70 @@
+"""The input side of an exported task: raw inputs in, as the user's loader gives them.
+
+A benchmark stores its images as the dataset files hold them (uint8 ``[N, 28, 28]`` for the
+MNIST family, uint8 ``[N, C, H, W]`` for CIFAR and image folders) and turns a batch into the
+model's inputs with the task's transform (``Task.transform``: scaling to [0, 1],
+normalisation, and a permuted task's pixel permutation or a rotated task's rotation). An
+exported program that took the model's inputs would silently answer wrongly on the raw
+images a user loads; so the transform, as it runs at evaluation (no augmentation), is part of
+the exported program (:class:`WithInputs`), and the sidecar records it
+(:func:`describe_transform`) with the dtype and shape the program takes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from torch import Tensor, nn
+
+from espn.data.tasks import BatchTransform
+from espn.data.tensors import identity
+
+
+class WithInputs(nn.Module):
+    """``model`` behind the task's input transform at evaluation: raw inputs -> logits."""
+
+    def __init__(self, transform: BatchTransform, model: nn.Module) -> None:
+        super().__init__()
+        self.transform = transform
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(self.transform(x, False))
+
+
+def has_transform(transform: BatchTransform | None) -> bool:
+    """Whether ``transform`` changes anything (a task of the user's own tensors has none)."""
+    return transform is not None and transform is not identity
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data: a tensor as a (nested) list, a tuple as a list."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items() if not str(k).startswith("_")}
+    return value if isinstance(value, int | float | str | bool) or value is None else repr(value)
+
+
+def describe_transform(transform: BatchTransform | None) -> dict[str, Any]:
+    """Every step of ``transform`` as JSON data: the function and all its arguments (a
+    permutation as its index list, a rotation's angle, the normalisation's mean and std),
+    so that the sidecar says exactly what the program does to its inputs."""
+    if not has_transform(transform):
+        return {"function": None}
+    if isinstance(transform, functools.partial):
+        func = transform.func
+        return {
+            "function": f"{func.__module__}.{func.__qualname__}",
+            "arguments": _plain(dict(transform.keywords)),
+        }
+    if dataclasses.is_dataclass(transform) and not isinstance(transform, type):
+        kind = type(transform)
+        fields = {f.name: getattr(transform, f.name) for f in dataclasses.fields(transform)}
+        return {"function": f"{kind.__module__}.{kind.__qualname__}", "arguments": _plain(fields)}
+    name = getattr(transform, "__qualname__", type(transform).__qualname__)
+    return {"function": f"{getattr(transform, '__module__', '')}.{name}"}
