@@ -177,7 +177,7 @@ def train_and_check_logits(args: dict, optim: OptimConfig) -> None:
         # gamma 0.5: at 0.2 this tiny bias-free net (the paper's FC) can end a task with every
         # unit of a layer dead under SGD lr 0.05 + momentum, i.e. all-zero logits
         ({"method": "espn", "pruner": "polarization", "alpha": 0.2, "gamma": 0.5}, OPTIMIZERS[0]),
-        ({"method": "cpg", "cpg_acc_loss": 100.0}, OPTIMIZERS[1]),
+        ({"method": "cpg", "cpg_acc_loss": 100.0, "cpg_train_acc": 0.0}, OPTIMIZERS[1]),
         ({"method": "rmn", "rmn_budget": 0.3, "rmn_l1": 1e-4}, OPTIMIZERS[2]),
     ],
     ids=[
