@@ -3,6 +3,8 @@
 # ESPN-0.2 on 5 Rotated Fashion-MNIST tasks (real images, offline), printing the result and
 # writing runs/quickstart/results.json and runs/quickstart/accuracy.png. The size rule is off
 # (--no-step-floor): 10 epochs of 6000 images per task, not the paper's 2350 steps, to stay quick.
+# It installs only what this job needs: espn and its required dependencies (no extras), and
+# torch only if none is importable (a torch you installed, e.g. a CUDA build, is kept).
 set -euo pipefail
 cd "$(dirname "$0")"
 SUDO=""
@@ -11,7 +13,15 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
 fi
-python3 -m pip install -q torch==2.14.1 torchvision==0.29.1
-python3 -m pip install -q -e ".[dev,onnx,ray]"
+if python3 -c "import torch" 2>/dev/null; then
+  # keep the installed torch: pip may add torchvision and the rest, never another torch
+  keep=$(mktemp)
+  trap 'rm -f "$keep"' EXIT
+  python3 -c "import torch; print('torch==' + torch.__version__)" >"$keep"
+  python3 -m pip install -q -c "$keep" -e .
+else
+  python3 -m pip install -q torch==2.14.1 torchvision==0.29.1
+  python3 -m pip install -q -e .
+fi
 espn run --benchmark rotated-fashion-mnist --tasks 5 --train-per-task 6000 \
   --method espn --gamma 0.2 --no-step-floor --out runs/quickstart --overwrite "$@"
