@@ -1,5 +1,6 @@
 """The layer types added as one adapter file each (``espn.layers``): ``nn.BatchNorm1d``,
-``nn.Conv1d``, ``nn.Embedding``. For each: two ESPN tasks with task 0 bit-identical and its
+``nn.Conv1d``, ``nn.Embedding``, and a hand-written ViT (class token and position embedding
+as bare parameters, ``espn.layers.parameters``). For each: two ESPN tasks with task 0 bit-identical and its
 frozen weights untouched, and the exported slim model's FLOPs (FlopCounterMode) equal to the
 supernet's count, its outputs the supernet's. Tiny models, seconds each."""
 
@@ -17,6 +18,7 @@ from espn.layers import adapter_for, exported_adapter
 from espn.layers.batchnorm1d import TaskBatchNorm1d
 from espn.layers.conv1d import MaskedConv1d
 from espn.layers.embedding import MaskedEmbedding
+from espn.layers.parameters import TaskParameters
 from espn.models.convert import ConvertError, to_supernet
 from espn.supernet import Supernet
 from helpers.arch import OPTIMIZERS, assert_random_task_exports_exactly, check_two_tasks
@@ -69,6 +71,44 @@ class TokenNet(nn.Module):
         return self.fc(torch.relu(self.mix(self.embed(x))).mean(1))
 
 
+class HandViT(nn.Module):
+    """A ViT as research code writes it: a patch conv, a class token and position embeddings
+    as ``nn.Parameter`` s on the model itself, a pre-norm ``nn.TransformerEncoder``, a final
+    LayerNorm on the class token, a classifier."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(1, dim, 4, stride=4)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(0.02 * torch.randn(1, 5, dim))
+        layer = nn.TransformerEncoderLayer(
+            dim, 2, 32, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.head(self.norm(self.encoder(x)[:, 0]))
+
+
+class MatmulParameter(nn.Module):
+    """A token model multiplying by a bare parameter: FLOPs espn would not count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.w = nn.Parameter(0.1 * torch.randn(16, 16))
+        self.fc = nn.Linear(16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.norm(self.inp(x.flatten(1, 2)))
+        return self.fc((h + h @ self.w).mean(1))
+
+
 def token_sequence(n_tasks: int = 2, n: int = 48, length: int = 8, vocabulary: int = 16):
     """Learnable token tasks: each class a prototype sequence, a quarter of its tokens
     replaced at random."""
@@ -86,7 +126,7 @@ def token_sequence(n_tasks: int = 2, n: int = 48, length: int = 8, vocabulary: i
     return TaskSequence("tokens", tasks, (length,), multi_head=True)
 
 
-NETS = {"bn-mlp": bn_mlp, "conv1d": SequenceNet, "embedding": TokenNet}
+NETS = {"bn-mlp": bn_mlp, "conv1d": SequenceNet, "embedding": TokenNet, "vit": HandViT}
 
 
 def sequence(kind: str) -> TaskSequence | None:
@@ -177,3 +217,20 @@ def test_tied_weights_are_refused_not_untied():
 def test_a_module_called_twice_is_refused_not_counted_once():
     with pytest.raises(ConvertError, match=r"module 'mid' \(2 times\) is called more than once"):
         espn.wrap(CalledTwice(), torch.zeros(2, 1, 8, 8))
+
+
+def test_hand_written_vit_keeps_its_tokens_per_task_and_cuts_them_on_export():
+    x = torch.randn(4, 1, 8, 8)
+    sn = Supernet(to_supernet(HandViT(), x[:2]), x[:2])
+    held = [m for m in sn.task_modules.values() if isinstance(m, TaskParameters)]
+    assert len(held) == 1 and held[0].targets == ["cls_token", "pos_embed"]
+    assert sn.model.cls_token is held[0].p0  # the model reads the per-task parameter
+    random_task(sn, 3, x, torch.Generator().manual_seed(0), 0.5)
+    alive = int(sn.masks[0].units["patch"].sum())
+    slim = slim_copy(sn, 0, x)
+    assert slim.get_parameter("pos_embed").shape == (1, 5, alive) and alive < 16
+
+
+def test_a_bare_parameter_used_as_a_weight_is_refused():
+    with pytest.raises(ConvertError, match="forward multiplies by a bare parameter \\('w'\\)"):
+        to_supernet(MatmulParameter(), torch.zeros(2, 1, 8, 8))

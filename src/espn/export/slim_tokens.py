@@ -19,12 +19,13 @@ from torch import Tensor, fx, nn
 from espn.export.slim import ExportError, _trace, finish, swap_and_fold
 from espn.layers import exported_adapter
 from espn.layers.base import alive_features, param
+from espn.layers.parameters import TaskParameters
 from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate
 from espn.supernet.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
 
 #: modules that make a supernet take this export path
-TOKEN_MODULES = (TaskLayerNorm, TaskTokens, TokenGate, MaskedAttention)
+TOKEN_MODULES = (TaskLayerNorm, TaskTokens, TokenGate, MaskedAttention, TaskParameters)
 
 
 def uses_tokens(supernet: Supernet) -> bool:
@@ -54,19 +55,29 @@ def _gate_affine(m: UnitGate, units: dict[str, Tensor]) -> tuple[Tensor, Tensor 
 @torch.no_grad()
 def _slim_tokens(gm: fx.GraphModule, model: nn.Module, units: dict[str, Tensor]) -> None:
     """Cut every class token / position embedding parameter to its alive stream features."""
+    for m in model.modules():
+        if isinstance(m, TaskParameters):
+            for target, group in zip(m.targets, m.groups, strict=True):
+                _cut_last(gm, target, units, group)
     for name, m in model.named_modules():
         if not isinstance(m, TaskTokens):
             continue
         for attr in ("cls_token", "pos_embed"):
             target = f"{name}.{attr}" if name else attr
             try:
-                value = gm.get_parameter(target)
+                gm.get_parameter(target)
             except AttributeError:
                 continue
-            keep = alive_features(units, m.group, 1, value.shape[-1]).to(value.device)
-            parent, _, leaf = target.rpartition(".")
-            owner = gm.get_submodule(parent) if parent else gm
-            setattr(owner, leaf, param(value.index_select(-1, keep)))
+            _cut_last(gm, target, units, m.group)
+
+
+def _cut_last(gm: fx.GraphModule, target: str, units: dict[str, Tensor], group: str | None) -> None:
+    """Keep parameter ``target`` of ``gm`` at the alive features (last dimension) of ``group``."""
+    value = gm.get_parameter(target)
+    keep = alive_features(units, group, 1, value.shape[-1]).to(value.device)
+    parent, _, leaf = target.rpartition(".")
+    owner = gm.get_submodule(parent) if parent else gm
+    setattr(owner, leaf, param(value.index_select(-1, keep)))
 
 
 def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:

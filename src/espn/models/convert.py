@@ -10,6 +10,11 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   :class:`TaskGroupNorm` of its group;
 * the output layer is a per-task :class:`TaskHead` (or a shared masked head plus a per-task
   :class:`TaskBias` when ``multi_head`` is False);
+* ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
+  adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
+* bare parameters of a module of the user's own added to a token stream (a hand-written ViT's
+  class token and position embeddings) become per-task state
+  (:class:`~espn.layers.parameters.TaskParameters`);
 * transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
   ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and timm's
   ``VisionTransformer`` are converted as :mod:`espn.models.convert_tokens` and
@@ -58,6 +63,7 @@ from espn.layers import (
     layer_types,
     source_names,
 )
+from espn.layers.parameters import TaskParameters
 from espn.models.convert_tokens import (
     TokenConvertError,
     check_stream_sources,
@@ -95,6 +101,8 @@ class _Group:
     norms: list[str] = field(default_factory=list)
     #: self-attention modules reading and writing the group (their heads are units of their own)
     attentions: list[str] = field(default_factory=list)
+    #: bare parameters added to the group's features (a class token, position embeddings)
+    params: list[str] = field(default_factory=list)
     #: grouped convs (not depthwise) reading a part: their outputs' part joins it
     grouped_inputs: list[str] = field(default_factory=list)
     #: channels one unit spans on each side of a layer (inputs of a linear layer reading a
@@ -105,9 +113,12 @@ class _Group:
     name: str = ""
 
 
-def _check_modules(model: nn.Module) -> dict[str, Convertible]:
-    """Named conv/linear/BN modules; anything else holding parameters is refused."""
+def _check_modules(model: nn.Module) -> tuple[dict[str, Convertible], dict[str, nn.Parameter]]:
+    """Named modules of a layer type espn has an adapter for, and the parameters held by
+    any other module (by qualified name; refused unless they join a token stream, see
+    :func:`_stream_parameters`)."""
     found: dict[str, Convertible] = {}
+    bare: dict[str, nn.Parameter] = {}
     seen: dict[int, str] = {}
     attention: list[str] = []
     for name, m in model.named_modules(remove_duplicate=False):
@@ -125,12 +136,11 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
                 )
             seen[id(m)] = name
             found[name] = m
-        elif any(True for _ in m.parameters(recurse=False)):
-            raise ConvertError(
-                f"module {name!r} is a {type(m).__name__} with parameters; the converter "
-                f"supports {source_names()} and nn.TransformerEncoder(Layer) (plus "
-                "parameter-free modules), and timm's VisionTransformer"
-            )
+        elif type(m).__module__.startswith("torch.") and any(True for _ in m.parameters(False)):
+            raise _refuse_parameter(model, name)  # a torch layer type without an adapter
+        else:  # a module of the user's own: its parameters may join a token stream
+            for leaf, p in m.named_parameters(recurse=False):
+                bare[f"{name}.{leaf}" if name else leaf] = p
     owner: dict[int, str] = {}
     for name, m in found.items():
         for p in m.parameters():
@@ -141,7 +151,18 @@ def _check_modules(model: nn.Module) -> dict[str, Convertible]:
                     "layers would be untied; give each layer its own parameters"
                 )
             owner[id(p)] = name
-    return found
+    return found, bare
+
+
+def _refuse_parameter(model: nn.Module, owner: str) -> ConvertError:
+    """The refusal of module ``owner``, whose parameters espn cannot express."""
+    kind = type(model.get_submodule(owner)).__name__
+    return ConvertError(
+        f"module {owner!r} is a {kind} with parameters; the converter supports "
+        f"{source_names()} and nn.TransformerEncoder(Layer) (plus parameter-free modules, and "
+        "bare parameters added to a token stream: a class token, position embeddings), and "
+        "timm's VisionTransformer"
+    )
 
 
 def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.Module]) -> None:
@@ -207,12 +228,16 @@ def _flattened(m: Convertible, out_side: bool, taken: int, size: int) -> int:
 
 
 def _groups(
-    model: nn.Module, example_input: Tensor, modules: dict[str, Convertible]
+    model: nn.Module,
+    example_input: Tensor,
+    modules: dict[str, Convertible],
+    bare: dict[str, nn.Parameter] | None = None,
 ) -> tuple[list[_Group], dict[str, nn.Module | None], str, dict[str, int], set[str]]:
     """Coupled channel groups, each layer's sole direct consumer, the output layer, the
     inputs per channel of linear layers reading a flattened feature map, and the layers whose
     output scales features (see :func:`_multiplies`)."""
     names = {m: n for n, m in modules.items()}
+    param_names = {id(p): n for n, p in (bare or {}).items()}
     graph = tp.DependencyGraph().build_dependency(
         model, example_inputs=example_input, verbose=False
     )
@@ -240,6 +265,10 @@ def _groups(
         g = _Group(size=len(items[0][1]))
         for dep, idxs in items:
             m = dep.target.module
+            if isinstance(m, nn.Parameter) and id(m) in param_names:
+                if len(idxs) == g.size == m.shape[-1] and param_names[id(m)] not in g.params:
+                    g.params.append(param_names[id(m)])
+                continue
             if m not in names:
                 continue
             name = names[m]
@@ -359,6 +388,7 @@ def _join(
         width = part.size // units
         if width > 1:
             token = [n for n in part.norms + part.attentions if _adapter(modules[n]).tokens]
+            token += part.params
             if token:
                 raise ConvertError(
                     f"module {token[0]!r} works on channels pruned in "
@@ -376,6 +406,7 @@ def _join(
             group.norms.append(name)
             group.norm_unit[name] = width
         group.attentions += part.attentions
+        group.params += part.params
     return group
 
 
@@ -457,9 +488,9 @@ def to_supernet(
     if is_timm_vit(model):
         return from_timm_vit(model, example_input, multi_head, task_affine)
     model = copy.deepcopy(model).eval()
-    modules = _check_modules(model)
+    modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
-    groups, successor, head, repeats, scales = _groups(model, example_input, modules)
+    groups, successor, head, repeats, scales = _groups(model, example_input, modules, bare)
     model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
     in_group: dict[str, str] = {}
@@ -470,6 +501,8 @@ def to_supernet(
     out_unit: dict[str, int] = {}
     norm_unit: dict[str, int] = {}
     gated: set[str] = set()
+    #: bare parameters of a token stream, with their unit group
+    adopted: dict[str, str] = {}
     for g in groups:
         if head in g.producers:
             continue  # the classes: never pruned
@@ -488,10 +521,14 @@ def to_supernet(
             norm_group[name] = g.name
         for name in g.attentions:
             in_group[name] = g.name
-        if any(_adapter(modules[n]).tokens for n in g.norms + g.attentions):
+        stream = any(_adapter(modules[n]).tokens for n in g.norms + g.attentions)
+        for name in g.params if stream else []:
+            adopted[name] = g.name
+        if stream:
             writers = g.producers + g.norms + g.attentions
             readers = g.consumers + g.norms + g.attentions
-            check_stream_sources(model, example_input, g.name, writers, readers)
+            params = [bare[n] for n in g.params]
+            check_stream_sources(model, example_input, g.name, writers, readers, params)
         for name in g.producers:
             out_group[name] = g.name
             bias = getattr(modules[name], "bias", None) is not None
@@ -504,6 +541,9 @@ def to_supernet(
             absorbed = after is not None and getattr(adapter_for(after), "absorbs_bias", False)
             if not g.norms or (bias and not absorbed):
                 gated.add(name)
+    refused = [n for n in bare if n not in adopted]
+    if refused:
+        raise _refuse_parameter(model, refused[0].rpartition(".")[0])
     linears = sorted(n for n in gated if _adapter(modules[n]).token_outputs)
     tokens = token_outputs(model, example_input, linears)
     for name, m in modules.items():
@@ -523,8 +563,46 @@ def to_supernet(
             tokens=name in tokens,
         )
         _set(model, name, _adapter(m).convert(m, place))
+    if adopted:
+        adopted = {n: adopted[n] for n in bare if n in adopted}  # the model's order
+        _hold_parameters(model, bare, adopted)
+        _check_counted(model, example_input, list(adopted))
     _check_exportable(model)
     return model
+
+
+def _hold_parameters(
+    model: nn.Module, bare: dict[str, nn.Parameter], adopted: dict[str, str]
+) -> None:
+    """Make the adopted bare parameters per-task state: one :class:`TaskParameters` on the
+    model registers them (the model keeps reading them where they are)."""
+    if isinstance(model, nn.Sequential | nn.ModuleList | nn.ModuleDict):
+        raise ConvertError(
+            f"parameter {next(iter(adopted))!r} is held in a {type(model).__name__}, whose "
+            "forward would call a module added to it; hold it on a module of your own"
+        )
+    name = "espn_task_parameters"
+    while hasattr(model, name):
+        name = f"_{name}"
+    params = {n: bare[n] for n in adopted}
+    model.add_module(name, TaskParameters(params, list(adopted.values())))
+
+
+def _check_counted(model: nn.Module, example_input: Tensor, params: list[str]) -> None:
+    """Refuse adopted bare parameters that ``forward`` multiplies activations by (a weight
+    used through ``torch.matmul``): espn would not count those FLOPs, FlopCounterMode would."""
+    from espn.export.export import measured_flops  # it imports the supernet
+    from espn.supernet.supernet import Supernet
+
+    counted = Supernet(model, example_input).dense_flops
+    measured = measured_flops(model, example_input)
+    if measured != counted:
+        raise ConvertError(
+            f"forward multiplies by a bare parameter ({', '.join(map(repr, params))}): "
+            f"FlopCounterMode counts {measured} FLOPs, espn {counted:.0f}; supported: bare "
+            "parameters added to a token stream (a class token, position embeddings); put "
+            "weights in nn.Linear layers"
+        )
 
 
 def _check_exportable(model: nn.Module) -> None:

@@ -130,14 +130,19 @@ def check_stream_sources(
     group: str,
     writers: list[str],
     readers: list[str],
+    params: list[nn.Parameter] | None = None,
 ) -> None:
     """Refuse a unit group whose features reach its readers from anything but its writers.
 
     With the outputs of every writer of ``group`` (its producing layers, attention modules
-    and norms) set to zero, every reader must see only zeros on a random input of the
-    example's shape; otherwise the model input or a bare parameter feeds the group, and its
-    pruned features could not be zero.
+    and norms) and its per-task ``params`` (a class token, position embeddings) set to zero,
+    every reader must see only zeros on a random input of the example's shape; otherwise the
+    model input or another bare parameter feeds the group, and its pruned features could not
+    be zero.
     """
+    saved = [p.detach().clone() for p in params or []]
+    for p in params or []:
+        p.zero_()
     if example_input.is_floating_point():
         gen = torch.Generator().manual_seed(0)
         noise = torch.randn(example_input.shape, generator=gen, dtype=example_input.dtype)
@@ -165,6 +170,8 @@ def check_stream_sources(
     finally:
         for h in hooks:
             h.remove()
+        for p, value in zip(params or [], saved, strict=True):
+            p.copy_(value)
     if leaked:
         raise TokenConvertError(
             f"the features {leaked[0]!r} reads (unit group {group!r}) come partly from the "

@@ -1,0 +1,45 @@
+"""Bare parameters a model adds to a token stream (a hand-written ViT's class token and
+position embedding, ``nn.Parameter`` s on the model itself): per-task state of the stream's
+unit group, as :class:`~espn.supernet.transformer.TaskTokens` are for espn's own ViT.
+
+The converter keeps each parameter where the model's ``forward`` reads it and registers it
+also in one :class:`TaskParameters` module, which the supernet swaps with the task: a later
+task never changes an earlier task's embeddings, and they cost no FLOPs. A dead feature of
+the stream carries its embedding value, which no layer reads (every reader of the stream is
+masked or a task LayerNorm over alive features); the slim model keeps each parameter at the
+alive features of its group (last dimension).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from espn.supernet.layers import TaskSpecific
+
+
+class TaskParameters(TaskSpecific):
+    """Per-task values of bare parameters of a model, each owned by the unit group of its
+    last dimension (``groups``; None: not pruned), the same ``nn.Parameter`` objects the
+    model reads, under ``p0, p1, ...``; ``targets`` are their names in the model."""
+
+    def __init__(self, params: dict[str, nn.Parameter], groups: list[str | None]) -> None:
+        super().__init__()
+        self.targets = list(params)
+        self.groups = groups
+        for i, p in enumerate(params.values()):
+            self.register_parameter(f"p{i}", p)
+            self.register_buffer(f"initial{i}", p.detach().clone())
+
+    def reset_task(self, n_classes: int) -> None:
+        """A new task starts from the values the model was converted with."""
+        with torch.no_grad():
+            for i in range(len(self.targets)):
+                getattr(self, f"p{i}").copy_(getattr(self, f"initial{i}"))
+
+    def task_state(self) -> dict[str, Tensor]:
+        """The task's parameter values (the initial values are not per task)."""
+        return {n: p.detach().clone() for n, p in self.named_parameters()}
+
+    def forward(self, x: Tensor) -> Tensor:
+        raise RuntimeError("TaskParameters holds parameters the model reads; it is not called")
