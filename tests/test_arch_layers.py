@@ -22,6 +22,7 @@ from espn.layers.parameters import TaskParameters
 from espn.models.convert import ConvertError, to_supernet
 from espn.supernet import Supernet
 from helpers.arch import OPTIMIZERS, assert_random_task_exports_exactly, check_two_tasks
+from helpers.deploy import tiny_sequence
 from helpers.images import random_task
 
 
@@ -234,3 +235,22 @@ def test_hand_written_vit_keeps_its_tokens_per_task_and_cuts_them_on_export():
 def test_a_bare_parameter_used_as_a_weight_is_refused():
     with pytest.raises(ConvertError, match="forward multiplies by a bare parameter \\('w'\\)"):
         to_supernet(MatmulParameter(), torch.zeros(2, 1, 8, 8))
+
+
+def test_hand_written_vit_saves_and_loads_bit_identical(tmp_path):
+    """Its per-task class token and position embeddings go into the checkpoint with the task
+    and come back: the loaded run's task 0 answers as before."""
+    seq = tiny_sequence(2)
+    torch.manual_seed(0)
+    learner = espn.ContinualLearner(
+        espn.wrap(HandViT(), seq.tasks[0].train.x[:2]), "espn", epochs=(1, 1, 1), gamma=0.5
+    )
+    for task in seq.tasks:
+        learner.learn((task.train.x, task.train.y), (task.test.x, task.test.y))
+    learner.save(tmp_path / "run")
+    x = seq.tasks[0].test.x
+    sn = learner.supernet.eval()
+    loaded = espn.load(tmp_path / "run", model=HandViT()).supernet.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(x, task=0), sn(x, task=0))
+        assert torch.equal(loaded(x, task=1), sn(x, task=1))

@@ -29,17 +29,15 @@ class TaskParameters(TaskSpecific):
         self.groups = groups
         for i, p in enumerate(params.values()):
             self.register_parameter(f"p{i}", p)
-            self.register_buffer(f"initial{i}", p.detach().clone())
+            # not task state: the values every new task starts from (the model's own)
+            self.register_buffer(f"initial{i}", p.detach().clone(), persistent=False)
 
     def reset_task(self, n_classes: int) -> None:
-        """A new task starts from the values the model was converted with."""
+        """A new task starts from the values the model was converted with (after
+        ``espn.load``, those of the model given to it)."""
         with torch.no_grad():
             for i in range(len(self.targets)):
                 getattr(self, f"p{i}").copy_(getattr(self, f"initial{i}"))
-
-    def task_state(self) -> dict[str, Tensor]:
-        """The task's parameter values (the initial values are not per task)."""
-        return {n: p.detach().clone() for n, p in self.named_parameters()}
 
     def forward(self, x: Tensor) -> Tensor:
         raise RuntimeError("TaskParameters holds parameters the model reads; it is not called")
