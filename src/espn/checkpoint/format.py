@@ -9,7 +9,8 @@ A checkpoint is a directory (``<run>/checkpoint``) holding
 * ``task-NNNN.safetensors``: one per committed task, never rewritten: its explicitly stored
   weight masks (bit-packed or indices; a mask derived from owner ids or unit masks is only
   its form and horizon in the manifest, see :mod:`espn.supernet.masks`), bit-packed unit
-  masks, task-specific state (gates or BatchNorm, heads) and its accuracy row;
+  masks, task-specific state (gates or BatchNorm, heads), the statistics of task-agnostic
+  prediction (``stats.*``, see :mod:`espn.inference.statistics`) and its accuracy row;
 * ``state-GGGGGG.safetensors``: the shared weights and their owner ids (once), random-number-
   generator states and, mid-task, the working sub-network, task modules and optimizer state.
 

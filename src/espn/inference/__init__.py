@@ -4,7 +4,8 @@ sub-networks, then classify it with that task's sub-network.
 Rules (:data:`RULES`, by name): ``entropy`` (lowest softmax entropy), ``energy``,
 ``mahalanobis`` (nearest class mean of the penultimate features, from statistics each task
 stores when it is committed), ``entropy-mahalanobis`` (both, standardised),
-``input-gaussian`` (the likelihood of the input under each task's stored class Gaussians) and
+``input-gaussian`` (the likelihood of the input under each task's stored class Gaussians;
+the default) and
 ``supsup-oneshot`` (SupSup's entropy gradient over superposed masks). See
 docs/task-agnostic.md for what each costs, stores and achieves.
 """

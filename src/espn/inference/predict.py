@@ -13,7 +13,7 @@ from espn.inference.rule import RULES, Rule
 from espn.supernet.supernet import Supernet
 
 #: the rule used when none is named, chosen by measurement (see docs/task-agnostic.md)
-DEFAULT_RULE = "entropy-mahalanobis"
+DEFAULT_RULE = "input-gaussian"
 #: samples per forward pass
 CHUNK = 1024
 
