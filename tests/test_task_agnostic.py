@@ -231,3 +231,15 @@ def test_cli_refuses_an_unknown_rule_before_any_work(cli_run: Path):
     assert result.exit_code == 2 and "entropy-mahalanobis" in result.output
     result = runner.invoke(app, ["export", "--run", str(cli_run), "--out", "m.pt2"])
     assert result.exit_code == 2 and "--task-agnostic" in result.output
+
+
+def test_evaluation_counts_a_sample_right_only_with_its_own_task_s_head(learner):
+    """One head per task: a label means a class of one task only, so a sample classified by
+    another task's head is wrong whatever that head says (counted independently here)."""
+    doc = evaluate_task_agnostic(learner.supernet, learner.tasks, "entropy")
+    for j, task in enumerate(learner.tasks):
+        x, y = task.test.x, task.test.y
+        got = infer(learner.supernet, x, "entropy")
+        right = (got.tasks == j) & (got.classes == y)
+        assert doc["tasks"][j]["per_sample"] == pytest.approx(100.0 * float(right.double().mean()))
+        assert doc["tasks"][j]["given"] == learner.evaluate(j)

@@ -15,6 +15,7 @@ from espn.inference.outputs import InferenceError, head_name, task_outputs
 from espn.inference.predict import CHUNK, get_rule, pick
 from espn.inference.rule import OutputRule, Rule
 from espn.inference.statistics import statistics_bytes
+from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
 
 #: the batch of test samples from one task that the per-batch figures assume
@@ -49,8 +50,16 @@ def _task_scores(
     return [torch.cat(s) for s in scores], torch.cat(preds, 1), torch.cat(labels)
 
 
+def _right(preds: Tensor, picked: Tensor, y: Tensor, task: int, per_task_heads: bool) -> Tensor:
+    """Which samples of task ``task`` are classified right by the tasks ``picked`` for them
+    (with one head per task, only by their own task)."""
+    right = preds.gather(0, picked[None])[0] == y
+    return right & (picked == task) if per_task_heads else right
+
+
 def _percent(hits: Tensor) -> float:
-    return 100.0 * float(hits.double().mean()) if len(hits) else 0.0
+    """Percent of true entries, computed as the run's accuracies are (so equal to them)."""
+    return 100.0 * int(hits.sum()) / max(len(hits), 1)
 
 
 def evaluate_task_agnostic(
@@ -61,7 +70,8 @@ def evaluate_task_agnostic(
 ) -> dict[str, Any]:
     """Per task ``j`` of ``tasks`` (task ``j`` of the supernet, on its test data): accuracy
     (%) with the task given, task-agnostic accuracy per sample and per batch of ``batch``
-    consecutive test samples, and how often the task is picked right (per sample, per batch);
+    consecutive test samples (with one head per task, a sample counts as right only if its
+    own task is picked: a class is a task's label), and how often the task is picked right (per sample, per batch);
     the task-confusion matrix (counts, rows: true task, columns: picked task, per sample); the
     rule's inference FLOPs per sample in dense passes; each task's stored statistics' bytes."""
     return evaluate_rules(supernet, tasks, [rule], batch)[0]
@@ -80,6 +90,10 @@ def evaluate_rules(
     n = len(supernet.masks)
     if len(tasks) != n:
         raise InferenceError(f"{len(tasks)} tasks' data given for {n} learned tasks")
+    # with one head per task a class is a (task, label) pair: a sample given to another
+    # task's head is wrong whatever label that head predicts; with a shared head the label
+    # means the same class in every task
+    per_task_heads = any(isinstance(m, TaskHead) for m in supernet.task_modules.values())
     confusion = [torch.zeros(n, n, dtype=torch.long) for _ in found]
     rows: list[list[dict[str, Any]]] = [[] for _ in found]
     for j, task in enumerate(tasks):
@@ -95,8 +109,8 @@ def evaluate_rules(
                 {
                     "task": j,
                     "given": _percent(preds[j] == y),
-                    "per_sample": _percent(preds.gather(0, picked[None])[0] == y),
-                    "per_batch": _percent(preds.gather(0, batch_picked[None])[0] == y),
+                    "per_sample": _percent(_right(preds, picked, y, j, per_task_heads)),
+                    "per_batch": _percent(_right(preds, batch_picked, y, j, per_task_heads)),
                     "task_picked": _percent(picked == j),
                     "task_picked_per_batch": _percent(batch_picked == j),
                     "test_samples": len(y),

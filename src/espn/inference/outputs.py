@@ -56,7 +56,8 @@ def head_name(supernet: Supernet) -> str:
 def head_of(supernet: Supernet, name: str) -> MaskedLayer | TaskHead:
     """The head module ``name`` of ``supernet``'s model."""
     module = supernet.model.get_submodule(name)
-    assert isinstance(module, MaskedLayer | TaskHead)
+    if not isinstance(module, MaskedLayer | TaskHead):
+        raise InferenceError(f"module {name!r} is not a masked layer or task head")
     return module
 
 

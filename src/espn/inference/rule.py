@@ -39,8 +39,8 @@ class Rule(ABC):
             if missing:
                 raise InferenceError(
                     f"rule {self.name!r} reads the statistics each task stores when it is "
-                    f"committed, and tasks {missing} have none (learned by an espn before "
-                    "0.3); use rule 'entropy', or learn the tasks again"
+                    f"committed, and tasks {missing} have none (learned by an espn without "
+                    "them); use rule 'entropy', or learn the tasks again"
                 )
 
     @abstractmethod
