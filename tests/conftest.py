@@ -3,6 +3,7 @@ configs, a finished tiny run (the helpers they use: the ``helpers`` package)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,3 +76,23 @@ def fake_cifar10(monkeypatch: pytest.MonkeyPatch, small_resnet_model: str) -> di
     data = fake_raw(10, 32, 16)
     patch_raw(monkeypatch, {"cifar10": data})
     return data
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished 3-task run of ``fc-test`` on synthetic MNIST, copied by each test."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    data = synthetic_mnist()
+    with pytest.MonkeyPatch.context() as mp, MODELS.temporarily("fc-test", fc_test):
+        mp.setattr(mnist_module, "load_mnist_like", lambda *a, **k: data)
+        result = CliRunner().invoke(app, cli_options(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run: Path, tmp_path: Path, fake_mnist: dict, fc_test_model: str) -> Path:
+    """A copy of the finished run, its data and model available as when it was made."""
+    copy = tmp_path / "run"
+    shutil.copytree(finished_run, copy)
+    return copy

@@ -64,3 +64,23 @@ def test_a_foreign_run_under_a_point_name_is_refused(reproduced, tmp_path) -> No
     assert tables(out) == before
     doc = json.loads((ours / "results.json").read_text())
     assert doc["config"]["method"] == "individual"
+
+
+def test_a_deleted_point_directory_leaves_the_complete_table(reproduced, tmp_path) -> None:
+    out = tmp_path / "copy"
+    shutil.copytree(reproduced, out)
+    before = tables(out)
+    gone = f"{TARGET}__espn-0.2+small-first__seed0"
+    shutil.rmtree(out / gone)
+    line = one_line_error(runner.invoke(app, ["reproduce", "report", str(out)]))
+    assert f"{TARGET}'s table was built from 1 run director(ies) that are now missing" in line
+    assert f"({gone})" in line and "no table was rewritten" in line
+    assert f"delete {TARGET}.points.json" in line
+    assert tables(out) == before
+    (out / f"{TARGET}.points.json").unlink()  # the user's choice: a table of what is left
+    result = runner.invoke(app, ["reproduce", "report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert tables(out)["csv"] != before["csv"]
+    assert json.loads((out / f"{TARGET}.points.json").read_text())["points"] == sorted(
+        p.name for p in out.iterdir() if p.is_dir() and p.name.startswith(f"{TARGET}__")
+    )

@@ -61,15 +61,15 @@ def foreign_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, 
     learner.learn(data(0), test=data(1))
     run = learner.save(tmp_path / "run")
     yield run, name, marker
-    sys.modules.pop(name, None)
-    reference._TRUSTED.discard(name)
-    for registered in [n for n in MODELS.names() if n.startswith(f"{name}:")]:
-        MODELS._items.pop(registered, None)
+    forget(name, marker)
 
 
 def forget(name: str, marker: Path) -> None:
+    """As in a new process: the module unimported, its factories neither named nor built."""
     sys.modules.pop(name, None)
-    reference._TRUSTED.discard(name)
+    reference._TRUSTED.difference_update(
+        {k for k in reference._TRUSTED if k.startswith(f"{name}:")}
+    )
     for registered in [n for n in MODELS.names() if n.startswith(f"{name}:")]:
         MODELS._items.pop(registered, None)
     marker.unlink(missing_ok=True)
@@ -107,10 +107,15 @@ def test_espn_load_refuses_then_opts_in(foreign_run) -> None:
     assert learner.evaluate(0) == doc["final_accuracy"][0]
 
 
-def test_a_module_the_user_imported_needs_no_opt_in(foreign_run) -> None:
+def test_an_imported_module_is_not_enough_its_factory_given_to_espn_is(foreign_run) -> None:
+    """Being imported does not make a module's functions safe to call with a run's
+    arguments (espn's own modules are imported); a factory the user gave espn is theirs."""
     run, name, marker = foreign_run
     forget(name, marker)
-    __import__(name)  # the user's own code imports it: nothing new runs when the run names it
+    module = __import__(name)
+    with pytest.raises(EspnError, match="neither one of espn's model builders"):
+        espn.load(run)
+    espn.wrap(module.Net, torch.zeros(2, 1, 4, 4), n_in=16)  # the script builds it itself
     assert espn.load(run).names == ["task 0"]
 
 

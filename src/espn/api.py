@@ -416,11 +416,14 @@ class ContinualLearner:
         data: TaskData | None = None,
         onnx: bool = False,
         fold_bn: bool = True,
+        overwrite: bool = False,
     ) -> ExportReport:
         """Write task ``task`` as a slim standalone model (``.pt2`` or ``.onnx``), checked
         against the supernet on ``data``'s inputs (default: the task's test, else training
         data) and against the task's FLOPs (see :func:`espn.export.export.export_task`);
-        ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it."""
+        ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it. Existing files
+        (the model, its ``.onnx`` and ``.json``) are replaced only with ``overwrite``, and
+        a run directory's own files never."""
         self._check_task(task)
         checks.check_export_path(path)
         check_target(path)
@@ -438,11 +441,13 @@ class ContinualLearner:
             flops = self._record(task)["flops"]  # raw inputs in: the task's transform too
             raw = known.raw_inputs(split, 1024)
             return export_task(
-                self.supernet, task, raw, path, onnx, flops, fold_bn, known.transform
+                self.supernet, task, raw, path, onnx, flops, fold_bn, known.transform, overwrite
             )
         inputs = list(x.split(1024))
         flops = self._record(task)["flops"]
-        return export_task(self.supernet, task, inputs, path, onnx, flops, fold_bn)
+        return export_task(
+            self.supernet, task, inputs, path, onnx, flops, fold_bn, overwrite=overwrite
+        )
 
     # ------------------------------------------------------------------ saving
     def config(self, out: Path | str) -> RunConfig:
@@ -649,7 +654,7 @@ def load(
             file = task_path(cfg.data_dir, t)
             learner.tasks[t] = load_task(file, learner.device) if file.is_file() else None
     elif benchmark_data:
-        seq = build_benchmark(cfg)
+        seq = build_benchmark(cfg, download=False)  # a run directory's data_dir is only read
         learner.tasks = [seq.tasks[t] for t in range(len(tasks))]
     return learner
 

@@ -536,10 +536,16 @@ class RunConfig(BaseModel):
             )
         if self.from_run is None or self.after_task is None:
             return
-        if Path(self.out).resolve() == self.from_run:
+        out = Path(self.out).resolve()
+        if out == self.from_run:
             raise ValueError(
                 f"from_run {self.from_run} is this run's own --out; the run it starts from is "
                 "only read, so give the new run another --out"
+            )
+        if out.is_relative_to(self.from_run):
+            raise ValueError(
+                f"--out {self.out} is inside from_run {self.from_run}; the run it starts from is "
+                "only read, so give the new run an --out outside it"
             )
         if strategy.training_tasks is not Strategy.training_tasks:
             raise ValueError(

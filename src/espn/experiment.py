@@ -39,9 +39,12 @@ from espn.training.engine import Engine, TrainingStopped
 from espn.utils.io import os_error_text, write_json_atomic
 
 
-def build_benchmark(cfg: RunConfig) -> TaskSequence:
+def build_benchmark(cfg: RunConfig, download: bool = True) -> TaskSequence:
     """The task sequence a run configuration names, on its device: the benchmark's tasks
-    (``train_sizes`` images each) in ``task_order``, after the tasks kept from ``from_run``."""
+    (``train_sizes`` images each) in ``task_order``, after the tasks kept from ``from_run``.
+    ``download`` off: a dataset missing from ``data_dir`` is refused, not fetched (the
+    configuration was read from a run directory, whose data directory is only read; so is a
+    ``from_run`` source's)."""
     sizes = cfg.task_train_sizes()
     args = BenchmarkArgs(
         n_tasks=cfg.tasks,
@@ -54,12 +57,13 @@ def build_benchmark(cfg: RunConfig) -> TaskSequence:
         folders=tuple(cfg.folders),
         image_size=cfg.image_size,
         train_sizes=None if sizes is None else tuple(sizes),
+        download=download,
     )
     seq = ordered(BENCHMARKS.get(cfg.benchmark).build(args), cfg.task_order, args.seed)
     if cfg.from_run is None:
         return seq
     source = open_source(cfg)
-    return prepended(build_benchmark(source.config), source.keep, seq)
+    return prepended(build_benchmark(source.config, download=False), source.keep, seq)
 
 
 def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from espn.errors import EspnError
 from espn.supernet.supernet import Supernet
+from espn.utils.io import JsonFileError, read_json
 
 FORMAT_NAME = "espn-checkpoint"
 FORMAT_VERSION = 2
@@ -128,9 +128,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"no checkpoint in {directory} ({MANIFEST} not found)")
     try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is truncated or corrupted (not valid JSON: {exc})") from None
+        manifest = read_json(path)
+    except JsonFileError as exc:
+        raise CheckpointError(
+            f"{exc} (the checkpoint manifest is truncated or corrupted)"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise CheckpointError(f"{path} is not an espn checkpoint manifest")
     version = manifest.get("format_version")

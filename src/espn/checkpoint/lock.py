@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from espn.checkpoint.format import CheckpointError
+from espn.utils.io import read_json
 
 LOCK_FILE = ".espn-run.lock"
 
@@ -50,7 +51,7 @@ def prepare_out_dir(out: Path | str) -> Path:
 
 def _holder(path: Path) -> str:
     try:
-        info = json.loads(path.read_text())
+        info = read_json(path)
         return f"pid {info['pid']} on {info['host']}, since {info['started']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"

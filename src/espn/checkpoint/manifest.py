@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from espn.limits import MAX_CLASSES, MAX_INPUT_DIMS, MAX_INPUT_VALUES, MAX_MODEL_VALUES
+
 #: a checkpoint file name: a plain name (no directory part) ending in .safetensors
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.safetensors")
 
@@ -44,8 +46,8 @@ class FileEntry(_Model):
 class Spec(_Model):
     """What the model is built for: input shape, classes, one head or one per task."""
 
-    input_shape: list[int] = Field(min_length=1)
-    n_classes: int = Field(ge=1)
+    input_shape: list[int] = Field(min_length=1, max_length=MAX_INPUT_DIMS)
+    n_classes: int = Field(ge=1, le=MAX_CLASSES)
     multi_head: bool
 
     @field_validator("input_shape")
@@ -53,6 +55,11 @@ class Spec(_Model):
     def _positive(cls, v: list[int]) -> list[int]:
         if any(d < 1 for d in v):
             raise ValueError(f"every input dimension must be >= 1, got {v}")
+        if math.prod(v) > MAX_INPUT_VALUES:
+            raise ValueError(
+                f"an input of shape {v} holds {math.prod(v)} values, more than the "
+                f"{MAX_INPUT_VALUES} espn allocates for one sample"
+            )
         return v
 
 
@@ -62,6 +69,19 @@ class Architecture(_Model):
     layers: dict[str, list[int]]
     groups: dict[str, int]
     task_modules: dict[str, str]
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Architecture:
+        shapes = [*self.layers.values(), *([g] for g in self.groups.values())]
+        if any(d < 0 for shape in shapes for d in shape):
+            raise ValueError("layer shapes and unit groups must not be negative")
+        values = sum(math.prod(shape) for shape in self.layers.values())
+        if values > MAX_MODEL_VALUES or any(g > MAX_MODEL_VALUES for g in self.groups.values()):
+            raise ValueError(
+                f"its layers hold {values} weights, more than the {MAX_MODEL_VALUES} espn "
+                "allocates for a run directory"
+            )
+        return self
 
 
 class TaskRecord(_Model):
@@ -82,7 +102,7 @@ class TaskEntry(FileEntry):
     shapes: dict[str, list[int]] | None = None
     masks: dict[str, str] | None = None
     horizon: int | None = None
-    n_classes: int = Field(ge=1)
+    n_classes: int = Field(ge=1, le=MAX_CLASSES)
     new_weights: int = Field(ge=0)
     name: str | None = None
     record: TaskRecord | None = None
@@ -121,7 +141,7 @@ class Training(_Model):
     """The task in training, if the save was made between two of its epochs."""
 
     task: int = Field(ge=0)
-    n_classes: int = Field(ge=1)
+    n_classes: int = Field(ge=1, le=MAX_CLASSES)
     position: Position
     optimizer: bool
     optimizer_scalars: dict[str, dict[str, Any]]

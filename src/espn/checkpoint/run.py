@@ -23,7 +23,7 @@ from espn.config import RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
 from espn.methods.base import Strategy
-from espn.models.reference import is_reference, reading_run, resolve
+from espn.models.reference import check_model_size, is_reference, reading_run, resolve
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.preflight import check_device
 from espn.supernet.supernet import Supernet
@@ -322,6 +322,9 @@ def load_run(
             cfg.task_affine,
             cfg.stream_pruning,
         )
+        if not is_reference(name):  # a reference's arguments were sized when resolved
+            # a registered builder converting a model may not build on "meta": not counted
+            check_model_size(run_dir, name, lambda: MODELS.get(name)(model_spec), strict=False)
         example = torch.zeros(2, *spec["input_shape"], device=device)
         supernet = build_supernet(name, model_spec, example, cfg.seed, device)
     restore(ckpt, supernet)

@@ -26,6 +26,7 @@ from rich.text import Text
 from typer.exceptions import TyperException
 
 from espn.errors import EspnError
+from espn.utils.text import printable
 
 #: the CLI's output and its messages, printed as written (no rich markup)
 console = Console(markup=False)
@@ -65,8 +66,9 @@ def command_group(**settings: Any) -> typer.Typer:
 
 
 def labelled(label: str, style: str, message: str) -> Text:
-    """``label message`` with only the label styled; ``message`` is printed as written."""
-    return Text.assemble((label, style), " ", message)
+    """``label message`` with only the label styled; ``message`` is printed as written, its
+    terminal control characters escaped (it may quote a file, see :mod:`espn.utils.text`)."""
+    return Text.assemble((label, style), " ", printable(message))
 
 
 def warn(message: str) -> None:

@@ -18,6 +18,7 @@ from espn.cli.common import (
     run_directory,
     user_errors,
 )
+from espn.utils.text import printable
 
 app = command_group()
 
@@ -26,6 +27,22 @@ TRUST_OPTION = typer.Option(
     help="Import the Python module the run's model reference names (runs its code); without "
     "it a run directory never makes espn import a module that is not already imported.",
 )
+
+DATA_DIR_OPTION = typer.Option(
+    None,
+    help="Where the benchmark's data is (default: the data directory the run recorded); "
+    "nothing is downloaded, into either.",
+)
+
+
+def _test_data(config: Any, data_dir: Path | None) -> Any:
+    """The run's task sequence, its data read from ``data_dir`` (else the recorded one) and
+    never downloaded: a run directory names where its data was, not where to write."""
+    from espn.experiment import build_benchmark
+
+    if data_dir is not None:
+        config = config.model_copy(update={"data_dir": data_dir.resolve()})
+    return build_benchmark(config, download=False)
 
 
 def _results(run: Path) -> dict[str, Any] | None:
@@ -57,6 +74,7 @@ def evaluate(
     rule: str | None = typer.Option(
         None, help="With --task-agnostic: the task-inference rule (see docs/task-agnostic.md)."
     ),
+    data_dir: Path | None = DATA_DIR_OPTION,
 ) -> None:
     """Re-compute each task's test accuracy from the checkpoint alone.
 
@@ -66,7 +84,6 @@ def evaluate(
     from espn.checkpoint.continuation import check_source_unchanged
     from espn.checkpoint.run import load_run
     from espn.evaluation.metrics import final_accuracy, task_accuracy
-    from espn.experiment import build_benchmark
     from espn.inference import DEFAULT_RULE, RULES
 
     if rule is not None and not task_agnostic:
@@ -76,7 +93,7 @@ def evaluate(
     run = run_directory(run_dir, run_alias)
     loaded = load_run(run, device, trust_code=trust_model_code)
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
-    seq = build_benchmark(loaded.config)
+    seq = _test_data(loaded.config, data_dir)
     doc = _results(run)
     rows = [t["accuracy"] for t in loaded.checkpoint.tasks if t.get("accuracy") is not None]
     reported = doc["final_accuracy"] if doc else (final_accuracy(rows) if rows else [])
@@ -91,7 +108,7 @@ def evaluate(
             mismatches.append(t)
         table.add_row(
             str(t),
-            seq.tasks[t].name,
+            printable(seq.tasks[t].name),
             f"{acc:.2f}",
             "-" if want is None else f"{want:.2f}",
             "yes" if ok else "NO",
@@ -171,6 +188,12 @@ def export_command(
     rule: str | None = typer.Option(
         None, help="With --task-agnostic: the task-inference rule (see docs/task-agnostic.md)."
     ),
+    data_dir: Path | None = DATA_DIR_OPTION,
+    overwrite: bool = typer.Option(
+        False,
+        help="Replace existing files of the export (OUT, its .onnx and .json); a run "
+        "directory's own files are never replaced.",
+    ),
 ) -> None:
     """Write one task as a slim standalone model (.pt2 / .onnx), or with --task-agnostic one
     model that predicts without the task.
@@ -184,8 +207,7 @@ def export_command(
 
     from espn.checkpoint.continuation import check_source_unchanged
     from espn.checkpoint.run import load_run
-    from espn.experiment import build_benchmark
-    from espn.export.export import check_target, export_task
+    from espn.export.export import check_not_replacing, check_target, export_files, export_task
     from espn.inference import DEFAULT_RULE, RULES
 
     if (task is None) == (not task_agnostic):
@@ -196,15 +218,16 @@ def export_command(
         RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
     run = run_directory(run_dir, run_alias)
     check_target(out)
+    check_not_replacing(export_files(out, onnx), overwrite, run)
     loaded = load_run(run, device, trust_code=trust_model_code)
     if task is None:
-        _export_task_agnostic(run, loaded, out, rule, onnx, check_data, fold_bn, device)
+        _export_task_agnostic(run, loaded, out, rule, onnx, check_data, fold_bn, device, data_dir)
         return
     loaded.check_task(task)
     transform = None
     if check_data:
         check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
-        seq = build_benchmark(loaded.config)
+        seq = _test_data(loaded.config, data_dir)
         inputs = seq.tasks[task].raw_inputs("test", 1024)  # the program takes them raw
         transform = seq.tasks[task].transform
     else:
@@ -217,7 +240,7 @@ def export_command(
         else [t["record"]["flops"] for t in loaded.checkpoint.tasks]
     )
     report = export_task(
-        loaded.supernet, task, inputs, out, onnx, records[task], fold_bn, transform
+        loaded.supernet, task, inputs, out, onnx, records[task], fold_bn, transform, overwrite, run
     )
     console.print(
         f"task {task}: wrote {', '.join(report.files)}\n"
@@ -254,17 +277,17 @@ def _export_task_agnostic(
     check_data: bool,
     fold_bn: bool,
     device: str,
+    data_dir: Path | None = None,
 ) -> None:
     """``espn export --task-agnostic``: checked on up to 1024 test samples of every task."""
     import torch
 
     from espn.checkpoint.continuation import check_source_unchanged
-    from espn.experiment import build_benchmark
     from espn.inference.export import export_task_agnostic
 
     if check_data:
         check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
-        seq = build_benchmark(loaded.config)
+        seq = _test_data(loaded.config, data_dir)
         inputs = [next(seq.tasks[t].batches("test", 1024))[0] for t in range(loaded.n_tasks)]
     else:
         gen = torch.Generator().manual_seed(0)
@@ -313,8 +336,10 @@ def info(
     # nine columns, not cut off in a pipe; text printed as written (no markup)
     wide = Console(width=max(console.width, 132), markup=False)
     wide.print(
-        f"{run}: {cfg.method} on {cfg.benchmark} with {cfg.model}, gamma {cfg.gamma}, "
-        f"alpha {cfg.alpha}; {loaded.n_tasks}/{m.get('n_tasks', '?')} tasks finished"
+        printable(
+            f"{run}: {cfg.method} on {cfg.benchmark} with {cfg.model}, gamma {cfg.gamma}, "
+            f"alpha {cfg.alpha}; {loaded.n_tasks}/{m.get('n_tasks', '?')} tasks finished"
+        )
         + ("" if ckpt.training is None else f", task {ckpt.training.task} in training")
     )
     table = Table(

@@ -27,6 +27,7 @@ from espn.data.registry import BENCHMARKS
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
+from espn.utils.text import printable
 
 app = command_group(
     help="Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning.",
@@ -188,7 +189,7 @@ def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS
     for j, name in enumerate(doc["task_names"]):
         table.add_row(
             str(j),
-            name,
+            printable(name),
             "-" if final[j] is None else f"{final[j]:.2f}",
             f"{doc['flops_ratio'][j]:.3f}",
             str(doc["new_weights"][j]),
@@ -206,7 +207,7 @@ def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS
     if skipped:
         console.print(
             f"accuracy matrix: {len(rows) - skipped} of {len(rows)} rows evaluated "
-            f"(every {doc['config'].get('eval_every', 1)} tasks and the last); "
+            f"(every {printable(doc['config'].get('eval_every', 1))} tasks and the last); "
             "forgetting and BWT use those rows"
         )
 

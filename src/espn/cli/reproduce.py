@@ -25,6 +25,7 @@ from espn.cli.common import (
     user_errors,
 )
 from espn.reproduce import SCALES, TARGETS, Options, report, run_target
+from espn.utils.text import printable
 
 
 class _TargetGroup(TyperGroup):
@@ -76,7 +77,8 @@ def report_command(
 def _written(files: list[Path], incomplete: list[str]) -> None:
     if incomplete:
         console.print(
-            labelled("not in the table (no finished results):", "yellow", ", ".join(incomplete))
+            labelled("not in the table (no finished results):", "yellow", ", ".join(incomplete)),
+            highlight=False,
         )
     console.print("wrote " + ", ".join(str(f) for f in files))
 
@@ -144,7 +146,7 @@ def _target_command(name: str) -> Callable[..., None]:
             progress=progress,
             overwrite=overwrite,
         )
-        console.print(result.table.markdown(), highlight=False)
+        console.print(printable(result.table.markdown(), lines=True), highlight=False)
         _written(result.files, result.table.incomplete)
         for o in result.outcomes:  # e.g. stopped out of capacity, still in a partial table
             if o.status == "failed" and o.point.name not in result.table.incomplete:

@@ -19,6 +19,7 @@ from espn.cli.common import (
     user_errors,
 )
 from espn.sweep import PointOutcome
+from espn.utils.text import printable
 
 
 def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:
@@ -30,7 +31,10 @@ def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:
     for o in outcomes:
         acc = (o.results or {}).get("average_accuracy")
         table.add_row(
-            o.point.name, o.status, "-" if acc is None else f"{acc:.2f}", f"{o.seconds:.1f}"
+            printable(o.point.name),
+            o.status,
+            "-" if acc is None else f"{acc:.2f}",
+            f"{o.seconds:.1f}",
         )
     console.print(table)
     files = write_summary(outcomes, out)

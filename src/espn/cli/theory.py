@@ -9,7 +9,6 @@ from a CSV alone.
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
@@ -43,7 +42,7 @@ from espn.theory.task_order import (
     summarize_task_order,
     task_order_solves,
 )
-from espn.utils.io import write_csv, write_json_atomic
+from espn.utils.io import read_json, write_csv, write_json_atomic
 
 app = command_group(
     help="Theory lab: the paper's shallow-network model of continual representation "
@@ -173,7 +172,7 @@ def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
 
 def _stored_config(summary_path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(summary_path.read_text()).get("config")
+        return read_json(summary_path).get("config")
     except (OSError, ValueError):
         return None
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from espn.data.augment import ImageTransform
 from espn.data.mnist import NORMALISATION
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
-from espn.data.sources import DatasetUnavailable, default_data_dir, load_mnist_like
+from espn.data.sources import default_data_dir, load_mnist_like, unavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 
 #: per-channel mean and std of the training images
@@ -70,11 +70,8 @@ def load_cifar(name: str, root: Path | None = None, download: bool = True) -> Ra
         try:
             ds = cls(str(root), train=split == "train", download=download)
         except Exception as exc:  # RuntimeError when missing, URLError/OSError offline
-            raise DatasetUnavailable(
-                f"{name} is not in {root} and could not be downloaded ({exc}); to get it: "
-                f"{HOW_TO_GET}, or pass --data-dir pointing at a directory holding "
-                f"torchvision's {cls.base_folder}/"
-            ) from exc
+            how = f"{HOW_TO_GET}, or pass --data-dir pointing at a directory holding {cls.base_folder}/"
+            raise unavailable(name, root, download, exc, how) from exc
         x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
         out[split] = (x, torch.as_tensor(ds.targets, dtype=torch.long))
     return out

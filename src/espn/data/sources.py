@@ -25,6 +25,24 @@ class DatasetUnavailable(EspnError, RuntimeError):
     """A dataset is neither on disk nor downloadable; the message says how to get it."""
 
 
+def unavailable(
+    name: str, root: Path, download: bool, exc: Exception, how: str
+) -> DatasetUnavailable:
+    """The one-line error for dataset ``name`` missing from ``root``: it could not be
+    downloaded (``exc``, its first line), or, reading a run directory (``download`` off: a run
+    directory's recorded data directory is only read), it was not looked for online."""
+    if not download:
+        return DatasetUnavailable(
+            f"{name} is not in {root}, and espn downloads nothing into the data directory of a "
+            f"run directory it reads; pass --data-dir pointing at a directory that holds it "
+            f"(torchvision's layout), or fetch it there first ({how})"
+        )
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DatasetUnavailable(
+        f"{name} is not in {root} and could not be downloaded ({reason}); to get it: {how}"
+    )
+
+
 def default_data_dir() -> Path:
     """Where downloads go: ``$ESPN_DATA`` or ``~/.cache/espn/data``."""
     return Path(os.environ.get("ESPN_DATA", Path.home() / ".cache" / "espn" / "data"))
@@ -85,8 +103,5 @@ def load_mnist_like(
             s: cls(str(root), train=s == "train", download=download) for s in ("train", "test")
         }
     except Exception as exc:  # torchvision raises RuntimeError or URLError offline
-        raise DatasetUnavailable(
-            f"{name} is not in {root} and could not be downloaded ({exc}); "
-            f"to get it: {HOW_TO_GET[name]}"
-        ) from exc
+        raise unavailable(name, root, download, exc, HOW_TO_GET[name]) from exc
     return {s: (d.data.clone(), d.targets.clone().long()) for s, d in splits.items()}

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from espn import limits
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 from espn.errors import EspnError
@@ -40,7 +41,7 @@ ACCEPTED = "(x, y) tensors or an iterable of (x, y) batches (a DataLoader, a lis
 #: with ``len()`` is checked before it is read
 MAX_BATCHES = 1_000_000
 #: the most classes a task may have: labels up to 10^9 would allocate a head of 10^9 rows
-MAX_CLASSES = 100_000
+MAX_CLASSES = limits.MAX_CLASSES
 #: the most bytes of inputs one split may gather (the data are held on the training device)
 MAX_BYTES = 16 * 2**30
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from espn.errors import EspnError
+from espn.utils.io import JsonFileError, read_json
 
 RESULTS = "results.json"
 Number = int | float
@@ -52,9 +52,9 @@ def read_results(run_dir: Path | str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsError(f"{path} is not valid JSON ({exc})") from None
+        doc = read_json(path)
+    except JsonFileError as exc:
+        raise ResultsError(str(exc)) from None
     if not isinstance(doc, dict):
         raise ResultsError(f"{path} is not an espn results.json (not a JSON object)")
     try:

@@ -209,6 +209,62 @@ def _writing(path: Path) -> Iterator[None]:
         raise ExportError(f"--out {path}: cannot write it ({os_error_text(exc)})") from None
 
 
+def export_files(out: Path | str, also_onnx: bool | None = None) -> list[Path]:
+    """Every file an export to ``out`` writes: ``out``, with a ``.pt2`` the ``.onnx`` beside it
+    when ``also_onnx`` (None: when ONNX export is available), and the ``.json`` report."""
+    out = Path(out)
+    onnx = out.suffix == ".pt2" and (onnx_available() if also_onnx is None else also_onnx)
+    return [out, *([out.with_suffix(".onnx")] if onnx else []), out.with_suffix(".json")]
+
+
+#: what marks a directory as a run directory (its checkpoint manifest, its results)
+RUN_MARKS = ("checkpoint/manifest.json", "results.json")
+
+
+def _run_directory_of(path: Path, runs: list[Path]) -> Path | None:
+    """The run directory holding ``path``: one of ``runs``, or a directory above ``path``
+    with a checkpoint manifest or results.json; None when none does."""
+    for parent in path.parents:
+        if parent in runs or any((parent / mark).is_file() for mark in RUN_MARKS):
+            return parent
+    return None
+
+
+def _an_export(path: Path) -> bool:
+    """Whether the existing ``path`` is what an export writes: a ``.pt2``/``.onnx`` model, or
+    a ``.json`` report beside one."""
+    if path.suffix in FORMATS:
+        return True
+    return path.suffix == ".json" and any(path.with_suffix(s).is_file() for s in FORMATS)
+
+
+def check_not_replacing(files: list[Path], overwrite: bool, run: Path | str | None = None) -> None:
+    """Refuse, before any work, to write any of ``files`` (see :func:`export_files`) where it
+    would replace a file of a run directory (``run``, or any run directory it lies in): its
+    ``checkpoint/``, its results, plots or logs; only an earlier export there may be
+    replaced. Without ``overwrite``, refuse to replace any existing file."""
+    runs = [Path(run).resolve()] if run is not None else []
+    for file in files:
+        path = file.resolve()
+        owner = _run_directory_of(path, runs)
+        if owner is not None and (
+            path.is_relative_to(owner / "checkpoint")
+            or path.is_dir()
+            or (path.exists() and not _an_export(path))
+        ):
+            raise ExportError(
+                f"--out {files[0]} would write {file}, a file of the run directory {owner}; an "
+                "export never replaces a run's own files: choose another --out (outside its "
+                "checkpoint/, e.g. a new file in an exports/ directory)"
+            )
+    existing = [str(f) for f in files if f.exists()]
+    if existing and not overwrite:
+        raise ExportError(
+            f"--out {files[0]} would replace {', '.join(existing)}; pass --overwrite to replace "
+            f"{'it' if len(existing) == 1 else 'them'}, or choose another --out"
+        )
+
+
 def check_target(out: Path | str) -> Path:
     """Refuse, before any work, an output path that cannot be written: a directory, a path
     under a file, a directory without write permission, or an unknown suffix."""
@@ -237,6 +293,8 @@ def export_task(
     expected_flops: float | None = None,
     fold_bn: bool = True,
     transform: BatchTransform | None = None,
+    overwrite: bool = False,
+    run: Path | str | None = None,
 ) -> ExportReport:
     """Write task ``task`` as a slim standalone model to ``out`` and check it.
 
@@ -251,8 +309,14 @@ def export_task(
     model must match the supernet within :data:`TOLERANCE` (scaled by the largest output); ``expected_flops`` (e.g. from results.json)
     must equal the FLOPs measured on it. ``fold_bn`` folds each BatchNorm into the convolution
     before it (faster; outputs still checked). A ``.json`` report is written beside ``out``.
+    No file of a run directory (``run``, the one the supernet was read from, or any other that
+    ``out`` lies in) is ever replaced, and no other existing file unless ``overwrite`` (see
+    :func:`check_not_replacing`).
     """
     out = check_target(out)
+    if also_onnx is None:
+        also_onnx = out.suffix == ".pt2" and onnx_available()
+    check_not_replacing(export_files(out, also_onnx), overwrite, run)
     if not inputs:
         raise ExportError("export needs at least one batch of inputs to check the model on")
     if out.suffix == ".onnx" and not onnx_available():
@@ -302,8 +366,6 @@ def export_task(
         if measured_flops(loaded, raw_example) != program_flops:
             raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
         files.append(str(out))
-        if also_onnx is None:
-            also_onnx = onnx_available()
         if also_onnx:
             with _writing(out.with_suffix(".onnx")):
                 _write_onnx(program, raw_example, out.with_suffix(".onnx"))

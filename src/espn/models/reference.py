@@ -7,20 +7,25 @@ width=8)``) is recorded in its checkpoint by such a reference, so that ``espn ev
 functions are), is ever called, and only with literal arguments (numbers, strings, booleans,
 None, tuples, lists, dicts): a checkpoint cannot name an arbitrary callable to run.
 
-A run directory is data (it may have been downloaded), so reading one never imports a module
-it names: within :func:`reading_run` a reference is resolved only when its module is already
-imported in this process, was named by the user in this process (``--model``, ``espn.wrap``,
-a configuration built in Python), or the user opted in (``--trust-model-code``,
-``espn.load(..., trust_model_code=True)``).
+A run directory is data (it may have been downloaded), so reading one runs no code it names:
+within :func:`reading_run` a reference is resolved only when its factory is one of espn's own
+model builders (:func:`builtin_builders`: espn's model classes and torchvision's
+classification models), was handed to espn by the user in this process (``--model``,
+``espn.wrap``, a configuration built in Python), or the user opted in
+(``--trust-model-code``, ``espn.load(..., trust_model_code=True)``). Its arguments are checked
+too: none may ask for pretrained weights (a download), and the model they describe is first
+built on the ``meta`` device (no memory) and refused beyond :data:`espn.limits.MAX_MODEL_VALUES`.
+Being imported is not enough: an imported module (espn's own included) may hold functions
+annotated ``-> nn.Module`` that read files or unpickle.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
-import sys
 import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +36,7 @@ import torch
 from torch import nn
 
 from espn.errors import EspnError
+from espn.limits import MAX_MODEL_VALUES
 from espn.models.checks import check_plain_model
 from espn.models.convert import to_supernet
 from espn.models.registry import MODELS, ModelSpec
@@ -48,10 +54,15 @@ class ModelReferenceError(EspnError, ValueError):
 #: how to opt in to importing the code a run directory names
 TRUST_HINT = (
     "if you trust that code, pass --trust-model-code (espn evaluate/info/export), "
-    "trust_model_code=True (espn.load) or --model with the same reference (espn run)"
+    "trust_model_code=True or model=... (espn.load) or --model with the same reference "
+    "(espn run)"
 )
-#: modules the user named in this process (a reference given outside a run directory)
+#: factories (``module:attr``) the user named in this process (outside a run directory)
 _TRUSTED: set[str] = set()
+#: modules a run directory's reference may make espn import: espn's models, torchvision's
+_BUILDER_MODULES = re.compile(r"(espn\.models|torchvision\.models)(\..*)?")
+#: arguments that fetch weights (a download, a file) when set: refused from a run directory
+_WEIGHT_ARGUMENTS = re.compile(r".*(weights|pretrained).*")
 #: the run directory whose references are being read (None: the user's own references)
 _READING: ContextVar[str | None] = ContextVar("espn_reading_run", default=None)
 
@@ -67,16 +78,86 @@ def reading_run(where: object, trust_code: bool = False) -> Iterator[None]:
         _READING.reset(token)
 
 
-def _allowed(name: str, module: str) -> None:
-    """Refuse to import ``module`` for a reference read from a run directory, unless it is
-    already imported, was named by the user in this process, or the user opted in."""
+@functools.cache
+def builtin_builders() -> tuple[Any, ...]:
+    """The model builders a run directory may name without an opt-in: espn's model classes
+    and torchvision's classification model functions (a fixed list; ``get_model``, which
+    builds any model by name, is not one of them)."""
+    from torchvision import models as tv
+
+    from espn.models.fc import FCNet
+    from espn.models.mobilenet import MobileNetV2Small
+    from espn.models.resnet import ResNet
+    from espn.models.vit import ViT
+
+    torchvision = [tv.get_model_builder(n) for n in tv.list_models(module=tv)]
+    return (FCNet, MobileNetV2Small, ResNet, ViT, *torchvision)
+
+
+def _allowed(name: str, module: str, attr: str) -> None:
+    """Refuse to import ``module`` for a reference read from a run directory, unless it may
+    hold one of :func:`builtin_builders`, the user named this factory in this process, or
+    the user opted in; a factory the user names is remembered as theirs."""
+    where = _READING.get()
+    key = f"{module}:{attr}"
+    if where is None:
+        _TRUSTED.add(key)
+    elif key not in _TRUSTED and not _BUILDER_MODULES.fullmatch(module):
+        raise _untrusted(where, name, key)
+
+
+def _untrusted(where: str, name: str, key: str) -> ModelReferenceError:
+    return ModelReferenceError(
+        f"{where} names the model {name!r}, whose factory {key!r} is neither one of espn's "
+        "model builders nor one given to espn in this process; espn does not run code a run "
+        f"directory names: {TRUST_HINT}"
+    )
+
+
+def _check_read(name: str, key: str, factory: Any, kwargs: dict[str, Any]) -> None:
+    """For a reference read from a run directory (not opted in): refuse a factory that is
+    neither a builtin builder nor the user's, arguments asking for pretrained weights, and a
+    model beyond :data:`MAX_MODEL_VALUES` (counted on the ``meta`` device, before any
+    memory is allocated)."""
     where = _READING.get()
     if where is None:
-        _TRUSTED.add(module)
-    elif module not in sys.modules and module not in _TRUSTED:
+        return
+    builtin = any(factory is b for b in builtin_builders())
+    if not builtin and key not in _TRUSTED:
+        raise _untrusted(where, name, key)
+    fetch = sorted(k for k, v in kwargs.items() if _WEIGHT_ARGUMENTS.fullmatch(k) and v)
+    if fetch:
         raise ModelReferenceError(
-            f"{where} names the model {name!r}, whose module {module!r} is not imported in "
-            f"this process; espn does not import code a run directory names: {TRUST_HINT}"
+            f"{where} names the model {name!r}, whose argument(s) {', '.join(fetch)} would "
+            "load pretrained weights (a download or a file): a run directory's model is rebuilt "
+            "from its checkpoint alone; drop them, or pass --trust-model-code if you trust it"
+        )
+    # the user's own factory may not build on "meta": then it is not counted
+    check_model_size(where, name, lambda: factory(**kwargs), strict=builtin)
+
+
+def check_model_size(
+    where: object, name: str, build: Callable[[], nn.Module], strict: bool = True
+) -> None:
+    """Build the model ``build`` makes on the ``meta`` device (no memory) and refuse it when
+    it holds more than :data:`MAX_MODEL_VALUES` parameters and buffers; a model that cannot
+    be built there is refused if ``strict`` (espn's builders all can), else let through."""
+    try:
+        with torch.device("meta"):
+            probe = build()
+        values = sum(t.numel() for t in (*probe.parameters(), *probe.buffers()))
+    except Exception as exc:
+        if not strict:
+            return
+        reason = (str(exc).splitlines() or [""])[0]
+        raise ModelReferenceError(
+            f"{where} names the model {name!r}, which cannot be built from what it records "
+            f"({type(exc).__name__}: {reason})"
+        ) from None
+    if values > MAX_MODEL_VALUES:
+        raise ModelReferenceError(
+            f"{where} names the model {name!r} of {values} parameters and buffers, more than "
+            f"the {MAX_MODEL_VALUES} espn builds for a run directory; refused"
         )
 
 
@@ -151,14 +232,16 @@ def factory_of(name: str) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
     """Import the reference's factory (if allowed, see :func:`reading_run`) and check it
     (see :func:`check_factory`), calling nothing; with its keyword arguments."""
     module_name, attr, kwargs = parse(name)
-    _allowed(name, module_name)
+    _allowed(name, module_name, attr)
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ModelReferenceError(f"model {name!r} cannot be imported here: {exc}") from None
-    return check_factory(obj, f"{module_name}:{attr}"), kwargs
+    factory = check_factory(obj, f"{module_name}:{attr}")
+    _check_read(name, f"{module_name}:{attr}", factory, kwargs)
+    return factory, kwargs
 
 
 def build(name: str) -> nn.Module:

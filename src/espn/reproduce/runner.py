@@ -20,7 +20,7 @@ from espn.reproduce.target import (
     parse_name,
 )
 from espn.sweep import Point, PointOutcome, SweepOptions, run_sweep
-from espn.utils.io import atomic_target
+from espn.utils.io import atomic_target, read_json, write_json_atomic
 
 
 @dataclass
@@ -79,7 +79,7 @@ def _complete(doc: dict[str, Any] | None) -> bool:
 def _read(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's results with at least one finished task, else None."""
     try:
-        doc = json.loads((Path(run_dir) / "results.json").read_text())
+        doc = read_json(Path(run_dir) / "results.json")
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("final_accuracy") else None
@@ -99,17 +99,44 @@ def _build(target: Target, runs: list[Run], missing: list[str], scale: str | Non
     table = target.table(used)
     table.incomplete = sorted([*missing, *(r.name for r in runs if r not in used)])
     table.scale = scale
+    table.points = [r.name for r in used]
     return table
 
 
+def points_file(out: Path, target: str) -> Path:
+    """``OUT/TARGET.points.json``: the run directories the target's table was built from."""
+    return Path(out) / f"{target}.points.json"
+
+
 def write_outputs(target: Target, table: Table, out: Path) -> list[Path]:
-    """``OUT/TARGET.csv``, ``.md`` and ``.png``, each written atomically."""
+    """``OUT/TARGET.csv``, ``.md`` and ``.png``, each written atomically, and the names of the
+    run directories they were built from (:func:`points_file`), written last."""
     paths = [out / f"{target.name}.{ext}" for ext in ("csv", "md", "png")]
     table.write_csv(paths[0])
     with atomic_target(paths[1]) as tmp:
         tmp.write_text(table.markdown())
     target.plot(table, paths[2])
+    write_json_atomic(points_file(out, target.name), {"points": table.points})
     return paths
+
+
+def lost_points(out: Path, table: Table) -> list[str]:
+    """The run directories that ``table``'s earlier version (as :func:`points_file` records
+    it) was built from and that ``table`` lacks: deleted, moved, or no longer finished."""
+    path = points_file(out, table.target)
+    try:
+        doc = read_json(path)
+    except FileNotFoundError:
+        return []  # no earlier table, or one written before the points were recorded
+    except (OSError, ValueError) as exc:
+        raise ReproduceError(
+            f"report: {path} is unreadable ({exc}), so it cannot be told whether {table.target}'s "
+            "table would lose rows; no table was rewritten: delete it to build the table anew"
+        ) from None
+    earlier = doc.get("points") if isinstance(doc, dict) else None
+    if not isinstance(earlier, list):
+        earlier = []
+    return sorted(set(map(str, earlier)) - set(table.points))
 
 
 def collect(
@@ -262,12 +289,26 @@ def report(out: Path, targets: list[str] | None = None) -> list[TargetResult]:
             "rewritten: " + "; ".join(unusable) + "; rerun those points (espn reproduce ... "
             "--overwrite) or move them out of the directory"
         )
-    results = []
+    tables = {}
     for name in wanted:
-        target = TARGETS.get(name)
-        runs, missing = found[name]
         seen = scales.get(name, set())
         scale = next(iter(seen)) if len(seen) == 1 else "mixed" if seen else None
-        table = _build(target, runs, missing, scale)
-        results.append(TargetResult(name, table, write_outputs(target, table, out)))
-    return results
+        tables[name] = _build(TARGETS.get(name), *found[name], scale)
+    lost = {name: names for name, table in tables.items() if (names := lost_points(out, table))}
+    if lost:
+        raise ReproduceError(
+            "report: "
+            + "; ".join(
+                f"{name}'s table was built from {len(names)} run director(ies) that are now "
+                f"missing or unfinished ({', '.join(names)})"
+                for name, names in lost.items()
+            )
+            + ", so no table was rewritten (a complete table is never replaced by a partial "
+            "one): restore them, or rerun those points (espn reproduce TARGET ... with the same "
+            "--out); to build the tables from what is left, delete "
+            + ", ".join(points_file(out, name).name for name in lost)
+        )
+    return [
+        TargetResult(name, table, write_outputs(TARGETS.get(name), table, out))
+        for name, table in tables.items()
+    ]

@@ -55,6 +55,8 @@ class Table:
     appendix: str = ""  # more markdown after the notes (e.g. the paper's own table)
     #: the scale of the runs (smoke, cpu, paper, mixed, unknown; None: not known to the table)
     scale: str | None = None
+    #: the run directories (point names) the rows were built from
+    points: list[str] = field(default_factory=list)
 
     def column(self, name: str, **where: Any) -> list[Any]:
         """The values of ``name`` in the rows matching every ``key=value`` of ``where``."""

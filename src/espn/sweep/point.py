@@ -11,7 +11,6 @@ without ``overwrite``, see :func:`espn.sweep.runner.check_not_replacing`).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 import traceback
@@ -22,7 +21,7 @@ from typing import Any
 from espn.checkpoint.run import option_differences, saved_config
 from espn.config import RunConfig, make_config
 from espn.sweep.spec import Point
-from espn.utils.io import write_json_atomic
+from espn.utils.io import read_json, write_json_atomic
 
 LOG_NAME = "log.txt"
 STATUSES = ("done", "reused", "resumed", "failed")
@@ -44,7 +43,7 @@ class PointOutcome:
 def finished_results(cfg: RunConfig) -> dict[str, Any] | None:
     """The results of an earlier complete run of exactly ``cfg`` (output path aside)."""
     try:
-        doc = json.loads((Path(cfg.out) / "results.json").read_text())
+        doc = read_json(Path(cfg.out) / "results.json")
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or not doc.get("complete"):
@@ -61,7 +60,7 @@ def resumable(cfg: RunConfig) -> bool:
 def _results_config(run_dir: Path) -> dict[str, Any] | None:
     """The options recorded in ``run_dir/results.json``, if it is readable."""
     try:
-        doc = json.loads((run_dir / "results.json").read_text())
+        doc = read_json(run_dir / "results.json")
     except (OSError, ValueError):
         return None
     config = doc.get("config") if isinstance(doc, dict) else None

@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from espn.presets import FILE_SUFFIXES as PRESET_SUFFIXES
 from espn.sweep.point import LOG_NAME, PointOutcome, changed_options, reused_outcome, run_point
 from espn.sweep.spec import Point, SweepError, validate_points
+from espn.utils.text import printable
 
 RAY_MISSING = (
     "running points on a Ray cluster needs Ray, which is not installed: pip install "
@@ -109,6 +110,7 @@ def run_sweep(
     out = Path(out).resolve()  # Ray workers need not share this process's directory
     check_resources(workers, cpus_per_run, gpus_per_run)
     validate_points(points, out)
+    check_inside(points, out)
     # fixed: in-process points redirect sys.stdout to logs; text printed as written (no markup)
     console = Console(file=sys.stdout, markup=False)
     outcomes: dict[str, PointOutcome] = {}
@@ -206,6 +208,18 @@ def check_ray_target(address: str | None, gpus_per_run: float) -> None:
             f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with "
             "`ray start --head` there, or leave out --ray-address to run on this machine"
         ) from None
+
+
+def check_inside(points: Sequence[Point], out: Path) -> None:
+    """Refuse a point whose directory ``out/<name>`` is a symbolic link (or otherwise lies
+    outside ``out``): a sweep reads, resumes and replaces only runs inside its ``--out``."""
+    for p in points:
+        run_dir = out / p.name
+        if run_dir.is_symlink() or (run_dir.exists() and run_dir.resolve().parent != out):
+            raise SweepError(
+                f"point {p.name}: {run_dir} is a link to {run_dir.resolve()}; a sweep reads and "
+                f"writes only inside --out {out}: remove the link, or choose another --out"
+            )
 
 
 def check_not_replacing(points: Sequence[Point], out: Path) -> None:
@@ -358,4 +372,6 @@ class _Reporter:
     def _report(self, outcome: PointOutcome) -> None:
         self.bar.advance(self.task)
         if self.show:
-            self.bar.console.print(outcome_line(outcome), highlight=False, soft_wrap=True)
+            self.bar.console.print(
+                printable(outcome_line(outcome)), highlight=False, soft_wrap=True
+            )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from espn.config import ConfigError, RunConfig, make_config, run_option_names
+from espn.limits import MAX_FORMAT_WIDTH
 from espn.utils.documents import MAX_VALUES, load_document
 from espn.utils.documents import check_size as check_document_size
 
@@ -80,6 +82,25 @@ def check_size(value: Any, limit: int = MAX_VALUES) -> None:
     check_document_size(value, "sweep spec", SweepError, limit)
 
 
+def check_template(template: str) -> None:
+    """Refuse a point-name template whose fields ask for a width or precision beyond
+    :data:`espn.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}`` would build a 1 GB name) or
+    nest fields in a format spec; before any name is formatted."""
+    try:
+        fields = [
+            (f, s or "") for _, f, s, _ in string.Formatter().parse(template) if f is not None
+        ]
+    except ValueError as exc:
+        raise SweepError(f"sweep spec: name template {template!r} is not valid ({exc})") from None
+    for field, format_spec in fields:
+        sizes = [int(n) for n in re.findall(r"\d+", format_spec)]
+        if "{" in format_spec or any(n > MAX_FORMAT_WIDTH for n in sizes):
+            raise SweepError(
+                f"sweep spec: name template {template!r} formats {field!r} with "
+                f"{format_spec!r}; widths and precisions up to {MAX_FORMAT_WIDTH} are accepted"
+            )
+
+
 def expand_spec(spec: Any) -> list[Point]:
     """The points of a sweep spec (see the module docstring), validated: size, keys, grid
     lists, unique names and every point's configuration (before anything runs)."""
@@ -117,6 +138,8 @@ def expand_spec(spec: Any) -> list[Point]:
     template = spec.get("name")
     if template is not None and not isinstance(template, str):
         raise SweepError(f"sweep spec: 'name' must be a format string, got {template!r}")
+    if template is not None:
+        check_template(template)
     points = []
     for combo in itertools.product(*grid.values()):
         values = dict(zip(grid, combo, strict=True))

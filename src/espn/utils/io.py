@@ -15,6 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from espn.errors import EspnError
+
+#: the largest JSON file espn reads from a run directory (a results.json of thousands of
+#: tasks is a few MiB), and its deepest nesting (espn writes at most 6 levels)
+MAX_JSON_BYTES = 64 * 2**20
+MAX_JSON_DEPTH = 64
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -48,6 +55,50 @@ def write_json_atomic(path: Path | str, data: object) -> None:
     """Write ``data`` as indented JSON, atomically."""
     with atomic_target(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
+
+
+class JsonFileError(EspnError, ValueError):
+    """A JSON file is unreadable, not JSON, or beyond :data:`MAX_JSON_BYTES` or
+    :data:`MAX_JSON_DEPTH`; the message names the file and says which."""
+
+
+def read_json(path: Path | str) -> Any:
+    """The JSON document in ``path``, refused (:class:`JsonFileError`) before it is read if the
+    file is larger than :data:`MAX_JSON_BYTES`, and once parsed if it nests deeper than
+    :data:`MAX_JSON_DEPTH` (so a small hostile file cannot exhaust memory or the stack);
+    ``OSError`` as ``open`` raises it."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise JsonFileError(
+            f"{path} is {size} bytes, larger than the {MAX_JSON_BYTES} espn reads; refused"
+        )
+    try:
+        doc = json.loads(path.read_bytes().decode("utf-8"))
+    except RecursionError:
+        doc, deep = None, True
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise JsonFileError(f"{path} is not valid JSON ({exc})") from None
+    else:
+        deep = _depth_beyond(doc, MAX_JSON_DEPTH)
+    if deep:
+        raise JsonFileError(
+            f"{path} nests JSON deeper than the {MAX_JSON_DEPTH} levels espn reads; refused"
+        )
+    return doc
+
+
+def _depth_beyond(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` holds lists or objects nested more than ``limit`` deep (no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def write_csv(path: Path | str, rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> Path:
