@@ -130,8 +130,10 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     try:
         manifest = read_json(path)
     except JsonFileError as exc:
+        if exc.syntax is None:  # beyond a size limit
+            raise CheckpointError(str(exc)) from None
         raise CheckpointError(
-            f"{exc} (the checkpoint manifest is truncated or corrupted)"
+            f"{path} is truncated or corrupted (not valid JSON: {exc.syntax})"
         ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise CheckpointError(f"{path} is not an espn checkpoint manifest")

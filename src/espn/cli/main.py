@@ -125,7 +125,9 @@ def run(
         doc = run_experiment(
             cfg,
             progress=progress,
-            on_task_end=None if quiet else lambda line: console.print(line, soft_wrap=True),
+            on_task_end=None
+            if quiet
+            else lambda line: console.print(printable(line), soft_wrap=True),  # names from data
             resume=resume,
             overwrite=overwrite,
             on_warning=warn,

@@ -58,8 +58,13 @@ def write_json_atomic(path: Path | str, data: object) -> None:
 
 
 class JsonFileError(EspnError, ValueError):
-    """A JSON file is unreadable, not JSON, or beyond :data:`MAX_JSON_BYTES` or
-    :data:`MAX_JSON_DEPTH`; the message names the file and says which."""
+    """A JSON file is not JSON, or beyond :data:`MAX_JSON_BYTES` or :data:`MAX_JSON_DEPTH`;
+    the message names the file and says which (``syntax``: the parser's words, when it is
+    not valid JSON)."""
+
+    def __init__(self, message: str, syntax: str | None = None) -> None:
+        super().__init__(message)
+        self.syntax = syntax
 
 
 def read_json(path: Path | str) -> Any:
@@ -78,7 +83,7 @@ def read_json(path: Path | str) -> Any:
     except RecursionError:
         doc, deep = None, True
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise JsonFileError(f"{path} is not valid JSON ({exc})") from None
+        raise JsonFileError(f"{path} is not valid JSON ({exc})", syntax=str(exc)) from None
     else:
         deep = _depth_beyond(doc, MAX_JSON_DEPTH)
     if deep:
