@@ -26,16 +26,16 @@ class DatasetUnavailable(EspnError, RuntimeError):
 
 
 def unavailable(
-    name: str, root: Path, download: bool, exc: Exception, how: str
+    name: str, root: Path | str, download: bool, exc: Exception | None, how: str
 ) -> DatasetUnavailable:
-    """The one-line error for dataset ``name`` missing from ``root``: it could not be
-    downloaded (``exc``, its first line), or, reading a run directory (``download`` off: a run
-    directory's recorded data directory is only read), it was not looked for online."""
+    """The one-line error for dataset ``name`` missing from ``root`` (where it was looked
+    for): it could not be downloaded (``exc``, its first line), or ``download`` was off (a run
+    directory's recorded data directory is only read; the Python loaders' default)."""
     if not download:
         return DatasetUnavailable(
-            f"{name} is not in {root}, and espn downloads nothing into the data directory of a "
-            f"run directory it reads; pass --data-dir pointing at a directory that holds it "
-            f"(torchvision's layout), or fetch it there first ({how})"
+            f"{name} is not in {root}, and espn downloads nothing here (a run directory's data "
+            f"directory is only read): pass --data-dir pointing at a directory that holds it "
+            f"(torchvision's layout); to get it: {how}, or pass download=True"
         )
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return DatasetUnavailable(
@@ -93,11 +93,8 @@ def load_mnist_like(
             if found is not None:
                 return found
     if not download:
-        raise DatasetUnavailable(
-            f"{name} is not in {root} (nor in {raw_dir}"
-            + (f" or {offline}" if offline is not None else "")
-            + f"); to get it: {HOW_TO_GET[name]}, or pass download=True"
-        )
+        where = f"{root} (nor in {raw_dir}" + (f" or {offline}" if offline else "") + ")"
+        raise unavailable(name, where, download, None, HOW_TO_GET[name])
     try:
         splits = {
             s: cls(str(root), train=s == "train", download=download) for s in ("train", "test")
