@@ -14,10 +14,11 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist
 fi
 if python3 -c "import torch" 2>/dev/null; then
-  # keep the installed torch: pip may add torchvision and the rest, never another torch
+  # keep the installed torch: pin its distribution version, so that pip adds torchvision and
+  # the rest for it and never installs another torch
   keep=$(mktemp)
   trap 'rm -f "$keep"' EXIT
-  python3 -c "import torch; print('torch==' + torch.__version__)" >"$keep"
+  python3 -c "from importlib.metadata import version; print('torch==' + version('torch'))" >"$keep"
   python3 -m pip install -q -c "$keep" -e .
 else
   python3 -m pip install -q torch==2.14.1 torchvision==0.29.1
