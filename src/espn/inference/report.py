@@ -46,15 +46,15 @@ def plot_confusion(doc: dict[str, Any], path: Path, names: list[str] | None = No
     counts = doc["confusion"]
     n = len(counts)
     shares = [[100.0 * c / max(sum(row), 1) for c in row] for row in counts]
-    fig, ax = plt.subplots(figsize=(2.0 + 0.45 * n, 1.6 + 0.45 * n))
+    fig, ax = plt.subplots(figsize=(4.5 + 0.45 * n, 2.0 + 0.45 * n))
     image = ax.imshow(shares, vmin=0, vmax=100, cmap="Blues")
     ax.set(
         xlabel="task picked",
         ylabel="true task",
         xticks=range(n),
         yticks=range(n),
-        title=f"rule {doc['rule']}: task picked right "
-        f"{doc['average']['task_picked']:.1f}% per sample",
+        title=f"rule {doc['rule']}\ntask picked right for "
+        f"{doc['average']['task_picked']:.1f}% of the samples",
     )
     if names is not None and n <= 12:
         ax.set_yticks(range(n), [f"{j}: {name}" for j, name in enumerate(names)])
