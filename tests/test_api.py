@@ -355,7 +355,7 @@ def test_the_learner_trains_mtl_as_espn_run_does(tmp_path: Path) -> None:
 
     torch.manual_seed(0)  # espn run seeds the model's initialisation with --seed 0
     sn = espn.wrap(model, torch.zeros(2, 1, 8, 8))
-    learner = espn.ContinualLearner(sn, "mtl", epochs=(1, 1, 1), batch_size=16, finetune_lr=1e-3)
+    learner = espn.ContinualLearner(sn, "mtl", epochs=(1, 1, 1), batch_size=16)
     with pytest.raises(ValueError, match="method 'mtl' trains all tasks together"):
         learner.learn(*data[0])
     records = learner.learn_all(data)

@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
 import espn.training.engine as engine_module
-from espn.checkpoint.run import RunCheckpoint
 from espn.cli.main import app
 from espn.config import make_config
 from espn.data.registry import BENCHMARKS, Benchmark
 from espn.experiment import run_experiment
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
+from espn.run_directory import RunDirectory
 from helpers.deploy import (
     Killed,
     TinyResNet,
@@ -191,23 +191,30 @@ def test_conv_model_with_batchnorm_resumes_exactly(tmp_path, monkeypatch, tiny_c
     assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
 
 
-def test_killed_between_results_and_checkpoint_of_a_task(tmp_path, monkeypatch, reference):
+def test_killed_between_the_checkpoint_and_results_of_a_task(tmp_path, monkeypatch, reference):
+    """The checkpoint of a finished task is committed first, results.json rewritten from it:
+    a kill in between leaves results one task behind (never listing a task the checkpoint
+    lacks), and the resumed run rewrites them and ends as an uninterrupted run."""
     out = tmp_path / "run"
     cfg = make_config(**run_options(out))
-    real = RunCheckpoint.task_done
+    real = RunDirectory.write_results
     calls = {"n": 0}
 
-    def task_done(self, *args):
+    def write_results(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 2:
             raise Killed
-        return real(self, *args)
+        return real(self, *args, **kwargs)
 
     with monkeypatch.context() as mp:
-        mp.setattr(RunCheckpoint, "task_done", task_done)
+        mp.setattr(RunDirectory, "write_results", write_results)
         with pytest.raises(Killed):
             run_experiment(cfg, progress=False)
-    assert len(json.loads((out / "results.json").read_text())["accuracy_matrix"]) == 2
+    assert len(json.loads((out / "results.json").read_text())["accuracy_matrix"]) == 1
+    manifest = json.loads((out / "checkpoint" / "manifest.json").read_text())
+    assert len(manifest["tasks"]) == 2 and manifest["training"] is None
+    result = runner.invoke(app, ["show", str(out)])  # what show lists, evaluate has
+    assert result.exit_code == 0, result.output
     run_experiment(cfg, progress=False, resume=True)
     assert fingerprint(out) == reference
 

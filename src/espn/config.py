@@ -10,7 +10,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from espn.data.order import TASK_ORDERS
-from espn.data.registry import BENCHMARKS, RunDefaults
+from espn.data.registry import BENCHMARKS, REGIMES, RunDefaults
 from espn.data.sizes import MAX_COUNT, normalise_train_sizes, resolve_train_sizes
 from espn.errors import EspnError
 from espn.methods.base import (
@@ -205,6 +205,12 @@ class RunConfig(BaseModel):
         description="Mixed precision: float16 + loss scaling on CUDA; bfloat16 on a CPU, "
         "which warns (rarely faster there).",
     )
+    recipe: str | None = Field(
+        None,
+        description="Whose recipe fills the options left out: a benchmark's name, or a data "
+        "regime ('mnist': FC networks on small images, 'cifar': conv networks); default: the "
+        "benchmark's.",
+    )
     folders: tuple[Path, ...] = Field(
         (), description="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
     )
@@ -265,9 +271,14 @@ class RunConfig(BaseModel):
         method = data.get("method") or values.get("method") or "espn"
         if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
             values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
-        benchmark = str(data.get("benchmark") or values.get("benchmark"))
-        if method in METHODS and benchmark in BENCHMARKS:  # the method's recipe wins
-            regime = BENCHMARKS.get(benchmark).defaults.get("regime", "")
+        source = str(
+            data.get("recipe")
+            or values.get("recipe")
+            or data.get("benchmark")
+            or values.get("benchmark")
+        )
+        if method in METHODS and _is_recipe(source):  # the method's recipe wins
+            regime = recipe_defaults(source).get("regime", "")
             for key in METHODS.get(method).run_defaults(regime):
                 values.pop(key, None)
         return _need_benchmark(gather_method_options(merge(values, data)))
@@ -299,6 +310,13 @@ class RunConfig(BaseModel):
     @classmethod
     def _benchmark(cls, v: str) -> str:
         BENCHMARKS.get(v)
+        return v
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, v: str | None) -> str | None:
+        if v is not None:
+            recipe_defaults(v)
         return v
 
     @field_validator("method")
@@ -472,9 +490,8 @@ class RunConfig(BaseModel):
                 "(init_weights); methods that can: "
                 + ", ".join(n for n in METHODS.names() if METHODS.get(n).accepts_pretrained)
             )
-        d = cast(
-            RunDefaults, bench.defaults | strategy.run_defaults(bench.defaults.get("regime", ""))
-        )
+        base = recipe_defaults(self.recipe or self.benchmark)
+        d = cast(RunDefaults, base | strategy.run_defaults(base.get("regime", "")))
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         self.betas = self.betas or d.get("betas", (0.9, 0.999))
         self.gamma = (
@@ -643,6 +660,23 @@ def _takes_recipe_alpha(strategy: type[Strategy]) -> bool:
     return strategy.uses_alpha and strategy.default_alpha is None
 
 
+def _is_recipe(name: str) -> bool:
+    return name in REGIMES or name in BENCHMARKS
+
+
+def recipe_defaults(name: str) -> RunDefaults:
+    """The values a recipe gives the options left out: a data regime's (``mnist``,
+    ``cifar``), else the benchmark's of that name."""
+    if name in REGIMES:
+        return REGIMES.get(name)
+    if name in BENCHMARKS:
+        return BENCHMARKS.get(name).defaults
+    raise ValueError(
+        f"unknown recipe {name!r}; choose a regime ({', '.join(REGIMES.names())}) or a "
+        f"benchmark ({', '.join(BENCHMARKS.names())})"
+    )
+
+
 def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
     if data.get("benchmark") is None:
         raise ValueError(
@@ -667,6 +701,34 @@ def run_settings(cfg: MethodConfig, strategy: type[Strategy]) -> dict[str, Any]:
     if not strategy.uses_gamma:
         values.pop("pruner", None)
     return values
+
+
+#: the run options that shape how tasks are learned, whatever the data: the settings of
+#: :class:`espn.ContinualLearner` under the same names (the others say which data to learn,
+#: and where results go)
+TRAINING_SETTINGS = (
+    "gamma",
+    "alpha",
+    "epochs",
+    "optimizer",
+    "lr",
+    "batch_size",
+    "weight_decay",
+    "momentum",
+    "betas",
+    "warmup",
+    "finetune_lr",
+    "finetune_schedule",
+    "method_options",
+    "task_affine",
+    "prune_updates_per_epoch",
+    "eval_every",
+    "seed",
+    "amp",
+    "step_floor",
+    "reference_size",
+    "preset",
+)
 
 
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:

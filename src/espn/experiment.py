@@ -1,42 +1,36 @@
-"""A continual-learning run: build benchmark, supernet and method, train task after task,
-evaluate every task seen so far, write ``results.json`` and ``accuracy.png``."""
+"""``espn run``'s assembly: build the benchmark and the supernet a run configuration names,
+hand them to the one learner (:class:`espn.learner.ContinualLearner`) with the run
+directory (:mod:`espn.run_directory`) attached."""
 
 from __future__ import annotations
 
-import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from espn import __version__
 from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_source
-from espn.checkpoint.format import CheckpointError, checkpoint_dir, manifest_or_none
+from espn.checkpoint.format import checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
-from espn.checkpoint.run import RunCheckpoint, check_out_dir
-from espn.config import ConfigError, RunConfig, check_applicable, make_config, resolved
+from espn.checkpoint.run import check_out_dir
+from espn.config import ConfigError, RunConfig, check_applicable, make_config
 from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence, prepended
-from espn.evaluation.metrics import (
-    average_accuracy,
-    backward_transfer,
-    final_accuracy,
-    forgetting,
-)
-from espn.evaluation.plots import plot_run
-from espn.evaluation.storage import storage_report
-from espn.learning import Learned, TaskRunner
-from espn.methods.base import METHODS
+from espn.learner import ContinualLearner
+from espn.loggers import DEFAULT_LOG_EVERY, check_log_every, logger_names
 from espn.models import registry as models
 from espn.models.registry import ModelSpec
 from espn.preflight import check_run
+from espn.run_directory import RunDirectory, results_document
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine, TrainingStopped
-from espn.utils.io import os_error_text, write_json_atomic
+from espn.training.callbacks import Callback
+from espn.training.engine import TrainingStopped
+
+__all__ = ["build_benchmark", "build_supernet", "results_document", "run", "run_experiment"]
 
 
 def build_benchmark(cfg: RunConfig, download: bool = True) -> TaskSequence:
@@ -74,46 +68,6 @@ def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
     first = seq.tasks[0]
     example = first.transform(first.train.x[first.train.index[:2]], False)
     return models.build_supernet(str(cfg.model), spec, example, cfg.seed, cfg.device)
-
-
-def results_document(
-    cfg: RunConfig,
-    seq: TaskSequence,
-    supernet: Supernet,
-    rows: list[list[float] | None],
-    per_task: list[dict],
-) -> dict[str, Any]:
-    """The ``results.json`` document of a (possibly unfinished) run.
-
-    ``rows`` has one accuracy row per training step (per task, or a single row for MTL's
-    joint training), None where ``eval_every`` skipped the evaluation; ``per_task`` one
-    record per learned task.
-    """
-    column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
-    rows_seen = any(r is not None for r in rows)
-    storage = storage_report(supernet, METHODS.get(cfg.method).weights)
-    return {
-        "espn_version": __version__,
-        "method": cfg.method,
-        "benchmark": cfg.benchmark,
-        "model": cfg.model,
-        "seed": cfg.seed,
-        "gamma": cfg.gamma,
-        "alpha": cfg.alpha,
-        "config": cfg.model_dump(mode="json"),
-        "task_names": seq.names(len(per_task)),
-        "complete": len(per_task) == len(seq),
-        "accuracy_matrix": rows,
-        "final_accuracy": final_accuracy(rows) if rows_seen else [],
-        "average_accuracy": average_accuracy(rows) if rows_seen else None,
-        "forgetting": forgetting(rows) if rows_seen else [],
-        "backward_transfer": backward_transfer(rows) if rows_seen else None,
-        "dense_flops": supernet.dense_flops,
-        "total_weights": supernet.total_weights,
-        "storage_bytes": storage["total"],
-        "storage": storage,
-        **column,
-    }
 
 
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
@@ -155,6 +109,8 @@ def run_experiment(
     overwrite: bool = False,
     seq: TaskSequence | None = None,
     on_warning: Callable[[str], None] | None = None,
+    loggers: Sequence[Callback | str] = (),
+    log_every: int = DEFAULT_LOG_EVERY,
 ) -> dict[str, Any]:
     """Run ``cfg`` to the end; results are rewritten atomically after every evaluated task
     (every ``cfg.eval_every`` tasks and the last), and the checkpoint in ``<out>/checkpoint``
@@ -168,8 +124,12 @@ def run_experiment(
     Training stops with :class:`TrainingStopped` (the last good checkpoint kept) rather than
     commit a task that breaks a budget or learned from a non-finite loss. ``seq``, when given,
     is the benchmark ``cfg`` names, built once by the caller (so that another library can be
-    handed the very same tensors, see ``benchmarks/peer_packnet.py``).
+    handed the very same tensors, see ``benchmarks/peer_packnet.py``). ``loggers`` are
+    callbacks or logger names (``espn run --log``) told of every step, epoch and task, the
+    loggers reading the loss every ``log_every`` steps.
     """
+    logger_names(loggers)  # a bad name is refused before any work
+    check_log_every(log_every)
     check_run(cfg)
     check_out_dir(cfg.out, resume, overwrite)
     with run_lock(cfg.out):
@@ -178,7 +138,9 @@ def run_experiment(
             for name in ("results.json", "accuracy.png"):
                 (Path(cfg.out) / name).unlink(missing_ok=True)
         try:
-            return _run_locked(cfg, progress, on_task_end, resume, on_warning, seq)
+            return _run_locked(
+                cfg, progress, on_task_end, resume, on_warning, seq, (loggers, log_every)
+            )
         except TrainingStopped as exc:
             raise TrainingStopped(f"{exc}; {_kept(cfg)}") from None
 
@@ -190,6 +152,8 @@ def run(
     on_task_end: Callable[[str], None] | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    loggers: Sequence[Callback | str] = (),
+    log_every: int = DEFAULT_LOG_EVERY,
     **options: Any,
 ) -> dict[str, Any]:
     """One run as ``espn run`` makes it, from Python: its ``results.json`` document.
@@ -201,7 +165,8 @@ def run(
     The run directory ``out`` gets what the CLI writes (``results.json``, ``accuracy.png``,
     ``checkpoint/``); ``resume`` and ``overwrite`` are the CLI's ``--resume``/``--overwrite``,
     ``progress`` shows the progress bar, ``on_task_end`` receives the per-task lines, and what
-    the run could not do as asked is issued as a Python warning (and kept in the document).
+    the run could not do as asked is issued as a Python warning (and kept in the document);
+    ``loggers`` and ``log_every`` as in :class:`~espn.learner.ContinualLearner`.
 
     Example: ``espn.run(benchmark="permuted-fashion-mnist", tasks=2, train_per_task=500,
     out="runs/mine")["average_accuracy"]``.
@@ -220,6 +185,8 @@ def run(
         resume=resume,
         overwrite=overwrite,
         on_warning=lambda line: warnings.warn(line, UserWarning, stacklevel=3),
+        loggers=loggers,
+        log_every=log_every,
     )
 
 
@@ -236,44 +203,6 @@ def _kept(cfg: RunConfig) -> str:
     )
 
 
-def task_done(
-    cfg: RunConfig,
-    seq: TaskSequence,
-    supernet: Supernet,
-    runner: TaskRunner,
-    ckpt: RunCheckpoint,
-    notes: list[str],
-    elapsed: float,
-) -> dict[str, Any]:
-    """After a step: rewrite ``results.json``, then the checkpoint; the new document."""
-    out = Path(cfg.out)
-    doc = results_document(cfg, seq, supernet, runner.rows, runner.records)
-    doc |= {"warnings": notes, "wall_time_s": elapsed}
-    try:
-        write_json_atomic(out / "results.json", doc)
-    except OSError as exc:
-        raise CheckpointError(
-            f"could not write {out / 'results.json'} ({os_error_text(exc)}); the checkpoint "
-            f"in {checkpoint_dir(out)} is intact and --resume continues from it"
-        ) from None
-    ckpt.task_done(seq, doc["wall_time_s"])
-    return doc
-
-
-def task_line(learned: Learned, records: list[dict[str, Any]], n_tasks: int, name: str) -> str:
-    """The one-line summary of a learned step (the mean accuracy of MTL's tasks)."""
-    tasks, row = learned.tasks, learned.row
-    acc = "-" if row is None else f"{sum(row[tasks.start :]) / len(tasks):.2f}%"
-    new = sum(r["new_weights"] for r in records[tasks.start :])
-    last = records[-1]
-    which = f"task {tasks.start}" if len(tasks) == 1 else f"tasks {tasks.start}..{tasks.stop - 1}"
-    return (
-        f"{which} ({tasks.stop}/{n_tasks} done) {name}: acc {acc}  "
-        f"FLOPs {last['flops_ratio']:.3f}  "
-        f"new weights {new}/{last['weight_budget']}  ({learned.log.seconds:.1f}s)"
-    )
-
-
 def _run_locked(
     cfg: RunConfig,
     progress: bool,
@@ -281,59 +210,41 @@ def _run_locked(
     resume: bool,
     on_warning: Callable[[str], None] | None,
     seq: TaskSequence | None,
+    logging: tuple[Sequence[Callback | str], int],
 ) -> dict[str, Any]:
-    start = time.perf_counter()
-    out = Path(cfg.out)
+    """Assemble the run: the benchmark and the model, handed to the one learner with the run
+    directory attached."""
     seq = build_benchmark(cfg) if seq is None else seq
     source = None if cfg.from_run is None else open_source(cfg)
     if source is not None:
         check_compatible(cfg, source, seq)
     supernet = build_supernet(cfg, seq)
-    strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(
-        supernet,
-        strategy,
-        cfg.optim_config(),
-        int(resolved(cfg.batch_size, "batch_size")),
-        cfg.seed,
-        progress,
-        amp=cfg.amp,
-        reference_size=cfg.floor_reference(),
+    loggers, log_every = logging
+    learner = ContinualLearner.from_config(
+        supernet, cfg, progress=progress, loggers=loggers, log_every=log_every
     )
-    runner = TaskRunner(supernet, strategy, engine)
-    runner.check_gamma_reachable(cfg.model)
+    learner.runner.check_gamma_reachable(cfg.model)
     notes = data_warnings(cfg, seq)
     if on_warning is not None:
         for note in notes:
             on_warning(note)
-    ckpt = RunCheckpoint.open(cfg, seq, supernet, engine, strategy, resume)
+    rd = RunDirectory(cfg, lambda: seq, notes)
+    ckpt = rd.open(supernet, learner.engine, learner.strategy, resume)
     if source is not None and not ckpt.rows:  # a fresh start on top of another run
         ckpt.rows, ckpt.per_task = adopt_tasks(supernet, source)
-    runner.rows, runner.records = ckpt.rows, ckpt.per_task  # the checkpoint saves them
-    start -= ckpt.elapsed
+    learner.rows, learner.records = ckpt.rows, ckpt.per_task  # the checkpoint saves them
+    learner.run_dir = rd
     if ckpt.summary and on_task_end is not None:
         on_task_end(ckpt.summary)
-    doc = results_document(cfg, seq, supernet, ckpt.rows, ckpt.per_task) | {"warnings": notes}
-    doc["wall_time_s"] = ckpt.elapsed
+    if ckpt.rows:  # resumed: results as the checkpoint holds them (a kill may have cut them)
+        rd.write_results(supernet, ckpt.rows, ckpt.per_task)
     pretrained = None
     if cfg.init_weights is not None and not ckpt.rows:
         pretrained = load_weight_file(cfg.init_weights)
         expected_shapes(supernet, seq.tasks[0].n_classes)  # refused now, not after training
-    steps = strategy.training_tasks(seq)
-    for i, task in enumerate(steps):
-        if i < len(runner.rows):
-            continue
-        learned = runner.learn(
-            task,
-            i,
-            seq.tasks,
-            evaluate=(i + 1) % cfg.eval_every == 0 or i == len(steps) - 1,
-            pretrained=pretrained if i == 0 else None,  # the first task, from --init-weights
-            on_progress=ckpt.on_progress(i, strategy, seq, lambda: time.perf_counter() - start),
-            resume=ckpt.resume_point(i),
-        )
-        doc = task_done(cfg, seq, supernet, runner, ckpt, notes, time.perf_counter() - start)
-        if on_task_end is not None:
-            on_task_end(task_line(learned, runner.records, len(seq), task.name))
-    plot_run(doc, out / "accuracy.png")
-    return doc
+    try:
+        learner.learn_sequence(seq, pretrained=pretrained, on_line=on_task_end)
+    finally:
+        learner.close()
+    rd.plot()
+    return rd.doc

@@ -23,6 +23,7 @@ from espn.inference.statistics import task_statistics
 from espn.methods.base import Strategy
 from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
+from espn.training.callbacks import TaskEnd
 from espn.training.engine import Engine, TaskLog, TaskProgress, TrainingStopped
 
 
@@ -116,6 +117,8 @@ class TaskRunner:
         this step commits, by task index (None: its data are not known here); the row
         evaluates them all, unless ``evaluate`` is False or one has no test data."""
         first = len(self.supernet.masks)
+        hooks, owner = self.engine.callbacks, self.engine.owner
+        hooks.on_task_start(owner, first, step.name)
         if pretrained is not None:
             log = self.engine.adopt_task(step, pretrained)
         else:
@@ -142,6 +145,8 @@ class TaskRunner:
         for record, name, t in new:
             if self.strategy.uses_gamma and pretrained is None:
                 check_budget(self.strategy.cfg.gamma, record, name, t)
+        for record, name, t in new:
+            hooks.on_task_end(owner, TaskEnd(t, name, row, record))
         return Learned(learned, log, row)
 
     def store_statistics(self, learned: range, tasks: Sequence[Task | None]) -> None:

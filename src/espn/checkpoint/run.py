@@ -1,8 +1,9 @@
-"""Checkpointing of an experiment run: what ``run_experiment`` saves, and resuming it."""
+"""A run directory's checkpoint as files: what a run records about itself, the checks that a
+directory may be written or resumed, and loading a finished run (the learner's checkpointing
+while it learns is :mod:`espn.run_directory`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,22 +13,14 @@ import torch
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir, manifest_or_none
 from espn.checkpoint.legacy import upgrade_saved_config
 from espn.checkpoint.manifest import check_against_results
-from espn.checkpoint.store import (
-    Checkpoint,
-    CheckpointWriter,
-    TrainingState,
-    read_checkpoint,
-    restore,
-)
+from espn.checkpoint.store import Checkpoint, read_checkpoint, restore
 from espn.config import RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
-from espn.methods.base import Strategy
 from espn.models.reference import check_model_size, is_reference, reading_run, resolve
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.preflight import check_device
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine, TaskProgress
 
 #: configuration fields that may differ between a run and its resumption
 RESUMABLE_CHANGES = ("out", "device", "data_dir")
@@ -42,16 +35,19 @@ def run_meta(cfg: RunConfig, seq: TaskSequence) -> dict[str, Any]:
         "config": cfg.model_dump(mode="json"),
         "spec": {
             "input_shape": list(seq.input_shape),
-            "n_classes": seq.n_classes,
+            "n_classes": seq.n_classes if len(seq) else 1,  # a Python run before its first task
             "multi_head": seq.multi_head,
         },
         "n_tasks": len(seq),
     }
 
 
-def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
-    """The options (outside :data:`RESUMABLE_CHANGES`) in which ``cfg`` differs from the
-    ``saved`` configuration of a run, each as ``"key=saved in the checkpoint, now now"``."""
+def option_differences(
+    saved: dict[str, Any], cfg: RunConfig, ignore: tuple[str, ...] = ()
+) -> list[str]:
+    """The options (outside :data:`RESUMABLE_CHANGES` and ``ignore``) in which ``cfg``
+    differs from the ``saved`` configuration of a run, each as ``"key=saved in the
+    checkpoint, now now"``."""
     now = cfg.model_dump(mode="json")
     # an option newer than the checkpoint was, in effect, at its default
     was = {k: saved.get(k, RunConfig.model_fields[k].default) for k in now}
@@ -63,7 +59,7 @@ def option_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
     return [
         f"{key}={was[key]!r} in the checkpoint, {now[key]!r} now"
         for key in now
-        if key not in RESUMABLE_CHANGES and was[key] != now[key]
+        if key not in RESUMABLE_CHANGES and key not in ignore and was[key] != now[key]
     ]
 
 
@@ -73,9 +69,11 @@ def saved_config(out: Path | str) -> dict[str, Any] | None:
     return None if manifest is None else upgrade_saved_config(dict(manifest["config"]))
 
 
-def check_same_run(saved: dict[str, Any], cfg: RunConfig, where: Path) -> None:
+def check_same_run(
+    saved: dict[str, Any], cfg: RunConfig, where: Path, ignore: tuple[str, ...] = ()
+) -> None:
     """Refuse to resume with options that change the results, naming each difference."""
-    diffs = option_differences(saved, cfg)
+    diffs = option_differences(saved, cfg, ignore)
     if diffs:
         raise CheckpointError(
             f"cannot resume {where}: it was made with different options ({'; '.join(diffs)}); "
@@ -129,120 +127,6 @@ def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:
             f"{run_dir}: the checkpoint and results.json do not belong together ({reason}); "
             "one of them was changed or replaced, so neither can be trusted"
         )
-
-
-def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
-    """Where a task's training stands, in the units the engine counts: passes over the task's
-    training data (the size rule may make them more than ``--epochs`` asks) and optimizer
-    steps of the phase in progress."""
-    phases = strategy.phases()
-    passes = f"{progress.epochs_done} pass{'es' * (progress.epochs_done != 1)}"
-    if progress.phase >= len(phases):
-        return f"task {task} continues after all its phases ({passes} over its training data done)"
-    name, step = phases[progress.phase].name, progress.step
-    at = (
-        f"at the start of its {name} phase"
-        if step == 0
-        else f"in its {name} phase after {step} optimizer step{'s' * (step != 1)} of it"
-    )
-    return f"task {task} continues {at} ({passes} over its training data done)"
-
-
-@dataclass
-class RunCheckpoint:
-    """The checkpoint of one ``run_experiment`` call: the writer and where to pick up."""
-
-    writer: CheckpointWriter
-    supernet: Supernet
-    engine: Engine
-    rows: list[list[float] | None]
-    per_task: list[dict[str, Any]]
-    training: TrainingState | None = None
-    elapsed: float = 0.0
-    summary: str = ""
-
-    @classmethod
-    def open(
-        cls,
-        cfg: RunConfig,
-        seq: TaskSequence,
-        supernet: Supernet,
-        engine: Engine,
-        strategy: Strategy,
-        resume: bool,
-    ) -> RunCheckpoint:
-        """A fresh checkpoint in ``<out>/checkpoint``, or, with ``resume``, the saved one loaded
-        into the freshly built ``supernet``, ``engine`` and ``strategy``.
-
-        Resuming where no checkpoint was written yet (killed in the first epoch) starts over; a
-        checkpoint that is there but unreadable, too new or of other options is refused.
-        Without ``resume`` the caller has checked :func:`check_out_dir` (``--overwrite``).
-        """
-        directory = checkpoint_dir(cfg.out)
-        if not resume or not (directory / MANIFEST).exists():
-            writer = CheckpointWriter(directory, run_meta(cfg, seq))
-            note = f"no checkpoint in {directory}; starting from the first task" if resume else ""
-            return cls(writer, supernet, engine, [], [], summary=note)
-        ckpt = read_checkpoint(directory)
-        check_same_run(upgrade_saved_config(ckpt.manifest["config"]), cfg, directory)
-        check_results_match(cfg.out, ckpt.manifest)
-        restore(ckpt, supernet, engine, strategy)
-        tr = ckpt.training
-        where = "" if tr is None else "; " + training_position(tr.task, tr.progress, strategy)
-        return cls(
-            CheckpointWriter.resume(ckpt),
-            supernet,
-            engine,
-            rows=[
-                None if t["accuracy"] is None else list(t["accuracy"])
-                for t in ckpt.tasks
-                if "accuracy" in t
-            ],
-            per_task=[dict(t["record"]) for t in ckpt.tasks],
-            training=ckpt.training,
-            elapsed=float(ckpt.manifest.get("wall_time_s", 0.0)),
-            summary=f"resuming {directory}: {len(ckpt.masks)}/{len(seq)} tasks done{where}",
-        )
-
-    def resume_point(self, task: int) -> TaskProgress | None:
-        """Where task ``task`` continues from (None: from its start)."""
-        if self.training is not None and self.training.task == task:
-            return self.training.progress
-        return None
-
-    def on_progress(
-        self, task: int, strategy: Strategy, seq: TaskSequence, elapsed: Callable[[], float]
-    ) -> Callable[[TaskProgress], None]:
-        """The engine callback that checkpoints task ``task`` at every epoch end."""
-
-        def save(progress: TaskProgress) -> None:
-            self.writer.save(
-                self.supernet,
-                self.engine,
-                self._results(seq),
-                training=(task, progress, strategy),
-                extra={"wall_time_s": elapsed(), "complete": False},
-            )
-
-        return save
-
-    def task_done(self, seq: TaskSequence, elapsed: float) -> None:
-        """Checkpoint after a task was committed and evaluated."""
-        self.training = None
-        self.writer.save(
-            self.supernet,
-            self.engine,
-            self._results(seq),
-            extra={"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
-        )
-
-    def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
-        names = seq.names(len(self.per_task))
-        return [
-            {"name": names[t], "record": self.per_task[t]}
-            | ({"accuracy": self.rows[t]} if t < len(self.rows) else {})
-            for t in range(len(self.per_task))
-        ]
 
 
 @dataclass

@@ -129,7 +129,10 @@ class CheckpointWriter:
         writer = cls.__new__(cls)
         m = checkpoint.manifest
         writer.directory = checkpoint.directory
-        writer.meta = {k: m[k] for k in ("model", "benchmark", "config", "spec")}
+        # the task count too, so that a resumed run's manifest still says how long it is
+        writer.meta = {
+            k: m[k] for k in ("model", "benchmark", "config", "spec", "n_tasks") if k in m
+        }
         # accuracy rows live in version-2 task files (read back into the entries in memory)
         writer.tasks = [
             {k: v for k, v in t.items() if not (k == "accuracy" and "masks" in t and v is not None)}

@@ -24,6 +24,7 @@ from espn.cli.common import (
 )
 from espn.cli.options import WithOptions
 from espn.data.registry import BENCHMARKS
+from espn.loggers import DEFAULT_LOG_EVERY
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
@@ -110,6 +111,15 @@ def run(
     overwrite: bool = typer.Option(
         False, help="Start over in an OUT that holds an earlier run, replacing it."
     ),
+    log: str | None = typer.Option(
+        None,
+        "--log",
+        help="Experiment loggers, comma-separated: tensorboard, csv, wandb (written under "
+        "OUT/logs).",
+    ),
+    log_every: int = typer.Option(
+        DEFAULT_LOG_EVERY, "--log-every", help="The loggers record the loss every N steps."
+    ),
     **options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
@@ -131,6 +141,8 @@ def run(
             resume=resume,
             overwrite=overwrite,
             on_warning=warn,
+            loggers=[name.strip() for name in (log or "").split(",") if name.strip()],
+            log_every=log_every,
         )
     except KeyboardInterrupt:
         raise RunInterrupted(interrupted_message(out, ctx)) from None

@@ -17,7 +17,14 @@ from torch import Tensor
 
 from espn.data.augment import ImageTransform
 from espn.data.mnist import NORMALISATION
-from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
+from espn.data.registry import (
+    BENCHMARKS,
+    REGIMES,
+    Benchmark,
+    BenchmarkArgs,
+    RunDefaults,
+    task_generator,
+)
 from espn.data.sources import default_data_dir, load_mnist_like, unavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 
@@ -47,6 +54,7 @@ CIFAR_RECIPE: RunDefaults = {
 }
 #: the SplitCIFAR100 recipe's epochs are stated for tasks of 2500 training images
 CIFAR_DEFAULTS: RunDefaults = CIFAR_RECIPE | {"reference_size": 2500}
+REGIMES.register("cifar")(CIFAR_DEFAULTS)
 #: Fashion-MNIST is learned in a few epochs: the CIFAR recipe with the MNIST epoch counts
 #: (stated for 60000 images)
 FASHION_DEFAULTS: RunDefaults = CIFAR_RECIPE | {

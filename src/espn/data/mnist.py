@@ -9,7 +9,14 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 
-from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
+from espn.data.registry import (
+    BENCHMARKS,
+    REGIMES,
+    Benchmark,
+    BenchmarkArgs,
+    RunDefaults,
+    task_generator,
+)
 from espn.data.sources import load_mnist_like
 from espn.data.tasks import LazyTasks, Split, Task, TaskSequence, subset_index
 
@@ -33,6 +40,7 @@ MNIST_DEFAULTS: RunDefaults = {
     "finetune_schedule": "constant",
     "reference_size": 60000,
 }
+REGIMES.register("mnist")(MNIST_DEFAULTS)
 
 
 def _to_unit(x: Tensor) -> Tensor:

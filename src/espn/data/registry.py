@@ -76,6 +76,9 @@ class Benchmark:
 
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+#: the recipe of each data regime (``mnist``: FC networks on small images; ``cifar``: conv
+#: networks), for data of no registered benchmark (a Python user's own tensors)
+REGIMES: Registry[RunDefaults] = Registry("recipe regime")
 
 
 def task_generator(seed: int, task: int, salt: int = 0) -> torch.Generator:

@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from espn import limits
+from espn.data.mnist import MNIST_DEFAULTS
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 from espn.errors import EspnError
@@ -277,5 +278,8 @@ BENCHMARKS.register("tensors")(
         default_tasks=1,
         max_tasks=None,
         description="your own tasks as task-NNNN.safetensors files in --data-dir (give --tasks)",
+        # data espn has never seen: the FC recipe (--recipe cifar for a conv network), as
+        # the Python learner picks for an FC network
+        defaults=MNIST_DEFAULTS,
     )
 )

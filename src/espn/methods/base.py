@@ -163,6 +163,8 @@ class Strategy(ABC):
         self.layer_budgets: dict[str, int] = {}
         self.layer_free: dict[str, int] = {}
         self.weight_budget = 0
+        #: the settings given to :func:`create_method` (None: built from ``cfg`` directly)
+        self.given: dict[str, Any] | None = None
 
     @classmethod
     def option_names(cls) -> list[str]:
@@ -380,9 +382,12 @@ def declared_options() -> dict[str, tuple[Option, list[str]]]:
 
 
 def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strategy:
-    """A method by registered name or class, with keyword settings: the general ones of
-    :class:`MethodConfig` (``gamma`` defaults to 0.2 for a method that takes a FLOPs budget,
-    as on the CLI) and the method's own :attr:`Strategy.options`.
+    """A method by registered name or class, with keyword settings: run options that shape
+    training (``gamma``, ``alpha``, ``epochs``, ``warmup``, ... under their ``espn run``
+    names) and the method's own :attr:`Strategy.options`; those left out take their defaults
+    as a run resolves them (:class:`espn.config.RunConfig`: the method's recipe, then the
+    ``mnist`` regime's, unless ``recipe=`` names another). Given to
+    :class:`espn.ContinualLearner`, the settings given here count as given there.
 
     A setting the method does not accept, or a value out of range, raises
     :class:`MethodSettingError` (an :class:`~espn.errors.EspnError` and ValueError) naming it
@@ -406,24 +411,27 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
 
 
 def _create(cls: type[Strategy], settings: dict[str, Any]) -> Strategy:
+    from espn.config import TRAINING_SETTINGS, make_config
+
     general = [f.name for f in fields(MethodConfig) if f.name != "settings"]
     own = cls.option_names()
     foreign = declared_options()
+    accepted = [*general, *(k for k in TRAINING_SETTINGS if k not in general), "recipe"]
     for key in settings:
-        if key not in general and key not in own and key not in foreign:
+        if key not in accepted and key not in own and key not in foreign:
             raise ValueError(
                 f"unknown setting {key!r} for method {cls.name!r}; accepted: "
                 + ", ".join([*general, *own])
             )
-    values = {k: v for k, v in settings.items() if k in general}
-    values.setdefault("gamma", DEFAULT_GAMMA if cls.uses_gamma else 1.0)
-    if cls.default_alpha is not None or not cls.uses_alpha:
-        values.setdefault("alpha", cls.default_alpha if cls.uses_alpha else 1.0)
-    if "epochs" in values:
-        values["epochs"] = tuple(values["epochs"])
-    given = {k: v for k, v in settings.items() if k not in general}
-    cfg = MethodConfig(**values, settings=given)
-    cls.check_config(cfg)
-    strategy = cls(cfg)
-    cls.check_given(strategy.settings, {k for k, v in given.items() if v is not None})
+    values = {"benchmark": "tensors", "method": cls.name, "recipe": "mnist"} | settings
+    if cls.name in METHODS and METHODS.get(cls.name) is cls:
+        cfg = make_config(**values)
+    else:
+        with METHODS.temporarily(cls.name, cls):
+            cfg = make_config(**values)
+    strategy = cls(cfg.method_config())
+    #: the settings given here (the learner resolves the rest for its network)
+    strategy.given = dict(settings)
+    own_given = {k for k in own if settings.get(k) is not None}
+    cls.check_given(strategy.settings, own_given)
     return strategy

@@ -18,6 +18,7 @@ from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
+from espn.training.callbacks import CallbackList, EpochEnd, StepEnd
 from espn.training.optim import (
     FrozenGuard,
     OptimConfig,
@@ -142,6 +143,10 @@ class Engine:
         self.scaler = torch.amp.GradScaler(
             self.device_type, enabled=amp and self.amp_dtype == torch.float16
         )
+        #: called after every step and epoch (see :mod:`espn.training.callbacks`), with
+        #: :attr:`owner` (the learner driving this engine) as their ``learner``
+        self.callbacks = CallbackList()
+        self.owner: Any = None
         strategy.attach(supernet)
 
     def _trainable(self) -> list[torch.Tensor]:
@@ -215,6 +220,7 @@ class Engine:
         )
         sn.train()
         device = next(sn.parameters()).device
+        hooks = self.callbacks if self.callbacks.callbacks else None
         for p in range(at.phase, len(phases)):
             phase, plan = phases[p], plans[p]
             if strategy.skips(phase):
@@ -239,6 +245,10 @@ class Engine:
                     loss_value = self._step(optimizer, guard, phase, x, y, lr, own_lr)
                     finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
                     step += 1
+                    if hooks is not None:  # the loss stays on the device: no sync here
+                        hooks.on_step_end(
+                            self.owner, StepEnd(index, phase.name, before[p] + step, loss_value, lr)
+                        )
                     while done < len(points) and points[done] == step:
                         done += 1
                         strategy.prune_step(sn, done / len(points))
@@ -262,6 +272,20 @@ class Engine:
                     ran.append(plan.record())
                 if on_epoch_end is not None:
                     on_epoch_end(phase.name, epoch)
+                if hooks is not None:
+                    seconds = time.perf_counter() - start
+                    hooks.on_epoch_end(
+                        self.owner,
+                        EpochEnd(
+                            index,
+                            phase.name,
+                            epoch,
+                            n_epochs,
+                            before[p] + step,
+                            float(loss_value),
+                            seconds,
+                        ),
+                    )
                 if on_progress is not None:
                     here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
                     if last:

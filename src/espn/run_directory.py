@@ -1,0 +1,310 @@
+"""The run directory a learner writes (``results.json``, ``checkpoint/``, ``accuracy.png``)
+and resumes from: the same for ``espn run`` and for ``ContinualLearner(..., out=DIR)``.
+
+After every epoch the checkpoint holds the task in training; after every learned step the
+checkpoint is committed first and ``results.json`` rewritten from it, so results never list a
+task the checkpoint does not hold (a kill in between leaves results one task behind, and a
+resumed run rewrites them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from espn import __version__
+from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
+from espn.checkpoint.legacy import upgrade_saved_config
+from espn.checkpoint.run import check_results_match, check_same_run, run_meta
+from espn.checkpoint.store import CheckpointWriter, TrainingState, read_checkpoint, restore
+from espn.config import RunConfig
+from espn.data.tasks import TaskSequence
+from espn.evaluation.metrics import (
+    average_accuracy,
+    backward_transfer,
+    final_accuracy,
+    forgetting,
+)
+from espn.evaluation.plots import plot_run
+from espn.evaluation.storage import storage_report
+from espn.methods.base import METHODS, Strategy
+from espn.supernet.supernet import Supernet
+from espn.training.callbacks import Callback
+from espn.training.engine import Engine, TaskProgress
+from espn.utils.io import os_error_text, write_json_atomic
+
+
+def results_document(
+    cfg: RunConfig,
+    seq: TaskSequence,
+    supernet: Supernet,
+    rows: list[list[float] | None],
+    per_task: list[dict],
+) -> dict[str, Any]:
+    """The ``results.json`` document of a (possibly unfinished) run.
+
+    ``rows`` has one accuracy row per training step (per task, or a single row for MTL's
+    joint training), None where ``eval_every`` skipped the evaluation; ``per_task`` one
+    record per learned task.
+    """
+    column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
+    rows_seen = any(r is not None for r in rows)
+    storage = storage_report(supernet, METHODS.get(cfg.method).weights)
+    return {
+        "espn_version": __version__,
+        "method": cfg.method,
+        "benchmark": cfg.benchmark,
+        "model": cfg.model,
+        "seed": cfg.seed,
+        "gamma": cfg.gamma,
+        "alpha": cfg.alpha,
+        "config": cfg.model_dump(mode="json"),
+        "task_names": seq.names(len(per_task)),
+        "complete": len(per_task) == len(seq),
+        "accuracy_matrix": rows,
+        "final_accuracy": final_accuracy(rows) if rows_seen else [],
+        "average_accuracy": average_accuracy(rows) if rows_seen else None,
+        "forgetting": forgetting(rows) if rows_seen else [],
+        "backward_transfer": backward_transfer(rows) if rows_seen else None,
+        "dense_flops": supernet.dense_flops,
+        "total_weights": supernet.total_weights,
+        "storage_bytes": storage["total"],
+        "storage": storage,
+        **column,
+    }
+
+
+def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
+    """Where a task's training stands, in the units the engine counts: passes over the task's
+    training data (the size rule may make them more than ``--epochs`` asks) and optimizer
+    steps of the phase in progress."""
+    phases = strategy.phases()
+    passes = f"{progress.epochs_done} pass{'es' * (progress.epochs_done != 1)}"
+    if progress.phase >= len(phases):
+        return f"task {task} continues after all its phases ({passes} over its training data done)"
+    name, step = phases[progress.phase].name, progress.step
+    at = (
+        f"at the start of its {name} phase"
+        if step == 0
+        else f"in its {name} phase after {step} optimizer step{'s' * (step != 1)} of it"
+    )
+    return f"task {task} continues {at} ({passes} over its training data done)"
+
+
+@dataclass
+class RunCheckpoint:
+    """The checkpoint of one run directory: the writer and where to pick up."""
+
+    writer: CheckpointWriter
+    supernet: Supernet
+    engine: Engine
+    rows: list[list[float] | None]
+    per_task: list[dict[str, Any]]
+    training: TrainingState | None = None
+    elapsed: float = 0.0
+    summary: str = ""
+    manifest: dict[str, Any] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        cfg: RunConfig,
+        seq: TaskSequence,
+        supernet: Supernet,
+        engine: Engine,
+        strategy: Strategy,
+        resume: bool,
+        ignore: tuple[str, ...] = (),
+    ) -> RunCheckpoint:
+        """A fresh checkpoint in ``<out>/checkpoint``, or, with ``resume``, the saved one loaded
+        into the freshly built ``supernet``, ``engine`` and ``strategy``.
+
+        Resuming where no checkpoint was written yet (killed in the first epoch) starts over; a
+        checkpoint that is there but unreadable, too new or of other options (but those in
+        ``ignore``) is refused. Without ``resume`` the caller has checked ``check_out_dir``.
+        """
+        directory = checkpoint_dir(cfg.out)
+        if not resume or not (directory / MANIFEST).exists():
+            writer = CheckpointWriter(directory, run_meta(cfg, seq))
+            note = f"no checkpoint in {directory}; starting from the first task" if resume else ""
+            return cls(writer, supernet, engine, [], [], summary=note)
+        ckpt = read_checkpoint(directory)
+        saved = upgrade_saved_config(ckpt.manifest["config"])
+        check_same_run(saved, cfg, directory, ignore)
+        check_results_match(cfg.out, ckpt.manifest)
+        restore(ckpt, supernet, engine, strategy)
+        tr = ckpt.training
+        where = "" if tr is None else "; " + training_position(tr.task, tr.progress, strategy)
+        total = ckpt.manifest.get("n_tasks", len(seq))
+        return cls(
+            CheckpointWriter.resume(ckpt),
+            supernet,
+            engine,
+            rows=[
+                None if t["accuracy"] is None else list(t["accuracy"])
+                for t in ckpt.tasks
+                if "accuracy" in t
+            ],
+            per_task=[dict(t["record"]) for t in ckpt.tasks],
+            training=ckpt.training,
+            elapsed=float(ckpt.manifest.get("wall_time_s", 0.0)),
+            summary=f"resuming {directory}: {len(ckpt.masks)}/{total} tasks done{where}",
+            manifest=ckpt.manifest,
+        )
+
+    def resume_point(self, task: int) -> TaskProgress | None:
+        """Where task ``task`` continues from (None: from its start)."""
+        if self.training is not None and self.training.task == task:
+            return self.training.progress
+        return None
+
+    def save_progress(
+        self,
+        task: int,
+        progress: TaskProgress,
+        strategy: Strategy,
+        seq: TaskSequence,
+        extra: dict[str, Any],
+    ) -> None:
+        """Checkpoint task ``task`` in training (at an epoch's end)."""
+        self.writer.save(
+            self.supernet,
+            self.engine,
+            self._results(seq),
+            training=(task, progress, strategy),
+            extra=extra | {"complete": False},
+        )
+
+    def task_done(self, seq: TaskSequence, elapsed: float, extra: dict[str, Any]) -> None:
+        """Checkpoint after a task was committed and evaluated."""
+        self.training = None
+        self.writer.save(
+            self.supernet,
+            self.engine,
+            self._results(seq),
+            extra=extra | {"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
+        )
+
+    def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
+        names = seq.names(len(self.per_task))
+        return [
+            {"name": names[t], "record": self.per_task[t]}
+            | ({"accuracy": self.rows[t]} if t < len(self.rows) else {})
+            for t in range(len(self.per_task))
+        ]
+
+
+class RunDirectory(Callback):
+    """A learner's run directory, written after every epoch and every learned step.
+
+    ``sequence`` gives the tasks as the run knows them (the benchmark of ``espn run``; the
+    tasks learned so far in Python), ``notes`` what the run could not do as asked; ``meta``,
+    when given, what the manifest records about the run, asked anew at every write (a Python
+    run grows one task at a time).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        sequence: Callable[[], TaskSequence],
+        notes: list[str] | None = None,
+        meta: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.cfg, self.sequence, self.notes = cfg, sequence, list(notes or [])
+        self.meta = meta
+        self.out = Path(cfg.out)
+        self.checkpoint: RunCheckpoint | None = None
+        self.start = time.perf_counter()
+        self.doc: dict[str, Any] = {}
+        #: added to the manifest on every write (e.g. the fingerprints of a Python run's data)
+        self.extra: Callable[[], dict[str, Any]] = dict
+
+    def open(
+        self,
+        supernet: Supernet,
+        engine: Engine,
+        strategy: Strategy,
+        resume: bool,
+        ignore: tuple[str, ...] = (),
+    ) -> RunCheckpoint:
+        """Start the checkpoint, or restore it into the learner's freshly built parts."""
+        self.checkpoint = RunCheckpoint.open(
+            self.cfg, self.sequence(), supernet, engine, strategy, resume, ignore
+        )
+        self.start = time.perf_counter() - self.checkpoint.elapsed
+        return self.checkpoint
+
+    def resume_point(self, task: int) -> TaskProgress | None:
+        """Where task ``task`` continues from (None: from its start)."""
+        return self._ckpt().resume_point(task)
+
+    def elapsed(self) -> float:
+        """Wall time of the run so far, the time before a resumption included."""
+        return time.perf_counter() - self.start
+
+    def on_progress(self, task: int, strategy: Strategy) -> Callable[[TaskProgress], None]:
+        """The engine callback that checkpoints task ``task`` at every epoch end."""
+        ckpt = self._ckpt()
+
+        def save(progress: TaskProgress) -> None:
+            self._refresh()
+            extra = self.extra() | {"wall_time_s": self.elapsed()}
+            ckpt.save_progress(task, progress, strategy, self.sequence(), extra)
+
+        return save
+
+    def step_done(
+        self, supernet: Supernet, rows: list[list[float] | None], records: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """After a step: commit the checkpoint, then rewrite ``results.json`` from it (the
+        order in which the two never disagree on the tasks finished); the new document."""
+        ckpt = self._ckpt()
+        ckpt.rows, ckpt.per_task = rows, records
+        self._refresh()
+        seq = self.sequence()
+        elapsed = self.elapsed()
+        ckpt.task_done(seq, elapsed, self.extra())
+        return self.write_results(supernet, rows, records, elapsed)
+
+    def write_results(
+        self,
+        supernet: Supernet,
+        rows: list[list[float] | None],
+        records: list[dict[str, Any]],
+        elapsed: float | None = None,
+    ) -> dict[str, Any]:
+        """Rewrite ``results.json`` (atomically) for the tasks the checkpoint holds."""
+        doc = results_document(self.cfg, self.sequence(), supernet, rows, records)
+        doc |= {
+            "warnings": self.notes,
+            "wall_time_s": self.elapsed() if elapsed is None else elapsed,
+        }
+        try:
+            write_json_atomic(self.out / "results.json", doc)
+        except OSError as exc:
+            raise CheckpointError(
+                f"could not write {self.out / 'results.json'} ({os_error_text(exc)}); the "
+                f"checkpoint in {checkpoint_dir(self.out)} is intact and resuming rewrites it"
+            ) from None
+        self.doc = doc
+        return doc
+
+    def plot(self) -> None:
+        """Draw ``accuracy.png`` from the last ``results.json`` written."""
+        if self.doc and any(r is not None for r in self.doc.get("accuracy_matrix") or []):
+            plot_run(self.doc, self.out / "accuracy.png")
+
+    def on_run_end(self, learner: Any) -> None:
+        self.plot()
+
+    def _refresh(self) -> None:
+        if self.meta is not None:
+            self._ckpt().writer.meta = self.meta()
+
+    def _ckpt(self) -> RunCheckpoint:
+        if self.checkpoint is None:
+            raise RuntimeError("RunDirectory.open() was not called")
+        return self.checkpoint
