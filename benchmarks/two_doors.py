@@ -1,0 +1,82 @@
+"""The same tasks through both front doors: ``espn run`` (``espn.experiment``) and the Python
+learner fed the benchmark's tensors, each with its defaults, and the wall time of each.
+
+The learner is given the benchmark's recipe (``recipe=BENCHMARK``, what ``espn run`` uses)
+and, for comparison, left to pick the recipe of its network's regime. With the same recipe
+the two doors must print the same accuracies.
+
+    python benchmarks/two_doors.py --benchmark permuted-fashion-mnist --tasks 3 \\
+        --train-per-task 1000 --reference-size 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import espn
+from espn.config import make_config
+from espn.data.tensors import split_tensors
+from espn.experiment import build_benchmark, run_experiment
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--benchmark", default="permuted-fashion-mnist")
+    parser.add_argument("--method", default="espn")
+    parser.add_argument("--tasks", type=int, default=3)
+    parser.add_argument("--train-per-task", type=int, default=1000)
+    parser.add_argument("--test-per-task", type=int, default=1000)
+    parser.add_argument(
+        "--reference-size",
+        type=int,
+        default=None,
+        help="the size rule's reference (default: the recipe's, 60000 for the MNIST family)",
+    )
+    args = parser.parse_args()
+    sizing = {"tasks": args.tasks, "train_per_task": args.train_per_task}
+    sizing["test_per_task"] = args.test_per_task
+    rule = {} if args.reference_size is None else {"reference_size": args.reference_size}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = make_config(
+            benchmark=args.benchmark, method=args.method, out=Path(tmp) / "cli", **sizing, **rule
+        )
+        start = time.perf_counter()
+        doc = run_experiment(cfg, progress=False)
+        cli_s = time.perf_counter() - start
+        seq = build_benchmark(cfg)
+        data = [(split_tensors(t, "train"), split_tensors(t, "test")) for t in seq.tasks]
+        results = {"espn run": (doc["accuracy_matrix"][-1], cli_s)}
+        for label, recipe in (
+            ("learner, recipe=benchmark", args.benchmark),
+            ("learner, own", None),
+        ):
+            torch.manual_seed(cfg.seed)
+            sn = espn.wrap(
+                str(cfg.model),
+                data[0][0][0][:2],
+                n_classes=seq.n_classes,
+                multi_head=seq.multi_head,
+            )
+            learner = espn.ContinualLearner(sn, args.method, recipe=recipe, **rule)
+            start = time.perf_counter()
+            learner.learn_all(data, names=[t.name for t in seq.tasks])
+            results[label] = (learner.accuracy_matrix[-1], time.perf_counter() - start)
+    print(f"{args.method} on {args.benchmark}, {args.tasks} tasks x {args.train_per_task} images")
+    print("| door | final accuracies (%) | mean | wall time (s) |")
+    print("|---|---|---|---|")
+    for label, (row, seconds) in results.items():
+        row = row or []
+        mean = sum(row) / max(len(row), 1)
+        cells = ", ".join(f"{a:.2f}" for a in row)
+        print(f"| {label} | {cells} | {mean:.2f} | {seconds:.1f} |")
+    same = results["espn run"][0] == results["learner, recipe=benchmark"][0]
+    print(f"espn run and the learner with the benchmark's recipe agree: {same}")
+
+
+if __name__ == "__main__":
+    main()
