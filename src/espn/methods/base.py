@@ -402,8 +402,12 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
             f"create_method takes a method name ({', '.join(METHODS.names())}) or a Strategy "
             f"subclass, got {name_or_class!r}"
         )
+    from espn.config import ConfigError
+
     try:
         return _create(cls, settings)
+    except ConfigError as exc:  # a setting's check, as a run makes it
+        raise MethodSettingError(str(exc)) from None
     except EspnError:
         raise
     except ValueError as exc:
