@@ -226,7 +226,8 @@ def measure(
     check_same_network(supernet, plain, next(probe.batches("train", 4, augment=False))[0], name)
     plain_opt = build_optimizer(setting.optim, list(plain.parameters()))
     epochs = args.repeats + 1
-    strategy = create_method(method, epochs=(epochs, epochs, epochs))
+    # no warm-up: it would take pre-training's first epoch (espn's MNIST recipe has one)
+    strategy = create_method(method, epochs=(epochs, epochs, epochs), warmup=0)
     engine = Engine(
         supernet,
         strategy,

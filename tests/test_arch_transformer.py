@@ -236,7 +236,7 @@ class _StreamFromInput(nn.Module):
         (_StreamFromInput(), "come partly from the model input or a bare parameter"),
         (
             nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.Unflatten(1, (2, 4)), nn.LayerNorm(4)),
-            "end in exactly one nn.Linear",
+            "espn needs logits of shape [N, classes]",
         ),
     ],
     ids=["groupnorm", "cross-attention", "stream-from-input", "layernorm-output"],

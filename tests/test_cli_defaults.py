@@ -24,7 +24,7 @@ def test_espn_list_names_each_benchmarks_default_model():
     assert set(rows) == set(BENCHMARKS)
     assert "5 tasks and model resnet18-reduced by default" in rows["split-fashion-mnist"]
     assert "36 tasks and model fc1024 by default" in rows["permuted-fashion-mnist"]
-    assert "and no default model: give --model by default" in rows["tensors"]
+    assert "1 task and model fc1024 by default" in rows["tensors"]  # the mnist recipe's
     for name, text in rows.items():
         model = BENCHMARKS.get(name).defaults.get("model")
         assert model is None or f"model {model} by default" in text

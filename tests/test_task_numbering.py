@@ -29,4 +29,7 @@ def test_accuracy_png_numbers_tasks_from_0(fake_mnist, fc_test_model, tmp_path, 
     doc = json.loads((out / "results.json").read_text())
     assert (out / "accuracy.png").stat().st_size > 0
     assert len(doc["final_accuracy"]) == 3
-    assert drawn == [([0.0, 1.0, 2.0], ["0", "1", "2"])] * 2  # accuracy and FLOPs panels
+    # the plot is redrawn after every task: the last one has both panels (accuracy, FLOPs) for
+    # tasks 0..2, and every earlier one numbers its tasks from 0 too
+    assert drawn[-2:] == [([0.0, 1.0, 2.0], ["0", "1", "2"])] * 2
+    assert all(labels == [str(i) for i in range(len(labels))] for _, labels in drawn)

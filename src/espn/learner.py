@@ -360,7 +360,8 @@ class ContinualLearner:
             self.callbacks.on_run_start(self)
         rd = self.run_dir
         base = 0 if not keep_data else len(self.tasks)
-        by_index = list(known) if not keep_data else [*self.tasks, *known]
+        # a benchmark's tasks stay lazy (built on use, the latest kept): never a list of them
+        by_index = known if not keep_data else [*self.tasks, *known]
         try:
             for k, step in enumerate(steps):
                 i = offset + k

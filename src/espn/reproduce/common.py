@@ -73,10 +73,23 @@ def label(series: str) -> str:
     return METHOD_SETTINGS[series][0] if series in METHOD_SETTINGS else series
 
 
-def method_options(series: str, alpha: float | None = None) -> dict[str, Any]:
+#: at smoke scale (one step per phase) CPG's and RMN's own rules keep every weight for the first
+#: task, and the run stops before the second (no capacity left): these cap what a task keeps
+SMOKE_CAPS: dict[str, dict[str, Any]] = {
+    "cpg": {"cpg_train_acc": 0.0},
+    "rmn": {"rmn_budget": 0.5},
+}
+
+
+def method_options(
+    series: str, alpha: float | None = None, scale: str | None = None
+) -> dict[str, Any]:
     """``make_config`` options of a method series; ``alpha`` only where the method has a
-    weight budget of the recipe's (Individual keeps none, as in the paper)."""
+    weight budget of the recipe's (Individual keeps none, as in the paper); at ``scale``
+    ``smoke``, CPG's and RMN's caps (:data:`SMOKE_CAPS`)."""
     options = dict(METHOD_SETTINGS[series][1])
+    if scale == "smoke":
+        options |= SMOKE_CAPS.get(options["method"], {})
     strategy = METHODS.get(options["method"])
     if alpha is not None and strategy.uses_alpha and strategy.default_alpha is None:
         options["alpha"] = alpha

@@ -84,7 +84,7 @@ def table1_stages(options: Options, out: Path) -> list[list[Point]]:
         [
             Point(
                 point_name("table1", s, seed),
-                base | method_options(s, _alpha(options)) | {"seed": seed},
+                base | method_options(s, _alpha(options), options.scale) | {"seed": seed},
             )
             for s in have
             for seed in TABLE1.seeds(options)
@@ -248,7 +248,10 @@ def mnist_stages(options: Options, out: Path) -> list[list[Point]]:
         [
             Point(
                 point_name("fig-mnist", f"{kind}+{s}", seed),
-                mnist_base(kind, options) | options.common() | method_options(s) | {"seed": seed},
+                mnist_base(kind, options)
+                | options.common()
+                | method_options(s, scale=options.scale)
+                | {"seed": seed},
             )
             for kind in MNIST_KINDS
             for s in have
