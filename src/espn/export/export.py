@@ -180,7 +180,11 @@ def _write_pt2(model: nn.Module, example: Tensor, path: Path) -> nn.Module:
     return torch.export.load(str(path)).module()
 
 
-def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
+def write_onnx(
+    model: nn.Module, example: Tensor, path: Path, outputs: tuple[str, ...] = ("logits",)
+) -> None:
+    """Write ``model`` (batch dimension dynamic) as a checked ONNX file at ``path``,
+    atomically, its outputs named ``outputs``."""
     import onnx
 
     batch = torch.export.Dim("batch")
@@ -193,7 +197,7 @@ def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
             dynamic_shapes=({0: batch},),
             external_data=False,
             input_names=["input"],
-            output_names=["logits"],
+            output_names=list(outputs),
             verbose=False,
         )
     onnx.checker.check_model(onnx.load(str(path)))
@@ -368,11 +372,11 @@ def export_task(
         files.append(str(out))
         if also_onnx:
             with _writing(out.with_suffix(".onnx")):
-                _write_onnx(program, raw_example, out.with_suffix(".onnx"))
+                write_onnx(program, raw_example, out.with_suffix(".onnx"))
             files.append(str(out.with_suffix(".onnx")))
     else:
         with _writing(out):
-            _write_onnx(program, raw_example, out)
+            write_onnx(program, raw_example, out)
         files.append(str(out))
     report = ExportReport(
         task=task,

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from espn.export.export import _write_pt2, check_target, ieee_float32, onnx_available
+from espn.export.export import _write_pt2, check_target, ieee_float32, onnx_available, write_onnx
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.inference.outputs import head_name
 from espn.inference.predict import get_rule, infer
 from espn.inference.rule import OutputRule, calibration
 from espn.inference.statistics import distance, energy, entropy, input_nll
 from espn.supernet.supernet import Supernet
-from espn.utils.io import atomic_target, write_json_atomic
+from espn.utils.io import write_json_atomic
 
 #: scores or logits closer than this (relative to max(1, |value|)) are a tie that float32
 #: rounding of the slim model may break either way; such samples are not compared
@@ -184,10 +184,10 @@ def export_task_agnostic(
         if also_onnx is None:
             also_onnx = onnx_available()
         if also_onnx:
-            _write_onnx(model, example, out.with_suffix(".onnx"))
+            write_onnx(model, example, out.with_suffix(".onnx"), ("class", "task"))
             files.append(str(out.with_suffix(".onnx")))
     else:
-        _write_onnx(model, example, out)
+        write_onnx(model, example, out, ("class", "task"))
         files.append(str(out))
     report = AgnosticExportReport(
         files=files,
@@ -199,22 +199,3 @@ def export_task_agnostic(
     )
     write_json_atomic(out.with_suffix(".json"), report.to_json())
     return report
-
-
-def _write_onnx(model: nn.Module, example: Tensor, path: Path) -> None:
-    import onnx
-
-    batch = torch.export.Dim("batch")
-    with atomic_target(path, keep_suffix=True) as tmp:
-        torch.onnx.export(
-            model,
-            (example,),
-            str(tmp),
-            dynamo=True,
-            dynamic_shapes=({0: batch},),
-            external_data=False,
-            input_names=["input"],
-            output_names=["class", "task"],
-            verbose=False,
-        )
-    onnx.checker.check_model(onnx.load(str(path)))
