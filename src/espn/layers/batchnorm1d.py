@@ -4,13 +4,12 @@ linear layer or 1-D convolution before it."""
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 
 from espn.layers.base import register
 from espn.layers.batchnorm2d import BatchNormAdapter
-from espn.supernet.layers import UnitModule
+from espn.supernet.layers import UnitModule, task_batch_norm
 
 
 class TaskBatchNorm1d(nn.BatchNorm1d, UnitModule):
@@ -32,22 +31,7 @@ class TaskBatchNorm1d(nn.BatchNorm1d, UnitModule):
         self.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
-        mask = self.entry_mask()
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative moving average, as nn.BatchNorm1d
-                factor = 1.0 / float(self.num_batches_tracked)
-        return F.batch_norm(
-            x,
-            self.running_mean,
-            self.running_var,
-            self.weight * mask,
-            self.bias * mask,
-            self.training,
-            factor,
-            self.eps,
-        )
+        return task_batch_norm(self, x)
 
 
 @register

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import ClassVar, Literal, TypeGuard
+from typing import Any, ClassVar, Literal, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -377,23 +377,28 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
         self.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
-        mask = self.entry_mask()
-        use_batch_stats = self.training
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative moving average, as nn.BatchNorm2d
-                factor = 1.0 / float(self.num_batches_tracked)
-        return F.batch_norm(
-            x,
-            self.running_mean,
-            self.running_var,
-            self.weight * mask,
-            self.bias * mask,
-            use_batch_stats,
-            factor,
-            self.eps,
-        )
+        return task_batch_norm(self, x)
+
+
+def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
+    """A task BatchNorm's forward (any dimension): batch statistics while training, the
+    task's running statistics otherwise; scale and shift masked by the task's units."""
+    mask = norm.entry_mask()
+    factor = 0.0 if norm.momentum is None else norm.momentum
+    if norm.training:
+        norm.num_batches_tracked.add_(1)
+        if norm.momentum is None:  # cumulative moving average, as torch's BatchNorm
+            factor = 1.0 / float(norm.num_batches_tracked)
+    return F.batch_norm(
+        x,
+        norm.running_mean,
+        norm.running_var,
+        norm.weight * mask,
+        norm.bias * mask,
+        norm.training,
+        factor,
+        norm.eps,
+    )
 
 
 class TaskGroupNorm(nn.GroupNorm, UnitModule):
