@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -49,6 +51,7 @@ def test_cifar_epoch_time_trains_a_task() -> None:
     assert "per epoch of 64 images" in out
 
 
+@pytest.mark.slow  # a torchvision ResNet18, about 25 s
 def test_torchvision_table_keeps_task_0() -> None:
     out = run_script("torchvision_table.py", "--models", "resnet18", "--per-task", "8")
     assert "task 0 bit-identical after task 1: True" in out

@@ -209,6 +209,7 @@ def run_state(run: Path) -> dict:
     return {"results": results, "tasks": [t["sha256"] for t in manifest["tasks"]]}
 
 
+@pytest.mark.slow  # two script runs in subprocesses, about 25 s
 def test_a_python_script_killed_mid_task_resumes_bit_for_bit(tmp_path: Path) -> None:
     """SIGKILL in the middle of task 1 (3 passes of 3 steps a task); the rerun skips task 0
     (its data checked), continues task 1 from its last epoch, and ends exactly as a run

@@ -16,6 +16,8 @@ import espn.experiment as experiment_module
 from espn.config import make_config
 from espn.methods.base import METHODS
 
+# the peer comparison trains Avalanche and espn side by side: about a minute in all
+pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_packnet.py"
 # espn's defaults with the size rule's reference at 1024 images: 4 steps per recipe epoch
 TINY = ["--tasks", "2", "--train-per-task", "200", "--test-per-task", "100"]

@@ -91,6 +91,7 @@ def csv_rows(path: Path) -> list[dict[str, str]]:
 
 
 # ------------------------------------------------------------------------ the whole targets
+@pytest.mark.slow  # every target, about 40 s
 def test_every_target_at_smoke_scale_and_report_from_directories(
     fashion_dir: Path, image_root: Path, tmp_path: Path
 ) -> None:

@@ -235,6 +235,7 @@ def test_without_ray_the_points_run_in_this_process_and_say_so(
 
 
 # ------------------------------------------------------------------ on Ray
+@pytest.mark.slow  # starts Ray, about 20 s
 def test_four_points_on_two_ray_workers_equal_one_by_one(
     ray_instance, data_dir, one_by_one, tmp_path
 ):
