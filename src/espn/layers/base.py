@@ -24,6 +24,7 @@ new file in :mod:`espn.layers` (see ``docs/architectures.md``).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -84,7 +85,7 @@ def alive_features(units: dict[str, Tensor], group: str | None, size: int, width
     return expand_units(units[group].cpu(), size).nonzero().flatten()
 
 
-class LayerAdapter:
+class LayerAdapter(ABC):
     """One layer type as espn sees it (see the module docstring); stateless, one instance."""
 
     #: the plain torch types this adapter converts (subclasses too, unless closer adapted)
@@ -110,9 +111,9 @@ class LayerAdapter:
     def check(self, name: str, m: nn.Module) -> None:
         """Refuse (one-line :class:`ConvertError`) a module of this type espn cannot express."""
 
+    @abstractmethod
     def width(self, m: nn.Module, out_side: bool) -> int:
         """Features on the output (``out_side``) or input side of ``m``."""
-        raise NotImplementedError
 
     def groups(self, m: nn.Module) -> int:
         """Groups its channels come in (a grouped conv's ``groups``; 1 for most layers)."""
@@ -127,9 +128,9 @@ class LayerAdapter:
         grouped conv's groups, a GroupNorm's groups), or None."""
         return None
 
+    @abstractmethod
     def convert(self, m: nn.Module, place: Placement) -> nn.Module:
         """The espn module(s) replacing ``m`` once placed in its unit groups."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ FLOPs
     def feature_dim(self, m: nn.Module) -> int:
@@ -203,9 +204,9 @@ class WeightAdapter(LayerAdapter):
             out_unit_size=getattr(m, "out_unit_size", 1),
         )
 
+    @abstractmethod
     def masked(self, m: nn.Module, place: Placement) -> nn.Module:
         """The masked layer holding ``m``'s weights."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def convert(self, m: nn.Module, place: Placement) -> nn.Module:
