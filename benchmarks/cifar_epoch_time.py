@@ -65,9 +65,7 @@ def main() -> None:
     epochs = tuple(int(e) for e in args.epochs.split(","))
     cfg = MethodConfig(gamma=0.2 if args.method == "espn" else 1.0, alpha=0.1, epochs=epochs)
     optim = OptimConfig("adam", lr=0.01, betas=(0.0, 0.999))
-    engine = Engine(
-        sn, METHODS.get(args.method)(cfg), optim, args.batch_size, progress=False, amp=args.amp
-    )
+    engine = Engine(sn, METHODS.get(args.method)(cfg), optim, args.batch_size, amp=args.amp)
     marks: list[tuple[str, float]] = []
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 

@@ -234,7 +234,6 @@ def measure(
         setting.optim,
         batch,
         seed=0,
-        progress=False,
     )
     engine.train_task(synthetic_task("task 0", setting, batch, 1, device), 0)
     task = synthetic_task("task 1", setting, batch * args.steps, 2, device)

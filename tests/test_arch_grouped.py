@@ -227,7 +227,7 @@ def test_torchvision_resnext_wraps_trains_without_forgetting_and_exports_exactly
     torch.manual_seed(0)
     sn = wrap(tiny_torchvision_resnext(), torch.zeros(2, 3, 8, 8))
     strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.5, epochs=(1, 1, 1)))
-    engine = Engine(sn, strategy, OPTIMIZERS[0], batch_size=16, seed=0, progress=False)
+    engine = Engine(sn, strategy, OPTIMIZERS[0], batch_size=16, seed=0)
     engine.train_task(tasks[0], 0)
     logits = task_logits(sn, tasks[0], 0)
     engine.train_task(tasks[1], 1)

@@ -52,7 +52,7 @@ def train(model: str, optim: OptimConfig, tmp: Path, method: str = "espn") -> tu
     )
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
-    engine = Engine(sn, METHODS.get(method)(cfg.method_config()), optim, 16, 0, progress=False)
+    engine = Engine(sn, METHODS.get(method)(cfg.method_config()), optim, 16, 0)
     logits, weights = [], []
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)

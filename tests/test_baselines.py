@@ -158,7 +158,7 @@ def train_and_check_logits(args: dict, optim: OptimConfig) -> None:
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(sn, strategy, optim, batch_size=64, seed=0, progress=False)
+    engine = Engine(sn, strategy, optim, batch_size=64, seed=0)
     logits: list[torch.Tensor] = []
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)
@@ -414,9 +414,7 @@ def test_storage_counts_shared_weights_once_and_masks_per_task(fake_mnist, tiny_
     )
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
-    engine = Engine(
-        sn, METHODS.get("espn")(cfg.method_config()), cfg.optim_config(), 64, progress=False
-    )
+    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), cfg.optim_config(), 64)
     owned = []  # frozen after each task: the weights owned by it and earlier tasks
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)

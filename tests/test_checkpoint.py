@@ -347,7 +347,7 @@ def test_engine_state_is_restored(tmp_path):
     torch.randn(3, generator=engine.generator)
     CheckpointWriter(tmp_path, META).save(sn, engine, [])
     other = fresh_supernet("fc", seq)
-    fresh = Engine(other, engine.strategy, engine.optim, 16, seed=99, progress=False)
+    fresh = Engine(other, engine.strategy, engine.optim, 16, seed=99)
     fresh.scaler = torch.amp.GradScaler("cpu")
     restore(read_checkpoint(tmp_path), other, fresh)
     assert fresh.scaler.state_dict() == state

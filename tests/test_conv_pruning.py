@@ -105,9 +105,7 @@ def test_pruned_channels_output_exactly_zero(streams):
     )
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
-    Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32, progress=False).train_task(
-        seq.tasks[0], 0
-    )
+    Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32).train_task(seq.tasks[0], 0)
     units = with_unions(sn.masks[0].units, sn.unions)
     assert sum(int((~a).sum()) for a in units.values()) > 0
     outputs: list[tuple[str, torch.Tensor]] = []
@@ -154,7 +152,7 @@ def test_flop_budget_met_for_every_task(tmp_path, gamma):
     )
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
-    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32, progress=False)
+    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32)
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)
         sn.use_task(t)
@@ -171,7 +169,7 @@ def train_sequence(args: dict, optim: OptimConfig, amp: bool = False) -> None:
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(sn, strategy, optim, batch_size=32, seed=0, progress=False, amp=amp)
+    engine = Engine(sn, strategy, optim, batch_size=32, seed=0, amp=amp)
     logits, states = [], []
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)

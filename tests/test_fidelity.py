@@ -335,7 +335,7 @@ def test_pretrained_weights_become_a_frozen_first_task(tmp_path):
         adopt_pretrained(sn, state, 5)
     assert not sn.masks and not sn.in_training  # nothing changed
     strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, epochs=(1, 1, 1)))
-    engine = Engine(sn, strategy, OptimConfig("adam", lr=1e-2), 16, progress=False)
+    engine = Engine(sn, strategy, OptimConfig("adam", lr=1e-2), 16)
     engine.adopt_task(seq.tasks[0], state)
     for name in layers:
         assert torch.equal(sn.layers[name].frozen, state[f"{name}.weight"] != 0)

@@ -261,3 +261,32 @@ def test_a_python_run_directory_is_read_by_show_and_evaluate(tmp_path: Path) -> 
             epochs=(1, 2, 1),
             batch_size=16,
         )
+
+
+def test_the_progress_bar_is_a_callback_drawn_from_the_engines_events(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``progress=True`` attaches a :class:`ProgressBar` (the engine draws nothing itself):
+    it counts each task's optimizer steps, as many as the task's phases ran, and names the
+    phase and pass it is in."""
+    from espn.training.progress import ProgressBar
+    from helpers.api_models import SmallMLP
+    from test_api import tiny_data
+
+    torch.manual_seed(0)
+    sn = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
+    shown = espn.ContinualLearner(sn, epochs=(1, 2, 1), batch_size=16, progress=True)
+    assert [type(c) for c in shown.callbacks.callbacks] == [ProgressBar]
+    quiet = espn.ContinualLearner(espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8)), epochs=(1, 2, 1))
+    assert quiet.callbacks.callbacks == []
+
+    bar = ProgressBar(disable=False)  # drawn although the output is not a terminal
+    learner = espn.ContinualLearner(sn, epochs=(1, 2, 1), batch_size=16, callbacks=[bar])
+    record = learner.learn(tiny_data(1), test=tiny_data(2))
+    drawn = capsys.readouterr().err
+    steps = sum(p["steps"] for p in record["phases"])
+    assert steps > 0 and f"{steps}/{steps}" in drawn and "step" in drawn
+    for desc in ("task 0 pretrain pass 1/1", "task 0 prune pass 2/2", "task 0 finetune pass 1/1"):
+        assert desc in drawn
+    assert "epoch" not in drawn
+    assert bar.bar is None  # closed when the task's training ended

@@ -50,7 +50,7 @@ def train(model_name: str, shape: tuple[int, ...], method: str, reuse: str, n_ta
     cfg = MethodConfig(
         gamma=gamma, alpha=0.2, epochs=(1, 1, 1), prune_updates_per_epoch=1, settings=own
     )
-    engine = Engine(sn, METHODS.get(method)(cfg), OptimConfig("adam", lr=1e-2), 16, 0, False)
+    engine = Engine(sn, METHODS.get(method)(cfg), OptimConfig("adam", lr=1e-2), 16, 0)
     before, dense, logits = [], [], []
     for t, task in enumerate(seq.tasks):
         before.append({n: m.frozen.clone() for n, m in sn.layers.items()})
@@ -220,9 +220,7 @@ def test_more_than_255_tasks_round_trip_through_the_checkpoint(tmp_path):
     forms = [set(m.forms.values()) for m in sn.masks]
     assert all(f <= {"owned", "structure"} for t, f in enumerate(forms) if t % 7 != 3)
     assert any(f & {"bits", "indices"} for f in forms)
-    engine = Engine(
-        sn, METHODS.get("espn")(MethodConfig()), OptimConfig("adam", lr=1e-3), 8, 0, False
-    )
+    engine = Engine(sn, METHODS.get("espn")(MethodConfig()), OptimConfig("adam", lr=1e-3), 8, 0)
     meta = {"model": "tiny", "benchmark": "tiny", "config": {}, "spec": SPEC}
     CheckpointWriter(tmp_path / "checkpoint", meta).save(sn, engine, [])
     state = load_file(str(tmp_path / "checkpoint" / "state-000001.safetensors"))

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
 import espn.training.engine as engine_module
+import espn.training.progress as progress_module
 from espn.cli.main import app
 from espn.config import make_config
 from espn.data.registry import BENCHMARKS, Benchmark
@@ -327,7 +328,7 @@ def test_progress_and_resume_speak_of_passes_and_steps(
     size rule may turn --epochs into other pass counts)."""
     descriptions: list[str] = []
 
-    class Bar(engine_module.tqdm):
+    class Bar(progress_module.tqdm):
         def __init__(self, *args, **kwargs):
             assert kwargs["unit"] == "step"
             super().__init__(*args, **kwargs)
@@ -336,7 +337,7 @@ def test_progress_and_resume_speak_of_passes_and_steps(
             descriptions.append(desc)
             super().set_description(desc, refresh)
 
-    monkeypatch.setattr(engine_module, "tqdm", Bar)
+    monkeypatch.setattr(progress_module, "tqdm", Bar)
     out = tmp_path / "run"
     options = [o for o in cli_options(out) if o not in ("--quiet", "--no-progress")]
     with monkeypatch.context() as mp:  # 4 steps per pass: killed in the prune phase's 2nd pass

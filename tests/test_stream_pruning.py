@@ -120,7 +120,7 @@ def test_masked_l2_is_the_authors_term_added_in_every_phase(tmp_path, monkeypatc
         method_base, "masked_weight_l2", lambda s: calls.append(s.in_training) or real(s)
     )
     sn = build_supernet(cfg, seq)
-    log = Engine(sn, strategy, ADAM, 32, progress=False).train_task(seq.tasks[0], 0)
+    log = Engine(sn, strategy, ADAM, 32).train_task(seq.tasks[0], 0)
     steps = sum(p["steps"] for p in log.phases)
     assert {p["phase"] for p in log.phases if p["steps"]} == {
         "warmup",
@@ -142,7 +142,7 @@ def test_per_conv_streams_zero_forgetting_flops_and_stream_channels(tmp_path):
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     assert sn.unions, "ESPN's default builds per-conv streams"
-    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32, progress=False)
+    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32)
     engine.train_task(seq.tasks[0], 0)
     before = task_logits(sn, seq.tasks[0], 0)
     engine.train_task(seq.tasks[1], 1)
@@ -206,7 +206,7 @@ def test_coupled_streams_still_work(tmp_path):
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     assert not sn.unions and "layer1" in sn.groups
-    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32, progress=False)
+    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), ADAM, 32)
     engine.train_task(seq.tasks[0], 0)
     before = task_logits(sn, seq.tasks[0], 0)
     engine.train_task(seq.tasks[1], 1)

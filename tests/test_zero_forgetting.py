@@ -26,7 +26,7 @@ def train_and_check(args: dict, optim: OptimConfig) -> None:
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(sn, strategy, optim, batch_size=128, seed=0, progress=False)
+    engine = Engine(sn, strategy, optim, batch_size=128, seed=0)
     snapshots: list[dict[str, torch.Tensor]] = []
     logits: list[torch.Tensor] = []
     for t, task in enumerate(seq.tasks):
@@ -68,7 +68,6 @@ def test_every_frozen_entry_survives_weight_decay(fake_mnist, tiny_run_args):
         METHODS.get("espn")(cfg.method_config()),
         OptimConfig("sgd", lr=0.1, momentum=0.9, weight_decay=0.5),
         batch_size=64,
-        progress=False,
     )
     engine.train_task(seq.tasks[0], 0)
     frozen = {

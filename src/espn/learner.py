@@ -54,6 +54,7 @@ from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
+from espn.training.progress import ProgressBar
 
 
 class LearnerError(EspnError, ValueError):
@@ -127,7 +128,8 @@ class ContinualLearner:
     :mod:`espn.training.callbacks`) and ``loggers`` (callbacks, or logger names such as
     ``"tensorboard"``, ``"csv"``, ``"wandb"``, written under ``out/logs``; see
     :mod:`espn.loggers`) are told of every step, epoch and task (loggers read the loss every
-    ``log_every`` steps); ``progress`` shows a progress bar over each task's optimizer steps;
+    ``log_every`` steps); ``progress`` attaches a progress bar over each task's optimizer
+    steps (the callback :class:`~espn.training.progress.ProgressBar`);
     ``device`` moves the supernet there (default: where it is).
     """
 
@@ -191,12 +193,14 @@ class ContinualLearner:
             cfg.optim_config(),
             int(resolved(cfg.batch_size, "batch_size")),
             cfg.seed,
-            progress,
             amp=cfg.amp,
             reference_size=cfg.floor_reference(),
         )
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
-        self.callbacks = CallbackList([*callbacks, *make_loggers(loggers, run_dir, log_every)])
+        bar = [ProgressBar()] if progress else []
+        self.callbacks = CallbackList(
+            [*callbacks, *make_loggers(loggers, run_dir, log_every), *bar]
+        )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
         self.device = next(supernet.parameters()).device
         #: per learned task: its data (None: not known here, e.g. a task loaded from a run)

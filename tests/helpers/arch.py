@@ -51,7 +51,7 @@ def check_two_tasks(
     x0 = seq.tasks[0].train.x[:2]
     sn = Supernet(to_supernet(net(), x0), x0)
     strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.5, epochs=(1, 1, 1)))
-    engine = Engine(sn, strategy, optim, batch_size=16, seed=0, progress=False)
+    engine = Engine(sn, strategy, optim, batch_size=16, seed=0)
     engine.train_task(seq.tasks[0], 0)
     assert sn.masks[0].new_weights <= strategy.weight_budget
     logits = task_logits(sn, seq.tasks[0], 0)

@@ -73,7 +73,6 @@ def make_engine(
         optim or OptimConfig("adam", lr=1e-2),
         batch_size=16,
         seed=seed,
-        progress=False,
     )
     return sn, strategy, engine
 

@@ -76,9 +76,7 @@ def train_tiny(kind: str, n_tasks: int = 3, seed: int = 0) -> tuple[Supernet, Ta
     torch.manual_seed(seed)
     sn = Supernet(make_model(kind), seq.tasks[0].train.x[:2])
     strategy: Strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.3, epochs=(1, 1, 1)))
-    engine = Engine(
-        sn, strategy, OptimConfig("adam", lr=1e-2), batch_size=16, seed=seed, progress=False
-    )
+    engine = Engine(sn, strategy, OptimConfig("adam", lr=1e-2), batch_size=16, seed=seed)
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)
     return sn, seq, engine

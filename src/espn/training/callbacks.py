@@ -17,6 +17,28 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
+class TrainStart:
+    """Before a task's optimizer steps: ``total`` steps in all its phases (as the size rule
+    counts them), ``done`` of them already run (a task resumed mid-way)."""
+
+    task: int
+    name: str
+    total: int
+    done: int
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    """Before pass ``epoch`` (from 0) of ``n_epochs`` over a task's training data in
+    ``phase``."""
+
+    task: int
+    phase: str
+    epoch: int
+    n_epochs: int
+
+
+@dataclass(frozen=True)
 class StepEnd:
     """After one optimizer step: ``step`` counts the task's steps so far (from 1)."""
 
@@ -61,11 +83,20 @@ class Callback:
     def on_task_start(self, learner: Any, task: int, name: str) -> None:
         """Before task ``task`` is trained (also when it resumes mid-way)."""
 
+    def on_train_start(self, learner: Any, event: TrainStart) -> None:
+        """Before a task's first optimizer step (also when it resumes mid-way)."""
+
+    def on_epoch_start(self, learner: Any, event: EpochStart) -> None:
+        """Before every pass over the task's training data."""
+
     def on_step_end(self, learner: Any, event: StepEnd) -> None:
         """After every optimizer step."""
 
     def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
         """After every pass over the task's training data."""
+
+    def on_train_end(self, learner: Any, task: int) -> None:
+        """After a task's last optimizer step, or when its training stopped."""
 
     def on_task_end(self, learner: Any, event: TaskEnd) -> None:
         """After a task is committed and evaluated."""
@@ -92,6 +123,14 @@ class CallbackList(Callback):
         for c in self.callbacks:
             c.on_task_start(learner, task, name)
 
+    def on_train_start(self, learner: Any, event: TrainStart) -> None:
+        for c in self.callbacks:
+            c.on_train_start(learner, event)
+
+    def on_epoch_start(self, learner: Any, event: EpochStart) -> None:
+        for c in self.callbacks:
+            c.on_epoch_start(learner, event)
+
     def on_step_end(self, learner: Any, event: StepEnd) -> None:
         for c in self.callbacks:
             c.on_step_end(learner, event)
@@ -99,6 +138,10 @@ class CallbackList(Callback):
     def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
         for c in self.callbacks:
             c.on_epoch_end(learner, event)
+
+    def on_train_end(self, learner: Any, task: int) -> None:
+        for c in self.callbacks:
+            c.on_train_end(learner, task)
 
     def on_task_end(self, learner: Any, event: TaskEnd) -> None:
         for c in self.callbacks:

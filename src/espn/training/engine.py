@@ -9,7 +9,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
@@ -18,7 +17,7 @@ from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
-from espn.training.callbacks import CallbackList, EpochEnd, StepEnd
+from espn.training.callbacks import CallbackList, EpochEnd, EpochStart, StepEnd, TrainStart
 from espn.training.optim import (
     FrozenGuard,
     OptimConfig,
@@ -124,7 +123,6 @@ class Engine:
         optim: OptimConfig,
         batch_size: int,
         seed: int = 0,
-        progress: bool = True,
         amp: bool = False,
         reference_size: int | None = None,
     ) -> None:
@@ -135,7 +133,6 @@ class Engine:
         #: the size rule's reference data size (see :func:`plan_phase`; None: epochs as given)
         self.reference_size = reference_size
         self.generator = torch.Generator().manual_seed(seed)
-        self.progress = progress
         # mixed precision: float16 + loss scaling on CUDA, bfloat16 (no scaling needed) on CPU
         self.amp = amp
         self.device_type = next(supernet.parameters()).device.type
@@ -210,17 +207,12 @@ class Engine:
         before = [sum(q.steps for q in plans[:i]) for i in range(len(plans))]
         start = time.perf_counter() - at.seconds  # a resumed task counts its time before
         loss_value, epochs_done = torch.tensor(at.loss), at.epochs_done
-        bar = tqdm(
-            initial=before[at.phase] + at.step if at.phase < len(plans) else total,
-            total=total,
-            desc=f"task {index}",
-            unit="step",
-            disable=None if self.progress else True,
-            leave=False,
-        )
         sn.train()
         device = next(sn.parameters()).device
         hooks = self.callbacks if self.callbacks.callbacks else None
+        if hooks is not None:
+            done_steps = before[at.phase] + at.step if at.phase < len(plans) else total
+            hooks.on_train_start(self.owner, TrainStart(index, task.name, total, done_steps))
         for p in range(at.phase, len(phases)):
             phase, plan = phases[p], plans[p]
             if strategy.skips(phase):
@@ -235,7 +227,8 @@ class Engine:
             if phase.free_only and first == 0 and n_epochs > 0:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
             for epoch in range(first, n_epochs):
-                bar.set_description(f"task {index} {phase.name} pass {epoch + 1}/{n_epochs}")
+                if hooks is not None:
+                    hooks.on_epoch_start(self.owner, EpochStart(index, phase.name, epoch, n_epochs))
                 finite = torch.ones((), dtype=torch.bool, device=device)
                 for x, y in task.batches("train", self.batch_size, True, self.generator):
                     if step == n_iters:  # the size rule's last pass ends at the step count
@@ -252,16 +245,15 @@ class Engine:
                     while done < len(points) and points[done] == step:
                         done += 1
                         strategy.prune_step(sn, done / len(points))
-                    bar.update(1)
                 if not bool(finite):  # before the epoch is checkpointed: the last good one stays
-                    bar.close()
+                    if hooks is not None:
+                        hooks.on_train_end(self.owner, index)
                     raise TrainingStopped(
                         f"task {index} ({task.name}), {phase.name} phase, epoch "
                         f"{epoch + 1}/{n_epochs}: the training loss is not finite "
                         f"(last {float(loss_value):g}); training diverged, so it stopped "
                         f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
                     )
-                bar.set_postfix(loss=f"{float(loss_value):.3f}")
                 epochs_done += 1
                 last = epoch + 1 == n_epochs
                 if phase.free_only and last:  # back to the whole network
@@ -297,7 +289,8 @@ class Engine:
                     )
             if n_epochs == 0:
                 ran.append(plan.record())
-        bar.close()
+        if hooks is not None:
+            hooks.on_train_end(self.owner, index)
         recalibrate_batchnorm(sn, task, self.batch_size)
         sn.eval()
         strategy.commit(sn, task)
