@@ -23,6 +23,8 @@ from espn.config import make_config
 from espn.data.tensors import split_tensors
 from espn.experiment import build_benchmark, run_experiment
 
+DOORS = ("cli", "recipe", "own")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -37,7 +39,16 @@ def main() -> None:
         default=None,
         help="the size rule's reference (default: the recipe's, 60000 for the MNIST family)",
     )
+    parser.add_argument(
+        "--doors",
+        default=",".join(DOORS),
+        help="which doors to run, comma-separated (one process per door runs them in parallel)",
+    )
     args = parser.parse_args()
+    doors = [d.strip() for d in args.doors.split(",") if d.strip()]
+    unknown = sorted(set(doors) - set(DOORS))
+    if unknown:
+        parser.error(f"unknown door(s) {', '.join(unknown)}; choose from {', '.join(DOORS)}")
     sizing = {"tasks": args.tasks, "train_per_task": args.train_per_task}
     sizing["test_per_task"] = args.test_per_task
     rule = {} if args.reference_size is None else {"reference_size": args.reference_size}
@@ -45,16 +56,19 @@ def main() -> None:
         cfg = make_config(
             benchmark=args.benchmark, method=args.method, out=Path(tmp) / "cli", **sizing, **rule
         )
-        start = time.perf_counter()
-        doc = run_experiment(cfg, progress=False)
-        cli_s = time.perf_counter() - start
+        results = {}
+        if "cli" in doors:
+            start = time.perf_counter()
+            doc = run_experiment(cfg, progress=False)
+            results["espn run"] = (doc["accuracy_matrix"][-1], time.perf_counter() - start)
         seq = build_benchmark(cfg)
         data = [(split_tensors(t, "train"), split_tensors(t, "test")) for t in seq.tasks]
-        results = {"espn run": (doc["accuracy_matrix"][-1], cli_s)}
-        for label, recipe in (
-            ("learner, recipe=benchmark", args.benchmark),
-            ("learner, own", None),
+        for door, label, recipe in (
+            ("recipe", "learner, recipe=benchmark", args.benchmark),
+            ("own", "learner, own", None),
         ):
+            if door not in doors:
+                continue
             torch.manual_seed(cfg.seed)
             sn = espn.wrap(
                 str(cfg.model),
@@ -74,8 +88,9 @@ def main() -> None:
         mean = sum(row) / max(len(row), 1)
         cells = ", ".join(f"{a:.2f}" for a in row)
         print(f"| {label} | {cells} | {mean:.2f} | {seconds:.1f} |")
-    same = results["espn run"][0] == results["learner, recipe=benchmark"][0]
-    print(f"espn run and the learner with the benchmark's recipe agree: {same}")
+    if "espn run" in results and "learner, recipe=benchmark" in results:
+        same = results["espn run"][0] == results["learner, recipe=benchmark"][0]
+        print(f"espn run and the learner with the benchmark's recipe agree: {same}")
 
 
 if __name__ == "__main__":
