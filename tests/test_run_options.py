@@ -68,6 +68,7 @@ def test_flag_values_reach_the_configuration(tmp_path: Path, monkeypatch) -> Non
         "prune_updates_per_epoch": 2,
         "task_affine": True,
         "amp": False,
+        "compile": True,
         "train_sizes": "50,40,30",
         "task_order": "small-first",
         "eval_every": 2,

@@ -202,8 +202,14 @@ class RunConfig(BaseModel):
     )
     amp: bool = Field(
         False,
-        description="Mixed precision: float16 + loss scaling on CUDA; bfloat16 on a CPU, "
-        "which warns (rarely faster there).",
+        description="Mixed precision: bfloat16 autocast (float16 + loss scaling on a GPU "
+        "without bfloat16); on a CPU it warns (rarely faster there).",
+    )
+    compile: bool = Field(
+        False,
+        description="Compile the training step with torch.compile (CUDA graphs where every "
+        "batch has the same size, channels_last convolutions on CUDA); pays on a GPU, "
+        "after a compile of about a minute.",
     )
     recipe: str | None = Field(
         None,
@@ -725,6 +731,7 @@ TRAINING_SETTINGS = (
     "eval_every",
     "seed",
     "amp",
+    "compile",
     "step_floor",
     "reference_size",
     "preset",

@@ -195,6 +195,7 @@ class ContinualLearner:
             cfg.seed,
             amp=cfg.amp,
             reference_size=cfg.floor_reference(),
+            compile=cfg.compile,
         )
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         bar = [ProgressBar()] if progress else []

@@ -140,6 +140,8 @@ class TaskRunner:
                 "test_samples": 0 if task is None else len(task.test),
                 "pretrained": pretrained is not None,  # from init weights: no budget applies
             }
+            if log.compiled_graphs is not None:  # --compile: graphs compiled for the task
+                record["compiled_graphs"] = log.compiled_graphs
             self.records.append(record)
             new.append((record, "" if task is None else task.name, t))
         for record, name, t in new:

@@ -93,18 +93,27 @@ class WeightedL1(Regulariser):
         super().__init__(strength)
         self.lambdas: dict[str, float] = {}
         #: the lambdas as one tensor (a module's per entry), with the dict and device it was
-        #: built from (a new dict after every refresh rebuilds it)
+        #: built from (a new dict after every refresh rebuilds it, into the same tensor where
+        #: it fits: a compiled step reads it as an input that no prune event replaces)
         self._per_module: tuple[dict[str, float], torch.device, Tensor] | None = None
 
     def __call__(self, supernet: Supernet) -> Tensor:
         weights = [m.weight for mods in supernet.groups.values() for m in mods]
-        cached = self._per_module
-        if cached is None or cached[0] is not self.lambdas or cached[1] != weights[0].device:
-            values = [self.lambdas[g] for g, mods in supernet.groups.items() for _ in mods]
-            lambdas = torch.tensor(values, dtype=weights[0].dtype, device=weights[0].device)
-            cached = self._per_module = (self.lambdas, weights[0].device, lambdas)
         # one fused L1 pass over every saliency vector, then one dot product with the lambdas
-        return torch.stack(torch._foreach_norm(weights, 1)) @ cached[2]
+        return torch.stack(torch._foreach_norm(weights, 1)) @ self._lambda_tensor(supernet)
+
+    def _lambda_tensor(self, supernet: Supernet) -> Tensor:
+        """:attr:`lambdas` per gate/BatchNorm as one tensor on the saliencies' device, rebuilt
+        after the dict changed (in place where the old one fits, so its identity stays)."""
+        weight = next(m.weight for mods in supernet.groups.values() for m in mods)
+        cached = self._per_module
+        if cached is None or cached[0] is not self.lambdas or cached[1] != weight.device:
+            values = [self.lambdas[g] for g, mods in supernet.groups.items() for _ in mods]
+            fresh = torch.tensor(values, dtype=weight.dtype, device=weight.device)
+            if cached is not None and cached[2].shape == fresh.shape and cached[1] == weight.device:
+                fresh = cached[2].copy_(fresh)
+            cached = self._per_module = (self.lambdas, weight.device, fresh)
+        return cached[2]
 
     @abstractmethod
     def relative_weights(self, supernet: Supernet) -> dict[str, float]:
@@ -114,6 +123,7 @@ class WeightedL1(Regulariser):
         n = max(supernet.alive_unit_entries(), 1)
         weights = self.relative_weights(supernet)
         self.lambdas = {g: self.strength * w / n for g, w in weights.items()}
+        self._lambda_tensor(supernet)  # here, at the prune event, not inside a compiled step
 
     def state_dict(self) -> dict[str, float | dict[str, float]]:
         return {"lambdas": dict(self.lambdas)}

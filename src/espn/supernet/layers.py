@@ -75,7 +75,11 @@ class MaskedLayer(nn.Module):
 
     def mask_is_ones(self) -> bool:
         """Whether ``weight_mask`` is known to be all ones (see :meth:`note_mask`); a mask
-        swapped or written since reads as not known."""
+        swapped or written since reads as not known. Inside ``torch.compile`` it reads as not
+        known: a compiled graph multiplies by the mask tensor, which a prune event updates
+        in place, so that no Python value guards the graph (see :mod:`espn.training.compile`)."""
+        if torch.compiler.is_compiling():
+            return False
         known = self.__dict__.get("_ones")
         mask = self.weight_mask
         return known is not None and known[0] is mask and known[1] == mask._version
@@ -88,8 +92,10 @@ class MaskedLayer(nn.Module):
 
     def mask_count(self) -> Tensor:
         """The number of weights in the mask, as a tensor (no host read), counted again only
-        when the mask changed."""
+        when the mask changed (inside ``torch.compile``: every time, see :meth:`mask_is_ones`)."""
         mask = self.weight_mask
+        if torch.compiler.is_compiling():
+            return mask.sum()
         known = self.__dict__.get("_count")
         if known is not None and known[0] is mask and known[1] == mask._version:
             return known[2]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
@@ -18,6 +19,7 @@ from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.callbacks import CallbackList, EpochEnd, EpochStart, StepEnd, TrainStart
+from espn.training.compile import StepCompiler
 from espn.training.optim import (
     FrozenGuard,
     OptimConfig,
@@ -43,6 +45,8 @@ class TaskLog:
     #: per phase, what ran: ``{"phase", "recipe_epochs", "epochs", "steps"}`` (a skipped
     #: phase ran 0 epochs and 0 steps)
     phases: list[dict[str, Any]] = field(default_factory=list)
+    #: graphs the compiled step compiled during the task (None: the step ran eagerly)
+    compiled_graphs: int | None = None
 
 
 @dataclass
@@ -125,6 +129,7 @@ class Engine:
         seed: int = 0,
         amp: bool = False,
         reference_size: int | None = None,
+        compile: bool = False,
     ) -> None:
         self.supernet = supernet
         self.strategy = strategy
@@ -133,10 +138,11 @@ class Engine:
         #: the size rule's reference data size (see :func:`plan_phase`; None: epochs as given)
         self.reference_size = reference_size
         self.generator = torch.Generator().manual_seed(seed)
-        # mixed precision: float16 + loss scaling on CUDA, bfloat16 (no scaling needed) on CPU
+        # mixed precision: bfloat16 (no loss scaling needed), float16 + loss scaling on a GPU
+        # without bfloat16
         self.amp = amp
         self.device_type = next(supernet.parameters()).device.type
-        self.amp_dtype = torch.float16 if self.device_type == "cuda" else torch.bfloat16
+        self.amp_dtype = autocast_dtype(self.device_type)
         self.scaler = torch.amp.GradScaler(
             self.device_type, enabled=amp and self.amp_dtype == torch.float16
         )
@@ -144,6 +150,8 @@ class Engine:
         #: :attr:`owner` (the learner driving this engine) as their ``learner``
         self.callbacks = CallbackList()
         self.owner: Any = None
+        #: the compiled step's compiler (None: eager; see :mod:`espn.training.compile`)
+        self.compiler = StepCompiler() if compile else None
         strategy.attach(supernet)
 
     def _trainable(self) -> list[torch.Tensor]:
@@ -209,6 +217,9 @@ class Engine:
         loss_value, epochs_done = torch.tensor(at.loss), at.epochs_done
         sn.train()
         device = next(sn.parameters()).device
+        graphs = 0 if self.compiler is None else self.compiler.graphs
+        if self.compiler is not None:
+            self.compiler.start_task(sn.model, device, len(task.train) % self.batch_size == 0)
         hooks = self.callbacks if self.callbacks.callbacks else None
         if hooks is not None:
             done_steps = before[at.phase] + at.step if at.phase < len(plans) else total
@@ -296,7 +307,8 @@ class Engine:
         strategy.commit(sn, task)
         seconds = time.perf_counter() - start
         per = seconds / max(epochs_done, 1)
-        return TaskLog(seconds, epochs_done, per, float(loss_value), ran)
+        compiled = None if self.compiler is None else self.compiler.graphs - graphs
+        return TaskLog(seconds, epochs_done, per, float(loss_value), ran, compiled)
 
     def adopt_task(self, task: Task, tensors: dict[str, torch.Tensor]) -> TaskLog:
         """Commit pretrained ``tensors`` as ``task`` without training (``init_weights``): its
@@ -329,6 +341,22 @@ class Engine:
             return own.lr
         return own.lr * lr / self.optim.lr
 
+    def batch_loss(self, x: Tensor, y: Tensor, regularise: bool) -> tuple[Tensor, Tensor]:
+        """The loss of a batch and the total the step differentiates (the loss plus the
+        method's penalty where ``regularise``, plus its weight penalty): the part of the step
+        that ``--compile`` compiles."""
+        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
+            loss = self.strategy.loss(self.strategy.forward(self.supernet, x), y)
+            total = loss
+            if regularise:
+                penalty = self.strategy.penalty(self.supernet)
+                if penalty is not None:
+                    total = total + penalty
+            weight_penalty = self.strategy.weight_penalty(self.supernet)
+            if weight_penalty is not None:
+                total = total + weight_penalty
+        return loss, total
+
     def _step(
         self,
         optimizer: TaskOptimizer,
@@ -340,16 +368,10 @@ class Engine:
         own_lr: float | None,
     ) -> torch.Tensor:
         optimizer.set_lr(lr, own_lr)
-        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
-            loss = self.strategy.loss(self.strategy.forward(self.supernet, x), y)
-            total = loss
-            if phase.regularise:
-                penalty = self.strategy.penalty(self.supernet)
-                if penalty is not None:
-                    total = total + penalty
-            weight_penalty = self.strategy.weight_penalty(self.supernet)
-            if weight_penalty is not None:
-                total = total + weight_penalty
+        if self.compiler is None:
+            loss, total = self.batch_loss(x, y, phase.regularise)
+        else:
+            loss, total = self.compiler.run(self.batch_loss, x, y, phase.regularise)
         optimizer.zero_grad()
         self.scaler.scale(total).backward()
         guard.mask_gradients()
@@ -359,6 +381,14 @@ class Engine:
         guard.restore()
         self.strategy.after_step(self.supernet)
         return loss.detach()
+
+
+def autocast_dtype(device_type: str) -> torch.dtype:
+    """The dtype ``--amp`` autocasts to: bfloat16, which needs no loss scaling, unless the
+    device is a GPU without it (float16 there, with loss scaling)."""
+    if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
 
 
 def _check_capacity(strategy: Strategy, name: str, index: int) -> None:

@@ -1,0 +1,98 @@
+"""The compiled training step (``espn run --compile``, ``compile=True``).
+
+A training step is the loss of a batch (the forward pass, the loss, the penalties, under
+autocast with ``--amp``), its backward pass, the frozen-weight guard and the optimizers. With
+compile, the first part runs through ``torch.compile`` (its backward is compiled with it by
+AOTAutograd); the guard and the optimizers stay eager (the fused optimizers are one kernel
+pass each already), exactly as a plain ``torch.compile(model)`` loop runs its optimizer.
+
+* On CUDA, where every training batch of the task has the same size (the task's training
+  samples a multiple of the batch size), the mode is ``"reduce-overhead"``: the compiled
+  forward and backward are replayed as CUDA graphs, one launch each, which is what a small
+  network's launch-bound step needs. A task with a short last batch compiles with the default
+  mode (the short batch is a second shape).
+* On CUDA, a convolutional network's inputs enter the graph in ``channels_last`` memory
+  format (the convolutions then run in the layout the tensor cores want); the weights stay as
+  they are, so checkpoints and exports do not change.
+* Masks, gates and the penalty's lambdas are tensors that a prune event updates in place
+  (same shape, dtype and device), and the code the graph traces reads no Python value that
+  a prune event changes (``MaskedLayer.mask_is_ones`` reads as False while compiling), so a
+  prune event compiles nothing. A new graph is compiled where the step's structure really
+  changes: the penalty switched on or off between phases, gates released after pruning (no
+  longer trained), a new batch shape or head size. :attr:`StepCompiler.graphs` counts them
+  (``compiled_graphs`` in a task's record).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch._dynamo.utils import counters
+
+#: the backend ``--compile`` uses (tests may use a cheap one, e.g. ``"aot_eager"``)
+DEFAULT_BACKEND = "inductor"
+#: the mode of a step whose shapes are static on CUDA: forward and backward as CUDA graphs
+STATIC_MODE = "reduce-overhead"
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (every backend)."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+def is_convolutional(model: nn.Module) -> bool:
+    """Whether ``model`` has a 2-D convolution (its inputs then go ``channels_last`` on CUDA)."""
+    return any(isinstance(m, nn.Conv2d) for m in model.modules())
+
+
+class StepCompiler:
+    """Runs the loss part of the engine's step through ``torch.compile``, one compiled
+    function per mode, and counts the graphs compiled for it (:attr:`graphs`)."""
+
+    def __init__(self, backend: str = DEFAULT_BACKEND) -> None:
+        self.backend = backend
+        #: graphs compiled by this step so far (a first compile counts one per graph)
+        self.graphs = 0
+        self._compiled: dict[str | None, Callable[..., Any]] = {}
+        self._mode: str | None = None
+        self._channels_last = False
+
+    def start_task(self, model: nn.Module, device: torch.device, static: bool) -> None:
+        """Choose the mode and input layout of a task's steps: ``static`` when every
+        training batch has the same size (see the module docstring)."""
+        cuda = device.type == "cuda"
+        self._mode = STATIC_MODE if cuda and static and self.backend == "inductor" else None
+        self._channels_last = cuda and is_convolutional(model)
+
+    @property
+    def mode(self) -> str | None:
+        """The torch.compile mode of the current task's steps (None: the default)."""
+        return self._mode
+
+    def run(self, fn: Callable[..., tuple[Tensor, Tensor]], x: Tensor, *args: Any) -> Any:
+        """``fn(x, *args)`` (the step's ``(loss, total)``), compiled; the loss comes back
+        as a tensor of its own (a CUDA graph's outputs are overwritten by its next replay)."""
+        compiled = self._compiled.get(self._mode)
+        if compiled is None:
+            compiled = torch.compile(
+                _with_layout, backend=self.backend, mode=self._mode, dynamic=False
+            )
+            self._compiled[self._mode] = compiled
+        if self._mode == STATIC_MODE:
+            torch.compiler.cudagraph_mark_step_begin()
+        before = compiled_graphs()
+        loss, total = compiled(fn, self._channels_last, x, *args)
+        self.graphs += compiled_graphs() - before
+        return (loss.detach().clone() if self._mode == STATIC_MODE else loss), total
+
+
+def _with_layout(
+    fn: Callable[..., tuple[Tensor, Tensor]], channels_last: bool, x: Tensor, *args: Any
+) -> tuple[Tensor, Tensor]:
+    """What is compiled: ``fn`` with a 4-D input in ``channels_last`` format if asked."""
+    if channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return fn(x, *args)
