@@ -152,6 +152,10 @@ class Strategy(ABC):
     #: how the method's own parameters (:meth:`extra_parameters`) train, apart from the
     #: supernet weights; None: with the weights, in one optimizer
     own_optim: ClassVar[OptimConfig | None] = None
+    #: whether the method's fine-tuning trains the weights through the default forward, loss
+    #: and masked-L2 term alone, so that a physically slimmed copy of the task's sub-network
+    #: trains them exactly (see :mod:`espn.training.slim_step`)
+    trains_slim: ClassVar[bool] = False
 
     def __init__(self, cfg: MethodConfig) -> None:
         self.cfg = cfg

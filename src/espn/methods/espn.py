@@ -80,6 +80,7 @@ class ESPN(Strategy):
 
     name = "espn"
     options = (*UNIT_PRUNING_OPTIONS, MASKED_L2_OPTION, FREE_INIT_OPTION)
+    trains_slim = True
 
     def __init__(self, cfg: MethodConfig) -> None:
         super().__init__(cfg)

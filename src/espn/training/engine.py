@@ -27,6 +27,7 @@ from espn.training.optim import (
     cosine_factor,
     step_factor,
 )
+from espn.training.slim_step import SlimPhase, slim_phase_applies
 
 
 class TrainingStopped(EspnError, RuntimeError):
@@ -130,6 +131,7 @@ class Engine:
         amp: bool = False,
         reference_size: int | None = None,
         compile: bool = False,
+        slim_training: bool = True,
     ) -> None:
         self.supernet = supernet
         self.strategy = strategy
@@ -137,6 +139,8 @@ class Engine:
         self.batch_size = batch_size
         #: the size rule's reference data size (see :func:`plan_phase`; None: epochs as given)
         self.reference_size = reference_size
+        #: fine-tune on a physically slimmed copy where exact (see :meth:`_slim_phase`)
+        self.slim_training = slim_training
         self.generator = torch.Generator().manual_seed(seed)
         # mixed precision: bfloat16 (no loss scaling needed), float16 + loss scaling on a GPU
         # without bfloat16
@@ -237,6 +241,8 @@ class Engine:
                 strategy.prune_step(sn, done / len(points))
             if phase.free_only and first == 0 and n_epochs > 0:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
+            slim = self._slim_phase(phases, p, optimizer)
+            opt, grd, net = (optimizer, guard, None) if slim is None else slim.parts()
             for epoch in range(first, n_epochs):
                 if hooks is not None:
                     hooks.on_epoch_start(self.owner, EpochStart(index, phase.name, epoch, n_epochs))
@@ -246,7 +252,7 @@ class Engine:
                         break
                     lr = self._lr(phase, epoch, n_epochs, step, n_iters)
                     own_lr = self._own_lr(optimizer.own_config, lr, before[p] + step, total)
-                    loss_value = self._step(optimizer, guard, phase, x, y, lr, own_lr)
+                    loss_value = self._step(opt, grd, phase, x, y, lr, own_lr, net)
                     finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
                     step += 1
                     if hooks is not None:  # the loss stays on the device: no sync here
@@ -265,6 +271,8 @@ class Engine:
                         f"(last {float(loss_value):g}); training diverged, so it stopped "
                         f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
                     )
+                if slim is not None:  # the supernet holds every epoch's end (checkpoints)
+                    slim.write_back(optimizer)
                 epochs_done += 1
                 last = epoch + 1 == n_epochs
                 if phase.free_only and last:  # back to the whole network
@@ -318,6 +326,16 @@ class Engine:
         self.supernet.eval()
         return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
 
+    def _slim_phase(
+        self, phases: list[Phase], p: int, optimizer: TaskOptimizer
+    ) -> SlimPhase | None:
+        """Phase ``p`` trained on a slimmed copy of the working sub-network, where the run
+        allows it (``slim_training``), the phase's units are fixed and the copy is exact and
+        narrower (see :mod:`espn.training.slim_step`); None: the masked supernet trains."""
+        if not (self.slim_training and slim_phase_applies(self.strategy, phases, p)):
+            return None
+        return SlimPhase.build(self.supernet, self.optim, self._trainable(), optimizer)
+
     def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
         """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)
         that runs ``n_epochs`` passes of ``n_iters`` steps in all (see :func:`plan_phase`)."""
@@ -341,18 +359,21 @@ class Engine:
             return own.lr
         return own.lr * lr / self.optim.lr
 
-    def batch_loss(self, x: Tensor, y: Tensor, regularise: bool) -> tuple[Tensor, Tensor]:
+    def batch_loss(
+        self, x: Tensor, y: Tensor, regularise: bool, net: Supernet | None = None
+    ) -> tuple[Tensor, Tensor]:
         """The loss of a batch and the total the step differentiates (the loss plus the
-        method's penalty where ``regularise``, plus its weight penalty): the part of the step
-        that ``--compile`` compiles."""
+        method's penalty where ``regularise``, plus its weight penalty) of ``net`` (default:
+        the supernet; a slim phase's copy): the part of the step that ``--compile`` compiles."""
+        net = self.supernet if net is None else net
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
-            loss = self.strategy.loss(self.strategy.forward(self.supernet, x), y)
+            loss = self.strategy.loss(self.strategy.forward(net, x), y)
             total = loss
             if regularise:
-                penalty = self.strategy.penalty(self.supernet)
+                penalty = self.strategy.penalty(net)
                 if penalty is not None:
                     total = total + penalty
-            weight_penalty = self.strategy.weight_penalty(self.supernet)
+            weight_penalty = self.strategy.weight_penalty(net)
             if weight_penalty is not None:
                 total = total + weight_penalty
         return loss, total
@@ -366,12 +387,15 @@ class Engine:
         y: torch.Tensor,
         lr: float,
         own_lr: float | None,
+        net: Supernet | None = None,
     ) -> torch.Tensor:
+        """One optimizer step of ``net`` (default: the supernet; a slim phase's copy)."""
+        net = self.supernet if net is None else net
         optimizer.set_lr(lr, own_lr)
         if self.compiler is None:
-            loss, total = self.batch_loss(x, y, phase.regularise)
+            loss, total = self.batch_loss(x, y, phase.regularise, net)
         else:
-            loss, total = self.compiler.run(self.batch_loss, x, y, phase.regularise)
+            loss, total = self.compiler.run(self.batch_loss, x, y, phase.regularise, net)
         optimizer.zero_grad()
         self.scaler.scale(total).backward()
         guard.mask_gradients()
@@ -379,7 +403,7 @@ class Engine:
             self.scaler.step(opt)  # skipped when the scaled gradients overflowed
         self.scaler.update()
         guard.restore()
-        self.strategy.after_step(self.supernet)
+        self.strategy.after_step(net)
         return loss.detach()
 
 

@@ -1,0 +1,377 @@
+"""Training a task's sub-network at its own cost: a physically slimmed copy of it.
+
+Once a task's units are fixed (its fine-tuning phase, after the last prune event), the masked
+supernet still computes every dead unit as a zero. :class:`SlimNet` is a copy of the model
+holding the task's alive units only (the widths the export builds), which the engine's step
+trains instead; its free weights, task state (BatchNorm, head) and optimizer state are written
+back into the supernet (:meth:`SlimPhase.write_back`) at every epoch end, before the epoch is
+checkpointed, so a run resumed from that checkpoint rebuilds the same copy and continues
+exactly. Frozen weights are never written back, so zero forgetting stays exact.
+
+Inside the copy, a weight that the task may not change (owned by an earlier task, or outside
+the task's weight mask) is guarded as the supernet guards its frozen weights
+(:class:`espn.training.optim.FrozenGuard`): its gradient is zeroed, its optimizer state starts
+at zero and, when an optimizer decays, it is put back after every step. The weights outside the
+mask are zero in the copy and stay zero, so its layers skip the mask product.
+
+A residual stream pruned per conv (a union of unit groups, see ``espn.models.resnet``) keeps,
+in every layer writing or reading it, the channels alive in any group joined to it through a
+union: channels dead for one writer but kept for the stream stay in that writer as exact zeros
+(its gate/BatchNorm masks them, as in the supernet), so that every addition adds tensors of
+one width.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from espn.errors import EspnError
+from espn.layers.batchnorm1d import TaskBatchNorm1d
+from espn.methods.base import Phase, Strategy
+from espn.supernet.layers import (
+    MaskedConv2d,
+    MaskedLayer,
+    MaskedLinear,
+    TaskBatchNorm2d,
+    TaskBias,
+    TaskGroupNorm,
+    TaskHead,
+    TaskSpecific,
+    UnitGate,
+    UnitModule,
+    expand_units,
+)
+from espn.supernet.supernet import Supernet
+from espn.training.optim import FrozenGuard, OptimConfig, TaskOptimizer
+
+#: the module types a slim copy slices (exactly these: a subclass, e.g. a transformer's
+#: token gate, may compute across units and is not sliced)
+SLICED = (MaskedLinear, MaskedConv2d, UnitGate, TaskBatchNorm2d, TaskBatchNorm1d, TaskGroupNorm)
+#: task modules a slim copy keeps as they are (their width is the task's classes)
+KEPT = (TaskHead, TaskBias)
+#: largest difference allowed between the slim copy's and the supernet's logits on a check
+#: batch, relative to the largest logit (at least 1): float32 rounding of sums in another order
+CHECK_TOLERANCE = 1e-4
+#: buffers that describe the sub-network rather than train: never written back
+_FIXED_BUFFERS = ("unit_mask", "weight_mask", "frozen", "released")
+
+
+class SlimUnsupported(EspnError, ValueError):
+    """The model holds a module a slim copy cannot slice exactly; the phase trains the masked
+    supernet instead."""
+
+
+def slim_phase_applies(strategy: Strategy, phases: list[Phase], p: int) -> bool:
+    """Whether phase ``p`` may train a slim copy: the method declares that its weights train
+    through the default forward, loss and masked-L2 term (:attr:`Strategy.trains_slim`), the
+    phase has no prune event, no unit penalty and no free-only forward, and an earlier phase
+    of the task pruned (the task's units and weights are then fixed: its fine-tuning)."""
+    phase = phases[p]
+    return (
+        strategy.trains_slim
+        and phase.prune_updates == 0
+        and not phase.regularise
+        and not phase.free_only
+        and any(q.prune_updates > 0 for q in phases[:p])
+    )
+
+
+def slice_units(supernet: Supernet) -> dict[str, Tensor]:
+    """The units a slim copy keeps, per unit group and union: the alive ones; for groups
+    joined through unions of groups (a residual stream pruned per conv), every unit alive in
+    any group of the joined set, so that the stream has one width wherever it is added."""
+    units = supernet.unit_masks()
+    parent = {g: g for g in units}
+
+    def root(g: str) -> str:
+        while parent[g] != g:
+            g = parent[g]
+        return g
+
+    for members in supernet.unions.values():
+        for g in members[1:]:
+            parent[root(g)] = root(members[0])
+    joined: dict[str, Tensor] = {}
+    for g, alive in units.items():
+        r = root(g)
+        joined[r] = alive if r not in joined else joined[r] | alive
+    kept = {g: joined[root(g)] for g in units}
+    return kept | {u: kept[members[0]] for u, members in supernet.unions.items()}
+
+
+def _indices(kept: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor | None:
+    """Kept feature indices of a side of ``width`` features indexed by ``group`` (None: all)."""
+    if group is None:
+        return None
+    alive = expand_units(kept[group], size)
+    if bool(alive.all()):
+        return None
+    return alive.nonzero().flatten().to(torch.long)
+
+
+def take(t: Tensor, index: tuple[Tensor | None, ...]) -> Tensor:
+    """``t`` restricted to ``index`` (kept indices per leading dimension, None: all)."""
+    for dim, i in enumerate(index):
+        if i is not None:
+            t = t.index_select(dim, i.to(t.device))
+    return t
+
+
+@torch.no_grad()
+def put(full: Tensor, index: tuple[Tensor | None, ...], value: Tensor) -> None:
+    """Write ``value`` into ``full`` where :func:`take` read it."""
+    if all(i is None for i in index):
+        full.copy_(value)
+        return
+    grids = []
+    for dim, i in enumerate(index):
+        i = torch.arange(full.shape[dim], device=full.device) if i is None else i.to(full.device)
+        grids.append(i.view((-1,) + (1,) * (len(index) - dim - 1)))
+    full.index_put_(tuple(grids), value)
+
+
+class SlimNet(nn.Module):
+    """The working sub-network of a supernet with its dead units removed, ready to train.
+
+    ``layers`` and ``groups`` mirror the supernet's, so that the strategy's masked-L2 term,
+    saliency clamps and the frozen guard run on the copy unchanged; a slim layer's ``frozen``
+    marks every weight the task may not change (frozen or outside its mask).
+    """
+
+    def __init__(self, supernet: Supernet) -> None:
+        super().__init__()
+        kept = slice_units(supernet)
+        self.model = copy.deepcopy(supernet.model)
+        #: per slimmed tensor's name (as in the supernet's model): kept indices per dimension
+        self.index: dict[str, tuple[Tensor | None, ...]] = {}
+        #: per slim masked layer's name: the weights the task trains (free and in its mask)
+        self.trains: dict[str, Tensor] = {}
+        self.layers: dict[str, MaskedLayer] = {}
+        self.groups: dict[str, list[UnitModule]] = {}
+        for name, m in self.model.named_modules():
+            self._slice(name, m, kept)
+
+    def _slice(self, name: str, m: nn.Module, kept: dict[str, Tensor]) -> None:
+        own = list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
+        if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
+            raise SlimUnsupported(f"module {name!r} ({type(m).__name__}) is not sliced")
+        if type(m) in (MaskedLinear, MaskedConv2d):
+            assert isinstance(m, MaskedLinear | MaskedConv2d)
+            self._slice_layer(name, m, kept)
+        elif isinstance(m, UnitModule) and type(m) in SLICED:
+            self._slice_units(name, m, kept)
+        elif isinstance(m, TaskHead):
+            cols = _indices(kept, m.in_units, m.in_unit_size, m.in_features)
+            self._cut(name, m, "weight", (None, cols))
+            m.in_features = m.weight.shape[1]
+        elif own and not isinstance(m, TaskBias):
+            raise SlimUnsupported(f"module {name!r} ({type(m).__name__}) holds its own tensors")
+
+    def _cut(self, name: str, m: nn.Module, key: str, index: tuple[Tensor | None, ...]) -> None:
+        """Replace ``m``'s tensor ``key`` by its slice ``index``, recording where it came from."""
+        full = getattr(m, key)
+        part = take(full.detach(), index).clone()
+        if isinstance(full, nn.Parameter):
+            setattr(m, key, nn.Parameter(part, requires_grad=full.requires_grad))
+        else:
+            setattr(m, key, part)
+        self.index[f"{name}.{key}" if name else key] = index
+
+    def _slice_layer(
+        self, name: str, m: MaskedLinear | MaskedConv2d, kept: dict[str, Tensor]
+    ) -> None:
+        w = m.weight
+        rows = _indices(kept, m.out_units, m.out_unit_size, w.shape[0])
+        cols = _indices(kept, m.in_units, m.in_unit_size, w.shape[1])
+        index = (rows, cols)
+        trains = take(m.weight_mask.bool() & ~m.frozen, index)
+        with torch.no_grad():
+            m.weight.copy_(m.masked_weight())  # zero outside the mask, as the copy trains it
+        for key in ("weight", "weight_mask", "frozen"):
+            self._cut(name, m, key, index)
+        m.frozen = ~trains  # what the guard keeps: frozen, or outside the mask
+        self.trains[name] = trains
+        if isinstance(m, MaskedConv2d):
+            if m.groups != 1:
+                if m.out_channels % m.groups or (m.weight.shape[0] * m.groups) % m.out_channels:
+                    raise SlimUnsupported(f"grouped conv {name!r} loses part of a group")
+                m.groups = m.weight.shape[0] * m.groups // m.out_channels
+            m.out_channels = m.weight.shape[0]
+            m.in_channels = m.weight.shape[1] * m.groups
+        else:
+            m.out_features, m.in_features = m.weight.shape[0], m.weight.shape[1]
+        # the weight is zero outside its mask and the guard keeps it so: the forward can use
+        # it as it is, which MaskedLayer records as it records an all-ones mask
+        m._ones = (m.weight_mask, m.weight_mask._version)
+        self.layers[name] = m
+
+    def _slice_units(self, name: str, m: UnitModule, kept: dict[str, Tensor]) -> None:
+        units = kept[m.group]
+        if bool(units.all()):
+            self.groups.setdefault(m.group, []).append(m)
+            return
+        entries = expand_units(units, m.entries_per_unit).nonzero().flatten()
+        per_entry = m.weight.numel()
+        for key, t in list(m.named_parameters(recurse=False)) + list(
+            m.named_buffers(recurse=False)
+        ):
+            if key == "unit_mask":
+                self._cut(name, m, key, (units.nonzero().flatten(),))
+            elif t.dim() == 1 and t.numel() == per_entry:
+                self._cut(name, m, key, (entries,))
+        width = m.weight.numel()
+        if isinstance(m, TaskGroupNorm):
+            per_group = per_entry // m.num_groups
+            if width % per_group:
+                raise SlimUnsupported(f"GroupNorm {name!r} loses part of a group")
+            m.num_groups, m.num_channels = width // per_group, width
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.num_features = width
+        self.groups.setdefault(m.group, []).append(m)
+
+    def forward_working(self, x: Tensor) -> Tensor:
+        """Logits of the slim sub-network (the name the supernet's training forward has)."""
+        out: Tensor = self.model(x)
+        return out
+
+
+def _narrower(net: SlimNet, supernet: Supernet) -> bool:
+    """Whether the copy computes less than the masked supernet: units removed, or layers
+    whose mask product it skips."""
+    smaller = sum(p.numel() for p in net.parameters()) < sum(
+        p.numel() for p in supernet.model.parameters()
+    )
+    return smaller or any(not layer.mask_is_ones() for layer in supernet.layers.values())
+
+
+@torch.no_grad()
+def _check(net: SlimNet, supernet: Supernet) -> None:
+    """Refuse a copy whose eval-mode logits on a random batch differ from the supernet's
+    (a model whose forward depends on widths the copy changed)."""
+    x = torch.randn(
+        (4, *supernet.input_shape),
+        generator=torch.Generator().manual_seed(0),
+        dtype=next(supernet.parameters()).dtype,
+    ).to(next(supernet.parameters()).device)
+    was = supernet.training
+    supernet.eval()
+    net.eval()
+    try:
+        want = supernet.forward_working(x)
+        got = net.forward_working(x)
+    except (RuntimeError, ValueError) as exc:
+        raise SlimUnsupported(f"the slim copy does not run: {exc}") from None
+    finally:
+        supernet.train(was)
+        net.train(was)
+    scale = max(1.0, float(want.abs().max()))
+    if got.shape != want.shape or not float((got - want).abs().max()) <= CHECK_TOLERANCE * scale:
+        raise SlimUnsupported("the slim copy's logits differ from the supernet's")
+
+
+class SlimPhase:
+    """A phase trained on a :class:`SlimNet`: its optimizer (the task's, its state sliced),
+    its guard, and the write-back of everything it trained into the supernet."""
+
+    def __init__(
+        self,
+        supernet: Supernet,
+        config: OptimConfig,
+        trainable: list[Tensor],
+        optimizer: TaskOptimizer,
+    ) -> None:
+        self.supernet = supernet
+        self.net = SlimNet(supernet).to(next(supernet.parameters()).device)
+        _check(self.net, supernet)
+        names = {id(t): n for n, t in supernet.model.named_parameters()}
+        if any(id(t) not in names for t in trainable) or optimizer.own is not None:
+            raise SlimUnsupported("the method trains tensors outside the supernet's model")
+        mine = dict(self.net.model.named_parameters())
+        #: the supernet's trainable tensors and the copy's, in the optimizer's order
+        self.full = list(trainable)
+        self.names = [names[id(t)] for t in trainable]
+        self.slim = [mine[n] for n in self.names]
+        self.optimizer = TaskOptimizer(config, self.slim)
+        self.optimizer.load_state_dict(self._sliced_state(optimizer.state_dict()))
+        self.guard = FrozenGuard(self.net, restore=self.optimizer.decays)  # type: ignore[arg-type]
+
+    def parts(self) -> tuple[TaskOptimizer, FrozenGuard, Supernet]:
+        """What the engine's step takes: the copy's optimizer, guard, and the copy (it has
+        the supernet's ``layers``, ``groups`` and ``forward_working``, all a step reads)."""
+        return self.optimizer, self.guard, cast(Supernet, self.net)
+
+    @classmethod
+    def build(
+        cls,
+        supernet: Supernet,
+        config: OptimConfig,
+        trainable: list[Tensor],
+        optimizer: TaskOptimizer,
+    ) -> SlimPhase | None:
+        """The slim phase, or None where a copy would not be exact or computes no less."""
+        try:
+            phase = cls(supernet, config, trainable, optimizer)
+        except SlimUnsupported:
+            return None
+        return phase if _narrower(phase.net, supernet) else None
+
+    def _where(self, name: str) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
+        """Where tensor ``name`` of the copy sits in the supernet, and which of its entries
+        the task trains (None: all)."""
+        index = self.net.index.get(name, ())
+        layer = name.rsplit(".", 1)[0] if name.endswith(".weight") else None
+        return index, self.net.trains.get(layer) if layer is not None else None
+
+    def _sliced_state(self, state: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for i, values in state.items():
+            i = int(i)
+            if i >= len(self.full):
+                continue
+            index, trains = self._where(self.names[i])
+            out[i] = {}
+            for key, value in values.items():
+                if isinstance(value, Tensor) and value.shape == self.full[i].shape:
+                    part = take(value, index).clone()
+                    if trains is not None:
+                        part.mul_(trains)  # no state for what the task may not change
+                    out[i][key] = part
+                else:
+                    out[i][key] = value.clone() if isinstance(value, Tensor) else value
+        return out
+
+    @torch.no_grad()
+    def write_back(self, optimizer: TaskOptimizer) -> None:
+        """Write the trained weights, task state and their optimizer state into the supernet
+        and ``optimizer`` (the task's): what the task trains, never a frozen weight."""
+        for full, part, name in zip(self.full, self.slim, self.names, strict=True):
+            index, trains = self._where(name)
+            value = part.detach()
+            if trains is not None:
+                value = torch.where(trains, value, take(full.detach(), index))
+            put(full.data, index, value)
+        named = dict(self.supernet.model.named_buffers())
+        for name, buffer in self.net.model.named_buffers():
+            if not name.endswith(_FIXED_BUFFERS):  # statistics: BatchNorm's running ones
+                put(named[name], self.net.index.get(name, ()), buffer)
+        state = optimizer.state_dict()
+        for i, values in self.optimizer.state_dict().items():
+            index, trains = self._where(self.names[i])
+            full = self.full[i]
+            merged = dict(state.get(i, {}))
+            for key, value in values.items():
+                if isinstance(value, Tensor) and value.shape == self.slim[i].shape:
+                    target = merged.get(key)
+                    target = torch.zeros_like(full) if target is None else target.clone()
+                    if trains is not None:
+                        value = torch.where(trains, value, take(target, index))
+                    put(target, index, value)
+                    merged[key] = target
+                else:
+                    merged[key] = value.clone() if isinstance(value, Tensor) else value
+            state[i] = merged
+        optimizer.load_state_dict(state)
