@@ -16,6 +16,11 @@ guard and weight reuse work as in every task after the first). Before timing, th
 checks that the plain network computes what the supernet computes at initialisation (the
 same network, the same weights).
 
+The pre-train, prune and fine-tune columns train the masked supernet (``slim_training``
+off); the ``slim finetune`` column trains a second run's fine-tuning on the physically slimmed
+copy of the task's sub-network (``slim_training`` on, the default of ``espn run``; a method
+that does not train slim shows the masked step there), timed against the plain loop alike.
+
     python benchmarks/step_cost.py --threads 1                       # all models, espn and packnet
     python benchmarks/step_cost.py --models fc1024 --methods espn,packnet,individual --steps 20
     python benchmarks/step_cost.py --device cuda
@@ -213,9 +218,12 @@ def check_same_network(supernet: Supernet, plain: nn.Module, x: Tensor, what: st
 
 
 def measure(
-    name: str, method: str, args: argparse.Namespace, device: str
+    name: str, method: str, args: argparse.Namespace, device: str, slim: bool = False
 ) -> tuple[list[str], Timings]:
-    """Train task 1 of ``method`` on model ``name`` with the plain loop interleaved."""
+    """Train task 1 of ``method`` on model ``name`` with the plain loop interleaved, through
+    the masked supernet; with ``slim``, time its fine-tuning alone, on the slim copy (one
+    untimed epoch of pre-training and pruning before it: the sub-network's size is set by
+    gamma, not by the epochs)."""
     setting = SETTINGS[name]
     batch = args.batch or setting.batch
     spec = ModelSpec(setting.shape, 10, setting.multi_head, stream_pruning="per-conv")
@@ -227,14 +235,9 @@ def measure(
     plain_opt = build_optimizer(setting.optim, list(plain.parameters()))
     epochs = args.repeats + 1
     # no warm-up: it would take pre-training's first epoch (espn's MNIST recipe has one)
-    strategy = create_method(method, epochs=(epochs, epochs, epochs), warmup=0)
-    engine = Engine(
-        supernet,
-        strategy,
-        setting.optim,
-        batch,
-        seed=0,
-    )
+    plan = (1, 1, epochs) if slim else (epochs, epochs, epochs)
+    strategy = create_method(method, epochs=plan, warmup=0)
+    engine = Engine(supernet, strategy, setting.optim, batch, seed=0, slim_training=slim)
     engine.train_task(synthetic_task("task 0", setting, batch, 1, device), 0)
     task = synthetic_task("task 1", setting, batch * args.steps, 2, device)
     plain_gen = torch.Generator().manual_seed(3)
@@ -253,6 +256,9 @@ def measure(
     strategy.prune_step = timed_prune_step  # type: ignore[method-assign]
 
     def after_epoch(phase: str, epoch: int) -> None:
+        if slim and phase != "finetune":  # not timed: the phases before the slim one
+            mark[0] = time.perf_counter()
+            return
         espn_ms = 1e3 * (time.perf_counter() - mark[0]) / args.steps
         plain_ms = plain_epoch(plain, plain_opt, task, batch, args.steps, plain_gen)
         timings.add(phase, espn_ms, plain_ms)
@@ -275,6 +281,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per epoch")
     parser.add_argument("--repeats", type=int, default=3, help="timed epochs per phase")
     parser.add_argument("--batch", type=int, default=None, help="batch (default: the model's)")
+    parser.add_argument(
+        "--no-slim",
+        dest="slim",
+        action="store_false",
+        help="leave out the 'slim finetune' column (fine-tuning on the slim copy)",
+    )
     args = parser.parse_args(argv)
     unknown = [m for m in args.models.split(",") if m not in SETTINGS]
     if unknown:
@@ -293,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         header
         + "".join(f" {p:>17}" for p in ("pretrain", "prune", "finetune"))
-        + f" {'event ms':>9}  other phases"
+        + f" {'slim finetune':>17} {'event ms':>9}  other phases"
     )
     for name in args.models.split(","):
         for method in args.methods.split(","):
@@ -307,6 +319,8 @@ def main(argv: list[str] | None = None) -> None:
                 p for p in phases if p not in ("pretrain", "prune", "finetune") and timings.row(p)
             ]
             extra = "".join(f"  {p}: {cell(timings.row(p)).strip()}" for p in others)
+            slim = measure(name, method, args, device, slim=True)[1] if args.slim else None
+            main_cells += f" {cell(None if slim is None else slim.row('finetune'))}"
             batch = args.batch or SETTINGS[name].batch
             label = LABELS.get(method, method)
             event = statistics.median(timings.events) if timings.events else float("nan")

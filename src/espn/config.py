@@ -211,6 +211,12 @@ class RunConfig(BaseModel):
         "batch has the same size, channels_last convolutions on CUDA); pays on a GPU, "
         "after a compile of about a minute.",
     )
+    slim_training: bool = Field(
+        True,
+        description="Fine-tune each task on a physically slimmed copy of its sub-network "
+        "(alive units only) and evaluate learned tasks through cached slim copies, where that "
+        "is exact (docs/performance.md); --no-slim-training: the masked supernet for both.",
+    )
     recipe: str | None = Field(
         None,
         description="Whose recipe fills the options left out: a benchmark's name, or a data "
@@ -732,6 +738,7 @@ TRAINING_SETTINGS = (
     "seed",
     "amp",
     "compile",
+    "slim_training",
     "step_floor",
     "reference_size",
     "preset",

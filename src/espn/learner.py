@@ -41,7 +41,6 @@ from espn.data.tensors import (
     tensor_task,
 )
 from espn.errors import EspnError
-from espn.evaluation.metrics import task_accuracy
 from espn.export.export import ExportReport, check_target, export_task
 from espn.learning import Learned, TaskRunner, task_record
 from espn.loggers import DEFAULT_LOG_EVERY
@@ -196,6 +195,7 @@ class ContinualLearner:
             amp=cfg.amp,
             reference_size=cfg.floor_reference(),
             compile=cfg.compile,
+            slim_training=cfg.slim_training,
         )
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         bar = [ProgressBar()] if progress else []
@@ -543,12 +543,12 @@ class ContinualLearner:
             known = self.tasks[task]
             if known is None or not len(known.test):
                 raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
-            return task_accuracy(self.supernet, known, task)
+            return self.runner.evaluator.accuracy(known, task)
         n_classes = self.supernet.masks[task].n_classes
         with checks.about("data"):
             probe = tensor_task(self.names[task], None, data, n_classes, self.device)
         checks.check_inputs(probe.test.x, "data", self.supernet.input_shape)
-        return task_accuracy(self.supernet, probe, task)
+        return self.runner.evaluator.accuracy(probe, task)
 
     def _check_task(self, task: int) -> None:
         checks.check_task(task, len(self.supernet.masks))

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from espn.config import ConfigError
 from espn.data.tasks import Task
-from espn.evaluation.metrics import task_accuracy
+from espn.evaluation.slim_eval import SlimEvaluator
 from espn.inference.statistics import task_statistics
 from espn.methods.base import Strategy
 from espn.supernet.flops import count_flops
@@ -87,6 +87,8 @@ class TaskRunner:
         self.supernet, self.strategy, self.engine = supernet, strategy, engine
         self.rows: list[list[float] | None] = [] if rows is None else rows
         self.records: list[dict[str, Any]] = [] if records is None else records
+        #: evaluates learned tasks through cached slim copies where the run trains slim
+        self.evaluator = SlimEvaluator(supernet, enabled=engine.slim_training)
 
     def check_gamma_reachable(self, model: str | None) -> None:
         """Refuse, before training, a FLOPs budget gamma that no sub-network can meet."""
@@ -167,5 +169,5 @@ class TaskRunner:
             task = tasks[j]
             if task is None or not len(task.test):
                 return None
-            row.append(task_accuracy(self.supernet, task, j))
+            row.append(self.evaluator.accuracy(task, j))
         return row

@@ -1,0 +1,77 @@
+"""Evaluating learned tasks at their sub-networks' cost: through cached slim copies.
+
+The accuracy matrix evaluates every learned task after every task. Through the masked
+supernet each of those passes costs the full network; :class:`SlimEvaluator` runs each task
+through its physically slimmed copy (:func:`espn.export.slim.slim_copy`: the export's model,
+dead units removed, BatchNorm left unfolded), built once per task and kept.
+
+A committed task cannot change: its weights are frozen (``shared`` methods: the guard keeps
+their bits), its own copy (``own``) or never trained (``fixed``), and its masks and task state
+are stored with it. The copy is therefore rebuilt only when the task's stored sub-network is
+replaced (a supernet state loaded anew). Every copy is checked on its first batch against the
+masked supernet within the export's tolerance; a task whose copy cannot be built or differs
+(a model the export refuses) is evaluated through the masked supernet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from espn.data.tasks import Task
+from espn.export.export import TOLERANCE
+from espn.export.slim import slim_copy
+from espn.layers import ExportError
+from espn.supernet.masks import TaskMask
+from espn.supernet.supernet import Supernet
+
+
+class SlimEvaluator:
+    """Accuracy and logits of learned tasks through cached slim copies (``enabled`` False:
+    through the masked supernet, as :func:`espn.evaluation.metrics.task_accuracy`)."""
+
+    def __init__(self, supernet: Supernet, enabled: bool = True) -> None:
+        self.supernet = supernet
+        self.enabled = enabled
+        #: per task: the stored sub-network the copy was built from, and the copy (None:
+        #: the task is evaluated through the masked supernet)
+        self.cache: dict[int, tuple[TaskMask, nn.Module | None]] = {}
+
+    def _copy(self, t: int, x: Tensor) -> nn.Module | None:
+        """Task ``t``'s slim copy, built and checked on batch ``x`` when not cached."""
+        mask = self.supernet.masks[t]
+        known = self.cache.get(t)
+        if known is not None and known[0] is mask:
+            return known[1]
+        model: nn.Module | None
+        try:
+            # Torch-Pruning traces dependencies through autograd; the copy's new layers draw
+            # initial values from the global generator, which training must not see (a resumed
+            # run builds copies an uninterrupted one had cached)
+            with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+                model = slim_copy(self.supernet, t, x[:2])
+        except (ExportError, RuntimeError, ValueError):
+            model = None
+        if model is not None:
+            want = self.supernet(x, task=t)
+            got = model(x)
+            scale = max(1.0, float(want.abs().max()))
+            if got.shape != want.shape or not float((got - want).abs().max()) <= TOLERANCE * scale:
+                model = None
+        self.cache[t] = (mask, model)
+        return model
+
+    @torch.no_grad()
+    def logits(self, x: Tensor, t: int) -> Tensor:
+        """Logits of task ``t`` on batch ``x``."""
+        self.supernet.eval()
+        model = self._copy(t, x) if self.enabled else None
+        return self.supernet(x, task=t) if model is None else model(x)
+
+    @torch.no_grad()
+    def accuracy(self, task: Task, t: int, split: str = "test", batch_size: int = 1024) -> float:
+        """Top-1 accuracy in percent of task ``t`` on ``split`` of ``task``."""
+        correct = torch.zeros((), dtype=torch.long, device=task.split(split).y.device)
+        for x, y in task.batches(split, batch_size):
+            correct += (self.logits(x, t).argmax(1) == y).sum()
+        return 100.0 * int(correct) / max(len(task.split(split)), 1)
