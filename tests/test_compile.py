@@ -141,3 +141,22 @@ def test_espn_run_compile_end_to_end(tmp_path: Path) -> None:
     records = json.loads((out / "results.json").read_text())["tasks"]
     assert records[0]["compiled_graphs"] >= 1
     assert records[1]["compiled_graphs"] == 0
+
+
+@pytest.mark.slow
+def test_compile_step_benchmark_times_the_four_loops() -> None:
+    """benchmarks/compile_step.py (the aot_eager backend on the CPU): plain, plain compiled,
+    espn and espn compiled timed in every phase, and a smoke-sized paper-recipe task."""
+    from test_benchmark_scripts import run_script
+
+    out = run_script(
+        "compile_step.py",
+        *("--models", "fc1024", "--backend", "aot_eager", "--steps", "2", "--repeats", "1"),
+        *("--batch", "8", "--task", "--task-images", "16", "--task-scale", "100"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
+    assert [r[2] for r in rows] == ["pretrain", "prune", "finetune"]
+    assert all(len(r) == 9 for r in rows)  # 4 loops, espn's two with their ratios
+    assert "2 graphs for tasks 0 and 1" in out
+    tasks = [line for line in out.splitlines() if line.startswith("paper-recipe task")]
+    assert len(tasks) == 2 and "compiled (" in tasks[1]

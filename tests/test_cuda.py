@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import espn
+from espn.training.callbacks import Callback
 from helpers.images import fake_raw
 
 DEVICE = os.environ.get("ESPN_TEST_DEVICE", "cuda")
@@ -117,3 +118,82 @@ def test_lean_penalties_match_the_loop_on_the_device() -> None:
         results.append([value.detach()] + [m.weight.grad.clone() for m in sn.layers.values()])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
+
+
+class Losses(Callback):
+    """Every step's training loss (read on the host: a test, not a training run)."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def on_step_end(self, learner, end) -> None:
+        self.values.append(float(end.loss))
+
+
+def compiled_learner(model: str, compile: bool, **settings) -> espn.ContinualLearner:
+    """ESPN-0.5 with the step compiled by inductor on the device (aot_eager on the CPU, where
+    inductor's compile takes minutes)."""
+    from espn.training.compile import StepCompiler
+
+    sn, _ = supernet(model)
+    learner = espn.ContinualLearner(
+        sn, "espn", device=DEVICE, batch_size=50, epochs=(1, 1, 1), gamma=0.5, **settings
+    )
+    if compile:
+        backend = "inductor" if DEVICE.startswith("cuda") else "aot_eager"
+        learner.engine.compiler = StepCompiler(backend)
+    return learner
+
+
+@pytest.mark.parametrize(("model", "amp"), [("mlp", False), ("resnet18-reduced", True)])
+def test_compiled_step_on_the_device(model: str, amp: bool) -> None:
+    """--compile on the device (CUDA graphs, channels_last for the ResNet, bfloat16 with
+    amp): the first two steps' losses are the eager step's, task 0's logits stay bit-identical
+    while task 1 trains, and a task compiles a few graphs, not one per prune event (the
+    second task none)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    shape = supernet(model)[1]
+    tasks = [task(seed, shape) for seed in range(2)]
+    losses = {}
+    for compile in (False, True):
+        learner = compiled_learner(model, compile, amp=amp)
+        seen = Losses()
+        learner.callbacks.callbacks.append(seen)
+        torch.manual_seed(1)
+        learner.learn(*tasks[0])
+        # the first step checks the forward pass, the second the backward and the update (a
+        # few more would compare Adam's sign-like first updates of near-zero gradients)
+        losses[compile] = seen.values[:2]
+    sn = learner.supernet
+    assert learner.engine.amp_dtype == torch.bfloat16
+    if DEVICE.startswith("cuda"):
+        assert learner.engine.compiler.mode == "reduce-overhead"
+    tolerance = 2e-2 if amp else 1e-4
+    torch.testing.assert_close(losses[True], losses[False], rtol=tolerance, atol=tolerance)
+    probe = tasks[0][1][0][:50].to(DEVICE)
+    sn.eval()
+    with torch.no_grad():
+        first = sn(probe, task=0).clone()
+    learner.learn(*tasks[1])
+    sn.eval()
+    with torch.no_grad():
+        assert torch.equal(sn(probe, task=0), first)
+    graphs = [r["compiled_graphs"] for r in learner.records]
+    assert 1 <= graphs[0] <= 3 and graphs[1] == 0, graphs
+
+
+def test_compile_step_benchmark_runs_on_the_device() -> None:
+    """benchmarks/compile_step.py on the device: the four loops timed in every phase."""
+    from test_benchmark_scripts import run_script
+
+    device = "cuda" if DEVICE.startswith("cuda") else "cpu"
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    out = run_script(
+        "compile_step.py",
+        *("--device", device, "--models", "fc1024", "--backend", backend),
+        *("--steps", "2", "--repeats", "1", "--batch", "16"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
+    assert [r[2] for r in rows] == ["pretrain", "prune", "finetune"]

@@ -6,11 +6,10 @@ compile, the first part runs through ``torch.compile`` (its backward is compiled
 AOTAutograd); the guard and the optimizers stay eager (the fused optimizers are one kernel
 pass each already), exactly as a plain ``torch.compile(model)`` loop runs its optimizer.
 
-* On CUDA, where every training batch of the task has the same size (the task's training
-  samples a multiple of the batch size), the mode is ``"reduce-overhead"``: the compiled
-  forward and backward are replayed as CUDA graphs, one launch each, which is what a small
-  network's launch-bound step needs. A task with a short last batch compiles with the default
-  mode (the short batch is a second shape).
+* On CUDA the mode is ``"reduce-overhead"``: the compiled forward and backward are replayed
+  as CUDA graphs, one launch each, which is what a small network's launch-bound step needs.
+  Shapes are static (``dynamic=False``): a task whose training samples are not a multiple of
+  the batch size has a short last batch, a second shape, compiled and captured once more.
 * On CUDA, a convolutional network's inputs enter the graph in ``channels_last`` memory
   format (the convolutions then run in the layout the tensor cores want); the weights stay as
   they are, so checkpoints and exports do not change.
@@ -34,7 +33,7 @@ from torch._dynamo.utils import counters
 
 #: the backend ``--compile`` uses (tests may use a cheap one, e.g. ``"aot_eager"``)
 DEFAULT_BACKEND = "inductor"
-#: the mode of a step whose shapes are static on CUDA: forward and backward as CUDA graphs
+#: the mode of the step on CUDA: forward and backward replayed as CUDA graphs
 STATIC_MODE = "reduce-overhead"
 
 
@@ -60,11 +59,10 @@ class StepCompiler:
         self._mode: str | None = None
         self._channels_last = False
 
-    def start_task(self, model: nn.Module, device: torch.device, static: bool) -> None:
-        """Choose the mode and input layout of a task's steps: ``static`` when every
-        training batch has the same size (see the module docstring)."""
+    def start_task(self, model: nn.Module, device: torch.device) -> None:
+        """Choose the mode and input layout of a task's steps (see the module docstring)."""
         cuda = device.type == "cuda"
-        self._mode = STATIC_MODE if cuda and static and self.backend == "inductor" else None
+        self._mode = STATIC_MODE if cuda and self.backend == "inductor" else None
         self._channels_last = cuda and is_convolutional(model)
 
     @property

@@ -223,7 +223,7 @@ class Engine:
         device = next(sn.parameters()).device
         graphs = 0 if self.compiler is None else self.compiler.graphs
         if self.compiler is not None:
-            self.compiler.start_task(sn.model, device, len(task.train) % self.batch_size == 0)
+            self.compiler.start_task(sn.model, device)
         hooks = self.callbacks if self.callbacks.callbacks else None
         if hooks is not None:
             done_steps = before[at.phase] + at.step if at.phase < len(plans) else total
