@@ -207,9 +207,9 @@ class RunConfig(BaseModel):
     )
     compile: bool = Field(
         False,
-        description="Compile the training step with torch.compile (CUDA graphs where every "
-        "batch has the same size, channels_last convolutions on CUDA); pays on a GPU, "
-        "after a compile of about a minute.",
+        description="Compile the training step with torch.compile (on CUDA: CUDA graphs and "
+        "channels_last convolutions): for a GPU, where a small network's step is "
+        "launch-bound; the first steps of a run compile (see docs/performance.md).",
     )
     slim_training: bool = Field(
         True,
