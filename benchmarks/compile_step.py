@@ -7,7 +7,9 @@ Four steps over the same network, data, batch and optimizer, per phase of espn's
 * ``plain-c``: the same loop with its loss (forward and cross-entropy) through
   ``torch.compile`` as ``--compile`` compiles espn's: ``reduce-overhead`` (CUDA graphs) and
   ``channels_last`` conv inputs on CUDA, the fused optimizer eager;
-* ``espn`` and ``espn-c``: espn's engine training the task eagerly and with ``--compile``.
+* ``espn`` and ``espn-c``: espn's engine training the task eagerly and with ``--compile``,
+  the masked supernet in every phase (``slim_training`` off: the same network as the plain
+  loops'; the whole task below fine-tunes slim, as a run does by default).
 
 As in ``step_cost.py``, the timed task is task 1 after a one-batch task 0, the plain loops
 run ``--steps`` steps after every epoch of espn's (interleaved, so a shared machine slows all
@@ -179,7 +181,11 @@ def measure_loop(
     }
     epochs = args.repeats + 1
     strategy = create_method(method, epochs=(epochs, epochs, epochs), warmup=0)
-    engine = Engine(supernet, strategy, setting.optim, batch, seed=0, amp=args.amp)
+    # the masked step in every phase, as step_cost.py's columns: the same network as the plain
+    # loop's (slim fine-tuning trains a narrower one; the whole task below runs it)
+    engine = Engine(
+        supernet, strategy, setting.optim, batch, seed=0, amp=args.amp, slim_training=False
+    )
     if compiled:
         engine.compiler = StepCompiler(args.backend)
     engine.train_task(first, 0)
