@@ -56,9 +56,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
 
-    from espn.checkpoint.run import load_run
     from espn.experiment import build_benchmark
     from espn.inference import RULES, InferenceError, evaluate_rules, get_rule, task_statistics
+    from espn.runs.loading import load_run
 
     print("| benchmark | method | rule | task given | per sample | per batch of 32 | task picked "
           "right | FLOPs (dense passes) |")  # fmt: skip

@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 import espn
 from espn.checkpoint.format import CheckpointError
-from espn.checkpoint.run import load_run
 from espn.cli.main import app
 from espn.data.tensors import split_tensors
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark
+from espn.runs.loading import load_run
 from espn.supernet import Supernet
 from helpers.api_models import SmallConvNet, SmallMLP
 from helpers.deploy import make_model, train_tiny
@@ -221,20 +221,28 @@ def test_api_checkpoint_is_read_by_espn_evaluate_and_export(tmp_path: Path) -> N
         assert torch.equal(again.supernet(x, task=t), learner.supernet(x, task=t))
 
 
-def test_api_checkpoint_is_read_by_espn_info_in_another_process(tmp_path: Path) -> None:
+def test_api_checkpoint_is_read_by_espn_evaluate_in_another_process(tmp_path: Path) -> None:
     """A fresh process rebuilds the model from the checkpoint's import reference alone, when
     told to trust the code it names."""
     _, run = saved_run(tmp_path)
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
     info = subprocess.run(
-        [sys.executable, "-m", "espn.cli.main", "info", "--run", str(run), "--trust-model-code"],
+        [
+            sys.executable,
+            "-m",
+            "espn.cli.main",
+            "evaluate",
+            "--run",
+            str(run),
+            "--trust-model-code",
+        ],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
     assert info.returncode == 0, info.stderr
-    assert "2/2 tasks finished" in info.stdout and "helpers.api_models:SmallConvNet" in info.stdout
+    assert "all 2 tasks match results.json" in info.stdout
 
 
 def test_model_instance_checkpoint_loads_with_the_model_given(tmp_path: Path) -> None:
@@ -299,9 +307,9 @@ def test_a_model_only_this_script_can_build_is_loaded_by_passing_it_again(
     learner = espn.ContinualLearner(sn, epochs=(1, 1, 1), lr=1e-2)
     learner.learn(tiny_data(1), test=tiny_data(2))
     run = learner.save(tmp_path / "run")
-    result = runner.invoke(app, ["info", "--run", str(run)])
+    result = runner.invoke(app, ["evaluate", "--run", str(run)])
     assert result.exit_code == 2
-    assert "espn.load(run, model=...)" in " ".join(result.output.split())
+    assert "model=ScriptNet(...)" in " ".join(result.output.split())
     again = espn.load(run, model=ScriptNet(hidden=16))
     assert again.evaluate(0) == learner.accuracy_matrix[0][0]
 

@@ -163,3 +163,19 @@ def test_without_avalanche_the_import_says_how_to_get_it(monkeypatch):
     monkeypatch.delitem(sys.modules, "espn.integrations.avalanche")
     with pytest.raises(ImportError, match=r"pip install 'espn\[avalanche\]'"):
         importlib.import_module("espn.integrations.avalanche")
+
+
+def test_the_strategy_learns_through_the_one_learner(monkeypatch):
+    """Each experience is one ``ContinualLearner.learn`` call: every task the engine trains
+    is trained for espn's learner, none by the strategy driving the engine itself."""
+    from helpers.learner_spy import LearnerSpy
+
+    spy = LearnerSpy(monkeypatch)
+    bench = scenario()
+    learner = strategy(train_epochs=3, train_mb_size=64)
+    for experience in bench.train_stream:
+        learner.train(experience)
+    assert spy.learned == ["task 0", "task 1"]
+    assert [name for name, _ in spy.trained] == ["task 0", "task 1"] and spy.trained_by_learner
+    assert learner.learner is not None and learner.learner.names == ["task 0", "task 1"]
+    assert [learner.task_records[t] for t in (0, 1)] == learner.learner.records

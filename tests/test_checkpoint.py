@@ -23,6 +23,7 @@ from espn.checkpoint.format import sha256_of
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
 from espn.models.fc import FCNet
+from espn.runs.training import continue_training, scaler_state
 from espn.supernet import Supernet, unpack_bits
 from espn.training.engine import Engine
 from helpers.deploy import make_model, train_tiny
@@ -46,7 +47,7 @@ def fresh_supernet(kind: str, seq, seed: int = 123) -> Supernet:
 def save_run(kind: str, directory: Path):
     sn, seq, engine = train_tiny(kind)
     results = [{"name": t.name, "record": {}, "accuracy": [0.0]} for t in seq.tasks]
-    CheckpointWriter(directory, META).save(sn, engine, results)
+    CheckpointWriter(directory, META).save(sn, results, generator=engine.generator)
     return sn, seq, engine
 
 
@@ -225,7 +226,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path, monkeypat
     writer = CheckpointWriter(directory, META)
     one_task = sn.masks[1:]
     sn.masks = sn.masks[:1]
-    writer.save(sn, engine, results)  # a checkpoint holding task 0
+    writer.save(sn, results, generator=engine.generator)  # a checkpoint holding task 0
     sn.masks += one_task
 
     class Killed(Exception):
@@ -247,11 +248,11 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path, monkeypat
 
         monkeypatch.setattr(store_module, "write_json_atomic", killed)
     with pytest.raises(Killed):
-        writer.save(sn, engine, results)
+        writer.save(sn, results, generator=engine.generator)
     ckpt = read_checkpoint(directory)  # the previous one, complete
     assert len(ckpt.masks) == 1
     monkeypatch.undo()
-    writer.save(sn, engine, results)
+    writer.save(sn, results, generator=engine.generator)
     assert len(read_checkpoint(directory).masks) == 2
     # files of the interrupted save are gone or reused; only what the manifest names is left
     names = sorted(p.name for p in directory.iterdir())
@@ -345,10 +346,49 @@ def test_engine_state_is_restored(tmp_path):
     state = engine.scaler.state_dict() | {"scale": 512.0, "_growth_tracker": 3}
     engine.scaler.load_state_dict(state)
     torch.randn(3, generator=engine.generator)
-    CheckpointWriter(tmp_path, META).save(sn, engine, [])
+    CheckpointWriter(tmp_path, META).save(
+        sn, [], generator=engine.generator, grad_scaler=scaler_state(engine)
+    )
     other = fresh_supernet("fc", seq)
     fresh = Engine(other, engine.strategy, engine.optim, 16, seed=99)
     fresh.scaler = torch.amp.GradScaler("cpu")
-    restore(read_checkpoint(tmp_path), other, fresh)
+    ckpt = read_checkpoint(tmp_path)
+    restore(ckpt, other)
+    continue_training(ckpt, other, fresh, engine.strategy)
     assert fresh.scaler.state_dict() == state
     assert torch.equal(fresh.generator.get_state(), engine.generator.get_state())
+
+
+def test_the_checkpoint_package_only_stores() -> None:
+    """``espn.checkpoint`` reads and writes files: it imports no training, method, model,
+    configuration or run-assembly code (only espn's errors, limits, file helpers and the
+    supernet types whose tensors it lays out), so storing never drives training."""
+    import ast
+
+    import espn.checkpoint as package
+
+    allowed = ("espn.checkpoint", "espn.errors", "espn.limits", "espn.utils", "espn.supernet")
+    found: dict[str, set[str]] = {}
+    for path in Path(package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                # ``from espn import x`` names x; ``from espn.a import x`` the module espn.a
+                names = (
+                    [f"espn.{a.name}" for a in node.names]
+                    if node.module == "espn"
+                    else [node.module]
+                )
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "espn":
+                    found.setdefault(name, set()).add(path.name)
+    outside = {
+        name: files
+        for name, files in found.items()
+        if name != "espn.__version__" and not name.startswith(allowed)
+    }
+    assert not outside, outside
+    assert any(name.startswith("espn.checkpoint") for name in found)  # the walk saw imports

@@ -13,7 +13,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from espn.checkpoint.run import load_run
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark
@@ -21,6 +20,7 @@ from espn.export.export import export_task, onnx_available
 from espn.export.slim import ExportError, fold_batchnorm, plain_copy, slim_copy
 from espn.models.fc import FCNet, fc1024
 from espn.models.registry import ModelSpec
+from espn.runs.loading import load_run
 from espn.supernet import (
     MaskedLinear,
     Supernet,

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from espn.checkpoint.legacy import upgrade_saved_config
 from espn.config import ConfigError, make_config
 from espn.data.cifar import CIFAR100_SUPERCLASS, class_order
 from espn.evaluation.metrics import task_accuracy
@@ -20,6 +19,7 @@ from espn.methods.base import METHODS, MethodConfig
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
 from espn.preflight import check_run
+from espn.runs.legacy import upgrade_saved_config
 from espn.supernet import Supernet
 from espn.supernet.layers import TaskBatchNorm2d
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from espn.checkpoint.legacy import upgrade_saved_config
-from espn.checkpoint.run import option_differences
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.methods import METHODS, MethodConfig, Option, Strategy, create_method
 from espn.methods.base import declared_options
 from espn.methods.packnet import PackNet
 from espn.registry import Registry
+from espn.runs.checks import option_differences
+from espn.runs.legacy import upgrade_saved_config
 
 runner = CliRunner()
 

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from espn.checkpoint import CheckpointWriter, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, file_entry, sha256_of
-from espn.checkpoint.run import load_run
 from espn.cli.main import app
 from espn.config import make_config
 from espn.evaluation.metrics import backward_transfer, forgetting, task_logits
@@ -23,6 +22,7 @@ from espn.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
+from espn.runs.loading import load_run
 from espn.supernet import Supernet, pack_bits
 from espn.supernet.masks import Ownership, owner_dtype
 from espn.training.engine import Engine
@@ -95,7 +95,7 @@ def test_owner_ids_reproduce_every_tasks_logits_bit_for_bit(tmp_path, method, mo
     CheckpointWriter(
         tmp_path / "checkpoint",
         {"model": model_name, "benchmark": "tiny", "config": {}, "spec": SPEC},
-    ).save(sn, engine, [])
+    ).save(sn, [], generator=engine.generator)
     torch.manual_seed(1)
     other = Supernet(
         MODELS.get(model_name)(ModelSpec(shape, 3, model_name != "fc1024")),
@@ -146,7 +146,7 @@ def test_masks_ownership_does_not_describe_are_stored_explicitly(tmp_path, metho
     path = tmp_path / "checkpoint"
     CheckpointWriter(
         path, {"model": "fc1024", "benchmark": "tiny", "config": {}, "spec": SPEC}
-    ).save(sn, engine, [])
+    ).save(sn, [], generator=engine.generator)
     torch.manual_seed(1)
     other = Supernet(
         MODELS.get("fc1024")(ModelSpec((1, 28, 28), 3, False)), seq.tasks[0].train.x[:2]
@@ -222,7 +222,7 @@ def test_more_than_255_tasks_round_trip_through_the_checkpoint(tmp_path):
     assert any(f & {"bits", "indices"} for f in forms)
     engine = Engine(sn, METHODS.get("espn")(MethodConfig()), OptimConfig("adam", lr=1e-3), 8, 0)
     meta = {"model": "tiny", "benchmark": "tiny", "config": {}, "spec": SPEC}
-    CheckpointWriter(tmp_path / "checkpoint", meta).save(sn, engine, [])
+    CheckpointWriter(tmp_path / "checkpoint", meta).save(sn, [], generator=engine.generator)
     state = load_file(str(tmp_path / "checkpoint" / "state-000001.safetensors"))
     manifest = json.loads((tmp_path / "checkpoint" / MANIFEST).read_text())
     assert manifest["owner_bits"] == 9  # ids up to 299 and the sentinel 511: 9 bit-planes

@@ -9,7 +9,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from espn.checkpoint.legacy import upgrade_saved_config
 from espn.cli.main import app
 from espn.config import make_config
 from espn.evaluation import task_logits
@@ -18,6 +17,7 @@ from espn.methods.cpg import SPARSITIES
 from espn.methods.supsup import erdos_renyi_scale
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
+from espn.runs.legacy import upgrade_saved_config
 from helpers.baseline import make_engine, scripted_cpg, tiny_sequence
 
 runner = CliRunner()

@@ -187,7 +187,7 @@ def test_a_diverging_task_stops_and_keeps_the_last_good_checkpoint(tmp_path, mon
     assert f"the last good checkpoint is {out / 'checkpoint'} (1 task(s) finished" in line
     ckpt = read_checkpoint(out / "checkpoint")
     assert len(ckpt.masks) == 1 and ckpt.training is not None
-    assert ckpt.training.task == 1 and ckpt.training.progress.phase == 1  # after pre-training
+    assert ckpt.training.task == 1 and ckpt.training.position["phase"] == 1  # after pre-training
     assert len(json.loads((out / "results.json").read_text())["task_names"]) == 1
     resumed = invoke(run_args(out, "--resume"))  # the cause gone, it ends as if never stopped
     assert resumed.exit_code == 0, resumed.output

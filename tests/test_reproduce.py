@@ -408,3 +408,20 @@ def test_small_tasks_and_size_ranks_are_read_from_the_results() -> None:
         60.0,
         50.0,
     ]
+
+
+def test_a_reproduce_target_is_learned_by_the_one_learner(
+    fashion_dir, fc_small_model, tmp_path, monkeypatch
+):
+    """Every point of a target goes through ``ContinualLearner.learn_sequence`` and every
+    task is trained for that learner, as the points' results.json name them."""
+    from helpers.learner_spy import LearnerSpy
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spy = LearnerSpy(monkeypatch)
+    smoke("fig-task-order", tmp_path / "rep", fashion_dir, model=fc_small_model)
+    docs = [json.loads(p.read_text()) for p in sorted((tmp_path / "rep").glob("*/results.json"))]
+    assert len(docs) == 3  # ESPN-0.2 large-first and small-first, Individual-1
+    assert sorted(spy.sequences) == sorted(d["task_names"] for d in docs)
+    trained = sorted(name for name, _ in spy.trained)
+    assert trained == sorted(n for d in docs for n in d["task_names"]) and spy.trained_by_learner

@@ -11,13 +11,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import espn.methods.base as method_base
-from espn.checkpoint.legacy import upgrade_saved_config
 from espn.config import make_config
 from espn.evaluation import task_logits
 from espn.experiment import build_benchmark, build_supernet
 from espn.export.slim import slim_copy
 from espn.methods import METHODS
 from espn.models.resnet import STREAM_PRUNING
+from espn.runs.legacy import upgrade_saved_config
 from espn.supernet import Supernet, TaskBatchNorm2d
 from espn.training import Engine, OptimConfig
 

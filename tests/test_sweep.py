@@ -339,3 +339,22 @@ def test_a_default_sweep_runs_in_process_and_summarises_each_series(
     assert f"| method=espn | 2 | 0 | {mean:.2f} ± {se:.2f} |" in md
     assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert f"wrote{out / 'summary.csv'}," in "".join(result.output.split())
+
+
+def test_a_sweep_point_is_learned_by_the_one_learner(
+    tmp_path, fake_mnist, fc_test_model, monkeypatch
+):
+    """Each point's tasks go through ``ContinualLearner.learn_sequence`` and are trained for
+    that learner (the engine's owner), as the point's results.json names them."""
+    from helpers.learner_spy import LearnerSpy
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # in this process
+    spy = LearnerSpy(monkeypatch)
+    base = {"benchmark": "permuted-mnist", "model": fc_test_model, "tasks": 2, "epochs": [1, 1, 1]}
+    base |= {"train_per_task": 64, "test_per_task": 32, "batch_size": 32}
+    points = expand_spec({"base": base, "grid": {"method": ["espn", "packnet"]}})
+    outcomes = run_sweep(points, tmp_path / "o", progress=False)
+    assert [o.status for o in outcomes] == ["done", "done"]
+    names = [o.results["task_names"] for o in outcomes]
+    assert spy.sequences == names and all(len(n) == 2 for n in names)
+    assert [name for name, _ in spy.trained] == names[0] + names[1] and spy.trained_by_learner

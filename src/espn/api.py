@@ -22,7 +22,6 @@ from torch import Tensor, nn
 
 from espn import api_checks as checks
 from espn.checkpoint.format import checkpoint_dir, read_manifest
-from espn.checkpoint.run import load_run
 from espn.data.tensors import load_task, task_path
 from espn.experiment import build_benchmark
 from espn.learner import ContinualLearner, LearnerError, known_model
@@ -35,6 +34,7 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.models.resnet import STREAM_PRUNING
+from espn.runs.loading import load_run
 from espn.supernet.supernet import Supernet
 
 
@@ -57,7 +57,8 @@ def wrap(
     a class or factory function with its keyword arguments (``wrap(Net, x, width=8)``,
     ``wrap(torchvision.models.resnet18, x, num_classes=10)``), or its import reference
     ``"package.module:Net(width=8)"``: built that way, a saved run records how to rebuild the
-    model, so that ``espn evaluate/info/export`` can read it. ``multi_head``: one head per
+    model, so that ``espn evaluate/export`` can rebuild it (``espn info`` reads any run, the
+    model never built). ``multi_head``: one head per
     task (else one shared, masked head); ``task_affine``: per-task gate scales and shifts
     (beyond the paper); ``stream_pruning``: how a registered ResNet's residual streams are
     pruned, ``"per-conv"`` (the authors') or ``"coupled"`` (see ``espn.models.resnet``; a

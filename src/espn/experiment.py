@@ -11,10 +11,8 @@ from typing import Any
 
 import torch
 
-from espn.checkpoint.continuation import adopt_tasks, check_compatible, open_source
 from espn.checkpoint.format import checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
-from espn.checkpoint.run import check_out_dir
 from espn.config import ConfigError, RunConfig, check_applicable, make_config
 from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
@@ -25,6 +23,8 @@ from espn.models import registry as models
 from espn.models.registry import ModelSpec
 from espn.preflight import check_run
 from espn.run_directory import RunDirectory, results_document
+from espn.runs.checks import check_out_dir
+from espn.runs.from_run import adopt_tasks, check_compatible, open_source
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback

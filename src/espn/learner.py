@@ -22,7 +22,6 @@ from torch import nn
 
 from espn import api_checks as checks
 from espn.checkpoint.format import CheckpointError
-from espn.checkpoint.run import check_out_dir, run_meta
 from espn.config import (
     TRAINING_SETTINGS,
     RunConfig,
@@ -49,6 +48,7 @@ from espn.methods.base import METHODS, Strategy, declared_options
 from espn.models.reference import ModelReferenceError
 from espn.models.registry import MODELS, ModelSpec
 from espn.run_directory import RunDirectory
+from espn.runs.checks import check_out_dir, run_meta
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.engine import Engine

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from espn.checkpoint.continuation import source_summary
 from espn.config import ConfigError, RunConfig
+from espn.runs.from_run import source_summary
 
 
 def check_device(device: str) -> None:
@@ -71,7 +71,7 @@ def check_data_dir(cfg: RunConfig) -> None:
 def check_from_run(cfg: RunConfig) -> None:
     """``from_run`` names a checkpoint of the same method with at least ``after_task``
     finished tasks (more is checked when the run starts, see
-    :mod:`espn.checkpoint.continuation`)."""
+    :mod:`espn.runs.from_run`)."""
     if cfg.from_run is None or cfg.after_task is None:
         return
     try:

@@ -17,8 +17,6 @@ from typing import Any
 
 from espn import __version__
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
-from espn.checkpoint.legacy import upgrade_saved_config
-from espn.checkpoint.run import check_results_match, check_same_run, run_meta
 from espn.checkpoint.store import CheckpointWriter, TrainingState, read_checkpoint, restore
 from espn.config import RunConfig
 from espn.data.tasks import TaskSequence
@@ -31,6 +29,9 @@ from espn.evaluation.metrics import (
 from espn.evaluation.plots import plot_run
 from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS, Strategy
+from espn.runs.checks import check_results_match, check_same_run, run_meta
+from espn.runs.legacy import upgrade_saved_config
+from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback
 from espn.training.engine import Engine, TaskProgress
@@ -135,9 +136,10 @@ class RunCheckpoint:
         saved = upgrade_saved_config(ckpt.manifest["config"])
         check_same_run(saved, cfg, directory, ignore)
         check_results_match(cfg.out, ckpt.manifest)
-        restore(ckpt, supernet, engine, strategy)
+        restore(ckpt, supernet, strategy.weights)
+        continue_training(ckpt, supernet, engine, strategy)
         tr = ckpt.training
-        where = "" if tr is None else "; " + training_position(tr.task, tr.progress, strategy)
+        where = "" if tr is None else "; " + training_position(tr.task, progress_of(tr), strategy)
         total = ckpt.manifest.get("n_tasks", len(seq))
         return cls(
             CheckpointWriter.resume(ckpt),
@@ -158,7 +160,7 @@ class RunCheckpoint:
     def resume_point(self, task: int) -> TaskProgress | None:
         """Where task ``task`` continues from (None: from its start)."""
         if self.training is not None and self.training.task == task:
-            return self.training.progress
+            return progress_of(self.training)
         return None
 
     def save_progress(
@@ -172,10 +174,11 @@ class RunCheckpoint:
         """Checkpoint task ``task`` in training (at an epoch's end)."""
         self.writer.save(
             self.supernet,
-            self.engine,
             self._results(seq),
-            training=(task, progress, strategy),
+            training=snapshot(task, progress, strategy),
             extra=extra | {"complete": False},
+            generator=self.engine.generator,
+            grad_scaler=scaler_state(self.engine),
         )
 
     def task_done(self, seq: TaskSequence, elapsed: float, extra: dict[str, Any]) -> None:
@@ -183,9 +186,10 @@ class RunCheckpoint:
         self.training = None
         self.writer.save(
             self.supernet,
-            self.engine,
             self._results(seq),
             extra=extra | {"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
+            generator=self.engine.generator,
+            grad_scaler=scaler_state(self.engine),
         )
 
     def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:

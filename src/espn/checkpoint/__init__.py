@@ -1,4 +1,7 @@
-"""Run checkpoints: shared weights once, packed per-task masks and state, a JSON manifest."""
+"""Run checkpoints: shared weights once, packed per-task masks and state, a JSON manifest.
+
+This package only reads and writes the files (safetensors, JSON, a lock file); deciding
+what to build from them, resuming and loading runs, is :mod:`espn.runs`'."""
 
 from espn.checkpoint.format import (
     FORMAT_VERSION,
@@ -8,9 +11,11 @@ from espn.checkpoint.format import (
 from espn.checkpoint.store import (
     Checkpoint,
     CheckpointWriter,
+    TrainingSnapshot,
     TrainingState,
     read_checkpoint,
     restore,
+    restore_working,
 )
 
 __all__ = [
@@ -18,8 +23,10 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointWriter",
+    "TrainingSnapshot",
     "TrainingState",
     "checkpoint_dir",
     "read_checkpoint",
     "restore",
+    "restore_working",
 ]

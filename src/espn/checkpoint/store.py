@@ -4,6 +4,10 @@
 :mod:`espn.checkpoint.format` for the layout and why it survives a kill at any moment);
 :func:`read_checkpoint` validates a checkpoint completely and loads every tensor before
 :func:`restore` changes anything in a supernet, so that nothing is ever half-loaded.
+
+Only files: a task in training is stored as the plain numbers, optimizer state and strategy
+state its caller hands over (:class:`TrainingSnapshot`), and read back as such
+(:class:`TrainingState`); continuing its training is :mod:`espn.runs.training`'s.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from espn.checkpoint.format import (
     task_file,
     verify_file,
 )
-from espn.methods.base import METHODS, Strategy
 from espn.supernet.masks import (
     EXPLICIT_FORMS,
     MASK_FORMS,
@@ -44,17 +47,30 @@ from espn.supernet.masks import (
     unpack_bits,
 )
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine, TaskProgress
 from espn.utils.io import atomic_target, os_error_text, write_json_atomic
 
 
 @dataclass
+class TrainingSnapshot:
+    """A task in training as its caller hands it to :meth:`CheckpointWriter.save`: where it
+    stands (``position``: plain numbers and lists, stored as JSON), the optimizer's
+    ``state_dict()["state"]`` (None: none yet) and the strategy's ``state_dict()``."""
+
+    task: int
+    position: dict[str, Any]
+    optimizer: dict[int, dict[str, Any]] | None
+    strategy: dict[str, Any]
+
+
+@dataclass
 class TrainingState:
-    """A task caught between two epochs: its working sub-network and how to continue it."""
+    """A task caught between two epochs, as read back: its working sub-network, where it
+    stands (``position``, as saved), the optimizer's and the strategy's state."""
 
     task: int
     n_classes: int
-    progress: TaskProgress
+    position: dict[str, Any]
+    optimizer: dict[int, dict[str, Any]] | None
     strategy: dict[str, Any]
     weight_masks: dict[str, Tensor]
     units: dict[str, Tensor]
@@ -97,10 +113,10 @@ def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
             os.fsync(fh.fileno())
 
 
-def _rng_tensors(engine: Engine | None) -> dict[str, Tensor]:
+def _rng_tensors(generator: torch.Generator | None) -> dict[str, Tensor]:
     rng = {"rng.torch": torch.get_rng_state()}
-    if engine is not None:  # a supernet saved without its training engine has no batch order
-        rng["rng.engine"] = engine.generator.get_state()
+    if generator is not None:  # a supernet saved without its training engine has no batch order
+        rng["rng.engine"] = generator.get_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         rng["rng.cuda"] = torch.cuda.get_rng_state()
     return rng
@@ -145,21 +161,24 @@ class CheckpointWriter:
     def save(
         self,
         supernet: Supernet,
-        engine: Engine | None,
         task_results: list[dict[str, Any]],
-        training: tuple[int, TaskProgress, Strategy] | None = None,
+        training: TrainingSnapshot | None = None,
         extra: dict[str, Any] | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        grad_scaler: dict[str, Any] | None = None,
     ) -> None:
-        """Write the checkpoint (``engine`` None: of a supernet alone, as the Python API
-        saves it, without the engine's batch-order generator): every committed task (its entry from ``task_results``: name,
-        record, accuracy row), the shared weights, the RNG states and, for ``training = (task,
-        progress, strategy)``, the task in training. ``extra`` goes into the manifest as is.
+        """Write the checkpoint: every committed task (its entry from ``task_results``: name,
+        record, accuracy row), the shared weights, the RNG states (torch's, CUDA's, and the
+        training's batch-order ``generator`` when given), the mixed-precision loss scale
+        ``grad_scaler`` (a ``GradScaler.state_dict()``, None: none) and ``training``, the
+        task in training. ``extra`` goes into the manifest as is.
 
         If a file cannot be written (a full disk), the files of this save are removed and
         :class:`CheckpointError` says so: the previous checkpoint is still complete.
         """
         try:
-            self._save(supernet, engine, task_results, training, extra)
+            self._save(supernet, task_results, training, extra, generator, grad_scaler)
         except (OSError, SafetensorError) as exc:
             self._clean(keep={t["file"] for t in self.tasks} | {state_file(self.generation)})
             reason = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
@@ -178,10 +197,11 @@ class CheckpointWriter:
     def _save(
         self,
         supernet: Supernet,
-        engine: Engine | None,
         task_results: list[dict[str, Any]],
-        training: tuple[int, TaskProgress, Strategy] | None,
+        training: TrainingSnapshot | None,
         extra: dict[str, Any] | None,
+        generator: torch.Generator | None,
+        grad_scaler: dict[str, Any] | None,
     ) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tasks = list(self.tasks)  # the writer's own state changes only once the save succeeded
@@ -214,29 +234,19 @@ class CheckpointWriter:
         path = self.directory / state_file(generation)
         tensors = {f"shared.{n}": layer.weight for n, layer in supernet.layers.items()}
         tensors |= {f"owner.{n}": planes for n, planes in supernet.owners.packed().items()}
-        tensors |= _rng_tensors(engine)
+        tensors |= _rng_tensors(generator)
         train_doc = None
         if training is not None:
-            task, progress, strategy = training
-            optim_tensors, optim_scalars = _split_optimizer(progress.optimizer or {})
+            optim_tensors, optim_scalars = _split_optimizer(training.optimizer or {})
             tensors |= _training_tensors(supernet) | optim_tensors
-            strategy_state = strategy.state_dict()  # tensors (SupSup's scores) go to the file
+            strategy_state = training.strategy  # tensors (SupSup's scores) go to the file
             strategy_tensors = {k: v for k, v in strategy_state.items() if isinstance(v, Tensor)}
             tensors |= {f"strategy.{k}": v for k, v in strategy_tensors.items()}
             train_doc = {
-                "task": task,
+                "task": training.task,
                 "n_classes": int(supernet._n_classes),
-                "position": {
-                    "phase": progress.phase,
-                    "epoch": progress.epoch,
-                    "step": progress.step,
-                    "prunes_done": progress.prunes_done,
-                    "epochs_done": progress.epochs_done,
-                    "loss": progress.loss,
-                    "phases_run": progress.phases_run,
-                    "seconds": progress.seconds,
-                },
-                "optimizer": progress.optimizer is not None,
+                "position": dict(training.position),
+                "optimizer": training.optimizer is not None,
                 "optimizer_scalars": optim_scalars,
                 "strategy": {k: v for k, v in strategy_state.items() if k not in strategy_tensors},
             }
@@ -255,7 +265,7 @@ class CheckpointWriter:
             "state": {**file_entry(path), "generation": generation},
             "owner_bits": supernet.owners.bits,
             "training": train_doc,
-            "grad_scaler": _scaler_state(engine),
+            "grad_scaler": grad_scaler,
             **(extra or {}),
         }
         fsync_dir(self.directory)
@@ -271,12 +281,6 @@ class CheckpointWriter:
             for path in self.directory.glob(pattern):
                 if path.name not in keep:
                     path.unlink(missing_ok=True)
-
-
-def _scaler_state(engine: Engine | None) -> dict[str, Any] | None:
-    """The engine's mixed-precision loss scale (float16 on CUDA), which persists across tasks."""
-    scaler = getattr(engine, "scaler", None)
-    return scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
 
 
 def _task_tensors(mask: TaskMask, row: list[float] | None) -> dict[str, Tensor]:
@@ -322,7 +326,8 @@ def _load_tensors(path: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {exc}") from None
 
 
-def _prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+def prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The tensors whose names start with ``prefix``, by the rest of their names."""
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
@@ -331,15 +336,15 @@ def _read_task(
 ) -> TaskMask:
     """A task's mask from its file: version 2 (entry names each layer's mask form) or
     version 1 (every mask bit-packed, unit masks as booleans, shapes in the entry)."""
-    weights = _prefixed(tensors, "weights.")
-    state = _prefixed(tensors, "state.")
+    weights = prefixed(tensors, "weights.")
+    state = prefixed(tensors, "state.")
     n_classes, new_weights = int(entry["n_classes"]), int(entry["new_weights"])
-    own = _prefixed(tensors, "own.")
+    own = prefixed(tensors, "own.")
     if "masks" not in entry:  # version 1
         shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
         if set(weights) != set(shapes):
             raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
-        units = {k: v.bool() for k, v in _prefixed(tensors, "units.").items()}
+        units = {k: v.bool() for k, v in prefixed(tensors, "units.").items()}
         return TaskMask(
             weights=weights,
             shapes=shapes,
@@ -362,7 +367,7 @@ def _read_task(
         if f not in EXPLICIT_FORMS:
             weights[k] = torch.empty(0, dtype=torch.uint8)
     units = {}
-    for g, packed in _prefixed(tensors, "units.").items():
+    for g, packed in prefixed(tensors, "units.").items():
         size = int(arch["groups"].get(g, -1))
         fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
         units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
@@ -383,7 +388,7 @@ def _read_task(
         own=own,
         forms=forms,
         horizon=int(entry["horizon"]),
-        stats=_prefixed(tensors, "stats."),
+        stats=prefixed(tensors, "stats."),
     )
 
 
@@ -407,14 +412,14 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
     path = verify_file(directory, manifest["state"])
     sizes[path.name] = manifest["state"]["bytes"]
     tensors = _load_tensors(path)
-    owner_ids = _prefixed(tensors, "owner.") if manifest["format_version"] >= 2 else None
+    owner_ids = prefixed(tensors, "owner.") if manifest["format_version"] >= 2 else None
     training = None
     doc = manifest.get("training")
     if doc is not None:
         optimizer: dict[int, dict[str, Any]] | None = None
         if doc["optimizer"]:
             optimizer = {}
-            for key, value in _prefixed(tensors, "optim.").items():
+            for key, value in prefixed(tensors, "optim.").items():
                 index, name = key.split(".", 1)
                 optimizer.setdefault(int(index), {})[name] = value
             for index, entries in doc["optimizer_scalars"].items():
@@ -422,11 +427,12 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
         training = TrainingState(
             task=int(doc["task"]),
             n_classes=int(doc["n_classes"]),
-            progress=TaskProgress(**doc["position"], optimizer=optimizer),
-            strategy=doc["strategy"] | _prefixed(tensors, "strategy."),
-            weight_masks=_prefixed(tensors, "train.mask."),
-            units={k: v.bool() for k, v in _prefixed(tensors, "train.units.").items()},
-            task_state=_prefixed(tensors, "train.state."),
+            position=dict(doc["position"]),
+            optimizer=optimizer,
+            strategy=doc["strategy"] | prefixed(tensors, "strategy."),
+            weight_masks=prefixed(tensors, "train.mask."),
+            units={k: v.bool() for k, v in prefixed(tensors, "train.units.").items()},
+            task_state=prefixed(tensors, "train.state."),
         )
         if training.task != len(masks):
             raise CheckpointError(
@@ -435,9 +441,9 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
     return Checkpoint(
         directory=directory,
         manifest=manifest,
-        shared=_prefixed(tensors, "shared."),
+        shared=prefixed(tensors, "shared."),
         masks=masks,
-        rng=_prefixed(tensors, "rng."),
+        rng=prefixed(tensors, "rng."),
         training=training,
         file_bytes=sizes,
         owner_ids=owner_ids,
@@ -501,12 +507,15 @@ def _check_tensors(ckpt: Checkpoint, supernet: Supernet) -> None:
         check_masks("task in training", tr.weight_masks, tr.units, tr.task_state, {}, keys)
 
 
-def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[TaskMask]]:
+def _owned_masks(
+    ckpt: Checkpoint, supernet: Supernet, kind: str | None
+) -> tuple[Ownership, list[TaskMask]]:
     """The checkpoint's owner ids and masks reading them, on the supernet's device.
 
     A version-1 checkpoint has no owner ids: each weight's owner is the first task (that does
     not keep its own weights) whose mask holds it, and every mask is converted to its smallest
-    exact form, as if it had been committed by this espn.
+    exact form, as if it had been committed by this espn (``kind``: the method's kind of
+    weights; None: a task without its own weights is taken as one of shared weights).
     """
     device = next(iter(supernet.layers.values())).weight.device
     layout = supernet.owners.layout
@@ -520,8 +529,6 @@ def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[
         for t, mask in enumerate(ckpt.masks):
             if not mask.own:
                 owners.take({n: mask.weight_mask(n, device) for n in layout}, t)
-    method = ckpt.manifest.get("method")
-    kind = METHODS.get(method).weights if isinstance(method, str) and method in METHODS else None
     masks = []
     for t, mask in enumerate(ckpt.masks):
         # as commit_task does: only trained, shared weights may be stored as owned
@@ -554,21 +561,17 @@ def _owned_masks(ckpt: Checkpoint, supernet: Supernet) -> tuple[Ownership, list[
 
 
 @torch.no_grad()
-def restore(
-    ckpt: Checkpoint,
-    supernet: Supernet,
-    engine: Engine | None = None,
-    strategy: Strategy | None = None,
-) -> None:
-    """Load ``ckpt`` into a freshly built ``supernet``: shared weights, owner ids, every
-    committed task (frozen weights are the owned ones) and, given the ``engine`` and
-    ``strategy`` to continue with, the task in training and the random-number generators.
-    Validates first; converts a version-1 checkpoint (see :func:`_owned_masks`)."""
+def restore(ckpt: Checkpoint, supernet: Supernet, weights: str | None = None) -> None:
+    """Load ``ckpt`` into a freshly built ``supernet``: shared weights, owner ids and every
+    committed task (frozen weights are the owned ones). Validates first; converts a
+    version-1 checkpoint (see :func:`_owned_masks`; ``weights`` is its method's kind of
+    weights, ``"shared"``, ``"own"``, ..., where the caller knows the method).
+    The task in training, if any, is :func:`restore_working`'s."""
     check_architecture(ckpt.manifest["architecture"], supernet, str(ckpt.manifest["model"]))
     _check_tensors(ckpt, supernet)
     if supernet.masks:
         raise ValueError("restore() needs a freshly built supernet with no task learned")
-    owners, masks = _owned_masks(ckpt, supernet)
+    owners, masks = _owned_masks(ckpt, supernet, weights)
     supernet.owners = owners
     supernet.masks = masks
     supernet.in_training = False
@@ -578,31 +581,18 @@ def restore(
     for name, layer in supernet.layers.items():
         layer.weight.copy_(ckpt.shared[name].to(layer.weight.device))
         layer.frozen.copy_(owners.frozen(name))
-    if engine is None:
-        return
-    tr = ckpt.training
-    if tr is not None:
-        if strategy is None:
-            raise ValueError("resuming a task in training needs its strategy")
-        supernet.begin_task(tr.n_classes)
-        for name, m in supernet.task_modules.items():
-            m.load_task_state(_prefixed(tr.task_state, f"{name}."))
-        for g, alive in tr.units.items():
-            for m in supernet.groups[g]:
-                m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
-        for name, layer in supernet.layers.items():
-            mask = unpack_bits(tr.weight_masks[name].to(layer.weight.device), layer.weight.shape)
-            layer.weight_mask.copy_(mask.to(layer.weight_mask.dtype))
-        device = next(supernet.parameters()).device
-        strategy.load_state_dict(
-            {k: v.to(device) if isinstance(v, Tensor) else v for k, v in tr.strategy.items()}
-        )
-    scaler_state = ckpt.manifest.get("grad_scaler")
-    scaler = getattr(engine, "scaler", None)
-    if scaler_state and scaler is not None and scaler.is_enabled():
-        scaler.load_state_dict(scaler_state)
-    torch.set_rng_state(ckpt.rng["torch"])
-    if "engine" in ckpt.rng:  # not in a checkpoint saved without the engine
-        engine.generator.set_state(ckpt.rng["engine"])
-    if "cuda" in ckpt.rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(ckpt.rng["cuda"])
+
+
+@torch.no_grad()
+def restore_working(training: TrainingState, supernet: Supernet) -> None:
+    """Put the working sub-network of the task in training (its task state, unit and weight
+    masks) back into ``supernet``, restored by :func:`restore` (which checked its tensors)."""
+    supernet.begin_task(training.n_classes)
+    for name, m in supernet.task_modules.items():
+        m.load_task_state(prefixed(training.task_state, f"{name}."))
+    for g, alive in training.units.items():
+        for m in supernet.groups[g]:
+            m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
+    for name, layer in supernet.layers.items():
+        mask = unpack_bits(training.weight_masks[name].to(layer.weight.device), layer.weight.shape)
+        layer.weight_mask.copy_(mask.to(layer.weight_mask.dtype))

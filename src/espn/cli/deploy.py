@@ -81,10 +81,10 @@ def evaluate(
     Every finished task is evaluated on its test data and compared with results.json; the exit
     status is 1 if any differs. With --task-agnostic, also without the task given.
     """
-    from espn.checkpoint.continuation import check_source_unchanged
-    from espn.checkpoint.run import load_run
     from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.inference import DEFAULT_RULE, RULES
+    from espn.runs.from_run import check_source_unchanged
+    from espn.runs.loading import load_run
 
     if rule is not None and not task_agnostic:
         fail("--rule is an option of --task-agnostic; add --task-agnostic")
@@ -205,10 +205,11 @@ def export_command(
     """
     import torch
 
-    from espn.checkpoint.continuation import check_source_unchanged
-    from espn.checkpoint.run import load_run
+    from espn.checkpoint.format import checkpoint_dir, read_manifest
     from espn.export.export import check_not_replacing, check_target, export_files, export_task
     from espn.inference import DEFAULT_RULE, RULES
+    from espn.runs.from_run import check_source_unchanged
+    from espn.runs.loading import check_rebuildable, load_run
 
     if (task is None) == (not task_agnostic):
         fail("give either --task N (one task) or --task-agnostic (every task, task inferred)")
@@ -219,6 +220,15 @@ def export_command(
     run = run_directory(run_dir, run_alias)
     check_target(out)
     check_not_replacing(export_files(out, onnx), overwrite, run)
+    manifest = read_manifest(checkpoint_dir(run))
+    then = (
+        f"learner.export({task}, {str(out)!r})"
+        if task is not None
+        else "espn.inference.export.export_task_agnostic(learner.supernet, "
+        f"[one batch of test inputs per task], {str(out)!r})"
+    )
+    # a run saved from a model instance: how to export it in Python instead
+    check_rebuildable(run, str(manifest["model"]), then)
     loaded = load_run(run, device, trust_code=trust_model_code)
     if task is None:
         _export_task_agnostic(run, loaded, out, rule, onnx, check_data, fold_bn, device, data_dir)
@@ -282,8 +292,8 @@ def _export_task_agnostic(
     """``espn export --task-agnostic``: checked on up to 1024 test samples of every task."""
     import torch
 
-    from espn.checkpoint.continuation import check_source_unchanged
     from espn.inference.export import export_task_agnostic
+    from espn.runs.from_run import check_source_unchanged
 
     if check_data:
         check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
@@ -318,29 +328,34 @@ def load_hint(out: Path, files: list[str]) -> str:
 def info(
     run_dir: Path | None = RUN_ARGUMENT,
     run_alias: Path | None = RUN_ALIAS,
-    trust_model_code: bool = TRUST_OPTION,
 ) -> None:
     """Print per-task FLOPs, weights and storage, and the checkpoint's size.
 
     Per task: FLOPs ratio, weights used, new weights (those it owns), the form its weight masks
     are stored in, the bytes of its masks and of its BatchNorm/gates/head, the task's bytes in
     all, and its file's size; then the owner ids and the whole checkpoint's size next to one
-    dense model per task.
+    dense model per task. Read from storage alone (the manifest, the task records and the
+    safetensors headers): no model is built and no model code imported, so it works on any
+    run, also one saved from a model instance.
     """
-    from espn.checkpoint.run import load_run
+    from espn.checkpoint.format import checkpoint_dir
+    from espn.checkpoint.sizes import read_sizes
+    from espn.runs.checks import check_results_match
 
     run = run_directory(run_dir, run_alias)
-    loaded = load_run(run, trust_code=trust_model_code)
-    sn, ckpt, m = loaded.supernet, loaded.checkpoint, loaded.checkpoint.manifest
-    cfg = loaded.config
+    stored = read_sizes(checkpoint_dir(run))
+    m = stored.manifest
+    check_results_match(run, m)
+    cfg, training = m["config"], m.get("training")
     # nine columns, not cut off in a pipe; text printed as written (no markup)
     wide = Console(width=max(console.width, 132), markup=False)
     wide.print(
         printable(
-            f"{run}: {cfg.method} on {cfg.benchmark} with {cfg.model}, gamma {cfg.gamma}, "
-            f"alpha {cfg.alpha}; {loaded.n_tasks}/{m.get('n_tasks', '?')} tasks finished"
+            f"{run}: {cfg.get('method')} on {cfg.get('benchmark')} with {m['model']}, gamma "
+            f"{cfg.get('gamma')}, alpha {cfg.get('alpha')}; {len(stored.tasks)}/"
+            f"{m.get('n_tasks', '?')} tasks finished"
         )
-        + ("" if ckpt.training is None else f", task {ckpt.training.task} in training")
+        + ("" if training is None else f", task {training['task']} in training")
     )
     table = Table(
         "task",
@@ -353,46 +368,41 @@ def info(
         "task B",
         "file B",
     )
-    weight_bytes = sum(
-        layer.weight.numel() * layer.weight.element_size() for layer in sn.layers.values()
-    )
     dense_total = 0
-    groups = sn.unit_state_groups()
-    for t, mask in enumerate(sn.masks):
-        sn.use_task(t)
-        nbytes = mask.nbytes(groups)
-        entry = ckpt.tasks[t]
-        dense_total += weight_bytes + nbytes["state"]
-        mask_bytes = nbytes["weight_masks"] + nbytes["unit_masks"]
+    for t, task in enumerate(stored.tasks):
+        record = task.record
+        dense_total += stored.weight_bytes + task.state_bytes
+        ratio = record.get("flops_ratio")
+        used = record.get("used_weights")
         table.add_row(
             str(t),
-            f"{sn.flops(mask.units) / sn.dense_flops:.3f}",
-            f"{mask.nnz():,}",
-            f"{mask.new_weights:,}",
-            "+".join(sorted({mask.form(n) for n in mask.weights})),
-            f"{mask_bytes:,}",
-            f"{nbytes['state']:,}",
-            f"{sum(nbytes.values()):,}",
-            f"{entry['bytes']:,}",
+            "-" if ratio is None else f"{ratio:.3f}",
+            "-" if used is None else f"{used:,}",
+            f"{task.entry['new_weights']:,}",
+            "+".join(task.forms),
+            f"{task.mask_bytes:,}",
+            f"{task.state_bytes:,}",
+            f"{task.nbytes:,}",
+            f"{task.file:,}",
         )
     wide.print(table)
-    sizes = ckpt.file_bytes
-    task_bytes = sum(t["bytes"] for t in ckpt.tasks)
-    state_bytes = m["state"]["bytes"]
-    total = sum(sizes.values())
-    owners = sn.owners
+    bits = m.get("owner_bits")
     wide.print(
-        f"owner ids: {_mib(owners.nbytes())} ({owners.bits} bits per weight, for all tasks "
-        "together)"
+        f"owner ids: {_mib(stored.owner_bytes)} ({bits} bits per weight, for all tasks together)"
+        if stored.owner_bytes
+        else "owner ids: none stored (a version-1 checkpoint: each task's masks hold them)"
     )
+    task_bytes = sum(t.file for t in stored.tasks)
     wide.print(
-        f"checkpoint {_mib(total)} on disk: shared weights, owner ids and RNG state "
-        f"{_mib(state_bytes)}"
-        + ("" if ckpt.training is None else " (with the task in training and its optimizer)")
-        + f", {len(ckpt.tasks)} task files {_mib(task_bytes)}, manifest {_mib(sizes['manifest.json'])}"
+        f"checkpoint {_mib(stored.total)} on disk: shared weights, owner ids and RNG state "
+        f"{_mib(stored.state_file)}"
+        + ("" if training is None else " (with the task in training and its optimizer)")
+        + f", {len(stored.tasks)} task files {_mib(task_bytes)}, manifest "
+        f"{_mib(stored.files['manifest.json'])}"
     )
     if dense_total:
         wide.print(
-            f"one dense model per task: {loaded.n_tasks} x {_mib(weight_bytes)} weights + own "
-            f"BN/gates/head = {_mib(dense_total)}; the checkpoint is {total / dense_total:.3f} of that"
+            f"one dense model per task: {len(stored.tasks)} x {_mib(stored.weight_bytes)} "
+            f"weights + own BN/gates/head = {_mib(dense_total)}; the checkpoint is "
+            f"{stored.total / dense_total:.3f} of that"
         )

@@ -53,7 +53,7 @@ class ModelReferenceError(EspnError, ValueError):
 
 #: how to opt in to importing the code a run directory names
 TRUST_HINT = (
-    "if you trust that code, pass --trust-model-code (espn evaluate/info/export), "
+    "if you trust that code, pass --trust-model-code (espn evaluate/export), "
     "trust_model_code=True or model=... (espn.load) or --model with the same reference "
     "(espn run)"
 )

@@ -22,12 +22,12 @@ from espn.checkpoint.format import (
     manifest_or_none,
     read_manifest,
 )
-from espn.checkpoint.legacy import upgrade_saved_config
 from espn.checkpoint.store import read_checkpoint, restore
 from espn.config import ConfigError, RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.methods.base import METHODS
 from espn.models.reference import reading_run
+from espn.runs.legacy import upgrade_saved_config
 from espn.supernet.supernet import Supernet
 
 
@@ -98,13 +98,13 @@ def adopt_tasks(
     accuracy rows and per-task records, as the new run's first rows and records."""
     ckpt = read_checkpoint(checkpoint_dir(source.directory))
     fresh = {n: layer.weight.detach().clone() for n, layer in supernet.layers.items()}
-    restore(ckpt, supernet)
+    shared = METHODS.get(source.config.method).weights == "shared"
+    restore(ckpt, supernet, METHODS.get(source.config.method).weights)
     k = source.keep
     supernet.masks = supernet.masks[:k]
     owners = supernet.owners
     for ids in owners.ids.values():  # weights of later tasks: free again
         ids.masked_fill_((ids >= k) & (ids != owners.free_id), owners.free_id)
-    shared = METHODS.get(source.config.method).weights == "shared"
     for name, layer in supernet.layers.items():
         layer.frozen.copy_(owners.frozen(name))
         if shared:  # free weights start as the new run's initialisation, not as trained later

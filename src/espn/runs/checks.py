@@ -1,26 +1,18 @@
-"""A run directory's checkpoint as files: what a run records about itself, the checks that a
-directory may be written or resumed, and loading a finished run (the learner's checkpointing
-while it learns is :mod:`espn.run_directory`)."""
+"""What a run records about itself in its checkpoint, and the checks that a directory may be
+written or resumed (the learner's checkpointing while it learns is :mod:`espn.run_directory`,
+loading a finished run :mod:`espn.runs.loading`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir, manifest_or_none
-from espn.checkpoint.legacy import upgrade_saved_config
 from espn.checkpoint.manifest import check_against_results
-from espn.checkpoint.store import Checkpoint, read_checkpoint, restore
-from espn.config import RunConfig, make_config
+from espn.config import RunConfig
 from espn.data.tasks import TaskSequence
 from espn.evaluation.results import read_results
-from espn.models.reference import check_model_size, is_reference, reading_run, resolve
-from espn.models.registry import MODELS, ModelSpec, build_supernet
-from espn.preflight import check_device
-from espn.supernet.supernet import Supernet
+from espn.runs.legacy import upgrade_saved_config
 
 #: configuration fields that may differ between a run and its resumption
 RESUMABLE_CHANGES = ("out", "device", "data_dir")
@@ -127,90 +119,3 @@ def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:
             f"{run_dir}: the checkpoint and results.json do not belong together ({reason}); "
             "one of them was changed or replaced, so neither can be trusted"
         )
-
-
-@dataclass
-class LoadedRun:
-    """A run's checkpoint loaded into a supernet rebuilt from its manifest alone."""
-
-    config: RunConfig
-    checkpoint: Checkpoint
-    supernet: Supernet
-
-    @property
-    def n_tasks(self) -> int:
-        """Tasks finished in the checkpoint."""
-        return len(self.supernet.masks)
-
-    def example_input(self, batch: int = 2) -> torch.Tensor:
-        """A zero batch of model inputs (shapes only matter for tracing)."""
-        shape = self.checkpoint.manifest["spec"]["input_shape"]
-        device = next(self.supernet.parameters()).device
-        return torch.zeros(batch, *shape, device=device)
-
-    def check_task(self, task: int) -> None:
-        """Raise :class:`CheckpointError` unless ``task`` is a finished task of the run."""
-        if not 0 <= task < self.n_tasks:
-            raise CheckpointError(
-                f"task {task} is not in the checkpoint; it holds tasks 0..{self.n_tasks - 1}"
-                if self.n_tasks
-                else f"task {task} is not in the checkpoint; it holds no finished task yet"
-            )
-
-
-def load_run(
-    run_dir: Path | str,
-    device: str = "cpu",
-    supernet: Supernet | None = None,
-    trust_code: bool = False,
-) -> LoadedRun:
-    """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task.
-
-    The model is built from the manifest's name (a registered model, or an import reference
-    written by the Python API, see :mod:`espn.models.reference`), or given as a freshly
-    built ``supernet`` (a model only the caller can build). A relative ``data_dir`` in the
-    configuration (the test data the Python API saves) is read from ``run_dir``. A module
-    the manifest names is imported only if ``trust_code`` (see
-    :func:`espn.models.reference.reading_run`).
-    """
-    ckpt = read_checkpoint(checkpoint_dir(run_dir))
-    m = ckpt.manifest
-    check_results_match(run_dir, m)
-    name = str(m["model"])
-    with reading_run(run_dir, trust_code):
-        if supernet is None and is_reference(name):
-            resolve(name)
-        if name not in MODELS and supernet is None:
-            built_from = (
-                "; it was built in Python from a model instance, so only its code can rebuild "
-                "it: espn.load(run, model=...)"
-                if name.startswith("<")
-                else ""
-            )
-            raise CheckpointError(
-                f"the checkpoint is of model {name!r}, which this espn does not know"
-                f"{built_from}; known models: {', '.join(MODELS.names())}"
-            )
-        saved = upgrade_saved_config(m["config"])
-        values = {k: v for k, v in saved.items() if k not in ("device", "out")}
-        if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
-            values["data_dir"] = Path(run_dir) / values["data_dir"]
-        cfg = make_config(**values, device=device, out=Path(run_dir))
-    check_device(cfg.device)
-    spec = m["spec"]
-    if supernet is None:
-        model_spec = ModelSpec(
-            tuple(spec["input_shape"]),
-            int(spec["n_classes"]),
-            spec["multi_head"],
-            cfg.task_affine,
-            cfg.stream_pruning,
-        )
-        if not is_reference(name):  # a reference's arguments were sized when resolved
-            # a registered builder converting a model may not build on "meta": not counted
-            check_model_size(run_dir, name, lambda: MODELS.get(name)(model_spec), strict=False)
-        example = torch.zeros(2, *spec["input_shape"], device=device)
-        supernet = build_supernet(name, model_spec, example, cfg.seed, device)
-    restore(ckpt, supernet)
-    supernet.eval()
-    return LoadedRun(cfg, ckpt, supernet)
