@@ -8,6 +8,7 @@ code, so a test takes seconds; inductor itself runs in the slow and the CUDA tes
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,11 @@ def learner(model: str, compiled: bool) -> espn.ContinualLearner:
     return out
 
 
-def test_a_prune_event_compiles_nothing() -> None:
+def test_a_prune_event_compiles_nothing(caplog: pytest.LogCaptureFixture) -> None:
     """Masks, gates and lambdas change in place at a prune event: the compiled step's graphs
     are compiled per phase structure (penalty on, then gates released and penalty off), not
-    per prune event, and not again for a second task."""
+    per prune event, and not again for a second task; each compile is logged."""
+    caplog.set_level(logging.DEBUG, logger="espn.training.compile")
     torch._dynamo.reset()
     run = learner("mlp", compiled=True)
     events = []
@@ -79,6 +81,8 @@ def test_a_prune_event_compiles_nothing() -> None:
     assert 1 <= graphs[0] <= 3  # at most one per phase
     assert graphs[1] == 0
     assert sum(graphs) <= len(events) // 8  # far below one per prune event
+    logged = [r for r in caplog.records if r.name == "espn.training.compile"]
+    assert len(logged) == sum(graphs)
 
 
 @pytest.mark.parametrize("model", ["mlp", "conv"])

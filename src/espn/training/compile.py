@@ -24,6 +24,7 @@ pass each already), exactly as a plain ``torch.compile(model)`` loop runs its op
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,8 @@ from torch._dynamo.utils import counters
 DEFAULT_BACKEND = "inductor"
 #: the mode of the step on CUDA: forward and backward replayed as CUDA graphs
 STATIC_MODE = "reduce-overhead"
+
+log = logging.getLogger(__name__)
 
 
 def compiled_graphs() -> int:
@@ -83,7 +86,10 @@ class StepCompiler:
             torch.compiler.cudagraph_mark_step_begin()
         before = compiled_graphs()
         loss, total = compiled(fn, self._channels_last, x, *args)
-        self.graphs += compiled_graphs() - before
+        new = compiled_graphs() - before
+        if new:  # a compile, never a step's cost (TORCH_LOGS=recompiles says why)
+            self.graphs += new
+            log.debug("the step compiled graph %d (input %s)", self.graphs, tuple(x.shape))
         return (loss.detach().clone() if self._mode == STATIC_MODE else loss), total
 
 
