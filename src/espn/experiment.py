@@ -233,7 +233,7 @@ def _run_locked(
     if source is not None and not ckpt.rows:  # a fresh start on top of another run
         ckpt.rows, ckpt.per_task = adopt_tasks(supernet, source)
     learner.rows, learner.records = ckpt.rows, ckpt.per_task  # the checkpoint saves them
-    learner.run_dir = rd
+    learner.attach(rd)
     if ckpt.summary and on_task_end is not None:
         on_task_end(ckpt.summary)
     if ckpt.rows:  # resumed: results as the checkpoint holds them (a kill may have cut them)
@@ -245,6 +245,5 @@ def _run_locked(
     try:
         learner.learn_sequence(seq, pretrained=pretrained, on_line=on_task_end)
     finally:
-        learner.close()
-    rd.plot()
+        learner.close()  # the run directory's on_run_end draws accuracy.png
     return rd.doc

@@ -380,7 +380,6 @@ class ContinualLearner:
                     by_index,
                     evaluate=(i + 1) % self.cfg.eval_every == 0 or i == last,
                     pretrained=pretrained if i == 0 else None,
-                    on_progress=None if rd is None else rd.on_progress(i, self.strategy),
                     resume=None if rd is None else rd.resume_point(i),
                 )
                 self._commit(by_index, keep_data)
@@ -458,7 +457,7 @@ class ContinualLearner:
             raise LearnerError(
                 f"{exc}; a script resumes its run directory only with the same method and settings"
             ) from None
-        self.run_dir = rd
+        self.attach(rd)
         n = len(self.supernet.masks)
         manifest = ckpt.manifest or {}
         self.fingerprints = [str(f) for f in manifest.get("fingerprints", [])]
@@ -469,6 +468,12 @@ class ContinualLearner:
         self.replayed = 0
         if ckpt.summary:
             self.summary = ckpt.summary
+
+    def attach(self, rd: RunDirectory) -> None:
+        """Write the run directory ``rd`` (opened on this learner's parts) from now on: a
+        callback that checkpoints every epoch's end; the learner writes it after every step."""
+        self.run_dir = rd
+        self.callbacks.append(rd)
 
     def _replay(self, tasks: list[Task]) -> list[dict[str, Any]]:
         """Tasks a resumed script gives again: checked against the data they were learned

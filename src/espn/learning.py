@@ -10,7 +10,7 @@ sizes) per committed task, and refuses a sub-network that misses the FLOPs budge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +111,6 @@ class TaskRunner:
         *,
         evaluate: bool = True,
         pretrained: dict[str, Tensor] | None = None,
-        on_progress: Callable[[TaskProgress], None] | None = None,
         resume: TaskProgress | None = None,
     ) -> Learned:
         """Learn ``step`` (step number ``index``; from ``pretrained`` weights without training
@@ -124,7 +123,7 @@ class TaskRunner:
         if pretrained is not None:
             log = self.engine.adopt_task(step, pretrained)
         else:
-            log = self.engine.train_task(step, index, on_progress=on_progress, resume=resume)
+            log = self.engine.train_task(step, index, resume=resume)
         learned = range(first, len(self.supernet.masks))  # one task, or all of them for MTL
         self.store_statistics(learned, tasks)
         row = self.accuracy_row(tasks, learned.stop) if evaluate else None

@@ -33,7 +33,7 @@ from espn.runs.checks import check_results_match, check_same_run, run_meta
 from espn.runs.legacy import upgrade_saved_config
 from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
 from espn.supernet.supernet import Supernet
-from espn.training.callbacks import Callback
+from espn.training.callbacks import Callback, EpochEnd
 from espn.training.engine import Engine, TaskProgress
 from espn.utils.io import os_error_text, write_json_atomic
 
@@ -202,7 +202,10 @@ class RunCheckpoint:
 
 
 class RunDirectory(Callback):
-    """A learner's run directory, written after every epoch and every learned step.
+    """A learner's run directory, written after every epoch and every learned step: a
+    callback like the loggers (``on_epoch_end`` checkpoints the task in training where the
+    engine says it stands, ``on_run_end`` draws the plot), which the learner also tells of
+    each learned step (:meth:`step_done`, after it committed the step's tasks).
 
     ``sequence`` gives the tasks as the run knows them (the benchmark of ``espn run``; the
     tasks learned so far in Python), ``notes`` what the run could not do as asked; ``meta``,
@@ -221,6 +224,7 @@ class RunDirectory(Callback):
         self.meta = meta
         self.out = Path(cfg.out)
         self.checkpoint: RunCheckpoint | None = None
+        self.strategy: Strategy | None = None
         self.start = time.perf_counter()
         self.doc: dict[str, Any] = {}
         #: added to the manifest on every write (e.g. the fingerprints of a Python run's data)
@@ -238,6 +242,7 @@ class RunDirectory(Callback):
         self.checkpoint = RunCheckpoint.open(
             self.cfg, self.sequence(), supernet, engine, strategy, resume, ignore
         )
+        self.strategy = strategy
         self.start = time.perf_counter() - self.checkpoint.elapsed
         return self.checkpoint
 
@@ -249,16 +254,15 @@ class RunDirectory(Callback):
         """Wall time of the run so far, the time before a resumption included."""
         return time.perf_counter() - self.start
 
-    def on_progress(self, task: int, strategy: Strategy) -> Callable[[TaskProgress], None]:
-        """The engine callback that checkpoints task ``task`` at every epoch end."""
+    def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
+        """Checkpoint the task in training (step ``event.task``) where the engine says it
+        stands after this pass (``event.position``)."""
         ckpt = self._ckpt()
-
-        def save(progress: TaskProgress) -> None:
-            self._refresh()
-            extra = self.extra() | {"wall_time_s": self.elapsed()}
-            ckpt.save_progress(task, progress, strategy, self.sequence(), extra)
-
-        return save
+        if event.position is None or self.strategy is None:
+            return
+        self._refresh()
+        extra = self.extra() | {"wall_time_s": self.elapsed()}
+        ckpt.save_progress(event.task, event.position, self.strategy, self.sequence(), extra)
 
     def step_done(
         self, supernet: Supernet, rows: list[list[float] | None], records: list[dict[str, Any]]

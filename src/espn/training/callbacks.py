@@ -52,7 +52,10 @@ class StepEnd:
 @dataclass(frozen=True)
 class EpochEnd:
     """After one pass over a task's training data (``epoch`` from 0 of ``n_epochs`` in
-    ``phase``), with the task's optimizer steps and training seconds so far."""
+    ``phase``), with the task's optimizer steps and training seconds so far; ``position``:
+    where the task stands now, enough to continue it exactly (a
+    :class:`~espn.training.engine.TaskProgress` with the optimizer's state; what the run
+    directory checkpoints)."""
 
     task: int
     phase: str
@@ -61,6 +64,7 @@ class EpochEnd:
     step: int
     loss: float
     seconds: float
+    position: Any = None
 
 
 @dataclass(frozen=True)

@@ -189,12 +189,12 @@ class Engine:
         task: Task,
         index: int,
         on_epoch_end: Callable[[str, int], None] | None = None,
-        on_progress: Callable[[TaskProgress], None] | None = None,
         resume: TaskProgress | None = None,
     ) -> TaskLog:
         """Train ``task`` as task number ``index`` and commit its sub-network.
 
-        ``on_progress`` receives the :class:`TaskProgress` after every epoch (to checkpoint it).
+        The callbacks' ``on_epoch_end`` receive the :class:`TaskProgress` after every epoch
+        (``EpochEnd.position``: the run directory checkpoints it).
         With ``resume``, training continues from that point: the caller has restored the
         working sub-network, the strategy's state and :attr:`generator` as they were then.
         """
@@ -284,7 +284,12 @@ class Engine:
                 if on_epoch_end is not None:
                     on_epoch_end(phase.name, epoch)
                 if hooks is not None:
+                    here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
+                    if last:
+                        here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
                     seconds = time.perf_counter() - start
+                    state = optimizer.state_dict()
+                    position = replace(here, optimizer=state, phases_run=list(ran), seconds=seconds)
                     hooks.on_epoch_end(
                         self.owner,
                         EpochEnd(
@@ -295,16 +300,8 @@ class Engine:
                             before[p] + step,
                             float(loss_value),
                             seconds,
+                            position,
                         ),
-                    )
-                if on_progress is not None:
-                    here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
-                    if last:
-                        here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
-                    state = optimizer.state_dict()
-                    seconds = time.perf_counter() - start
-                    on_progress(
-                        replace(here, optimizer=state, phases_run=list(ran), seconds=seconds)
                     )
             if n_epochs == 0:
                 ran.append(plan.record())
