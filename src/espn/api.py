@@ -23,7 +23,6 @@ from torch import Tensor, nn
 from espn import api_checks as checks
 from espn.checkpoint.format import checkpoint_dir, read_manifest
 from espn.data.tensors import load_task, task_path
-from espn.experiment import build_benchmark
 from espn.learner import ContinualLearner, LearnerError, known_model
 from espn.models.reference import (
     ModelReferenceError,
@@ -34,6 +33,7 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.models.resnet import STREAM_PRUNING
+from espn.runs.building import build_benchmark
 from espn.runs.loading import load_run
 from espn.supernet.supernet import Supernet
 

@@ -1,6 +1,7 @@
-"""``espn run``'s assembly: build the benchmark and the supernet a run configuration names,
-hand them to the one learner (:class:`espn.learner.ContinualLearner`) with the run
-directory (:mod:`espn.run_directory`) attached."""
+"""``espn run``'s assembly: build the benchmark and the supernet a run configuration names
+(:mod:`espn.runs.building`), hand them to the one learner
+(:class:`espn.learner.ContinualLearner`) with the run directory (:mod:`espn.run_directory`)
+attached."""
 
 from __future__ import annotations
 
@@ -9,65 +10,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from espn.checkpoint.format import checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
 from espn.config import ConfigError, RunConfig, check_applicable, make_config
-from espn.data.order import ordered
-from espn.data.registry import BENCHMARKS, BenchmarkArgs
-from espn.data.tasks import TaskSequence, prepended
+from espn.data.tasks import TaskSequence
 from espn.learner import ContinualLearner
 from espn.loggers import DEFAULT_LOG_EVERY, check_log_every, logger_names
-from espn.models import registry as models
-from espn.models.registry import ModelSpec
 from espn.preflight import check_run
 from espn.run_directory import RunDirectory, results_document
+from espn.runs.building import build_benchmark, build_supernet
 from espn.runs.checks import check_out_dir
 from espn.runs.from_run import adopt_tasks, check_compatible, open_source
 from espn.supernet.pretrained import expected_shapes, load_weight_file
-from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback
 from espn.training.engine import TrainingStopped
 
 __all__ = ["build_benchmark", "build_supernet", "results_document", "run", "run_experiment"]
-
-
-def build_benchmark(cfg: RunConfig, download: bool = True) -> TaskSequence:
-    """The task sequence a run configuration names, on its device: the benchmark's tasks
-    (``train_sizes`` images each) in ``task_order``, after the tasks kept from ``from_run``.
-    ``download`` off: a dataset missing from ``data_dir`` is refused, not fetched (the
-    configuration was read from a run directory, whose data directory is only read; so is a
-    ``from_run`` source's)."""
-    sizes = cfg.task_train_sizes()
-    args = BenchmarkArgs(
-        n_tasks=cfg.tasks,
-        seed=cfg.seed if cfg.task_seed is None else cfg.task_seed,
-        class_order=cfg.class_order,
-        train_per_task=cfg.train_per_task,
-        test_per_task=cfg.test_per_task,
-        data_dir=cfg.data_dir,
-        device=torch.device(cfg.device),
-        folders=tuple(cfg.folders),
-        image_size=cfg.image_size,
-        train_sizes=None if sizes is None else tuple(sizes),
-        download=download,
-    )
-    seq = ordered(BENCHMARKS.get(cfg.benchmark).build(args), cfg.task_order, args.seed)
-    if cfg.from_run is None:
-        return seq
-    source = open_source(cfg)
-    return prepended(build_benchmark(source.config, download=False), source.keep, seq)
-
-
-def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
-    """The model named in ``cfg``, wrapped as a supernet on ``cfg.device``."""
-    spec = ModelSpec(
-        seq.input_shape, seq.n_classes, seq.multi_head, cfg.task_affine, cfg.stream_pruning
-    )
-    first = seq.tasks[0]
-    example = first.transform(first.train.x[first.train.index[:2]], False)
-    return models.build_supernet(str(cfg.model), spec, example, cfg.seed, cfg.device)
 
 
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:

@@ -331,7 +331,7 @@ class ContinualLearner:
         on_line: Any = None,
     ) -> None:
         """Learn the tasks of ``seq`` (a registered benchmark's, see
-        :func:`espn.experiment.build_benchmark`) not learned yet: evaluated every
+        :func:`espn.runs.building.build_benchmark`) not learned yet: evaluated every
         ``eval_every``-th step and the last; the first task adopted from ``pretrained``
         weights when given; ``on_line`` receives a one-line summary per step."""
         steps = self.strategy.training_tasks(seq)

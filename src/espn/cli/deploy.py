@@ -38,7 +38,7 @@ DATA_DIR_OPTION = typer.Option(
 def _test_data(config: Any, data_dir: Path | None) -> Any:
     """The run's task sequence, its data read from ``data_dir`` (else the recorded one) and
     never downloaded: a run directory names where its data was, not where to write."""
-    from espn.experiment import build_benchmark
+    from espn.runs.building import build_benchmark
 
     if data_dir is not None:
         config = config.model_copy(update={"data_dir": data_dir.resolve()})
