@@ -1,0 +1,54 @@
+"""What a run configuration names, built: its task sequence (the benchmark, after the tasks
+kept from ``--from-run``) and its supernet. ``espn run`` learns them; ``espn
+evaluate/export`` and ``espn.load(..., benchmark_data=True)`` rebuild a run's benchmark to
+evaluate on."""
+
+from __future__ import annotations
+
+import torch
+
+from espn.config import RunConfig
+from espn.data.order import ordered
+from espn.data.registry import BENCHMARKS, BenchmarkArgs
+from espn.data.tasks import TaskSequence, prepended
+from espn.models import registry as models
+from espn.models.registry import ModelSpec
+from espn.runs.from_run import open_source
+from espn.supernet.supernet import Supernet
+
+
+def build_benchmark(cfg: RunConfig, download: bool = True) -> TaskSequence:
+    """The task sequence a run configuration names, on its device: the benchmark's tasks
+    (``train_sizes`` images each) in ``task_order``, after the tasks kept from ``from_run``.
+    ``download`` off: a dataset missing from ``data_dir`` is refused, not fetched (the
+    configuration was read from a run directory, whose data directory is only read; so is a
+    ``from_run`` source's)."""
+    sizes = cfg.task_train_sizes()
+    args = BenchmarkArgs(
+        n_tasks=cfg.tasks,
+        seed=cfg.seed if cfg.task_seed is None else cfg.task_seed,
+        class_order=cfg.class_order,
+        train_per_task=cfg.train_per_task,
+        test_per_task=cfg.test_per_task,
+        data_dir=cfg.data_dir,
+        device=torch.device(cfg.device),
+        folders=tuple(cfg.folders),
+        image_size=cfg.image_size,
+        train_sizes=None if sizes is None else tuple(sizes),
+        download=download,
+    )
+    seq = ordered(BENCHMARKS.get(cfg.benchmark).build(args), cfg.task_order, args.seed)
+    if cfg.from_run is None:
+        return seq
+    source = open_source(cfg)
+    return prepended(build_benchmark(source.config, download=False), source.keep, seq)
+
+
+def build_supernet(cfg: RunConfig, seq: TaskSequence) -> Supernet:
+    """The model named in ``cfg``, wrapped as a supernet on ``cfg.device``."""
+    spec = ModelSpec(
+        seq.input_shape, seq.n_classes, seq.multi_head, cfg.task_affine, cfg.stream_pruning
+    )
+    first = seq.tasks[0]
+    example = first.transform(first.train.x[first.train.index[:2]], False)
+    return models.build_supernet(str(cfg.model), spec, example, cfg.seed, cfg.device)

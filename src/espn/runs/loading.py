@@ -1,0 +1,140 @@
+"""Loading a finished run: its supernet rebuilt from the checkpoint's manifest (or given by
+the caller) and every finished task restored into it (``espn show/evaluate/export``,
+``espn.load``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from espn.checkpoint.format import CheckpointError, checkpoint_dir
+from espn.checkpoint.store import Checkpoint, read_checkpoint, restore
+from espn.config import RunConfig, make_config
+from espn.methods.base import METHODS
+from espn.models.reference import check_model_size, is_reference, reading_run, resolve
+from espn.models.registry import MODELS, ModelSpec, build_supernet
+from espn.preflight import check_device
+from espn.runs.checks import check_results_match
+from espn.runs.legacy import upgrade_saved_config
+from espn.supernet.supernet import Supernet
+
+
+class ModelNeeded(CheckpointError):
+    """A run's model was given to ``espn.wrap`` as an instance: only the user's code builds
+    it, so the run is loaded in Python with the model passed (the message says how)."""
+
+
+def instance_class(name: str) -> str | None:
+    """The class (``module.Class``) of a model recorded as an instance
+    (``"<module.Class instance>"``, see :func:`espn.learner.model_name`), else None."""
+    if name.startswith("<") and name.endswith(" instance>"):
+        return name[1 : -len(" instance>")]
+    return None
+
+
+def check_rebuildable(
+    run_dir: Path | str, name: str, then: str = "learner.evaluate(task), learner.export(task, path)"
+) -> None:
+    """Raise :class:`ModelNeeded` for a run whose model ``name`` is an instance's, saying
+    what to do instead, in Python: ``espn.load(run, model=...)``, then ``then``."""
+    cls = instance_class(name)
+    if cls is None:
+        return
+    short = cls.rsplit(".", 1)[-1]
+    raise ModelNeeded(
+        f"{run_dir}: its model was given to espn.wrap() as an instance of {cls}, which only "
+        f"your code can build, so it cannot be rebuilt from the run directory; in Python, "
+        f"build the network as you did and pass it: learner = espn.load({str(run_dir)!r}, "
+        f"model={short}(...)); {then}"
+    )
+
+
+def weights_of(method: str) -> str | None:
+    """The kind of weights of a run's method (``"shared"``, ``"own"``, ...; None: a method
+    this espn does not know), which reading an older checkpoint needs."""
+    return METHODS.get(method).weights if method in METHODS else None
+
+
+@dataclass
+class LoadedRun:
+    """A run's checkpoint loaded into a supernet rebuilt from its manifest alone."""
+
+    config: RunConfig
+    checkpoint: Checkpoint
+    supernet: Supernet
+
+    @property
+    def n_tasks(self) -> int:
+        """Tasks finished in the checkpoint."""
+        return len(self.supernet.masks)
+
+    def example_input(self, batch: int = 2) -> torch.Tensor:
+        """A zero batch of model inputs (shapes only matter for tracing)."""
+        shape = self.checkpoint.manifest["spec"]["input_shape"]
+        device = next(self.supernet.parameters()).device
+        return torch.zeros(batch, *shape, device=device)
+
+    def check_task(self, task: int) -> None:
+        """Raise :class:`CheckpointError` unless ``task`` is a finished task of the run."""
+        if not 0 <= task < self.n_tasks:
+            raise CheckpointError(
+                f"task {task} is not in the checkpoint; it holds tasks 0..{self.n_tasks - 1}"
+                if self.n_tasks
+                else f"task {task} is not in the checkpoint; it holds no finished task yet"
+            )
+
+
+def load_run(
+    run_dir: Path | str,
+    device: str = "cpu",
+    supernet: Supernet | None = None,
+    trust_code: bool = False,
+) -> LoadedRun:
+    """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task.
+
+    The model is built from the manifest's name (a registered model, or an import reference
+    written by the Python API, see :mod:`espn.models.reference`), or given as a freshly
+    built ``supernet`` (a model only the caller can build). A relative ``data_dir`` in the
+    configuration (the test data the Python API saves) is read from ``run_dir``. A module
+    the manifest names is imported only if ``trust_code`` (see
+    :func:`espn.models.reference.reading_run`).
+    """
+    ckpt = read_checkpoint(checkpoint_dir(run_dir))
+    m = ckpt.manifest
+    check_results_match(run_dir, m)
+    name = str(m["model"])
+    with reading_run(run_dir, trust_code):
+        if supernet is None and is_reference(name):
+            resolve(name)
+        if supernet is None:
+            check_rebuildable(run_dir, name)
+        if name not in MODELS and supernet is None:
+            raise CheckpointError(
+                f"the checkpoint is of model {name!r}, which this espn does not know; "
+                f"known models: {', '.join(MODELS.names())}"
+            )
+        saved = upgrade_saved_config(m["config"])
+        values = {k: v for k, v in saved.items() if k not in ("device", "out")}
+        if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
+            values["data_dir"] = Path(run_dir) / values["data_dir"]
+        cfg = make_config(**values, device=device, out=Path(run_dir))
+    check_device(cfg.device)
+    spec = m["spec"]
+    if supernet is None:
+        model_spec = ModelSpec(
+            tuple(spec["input_shape"]),
+            int(spec["n_classes"]),
+            spec["multi_head"],
+            cfg.task_affine,
+            cfg.stream_pruning,
+        )
+        if not is_reference(name):  # a reference's arguments were sized when resolved
+            # a registered builder converting a model may not build on "meta": not counted
+            check_model_size(run_dir, name, lambda: MODELS.get(name)(model_spec), strict=False)
+        example = torch.zeros(2, *spec["input_shape"], device=device)
+        supernet = build_supernet(name, model_spec, example, cfg.seed, device)
+    restore(ckpt, supernet, weights_of(cfg.method))
+    supernet.eval()
+    return LoadedRun(cfg, ckpt, supernet)
