@@ -150,7 +150,7 @@ def test_compiled_step_on_the_device(model: str, amp: bool) -> None:
     """--compile on the device (CUDA graphs, channels_last for the ResNet, bfloat16 with
     amp): the first two steps' losses are the eager step's, task 0's logits stay bit-identical
     while task 1 trains, and a task compiles a few graphs, not one per prune event (the
-    second task none)."""
+    second task at most one, for a slim fine-tuning copy of other widths)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -181,7 +181,8 @@ def test_compiled_step_on_the_device(model: str, amp: bool) -> None:
     with torch.no_grad():
         assert torch.equal(sn(probe, task=0), first)
     graphs = [r["compiled_graphs"] for r in learner.records]
-    assert 1 <= graphs[0] <= 3 and graphs[1] == 0, graphs
+    # task 1 reuses task 0's graphs but where its slim fine-tuning copy has other widths
+    assert 1 <= graphs[0] <= 3 and graphs[1] <= 1, graphs
 
 
 def test_compile_step_benchmark_runs_on_the_device() -> None:
