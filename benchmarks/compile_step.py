@@ -220,10 +220,25 @@ def measure_loop(
     }
 
 
-def whole_task(args: argparse.Namespace, compiled: bool) -> tuple[float, float, int, int | None]:
-    """One ESPN-0.2 task of the paper's CIFAR recipe at ``1/--task-scale`` of its epochs:
-    (measured seconds, seconds extrapolated to the recipe's epochs, optimizer steps run,
-    graphs compiled)."""
+@dataclass
+class TaskTime:
+    """One whole task's wall time: measured, extrapolated to the recipe, and where it went."""
+
+    measured: float
+    extrapolated: float
+    steps: int
+    graphs: int | None
+    #: per phase: median ms per step of its epochs after the first (prune events left out)
+    step_ms: dict[str, float]
+    #: seconds of the first epoch of every phase together (compiles happen there)
+    first_epochs: float
+    #: prune events: how many, and their median ms
+    events: list[float]
+
+
+def whole_task(args: argparse.Namespace, compiled: bool) -> TaskTime:
+    """One ESPN-0.2 task of the paper's CIFAR recipe at ``1/--task-scale`` of its epochs,
+    timed epoch by epoch and extrapolated to the recipe's epochs (see the module docstring)."""
     setting = SETTINGS["resnet18-reduced"]
     torch.manual_seed(0)
     batch = args.batch or setting.batch
@@ -237,13 +252,25 @@ def whole_task(args: argparse.Namespace, compiled: bool) -> tuple[float, float, 
     if compiled:
         engine.compiler = StepCompiler(args.backend)
     seconds: dict[str, list[float]] = {}
+    in_events, events = [0.0], []
     mark = [time.perf_counter()]
+    prune_step = strategy.prune_step
+
+    def timed_prune_step(sn: Supernet, progress: float) -> None:
+        start = time.perf_counter()
+        prune_step(sn, progress)
+        events.append(time.perf_counter() - start)
+        in_events[0] += events[-1]
+
+    strategy.prune_step = timed_prune_step  # type: ignore[method-assign]
 
     def after_epoch(phase: str, epoch: int) -> None:
         now = time.perf_counter()
         seconds.setdefault(phase, []).append(now - mark[0])
-        mark[0] = now
+        steps_ms.setdefault(phase, []).append(1e3 * (now - mark[0] - in_events[0]))
+        mark[0], in_events[0] = now, 0.0
 
+    steps_ms: dict[str, list[float]] = {}
     start = time.perf_counter()
     log = engine.train_task(task, 0, on_epoch_end=after_epoch)
     measured = time.perf_counter() - start
@@ -251,8 +278,16 @@ def whole_task(args: argparse.Namespace, compiled: bool) -> tuple[float, float, 
         times[0] + (RECIPE_EPOCHS[phase] - 1) * statistics.median(times[1:])
         for phase, times in seconds.items()
     )
-    steps = sum(p["steps"] for p in log.phases)
-    return measured, extrapolated, steps, log.compiled_graphs
+    per_epoch = task.num_batches("train", batch)
+    return TaskTime(
+        measured,
+        extrapolated,
+        sum(p["steps"] for p in log.phases),
+        log.compiled_graphs,
+        {phase: statistics.median(ms[1:]) / per_epoch for phase, ms in steps_ms.items()},
+        sum(times[0] for times in seconds.values()),
+        events,
+    )
 
 
 def fmt(value: float | None, ratio: float | None = None) -> str:
@@ -314,13 +349,19 @@ def main(argv: list[str] | None = None) -> None:
             )
     if args.task:
         for compiled in (False, True):
-            measured, extrapolated, steps, graphs = whole_task(args, compiled)
-            what = f"compiled ({graphs} graphs)" if compiled else "eager"
+            took = whole_task(args, compiled)
+            what = f"compiled ({took.graphs} graphs)" if compiled else "eager"
             recipe = sum(RECIPE_EPOCHS.values()) * -(-args.task_images // (args.batch or 128))
             print(
                 f"paper-recipe task (ESPN-0.2, resnet18-reduced, {args.task_images} images, batch "
-                f"{args.batch or 128}), {what}: {steps} steps in {measured:.1f} s; extrapolated "
-                f"to the recipe's {recipe} steps: {extrapolated:.1f} s"
+                f"{args.batch or 128}), {what}: {took.steps} steps in {took.measured:.1f} s; "
+                f"extrapolated to the recipe's {recipe} steps: {took.extrapolated:.1f} s"
+            )
+            phases = ", ".join(f"{p} {ms:.2f}" for p, ms in took.step_ms.items())
+            event = 1e3 * statistics.median(took.events) if took.events else float("nan")
+            print(
+                f"    ms per step after each phase's first epoch: {phases}; first epochs "
+                f"{took.first_epochs:.1f} s; {len(took.events)} prune events of {event:.1f} ms"
             )
 
 

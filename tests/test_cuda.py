@@ -8,6 +8,7 @@ itself in full float32). ``ESPN_TEST_DEVICE=cpu pytest -m cuda`` runs the same c
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -146,13 +147,17 @@ def compiled_learner(model: str, compile: bool, **settings) -> espn.ContinualLea
 
 
 @pytest.mark.parametrize(("model", "amp"), [("mlp", False), ("resnet18-reduced", True)])
-def test_compiled_step_on_the_device(model: str, amp: bool) -> None:
+def test_compiled_step_on_the_device(
+    model: str, amp: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """--compile on the device (CUDA graphs, channels_last for the ResNet, bfloat16 with
     amp): the first two steps' losses are the eager step's, task 0's logits stay bit-identical
     while task 1 trains, and a task compiles a few graphs, not one per prune event (the
     second task at most one, for a slim fine-tuning copy of other widths)."""
     import torch._dynamo
 
+    # torch's structured-trace logger writes every compile at DEBUG: not this test's report
+    caplog.set_level(logging.WARNING, logger="torch.__trace")
     torch._dynamo.reset()
     shape = supernet(model)[1]
     tasks = [task(seed, shape) for seed in range(2)]
