@@ -132,6 +132,27 @@ def test_amp_autocasts_to_bfloat16_unless_the_gpu_lacks_it(monkeypatch) -> None:
     assert autocast_dtype("cuda") == torch.float16
 
 
+@pytest.mark.parametrize("compile", [True, False])
+def test_compile_on_a_cpu_warns(monkeypatch, tmp_path: Path, compile: bool) -> None:
+    """espn run --compile on a CPU warns that compiling takes minutes there (the run goes on;
+    here it is stopped right after the configuration)."""
+    import espn.experiment
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(*args: object, **kwargs: object) -> None:
+        raise Stop
+
+    monkeypatch.setattr(espn.experiment, "run_experiment", fake_run)
+    args = ["run", "--benchmark", "permuted-mnist", "--out", str(tmp_path / "o")]
+    flags = ["--compile"] if compile else []
+    result = CliRunner().invoke(app, [*args, *flags], env={"ESPN_DEBUG": "1"})
+    assert isinstance(result.exception, Stop), result.output
+    text = " ".join(result.output.split())
+    assert ("warning: --compile on a CPU compiles the step" in text) == compile
+
+
 @pytest.mark.slow
 def test_espn_run_compile_end_to_end(tmp_path: Path) -> None:
     """``espn run --compile`` with inductor on the CPU: the run finishes and each task's

@@ -35,12 +35,23 @@ AMP_ON_CPU = (
 )
 
 
+#: said when ``--compile`` is asked of a CPU run
+COMPILE_ON_CPU = (
+    "--compile on a CPU compiles the step through inductor's C++ backend: that takes minutes "
+    "(about 90 s for a small FC network's two graphs on a 2-core machine) and rarely makes "
+    "a CPU step faster; --compile is meant for a GPU (docs/performance.md)"
+)
+
+
 def run_warnings(cfg: RunConfig) -> list[str]:
     """What a run will do although it is rarely what was meant (the run goes on): ``--amp``
-    on a CPU."""
+    or ``--compile`` on a CPU."""
     notes = []
-    if cfg.amp and torch.device(cfg.device).type == "cpu":
+    cpu = torch.device(cfg.device).type == "cpu"
+    if cfg.amp and cpu:
         notes.append(AMP_ON_CPU)
+    if cfg.compile and cpu:
+        notes.append(COMPILE_ON_CPU)
     return notes
 
 
