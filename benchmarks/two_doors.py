@@ -22,8 +22,22 @@ import espn
 from espn.config import make_config
 from espn.data.tensors import split_tensors
 from espn.experiment import build_benchmark, run_experiment
+from espn.training.callbacks import Callback, TaskEnd
 
 DOORS = ("cli", "recipe", "own")
+
+
+class TaskLine(Callback):
+    """Prints each task's accuracy row and the time since the door opened, as it ends (a run
+    cut short still says how far it got)."""
+
+    def __init__(self, door: str, start: float) -> None:
+        self.door, self.start = door, start
+
+    def on_task_end(self, learner: object, event: TaskEnd) -> None:
+        row = ", ".join(f"{a:.2f}" for a in event.row or [])
+        seconds = time.perf_counter() - self.start
+        print(f"{self.door}: task {event.task} done [{row}] at {seconds:.1f}s", flush=True)
 
 
 def main() -> None:
@@ -76,8 +90,10 @@ def main() -> None:
                 n_classes=seq.n_classes,
                 multi_head=seq.multi_head,
             )
-            learner = espn.ContinualLearner(sn, args.method, recipe=recipe, **rule)
             start = time.perf_counter()
+            learner = espn.ContinualLearner(
+                sn, args.method, recipe=recipe, callbacks=[TaskLine(label, start)], **rule
+            )
             learner.learn_all(data, names=[t.name for t in seq.tasks])
             results[label] = (learner.accuracy_matrix[-1], time.perf_counter() - start)
     print(f"{args.method} on {args.benchmark}, {args.tasks} tasks x {args.train_per_task} images")
