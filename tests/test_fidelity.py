@@ -116,7 +116,7 @@ def test_reuse_all_keeps_every_frozen_weight_of_alive_units():
 def test_effective_lambdas_are_the_authors_formula_on_a_small_net():
     model = FCNet(784, [48, 32], 10, multi_head=False)
     sn = Supernet(model, torch.zeros(2, 1, 28, 28))
-    strategy = METHODS.get("espn")(MethodConfig(gamma=0.2, settings={"penalty": 1.0}))
+    strategy = METHODS.get("espn")(MethodConfig(gamma=0.2, method_options={"penalty": 1.0}))
     strategy.begin_task(sn)
     # the authors: lam * || gamma_l sqrt(FLOP_l) / mean_l sqrt(FLOP_l) ||_1 / #alive, lam = 1,
     # FLOP_l the cost of computing one unit of layer l (its incoming connections)
@@ -150,11 +150,13 @@ def test_the_same_strength_reaches_l1_and_polarization():
             for m in mods:
                 m.weight.uniform_(0, 1)
     gammas = torch.cat([m.weight for mods in sn.groups.values() for m in mods])
-    l1 = METHODS.get("espn")(MethodConfig(gamma=0.2, settings={"pruner": "l1", "penalty": 2.0}))
+    l1 = METHODS.get("espn")(
+        MethodConfig(gamma=0.2, method_options={"pruner": "l1", "penalty": 2.0})
+    )
     l1.begin_task(sn)
     assert torch.isclose(l1.penalty(sn), 2.0 * gammas.abs().sum() / 80)
     polar = METHODS.get("espn")(
-        MethodConfig(gamma=0.2, settings={"pruner": "polarization", "penalty": 2.0})
+        MethodConfig(gamma=0.2, method_options={"pruner": "polarization", "penalty": 2.0})
     )
     polar.begin_task(sn)
     by_hand = 2.0 * (1.2 * gammas.abs() - (gammas - gammas.mean()).abs()).sum() / 80

@@ -137,7 +137,7 @@ def test_flat_options_from_presets_and_keywords_are_the_methods(tmp_path):
     )
     nested = make_config(benchmark="permuted-mnist", method="rmn", method_options={"rmn_l1": 0})
     assert nested.method_options["rmn_l1"] == 0.0
-    assert nested.method_config().settings["rmn_l1"] == 0.0
+    assert nested.method_config().method_options["rmn_l1"] == 0.0
     with pytest.raises(ConfigError, match="unknown option 'rmn_x' of method 'rmn'; its options"):
         make_config(benchmark="permuted-mnist", method="rmn", method_options={"rmn_x": 1})
     with pytest.raises(ConfigError, match=r"supsup_k must be in \(0, 1\], got True"):
@@ -225,7 +225,7 @@ def test_create_method_names_what_it_takes():
 def test_strategy_built_directly_gets_its_defaults_and_checks():
     assert METHODS.get("supsup")(MethodConfig()).k == 0.5
     with pytest.raises(ValueError, match=r"supsup_k must be in \(0, 1\], got 0"):
-        METHODS.get("supsup")(MethodConfig(settings={"supsup_k": 0}))
+        METHODS.get("supsup")(MethodConfig(method_options={"supsup_k": 0}))
 
 
 # ------------------------------------------------------------ declarations

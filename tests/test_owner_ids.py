@@ -48,7 +48,7 @@ def train(model_name: str, shape: tuple[int, ...], method: str, reuse: str, n_ta
     # reuse is an option of the methods that declare it (ESPN's), the others reuse all
     own = {"reuse": reuse} if "reuse" in METHODS.get(method).option_names() else {}
     cfg = MethodConfig(
-        gamma=gamma, alpha=0.2, epochs=(1, 1, 1), prune_updates_per_epoch=1, settings=own
+        gamma=gamma, alpha=0.2, epochs=(1, 1, 1), prune_updates_per_epoch=1, method_options=own
     )
     engine = Engine(sn, METHODS.get(method)(cfg), OptimConfig("adam", lr=1e-2), 16, 0)
     before, dense, logits = [], [], []

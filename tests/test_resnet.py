@@ -54,7 +54,7 @@ def partition(model: nn.Module) -> set[frozenset[tuple[str, str]]]:
     [("resnet18-reduced", (3, 32, 32), 160), ("resnet18", (3, 32, 32), 512)],
 )
 def test_cifar_resnets_shapes_and_groups(name, shape, width):
-    model = MODELS.get(name)(ModelSpec(shape, 5, multi_head=True))
+    model = MODELS.get(name)(ModelSpec(shape, 5, multi_head=True, stream_pruning="coupled"))
     sn = Supernet(model, torch.zeros(2, *shape))
     nf = width // 8
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
@@ -79,7 +79,9 @@ def test_cifar_resnets_shapes_and_groups(name, shape, width):
 
 def test_resnet18_reduced_is_gems():
     """GEM's reduced ResNet18: nf=20, BasicBlocks [2, 2, 2, 2], about 1.1M conv weights."""
-    model = MODELS.get("resnet18-reduced")(ModelSpec((3, 32, 32), 5, multi_head=True))
+    model = MODELS.get("resnet18-reduced")(
+        ModelSpec((3, 32, 32), 5, multi_head=True, stream_pruning="coupled")
+    )
     sn = Supernet(model, torch.zeros(1, 3, 32, 32))
     plain = torchvision.models.resnet18(num_classes=5)
     plain.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
@@ -99,7 +101,9 @@ def test_resnet18_reduced_is_gems():
 
 
 def test_resnet50_matches_torchvision_layout():
-    model = MODELS.get("resnet50")(ModelSpec((3, 64, 64), 10, multi_head=True))
+    model = MODELS.get("resnet50")(
+        ModelSpec((3, 64, 64), 10, multi_head=True, stream_pruning="coupled")
+    )
     tv = torchvision.models.resnet50(num_classes=10)
     ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
     theirs = {n: tuple(p.shape) for n, p in tv.named_parameters()}
@@ -127,8 +131,14 @@ def test_converter_finds_the_same_groups_as_the_hand_built_models(name):
         plain.maxpool = nn.Identity()
     x = torch.randn(2, *shape)
     converted = to_supernet(plain, x)
-    ours = ResNet(BasicBlock, [2, 2, 2, 2], 64, 3, 5, True) if name != "resnet50" else None
-    ours = ours or MODELS.get("resnet50")(ModelSpec(shape, 5, multi_head=True))
+    ours = (
+        ResNet(BasicBlock, [2, 2, 2, 2], 64, 3, 5, True, streams="coupled")
+        if name != "resnet50"
+        else None
+    )
+    ours = ours or MODELS.get("resnet50")(
+        ModelSpec(shape, 5, multi_head=True, stream_pruning="coupled")
+    )
     assert partition(converted) == partition(ours)
     assert Supernet(converted, x).dense_flops == Supernet(ours, x).dense_flops
     # the original is untouched and the copy computes the same function (eval mode)

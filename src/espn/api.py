@@ -35,6 +35,7 @@ from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.models.resnet import STREAM_PRUNING
 from espn.runs.building import build_benchmark
 from espn.runs.loading import load_run
+from espn.settings import default
 from espn.supernet.supernet import Supernet
 
 
@@ -43,8 +44,8 @@ def wrap(
     example_input: Tensor,
     *,
     multi_head: bool = True,
-    task_affine: bool = False,
-    stream_pruning: str = "per-conv",
+    task_affine: bool = default("task_affine"),
+    stream_pruning: str = default("stream_pruning"),
     **model_args: Any,
 ) -> Supernet:
     """A supernet of ``model``, traced on ``example_input`` (a small batch of inputs).
@@ -61,7 +62,7 @@ def wrap(
     model never built). ``multi_head``: one head per
     task (else one shared, masked head); ``task_affine``: per-task gate scales and shifts
     (beyond the paper); ``stream_pruning``: how a registered ResNet's residual streams are
-    pruned, ``"per-conv"`` (the authors') or ``"coupled"`` (see ``espn.models.resnet``; a
+    pruned, ``"per-conv"`` (the authors', the default) or ``"coupled"`` (see ``espn.models.resnet``; a
     converted model's streams are coupled).
     """
     checks.check_example(model, example_input)
@@ -79,7 +80,7 @@ def _wrap(
     multi_head: bool,
     task_affine: bool,
     model_args: dict[str, Any],
-    stream_pruning: str = "per-conv",
+    stream_pruning: str,
 ) -> Supernet:
     if isinstance(model, str) and model in MODELS:
         n_classes = int(model_args.pop("n_classes", 10))
@@ -127,7 +128,7 @@ def load(
     path: Path | str,
     model: nn.Module | Callable[..., nn.Module] | None = None,
     *,
-    device: str = "cpu",
+    device: str = default("device"),
     progress: bool = False,
     benchmark_data: bool = False,
     trust_model_code: bool = False,
@@ -157,7 +158,7 @@ def load(
             model,
             torch.zeros(2, *spec["input_shape"], device=device),
             multi_head=bool(spec["multi_head"]),
-            task_affine=bool(manifest["config"].get("task_affine", False)),
+            task_affine=bool(manifest["config"].get("task_affine", default("task_affine"))),
             **model_args,
         )
     loaded = load_run(path, device, supernet=given, trust_code=trust_model_code)

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from espn.data.order import TASK_ORDERS
-from espn.data.registry import BENCHMARKS, REGIMES, RunDefaults
+from espn.data.registry import BENCHMARKS
 from espn.data.sizes import MAX_COUNT, normalise_train_sizes, resolve_train_sizes
 from espn.errors import EspnError
-from espn.methods.base import (
-    DEFAULT_GAMMA,
-    METHODS,
-    SCHEDULES,
-    MethodConfig,
-    Strategy,
-    declared_options,
-)
+from espn.methods.base import METHODS, SCHEDULES, Strategy, declared_options
 from espn.options import resolve_settings
+from espn.recipes import REGIMES, Recipe
+from espn.settings import SETTING_NAMES, TrainingSettings, complete, default, layered
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
 #: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
@@ -106,62 +100,97 @@ class RunConfig(BaseModel):
     )
     gamma: float | None = Field(
         None,
-        description="FLOPs budget per task, in (0, 1]; default 0.2 for espn and individual; "
-        "methods without a FLOP constraint accept only 1.",
+        description=(
+            "FLOPs budget per task, in (0, 1]; methods without a FLOP constraint accept only "
+            f"1; default: {default('gamma')} (see docs/recipes.md, Training settings)."
+        ),
     )
     alpha: float | None = Field(
         None,
-        description="Weight allocation in (0, 1]; default: the benchmark's (0.05 MNIST family, "
-        "0.1 split benchmarks), 1 for individual; methods without a weight budget accept only 1.",
+        description=(
+            "Weight allocation in (0, 1]; methods without a weight budget accept only 1; "
+            "default: the recipe's (see docs/recipes.md, Training settings)."
+        ),
     )
     epochs: tuple[int, int, int] | None = Field(
         None,
-        description="PRE,PRUNE,FINE epochs per task, e.g. 3,4,3; default: the benchmark's recipe "
-        "(3,4,3 MNIST family, 60,90,100 CIFAR), stated for the reference size (see --step-floor).",
+        description=(
+            "PRE,PRUNE,FINE epochs per task, e.g. 3,4,3, stated for the reference size (see "
+            "--step-floor); default: the recipe's (see docs/recipes.md, Training settings)."
+        ),
     )
     optimizer: str | None = Field(
         None,
-        description="sgd, nesterov, adam or rmsprop; default: the method's recipe, else the "
-        "benchmark's.",
+        description=(
+            "sgd, nesterov, adam or rmsprop; default: the recipe's (see docs/recipes.md, "
+            "Training settings)."
+        ),
     )
     lr: float | None = Field(
-        None, description="Learning rate; default: the method's recipe, else the benchmark's."
+        None,
+        description=(
+            "Learning rate; default: the recipe's (see docs/recipes.md, Training settings)."
+        ),
     )
-    batch_size: int | None = Field(None, description="Batch size; default: the benchmark's.")
+    batch_size: int | None = Field(
+        None,
+        description="Batch size; default: the recipe's (see docs/recipes.md, Training settings).",
+    )
     weight_decay: float | None = Field(
         None,
-        description="Weight decay (never reaches frozen weights); default: the method's recipe.",
+        description=(
+            "Weight decay (never reaches frozen weights); default: the recipe's (see "
+            "docs/recipes.md, Training settings)."
+        ),
     )
     momentum: float | None = Field(
-        None, description="Momentum of SGD and RMSprop; default: the method's recipe."
+        None,
+        description=(
+            "Momentum of SGD and RMSprop; default: the recipe's (see docs/recipes.md, "
+            "Training settings)."
+        ),
     )
     betas: tuple[float, float] | None = Field(
-        None, description="B1,B2: Adam's betas; default: the benchmark's (0.9,0.999)."
+        None,
+        description=(
+            "B1,B2: Adam's betas; default: the recipe's (see docs/recipes.md, Training settings)."
+        ),
     )
     warmup: int | None = Field(
-        None, description="Warm-up epochs (free weights only, lr ramp), taken from pre-training."
+        None,
+        description=(
+            "Warm-up epochs (free weights only, lr ramp), taken from pre-training; default: "
+            "the recipe's (see docs/recipes.md, Training settings)."
+        ),
     )
     finetune_lr: float | None = Field(
         None,
-        description="Fine-tuning learning rate; default: the method's recipe, else the benchmark's.",
+        description=(
+            "Fine-tuning learning rate; default: the recipe's (see docs/recipes.md, Training "
+            "settings); unset there: --lr."
+        ),
     )
     finetune_schedule: str | None = Field(
         None,
-        description="Fine-tuning schedule: 'cosine' or 'constant'; default: the benchmark's.",
+        description=(
+            "Fine-tuning schedule: 'cosine' or 'constant'; default: the recipe's (see "
+            "docs/recipes.md, Training settings)."
+        ),
     )
     #: the method's own options (see ``Strategy.options``), completed with their defaults;
     #: on the command line each is a flag of its own (see ``espn.cli.options``)
     method_options: dict[str, Any] = Field({}, description="The method's own options.")
     task_affine: bool = Field(
-        False,
+        default("task_affine"),
         description="Beyond the paper: per-task unit scale and shift (FC gates, BatchNorm "
         "affine for every method) and a per-task bias on a shared head.",
     )
     prune_updates_per_epoch: int = Field(
-        4, description="Pruning steps per pruning epoch (the schedule's granularity)."
+        default("prune_updates_per_epoch"),
+        description="Pruning steps per pruning epoch (the schedule's granularity).",
     )
     eval_every: int = Field(
-        1,
+        default("eval_every"),
         description="Evaluate all tasks so far after every K-th task and the last "
         "(accuracy-matrix rows; skipped rows are null).",
     )
@@ -171,7 +200,9 @@ class RunConfig(BaseModel):
     test_per_task: int | None = Field(
         None, description="Keep a seeded subset of N test images per task."
     )
-    seed: int = Field(0, description="Seed of initialisation, batch order and augmentation.")
+    seed: int = Field(
+        default("seed"), description="Seed of initialisation, batch order and augmentation."
+    )
     task_seed: int | None = Field(
         None,
         description="Seed of the task sequence (permutations, rotation/class order, subsets); "
@@ -186,7 +217,7 @@ class RunConfig(BaseModel):
         description="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): "
         "its non-zero weights are frozen as the first task.",
     )
-    device: str = Field("cpu", description="cpu, cuda or cuda:N.")
+    device: str = Field(default("device"), description="cpu, cuda or cuda:N.")
     data_dir: Path | None = Field(
         None, description="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
     )
@@ -201,27 +232,29 @@ class RunConfig(BaseModel):
         "options win over it.",
     )
     amp: bool = Field(
-        False,
+        default("amp"),
         description="Mixed precision: bfloat16 autocast (float16 + loss scaling on a GPU "
         "without bfloat16); on a CPU it warns (rarely faster there).",
     )
     compile: bool = Field(
-        False,
+        default("compile"),
         description="Compile the training step with torch.compile (on CUDA: CUDA graphs and "
         "channels_last convolutions): for a GPU, where a small network's step is "
         "launch-bound; the first steps of a run compile (see docs/performance.md).",
     )
     slim_training: bool = Field(
-        True,
+        default("slim_training"),
         description="Fine-tune each task on a physically slimmed copy of its sub-network "
         "(alive units only) and evaluate learned tasks through cached slim copies, where that "
         "is exact (docs/performance.md); --no-slim-training: the masked supernet for both.",
     )
     recipe: str | None = Field(
         None,
-        description="Whose recipe fills the options left out: a benchmark's name, or a data "
-        "regime ('mnist': FC networks on small images, 'cifar': conv networks); default: the "
-        "benchmark's.",
+        description=(
+            "Whose recipe fills the options left out: a recipe ('mnist': FC networks on small "
+            "images, 'cifar': conv networks, 'imagenet': the cifar one on ResNet50) or a "
+            "benchmark's name; default: the benchmark's."
+        ),
     )
     folders: tuple[Path, ...] = Field(
         (), description="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
@@ -249,51 +282,54 @@ class RunConfig(BaseModel):
         None, description="With --from-run: how many of its tasks to keep (K >= 1)."
     )
     step_floor: bool = Field(
-        True,
+        default("step_floor"),
         description="The size rule: every phase of a task smaller than the reference size "
         "trains at least as many optimizer steps as its epochs take on the reference size "
         "(more passes over the task's data); off: train by the epochs as given.",
     )
     reference_size: int | None = Field(
         None,
-        description="Training images per task that the epoch counts are stated for (the "
-        "size rule's reference); unset: the benchmark recipe's (60000 for the MNIST family, "
-        "2500 for the CIFAR splits) when the epochs are the recipe's, none (epochs as "
-        "given) when --epochs is given or the benchmark states none.",
+        description=(
+            "Training images per task that the epoch counts are stated for (the size rule's "
+            "reference); unset: the recipe's when the epochs are the recipe's, none (epochs "
+            "as given) when --epochs is given or the recipe states none."
+        ),
     )
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        """Options given (not None) win over the preset's, which fill in the rest."""
+        """The options of the run by the one precedence (:func:`espn.settings.layered`):
+        those given (not None), then the method's recipe, then the preset's, then the
+        recipe's (``recipe``, else the benchmark's), then the defaults."""
         if not isinstance(data, dict):
             return data
-        if data.get("preset") is None:
-            return _need_benchmark(gather_method_options(data))
-        from espn.presets import load_preset, merge
+        preset: dict[str, Any] = {}
+        if data.get("preset") is not None:
+            from espn.presets import load_preset
 
-        values = load_preset(str(data["preset"]))
-        accepted = run_option_names(exclude=("preset", "out"))
-        unknown = sorted(set(values) - set(accepted))
-        if unknown:
-            raise ValueError(
-                f"preset {data['preset']!r} sets unknown option(s) {', '.join(unknown)}; "
-                f"accepted: {', '.join(accepted)}"
-            )
-        method = data.get("method") or values.get("method") or "espn"
-        if method in METHODS and not _takes_recipe_alpha(METHODS.get(method)):
-            values.pop("alpha", None)  # e.g. Individual-gamma has no weight budget
-        source = str(
-            data.get("recipe")
-            or values.get("recipe")
-            or data.get("benchmark")
-            or values.get("benchmark")
-        )
-        if method in METHODS and _is_recipe(source):  # the method's recipe wins
-            regime = recipe_defaults(source).get("regime", "")
-            for key in METHODS.get(method).run_defaults(regime):
-                values.pop(key, None)
-        return _need_benchmark(gather_method_options(merge(values, data)))
+            preset = load_preset(str(data["preset"]))
+            accepted = run_option_names(exclude=("preset", "out"))
+            unknown = sorted(set(preset) - set(accepted))
+            if unknown:
+                raise ValueError(
+                    f"preset {data['preset']!r} sets unknown option(s) {', '.join(unknown)}; "
+                    f"accepted: {', '.join(accepted)}"
+                )
+        given = {k: v for k, v in data.items() if v is not None}
+        source = given.get("recipe") or preset.get("recipe") or given.get("benchmark")
+        source = source or preset.get("benchmark")
+        method = given.get("method") or preset.get("method") or "espn"
+        recipe: dict[str, Any] = {}
+        if isinstance(source, str) and _is_recipe(source):
+            recipe = dict(recipe_defaults(source))
+        own: dict[str, Any] = {}
+        if isinstance(method, str) and method in METHODS:
+            own = METHODS.get(method).run_defaults(str(recipe.get("regime", "")))
+        # options given as None stay (unset): an assignment validates every field
+        values = dict.fromkeys(data) | layered(data, method=own, preset=preset, recipe=recipe)
+        values.pop("regime", None)
+        return _need_benchmark(gather_method_options(values))
 
     @field_validator("*", mode="before")
     @classmethod
@@ -502,45 +538,18 @@ class RunConfig(BaseModel):
                 "(init_weights); methods that can: "
                 + ", ".join(n for n in METHODS.names() if METHODS.get(n).accepts_pretrained)
             )
-        base = recipe_defaults(self.recipe or self.benchmark)
-        d = cast(RunDefaults, base | strategy.run_defaults(base.get("regime", "")))
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
-        self.betas = self.betas or d.get("betas", (0.9, 0.999))
-        self.gamma = (
-            self.gamma
-            if self.gamma is not None
-            else (DEFAULT_GAMMA if strategy.uses_gamma else 1.0)
-        )
-        if not strategy.uses_alpha and self.alpha is None:
-            self.alpha = 1.0
-        elif self.alpha is None:
-            self.alpha = strategy.default_alpha or float(d.get("alpha", 0.1))
-        self.model = self.model or d.get("model", "fc1024")
-        if self.reference_size is None and self.epochs is None:  # the recipe's epochs
-            self.reference_size = d.get("reference_size")
-        self.epochs = epochs = self.epochs or d.get("epochs", (3, 4, 3))
-        self.optimizer = self.optimizer or d.get("optimizer", "adam")
-        self.lr = lr = self.lr or d.get("lr", 1e-3)
-        self.batch_size = self.batch_size or d.get("batch_size", 128)
-        if self.weight_decay is None:
-            self.weight_decay = d.get("weight_decay", 0.0)
-        if self.momentum is None:
-            self.momentum = d.get("momentum", 0.0)
-        self._resolve_recipe(d, epochs[0], lr)
+        fields = [n for n in SETTING_NAMES if n in type(self).model_fields]
+        settings = complete({n: getattr(self, n) for n in fields})
+        for name in fields:
+            setattr(self, name, settings[name])
+        if self.finetune_lr is None:  # unset: the run's learning rate
+            self.finetune_lr = self.lr
+        if self.task_seed is None:
+            self.task_seed = self.seed
         self.task_train_sizes()  # a list of sizes must have one per task
         strategy.check_config(self.method_config())
         return self
-
-    def _resolve_recipe(self, d: RunDefaults, pre: int, lr: float) -> None:
-        """Warm-up and fine-tuning: given values, else the benchmark's recipe (``pre``
-        pre-training epochs, learning rate ``lr``)."""
-        if self.warmup is None:  # the recipe's, leaving at least one full pre-training epoch
-            self.warmup = max(0, min(d.get("warmup", 0), pre - 1))
-        self.finetune_schedule = self.finetune_schedule or d.get("finetune_schedule", "cosine")
-        if self.finetune_lr is None:
-            self.finetune_lr = d.get("finetune_lr", lr)
-        if self.task_seed is None:
-            self.task_seed = self.seed
 
     def _check_sequence(self, class_orders: tuple[str, ...]) -> None:
         if self.class_order is None:
@@ -616,25 +625,30 @@ class RunConfig(BaseModel):
                 f"tasks must be <= the {len(self.folders)} folders given, got {self.tasks}"
             )
 
-    def method_config(self) -> MethodConfig:
-        """The method's settings (budgets, epochs, pruner) from this run configuration: every
-        :class:`MethodConfig` field of the same name (see :func:`run_settings` for the way
-        back), the method's own options as its ``settings``."""
-        values = {name: getattr(self, name) for name in shared_method_fields()}
-        values |= {
-            "gamma": float(resolved(self.gamma, "gamma")),
-            "alpha": float(resolved(self.alpha, "alpha")),
-            "epochs": resolved(self.epochs, "epochs"),
-            "warmup": int(self.warmup or 0),
-            "finetune_schedule": str(self.finetune_schedule),
-        }
-        return MethodConfig(**values, settings=dict(self.method_options))
+    def training_settings(self) -> TrainingSettings:
+        """The resolved training settings of this run, as the learner and the method get
+        them (the method's own options as ``method_options``)."""
+        values = {n: getattr(self, n) for n in SETTING_NAMES if n in type(self).model_fields}
+        return TrainingSettings(
+            **values
+            | {
+                "gamma": float(resolved(self.gamma, "gamma")),
+                "alpha": float(resolved(self.alpha, "alpha")),
+                "epochs": resolved(self.epochs, "epochs"),
+                "method_options": dict(self.method_options),
+                "stream_pruning": self.stream_pruning,
+            }
+        )
+
+    #: the method's settings (the name it had before :class:`TrainingSettings`)
+    method_config = training_settings
 
     @property
     def stream_pruning(self) -> str:
-        """How the model's residual streams are pruned (the method's ``stream_pruning``;
-        ``coupled`` for methods that do not prune units, where it changes nothing)."""
-        return str(self.method_options.get("stream_pruning", "coupled"))
+        """How the model's residual streams are built and pruned (the method's
+        ``stream_pruning``; methods that do not prune units leave it at its default, where
+        it changes nothing)."""
+        return str(self.method_options.get("stream_pruning", default("stream_pruning")))
 
     def floor_reference(self) -> int | None:
         """The reference data size the size rule applies (None: epochs as given); see
@@ -666,17 +680,11 @@ def _one_of(what: str, value: str, accepted: tuple[str, ...]) -> str:
     return value
 
 
-def _takes_recipe_alpha(strategy: type[Strategy]) -> bool:
-    """Whether a recipe's (preset's, benchmark's) alpha applies to a method: not to one
-    without a weight budget, nor to one whose own default differs (Individual: none)."""
-    return strategy.uses_alpha and strategy.default_alpha is None
-
-
 def _is_recipe(name: str) -> bool:
     return name in REGIMES or name in BENCHMARKS
 
 
-def recipe_defaults(name: str) -> RunDefaults:
+def recipe_defaults(name: str) -> Recipe:
     """The values a recipe gives the options left out: a data regime's (``mnist``,
     ``cifar``), else the benchmark's of that name."""
     if name in REGIMES:
@@ -684,7 +692,7 @@ def recipe_defaults(name: str) -> RunDefaults:
     if name in BENCHMARKS:
         return BENCHMARKS.get(name).defaults
     raise ValueError(
-        f"unknown recipe {name!r}; choose a regime ({', '.join(REGIMES.names())}) or a "
+        f"unknown recipe {name!r}; choose a recipe ({', '.join(REGIMES.names())}) or a "
         f"benchmark ({', '.join(BENCHMARKS.names())})"
     )
 
@@ -698,49 +706,12 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def shared_method_fields() -> list[str]:
-    """The :class:`MethodConfig` fields that are run options of the same name."""
-    return [f.name for f in dataclasses.fields(MethodConfig) if f.name in RunConfig.model_fields]
-
-
-def run_settings(cfg: MethodConfig, strategy: type[Strategy]) -> dict[str, Any]:
-    """The run options that give a method ``cfg`` (the way back of
-    :meth:`RunConfig.method_config`): budgets it has no use for are left unset, as is the
-    pruner of a method that prunes nothing."""
-    values = {name: getattr(cfg, name) for name in shared_method_fields()}
-    values["gamma"] = cfg.gamma if strategy.uses_gamma else None
-    values["alpha"] = cfg.alpha if strategy.uses_alpha else None
-    if not strategy.uses_gamma:
-        values.pop("pruner", None)
-    return values
-
-
-#: the run options that shape how tasks are learned, whatever the data: the settings of
-#: :class:`espn.ContinualLearner` under the same names (the others say which data to learn,
-#: and where results go)
+#: the run options that shape how tasks are learned, whatever the data (the training
+#: settings, :class:`~espn.settings.TrainingSettings`, that are run options, and a preset):
+#: the settings of :class:`espn.ContinualLearner` under the same names (the others say which
+#: data to learn, and where results go)
 TRAINING_SETTINGS = (
-    "gamma",
-    "alpha",
-    "epochs",
-    "optimizer",
-    "lr",
-    "batch_size",
-    "weight_decay",
-    "momentum",
-    "betas",
-    "warmup",
-    "finetune_lr",
-    "finetune_schedule",
-    "method_options",
-    "task_affine",
-    "prune_updates_per_epoch",
-    "eval_every",
-    "seed",
-    "amp",
-    "compile",
-    "slim_training",
-    "step_floor",
-    "reference_size",
+    *(n for n in SETTING_NAMES if n in RunConfig.model_fields and n != "device"),
     "preset",
 )
 

@@ -28,8 +28,6 @@ from espn.config import (
     check_applicable,
     make_config,
     resolved,
-    run_settings,
-    shared_method_fields,
 )
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import (
@@ -49,6 +47,7 @@ from espn.models.reference import ModelReferenceError
 from espn.models.registry import MODELS, ModelSpec
 from espn.run_directory import RunDirectory
 from espn.runs.checks import check_out_dir, run_meta
+from espn.settings import explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.engine import Engine
@@ -755,15 +754,15 @@ def _configure(
             )
     values = dict(settings)
     if built is not None:
-        mine = {*shared_method_fields(), *foreign, *cls.option_names()}
+        mine = {*explicit(built.cfg), *foreign, *cls.option_names()}
         own = sorted(k for k in values if k in mine)
         if own:
             raise TypeError(f"settings {own} given with a built strategy")
         if built.given is not None:  # from create_method: what was given there counts
             values |= built.given
             recipe = values.pop("recipe", None) or recipe
-        else:  # built by hand from a MethodConfig: all of it
-            values |= {k: v for k, v in run_settings(built.cfg, cls).items() if v is not None}
+        else:  # built by hand: the settings it sets, and all its own options
+            values |= {k: v for k, v in explicit(built.cfg).items() if k in TRAINING_SETTINGS}
             values |= dict(built.settings)
     _record_streams(cls, supernet, values)
     name = model_name(supernet)

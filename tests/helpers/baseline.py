@@ -65,7 +65,8 @@ def make_engine(
     sn = Supernet(model, example)
     general = {k: v for k, v in method_options.items() if k in MethodConfig.__dataclass_fields__}
     own = {k: v for k, v in method_options.items() if k not in general}
-    cfg = MethodConfig(**{"epochs": (1, 1, 1), **general}, settings=own)  # type: ignore[arg-type]
+    base = {"epochs": (1, 1, 1), "gamma": 1.0, "alpha": 0.05}  # dense, the MNIST budget
+    cfg = MethodConfig(**base | general, method_options=own)  # type: ignore[arg-type]
     strategy = METHODS.get(method)(cfg)
     engine = Engine(
         sn,

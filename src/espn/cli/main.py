@@ -28,6 +28,7 @@ from espn.loggers import DEFAULT_LOG_EVERY
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
 from espn.pruning.pruner import PRUNERS
+from espn.settings import default
 from espn.utils.text import printable
 
 app = command_group(
@@ -221,7 +222,7 @@ def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS
     if skipped:
         console.print(
             f"accuracy matrix: {len(rows) - skipped} of {len(rows)} rows evaluated "
-            f"(every {printable(doc['config'].get('eval_every', 1))} tasks and the last); "
+            f"(every {printable(doc['config'].get('eval_every', default('eval_every')))} tasks and the last); "
             "forgetting and BWT use those rows"
         )
 

@@ -17,16 +17,10 @@ from torch import Tensor
 
 from espn.data.augment import ImageTransform
 from espn.data.mnist import NORMALISATION
-from espn.data.registry import (
-    BENCHMARKS,
-    REGIMES,
-    Benchmark,
-    BenchmarkArgs,
-    RunDefaults,
-    task_generator,
-)
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
 from espn.data.sources import default_data_dir, load_mnist_like, unavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
+from espn.recipes import CIFAR, FASHION
 
 #: per-channel mean and std of the training images
 STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
@@ -36,32 +30,6 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 }
 SHAPES = {"cifar10": (3, 32, 32), "cifar100": (3, 32, 32), "fashion-mnist": (1, 28, 28)}
 HOW_TO_GET = "run once with internet access (torchvision downloads it into the data directory)"
-
-#: the paper's SplitCIFAR100 recipe (Adam with betas (0, 0.999), lr 0.01, batch 128,
-#: 60 pre-train + 90 prune + 100 fine-tune epochs with cosine decay from 0.01, alpha 0.1,
-#: the reduced ResNet18) and the authors' warm-up (the first 10 pre-training epochs)
-CIFAR_RECIPE: RunDefaults = {
-    "regime": "cifar",
-    "model": "resnet18-reduced",
-    "alpha": 0.1,
-    "optimizer": "adam",
-    "betas": (0.0, 0.999),
-    "lr": 0.01,
-    "batch_size": 128,
-    "epochs": (60, 90, 100),
-    "warmup": 10,
-    "finetune_schedule": "cosine",
-}
-#: the SplitCIFAR100 recipe's epochs are stated for tasks of 2500 training images
-CIFAR_DEFAULTS: RunDefaults = CIFAR_RECIPE | {"reference_size": 2500}
-REGIMES.register("cifar")(CIFAR_DEFAULTS)
-#: Fashion-MNIST is learned in a few epochs: the CIFAR recipe with the MNIST epoch counts
-#: (stated for 60000 images)
-FASHION_DEFAULTS: RunDefaults = CIFAR_RECIPE | {
-    "epochs": (3, 4, 3),
-    "warmup": 1,
-    "reference_size": 60000,
-}
 
 Raw = dict[str, tuple[Tensor, Tensor]]
 
@@ -180,18 +148,18 @@ for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
         5,
         True,
         True,
-        CIFAR_DEFAULTS,
+        CIFAR,
         "CIFAR-100 in tasks of 5 classes",
     ),
-    ("split-cifar10", "cifar10", 2, True, True, CIFAR_DEFAULTS, "CIFAR-10 in tasks of 2 classes"),
-    ("cifar10", "cifar10", 10, True, False, CIFAR_DEFAULTS, "CIFAR-10 as one 10-class task"),
+    ("split-cifar10", "cifar10", 2, True, True, CIFAR, "CIFAR-10 in tasks of 2 classes"),
+    ("cifar10", "cifar10", 10, True, False, CIFAR, "CIFAR-10 as one 10-class task"),
     (
         "split-fashion-mnist",
         "fashion-mnist",
         2,
         False,
         True,
-        FASHION_DEFAULTS,
+        FASHION,
         "Fashion-MNIST in tasks of 2 classes",
     ),
 ):

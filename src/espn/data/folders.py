@@ -27,22 +27,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from espn.data.augment import ImageTransform
-from espn.data.cifar import CIFAR_RECIPE
-from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, RunDefaults, task_generator
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
 from espn.data.sources import DatasetUnavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
+from espn.recipes import FOLDERS
 
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DEFAULT_IMAGE_SIZE = 224
 TEST_FRACTION = 0.2
-#: the user's own folders state no reference data size (the size rule applies with
-#: ``--reference-size``)
-FOLDER_DEFAULTS: RunDefaults = CIFAR_RECIPE | {
-    "model": "resnet50",
-    "batch_size": 64,
-    "epochs": (10, 15, 15),
-}
-
 Samples = list[tuple[str, int]]
 
 
@@ -262,7 +254,7 @@ BENCHMARKS.register("image-folders")(
         max_tasks=None,
         description="one task per ImageFolder directory given with --folders "
         "(e.g. ImageNet, CUBS, Cars, Flowers, WikiArt, Sketch), one head per task",
-        defaults=FOLDER_DEFAULTS,
+        defaults=FOLDERS,
         needs_folders=True,
     )
 )

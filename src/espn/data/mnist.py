@@ -9,38 +9,15 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 
-from espn.data.registry import (
-    BENCHMARKS,
-    REGIMES,
-    Benchmark,
-    BenchmarkArgs,
-    RunDefaults,
-    task_generator,
-)
+from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
 from espn.data.sources import load_mnist_like
 from espn.data.tasks import LazyTasks, Split, Task, TaskSequence, subset_index
+from espn.recipes import MNIST
 
 #: most tasks of a permuted benchmark: every task adds its masks to the checkpoint and is
 #: evaluated after every later one (quadratic time), so longer sequences are refused
 MAX_PERMUTED_TASKS = 1000
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
-#: the paper's MNIST recipe (FC1024, RMSprop lr 1e-3, batch 256, 3 pre-train + 4 prune +
-#: 3 fine-tune epochs, alpha 0.05) with the authors' 1-epoch warm-up and fine-tuning at a
-#: constant 1e-4, stated for tasks of 60000 training images
-MNIST_DEFAULTS: RunDefaults = {
-    "regime": "mnist",
-    "model": "fc1024",
-    "alpha": 0.05,
-    "optimizer": "rmsprop",
-    "lr": 1e-3,
-    "batch_size": 256,
-    "epochs": (3, 4, 3),
-    "warmup": 1,
-    "finetune_lr": 1e-4,
-    "finetune_schedule": "constant",
-    "reference_size": 60000,
-}
-REGIMES.register("mnist")(MNIST_DEFAULTS)
 
 
 def _to_unit(x: Tensor) -> Tensor:
@@ -157,7 +134,7 @@ for _source, _label in (("mnist", "MNIST"), ("fashion-mnist", "Fashion-MNIST")):
                 default_tasks=36,
                 max_tasks=_max,
                 description=f"{_label}, {_what}; 10 classes per task, shared head",
-                defaults=MNIST_DEFAULTS,
+                defaults=MNIST,
             )
         )
     BENCHMARKS.register(_source)(
@@ -166,6 +143,6 @@ for _source, _label in (("mnist", "MNIST"), ("fashion-mnist", "Fashion-MNIST")):
             default_tasks=1,
             max_tasks=1,
             description=f"{_label} as one 10-class task (shared head)",
-            defaults=MNIST_DEFAULTS,
+            defaults=MNIST,
         )
     )

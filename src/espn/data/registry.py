@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
 
 import torch
 
 from espn.data.tasks import TaskSequence
+from espn.recipes import Recipe
 from espn.registry import Registry
+
+#: a benchmark's recipe (the values of the run options left out), see :mod:`espn.recipes`
+RunDefaults = Recipe
 
 
 @dataclass(frozen=True)
@@ -38,47 +41,22 @@ class BenchmarkArgs:
         return self.train_per_task
 
 
-class RunDefaults(TypedDict, total=False):
-    """A benchmark's values for the run options left out (its recipe); ``regime`` names
-    the family of recipes a method's own recipe is chosen from (``"mnist"``: FC networks on
-    28x28 digits, ``"cifar"``: ResNets on images; see ``Strategy.recipe``)."""
-
-    regime: str
-    model: str
-    alpha: float
-    optimizer: str
-    betas: tuple[float, float]
-    weight_decay: float
-    momentum: float
-    lr: float
-    batch_size: int
-    epochs: tuple[int, int, int]
-    warmup: int
-    finetune_lr: float
-    finetune_schedule: str
-    #: training images per task that the recipe's epochs are stated for (the size rule's
-    #: reference, see ``RunConfig.reference_size``)
-    reference_size: int
-
-
 @dataclass(frozen=True)
 class Benchmark:
-    """A named benchmark: how to build it, its task count limits, and its run defaults."""
+    """A named benchmark: how to build it, its task count limits, and its recipe (one of
+    :mod:`espn.recipes`)."""
 
     build: Callable[[BenchmarkArgs], TaskSequence]
     default_tasks: int
     max_tasks: int | None
     description: str
-    defaults: RunDefaults = field(default_factory=lambda: RunDefaults())
+    defaults: Recipe = field(default_factory=lambda: Recipe())
     needs_folders: bool = False  # its tasks come from the --folders directories
     #: how classes may be dealt to tasks (split benchmarks; the first is the default)
     class_orders: tuple[str, ...] = ()
 
 
 BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
-#: the recipe of each data regime (``mnist``: FC networks on small images; ``cifar``: conv
-#: networks), for data of no registered benchmark (a Python user's own tensors)
-REGIMES: Registry[RunDefaults] = Registry("recipe regime")
 
 
 def task_generator(seed: int, task: int, salt: int = 0) -> torch.Generator:

@@ -23,10 +23,10 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from espn import limits
-from espn.data.mnist import MNIST_DEFAULTS
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 from espn.errors import EspnError
+from espn.recipes import MNIST
 from espn.utils.io import atomic_target
 
 
@@ -280,6 +280,6 @@ BENCHMARKS.register("tensors")(
         description="your own tasks as task-NNNN.safetensors files in --data-dir (give --tasks)",
         # data espn has never seen: the FC recipe (--recipe cifar for a conv network), as
         # the Python learner picks for an FC network
-        defaults=MNIST_DEFAULTS,
+        defaults=MNIST,
     )
 )

@@ -40,6 +40,7 @@ except ImportError as exc:  # an optional dependency: say how to get it
 from espn.api import ContinualLearner, wrap
 from espn.errors import EspnError
 from espn.methods.base import Strategy, create_method
+from espn.settings import default
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
@@ -86,9 +87,9 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
     return OptimConfig(
         known,
         lr=float(group["lr"]),
-        weight_decay=float(group.get("weight_decay", 0.0)),
-        momentum=float(group.get("momentum", 0.0)),
-        betas=tuple(group.get("betas", (0.9, 0.999))),
+        weight_decay=float(group.get("weight_decay", default("weight_decay"))),
+        momentum=float(group.get("momentum", default("momentum"))),
+        betas=tuple(group.get("betas", default("betas"))),
     )
 
 
@@ -116,12 +117,12 @@ class ESPNStrategy(SupervisedTemplate):
         train_mb_size: int = 128,
         train_epochs: int = 10,
         eval_mb_size: int | None = 512,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = default("device"),
         plugins: list[Any] | None = None,
         evaluator: Any = default_evaluator,
         eval_every: int = -1,
         method: str | type[Strategy] = "espn",
-        seed: int = 0,
+        seed: int = default("seed"),
         progress: bool = False,
         **settings: Any,
     ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -18,6 +18,7 @@ from espn.options import Option, resolve_settings
 from espn.pruning.regularisers import masked_weight_l2
 from espn.pruning.weights import new_weight_target, prune_weights
 from espn.registry import Registry
+from espn.settings import DEFAULTS, SETTING_NAMES, TrainingSettings
 from espn.supernet.supernet import Supernet
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 #: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up); ``step``:
 #: x0.1 after half and again after 80% of the phase (CPG's decay at epochs 50 and 80 of 100)
 SCHEDULES = ("constant", "cosine", "ramp", "step")
-#: the FLOPs budget of a method that takes one, when none is given (the paper's ESPN-0.2)
-DEFAULT_GAMMA = 0.2
 #: how the free weights are set when a task after the first begins: ``kaiming`` (as the
 #: authors' CtRL ``init_weights``, see :func:`fresh_weights`), ``zero``, or ``keep`` (the
 #: values the previous task left them with)
@@ -100,26 +99,9 @@ class Phase:
     lr_scale: float = 1.0
 
 
-@dataclass(frozen=True)
-class MethodConfig:
-    """Settings of a method; each method reads the ones that concern it.
-
-    ``warmup`` epochs are taken from the pre-training epochs; ``finetune_lr`` (None: the
-    optimizer's) and ``finetune_schedule`` shape the fine-tuning phase; ``task_affine`` (beyond
-    the paper) trains and stores per-task unit scales and shifts for every method.
-    ``settings`` holds the values of the method's own options (see :attr:`Strategy.options`);
-    those left out take their declared defaults.
-    """
-
-    gamma: float = 1.0
-    alpha: float = 0.05
-    epochs: tuple[int, int, int] = (3, 4, 3)
-    prune_updates_per_epoch: int = 4
-    warmup: int = 0
-    finetune_lr: float | None = None
-    finetune_schedule: str = "cosine"
-    task_affine: bool = False
-    settings: Mapping[str, Any] = field(default_factory=dict)
+#: a method's settings are the training settings (kept under this name for code written
+#: against it; the settings are declared once, in :mod:`espn.settings`)
+MethodConfig = TrainingSettings
 
 
 class Strategy(ABC):
@@ -133,8 +115,6 @@ class Strategy(ABC):
     uses_gamma: ClassVar[bool] = True
     #: whether the method takes a weight allocation alpha (if not, alpha is 1)
     uses_alpha: ClassVar[bool] = True
-    #: alpha when none is given (None: the benchmark's default)
-    default_alpha: ClassVar[float | None] = None
     #: how tasks hold their weights (see ``Supernet.commit_task``): "shared" (trained, then
     #: frozen for later tasks), "own" (each task trains and keeps its own copy), "fixed"
     #: (never trained: the shared weights get no gradient, a task is its masks and state)
@@ -157,12 +137,12 @@ class Strategy(ABC):
     #: trains them exactly (see :mod:`espn.training.slim_step`)
     trains_slim: ClassVar[bool] = False
 
-    def __init__(self, cfg: MethodConfig) -> None:
+    def __init__(self, cfg: TrainingSettings) -> None:
         self.cfg = cfg
         owners = {n: m for n, (_, m) in declared_options().items() if n not in self.option_names()}
         #: the values of :attr:`options`, checked and completed with their defaults
         self.settings: dict[str, Any] = resolve_settings(
-            self.name, self.options, cfg.settings, owners
+            self.name, self.options, cfg.method_options, owners
         )
         self.layer_budgets: dict[str, int] = {}
         self.layer_free: dict[str, int] = {}
@@ -176,7 +156,7 @@ class Strategy(ABC):
         return [o.name for o in cls.options]
 
     @classmethod
-    def check_config(cls, cfg: MethodConfig) -> None:
+    def check_config(cls, cfg: TrainingSettings) -> None:
         """Refuse (ValueError naming the value and what is accepted) general settings this
         method cannot run with; methods with further needs extend it."""
         for what, value, used, budget in (
@@ -209,9 +189,18 @@ class Strategy(ABC):
 
     @classmethod
     def run_defaults(cls, regime: str) -> dict[str, Any]:
-        """The run options this method's recipe sets for a benchmark of ``regime`` (over the
-        benchmark's own; under those the user gives)."""
-        return dict(cls.recipe.get(regime, {}))
+        """The run options this method's recipe sets for a benchmark of ``regime`` (over a
+        preset's and the regime's recipe; under those the user gives): its :attr:`recipe`,
+        and no FLOP constraint (gamma 1) or weight budget (alpha 1) where it has none."""
+        budgets = {"gamma": 1.0} if not cls.uses_gamma else {}
+        budgets |= {"alpha": 1.0} if not cls.uses_alpha else {}
+        return budgets | dict(cls.recipe.get(regime, {}))
+
+    @classmethod
+    def takes_recipe_alpha(cls) -> bool:
+        """Whether a recipe's (preset's, benchmark's) alpha applies to this method: not to
+        one without a weight budget, nor to one whose own recipe sets it (Individual)."""
+        return cls.uses_alpha and not any("alpha" in r for r in cls.recipe.values())
 
     def own_optimizer(self) -> OptimConfig | None:
         """The optimizer of :meth:`extra_parameters` (None: the weights'); methods whose
@@ -363,14 +352,15 @@ def declared_options() -> dict[str, tuple[Option, list[str]]]:
     """Every option the registered methods declare: name -> (declaration, its methods).
 
     Two methods may share an option only with the same declaration (a subclass inherits
-    its parent's); an option may not be named like a general setting of
-    :class:`MethodConfig`.
+    its parent's); an option may not be named like a training setting
+    (:class:`~espn.settings.TrainingSettings`) unless it is that setting, declared with its
+    one default (``stream_pruning``).
     """
-    general = {f.name for f in fields(MethodConfig)}
+    general = set(SETTING_NAMES)
     found: dict[str, tuple[Option, list[str]]] = {}
     for method in METHODS:
         for option in METHODS.get(method).options:
-            if option.name in general:
+            if option.name in general and option.default != getattr(DEFAULTS, option.name):
                 raise ValueError(
                     f"method {method!r} declares option {option.name!r}, which is a general "
                     "setting of every method; give it another name"
@@ -421,15 +411,14 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
 def _create(cls: type[Strategy], settings: dict[str, Any]) -> Strategy:
     from espn.config import TRAINING_SETTINGS, make_config
 
-    general = [f.name for f in fields(MethodConfig) if f.name != "settings"]
     own = cls.option_names()
     foreign = declared_options()
-    accepted = [*general, *(k for k in TRAINING_SETTINGS if k not in general), "recipe"]
+    accepted = [*TRAINING_SETTINGS, "recipe"]
     for key in settings:
         if key not in accepted and key not in own and key not in foreign:
             raise ValueError(
                 f"unknown setting {key!r} for method {cls.name!r}; accepted: "
-                + ", ".join([*general, *own])
+                + ", ".join([*accepted, *own])
             )
     values = {"benchmark": "tensors", "method": cls.name, "recipe": "mnist"} | settings
     if cls.name in METHODS and METHODS.get(cls.name) is cls:

@@ -12,9 +12,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.data.tasks import Task
-from espn.methods.base import METHODS, MethodConfig, Phase, Recipes, Strategy
+from espn.methods.base import METHODS, Phase, Recipes, Strategy
 from espn.options import Option
 from espn.pruning.weights import prune_weights
+from espn.settings import TrainingSettings
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OptimConfig
 
@@ -156,7 +157,7 @@ class CPG(Strategy):
     )
 
     @classmethod
-    def check_config(cls, cfg: MethodConfig) -> None:
+    def check_config(cls, cfg: TrainingSettings) -> None:
         """Compacting runs in rounds of PRUNE epochs, so PRUNE must be at least 1."""
         super().check_config(cfg)
         _check_rounds(cfg.epochs)
@@ -180,7 +181,7 @@ class CPG(Strategy):
             "--cpg-train-acc, or use fewer --tasks or a wider model"
         )
 
-    def __init__(self, cfg: MethodConfig) -> None:
+    def __init__(self, cfg: TrainingSettings) -> None:
         super().__init__(cfg)
         _check_rounds(cfg.epochs)
         self.scores: dict[str, nn.Parameter] = {}

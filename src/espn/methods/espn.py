@@ -18,7 +18,6 @@ from espn.methods.base import (
     FREE_INIT_OPTION,
     MASKED_L2_OPTION,
     METHODS,
-    MethodConfig,
     Phase,
     Strategy,
 )
@@ -26,6 +25,7 @@ from espn.models.resnet import STREAM_PRUNING
 from espn.options import Option
 from espn.pruning.pruner import PRUNER_OPTIONS, PRUNERS
 from espn.pruning.weights import REUSE_POLICIES
+from espn.settings import DEFAULTS, TrainingSettings
 from espn.supernet.flops import FLOP_LOADS
 from espn.supernet.supernet import Supernet
 
@@ -57,7 +57,7 @@ UNIT_PRUNING_OPTIONS = (
     Option(
         "stream_pruning",
         str,
-        "per-conv",
+        DEFAULTS.stream_pruning,
         "residual streams of espn's ResNets: per-conv (the authors' CtRL: each conv writing "
         "into a stream pruned on its own, a stream channel alive where any keeps it) or "
         "coupled (one unit group per stream, all its writers keep or drop a channel together)",
@@ -82,7 +82,7 @@ class ESPN(Strategy):
     options = (*UNIT_PRUNING_OPTIONS, MASKED_L2_OPTION, FREE_INIT_OPTION)
     trains_slim = True
 
-    def __init__(self, cfg: MethodConfig) -> None:
+    def __init__(self, cfg: TrainingSettings) -> None:
         super().__init__(cfg)
         pruner = self.settings["pruner"]
         own = {o.name: self.settings[o.name] for o in PRUNER_OPTIONS.get(pruner, ())}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
-from espn.methods.base import MASKED_L2_OPTION, METHODS, MethodConfig
+from espn.methods.base import MASKED_L2_OPTION, METHODS, Recipes
 from espn.methods.espn import ESPN, UNIT_PRUNING_OPTIONS
+from espn.settings import TrainingSettings
 from espn.supernet.supernet import Supernet
 
 
@@ -24,9 +27,10 @@ class Individual(ESPN):
     weights = "own"
     # no free_init: every task starts from the initial weights
     options = (*UNIT_PRUNING_OPTIONS, MASKED_L2_OPTION)
-    default_alpha = 1.0
+    #: no weight budget unless alpha is given
+    recipe: ClassVar[Recipes] = {regime: {"alpha": 1.0} for regime in ("mnist", "cifar")}
 
-    def __init__(self, cfg: MethodConfig) -> None:
+    def __init__(self, cfg: TrainingSettings) -> None:
         super().__init__(cfg)
         self.initial: dict[str, torch.Tensor] = {}
 

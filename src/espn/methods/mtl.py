@@ -8,7 +8,8 @@ from torch import Tensor
 
 from espn.data.joint import JointTask
 from espn.data.tasks import Task, TaskSequence
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.methods.base import METHODS, Phase, Strategy
+from espn.settings import TrainingSettings
 from espn.supernet.layers import TaskHead
 from espn.supernet.masks import TaskMask
 from espn.supernet.supernet import Supernet
@@ -51,7 +52,7 @@ class MTL(Strategy):
     uses_alpha = False
     accepts_pretrained = False
 
-    def __init__(self, cfg: MethodConfig) -> None:
+    def __init__(self, cfg: TrainingSettings) -> None:
         super().__init__(cfg)
         self.joint: JointTask | None = None
 

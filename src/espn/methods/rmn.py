@@ -9,9 +9,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
+from espn.methods.base import METHODS, Phase, Strategy
 from espn.options import Option
 from espn.pruning.weights import select_weights
+from espn.settings import TrainingSettings
 from espn.supernet.layers import MaskedLayer
 from espn.supernet.supernet import Supernet
 
@@ -79,7 +80,7 @@ class RMN(Strategy):
     )
 
     @classmethod
-    def check_config(cls, cfg: MethodConfig) -> None:
+    def check_config(cls, cfg: TrainingSettings) -> None:
         """RMN has no ``alpha``: its weight allocation is the ``rmn_budget`` option."""
         if cfg.alpha != 1.0:
             raise ValueError(
@@ -98,7 +99,7 @@ class RMN(Strategy):
             "weights per layer), a larger --rmn-l1, fewer --tasks or a wider model"
         )
 
-    def __init__(self, cfg: MethodConfig) -> None:
+    def __init__(self, cfg: TrainingSettings) -> None:
         super().__init__(cfg)
         self.l1: float = self.settings["rmn_l1"]
         self.budget: float = self.settings["rmn_budget"]

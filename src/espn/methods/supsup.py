@@ -13,13 +13,13 @@ from torch.func import functional_call
 
 from espn.methods.base import (
     METHODS,
-    MethodConfig,
     Phase,
     Recipes,
     Strategy,
     declared_options,
 )
 from espn.options import Option, resolve_settings
+from espn.settings import TrainingSettings
 from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OptimConfig
@@ -164,15 +164,15 @@ class SupSup(Strategy):
     )
 
     @classmethod
-    def check_config(cls, cfg: MethodConfig) -> None:
+    def check_config(cls, cfg: TrainingSettings) -> None:
         """Erdos-Renyi densities are capped at 0.5, so ``supsup_k`` may not exceed it."""
         super().check_config(cfg)
         owners = {n: m for n, (_, m) in declared_options().items() if n not in cls.option_names()}
-        settings = resolve_settings(cls.name, cls.options, cfg.settings, owners)
+        settings = resolve_settings(cls.name, cls.options, cfg.method_options, owners)
         if settings["supsup_density"] == "erdos-renyi":
             erdos_renyi_scale([], settings["supsup_k"])
 
-    def __init__(self, cfg: MethodConfig) -> None:
+    def __init__(self, cfg: TrainingSettings) -> None:
         super().__init__(cfg)
         self.k: float = self.settings["supsup_k"]
         self.scores: dict[str, nn.Parameter] = {}

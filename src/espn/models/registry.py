@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.registry import Registry
+from espn.settings import default
 from espn.supernet.supernet import Supernet
 
 
@@ -22,11 +23,11 @@ class ModelSpec:
     multi_head: bool
     #: beyond the paper: per-task scale and shift on FC gates and a per-task output bias on a
     #: shared head (``--task-affine``); the paper's default is binary masks only
-    task_affine: bool = False
+    task_affine: bool = default("task_affine")
     #: how the producers of a residual stream are pruned (``espn.models.resnet``): "coupled"
-    #: (one unit group per stream) or "per-conv" (the authors'); models without residual
-    #: streams of their own ignore it
-    stream_pruning: str = "coupled"
+    #: (one unit group per stream) or "per-conv" (the authors'); default: the training
+    #: setting's (:mod:`espn.settings`); models without residual streams ignore it
+    stream_pruning: str = default("stream_pruning")
 
 
 ModelFactory = Callable[[ModelSpec], nn.Module]

@@ -167,7 +167,8 @@ class ResNet(nn.Module):
         multi_head: bool,
         stem: str = "cifar",
         task_affine: bool = False,
-        streams: str = "coupled",
+        *,
+        streams: str,
     ) -> None:
         super().__init__()
         if stem not in ("cifar", "imagenet"):

@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from espn.recipes import IMAGENET
 from espn.reproduce.common import (
     SMOKE,
     by_series,
@@ -75,7 +76,7 @@ def imagenet_stages(options: Options, out: Path) -> list[list[Point]]:
     """Individual and ESPN on CUBS..Sketch, and ESPN with ImageNet first (learned from the
     folder, or adopted from ``--init-weights`` as the paper's sparse pretrained ResNet50)."""
     folders = [str(f) for f in imagenet_folders(options)]
-    base = imagenet_base(options) | options.common() | {"alpha": 0.1}
+    base = imagenet_base(options) | options.common() | {"alpha": IMAGENET["alpha"]}
     espn = {"method": "espn", "gamma": 0.2}
     settings = {
         "individual": {"method": "individual", "gamma": 1.0, "folders": folders[1:]},

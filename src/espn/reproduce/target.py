@@ -18,6 +18,7 @@ from typing import Any
 from espn.config import ConfigError
 from espn.registry import Registry
 from espn.reproduce.table import Table
+from espn.settings import default
 from espn.sweep import Point
 
 SCALES = ("smoke", "cpu", "paper")
@@ -34,7 +35,7 @@ class Options:
 
     scale: str = "smoke"
     seeds: int | None = None  # number of seeds (0..n-1); None: the target's default at scale
-    device: str = "cpu"
+    device: str = default("device")
     data_dir: Path | None = None  # dataset root of torchvision's datasets (``--data-dir``)
     data_root: Path | None = None  # table-imagenet: the directory holding the six task folders
     init_weights: Path | None = None  # table-imagenet: a sparse pretrained ResNet50 as task 0

@@ -14,6 +14,7 @@ from torch import Tensor
 from espn.data.tasks import Task
 from espn.errors import EspnError
 from espn.methods.base import Phase, Strategy
+from espn.settings import default
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
@@ -127,11 +128,11 @@ class Engine:
         strategy: Strategy,
         optim: OptimConfig,
         batch_size: int,
-        seed: int = 0,
-        amp: bool = False,
+        seed: int = default("seed"),
+        amp: bool = default("amp"),
         reference_size: int | None = None,
-        compile: bool = False,
-        slim_training: bool = True,
+        compile: bool = default("compile"),
+        slim_training: bool = default("slim_training"),
     ) -> None:
         self.supernet = supernet
         self.strategy = strategy

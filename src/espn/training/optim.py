@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from espn.settings import default
 from espn.supernet.supernet import Supernet
 
 #: ``nesterov``: SGD with Nesterov momentum (CPG's optimizer)
@@ -29,11 +30,11 @@ class OptimConfig:
     weights follow the phases' schedules.
     """
 
-    name: str = "rmsprop"
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    name: str = default("optimizer")
+    lr: float = default("lr")
+    weight_decay: float = default("weight_decay")
+    momentum: float = default("momentum")
+    betas: tuple[float, float] = default("betas")
     schedule: str = "phase"
 
 

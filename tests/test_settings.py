@@ -1,0 +1,279 @@
+"""Each training setting declared once: one default per setting (``espn.settings``), read by
+both front doors, one precedence (user > method recipe > preset > the regime's recipe >
+default), and recipes declared once (``espn.recipes``), named by benchmarks and presets."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import espn
+from espn import recipes, settings
+from espn.config import TRAINING_SETTINGS, RunConfig, make_config
+from espn.data.registry import BENCHMARKS
+from espn.methods import METHODS, MethodConfig
+from espn.methods.base import Strategy, declared_options
+from espn.models.registry import ModelSpec
+from espn.presets import load_preset, preset_names
+from espn.recipes import REGIMES
+from espn.settings import DEFAULTS, RECIPE_SETTINGS, SETTING_NAMES, TrainingSettings, layered
+from espn.training.optim import OptimConfig
+from helpers.api_models import SmallMLP
+
+SRC = Path(espn.__file__).parent
+#: packages and modules where a setting's name means something else: the data's device and
+#: task seed, an evaluation batch size, a model constructor's own parameters, the theory's
+#: experiments, the values old checkpoints were written with, Avalanche's ``eval_every``
+OTHER_MEANINGS = (
+    "data/",
+    "evaluation/",
+    "inference/",
+    "supernet/",
+    "layers/",
+    "models/",
+    "theory/",
+    "cli/theory.py",
+    "runs/legacy.py",
+    "integrations/avalanche.py:eval_every",
+)
+
+
+def fc_learner(method: str = "espn", **options: Any) -> espn.ContinualLearner:
+    """The Python door on a small FC network (the ``mnist`` regime's recipe)."""
+    torch.manual_seed(0)
+    sn = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
+    return espn.ContinualLearner(sn, method, **options)
+
+
+def test_a_default_read_from_one_place_is_what_both_doors_use(monkeypatch):
+    """Change the defaults in espn.settings alone: ``espn run``'s configuration, the learner,
+    its method and its optimizer all follow, where no recipe sets the setting."""
+    moved = dataclasses.replace(
+        DEFAULTS,
+        alpha=0.25,
+        gamma=0.4,
+        optimizer="sgd",
+        lr=0.02,
+        betas=(0.5, 0.6),
+        momentum=0.3,
+        weight_decay=0.01,
+        batch_size=7,
+        epochs=(2, 1, 1),
+        finetune_schedule="constant",
+    )
+    monkeypatch.setattr(settings, "DEFAULTS", moved)
+    with REGIMES.temporarily("bare", {"regime": "mnist", "model": "fc1024"}):
+        cli = make_config(benchmark="permuted-mnist", recipe="bare")
+        learner = fc_learner(recipe="bare")
+    names = ("alpha", "gamma", "optimizer", "lr", "betas", "momentum", "weight_decay")
+    for name in (*names, "batch_size", "epochs", "finetune_schedule"):
+        assert getattr(cli, name) == getattr(moved, name) == getattr(learner.cfg, name), name
+    assert learner.strategy.cfg.alpha == 0.25 and learner.strategy.cfg.epochs == (2, 1, 1)
+    assert learner.optim == OptimConfig("sgd", 0.02, 0.01, 0.3, (0.5, 0.6))
+    assert learner.batch_size == 7
+
+
+def test_one_stream_pruning_default_for_every_door_and_method():
+    """The ESPN option, ``espn.wrap``, the model spec and every method's run configuration
+    take the one default; the learner records the streams a default-wrapped ResNet has, so
+    that a method pruning no units saves what its supernet is."""
+    default = DEFAULTS.stream_pruning
+    options = {o.name: o for o in METHODS.get("espn").options}
+    assert options["stream_pruning"].default == default
+    assert inspect.signature(espn.wrap).parameters["stream_pruning"].default == default
+    assert ModelSpec((3, 8, 8), 2, True).stream_pruning == default
+    for method in METHODS.names():
+        cfg = make_config(benchmark="split-cifar10", method=method, model="resnet18-reduced")
+        assert cfg.stream_pruning == default, method
+    sn = espn.wrap("resnet18-reduced", torch.zeros(2, 3, 8, 8), n_classes=2)
+    assert sn.stream_pruning == default
+    for method in ("espn", "packnet"):
+        assert espn.ContinualLearner(sn, method).cfg.stream_pruning == default
+
+
+def test_layered_applies_each_level_in_order():
+    """Each level wins over those below it; None means not given."""
+    recipe = {"lr": 1, "momentum": 1, "batch_size": 1, "weight_decay": 1, "warmup": 5}
+    preset = {"lr": 2, "momentum": 2, "batch_size": 2}
+    method = {"lr": 3, "momentum": 3}
+    values = layered({"lr": 4, "momentum": None}, method=method, preset=preset, recipe=recipe)
+    assert (values["lr"], values["momentum"], values["batch_size"]) == (4, 3, 2)
+    assert values["weight_decay"] == 1 and "alpha" not in values  # left to the default
+    # a recipe's warm-up leaves one full pre-training epoch of the run's epochs
+    assert layered({"epochs": "3,1,1"}, recipe=recipe)["warmup"] == 2
+    assert layered({"epochs": (3, 1, 1), "warmup": 3}, recipe=recipe)["warmup"] == 3
+    # a recipe's reference size goes with its epochs, a chosen one stays
+    sized = {"epochs": (3, 4, 3), "reference_size": 60000}
+    assert layered({}, recipe=sized)["reference_size"] == 60000
+    assert "reference_size" not in layered({"epochs": (1, 1, 1)}, recipe=sized)
+    assert "reference_size" not in layered({}, preset={"epochs": (1, 1, 1)}, recipe=sized)
+    chosen = layered({"epochs": (1, 1, 1)}, preset={"reference_size": 9}, recipe=sized)
+    assert chosen["reference_size"] == 9
+
+
+@pytest.mark.parametrize("door", ["espn run", "learner"])
+def test_precedence_user_method_recipe_preset_regime_recipe(tmp_path: Path, door: str):
+    """The same four levels through both doors: the ``mnist`` regime's recipe, a preset over
+    it, CPG's recipe over the preset, the user's value over everything."""
+    preset = tmp_path / "p.json"
+    preset.write_text(json.dumps({"lr": 0.02, "batch_size": 48, "momentum": 0.5}))
+
+    def resolve(method: str, **given: Any) -> RunConfig:
+        if door == "espn run":
+            return make_config(benchmark="permuted-mnist", method=method, **given)
+        return fc_learner(method, **given).cfg
+
+    regime = resolve("espn")
+    assert (regime.lr, regime.batch_size) == (recipes.MNIST["lr"], recipes.MNIST["batch_size"])
+    assert regime.momentum == DEFAULTS.momentum  # no level sets it: the default
+    with_preset = resolve("espn", preset=str(preset))
+    assert (with_preset.lr, with_preset.batch_size, with_preset.momentum) == (0.02, 48, 0.5)
+    cpg = METHODS.get("cpg").recipe["mnist"]
+    over = resolve("cpg", preset=str(preset), cpg_train_acc=0.0)
+    assert (over.lr, over.batch_size, over.momentum) == (cpg["lr"], cpg["batch_size"], 0.9)
+    mine = resolve("cpg", preset=str(preset), lr=0.3, batch_size=5, cpg_train_acc=0.0)
+    assert (mine.lr, mine.batch_size, mine.momentum) == (0.3, 5, cpg["momentum"])
+
+
+def _literal(node: ast.expr) -> bool:
+    """A value written out in the source (not None, not a name referring to a declaration)."""
+    try:
+        value = ast.literal_eval(node)
+    except ValueError:
+        return False
+    return value is not None
+
+
+def _declarations(path: Path) -> list[tuple[str, int, str]]:
+    """Where ``path`` writes out a default of a training setting: class fields, keyword
+    defaults, ``Option`` declarations and ``.get(name, fallback)`` fallbacks."""
+    names = set(SETTING_NAMES) - {"method_options"}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        pairs: list[tuple[str, ast.expr]] = []
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
+            pairs.append((node.target.id, node.value))
+        elif isinstance(node, ast.FunctionDef):
+            args = node.args.posonlyargs + node.args.args
+            pairs += [
+                (a.arg, d) for a, d in zip(args[::-1], node.args.defaults[::-1], strict=False)
+            ]
+            pairs += [
+                (a.arg, d)
+                for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults, strict=True)
+                if d
+            ]
+        elif isinstance(node, ast.Call) and len(node.args) >= 2:
+            first = node.args[0]
+            key = first.value if isinstance(first, ast.Constant) else None
+            if getattr(node.func, "id", "") == "Option" and len(node.args) >= 3:
+                pairs.append((str(key), node.args[2]))
+            elif getattr(node.func, "attr", "") == "get" and len(node.args) == 2:
+                pairs.append((str(key), node.args[1]))
+        found += [(n, node.lineno, path.name) for n, v in pairs if n in names and _literal(v)]
+    return found
+
+
+def test_each_training_setting_has_one_declared_default():
+    """Counted: the defaults live in TrainingSettings alone. MethodConfig is it, RunConfig
+    and OptimConfig take theirs from it, no method declares one of its own, and no module
+    writes one out (an AST scan of src/espn)."""
+    assert MethodConfig is TrainingSettings
+    for name in TRAINING_SETTINGS:
+        if name in SETTING_NAMES and name != "method_options":
+            assert RunConfig.model_fields[name].default in (None, getattr(DEFAULTS, name)), name
+    optim = {f.name: f.default for f in dataclasses.fields(OptimConfig)}
+    assert optim["name"] == DEFAULTS.optimizer
+    assert [optim[n] for n in ("lr", "weight_decay", "momentum", "betas")] == [
+        DEFAULTS.lr,
+        DEFAULTS.weight_decay,
+        DEFAULTS.momentum,
+        DEFAULTS.betas,
+    ]
+    for name in METHODS.names():
+        for cls in METHODS.get(name).__mro__:
+            if issubclass(cls, Strategy):
+                assert not set(vars(cls)) & set(SETTING_NAMES), (name, cls)
+    for name, (option, _) in declared_options().items():
+        if name in SETTING_NAMES:
+            assert option.default == getattr(DEFAULTS, name)
+    written = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC).as_posix()
+        if where == "settings.py" or any(where.startswith(p) for p in OTHER_MEANINGS):
+            continue
+        written += [d for d in _declarations(path) if f"{where}:{d[0]}" not in OTHER_MEANINGS]
+    assert written == []
+    # and the scan finds the declarations where they are
+    assert {d[0] for d in _declarations(SRC / "settings.py")} >= set(SETTING_NAMES) - {
+        "method_options",
+        "finetune_lr",
+        "reference_size",
+    }
+
+
+def _restated(values: dict[str, Any]) -> int:
+    """How many of ``values`` repeat the value a registered recipe holds for the setting."""
+    best = 0
+    for recipe in (*REGIMES, *(BENCHMARKS.get(n).defaults for n in BENCHMARKS.names())):
+        held = REGIMES.get(recipe) if isinstance(recipe, str) else recipe
+        same = [k for k in RECIPE_SETTINGS if k in values and k in held]
+        best = max(best, sum(tuple(_seq(values[k])) == tuple(_seq(held[k])) for k in same))
+    return best
+
+
+def _seq(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+
+def test_recipes_are_declared_once_and_named_elsewhere():
+    """Benchmarks hold the recipe objects of espn.recipes; shipped presets name a recipe and
+    repeat none of its values; no dict in the source restates a recipe (three or more of a
+    recipe's values) outside espn/recipes.py."""
+    assert BENCHMARKS.get("permuted-mnist").defaults is recipes.MNIST
+    assert BENCHMARKS.get("tensors").defaults is recipes.MNIST
+    assert BENCHMARKS.get("split-cifar100").defaults is recipes.CIFAR
+    assert BENCHMARKS.get("split-fashion-mnist").defaults is recipes.FASHION
+    assert BENCHMARKS.get("image-folders").defaults is recipes.FOLDERS
+    for name in preset_names():
+        values = load_preset(name)
+        assert values.get("recipe") in REGIMES.names(), name
+        assert _restated(values) == 0, name
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "recipes.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+                try:
+                    values = ast.literal_eval(node)
+                except ValueError:
+                    continue
+                assert _restated(values) < 3, f"{path.name}:{node.lineno}"
+
+
+def test_the_docs_name_each_setting_once_with_its_default():
+    """docs/recipes.md holds the one table of the settings, each row's default the one in
+    TrainingSettings; the Python and CLI pages link to it instead of repeating it."""
+    docs = Path(__file__).parents[1] / "docs"
+    rows: dict[str, list[str]] = {}
+    for line in (docs / "recipes.md").read_text().splitlines():
+        match = re.match(r"\| `(\w+)` \| ([^|]+) \|", line)
+        if match and match.group(1) in SETTING_NAMES:
+            rows.setdefault(match.group(1), []).append(match.group(2).strip())
+    for name in set(SETTING_NAMES) - {"method_options"}:
+        assert len(rows.get(name, [])) == 1, name
+        value = getattr(DEFAULTS, name)
+        shown = rows[name][0]
+        assert shown.startswith("unset") if value is None else shown == str(value), name
+    for page in ("python.md", "cli.md"):
+        text = (docs / page).read_text()
+        assert "recipes.md#training-settings-defaults-and-precedence" in text
+        assert not re.search(r"^\| `(gamma|alpha|epochs|optimizer|lr)` \|", text, re.M), page
