@@ -326,8 +326,13 @@ class RunConfig(BaseModel):
         own: dict[str, Any] = {}
         if isinstance(method, str) and method in METHODS:
             own = METHODS.get(method).run_defaults(str(recipe.get("regime", "")))
-        # options given as None stay (unset): an assignment validates every field
-        values = dict.fromkeys(data) | layered(data, method=own, preset=preset, recipe=recipe)
+        # options given as None are unset: those unset by default stay None (an assignment
+        # validates every field), the others take their default
+        fields = cls.model_fields
+        unset = [
+            k for k, v in data.items() if v is None and k in fields and fields[k].default is None
+        ]
+        values = dict.fromkeys(unset) | layered(data, method=own, preset=preset, recipe=recipe)
         values.pop("regime", None)
         return _need_benchmark(gather_method_options(values))
 
