@@ -3,9 +3,10 @@ learned, for every front door: ``espn run``, ``espn.run``, sweeps and ``espn rep
 (a registered benchmark, assembled by :mod:`espn.experiment`), the Avalanche strategy, and a
 Python user's own network and data.
 
-Its settings are the run options of :class:`~espn.config.RunConfig` under the same names
-(:data:`~espn.config.TRAINING_SETTINGS`), resolved by the same precedence: what the user gave,
-then the method's recipe, then a preset, then the recipe of the data's regime. Given a
+Its settings are the training settings (:class:`~espn.settings.TrainingSettings`, one default
+each) under the names of ``espn run``'s options (:data:`~espn.config.TRAINING_SETTINGS`),
+resolved by the same precedence (:func:`espn.settings.layered`): what the user gave, then the
+method's recipe, then a preset, then the recipe of the data's regime. Given a
 directory (``out=``), it writes the run directory ``espn run`` writes, after every epoch, and
 a second run of the same script resumes from it (see :mod:`espn.run_directory`).
 """
