@@ -18,6 +18,7 @@ from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.preflight import check_device
 from espn.runs.checks import check_results_match
 from espn.runs.legacy import upgrade_saved_config
+from espn.settings import default
 from espn.supernet.supernet import Supernet
 
 
@@ -88,7 +89,7 @@ class LoadedRun:
 
 def load_run(
     run_dir: Path | str,
-    device: str = "cpu",
+    device: str = default("device"),
     supernet: Supernet | None = None,
     trust_code: bool = False,
 ) -> LoadedRun:
