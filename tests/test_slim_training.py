@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import espn
 import espn.training.slim_step as slim_module
 from espn.config import make_config
 from espn.data.tasks import TaskSequence
@@ -137,7 +138,7 @@ def test_frozen_weights_bit_identical_after_every_epoch_of_a_slim_phase(monkeypa
     sn, _, seen, before = two_tasks(kind, "espn", optim, slim=True, epochs=(1, 1, 3))
     assert spy.built == [True] and len(seen) == 5
     for epoch in seen:
-        for name, layer in sn.layers.items():
+        for name in sn.layers:
             frozen = sn.masks[0].weight_mask(name)  # task 0's weights: frozen in task 1
             assert torch.equal(
                 epoch[name].view(torch.int32), before[name][frozen].view(torch.int32)
@@ -284,4 +285,15 @@ def test_a_model_the_copy_cannot_slice_fine_tunes_masked(monkeypatch):
         results.append({n: layer.weight.detach().clone() for n, layer in sn.layers.items()})
     assert all(torch.equal(results[0][n], results[1][n]) for n in results[0])
     with pytest.raises(slim_module.SlimUnsupported, match="not sliced"):
+        slim_module.SlimNet(sn)
+
+
+def test_dropout_keeps_the_masked_supernet():
+    """A dropout's random mask has its input's width: a slim copy would draw other masks."""
+    seq = tiny_sequence(1)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3)
+    )
+    sn = espn.wrap(net, seq.tasks[0].train.x[:2])
+    with pytest.raises(slim_module.SlimUnsupported, match="draws random masks"):
         slim_module.SlimNet(sn)

@@ -152,6 +152,8 @@ class SlimNet(nn.Module):
         self.trains: dict[str, Tensor] = {}
         self.layers: dict[str, MaskedLayer] = {}
         self.groups: dict[str, list[UnitModule]] = {}
+        #: as the supernet's flag: the copy is always of the task in training
+        self.in_training = True
         for name, m in self.model.named_modules():
             self._slice(name, m, kept)
 
@@ -159,6 +161,9 @@ class SlimNet(nn.Module):
         own = list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
         if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
             raise SlimUnsupported(f"module {name!r} ({type(m).__name__}) is not sliced")
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            # its random mask has the width of its input: a narrower copy draws other masks
+            raise SlimUnsupported(f"module {name!r} ({type(m).__name__}) draws random masks")
         if type(m) in (MaskedLinear, MaskedConv2d):
             assert isinstance(m, MaskedLinear | MaskedConv2d)
             self._slice_layer(name, m, kept)
