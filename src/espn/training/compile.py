@@ -73,7 +73,9 @@ class StepCompiler:
         """The torch.compile mode of the current task's steps (None: the default)."""
         return self._mode
 
-    def run(self, fn: Callable[..., tuple[Tensor, Tensor]], x: Tensor, *args: Any) -> Any:
+    def run(
+        self, fn: Callable[..., tuple[Tensor, Tensor]], x: Tensor, *args: Any
+    ) -> tuple[Tensor, Tensor]:
         """``fn(x, *args)`` (the step's ``(loss, total)``), compiled; the loss comes back
         as a tensor of its own (a CUDA graph's outputs are overwritten by its next replay)."""
         compiled = self._compiled.get(self._mode)
