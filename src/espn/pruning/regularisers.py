@@ -27,9 +27,10 @@ def flop_aware_lambdas(unit_flops: dict[str, float]) -> dict[str, float]:
 
 class _NormOverLayers(torch.autograd.Function):
     """``||concat(w_l m_l)||_2 / sqrt(n)`` over layers in a few fused passes: one product per
-    layer whose mask is not all ones, one norm pass (``torch._foreach_norm``), and in the
-    backward one scaled copy per layer, the gradient with respect to ``w_l`` directly
-    (``w_l m_l c``, as ``m_l`` is binary), with no graph through the products."""
+    layer given with its mask (none where the mask is all ones or the tensor given is the
+    product already), one norm pass (``torch._foreach_norm``), and in the backward one
+    scaled copy per layer, the gradient with respect to the tensor given (``w_l m_l c`` for
+    ``w_l``, as ``m_l`` is binary), with no graph through the products."""
 
     @staticmethod
     def forward(ctx: Any, count: Tensor, masks: list[Tensor | None], *weights: Tensor) -> Tensor:
@@ -51,11 +52,19 @@ def masked_weight_l2(supernet: Supernet) -> Tensor:
     """The authors' L2 term on the active sub-network's weights: ``||w m||_2 / sqrt(nnz(m))``
     over the masked layers that produce units (CtRL's cells; the head is left out), with
     ``m`` the weight masks the phase trains under. Vectorised over the layers, with no host
-    synchronisation: ``nnz`` stays a tensor, counted again only when a mask changed."""
+    synchronisation: ``nnz`` stays a tensor, counted again only when a mask changed. Where
+    the step's forward pass computed a layer's masked weight, the term reads that product
+    (its gradient then goes through the product's backward, see ``MaskedLayer``) instead of
+    multiplying again."""
     layers = [layer for layer in supernet.layers.values() if layer.out_units is not None]
     count = torch.stack([layer.mask_count() for layer in layers]).sum()
-    masks = [None if layer.mask_is_ones() else layer.weight_mask for layer in layers]
-    result: Tensor = _NormOverLayers.apply(count, masks, *[layer.weight for layer in layers])
+    products = [layer.step_product() for layer in layers]
+    tensors = [layer.weight if p is None else p for layer, p in zip(layers, products, strict=True)]
+    masks = [
+        None if p is not None or layer.mask_is_ones() else layer.weight_mask
+        for layer, p in zip(layers, products, strict=True)
+    ]
+    result: Tensor = _NormOverLayers.apply(count, masks, *tensors)
     return result
 
 

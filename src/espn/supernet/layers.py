@@ -64,6 +64,11 @@ class MaskedLayer(nn.Module):
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
         self._ones: tuple[Tensor, int] | None = None
         self._count: tuple[Tensor, int, Tensor] | None = None
+        self._keep: tuple[Tensor, int, Tensor, int, Tensor] | None = None
+        self._product: tuple[Tensor, Tensor, int, Tensor, int] | None = None
+        #: the address and version of the gradient the last backward through the masked
+        #: product gave the weight (see :meth:`grad_is_kept`)
+        self._kept_grad: tuple[int, int] | None = None
 
     def note_mask(self) -> None:
         """Record whether ``weight_mask`` is all ones (one host read, at a mask change, never
@@ -85,10 +90,64 @@ class MaskedLayer(nn.Module):
         return known is not None and known[0] is mask and known[1] == mask._version
 
     def masked_weight(self) -> Tensor:
-        """The weight with the active task's mask applied (zeros elsewhere)."""
+        """The weight with the active task's mask applied (zeros elsewhere).
+
+        While training with the layer's own mask buffer, the product's backward also keeps
+        only the weights the task may train (in its mask and not frozen), bit for bit: the
+        weight's gradient then needs no other masking pass (see :meth:`grad_is_kept`), and
+        the product is remembered for the rest of the step (see :meth:`step_product`).
+        """
         if self.mask_is_ones():
             return self.weight
-        return self.weight * self.weight_mask
+        weight, mask = self.weight, self.weight_mask
+        if not (torch.is_grad_enabled() and weight.requires_grad) or mask.requires_grad:
+            return weight * mask  # no training step, or a mask that trains (a soft mask)
+        product: Tensor = _MaskedProduct.apply(weight, mask, self._trainable_bits(), self)
+        self._product = (product, weight, weight._version, mask, mask._version)
+        return product
+
+    def step_product(self) -> Tensor | None:
+        """This step's masked weight as the forward pass computed it (None: none is current:
+        the weight or the mask changed since, or no training forward pass computed it)."""
+        known = self.__dict__.get("_product")
+        if known is None:
+            return None
+        product, weight, version, mask, mask_version = known
+        current = weight is self.weight and weight._version == version
+        if current and mask is self.weight_mask and mask._version == mask_version:
+            return product
+        return None
+
+    def grad_is_kept(self) -> bool:
+        """Whether ``weight.grad`` is the gradient the masked product's backward wrote since
+        :meth:`forget_kept_grad`, every weight the task may not train zeroed bit for bit,
+        and unchanged since (its address and version counter)."""
+        grad, known = self.weight.grad, self.__dict__.get("_kept_grad")
+        return grad is not None and known == (grad.data_ptr(), grad._version)
+
+    def forget_kept_grad(self) -> None:
+        """Forget what an earlier backward pass wrote (called before each backward pass that
+        :meth:`grad_is_kept` is asked about, so that no earlier gradient's address counts)."""
+        self._kept_grad = None
+
+    def _trainable_bits(self) -> Tensor:
+        """All ones on the weights the task may train (in the mask, not frozen), zero
+        elsewhere, as integers of the weight's element size; rebuilt when either changed."""
+        mask, frozen = self.weight_mask, self.frozen
+        known = self.__dict__.get("_keep")
+        if (
+            known is not None
+            and known[0] is mask
+            and known[1] == mask._version
+            and known[2] is frozen
+            and known[3] == frozen._version
+            and known[4].element_size() == self.weight.element_size()
+        ):
+            return known[4]
+        bits = float_bits(self.weight.detach())
+        keep = torch.where((mask != 0) & ~frozen, -1, 0).to(bits.dtype)
+        self._keep = (mask, mask._version, frozen, frozen._version, keep)
+        return keep
 
     def mask_count(self) -> Tensor:
         """The number of weights in the mask, as a tensor (no host read), counted again only
@@ -102,6 +161,37 @@ class MaskedLayer(nn.Module):
         count = mask.sum()
         self._count = (mask, mask._version, count)
         return count
+
+
+#: the integer type of each floating-point size, to view a tensor's bits
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def float_bits(tensor: Tensor) -> Tensor:
+    """``tensor``'s memory as integers of its element size (a view: writes go through)."""
+    return tensor.view(_BITS[tensor.element_size()])
+
+
+class _MaskedProduct(torch.autograd.Function):
+    """``weight * mask`` whose gradient keeps the trainable weights alone: an AND of the
+    incoming gradient's bits with ``keep`` (all ones where the task trains the weight, zero
+    elsewhere), exact for every value, NaN and inf included, in the pass that a product's
+    backward (``grad * mask``) takes anyway. The layer learns the result's address and
+    version, so that the frozen-weight guard can skip it (see ``MaskedLayer.grad_is_kept``)."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: Tensor, mask: Tensor, keep: Tensor, layer: Any) -> Tensor:
+        ctx.save_for_backward(keep)
+        ctx.layer = layer
+        return weight * mask
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        (keep,) = ctx.saved_tensors
+        grad = torch.empty_like(grads[0])
+        torch.bitwise_and(float_bits(grads[0]), keep, out=float_bits(grad))
+        ctx.layer._kept_grad = (grad.data_ptr(), grad._version)
+        return grad, None, None, None
 
 
 def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor:

@@ -395,6 +395,7 @@ class Engine:
         else:
             loss, total = self.compiler.run(self.batch_loss, x, y, phase.regularise, net)
         optimizer.zero_grad()
+        guard.begin_step()
         self.scaler.scale(total).backward()
         guard.mask_gradients()
         for opt in optimizer.optimizers:

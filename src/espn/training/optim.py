@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from espn.settings import default
+from espn.supernet.layers import float_bits as _bits
 from espn.supernet.supernet import Supernet
 
 #: ``nesterov``: SGD with Nesterov momentum (CPG's optimizer)
@@ -175,10 +176,16 @@ class FrozenGuard:
             if restore:
                 self.snapshot.append(weight & ~keep)
 
+    def begin_step(self) -> None:
+        """Called before each backward pass: no gradient of an earlier one counts as kept."""
+        for layer in self.layers:
+            layer.forget_kept_grad()
+
     def mask_gradients(self) -> None:
-        """Zero the gradient of every frozen weight."""
+        """Zero the gradient of every frozen weight (nothing to do on a layer whose masked
+        product's backward zeroed them already, see ``MaskedLayer.grad_is_kept``)."""
         for layer, keep in zip(self.layers, self.keep, strict=True):
-            if layer.weight.grad is not None:
+            if layer.weight.grad is not None and not layer.grad_is_kept():
                 _bits(layer.weight.grad).bitwise_and_(keep)
 
     @torch.no_grad()
@@ -190,11 +197,3 @@ class FrozenGuard:
         for layer, keep, saved in zip(self.layers, self.keep, self.snapshot, strict=True):
             _bits(layer.weight).bitwise_and_(keep).bitwise_or_(saved)
 
-
-#: the integer type of each floating-point size, to view a tensor's bits
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(tensor: Tensor) -> Tensor:
-    """``tensor``'s memory as integers of its element size (a view: writes go through)."""
-    return tensor.view(_BITS[tensor.element_size()])
