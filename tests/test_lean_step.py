@@ -9,6 +9,7 @@ from torch import nn
 import espn
 from espn.pruning.regularisers import UniformL1, masked_weight_l2
 from espn.supernet import Supernet
+from espn.supernet.layers import UnitGate
 from espn.training.optim import FrozenGuard, OptimConfig, TaskOptimizer
 
 
@@ -119,3 +120,111 @@ def test_weighted_l1_is_the_sum_of_lambda_times_l1() -> None:
         penalty.lambdas[g] * m.weight.abs().sum() for g, mods in sn.groups.items() for m in mods
     )
     torch.testing.assert_close(penalty(sn), expected)
+
+
+def masked_and_frozen(sn: Supernet, seed: int) -> None:
+    """Random weight masks (not all ones) and frozen weights in every layer."""
+    gen = torch.Generator().manual_seed(seed)
+    for layer in sn.layers.values():
+        layer.weight_mask.copy_((torch.rand(layer.weight.shape, generator=gen) < 0.7).float())
+        layer.frozen.copy_(torch.rand(layer.weight.shape, generator=gen) < 0.4)
+    sn.note_masks()
+
+
+def test_the_masked_product_keeps_only_trainable_gradients_bit_for_bit() -> None:
+    """The product's backward writes the gradient of ``w * m`` with every weight outside the
+    mask or frozen zeroed bitwise (NaN and inf included), and the guard then leaves it."""
+    sn = small_supernet()
+    masked_and_frozen(sn, 3)
+    x = torch.randn(4, 6)
+    x[0, 0] = float("inf")  # non-finite gradients must be zeroed as exactly as finite ones
+    guard = FrozenGuard(sn, restore=False)
+    assert guard.layers == list(sn.layers.values())
+    guard.begin_step()
+    sn.forward_working(x).sum().backward()
+    assert all(layer.grad_is_kept() for layer in sn.layers.values())
+    got = {n: layer.weight.grad.clone() for n, layer in sn.layers.items()}
+    guard.mask_gradients()  # nothing left to zero: the gradients stay as written
+    for name, layer in sn.layers.items():
+        assert torch.equal(layer.weight.grad.view(torch.int32), got[name].view(torch.int32))
+    # the plain formulation: autograd through w * m (a mask that requires grad takes the
+    # plain product), then the frozen and masked-out entries zeroed
+    sn.zero_grad(set_to_none=True)
+    guard.begin_step()
+    masks = {
+        f"{n}.weight_mask": layer.weight_mask.clone().requires_grad_(True)
+        for n, layer in sn.layers.items()
+    }
+    torch.func.functional_call(sn.model, masks, (x,)).sum().backward()
+    assert not any(layer.grad_is_kept() for layer in sn.layers.values())
+    for name, layer in sn.layers.items():
+        trainable = layer.weight_mask.bool() & ~layer.frozen
+        expected = layer.weight.grad.masked_fill(~trainable, 0.0)
+        assert torch.equal(got[name].view(torch.int32), expected.view(torch.int32)), name
+    assert not bool(sn.layers[next(iter(sn.layers))].weight.grad.isfinite().all())
+
+
+def test_a_gradient_the_product_did_not_write_is_masked_by_the_guard() -> None:
+    """Only the gradient the product's backward wrote in this step counts as kept: a
+    gradient replaced or written in place since, or one from an earlier backward pass, is
+    masked by the guard as before."""
+    sn = small_supernet()
+    masked_and_frozen(sn, 4)
+    guard = FrozenGuard(sn, restore=False)
+    first, second = sn.layers.values()
+    for change in ("replace", "in place"):
+        sn.zero_grad(set_to_none=True)
+        guard.begin_step()
+        sn.forward_working(torch.randn(4, 6)).sum().backward()
+        if change == "replace":
+            first.weight.grad = torch.ones_like(first.weight)
+        else:
+            first.weight.grad.add_(1.0)
+        assert not first.grad_is_kept() and second.grad_is_kept()
+        guard.mask_gradients()
+        assert bool((first.weight.grad[first.frozen] == 0).all())
+        assert bool((first.weight.grad[~first.frozen] != 0).all())
+    guard.begin_step()  # a new step: nothing of the last backward pass counts
+    assert not any(layer.grad_is_kept() for layer in sn.layers.values())
+
+
+def test_the_l2_term_reads_the_forward_pass_product() -> None:
+    """After a training forward pass, the masked L2 term takes each layer's product from it
+    (no second product) and gives the same value and weight gradients as the loop."""
+    sn = small_supernet()
+    masked_and_frozen(sn, 5)
+    for layer in sn.layers.values():
+        layer.frozen.zero_()  # compare the term's own gradient, with nothing kept out
+    x = torch.randn(4, 6)
+    got = []
+    for term in (masked_weight_l2, reference_l2):
+        sn.zero_grad(set_to_none=True)
+        out = sn.forward_working(x).sum()
+        if term is masked_weight_l2:
+            assert all(layer.step_product() is not None for layer in sn.layers.values())
+        (out + term(sn)).backward()
+        got.append([layer.weight.grad.clone() for layer in sn.layers.values()])
+    for a, b in zip(*got, strict=True):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        next(iter(sn.layers.values())).weight.add_(1.0)  # an optimizer step: stale now
+    assert next(iter(sn.layers.values())).step_product() is None
+
+
+def test_a_method_that_prunes_no_units_fixes_its_gates_at_one() -> None:
+    """PackNet trains no gate: its gates are released when the task begins and pass their
+    input through unchanged (the same tensor), until a unit dies."""
+    sn = small_supernet()
+    strategy = espn.methods.create_method("packnet")
+    strategy.attach(sn)
+    sn.begin_task(3)
+    strategy.begin_task(sn)
+    gates = [m for m in sn.task_modules.values() if isinstance(m, UnitGate)]
+    assert gates and all(g.is_identity() and not g.weight.requires_grad for g in gates)
+    x = torch.randn(4, gates[0].num_units)
+    assert gates[0](x) is x
+    units = {g: torch.ones(mods[0].num_units, dtype=torch.bool) for g, mods in sn.groups.items()}
+    units[gates[0].group][0] = False
+    sn.set_unit_masks(units)
+    assert not gates[0].is_identity()
+    assert bool((gates[0](x)[:, 0] == 0).all())

@@ -265,6 +265,8 @@ class Strategy(ABC):
         self.weight_budget = supernet.weight_budget(self.cfg.alpha)
         self.layer_free = {n: int((~m.frozen).sum()) for n, m in supernet.layers.items()}
         self.layer_budgets = {n: math.floor(self.cfg.alpha * f) for n, f in self.layer_free.items()}
+        if not self.prunes_units:  # no step trains a scale-only gate: fix them at one now
+            supernet.release_gates()
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state that a task resumed mid-way needs (checkpoints); methods that keep

@@ -100,8 +100,11 @@ class MaskedLayer(nn.Module):
         if self.mask_is_ones():
             return self.weight
         weight, mask = self.weight, self.weight_mask
-        if not (torch.is_grad_enabled() and weight.requires_grad) or mask.requires_grad:
-            return weight * mask  # no training step, or a mask that trains (a soft mask)
+        training = torch.is_grad_enabled() and weight.requires_grad and not mask.requires_grad
+        if not training or torch.compiler.is_compiling():
+            # no training step, a mask that trains (a soft mask), or a compiled graph (which
+            # differentiates the product itself; the guard then masks the gradient)
+            return weight * mask
         product: Tensor = _MaskedProduct.apply(weight, mask, self._trainable_bits(), self)
         self._product = (product, weight, weight._version, mask, mask._version)
         return product
@@ -110,7 +113,7 @@ class MaskedLayer(nn.Module):
         """This step's masked weight as the forward pass computed it (None: none is current:
         the weight or the mask changed since, or no training forward pass computed it)."""
         known = self.__dict__.get("_product")
-        if known is None:
+        if known is None or torch.compiler.is_compiling():
             return None
         product, weight, version, mask, mask_version = known
         current = weight is self.weight and weight._version == version
@@ -407,6 +410,7 @@ class UnitGate(UnitModule):
         self.register_buffer("released", torch.zeros((), dtype=torch.bool))
         self._init_units(group, n)
         self.unit_size = unit_size
+        self._identity: tuple[Tensor, int] | None = None
 
     def reset_task(self, n_classes: int) -> None:
         with torch.no_grad():
@@ -425,7 +429,23 @@ class UnitGate(UnitModule):
 
     def _follow_release(self) -> None:
         # a released scale gets no gradient, so no optimizer (momentum, decay) can move it
-        self.weight.requires_grad_(not bool(self.released))
+        released = bool(self.released)
+        self.weight.requires_grad_(not released)
+        # a released scale-only gate with every unit alive multiplies by ones: noted here
+        # (one host read per release, never in a step), so that its forward is the identity
+        ones = released and not self.affine and bool((self.weight * self.unit_mask == 1).all())
+        self._identity = (self.unit_mask, self.unit_mask._version) if ones else None
+
+    def is_identity(self) -> bool:
+        """Whether the gate is known to pass its input through unchanged: released, scale
+        only, every unit alive, and its unit mask unwritten since (a unit pruned later, or a
+        mask swapped, reads as not known). Inside ``torch.compile`` it reads as not known, as
+        ``MaskedLayer.mask_is_ones`` does."""
+        if torch.compiler.is_compiling():
+            return False
+        known = self.__dict__.get("_identity")
+        mask = self.unit_mask
+        return known is not None and known[0] is mask and known[1] == mask._version
 
     def load_task_state(self, state: dict[str, Tensor]) -> None:
         """Load a task's gate; a non-affine gate of a committed task is simply released."""
@@ -444,6 +464,8 @@ class UnitGate(UnitModule):
         return scale, expand_units(self.bias * self.unit_mask, self.unit_size)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.is_identity():
+            return x  # x * 1, exactly, for every value
         shape = (1, -1) + (1,) * (x.dim() - 2)
         scale, shift = self.feature_affine()
         if shift is None:

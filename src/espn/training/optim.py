@@ -196,4 +196,3 @@ class FrozenGuard:
             return
         for layer, keep, saved in zip(self.layers, self.keep, self.snapshot, strict=True):
             _bits(layer.weight).bitwise_and_(keep).bitwise_or_(saved)
-
