@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from copy import deepcopy
+
 import pytest
 import torch
 from torch import nn
@@ -228,3 +230,14 @@ def test_a_method_that_prunes_no_units_fixes_its_gates_at_one() -> None:
     sn.set_unit_masks(units)
     assert not gates[0].is_identity()
     assert bool((gates[0](x)[:, 0] == 0).all())
+
+
+def test_a_supernet_copied_mid_step_copies_no_step_state() -> None:
+    """What a layer remembers of a step (its product, a graph node) is left out of copies."""
+    sn = small_supernet()
+    masked_and_frozen(sn, 6)
+    sn.forward_working(torch.randn(4, 6)).sum().backward()
+    copy = deepcopy(sn)
+    for layer, copied in zip(sn.layers.values(), copy.layers.values(), strict=True):
+        assert layer.step_product() is not None and copied.step_product() is None
+        assert not copied.grad_is_kept() and torch.equal(copied.weight, layer.weight)

@@ -70,6 +70,14 @@ class MaskedLayer(nn.Module):
         #: product gave the weight (see :meth:`grad_is_kept`)
         self._kept_grad: tuple[int, int] | None = None
 
+    #: what the layer remembers about its own tensors between calls (see below): dropped
+    #: from a copy or pickle, whose tensors are others (a step's product is not even a leaf)
+    TRANSIENT: ClassVar[tuple[str, ...]] = ("_ones", "_count", "_keep", "_product", "_kept_grad")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()
+        return state | dict.fromkeys(self.TRANSIENT)
+
     def note_mask(self) -> None:
         """Record whether ``weight_mask`` is all ones (one host read, at a mask change, never
         in a step): while that very tensor is unchanged since (same object, same version
