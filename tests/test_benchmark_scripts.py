@@ -74,3 +74,24 @@ def test_step_cost_times_every_phase_against_the_plain_loop() -> None:
     # plain ms, ms and (ratio) of pre-training, pruning, fine-tuning, slim fine-tuning, event ms
     for row in rows:
         assert len(row) == 13 and all(r.endswith("x)") for r in row[5:12:2])
+
+
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
+)
+def test_whole_task_compares_espn_run_with_the_plain_loop_step_for_step() -> None:
+    out = run_script(
+        "whole_task.py",
+        *("--train-per-task", "300", "--test-per-task", "100", "--epochs", "1,2,1"),
+        *("--data-dir", "/usr/share/datasets"),
+    )
+    rows = [
+        row.split() for row in out.splitlines() if row.split()[:1] in (["ESPN-0.2"], ["packnet"])
+    ]
+    assert [r[0] for r in rows] == ["ESPN-0.2", "packnet"]
+    for row in rows:
+        # 2 batches of 256 per pass over 300 images, 1 + 2 + 1 passes
+        assert int(row[1]) == 2 * (1 + 2 + 1)
+        assert row[4].endswith("x") and row[7].endswith("x")
+        assert all(0.0 <= float(r.rstrip("%")) <= 100.0 for r in row[9:11])
