@@ -46,7 +46,7 @@ OTHER_MEANINGS = (
 )
 
 
-def fc_learner(method: str = "espn", **options: Any) -> espn.ContinualLearner:
+def fc_learner(method: str | Strategy = "espn", **options: Any) -> espn.ContinualLearner:
     """The Python door on a small FC network (the ``mnist`` regime's recipe)."""
     torch.manual_seed(0)
     sn = espn.wrap(SmallMLP, torch.zeros(2, 1, 8, 8))
@@ -277,3 +277,25 @@ def test_the_docs_name_each_setting_once_with_its_default():
         text = (docs / page).read_text()
         assert "recipes.md#training-settings-defaults-and-precedence" in text
         assert not re.search(r"^\| `(gamma|alpha|epochs|optimizer|lr)` \|", text, re.M), page
+
+
+def test_a_built_strategy_fixes_the_settings_it_was_given_and_no_others():
+    """A strategy from create_method fixes what was given there; one built by hand from
+    TrainingSettings fixes what it reads itself (its epochs, budgets, ...) and what else it
+    sets apart from the defaults; the rest follows the precedence for the network (here the
+    ``mnist`` recipe), and a keyword naming a fixed one is refused."""
+    made = espn.create_method("espn", gamma=0.5)
+    learner = fc_learner(made, lr=0.02)
+    assert (learner.cfg.gamma, learner.cfg.lr) == (0.5, 0.02)
+    assert (learner.cfg.optimizer, learner.cfg.alpha) == ("rmsprop", recipes.MNIST["alpha"])
+    with pytest.raises(espn.errors.EspnError, match=r"\['gamma'\] given with a built strategy"):
+        fc_learner(espn.create_method("espn", gamma=0.5), gamma=0.3)
+    by_hand = METHODS.get("espn")(TrainingSettings(epochs=(1, 1, 1), gamma=0.5, lr=0.02))
+    learner = fc_learner(by_hand)
+    assert (learner.cfg.epochs, learner.cfg.gamma, learner.cfg.lr) == ((1, 1, 1), 0.5, 0.02)
+    assert learner.cfg.alpha == by_hand.cfg.alpha and learner.cfg.warmup == by_hand.cfg.warmup
+    assert learner.cfg.batch_size == recipes.MNIST["batch_size"]
+    with pytest.raises(espn.errors.EspnError, match=r"\['epochs'\] given with a built strategy"):
+        fc_learner(METHODS.get("espn")(TrainingSettings()), epochs=(2, 2, 2))
+    packnet = METHODS.get("packnet")(TrainingSettings(epochs=(1, 1, 1)))
+    assert fc_learner(packnet).cfg.gamma == 1.0  # a budget it does not have is not fixed

@@ -48,7 +48,7 @@ from espn.models.reference import ModelReferenceError
 from espn.models.registry import MODELS, ModelSpec
 from espn.run_directory import RunDirectory
 from espn.runs.checks import check_out_dir, run_meta
-from espn.settings import explicit
+from espn.settings import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.engine import Engine
@@ -755,16 +755,16 @@ def _configure(
             )
     values = dict(settings)
     if built is not None:
-        mine = {*explicit(built.cfg), *foreign, *cls.option_names()}
+        fixed = built.given if built.given is not None else _hand_built(built)
+        mine = {*fixed, *foreign, *cls.option_names()}
         own = sorted(k for k in values if k in mine)
         if own:
             raise TypeError(f"settings {own} given with a built strategy")
         if built.given is not None:  # from create_method: what was given there counts
             values |= built.given
             recipe = values.pop("recipe", None) or recipe
-        else:  # built by hand: the settings it sets, and all its own options
-            values |= {k: v for k, v in explicit(built.cfg).items() if k in TRAINING_SETTINGS}
-            values |= dict(built.settings)
+        else:
+            values |= _hand_built(built) | dict(built.cfg.method_options)
     _record_streams(cls, supernet, values)
     name = model_name(supernet)
     device = str(next(supernet.parameters()).device)
@@ -790,6 +790,18 @@ def _configure(
     if built is not None and built.given is None:
         return built, cfg
     return cls(cfg.method_config()), cfg
+
+
+def _hand_built(strategy: Strategy) -> dict[str, Any]:
+    """The settings a strategy built by hand from :class:`~espn.settings.TrainingSettings`
+    fixes: those it reads itself (its budgets only where it has them), as it holds them, and
+    any other it sets apart from the defaults; the rest follow the precedence."""
+    cfg, cls = strategy.cfg, type(strategy)
+    unused = {"gamma"} if not cls.uses_gamma else set()
+    unused |= {"alpha"} if not cls.uses_alpha else set()
+    reads = {n: getattr(cfg, n) for n in METHOD_READS if n not in unused}
+    values = explicit(cfg) | {k: v for k, v in reads.items() if v is not None}
+    return {k: v for k, v in values.items() if k in TRAINING_SETTINGS}
 
 
 def _record_streams(cls: type[Strategy], supernet: Supernet, values: dict[str, Any]) -> None:

@@ -99,6 +99,20 @@ RECIPE_SETTINGS: tuple[str, ...] = (
 )
 
 
+#: the settings a method reads itself (its phases and budgets; the others are the engine's):
+#: a strategy built by hand from :class:`TrainingSettings` runs with its own values of these
+METHOD_READS: tuple[str, ...] = (
+    "gamma",
+    "alpha",
+    "epochs",
+    "prune_updates_per_epoch",
+    "warmup",
+    "finetune_lr",
+    "finetune_schedule",
+    "task_affine",
+)
+
+
 def default(name: str) -> Any:
     """The default of setting ``name`` (a fresh copy of a mapping)."""
     value = getattr(DEFAULTS, name)
