@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._dynamo.utils import counters
 
 #: the backend ``--compile`` uses (tests may use a cheap one, e.g. ``"aot_eager"``)
 DEFAULT_BACKEND = "inductor"
@@ -42,6 +41,8 @@ log = logging.getLogger(__name__)
 
 def compiled_graphs() -> int:
     """Graphs torch.compile has compiled in this process so far (every backend)."""
+    from torch._dynamo.utils import counters  # here: importing dynamo takes seconds
+
     return int(counters["stats"]["unique_graphs"])
 
 
