@@ -14,11 +14,12 @@ the task's weight mask) is guarded as the supernet guards its frozen weights
 at zero and, when an optimizer decays, it is put back after every step. The weights outside the
 mask are zero in the copy and stay zero, so its layers skip the mask product.
 
-A residual stream pruned per conv (a union of unit groups, see ``espn.models.resnet``) keeps,
-in every layer writing or reading it, the channels alive in any group joined to it through a
-union: channels dead for one writer but kept for the stream stay in that writer as exact zeros
-(its gate/BatchNorm masks them, as in the supernet), so that every addition adds tensors of
-one width.
+A residual stream pruned per conv (a union of unit groups, see ``espn.models.resnet``):
+each writing layer and its gate/BatchNorm keep their own alive units, which a forward hook
+puts at their places in the stream (zeros elsewhere, as the supernet's writer outputs there);
+the stream and the layers reading it keep the units alive in any group joined to it through
+unions (an identity shortcut carries earlier writers' units along), so that every addition
+adds tensors of one width.
 """
 
 from __future__ import annotations
@@ -134,6 +135,18 @@ def put(full: Tensor, index: tuple[Tensor | None, ...], value: Tensor) -> None:
     full.index_put_(tuple(grids), value)
 
 
+class _Scatter:
+    """A forward hook putting a stream writer's own alive features (dim 1) at their places
+    among the stream's (zeros elsewhere, as the supernet's writer outputs there)."""
+
+    def __init__(self, places: Tensor, width: int) -> None:
+        self.places, self.width = places, width
+
+    def __call__(self, module: nn.Module, inputs: Any, out: Tensor) -> Tensor:
+        shape = (out.shape[0], self.width, *out.shape[2:])
+        return out.new_zeros(shape).index_copy(1, self.places.to(out.device), out)
+
+
 class SlimNet(nn.Module):
     """The working sub-network of a supernet with its dead units removed, ready to train.
 
@@ -145,6 +158,10 @@ class SlimNet(nn.Module):
     def __init__(self, supernet: Supernet) -> None:
         super().__init__()
         kept = slice_units(supernet)
+        alive = supernet.unit_masks()
+        #: groups writing into a residual stream pruned per conv: their layers keep their own
+        #: alive units, scattered into the stream's width after their gate/BatchNorm
+        self.own = {g: alive[g] for members in supernet.unions.values() for g in members}
         self.model = copy.deepcopy(supernet.model)
         #: per slimmed tensor's name (as in the supernet's model): kept indices per dimension
         self.index: dict[str, tuple[Tensor | None, ...]] = {}
@@ -190,7 +207,8 @@ class SlimNet(nn.Module):
         self, name: str, m: MaskedLinear | MaskedConv2d, kept: dict[str, Tensor]
     ) -> None:
         w = m.weight
-        rows = _indices(kept, m.out_units, m.out_unit_size, w.shape[0])
+        out_side = self.own if m.out_units in self.own else kept  # a writer: its own units
+        rows = _indices(out_side, m.out_units, m.out_unit_size, w.shape[0])
         cols = _indices(kept, m.in_units, m.in_unit_size, w.shape[1])
         index = (rows, cols)
         trains = take(m.weight_mask.bool() & ~m.frozen, index)
@@ -215,7 +233,11 @@ class SlimNet(nn.Module):
         self.layers[name] = m
 
     def _slice_units(self, name: str, m: UnitModule, kept: dict[str, Tensor]) -> None:
-        units = kept[m.group]
+        units = self.own.get(m.group, kept[m.group])
+        if m.group in self.own and int(units.sum()) < int(kept[m.group].sum()):
+            stream = expand_units(kept[m.group], m.unit_size)
+            mine = expand_units(units, m.unit_size)
+            m.register_forward_hook(_Scatter((stream.cumsum(0) - 1)[mine], int(stream.sum())))
         if bool(units.all()):
             self.groups.setdefault(m.group, []).append(m)
             return
