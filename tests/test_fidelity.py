@@ -234,9 +234,9 @@ def test_warmup_trains_free_weights_only_with_a_ramp():
     engine_lr = [0.0]
     step = engine._step
 
-    def step_spy(optimizer, guard, phase, x, y, lr, own_lr):
+    def step_spy(optimizer, guard, phase, x, y, lr, own_lr, *rest):
         engine_lr[0] = lr
-        return step(optimizer, guard, phase, x, y, lr, own_lr)
+        return step(optimizer, guard, phase, x, y, lr, own_lr, *rest)
 
     strategy.forward = spy  # type: ignore[method-assign]
     engine._step = step_spy  # type: ignore[method-assign]
