@@ -241,3 +241,28 @@ def test_a_supernet_copied_mid_step_copies_no_step_state() -> None:
     for layer, copied in zip(sn.layers.values(), copy.layers.values(), strict=True):
         assert layer.step_product() is not None and copied.step_product() is None
         assert not copied.grad_is_kept() and torch.equal(copied.weight, layer.weight)
+
+
+def test_a_mask_not_noted_as_binary_takes_the_plain_product() -> None:
+    """The gradient of ``w * m`` is ``grad * m``: the keeping backward is used only for a
+    mask noted as 0/1 since its last change; a fractional mask, or one written since, is
+    differentiated as a product."""
+    sn = small_supernet()
+    masked_and_frozen(sn, 7)
+    layer = next(iter(sn.layers.values()))
+    layer.weight_mask.mul_(0.5)  # written since it was noted: fractional now
+    for noted in (False, True):
+        if noted:
+            sn.note_masks()
+        sn.zero_grad(set_to_none=True)
+        x = torch.randn(4, 6)
+        sn.forward_working(x).sum().backward()
+        assert layer.step_product() is None and not layer.grad_is_kept()
+        got = layer.weight.grad.clone()
+        sn.zero_grad(set_to_none=True)
+        soft = {
+            f"{n}.weight_mask": m.weight_mask.clone().requires_grad_(True)
+            for n, m in sn.layers.items()
+        }
+        torch.func.functional_call(sn.model, soft, (x,)).sum().backward()
+        torch.testing.assert_close(got, layer.weight.grad, rtol=0, atol=0)

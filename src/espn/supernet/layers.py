@@ -63,6 +63,7 @@ class MaskedLayer(nn.Module):
         self.register_buffer("weight_mask", torch.ones_like(self.weight))
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
         self._ones: tuple[Tensor, int] | None = None
+        self._binary: tuple[Tensor, int] | None = None
         self._count: tuple[Tensor, int, Tensor] | None = None
         self._keep: tuple[Tensor, int, Tensor, int, Tensor] | None = None
         self._product: tuple[Tensor, Tensor, int, Tensor, int] | None = None
@@ -72,7 +73,14 @@ class MaskedLayer(nn.Module):
 
     #: what the layer remembers about its own tensors between calls (see below): dropped
     #: from a copy or pickle, whose tensors are others (a step's product is not even a leaf)
-    TRANSIENT: ClassVar[tuple[str, ...]] = ("_ones", "_count", "_keep", "_product", "_kept_grad")
+    TRANSIENT: ClassVar[tuple[str, ...]] = (
+        "_ones",
+        "_binary",
+        "_count",
+        "_keep",
+        "_product",
+        "_kept_grad",
+    )
 
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = super().__getstate__()
@@ -85,6 +93,8 @@ class MaskedLayer(nn.Module):
         itself, with no product to compute and none to differentiate."""
         mask = self.weight_mask
         self._ones = (mask, mask._version) if bool(mask.all()) else None
+        binary = self._ones is not None or bool(((mask == 0) | (mask == 1)).all())
+        self._binary = (mask, mask._version) if binary else None
 
     def mask_is_ones(self) -> bool:
         """Whether ``weight_mask`` is known to be all ones (see :meth:`note_mask`); a mask
@@ -100,18 +110,25 @@ class MaskedLayer(nn.Module):
     def masked_weight(self) -> Tensor:
         """The weight with the active task's mask applied (zeros elsewhere).
 
-        While training with the layer's own mask buffer, the product's backward also keeps
-        only the weights the task may train (in its mask and not frozen), bit for bit: the
-        weight's gradient then needs no other masking pass (see :meth:`grad_is_kept`), and
-        the product is remembered for the rest of the step (see :meth:`step_product`).
+        While training with the layer's own binary mask (noted by :meth:`note_mask` and
+        unwritten since), the product's backward also keeps only the weights the task may
+        train (in its mask and not frozen), bit for bit: the weight's gradient then needs no
+        other masking pass (see :meth:`grad_is_kept`), and the product is remembered for the
+        rest of the step (see :meth:`step_product`).
         """
         if self.mask_is_ones():
             return self.weight
         weight, mask = self.weight, self.weight_mask
+        if torch.compiler.is_compiling():
+            # a compiled graph differentiates the product itself (the guard then masks the
+            # gradient) and reads no Python state a prune event changes
+            return weight * mask
         training = torch.is_grad_enabled() and weight.requires_grad and not mask.requires_grad
-        if not training or torch.compiler.is_compiling():
-            # no training step, a mask that trains (a soft mask), or a compiled graph (which
-            # differentiates the product itself; the guard then masks the gradient)
+        known = self.__dict__.get("_binary")
+        noted = known is not None and known[0] is mask and known[1] == mask._version
+        if not (training and noted):
+            # no training step, or a mask not noted as binary since its last change (a mask
+            # passed in through functional_call, soft or trained)
             return weight * mask
         product: Tensor = _MaskedProduct.apply(weight, mask, self._trainable_bits(), self)
         self._product = (product, weight, weight._version, mask, mask._version)
