@@ -37,7 +37,6 @@ class PackNet(Strategy):
     name = "packnet"
     trains_unit_affine = False
     uses_gamma = False
-    trains_slim = True
     recipe: ClassVar[Recipes] = {"mnist": {"finetune_lr": 1e-3, "finetune_schedule": "cosine"}}
     options = (
         FREE_INIT_OPTION,

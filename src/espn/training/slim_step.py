@@ -267,12 +267,12 @@ class SlimNet(nn.Module):
 
 
 def _narrower(net: SlimNet, supernet: Supernet) -> bool:
-    """Whether the copy computes less than the masked supernet: units removed, or layers
-    whose mask product it skips."""
-    smaller = sum(p.numel() for p in net.parameters()) < sum(
+    """Whether the copy removes units (fewer parameters than the supernet): a copy of the
+    whole width only skips mask products, which measured slower than the masked step
+    (PackNet's fine-tuning, FC1024, one thread: 1.54x a plain step against 1.41x)."""
+    return sum(p.numel() for p in net.parameters()) < sum(
         p.numel() for p in supernet.model.parameters()
     )
-    return smaller or any(not layer.mask_is_ones() for layer in supernet.layers.values())
 
 
 @torch.no_grad()
