@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -45,6 +44,7 @@ def workers() -> int:
 
 def decode(path: str, size: int) -> Tensor:
     """uint8 ``[3, size, size]``: RGB, shorter side resized to ``size``, centre-cropped."""
+    import torchvision.transforms.v2.functional as TF  # importing torchvision costs seconds
     from PIL import Image
 
     try:

@@ -6,7 +6,6 @@ import functools
 from collections.abc import Sequence
 
 import torch
-import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
@@ -37,6 +36,8 @@ def permute_pixels(x: Tensor, train: bool, perm: Tensor, source: str) -> Tensor:
 
 def rotate_images(x: Tensor, train: bool, angle: float, source: str) -> Tensor:
     """uint8 [B, 28, 28] -> normalised [B, 1, 28, 28] rotated by ``angle`` degrees."""
+    import torchvision.transforms.v2.functional as TF  # importing torchvision costs seconds
+
     rotated = TF.rotate(_to_unit(x), angle, interpolation=TF.InterpolationMode.BILINEAR)
     return _normalise(rotated, source)
 

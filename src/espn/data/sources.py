@@ -81,12 +81,10 @@ def load_mnist_like(
     then in the offline directory of the Debian package, then downloads through torchvision
     when ``download`` is set.
     """
-    from torchvision import datasets
-
     root = Path(root) if root is not None else default_data_dir()
-    cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST}[name]
+    class_name = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}[name]  # torchvision's
     offline = OFFLINE_DIRS.get(name)
-    raw_dir = root / cls.__name__ / "raw"
+    raw_dir = root / class_name / "raw"
     for directory in (root, raw_dir, offline):
         if directory is not None and directory.is_dir():
             found = _offline_mnist_like(directory)
@@ -95,6 +93,9 @@ def load_mnist_like(
     if not download:
         where = f"{root} (nor in {raw_dir}" + (f" or {offline}" if offline else "") + ")"
         raise unavailable(name, where, download, None, HOW_TO_GET[name])
+    from torchvision import datasets  # importing torchvision costs seconds: only to download
+
+    cls = getattr(datasets, class_name)
     try:
         splits = {
             s: cls(str(root), train=s == "train", download=download) for s in ("train", "test")

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from espn.utils.io import atomic_target
+from espn.utils.plotting import pyplot
 
 
 def plot_run(results: dict, path: Path) -> None:
     """Two panels: accuracy of each task after the last task, and each task's FLOPs ratio."""
+    plt = pyplot()
     final = results["final_accuracy"]
     ratios = results["flops_ratio"]
     tasks = list(range(len(final)))  # numbered from 0, as everywhere in espn

@@ -21,7 +21,6 @@ import copy
 from collections.abc import Callable
 
 import torch
-import torch_pruning as tp
 from torch import Tensor, fx, nn
 
 from espn.export.slim_streams import slim_streams, stream_members
@@ -232,6 +231,8 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     units = supernet.masks[task].units
     device = next(gm.parameters()).device
     example = example_input.to(device)
+    import torch_pruning as tp  # heavy (it imports timm and wandb): only when exporting
+
     graph = tp.DependencyGraph().build_dependency(gm, example_inputs=example, verbose=False)
     present = dict(gm.named_modules())
     producers: dict[str, list[str]] = {}

@@ -5,13 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from espn.evaluation.results import RESULTS, read_results
 from espn.utils.io import atomic_target, write_json_atomic
+from espn.utils.plotting import pyplot
 
 #: the key of results.json holding what ``espn evaluate --task-agnostic`` measured
 KEY = "task_agnostic"
@@ -43,6 +39,7 @@ def stored(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def plot_confusion(doc: dict[str, Any], path: Path, names: list[str] | None = None) -> None:
     """The task-confusion matrix of ``doc``: per true task (row), the share of its test
     samples each task (column) was picked for, in percent."""
+    plt = pyplot()
     counts = doc["confusion"]
     n = len(counts)
     shares = [[100.0 * c / max(sum(row), 1) for c in row] for row in counts]

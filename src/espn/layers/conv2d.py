@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.layers.base import (
@@ -54,6 +53,8 @@ class ConvAdapter(WeightAdapter):
         return (f"conv {name!r} (groups={groups})", groups) if groups != 1 else None
 
     def out_pruner(self) -> Callable[..., object]:
+        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
+
         return tp.prune_conv_out_channels
 
     def hold_groups(self, m: nn.Module, out_units: Tensor | None) -> Callable[[], None] | None:

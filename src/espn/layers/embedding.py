@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.layers.base import (
@@ -98,6 +97,8 @@ class EmbeddingAdapter(WeightAdapter):
         return _table(m.masked_weight().index_select(0, rows).t(), m.padding_idx)
 
     def out_pruner(self) -> Callable[..., object]:
+        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
+
         return tp.prune_embedding_out_channels
 
     @torch.no_grad()

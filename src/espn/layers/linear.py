@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.layers.base import Placement, WeightAdapter, alive_features, param, register
@@ -90,4 +89,6 @@ class LinearAdapter(WeightAdapter):
         return linear.to(device=w.device, dtype=w.dtype)
 
     def out_pruner(self) -> Callable[..., object]:
+        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
+
         return tp.prune_linear_out_channels

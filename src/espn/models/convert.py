@@ -49,9 +49,9 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-import torch_pruning as tp
 from torch import Tensor, nn
 
 from espn.export.slim import ExportError, check_traceable
@@ -71,6 +71,9 @@ from espn.models.convert_tokens import (
     token_outputs,
 )
 from espn.models.registry import MODELS, ModelSpec
+
+if TYPE_CHECKING:
+    import torch_pruning as tp
 
 __all__ = ["ConvertError", "load_entry_point_models", "register_converted", "to_supernet"]
 
@@ -203,6 +206,13 @@ def _grouped(m: nn.Module) -> bool:
     return adapter.role == "layer" and adapter.groups(m) != 1
 
 
+def _elementwise_op() -> type:
+    """torch_pruning's element-wise op node type, imported when a model is converted."""
+    import torch_pruning as tp
+
+    return tp.ops._ElementWiseOp
+
+
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
     """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
     features (the excitation of a squeeze-excitation block) rather than being features."""
@@ -210,7 +220,7 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
     seen: set[int] = set()
     while frontier:
         node = frontier.pop()
-        if id(node) in seen or not isinstance(node.module, tp.ops._ElementWiseOp):
+        if id(node) in seen or not isinstance(node.module, _elementwise_op()):
             continue
         seen.add(id(node))
         if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
@@ -238,6 +248,8 @@ def _groups(
     output scales features (see :func:`_multiplies`)."""
     names = {m: n for n, m in modules.items()}
     param_names = {id(p): n for n, p in (bare or {}).items()}
+    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
+
     graph = tp.DependencyGraph().build_dependency(
         model, example_inputs=example_input, verbose=False
     )

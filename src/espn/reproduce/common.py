@@ -7,14 +7,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING, Any
 
 from espn.config import make_config, resolved
 from espn.methods.base import METHODS
@@ -23,6 +16,11 @@ from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
 from espn.training.engine import plan_phase, reference_batches
 from espn.utils.io import atomic_target
+from espn.utils.plotting import pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 #: the paper's FC1024 recipe (:data:`espn.recipes.MNIST`: RMSprop lr 1e-3, batch 256,
 #: 3 + 4 + 3 epochs, the authors' 1-epoch warm-up and constant 1e-4 fine-tuning), given
@@ -143,6 +141,7 @@ def legend_outside_with_grid(ax: Axes) -> None:
 def save_figure(fig: Figure, path: Path) -> None:
     """Lay ``fig`` out tightly, write it as PNG atomically (its title, the scale first below
     the paper's, also as the PNG's ``Title``) and close it."""
+    plt = pyplot()
     fig.tight_layout()
     suptitle = fig.get_suptitle()
     title = suptitle or next((t for ax in fig.axes if (t := ax.get_title())), "")

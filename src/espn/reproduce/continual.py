@@ -7,9 +7,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
-
 from espn.reproduce.common import (
     CIFAR_REGIME,
     FC_RECIPE,
@@ -32,6 +29,7 @@ from espn.reproduce.paper import claims_notes, data_notes, paper
 from espn.reproduce.table import Table, markdown_table
 from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
 from espn.sweep import Point
+from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
 
 # ---------------------------------------------------------------------------------- table1
@@ -177,6 +175,7 @@ def _table1_observations(table: Table) -> list[str]:
 
 def table1_plot(table: Table, path: Path) -> None:
     """Bars: our task-averaged accuracy ± se per method, the paper's as markers."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.2))
     xs = range(len(table.rows))
     ours = [r["avg"] for r in table.rows]
@@ -341,6 +340,9 @@ def _mnist_observations(table: Table) -> list[str]:
 def mnist_plot(table: Table, path: Path) -> None:
     """Per benchmark: final accuracy per task id for ESPN-0.2 and PackNet, Individual-0.2/-1
     as dashed lines at their task-averaged accuracy (the paper's Fig. 4 gives no numbers)."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     colours = {"ESPN-0.2": "tab:blue", "PackNet": "tab:orange"}
     lines = {"Individual-0.2": "tab:green", "Individual-1": "tab:red"}

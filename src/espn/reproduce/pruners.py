@@ -8,14 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
-
 from espn.reproduce.common import SMOKE, figure_title, mean_of, save_figure, signed, steps_note
 from espn.reproduce.continual import split_base, split_paper_steps
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table
 from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
 from espn.sweep import Point
+from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
 
 #: the appendix's FLOPs budgets and pruners
@@ -123,6 +122,7 @@ def _observations(table: Table) -> list[str]:
 def pruner_plot(table: Table, path: Path) -> None:
     """Two panels against gamma (log scale), one line per pruner: test accuracy and the
     fraction of units kept (the paper's Fig. 5a/5b give curves only)."""
+    plt = pyplot()
     fig, (ax_acc, ax_kept) = plt.subplots(1, 2, figsize=(11, 4))
     for pruner in dict.fromkeys(r["pruner"] for r in table.rows):
         mine = sorted((r for r in table.rows if r["pruner"] == pruner), key=lambda r: r["gamma"])
@@ -273,6 +273,7 @@ def _alpha_gamma_observations(table: Table) -> list[str]:
 
 def alpha_gamma_plot(table: Table, path: Path) -> None:
     """Task-averaged ESPN accuracy against gamma (log scale), one line per alpha."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for a in sorted({r["alpha"] for r in table.rows}):
         mine = sorted((r for r in table.rows if r["alpha"] == a), key=lambda r: r["gamma"])

@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 
 from espn.recipes import IMAGENET
 from espn.reproduce.common import (
@@ -29,6 +27,7 @@ from espn.reproduce.paper import claims_notes, data_notes, paper
 from espn.reproduce.table import Table
 from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point_name
 from espn.sweep import Point
+from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
 
 # --------------------------------------------------------------------------- table-imagenet
@@ -152,6 +151,7 @@ def _imagenet_observations(table: Table) -> list[str]:
 
 def imagenet_plot(table: Table, path: Path) -> None:
     """Grouped bars per dataset (ours), the paper's numbers as markers."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     xs = np.arange(len(table.rows))
     colours = {
@@ -341,6 +341,9 @@ def _efficiency_observations(table: Table) -> list[str]:
 def efficiency_plot(table: Table, path: Path) -> None:
     """Small-task accuracy against the number of full-data tasks learned before, per method;
     Individual as a dashed line; the paper's stated levels (68%, 75%) dotted."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for method in dict.fromkeys(r["method"] for r in table.rows if r["tasks_before"] is not None):
         mine = [r for r in table.rows if r["method"] == method]
@@ -504,6 +507,9 @@ def _order_observations(table: Table) -> list[str]:
 def order_plot(table: Table, path: Path) -> None:
     """Accuracy by task ID (size rank): solid large-first, dashed small-first, dotted
     Individual (the paper smooths its curves with a moving average; we do not)."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     styles = {"large-first": "-", "small-first": "--", "given": ":"}
     colours = {"ESPN-0.2": "tab:blue", "ESPN-1": "tab:green", "PackNet": "tab:orange"}

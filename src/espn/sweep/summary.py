@@ -9,13 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from espn.sweep.point import PointOutcome
 from espn.utils.io import atomic_target, write_csv
+from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
 
 #: options that tell runs of one series apart (averaged over, not a series of their own)
@@ -27,6 +23,7 @@ MEASURES: tuple[tuple[str, str, str], ...] = (
     ("max_forgetting", "max forgetting", "largest drop of a task's accuracy, in points"),
     ("wall_time_s", "wall time s", "seconds the run took"),
 )
+
 SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
 
 
@@ -132,6 +129,7 @@ def summary_markdown(rows: list[dict[str, Any]], out: Path) -> str:
 def summary_plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Bars: each series' mean average accuracy with its standard error; the run count
     above each bar."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(rows) + 2), 4))
     xs = list(range(len(rows)))
     means = [r["average_accuracy"] if r["average_accuracy"] is not None else 0.0 for r in rows]

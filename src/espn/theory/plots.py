@@ -6,14 +6,13 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from typing import TYPE_CHECKING, Any
 
 from espn.utils.io import atomic_target
+from espn.utils.plotting import pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LINESTYLES = {"decreasing": "-", "increasing": "--", "individual": ":"}
 ORDER_COLORS = {"decreasing": "C0", "increasing": "C3", "individual": "C2"}
@@ -24,7 +23,8 @@ ORDER_LABELS = {
 }
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
+    plt = pyplot()
     with atomic_target(path) as tmp:
         fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight")
     plt.close(fig)
@@ -54,6 +54,7 @@ def plot_sample_complexity(
     fitted constant ``c`` for every curve.  Right: the same against ``N*T / dof``;
     if the bound's ``dof`` is the right measure of complexity, the curves collapse.
     """
+    plt = pyplot()
     c, target = summary["rate_constant"], summary["target"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     for i, s in enumerate(summary["settings"]):
@@ -102,6 +103,7 @@ def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path:
     ``E[Z^2] + MM`` where the frozen-feature curves must level off.  Right: excess
     risk on log axes with MM as dashed lines; scratch (black) keeps falling.
     """
+    plt = pyplot()
     noise = summary["noise_floor"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     for i, p in enumerate(summary["perturbations"]):
@@ -152,6 +154,7 @@ def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], pat
     Solid: tasks trained from largest to smallest; dashed: smallest first; dotted:
     each task alone from scratch, as in the paper's figure on sample size.
     """
+    plt = pyplot()
     ids, sizes = summary["task_ids"], summary["sizes"]
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
     for o in summary["orders"]:

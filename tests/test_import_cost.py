@@ -1,0 +1,80 @@
+"""Start-up cost: ``import espn``, ``import espn.cli.main`` and the CLI's help and listing load
+none of the heavy optional libraries (they cost seconds each at every command); the code that
+needs one imports it where it is used. Each check runs in a fresh interpreter, since this test
+process has imported most of them already."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import espn
+
+#: top-level packages and torch submodules that must load only where they are used
+HEAVY = (
+    "timm",
+    "wandb",
+    "tensorboard",
+    "ray",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "avalanche",
+    "matplotlib",
+    "PIL",
+    "torchvision",
+    "torch_pruning",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.utils.tensorboard",
+)
+
+#: prints the heavy modules loaded so far as JSON (the last line of stdout)
+REPORT = (
+    "import json, sys\n"
+    f"heavy = {HEAVY!r}\n"
+    "loaded = sorted(h for h in heavy if any(m == h or m.startswith(h + '.') for m in sys.modules))\n"
+    "print(json.dumps(loaded))\n"
+)
+
+
+def _loaded_after(code: str) -> list[str]:
+    """Heavy modules in ``sys.modules`` after a fresh interpreter runs ``code`` (this checkout's
+    espn first on the path)."""
+    env = dict(os.environ)
+    src = str(Path(espn.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", code + "\n" + REPORT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_espn_and_its_cli_loads_no_heavy_library() -> None:
+    assert _loaded_after("import espn, espn.cli.main") == []
+
+
+def test_cli_help_and_list_load_no_heavy_library() -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from espn.cli.main import main\n"
+        "codes = []\n"
+        "for argv in (['--help'], ['run', '--help'], ['list']):\n"
+        "    sys.argv = ['espn', *argv]\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            main()\n"
+        "        except SystemExit as exc:\n"
+        "            codes.append(exc.code)\n"
+        "assert codes == [0, 0, 0], codes\n"
+    )
+    assert _loaded_after(code) == []
