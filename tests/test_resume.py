@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import espn.data.mnist as mnist_module
+import espn.run_directory as run_directory_module
 import espn.training.engine as engine_module
 import espn.training.progress as progress_module
 from espn.cli.main import app
@@ -357,3 +358,34 @@ def test_progress_and_resume_speak_of_passes_and_steps(
         "(2 passes over its training data done)"
     ) in text
     assert "epochs" not in text
+
+
+def test_a_phase_of_many_passes_checkpoints_every_kth_pass_and_its_last():
+    """The size rule on small data makes phases of hundreds of passes: at most
+    CHECKPOINTS_PER_PHASE of them are checkpointed, always the phase's last; short phases
+    checkpoint every pass."""
+    limit = run_directory_module.CHECKPOINTS_PER_PHASE
+    for n in (1, 7, limit):
+        assert all(run_directory_module.checkpointed(e, n) for e in range(n))
+    for n in (limit + 1, 176, 590):
+        saved = [e for e in range(n) if run_directory_module.checkpointed(e, n)]
+        assert len(saved) <= limit + 1 and saved[-1] == n - 1
+        gaps = {b - a for a, b in itertools.pairwise(saved)}
+        assert max(gaps) == -(-n // limit)
+
+
+@pytest.mark.parametrize("kill", [7, 30])
+def test_killed_between_sparse_checkpoints_and_resumed_equals_uninterrupted(
+    tmp_path, monkeypatch, reference, kill
+):
+    """With one checkpoint per phase (its last pass), a kill loses the passes since, and the
+    resumed run trains them again to the same end."""
+    monkeypatch.setattr(run_directory_module, "CHECKPOINTS_PER_PHASE", 1)
+    out = tmp_path / "run"
+    cfg = make_config(**run_options(out))
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, kill)
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False, resume=True)
+    assert fingerprint(out) == reference

@@ -37,6 +37,19 @@ from espn.training.callbacks import Callback, EpochEnd
 from espn.training.engine import Engine, TaskProgress
 from espn.utils.io import os_error_text, write_json_atomic
 
+#: The most checkpoints of a task in training per phase. A phase of more passes (the size rule
+#: on small data: hundreds of passes of a few steps each) checkpoints every k-th pass and its
+#: last, so that writing the run's state does not cost more than training it.
+CHECKPOINTS_PER_PHASE = 50
+
+
+def checkpointed(epoch: int, n_epochs: int) -> bool:
+    """Whether the end of pass ``epoch`` (from 0) of a phase of ``n_epochs`` passes is
+    checkpointed: every pass of a phase of at most :data:`CHECKPOINTS_PER_PHASE` passes, else
+    every ``ceil(n_epochs / CHECKPOINTS_PER_PHASE)``-th and the last."""
+    every = -(-n_epochs // CHECKPOINTS_PER_PHASE)
+    return (epoch + 1) % every == 0 or epoch + 1 == n_epochs
+
 
 def results_document(
     cfg: RunConfig,
@@ -256,9 +269,12 @@ class RunDirectory(Callback):
 
     def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
         """Checkpoint the task in training (step ``event.task``) where the engine says it
-        stands after this pass (``event.position``)."""
+        stands after this pass (``event.position``), at the passes :func:`checkpointed`
+        names."""
         ckpt = self._ckpt()
         if event.position is None or self.strategy is None:
+            return
+        if not checkpointed(event.epoch, event.n_epochs):
             return
         self._refresh()
         extra = self.extra() | {"wall_time_s": self.elapsed()}
