@@ -93,18 +93,25 @@ def reference(references) -> dict:
 
 
 # 16 optimizer steps per task (4 per epoch; 1 pre-train, 2 prune, 1 fine-tune epochs):
-# 3 = task 1 before its first checkpoint, 7 = task 1 pruning, 17 = first step of task 2,
-# 30 = task 2 fine-tuning, 45 = task 3 fine-tuning.
-@pytest.mark.parametrize("kill", [3, 7, 17, 30, 45])
-def test_killed_at_a_step_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, reference, kill):
+def killed_and_resumed(tmp_path: Path, monkeypatch, kill: int) -> tuple[Path, list[str]]:
+    """The run killed at step ``kill``, then resumed to its end: its directory and the
+    resumed run's task lines."""
     out = tmp_path / "run"
     cfg = make_config(**run_options(out))
     with monkeypatch.context() as mp:
         kill_at_step(mp, kill)
         with pytest.raises(Killed):
             run_experiment(cfg, progress=False)
-    notes = []
+    notes: list[str] = []
     run_experiment(cfg, progress=False, on_task_end=notes.append, resume=True)
+    return out, notes
+
+
+# 3 = task 1 before its first checkpoint, 7 = task 1 pruning, 17 = first step of task 2,
+# 30 = task 2 fine-tuning, 45 = task 3 fine-tuning.
+@pytest.mark.parametrize("kill", [3, 7, 17, 30, 45])
+def test_killed_at_a_step_and_resumed_equals_uninterrupted(tmp_path, monkeypatch, reference, kill):
+    out, notes = killed_and_resumed(tmp_path, monkeypatch, kill)
     assert fingerprint(out) == reference
     if kill > 3:
         assert notes[0].startswith(
@@ -381,11 +388,5 @@ def test_killed_between_sparse_checkpoints_and_resumed_equals_uninterrupted(
     """With one checkpoint per phase (its last pass), a kill loses the passes since, and the
     resumed run trains them again to the same end."""
     monkeypatch.setattr(run_directory_module, "CHECKPOINTS_PER_PHASE", 1)
-    out = tmp_path / "run"
-    cfg = make_config(**run_options(out))
-    with monkeypatch.context() as mp:
-        kill_at_step(mp, kill)
-        with pytest.raises(Killed):
-            run_experiment(cfg, progress=False)
-    run_experiment(cfg, progress=False, resume=True)
+    out, _ = killed_and_resumed(tmp_path, monkeypatch, kill)
     assert fingerprint(out) == reference
