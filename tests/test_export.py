@@ -238,8 +238,9 @@ def test_output_check_runs_in_full_float32_and_restores_the_settings(tmp_path, m
     TF32 settings are as they were afterwards, also when the check fails."""
     sn, seq, _ = train_tiny("conv", n_tasks=1)
     backends = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)
-    monkeypatch.setattr(backends[0], "fp32_precision", "tf32")
-    monkeypatch.setattr(backends[1], "fp32_precision", "tf32")
+    # torch's backend modules answer these attributes through __getattr__, which pytest's
+    # monkeypatch may not see as set: the user's values are restored by hand
+    users = [b.fp32_precision for b in backends]
     seen = []
     forward = type(sn).forward
 
@@ -249,12 +250,18 @@ def test_output_check_runs_in_full_float32_and_restores_the_settings(tmp_path, m
 
     monkeypatch.setattr(type(sn), "forward", spying)
     x = seq.tasks[0].test.x
-    export_task(sn, 0, [x], tmp_path / "m.pt2", also_onnx=False)
-    assert seen and all(s == ["ieee", "ieee"] for s in seen)
-    assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
-    with pytest.raises(ExportError, match="differs from the supernet"):
-        export_task(sn, 0, [x + torch.inf], tmp_path / "bad.pt2", also_onnx=False)
-    assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
+    try:
+        for b in backends:
+            b.fp32_precision = "tf32"
+        export_task(sn, 0, [x], tmp_path / "m.pt2", also_onnx=False)
+        assert seen and all(s == ["ieee", "ieee"] for s in seen)
+        assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
+        with pytest.raises(ExportError, match="differs from the supernet"):
+            export_task(sn, 0, [x + torch.inf], tmp_path / "bad.pt2", also_onnx=False)
+        assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
+    finally:
+        for b, value in zip(backends, users, strict=True):
+            b.fp32_precision = value
 
 
 @pytest.mark.skipif(not onnx_available(), reason="onnx/onnxscript not installed")
