@@ -67,7 +67,12 @@ def test_eval_accuracy_matches_statistics_recomputed_from_scratch():
         logits.append(sn(task.test.x[task.test.index], task=t).detach())
     for t, task in enumerate(seq.tasks):
         stored = task_accuracy(sn, task, t)
-        assert abs(stored - accuracy_with_fresh_statistics(sn, task, t)) <= 2.0
+        # statistics averaged over the training batches and the exact ones of the whole split
+        # may classify two borderline test images of 96 differently (2.08 points): measured 1
+        # with masked fine-tuning and 2 with slim fine-tuning, whose float32 rounding leads
+        # the same steps to a slightly different model
+        images = 100.0 / len(task.test.index)
+        assert abs(stored - accuracy_with_fresh_statistics(sn, task, t)) <= 2 * images + 1e-9
         # zero forgetting stays exact with the recalibrated statistics
         assert torch.equal(sn(task.test.x[task.test.index], task=t), logits[t])
 
