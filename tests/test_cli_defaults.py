@@ -16,11 +16,17 @@ runner = CliRunner()
 def test_espn_list_names_each_benchmarks_default_model():
     result = runner.invoke(app, ["list"], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
-    rows = {
-        cells[1]: cells[2]
-        for line in result.output.splitlines()
-        if "│" in line and (cells := [c.strip() for c in line.split("│")[1:-1]])[0] == "benchmark"
-    }
+    rows: dict[str, str] = {}
+    name = None
+    for line in result.output.splitlines():  # a wrapped cell goes on in the next lines
+        cells = [c.strip() for c in line.split("│")[1:-1]] if "│" in line else []
+        if cells and cells[0] == "benchmark":
+            name = cells[1]
+            rows[name] = cells[2]
+        elif cells and not cells[0] and name is not None:
+            rows[name] = f"{rows[name]} {cells[2]}".strip()
+        else:
+            name = None
     assert set(rows) == set(BENCHMARKS)
     assert "5 tasks and model resnet18-reduced by default" in rows["split-fashion-mnist"]
     assert "36 tasks and model fc1024 by default" in rows["permuted-fashion-mnist"]
