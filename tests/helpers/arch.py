@@ -105,6 +105,17 @@ def registered_run(model: str, benchmark: str, net: Callable[[int], nn.Module]) 
         yield benchmark
 
 
+def fingerprint(run: Path) -> tuple[object, ...]:
+    """A run directory's results without timings, and the SHA-256 of its task files and of
+    its final state."""
+    manifest = json.loads((run / "checkpoint" / "manifest.json").read_text())
+    return (
+        comparable(json.loads((run / "results.json").read_text())),
+        [t["sha256"] for t in manifest["tasks"]],
+        manifest["state"]["sha256"],
+    )
+
+
 def assert_resumes_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **run_options: Any
 ) -> None:
@@ -119,13 +130,4 @@ def assert_resumes_exactly(
         with pytest.raises(Killed):
             run_experiment(cfg, progress=False)
     run_experiment(cfg, progress=False, resume=True)
-
-    def fingerprint(run: Path) -> tuple[object, ...]:
-        manifest = json.loads((run / "checkpoint" / "manifest.json").read_text())
-        return (
-            comparable(json.loads((run / "results.json").read_text())),
-            [t["sha256"] for t in manifest["tasks"]],
-            manifest["state"]["sha256"],
-        )
-
     assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
