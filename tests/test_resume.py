@@ -346,6 +346,7 @@ def test_progress_and_resume_speak_of_passes_and_steps(
             super().set_description(desc, refresh)
 
     monkeypatch.setattr(progress_module, "tqdm", Bar)
+    monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 0.0)  # every pass
     out = tmp_path / "run"
     options = [o for o in cli_options(out) if o not in ("--quiet", "--no-progress")]
     with monkeypatch.context() as mp:  # 4 steps per pass: killed in the prune phase's 2nd pass
@@ -379,6 +380,36 @@ def test_a_phase_of_many_passes_checkpoints_every_kth_pass_and_its_last():
         assert len(saved) <= limit + 1 and saved[-1] == n - 1
         gaps = {b - a for a, b in itertools.pairwise(saved)}
         assert max(gaps) == -(-n // limit)
+
+
+def test_passes_of_a_phase_are_checkpointed_a_minimum_time_apart(tmp_path, monkeypatch):
+    """Within a phase a pass is checkpointed once CHECKPOINT_SECONDS passed since the last
+    checkpoint; the phase's last pass always is. A clock that advances 5 s per optimizer step
+    (4 steps, 20 s a pass) and a 45 s minimum: of the prune phase's 6 passes, the 3rd (60 s
+    after the pre-training's checkpoint), the 6th (its last), none other."""
+    now = {"t": 0.0}
+    real_step = engine_module.Engine._step
+
+    def step(self, *args):
+        now["t"] += 5.0
+        return real_step(self, *args)
+
+    saved: list[tuple[int, int]] = []
+    real_save = run_directory_module.RunCheckpoint.save_progress
+
+    def save_progress(self, task, progress, *args):
+        saved.append((progress.phase, progress.epoch))
+        return real_save(self, task, progress, *args)
+
+    monkeypatch.setattr(engine_module.Engine, "_step", step)
+    monkeypatch.setattr(run_directory_module.RunCheckpoint, "save_progress", save_progress)
+    clock = SimpleNamespace(monotonic=lambda: now["t"], perf_counter=time.perf_counter)
+    monkeypatch.setattr(run_directory_module, "time", clock)
+    monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 45.0)
+    options = run_options(tmp_path / "run", tasks=1, epochs=(1, 6, 2))
+    run_experiment(make_config(**options), progress=False)
+    # position after a pass: the next pass to run (epoch), or the next phase's start
+    assert saved == [(1, 0), (1, 3), (2, 0), (3, 0)]
 
 
 @pytest.mark.parametrize("kill", [7, 30])

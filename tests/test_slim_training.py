@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import espn
+import espn.run_directory as run_directory_module
 import espn.training.slim_step as slim_module
 from espn.config import make_config
 from espn.data.tasks import TaskSequence
@@ -255,7 +256,9 @@ def test_killed_inside_a_slim_phase_resumes_exactly(
     tmp_path, monkeypatch, fake_mnist, fc_test_model
 ):
     """16 steps per task (epochs 1,1,2 of 4 steps): step 30 is task 1's sixth fine-tuning
-    step, in the second epoch of its slim phase, after one slim epoch was checkpointed."""
+    step, in the second epoch of its slim phase, after one slim epoch was checkpointed (every
+    pass is, with no minimum time between checkpoints)."""
+    monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 0.0)
     options = run_options(tmp_path / "reference", epochs=(1, 1, 2))
     spy = SlimSpy(monkeypatch)
     run_experiment(make_config(**options), progress=False)

@@ -104,13 +104,31 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------------------- writing
-def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
-    """Write a safetensors file atomically and durably."""
-    flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+def _flat(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` on the CPU, contiguous, no two sharing memory (safetensors refuses that):
+    a tensor is copied only where it is not on the CPU or contiguous already, or shares the
+    memory of one before it."""
+    flat: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    for k, v in tensors.items():
+        t = v.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            t = t.clone()
+        seen.add(ptr)
+        flat[k] = t
+    return flat
+
+
+def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """Write a safetensors file atomically and durably; its manifest entry (name, size and
+    SHA-256: read back from the page cache, which costs less than serialising to memory
+    first)."""
     with atomic_target(path) as tmp:
-        save_file(flat, str(tmp))
+        save_file(_flat(tensors), str(tmp))
         with tmp.open("rb") as fh:
             os.fsync(fh.fileno())
+    return file_entry(path)
 
 
 def _rng_tensors(generator: torch.Generator | None) -> dict[str, Tensor]:
@@ -136,6 +154,7 @@ class CheckpointWriter:
         self.tasks: list[dict[str, Any]] = []
         self.generation = 0
         self.started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        self._forget()
         (self.directory / MANIFEST).unlink(missing_ok=True)
         self._clean(keep=set())
 
@@ -156,7 +175,13 @@ class CheckpointWriter:
         ]
         writer.generation = int(m["state"]["generation"])
         writer.started = m.get("started", "")
+        writer._forget()
         return writer
+
+    def _forget(self) -> None:
+        """Start with empty caches of what the state file holds (see :meth:`_owner_planes`)."""
+        self._owners: tuple[list[_Version], dict[str, Tensor], int] | None = None
+        self._masks: dict[str, tuple[list[_Version], Tensor]] = {}
 
     def save(
         self,
@@ -211,11 +236,11 @@ class CheckpointWriter:
             info = dict(task_results[t]) if t < len(task_results) else {}
             row = info.pop("accuracy", None)
             state, cut = mask.alive_state(supernet.unit_state_groups())
-            _save_tensors(path, _task_tensors(replace(mask, state=state), row))
+            entry = _save_tensors(path, _task_tensors(replace(mask, state=state), row))
             tasks.append(
                 {
                     "index": t,
-                    **file_entry(path),
+                    **entry,
                     "masks": {k: mask.form(k) for k in mask.weights},
                     "horizon": mask.horizon,
                     "alive_only": cut,
@@ -232,13 +257,14 @@ class CheckpointWriter:
             )
         generation = self.generation + 1
         path = self.directory / state_file(generation)
+        owner_planes, owner_bits = self._owner_planes(supernet.owners)
         tensors = {f"shared.{n}": layer.weight for n, layer in supernet.layers.items()}
-        tensors |= {f"owner.{n}": planes for n, planes in supernet.owners.packed().items()}
+        tensors |= {f"owner.{n}": planes for n, planes in owner_planes.items()}
         tensors |= _rng_tensors(generator)
         train_doc = None
         if training is not None:
             optim_tensors, optim_scalars = _split_optimizer(training.optimizer or {})
-            tensors |= _training_tensors(supernet) | optim_tensors
+            tensors |= self._training_tensors(supernet) | optim_tensors
             strategy_state = training.strategy  # tensors (SupSup's scores) go to the file
             strategy_tensors = {k: v for k, v in strategy_state.items() if isinstance(v, Tensor)}
             tensors |= {f"strategy.{k}": v for k, v in strategy_tensors.items()}
@@ -250,7 +276,7 @@ class CheckpointWriter:
                 "optimizer_scalars": optim_scalars,
                 "strategy": {k: v for k, v in strategy_state.items() if k not in strategy_tensors},
             }
-        _save_tensors(path, tensors)
+        state_entry = _save_tensors(path, tensors)
         manifest = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -262,8 +288,8 @@ class CheckpointWriter:
             "dense_flops": supernet.dense_flops,
             "total_weights": supernet.total_weights,
             "tasks": tasks,
-            "state": {**file_entry(path), "generation": generation},
-            "owner_bits": supernet.owners.bits,
+            "state": {**state_entry, "generation": generation},
+            "owner_bits": owner_bits,
             "training": train_doc,
             "grad_scaler": grad_scaler,
             **(extra or {}),
@@ -272,6 +298,30 @@ class CheckpointWriter:
         write_json_atomic(self.directory / MANIFEST, manifest)
         fsync_dir(self.directory)
         self.tasks, self.generation = tasks, generation
+
+    def _owner_planes(self, owners: Ownership) -> tuple[dict[str, Tensor], int]:
+        """The owner ids as bit-planes and their bit count (:meth:`Ownership.packed`), packed
+        anew only when an id changed (a commit) since the last save: every save of a task in
+        training writes the same ones."""
+        key = _versions(owners.ids)
+        if self._owners is None or not _same(self._owners[0], key):
+            self._owners = (key, owners.packed(), owners.bits)
+        return self._owners[1], self._owners[2]
+
+    def _training_tensors(self, supernet: Supernet) -> dict[str, Tensor]:
+        """The working sub-network of the task in training: bit-packed weight masks (packed
+        anew only where a mask changed since the last save: a prune event), unit masks, task
+        state."""
+        out = {}
+        for n, layer in supernet.layers.items():
+            key = _versions({n: layer.weight_mask})
+            known = self._masks.get(n)
+            if known is None or not _same(known[0], key):
+                known = self._masks[n] = (key, pack_bits(layer.weight_mask.bool().cpu()))
+            out[f"train.mask.{n}"] = known[1]
+        out |= {f"train.units.{g}": a.cpu() for g, a in supernet.unit_masks().items()}
+        out |= {f"train.state.{k}": v for k, v in supernet.task_state().items()}
+        return out
 
     def _clean(self, keep: set[str]) -> None:
         """Delete checkpoint files (ours only, by pattern) that the manifest does not name."""
@@ -297,11 +347,20 @@ def _task_tensors(mask: TaskMask, row: list[float] | None) -> dict[str, Tensor]:
     return out
 
 
-def _training_tensors(supernet: Supernet) -> dict[str, Tensor]:
-    out = {f"train.mask.{n}": pack_bits(m.cpu()) for n, m in supernet.weight_masks().items()}
-    out |= {f"train.units.{g}": a.cpu() for g, a in supernet.unit_masks().items()}
-    out |= {f"train.state.{k}": v for k, v in supernet.task_state().items()}
-    return out
+#: a tensor as the caches of :class:`CheckpointWriter` know it: the tensor itself, its version
+#: counter (every in-place change) and where its memory is (a ``.data`` replaced)
+_Version = tuple[Tensor, int, int]
+
+
+def _versions(tensors: dict[str, Tensor]) -> list[_Version]:
+    return [(t, t._version, t.data_ptr()) for t in tensors.values()]
+
+
+def _same(a: list[_Version], b: list[_Version]) -> bool:
+    """Whether two :func:`_versions` lists name the same, unchanged tensors."""
+    return len(a) == len(b) and all(
+        x[0] is y[0] and x[1:] == y[1:] for x, y in zip(a, b, strict=True)
+    )
 
 
 def _split_optimizer(
