@@ -26,6 +26,64 @@ def new_weight_target(progress: float, start: int, budget: int) -> int:
     return budget + math.floor((1.0 - progress) * (start - budget))
 
 
+#: magnitudes sampled to bracket the selection threshold (see :func:`largest_free`); layers
+#: with fewer than four times as many free weights are searched whole
+_SAMPLE = 1 << 13
+
+
+def largest_free(magnitude: Tensor, free: Tensor, n: int) -> tuple[Tensor, Tensor | None]:
+    """The ``n`` largest entries of ``magnitude`` (non-negative, no NaN) where ``free``: a
+    boolean mask of exactly ``min(n, free entries)`` entries, and the smallest kept
+    magnitude (None when none is kept).
+
+    The kept entries are every free entry above the threshold, the ``n``-th largest free
+    magnitude, and of those equal to it the first in row-major (flattened) order, as many as
+    the count allows. The threshold is found without sorting the layer: a fixed-seed sample
+    of the layer brackets it, the bracket is checked by counting the whole layer, and only
+    the values inside it are searched (all free values when the bracket misses: the result
+    never depends on the sample, only the time it takes).
+    """
+    magnitude, free = magnitude.contiguous(), free.contiguous()
+    available = int(free.count_nonzero())
+    n = min(n, available)
+    if n <= 0:
+        return torch.zeros_like(free), None
+    if n == available:
+        return free.clone(), magnitude.masked_select(free).min()
+    threshold = _nth_largest(magnitude.view(-1), free.view(-1), n, available)
+    keep = (magnitude >= threshold) & free
+    surplus = int(keep.count_nonzero()) - n
+    if surplus > 0:
+        # ties at the threshold beyond the count: the last of them by position are dropped
+        tied = ((magnitude == threshold) & free).view(-1).nonzero().view(-1)
+        keep.view(-1)[tied[tied.numel() - surplus :]] = False
+    return keep, threshold
+
+
+def _nth_largest(magnitude: Tensor, free: Tensor, n: int, available: int) -> Tensor:
+    """The ``n``-th largest of the ``available`` entries of ``magnitude`` where ``free``
+    (both flat), ``0 < n < available``."""
+    rank = available - n + 1  # from the smallest, 1-based
+    if available >= 4 * _SAMPLE:
+        device = magnitude.device
+        generator = torch.Generator(device=device).manual_seed(0)
+        picks = torch.randint(magnitude.numel(), (_SAMPLE,), generator=generator, device=device)
+        sample = magnitude[picks].masked_select(free[picks]).sort().values
+        size = sample.numel()
+        # the threshold's place in the sorted sample, give or take four standard deviations
+        share = (rank - 1) / available
+        margin = 4.0 * math.sqrt(size * share * (1.0 - share)) + 2.0
+        low, high = math.floor(share * size - margin), math.ceil(share * size + margin)
+        lo = sample[low] if 0 <= low < size else magnitude.new_tensor(0.0)
+        hi = sample[high] if 0 <= high < size else magnitude.new_tensor(torch.inf)
+        above, from_lo = (magnitude > hi) & free, (magnitude >= lo) & free
+        n_above, n_from_lo = torch.stack([above.count_nonzero(), from_lo.count_nonzero()]).tolist()
+        if n_above < n <= n_from_lo:
+            band = magnitude.masked_select(from_lo & ~above)
+            return band.kthvalue(band.numel() - (n - n_above) + 1).values
+    return magnitude.masked_select(free).kthvalue(rank).values
+
+
 def select_weights(
     weight: Tensor,
     candidates: Tensor,
@@ -35,27 +93,20 @@ def select_weights(
 ) -> Tensor:
     """Magnitude-based weight mask of one layer.
 
-    Keeps the ``n_new`` largest free weights among ``candidates``. Frozen candidates are all
+    Keeps the ``n_new`` largest free weights among ``candidates`` (see :func:`largest_free`:
+    exactly that many, ties at the threshold broken by position; a NaN weight ranks above
+    every number, as in ``torch.sort``). Frozen candidates are all
     kept with ``reuse="all"`` (PackNet); with ``reuse="magnitude"`` the frozen and free weights
     compete on one magnitude threshold, the smallest magnitude among the kept free weights,
     so that a task keeps only the frozen weights at least as large as its own new ones.
     """
-    magnitude = weight.detach().abs()
-    free = candidates & ~frozen
-    n_new = min(n_new, int(free.sum()))
-    scores = torch.where(free, magnitude, -torch.inf).flatten()
-    keep = torch.zeros_like(scores, dtype=torch.bool)
-    threshold: Tensor | float = -torch.inf
-    if n_new > 0:
-        top = torch.topk(scores, n_new, sorted=False)
-        keep[top.indices] = True
-        threshold = top.values.min()
-    keep = keep.view_as(weight)
-    reused = candidates & frozen
-    if reuse == "magnitude":
-        reused &= magnitude >= threshold
-    elif reuse != "all":
+    if reuse not in REUSE_POLICIES:
         raise ValueError(f"unknown reuse policy {reuse!r}; choose 'all' or 'magnitude'")
+    magnitude = weight.detach().abs().nan_to_num_(nan=torch.inf, posinf=torch.inf)
+    keep, threshold = largest_free(magnitude, candidates & ~frozen, n_new)
+    reused = candidates & frozen
+    if reuse == "magnitude" and threshold is not None:
+        reused &= magnitude >= threshold
     return keep | reused
 
 

@@ -86,15 +86,29 @@ class MaskedLayer(nn.Module):
         state: dict[str, Any] = super().__getstate__()
         return state | dict.fromkeys(self.TRANSIENT)
 
-    def note_mask(self) -> None:
+    def note_mask(self, binary: bool = False) -> None:
         """Record whether ``weight_mask`` is all ones (one host read, at a mask change, never
         in a step): while that very tensor is unchanged since (same object, same version
         counter, which every in-place write bumps), :meth:`masked_weight` is the weight
-        itself, with no product to compute and none to differentiate."""
+        itself, with no product to compute and none to differentiate.
+
+        ``binary``: the caller knows the mask holds only zeros and ones (it copied a boolean
+        mask in, or zeroed entries of a mask noted binary), so that only whether it is all
+        ones is read, in one cheaper pass.
+        """
         mask = self.weight_mask
-        self._ones = (mask, mask._version) if bool(mask.all()) else None
-        binary = self._ones is not None or bool(((mask == 0) | (mask == 1)).all())
+        if not binary:
+            binary = bool(((mask == 0) | (mask == 1)).all())
+        ones = binary and int(mask.bool().count_nonzero()) == mask.numel()
+        self._ones = (mask, mask._version) if ones else None
         self._binary = (mask, mask._version) if binary else None
+
+    def mask_is_binary(self) -> bool:
+        """Whether ``weight_mask`` is known to hold only zeros and ones (see :meth:`note_mask`):
+        a mask swapped or written since reads as not known."""
+        known = self.__dict__.get("_binary")
+        mask = self.weight_mask
+        return known is not None and known[0] is mask and known[1] == mask._version
 
     def mask_is_ones(self) -> bool:
         """Whether ``weight_mask`` is known to be all ones (see :meth:`note_mask`); a mask

@@ -158,23 +158,46 @@ class Supernet(nn.Module):
 
     def structural_mask(self, name: str) -> Tensor:
         """Weights of layer ``name`` whose input and output units are both alive."""
-        layer = self.layers[name]
-        w = layer.weight
-        mask = torch.ones(w.shape[:2], dtype=torch.bool, device=w.device)
+        w = self.layers[name].weight
+        keep = self._structure(self.layers[name], self._dead_units())
+        return torch.ones_like(w, dtype=torch.bool) if keep is None else keep.expand_as(w)
+
+    def _dead_units(self) -> dict[str, Tensor]:
+        """The alive vector of every unit group and union that has a dead unit."""
         units = with_unions(
             {g: mods[0].unit_mask.bool() for g, mods in self.groups.items()}, self.unions
         )
-        if layer.out_units:
-            mask &= expand_units(units[layer.out_units], layer.out_unit_size).view(-1, 1)
-        if layer.in_units:
-            mask &= expand_units(units[layer.in_units], layer.in_unit_size).view(1, -1)
-        return mask.view(*w.shape[:2], *([1] * (w.dim() - 2))).expand_as(w)
+        return {g: alive for g, alive in units.items() if not bool(alive.all())}
+
+    @staticmethod
+    def _structure(layer: MaskedLayer, dead: dict[str, Tensor]) -> Tensor | None:
+        """Weights of ``layer`` whose input and output units are both alive, as a boolean
+        tensor broadcast to the weight's shape, or None where all are (``dead``: see
+        :meth:`_dead_units`)."""
+        w = layer.weight
+        trailing = [1] * (w.dim() - 2)
+        keep: Tensor | None = None
+        if layer.out_units in dead:
+            keep = expand_units(dead[layer.out_units], layer.out_unit_size).view(-1, 1, *trailing)
+        if layer.in_units in dead:
+            cols = expand_units(dead[layer.in_units], layer.in_unit_size).view(1, -1, *trailing)
+            keep = cols if keep is None else keep & cols
+        return None if keep is None else keep.to(w.device)
+
+    @staticmethod
+    def _restrict(layer: MaskedLayer, keep: Tensor | None) -> None:
+        """Zero ``layer``'s weight mask outside ``keep`` (None: nothing) and note it; a mask
+        noted binary stays binary, so its values need no check."""
+        binary = layer.mask_is_binary()
+        if keep is not None:
+            layer.weight_mask.masked_fill_(~keep, 0.0)
+        layer.note_mask(binary)
 
     @torch.no_grad()
     def _apply_structure(self) -> None:
-        for name, layer in self.layers.items():
-            layer.weight_mask.mul_(self.structural_mask(name))
-        self.note_masks()
+        dead = self._dead_units()
+        for layer in self.layers.values():
+            self._restrict(layer, self._structure(layer, dead))
 
     def note_masks(self) -> None:
         """Let every layer record whether its weight mask is all ones (see
@@ -190,11 +213,23 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def set_weight_masks(self, masks: dict[str, Tensor]) -> None:
-        """Set weight masks (restricted to alive units)."""
-        for name, mask in masks.items():
-            layer = self.layers[name]
-            layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-        self._apply_structure()
+        """Set weight masks (restricted to alive units). A boolean mask is restricted before
+        it is copied in, and noted as binary without a read of its values."""
+        unknown = masks.keys() - self.layers.keys()
+        if unknown:
+            raise KeyError(f"no masked layer named {sorted(unknown)}")
+        dead = self._dead_units()
+        for name, layer in self.layers.items():
+            keep = self._structure(layer, dead)
+            mask = masks.get(name)
+            if mask is not None and mask.dtype == torch.bool:
+                mask = mask.to(layer.weight_mask.device)
+                layer.weight_mask.copy_(mask if keep is None else mask & keep)
+                layer.note_mask(binary=True)
+                continue
+            if mask is not None:
+                layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
+            self._restrict(layer, keep)
 
     # -------------------------------------------------------------- counting
     def alive_counts(self, units: dict[str, Tensor] | None = None) -> dict[str, int]:
@@ -281,7 +316,7 @@ class Supernet(nn.Module):
                 unit.unit_mask.fill_(1.0)
         for layer in self.layers.values():
             layer.weight_mask.fill_(1.0)
-        self.note_masks()
+            layer.note_mask(binary=True)
         self.active_task = None
         self.in_training = True
         self._n_classes = n_classes
