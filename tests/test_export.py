@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
+import espn.export.slim as slim_module
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark
@@ -109,6 +110,30 @@ def test_slim_copy_equals_supernet_and_counts_analytic_flops(kind):
         assert alive < sum(sn.group_sizes.values())
         n_slim = sum(p.numel() for p in slim.parameters())
         assert n_slim < sum(p.numel() for p in plain.parameters())
+
+
+@pytest.mark.parametrize("kind", ["fc1024", "fc-multihead"])
+def test_an_mlp_is_cut_layer_by_layer_as_the_dependency_graph_cuts_it(kind, monkeypatch):
+    """An MLP's slim copy is cut by espn's own slicing (no Torch-Pruning): the same modules,
+    widths and parameters, bit for bit, as Torch-Pruning's dependency graph gives."""
+    sn, x = build(kind)
+    assert slim_module.cut_directly(sn)
+    for t in range(len(sn.masks)):
+        direct = slim_copy(sn, t, x[:2])
+        with monkeypatch.context() as mp:
+            mp.setattr(slim_module, "cut_directly", lambda supernet: False)
+            graph = slim_copy(sn, t, x[:2])
+        a, b = direct.state_dict(), graph.state_dict()
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        kinds = [[(n, type(m).__name__) for n, m in c.named_modules()] for c in (direct, graph)]
+        assert kinds[0] == kinds[1]
+        with torch.no_grad():
+            assert torch.equal(direct(x), graph(x))
+
+
+def test_a_model_with_convolutions_or_a_residual_stream_needs_the_dependency_graph():
+    assert not slim_module.cut_directly(build("tinyres")[0])
 
 
 def test_residual_channels_are_removed_together():

@@ -78,3 +78,23 @@ def test_cli_help_and_list_load_no_heavy_library() -> None:
         "assert codes == [0, 0, 0], codes\n"
     )
     assert _loaded_after(code) == []
+
+
+def test_an_mlp_slim_copy_loads_no_heavy_library() -> None:
+    """The slim copy of an MLP (every accuracy row of an FC run evaluates through one) is cut
+    by espn's own slicing, without Torch-Pruning and what it imports."""
+    code = (
+        "import torch\n"
+        "from espn.export.slim import slim_copy\n"
+        "from espn.models.fc import FCNet\n"
+        "from espn.supernet import Supernet\n"
+        "x = torch.randn(4, 1, 8, 8)\n"
+        "sn = Supernet(FCNet(64, [16, 8], 3, multi_head=True), x[:2])\n"
+        "sn.begin_task(3)\n"
+        "sn.set_unit_masks({g: torch.arange(n) % 2 == 0 for g, n in sn.group_sizes.items()})\n"
+        "sn.commit_task()\n"
+        "slim = slim_copy(sn, 0, x[:2])\n"
+        "widths = [m.out_features for m in slim.modules() if isinstance(m, torch.nn.Linear)]\n"
+        "assert widths == [8, 4, 3], widths\n"
+    )
+    assert _loaded_after(code) == []

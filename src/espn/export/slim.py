@@ -25,9 +25,10 @@ from torch import Tensor, fx, nn
 
 from espn.export.slim_streams import slim_streams, stream_members
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import param
+from espn.layers.base import alive_features, param
 from espn.supernet.layers import (
     MaskedLayer,
+    MaskedLinear,
     TaskBias,
     TaskHead,
     TaskSpecific,
@@ -215,6 +216,65 @@ def finish(gm: fx.GraphModule, kind: str) -> fx.GraphModule:
     return gm.eval()
 
 
+#: the espn modules of a model whose slim copy is cut layer by layer (:func:`slim_directly`):
+#: fully-connected layers, heads, gates and task biases, whose alive rows and columns are
+#: named by their unit groups
+DIRECT_MODULES = (MaskedLinear, TaskHead, UnitGate, TaskBias)
+
+
+def cut_directly(supernet: Supernet) -> bool:
+    """Whether :func:`slim_copy` cuts ``supernet`` layer by layer, without Torch-Pruning's
+    dependency graph: every module holding tensors is one of :data:`DIRECT_MODULES` and no
+    unit groups are joined (an MLP such as FC1024; a residual stream pruned per layer, a
+    BatchNorm or a convolution need the graph)."""
+    if supernet.unions:
+        return False
+    for m in supernet.model.modules():
+        own = (
+            next(m.parameters(recurse=False), None) is not None
+            or next(m.buffers(recurse=False), None) is not None
+        )
+        if own and not isinstance(m, DIRECT_MODULES):
+            return False
+    return True
+
+
+def gate_affine(m: UnitGate, units: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """A gate's per-feature scale and shift, at its alive features."""
+    scale, shift = m.feature_affine()
+    keep = alive_features(units, m.group, m.unit_size, scale.numel()).to(scale.device)
+    return scale[keep], None if shift is None else shift[keep]
+
+
+def slim_directly(
+    supernet: Supernet,
+    task: int,
+    tracer: fx.Tracer | None = None,
+    cut: Callable[[fx.GraphModule, dict[str, Tensor]], None] | None = None,
+) -> fx.GraphModule:
+    """Task ``task``'s slim copy built layer by layer: each espn module becomes the plain
+    module its adapter's ``slim`` makes of it (the rows and columns of alive units only),
+    each gate is folded, at its alive features, into the layer before it; ``cut`` then
+    slims what the graph holds beside modules (a transformer's bare parameters)."""
+    _use_task(supernet, task)
+    units = {g: a.bool() for g, a in supernet.masks[task].units.items()}
+    for group, alive in units.items():
+        if not bool(alive.any()):
+            raise ExportError(f"task {task}: unit group {group!r} has no alive unit")
+    model = supernet.model
+    gm = _trace(model, tracer)
+    modules = dict(model.named_modules())
+
+    def slim(m: nn.Module) -> nn.Module | None:
+        adapter = exported_adapter(m)
+        return None if adapter is None else adapter.slim(m, units)
+
+    swap_and_fold(gm, modules, slim, lambda m: gate_affine(m, units))
+    if cut is not None:
+        cut(gm, units)
+    return finish(gm, "slim")
+
+
 def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphModule:
     """:func:`plain_copy` with task ``task``'s dead units physically removed.
 
@@ -222,11 +282,18 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     dependency graph removes the matching inputs of the layers consuming it, the BatchNorm
     channels and biases, and the channels of every layer coupled to it through a residual add.
     ``example_input`` is a batch of model inputs (any batch size) used to trace dependencies.
+    A transformer, and a model :func:`cut_directly` names (an MLP), need no dependency graph:
+    their copy is cut layer by layer (:func:`slim_directly`), which does not import
+    Torch-Pruning (with timm, wandb and torchvision: seconds).
     """
     from espn.export.slim_tokens import slim_tokens_copy, uses_tokens  # it imports this module
 
     if uses_tokens(supernet):
         return slim_tokens_copy(supernet, task)
+    if cut_directly(supernet):
+        gm = slim_directly(supernet, task)
+        _check_widths(supernet, gm, {g: a.bool() for g, a in supernet.masks[task].units.items()})
+        return gm
     gm = plain_copy(supernet, task)
     units = supernet.masks[task].units
     device = next(gm.parameters()).device

@@ -16,11 +16,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, fx, nn
 
-from espn.export.slim import ExportError, _trace, finish, swap_and_fold
-from espn.layers import exported_adapter
+from espn.export.slim import slim_directly
 from espn.layers.base import alive_features, param
 from espn.layers.parameters import TaskParameters
-from espn.supernet.layers import MaskedLayer, TaskSpecific, UnitGate
+from espn.supernet.layers import MaskedLayer, TaskSpecific
 from espn.supernet.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
 
@@ -43,13 +42,6 @@ class _TokenTracer(fx.Tracer):
         return isinstance(m, MaskedLayer | TaskSpecific) or super().is_leaf_module(
             m, module_qualified_name
         )
-
-
-def _gate_affine(m: UnitGate, units: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
-    """A gate's per-feature scale and shift, at its alive features."""
-    scale, shift = m.feature_affine()
-    keep = alive_features(units, m.group, m.unit_size, scale.numel()).to(scale.device)
-    return scale[keep], None if shift is None else shift[keep]
 
 
 @torch.no_grad()
@@ -83,21 +75,7 @@ def _cut_last(gm: fx.GraphModule, target: str, units: dict[str, Tensor], group: 
 def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:
     """Task ``task``'s sub-network of a transformer supernet with dead units removed
     (see the module docstring), in eval mode."""
-    if not 0 <= task < len(supernet.masks):
-        raise ExportError(f"task {task} is not learned (tasks 0..{len(supernet.masks) - 1})")
-    supernet.use_task(task)
-    units = {g: a.bool() for g, a in supernet.masks[task].units.items()}
-    for group, alive in units.items():
-        if not bool(alive.any()):
-            raise ExportError(f"task {task}: unit group {group!r} has no alive unit")
     model = supernet.model
-    gm = _trace(model, _TokenTracer())
-    modules = dict(model.named_modules())
-
-    def slim(m: nn.Module) -> nn.Module | None:
-        adapter = exported_adapter(m)
-        return None if adapter is None else adapter.slim(m, units)
-
-    swap_and_fold(gm, modules, slim, lambda m: _gate_affine(m, units))
-    _slim_tokens(gm, model, units)
-    return finish(gm, "slim")
+    return slim_directly(
+        supernet, task, _TokenTracer(), lambda gm, units: _slim_tokens(gm, model, units)
+    )
