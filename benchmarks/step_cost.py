@@ -17,9 +17,13 @@ checks that the plain network computes what the supernet computes at initialisat
 same network, the same weights).
 
 The pre-train, prune and fine-tune columns train the masked supernet (``slim_training``
-off); the ``slim finetune`` column trains a second run's fine-tuning on the physically slimmed
-copy of the task's sub-network (``slim_training`` on, the default of ``espn run``; a method
-that does not train slim shows the masked step there), timed against the plain loop alike.
+off); the ``slim prune`` and ``slim finetune`` columns time a second run's pruning and
+fine-tuning with ``slim_training`` on (the default of ``espn run``): between prune events a
+physically slimmed copy of the task's sub-network trains once its dead units make it pay
+(see ``espn.training.slim_step.slim_prune_pays``: at ``--steps`` per epoch and the run's
+prune events per epoch), and the fine-tuning trains one throughout (a method that does not
+train slim shows the masked step there); both are timed against the plain loop alike, the
+copies' building and writing back counted in the steps' time.
 
     python benchmarks/step_cost.py --threads 1                       # all models, espn and packnet
     python benchmarks/step_cost.py --models fc1024 --methods espn,packnet,individual --steps 20
@@ -225,9 +229,8 @@ def measure(
     name: str, method: str, args: argparse.Namespace, device: str, slim: bool = False
 ) -> tuple[list[str], Timings]:
     """Train task 1 of ``method`` on model ``name`` with the plain loop interleaved, through
-    the masked supernet; with ``slim``, time its fine-tuning alone, on the slim copy (one
-    untimed epoch of pre-training and pruning before it: the sub-network's size is set by
-    gamma, not by the epochs)."""
+    the masked supernet; with ``slim``, time its pruning and fine-tuning alone, on slim
+    copies where they pay (one untimed epoch of pre-training before them)."""
     setting = SETTINGS[name]
     batch = args.batch or setting.batch
     spec = ModelSpec(setting.shape, 10, setting.multi_head, stream_pruning="per-conv")
@@ -239,7 +242,7 @@ def measure(
     plain_opt = build_optimizer(setting.optim, list(plain.parameters()))
     epochs = args.repeats + 1
     # no warm-up: it would take pre-training's first epoch (espn's MNIST recipe has one)
-    plan = (1, 1, epochs) if slim else (epochs, epochs, epochs)
+    plan = (1, epochs, epochs) if slim else (epochs, epochs, epochs)
     strategy = create_method(method, epochs=plan, warmup=0)
     engine = Engine(supernet, strategy, setting.optim, batch, seed=0, slim_training=slim)
     engine.train_task(synthetic_task("task 0", setting, batch, 1, device), 0)
@@ -260,7 +263,7 @@ def measure(
     strategy.prune_step = timed_prune_step  # type: ignore[method-assign]
 
     def after_epoch(phase: str, epoch: int) -> None:
-        if slim and phase != "finetune":  # not timed: the phases before the slim one
+        if slim and phase not in ("prune", "finetune"):  # not timed: the phases before
             mark[0] = CLOCK[0]()
             return
         espn_ms = 1e3 * (CLOCK[0]() - mark[0]) / args.steps
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         "--no-slim",
         dest="slim",
         action="store_false",
-        help="leave out the 'slim finetune' column (fine-tuning on the slim copy)",
+        help="leave out the 'slim prune' and 'slim finetune' columns (slim copies)",
     )
     parser.add_argument(
         "--clock",
@@ -318,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         header
         + "".join(f" {p:>17}" for p in ("pretrain", "prune", "finetune"))
-        + f" {'slim finetune':>17} {'event ms':>9}  other phases"
+        + f" {'slim prune':>17} {'slim finetune':>17} {'event ms':>9}  other phases"
     )
     for name in args.models.split(","):
         for method in args.methods.split(","):
@@ -333,7 +336,8 @@ def main(argv: list[str] | None = None) -> None:
             ]
             extra = "".join(f"  {p}: {cell(timings.row(p)).strip()}" for p in others)
             slim = measure(name, method, args, device, slim=True)[1] if args.slim else None
-            main_cells += f" {cell(None if slim is None else slim.row('finetune'))}"
+            for p in ("prune", "finetune"):
+                main_cells += f" {cell(None if slim is None else slim.row(p))}"
             batch = args.batch or SETTINGS[name].batch
             label = LABELS.get(method, method)
             event = statistics.median(timings.events) if timings.events else float("nan")

@@ -18,8 +18,9 @@ from espn.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.registry import ModelSpec
 from espn.models.resnet import BasicBlock, ResNet
+from espn.pruning.pruner import gate_magnitude
 from espn.supernet import Supernet
-from espn.supernet.layers import with_unions
+from espn.supernet.layers import UnitModule, with_unions
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from helpers.arch import fingerprint
@@ -30,19 +31,40 @@ from helpers.tokens import tiny_vit
 ATOL = 1e-5
 
 
+@pytest.fixture(autouse=True)
+def copies_at_every_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny task has one or two steps between prune events, where a copy would not pay
+    for itself (see ``slim_prune_pays``): these tests take one after every event that kills
+    units, to check that it trains what the masked supernet trains."""
+    monkeypatch.setattr(slim_module, "SLIM_REBUILD_STEPS", 0.0)
+
+
 class SlimSpy:
-    """Counts the slim phases the engine built (and the ones it fell back from)."""
+    """Records the slim copies the engine built (True) and the ones it fell back from
+    (False), per phase (``built``: all of them in order; ``phase(name)``: one phase's)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.built: list[bool] = []
+        self.phases: list[str] = []
         real = slim_module.SlimPhase.build.__func__  # type: ignore[attr-defined]
+        real_phase = Engine._slim_phase
+        now = [""]
 
         def build(cls, *args, **kwargs):
             phase = real(cls, *args, **kwargs)
             self.built.append(phase is not None)
+            self.phases.append(now[0])
             return phase
 
+        def slim_phase(engine, phases, p, *args):
+            now[0] = phases[p].name
+            return real_phase(engine, phases, p, *args)
+
         monkeypatch.setattr(slim_module.SlimPhase, "build", classmethod(build))
+        monkeypatch.setattr(Engine, "_slim_phase", slim_phase)
+
+    def phase(self, name: str) -> list[bool]:
+        return [b for b, p in zip(self.built, self.phases, strict=True) if p == name]
 
 
 def model(kind: str) -> torch.nn.Module:
@@ -116,7 +138,7 @@ def test_slim_fine_tuning_equals_masked_fine_tuning(monkeypatch, method, kind):
     masked, seq, _, _ = two_tasks(kind, method, optim, slim=False)
     spy = SlimSpy(monkeypatch)
     slim, _, _, _ = two_tasks(kind, method, optim, slim=True)
-    assert spy.built == [True], "the fine-tuning phase trained a slim copy"
+    assert spy.phase("finetune") == [True], "the fine-tuning phase trained a slim copy"
     assert_same_task(masked, slim)
     for t, task in enumerate(seq.tasks):
         assert task_accuracy(slim, task, t) == task_accuracy(masked, task, t)
@@ -130,7 +152,9 @@ def test_a_method_that_keeps_every_unit_fine_tunes_masked(monkeypatch):
     assert spy.built == []
     masked, _, _, _ = two_tasks("fc", "espn", OPTIMIZERS[0], slim=False, gamma=1.0)
     slim, _, _, _ = two_tasks("fc", "espn", OPTIMIZERS[0], slim=True, gamma=1.0)
-    assert spy.built == [False]  # the copy was built, kept nothing narrower, and dropped
+    # the fine-tuning copy was built, kept nothing narrower, and dropped; no prune phase
+    # prunes units, so none trains a copy
+    assert spy.built == [False] and spy.phases == ["finetune"]
     assert_same_task(masked, slim)
 
 
@@ -140,7 +164,7 @@ def test_momentum_and_weight_decay_train_the_same_weights(monkeypatch, optim):
     masked, _, _, _ = two_tasks("fc", "espn", optim, slim=False)
     spy = SlimSpy(monkeypatch)
     slim, _, _, _ = two_tasks("fc", "espn", optim, slim=True)
-    assert spy.built == [True]
+    assert spy.phase("finetune") == [True] and all(spy.phase("prune"))
     assert_same_task(masked, slim)
 
 
@@ -148,8 +172,9 @@ def test_momentum_and_weight_decay_train_the_same_weights(monkeypatch, optim):
 def test_frozen_weights_bit_identical_after_every_epoch_of_a_slim_phase(monkeypatch, kind):
     optim = OptimConfig("rmsprop", lr=1e-3, momentum=0.5, weight_decay=1e-2)
     spy = SlimSpy(monkeypatch)
-    sn, _, seen, before = two_tasks(kind, "espn", optim, slim=True, epochs=(1, 1, 3))
-    assert spy.built == [True] and len(seen) == 5
+    sn, _, seen, before = two_tasks(kind, "espn", optim, slim=True, epochs=(1, 2, 3))
+    assert spy.phase("finetune") == [True] and len(seen) == 6
+    assert len(spy.phase("prune")) > 1 and all(spy.phase("prune"))
     for epoch in seen:
         for name in sn.layers:
             frozen = sn.masks[0].weight_mask(name)  # task 0's weights: frozen in task 1
@@ -159,30 +184,34 @@ def test_frozen_weights_bit_identical_after_every_epoch_of_a_slim_phase(monkeypa
 
 
 def test_slim_copy_holds_alive_units_only():
-    """The copy trains the widths the export builds (a model without residual unions)."""
+    """Every copy, in the prune phase after each event and in the fine-tuning, trains the
+    widths the export builds (a model without residual unions) of the units alive then."""
     seq = tiny_sequence(1)
     torch.manual_seed(0)
     sn = Supernet(make_model("fc"), seq.tasks[0].train.x[:2])
     strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.3, epochs=(1, 1, 1)))
     engine = Engine(sn, strategy, OPTIMIZERS[0], 16, seed=0)
-    widths: list[dict[str, tuple[int, ...]]] = []
+    widths: list[tuple[dict[str, int], dict[str, tuple[int, ...]]]] = []
     real = slim_module.SlimPhase.__init__
 
     def record(self, *args, **kwargs):
         real(self, *args, **kwargs)
-        widths.append({n: tuple(m.weight.shape) for n, m in self.net.layers.items()})
+        shapes = {n: tuple(m.weight.shape) for n, m in self.net.layers.items()}
+        widths.append((sn.alive_counts(), shapes))
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(slim_module.SlimPhase, "__init__", record)
         engine.train_task(seq.tasks[0], 0)
-    alive = sn.alive_counts()
-    assert len(widths) == 1
-    for name, shape in widths[0].items():
-        layer = sn.layers[name]
-        rows = alive[layer.out_units] if layer.out_units else layer.weight.shape[0]
-        cols = alive[layer.in_units] if layer.in_units else layer.weight.shape[1]
-        assert shape[:2] == (rows, cols), name
-    assert sum(alive.values()) < sum(sn.group_sizes.values())
+    assert sn.alive_counts() == widths[-1][0], "the fine-tuning copy has the final units"
+    assert len(widths) == 4, "three prune-phase copies (events at steps 0, 1, 2) and one"
+    assert len({tuple(alive.values()) for alive, _ in widths[:3]}) == 3, "each one narrower"
+    for alive, shapes in widths:
+        for name, shape in shapes.items():
+            layer = sn.layers[name]
+            rows = alive[layer.out_units] if layer.out_units else layer.weight.shape[0]
+            cols = alive[layer.in_units] if layer.in_units else layer.weight.shape[1]
+            assert shape[:2] == (rows, cols), name
+    assert sum(widths[-1][0].values()) < sum(sn.group_sizes.values())
 
 
 def test_no_slim_training_trains_the_masked_supernet(monkeypatch):
@@ -262,7 +291,7 @@ def test_killed_inside_a_slim_phase_resumes_exactly(
     options = run_options(tmp_path / "reference", epochs=(1, 1, 2))
     spy = SlimSpy(monkeypatch)
     run_experiment(make_config(**options), progress=False)
-    assert spy.built == [True, True, True]
+    assert spy.phase("finetune") == [True, True, True]
     cfg = make_config(**(options | {"out": tmp_path / "run"}))
     with monkeypatch.context() as mp:
         kill_at_step(mp, 30)
@@ -287,7 +316,8 @@ def test_a_model_the_copy_cannot_slice_fine_tunes_masked(monkeypatch):
         spy = SlimSpy(monkeypatch)
         engine = Engine(sn, strategy, OPTIMIZERS[0], 16, seed=0, slim_training=slim)
         engine.train_task(seq.tasks[0], 0)
-        assert spy.built == ([False] if slim else [])
+        # refused (before a copy is built) at every prune event and in the fine-tuning
+        assert spy.built == ([False] * 4 if slim else [])
         results.append({n: layer.weight.detach().clone() for n, layer in sn.layers.items()})
     assert all(torch.equal(results[0][n], results[1][n]) for n in results[0])
     with pytest.raises(slim_module.SlimUnsupported, match="not sliced"):
@@ -303,3 +333,238 @@ def test_dropout_keeps_the_masked_supernet():
     sn = espn.wrap(net, seq.tasks[0].train.x[:2])
     with pytest.raises(slim_module.SlimUnsupported, match="draws random masks"):
         slim_module.SlimNet(sn)
+
+
+# ------------------------------------------------------------------ the prune phase, slim
+
+
+def pruning_state(sn: Supernet) -> dict[str, torch.Tensor]:
+    """What the prune phase trains and decides: unit and weight masks, the weights in the
+    masks, and every gate/BatchNorm tensor (saliencies, shifts, statistics) on alive entries."""
+    state: dict[str, torch.Tensor] = {}
+    for name, layer in sn.layers.items():
+        mask = layer.weight_mask.bool()
+        state[f"{name}.mask"] = mask.clone()
+        state[f"{name}.weight"] = layer.weight.detach()[mask].clone()
+    for name, m in sn.task_modules.items():
+        if isinstance(m, UnitModule):
+            alive = m.entry_mask().bool()
+            state[f"{name}.units"] = m.unit_mask.bool().clone()
+            for key, value in list(m.named_parameters()) + list(m.named_buffers()):
+                if value.dim() == 1 and value.numel() == alive.numel():
+                    state[f"{name}.{key}"] = value.detach()[alive].clone()
+    return state
+
+
+class EventRecorder:
+    """Wraps a strategy's prune events: records what each decides from (every unit group's
+    saliencies, every layer's free weights in the mask) and what it decided (its units and
+    weight masks after the event)."""
+
+    def __init__(self, strategy) -> None:
+        self.before: list[dict[str, torch.Tensor]] = []
+        self.after: list[dict[str, torch.Tensor]] = []
+        real = strategy.prune_step
+
+        def prune_step(sn: Supernet, progress: float) -> None:
+            scores = {f"{g}.saliency": s for g, s in gate_magnitude(sn).items()}
+            alive = sn.unit_masks()
+            for g in scores.copy():
+                scores[g] = scores[g][alive[g.rsplit(".", 1)[0]]]
+            for name, layer in sn.layers.items():
+                free = layer.weight_mask.bool() & ~layer.frozen
+                scores[name] = layer.weight.detach().abs().where(free, torch.nan).clone()
+            self.before.append(scores)
+            real(sn, progress)
+            decided = {g: a.clone() for g, a in sn.unit_masks().items()}
+            decided |= {n: m.clone() for n, m in sn.weight_masks().items()}
+            # the weights ranked: those of units alive after the event (the units go first)
+            decided |= {f"{n}.ranked": sn.structural_mask(n).clone() for n in sn.layers}
+            self.after.append(decided)
+
+        strategy.prune_step = prune_step
+
+
+def margin(
+    scores: torch.Tensor, decided: torch.Tensor | None, ranked: torch.Tensor | None
+) -> float:
+    """How far a decision is from flipping: for unit saliencies (``decided`` None), the
+    smallest gap between two of them (any order change may change the units kept); for a
+    layer's free weights among the ``ranked`` ones (in units alive after the event), the gap
+    between the smallest kept and the largest dropped."""
+    if decided is None or ranked is None:
+        s = scores.sort().values
+        return float((s[1:] - s[:-1]).min()) if s.numel() > 1 else float("inf")
+    free = ~scores.isnan() & ranked
+    kept, dropped = scores[free & decided], scores[free & ~decided]
+    if kept.numel() == 0 or dropped.numel() == 0:
+        return float("inf")
+    return float(kept.min() - dropped.max())
+
+
+def prune_phase_run(kind: str, optim: OptimConfig, slim: bool, seed: int = 0):
+    """ESPN's task 1 (task 0 learned masked) with a prune phase of 2 epochs (6 steps, 8
+    events); the state at each of its epoch ends, and its prune events."""
+    seq = tiny_sequence(2, seed=seed)
+    torch.manual_seed(seed)
+    sn = Supernet(model(kind), seq.tasks[0].train.x[:2])
+    strategy = METHODS.get("espn")(MethodConfig(gamma=0.3, alpha=0.3, epochs=(1, 2, 0)))
+    engine = Engine(sn, strategy, optim, 16, seed=0, slim_training=False)
+    engine.train_task(seq.tasks[0], 0)
+    engine.slim_training = slim
+    events = EventRecorder(strategy)
+    states: list[dict[str, torch.Tensor]] = []
+
+    def record(phase: str, epoch: int) -> None:
+        if phase == "prune":
+            states.append(pruning_state(sn))
+
+    engine.train_task(seq.tasks[1], 1, on_epoch_end=record)
+    return sn, states, events
+
+
+@pytest.mark.parametrize(
+    "kind,optim",
+    [
+        ("fc", OPTIMIZERS[0]),
+        ("fc", OPTIMIZERS[1]),
+        ("conv", OPTIMIZERS[2]),
+        ("resnet", OPTIMIZERS[0]),
+    ],
+    ids=["fc-adam", "fc-rmsprop", "conv-sgd", "resnet-adam"],
+)
+def test_slim_prune_phase_equals_masked_prune_phase(monkeypatch, kind, optim):
+    """Between prune events the slim prune phase trains a copy (saliencies, penalty, clamps,
+    masked-L2 term) and reaches what the masked one reaches: the same units and weight
+    masks at every event, and the same weights, saliencies and statistics at every epoch end.
+
+    A decision could flip where two scores it ranks are closer than the rounding between
+    the runs: the test measures both, the scores of each event in both runs (equal within
+    ``eps``) and the masked run's margins (more than 2 ``eps``), so that on this data no
+    decision can flip; a seed where that fails would have to be replaced, not tolerated."""
+    masked, masked_states, masked_events = prune_phase_run(kind, optim, slim=False)
+    spy = SlimSpy(monkeypatch)
+    slim, slim_states, slim_events = prune_phase_run(kind, optim, slim=True)
+    assert len(spy.phase("prune")) >= 5 and all(spy.phase("prune")), "copies between events"
+    assert len(masked_events.before) == len(slim_events.before) == 8
+    for want, got, decided in zip(
+        masked_events.before, slim_events.before, masked_events.after, strict=True
+    ):
+        for key, scores in want.items():
+            eps = float((got[key] - scores).nan_to_num().abs().max()) if scores.numel() else 0.0
+            assert eps <= ATOL, key
+            kept, ranked = decided.get(key), decided.get(f"{key}.ranked")
+            assert eps == 0.0 or margin(scores, kept, ranked) > 2 * eps, f"{key} could flip"
+    for want, got in zip(masked_events.after, slim_events.after, strict=True):
+        assert all(torch.equal(want[k], got[k]) for k in want)
+    assert len(masked_states) == len(slim_states) == 2
+    for want, got in zip(masked_states, slim_states, strict=True):
+        assert want.keys() == got.keys()
+        for key, value in want.items():
+            if value.dtype == torch.bool:
+                assert torch.equal(got[key], value), key
+            else:
+                torch.testing.assert_close(got[key], value, atol=ATOL, rtol=0, msg=key)
+    assert_same_task(masked, slim)
+
+
+@pytest.mark.parametrize("kind", ["fc", "resnet"])
+@pytest.mark.parametrize("pruner", ["flop-aware", "polarization"])
+def test_a_copy_gets_the_supernets_penalty_and_l2_term(kind, pruner):
+    """After a prune event: the copy lists the unit groups and their modules in the
+    supernet's order (the penalty's lambda tensor is per module, in that order), its penalty,
+    masked-L2 term and mask count equal the supernet's, and so do the saliencies' gradients
+    and, after the pruner's clamps, the saliencies (on alive units)."""
+    seq = tiny_sequence(1)
+    torch.manual_seed(0)
+    sn = Supernet(model(kind), seq.tasks[0].train.x[:2])
+    cfg = MethodConfig(gamma=0.3, alpha=0.3, epochs=(1, 1, 1), method_options={"pruner": pruner})
+    strategy = METHODS.get("espn")(cfg)
+    engine = Engine(sn, strategy, OPTIMIZERS[0], 16, seed=0)
+    sn.begin_task(3)
+    strategy.begin_task(sn)
+    with torch.no_grad():  # saliencies apart from one another, some above the clamp's 1
+        for mods in sn.groups.values():
+            for m in mods:
+                m.weight.copy_(torch.rand(m.weight.shape) * 1.5 - 0.25)
+    strategy.prune_step(sn, 0.5)
+    optimizer = engine.build_optimizer()
+    copy = slim_module.SlimPhase(sn, engine.optim, engine._trainable(), optimizer).net
+    assert [(g, [type(m) for m in mods]) for g, mods in copy.groups.items()] == [
+        (g, [type(m) for m in mods]) for g, mods in sn.groups.items()
+    ]
+    layers = [layer for layer in sn.layers.values() if layer.out_units is not None]
+    mine = [copy.layers[n] for n, layer in sn.layers.items() if layer.out_units is not None]
+    assert int(sum(m.mask_count() for m in mine)) == int(sum(m.mask_count() for m in layers))
+    assert sum(m.weight.numel() for m in mine) < sum(m.weight.numel() for m in layers)
+    for net in (sn, copy):
+        (strategy.penalty(net) + strategy.weight_penalty(net)).backward()
+    for name, mods in sn.groups.items():
+        for full, part in zip(mods, copy.groups[name], strict=True):
+            alive = full.entry_mask().bool()
+            torch.testing.assert_close(part.weight.grad, full.weight.grad[alive], atol=ATOL, rtol=0)
+    torch.testing.assert_close(strategy.penalty(copy), strategy.penalty(sn), atol=ATOL, rtol=0)
+    l2 = strategy.weight_penalty(copy), strategy.weight_penalty(sn)
+    torch.testing.assert_close(*l2, atol=ATOL, rtol=0)
+    for net in (sn, copy):
+        strategy.after_step(net)
+    for name, mods in sn.groups.items():
+        for full, part in zip(mods, copy.groups[name], strict=True):
+            torch.testing.assert_close(part.weight, full.weight[full.entry_mask().bool()])
+
+
+def test_killed_inside_a_slim_prune_phase_resumes_exactly(
+    tmp_path, monkeypatch, fake_mnist, fc_test_model
+):
+    """The size rule at 850 reference images makes every phase 7 steps (passes of 4 and 3):
+    the prune phase's events come after its steps 1, 3, 5 and 7, so its first epoch ends
+    after 1 step of a copy built at step 3, and checkpoints that copy's work mid-way. Step
+    34 of the run is task 1's sixth prune step, inside the second epoch of the slim prune
+    phase; the resumed run slices the same copy again and ends as the uninterrupted one."""
+    options = run_options(tmp_path / "reference", epochs=(1, 1, 1), reference_size=850)
+    spy = SlimSpy(monkeypatch)
+    run_experiment(make_config(**options), progress=False)
+    assert spy.phase("prune") == [True] * 9 and spy.phase("finetune") == [True] * 3
+    cfg = make_config(**(options | {"out": tmp_path / "run"}))
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 34)
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    position = json.loads((tmp_path / "run/checkpoint/manifest.json").read_text())["training"]
+    at = position["position"]
+    assert position["task"] == 1 and at["phase"] == 1  # pretrain, then prune
+    assert (at["epoch"], at["step"], at["prunes_done"]) == (1, 4, 2)  # a copy since step 3
+    run_experiment(cfg, progress=False, resume=True)
+    assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
+
+
+def test_a_prune_phase_copy_is_built_where_it_pays(monkeypatch):
+    """Without the tests' override: after each prune event the copy is built only where the
+    steps to the next event times the FLOPs share of the dead units reach one rebuild
+    (``SLIM_REBUILD_STEPS``); with 24 prune steps and 4 events (every 6 steps) at gamma 0.5
+    the first event's units (about 0.86 of the FLOPs) do not pay, the later ones do."""
+    monkeypatch.setattr(slim_module, "SLIM_REBUILD_STEPS", 1.0)
+    import espn.training.engine as engine_module
+
+    decided: list[tuple[int, float, bool]] = []
+    real = engine_module.slim_prune_pays
+
+    def pays(sn: Supernet, steps: int) -> bool:
+        answer = real(sn, steps)
+        decided.append((steps, sn.flops() / sn.dense_flops, answer))
+        return answer
+
+    monkeypatch.setattr(engine_module, "slim_prune_pays", pays)
+    seq = tiny_sequence(1)
+    torch.manual_seed(0)
+    sn = Supernet(make_model("fc"), seq.tasks[0].train.x[:2])
+    strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.3, epochs=(1, 1, 1)))
+    engine = Engine(sn, strategy, OPTIMIZERS[0], 16, seed=0, reference_size=16 * 24)
+    spy = SlimSpy(monkeypatch)
+    engine.train_task(seq.tasks[0], 0)
+    # the phase start (no unit dead) and the three events before the phase's end
+    assert [steps for steps, _, _ in decided] == [6, 6, 6, 6]
+    assert decided[0][1] == 1.0 and not decided[0][2]
+    assert [answer for _, _, answer in decided] == [s * (1 - f) >= 1 for s, f, _ in decided]
+    assert [answer for _, _, answer in decided[1:]] == [False, True, True]
+    assert spy.phase("prune") == [True, True] and spy.phase("finetune") == [True]

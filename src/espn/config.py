@@ -244,8 +244,8 @@ class RunConfig(BaseModel):
     )
     slim_training: bool = Field(
         default("slim_training"),
-        description="Fine-tune each task on a physically slimmed copy of its sub-network "
-        "(alive units only) and evaluate learned tasks through cached slim copies, where that "
+        description="Fine-tune each task (and prune it between prune events, once units are "
+        "dead) on a physically slimmed copy of its sub-network (alive units only) and evaluate learned tasks through cached slim copies, where that "
         "is exact (docs/performance.md); --no-slim-training: the masked supernet for both.",
     )
     recipe: str | None = Field(

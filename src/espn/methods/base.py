@@ -230,6 +230,14 @@ class Strategy(ABC):
         saliencies until pruning ends)."""
         return False
 
+    @property
+    def prunes_slim(self) -> bool:
+        """Whether a prune phase may train a slim copy between prune events (see
+        :mod:`espn.training.slim_step`): the method's penalty and :meth:`after_step` read
+        only the ``groups`` and ``layers`` of the network they are given, each module's
+        alive entries alone, and its prune events change only the supernet."""
+        return False
+
     @abstractmethod
     def phases(self) -> list[Phase]:
         """The phases every task goes through, in order."""

@@ -94,6 +94,11 @@ class ESPN(Strategy):
     def prunes_units(self) -> bool:
         return self.cfg.gamma < 1.0
 
+    @property
+    def prunes_slim(self) -> bool:
+        """Where units are pruned, by a pruner whose penalty a slim copy computes exactly."""
+        return self.prunes_units and self.pruner.regulariser.slim_exact
+
     def phases(self) -> list[Phase]:
         """Warm-up, pre-training and gradual pruning (both with the penalty, as the authors),
         then fine-tuning."""

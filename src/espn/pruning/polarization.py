@@ -26,6 +26,8 @@ class Polarization(Regulariser):
     group well above it. After every optimizer step the saliencies are clamped to [0, 1].
     """
 
+    slim_exact = True
+
     def __init__(self, strength: float, t: float = POLARIZATION_T) -> None:
         super().__init__(strength)
         self.t = t

@@ -8,7 +8,7 @@ and on a ResNet, and the three pruners are compared at the same strength.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -71,6 +71,12 @@ def masked_weight_l2(supernet: Supernet) -> Tensor:
 class Regulariser(ABC):
     """A penalty added to the task loss while pruning; ``refresh`` follows the sub-network."""
 
+    #: whether the penalty and :meth:`after_step` read only ``supernet.groups`` (each
+    #: module's saliencies, a dead unit's zero or masked out) and the state :meth:`refresh`
+    #: set: a slim copy of the working sub-network then gets the same penalty and gradients
+    #: (its groups hold the alive entries, in the supernet's order of groups and modules)
+    slim_exact: ClassVar[bool] = False
+
     def __init__(self, strength: float) -> None:
         self.strength = strength
 
@@ -97,6 +103,8 @@ class WeightedL1(Regulariser):
     ``lambdas`` are the effective weights the loss uses: ``strength * w_l / n`` with ``n`` the
     alive saliencies and ``w_l`` the regulariser's relative weight of group ``l``.
     """
+
+    slim_exact = True
 
     def __init__(self, strength: float) -> None:
         super().__init__(strength)

@@ -28,7 +28,7 @@ from espn.training.optim import (
     cosine_factor,
     step_factor,
 )
-from espn.training.slim_step import SlimPhase, slim_phase_applies
+from espn.training.slim_step import SlimPhase, slim_phase_applies, slim_prune_pays
 
 
 class TrainingStopped(EspnError, RuntimeError):
@@ -117,6 +117,13 @@ def prune_points(n_iters: int, n_updates: int) -> list[int]:
     if n_updates <= 0:
         return []
     return [max(0, (k * n_iters) // n_updates) for k in range(1, n_updates + 1)]
+
+
+def stretch(points: list[int], done: int, n_iters: int) -> int:
+    """Optimizer steps from the last of the ``done`` prune steps of a phase (or its start) to
+    the next (or its end, at ``n_iters``): the same wherever a run resumes inside it."""
+    start = points[done - 1] if done else 0
+    return (points[done] if done < len(points) else n_iters) - start
 
 
 class Engine:
@@ -242,7 +249,7 @@ class Engine:
                 strategy.prune_step(sn, done / len(points))
             if phase.free_only and first == 0 and n_epochs > 0:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
-            slim = self._slim_phase(phases, p, optimizer)
+            slim = self._slim_phase(phases, p, optimizer, stretch(points, done, n_iters))
             opt, grd, net = (optimizer, guard, None) if slim is None else slim.parts()
             for epoch in range(first, n_epochs):
                 if hooks is not None:
@@ -260,9 +267,15 @@ class Engine:
                         hooks.on_step_end(
                             self.owner, StepEnd(index, phase.name, before[p] + step, loss_value, lr)
                         )
-                    while done < len(points) and points[done] == step:
-                        done += 1
-                        strategy.prune_step(sn, done / len(points))
+                    if done < len(points) and points[done] == step:
+                        if slim is not None:  # the events prune the supernet: bring it up to date
+                            slim.write_back(optimizer)
+                        while done < len(points) and points[done] == step:
+                            done += 1
+                            strategy.prune_step(sn, done / len(points))
+                        more = stretch(points, done, n_iters) if step < n_iters else 0
+                        slim = self._slim_phase(phases, p, optimizer, more) if more else None
+                        opt, grd, net = (optimizer, guard, None) if slim is None else slim.parts()
                 if not bool(finite):  # before the epoch is checkpointed: the last good one stays
                     if hooks is not None:
                         hooks.on_train_end(self.owner, index)
@@ -325,12 +338,18 @@ class Engine:
         return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
 
     def _slim_phase(
-        self, phases: list[Phase], p: int, optimizer: TaskOptimizer
+        self, phases: list[Phase], p: int, optimizer: TaskOptimizer, steps: int = 0
     ) -> SlimPhase | None:
         """Phase ``p`` trained on a slimmed copy of the working sub-network, where the run
-        allows it (``slim_training``), the phase's units are fixed and the copy is exact and
+        allows it (``slim_training``), the phase's units are fixed (in a prune phase: for
+        the ``steps`` until its next prune event, where the copy pays for itself, and not
+        compiled, which would compile again for every copy) and the copy is exact and
         narrower (see :mod:`espn.training.slim_step`); None: the masked supernet trains."""
         if not (self.slim_training and slim_phase_applies(self.strategy, phases, p)):
+            return None
+        if phases[p].prune_updates > 0 and (
+            self.compiler is not None or not slim_prune_pays(self.supernet, steps)
+        ):
             return None
         return SlimPhase.build(self.supernet, self.optim, self._trainable(), optimizer)
 

@@ -1,12 +1,16 @@
 """Training a task's sub-network at its own cost: a physically slimmed copy of it.
 
-Once a task's units are fixed (its fine-tuning phase, after the last prune event), the masked
-supernet still computes every dead unit as a zero. :class:`SlimNet` is a copy of the model
-holding the task's alive units only (the widths the export builds), which the engine's step
-trains instead; its free weights, task state (BatchNorm, head) and optimizer state are written
-back into the supernet (:meth:`SlimPhase.write_back`) at every epoch end, before the epoch is
-checkpointed, so a run resumed from that checkpoint rebuilds the same copy and continues
-exactly. Frozen weights are never written back, so zero forgetting stays exact.
+Once a task's units are fixed (its fine-tuning phase, after the last prune event; in its
+prune phase, from one prune event to the next), the masked supernet still computes every
+dead unit as a zero. :class:`SlimNet` is a copy of the model holding the task's alive units
+only (the widths the export builds), which the engine's step trains instead; its free
+weights, task state (BatchNorm, head, the gates trained as saliencies) and optimizer state
+are written back into the supernet (:meth:`SlimPhase.write_back`) at every epoch end, before
+the epoch is checkpointed, and before every prune event, which then prunes the supernet as
+it does without a copy; after the event a new copy of the narrower sub-network is built
+where it pays (:func:`slim_prune_pays`). A run resumed from a checkpoint rebuilds the same
+copy and continues exactly. Frozen weights are never written back, so zero forgetting stays
+exact.
 
 Inside the copy, a weight that the task may not change (owned by an earlier task, or outside
 the task's weight mask) is guarded as the supernet guards its frozen weights
@@ -69,16 +73,36 @@ class SlimUnsupported(EspnError, ValueError):
 def slim_phase_applies(strategy: Strategy, phases: list[Phase], p: int) -> bool:
     """Whether phase ``p`` may train a slim copy: the method declares that its weights train
     through the default forward, loss and masked-L2 term (:attr:`Strategy.trains_slim`), the
-    phase has no prune event, no unit penalty and no free-only forward, and an earlier phase
-    of the task pruned (the task's units and weights are then fixed: its fine-tuning)."""
+    phase has no free-only forward, and either
+
+    * it has no prune event and no unit penalty, and an earlier phase of the task pruned (the
+      task's units and weights are then fixed: its fine-tuning), or
+    * it prunes units and the method declares that its penalty and saliency clamps compute on
+      a copy what they compute on the supernet (:attr:`Strategy.prunes_slim`): a copy then
+      trains between two prune events, once one has killed units (see :func:`slim_prune_pays`).
+    """
     phase = phases[p]
-    return (
-        strategy.trains_slim
-        and phase.prune_updates == 0
-        and not phase.regularise
-        and not phase.free_only
-        and any(q.prune_updates > 0 for q in phases[:p])
-    )
+    if not strategy.trains_slim or phase.free_only:
+        return False
+    if phase.prune_updates > 0:
+        return strategy.prunes_slim
+    return not phase.regularise and any(q.prune_updates > 0 for q in phases[:p])
+
+
+#: what building a slim copy and writing it back costs, in masked optimizer steps of the
+#: prune phase (measured on FC1024 at batch 256, one CPU thread: 0.5 to 1.3 steps; a copy
+#: of a convolutional net costs a smaller part of its step; docs/performance.md)
+SLIM_REBUILD_STEPS = 1.0
+
+
+def slim_prune_pays(supernet: Supernet, steps: int) -> bool:
+    """Whether a prune phase trains a slim copy for the ``steps`` optimizer steps between two
+    prune events: the steps it saves, each about the share of FLOPs the dead units take
+    (``1 - flops / dense_flops``), at least pay for the copy (:data:`SLIM_REBUILD_STEPS`). Read
+    from the supernet's unit masks and the events' spacing alone, so that a resumed run
+    decides as the run it continues."""
+    saved = 1.0 - supernet.flops() / supernet.dense_flops
+    return saved > 0 and steps * saved >= SLIM_REBUILD_STEPS
 
 
 def slice_units(supernet: Supernet) -> dict[str, Tensor]:
@@ -128,6 +152,14 @@ def put(full: Tensor, index: tuple[Tensor | None, ...], value: Tensor) -> None:
     if all(i is None for i in index):
         full.copy_(value)
         return
+    at = [(dim, i) for dim, i in enumerate(index) if i is not None]
+    if len(at) == 1:  # one indexed dimension: rows (or columns) copied in place
+        full.index_copy_(at[0][0], at[0][1].to(full.device), value)
+        return
+    if len(index) == 2:  # the kept rows with their kept columns, then the rows
+        rows, cols = (i.to(full.device) for i in index if i is not None)
+        full.index_copy_(0, rows, full.index_select(0, rows).index_copy_(1, cols, value))
+        return
     grids = []
     for dim, i in enumerate(index):
         i = torch.arange(full.shape[dim], device=full.device) if i is None else i.to(full.device)
@@ -147,6 +179,32 @@ class _Scatter:
         return out.new_zeros(shape).index_copy(1, self.places.to(out.device), out)
 
 
+def refusal(name: str, m: nn.Module) -> str | None:
+    """Why a slim copy cannot hold module ``m`` (named ``name``) exactly, whatever units are
+    alive (None: it can): a masked or task module of a type it does not slice, a dropout
+    (its random mask has the width of its input: a narrower copy draws other masks), or
+    another module holding tensors of its own."""
+    if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
+        return f"module {name!r} ({type(m).__name__}) is not sliced"
+    if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+        return f"module {name!r} ({type(m).__name__}) draws random masks"
+    own = next(m.parameters(recurse=False), None) is not None or (
+        next(m.buffers(recurse=False), None) is not None
+    )
+    if own and not isinstance(m, MaskedLayer | UnitModule | TaskHead | TaskBias):
+        return f"module {name!r} ({type(m).__name__}) holds its own tensors"
+    return None
+
+
+def slim_refusal(model: nn.Module) -> str | None:
+    """Why no slim copy of ``model`` can be exact (None: one may be, depending on its alive
+    units): checked before a copy is built, so that a prune phase of a model the copy cannot
+    hold pays no copy at its prune events."""
+    return next(
+        (why for name, m in model.named_modules() if (why := refusal(name, m)) is not None), None
+    )
+
+
 class SlimNet(nn.Module):
     """The working sub-network of a supernet with its dead units removed, ready to train.
 
@@ -162,7 +220,14 @@ class SlimNet(nn.Module):
         #: groups writing into a residual stream pruned per conv: their layers keep their own
         #: alive units, scattered into the stream's width after their gate/BatchNorm
         self.own = {g: alive[g] for members in supernet.unions.values() for g in members}
-        self.model = copy.deepcopy(supernet.model)
+        # the masked layers' full-size tensors are not copied: each is sliced from the
+        # supernet's below (a copy built at every prune event pays for no full-size copy)
+        shared = {
+            id(t): t
+            for layer in supernet.layers.values()
+            for t in (layer.weight, layer.weight_mask, layer.frozen)
+        }
+        self.model = copy.deepcopy(supernet.model, memo=shared)
         #: per slimmed tensor's name (as in the supernet's model): kept indices per dimension
         self.index: dict[str, tuple[Tensor | None, ...]] = {}
         #: per slim masked layer's name: the weights the task trains (free and in its mask)
@@ -173,14 +238,17 @@ class SlimNet(nn.Module):
         self.in_training = True
         for name, m in self.model.named_modules():
             self._slice(name, m, kept)
+        # a penalty weighs each gate/BatchNorm by its place in ``groups`` (WeightedL1's
+        # lambda tensor): the copy's must list the supernet's groups and modules in its order
+        if [(g, len(m)) for g, m in self.groups.items()] != [
+            (g, len(m)) for g, m in supernet.groups.items()
+        ]:
+            raise SlimUnsupported("the copy's unit groups are not the supernet's, in its order")
 
     def _slice(self, name: str, m: nn.Module, kept: dict[str, Tensor]) -> None:
-        own = list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
-        if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
-            raise SlimUnsupported(f"module {name!r} ({type(m).__name__}) is not sliced")
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            # its random mask has the width of its input: a narrower copy draws other masks
-            raise SlimUnsupported(f"module {name!r} ({type(m).__name__}) draws random masks")
+        why = refusal(name, m)
+        if why is not None:
+            raise SlimUnsupported(why)
         if type(m) in (MaskedLinear, MaskedConv2d):
             assert isinstance(m, MaskedLinear | MaskedConv2d)
             self._slice_layer(name, m, kept)
@@ -190,13 +258,22 @@ class SlimNet(nn.Module):
             cols = _indices(kept, m.in_units, m.in_unit_size, m.in_features)
             self._cut(name, m, "weight", (None, cols))
             m.in_features = m.weight.shape[1]
-        elif own and not isinstance(m, TaskBias):
-            raise SlimUnsupported(f"module {name!r} ({type(m).__name__}) holds its own tensors")
 
-    def _cut(self, name: str, m: nn.Module, key: str, index: tuple[Tensor | None, ...]) -> None:
-        """Replace ``m``'s tensor ``key`` by its slice ``index``, recording where it came from."""
+    def _cut(
+        self,
+        name: str,
+        m: nn.Module,
+        key: str,
+        index: tuple[Tensor | None, ...],
+        part: Tensor | None = None,
+    ) -> None:
+        """Replace ``m``'s tensor ``key`` by its slice ``index`` (or by ``part``, computed
+        from it), a tensor of its own, recording where it came from."""
         full = getattr(m, key)
-        part = take(full.detach(), index).clone()
+        if part is None:
+            part = take(full.detach(), index)
+        if part is full or part._base is full:
+            part = part.clone()
         if isinstance(full, nn.Parameter):
             setattr(m, key, nn.Parameter(part, requires_grad=full.requires_grad))
         else:
@@ -211,12 +288,13 @@ class SlimNet(nn.Module):
         rows = _indices(out_side, m.out_units, m.out_unit_size, w.shape[0])
         cols = _indices(kept, m.in_units, m.in_unit_size, w.shape[1])
         index = (rows, cols)
-        trains = take(m.weight_mask.bool() & ~m.frozen, index)
-        with torch.no_grad():
-            m.weight.copy_(m.masked_weight())  # zero outside the mask, as the copy trains it
-        for key in ("weight", "weight_mask", "frozen"):
-            self._cut(name, m, key, index)
-        m.frozen = ~trains  # what the guard keeps: frozen, or outside the mask
+        # the copy's tensors are still the supernet's (see __init__): sliced, never written
+        mask, frozen = take(m.weight_mask, index), take(m.frozen, index)
+        trains = mask.bool() & ~frozen
+        weight = take(m.weight.detach(), index) * mask  # zero outside the mask, as it trains
+        self._cut(name, m, "weight", index, weight)
+        self._cut(name, m, "weight_mask", index, mask)
+        self._cut(name, m, "frozen", index, ~trains)  # what the guard keeps
         self.trains[name] = trains
         if isinstance(m, MaskedConv2d):
             if m.groups != 1:
@@ -340,6 +418,8 @@ class SlimPhase:
         optimizer: TaskOptimizer,
     ) -> SlimPhase | None:
         """The slim phase, or None where a copy would not be exact or computes no less."""
+        if slim_refusal(supernet.model) is not None:
+            return None
         try:
             phase = cls(supernet, config, trainable, optimizer)
         except SlimUnsupported:
@@ -385,20 +465,23 @@ class SlimPhase:
         for name, buffer in self.net.model.named_buffers():
             if not name.endswith(_FIXED_BUFFERS):  # statistics: BatchNorm's running ones
                 put(named[name], self.net.index.get(name, ()), buffer)
-        state = optimizer.state_dict()
-        for i, values in self.optimizer.state_dict().items():
-            index, trains = self._where(self.names[i])
-            full = self.full[i]
-            merged = dict(state.get(i, {}))
+        # the optimizer state, into the task optimizer's own tensors (the copy's optimizer is
+        # the weights' one: see __init__)
+        assert optimizer.weights is not None and self.optimizer.weights is not None
+        live, mine = optimizer.weights.state, self.optimizer.weights.state
+        for full, part, name in zip(self.full, self.slim, self.names, strict=True):
+            values = mine.get(part)
+            if not values:
+                continue
+            index, trains = self._where(name)
+            target = live[full]
             for key, value in values.items():
-                if isinstance(value, Tensor) and value.shape == self.slim[i].shape:
-                    target = merged.get(key)
-                    target = torch.zeros_like(full) if target is None else target.clone()
+                if isinstance(value, Tensor) and value.shape == part.shape:
+                    into = target.get(key)
+                    if into is None:
+                        into = target[key] = torch.zeros_like(full)
                     if trains is not None:
-                        value = torch.where(trains, value, take(target, index))
-                    put(target, index, value)
-                    merged[key] = target
+                        value = torch.where(trains, value, take(into, index))
+                    put(into, index, value)
                 else:
-                    merged[key] = value.clone() if isinstance(value, Tensor) else value
-            state[i] = merged
-        optimizer.load_state_dict(state)
+                    target[key] = value.clone() if isinstance(value, Tensor) else value
