@@ -520,7 +520,9 @@ def test_killed_inside_a_slim_prune_phase_resumes_exactly(
     the prune phase's events come after its steps 1, 3, 5 and 7, so its first epoch ends
     after 1 step of a copy built at step 3, and checkpoints that copy's work mid-way. Step
     34 of the run is task 1's sixth prune step, inside the second epoch of the slim prune
-    phase; the resumed run slices the same copy again and ends as the uninterrupted one."""
+    phase; the resumed run slices the same copy again and ends as the uninterrupted one
+    (every pass is checkpointed, with no minimum time between checkpoints)."""
+    monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 0.0)
     options = run_options(tmp_path / "reference", epochs=(1, 1, 1), reference_size=850)
     spy = SlimSpy(monkeypatch)
     run_experiment(make_config(**options), progress=False)
