@@ -203,3 +203,16 @@ def test_compile_step_benchmark_runs_on_the_device() -> None:
     )
     rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
     assert [r[2] for r in rows] == ["pretrain", "prune", "finetune"]
+
+
+def test_weight_selection_on_the_device() -> None:
+    """A prune event's selection on the device (a layer large enough for the sampled bracket,
+    with ties) keeps exactly the weights it keeps on the CPU, and the reference's."""
+    from espn.pruning.weights import largest_free
+    from test_weight_selection import reference, weights
+
+    w = weights((256, 300), 5, seed=0).abs()
+    free = torch.rand(w.shape, generator=torch.Generator().manual_seed(1)) < 0.9
+    for n in (1, 20000, 60000):
+        on_device, _ = largest_free(w.to(DEVICE), free.to(DEVICE), n)
+        assert torch.equal(on_device.cpu(), reference(w, free, n))
