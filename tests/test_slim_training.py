@@ -303,6 +303,32 @@ def test_killed_inside_a_slim_phase_resumes_exactly(
     assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
 
 
+def test_a_slim_copy_is_written_back_only_where_the_supernet_is_read(
+    tmp_path, monkeypatch, fake_mnist, fc_test_model
+):
+    """Inside a slim phase the supernet is brought up to date where an epoch is checkpointed,
+    before a prune event and at the phase's end, not at every epoch's end: a run
+    checkpointing only phase ends writes back less often and ends bit for bit as one
+    checkpointing (so writing back) every epoch."""
+    calls: list[int] = []
+    real = slim_module.SlimPhase.write_back
+
+    def write_back(self, optimizer):
+        calls[-1] += 1
+        return real(self, optimizer)
+
+    monkeypatch.setattr(slim_module.SlimPhase, "write_back", write_back)
+    runs = []
+    for seconds in (0.0, 1e9):
+        monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", seconds)
+        calls.append(0)
+        out = tmp_path / f"every-{seconds}"
+        run_experiment(make_config(**run_options(out, epochs=(1, 1, 4))), progress=False)
+        runs.append(fingerprint(out))
+    assert runs[0] == runs[1]
+    assert calls[1] < calls[0]
+
+
 def test_a_model_the_copy_cannot_slice_fine_tunes_masked(monkeypatch):
     """A ViT's token gates and task LayerNorms are not sliced: its fine-tuning falls back to
     the masked supernet, and trains as it does with slim_training off."""

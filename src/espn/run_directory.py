@@ -291,9 +291,11 @@ class RunDirectory(Callback):
         stands after this pass (``event.position``), at the passes :func:`checkpoint_due`
         names."""
         ckpt = self._ckpt()
-        if event.position is None or self.strategy is None:
+        if self.strategy is None:
             return
         if not checkpoint_due(event.epoch, event.n_epochs, time.monotonic() - self.saved_at):
+            return  # its position is not read: a slim copy's write-back waits
+        if event.position is None:
             return
         self._refresh()
         extra = self.extra() | {"wall_time_s": self.elapsed()}

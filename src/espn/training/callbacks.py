@@ -9,8 +9,9 @@ loggers read it only every few steps.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from torch import Tensor
@@ -52,10 +53,9 @@ class StepEnd:
 @dataclass(frozen=True)
 class EpochEnd:
     """After one pass over a task's training data (``epoch`` from 0 of ``n_epochs`` in
-    ``phase``), with the task's optimizer steps and training seconds so far; ``position``:
-    where the task stands now, enough to continue it exactly (a
-    :class:`~espn.training.engine.TaskProgress` with the optimizer's state; what the run
-    directory checkpoints)."""
+    ``phase``), with the task's optimizer steps and training seconds so far. Its
+    :attr:`position` (what the run directory checkpoints) is made by ``locate`` when first
+    read."""
 
     task: int
     phase: str
@@ -64,7 +64,16 @@ class EpochEnd:
     step: int
     loss: float
     seconds: float
-    position: Any = None
+    locate: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def position(self) -> Any:
+        """Where the task stands now, enough to continue it exactly (a
+        :class:`~espn.training.engine.TaskProgress` with the optimizer's state; None: not
+        known). Reading it first brings the supernet up to date with a slim copy that trains
+        the task (see :mod:`espn.training.slim_step`): until then, inside a phase, the
+        supernet holds the copy's training as of the last checkpoint or prune event."""
+        return None if self.locate is None else self.locate()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -124,6 +125,17 @@ def stretch(points: list[int], done: int, n_iters: int) -> int:
     the next (or its end, at ``n_iters``): the same wherever a run resumes inside it."""
     start = points[done - 1] if done else 0
     return (points[done] if done < len(points) else n_iters) - start
+
+
+def _position(
+    here: TaskProgress, optimizer: TaskOptimizer, behind: SlimPhase | None
+) -> TaskProgress:
+    """Where a task stands after an epoch (``here``) with the optimizer's state: an epoch's
+    :attr:`EpochEnd.position`, made when a callback reads it; ``behind``: the slim copy whose
+    training the supernet does not hold yet (a write-back only a checkpoint needs)."""
+    if behind is not None:
+        behind.write_back(optimizer)
+    return replace(here, optimizer=optimizer.state_dict())
 
 
 class Engine:
@@ -285,10 +297,14 @@ class Engine:
                         f"(last {float(loss_value):g}); training diverged, so it stopped "
                         f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
                     )
-                if slim is not None:  # the supernet holds every epoch's end (checkpoints)
-                    slim.write_back(optimizer)
                 epochs_done += 1
                 last = epoch + 1 == n_epochs
+                # the supernet holds what a slim copy trained at the phase's end, at every
+                # epoch's end for ``on_epoch_end`` (it reads the supernet), and where a
+                # callback reads the epoch's position (the run directory, to checkpoint it)
+                if slim is not None and (last or on_epoch_end is not None):
+                    slim.write_back(optimizer)
+                behind = None if last or on_epoch_end is not None else slim
                 if phase.free_only and last:  # back to the whole network
                     sn.set_weight_masks(
                         {n: torch.ones_like(m) for n, m in sn.weight_masks().items()}
@@ -302,8 +318,7 @@ class Engine:
                     if last:
                         here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
                     seconds = time.perf_counter() - start
-                    state = optimizer.state_dict()
-                    position = replace(here, optimizer=state, phases_run=list(ran), seconds=seconds)
+                    here = replace(here, phases_run=list(ran), seconds=seconds)
                     hooks.on_epoch_end(
                         self.owner,
                         EpochEnd(
@@ -314,7 +329,7 @@ class Engine:
                             before[p] + step,
                             float(loss_value),
                             seconds,
-                            position,
+                            partial(_position, here, optimizer, behind),
                         ),
                     )
             if n_epochs == 0:
