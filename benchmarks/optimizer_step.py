@@ -1,7 +1,8 @@
 """Cost of one optimizer step: torch's default implementation against espn's fused kernels.
 
 espn's :func:`~espn.training.optim.build_optimizer` asks torch for its fused SGD and Adam on
-the CPU and CUDA (torch has no fused RMSprop, so that one is torch's default on both sides).
+the CPU and CUDA (torch has no fused RMSprop: espn's is torch's step with no slow square root of zeros,
+:class:`~espn.training.optim.LeanRMSprop`).
 On a CPU, torch's default for SGD and Adam loops over the tensors with several passes each;
 at CPG's batch of 32 such a step costs about as much as the forward and backward pass it
 follows. This script steps both implementations from the same weights and gradients, checks
@@ -39,7 +40,8 @@ TOLERANCE = 1e-5
 def torch_default(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optimizer:
     """The same optimizer as :func:`build_optimizer`, with torch's default implementation."""
     optimizer = build_optimizer(cfg, params)
-    kind = type(optimizer)
+    # torch's own class (espn's LeanRMSprop subclasses torch's RMSprop)
+    kind = next(c for c in type(optimizer).__mro__ if c.__module__.startswith("torch.optim"))
     defaults = {k: v for k, v in optimizer.defaults.items() if k not in ("fused", "foreach")}
     return kind(params, **defaults)
 

@@ -213,6 +213,17 @@ def plain_epoch(
     return 1e3 * (CLOCK[0]() - start) / steps
 
 
+def plain_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optimizer:
+    """The plain loop's optimizer: torch's own class with espn's settings (espn's RMSprop is
+    its :class:`~espn.training.optim.LeanRMSprop`; SGD and Adam are torch's fused ones on
+    both sides)."""
+    if cfg.name == "rmsprop":
+        return torch.optim.RMSprop(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    return build_optimizer(cfg, params)
+
+
 def check_same_network(supernet: Supernet, plain: nn.Module, x: Tensor, what: str) -> None:
     """Stop unless the plain network computes the supernet's logits on ``x``."""
     with torch.no_grad():
@@ -239,7 +250,7 @@ def measure(
     plain = plain_network(supernet)
     probe = synthetic_task("probe", setting, 4, 99, device)
     check_same_network(supernet, plain, next(probe.batches("train", 4, augment=False))[0], name)
-    plain_opt = build_optimizer(setting.optim, list(plain.parameters()))
+    plain_opt = plain_optimizer(setting.optim, list(plain.parameters()))
     epochs = args.repeats + 1
     # no warm-up: it would take pre-training's first epoch (espn's MNIST recipe has one)
     plan = (1, epochs, epochs) if slim else (epochs, epochs, epochs)

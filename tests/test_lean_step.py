@@ -102,7 +102,11 @@ def test_a_mask_written_in_place_is_no_longer_taken_as_ones() -> None:
     sn = small_supernet()
     layer = next(iter(sn.layers.values()))
     sn.note_masks()
-    assert layer.mask_is_ones() and layer.masked_weight() is layer.weight
+    assert layer.mask_is_ones()
+    with torch.no_grad():
+        assert layer.masked_weight() is layer.weight
+    # a training step's masked weight is the weight's own memory: no product computed
+    assert layer.masked_weight().data_ptr() == layer.weight.data_ptr()
     layer.weight_mask[0, 0] = 0.0
     assert not layer.mask_is_ones()
     assert float(layer.masked_weight().detach()[0, 0]) == 0.0
@@ -266,3 +270,85 @@ def test_a_mask_not_noted_as_binary_takes_the_plain_product() -> None:
         }
         torch.func.functional_call(sn.model, soft, (x,)).sum().backward()
         torch.testing.assert_close(got, layer.weight.grad, rtol=0, atol=0)
+
+
+def frozen_and_masked(sn: Supernet, seed: int, ones: bool, frozen: bool) -> None:
+    """Masks of ones or random 0/1 masks, with or without frozen weights, noted."""
+    gen = torch.Generator().manual_seed(seed)
+    for layer in sn.layers.values():
+        if not ones:
+            layer.weight_mask.copy_((torch.rand(layer.weight.shape, generator=gen) < 0.7).float())
+        if frozen:
+            layer.frozen.copy_(torch.rand(layer.weight.shape, generator=gen) < 0.4)
+    sn.note_masks()
+
+
+@pytest.mark.parametrize("l2", [False, True], ids=["no-l2", "l2"])
+@pytest.mark.parametrize("frozen", [False, True], ids=["none-frozen", "frozen"])
+@pytest.mark.parametrize("ones", [True, False], ids=["ones", "binary"])
+def test_the_fused_gradient_is_the_autograd_gradient_kept(
+    ones: bool, frozen: bool, l2: bool
+) -> None:
+    """The training step's weight gradient (the product's backward, the masked-L2 term's
+    coefficient added in it, the untrainable entries zeroed bit for bit) is what plain
+    autograd gives for ``loss(w * m) + 0.3 * l2(w * m)``, with every weight outside the mask
+    or frozen zeroed."""
+    sn = small_supernet()
+    frozen_and_masked(sn, 8, ones, frozen)
+    x, y = torch.randn(5, 6), torch.tensor([0, 1, 2, 1, 0])
+    guard = FrozenGuard(sn, restore=False)
+    guard.begin_step()
+    logits = sn.forward_working(x)
+    assert all(layer.step_sink() is not None for layer in sn.layers.values())
+    total = torch.nn.functional.cross_entropy(logits, y)
+    if l2:
+        total = total + 0.3 * masked_weight_l2(sn)
+    total.backward()
+    guard.mask_gradients()
+    got = {n: layer.weight.grad.clone() for n, layer in sn.layers.items()}
+    # the unfused formulation: autograd through the products (masks requiring grad take the
+    # plain product) and the per-layer loop of the L2 term, then the untrainable zeroed
+    sn.zero_grad(set_to_none=True)
+    masks = {
+        f"{n}.weight_mask": layer.weight_mask.clone().requires_grad_(True)
+        for n, layer in sn.layers.items()
+    }
+    total = torch.nn.functional.cross_entropy(torch.func.functional_call(sn.model, masks, (x,)), y)
+    if l2:
+        total = total + 0.3 * reference_l2(sn)
+    total.backward()
+    for name, layer in sn.layers.items():
+        trainable = layer.weight_mask.bool() & ~layer.frozen
+        expected = layer.weight.grad.masked_fill(~trainable, 0.0)
+        torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-7)
+        assert torch.equal(
+            got[name][~trainable].view(torch.int32), expected[~trainable].view(torch.int32)
+        )
+        assert bool((got[name][trainable] != 0).any())
+
+
+def test_training_steps_through_the_fused_path_move_no_frozen_weight() -> None:
+    """ESPN's steps (gates, L1 penalty, masked-L2 term, RMSprop with momentum) through the
+    fused backward leave every frozen weight's bits as they were, masked or not."""
+    sn = small_supernet()
+    strategy = espn.methods.create_method("espn", masked_l2=0.5)
+    engine = espn.training.Engine(sn, strategy, OptimConfig("rmsprop", lr=0.1, momentum=0.5), 5)
+    sn.begin_task(3)
+    strategy.begin_task(sn)
+    frozen_and_masked(sn, 9, ones=False, frozen=True)
+    before = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
+    optimizer = engine.build_optimizer()
+    guard = FrozenGuard(sn, restore=optimizer.decays)
+    phase = strategy.phases()[0]
+    gen = torch.Generator().manual_seed(10)
+    for _ in range(4):
+        x, y = torch.randn(5, 6, generator=gen), torch.randint(3, (5,), generator=gen)
+        engine._step(optimizer, guard, phase, x, y, 0.1, None)
+    for name, layer in sn.layers.items():
+        frozen = layer.frozen
+        assert layer.grad_is_kept()
+        assert torch.equal(
+            layer.weight.detach()[frozen].view(torch.int32), before[name][frozen].view(torch.int32)
+        )
+        moved = layer.weight_mask.bool() & ~frozen
+        assert not torch.equal(layer.weight.detach()[moved], before[name][moved])

@@ -28,16 +28,31 @@ def flop_aware_lambdas(unit_flops: dict[str, float]) -> dict[str, float]:
 class _NormOverLayers(torch.autograd.Function):
     """``||concat(w_l m_l)||_2 / sqrt(n)`` over layers in a few fused passes: one product per
     layer given with its mask (none where the mask is all ones or the tensor given is the
-    product already), one norm pass (``torch._foreach_norm``), and in the backward one
-    scaled copy per layer, the gradient with respect to the tensor given (``w_l m_l c`` for
-    ``w_l``, as ``m_l`` is binary), with no graph through the products."""
+    product already), one norm pass (``torch._foreach_norm``), and in the backward the
+    gradient's coefficient ``c = grad / (||w m|| sqrt(n))``.
+
+    Each layer comes as ``values[l]``, the tensor whose norm counts, and ``inputs[l]``, what
+    the gradient goes to: the weight itself (``values[l]`` is then the weight, masked by
+    ``masks[l]`` unless None), which gets ``c w_l m_l`` (one scaled copy, as ``m_l`` is
+    binary), or the 0-d sink of the step's masked product (see ``MaskedLayer.step_sink``),
+    which gets ``c`` alone: the product's backward adds ``c w_l`` into the weight's gradient
+    in the pass that keeps its trainable entries, with no copy and no sum of two gradients."""
 
     @staticmethod
-    def forward(ctx: Any, count: Tensor, masks: list[Tensor | None], *weights: Tensor) -> Tensor:
-        masked = [w if m is None else w * m for w, m in zip(weights, masks, strict=True)]
+    def forward(
+        ctx: Any,
+        count: Tensor,
+        masks: list[Tensor | None],
+        values: list[Tensor],
+        sinks: list[bool],
+        *inputs: Tensor,
+    ) -> Tensor:
+        masked = [v if m is None else v * m for v, m in zip(values, masks, strict=True)]
         total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(masked)))
         scale = count.clamp_min(1.0).rsqrt()
-        ctx.save_for_backward(total, scale, *masked)
+        ctx.sinks = sinks
+        copied = [m for m, sink in zip(masked, sinks, strict=True) if not sink]
+        ctx.save_for_backward(total, scale, *copied)
         return total * scale
 
     @staticmethod
@@ -45,7 +60,9 @@ class _NormOverLayers(torch.autograd.Function):
         total, scale, *masked = ctx.saved_tensors
         # d/dw ||w m|| = w m / ||w m|| (0 where the norm is 0, as torch's norm gradient)
         coef = torch.where(total > 0, grads[0] * scale / total, torch.zeros_like(total))
-        return (None, None, *torch._foreach_mul(masked, coef))
+        copies = iter(torch._foreach_mul(masked, coef) if masked else [])
+        out = [coef if sink else next(copies) for sink in ctx.sinks]
+        return (None, None, None, None, *out)
 
 
 def masked_weight_l2(supernet: Supernet) -> Tensor:
@@ -54,17 +71,25 @@ def masked_weight_l2(supernet: Supernet) -> Tensor:
     ``m`` the weight masks the phase trains under. Vectorised over the layers, with no host
     synchronisation: ``nnz`` stays a tensor, counted again only when a mask changed. Where
     the step's forward pass computed a layer's masked weight, the term reads that product
-    (its gradient then goes through the product's backward, see ``MaskedLayer``) instead of
+    and sends its gradient through the product's sink (see ``_NormOverLayers``) instead of
     multiplying again."""
     layers = [layer for layer in supernet.layers.values() if layer.out_units is not None]
     count = torch.stack([layer.mask_count() for layer in layers]).sum()
-    products = [layer.step_product() for layer in layers]
-    tensors = [layer.weight if p is None else p for layer, p in zip(layers, products, strict=True)]
-    masks = [
-        None if p is not None or layer.mask_is_ones() else layer.weight_mask
-        for layer, p in zip(layers, products, strict=True)
-    ]
-    result: Tensor = _NormOverLayers.apply(count, masks, *tensors)
+    values: list[Tensor] = []
+    masks: list[Tensor | None] = []
+    inputs: list[Tensor] = []
+    for layer in layers:
+        sink, product = layer.step_sink(), layer.step_product()
+        if sink is not None and product is not None:
+            values.append(product.detach())
+            masks.append(None)
+            inputs.append(sink)
+        else:
+            values.append(layer.weight)
+            masks.append(None if layer.mask_is_ones() else layer.weight_mask)
+            inputs.append(layer.weight)
+    sinks = [i is not layer.weight for i, layer in zip(inputs, layers, strict=True)]
+    result: Tensor = _NormOverLayers.apply(count, masks, values, sinks, *inputs)
     return result
 
 

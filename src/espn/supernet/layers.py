@@ -65,8 +65,10 @@ class MaskedLayer(nn.Module):
         self._ones: tuple[Tensor, int] | None = None
         self._binary: tuple[Tensor, int] | None = None
         self._count: tuple[Tensor, int, Tensor] | None = None
-        self._keep: tuple[Tensor, int, Tensor, int, Tensor] | None = None
-        self._product: tuple[Tensor, Tensor, int, Tensor, int] | None = None
+        self._keep: tuple[Tensor, int, Tensor, Tensor] | None = None
+        self._free: tuple[Tensor, int, Tensor] | None = None
+        self._thawed: tuple[Tensor, int, bool] | None = None
+        self._product: tuple[Tensor, Tensor, Tensor, int, Tensor, int] | None = None
         #: the address and version of the gradient the last backward through the masked
         #: product gave the weight (see :meth:`grad_is_kept`)
         self._kept_grad: tuple[int, int] | None = None
@@ -78,6 +80,8 @@ class MaskedLayer(nn.Module):
         "_binary",
         "_count",
         "_keep",
+        "_free",
+        "_thawed",
         "_product",
         "_kept_grad",
     )
@@ -102,6 +106,10 @@ class MaskedLayer(nn.Module):
         ones = binary and int(mask.bool().count_nonzero()) == mask.numel()
         self._ones = (mask, mask._version) if ones else None
         self._binary = (mask, mask._version) if binary else None
+        frozen = self.frozen
+        known = self.__dict__.get("_thawed")
+        if known is None or known[0] is not frozen or known[1] != frozen._version:
+            self._thawed = (frozen, frozen._version, not bool(frozen.any()))
 
     def mask_is_binary(self) -> bool:
         """Whether ``weight_mask`` is known to hold only zeros and ones (see :meth:`note_mask`):
@@ -124,40 +132,58 @@ class MaskedLayer(nn.Module):
     def masked_weight(self) -> Tensor:
         """The weight with the active task's mask applied (zeros elsewhere).
 
-        While training with the layer's own binary mask (noted by :meth:`note_mask` and
-        unwritten since), the product's backward also keeps only the weights the task may
-        train (in its mask and not frozen), bit for bit: the weight's gradient then needs no
-        other masking pass (see :meth:`grad_is_kept`), and the product is remembered for the
-        rest of the step (see :meth:`step_product`).
+        In a training step with the layer's own mask (noted by :meth:`note_mask` as all ones
+        or 0/1, and unwritten since), the result comes from :class:`_TrainedWeight`, whose
+        backward gives the weight the gradient of the task's trainable weights alone (in its
+        mask and not frozen), bit for bit, with the masked-L2 term's gradient added in the
+        same pass: the weight's gradient then needs no other masking pass (see
+        :meth:`grad_is_kept`), and the product is remembered for the rest of the step (see
+        :meth:`step_product`).
         """
-        if self.mask_is_ones():
-            return self.weight
         weight, mask = self.weight, self.weight_mask
         if torch.compiler.is_compiling():
             # a compiled graph differentiates the product itself (the guard then masks the
             # gradient) and reads no Python state a prune event changes
             return weight * mask
+        ones = self.mask_is_ones()
         training = torch.is_grad_enabled() and weight.requires_grad and not mask.requires_grad
-        known = self.__dict__.get("_binary")
-        noted = known is not None and known[0] is mask and known[1] == mask._version
-        if not (training and noted):
+        if not (training and (ones or self.mask_is_binary())):
             # no training step, or a mask not noted as binary since its last change (a mask
             # passed in through functional_call, soft or trained)
-            return weight * mask
-        product: Tensor = _MaskedProduct.apply(weight, mask, self._trainable_bits(), self)
-        self._product = (product, weight, weight._version, mask, mask._version)
+            return weight if ones else weight * mask
+        keep = None if ones and self._nothing_frozen() else self._trainable_bits()
+        product, sink = _TrainedWeight.apply(weight, None if ones else mask, keep, self)
+        self._product = (product, sink, weight, weight._version, mask, mask._version)
         return product
+
+    def _nothing_frozen(self) -> bool:
+        """Whether ``frozen`` is known to hold no weight (noted by :meth:`note_mask`, and
+        unwritten since): a step then has nothing to keep out of an all-ones mask."""
+        known = self.__dict__.get("_thawed")
+        frozen = self.frozen
+        current = known is not None and known[0] is frozen and known[1] == frozen._version
+        return current and known[2]
 
     def step_product(self) -> Tensor | None:
         """This step's masked weight as the forward pass computed it (None: none is current:
         the weight or the mask changed since, or no training forward pass computed it)."""
+        parts = self._step_parts()
+        return None if parts is None else parts[0]
+
+    def step_sink(self) -> Tensor | None:
+        """Where the masked-L2 term's gradient enters this step's product (see
+        :class:`_TrainedWeight`; None when :meth:`step_product` is None)."""
+        parts = self._step_parts()
+        return None if parts is None else parts[1]
+
+    def _step_parts(self) -> tuple[Tensor, Tensor] | None:
         known = self.__dict__.get("_product")
         if known is None or torch.compiler.is_compiling():
             return None
-        product, weight, version, mask, mask_version = known
+        product, sink, weight, version, mask, mask_version = known
         current = weight is self.weight and weight._version == version
         if current and mask is self.weight_mask and mask._version == mask_version:
-            return product
+            return product, sink
         return None
 
     def grad_is_kept(self) -> bool:
@@ -174,22 +200,41 @@ class MaskedLayer(nn.Module):
 
     def _trainable_bits(self) -> Tensor:
         """All ones on the weights the task may train (in the mask, not frozen), zero
-        elsewhere, as integers of the weight's element size; rebuilt when either changed."""
-        mask, frozen = self.weight_mask, self.frozen
+        elsewhere, as integers of the weight's element size (see :meth:`free_bits`); for a
+        mask noted as 0/1 and unwritten since, rebuilt when it or ``frozen`` changed."""
+        free = self.free_bits()
+        if self.mask_is_ones():
+            return free
+        mask = self.weight_mask
         known = self.__dict__.get("_keep")
         if (
             known is not None
             and known[0] is mask
             and known[1] == mask._version
-            and known[2] is frozen
-            and known[3] == frozen._version
-            and known[4].element_size() == self.weight.element_size()
+            and known[2] is free
         ):
-            return known[4]
-        bits = float_bits(self.weight.detach())
-        keep = torch.where((mask != 0) & ~frozen, -1, 0).to(bits.dtype)
-        self._keep = (mask, mask._version, frozen, frozen._version, keep)
+            return known[3]
+        # a 0/1 mask as integers is 0/1, negated 0/-1 (all bits set): three integer passes
+        keep = mask.to(free.dtype).neg_().bitwise_and_(free)
+        self._keep = (mask, mask._version, free, keep)
         return keep
+
+    def free_bits(self) -> Tensor:
+        """All ones (-1) on every weight not frozen, zero on a frozen one, as integers of the
+        weight's element size (an AND of a float's bits with it keeps the free entries, bit
+        for bit); rebuilt when ``frozen`` changed (at a commit, never in a task's steps)."""
+        frozen, dtype = self.frozen, _BITS[self.weight.element_size()]
+        known = self.__dict__.get("_free")
+        if (
+            known is not None
+            and known[0] is frozen
+            and known[1] == frozen._version
+            and known[2].dtype == dtype
+        ):
+            return known[2]
+        free = frozen.logical_not().to(dtype).neg_()
+        self._free = (frozen, frozen._version, free)
+        return free
 
     def mask_count(self) -> Tensor:
         """The number of weights in the mask, as a tensor (no host read), counted again only
@@ -214,26 +259,58 @@ def float_bits(tensor: Tensor) -> Tensor:
     return tensor.view(_BITS[tensor.element_size()])
 
 
-class _MaskedProduct(torch.autograd.Function):
-    """``weight * mask`` whose gradient keeps the trainable weights alone: an AND of the
-    incoming gradient's bits with ``keep`` (all ones where the task trains the weight, zero
-    elsewhere), exact for every value, NaN and inf included, in the pass that a product's
-    backward (``grad * mask``) takes anyway. The layer learns the result's address and
-    version, so that the frozen-weight guard can skip it (see ``MaskedLayer.grad_is_kept``)."""
+class _TrainedWeight(torch.autograd.Function):
+    """A training step's masked weight, ``weight * mask`` (``weight`` itself where the mask
+    is all ones, ``mask`` None), with a second output, ``sink``, a 0-d tensor whose only use
+    is to carry the masked-L2 term's gradient coefficient ``c`` back (see
+    ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
+    gradient in one or two in-place passes over the gradient of the product: ``grad +
+    c * weight`` (one ``addcmul_``, where the term was used), then an AND of its bits with
+    ``keep`` (all ones where the task trains the weight, zero elsewhere; None: every weight
+    trains), exact for every value, NaN and inf included. On a kept entry the mask is 1, so ``c * weight`` is the term's gradient
+    ``c * weight * mask`` there, and every other entry is zeroed. The layer learns the
+    result's address and version, so that the frozen-weight guard can skip it (see
+    ``MaskedLayer.grad_is_kept``)."""
 
     @staticmethod
-    def forward(ctx: Any, weight: Tensor, mask: Tensor, keep: Tensor, layer: Any) -> Tensor:
-        ctx.save_for_backward(keep)
+    def forward(
+        ctx: Any, weight: Tensor, mask: Tensor | None, keep: Tensor | None, layer: Any
+    ) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(weight, keep)
         ctx.layer = layer
-        return weight * mask
+        product = weight.view_as(weight) if mask is None else weight * mask
+        return product, weight.new_empty(())
 
     @staticmethod
-    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
-        (keep,) = ctx.saved_tensors
-        grad = torch.empty_like(grads[0])
-        torch.bitwise_and(float_bits(grads[0]), keep, out=float_bits(grad))
-        ctx.layer._kept_grad = (grad.data_ptr(), grad._version)
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        weight, keep = ctx.saved_tensors
+        grad, coef = grads
+        if grad is None:
+            if coef is None:
+                return None, None, None, None
+            grad, owned = weight * coef, True
+        else:
+            # the product feeds one operation of the layer's forward (a linear map, a
+            # convolution), whose weight gradient is a fresh tensor no one else holds: it is
+            # written in place where dense (not an expanded or transposed view)
+            owned = _dense(grad)
+            if coef is not None:
+                grad = grad.addcmul_(weight, coef) if owned else torch.addcmul(grad, weight, coef)
+                owned = True
+        if keep is not None:
+            out = grad if owned else torch.empty_like(grad)
+            torch.bitwise_and(float_bits(grad), keep, out=float_bits(out))
+            grad = out
+            ctx.layer._kept_grad = (grad.data_ptr(), grad._version)
         return grad, None, None, None
+
+
+def _dense(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is contiguous (or channels-last): each element its own memory."""
+    if tensor.is_contiguous():
+        return True
+    return tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
 
 
 def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor:
