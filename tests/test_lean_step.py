@@ -290,9 +290,10 @@ def test_the_fused_gradient_is_the_autograd_gradient_kept(
     ones: bool, frozen: bool, l2: bool
 ) -> None:
     """The training step's weight gradient (the product's backward, the masked-L2 term's
-    coefficient added in it, the untrainable entries zeroed bit for bit) is what plain
-    autograd gives for ``loss(w * m) + 0.3 * l2(w * m)``, with every weight outside the mask
-    or frozen zeroed."""
+    coefficient added in it, the untrainable entries zeroed bit for bit) is, bit for bit,
+    what plain autograd gives for ``loss(w * m) + 0.3 * l2(w * m)`` (the product and the
+    term's own gradient summed by autograd), with every weight outside the mask or frozen
+    zeroed; and it is the per-layer loop's gradient up to float rounding."""
     sn = small_supernet()
     frozen_and_masked(sn, 8, ones, frozen)
     x, y = torch.randn(5, 6), torch.tensor([0, 1, 2, 1, 0])
@@ -308,23 +309,26 @@ def test_the_fused_gradient_is_the_autograd_gradient_kept(
     got = {n: layer.weight.grad.clone() for n, layer in sn.layers.items()}
     # the unfused formulation: autograd through the products (masks requiring grad take the
     # plain product) and the per-layer loop of the L2 term, then the untrainable zeroed
-    sn.zero_grad(set_to_none=True)
     masks = {
         f"{n}.weight_mask": layer.weight_mask.clone().requires_grad_(True)
         for n, layer in sn.layers.items()
     }
-    total = torch.nn.functional.cross_entropy(torch.func.functional_call(sn.model, masks, (x,)), y)
-    if l2:
-        total = total + 0.3 * reference_l2(sn)
-    total.backward()
-    for name, layer in sn.layers.items():
-        trainable = layer.weight_mask.bool() & ~layer.frozen
-        expected = layer.weight.grad.masked_fill(~trainable, 0.0)
-        torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-7)
-        assert torch.equal(
-            got[name][~trainable].view(torch.int32), expected[~trainable].view(torch.int32)
-        )
-        assert bool((got[name][trainable] != 0).any())
+    for term in (masked_weight_l2, reference_l2):
+        sn.zero_grad(set_to_none=True)
+        logits = torch.func.functional_call(sn.model, masks, (x,))
+        assert all(layer.step_sink() is None for layer in sn.layers.values())
+        total = torch.nn.functional.cross_entropy(logits, y)
+        if l2:
+            total = total + 0.3 * term(sn)
+        total.backward()
+        for name, layer in sn.layers.items():
+            trainable = layer.weight_mask.bool() & ~layer.frozen
+            expected = layer.weight.grad.masked_fill(~trainable, 0.0)
+            if term is masked_weight_l2 or not l2:
+                assert torch.equal(got[name].view(torch.int32), expected.view(torch.int32))
+            else:
+                torch.testing.assert_close(got[name], expected, rtol=1e-6, atol=1e-7)
+            assert bool((got[name][trainable] != 0).any())
 
 
 def test_training_steps_through_the_fused_path_move_no_frozen_weight() -> None:

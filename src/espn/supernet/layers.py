@@ -149,7 +149,10 @@ class MaskedLayer(nn.Module):
         training = torch.is_grad_enabled() and weight.requires_grad and not mask.requires_grad
         if not (training and (ones or self.mask_is_binary())):
             # no training step, or a mask not noted as binary since its last change (a mask
-            # passed in through functional_call, soft or trained)
+            # passed in through functional_call, soft or trained): differentiated as it is,
+            # and no product of an earlier forward pass counts as this one's
+            if torch.is_grad_enabled():
+                self._product = None
             return weight if ones else weight * mask
         keep = None if ones and self._nothing_frozen() else self._trainable_bits()
         product, sink = _TrainedWeight.apply(weight, None if ones else mask, keep, self)
@@ -161,8 +164,9 @@ class MaskedLayer(nn.Module):
         unwritten since): a step then has nothing to keep out of an all-ones mask."""
         known = self.__dict__.get("_thawed")
         frozen = self.frozen
-        current = known is not None and known[0] is frozen and known[1] == frozen._version
-        return current and known[2]
+        if known is None or known[0] is not frozen or known[1] != frozen._version:
+            return False
+        return bool(known[2])
 
     def step_product(self) -> Tensor | None:
         """This step's masked weight as the forward pass computed it (None: none is current:
@@ -264,9 +268,8 @@ class _TrainedWeight(torch.autograd.Function):
     is all ones, ``mask`` None), with a second output, ``sink``, a 0-d tensor whose only use
     is to carry the masked-L2 term's gradient coefficient ``c`` back (see
     ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
-    gradient in one or two in-place passes over the gradient of the product: ``grad +
-    c * weight`` (one ``addcmul_``, where the term was used), then an AND of its bits with
-    ``keep`` (all ones where the task trains the weight, zero elsewhere; None: every weight
+    gradient in place in the gradient of the product: ``grad + c * weight`` (where the
+    term was used), then an AND of its bits with ``keep`` (all ones where the task trains the weight, zero elsewhere; None: every weight
     trains), exact for every value, NaN and inf included. On a kept entry the mask is 1, so ``c * weight`` is the term's gradient
     ``c * weight * mask`` there, and every other entry is zeroed. The layer learns the
     result's address and version, so that the frozen-weight guard can skip it (see
@@ -296,7 +299,10 @@ class _TrainedWeight(torch.autograd.Function):
             # written in place where dense (not an expanded or transposed view)
             owned = _dense(grad)
             if coef is not None:
-                grad = grad.addcmul_(weight, coef) if owned else torch.addcmul(grad, weight, coef)
+                # a product, then a sum (no fused multiply-add, whose rounding can depend on
+                # an entry's place in the tensor): every entry as autograd's sum of the two
+                # gradients gives it, whatever the tensor's size (a slim copy's too)
+                grad = grad.add_(weight * coef) if owned else grad + weight * coef
                 owned = True
         if keep is not None:
             out = grad if owned else torch.empty_like(grad)
