@@ -363,7 +363,7 @@ class Engine:
         if not (self.slim_training and slim_phase_applies(self.strategy, phases, p)):
             return None
         if phases[p].prune_updates > 0 and (
-            self.compiler is not None or not slim_prune_pays(self.supernet, steps)
+            self.compiler is not None or not slim_prune_pays(self.supernet, steps, self.batch_size)
         ):
             return None
         return SlimPhase.build(self.supernet, self.optim, self._trainable(), optimizer)

@@ -89,20 +89,29 @@ def slim_phase_applies(strategy: Strategy, phases: list[Phase], p: int) -> bool:
     return not phase.regularise and any(q.prune_updates > 0 for q in phases[:p])
 
 
-#: what building a slim copy and writing it back costs, in masked optimizer steps of the
-#: prune phase (measured on FC1024 at batch 256, one CPU thread: 0.5 to 1.3 steps; a copy
-#: of a convolutional net costs a smaller part of its step; docs/performance.md)
-SLIM_REBUILD_STEPS = 1.0
+#: what building a slim copy and writing it back costs, in optimizer steps, per masked weight
+#: over the dense FLOPs of a batch: it handles every weight a few times, a step computes the
+#: batch. Measured on FC1024 at batch 256, one CPU thread: about one masked step of the prune
+#: phase (22 to 55 ms against 40 to 50), where weights / (FLOPs x batch) is 1/512; on the
+#: reduced ResNet18 at batch 128 the same rule gives 0.04 steps (docs/performance.md)
+SLIM_REBUILD_COST = 512.0
 
 
-def slim_prune_pays(supernet: Supernet, steps: int) -> bool:
+def rebuild_steps(supernet: Supernet, batch_size: int) -> float:
+    """What a slim copy of ``supernet`` costs to build and write back, in optimizer steps
+    at ``batch_size`` (see :data:`SLIM_REBUILD_COST`)."""
+    weights = sum(layer.weight.numel() for layer in supernet.layers.values())
+    return SLIM_REBUILD_COST * weights / (supernet.dense_flops * batch_size)
+
+
+def slim_prune_pays(supernet: Supernet, steps: int, batch_size: int) -> bool:
     """Whether a prune phase trains a slim copy for the ``steps`` optimizer steps between two
     prune events: the steps it saves, each about the share of FLOPs the dead units take
-    (``1 - flops / dense_flops``), at least pay for the copy (:data:`SLIM_REBUILD_STEPS`). Read
-    from the supernet's unit masks and the events' spacing alone, so that a resumed run
-    decides as the run it continues."""
+    (``1 - flops / dense_flops``), at least pay for the copy (:func:`rebuild_steps`). Read
+    from the supernet's unit masks, the events' spacing and the batch size alone, so that a
+    resumed run decides as the run it continues."""
     saved = 1.0 - supernet.flops() / supernet.dense_flops
-    return saved > 0 and steps * saved >= SLIM_REBUILD_STEPS
+    return saved > 0 and steps * saved >= rebuild_steps(supernet, batch_size)
 
 
 def slice_units(supernet: Supernet) -> dict[str, Tensor]:
