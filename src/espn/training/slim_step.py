@@ -5,9 +5,9 @@ prune phase, from one prune event to the next), the masked supernet still comput
 dead unit as a zero. :class:`SlimNet` is a copy of the model holding the task's alive units
 only (the widths the export builds), which the engine's step trains instead; its free
 weights, task state (BatchNorm, head, the gates trained as saliencies) and optimizer state
-are written back into the supernet (:meth:`SlimPhase.write_back`) at every epoch end, before
-the epoch is checkpointed, and before every prune event, which then prunes the supernet as
-it does without a copy; after the event a new copy of the narrower sub-network is built
+are written back into the supernet (:meth:`SlimPhase.write_back`) where an epoch is
+checkpointed, at the phase's end, and before every prune event, which then prunes the
+supernet as it does without a copy; after the event a new copy of the narrower sub-network is built
 where it pays (:func:`slim_prune_pays`). A run resumed from a checkpoint rebuilds the same
 copy and continues exactly. Frozen weights are never written back, so zero forgetting stays
 exact.
