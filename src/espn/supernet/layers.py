@@ -69,6 +69,7 @@ class MaskedLayer(nn.Module):
         self._free: tuple[Tensor, int, Tensor] | None = None
         self._thawed: tuple[Tensor, int, bool] | None = None
         self._product: tuple[Tensor, Tensor, Tensor, int, Tensor, int] | None = None
+        self._scratch: Tensor | None = None
         #: the address and version of the gradient the last backward through the masked
         #: product gave the weight (see :meth:`grad_is_kept`)
         self._kept_grad: tuple[int, int] | None = None
@@ -83,6 +84,7 @@ class MaskedLayer(nn.Module):
         "_free",
         "_thawed",
         "_product",
+        "_scratch",
         "_kept_grad",
     )
 
@@ -158,6 +160,15 @@ class MaskedLayer(nn.Module):
         product, sink = _TrainedWeight.apply(weight, None if ones else mask, keep, self)
         self._product = (product, sink, weight, weight._version, mask, mask._version)
         return product
+
+    def _scratch_like(self, weight: Tensor) -> Tensor:
+        """A tensor of ``weight``'s shape for a backward pass's temporary, kept from step to
+        step (written and read within one backward)."""
+        scratch = self.__dict__.get("_scratch")
+        if not _fits(scratch, weight):
+            scratch = self._scratch = torch.empty_like(weight)
+        assert scratch is not None
+        return scratch
 
     def _nothing_frozen(self) -> bool:
         """Whether ``frozen`` is known to hold no weight (noted by :meth:`note_mask`, and
@@ -268,16 +279,23 @@ class _TrainedWeight(torch.autograd.Function):
     is all ones, ``mask`` None), with a second output, ``sink``, a 0-d tensor whose only use
     is to carry the masked-L2 term's gradient coefficient ``c`` back (see
     ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
-    gradient in place in the gradient of the product: ``grad + c * weight`` (where the
-    term was used), then an AND of its bits with ``keep`` (all ones where the task trains the weight, zero elsewhere; None: every weight
-    trains), exact for every value, NaN and inf included. On a kept entry the mask is 1, so ``c * weight`` is the term's gradient
-    ``c * weight * mask`` there, and every other entry is zeroed. The layer learns the
-    result's address and version, so that the frozen-weight guard can skip it (see
+    gradient in place in the gradient of the product: ``grad + c * weight`` (where the term
+    was used), then an AND of its bits with ``keep`` (all ones where the task trains the
+    weight, zero elsewhere; None: every weight trains), exact for every value, NaN and inf
+    included. On a kept entry the mask is 1, so ``c * weight`` is the term's gradient
+    ``c * weight * mask`` there, and every other entry is zeroed. ``c * weight`` is written
+    into a scratch tensor the layer keeps from step to step (on the CPU a fresh
+    multi-megabyte tensor costs its page faults). The layer
+    learns the result's address and version, so that the frozen-weight guard can skip it (see
     ``MaskedLayer.grad_is_kept``)."""
 
     @staticmethod
     def forward(
-        ctx: Any, weight: Tensor, mask: Tensor | None, keep: Tensor | None, layer: Any
+        ctx: Any,
+        weight: Tensor,
+        mask: Tensor | None,
+        keep: Tensor | None,
+        layer: Any,
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(weight, keep)
@@ -302,7 +320,8 @@ class _TrainedWeight(torch.autograd.Function):
                 # a product, then a sum (no fused multiply-add, whose rounding can depend on
                 # an entry's place in the tensor): every entry as autograd's sum of the two
                 # gradients gives it, whatever the tensor's size (a slim copy's too)
-                grad = grad.add_(weight * coef) if owned else grad + weight * coef
+                term = torch.mul(weight, coef, out=ctx.layer._scratch_like(weight))
+                grad = grad.add_(term) if owned else grad + term
                 owned = True
         if keep is not None:
             out = grad if owned else torch.empty_like(grad)
@@ -310,6 +329,18 @@ class _TrainedWeight(torch.autograd.Function):
             grad = out
             ctx.layer._kept_grad = (grad.data_ptr(), grad._version)
         return grad, None, None, None
+
+
+def _fits(tensor: Tensor | None, like: Tensor) -> bool:
+    """Whether ``tensor`` can hold a value computed like ``like`` (shape, dtype, device, and
+    layout)."""
+    return (
+        tensor is not None
+        and tensor.shape == like.shape
+        and tensor.dtype == like.dtype
+        and tensor.device == like.device
+        and tensor.stride() == like.stride()
+    )
 
 
 def _dense(tensor: Tensor) -> bool:
