@@ -113,13 +113,14 @@ class Ownership:
     def bits(self) -> int:
         """Bits per weight that hold every id given so far and the free sentinel (all ones):
         ``ceil(log2(tasks + 1))``, at least 1."""
+        # free weights read as id 0: the same bit count as no id at all (at least 1)
         top = max(
             (
-                int(v[v != self.free_id].max())
+                int(v.masked_fill(v == self.free_id, 0).max())
                 for v in self.ids.values()
-                if bool((v != self.free_id).any())
+                if v.numel()
             ),
-            default=-1,
+            default=0,
         )
         return max(1, (top + 1).bit_length())
 
@@ -133,7 +134,9 @@ class Ownership:
         bits, free = self.bits, self.free_id
         out = {}
         for name, ids in self.ids.items():
-            values = ids.to(torch.int64).masked_fill(ids == free, (1 << bits) - 1).flatten()
+            # in the ids' own dtype: every id and the all-ones sentinel fit it (the free id is
+            # the dtype's largest value, so ids need fewer bits than the dtype has)
+            values = ids.masked_fill(ids == free, (1 << bits) - 1).flatten()
             out[name] = torch.cat([pack_bits((values >> k) & 1) for k in range(bits)])
         return out
 
