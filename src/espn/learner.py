@@ -471,7 +471,8 @@ class ContinualLearner:
 
     def attach(self, rd: RunDirectory) -> None:
         """Write the run directory ``rd`` (opened on this learner's parts) from now on: a
-        callback that checkpoints every epoch's end; the learner writes it after every step."""
+        callback that checkpoints epochs' ends (:func:`~espn.run_directory.checkpoint_due`);
+        the learner writes it after every step."""
         self.run_dir = rd
         self.callbacks.append(rd)
 

@@ -1,7 +1,8 @@
 """The run directory a learner writes (``results.json``, ``checkpoint/``, ``accuracy.png``)
 and resumes from: the same for ``espn run`` and for ``ContinualLearner(..., out=DIR)``.
 
-After every epoch the checkpoint holds the task in training; after every learned step the
+After the epochs :func:`checkpoint_due` names (every phase's last, and within a phase one a
+minute at most) the checkpoint holds the task in training; after every learned step the
 checkpoint is committed first and ``results.json`` rewritten from it, so results never list a
 task the checkpoint does not hold (a kill in between leaves results one task behind, and a
 resumed run rewrites them).

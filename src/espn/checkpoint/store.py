@@ -1,7 +1,7 @@
 """Saving a run's supernet (and a task in training) to a checkpoint, and loading it back.
 
-:class:`CheckpointWriter` writes the checkpoint after every task and every epoch (see
-:mod:`espn.checkpoint.format` for the layout and why it survives a kill at any moment);
+:class:`CheckpointWriter` writes the checkpoint after every task and the epochs its caller
+picks (see :mod:`espn.checkpoint.format` for the layout and why it survives a kill at any moment);
 :func:`read_checkpoint` validates a checkpoint completely and loads every tensor before
 :func:`restore` changes anything in a supernet, so that nothing is ever half-loaded.
 
