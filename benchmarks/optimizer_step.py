@@ -1,8 +1,8 @@
 """Cost of one optimizer step: torch's default implementation against espn's fused kernels.
 
 espn's :func:`~espn.training.optim.build_optimizer` asks torch for its fused SGD and Adam on
-the CPU and CUDA (torch has no fused RMSprop: espn's is torch's step with no slow square root of zeros,
-:class:`~espn.training.optim.LeanRMSprop`).
+the CPU and CUDA (torch has no fused RMSprop: espn's is torch's step with no slow square
+root of zeros, :class:`~espn.training.optim.LeanRMSprop`).
 On a CPU, torch's default for SGD and Adam loops over the tensors with several passes each;
 at CPG's batch of 32 such a step costs about as much as the forward and backward pass it
 follows. This script steps both implementations from the same weights and gradients, checks
