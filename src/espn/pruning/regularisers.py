@@ -78,17 +78,19 @@ def masked_weight_l2(supernet: Supernet) -> Tensor:
     values: list[Tensor] = []
     masks: list[Tensor | None] = []
     inputs: list[Tensor] = []
+    sinks: list[bool] = []
     for layer in layers:
         sink, product = layer.step_sink(), layer.step_product()
         if sink is not None and product is not None:
             values.append(product.detach())
             masks.append(None)
             inputs.append(sink)
+            sinks.append(True)
         else:
             values.append(layer.weight)
             masks.append(None if layer.mask_is_ones() else layer.weight_mask)
             inputs.append(layer.weight)
-    sinks = [i is not layer.weight for i, layer in zip(inputs, layers, strict=True)]
+            sinks.append(False)
     result: Tensor = _NormOverLayers.apply(count, masks, values, sinks, *inputs)
     return result
 

@@ -23,7 +23,7 @@ side (``*_unit_size``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeGuard
 
 import torch
@@ -106,19 +106,16 @@ class MaskedLayer(nn.Module):
         if not binary:
             binary = bool(((mask == 0) | (mask == 1)).all())
         ones = binary and int(mask.bool().count_nonzero()) == mask.numel()
-        self._ones = (mask, mask._version) if ones else None
-        self._binary = (mask, mask._version) if binary else None
+        self._ones = stamp(mask) if ones else None
+        self._binary = stamp(mask) if binary else None
         frozen = self.frozen
-        known = self.__dict__.get("_thawed")
-        if known is None or known[0] is not frozen or known[1] != frozen._version:
-            self._thawed = (frozen, frozen._version, not bool(frozen.any()))
+        if not unchanged(self.__dict__.get("_thawed"), frozen):
+            self._thawed = (*stamp(frozen), not bool(frozen.any()))
 
     def mask_is_binary(self) -> bool:
         """Whether ``weight_mask`` is known to hold only zeros and ones (see :meth:`note_mask`):
         a mask swapped or written since reads as not known."""
-        known = self.__dict__.get("_binary")
-        mask = self.weight_mask
-        return known is not None and known[0] is mask and known[1] == mask._version
+        return unchanged(self.__dict__.get("_binary"), self.weight_mask)
 
     def mask_is_ones(self) -> bool:
         """Whether ``weight_mask`` is known to be all ones (see :meth:`note_mask`); a mask
@@ -127,9 +124,7 @@ class MaskedLayer(nn.Module):
         in place, so that no Python value guards the graph (see :mod:`espn.training.compile`)."""
         if torch.compiler.is_compiling():
             return False
-        known = self.__dict__.get("_ones")
-        mask = self.weight_mask
-        return known is not None and known[0] is mask and known[1] == mask._version
+        return unchanged(self.__dict__.get("_ones"), self.weight_mask)
 
     def masked_weight(self) -> Tensor:
         """The weight with the active task's mask applied (zeros elsewhere).
@@ -158,7 +153,7 @@ class MaskedLayer(nn.Module):
             return weight if ones else weight * mask
         keep = None if ones and self._nothing_frozen() else self._trainable_bits()
         product, sink = _TrainedWeight.apply(weight, None if ones else mask, keep, self)
-        self._product = (product, sink, weight, weight._version, mask, mask._version)
+        self._product = (product, sink, *stamp(weight), *stamp(mask))
         return product
 
     def _scratch_like(self, weight: Tensor) -> Tensor:
@@ -174,10 +169,7 @@ class MaskedLayer(nn.Module):
         """Whether ``frozen`` is known to hold no weight (noted by :meth:`note_mask`, and
         unwritten since): a step then has nothing to keep out of an all-ones mask."""
         known = self.__dict__.get("_thawed")
-        frozen = self.frozen
-        if known is None or known[0] is not frozen or known[1] != frozen._version:
-            return False
-        return bool(known[2])
+        return known is not None and unchanged(known, self.frozen) and bool(known[2])
 
     def step_product(self) -> Tensor | None:
         """This step's masked weight as the forward pass computed it (None: none is current:
@@ -195,9 +187,8 @@ class MaskedLayer(nn.Module):
         known = self.__dict__.get("_product")
         if known is None or torch.compiler.is_compiling():
             return None
-        product, sink, weight, version, mask, mask_version = known
-        current = weight is self.weight and weight._version == version
-        if current and mask is self.weight_mask and mask._version == mask_version:
+        product, sink, *stamps = known
+        if unchanged(stamps[:2], self.weight) and unchanged(stamps[2:], self.weight_mask):
             return product, sink
         return None
 
@@ -222,16 +213,11 @@ class MaskedLayer(nn.Module):
             return free
         mask = self.weight_mask
         known = self.__dict__.get("_keep")
-        if (
-            known is not None
-            and known[0] is mask
-            and known[1] == mask._version
-            and known[2] is free
-        ):
+        if unchanged(known, mask) and known is not None and known[2] is free:
             return known[3]
         # a 0/1 mask as integers is 0/1, negated 0/-1 (all bits set): three integer passes
         keep = mask.to(free.dtype).neg_().bitwise_and_(free)
-        self._keep = (mask, mask._version, free, keep)
+        self._keep = (*stamp(mask), free, keep)
         return keep
 
     def free_bits(self) -> Tensor:
@@ -240,15 +226,10 @@ class MaskedLayer(nn.Module):
         for bit); rebuilt when ``frozen`` changed (at a commit, never in a task's steps)."""
         frozen, dtype = self.frozen, _BITS[self.weight.element_size()]
         known = self.__dict__.get("_free")
-        if (
-            known is not None
-            and known[0] is frozen
-            and known[1] == frozen._version
-            and known[2].dtype == dtype
-        ):
+        if unchanged(known, frozen) and known is not None and known[2].dtype == dtype:
             return known[2]
         free = frozen.logical_not().to(dtype).neg_()
-        self._free = (frozen, frozen._version, free)
+        self._free = (*stamp(frozen), free)
         return free
 
     def mask_count(self) -> Tensor:
@@ -258,11 +239,23 @@ class MaskedLayer(nn.Module):
         if torch.compiler.is_compiling():
             return mask.sum()
         known = self.__dict__.get("_count")
-        if known is not None and known[0] is mask and known[1] == mask._version:
+        if unchanged(known, mask) and known is not None:
             return known[2]
         count = mask.sum()
-        self._count = (mask, mask._version, count)
+        self._count = (*stamp(mask), count)
         return count
+
+
+def stamp(tensor: Tensor) -> tuple[Tensor, int]:
+    """``tensor`` and its version counter (which every in-place write bumps): what a cache
+    records to know later that its value was computed from this very tensor, unwritten since."""
+    return tensor, tensor._version
+
+
+def unchanged(known: Sequence[Any] | None, tensor: Tensor) -> bool:
+    """Whether ``known`` starts with :func:`stamp` of ``tensor`` as it is now (same object,
+    same version)."""
+    return known is not None and known[0] is tensor and known[1] == tensor._version
 
 
 #: the integer type of each floating-point size, to view a tensor's bits
@@ -587,7 +580,7 @@ class UnitGate(UnitModule):
         # a released scale-only gate with every unit alive multiplies by ones: noted here
         # (one host read per release, never in a step), so that its forward is the identity
         ones = released and not self.affine and bool((self.weight * self.unit_mask == 1).all())
-        self._identity = (self.unit_mask, self.unit_mask._version) if ones else None
+        self._identity = stamp(self.unit_mask) if ones else None
 
     def is_identity(self) -> bool:
         """Whether the gate is known to pass its input through unchanged: released, scale
@@ -596,9 +589,7 @@ class UnitGate(UnitModule):
         ``MaskedLayer.mask_is_ones`` does."""
         if torch.compiler.is_compiling():
             return False
-        known = self.__dict__.get("_identity")
-        mask = self.unit_mask
-        return known is not None and known[0] is mask and known[1] == mask._version
+        return unchanged(self.__dict__.get("_identity"), self.unit_mask)
 
     def load_task_state(self, state: dict[str, Tensor]) -> None:
         """Load a task's gate; a non-affine gate of a committed task is simply released."""

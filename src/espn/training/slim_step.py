@@ -49,6 +49,7 @@ from espn.supernet.layers import (
     UnitGate,
     UnitModule,
     expand_units,
+    stamp,
 )
 from espn.supernet.supernet import Supernet
 from espn.training.optim import FrozenGuard, OptimConfig, TaskOptimizer
@@ -224,6 +225,9 @@ class SlimNet(nn.Module):
 
     def __init__(self, supernet: Supernet) -> None:
         super().__init__()
+        why = slim_refusal(supernet.model)  # before any copy is made
+        if why is not None:
+            raise SlimUnsupported(why)
         kept = slice_units(supernet)
         alive = supernet.unit_masks()
         #: groups writing into a residual stream pruned per conv: their layers keep their own
@@ -255,9 +259,6 @@ class SlimNet(nn.Module):
             raise SlimUnsupported("the copy's unit groups are not the supernet's, in its order")
 
     def _slice(self, name: str, m: nn.Module, kept: dict[str, Tensor]) -> None:
-        why = refusal(name, m)
-        if why is not None:
-            raise SlimUnsupported(why)
         if type(m) in (MaskedLinear, MaskedConv2d):
             assert isinstance(m, MaskedLinear | MaskedConv2d)
             self._slice_layer(name, m, kept)
@@ -316,7 +317,7 @@ class SlimNet(nn.Module):
             m.out_features, m.in_features = m.weight.shape[0], m.weight.shape[1]
         # the weight is zero outside its mask and the guard keeps it so: the forward can use
         # it as it is, which MaskedLayer records as it records an all-ones mask
-        m._ones = (m.weight_mask, m.weight_mask._version)
+        m._ones = stamp(m.weight_mask)
         self.layers[name] = m
 
     def _slice_units(self, name: str, m: UnitModule, kept: dict[str, Tensor]) -> None:
@@ -427,8 +428,6 @@ class SlimPhase:
         optimizer: TaskOptimizer,
     ) -> SlimPhase | None:
         """The slim phase, or None where a copy would not be exact or computes no less."""
-        if slim_refusal(supernet.model) is not None:
-            return None
         try:
             phase = cls(supernet, config, trainable, optimizer)
         except SlimUnsupported:
