@@ -450,16 +450,18 @@ def prune_phase_run(kind: str, optim: OptimConfig, slim: bool, seed: int = 0):
 
 
 @pytest.mark.parametrize(
-    "kind,optim",
+    "kind,optim,seed",
     [
-        ("fc", OPTIMIZERS[0]),
-        ("fc", OPTIMIZERS[1]),
-        ("conv", OPTIMIZERS[2]),
-        ("resnet", OPTIMIZERS[0]),
+        ("fc", OPTIMIZERS[0], 0),
+        ("fc", OPTIMIZERS[1], 0),
+        ("conv", OPTIMIZERS[2], 0),
+        # seed 0: two saliencies 2 eps apart at an event (not more), since the masked-L2
+        # gradient is a quotient (a rounding changed): replaced, as said below
+        ("resnet", OPTIMIZERS[0], 1),
     ],
     ids=["fc-adam", "fc-rmsprop", "conv-sgd", "resnet-adam"],
 )
-def test_slim_prune_phase_equals_masked_prune_phase(monkeypatch, kind, optim):
+def test_slim_prune_phase_equals_masked_prune_phase(monkeypatch, kind, optim, seed):
     """Between prune events the slim prune phase trains a copy (saliencies, penalty, clamps,
     masked-L2 term) and reaches what the masked one reaches: the same units and weight
     masks at every event, and the same weights, saliencies and statistics at every epoch end.
@@ -468,9 +470,9 @@ def test_slim_prune_phase_equals_masked_prune_phase(monkeypatch, kind, optim):
     the runs: the test measures both, the scores of each event in both runs (equal within
     ``eps``) and the masked run's margins (more than 2 ``eps``), so that on this data no
     decision can flip; a seed where that fails would have to be replaced, not tolerated."""
-    masked, masked_states, masked_events = prune_phase_run(kind, optim, slim=False)
+    masked, masked_states, masked_events = prune_phase_run(kind, optim, slim=False, seed=seed)
     spy = SlimSpy(monkeypatch)
-    slim, slim_states, slim_events = prune_phase_run(kind, optim, slim=True)
+    slim, slim_states, slim_events = prune_phase_run(kind, optim, slim=True, seed=seed)
     assert len(spy.phase("prune")) >= 5 and all(spy.phase("prune")), "copies between events"
     assert len(masked_events.before) == len(slim_events.before) == 8
     for want, got, decided in zip(

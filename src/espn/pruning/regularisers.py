@@ -7,6 +7,7 @@ and on a ResNet, and the three pruners are compared at the same strength.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -29,14 +30,17 @@ class _NormOverLayers(torch.autograd.Function):
     """``||concat(w_l m_l)||_2 / sqrt(n)`` over layers in a few fused passes: one product per
     layer given with its mask (none where the mask is all ones or the tensor given is the
     product already), one norm pass (``torch._foreach_norm``), and in the backward the
-    gradient's coefficient ``c = grad / (||w m|| sqrt(n))``.
+    gradient's divisor ``d = ||w m|| sqrt(n) / grad``: the gradient is ``w m / d``.
 
     Each layer comes as ``values[l]``, the tensor whose norm counts, and ``inputs[l]``, what
     the gradient goes to: the weight itself (``values[l]`` is then the weight, masked by
-    ``masks[l]`` unless None), which gets ``c w_l m_l`` (one scaled copy, as ``m_l`` is
+    ``masks[l]`` unless None), which gets ``w_l m_l / d`` (one scaled copy, as ``m_l`` is
     binary), or the 0-d sink of the step's masked product (see ``MaskedLayer.step_sink``),
-    which gets ``c`` alone: the product's backward adds ``c w_l`` into the weight's gradient
-    in the pass that keeps its trainable entries, with no copy and no sum of two gradients."""
+    which gets ``d`` alone: the product's backward adds ``w_l / d`` into the weight's gradient
+    in one pass (``addcdiv_``, the same quotient and sum, bit for bit, as autograd's), with no
+    copy and no second pass. A divisor, not a coefficient to multiply by: no torch CPU kernel
+    adds a product in one pass without fusing it (a fused multiply-add rounds once, autograd's
+    product then sum twice), while a quotient cannot be fused into the sum."""
 
     @staticmethod
     def forward(
@@ -58,10 +62,13 @@ class _NormOverLayers(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, ...]:
         total, scale, *masked = ctx.saved_tensors
-        # d/dw ||w m|| = w m / ||w m|| (0 where the norm is 0, as torch's norm gradient)
-        coef = torch.where(total > 0, grads[0] * scale / total, torch.zeros_like(total))
-        copies = iter(torch._foreach_mul(masked, coef) if masked else [])
-        out = [coef if sink else next(copies) for sink in ctx.sinks]
+        # d/dw ||w m|| = w m / ||w m|| (0 where the norm is 0, as torch's norm gradient: an
+        # infinite divisor)
+        divisor = torch.where(
+            total > 0, total / (grads[0] * scale), torch.full_like(total, math.inf)
+        )
+        copies = iter(torch._foreach_div(masked, divisor) if masked else [])
+        out = [divisor if sink else next(copies) for sink in ctx.sinks]
         return (None, None, None, None, *out)
 
 

@@ -69,7 +69,6 @@ class MaskedLayer(nn.Module):
         self._free: tuple[Tensor, int, Tensor] | None = None
         self._thawed: tuple[Tensor, int, bool] | None = None
         self._product: tuple[Tensor, Tensor, Tensor, int, Tensor, int] | None = None
-        self._scratch: Tensor | None = None
         #: the address and version of the gradient the last backward through the masked
         #: product gave the weight (see :meth:`grad_is_kept`)
         self._kept_grad: tuple[int, int] | None = None
@@ -84,7 +83,6 @@ class MaskedLayer(nn.Module):
         "_free",
         "_thawed",
         "_product",
-        "_scratch",
         "_kept_grad",
     )
 
@@ -155,15 +153,6 @@ class MaskedLayer(nn.Module):
         product, sink = _TrainedWeight.apply(weight, None if ones else mask, keep, self)
         self._product = (product, sink, *stamp(weight), *stamp(mask))
         return product
-
-    def _scratch_like(self, weight: Tensor) -> Tensor:
-        """A tensor of ``weight``'s shape for a backward pass's temporary, kept from step to
-        step (written and read within one backward)."""
-        scratch = self.__dict__.get("_scratch")
-        if not _fits(scratch, weight):
-            scratch = self._scratch = torch.empty_like(weight)
-        assert scratch is not None
-        return scratch
 
     def _nothing_frozen(self) -> bool:
         """Whether ``frozen`` is known to hold no weight (noted by :meth:`note_mask`, and
@@ -270,15 +259,16 @@ def float_bits(tensor: Tensor) -> Tensor:
 class _TrainedWeight(torch.autograd.Function):
     """A training step's masked weight, ``weight * mask`` (``weight`` itself where the mask
     is all ones, ``mask`` None), with a second output, ``sink``, a 0-d tensor whose only use
-    is to carry the masked-L2 term's gradient coefficient ``c`` back (see
+    is to carry the masked-L2 term's gradient divisor ``d`` back (see
     ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
-    gradient in place in the gradient of the product: ``grad + c * weight`` (where the term
+    gradient in place in the gradient of the product: ``grad + weight / d`` (where the term
     was used), then an AND of its bits with ``keep`` (all ones where the task trains the
     weight, zero elsewhere; None: every weight trains), exact for every value, NaN and inf
-    included. On a kept entry the mask is 1, so ``c * weight`` is the term's gradient
-    ``c * weight * mask`` there, and every other entry is zeroed. ``c * weight`` is written
-    into a scratch tensor the layer keeps from step to step (on the CPU a fresh
-    multi-megabyte tensor costs its page faults). The layer
+    included. On a kept entry the mask is 1, so ``weight / d`` is the term's gradient
+    ``weight * mask / d`` there, and every other entry is zeroed. The term enters in one pass,
+    ``addcdiv_`` with value 1: a quotient rounded, then a sum rounded, which is autograd's sum
+    of the two gradients bit for bit at every entry, whatever the tensor's size (a fused
+    multiply-add, as ``addcmul_`` computes on the CPU, would round once and differ). The layer
     learns the result's address and version, so that the frozen-weight guard can skip it (see
     ``MaskedLayer.grad_is_kept``)."""
 
@@ -299,22 +289,18 @@ class _TrainedWeight(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         weight, keep = ctx.saved_tensors
-        grad, coef = grads
+        grad, divisor = grads
         if grad is None:
-            if coef is None:
+            if divisor is None:
                 return None, None, None, None
-            grad, owned = weight * coef, True
+            grad, owned = weight / divisor, True
         else:
             # the product feeds one operation of the layer's forward (a linear map, a
             # convolution), whose weight gradient is a fresh tensor no one else holds: it is
             # written in place where dense (not an expanded or transposed view)
             owned = _dense(grad)
-            if coef is not None:
-                # a product, then a sum (no fused multiply-add, whose rounding can depend on
-                # an entry's place in the tensor): every entry as autograd's sum of the two
-                # gradients gives it, whatever the tensor's size (a slim copy's too)
-                term = torch.mul(weight, coef, out=ctx.layer._scratch_like(weight))
-                grad = grad.add_(term) if owned else grad + term
+            if divisor is not None:
+                grad = grad.addcdiv_(weight, divisor) if owned else grad.addcdiv(weight, divisor)
                 owned = True
         if keep is not None:
             out = grad if owned else torch.empty_like(grad)
@@ -322,18 +308,6 @@ class _TrainedWeight(torch.autograd.Function):
             grad = out
             ctx.layer._kept_grad = (grad.data_ptr(), grad._version)
         return grad, None, None, None
-
-
-def _fits(tensor: Tensor | None, like: Tensor) -> bool:
-    """Whether ``tensor`` can hold a value computed like ``like`` (shape, dtype, device, and
-    layout)."""
-    return (
-        tensor is not None
-        and tensor.shape == like.shape
-        and tensor.dtype == like.dtype
-        and tensor.device == like.device
-        and tensor.stride() == like.stride()
-    )
 
 
 def _dense(tensor: Tensor) -> bool:
