@@ -31,10 +31,13 @@ def new_weight_target(progress: float, start: int, budget: int) -> int:
 _SAMPLE = 1 << 13
 
 
-def largest_free(magnitude: Tensor, free: Tensor, n: int) -> tuple[Tensor, Tensor | None]:
+def largest_free(
+    magnitude: Tensor, free: Tensor, n: int, threshold: bool = True
+) -> tuple[Tensor, Tensor | None]:
     """The ``n`` largest entries of ``magnitude`` (non-negative, no NaN) where ``free``: a
     boolean mask of exactly ``min(n, free entries)`` entries, and the smallest kept
-    magnitude (None when none is kept).
+    magnitude (None when none is kept, or where ``threshold`` is False and finding it would
+    take a pass over the layer of its own: every free entry is kept).
 
     The kept entries are every free entry above the threshold, the ``n``-th largest free
     magnitude, and of those equal to it the first in row-major (flattened) order, as many as
@@ -49,39 +52,58 @@ def largest_free(magnitude: Tensor, free: Tensor, n: int) -> tuple[Tensor, Tenso
     if n <= 0:
         return torch.zeros_like(free), None
     if n == available:
-        return free.clone(), magnitude.masked_select(free).min()
-    threshold = _nth_largest(magnitude.view(-1), free.view(-1), n, available)
-    keep = (magnitude >= threshold) & free
+        return free.clone(), magnitude.masked_select(free).min() if threshold else None
+    flat, free_flat = magnitude.view(-1), free.view(-1)
+    if available >= 4 * _SAMPLE:
+        found = _sampled_nth_largest(flat, free_flat, n, available)
+        if found is not None:
+            return found[0].view_as(free), found[1]
+    value = flat.masked_select(free_flat).kthvalue(available - n + 1).values
+    keep = (magnitude >= value) & free
     surplus = int(keep.count_nonzero()) - n
     if surplus > 0:
         # ties at the threshold beyond the count: the last of them by position are dropped
-        tied = ((magnitude == threshold) & free).view(-1).nonzero().view(-1)
+        tied = ((magnitude == value) & free).view(-1).nonzero().view(-1)
         keep.view(-1)[tied[tied.numel() - surplus :]] = False
-    return keep, threshold
+    return keep, value
 
 
-def _nth_largest(magnitude: Tensor, free: Tensor, n: int, available: int) -> Tensor:
-    """The ``n``-th largest of the ``available`` entries of ``magnitude`` where ``free``
-    (both flat), ``0 < n < available``."""
-    rank = available - n + 1  # from the smallest, 1-based
-    if available >= 4 * _SAMPLE:
-        device = magnitude.device
-        generator = torch.Generator(device=device).manual_seed(0)
-        picks = torch.randint(magnitude.numel(), (_SAMPLE,), generator=generator, device=device)
-        sample = magnitude[picks].masked_select(free[picks]).sort().values
-        size = sample.numel()
-        # the threshold's place in the sorted sample, give or take four standard deviations
-        share = (rank - 1) / available
-        margin = 4.0 * math.sqrt(size * share * (1.0 - share)) + 2.0
-        low, high = math.floor(share * size - margin), math.ceil(share * size + margin)
-        lo = sample[low] if 0 <= low < size else magnitude.new_tensor(0.0)
-        hi = sample[high] if 0 <= high < size else magnitude.new_tensor(torch.inf)
-        above, from_lo = (magnitude > hi) & free, (magnitude >= lo) & free
-        n_above, n_from_lo = torch.stack([above.count_nonzero(), from_lo.count_nonzero()]).tolist()
-        if n_above < n <= n_from_lo:
-            band = magnitude.masked_select(from_lo & ~above)
-            return band.kthvalue(band.numel() - (n - n_above) + 1).values
-    return magnitude.masked_select(free).kthvalue(rank).values
+def _sampled_nth_largest(
+    magnitude: Tensor, free: Tensor, n: int, available: int
+) -> tuple[Tensor, Tensor] | None:
+    """:func:`largest_free` of flat ``magnitude`` and ``free`` (``0 < n < available``) through
+    a bracket of the threshold from a fixed-seed sample: the kept mask and the threshold, or
+    None where the bracket misses it. The entries inside the bracket (a few per cent of the
+    layer) are found by position, so that the threshold, the kept entries among them and
+    their ties are settled on them alone."""
+    device = magnitude.device
+    generator = torch.Generator(device=device).manual_seed(0)
+    picks = torch.randint(magnitude.numel(), (_SAMPLE,), generator=generator, device=device)
+    sample = magnitude[picks].masked_select(free[picks]).sort().values
+    size = sample.numel()
+    # the threshold's place in the sorted sample, give or take four standard deviations
+    share = (available - n) / available  # its rank from the smallest, from 0, as a share
+    margin = 4.0 * math.sqrt(size * share * (1.0 - share)) + 2.0
+    low, high = math.floor(share * size - margin), math.ceil(share * size + margin)
+    lo = sample[low] if 0 <= low < size else magnitude.new_tensor(0.0)
+    hi = sample[high] if 0 <= high < size else magnitude.new_tensor(torch.inf)
+    above, from_lo = (magnitude > hi) & free, (magnitude >= lo) & free
+    n_above, n_from_lo = torch.stack([above.count_nonzero(), from_lo.count_nonzero()]).tolist()
+    if not n_above < n <= n_from_lo:
+        return None
+    inside = from_lo.logical_xor_(above).nonzero().view(-1)  # row-major order
+    band = magnitude[inside]
+    value = band.kthvalue(band.numel() - (n - n_above) + 1).values
+    kept = inside[band >= value]
+    surplus = kept.numel() - (n - n_above)
+    if surplus > 0:
+        # ties at the threshold beyond the count: the last of them by position are dropped
+        tied = (band[band >= value] == value).nonzero().view(-1)
+        drop = torch.ones_like(kept, dtype=torch.bool)
+        drop[tied[tied.numel() - surplus :]] = False
+        kept = kept[drop]
+    above[kept] = True
+    return above, value
 
 
 def select_weights(
@@ -103,7 +125,7 @@ def select_weights(
     if reuse not in REUSE_POLICIES:
         raise ValueError(f"unknown reuse policy {reuse!r}; choose 'all' or 'magnitude'")
     magnitude = weight.detach().abs().nan_to_num_(nan=torch.inf, posinf=torch.inf)
-    keep, threshold = largest_free(magnitude, candidates & ~frozen, n_new)
+    keep, threshold = largest_free(magnitude, candidates & ~frozen, n_new, reuse == "magnitude")
     reused = candidates & frozen
     if reuse == "magnitude" and threshold is not None:
         reused &= magnitude >= threshold

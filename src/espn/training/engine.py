@@ -286,7 +286,7 @@ class Engine:
                             done += 1
                             strategy.prune_step(sn, done / len(points))
                         more = stretch(points, done, n_iters) if step < n_iters else 0
-                        slim = self._slim_phase(phases, p, optimizer, more) if more else None
+                        slim = self._slim_phase(phases, p, optimizer, more, slim) if more else None
                         opt, grd, net = (optimizer, guard, None) if slim is None else slim.parts()
                 if not bool(finite):  # before the epoch is checkpointed: the last good one stays
                     if hooks is not None:
@@ -353,20 +353,26 @@ class Engine:
         return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
 
     def _slim_phase(
-        self, phases: list[Phase], p: int, optimizer: TaskOptimizer, steps: int = 0
+        self,
+        phases: list[Phase],
+        p: int,
+        optimizer: TaskOptimizer,
+        steps: int = 0,
+        previous: SlimPhase | None = None,
     ) -> SlimPhase | None:
         """Phase ``p`` trained on a slimmed copy of the working sub-network, where the run
         allows it (``slim_training``), the phase's units are fixed (in a prune phase: for
         the ``steps`` until its next prune event, where the copy pays for itself, and not
         compiled, which would compile again for every copy) and the copy is exact and
-        narrower (see :mod:`espn.training.slim_step`); None: the masked supernet trains."""
+        narrower (see :mod:`espn.training.slim_step`; ``previous``: the copy before this
+        prune event, written back); None: the masked supernet trains."""
         if not (self.slim_training and slim_phase_applies(self.strategy, phases, p)):
             return None
         if phases[p].prune_updates > 0 and (
             self.compiler is not None or not slim_prune_pays(self.supernet, steps, self.batch_size)
         ):
             return None
-        return SlimPhase.build(self.supernet, self.optim, self._trainable(), optimizer)
+        return SlimPhase.build(self.supernet, self.optim, self._trainable(), optimizer, previous)
 
     def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
         """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)

@@ -148,19 +148,57 @@ def _indices(kept: dict[str, Tensor], group: str | None, size: int, width: int) 
     return alive.nonzero().flatten().to(torch.long)
 
 
-def take(t: Tensor, index: tuple[Tensor | None, ...]) -> Tensor:
-    """``t`` restricted to ``index`` (kept indices per leading dimension, None: all)."""
-    for dim, i in enumerate(index):
+class Cut:
+    """Where a slim copy's tensor sits in the supernet's: the kept indices of each leading
+    dimension (None: all of it). A matrix cut along both dimensions also has its kept
+    entries' flat positions, so that reading or writing the slice is one gather or scatter
+    rather than one pass per dimension (a column gather of a row-major matrix costs about
+    twice the whole gather)."""
+
+    def __init__(self, index: tuple[Tensor | None, ...], shape: tuple[int, ...] = ()) -> None:
+        self.index = index
+        #: flat positions of the kept entries in a matrix of ``shape`` (None: not a matrix cut
+        #: along both dimensions)
+        self.flat: Tensor | None = None
+        self.shape: tuple[int, ...] = ()
+        if len(shape) == 2 and len(index) == 2 and index[0] is not None and index[1] is not None:
+            rows, cols = index
+            self.flat = (rows.view(-1, 1) * shape[1] + cols.view(1, -1)).view(-1)
+            self.shape = (rows.numel(), cols.numel())
+
+    def whole(self) -> bool:
+        """Whether nothing is cut."""
+        return all(i is None for i in self.index)
+
+
+def _flat_path(t: Tensor, cut: Cut) -> Tensor | None:
+    """``cut``'s flat positions where ``t`` (a matrix) can be read and written through them."""
+    if cut.flat is None or t.dim() != 2 or not t.is_contiguous():
+        return None
+    return cut.flat.to(t.device)
+
+
+def take(t: Tensor, cut: Cut) -> Tensor:
+    """``t`` restricted to ``cut`` (a new tensor, or ``t`` itself where nothing is cut)."""
+    flat = _flat_path(t, cut)
+    if flat is not None:
+        return t.view(-1).index_select(0, flat).view(cut.shape)
+    for dim, i in enumerate(cut.index):
         if i is not None:
             t = t.index_select(dim, i.to(t.device))
     return t
 
 
 @torch.no_grad()
-def put(full: Tensor, index: tuple[Tensor | None, ...], value: Tensor) -> None:
+def put(full: Tensor, cut: Cut, value: Tensor) -> None:
     """Write ``value`` into ``full`` where :func:`take` read it."""
-    if all(i is None for i in index):
+    index = cut.index
+    if cut.whole():
         full.copy_(value)
+        return
+    flat = _flat_path(full, cut)
+    if flat is not None:
+        full.view(-1).index_copy_(0, flat, value.reshape(-1))
         return
     at = [(dim, i) for dim, i in enumerate(index) if i is not None]
     if len(at) == 1:  # one indexed dimension: rows (or columns) copied in place
@@ -175,6 +213,10 @@ def put(full: Tensor, index: tuple[Tensor | None, ...], value: Tensor) -> None:
         i = torch.arange(full.shape[dim], device=full.device) if i is None else i.to(full.device)
         grids.append(i.view((-1,) + (1,) * (len(index) - dim - 1)))
     full.index_put_(tuple(grids), value)
+
+
+#: the cut of a tensor a copy holds whole
+WHOLE = Cut(())
 
 
 class _Scatter:
@@ -241,8 +283,8 @@ class SlimNet(nn.Module):
             for t in (layer.weight, layer.weight_mask, layer.frozen)
         }
         self.model = copy.deepcopy(supernet.model, memo=shared)
-        #: per slimmed tensor's name (as in the supernet's model): kept indices per dimension
-        self.index: dict[str, tuple[Tensor | None, ...]] = {}
+        #: per slimmed tensor's name (as in the supernet's model): where it was cut from
+        self.index: dict[str, Cut] = {}
         #: per slim masked layer's name: the weights the task trains (free and in its mask)
         self.trains: dict[str, Tensor] = {}
         self.layers: dict[str, MaskedLayer] = {}
@@ -266,7 +308,7 @@ class SlimNet(nn.Module):
             self._slice_units(name, m, kept)
         elif isinstance(m, TaskHead):
             cols = _indices(kept, m.in_units, m.in_unit_size, m.in_features)
-            self._cut(name, m, "weight", (None, cols))
+            self._cut(name, m, "weight", Cut((None, cols)))
             m.in_features = m.weight.shape[1]
 
     def _cut(
@@ -274,7 +316,7 @@ class SlimNet(nn.Module):
         name: str,
         m: nn.Module,
         key: str,
-        index: tuple[Tensor | None, ...],
+        index: Cut,
         part: Tensor | None = None,
     ) -> None:
         """Replace ``m``'s tensor ``key`` by its slice ``index`` (or by ``part``, computed
@@ -297,7 +339,7 @@ class SlimNet(nn.Module):
         out_side = self.own if m.out_units in self.own else kept  # a writer: its own units
         rows = _indices(out_side, m.out_units, m.out_unit_size, w.shape[0])
         cols = _indices(kept, m.in_units, m.in_unit_size, w.shape[1])
-        index = (rows, cols)
+        index = Cut((rows, cols), tuple(w.shape))
         # the copy's tensors are still the supernet's (see __init__): sliced, never written
         mask, frozen = take(m.weight_mask, index), take(m.frozen, index)
         trains = mask.bool() & ~frozen
@@ -335,9 +377,9 @@ class SlimNet(nn.Module):
             m.named_buffers(recurse=False)
         ):
             if key == "unit_mask":
-                self._cut(name, m, key, (units.nonzero().flatten(),))
+                self._cut(name, m, key, Cut((units.nonzero().flatten(),)))
             elif t.dim() == 1 and t.numel() == per_entry:
-                self._cut(name, m, key, (entries,))
+                self._cut(name, m, key, Cut((entries,)))
         width = m.weight.numel()
         if isinstance(m, TaskGroupNorm):
             per_group = per_entry // m.num_groups
@@ -347,6 +389,10 @@ class SlimNet(nn.Module):
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.num_features = width
         self.groups.setdefault(m.group, []).append(m)
+
+    def cut_names(self) -> frozenset[str]:
+        """The copy's tensors cut from the supernet's (what its structure narrows)."""
+        return frozenset(name for name, cut in self.index.items() if not cut.whole())
 
     def forward_working(self, x: Tensor) -> Tensor:
         """Logits of the slim sub-network (the name the supernet's training forward has)."""
@@ -398,10 +444,19 @@ class SlimPhase:
         config: OptimConfig,
         trainable: list[Tensor],
         optimizer: TaskOptimizer,
+        previous: SlimPhase | None = None,
     ) -> None:
         self.supernet = supernet
         self.net = SlimNet(supernet).to(next(supernet.parameters()).device)
-        _check(self.net, supernet)
+        # a copy cut like ``previous``, the last copy of this supernet (the same tensors cut,
+        # narrower only where units died since: a prune phase's next copy), runs as that one
+        # was checked to; a copy cut anew is checked (a forward pass of the masked supernet)
+        if (
+            previous is None
+            or previous.supernet is not supernet
+            or previous.net.cut_names() != self.net.cut_names()
+        ):
+            _check(self.net, supernet)
         names = {id(t): n for n, t in supernet.model.named_parameters()}
         if any(id(t) not in names for t in trainable) or optimizer.own is not None:
             raise SlimUnsupported("the method trains tensors outside the supernet's model")
@@ -426,18 +481,20 @@ class SlimPhase:
         config: OptimConfig,
         trainable: list[Tensor],
         optimizer: TaskOptimizer,
+        previous: SlimPhase | None = None,
     ) -> SlimPhase | None:
-        """The slim phase, or None where a copy would not be exact or computes no less."""
+        """The slim phase, or None where a copy would not be exact or computes no less
+        (``previous``: the phase's last copy, written back, see :meth:`__init__`)."""
         try:
-            phase = cls(supernet, config, trainable, optimizer)
+            phase = cls(supernet, config, trainable, optimizer, previous)
         except SlimUnsupported:
             return None
         return phase if _narrower(phase.net, supernet) else None
 
-    def _where(self, name: str) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
+    def _where(self, name: str) -> tuple[Cut, Tensor | None]:
         """Where tensor ``name`` of the copy sits in the supernet, and which of its entries
         the task trains (None: all)."""
-        index = self.net.index.get(name, ())
+        index = self.net.index.get(name, WHOLE)
         layer = name.rsplit(".", 1)[0] if name.endswith(".weight") else None
         return index, self.net.trains.get(layer) if layer is not None else None
 
@@ -451,7 +508,9 @@ class SlimPhase:
             out[i] = {}
             for key, value in values.items():
                 if isinstance(value, Tensor) and value.shape == self.full[i].shape:
-                    part = take(value, index).clone()
+                    part = take(value, index)
+                    if part is value:
+                        part = part.clone()
                     if trains is not None:
                         part.mul_(trains)  # no state for what the task may not change
                     out[i][key] = part
@@ -472,7 +531,7 @@ class SlimPhase:
         named = dict(self.supernet.model.named_buffers())
         for name, buffer in self.net.model.named_buffers():
             if not name.endswith(_FIXED_BUFFERS):  # statistics: BatchNorm's running ones
-                put(named[name], self.net.index.get(name, ()), buffer)
+                put(named[name], self.net.index.get(name, WHOLE), buffer)
         # the optimizer state, into the task optimizer's own tensors (the copy's optimizer is
         # the weights' one: see __init__)
         assert optimizer.weights is not None and self.optimizer.weights is not None
