@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -600,3 +601,42 @@ def test_a_prune_phase_copy_is_built_where_it_pays(monkeypatch):
     assert [answer for _, _, answer in decided] == [s * (1 - f) >= 1 - 1e-9 for s, f, _ in decided]
     assert [answer for _, _, answer in decided[1:]] == [False, True, True]
     assert spy.phase("prune") == [True, True] and spy.phase("finetune") == [True]
+
+
+def test_a_matrix_cut_both_ways_reads_and_writes_exactly_its_slice():
+    """``take`` and ``put`` through a cut's flat positions read and write the entries the
+    per-dimension indices name, and no other (a non-contiguous matrix goes the other way)."""
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(9, 7, generator=g)
+    rows, cols = torch.tensor([0, 2, 3, 8]), torch.tensor([1, 4, 5])
+    cut = slim_module.Cut((rows, cols), tuple(full.shape))
+    assert cut.flat is not None
+    assert torch.equal(slim_module.take(full, cut), full[rows][:, cols])
+    value = torch.randn(4, 3, generator=g)
+    for target in (full.clone(), full.t().contiguous().t()):  # contiguous, then not
+        slim_module.put(target, cut, value)
+        want = full.clone()
+        want[rows.view(-1, 1), cols.view(1, -1)] = value
+        assert torch.equal(target, want)
+    assert slim_module.Cut((None, cols), tuple(full.shape)).flat is None
+
+
+def test_a_copy_cut_like_the_last_one_is_not_checked_again(monkeypatch):
+    """The check pass (a forward of the masked supernet) runs for a copy cut anew; a prune
+    phase's next copy, cut like the copy before it (narrower where units died), runs as
+    that one was checked to."""
+    checked: list[frozenset[str]] = []
+    real = slim_module._check
+
+    def check(net, supernet):
+        checked.append(net.cut_names())
+        real(net, supernet)
+
+    monkeypatch.setattr(slim_module, "_check", check)
+    spy = SlimSpy(monkeypatch)
+    prune_phase_run("fc", OPTIMIZERS[0], slim=True, seed=0)
+    copies = spy.phase("prune")
+    assert len(copies) >= 5 and all(copies) and spy.phase("finetune") == [True]
+    pruning = checked[:-1]  # the last: the fine-tuning's copy, a phase's first, checked
+    assert 1 <= len(pruning) < len(copies)
+    assert all(a != b for a, b in itertools.pairwise(pruning)), "checked: cut anew only"

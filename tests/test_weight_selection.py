@@ -46,6 +46,12 @@ def test_the_n_largest_free_weights_exactly_ties_by_position(shape, levels) -> N
             assert threshold is None
         else:
             assert float(threshold) == float(w.abs()[expected].min())
+        # not asked for, the threshold is left out only where every free weight is kept
+        lean, unasked = largest_free(w.abs(), free, n, threshold=False)
+        assert torch.equal(lean, keep)
+        assert (unasked is None) == (n >= available or threshold is None)
+        if unasked is not None:
+            assert torch.equal(unasked, threshold)
 
 
 def test_the_sampled_path_is_exact_on_a_large_layer() -> None:

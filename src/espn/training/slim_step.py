@@ -161,8 +161,8 @@ class Cut:
         #: along both dimensions)
         self.flat: Tensor | None = None
         self.shape: tuple[int, ...] = ()
-        if len(shape) == 2 and len(index) == 2 and index[0] is not None and index[1] is not None:
-            rows, cols = index
+        rows, cols = index if len(index) == 2 else (None, None)
+        if len(shape) == 2 and rows is not None and cols is not None:
             self.flat = (rows.view(-1, 1) * shape[1] + cols.view(1, -1)).view(-1)
             self.shape = (rows.numel(), cols.numel())
 
