@@ -185,19 +185,30 @@ class Supernet(nn.Module):
         return None if keep is None else keep.to(w.device)
 
     @staticmethod
-    def _restrict(layer: MaskedLayer, keep: Tensor | None) -> None:
-        """Zero ``layer``'s weight mask outside ``keep`` (None: nothing) and note it; a mask
-        noted binary stays binary, so its values need no check."""
+    def _zero_dead(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
+        """Zero ``layer``'s weight mask on the rows and columns of dead units (``dead``: see
+        :meth:`_dead_units`): what a ``masked_fill_`` outside :meth:`_structure`'s ``keep``
+        does, without building ``keep`` (a boolean tensor of the weight's size)."""
+        mask = layer.weight_mask
+        sides = ((layer.out_units, layer.out_unit_size), (layer.in_units, layer.in_unit_size))
+        for dim, (group, size) in enumerate(sides):
+            if group in dead:
+                gone = expand_units(dead[group], size).logical_not().nonzero().view(-1)
+                mask.index_fill_(dim, gone.to(mask.device), 0.0)
+
+    @classmethod
+    def _restrict(cls, layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
+        """Zero ``layer``'s weight mask on dead units (see :meth:`_zero_dead`) and note it; a
+        mask noted binary stays binary, so its values need no check."""
         binary = layer.mask_is_binary()
-        if keep is not None:
-            layer.weight_mask.masked_fill_(~keep, 0.0)
+        cls._zero_dead(layer, dead)
         layer.note_mask(binary)
 
     @torch.no_grad()
     def _apply_structure(self) -> None:
         dead = self._dead_units()
         for layer in self.layers.values():
-            self._restrict(layer, self._structure(layer, dead))
+            self._restrict(layer, dead)
 
     def note_masks(self) -> None:
         """Let every layer record whether its weight mask is all ones (see
@@ -213,23 +224,22 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def set_weight_masks(self, masks: dict[str, Tensor]) -> None:
-        """Set weight masks (restricted to alive units). A boolean mask is restricted before
-        it is copied in, and noted as binary without a read of its values."""
+        """Set weight masks (restricted to alive units). A boolean mask is copied in, its dead
+        units' rows and columns zeroed, and noted as binary without a read of its values."""
         unknown = masks.keys() - self.layers.keys()
         if unknown:
             raise KeyError(f"no masked layer named {sorted(unknown)}")
         dead = self._dead_units()
         for name, layer in self.layers.items():
-            keep = self._structure(layer, dead)
             mask = masks.get(name)
             if mask is not None and mask.dtype == torch.bool:
-                mask = mask.to(layer.weight_mask.device)
-                layer.weight_mask.copy_(mask if keep is None else mask & keep)
+                layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
+                self._zero_dead(layer, dead)
                 layer.note_mask(binary=True)
                 continue
             if mask is not None:
                 layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-            self._restrict(layer, keep)
+            self._restrict(layer, dead)
 
     # -------------------------------------------------------------- counting
     def alive_counts(self, units: dict[str, Tensor] | None = None) -> dict[str, int]:
