@@ -59,7 +59,7 @@ from espn.supernet.layers import (
 )
 from espn.supernet.transformer import TaskLayerNorm
 from espn.training.engine import Engine
-from espn.training.optim import OptimConfig, build_optimizer
+from espn.training.optim import OptimConfig, TaskOptimizer, build_optimizer
 
 
 @dataclass(frozen=True)
@@ -261,17 +261,18 @@ def measure(
     plain_gen = torch.Generator().manual_seed(3)
     timings, phases = Timings(), [p.name for p in strategy.phases()]
     mark = [CLOCK[0]()]
-    prune_step = strategy.prune_step
+    prune_event = engine._prune_event
 
-    def timed_prune_step(supernet: Supernet, progress: float) -> None:
-        """A prune event, timed apart from the steps (its count per step is the run's)."""
+    def timed_prune_event(progress: float, optimizer: TaskOptimizer) -> None:
+        """A prune event (the strategy's prune step and the zeroing of what it pruned),
+        timed apart from the steps (its count per step is the run's)."""
         start = CLOCK[0]()
-        prune_step(supernet, progress)
+        prune_event(progress, optimizer)
         took = CLOCK[0]() - start
         timings.events.append(1e3 * took)
         mark[0] += took
 
-    strategy.prune_step = timed_prune_step  # type: ignore[method-assign]
+    engine._prune_event = timed_prune_event  # type: ignore[method-assign]
 
     def after_epoch(phase: str, epoch: int) -> None:
         if slim and phase not in ("prune", "finetune"):  # not timed: the phases before

@@ -655,3 +655,4 @@ def restore_working(training: TrainingState, supernet: Supernet) -> None:
     for name, layer in supernet.layers.items():
         mask = unpack_bits(training.weight_masks[name].to(layer.weight.device), layer.weight.shape)
         layer.weight_mask.copy_(mask.to(layer.weight_mask.dtype))
+        layer.note_mask(binary=True)  # a step takes the lean path, as before the checkpoint

@@ -220,6 +220,18 @@ class Strategy(ABC):
             w.copy_(torch.where(layer.frozen, w, fresh_weights(w, how, generator).to(w.device)))
 
     @property
+    def zeroes_pruned(self) -> bool:
+        """Whether a prune event may zero the free weights it prunes, and their optimizer
+        state (see ``Supernet.zero_pruned``; the steps then skip the mask product): no
+        forward pass of the task reads them, and none of a later task does before they are
+        set anew: by ``free_init`` kaiming or zero, or, for a method whose every task keeps
+        its own weights (Individual), by the initial weights it starts from. Not with
+        ``free_init`` keep, whose next task starts from the values the pruned weights have."""
+        if self.weights == "own":
+            return True
+        return self.weights == "shared" and self.settings.get("free_init", "keep") != "keep"
+
+    @property
     def train_unit_affine(self) -> bool:
         """Whether BatchNorm affine parameters and affine gates are trained this run."""
         return self.trains_unit_affine or self.cfg.task_affine

@@ -72,6 +72,9 @@ class MaskedLayer(nn.Module):
         #: the address and version of the gradient the last backward through the masked
         #: product gave the weight (see :meth:`grad_is_kept`)
         self._kept_grad: tuple[int, int] | None = None
+        #: the weight, mask and frozen stamps (and the weight's address) under which the
+        #: weight is known to be zero outside the mask (see :meth:`zero_pruned`)
+        self._zero: tuple[Tensor, int, int, Tensor, int, Tensor, int] | None = None
 
     #: what the layer remembers about its own tensors between calls (see below): dropped
     #: from a copy or pickle, whose tensors are others (a step's product is not even a leaf)
@@ -84,6 +87,7 @@ class MaskedLayer(nn.Module):
         "_thawed",
         "_product",
         "_kept_grad",
+        "_zero",
     )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -133,7 +137,9 @@ class MaskedLayer(nn.Module):
         mask and not frozen), bit for bit, with the masked-L2 term's gradient added in the
         same pass: the weight's gradient then needs no other masking pass (see
         :meth:`grad_is_kept`), and the product is remembered for the rest of the step (see
-        :meth:`step_product`).
+        :meth:`step_product`). Where the weight is known to be zero outside the mask (see
+        :meth:`zero_outside_known`), the product is the weight itself, bit for bit, and is
+        not computed.
         """
         weight, mask = self.weight, self.weight_mask
         if torch.compiler.is_compiling():
@@ -148,11 +154,78 @@ class MaskedLayer(nn.Module):
             # and no product of an earlier forward pass counts as this one's
             if torch.is_grad_enabled():
                 self._product = None
-            return weight if ones else weight * mask
+            return weight if ones or self.zero_outside_known() else weight * mask
         keep = None if ones and self._nothing_frozen() else self._trainable_bits()
-        product, sink = _TrainedWeight.apply(weight, None if ones else mask, keep, self)
+        bare = ones or self.zero_outside_known()
+        product, sink = _TrainedWeight.apply(weight, None if bare else mask, keep, self)
         self._product = (product, sink, *stamp(weight), *stamp(mask))
         return product
+
+    @torch.no_grad()
+    def zero_pruned(self, states: Sequence[Tensor] = ()) -> bool:
+        """Zero every free weight outside the mask, and the same entries of ``states`` (the
+        weight's optimizer state), at a prune event of a method whose free weights are set
+        anew before a later task reads them: no forward pass of the task reads them (the
+        product zeroes them), no gradient reaches them, and with zero state no optimizer
+        step moves them. The weight is then known to be zero outside its mask, so that
+        ``weight * mask`` is ``weight`` bit for bit (``x * 1`` is ``x``, ``0 * 0`` is ``0``
+        with its sign) and :meth:`masked_weight` skips the product, until the weight, mask
+        or frozen set is written otherwise than by a training step (see
+        :meth:`note_trained`).
+
+        Only for a mask noted as 0/1 with no frozen weight outside it (a frozen weight is
+        never zeroed: an earlier task's weight in a unit this task pruned, or one it did not
+        reuse); returns whether the layer knows its weight zero outside the mask. An
+        all-ones mask needs nothing (the product is skipped already)."""
+        mask, weight = self.weight_mask, self.weight
+        if self.mask_is_ones() or not self.mask_is_binary():
+            return False
+        free = self.free_bits()
+        # the mask's bits: all ones (-1) in it, zero outside, as integers of the weight's
+        # element size; an AND with them zeroes the outside, bit for bit, in one pass
+        bits = mask.to(free.dtype).neg_()
+        # a zero in ``bits | free`` is a frozen weight outside the mask (neither in it nor free)
+        if not self._nothing_frozen() and bool(torch.bitwise_or(bits, free).max() == 0):
+            return False
+        for tensor in (weight, *states):
+            if tensor.dtype == weight.dtype:
+                float_bits(tensor).bitwise_and_(bits)
+            else:
+                tensor.masked_fill_(bits == 0, 0.0)
+        # the next step's trainable bits (see _trainable_bits), from the same mask bits
+        self._keep = (*stamp(mask), free, bits.bitwise_and_(free))
+        self._zero = (*stamp(weight), weight.data_ptr(), *stamp(mask), *stamp(self.frozen))
+        return True
+
+    def zero_outside_known(self) -> bool:
+        """Whether the weight is known to be zero outside the mask (see :meth:`zero_pruned`):
+        the weight (same address), mask and frozen set unwritten since it was noted, but by
+        the training steps :meth:`note_trained` followed."""
+        known = self.__dict__.get("_zero")
+        if known is None or torch.compiler.is_compiling():
+            return False
+        weight = self.weight
+        return (
+            unchanged(known, weight)
+            and known[2] == weight.data_ptr()
+            and unchanged(known[3:5], self.weight_mask)
+            and unchanged(known[5:], self.frozen)
+        )
+
+    def keeps_zero(self) -> bool:
+        """Whether the coming optimizer step keeps the weight zero outside the mask: it is
+        known to be now, and the gradient the step applies is the product's backward's,
+        zero wherever the task may not train (see :meth:`grad_is_kept`). The engine asks
+        before an optimizer step and calls :meth:`note_trained` after it."""
+        return self.zero_outside_known() and self.grad_is_kept()
+
+    def note_trained(self) -> None:
+        """Carry the knowledge of :meth:`zero_pruned` over an optimizer step that
+        :meth:`keeps_zero` allowed (an optimizer moves no weight whose gradient and state
+        are zero, decay included; the frozen guard restores frozen weights only)."""
+        known = self.__dict__.get("_zero")
+        if known is not None:
+            self._zero = (*stamp(self.weight), *known[2:])
 
     def _nothing_frozen(self) -> bool:
         """Whether ``frozen`` is known to hold no weight (noted by :meth:`note_mask`, and
@@ -257,9 +330,10 @@ def float_bits(tensor: Tensor) -> Tensor:
 
 
 class _TrainedWeight(torch.autograd.Function):
-    """A training step's masked weight, ``weight * mask`` (``weight`` itself where the mask
-    is all ones, ``mask`` None), with a second output, ``sink``, a 0-d tensor whose only use
-    is to carry the masked-L2 term's gradient divisor ``d`` back (see
+    """A training step's masked weight, ``weight * mask`` (``weight`` itself, ``mask`` None,
+    where the mask is all ones or the weight is known zero outside it), with a second
+    output, ``sink``, a 0-d tensor whose only use is to carry the masked-L2 term's gradient
+    divisor ``d`` back (see
     ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
     gradient in place in the gradient of the product: ``grad + weight / d`` (where the term
     was used), then an AND of its bits with ``keep`` (all ones where the task trains the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -240,6 +241,23 @@ class Supernet(nn.Module):
             if mask is not None:
                 layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
             self._restrict(layer, dead)
+
+    @torch.no_grad()
+    def zero_pruned(self, state: Mapping[Tensor, Mapping[str, Any]] | None = None) -> list[str]:
+        """Zero the free weights outside every layer's mask and their optimizer state
+        (``state``: an optimizer's per-parameter state, keyed by the weight), so that a
+        training step skips the mask product (see ``MaskedLayer.zero_pruned``, which says
+        where that is exact). Called after a prune event of a method whose free weights are
+        set anew before a later task reads them; returns the layers that skip it."""
+        state = {} if state is None else state
+        skipping = []
+        for name, layer in self.layers.items():
+            weight = layer.weight
+            values = state.get(weight, {}).values()
+            states = [v for v in values if isinstance(v, Tensor) and v.shape == weight.shape]
+            if layer.zero_pruned(states):
+                skipping.append(name)
+        return skipping
 
     # -------------------------------------------------------------- counting
     def alive_counts(self, units: dict[str, Tensor] | None = None) -> dict[str, int]:

@@ -228,6 +228,8 @@ class Engine:
         guard = FrozenGuard(sn, restore=optimizer.decays)
         if resume is not None and resume.optimizer is not None:
             optimizer.load_state_dict(resume.optimizer)
+        if resume is not None and strategy.zeroes_pruned:  # as after the last prune event
+            self._zero_pruned(optimizer)
         at = resume or TaskProgress()
         phases = strategy.phases()
         per_epoch = task.num_batches("train", self.batch_size)
@@ -258,7 +260,7 @@ class Engine:
             first, step, done = (at.epoch, at.step, at.prunes_done) if p == at.phase else (0, 0, 0)
             while first == 0 and done < len(points) and points[done] == 0:
                 done += 1
-                strategy.prune_step(sn, done / len(points))
+                self._prune_event(done / len(points), optimizer)
             if phase.free_only and first == 0 and n_epochs > 0:
                 sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
             slim = self._slim_phase(phases, p, optimizer, stretch(points, done, n_iters))
@@ -284,7 +286,7 @@ class Engine:
                             slim.write_back(optimizer)
                         while done < len(points) and points[done] == step:
                             done += 1
-                            strategy.prune_step(sn, done / len(points))
+                            self._prune_event(done / len(points), optimizer)
                         more = stretch(points, done, n_iters) if step < n_iters else 0
                         slim = self._slim_phase(phases, p, optimizer, more, slim) if more else None
                         opt, grd, net = (optimizer, guard, None) if slim is None else slim.parts()
@@ -351,6 +353,20 @@ class Engine:
         adopt_pretrained(self.supernet, tensors, task.n_classes, self.strategy.weights)
         self.supernet.eval()
         return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
+
+    def _prune_event(self, progress: float, optimizer: TaskOptimizer) -> None:
+        """The strategy's prune step at ``progress``; then, where the method allows it
+        (``Strategy.zeroes_pruned``), the pruned free weights and their optimizer state are
+        zeroed, so that the steps after it skip the mask product (``Supernet.zero_pruned``)."""
+        self.strategy.prune_step(self.supernet, progress)
+        if self.strategy.zeroes_pruned:
+            self._zero_pruned(optimizer)
+
+    def _zero_pruned(self, optimizer: TaskOptimizer) -> None:
+        """Zero the pruned free weights and their state in ``optimizer`` (see
+        ``Supernet.zero_pruned``)."""
+        weights = optimizer.weights
+        self.supernet.zero_pruned(None if weights is None else weights.state)
 
     def _slim_phase(
         self,
@@ -438,10 +454,15 @@ class Engine:
         guard.begin_step()
         self.scaler.scale(total).backward()
         guard.mask_gradients()
+        # layers whose weight stays zero outside the mask through this step (see
+        # MaskedLayer.keeps_zero): the next step's forward skips their mask product too
+        zero = [layer for layer in net.layers.values() if layer.keeps_zero()]
         for opt in optimizer.optimizers:
             self.scaler.step(opt)  # skipped when the scaled gradients overflowed
         self.scaler.update()
         guard.restore()
+        for layer in zero:
+            layer.note_trained()
         self.strategy.after_step(net)
         return loss.detach()
 
