@@ -94,14 +94,15 @@ def _sampled_nth_largest(
     inside = from_lo.logical_xor_(above).nonzero().view(-1)  # row-major order
     band = magnitude[inside]
     value = band.kthvalue(band.numel() - (n - n_above) + 1).values
-    kept = inside[band >= value]
+    at_least = band >= value
+    kept = inside[at_least]
     surplus = kept.numel() - (n - n_above)
     if surplus > 0:
         # ties at the threshold beyond the count: the last of them by position are dropped
-        tied = (band[band >= value] == value).nonzero().view(-1)
-        drop = torch.ones_like(kept, dtype=torch.bool)
-        drop[tied[tied.numel() - surplus :]] = False
-        kept = kept[drop]
+        tied = (band[at_least] == value).nonzero().view(-1)
+        stays = torch.ones_like(kept, dtype=torch.bool)
+        stays[tied[tied.numel() - surplus :]] = False
+        kept = kept[stays]
     above[kept] = True
     return above, value
 
