@@ -10,12 +10,15 @@ from espn.training.optim import LeanRMSprop, OptimConfig, build_optimizer
 
 def odd_gradients(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Gradients with exact zeros (40%: frozen or masked weights), subnormal and tiny values,
-    and ordinary ones, so that ``square_avg`` holds zeros, subnormals and normals."""
+    a few NaN and inf, and ordinary ones, so that ``square_avg`` holds zeros, subnormals,
+    normals, inf and NaN."""
     grad = torch.randn(shape, generator=gen)
     pick = torch.rand(shape, generator=gen)
     grad[pick < 0.4] = 0.0
     grad[(pick >= 0.4) & (pick < 0.45)] = 1e-20  # squared: below the smallest normal
     grad[(pick >= 0.45) & (pick < 0.5)] = 3e-17  # squared near eps's last bit
+    grad[(pick >= 0.5) & (pick < 0.502)] = float("nan")
+    grad[(pick >= 0.502) & (pick < 0.504)] = float("inf")
     return grad
 
 
@@ -46,12 +49,18 @@ def test_lean_rmsprop_is_torch_rmsprop_bit_for_bit(options: dict, dtype: torch.d
         torch_opt.step()
     if not options.get("weight_decay"):  # (decay makes every gradient non-zero)
         assert any(bool((s["square_avg"] == 0).any()) for s in lean.state.values())
-    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    assert any(bool(s["square_avg"].isnan().any()) for s in lean.state.values())
     for a, b in zip(ours, theirs, strict=True):
-        assert torch.equal(a.detach().view(bits), b.detach().view(bits))
+        assert same_bits(a.detach(), b.detach())
         for key, value in torch_opt.state[b].items():
-            assert torch.equal(lean.state[a][key], value), key
+            assert same_bits(lean.state[a][key], value), key
     assert not torch.equal(ours[0].detach(), start[0])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two float tensors hold the same bits (NaN payloads included)."""
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
 
 
 def test_the_engine_builds_the_lean_rmsprop() -> None:
