@@ -217,8 +217,15 @@ def test_a_frozen_weight_outside_the_mask_is_neither_zeroed_nor_skipped():
     layer.note_mask(binary=True)
     before = layer.weight.detach().clone()
     assert not layer.zero_pruned()
+    assert not layer.zero_pruned()  # the frozen weight found outside, read again
     assert torch.equal(bits(layer.weight), bits(before))
     assert not layer.zero_outside_known()
+    # the unit's frozen weights back in the mask (its free ones still out): zeroed, skipped
+    layer.weight_mask[0, :3] = 1.0
+    layer.note_mask(binary=True)
+    assert layer.zero_pruned() and layer.zero_outside_known()
+    assert torch.equal(bits(layer.weight[0, :3]), bits(before[0, :3]))
+    assert not bool(layer.weight[0, 3:].any())
 
 
 def test_a_resumed_run_skips_the_product_again(tmp_path, monkeypatch, fake_mnist, fc_test_model):

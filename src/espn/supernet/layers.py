@@ -75,6 +75,8 @@ class MaskedLayer(nn.Module):
         #: the weight, mask and frozen stamps (and the weight's address) under which the
         #: weight is known to be zero outside the mask (see :meth:`zero_pruned`)
         self._zero: tuple[Tensor, int, int, Tensor, int, Tensor, int] | None = None
+        #: the frozen set and the flat index of a frozen weight found outside the mask
+        self._stuck: tuple[Tensor, int, int] | None = None
 
     #: what the layer remembers about its own tensors between calls (see below): dropped
     #: from a copy or pickle, whose tensors are others (a step's product is not even a leaf)
@@ -88,6 +90,7 @@ class MaskedLayer(nn.Module):
         "_product",
         "_kept_grad",
         "_zero",
+        "_stuck",
     )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -180,13 +183,22 @@ class MaskedLayer(nn.Module):
         mask, weight = self.weight_mask, self.weight
         if self.mask_is_ones() or not self.mask_is_binary():
             return False
+        stuck = self.__dict__.get("_stuck")
+        # the frozen weight found outside the mask at an earlier event still is (one read)
+        if unchanged(stuck, self.frozen) and stuck and not bool(mask.reshape(-1)[stuck[2]]):
+            return False
         free = self.free_bits()
         # the mask's bits: all ones (-1) in it, zero outside, as integers of the weight's
         # element size; an AND with them zeroes the outside, bit for bit, in one pass
         bits = mask.to(free.dtype).neg_()
-        # a zero in ``bits | free`` is a frozen weight outside the mask (neither in it nor free)
-        if not self._nothing_frozen() and bool(torch.bitwise_or(bits, free).max() == 0):
-            return False
+        if not self._nothing_frozen():
+            # a zero in ``bits | free`` is a frozen weight outside the mask (neither in it nor
+            # free): the largest entry, if any is zero; remembered for the next event
+            either = torch.bitwise_or(bits, free).view(-1)
+            at = int(either.argmax())
+            if not bool(either[at]):
+                self._stuck = (*stamp(self.frozen), at)
+                return False
         for tensor in (weight, *states):
             if tensor.dtype == weight.dtype:
                 float_bits(tensor).bitwise_and_(bits)
