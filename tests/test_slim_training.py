@@ -633,10 +633,22 @@ def test_a_copy_cut_like_the_last_one_is_not_checked_again(monkeypatch):
         real(net, supernet)
 
     monkeypatch.setattr(slim_module, "_check", check)
+    cuts: list[frozenset[str]] = []  # every copy's cut, checked or not
+    real_init = slim_module.SlimPhase.__init__
+
+    def init(phase, *args, **kwargs):
+        real_init(phase, *args, **kwargs)
+        cuts.append(phase.net.cut_names())
+
+    monkeypatch.setattr(slim_module.SlimPhase, "__init__", init)
     spy = SlimSpy(monkeypatch)
     prune_phase_run("fc", OPTIMIZERS[0], slim=True, seed=0)
     copies = spy.phase("prune")
     assert len(copies) >= 5 and all(copies) and spy.phase("finetune") == [True]
+    assert len(cuts) == len(copies) + 1
     pruning = checked[:-1]  # the last: the fine-tuning's copy, a phase's first, checked
     assert 1 <= len(pruning) < len(copies)
+    # exactly the phase's first copy and every copy cut otherwise than the one before it
+    anew = [cuts[0]] + [b for a, b in itertools.pairwise(cuts[:-1]) if a != b]
+    assert pruning == anew
     assert all(a != b for a, b in itertools.pairwise(pruning)), "checked: cut anew only"
