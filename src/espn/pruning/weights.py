@@ -58,14 +58,29 @@ def largest_free(
         found = _sampled_nth_largest(flat, free_flat, n, available)
         if found is not None:
             return found[0].view_as(free), found[1]
-    value = flat.masked_select(free_flat).kthvalue(available - n + 1).values
-    keep = (magnitude >= value) & free
-    surplus = int(keep.count_nonzero()) - n
+    kept, value = _largest_at(flat, free_flat.nonzero().view(-1), n)
+    keep = torch.zeros_like(free_flat)
+    keep[kept] = True
+    return keep.view_as(free), value
+
+
+def _largest_at(magnitude: Tensor, inside: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The flat positions of the ``n`` largest entries of flat ``magnitude`` among the
+    positions ``inside`` (ascending, ``0 < n <= len(inside)``), and the smallest kept value:
+    every entry above it, and of those equal to it the first by position, as many as the
+    count allows."""
+    band = magnitude[inside]
+    value = band.kthvalue(band.numel() - n + 1).values
+    at_least = band >= value
+    kept = inside[at_least]
+    surplus = kept.numel() - n
     if surplus > 0:
         # ties at the threshold beyond the count: the last of them by position are dropped
-        tied = ((magnitude == value) & free).view(-1).nonzero().view(-1)
-        keep.view(-1)[tied[tied.numel() - surplus :]] = False
-    return keep, value
+        tied = (band[at_least] == value).nonzero().view(-1)
+        stays = torch.ones_like(kept, dtype=torch.bool)
+        stays[tied[tied.numel() - surplus :]] = False
+        kept = kept[stays]
+    return kept, value
 
 
 def _sampled_nth_largest(
@@ -92,17 +107,7 @@ def _sampled_nth_largest(
     if not n_above < n <= n_from_lo:
         return None
     inside = from_lo.logical_xor_(above).nonzero().view(-1)  # row-major order
-    band = magnitude[inside]
-    value = band.kthvalue(band.numel() - (n - n_above) + 1).values
-    at_least = band >= value
-    kept = inside[at_least]
-    surplus = kept.numel() - (n - n_above)
-    if surplus > 0:
-        # ties at the threshold beyond the count: the last of them by position are dropped
-        tied = (band[at_least] == value).nonzero().view(-1)
-        stays = torch.ones_like(kept, dtype=torch.bool)
-        stays[tied[tied.numel() - surplus :]] = False
-        kept = kept[stays]
+    kept, value = _largest_at(magnitude, inside, n - n_above)
     above[kept] = True
     return above, value
 
