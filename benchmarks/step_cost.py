@@ -11,6 +11,14 @@ first epoch of every phase is a warm-up and is not counted; the table prints the
 milliseconds per step over the ``--repeats`` epochs after it and the median of the
 per-epoch ratios espn / plain (read the ratios on a shared machine).
 
+Where the method's recipe has the authors' L2 term on the masked weights (``masked_l2``:
+ESPN and PackNet), a second plain loop, ``plain+L2``, trains another copy of the dense network
+with that term added to its loss as a user writes it in PyTorch (``strength * ||w||_2 /
+sqrt(n)`` over the weights of the layers espn's term covers, all of them as one vector), so
+that espn's step is also compared with a plain step of the same objective: the ``plain``
+row's loop computes less than espn's recipe asks for. Each method prints one row per
+baseline; espn's milliseconds are the same in both, the baseline and the ratios differ.
+
 The timed task is task 1, after a one-batch task 0, so that frozen weights exist (the frozen
 guard and weight reuse work as in every task after the first). Before timing, the script
 checks that the plain network computes what the supernet computes at initialisation (the
@@ -34,8 +42,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -161,33 +171,63 @@ def synthetic_task(name: str, setting: Setting, images: int, seed: int, device: 
 
 @dataclass
 class Timings:
-    """Per phase of espn's task: milliseconds per step of each counted epoch, espn's and the
-    plain loop's right after it."""
+    """Per phase of espn's task: milliseconds per step of each counted epoch, espn's and each
+    baseline loop's (``plain``, ``plain+L2``) right after it."""
 
     espn: dict[str, list[float]] = field(default_factory=dict)
-    plain: dict[str, list[float]] = field(default_factory=dict)
+    #: baseline name -> phase -> milliseconds per step
+    base: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     epochs_seen: dict[str, int] = field(default_factory=dict)
     #: milliseconds of each prune event (not counted in the steps' times)
     events: list[float] = field(default_factory=list)
 
-    def add(self, phase: str, espn_ms: float, plain_ms: float) -> None:
+    def add(self, phase: str, espn_ms: float, base_ms: dict[str, float]) -> None:
         seen = self.epochs_seen.get(phase, 0)
         self.epochs_seen[phase] = seen + 1
         if seen == 0:  # the first epoch of a phase warms up (optimizer state, caches)
             return
         self.espn.setdefault(phase, []).append(espn_ms)
-        self.plain.setdefault(phase, []).append(plain_ms)
+        for name, ms in base_ms.items():
+            self.base.setdefault(name, {}).setdefault(phase, []).append(ms)
 
-    def row(self, phase: str) -> tuple[float, float, float] | None:
-        """Median espn ms, median plain ms, median ratio of ``phase`` (None: not timed)."""
+    def row(self, phase: str, baseline: str = "plain") -> tuple[float, float, float] | None:
+        """Median espn ms, median ``baseline`` ms, median ratio of ``phase`` (None: not
+        timed)."""
         if phase not in self.espn:
             return None
-        ratios = [e / p for e, p in zip(self.espn[phase], self.plain[phase], strict=True)]
+        base = self.base[baseline][phase]
+        ratios = [e / p for e, p in zip(self.espn[phase], base, strict=True)]
         return (
             statistics.median(self.espn[phase]),
-            statistics.median(self.plain[phase]),
+            statistics.median(base),
             statistics.median(ratios),
         )
+
+    def baseline_ms(self, baseline: str) -> float:
+        """Median milliseconds per step of ``baseline`` over every timed phase."""
+        runs = [ms for per_phase in self.base.get(baseline, {}).values() for ms in per_phase]
+        return statistics.median(runs) if runs else float("nan")
+
+
+def recipe_l2(supernet: Supernet, plain: nn.Module, strength: float) -> Callable[[], Tensor] | None:
+    """The authors' L2 term of espn's recipe on the plain network, as a user writes it:
+    ``strength * ||w||_2 / sqrt(n)`` with ``w`` the weights of the layers espn's term covers
+    (those producing units; not the head) as one vector of ``n`` entries (None at strength 0).
+    espn's term divides by its masks' counts; the dense network's mask is every weight."""
+    if strength <= 0:
+        return None
+    weights = [
+        plain.get_submodule(name).weight
+        for name, layer in supernet.layers.items()
+        if layer.out_units is not None
+    ]
+    scale = strength / math.sqrt(sum(w.numel() for w in weights))
+
+    def term() -> Tensor:
+        norms = torch.stack([torch.linalg.vector_norm(w) for w in weights])
+        return scale * torch.linalg.vector_norm(norms)
+
+    return term
 
 
 def plain_epoch(
@@ -197,8 +237,10 @@ def plain_epoch(
     batch: int,
     steps: int,
     generator: torch.Generator,
+    penalty: Callable[[], Tensor] | None = None,
 ) -> float:
-    """Milliseconds per step of ``steps`` plain PyTorch training steps over ``task``."""
+    """Milliseconds per step of ``steps`` plain PyTorch training steps over ``task``, with
+    ``penalty`` added to the loss where given."""
     model.train()
     start = CLOCK[0]()
     loss = torch.zeros(())
@@ -206,6 +248,8 @@ def plain_epoch(
         if i == steps:
             break
         loss = F.cross_entropy(model(x), y)
+        if penalty is not None:
+            loss = loss + penalty()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -250,15 +294,24 @@ def measure(
     plain = plain_network(supernet)
     probe = synthetic_task("probe", setting, 4, 99, device)
     check_same_network(supernet, plain, next(probe.batches("train", 4, augment=False))[0], name)
-    plain_opt = plain_optimizer(setting.optim, list(plain.parameters()))
     epochs = args.repeats + 1
     # no warm-up: it would take pre-training's first epoch (espn's MNIST recipe has one)
     plan = (1, epochs, epochs) if slim else (epochs, epochs, epochs)
     strategy = create_method(method, epochs=plan, warmup=0)
+    # each baseline: its own copy of the dense network, optimizer, penalty and batch order
+    plain_l2 = copy.deepcopy(plain)
+    baselines = {"plain": (plain, None)}
+    l2 = recipe_l2(supernet, plain_l2, float(strategy.settings.get("masked_l2", 0.0)))
+    if l2 is not None:
+        baselines["plain+L2"] = (plain_l2, l2)
+    loops = {
+        name: (model, plain_optimizer(setting.optim, list(model.parameters())), penalty)
+        for name, (model, penalty) in baselines.items()
+    }
+    gens = {name: torch.Generator().manual_seed(3) for name in loops}
     engine = Engine(supernet, strategy, setting.optim, batch, seed=0, slim_training=slim)
     engine.train_task(synthetic_task("task 0", setting, batch, 1, device), 0)
     task = synthetic_task("task 1", setting, batch * args.steps, 2, device)
-    plain_gen = torch.Generator().manual_seed(3)
     timings, phases = Timings(), [p.name for p in strategy.phases()]
     mark = [CLOCK[0]()]
     prune_event = engine._prune_event
@@ -279,8 +332,11 @@ def measure(
             mark[0] = CLOCK[0]()
             return
         espn_ms = 1e3 * (CLOCK[0]() - mark[0]) / args.steps
-        plain_ms = plain_epoch(plain, plain_opt, task, batch, args.steps, plain_gen)
-        timings.add(phase, espn_ms, plain_ms)
+        base_ms = {
+            name: plain_epoch(model, opt, task, batch, args.steps, gens[name], penalty)
+            for name, (model, opt, penalty) in loops.items()
+        }
+        timings.add(phase, espn_ms, base_ms)
         mark[0] = CLOCK[0]()
 
     engine.train_task(task, 1, on_epoch_end=after_epoch)
@@ -327,9 +383,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{device}, {torch.get_num_threads()} threads, {args.clock} clock, {args.steps} steps "
         f"per epoch, median of "
         f"{args.repeats} epochs per phase; ms per step "
-        "(espn / plain)"
+        "(espn / baseline)"
     )
-    header = f"{'model':>17} {'method':>10} {'batch':>5} {'plain ms':>9}"
+    header = f"{'model':>17} {'method':>10} {'batch':>5} {'baseline':>9} {'base ms':>8}"
     print(
         header
         + "".join(f" {p:>17}" for p in ("pretrain", "prune", "finetune"))
@@ -338,25 +394,24 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models.split(","):
         for method in args.methods.split(","):
             phases, timings = measure(name, method, args, device)
-            plain_all = [ms for runs in timings.plain.values() for ms in runs]
-            plain_ms = statistics.median(plain_all) if plain_all else float("nan")
-            main_cells = "".join(
-                f" {cell(timings.row(p))}" for p in ("pretrain", "prune", "finetune")
-            )
-            others = [
-                p for p in phases if p not in ("pretrain", "prune", "finetune") and timings.row(p)
-            ]
-            extra = "".join(f"  {p}: {cell(timings.row(p)).strip()}" for p in others)
             slim = measure(name, method, args, device, slim=True)[1] if args.slim else None
-            for p in ("prune", "finetune"):
-                main_cells += f" {cell(None if slim is None else slim.row(p))}"
             batch = args.batch or SETTINGS[name].batch
             label = LABELS.get(method, method)
             event = statistics.median(timings.events) if timings.events else float("nan")
-            print(
-                f"{name:>17} {label:>10} {batch:>5} {plain_ms:>9.1f}{main_cells} {event:>9.1f}"
-                f"{extra}"
-            )
+            others = [
+                p for p in phases if p not in ("pretrain", "prune", "finetune") and timings.row(p)
+            ]
+            for base in timings.base:
+                cells = "".join(
+                    f" {cell(timings.row(p, base))}" for p in ("pretrain", "prune", "finetune")
+                )
+                for p in ("prune", "finetune"):
+                    cells += f" {cell(None if slim is None else slim.row(p, base))}"
+                extra = "".join(f"  {p}: {cell(timings.row(p, base)).strip()}" for p in others)
+                print(
+                    f"{name:>17} {label:>10} {batch:>5} {base:>9} {timings.baseline_ms(base):>8.1f}"
+                    f"{cells} {event:>9.1f}{extra}"
+                )
 
 
 if __name__ == "__main__":

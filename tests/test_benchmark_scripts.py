@@ -70,11 +70,17 @@ def test_step_cost_times_every_phase_against_the_plain_loop() -> None:
         *("--batch", "8", "--threads", "1"),
     )
     rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
-    assert [r[1] for r in rows] == ["ESPN-0.2", "packnet"]
-    # plain ms, ms and (ratio) of pre-training, pruning, fine-tuning, slim pruning, slim
+    # each method against the plain loop and the plain loop with the recipe's L2 term
+    assert [r[1:4:2] for r in rows] == [
+        [m, b] for m in ("ESPN-0.2", "packnet") for b in ("plain", "plain+L2")
+    ]
+    # baseline ms, ms and (ratio) of pre-training, pruning, fine-tuning, slim pruning, slim
     # fine-tuning, event ms
     for row in rows:
-        assert len(row) == 15 and all(r.endswith("x)") for r in row[5:14:2])
+        assert len(row) == 16 and all(r.endswith("x)") for r in row[6:15:2])
+    # espn's milliseconds are the same in both rows of a method; the baselines differ
+    for espn, l2 in zip(rows[::2], rows[1::2], strict=True):
+        assert espn[5:15:2] == l2[5:15:2] and espn[15] == l2[15]
 
 
 @pytest.mark.skipif(
@@ -94,5 +100,7 @@ def test_whole_task_compares_espn_run_with_the_plain_loop_step_for_step() -> Non
     for row in rows:
         # 2 batches of 256 per pass over 300 images, 1 + 2 + 1 passes
         assert int(row[1]) == 2 * (1 + 2 + 1)
-        assert row[4].endswith("x") and row[7].endswith("x")
-        assert all(0.0 <= float(r.rstrip("%")) <= 100.0 for r in row[9:11])
+        # espn / plain, espn / plain with the recipe's L2 term, the whole runs' ratio
+        assert row[4].endswith("x") and row[6].endswith("x") and row[9].endswith("x")
+        assert float(row[5]) > 0  # both recipes have the L2 term: the loop ran
+        assert all(0.0 <= float(r.rstrip("%")) <= 100.0 for r in row[11:13])

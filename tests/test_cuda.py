@@ -99,7 +99,9 @@ def test_step_cost_runs_on_the_device() -> None:
         for row in out.splitlines()
         if row.split()[:1] in (["fc1024"], ["resnet18-reduced"])
     ]
-    assert [r[1] for r in rows] == ["ESPN-0.2", "packnet"] * 2
+    # each method against the plain loop and the plain loop with the recipe's L2 term
+    assert [r[1] for r in rows] == ["ESPN-0.2", "ESPN-0.2", "packnet", "packnet"] * 2
+    assert [r[3] for r in rows] == ["plain", "plain+L2"] * 4
 
 
 def test_lean_penalties_match_the_loop_on_the_device() -> None:
