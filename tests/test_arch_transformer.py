@@ -176,6 +176,41 @@ def test_layernorm_mlp_exports_equal_to_the_supernet():
     assert bool((hidden[:, ~units[next(iter(units))]] == 0).all())
 
 
+def test_task_layernorm_is_torchs_layernorm_over_the_alive_features():
+    """Forward and gradients of a task LayerNorm equal torch's LayerNorm over its alive
+    features bit for bit (all alive: the whole width), a dead feature outputs exactly zero
+    and its scale and shift get no gradient; a mask written in place (a prune event) is
+    followed; the compiled form (the mask as a tensor) computes the same within rounding."""
+    torch.manual_seed(0)
+    norm = TaskLayerNorm(12, "stream", eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-1, 1)
+    x = torch.randn(3, 5, 12)
+    for alive in (torch.ones(12, dtype=torch.bool), torch.arange(12) % 3 != 1):
+        with torch.no_grad():
+            norm.unit_mask.copy_(alive.float())
+        xs, ws, bs = (t.detach()[..., alive].requires_grad_() for t in (x, norm.weight, norm.bias))
+        xm = x.clone().requires_grad_()
+        out = norm(xm)
+        ref = nn.functional.layer_norm(xs, (int(alive.sum()),), ws, bs, 1e-6)
+        assert torch.equal(out[..., alive], ref)
+        assert torch.equal(out[..., ~alive], torch.zeros_like(out[..., ~alive]))
+        assert not out[..., ~alive].signbit().any()
+        g = torch.randn_like(out)
+        norm.zero_grad()
+        out.backward(g)
+        ref.backward(g[..., alive])
+        assert xm.grad is not None and xs.grad is not None
+        assert torch.equal(xm.grad[..., alive], xs.grad)
+        assert not xm.grad[..., ~alive].any()
+        for got, want in ((norm.weight.grad, ws.grad), (norm.bias.grad, bs.grad)):
+            assert got is not None and want is not None
+            assert torch.equal(got[alive], want) and not got[~alive].any()
+        with torch.no_grad():
+            assert torch.allclose(norm.masked_norm(x), norm(x), atol=1e-5)
+
+
 def test_token_linear_layers_are_gated_on_the_last_dimension():
     class Tokens(nn.Module):
         def __init__(self) -> None:

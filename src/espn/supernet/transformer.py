@@ -20,18 +20,29 @@ is task-specific state swapped in with the task.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from espn.supernet.layers import MaskedLinear, TaskSpecific, UnitGate, UnitModule
+from espn.supernet.layers import (
+    MaskedLinear,
+    TaskSpecific,
+    UnitGate,
+    UnitModule,
+    expand_units,
+    stamp,
+    unchanged,
+)
 
 
 class TokenGate(UnitGate):
     """A :class:`UnitGate` scaling the last dimension; one unit spans ``unit_size`` features."""
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.is_identity():
+            return x  # x * 1, exactly, for every value
         scale, shift = self.feature_affine()
         return x * scale if shift is None else x * scale + shift
 
@@ -57,7 +68,43 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
     def reset_task(self, n_classes: int) -> None:
         self.reset_parameters()
 
+    def alive_features(self) -> Tensor | None:
+        """The indices of the alive features (None: every feature is alive), read from
+        ``unit_mask`` once per change of it (one host read at a prune event or a task
+        switch, never in a step: the record holds the mask tensor and its version counter,
+        which every in-place write bumps)."""
+        mask = self.unit_mask
+        known = self.__dict__.get("_alive")
+        if known is not None and unchanged(known, mask):
+            return cast(Tensor | None, known[2])
+        alive = expand_units(mask, self.unit_size).nonzero().flatten()
+        index = None if alive.numel() == mask.numel() * self.unit_size else alive
+        self._alive = (*stamp(mask), index)
+        return index
+
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return self.masked_norm(x)
+        alive = self.alive_features()
+        if alive is not None and alive.numel() == 0:
+            return self.masked_norm(x)  # every feature pruned: zeros
+        if alive is None:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        # the alive features gathered, normalised as the slim model's LayerNorm does, and put
+        # back at their places among zeros (a pruned feature outputs exactly zero)
+        out = F.layer_norm(
+            x.index_select(-1, alive),
+            (alive.numel(),),
+            self.weight.index_select(0, alive),
+            self.bias.index_select(0, alive),
+            self.eps,
+        )
+        return x.new_zeros(x.shape).index_copy_(-1, alive, out)
+
+    def masked_norm(self, x: Tensor) -> Tensor:
+        """The same normalisation written with the unit mask as a tensor (no Python value
+        read from it): what a compiled graph computes, which a prune event's in-place mask
+        update must not force to recompile."""
         mask = self.unit_mask.to(x.dtype)
         count = mask.sum().clamp_min(1.0)
         mean = (x * mask).sum(-1, keepdim=True) / count
