@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 import espn
 from espn.config import make_config
@@ -209,6 +209,65 @@ def test_task_layernorm_is_torchs_layernorm_over_the_alive_features():
             assert torch.equal(got[alive], want) and not got[~alive].any()
         with torch.no_grad():
             assert torch.allclose(norm.masked_norm(x), norm(x), atol=1e-5)
+
+
+def test_a_training_step_folds_the_token_gates_into_their_layers(monkeypatch):
+    """In a training step a ViT's token gates (the MLP's neurons, the attention heads on v)
+    scale their layer's weight rows instead of its output: the logits and every gradient
+    are the same within rounding for trained gates, and bit for bit for released ones
+    (scales 0 and 1, dead units); in eval mode and under a hook the gate is called."""
+    from espn.models.registry import ModelSpec
+    from helpers.tokens import tiny_vit
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 1, 8, 8)
+    sn = Supernet(tiny_vit(ModelSpec((1, 8, 8), 4, True)), x[:2])
+    sn.begin_task(4)
+    gates = [m for m in sn.model.modules() if isinstance(m, TokenGate)]
+    assert len(gates) == 4
+    with torch.no_grad():
+        for g in gates:
+            g.weight.uniform_(0.5, 1.5)
+    calls: list[TokenGate] = []
+    forward = TokenGate.forward
+
+    def counted(gate: TokenGate, x: Tensor) -> Tensor:
+        calls.append(gate)
+        return forward(gate, x)
+
+    monkeypatch.setattr(TokenGate, "forward", counted)
+
+    def run(hooked: bool) -> tuple[Tensor, list[Tensor]]:
+        hooks = [g.register_forward_hook(lambda *_: None) for g in gates] if hooked else []
+        sn.train()
+        sn.model.zero_grad()
+        out = sn.forward_working(x)
+        out.square().sum().backward()
+        for h in hooks:
+            h.remove()
+        grads = [p.grad.clone() for p in sn.model.parameters() if p.grad is not None]
+        return out.detach(), grads
+
+    folded, folded_grads = run(hooked=False)
+    assert not calls  # folded: no gate was called
+    gated_out, gated_grads = run(hooked=True)
+    assert len(calls) == len(gates)
+    assert torch.allclose(folded, gated_out, atol=1e-5)
+    assert all(
+        torch.allclose(a, b, atol=1e-5) for a, b in zip(folded_grads, gated_grads, strict=True)
+    )
+    sn.set_unit_masks({g: torch.arange(n) % 4 != 1 for g, n in sn.group_sizes.items()})
+    sn.release_gates()
+    folded, folded_grads = run(hooked=False)
+    gated_out, gated_grads = run(hooked=True)
+    assert torch.equal(folded, gated_out)
+    assert len(folded_grads) == len(gated_grads)
+    assert all(torch.equal(a, b) for a, b in zip(folded_grads, gated_grads, strict=True))
+    calls.clear()
+    sn.eval()
+    with torch.no_grad():
+        sn.forward_working(x)
+    assert len(calls) == len(gates)
 
 
 def test_token_linear_layers_are_gated_on_the_last_dimension():

@@ -20,7 +20,13 @@ from torch import Tensor, nn
 from espn.errors import EspnError
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskHead, shared_head
-from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
+from espn.supernet.transformer import (
+    MaskedAttention,
+    TaskLayerNorm,
+    TaskTokens,
+    TokenGate,
+    gated,
+)
 
 STREAM = "stream"
 
@@ -45,7 +51,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x))
-        return x + self.fc2(self.act(self.gate(self.fc1(self.norm2(x)))))
+        return x + self.fc2(self.act(gated(self.fc1, self.gate, self.norm2(x))))
 
 
 class ViT(nn.Module):
