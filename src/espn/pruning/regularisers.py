@@ -87,8 +87,9 @@ def masked_weight_l2(supernet: Supernet) -> Tensor:
     inputs: list[Tensor] = []
     sinks: list[bool] = []
     for layer in layers:
-        sink, product = layer.step_sink(), layer.step_product()
-        if sink is not None and product is not None:
+        parts = layer.step_parts()
+        if parts is not None:
+            product, sink = parts
             values.append(product.detach())
             masks.append(None)
             inputs.append(sink)

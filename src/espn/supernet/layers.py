@@ -156,12 +156,14 @@ class MaskedLayer(nn.Module):
             # passed in through functional_call, soft or trained): differentiated as it is,
             # and no product of an earlier forward pass counts as this one's
             if torch.is_grad_enabled():
-                self._product = None
+                self.__dict__["_product"] = None
             return weight if ones or self.zero_outside_known() else weight * mask
         keep = None if ones and self._nothing_frozen() else self._trainable_bits()
         bare = ones or self.zero_outside_known()
         product, sink = _TrainedWeight.apply(weight, None if bare else mask, keep, self)
-        self._product = (product, sink, *stamp(weight), *stamp(mask))
+        # written to the instance's dict directly: nn.Module.__setattr__ checks its
+        # parameters, buffers and submodules first (a few microseconds per layer and step)
+        self.__dict__["_product"] = (product, sink, *stamp(weight), *stamp(mask))
         return product
 
     @torch.no_grad()
@@ -248,16 +250,18 @@ class MaskedLayer(nn.Module):
     def step_product(self) -> Tensor | None:
         """This step's masked weight as the forward pass computed it (None: none is current:
         the weight or the mask changed since, or no training forward pass computed it)."""
-        parts = self._step_parts()
+        parts = self.step_parts()
         return None if parts is None else parts[0]
 
     def step_sink(self) -> Tensor | None:
         """Where the masked-L2 term's gradient enters this step's product (see
         :class:`_TrainedWeight`; None when :meth:`step_product` is None)."""
-        parts = self._step_parts()
+        parts = self.step_parts()
         return None if parts is None else parts[1]
 
-    def _step_parts(self) -> tuple[Tensor, Tensor] | None:
+    def step_parts(self) -> tuple[Tensor, Tensor] | None:
+        """:meth:`step_product` and :meth:`step_sink` in one call (None: no product is
+        current)."""
         known = self.__dict__.get("_product")
         if known is None or torch.compiler.is_compiling():
             return None
@@ -276,7 +280,7 @@ class MaskedLayer(nn.Module):
     def forget_kept_grad(self) -> None:
         """Forget what an earlier backward pass wrote (called before each backward pass that
         :meth:`grad_is_kept` is asked about, so that no earlier gradient's address counts)."""
-        self._kept_grad = None
+        self.__dict__["_kept_grad"] = None
 
     def _trainable_bits(self) -> Tensor:
         """All ones on the weights the task may train (in the mask, not frozen), zero
@@ -392,7 +396,7 @@ class _TrainedWeight(torch.autograd.Function):
             out = grad if owned else torch.empty_like(grad)
             torch.bitwise_and(float_bits(grad), keep, out=float_bits(out))
             grad = out
-            ctx.layer._kept_grad = (grad.data_ptr(), grad._version)
+            ctx.layer.__dict__["_kept_grad"] = (grad.data_ptr(), grad._version)
         return grad, None, None, None
 
 
