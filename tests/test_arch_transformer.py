@@ -270,6 +270,78 @@ def test_a_training_step_folds_the_token_gates_into_their_layers(monkeypatch):
     assert len(calls) == len(gates)
 
 
+def test_a_training_step_carries_the_alive_stream_features_alone(monkeypatch):
+    """Once the ViT's stream has dead features, a training step carries its alive features
+    alone (no task LayerNorm runs on the whole width): the logits and every gradient equal
+    the whole-width forward's within float rounding, and every gradient at a dead stream
+    feature (its norms' scales and shifts, the tokens, the weights writing or reading it)
+    is exactly zero in both. Eval mode, or a hook on any module, runs the whole width."""
+    from espn.models.registry import ModelSpec
+    from espn.models.vit import ViT
+    from helpers.tokens import tiny_vit
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 1, 8, 8)
+    sn = Supernet(tiny_vit(ModelSpec((1, 8, 8), 4, True)), x[:2])
+    sn.begin_task(4)
+    with torch.no_grad():
+        for m in sn.model.modules():
+            if isinstance(m, TaskLayerNorm | TokenGate):
+                m.weight.uniform_(0.5, 1.5)
+    alive = torch.arange(32) % 3 != 0
+    sn.set_unit_masks(
+        {
+            g: alive if g == "stream" else torch.ones(n, dtype=torch.bool)
+            for g, n in sn.group_sizes.items()
+        }
+    )
+    wide: list[int] = []
+    forward = TaskLayerNorm.forward
+
+    def counted(norm: TaskLayerNorm, x: Tensor) -> Tensor:
+        wide.append(1)
+        return forward(norm, x)
+
+    monkeypatch.setattr(TaskLayerNorm, "forward", counted)
+
+    def run(hooked: bool) -> tuple[Tensor, dict[str, Tensor]]:
+        model = sn.model
+        assert isinstance(model, ViT)
+        hook = model.head.register_forward_hook(lambda *_: None) if hooked else None
+        sn.train()
+        model.zero_grad(set_to_none=True)
+        out = sn.forward_working(x)
+        out.square().sum().backward()
+        if hook is not None:
+            hook.remove()
+        return out.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    carried, carried_grads = run(hooked=False)
+    assert not wide  # no norm ran on the whole width
+    whole, whole_grads = run(hooked=True)
+    norms = sum(isinstance(m, TaskLayerNorm) for m in sn.model.modules())
+    assert len(wide) == norms == 5
+    assert torch.allclose(carried, whole, atol=1e-5)
+    assert carried_grads.keys() == whole_grads.keys()
+    for name, grad in carried_grads.items():
+        assert torch.allclose(grad, whole_grads[name], atol=1e-5), name
+    dead = {
+        "tokens.pos_embed": (Ellipsis, ~alive),
+        "norm.weight": ~alive,
+        "blocks.0.fc2.weight": ~alive,
+        "blocks.1.attn.q.weight": (slice(None), ~alive),
+        "patch_embed.weight": ~alive,
+    }
+    for name, where in dead.items():
+        for grads in (carried_grads, whole_grads):
+            assert torch.equal(grads[name][where], torch.zeros_like(grads[name][where])), name
+    wide.clear()
+    sn.eval()
+    with torch.no_grad():
+        assert torch.allclose(sn.forward_working(x), carried, atol=1e-5)
+    assert len(wide) == norms
+
+
 def test_token_linear_layers_are_gated_on_the_last_dimension():
     class Tokens(nn.Module):
         def __init__(self) -> None:

@@ -15,7 +15,10 @@ Every task owns its LayerNorms, its class token and position embeddings, and its
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
 from espn.models.registry import MODELS, ModelSpec
@@ -25,7 +28,9 @@ from espn.supernet.transformer import (
     TaskLayerNorm,
     TaskTokens,
     TokenGate,
+    alive_linear,
     gated,
+    hooked,
 )
 
 STREAM = "stream"
@@ -52,6 +57,30 @@ class Block(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.fc2(self.act(gated(self.fc1, self.gate, self.norm2(x))))
+
+    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
+        """:meth:`forward` on the stream's features ``alive`` alone (see :meth:`ViT.forward`)."""
+        assert isinstance(self.attn, MaskedAttention) and isinstance(self.fc1, MaskedLinear)
+        x = x + self.attn.alive_forward(self.norm1.alive_norm(x, alive), alive)
+        hidden = alive_linear(self.fc1, self.norm2.alive_norm(x, alive), alive, gate=self.gate)
+        return x + alive_linear(self.fc2, self.act(hidden), outputs=alive)
+
+    def espn_modules(self) -> bool:
+        """Whether the block holds the supernet's own modules (not plain ones put in their
+        place, as a plain copy of the network does)."""
+        return (
+            isinstance(self.norm1, TaskLayerNorm)
+            and isinstance(self.norm2, TaskLayerNorm)
+            and isinstance(self.fc1, MaskedLinear)
+            and isinstance(self.fc2, MaskedLinear)
+            and isinstance(self.gate, TokenGate)
+            and type(self.attn) is MaskedAttention
+            and all(
+                isinstance(m, MaskedLinear)
+                for m in (self.attn.q, self.attn.k, self.attn.v, self.attn.proj)
+            )
+            and isinstance(self.attn.gate, TokenGate)
+        )
 
 
 class ViT(nn.Module):
@@ -92,9 +121,58 @@ class ViT(nn.Module):
             self.head = shared_head(dim, n_classes, STREAM, task_affine)
 
     def forward(self, x: Tensor) -> Tensor:
+        alive = self.alive_stream()
+        if alive is not None:
+            return self.alive_forward(x, alive)
         x = self.tokens(self.patch_embed(x).flatten(2).transpose(1, 2))
         x = self.norm(self.blocks(x))
         return self.head(x[:, 0])
+
+    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
+        """:meth:`forward` carrying the residual stream's alive features alone: the patch
+        embedding computes those channels, the tokens and every norm keep those features,
+        the layers reading the stream read those columns of their weights and the layers
+        writing it write those rows. A dead stream feature is read by nothing but the task
+        LayerNorms, which leave it out (and output zero there), so the logits are the same
+        up to the order of float sums, and so is every gradient (a dead feature's zero)."""
+        embed = self.patch_embed
+        assert isinstance(embed, MaskedConv2d) and isinstance(self.head, TaskHead)
+        x = embed._conv_forward(x, embed.masked_weight().index_select(0, alive), None)
+        x = self.tokens.alive_forward(x.flatten(2).transpose(1, 2), alive)
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            x = block.alive_forward(x, alive)
+        assert isinstance(self.norm, TaskLayerNorm)
+        x = self.norm.alive_norm(x, alive)
+        return F.linear(x[:, 0], self.head.weight.index_select(1, alive), self.head.bias)
+
+    def alive_stream(self) -> Tensor | None:
+        """The stream's alive features where :meth:`forward` carries them alone: in a
+        training step (training mode, gradients on, eager: not compiled, not traced for
+        export) of a task whose stream has dead features, with no hook on any module (a
+        hook sees the whole width) and the supernet's own modules in place; None
+        elsewhere (the whole width)."""
+        if (
+            not self.training
+            or not torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or is_fx_symbolic_tracing()
+            or not isinstance(self.norm, TaskLayerNorm)
+        ):
+            return None
+        alive = self.norm.alive_features()
+        if alive is None or alive.numel() == 0:
+            return None
+        if not (
+            isinstance(self.patch_embed, MaskedConv2d)
+            and isinstance(self.tokens, TaskTokens)
+            and isinstance(self.head, TaskHead)
+            and all(isinstance(b, Block) and b.espn_modules() for b in self.blocks)
+        ):
+            return None
+        if any(hooked(m) for m in self.modules()):
+            return None
+        return alive
 
 
 @MODELS.register("vit-p4")

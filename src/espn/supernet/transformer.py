@@ -66,16 +66,38 @@ def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
         and isinstance(gate, TokenGate)
         and layer.training
         and torch.is_grad_enabled()
-        and not _hooked(layer)
-        and not _hooked(gate)
+        and not hooked(layer)
+        and not hooked(gate)
         and not gate.is_identity()
     ):
-        scale, shift = gate.feature_affine()
-        return F.linear(x, layer.masked_weight() * scale.unsqueeze(1), shift)
+        return alive_linear(layer, x, gate=gate)
     return cast(Tensor, gate(layer(x)))
 
 
-def _hooked(m: nn.Module) -> bool:
+def alive_linear(
+    layer: MaskedLinear,
+    x: Tensor,
+    inputs: Tensor | None = None,
+    outputs: Tensor | None = None,
+    gate: TokenGate | None = None,
+) -> Tensor:
+    """``layer``'s masked linear map on the features ``inputs`` of its input only (``x``
+    holds just those; None: all), computing the features ``outputs`` of its output only
+    (None: all), followed by ``gate`` folded into its weight rows (see :func:`gated`). The
+    columns and rows are cut from the masked weight, so that the gradient reaches the
+    weight through the layer's product as in its own forward."""
+    weight = layer.masked_weight()
+    if inputs is not None:
+        weight = weight.index_select(1, inputs)
+    if outputs is not None:
+        weight = weight.index_select(0, outputs)
+    if gate is None or gate.is_identity():
+        return F.linear(x, weight)
+    scale, shift = gate.feature_affine()
+    return F.linear(x, weight * scale.unsqueeze(1), shift)
+
+
+def hooked(m: nn.Module) -> bool:
     """Whether a forward hook would see ``m``'s call (its own or a global one)."""
     return bool(
         m._forward_hooks
@@ -130,14 +152,15 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         # the alive features gathered, normalised as the slim model's LayerNorm does, and put
         # back at their places among zeros (a pruned feature outputs exactly zero)
-        out = F.layer_norm(
-            _Features.apply(x, alive, None),
-            (alive.numel(),),
-            self.weight.index_select(0, alive),
-            self.bias.index_select(0, alive),
-            self.eps,
-        )
+        out = self.alive_norm(_Features.apply(x, alive, None), alive)
         return cast(Tensor, _Features.apply(out, alive, x.shape[-1]))
+
+    def alive_norm(self, x: Tensor, alive: Tensor) -> Tensor:
+        """The normalisation of ``x``, the features ``alive`` alone (``alive`` as
+        :meth:`alive_features` gives them), at those features: what :meth:`forward`
+        computes there from the whole width."""
+        weight, bias = self.weight.index_select(0, alive), self.bias.index_select(0, alive)
+        return F.layer_norm(x, (alive.numel(),), weight, bias, self.eps)
 
     def masked_norm(self, x: Tensor) -> Tensor:
         """The same normalisation written with the unit mask as a tensor (no Python value
@@ -206,6 +229,11 @@ class TaskTokens(TaskSpecific):
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         return torch.cat([cls, x], dim=1) + self.pos_embed
 
+    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
+        """:meth:`forward` on the features ``alive`` of the stream alone."""
+        cls = self.cls_token.index_select(-1, alive).expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1) + self.pos_embed.index_select(-1, alive)
+
 
 class MaskedAttention(nn.Module):
     """Multi-head self-attention on ``(B, N, D)`` tokens whose units are its heads.
@@ -252,3 +280,17 @@ class MaskedAttention(nn.Module):
         attn = self.attn_drop(attn)
         out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
         return self.proj(out)
+
+    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
+        """:meth:`forward` on the features ``alive`` of its input stream alone (``x`` holds
+        just those), giving the same features of its output: q, k and v read those columns
+        of their weights, the output projection writes those rows (see :func:`alive_linear`)."""
+        b, n = x.shape[0], x.shape[1]
+        q = alive_linear(self.q, x, alive).view(b, n, -1, self.head_dim).transpose(1, 2)
+        k = alive_linear(self.k, x, alive).view(b, n, -1, self.head_dim).transpose(1, 2)
+        v = alive_linear(self.v, x, alive, gate=self.gate)
+        v = v.view(b, n, -1, self.head_dim).transpose(1, 2)
+        attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
+        attn = self.attn_drop(attn)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
+        return alive_linear(self.proj, out, outputs=alive)
