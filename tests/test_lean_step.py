@@ -9,9 +9,11 @@ import torch
 from torch import nn
 
 import espn
+from espn.models.registry import ModelSpec
+from espn.models.registry import build_supernet as registry_supernet
 from espn.pruning.regularisers import UniformL1, masked_weight_l2
 from espn.supernet import Supernet
-from espn.supernet.layers import UnitGate
+from espn.supernet.layers import TaskBatchNorm2d, TaskGroupNorm, UnitGate, UnitModule
 from espn.training.optim import FrozenGuard, OptimConfig, TaskOptimizer
 
 
@@ -366,3 +368,54 @@ def test_training_steps_through_the_fused_path_move_no_frozen_weight() -> None:
         )
         moved = layer.weight_mask.bool() & ~frozen
         assert not torch.equal(layer.weight.detach()[moved], before[name][moved])
+
+
+@pytest.mark.parametrize("kind", ["batchnorm", "groupnorm"])
+def test_a_task_norm_with_every_unit_alive_skips_its_mask_bit_for_bit(kind: str) -> None:
+    """A task BatchNorm/GroupNorm whose units are all alive (noted when a task begins or units
+    are set) uses its scale and shift as they are: the same output and gradients, bit for bit,
+    as the product with its mask of ones; a unit mask written since, or a copy's, is
+    multiplied again (a dead unit outputs zero and gets no gradient)."""
+    torch.manual_seed(0)
+    if kind == "batchnorm":
+        norm: UnitModule = TaskBatchNorm2d(6, "g")
+    else:
+        norm = TaskGroupNorm(3, 6, "g", unit_size=2)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x = torch.randn(4, 6, 5, 5)
+    grads = []
+    for noted in (False, True):
+        norm.note_units(noted)
+        assert norm.all_alive() is noted
+        norm.zero_grad()
+        out = norm(x)
+        (out * torch.linspace(-1.0, 2.0, out.numel()).view_as(out)).sum().backward()
+        grads.append((out.detach(), norm.weight.grad.clone(), norm.bias.grad.clone()))
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert not deepcopy(norm).all_alive()
+    norm.unit_mask[0] = 0.0  # written since it was noted: the mask applies again
+    assert not norm.all_alive()
+    norm.zero_grad()
+    out = norm(x)
+    out.sum().backward()
+    size = 1 if kind == "batchnorm" else 2
+    assert bool((out[:, :size] == 0).all()) and bool((norm.weight.grad[:size] == 0).all())
+
+
+def test_a_task_begins_and_sets_units_noting_whether_all_are_alive() -> None:
+    """Every task norm of a task that begins is known all alive (no host read), and
+    ``set_unit_masks`` notes each group as it sets it."""
+    spec = ModelSpec((3, 8, 8), 4, True, stream_pruning="per-conv")
+    sn = registry_supernet("resnet18-reduced", spec, torch.zeros(2, 3, 8, 8), 0, "cpu")
+    sn.begin_task(4)
+    norms = [m for m in sn.task_modules.values() if isinstance(m, TaskBatchNorm2d)]
+    assert norms and all(m.all_alive() for m in norms)
+    units = sn.unit_masks()
+    group = norms[0].group
+    units[group][0] = False
+    sn.set_unit_masks(units)
+    assert not norms[0].all_alive()
+    assert all(m.all_alive() for m in norms if m.group != group)

@@ -575,6 +575,37 @@ class UnitModule(TaskSpecific):
         self.group = group
         self.unit_size = unit_size
         self.register_buffer("unit_mask", torch.ones(n // unit_size))
+        self._all_alive: tuple[Tensor, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy's tensors are others (a deep copy keeps their version counters): what was
+        # noted about this module's mask is not known of the copy's
+        state: dict[str, Any] = super().__getstate__()
+        return state | {"_all_alive": None}
+
+    def note_units(self, all_alive: bool) -> None:
+        """Record whether ``unit_mask`` is all ones, told by the caller that just wrote it (a
+        task begins, units are set): while that very tensor is unwritten since (see
+        :func:`stamp`), :meth:`all_alive` holds and a norm's forward uses its scale and shift
+        as they are, with no product by the mask to compute or differentiate."""
+        self._all_alive = stamp(self.unit_mask) if all_alive else None
+
+    def all_alive(self) -> bool:
+        """Whether every unit is known to be alive (see :meth:`note_units`): a mask written or
+        swapped since reads as not known, and so does any inside ``torch.compile`` (as
+        ``MaskedLayer.mask_is_ones``)."""
+        if torch.compiler.is_compiling():
+            return False
+        return unchanged(self.__dict__.get("_all_alive"), self.unit_mask)
+
+    def masked_affine(self) -> tuple[Tensor, Tensor]:
+        """The scale and shift masked by the task's units: ``weight`` and ``bias`` themselves
+        where every unit is known alive (``x * 1`` is ``x`` bit for bit, and so is its
+        gradient), else their products with :meth:`entry_mask`."""
+        if self.all_alive():
+            return self.weight, self.bias
+        mask = self.entry_mask()
+        return self.weight * mask, self.bias * mask
 
     @property
     def num_units(self) -> int:
@@ -709,21 +740,14 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
 def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
     """A task BatchNorm's forward (any dimension): batch statistics while training, the
     task's running statistics otherwise; scale and shift masked by the task's units."""
-    mask = norm.entry_mask()
+    weight, bias = norm.masked_affine()
     factor = 0.0 if norm.momentum is None else norm.momentum
     if norm.training:
         norm.num_batches_tracked.add_(1)
         if norm.momentum is None:  # cumulative moving average, as torch's BatchNorm
             factor = 1.0 / float(norm.num_batches_tracked)
     return F.batch_norm(
-        x,
-        norm.running_mean,
-        norm.running_var,
-        norm.weight * mask,
-        norm.bias * mask,
-        norm.training,
-        factor,
-        norm.eps,
+        x, norm.running_mean, norm.running_var, weight, bias, norm.training, factor, norm.eps
     )
 
 
@@ -756,8 +780,8 @@ class TaskGroupNorm(nn.GroupNorm, UnitModule):
         self.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
-        mask = self.entry_mask()
-        return F.group_norm(x, self.num_groups, self.weight * mask, self.bias * mask, self.eps)
+        weight, bias = self.masked_affine()
+        return F.group_norm(x, self.num_groups, weight, bias, self.eps)
 
 
 class TaskBias(TaskSpecific):

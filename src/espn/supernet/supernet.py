@@ -155,6 +155,7 @@ class Supernet(nn.Module):
                 entries = expand_units(alive_d, m.entries_per_unit)
                 m.weight.data.masked_fill_(~entries, 0.0)
                 m.bias.data.masked_fill_(~entries, 0.0)
+                m.note_units(bool(alive_d.all()))
         self._apply_structure()
 
     def structural_mask(self, name: str) -> Tensor:
@@ -342,6 +343,7 @@ class Supernet(nn.Module):
         for members in self.groups.values():
             for unit in members:
                 unit.unit_mask.fill_(1.0)
+                unit.note_units(True)
         for layer in self.layers.values():
             layer.weight_mask.fill_(1.0)
             layer.note_mask(binary=True)
@@ -442,8 +444,10 @@ class Supernet(nn.Module):
             raise IndexError(f"task {task} is not learned ({learned})")
         mask = self.masks[task]
         for g, alive in mask.units.items():  # first: a released gate is its unit mask
+            every = bool(alive.all())
             for unit in self.groups[g]:
                 unit.unit_mask.copy_(alive.to(unit.unit_mask.device, unit.unit_mask.dtype))
+                unit.note_units(every)
         for name, m in self.task_modules.items():
             prefix = f"{name}."
             m.load_task_state(

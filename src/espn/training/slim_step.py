@@ -368,7 +368,9 @@ class SlimNet(nn.Module):
             stream = expand_units(kept[m.group], m.unit_size)
             mine = expand_units(units, m.unit_size)
             m.register_forward_hook(_Scatter((stream.cumsum(0) - 1)[mine], int(stream.sum())))
+        # the copy's units are all alive (its unit mask is cut to them where any died)
         if bool(units.all()):
+            m.note_units(True)
             self.groups.setdefault(m.group, []).append(m)
             return
         entries = expand_units(units, m.entries_per_unit).nonzero().flatten()
@@ -388,6 +390,7 @@ class SlimNet(nn.Module):
             m.num_groups, m.num_channels = width // per_group, width
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.num_features = width
+        m.note_units(True)
         self.groups.setdefault(m.group, []).append(m)
 
     def cut_names(self) -> frozenset[str]:
