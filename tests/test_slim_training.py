@@ -17,6 +17,8 @@ from espn.evaluation.metrics import task_accuracy, task_logits
 from espn.evaluation.slim_eval import SlimEvaluator
 from espn.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig
+from espn.models.convert import to_supernet
+from espn.models.mobilenet import MobileNetV2Small
 from espn.models.registry import ModelSpec
 from espn.models.resnet import BasicBlock, ResNet
 from espn.pruning.pruner import gate_magnitude
@@ -70,9 +72,15 @@ class SlimSpy:
 
 def model(kind: str) -> torch.nn.Module:
     """``fc``: an FC net; ``conv``: a residual block whose stream is one unit group;
-    ``resnet``: the reduced ResNet18's structure at width 8, streams pruned per conv."""
+    ``resnet``: the reduced ResNet18's structure at width 8, streams pruned per conv;
+    ``mobilenet``: MobileNetV2-small's structure at width 8 (depthwise convs, a dropout
+    before the head)."""
     if kind == "resnet":
         return ResNet(BasicBlock, [2, 2, 1, 1], 8, 1, 3, True, streams="per-conv")
+    if kind == "mobilenet":
+        torch.manual_seed(0)
+        plain = MobileNetV2Small(1, 3, 0.25, ((1, 8, 1, 1), (2, 8, 2, 2)), 16, dropout=0.3)
+        return to_supernet(plain, torch.zeros(2, 1, 8, 8))
     return make_model(kind)
 
 
@@ -131,11 +139,16 @@ OPTIMIZERS = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["fc", "conv", "resnet"])
+@pytest.mark.parametrize("kind", ["fc", "conv", "resnet", "mobilenet"])
 @pytest.mark.parametrize("method", ["espn", "individual"])
 def test_slim_fine_tuning_equals_masked_fine_tuning(monkeypatch, method, kind):
-    """Same steps on the same batches: the same weights, task state and accuracy."""
-    optim = OPTIMIZERS[0]
+    """Same steps on the same batches: the same weights, task state and accuracy.
+
+    The MobileNet trains with SGD: the shift of the BatchNorm that ends its first block gets
+    no gradient but float rounding (the next block's BatchNorm removes any per-channel shift
+    of its 1x1 convolution's input), which Adam scales up to steps of its learning rate, so
+    that two runs summing in another order move it apart whatever they compute."""
+    optim = OPTIMIZERS[2] if kind == "mobilenet" else OPTIMIZERS[0]
     masked, seq, _, _ = two_tasks(kind, method, optim, slim=False)
     spy = SlimSpy(monkeypatch)
     slim, _, _, _ = two_tasks(kind, method, optim, slim=True)
@@ -351,15 +364,59 @@ def test_a_model_the_copy_cannot_slice_fine_tunes_masked(monkeypatch):
         slim_module.SlimNet(sn)
 
 
-def test_dropout_keeps_the_masked_supernet():
-    """A dropout's random mask has its input's width: a slim copy would draw other masks."""
+def test_a_dropout_elsewhere_keeps_the_masked_supernet():
+    """A dropout's random mask has its input's width: where no linear layer reads its output
+    straight (which says which features a copy keeps), a slim copy would draw other masks."""
     seq = tiny_sequence(1)
     net = torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3)
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 16),
+        torch.nn.Dropout(0.1),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 3),
     )
     sn = espn.wrap(net, seq.tasks[0].train.x[:2])
     with pytest.raises(slim_module.SlimUnsupported, match="draws random masks"):
         slim_module.SlimNet(sn)
+
+
+@pytest.mark.parametrize("p", [0.3, 1.0])
+def test_a_dropout_feeding_a_linear_layer_draws_the_supernets_noise(p):
+    """A dropout straight before a linear layer: the copy draws the supernet's noise over the
+    whole width and keeps the alive features' part, so that in training mode, from the same
+    random state, the copy computes the supernet's logits and gradients (a copy drawing its
+    own, narrower noise would not: the check below fails for it)."""
+    seq = tiny_sequence(1)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.Dropout(p), torch.nn.Linear(16, 3)
+    )
+    sn = espn.wrap(net, seq.tasks[0].train.x[:2])
+    sn.begin_task(3)
+    units = sn.unit_masks()
+    group = next(iter(units))
+    units[group][::3] = False
+    sn.set_unit_masks(units)
+    copy = slim_module.SlimNet(sn)
+    assert copy.model[3].weight.shape[1] == int(units[group].sum())
+    x = seq.tasks[0].train.x[:8]
+    sn.train()
+    copy.train()
+    results = []
+    for net_ in (sn, copy):
+        torch.manual_seed(5)
+        out = net_.forward_working(x)
+        out.square().sum().backward()
+        results.append(out.detach())
+    torch.testing.assert_close(results[1], results[0], atol=ATOL, rtol=0)
+    head = copy.model[3].weight
+    alive = units[group]
+    torch.testing.assert_close(head.grad, sn.model[3].weight.grad[:, alive], atol=ATOL, rtol=0)
+    if p < 1.0:  # the noise of the copy's own width is other noise
+        torch.manual_seed(5)
+        narrow = torch.nn.functional.dropout(torch.ones(8, int(alive.sum())), p, True)
+        torch.manual_seed(5)
+        wide = torch.nn.functional.dropout(torch.ones(8, alive.numel()), p, True)[:, alive]
+        assert not torch.equal(narrow, wide)
 
 
 # ------------------------------------------------------------------ the prune phase, slim

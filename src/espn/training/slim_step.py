@@ -29,6 +29,7 @@ adds tensors of one width.
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any, cast
 
 import torch
@@ -231,14 +232,53 @@ class _Scatter:
         return out.new_zeros(shape).index_copy(1, self.places.to(out.device), out)
 
 
-def refusal(name: str, m: nn.Module) -> str | None:
+class _SlimDropout(nn.Module):
+    """A copy's ``nn.Dropout`` whose input holds features ``index`` (its last dimension) of
+    the supernet's ``width``: it draws the noise the supernet's dropout draws, over the whole
+    width (the same random numbers, from the same generator: ``bernoulli_(1 - p)`` then
+    ``/ (1 - p)``, as torch's dropout computes it, bit for bit), and multiplies its input by
+    the kept features' noise, so that every kept feature is dropped and scaled exactly as in
+    the supernet."""
+
+    def __init__(self, p: float, index: Tensor, width: int) -> None:
+        super().__init__()
+        self.p, self.index, self.width = p, index, width
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self.p == 1.0:  # as torch's: zeros, no random number drawn
+            return x * x.new_zeros(())
+        noise = x.new_empty((*x.shape[:-1], self.width)).bernoulli_(1.0 - self.p)
+        return x * noise.div_(1.0 - self.p).index_select(-1, self.index.to(x.device))
+
+
+def _dropout_readers(model: nn.Module) -> dict[int, MaskedLinear | TaskHead]:
+    """Per ``nn.Dropout`` (by id) directly followed, in an ``nn.Sequential``, by a linear layer
+    (masked or a head, the first of a nested ``nn.Sequential``): that layer, whose input
+    units say which of the dropout's features a copy keeps (see :class:`_SlimDropout`)."""
+    readers: dict[int, MaskedLinear | TaskHead] = {}
+    for parent in model.modules():
+        if not isinstance(parent, nn.Sequential):
+            continue
+        children = list(parent)
+        for drop, after in itertools.pairwise(children):
+            while isinstance(after, nn.Sequential) and len(after) > 0:
+                after = after[0]
+            if type(drop) is nn.Dropout and type(after) in (MaskedLinear, TaskHead):
+                readers[id(drop)] = cast(MaskedLinear | TaskHead, after)
+    return readers
+
+
+def refusal(name: str, m: nn.Module, readers: dict[int, Any] | None = None) -> str | None:
     """Why a slim copy cannot hold module ``m`` (named ``name``) exactly, whatever units are
     alive (None: it can): a masked or task module of a type it does not slice, a dropout
-    (its random mask has the width of its input: a narrower copy draws other masks), or
-    another module holding tensors of its own."""
+    (its random mask has the width of its input: a narrower copy draws other masks) unless
+    it feeds a linear layer straight (``readers``, see :func:`_dropout_readers`: the copy
+    then draws the supernet's noise), or another module holding tensors of its own."""
     if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
         return f"module {name!r} ({type(m).__name__}) is not sliced"
-    if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+    if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in (readers or {}):
         return f"module {name!r} ({type(m).__name__}) draws random masks"
     own = next(m.parameters(recurse=False), None) is not None or (
         next(m.buffers(recurse=False), None) is not None
@@ -252,8 +292,14 @@ def slim_refusal(model: nn.Module) -> str | None:
     """Why no slim copy of ``model`` can be exact (None: one may be, depending on its alive
     units): checked before a copy is built, so that a prune phase of a model the copy cannot
     hold pays no copy at its prune events."""
+    readers = _dropout_readers(model)
     return next(
-        (why for name, m in model.named_modules() if (why := refusal(name, m)) is not None), None
+        (
+            why
+            for name, m in model.named_modules()
+            if (why := refusal(name, m, readers)) is not None
+        ),
+        None,
     )
 
 
@@ -291,6 +337,18 @@ class SlimNet(nn.Module):
         self.groups: dict[str, list[UnitModule]] = {}
         #: as the supernet's flag: the copy is always of the task in training
         self.in_training = True
+        # a dropout feeding a linear layer whose inputs are cut draws the supernet's noise
+        for parent in list(self.model.modules()):
+            if isinstance(parent, nn.Sequential):
+                readers = _dropout_readers(parent)
+                for i, drop in enumerate(list(parent)):
+                    reader = readers.get(id(drop))
+                    if reader is None:
+                        continue
+                    width = reader.weight.shape[1]
+                    cols = _indices(kept, reader.in_units, reader.in_unit_size, width)
+                    if cols is not None:
+                        parent[i] = _SlimDropout(cast(nn.Dropout, drop).p, cols, width)
         for name, m in self.model.named_modules():
             self._slice(name, m, kept)
         # a penalty weighs each gate/BatchNorm by its place in ``groups`` (WeightedL1's
