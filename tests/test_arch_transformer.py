@@ -270,12 +270,15 @@ def test_a_training_step_folds_the_token_gates_into_their_layers(monkeypatch):
     assert len(calls) == len(gates)
 
 
-def test_a_training_step_carries_the_alive_stream_features_alone(monkeypatch):
-    """Once the ViT's stream has dead features, a training step carries its alive features
-    alone (no task LayerNorm runs on the whole width): the logits and every gradient equal
-    the whole-width forward's within float rounding, and every gradient at a dead stream
-    feature (its norms' scales and shifts, the tokens, the weights writing or reading it)
-    is exactly zero in both. Eval mode, or a hook on any module, runs the whole width."""
+@pytest.mark.parametrize("dead_stream", [True, False])
+def test_a_training_step_carries_the_alive_units_alone(monkeypatch, dead_stream):
+    """Once a ViT has dead units, a training step carries its alive units alone (the
+    stream's alive features: no task LayerNorm runs on the whole width; each block's alive
+    MLP neurons and heads): the logits and every gradient equal the whole-width forward's
+    within float rounding, and every gradient of a dead unit (a dead stream feature's norm
+    scales, tokens and the weights writing or reading it; a dead neuron's or head's rows
+    and columns) is exactly zero in both. Eval mode, or a hook on any module, runs the
+    whole width."""
     from espn.models.registry import ModelSpec
     from espn.models.vit import ViT
     from helpers.tokens import tiny_vit
@@ -288,13 +291,12 @@ def test_a_training_step_carries_the_alive_stream_features_alone(monkeypatch):
         for m in sn.model.modules():
             if isinstance(m, TaskLayerNorm | TokenGate):
                 m.weight.uniform_(0.5, 1.5)
-    alive = torch.arange(32) % 3 != 0
-    sn.set_unit_masks(
-        {
-            g: alive if g == "stream" else torch.ones(n, dtype=torch.bool)
-            for g, n in sn.group_sizes.items()
-        }
-    )
+    stream = torch.arange(32) % 3 != 0 if dead_stream else torch.ones(32, dtype=torch.bool)
+    neurons = torch.arange(64) % 4 != 1
+    units = {g: torch.ones(n, dtype=torch.bool) for g, n in sn.group_sizes.items()}
+    units |= {"stream": stream, "blocks.0.heads": torch.tensor([False, True])}
+    units |= {"blocks.1.mlp": neurons}
+    sn.set_unit_masks(units)
     wide: list[int] = []
     forward = TaskLayerNorm.forward
 
@@ -326,11 +328,15 @@ def test_a_training_step_carries_the_alive_stream_features_alone(monkeypatch):
     for name, grad in carried_grads.items():
         assert torch.allclose(grad, whole_grads[name], atol=1e-5), name
     dead = {
-        "tokens.pos_embed": (Ellipsis, ~alive),
-        "norm.weight": ~alive,
-        "blocks.0.fc2.weight": ~alive,
-        "blocks.1.attn.q.weight": (slice(None), ~alive),
-        "patch_embed.weight": ~alive,
+        "tokens.pos_embed": (Ellipsis, ~stream),
+        "norm.weight": ~stream,
+        "blocks.0.fc2.weight": ~stream,
+        "blocks.1.attn.q.weight": (slice(None), ~stream),
+        "patch_embed.weight": ~stream,
+        "blocks.0.attn.k.weight": slice(0, 16),  # the dead head's rows
+        "blocks.0.attn.proj.weight": (slice(None), slice(0, 16)),
+        "blocks.1.fc1.weight": ~neurons,
+        "blocks.1.fc2.weight": (slice(None), ~neurons),
     }
     for name, where in dead.items():
         for grads in (carried_grads, whole_grads):

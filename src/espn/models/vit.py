@@ -28,6 +28,7 @@ from espn.supernet.transformer import (
     TaskLayerNorm,
     TaskTokens,
     TokenGate,
+    alive_index,
     alive_linear,
     gated,
     hooked,
@@ -58,12 +59,20 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x))
         return x + self.fc2(self.act(gated(self.fc1, self.gate, self.norm2(x))))
 
-    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
-        """:meth:`forward` on the stream's features ``alive`` alone (see :meth:`ViT.forward`)."""
+    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
+        """:meth:`forward` on the stream's features ``alive`` alone (None: all) and the
+        MLP's alive neurons alone (see :meth:`ViT.alive_forward`)."""
         assert isinstance(self.attn, MaskedAttention) and isinstance(self.fc1, MaskedLinear)
         x = x + self.attn.alive_forward(self.norm1.alive_norm(x, alive), alive)
-        hidden = alive_linear(self.fc1, self.norm2.alive_norm(x, alive), alive, gate=self.gate)
-        return x + alive_linear(self.fc2, self.act(hidden), outputs=alive)
+        neurons = alive_index(self.gate)
+        hidden = self.norm2.alive_norm(x, alive)
+        hidden = alive_linear(self.fc1, hidden, alive, neurons, self.gate)
+        return x + alive_linear(self.fc2, self.act(hidden), neurons, alive)
+
+    def has_dead_units(self) -> bool:
+        """Whether the block's MLP neurons or attention heads have a dead unit (see
+        :func:`alive_index`)."""
+        return alive_index(self.gate) is not None or alive_index(self.attn.gate) is not None
 
     def espn_modules(self) -> bool:
         """Whether the block holds the supernet's own modules (not plain ones put in their
@@ -121,58 +130,64 @@ class ViT(nn.Module):
             self.head = shared_head(dim, n_classes, STREAM, task_affine)
 
     def forward(self, x: Tensor) -> Tensor:
-        alive = self.alive_stream()
-        if alive is not None:
-            return self.alive_forward(x, alive)
+        if self.carries_alive_units():
+            return self.alive_forward(x)
         x = self.tokens(self.patch_embed(x).flatten(2).transpose(1, 2))
         x = self.norm(self.blocks(x))
         return self.head(x[:, 0])
 
-    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
-        """:meth:`forward` carrying the residual stream's alive features alone: the patch
-        embedding computes those channels, the tokens and every norm keep those features,
-        the layers reading the stream read those columns of their weights and the layers
-        writing it write those rows. A dead stream feature is read by nothing but the task
-        LayerNorms, which leave it out (and output zero there), so the logits are the same
-        up to the order of float sums, and so is every gradient (a dead feature's zero)."""
-        embed = self.patch_embed
-        assert isinstance(embed, MaskedConv2d) and isinstance(self.head, TaskHead)
-        x = embed._conv_forward(x, embed.masked_weight().index_select(0, alive), None)
-        x = self.tokens.alive_forward(x.flatten(2).transpose(1, 2), alive)
+    def alive_forward(self, x: Tensor) -> Tensor:
+        """:meth:`forward` carrying the alive units alone: the residual stream's alive
+        features (the patch embedding computes those channels, the tokens and every norm
+        keep those features, the layers reading the stream read those columns of their
+        weights and the layers writing it write those rows), each block's alive MLP
+        neurons and attention heads. A dead stream feature is read by nothing but the task
+        LayerNorms, which leave it out (and output zero there), and a dead neuron's or
+        head's rows and columns are zero in the masks, so the logits are the same up to the
+        order of float sums, and so is every gradient (zero for a dead unit's weights)."""
+        embed, norm = self.patch_embed, self.norm
+        assert isinstance(embed, MaskedConv2d) and isinstance(norm, TaskLayerNorm)
+        assert isinstance(self.head, TaskHead)
+        alive = alive_index(norm)
+        weight = embed.masked_weight()
+        if alive is not None:
+            weight = weight.index_select(0, alive)
+        x = self.tokens.alive_forward(
+            embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2), alive
+        )
         for block in self.blocks:
             assert isinstance(block, Block)
             x = block.alive_forward(x, alive)
-        assert isinstance(self.norm, TaskLayerNorm)
-        x = self.norm.alive_norm(x, alive)
-        return F.linear(x[:, 0], self.head.weight.index_select(1, alive), self.head.bias)
+        x = norm.alive_norm(x, alive)[:, 0]
+        head = self.head.weight if alive is None else self.head.weight.index_select(1, alive)
+        return F.linear(x, head, self.head.bias)
 
-    def alive_stream(self) -> Tensor | None:
-        """The stream's alive features where :meth:`forward` carries them alone: in a
-        training step (training mode, gradients on, eager: not compiled, not traced for
-        export) of a task whose stream has dead features, with no hook on any module (a
-        hook sees the whole width) and the supernet's own modules in place; None
-        elsewhere (the whole width)."""
+    def carries_alive_units(self) -> bool:
+        """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in
+        a training step (training mode, gradients on, eager: not compiled, not traced for
+        export) of a task with a dead unit (a stream feature, an MLP neuron or a head) but
+        a live stream, with the supernet's own modules in place and no hook on any module
+        (a hook sees the whole width)."""
         if (
             not self.training
             or not torch.is_grad_enabled()
             or torch.compiler.is_compiling()
             or is_fx_symbolic_tracing()
             or not isinstance(self.norm, TaskLayerNorm)
+            or not isinstance(self.patch_embed, MaskedConv2d)
+            or not isinstance(self.tokens, TaskTokens)
+            or not isinstance(self.head, TaskHead)
+            or not all(isinstance(b, Block) and b.espn_modules() for b in self.blocks)
         ):
-            return None
-        alive = self.norm.alive_features()
-        if alive is None or alive.numel() == 0:
-            return None
-        if not (
-            isinstance(self.patch_embed, MaskedConv2d)
-            and isinstance(self.tokens, TaskTokens)
-            and isinstance(self.head, TaskHead)
-            and all(isinstance(b, Block) and b.espn_modules() for b in self.blocks)
+            return False
+        stream = alive_index(self.norm)
+        if stream is not None and stream.numel() == 0:
+            return False
+        if stream is None and not any(
+            isinstance(b, Block) and b.has_dead_units() for b in self.blocks
         ):
-            return None
-        if any(hooked(m) for m in self.modules()):
-            return None
-        return alive
+            return False
+        return not any(hooked(m) for m in self.modules())
 
 
 @MODELS.register("vit-p4")

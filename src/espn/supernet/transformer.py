@@ -74,6 +74,22 @@ def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
     return cast(Tensor, gate(layer(x)))
 
 
+def alive_index(module: UnitModule) -> Tensor | None:
+    """The indices of the features ``module`` keeps alive (a unit's ``unit_size``
+    features each; None: every feature is alive), read from its ``unit_mask`` once per
+    change of it (one host read at a prune event or a task switch, never in a step: the
+    record holds the mask tensor and its version counter, which every in-place write
+    bumps)."""
+    mask = module.unit_mask
+    known = module.__dict__.get("_alive")
+    if known is not None and unchanged(known, mask):
+        return cast(Tensor | None, known[2])
+    alive = expand_units(mask, module.unit_size).nonzero().flatten()
+    index = None if alive.numel() == mask.numel() * module.unit_size else alive
+    module.__dict__["_alive"] = (*stamp(mask), index)
+    return index
+
+
 def alive_linear(
     layer: MaskedLinear,
     x: Tensor,
@@ -94,6 +110,9 @@ def alive_linear(
     if gate is None or gate.is_identity():
         return F.linear(x, weight)
     scale, shift = gate.feature_affine()
+    if outputs is not None:
+        scale = scale.index_select(0, outputs)
+        shift = None if shift is None else shift.index_select(0, outputs)
     return F.linear(x, weight * scale.unsqueeze(1), shift)
 
 
@@ -129,18 +148,9 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
         self.reset_parameters()
 
     def alive_features(self) -> Tensor | None:
-        """The indices of the alive features (None: every feature is alive), read from
-        ``unit_mask`` once per change of it (one host read at a prune event or a task
-        switch, never in a step: the record holds the mask tensor and its version counter,
-        which every in-place write bumps)."""
-        mask = self.unit_mask
-        known = self.__dict__.get("_alive")
-        if known is not None and unchanged(known, mask):
-            return cast(Tensor | None, known[2])
-        alive = expand_units(mask, self.unit_size).nonzero().flatten()
-        index = None if alive.numel() == mask.numel() * self.unit_size else alive
-        self._alive = (*stamp(mask), index)
-        return index
+        """The indices of the alive features (None: every feature is alive; see
+        :func:`alive_index`)."""
+        return alive_index(self)
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():
@@ -155,10 +165,12 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
         out = self.alive_norm(_Features.apply(x, alive, None), alive)
         return cast(Tensor, _Features.apply(out, alive, x.shape[-1]))
 
-    def alive_norm(self, x: Tensor, alive: Tensor) -> Tensor:
+    def alive_norm(self, x: Tensor, alive: Tensor | None) -> Tensor:
         """The normalisation of ``x``, the features ``alive`` alone (``alive`` as
-        :meth:`alive_features` gives them), at those features: what :meth:`forward`
-        computes there from the whole width."""
+        :meth:`alive_features` gives them; None: the whole width), at those features: what
+        :meth:`forward` computes there from the whole width."""
+        if alive is None:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         weight, bias = self.weight.index_select(0, alive), self.bias.index_select(0, alive)
         return F.layer_norm(x, (alive.numel(),), weight, bias, self.eps)
 
@@ -229,8 +241,10 @@ class TaskTokens(TaskSpecific):
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         return torch.cat([cls, x], dim=1) + self.pos_embed
 
-    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
-        """:meth:`forward` on the features ``alive`` of the stream alone."""
+    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
+        """:meth:`forward` on the features ``alive`` of the stream alone (None: all)."""
+        if alive is None:
+            return self.forward(x)
         cls = self.cls_token.index_select(-1, alive).expand(x.shape[0], -1, -1)
         return torch.cat([cls, x], dim=1) + self.pos_embed.index_select(-1, alive)
 
@@ -281,16 +295,21 @@ class MaskedAttention(nn.Module):
         out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
         return self.proj(out)
 
-    def alive_forward(self, x: Tensor, alive: Tensor) -> Tensor:
+    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
         """:meth:`forward` on the features ``alive`` of its input stream alone (``x`` holds
-        just those), giving the same features of its output: q, k and v read those columns
-        of their weights, the output projection writes those rows (see :func:`alive_linear`)."""
+        just those; None: all), giving the same features of its output, with its alive
+        heads alone: q, k and v read those columns of their weights and compute the alive
+        heads' rows, the output projection reads the alive heads' columns and writes the
+        stream's rows (see :func:`alive_linear`). A dead head's rows and columns are zero in
+        the masks, so it adds exactly nothing to the whole-width forward."""
         b, n = x.shape[0], x.shape[1]
-        q = alive_linear(self.q, x, alive).view(b, n, -1, self.head_dim).transpose(1, 2)
-        k = alive_linear(self.k, x, alive).view(b, n, -1, self.head_dim).transpose(1, 2)
-        v = alive_linear(self.v, x, alive, gate=self.gate)
-        v = v.view(b, n, -1, self.head_dim).transpose(1, 2)
+        heads = alive_index(self.gate)
+        width = self.v.out_features if heads is None else heads.numel()
+        shape = (b, n, width // self.head_dim, self.head_dim)
+        q = alive_linear(self.q, x, alive, heads).view(shape).transpose(1, 2)
+        k = alive_linear(self.k, x, alive, heads).view(shape).transpose(1, 2)
+        v = alive_linear(self.v, x, alive, heads, self.gate).view(shape).transpose(1, 2)
         attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
         attn = self.attn_drop(attn)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
-        return alive_linear(self.proj, out, outputs=alive)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, width)
+        return alive_linear(self.proj, out, heads, alive)
