@@ -72,7 +72,8 @@ class Block(nn.Module):
     def has_dead_units(self) -> bool:
         """Whether the block's MLP neurons or attention heads have a dead unit (see
         :func:`alive_index`)."""
-        return alive_index(self.gate) is not None or alive_index(self.attn.gate) is not None
+        gates = (self.gate, getattr(self.attn, "gate", None))
+        return any(isinstance(g, TokenGate) and alive_index(g) is not None for g in gates)
 
     def espn_modules(self) -> bool:
         """Whether the block holds the supernet's own modules (not plain ones put in their
@@ -174,20 +175,22 @@ class ViT(nn.Module):
             or torch.compiler.is_compiling()
             or is_fx_symbolic_tracing()
             or not isinstance(self.norm, TaskLayerNorm)
-            or not isinstance(self.patch_embed, MaskedConv2d)
-            or not isinstance(self.tokens, TaskTokens)
-            or not isinstance(self.head, TaskHead)
-            or not all(isinstance(b, Block) and b.espn_modules() for b in self.blocks)
         ):
             return False
-        stream = alive_index(self.norm)
+        stream = alive_index(self.norm)  # first what is cached: a task with no dead unit
         if stream is not None and stream.numel() == 0:
             return False
         if stream is None and not any(
             isinstance(b, Block) and b.has_dead_units() for b in self.blocks
         ):
             return False
-        return not any(hooked(m) for m in self.modules())
+        return (
+            isinstance(self.patch_embed, MaskedConv2d)
+            and isinstance(self.tokens, TaskTokens)
+            and isinstance(self.head, TaskHead)
+            and all(isinstance(b, Block) and b.espn_modules() for b in self.blocks)
+            and not any(hooked(m) for m in self.modules())
+        )
 
 
 @MODELS.register("vit-p4")
