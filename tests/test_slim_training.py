@@ -40,6 +40,7 @@ def copies_at_every_event(monkeypatch: pytest.MonkeyPatch) -> None:
     for itself (see ``slim_prune_pays``): these tests take one after every event that kills
     units, to check that it trains what the masked supernet trains."""
     monkeypatch.setattr(slim_module, "SLIM_REBUILD_COST", 0.0)
+    monkeypatch.setattr(slim_module, "SLIM_CONV_SETUP", 0.0)
 
 
 class SlimSpy:
@@ -658,6 +659,19 @@ def test_a_prune_phase_copy_is_built_where_it_pays(monkeypatch):
     assert [answer for _, _, answer in decided] == [s * (1 - f) >= 1 - 1e-9 for s, f, _ in decided]
     assert [answer for _, _, answer in decided[1:]] == [False, True, True]
     assert spy.phase("prune") == [True, True] and spy.phase("finetune") == [True]
+
+
+def test_a_copys_cost_counts_the_set_up_of_each_convolution(monkeypatch):
+    """A copy of a convolutional net costs, beyond handling its weights, the set-up of every
+    convolution at its first step (new channel counts): one ``SLIM_CONV_SETUP`` per conv, in
+    FLOPs of a dense step; an FC net has none."""
+    monkeypatch.setattr(slim_module, "SLIM_REBUILD_COST", 0.0)
+    monkeypatch.setattr(slim_module, "SLIM_CONV_SETUP", 1e6)
+    seq = tiny_sequence(1)
+    for kind, convs in (("fc", 0), ("resnet", 1 + 2 * 6 + 3)):
+        sn = Supernet(model(kind), seq.tasks[0].train.x[:2])
+        assert sum(isinstance(m, torch.nn.Conv2d) for m in sn.model.modules()) == convs
+        assert slim_module.rebuild_steps(sn, 8) == pytest.approx(1e6 * convs / (sn.dense_flops * 8))
 
 
 def test_a_matrix_cut_both_ways_reads_and_writes_exactly_its_slice():

@@ -97,13 +97,23 @@ def slim_phase_applies(strategy: Strategy, phases: list[Phase], p: int) -> bool:
 #: phase (22 to 55 ms against 40 to 50), where weights / (FLOPs x batch) is 1/512; on the
 #: reduced ResNet18 at batch 128 the same rule gives 0.04 steps (docs/performance.md)
 SLIM_REBUILD_COST = 512.0
+#: what a copy's first step costs beyond the steps after it, per convolution, in FLOPs of a
+#: dense step: the convolution library prepares its kernels for the copy's new channel
+#: counts (oneDNN on the CPU) in the forward and both backward passes. Measured on the
+#: reduced ResNet18 at batch 32, one CPU thread: the first step of each copy takes 65 to
+#: 100 ms more than the next (20 convolutions, a dense step about 250 ms), about 4 ms per
+#: convolution, 5e7 FLOPs of its step (docs/performance.md, "The convolutional step")
+SLIM_CONV_SETUP = 5e7
 
 
 def rebuild_steps(supernet: Supernet, batch_size: int) -> float:
-    """What a slim copy of ``supernet`` costs to build and write back, in optimizer steps
-    at ``batch_size`` (see :data:`SLIM_REBUILD_COST`)."""
+    """What a slim copy of ``supernet`` costs to build, write back and start (its first
+    step's convolution set-up), in optimizer steps at ``batch_size`` (see
+    :data:`SLIM_REBUILD_COST`, :data:`SLIM_CONV_SETUP`)."""
     weights = sum(layer.weight.numel() for layer in supernet.layers.values())
-    return SLIM_REBUILD_COST * weights / (supernet.dense_flops * batch_size)
+    convs = sum(isinstance(layer, MaskedConv2d) for layer in supernet.layers.values())
+    cost = SLIM_REBUILD_COST * weights + SLIM_CONV_SETUP * convs
+    return cost / (supernet.dense_flops * batch_size)
 
 
 def slim_prune_pays(supernet: Supernet, steps: int, batch_size: int) -> bool:
