@@ -104,3 +104,16 @@ def test_whole_task_compares_espn_run_with_the_plain_loop_step_for_step() -> Non
         assert row[4].endswith("x") and row[6].endswith("x") and row[9].endswith("x")
         assert float(row[5]) > 0  # both recipes have the L2 term: the loop ran
         assert all(0.0 <= float(r.rstrip("%")) <= 100.0 for r in row[11:13])
+
+
+def test_step_pairs_times_every_phase_step_by_step() -> None:
+    out = run_script(
+        "step_pairs.py",
+        *("--models", "vit-p4", "--methods", "espn,packnet", "--steps", "3", "--skip", "1"),
+        *("--batch", "4", "--threads", "1"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["vit-p4"]]
+    assert [r[1] for r in rows] == ["ESPN-0.2", "packnet"]
+    for row in rows:  # plain ms, then each phase: name, ms, (ratio)
+        assert row[4::3] == ["pretrain", "prune", "finetune"]
+        assert all(r.startswith("(") and r.endswith("x)") for r in row[6::3])
