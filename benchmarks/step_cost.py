@@ -230,29 +230,54 @@ def recipe_l2(supernet: Supernet, plain: nn.Module, strength: float) -> Callable
     return term
 
 
+#: a baseline loop: its dense network, optimizer and penalty (None: the task loss alone)
+Loop = tuple[nn.Module, torch.optim.Optimizer, Callable[[], Tensor] | None]
+
+
+def baseline_loops(
+    supernet: Supernet, plain: nn.Module, setting: Setting, masked_l2: float
+) -> dict[str, Loop]:
+    """The baselines espn's step is timed against: ``plain`` (``plain`` itself, the task loss
+    alone) and, where the recipe has the L2 term (``masked_l2`` > 0), ``plain+L2`` (a copy of
+    it whose loss adds that term, see :func:`recipe_l2`); each with its own optimizer."""
+    loops: dict[str, Loop] = {
+        "plain": (plain, plain_optimizer(setting.optim, list(plain.parameters())), None)
+    }
+    with_l2 = copy.deepcopy(plain)
+    l2 = recipe_l2(supernet, with_l2, masked_l2)
+    if l2 is not None:
+        loops["plain+L2"] = (
+            with_l2,
+            plain_optimizer(setting.optim, list(with_l2.parameters())),
+            l2,
+        )
+    return loops
+
+
+def plain_step(loop: Loop, x: Tensor, y: Tensor) -> Tensor:
+    """One plain PyTorch training step of ``loop`` on a batch; its loss."""
+    model, optimizer, penalty = loop
+    loss = F.cross_entropy(model(x), y)
+    if penalty is not None:
+        loss = loss + penalty()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def plain_epoch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    task: Task,
-    batch: int,
-    steps: int,
-    generator: torch.Generator,
-    penalty: Callable[[], Tensor] | None = None,
+    loop: Loop, task: Task, batch: int, steps: int, generator: torch.Generator
 ) -> float:
-    """Milliseconds per step of ``steps`` plain PyTorch training steps over ``task``, with
-    ``penalty`` added to the loss where given."""
-    model.train()
+    """Milliseconds per step of ``steps`` plain PyTorch training steps of ``loop`` over
+    ``task``."""
+    loop[0].train()
     start = CLOCK[0]()
     loss = torch.zeros(())
     for i, (x, y) in enumerate(task.batches("train", batch, True, generator)):
         if i == steps:
             break
-        loss = F.cross_entropy(model(x), y)
-        if penalty is not None:
-            loss = loss + penalty()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = plain_step(loop, x, y)
     float(loss.detach())  # wait for the device, as espn's epoch does
     return 1e3 * (CLOCK[0]() - start) / steps
 
@@ -298,16 +323,7 @@ def measure(
     # no warm-up: it would take pre-training's first epoch (espn's MNIST recipe has one)
     plan = (1, epochs, epochs) if slim else (epochs, epochs, epochs)
     strategy = create_method(method, epochs=plan, warmup=0)
-    # each baseline: its own copy of the dense network, optimizer, penalty and batch order
-    plain_l2 = copy.deepcopy(plain)
-    baselines = {"plain": (plain, None)}
-    l2 = recipe_l2(supernet, plain_l2, float(strategy.settings.get("masked_l2", 0.0)))
-    if l2 is not None:
-        baselines["plain+L2"] = (plain_l2, l2)
-    loops = {
-        name: (model, plain_optimizer(setting.optim, list(model.parameters())), penalty)
-        for name, (model, penalty) in baselines.items()
-    }
+    loops = baseline_loops(supernet, plain, setting, float(strategy.settings.get("masked_l2", 0)))
     gens = {name: torch.Generator().manual_seed(3) for name in loops}
     engine = Engine(supernet, strategy, setting.optim, batch, seed=0, slim_training=slim)
     engine.train_task(synthetic_task("task 0", setting, batch, 1, device), 0)
@@ -333,8 +349,8 @@ def measure(
             return
         espn_ms = 1e3 * (CLOCK[0]() - mark[0]) / args.steps
         base_ms = {
-            name: plain_epoch(model, opt, task, batch, args.steps, gens[name], penalty)
-            for name, (model, opt, penalty) in loops.items()
+            name: plain_epoch(loop, task, batch, args.steps, gens[name])
+            for name, loop in loops.items()
         }
         timings.add(phase, espn_ms, base_ms)
         mark[0] = CLOCK[0]()

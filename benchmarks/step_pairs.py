@@ -8,7 +8,9 @@ same task's batches, the same optimizer: ``step_cost``'s), each timed on its own
 process's CPU time, and each phase reports the median of the per-step ratios espn / plain
 (the first ``--skip`` steps of a phase not counted). The plain step's time includes drawing
 its batch, as espn's does; prune events are timed apart and left out, as in ``step_cost``.
-The masked supernet trains (``slim_training`` off).
+The masked supernet trains (``slim_training`` off). Where the method's recipe has the L2 term
+on the masked weights, a ``plain+L2`` step (``step_cost``'s second baseline: the same term in
+the plain loss) follows too, and the method prints a row against each baseline.
 
     python benchmarks/step_pairs.py --threads 1 --models vit-p4 --methods espn,packnet --batch 32
 """
@@ -22,13 +24,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from step_cost import (
     LABELS,
     SETTINGS,
+    baseline_loops,
     check_same_network,
     plain_network,
-    plain_optimizer,
+    plain_step,
     synthetic_task,
 )
 from torch import Tensor
@@ -42,10 +44,13 @@ from espn.training.optim import TaskOptimizer
 CLOCK = time.process_time
 
 
-def measure(
-    name: str, method: str, args: argparse.Namespace
-) -> dict[str, list[tuple[float, float]]]:
-    """Per phase of task 1 of ``method`` on model ``name``: (espn s, plain s) of each step."""
+#: per phase, each counted step's espn seconds and each baseline's seconds
+Pairs = dict[str, list[tuple[float, dict[str, float]]]]
+
+
+def measure(name: str, method: str, args: argparse.Namespace) -> Pairs:
+    """Per phase of task 1 of ``method`` on model ``name``: (espn s, {baseline: s}) of each
+    step."""
     setting = SETTINGS[name]
     batch = args.batch or setting.batch
     spec = ModelSpec(setting.shape, 10, setting.multi_head, stream_pruning="per-conv")
@@ -53,19 +58,19 @@ def measure(
     plain = plain_network(supernet)
     probe = synthetic_task("probe", setting, 4, 99, "cpu")
     check_same_network(supernet, plain, next(probe.batches("train", 4, augment=False))[0], name)
-    plain_opt = plain_optimizer(setting.optim, list(plain.parameters()))
     strategy = create_method(method, epochs=(1, 1, 1), warmup=0)
+    loops = baseline_loops(supernet, plain, setting, float(strategy.settings.get("masked_l2", 0)))
     engine = Engine(supernet, strategy, setting.optim, batch, seed=0, slim_training=False)
     engine.train_task(synthetic_task("task 0", setting, batch, 1, "cpu"), 0)
     task = synthetic_task("task 1", setting, batch * args.steps, 2, "cpu")
-    generator = torch.Generator().manual_seed(3)
 
     def plain_batches() -> Iterator[tuple[Tensor, Tensor]]:
+        generator = torch.Generator().manual_seed(3)
         while True:
             yield from task.batches("train", batch, True, generator)
 
-    batches = plain_batches()
-    steps: dict[str, list[tuple[float, float]]] = {}
+    batches = {base: plain_batches() for base in loops}
+    steps: Pairs = {}
     mark = [CLOCK()]
     prune_event = engine._prune_event
 
@@ -77,18 +82,16 @@ def measure(
     engine._prune_event = timed_prune_event  # type: ignore[method-assign]
 
     class PlainStep(Callback):
-        """After each espn step: one plain step, both timed."""
+        """After each espn step: one step of each baseline, all timed."""
 
         def on_step_end(self, learner: Any, event: StepEnd) -> None:
-            espn = CLOCK() - mark[0]
-            start = CLOCK()
-            x, y = next(batches)
-            loss = F.cross_entropy(plain(x), y)
-            plain_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            plain_opt.step()
-            float(loss.detach())  # wait for the device, as espn's epoch does
-            steps.setdefault(event.phase, []).append((espn, CLOCK() - start))
+            espn, base = CLOCK() - mark[0], {}
+            for name, loop in loops.items():
+                start = CLOCK()
+                loss = plain_step(loop, *next(batches[name]))
+                float(loss.detach())  # wait for the device, as espn's epoch does
+                base[name] = CLOCK() - start
+            steps.setdefault(event.phase, []).append((espn, base))
             mark[0] = CLOCK()
 
         def on_epoch_start(self, learner: Any, event: Any) -> None:
@@ -120,19 +123,25 @@ def main(argv: list[str] | None = None) -> None:
         f"a plain step; median ms per step and median per-step ratio over {args.steps - args.skip}"
         " steps per phase"
     )
-    print(f"{'model':>17} {'method':>10} {'batch':>5} {'plain ms':>9}  phases: espn ms (ratio)")
+    print(
+        f"{'model':>17} {'method':>10} {'batch':>5} {'baseline':>9} {'base ms':>8}"
+        "  phases: espn ms (ratio)"
+    )
     for name in args.models.split(","):
         for method in args.methods.split(","):
             phases = measure(name, method, args)
-            plain_ms = 1e3 * statistics.median(p for pairs in phases.values() for _, p in pairs)
-            cells = "".join(
-                f"  {phase} {1e3 * statistics.median(e for e, _ in pairs):.1f} "
-                f"({statistics.median(e / p for e, p in pairs):.2f}x)"
-                for phase, pairs in phases.items()
-            )
             batch = args.batch or SETTINGS[name].batch
             label = LABELS.get(method, method)
-            print(f"{name:>17} {label:>10} {batch:>5} {plain_ms:>9.1f}{cells}")
+            for base in next(iter(phases.values()))[0][1]:
+                base_ms = 1e3 * statistics.median(
+                    b[base] for pairs in phases.values() for _, b in pairs
+                )
+                cells = "".join(
+                    f"  {phase} {1e3 * statistics.median(e for e, _ in pairs):.1f} "
+                    f"({statistics.median(e / b[base] for e, b in pairs):.2f}x)"
+                    for phase, pairs in phases.items()
+                )
+                print(f"{name:>17} {label:>10} {batch:>5} {base:>9} {base_ms:>8.1f}{cells}")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,12 @@ def test_step_pairs_times_every_phase_step_by_step() -> None:
         *("--batch", "4", "--threads", "1"),
     )
     rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["vit-p4"]]
-    assert [r[1] for r in rows] == ["ESPN-0.2", "packnet"]
-    for row in rows:  # plain ms, then each phase: name, ms, (ratio)
-        assert row[4::3] == ["pretrain", "prune", "finetune"]
-        assert all(r.startswith("(") and r.endswith("x)") for r in row[6::3])
+    # each method against the plain step and the plain step with the recipe's L2 term
+    assert [r[1:4:2] for r in rows] == [
+        [m, b] for m in ("ESPN-0.2", "packnet") for b in ("plain", "plain+L2")
+    ]
+    for row in rows:  # baseline ms, then each phase: name, ms, (ratio)
+        assert row[5::3] == ["pretrain", "prune", "finetune"]
+        assert all(r.startswith("(") and r.endswith("x)") for r in row[7::3])
+    for espn, l2 in zip(rows[::2], rows[1::2], strict=True):  # espn's ms in both rows
+        assert espn[6::3] == l2[6::3]
