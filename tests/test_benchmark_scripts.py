@@ -83,6 +83,15 @@ def test_step_cost_times_every_phase_against_the_plain_loop() -> None:
         assert espn[5:15:2] == l2[5:15:2] and espn[15] == l2[15]
 
 
+def test_step_pairs_mid_times_every_phase_in_pairs() -> None:
+    out = run_script(
+        "step_pairs_mid.py",
+        *("--models", "fc1024", "--methods", "espn", "--pairs", "1", "--batch", "8"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
+    assert [r[1:3] for r in rows] == [["espn", p] for p in ("pretrain", "prune", "finetune")]
+
+
 @pytest.mark.skipif(
     not Path("/usr/share/datasets/fashion-mnist").is_dir(),
     reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
