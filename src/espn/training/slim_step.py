@@ -248,7 +248,10 @@ class _SlimDropout(nn.Module):
     width (the same random numbers, from the same generator: ``bernoulli_(1 - p)`` then
     ``/ (1 - p)``, as torch's dropout computes it, bit for bit), and multiplies its input by
     the kept features' noise, so that every kept feature is dropped and scaled exactly as in
-    the supernet."""
+    the supernet. It draws in the order of a contiguous input (torch's dropout draws in the
+    order of its input's memory): a linear layer's input is one, as the flattened or pooled
+    features before a head are; one laid out otherwise would get the same noise in another
+    order, which no test here would see."""
 
     def __init__(self, p: float, index: Tensor, width: int) -> None:
         super().__init__()
