@@ -12,12 +12,18 @@ The masked supernet trains (``slim_training`` off). Where the method's recipe ha
 on the masked weights, a ``plain+L2`` step (``step_cost``'s second baseline: the same term in
 the plain loss) follows too, and the method prints a row against each baseline.
 
+``--control`` adds a third step after each espn step: a second copy of the plain network
+with its own optimizer and batches, whose ``control`` row gives its per-step ratio to the
+first, two identical steps timed the same way: the machine's noise floor.
+
     python benchmarks/step_pairs.py --threads 1 --models vit-p4 --methods espn,packnet --batch 32
+    python benchmarks/step_pairs.py --threads 1 --models resnet18-reduced --batch 32 --control
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from collections.abc import Iterator
@@ -30,6 +36,7 @@ from step_cost import (
     baseline_loops,
     check_same_network,
     plain_network,
+    plain_optimizer,
     plain_step,
     synthetic_task,
 )
@@ -60,6 +67,9 @@ def measure(name: str, method: str, args: argparse.Namespace) -> Pairs:
     check_same_network(supernet, plain, next(probe.batches("train", 4, augment=False))[0], name)
     strategy = create_method(method, epochs=(1, 1, 1), warmup=0)
     loops = baseline_loops(supernet, plain, setting, float(strategy.settings.get("masked_l2", 0)))
+    if args.control:
+        twin = copy.deepcopy(plain)
+        loops["control"] = (twin, plain_optimizer(setting.optim, list(twin.parameters())), None)
     engine = Engine(supernet, strategy, setting.optim, batch, seed=0, slim_training=False)
     engine.train_task(synthetic_task("task 0", setting, batch, 1, "cpu"), 0)
     task = synthetic_task("task 1", setting, batch * args.steps, 2, "cpu")
@@ -110,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=16, help="optimizer steps per phase")
     parser.add_argument("--skip", type=int, default=2, help="first steps of a phase not counted")
     parser.add_argument("--batch", type=int, default=None, help="batch (default: the model's)")
+    parser.add_argument(
+        "--control", action="store_true", help="also time a plain step against a plain step"
+    )
     args = parser.parse_args(argv)
     unknown = [m for m in args.models.split(",") if m not in SETTINGS]
     if unknown:
@@ -133,15 +146,23 @@ def main(argv: list[str] | None = None) -> None:
             batch = args.batch or SETTINGS[name].batch
             label = LABELS.get(method, method)
             for base in next(iter(phases.values()))[0][1]:
+                # the control row times the plain twin against the plain step; the others
+                # espn's step against their baseline
+                who, against = ("control", "plain") if base == "control" else ("espn", base)
                 base_ms = 1e3 * statistics.median(
-                    b[base] for pairs in phases.values() for _, b in pairs
+                    b[against] for pairs in phases.values() for _, b in pairs
                 )
                 cells = "".join(
-                    f"  {phase} {1e3 * statistics.median(e for e, _ in pairs):.1f} "
-                    f"({statistics.median(e / b[base] for e, b in pairs):.2f}x)"
+                    f"  {phase} {1e3 * statistics.median(timed(p, who) for p in pairs):.1f} "
+                    f"({statistics.median(timed(p, who) / p[1][against] for p in pairs):.2f}x)"
                     for phase, pairs in phases.items()
                 )
                 print(f"{name:>17} {label:>10} {batch:>5} {base:>9} {base_ms:>8.1f}{cells}")
+
+
+def timed(pair: tuple[float, dict[str, float]], who: str) -> float:
+    """Seconds of ``who``'s step in one timed step: espn's, or a baseline's."""
+    return pair[0] if who == "espn" else pair[1][who]
 
 
 if __name__ == "__main__":

@@ -83,15 +83,6 @@ def test_step_cost_times_every_phase_against_the_plain_loop() -> None:
         assert espn[5:15:2] == l2[5:15:2] and espn[15] == l2[15]
 
 
-def test_step_pairs_mid_times_every_phase_in_pairs() -> None:
-    out = run_script(
-        "step_pairs_mid.py",
-        *("--models", "fc1024", "--methods", "espn", "--pairs", "1", "--batch", "8"),
-    )
-    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
-    assert [r[1:3] for r in rows] == [["espn", p] for p in ("pretrain", "prune", "finetune")]
-
-
 @pytest.mark.skipif(
     not Path("/usr/share/datasets/fashion-mnist").is_dir(),
     reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
@@ -131,3 +122,16 @@ def test_step_pairs_times_every_phase_step_by_step() -> None:
         assert all(r.startswith("(") and r.endswith("x)") for r in row[7::3])
     for espn, l2 in zip(rows[::2], rows[1::2], strict=True):  # espn's ms in both rows
         assert espn[6::3] == l2[6::3]
+
+
+def test_step_pairs_control_times_a_plain_twin_against_the_plain_step() -> None:
+    out = run_script(
+        "step_pairs.py",
+        *("--models", "fc1024", "--methods", "individual", "--steps", "3", "--skip", "1"),
+        *("--batch", "4", "--threads", "1", "--control"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
+    assert [r[3] for r in rows] == ["plain", "plain+L2", "control"]
+    plain, control = rows[0], rows[2]
+    assert control[4] == plain[4]  # the control's baseline is the plain step
+    assert all(r.startswith("(") and r.endswith("x)") for r in control[7::3])
