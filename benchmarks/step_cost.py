@@ -221,6 +221,12 @@ def recipe_l2(supernet: Supernet, plain: nn.Module, strength: float) -> Callable
         for name, layer in supernet.layers.items()
         if layer.out_units is not None
     ]
+    return l2_term(weights, strength)
+
+
+def l2_term(weights: list[Tensor], strength: float) -> Callable[[], Tensor]:
+    """``strength * ||w||_2 / sqrt(n)`` of ``weights`` as one vector of ``n`` entries, as a
+    user writes it in PyTorch: a norm per tensor, stacked, and the norm of that."""
     scale = strength / math.sqrt(sum(w.numel() for w in weights))
 
     def term() -> Tensor:

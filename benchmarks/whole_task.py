@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from step_cost import l2_term
 from torch import nn
 
 from espn.config import make_config
@@ -98,7 +99,7 @@ def plain_task(
     model = plain_network(x0[0].numel(), task.n_classes)
     optimizer = torch.optim.RMSprop(model.parameters(), lr=lr)
     hidden = [m.weight for m in list(model)[1:-1] if isinstance(m, nn.Linear)]
-    scale = l2 / math.sqrt(sum(w.numel() for w in hidden))
+    penalty = l2_term(hidden, l2) if l2 > 0 else None
     generator = torch.Generator().manual_seed(seed)
     model.train()
     start, done = time.perf_counter(), 0
@@ -108,9 +109,8 @@ def plain_task(
             if done == steps:
                 break
             loss = F.cross_entropy(model(x), y)
-            if l2 > 0:
-                norms = torch.stack([torch.linalg.vector_norm(w) for w in hidden])
-                loss = loss + scale * torch.linalg.vector_norm(norms)
+            if penalty is not None:
+                loss = loss + penalty()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

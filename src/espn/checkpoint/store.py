@@ -652,8 +652,7 @@ def restore_working(training: TrainingState, supernet: Supernet) -> None:
     for g, alive in training.units.items():
         every = bool(alive.all())
         for m in supernet.groups[g]:
-            m.unit_mask.copy_(alive.to(m.unit_mask.device, m.unit_mask.dtype))
-            m.note_units(every)
+            m.set_units(alive, every)
     for name, layer in supernet.layers.items():
         mask = unpack_bits(training.weight_masks[name].to(layer.weight.device), layer.weight.shape)
         layer.weight_mask.copy_(mask.to(layer.weight_mask.dtype))

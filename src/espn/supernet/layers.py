@@ -590,6 +590,14 @@ class UnitModule(TaskSpecific):
         as they are, with no product by the mask to compute or differentiate."""
         self._all_alive = stamp(self.unit_mask) if all_alive else None
 
+    @torch.no_grad()
+    def set_units(self, alive: Tensor, all_alive: bool) -> None:
+        """Write the alive vector ``alive`` (any device and dtype) into ``unit_mask`` and note
+        whether every unit is alive (``all_alive``, read once by the caller for a whole
+        group; see :meth:`note_units`)."""
+        self.unit_mask.copy_(alive.to(self.unit_mask.device, self.unit_mask.dtype))
+        self.note_units(all_alive)
+
     def all_alive(self) -> bool:
         """Whether every unit is known to be alive (see :meth:`note_units`): a mask written or
         swapped since reads as not known, and so does any inside ``torch.compile`` (as

@@ -149,13 +149,13 @@ class Supernet(nn.Module):
     def set_unit_masks(self, units: dict[str, Tensor]) -> None:
         """Set alive units; a dead unit's gate/BatchNorm scale and shift are zeroed exactly."""
         for g, alive in units.items():
+            every = bool(alive.all())
             for m in self.groups[g]:
                 alive_d = alive.to(m.unit_mask.device)
-                m.unit_mask.copy_(alive_d.to(m.unit_mask.dtype))
+                m.set_units(alive_d, every)
                 entries = expand_units(alive_d, m.entries_per_unit)
                 m.weight.data.masked_fill_(~entries, 0.0)
                 m.bias.data.masked_fill_(~entries, 0.0)
-                m.note_units(bool(alive_d.all()))
         self._apply_structure()
 
     def structural_mask(self, name: str) -> Tensor:
@@ -446,8 +446,7 @@ class Supernet(nn.Module):
         for g, alive in mask.units.items():  # first: a released gate is its unit mask
             every = bool(alive.all())
             for unit in self.groups[g]:
-                unit.unit_mask.copy_(alive.to(unit.unit_mask.device, unit.unit_mask.dtype))
-                unit.note_units(every)
+                unit.set_units(alive, every)
         for name, m in self.task_modules.items():
             prefix = f"{name}."
             m.load_task_state(
