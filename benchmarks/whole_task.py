@@ -42,8 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from step_cost import l2_term
+from step_cost import l2_term, plain_step
 from torch import nn
 
 from espn.config import make_config
@@ -99,7 +98,7 @@ def plain_task(
     model = plain_network(x0[0].numel(), task.n_classes)
     optimizer = torch.optim.RMSprop(model.parameters(), lr=lr)
     hidden = [m.weight for m in list(model)[1:-1] if isinstance(m, nn.Linear)]
-    penalty = l2_term(hidden, l2) if l2 > 0 else None
+    loop = (model, optimizer, l2_term(hidden, l2) if l2 > 0 else None)
     generator = torch.Generator().manual_seed(seed)
     model.train()
     start, done = time.perf_counter(), 0
@@ -108,12 +107,7 @@ def plain_task(
         for x, y in task.batches("train", batch, True, generator):
             if done == steps:
                 break
-            loss = F.cross_entropy(model(x), y)
-            if penalty is not None:
-                loss = loss + penalty()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            loss = plain_step(loop, x, y)
             done += 1
     float(loss.detach())  # wait for the device, as espn's epoch does
     trained = time.perf_counter()
