@@ -210,3 +210,53 @@ def check_export_path(path: Any) -> None:
     """An export file name: a str or path (its suffix and directory are checked by export)."""
     if not isinstance(path, str | os.PathLike) or not str(path).strip():
         raise fail("path", f"give a file name ending in .pt2 or .onnx, got {path!r}")
+
+
+def check_callbacks(callbacks: Any) -> list[Any]:
+    """``callbacks``: a list (any iterable but a string) of
+    :class:`~espn.training.callbacks.Callback` objects."""
+    from espn.training.callbacks import Callback
+
+    if isinstance(callbacks, Callback) or not _iterable(callbacks):
+        raise fail(
+            "callbacks",
+            f"expected a list of Callback objects, got {type(callbacks).__name__}"
+            + ("; give it in a list: callbacks=[...]" if isinstance(callbacks, Callback) else ""),
+        )
+    given = list(callbacks)
+    for k, item in enumerate(given):
+        if isinstance(item, type) and issubclass(item, Callback):
+            raise fail(f"callbacks[{k}]", f"is the class {item.__name__}; give an object of it")
+        if not isinstance(item, Callback):
+            raise fail(f"callbacks[{k}]", f"expected a Callback object, got {type(item).__name__}")
+    return given
+
+
+def check_loggers(loggers: Any, log_every: Any) -> list[Any]:
+    """``loggers``: logger names (one string, comma-separated as ``--log``, or a list) and
+    :class:`~espn.training.callbacks.Callback` objects; ``log_every`` given only with a
+    logger named (:func:`espn.loggers.logging_options`)."""
+    from espn.loggers import logging_options
+    from espn.training.callbacks import Callback
+
+    if isinstance(loggers, Callback) or not (isinstance(loggers, str) or _iterable(loggers)):
+        raise fail(
+            "loggers",
+            f"expected logger names or a list of names and Callback objects, got "
+            f"{type(loggers).__name__}",
+        )
+    given = loggers.split(",") if isinstance(loggers, str) else list(loggers)
+    for k, item in enumerate(given):
+        if isinstance(item, type) and issubclass(item, Callback):
+            raise fail(f"loggers[{k}]", f"is the class {item.__name__}; give an object of it")
+    logging_options(given, log_every)
+    return [x for x in given if not isinstance(x, str) or x.strip()]
+
+
+def _iterable(value: Any) -> bool:
+    """Whether ``value`` is a collection of items (a list, tuple, ...; not a string)."""
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return not isinstance(value, str | bytes)

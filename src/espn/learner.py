@@ -14,6 +14,7 @@ a second run of the same script resumes from it (see :mod:`espn.run_directory`).
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,12 @@ from espn.data.tensors import (
 from espn.errors import EspnError
 from espn.export.export import ExportReport, check_target, export_task
 from espn.learning import Learned, TaskRunner, task_record
-from espn.loggers import DEFAULT_LOG_EVERY
-from espn.loggers import make_loggers as loggers_by_name
+from espn.loggers import make_loggers
 from espn.methods.base import METHODS, Strategy, declared_options
 from espn.models.reference import ModelReferenceError
 from espn.models.registry import MODELS, ModelSpec
-from espn.run_directory import RunDirectory
-from espn.runs.checks import check_out_dir, run_meta
+from espn.run_directory import DirectoryLock, RunDirectory
+from espn.runs.checks import RunMismatch, check_out_dir, clear_run, run_meta
 from espn.settings import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
@@ -138,15 +138,22 @@ class ContinualLearner:
         method: str | type[Strategy] | Strategy = "espn",
         *,
         out: Path | str | None = None,
+        overwrite: bool = False,
         recipe: str | None = None,
         callbacks: Iterable[Callback] = (),
-        loggers: Iterable[Callback | str] = (),
-        log_every: int = DEFAULT_LOG_EVERY,
+        loggers: str | Iterable[Callback | str] = (),
+        log_every: int | None = None,
         progress: bool = False,
         device: str | torch.device | None = None,
         **settings: Any,
     ) -> None:
         checks.check_learner(supernet, device, settings)
+        callbacks = checks.check_callbacks(callbacks)
+        loggers = checks.check_loggers(loggers, log_every)
+        if not isinstance(overwrite, bool):
+            raise checks.fail("overwrite", f"must be True or False, got {overwrite!r}")
+        if overwrite and out is None:
+            raise checks.fail("overwrite", "replaces the run in out=, and no out= is given")
         if device is not None:
             supernet.to(device)
             supernet.owners.to(device)
@@ -154,9 +161,23 @@ class ContinualLearner:
             out = checks.check_save_path(out)
         with checks.about("settings"):
             strategy, cfg = _configure(supernet, method, recipe, settings, out)
-        self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
-        if out is not None:
-            self._open(Path(out))
+        if out is None:
+            self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+            return
+        lock = DirectoryLock(Path(out))
+        weakref.finalize(self, lock.release)
+        try:
+            check_out_dir(out, resume=not overwrite, overwrite=overwrite)
+            if overwrite:
+                clear_run(out)
+                for stale in (Path(out) / DATA_DIR).glob("task-*.safetensors"):
+                    stale.unlink()
+            self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+            self.lock = lock
+            self._open(Path(out), resume=not overwrite)
+        except BaseException:
+            lock.release()
+            raise
 
     @classmethod
     def from_config(
@@ -167,7 +188,7 @@ class ContinualLearner:
         progress: bool = False,
         callbacks: Iterable[Callback] = (),
         loggers: Iterable[Callback | str] = (),
-        log_every: int = DEFAULT_LOG_EVERY,
+        log_every: int | None = None,
     ) -> ContinualLearner:
         """The learner of a resolved run configuration (``espn run``'s door)."""
         learner = cls.__new__(cls)
@@ -183,7 +204,7 @@ class ContinualLearner:
         progress: bool,
         callbacks: Iterable[Callback],
         loggers: Iterable[Callback | str],
-        log_every: int,
+        log_every: int | None,
     ) -> None:
         self.supernet, self.strategy, self.cfg = supernet, strategy, cfg
         self.engine = Engine(
@@ -200,7 +221,7 @@ class ContinualLearner:
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         bar = [ProgressBar()] if progress else []
         self.callbacks = CallbackList(
-            [*callbacks, *make_loggers(loggers, run_dir, log_every), *bar]
+            [*callbacks, *make_loggers(list(loggers), run_dir, log_every=log_every), *bar]
         )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
         self.device = next(supernet.parameters()).device
@@ -224,6 +245,8 @@ class ContinualLearner:
         #: how a resumed run directory was found ("" if not resumed)
         self.summary = ""
         self._started = False
+        #: the hold on :attr:`run_dir` (None: no ``out=``, or ``espn run``'s, which holds it)
+        self.lock: DirectoryLock | None = None
 
     # ------------------------------------------------------------------ settings
     @property
@@ -360,6 +383,8 @@ class ContinualLearner:
         """Learn ``steps`` (step ``offset + k`` commits the next task(s) of ``known``, the
         tasks after those this learner holds, or all tasks by index when ``offset`` is 0 and
         ``keep_data`` False); steps already learned (a resumed run) are skipped."""
+        if self.lock is not None:
+            self.lock.check()
         if not self._started:
             self._started = True
             self.callbacks.on_run_start(self)
@@ -401,10 +426,13 @@ class ContinualLearner:
         self.replayed = max(self.replayed, len(self.supernet.masks))
 
     def close(self) -> None:
-        """The end of learning: callbacks' ``on_run_end`` (loggers flush and close)."""
+        """The end of learning: callbacks' ``on_run_end`` (loggers flush and close), and the
+        run directory's lock released (learning again takes it again)."""
         if self._started:
             self._started = False
             self.callbacks.on_run_end(self)
+        if self.lock is not None:
+            self.lock.release()
 
     def __enter__(self) -> ContinualLearner:
         return self
@@ -446,16 +474,18 @@ class ContinualLearner:
         return task_record(self.supernet, task)
 
     # ------------------------------------------------------------- run directory
-    def _open(self, out: Path) -> None:
-        """Write the run directory ``out`` from now on, resuming the run it holds."""
-        check_out_dir(out, resume=True, overwrite=False)
+    def _open(self, out: Path, resume: bool) -> None:
+        """Write the run directory ``out`` from now on, resuming the run it holds (unless
+        not ``resume``: a new run over it, ``overwrite=True``)."""
         rd = RunDirectory(self._saved_config(out), self._sequence, meta=self._meta)
         rd.extra = lambda: {"fingerprints": list(self.fingerprints)}
         try:
-            ckpt = rd.open(self.supernet, self.engine, self.strategy, True, ignore=("tasks",))
-        except CheckpointError as exc:
+            ckpt = rd.open(self.supernet, self.engine, self.strategy, resume, ignore=("tasks",))
+        except RunMismatch as exc:
             raise LearnerError(
-                f"{exc}; a script resumes its run directory only with the same method and settings"
+                f"cannot resume {exc.where}: it was made with other settings "
+                f"({'; '.join(exc.diffs)}); give the learner the same method and settings to "
+                "resume it, overwrite=True to start over and replace it, or another out="
             ) from None
         self.attach(rd)
         n = len(self.supernet.masks)
@@ -533,6 +563,7 @@ class ContinualLearner:
         width = self.supernet.model_classes  # the head a registered model was built with
         classes = [m.n_classes for m in self.supernet.masks] + [width or 1]
         meta["spec"]["n_classes"] = max(classes)
+        meta["n_tasks"] = max(len(seq), 1)  # as ``tasks`` is: task 0 in training counts
         return meta
 
     # ---------------------------------------------------------------- evaluation
@@ -707,22 +738,6 @@ def task_line(learned: Learned, records: list[dict[str, Any]], n_tasks: int, nam
         f"FLOPs {last['flops_ratio']:.3f}  "
         f"new weights {new}/{last['weight_budget']}  ({learned.log.seconds:.1f}s)"
     )
-
-
-def make_loggers(
-    items: Iterable[Callback | str], run_dir: Path | None, log_every: int = DEFAULT_LOG_EVERY
-) -> list[Callback]:
-    """Callbacks as given, and loggers by name (``"tensorboard"``, ``"csv"``, ``"wandb"``,
-    see :mod:`espn.loggers`) writing under ``run_dir/logs``."""
-    given = list(items)
-    for x in given:
-        if not isinstance(x, str | Callback):
-            raise checks.ApiArgumentError(
-                f"loggers: expected logger names or Callback objects, got {type(x).__name__}"
-            )
-    if not given:
-        return []
-    return list(loggers_by_name(given, run_dir, log_every=log_every))
 
 
 def _configure(

@@ -118,8 +118,12 @@ def run(
         help="Experiment loggers, comma-separated: tensorboard, csv, wandb (written under "
         "OUT/logs).",
     ),
-    log_every: int = typer.Option(
-        DEFAULT_LOG_EVERY, "--log-every", help="The loggers record the loss every N steps."
+    log_every: int | None = typer.Option(
+        None,
+        "--log-every",
+        min=1,
+        max=2**31 - 1,
+        help=f"The loggers of --log record the loss every N steps [default: {DEFAULT_LOG_EVERY}].",
     ),
     **options: Any,
 ) -> None:
@@ -128,6 +132,8 @@ def run(
     from espn.experiment import run_experiment
     from espn.preflight import run_warnings
 
+    if log_every is not None and not (log or "").strip():
+        fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
     cfg = presets.make_config_given(ctx, **options)
     for note in run_warnings(cfg):
         warn(note)
