@@ -186,6 +186,12 @@ def check_name(name: Any) -> None:
         raise fail("name", f"must be a string, got {type(name).__name__}")
 
 
+def check_bool(value: Any, argument: str) -> None:
+    """A flag: True or False only (``"yes"``, 1 are refused, not read as true)."""
+    if not isinstance(value, bool):
+        raise fail(argument, f"must be True or False, got {value!r}")
+
+
 def check_save_path(path: Any) -> Path:
     """A directory ``save`` can write: named (not ''), creatable and writable."""
     if not isinstance(path, str | os.PathLike) or not str(path).strip():

@@ -17,10 +17,10 @@ import hashlib
 import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from espn import api_checks as checks
 from espn.checkpoint.format import CheckpointError
@@ -54,6 +54,9 @@ from espn.training.callbacks import Callback, CallbackList
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from espn.training.progress import ProgressBar
+
+if TYPE_CHECKING:
+    from espn.inference.export import AgnosticExportReport
 
 
 class LearnerError(EspnError, ValueError):
@@ -123,14 +126,19 @@ class ContinualLearner:
     conv networks); by default the regime of the network (see :func:`regime_of`).
 
     ``out``: a run directory written after every epoch as ``espn run`` writes it; running
-    the same script again resumes from it. ``callbacks`` (see
-    :mod:`espn.training.callbacks`) and ``loggers`` (callbacks, or logger names such as
-    ``"tensorboard"``, ``"csv"``, ``"wandb"``, written under ``out/logs``; see
-    :mod:`espn.loggers`) are told of every step, epoch and task (loggers read the loss every
-    ``log_every`` steps); ``progress`` attaches a progress bar over each task's optimizer
+    the same script again resumes from it (``overwrite=True``: starts over, replacing the run
+    there). While the learner lives (until :meth:`close`) no other process may write ``out``.
+    ``callbacks`` (a list, see :mod:`espn.training.callbacks`) and ``loggers`` (callbacks,
+    or logger names: ``"tensorboard"``, ``"csv"``, ``"wandb"`` or several comma-separated
+    in one string, written under ``out/logs``; see :mod:`espn.loggers`) are told of every
+    step, epoch and task (named loggers read the loss every ``log_every`` steps, default
+    50); ``progress`` attaches a progress bar over each task's optimizer
     steps (the callback :class:`~espn.training.progress.ProgressBar`);
     ``device`` moves the supernet there (default: where it is).
     """
+
+    #: the hold on :attr:`run_dir` (None: no ``out=``, or ``espn run``'s, which holds it)
+    lock: DirectoryLock | None
 
     def __init__(
         self,
@@ -150,8 +158,7 @@ class ContinualLearner:
         checks.check_learner(supernet, device, settings)
         callbacks = checks.check_callbacks(callbacks)
         loggers = checks.check_loggers(loggers, log_every)
-        if not isinstance(overwrite, bool):
-            raise checks.fail("overwrite", f"must be True or False, got {overwrite!r}")
+        checks.check_bool(overwrite, "overwrite")
         if overwrite and out is None:
             raise checks.fail("overwrite", "replaces the run in out=, and no out= is given")
         if device is not None:
@@ -245,8 +252,7 @@ class ContinualLearner:
         #: how a resumed run directory was found ("" if not resumed)
         self.summary = ""
         self._started = False
-        #: the hold on :attr:`run_dir` (None: no ``out=``, or ``espn run``'s, which holds it)
-        self.lock: DirectoryLock | None = None
+        self.lock = None
 
     # ------------------------------------------------------------------ settings
     @property
@@ -511,8 +517,17 @@ class ContinualLearner:
         from (refused if it differs), kept for evaluation, not learned again."""
         first = self.replayed
         for k, task in enumerate(tasks):
-            self._check_print(first + k, task)
-            self.tasks[first + k] = task
+            t = first + k
+            self._check_print(t, task)
+            held = {"n_classes": self.supernet.masks[t].n_classes, "name": self.names[t]}
+            for key, now in (("n_classes", task.n_classes), ("name", task.name)):
+                if now != held[key]:
+                    raise LearnerError(
+                        f"{self.cfg.out}: task {t} was learned there with {key}="
+                        f"{held[key]!r}, given {key}={now!r} now; give it as it was to "
+                        "resume the run, or pass another out= to start a new one"
+                    )
+            self.tasks[t] = task
         self.replayed = first + len(tasks)
         return self.records[first : first + len(tasks)]
 
@@ -573,19 +588,94 @@ class ContinualLearner:
         some task had no test data, or ``eval_every`` skipped it)."""
         return [None if r is None else list(r) for r in self.rows]
 
-    def evaluate(self, task: int, data: TaskData | None = None) -> float:
-        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data)."""
+    @overload
+    def evaluate(
+        self,
+        task: int,
+        data: TaskData | None = None,
+        *,
+        task_agnostic: Literal[False] = False,
+        rule: None = None,
+    ) -> float: ...
+
+    @overload
+    def evaluate(
+        self,
+        task: Sequence[TaskData] | None = None,
+        data: None = None,
+        *,
+        task_agnostic: Literal[True],
+        rule: str | None = None,
+    ) -> dict[str, Any]: ...
+
+    def evaluate(
+        self,
+        task: int | Sequence[TaskData] | None = None,
+        data: TaskData | None = None,
+        *,
+        task_agnostic: bool = False,
+        rule: str | None = None,
+    ) -> float | dict[str, Any]:
+        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data).
+
+        With ``task_agnostic=True``, prediction without the task instead, by ``rule`` (see
+        :mod:`espn.inference`): ``task`` is one ``(x, y)`` test set per learned task, in
+        order (default: each task's test data here); the figures of
+        :func:`espn.inference.evaluate_task_agnostic` (per task: accuracy with the task
+        given, without it per sample and per batch, how often the task is picked right)."""
+        checks.check_bool(task_agnostic, "task_agnostic")
+        if task_agnostic:
+            if data is not None:
+                raise checks.fail(
+                    "data",
+                    "is one task's; with task_agnostic=True give one (x, y) per learned task "
+                    "as the first argument",
+                )
+            from espn.inference import evaluate_task_agnostic
+
+            if isinstance(task, int):
+                raise checks.fail("tasks", "with task_agnostic=True: one (x, y) per learned task")
+            return evaluate_task_agnostic(self.supernet, self._every_task(task, "tasks"), rule)
+        if rule is not None:
+            raise checks.fail("rule", "picks the task without it; add task_agnostic=True")
+        if not isinstance(task, int):
+            raise checks.fail("task", f"must be a task index (int), got {task!r}")
         self._check_task(task)
         if data is None:
             known = self.tasks[task]
             if known is None or not len(known.test):
                 raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
             return self.runner.evaluator.accuracy(known, task)
+        return self.runner.evaluator.accuracy(self._probe(task, data, "data"), task)
+
+    def _probe(self, task: int, data: TaskData, argument: str) -> Task:
+        """``data`` as test data of learned task ``task``, checked."""
         n_classes = self.supernet.masks[task].n_classes
-        with checks.about("data"):
+        with checks.about(argument):
             probe = tensor_task(self.names[task], None, data, n_classes, self.device)
-        checks.check_inputs(probe.test.x, "data", self.supernet.input_shape)
-        return self.runner.evaluator.accuracy(probe, task)
+        checks.check_inputs(probe.test.x, argument, self.supernet.input_shape)
+        return probe
+
+    def _every_task(self, given: Sequence[TaskData] | None, argument: str) -> list[Task]:
+        """One test set per learned task: ``given`` (``(x, y)`` each, in task order), else
+        each task's test data here."""
+        n = len(self.supernet.masks)
+        if not n:
+            raise LearnerError("no task is learned yet")
+        if given is None:
+            missing = [t for t, k in enumerate(self.tasks) if k is None or not len(k.test)]
+            if missing:
+                raise LearnerError(
+                    f"tasks {missing} have no test data here; pass {argument}=[(x, y), ...], "
+                    "one per learned task"
+                )
+            return [k for k in self.tasks if k is not None]
+        if isinstance(given, tuple | Tensor) or not isinstance(given, Sequence) or len(given) != n:
+            raise checks.fail(
+                argument,
+                f"give a list of {n} (x, y) test sets, one per learned task in order",
+            )
+        return [self._probe(t, data, f"{argument}[{t}]") for t, data in enumerate(given)]
 
     def _check_task(self, task: int) -> None:
         checks.check_task(task, len(self.supernet.masks))
@@ -648,6 +738,31 @@ class ContinualLearner:
             self.supernet, task, inputs, path, onnx, flops, fold_bn, overwrite=overwrite
         )
 
+    def export_task_agnostic(
+        self,
+        path: Path | str,
+        data: Sequence[TaskData] | None = None,
+        rule: str | None = None,
+        onnx: bool | None = None,
+        fold_bn: bool = True,
+        overwrite: bool = False,
+    ) -> AgnosticExportReport:
+        """Write one standalone model that predicts without the task (``.pt2``, or
+        ``.onnx``): every task's slim sub-network and ``rule`` (see
+        :func:`espn.inference.export.export_task_agnostic`), returning ``(classes, tasks)``
+        for a batch of model inputs; checked against :meth:`predict` on up to 1024 inputs
+        of each task's ``data`` (one ``(x, y)`` or inputs per learned task; default: each
+        task's test data here). ``onnx`` and ``overwrite`` as in :meth:`export`."""
+        from espn.export.export import check_not_replacing, export_files
+        from espn.inference.export import export_task_agnostic
+
+        checks.check_export_path(path)
+        check_target(path)
+        check_not_replacing(export_files(path, onnx), overwrite)
+        tasks = self._every_task(data, "data")
+        inputs = [next(task.batches("test", 1024))[0] for task in tasks]
+        return export_task_agnostic(self.supernet, inputs, path, rule, onnx, fold_bn)
+
     # ------------------------------------------------------------------ saving
     def config(self, out: Path | str) -> RunConfig:
         """The run configuration a checkpoint records for this learner (benchmark
@@ -700,6 +815,7 @@ class ContinualLearner:
         one task for the whole batch (the samples' scores summed)."""
         from espn.inference import infer
 
+        checks.check_bool(same_task, "same_task")
         return infer(self.supernet, self._inputs(x), rule, same_task).tasks
 
     def predict(
@@ -714,9 +830,16 @@ class ContinualLearner:
         where the inferred task is ``t`` the prediction equals ``predict(x, task=t)``."""
         from espn.inference import infer, predict_given
 
+        checks.check_bool(same_task, "same_task")
         x = self._inputs(x)
         if task is not None:
             self._check_task(task)
+            for name, value in (("rule", rule), ("same_task", same_task or None)):
+                if value is not None:
+                    raise checks.fail(
+                        name,
+                        f"{value!r} infers the task, and task={task} is given; give one of them",
+                    )
             return predict_given(self.supernet, x, task)
         return infer(self.supernet, x, rule, same_task).classes
 
