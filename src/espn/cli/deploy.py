@@ -93,7 +93,10 @@ def evaluate(
     run = run_directory(run_dir, run_alias)
     loaded = load_run(run, device, trust_code=trust_model_code)
     if not loaded.n_tasks:
-        console.print(f"{printable(str(run))}: no task is finished yet, so none to evaluate")
+        console.print(
+            f"{printable(str(run))}: no task is finished yet, so none to evaluate",
+            soft_wrap=True,
+        )
         return
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = _test_data(loaded.config, data_dir)
