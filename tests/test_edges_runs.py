@@ -109,15 +109,14 @@ def task_hashes(run: Path) -> list[str]:
     return [t["sha256"] for t in manifest["tasks"]]
 
 
-@pytest.mark.slow  # two script runs per case in subprocesses, about 15 s each case
+@pytest.mark.slow  # two script runs per case in subprocesses, 15-70 s each case
 @pytest.mark.parametrize(
     ("how", "code"),
     [
         ("SIGKILL", -signal.SIGKILL),
         ("SIGTERM", -signal.SIGTERM),
-        ("SIGINT", 1),  # KeyboardInterrupt: a traceback, exit status 1
-        ("on_train_end", 1),
-        ("on_task_end", 1),
+        ("SIGINT", -signal.SIGINT),  # KeyboardInterrupt, Python's exit by the signal
+        ("on_task_end", 1),  # a callback's error, uncaught (both events in-process below)
     ],
 )
 def test_a_script_stopped_in_its_first_task_resumes_from_its_last_pass(
@@ -257,7 +256,7 @@ def test_the_offline_wandb_logger_keeps_every_file_in_the_run(tmp_path, monkeypa
     with learner(out, loggers="wandb") as learned:
         learned.learn(tiny_data(1), test=tiny_data(2))
     wandb.teardown()
-    assert not (tmp_path / "home").exists() or not any((tmp_path / "home").rglob("*"))
+    assert not list((tmp_path / "home").rglob("*wandb*"))  # was: ~/.cache/wandb/logs
     assert list((out / "logs" / "wandb").glob("offline-run-*"))
     assert list((out / "logs" / "wandb" / "cache").rglob("core-debug-*.log"))
     assert "WANDB_CACHE_DIR" not in os.environ
