@@ -358,6 +358,10 @@ def test_overwrite_starts_a_run_of_other_settings_over(tmp_path: Path) -> None:
     first = learner(out, loggers="csv")
     first.learn(tiny_data(1), test=tiny_data(2))
     first.close()
+    with pytest.raises(espn.EspnError) as saved:
+        first.save(out)
+    assert "pass overwrite=True to start over" in str(saved.value)
+    assert "--" not in str(saved.value)
     with pytest.raises(LearnerError) as info:
         learner(out, epochs=(1, 2, 1))
     text = str(info.value)

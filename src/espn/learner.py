@@ -174,7 +174,7 @@ class ContinualLearner:
         lock = DirectoryLock(Path(out))
         weakref.finalize(self, lock.release)
         try:
-            check_out_dir(out, resume=not overwrite, overwrite=overwrite)
+            check_out_dir(out, resume=not overwrite, overwrite=overwrite, python=True)
             if overwrite:
                 clear_run(out)
                 for stale in (Path(out) / DATA_DIR).glob("task-*.safetensors"):
@@ -777,7 +777,7 @@ class ContinualLearner:
         path = checks.check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")
-        check_out_dir(path, resume=False, overwrite=overwrite)
+        check_out_dir(path, resume=False, overwrite=overwrite, python=True)
         for stale in (path / DATA_DIR).glob("task-*.safetensors"):  # of an overwritten run
             stale.unlink()
         for name in ("results.json", "accuracy.png"):

@@ -123,7 +123,8 @@ def run(
         "--log-every",
         min=1,
         max=2**31 - 1,
-        help=f"The loggers of --log record the loss every N steps [default: {DEFAULT_LOG_EVERY}].",
+        help=f"The loggers of --log record the loss every N steps ({DEFAULT_LOG_EVERY} unless "
+        "given; only with --log).",
     ),
     **options: Any,
 ) -> None:

@@ -90,11 +90,12 @@ RUN_OUTPUTS = ("results.json", "accuracy.png", "checkpoint")
 LOGS_DIR = "logs"
 
 
-def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
+def check_out_dir(out: Path | str, resume: bool, overwrite: bool, python: bool = False) -> None:
     """Refuse, before anything is computed, to start a run over anything that looks like an
     earlier run's output (``results.json``, ``accuracy.png``, a non-empty ``checkpoint/``)
     unless told to continue it (``resume``) or to replace it (``overwrite``); refuse to resume
-    where the checkpoint is gone but results are there."""
+    where the checkpoint is gone but results are there. The messages name the CLI's options,
+    or with ``python`` the learner's arguments."""
     if resume and overwrite:
         raise CheckpointError("--resume and --overwrite exclude each other; choose one")
     out = Path(out)
@@ -102,6 +103,10 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
         raise CheckpointError(f"--out {out} is a file, not a directory; choose another --out")
     if overwrite:
         return
+    replace, other = (
+        ("overwrite=True", "another directory") if python else ("--overwrite", "another --out")
+    )
+    cont = "" if python else "--resume to continue it, "
     manifest = checkpoint_dir(out) / MANIFEST
     found = [
         name
@@ -113,13 +118,13 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
             return
         raise CheckpointError(
             f"cannot resume {out}: it holds results.json but no checkpoint ({manifest} is "
-            "missing), so there is nothing to continue from; pass --overwrite to start over "
-            "and replace it, or another --out"
+            f"missing), so there is nothing to continue from; pass {replace} to start over "
+            f"and replace it, or {other}"
         )
     if found:
         raise CheckpointError(
-            f"{out} already holds a run's output ({', '.join(found)}); pass --resume to "
-            "continue it, --overwrite to start over and replace it, or another --out"
+            f"{out} already holds a run's output ({', '.join(found)}); pass {cont}"
+            f"{replace} to start over and replace it, or {other}"
         )
 
 
