@@ -72,8 +72,8 @@ def logger_names(names: str | Sequence[str | Callback]) -> list[str]:
 
 def logging_options(names: str | Sequence[str | Callback], log_every: int | None) -> list[str]:
     """The logger names in ``names``, checked (:func:`logger_names`), and ``log_every``
-    (None: the default): given only with a logger named, whose loss reads it sets (a logger
-    object has its own)."""
+    (None: the default), which sets how often the named loggers read the loss and so is
+    refused where none is named (a logger object has its own)."""
     chosen = logger_names(names)
     if log_every is not None:
         check_log_every(log_every)
