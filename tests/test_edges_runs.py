@@ -335,7 +335,9 @@ def test_arguments_that_would_be_ignored_are_refused() -> None:
         (["--log", "csv", "--log-every", "2147483648"], "less than or equal to 2147483647"),
     ],
 )
-def test_the_cli_refuses_log_every_it_would_ignore(tmp_path, argv, message) -> None:
+def test_the_cli_refuses_log_every_it_would_ignore(
+    fake_mnist, fc_test_model, tmp_path, argv, message
+) -> None:
     result = CliRunner().invoke(app, [*cli_options(tmp_path / "run"), *argv])
     assert result.exit_code == 2 and message in result.output
     assert not (tmp_path / "run").exists()
