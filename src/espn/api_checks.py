@@ -231,8 +231,7 @@ def check_callbacks(callbacks: Any) -> list[Any]:
         )
     given = list(callbacks)
     for k, item in enumerate(given):
-        if isinstance(item, type) and issubclass(item, Callback):
-            raise fail(f"callbacks[{k}]", f"is the class {item.__name__}; give an object of it")
+        _not_a_class(item, f"callbacks[{k}]")
         if not isinstance(item, Callback):
             raise fail(f"callbacks[{k}]", f"expected a Callback object, got {type(item).__name__}")
     return given
@@ -253,10 +252,17 @@ def check_loggers(loggers: Any, log_every: Any) -> list[Any]:
         )
     given = loggers.split(",") if isinstance(loggers, str) else list(loggers)
     for k, item in enumerate(given):
-        if isinstance(item, type) and issubclass(item, Callback):
-            raise fail(f"loggers[{k}]", f"is the class {item.__name__}; give an object of it")
+        _not_a_class(item, f"loggers[{k}]")
     logging_options(given, log_every)
     return [x for x in given if not isinstance(x, str) or x.strip()]
+
+
+def _not_a_class(item: Any, argument: str) -> None:
+    """Refuse a callback class given where an object of it is wanted."""
+    from espn.training.callbacks import Callback
+
+    if isinstance(item, type) and issubclass(item, Callback):
+        raise fail(argument, f"is the class {item.__name__}; give an object of it")
 
 
 def _iterable(value: Any) -> bool:
