@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -294,6 +295,51 @@ def test_a_task_whose_copy_differs_is_evaluated_through_the_supernet(monkeypatch
     evaluator = SlimEvaluator(sn)
     assert evaluator.accuracy(seq.tasks[0], 0) == task_accuracy(sn, seq.tasks[0], 0)
     assert evaluator.cache[0][1] is None
+
+
+def count_slim_steps(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts, per phase name, the engine's optimizer steps that train a slim copy."""
+    counted: Counter[str] = Counter()
+    real = Engine._step
+
+    def step(self, optimizer, guard, phase, x, y, lr, own_lr, net=None):
+        counted[phase.name] += net is not None
+        return real(self, optimizer, guard, phase, x, y, lr, own_lr, net)
+
+    monkeypatch.setattr(Engine, "_step", step)
+    return counted
+
+
+def recorded_slim_steps(doc: dict) -> Counter[str]:
+    """results.json's ``slim_steps``, per phase name, summed over the tasks."""
+    recorded: Counter[str] = Counter()
+    for task in doc["phases"]:
+        for phase in task:
+            recorded[phase["phase"]] += phase["slim_steps"]
+    return recorded
+
+
+def test_results_record_the_steps_trained_on_slim_copies(
+    tmp_path, monkeypatch, fake_mnist, fc_test_model
+):
+    """results.json counts, per task and phase, the optimizer steps that trained a slim copy
+    (as many as the engine took here), so that two runs tell whether and where they trained
+    one (their float32 rounding differs there); none with slim training off."""
+    seen = {}
+    for slim in (True, False):
+        counted = count_slim_steps(monkeypatch)
+        cfg = make_config(**run_options(tmp_path / str(slim), slim_training=slim))
+        doc = run_experiment(cfg, progress=False)
+        assert recorded_slim_steps(doc) == counted
+        seen[slim] = doc
+    on, off = seen[True]["phases"], seen[False]["phases"]
+    assert all(p["slim_steps"] == 0 for task in off for p in task)
+    assert all(
+        p["slim_steps"] == p["steps"] > 0 for task in on for p in task if p["phase"] == "finetune"
+    )
+    assert [[p["steps"] for p in task] for task in on] == [
+        [p["steps"] for p in task] for task in off
+    ]
 
 
 def test_killed_inside_a_slim_phase_resumes_exactly(
@@ -622,8 +668,10 @@ def test_killed_inside_a_slim_prune_phase_resumes_exactly(
     monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 0.0)
     options = run_options(tmp_path / "reference", epochs=(1, 1, 1), reference_size=850)
     spy = SlimSpy(monkeypatch)
-    run_experiment(make_config(**options), progress=False)
+    counted = count_slim_steps(monkeypatch)
+    reference = run_experiment(make_config(**options), progress=False)
     assert spy.phase("prune") == [True] * 9 and spy.phase("finetune") == [True] * 3
+    assert recorded_slim_steps(reference) == counted and counted["prune"] > 0
     cfg = make_config(**(options | {"out": tmp_path / "run"}))
     with monkeypatch.context() as mp:
         kill_at_step(mp, 34)
@@ -633,8 +681,10 @@ def test_killed_inside_a_slim_prune_phase_resumes_exactly(
     at = position["position"]
     assert position["task"] == 1 and at["phase"] == 1  # pretrain, then prune
     assert (at["epoch"], at["step"], at["prunes_done"]) == (1, 4, 2)  # a copy since step 3
-    run_experiment(cfg, progress=False, resume=True)
+    assert at["slim_steps"] == 3  # steps 2 to 4, on the copies built after steps 1 and 3
+    resumed = run_experiment(cfg, progress=False, resume=True)
     assert fingerprint(tmp_path / "run") == fingerprint(tmp_path / "reference")
+    assert resumed["phases"] == reference["phases"]
 
 
 def test_a_prune_phase_copy_is_built_where_it_pays(monkeypatch):
