@@ -134,6 +134,13 @@ def assert_same_task(masked: Supernet, slim: Supernet) -> None:
                 torch.testing.assert_close(other[key], alive, atol=ATOL, rtol=0)
 
 
+def near_ties(want: torch.Tensor, got: torch.Tensor) -> int:
+    """Samples whose prediction the rounding between two float paths may change: the top two
+    of ``want``'s logits closer than twice the largest difference from ``got``'s."""
+    top = want.topk(2, dim=1).values
+    return int((top[:, 0] - top[:, 1] <= 2 * float((got - want).abs().max())).sum())
+
+
 OPTIMIZERS = [
     OptimConfig("adam", lr=1e-2, betas=(0.0, 0.999)),
     OptimConfig("rmsprop", lr=1e-3, momentum=0.5, weight_decay=1e-2),
@@ -157,7 +164,9 @@ def test_slim_fine_tuning_equals_masked_fine_tuning(monkeypatch, method, kind):
     assert spy.phase("finetune") == [True], "the fine-tuning phase trained a slim copy"
     assert_same_task(masked, slim)
     for t, task in enumerate(seq.tasks):
-        assert task_accuracy(slim, task, t) == task_accuracy(masked, task, t)
+        near = near_ties(task_logits(masked, task, t), task_logits(slim, task, t))
+        gap = task_accuracy(slim, task, t) - task_accuracy(masked, task, t)
+        assert abs(gap) <= 100 * near / len(task.test)
 
 
 def test_a_method_that_keeps_every_unit_fine_tunes_masked(monkeypatch):
@@ -263,7 +272,8 @@ def test_evaluation_through_slim_copies_equals_the_supernet(kind):
             torch.testing.assert_close(
                 got, want, atol=ATOL * max(1.0, float(want.abs().max())), rtol=0
             )
-            assert evaluator.accuracy(seq.tasks[j], j) == task_accuracy(sn, seq.tasks[j], j)
+            slim, masked = evaluator.accuracy(seq.tasks[j], j), task_accuracy(sn, seq.tasks[j], j)
+            assert abs(slim - masked) <= 100 * near_ties(want, got) / len(want)
     copies = [evaluator.cache[t][1] for t in range(3)]
     assert all(c is not None for c in copies), "every task ran through its slim copy"
     sizes = [sum(p.numel() for p in c.parameters()) for c in copies if c is not None]
