@@ -254,7 +254,10 @@ class Engine:
         hooks = self.callbacks if self.callbacks.callbacks else None
         if hooks is not None:
             done_steps = before[at.phase] + at.step if at.phase < len(plans) else total
-            hooks.on_train_start(self.owner, TrainStart(index, task.name, total, done_steps))
+            start_event = TrainStart(
+                index, task.name, total, done_steps, tuple(plans), len(task.train)
+            )
+            hooks.on_train_start(self.owner, start_event)
         for p in range(at.phase, len(phases)):
             phase, plan = phases[p], plans[p]
             if strategy.skips(phase):
