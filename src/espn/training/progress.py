@@ -91,6 +91,10 @@ class ProgressBar(Callback):
     def _out(self) -> TextIO:
         return sys.stderr if self.file is None else self.file
 
+    def terminal(self) -> bool:
+        """Whether the output is a terminal (where the bar is drawn)."""
+        return bool(getattr(self._out(), "isatty", lambda: False)())
+
     def say(self, line: str) -> None:
         """Write one line (above the bar where one is drawn)."""
         if self.bar is not None:
@@ -105,8 +109,7 @@ class ProgressBar(Callback):
         now = time.perf_counter()
         self.training = _Training(event, now, event.done, written=now)
         self.say(start_line(event))
-        terminal = bool(getattr(self._out(), "isatty", lambda: False)())
-        if self.disable is False or terminal:
+        if self.disable is False or self.terminal():
             self.bar = tqdm(
                 initial=event.done,
                 total=event.total,
