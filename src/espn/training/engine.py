@@ -327,13 +327,13 @@ class Engine:
                     on_epoch_end(phase.name, epoch)
                 if hooks is not None:
                     here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
-                    here = replace(here, slim_steps=slim_steps)
                     if last:
-                        here = replace(
-                            here, phase=p + 1, epoch=0, step=0, prunes_done=0, slim_steps=0
-                        )
+                        here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
                     seconds = time.perf_counter() - start
-                    here = replace(here, phases_run=list(ran), seconds=seconds)
+                    slim_done = 0 if last else slim_steps
+                    here = replace(
+                        here, phases_run=list(ran), seconds=seconds, slim_steps=slim_done
+                    )
                     hooks.on_epoch_end(
                         self.owner,
                         EpochEnd(
