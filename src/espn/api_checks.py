@@ -68,15 +68,23 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
 _BASE: RunConfig | None = None
 
 
-def check_option(name: str, value: Any) -> None:
-    """Validate one run option as ``espn run`` does (the same validator, the same words)."""
+def _default_config() -> RunConfig:
+    """A fresh default run configuration, to check options on."""
     global _BASE
     if _BASE is None:
         _BASE = make_config(benchmark="permuted-mnist")
+    return _BASE.model_copy()
+
+
+def check_option(name: str, value: Any, config: RunConfig | None = None) -> None:
+    """Validate one run option as ``espn run`` does (the same validator, the same words), on
+    ``config`` (assigned there; default: a fresh default configuration)."""
     if isinstance(value, torch.device):
         value = str(value)
     try:
-        RunConfig.__pydantic_validator__.validate_assignment(_BASE.model_copy(), name, value)
+        RunConfig.__pydantic_validator__.validate_assignment(
+            _default_config() if config is None else config, name, value
+        )
     except ValidationError as exc:
         message = str(config_error(exc))
         raise ApiArgumentError(
@@ -106,9 +114,10 @@ def check_learner(supernet: Any, device: Any, settings: dict[str, Any], **option
             check_device(str(device))
         except ConfigError as exc:
             raise ApiArgumentError(str(exc)) from None
-    for name, value in settings.items():
+    config = _default_config()  # assigned in turn: a warm-up is checked with the epochs given
+    for name, value in sorted(settings.items(), key=lambda item: item[0] != "epochs"):
         if name in RunConfig.model_fields and name != "method_options":
-            check_option(name, value)
+            check_option(name, value, config)
 
 
 def check_example(model: Any, example_input: Any) -> None:

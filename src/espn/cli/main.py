@@ -104,8 +104,12 @@ def interrupted_message(out: Path, ctx: typer.Context) -> str:
 @user_errors
 def run(
     ctx: typer.Context,
-    progress: bool = typer.Option(True, help="Show a progress bar."),
-    quiet: bool = typer.Option(False, help="Print only the final summary."),
+    progress: bool = typer.Option(
+        True,
+        help="Show each task's training on stderr: its steps, estimated time and end, and a "
+        "progress bar on a terminal (plain lines every 30 s elsewhere).",
+    ),
+    quiet: bool = typer.Option(False, help="Print only the final summary (no progress)."),
     resume: bool = typer.Option(
         False, help="Continue a killed run from OUT/checkpoint (same options required)."
     ),
@@ -142,7 +146,7 @@ def run(
     try:
         doc = run_experiment(
             cfg,
-            progress=progress,
+            progress=progress and not quiet,
             on_task_end=None
             if quiet
             else lambda line: console.print(printable(line), soft_wrap=True),  # names from data
