@@ -64,6 +64,7 @@ from espn.layers import (
     source_names,
 )
 from espn.layers.parameters import TaskParameters
+from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
 from espn.models.convert_tokens import (
     TokenConvertError,
     check_stream_sources,
@@ -498,8 +499,12 @@ def to_supernet(
     from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
 
     if is_timm_vit(model):
-        return from_timm_vit(model, example_input, multi_head, task_affine)
+        measured = module_flops(model, example_input)
+        vit = from_timm_vit(model, example_input, multi_head, task_affine)
+        check_flops_counted(measured, vit, example_input)
+        return vit
     model = copy.deepcopy(model).eval()
+    measured = module_flops(model, example_input)
     modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
     groups, successor, head, repeats, scales = _groups(model, example_input, modules, bare)
@@ -578,8 +583,9 @@ def to_supernet(
     if adopted:
         adopted = {n: adopted[n] for n in bare if n in adopted}  # the model's order
         _hold_parameters(model, bare, adopted)
-        _check_counted(model, example_input, list(adopted))
     _check_exportable(model)
+    check_flops_counted(measured, model, example_input)
+    check_task_cut(model, example_input)
     return model
 
 
@@ -598,23 +604,6 @@ def _hold_parameters(
         name = f"_{name}"
     params = {n: bare[n] for n in adopted}
     model.add_module(name, TaskParameters(params, list(adopted.values())))
-
-
-def _check_counted(model: nn.Module, example_input: Tensor, params: list[str]) -> None:
-    """Refuse adopted bare parameters that ``forward`` multiplies activations by (a weight
-    used through ``torch.matmul``): espn would not count those FLOPs, FlopCounterMode would."""
-    from espn.export.export import measured_flops  # it imports the supernet
-    from espn.supernet.supernet import Supernet
-
-    counted = Supernet(model, example_input).dense_flops
-    measured = measured_flops(model, example_input)
-    if measured != counted:
-        raise ConvertError(
-            f"forward multiplies by a bare parameter ({', '.join(map(repr, params))}): "
-            f"FlopCounterMode counts {measured} FLOPs, espn {counted:.0f}; supported: bare "
-            "parameters added to a token stream (a class token, position embeddings); put "
-            "weights in nn.Linear layers"
-        )
 
 
 def _check_exportable(model: nn.Module) -> None:
