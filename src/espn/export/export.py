@@ -62,9 +62,11 @@ def flop_counter() -> FlopCounterMode:
 
 def measured_flops(model: nn.Module, example: Tensor) -> int:
     """FLOPs of one sample through ``model`` as ``FlopCounterMode`` counts them (CPU
-    attention included, see :data:`EXTRA_FLOPS`)."""
+    attention included, see :data:`EXTRA_FLOPS`), with gradients on: without them
+    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` take a fused inference path
+    whose projections and attention FlopCounterMode does not count."""
     counter = flop_counter()
-    with counter, torch.no_grad():
+    with counter, torch.enable_grad():
         model(example[:1])
     return int(counter.get_total_flops())
 

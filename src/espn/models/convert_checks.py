@@ -32,9 +32,7 @@ PROBE_TOLERANCE = 1e-4
 
 def module_flops(model: nn.Module, example: Tensor) -> dict[str, int]:
     """FLOPs of one sample of ``example`` through ``model`` per module path (``""``: the whole
-    model), as :func:`espn.export.export.flop_counter` counts them, in eval mode with
-    gradients on (``nn.MultiheadAttention``'s fused inference path, which FlopCounterMode
-    does not count, runs only without them)."""
+    model), counted as :func:`espn.export.export.measured_flops` counts them, in eval mode."""
     from espn.export.export import flop_counter  # it imports the supernet
 
     counter = flop_counter()
