@@ -96,7 +96,13 @@ def _first_line(exc: BaseException) -> str:
 def check_task_cut(model: nn.Module, example: Tensor) -> None:
     """Refuse converted ``model`` unless a random task's slim copy runs at every batch size
     of :data:`PROBE_BATCHES` and the example's, computes the masked supernet's outputs and
-    costs what espn counts. ``model`` itself is untouched (a copy is probed)."""
+    costs what espn counts. ``model`` itself is untouched (a copy is probed), and so is
+    torch's random state (the probe's task heads draw from it)."""
+    with torch.random.fork_rng(devices=[example.device] if example.is_cuda else []):
+        _check_task_cut(model, example)
+
+
+def _check_task_cut(model: nn.Module, example: Tensor) -> None:
     from espn.export.export import measured_flops
     from espn.export.slim import slim_copy
     from espn.supernet.supernet import Supernet
