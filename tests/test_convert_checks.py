@@ -145,3 +145,57 @@ def test_a_timm_vit_counts_what_flop_counter_counts_on_the_timm_model():
     tokens, dim = 5, 16
     by_hand = 2 * 3 * 16 * dim * 4 + attention_flops(tokens, dim, 4 * dim) + 2 * dim * 3
     assert measured_flops(model, x) == espn.wrap(model, x).dense_flops == by_hand
+
+
+class ChannelNorm(nn.LayerNorm):
+    """timm's LayerNorm2d as research code writes it: the channels of an NCHW map."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class SameLinear(nn.Linear):
+    """A subclass with a forward of its own that computes nn.Linear's function."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+def test_a_layer_subclass_computing_something_else_is_refused():
+    net = nn.Sequential(nn.Conv2d(1, 8, 3), ChannelNorm(8), nn.Flatten(), nn.Linear(288, 3))
+    with pytest.raises(
+        ConvertError,
+        match=r"^module '1' is a ChannelNorm, a nn.LayerNorm whose forward\(\) computes "
+        r"something else than nn.LayerNorm's",
+    ):
+        espn.wrap(net, torch.randn(2, 1, 8, 8))
+    same = nn.Sequential(nn.Flatten(), SameLinear(64, 8), nn.ReLU(), nn.Linear(8, 3))
+    assert espn.wrap(same, torch.randn(2, 1, 8, 8)).group_sizes == {"1": 8}
+
+
+class Shuffle(nn.Module):
+    """A conv, a channel shuffle of two groups (ShuffleNet's), a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.bn(self.conv(x))
+        b, c, hh, ww = h.shape
+        h = h.view(b, 2, c // 2, hh, ww).transpose(1, 2).reshape(b, c, hh, ww)
+        return self.fc(h.mean((2, 3)))
+
+
+def test_a_channel_shuffle_is_refused_not_cut_wrong():
+    """The dependency graph maps the shuffled channels to the wrong inputs of ``fc``: the
+    probed task's slim copy computes other outputs, so wrap refuses; torchvision's ShuffleNet,
+    whose shuffle Torch-Pruning cannot map at all, is refused naming the layer before it."""
+    with pytest.raises(ConvertError, match=r"^a task's sub-network of Shuffle computes other "):
+        espn.wrap(Shuffle(), torch.randn(2, 1, 8, 8))
+    from torchvision.models import shufflenet_v2_x0_5
+
+    with pytest.raises(ConvertError, match=r"^the channels after 'stage4.1.branch2.6' cannot"):
+        espn.wrap(shufflenet_v2_x0_5(num_classes=3), torch.randn(2, 3, 32, 32))

@@ -123,17 +123,17 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
     sn.eval()
     sn.commit_task()
 
-    def refuse(what: str) -> ConvertError:
-        return ConvertError(
-            f"a task's sub-network of {type(model).__name__} {what}; espn supports models "
-            "whose forward reads widths from its tensors (x.shape), not from numbers kept "
-            "beside its layers"
+    def refuse(what: str, why: str = "") -> ConvertError:
+        why = why or (
+            "a width written into forward() that could not be refitted, or a reshape that "
+            "espn does not follow"
         )
+        return ConvertError(f"a task's sub-network of {type(model).__name__} {what}: {why}")
 
     try:
         slim = slim_copy(sn, 0, example)
     except Exception as exc:  # Torch-Pruning and fx raise many kinds of errors
-        raise refuse(f"cannot be cut out (dead units removed): {_first_line(exc)}") from None
+        raise refuse(f"cannot be cut out ({_first_line(exc)})") from None
     counted = sn.flops(sn.masks[0].units)
     for batch in (*PROBE_BATCHES, len(example)):
         x = _inputs(example, batch)
@@ -142,8 +142,8 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
                 got = slim(x)
         except Exception as exc:  # the user's forward on fewer features
             raise refuse(
-                f"does not run once its dead units are removed (batch of {batch}): "
-                f"{_first_line(exc)}"
+                f"does not run once its dead units are removed (batch of {batch}: "
+                f"{_first_line(exc)})"
             ) from None
         with torch.no_grad():
             expected = sn(x, task=0)
@@ -151,7 +151,14 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
         if got.shape != expected.shape or not bool(
             ((got - expected).abs() <= PROBE_TOLERANCE * scale).all()
         ):
-            raise refuse(f"computes other outputs once its dead units are removed (batch {batch})")
+            raise refuse(
+                f"computes other outputs once its dead units are removed (batch of {batch})",
+                "forward() moves channels where espn does not follow them (a reshape that "
+                "regroups channels, such as a channel shuffle)",
+            )
     flops = measured_flops(slim, example)
     if flops != counted:
-        raise refuse(f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}")
+        raise refuse(
+            f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}",
+            "forward() computes on features that espn does not follow",
+        )
