@@ -199,3 +199,34 @@ def test_a_channel_shuffle_is_refused_not_cut_wrong():
 
     with pytest.raises(ConvertError, match=r"^the channels after 'stage4.1.branch2.6' cannot"):
         espn.wrap(shufflenet_v2_x0_5(num_classes=3), torch.randn(2, 3, 32, 32))
+
+
+class NormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d as research code writes it: a BatchNorm with its activation."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__(channels)
+        self.act = nn.SiLU()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(super().forward(x))
+
+
+def norm_act_net() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, bias=False),
+        NormAct(8),
+        nn.Conv2d(8, 8, 3, bias=False),
+        NormAct(8),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
+    )
+
+
+def test_a_norm_with_its_activation_becomes_the_norm_then_the_activation(tmp_path):
+    """Converted as its BatchNorm followed by its own activation (not as a bare BatchNorm,
+    which would drop the SiLU); two tasks keep task 0 bit-identical and export as counted."""
+    sn = espn.wrap(norm_act_net(), torch.randn(4, 1, 8, 8))
+    assert isinstance(sn.model.get_submodule("1.1"), nn.SiLU)
+    check_two_tasks(norm_act_net, OPTIMIZERS[0], tmp_path)

@@ -38,7 +38,8 @@ group (a bias without a BatchNorm right after it, or a group without any norm) g
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
 and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
-checked here, before any training (see ``docs/architectures.md`` for what is refused). To use such a model from
+checked here, before any training (see ``docs/architectures.md`` for what is refused); so are
+its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
@@ -199,6 +200,49 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
 def _torch_class(m: nn.Module) -> type[nn.Module]:
     """The torch layer class ``m`` is or subclasses (the one its adapter stands for)."""
     return next(t for t in type(m).__mro__ if t.__module__.startswith("torch.nn"))
+
+
+def _unfuse(model: nn.Module, example: Tensor) -> None:
+    """Replace, in place, each layer that is its torch class followed by its own child
+    modules (timm's ``BatchNormAct2d``: a BatchNorm, then its ``drop`` and ``act``) by an
+    ``nn.Sequential`` of the torch layer and those children, when that computes the same on
+    the example input; :func:`_check_forwards` refuses any other forward of its own."""
+    fused = {
+        n: m
+        for n, m in model.named_modules()
+        if adapter_for(m) is not None
+        and type(m).forward is not _torch_class(m).forward
+        and any(True for _ in m.children())
+    }
+    split: dict[str, nn.Sequential] = {}
+
+    def plain(m: nn.Module) -> nn.Module:
+        layer = copy.copy(m)
+        layer.__class__ = _torch_class(m)
+        layer._modules = {}
+        return layer
+
+    def compare(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, inp: tuple[object, ...], out: object) -> None:
+            seq = nn.Sequential(plain(m), *m.children())
+            try:
+                same = isinstance(out, Tensor) and torch.equal(seq(*inp), out)
+            except Exception:  # the layer's own forward takes other inputs
+                same = False
+            if same:
+                split[name] = seq
+
+        return hook
+
+    hooks = [m.register_forward_hook(compare(n)) for n, m in fused.items()]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in hooks:
+            h.remove()
+    for name, seq in split.items():
+        _set(model, name, seq)
 
 
 def _check_forwards(model: nn.Module, example: Tensor, modules: dict[str, nn.Module]) -> None:
@@ -587,6 +631,7 @@ def to_supernet(
         return vit
     model = copy.deepcopy(model).eval()
     measured = module_flops(model, example_input)
+    _unfuse(model, example_input)
     modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
     _check_forwards(model, example_input, modules)
