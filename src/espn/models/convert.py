@@ -202,19 +202,27 @@ def _torch_class(m: nn.Module) -> type[nn.Module]:
     return next(t for t in type(m).__mro__ if t.__module__.startswith("torch.nn"))
 
 
-def _unfuse(model: nn.Module, example: Tensor) -> None:
-    """Replace, in place, each layer that is its torch class followed by its own child
-    modules (timm's ``BatchNormAct2d``: a BatchNorm, then its ``drop`` and ``act``) by an
-    ``nn.Sequential`` of the torch layer and those children, when that computes the same on
-    the example input; :func:`_check_forwards` refuses any other forward of its own."""
-    fused = {
+def _same(a: object, b: object) -> bool:
+    """Whether two module outputs (tensors, or tuples of them) are equal bit for bit."""
+    pairs = zip(*(x if isinstance(x, tuple) else (x,) for x in (a, b)), strict=False)
+    return all(x is y or (isinstance(x, Tensor) and torch.equal(x, y)) for x, y in pairs)
+
+
+def _plain_layers(model: nn.Module, example: Tensor) -> None:
+    """Make every layer whose class replaces its torch class's ``forward`` compute as its
+    torch class, or refuse it: espn converts a layer as its torch class. A layer computing
+    the same on the example input is kept; one that is its torch class followed by its own
+    children (timm's ``BatchNormAct2d``: a BatchNorm, then its ``drop`` and ``act``) becomes
+    an ``nn.Sequential`` of the torch layer and those children, in place; any other (timm's
+    ``LayerNorm2d`` normalising the channels of an NCHW map, ``Conv2dSame`` padding by the
+    input's size) is refused."""
+    subclassed = {
         n: m
         for n, m in model.named_modules()
-        if adapter_for(m) is not None
-        and type(m).forward is not _torch_class(m).forward
-        and any(True for _ in m.children())
+        if adapter_for(m) is not None and type(m).forward is not _torch_class(m).forward
     }
     split: dict[str, nn.Sequential] = {}
+    differs: list[str] = []
 
     def plain(m: nn.Module) -> nn.Module:
         layer = copy.copy(m)
@@ -226,48 +234,11 @@ def _unfuse(model: nn.Module, example: Tensor) -> None:
         def hook(m: nn.Module, inp: tuple[object, ...], out: object) -> None:
             seq = nn.Sequential(plain(m), *m.children())
             try:
-                same = isinstance(out, Tensor) and torch.equal(seq(*inp), out)
-            except Exception:  # the layer's own forward takes other inputs
-                same = False
-            if same:
-                split[name] = seq
-
-        return hook
-
-    hooks = [m.register_forward_hook(compare(n)) for n, m in fused.items()]
-    try:
-        with torch.no_grad():
-            model(example)
-    finally:
-        for h in hooks:
-            h.remove()
-    for name, seq in split.items():
-        _set(model, name, seq)
-
-
-def _check_forwards(model: nn.Module, example: Tensor, modules: dict[str, nn.Module]) -> None:
-    """Refuse a layer whose class replaces its torch class's ``forward`` with one computing
-    something else on the example input (timm's ``LayerNorm2d`` normalises the channels of
-    an NCHW map, ``Conv2dSame`` pads by the input's size): espn converts it as its torch
-    class, so it would silently compute that class's function instead."""
-    subclassed = {
-        n: m for n, m in modules.items() if type(m).forward is not _torch_class(m).forward
-    }
-    differs: list[str] = []
-
-    def compare(name: str) -> Callable[..., None]:
-        def hook(m: nn.Module, inp: tuple[object, ...], out: object) -> None:
-            try:
-                plain = _torch_class(m).forward(m, *inp)
-                pairs = zip(
-                    *(x if isinstance(x, tuple) else (x,) for x in (plain, out)), strict=False
-                )
-                same = all(
-                    a is b or (isinstance(a, Tensor) and torch.equal(a, b)) for a, b in pairs
-                )
+                if not _same(_torch_class(m).forward(m, *inp), out):
+                    if not (len(seq) > 1 and _same(seq(*inp), out)):
+                        differs.append(name)
+                    split[name] = seq
             except Exception:  # the torch class cannot even run on this input
-                same = False
-            if not same:
                 differs.append(name)
 
         return hook
@@ -280,7 +251,7 @@ def _check_forwards(model: nn.Module, example: Tensor, modules: dict[str, nn.Mod
         for h in hooks:
             h.remove()
     if differs:
-        m = modules[differs[0]]
+        m = subclassed[differs[0]]
         torch_name = f"nn.{_torch_class(m).__name__}"
         raise ConvertError(
             f"module {differs[0]!r} is a {type(m).__name__}, a {torch_name} whose forward() "
@@ -288,6 +259,8 @@ def _check_forwards(model: nn.Module, example: Tensor, modules: dict[str, nn.Mod
             f"NCHW map, a padding of its own); espn converts it as {torch_name}, so it is not "
             "supported"
         )
+    for name, seq in split.items():
+        _set(model, name, seq)
 
 
 def _depthwise(m: nn.Module) -> bool:
@@ -631,10 +604,9 @@ def to_supernet(
         return vit
     model = copy.deepcopy(model).eval()
     measured = module_flops(model, example_input)
-    _unfuse(model, example_input)
+    _plain_layers(model, example_input)
     modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
-    _check_forwards(model, example_input, modules)
     groups, successor, head, repeats, scales = _groups(model, example_input, modules, bare)
     model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
