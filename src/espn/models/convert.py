@@ -38,7 +38,8 @@ group (a bias without a BatchNorm right after it, or a group without any norm) g
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
 and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
-checked here, before any training (see ``docs/architectures.md`` for what is refused). To use such a model from
+checked here, before any training (see ``docs/architectures.md`` for what is refused); so are
+its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
@@ -64,6 +65,7 @@ from espn.layers import (
     source_names,
 )
 from espn.layers.parameters import TaskParameters
+from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
 from espn.models.convert_tokens import (
     TokenConvertError,
     check_stream_sources,
@@ -195,6 +197,72 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
         )
 
 
+def _torch_class(m: nn.Module) -> type[nn.Module]:
+    """The torch layer class ``m`` is or subclasses (the one its adapter stands for)."""
+    return next(t for t in type(m).__mro__ if t.__module__.startswith("torch.nn"))
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two module outputs (tensors, or tuples of them) are equal bit for bit."""
+    pairs = zip(*(x if isinstance(x, tuple) else (x,) for x in (a, b)), strict=False)
+    return all(x is y or (isinstance(x, Tensor) and torch.equal(x, y)) for x, y in pairs)
+
+
+def _plain_layers(model: nn.Module, example: Tensor) -> None:
+    """Make every layer whose class replaces its torch class's ``forward`` compute as its
+    torch class, or refuse it: espn converts a layer as its torch class. A layer computing
+    the same on the example input is kept; one that is its torch class followed by its own
+    children (timm's ``BatchNormAct2d``: a BatchNorm, then its ``drop`` and ``act``) becomes
+    an ``nn.Sequential`` of the torch layer and those children, in place; any other (timm's
+    ``LayerNorm2d`` normalising the channels of an NCHW map, ``Conv2dSame`` padding by the
+    input's size) is refused."""
+    subclassed = {
+        n: m
+        for n, m in model.named_modules()
+        if adapter_for(m) is not None and type(m).forward is not _torch_class(m).forward
+    }
+    split: dict[str, nn.Sequential] = {}
+    differs: list[str] = []
+
+    def plain(m: nn.Module) -> nn.Module:
+        layer = copy.copy(m)
+        layer.__class__ = _torch_class(m)
+        layer._modules = {}
+        return layer
+
+    def compare(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, inp: tuple[object, ...], out: object) -> None:
+            seq = nn.Sequential(plain(m), *m.children())
+            try:
+                if not _same(_torch_class(m).forward(m, *inp), out):
+                    if not (len(seq) > 1 and _same(seq(*inp), out)):
+                        differs.append(name)
+                    split[name] = seq
+            except Exception:  # the torch class cannot even run on this input
+                differs.append(name)
+
+        return hook
+
+    hooks = [m.register_forward_hook(compare(n)) for n, m in subclassed.items()]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in hooks:
+            h.remove()
+    if differs:
+        m = subclassed[differs[0]]
+        torch_name = f"nn.{_torch_class(m).__name__}"
+        raise ConvertError(
+            f"module {differs[0]!r} is a {type(m).__name__}, a {torch_name} whose forward() "
+            f"computes something else than {torch_name}'s (a channel-wise LayerNorm of an "
+            f"NCHW map, a padding of its own); espn converts it as {torch_name}, so it is not "
+            "supported"
+        )
+    for name, seq in split.items():
+        _set(model, name, seq)
+
+
 def _depthwise(m: nn.Module) -> bool:
     """A conv that convolves each channel on its own: its input and output channels are one."""
     return _adapter(m).depthwise(m)
@@ -248,11 +316,7 @@ def _groups(
     output scales features (see :func:`_multiplies`)."""
     names = {m: n for n, m in modules.items()}
     param_names = {id(p): n for n, p in (bare or {}).items()}
-    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
-
-    graph = tp.DependencyGraph().build_dependency(
-        model, example_inputs=example_input, verbose=False
-    )
+    graph = _dependency_graph(model, example_input)
     successor: dict[str, nn.Module | None] = {}
     outputs = []
     for name, m in modules.items():
@@ -324,6 +388,42 @@ def _groups(
     for source, reader, layer, size in flattened:
         _check_flatten_order(model, example_input, source, reader, layer, size, unit[reader])
     return groups, successor, outputs[0], repeats, scales
+
+
+def _dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
+    """Torch-Pruning's dependency graph of ``model``; a failure to build it is refused in
+    one line naming the layer whose output it could not follow."""
+    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
+
+    try:
+        return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+    except Exception as exc:  # Torch-Pruning fails on reshapes it cannot map
+        raise ConvertError(
+            f"the channels {_failed_after(model, exc)} cannot be followed through forward() "
+            f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
+            "regroups channels, such as ShuffleNet's channel shuffle, is not supported"
+        ) from None
+
+
+def _failed_after(model: nn.Module, exc: Exception) -> str:
+    """``of 'NAME'``: the layer nearest before the graph node Torch-Pruning failed on (read
+    from its traceback), or ``of <model class>``."""
+    node, tb = None, exc.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("node", node)
+        tb = tb.tb_next
+    names = {id(m): n for n, m in model.named_modules() if n}
+    seen: set[int] = set()
+    frontier = [node] if node is not None else []
+    while frontier:
+        n = frontier.pop(0)
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if id(getattr(n, "module", None)) in names:
+            return f"after {names[id(n.module)]!r}"
+        frontier.extend(getattr(n, "inputs", []))
+    return f"of {type(model).__name__}"
 
 
 def _check_grouped_input(
@@ -498,8 +598,13 @@ def to_supernet(
     from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
 
     if is_timm_vit(model):
-        return from_timm_vit(model, example_input, multi_head, task_affine)
+        measured = module_flops(model, example_input)
+        vit = from_timm_vit(model, example_input, multi_head, task_affine)
+        check_flops_counted(measured, vit, example_input)
+        return vit
     model = copy.deepcopy(model).eval()
+    measured = module_flops(model, example_input)
+    _plain_layers(model, example_input)
     modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
     groups, successor, head, repeats, scales = _groups(model, example_input, modules, bare)
@@ -578,8 +683,9 @@ def to_supernet(
     if adopted:
         adopted = {n: adopted[n] for n in bare if n in adopted}  # the model's order
         _hold_parameters(model, bare, adopted)
-        _check_counted(model, example_input, list(adopted))
     _check_exportable(model)
+    check_flops_counted(measured, model, example_input)
+    check_task_cut(model, example_input)
     return model
 
 
@@ -598,23 +704,6 @@ def _hold_parameters(
         name = f"_{name}"
     params = {n: bare[n] for n in adopted}
     model.add_module(name, TaskParameters(params, list(adopted.values())))
-
-
-def _check_counted(model: nn.Module, example_input: Tensor, params: list[str]) -> None:
-    """Refuse adopted bare parameters that ``forward`` multiplies activations by (a weight
-    used through ``torch.matmul``): espn would not count those FLOPs, FlopCounterMode would."""
-    from espn.export.export import measured_flops  # it imports the supernet
-    from espn.supernet.supernet import Supernet
-
-    counted = Supernet(model, example_input).dense_flops
-    measured = measured_flops(model, example_input)
-    if measured != counted:
-        raise ConvertError(
-            f"forward multiplies by a bare parameter ({', '.join(map(repr, params))}): "
-            f"FlopCounterMode counts {measured} FLOPs, espn {counted:.0f}; supported: bare "
-            "parameters added to a token stream (a class token, position embeddings); put "
-            "weights in nn.Linear layers"
-        )
 
 
 def _check_exportable(model: nn.Module) -> None:
