@@ -51,6 +51,7 @@ from espn.runs.checks import check_out_dir, run_meta
 from espn.settings import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
+from espn.training.distributed import join
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from espn.training.progress import ProgressBar
@@ -130,6 +131,10 @@ class ContinualLearner:
     ``log_every`` steps); ``progress`` attaches a progress bar over each task's optimizer
     steps (the callback :class:`~espn.training.progress.ProgressBar`);
     ``device`` moves the supernet there (default: where it is).
+
+    Started by ``torchrun``, the learner trains data-parallel over its processes (see
+    :mod:`espn.training.distributed`; every rank runs the same script, rank 0 alone writes
+    ``out``); ``distributed=False`` trains in each process alone.
     """
 
     def __init__(
@@ -144,6 +149,7 @@ class ContinualLearner:
         log_every: int = DEFAULT_LOG_EVERY,
         progress: bool = False,
         device: str | torch.device | None = None,
+        distributed: bool = True,
         **settings: Any,
     ) -> None:
         checks.check_learner(supernet, device, settings)
@@ -154,7 +160,7 @@ class ContinualLearner:
             out = checks.check_save_path(out)
         with checks.about("settings"):
             strategy, cfg = _configure(supernet, method, recipe, settings, out)
-        self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+        self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every, distributed)
         if out is not None:
             self._open(Path(out))
 
@@ -168,11 +174,14 @@ class ContinualLearner:
         callbacks: Iterable[Callback] = (),
         loggers: Iterable[Callback | str] = (),
         log_every: int = DEFAULT_LOG_EVERY,
+        distributed: bool = True,
     ) -> ContinualLearner:
         """The learner of a resolved run configuration (``espn run``'s door)."""
         learner = cls.__new__(cls)
         strategy = METHODS.get(cfg.method)(cfg.method_config())
-        learner._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+        learner._setup(
+            supernet, strategy, cfg, progress, callbacks, loggers, log_every, distributed
+        )
         return learner
 
     def _setup(
@@ -184,8 +193,14 @@ class ContinualLearner:
         callbacks: Iterable[Callback],
         loggers: Iterable[Callback | str],
         log_every: int,
+        distributed: bool = True,
     ) -> None:
         self.supernet, self.strategy, self.cfg = supernet, strategy, cfg
+        #: the data-parallel ranks of a run under ``torchrun`` (None: this process alone)
+        self.ranks = join(distributed, next(supernet.parameters()).device)
+        if self.ranks is not None and self.ranks.device.type == "cuda":  # this rank's GPU
+            supernet.to(self.ranks.device)
+            supernet.owners.to(self.ranks.device)
         self.engine = Engine(
             supernet,
             strategy,
@@ -198,11 +213,14 @@ class ContinualLearner:
             slim_training=cfg.slim_training,
         )
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
+        if self.ranks is not None and not self.ranks.writer:  # rank 0 reports and logs
+            progress, loggers = False, ()
         bar = [ProgressBar()] if progress else []
         self.callbacks = CallbackList(
             [*callbacks, *make_loggers(loggers, run_dir, log_every), *bar]
         )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
+        self.engine.ranks = self.ranks
         self.device = next(supernet.parameters()).device
         #: per learned task: its data (None: not known here, e.g. a task loaded from a run)
         self.tasks: list[Task | None] = [None] * len(supernet.masks)
@@ -216,6 +234,7 @@ class ContinualLearner:
             [None] * len(supernet.masks),
             [task_record(supernet, t) for t in range(len(supernet.masks))],
         )
+        self.runner.evaluator.ranks = self.ranks
         self.run_dir: RunDirectory | None = None
         #: fingerprints of the tasks learned (and the one in training) in :attr:`run_dir`
         self.fingerprints: list[str] = []
@@ -508,7 +527,7 @@ class ContinualLearner:
     def _write(self, rd: RunDirectory) -> None:
         """After a step: the tasks' test data, then the checkpoint, then results.json and
         the plot (the run directory of ``espn run``, read by ``espn evaluate/show``)."""
-        if self.run_dir is rd and rd.meta is not None:  # a Python run: its data beside it
+        if self.run_dir is rd and rd.meta is not None and rd.writes:  # its data beside it
             rd.cfg = self._saved_config(Path(rd.out))
             self._save_data(Path(rd.out))
         rd.step_done(self.supernet, self.rows, self.records)
@@ -631,6 +650,8 @@ class ContinualLearner:
         path = checks.check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")
+        if self.ranks is not None and not self.ranks.writer:  # rank 0 saves the run
+            return path
         check_out_dir(path, resume=False, overwrite=overwrite)
         for stale in (path / DATA_DIR).glob("task-*.safetensors"):  # of an overwritten run
             stale.unlink()

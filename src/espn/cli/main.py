@@ -121,12 +121,18 @@ def run(
     log_every: int = typer.Option(
         DEFAULT_LOG_EVERY, "--log-every", help="The loggers record the loss every N steps."
     ),
+    distributed: bool = typer.Option(
+        True,
+        help="Under torchrun, train one run data-parallel over its processes (rank 0 "
+        "writes OUT); --no-distributed: each process trains alone.",
+    ),
     **options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
     # every other option is a RunConfig field or a method's own (generated, see cli.options)
     from espn.experiment import run_experiment
     from espn.preflight import run_warnings
+    from espn.training.distributed import writes_files
 
     cfg = presets.make_config_given(ctx, **options)
     for note in run_warnings(cfg):
@@ -144,9 +150,12 @@ def run(
             on_warning=warn,
             loggers=[name.strip() for name in (log or "").split(",") if name.strip()],
             log_every=log_every,
+            distributed=distributed,
         )
     except KeyboardInterrupt:
         raise RunInterrupted(interrupted_message(out, ctx)) from None
+    if not writes_files():  # a data-parallel rank other than 0: rank 0 reports
+        return
     ratios = doc["flops_ratio"]
     console.print(
         f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "
