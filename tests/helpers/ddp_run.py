@@ -66,8 +66,7 @@ def state_of(learner: espn.ContinualLearner) -> dict:
         "owners": {n: ids.tolist() for n, ids in sn.owners.ids.items()},
         "weights": {n: layer.weight.detach().flatten().tolist() for n, layer in sn.layers.items()},
         "masks": [
-            {n: m.weight_mask(n).flatten().int().tolist() for n in sn.layers}
-            for m in sn.masks
+            {n: m.weight_mask(n).flatten().int().tolist() for n in sn.layers} for m in sn.masks
         ],
     }
 

@@ -3,15 +3,16 @@
 Every rank holds the whole run: the same supernet, the same task data and the same batch
 generator, so every rank draws the same global batch of ``batch_size`` samples (the order is
 the single-process order whatever the world size) and takes its contiguous slice of it
-(:meth:`Ranks.shard`). After the backward pass the gradients are summed over the ranks, each
-weighted by its share of the global batch, before the frozen guard masks them
+(:meth:`Ranks.shard`). Task BatchNorms normalise by the global batch's statistics while
+training (:meth:`Ranks.step`). After the backward pass the gradients are summed over the
+ranks, each weighted by its share of the global batch, before the frozen guard masks them
 (:meth:`Ranks.average_gradients`): every rank then takes the same optimizer step, and frozen
 and pruned weights stay bit-identical. Pruning decisions read only the weights, so they are
-the same on every rank; :meth:`Ranks.check_same` compares a digest of the masks and weights
-at every prune event (and of the whole supernet when a task is committed) and stops the run
-where they differ. Task BatchNorm statistics are recalibrated over the ranks' batches and
-all-reduced (:func:`recalibrate`); accuracies are counted over the ranks' test batches and
-summed (exact integers, so equal to one process's).
+the same on every rank; :meth:`Ranks.check_same` compares a digest of the supernet at every
+prune event and commit and stops the run where the ranks differ. Task BatchNorm statistics
+are recalibrated over the ranks' batches and all-reduced (:func:`recalibrate`); accuracies
+are counted over the ranks' test batches and summed (exact integers, so equal to one
+process's).
 
 The process group is ``torchrun``'s (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT`` in the environment): gloo on the CPU, NCCL on CUDA. Only rank 0 writes the
@@ -43,10 +44,6 @@ from espn.training.batchnorm import recalibrate_batchnorm
 
 #: how long a rank waits for the others at a collective before the run fails
 TIMEOUT = timedelta(minutes=30)
-
-#: BatchNorm buffers: each rank's follow its own slice of the batches during training (the
-#: task's are recalibrated over all ranks before it is committed)
-_RUNNING = ("running_mean", "running_var", "num_batches_tracked")
 
 
 class DistributedError(EspnError, RuntimeError):
@@ -193,18 +190,23 @@ class Ranks:
         dist.all_reduce(t)
         return t
 
-    def check_same(self, supernet: Supernet, event: str, buffers: bool = False) -> None:
-        """Stop the run unless every rank holds the same masks, owner ids and weights (with
-        ``buffers``, also the BatchNorm statistics): a digest compared over the ranks."""
-        mine = digest(supernet, buffers)
-        digests: list[Any] = [None] * self.world
-        dist.all_gather_object(digests, mine)
+    def check_same(self, supernet: Supernet, event: str) -> None:
+        """Stop the run unless every rank holds the same supernet (masks, owner ids, weights,
+        BatchNorm statistics): its :func:`digest` compared over the ranks."""
+        mine = torch.tensor(
+            list(bytes.fromhex(digest(supernet))),
+            dtype=torch.uint8,
+            device=next(supernet.parameters()).device,
+        )
+        gathered = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(gathered, mine)
+        digests = [bytes(t.tolist()).hex() for t in gathered]
         others = [r for r, d in enumerate(digests) if d != digests[0]]
         if others:
             raise DistributedError(
-                f"{event}: rank(s) {others} hold other masks or weights than rank 0 "
-                f"(digest {digests[others[0]][:12]} vs {digests[0][:12]}); the ranks "
-                "diverged, so the run stops (its last checkpoint is kept)"
+                f"{event}: rank(s) {others} hold another supernet than rank 0 (digest "
+                f"{digests[others[0]][:12]} vs {digests[0][:12]}); the ranks diverged, so the "
+                "run stops (its last checkpoint is kept)"
             )
 
     def barrier(self) -> None:
@@ -212,14 +214,13 @@ class Ranks:
         dist.barrier()
 
 
-def digest(supernet: Supernet, buffers: bool = True) -> str:
-    """SHA-256 of the supernet's state (its tensors' bits, learned tasks, owner ids, which
-    task is in training); without ``buffers``, BatchNorm's running statistics left out."""
+def digest(supernet: Supernet) -> str:
+    """SHA-256 of the supernet's state: its tensors' bits, learned tasks, owner ids, which
+    task is in training."""
     h = hashlib.sha256()
     for key, value in supernet.state_dict().items():
-        if buffers or not key.endswith(_RUNNING):
-            h.update(key.encode())
-            _feed(h, value)
+        h.update(key.encode())
+        _feed(h, value)
     return h.hexdigest()
 
 

@@ -350,7 +350,7 @@ class Engine:
         sn.eval()
         strategy.commit(sn, task)
         if self.ranks is not None:
-            self.ranks.check_same(sn, f"task {index} ({task.name}) committed", buffers=True)
+            self.ranks.check_same(sn, f"task {index} ({task.name}) committed")
         seconds = time.perf_counter() - start
         per = seconds / max(epochs_done, 1)
         compiled = None if self.compiler is None else self.compiler.graphs - graphs
