@@ -93,11 +93,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(method: str, out: Path, report: Path, ranks: int, *extra: str) -> int:
-    """The helper's run, alone (``ranks`` 1) or under torchrun with ``ranks`` processes."""
+def _env() -> dict[str, str]:
+    """This worktree's espn on one thread, no torchrun variables of this process."""
     env = os.environ | {"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
+    return env
+
+
+def _run(method: str, out: Path, report: Path, ranks: int, *extra: str) -> int:
+    """The helper's run, alone (``ranks`` 1) or under torchrun with ``ranks`` processes."""
+    env = _env()
     args = [str(HELPER), method, str(out), str(report), *extra]
     if ranks > 1:
         launcher = ["-m", "torch.distributed.run", f"--nproc-per-node={ranks}"]
@@ -184,3 +190,50 @@ def test_killed_two_rank_run_resumes_at_any_world_size(tmp_path: Path) -> None:
             assert resumed["digest"] == whole["digest"]
             assert resumed["accuracy"] == whole["accuracy"]
         assert json.loads((out / "results.json").read_text())["complete"]
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FASHION.is_dir(), reason="needs Fashion-MNIST in /usr/share/datasets")
+def test_espn_run_under_torchrun_reports_once_and_matches_one_process(tmp_path: Path) -> None:
+    """``torchrun -m espn run`` on real data: rank 0 alone reports and writes; the results
+    are one process's (FC1024 on 2 permuted Fashion-MNIST tasks)."""
+    options = [
+        *("-m", "espn", "run", "--benchmark", "permuted-fashion-mnist"),
+        *("--data-dir", str(FASHION.parent), "--tasks", "2", "--train-per-task", "512"),
+        *("--test-per-task", "256", "--epochs", "1,1,1", "--no-step-floor"),
+        *("--batch-size", "64", "--no-progress"),
+    ]
+    env = _env()
+    launcher = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        f"--master-port={_free_port()}",
+    ]
+    docs = []
+    for prefix, out in (([], tmp_path / "one"), (launcher, tmp_path / "two")):
+        command = [sys.executable, *prefix, *options, "--out", str(out)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.count("average accuracy") == 1
+        docs.append(json.loads((out / "results.json").read_text()))
+    one, two = docs
+    assert two["new_weights"] == one["new_weights"]
+    for row_one, row_two in zip(one["accuracy_matrix"], two["accuracy_matrix"], strict=True):
+        assert all(abs(a - b) <= 0.5 for a, b in zip(row_one, row_two, strict=True))
+
+
+@pytest.mark.slow
+def test_throughput_benchmark_trains_at_both_world_sizes() -> None:
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "distributed_throughput.py"
+    env = _env()
+    args = ["--model", "fc1024", "--batch", "16", "--steps", "2"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
+    assert [r[0] for r in rows] == ["1", "2"] and all(r[2] == "6" for r in rows)

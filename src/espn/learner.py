@@ -220,7 +220,7 @@ class ContinualLearner:
             [*callbacks, *make_loggers(loggers, run_dir, log_every), *bar]
         )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
-        self.engine.ranks = self.ranks
+        self.engine.ranks = self.strategy.ranks = self.ranks
         self.device = next(supernet.parameters()).device
         #: per learned task: its data (None: not known here, e.g. a task loaded from a run)
         self.tasks: list[Task | None] = [None] * len(supernet.masks)

@@ -185,6 +185,11 @@ class Ranks:
             offset += n
         return flat[-1].to(loss.dtype)
 
+    def total(self, *counts: int) -> list[int]:
+        """``counts`` summed over the ranks."""
+        summed = self.sum_(torch.tensor(counts, dtype=torch.long, device=self.device))
+        return [int(v) for v in summed.tolist()]
+
     def sum_(self, t: Tensor) -> Tensor:
         """Sum ``t`` over the ranks, in place."""
         dist.all_reduce(t)
@@ -192,36 +197,49 @@ class Ranks:
 
     def check_same(self, supernet: Supernet, event: str) -> None:
         """Stop the run unless every rank holds the same supernet (masks, owner ids, weights,
-        BatchNorm statistics): its :func:`digest` compared over the ranks."""
-        mine = torch.tensor(
-            list(bytes.fromhex(digest(supernet))),
-            dtype=torch.uint8,
-            device=next(supernet.parameters()).device,
+        BatchNorm statistics): its :func:`digest` compared over the ranks; where they differ,
+        the message names the first entry of the state dict that does."""
+        entries = entry_digests(supernet)
+        whole = self._gathered(hashlib.sha256(b"".join(entries.values())).digest(), supernet)
+        others = [r for r, d in enumerate(whole) if d != whole[0]]
+        if not others:
+            return
+        each = self._gathered(b"".join(entries.values()), supernet)
+        keys = list(entries)
+        differ = [k for i, k in enumerate(keys) if len({d[32 * i : 32 * i + 32] for d in each}) > 1]
+        raise DistributedError(
+            f"{event}: rank(s) {others} hold another supernet than rank 0 (first in "
+            f"{differ[0] if differ else 'its layout'}); the ranks diverged, so the run stops "
+            "(its last checkpoint is kept)"
         )
+
+    def _gathered(self, data: bytes, supernet: Supernet) -> list[bytes]:
+        """``data`` (of the same length on every rank) of every rank, in rank order."""
+        device = next(supernet.parameters()).device
+        mine = torch.tensor(list(data), dtype=torch.uint8, device=device)
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(gathered, mine)
-        digests = [bytes(t.tolist()).hex() for t in gathered]
-        others = [r for r, d in enumerate(digests) if d != digests[0]]
-        if others:
-            raise DistributedError(
-                f"{event}: rank(s) {others} hold another supernet than rank 0 (digest "
-                f"{digests[others[0]][:12]} vs {digests[0][:12]}); the ranks diverged, so the "
-                "run stops (its last checkpoint is kept)"
-            )
+        return [bytes(t.tolist()) for t in gathered]
 
     def barrier(self) -> None:
         """Wait for every rank."""
         dist.barrier()
 
 
-def digest(supernet: Supernet) -> str:
-    """SHA-256 of the supernet's state: its tensors' bits, learned tasks, owner ids, which
-    task is in training."""
-    h = hashlib.sha256()
+def entry_digests(supernet: Supernet) -> dict[str, bytes]:
+    """SHA-256 of each entry of the supernet's state dict: its tensors' bits, learned tasks,
+    owner ids, which task is in training."""
+    out = {}
     for key, value in supernet.state_dict().items():
-        h.update(key.encode())
+        h = hashlib.sha256()
         _feed(h, value)
-    return h.hexdigest()
+        out[key] = h.digest()
+    return out
+
+
+def digest(supernet: Supernet) -> str:
+    """SHA-256 of the supernet's state (of its :func:`entry_digests`)."""
+    return hashlib.sha256(b"".join(entry_digests(supernet).values())).hexdigest()
 
 
 def _feed(h: Any, value: Any) -> None:
