@@ -79,12 +79,15 @@ def test_global_batch_norm_is_batch_norm(alone: Ranks) -> None:
         torch.testing.assert_close(g, e)
 
 
-def test_average_gradients_keeps_missing_ones_missing(alone: Ranks) -> None:
+def test_average_gradients_weighs_the_share(alone: Ranks) -> None:
+    """Over one rank, a share of 1 keeps the gradients; a missing one stays missing."""
     a, b = torch.zeros(3, requires_grad=True), torch.zeros(2, requires_grad=True)
     a.grad = torch.tensor([1.0, -2.0, 4.0])
     loss = alone.average_gradients([a, b], torch.tensor(0.5), 1.0)
     assert torch.equal(a.grad, torch.tensor([1.0, -2.0, 4.0])) and b.grad is None
     assert float(loss) == 0.5
+    loss = alone.average_gradients([a, b], torch.tensor(0.5), 0.25)
+    assert torch.equal(a.grad, torch.tensor([0.25, -0.5, 1.0])) and float(loss) == 0.125
 
 
 def _free_port() -> int:

@@ -116,21 +116,17 @@ class Ranks:
 
     @property
     def writer(self) -> bool:
-        """Rank 0 writes the run directory; the others never touch its files."""
+        """Rank 0 writes the run directory; the others write none of its files."""
         return self.rank == 0
 
-    def bounds(self, n: int) -> tuple[int, int]:
-        """This rank's rows of a global batch of ``n``: contiguous, sizes differing by one
-        at most (empty when ``n`` is less than the world size)."""
-        return n * self.rank // self.world, n * (self.rank + 1) // self.world
-
     def shard(self, x: Tensor, y: Tensor) -> Share:
-        """This rank's slice of the global batch ``(x, y)``; a batch smaller than the world
-        (an epoch's short last one) whole on every rank, each counting for its ``1/world``."""
+        """This rank's slice of the global batch ``(x, y)``: contiguous rows, the ranks'
+        sizes differing by one at most; a batch smaller than the world (an epoch's short last
+        one) whole on every rank, each counting for its ``1/world``."""
         n = len(y)
         if n < self.world:
             return Share(self, x, y, 1 / self.world)
-        lo, hi = self.bounds(n)
+        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
         return Share(self, x[lo:hi], y[lo:hi], (hi - lo) / n)
 
     @contextmanager
@@ -152,37 +148,20 @@ class Ranks:
 
     def average_gradients(self, params: Sequence[Tensor], loss: Tensor, weight: float) -> Tensor:
         """Replace each gradient by the global batch's: the ranks' gradients weighted by
-        their share of the batch and summed (one all-reduce); the global batch's loss.
-
-        A parameter gets a gradient where any rank's backward gave it one (so that a rank
-        whose slice was empty takes the same step); the others keep ``None``."""
+        their share of the batch and summed (one all-reduce); the global batch's loss. The
+        same parameters have a gradient on every rank (the same graph); the others keep
+        ``None``."""
+        grads = [p.grad for p in params if p.grad is not None]
         dtype = torch.float32
-        for p in params:
-            if p.grad is not None:
-                dtype = torch.promote_types(dtype, p.grad.dtype)
-        device = loss.device
-        parts = [
-            torch.zeros(p.numel(), dtype=dtype, device=device)
-            if p.grad is None
-            else p.grad.reshape(-1).to(dtype)
-            for p in params
-        ]
-        flags = torch.tensor([p.grad is not None for p in params], dtype=dtype, device=device)
-        flat = torch.cat([*parts, flags, loss.detach().reshape(1).to(dtype)])
-        flat[: len(flat) - len(params) - 1].mul_(weight)
-        flat[-1:].mul_(weight)
+        for g in grads:
+            dtype = torch.promote_types(dtype, g.dtype)
+        parts = [g.reshape(-1).to(dtype) for g in grads]
+        flat = torch.cat([*parts, loss.detach().reshape(1).to(dtype)]).mul_(weight)
         dist.all_reduce(flat)
-        present = flat[-len(params) - 1 : -1].tolist()
         offset = 0
-        for p, has in zip(params, present, strict=True):
-            n = p.numel()
-            if has > 0:
-                grad = flat[offset : offset + n].view(p.shape).to(p.dtype)
-                if p.grad is None:
-                    p.grad = grad.clone()
-                else:
-                    p.grad.copy_(grad)
-            offset += n
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view(g.shape))
+            offset += g.numel()
         return flat[-1].to(loss.dtype)
 
     def total(self, *counts: int) -> list[int]:
@@ -200,11 +179,11 @@ class Ranks:
         BatchNorm statistics): its :func:`digest` compared over the ranks; where they differ,
         the message names the first entry of the state dict that does."""
         entries = entry_digests(supernet)
-        whole = self._gathered(hashlib.sha256(b"".join(entries.values())).digest(), supernet)
+        whole = self._gathered(hashlib.sha256(b"".join(entries.values())).digest())
         others = [r for r, d in enumerate(whole) if d != whole[0]]
         if not others:
             return
-        each = self._gathered(b"".join(entries.values()), supernet)
+        each = self._gathered(b"".join(entries.values()))
         keys = list(entries)
         differ = [k for i, k in enumerate(keys) if len({d[32 * i : 32 * i + 32] for d in each}) > 1]
         raise DistributedError(
@@ -213,10 +192,9 @@ class Ranks:
             "(its last checkpoint is kept)"
         )
 
-    def _gathered(self, data: bytes, supernet: Supernet) -> list[bytes]:
+    def _gathered(self, data: bytes) -> list[bytes]:
         """``data`` (of the same length on every rank) of every rank, in rank order."""
-        device = next(supernet.parameters()).device
-        mine = torch.tensor(list(data), dtype=torch.uint8, device=device)
+        mine = torch.tensor(list(data), dtype=torch.uint8, device=self.device)
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(gathered, mine)
         return [bytes(t.tolist()) for t in gathered]
