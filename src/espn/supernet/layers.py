@@ -747,7 +747,7 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
 
 #: while it holds a function, training task BatchNorms call it (``(norm, x, weight, bias,
 #: factor) -> output``) for batch statistics taken over every data-parallel rank (see
-#: :func:`espn.training.distributed.Ranks.synced`)
+#: :meth:`espn.training.distributed.Ranks.step`)
 SYNCED_BATCH_NORM: list[Callable[..., Tensor]] = []
 
 
