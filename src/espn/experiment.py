@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from espn.runs.checks import check_out_dir, clear_run
 from espn.runs.from_run import adopt_tasks, check_compatible, open_source
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
+from espn.training.distributed import join
 from espn.training.engine import TrainingStopped
 
 __all__ = ["build_benchmark", "build_supernet", "results_document", "run", "run_experiment"]
@@ -69,6 +71,7 @@ def run_experiment(
     on_warning: Callable[[str], None] | None = None,
     loggers: Sequence[Callback | str] = (),
     log_every: int | None = None,
+    distributed: bool = True,
 ) -> dict[str, Any]:
     """Run ``cfg`` to the end; results are rewritten atomically after every evaluated task
     (every ``cfg.eval_every`` tasks and the last), and the checkpoint in ``<out>/checkpoint``
@@ -84,18 +87,31 @@ def run_experiment(
     is the benchmark ``cfg`` names, built once by the caller (so that another library can be
     handed the very same tensors, see ``benchmarks/peer_packnet.py``). ``loggers`` are
     callbacks or logger names (``espn run --log``) told of every step, epoch and task, the
-    loggers reading the loss every ``log_every`` steps.
+    loggers reading the loss every ``log_every`` steps. Under ``torchrun`` the run trains
+    data-parallel over its processes unless not ``distributed`` (see
+    :mod:`espn.training.distributed`): rank 0 locks and writes ``out`` and reports; the other
+    ranks only read its checkpoint to resume.
     """
     logging_options(loggers, log_every)  # a bad name is refused before any work
     check_run(cfg)
     check_out_dir(cfg.out, resume, overwrite)
-    with run_lock(cfg.out):
+    ranks = join(distributed, cfg.device)
+    writer = ranks is None or ranks.writer
+    if not writer:
+        progress, on_task_end, on_warning = False, None, None
+    with run_lock(cfg.out) if writer else nullcontext():
         check_out_dir(cfg.out, resume, overwrite)  # again, now that no other run can write
-        if overwrite:  # the earlier run's results go now, not when the first task is done
+        if overwrite and writer:  # the earlier run's results go now, not after a task
             clear_run(cfg.out)
         try:
             return _run_locked(
-                cfg, progress, on_task_end, resume, on_warning, seq, (loggers, log_every)
+                cfg,
+                progress,
+                on_task_end,
+                resume,
+                on_warning,
+                seq,
+                (loggers, log_every, distributed),
             )
         except TrainingStopped as exc:
             raise TrainingStopped(f"{exc}; {_kept(cfg)}") from None
@@ -110,6 +126,7 @@ def run(
     overwrite: bool = False,
     loggers: Sequence[Callback | str] = (),
     log_every: int | None = None,
+    distributed: bool = True,
     **options: Any,
 ) -> dict[str, Any]:
     """One run as ``espn run`` makes it, from Python: its ``results.json`` document.
@@ -122,7 +139,7 @@ def run(
     ``checkpoint/``); ``resume`` and ``overwrite`` are the CLI's ``--resume``/``--overwrite``,
     ``progress`` shows the progress bar, ``on_task_end`` receives the per-task lines, and what
     the run could not do as asked is issued as a Python warning (and kept in the document);
-    ``loggers`` and ``log_every`` as in :class:`~espn.learner.ContinualLearner`.
+    ``loggers``, ``log_every`` and ``distributed`` as in :class:`~espn.learner.ContinualLearner`.
 
     Example: ``espn.run(benchmark="permuted-fashion-mnist", tasks=2, train_per_task=500,
     out="runs/mine")["average_accuracy"]``.
@@ -143,6 +160,7 @@ def run(
         on_warning=lambda line: warnings.warn(line, UserWarning, stacklevel=3),
         loggers=loggers,
         log_every=log_every,
+        distributed=distributed,
     )
 
 
@@ -166,7 +184,7 @@ def _run_locked(
     resume: bool,
     on_warning: Callable[[str], None] | None,
     seq: TaskSequence | None,
-    logging: tuple[Sequence[Callback | str], int | None],
+    logging: tuple[Sequence[Callback | str], int | None, bool],
 ) -> dict[str, Any]:
     """Assemble the run: the benchmark and the model, handed to the one learner with the run
     directory attached."""
@@ -175,9 +193,14 @@ def _run_locked(
     if source is not None:
         check_compatible(cfg, source, seq)
     supernet = build_supernet(cfg, seq)
-    loggers, log_every = logging
+    loggers, log_every, distributed = logging
     learner = ContinualLearner.from_config(
-        supernet, cfg, progress=progress, loggers=loggers, log_every=log_every
+        supernet,
+        cfg,
+        progress=progress,
+        loggers=loggers,
+        log_every=log_every,
+        distributed=distributed,
     )
     learner.runner.check_gamma_reachable(cfg.model)
     notes = data_warnings(cfg, seq)
@@ -190,6 +213,8 @@ def _run_locked(
         ckpt.rows, ckpt.per_task = adopt_tasks(supernet, source)
     learner.rows, learner.records = ckpt.rows, ckpt.per_task  # the checkpoint saves them
     learner.attach(rd)
+    if learner.ranks is not None:  # every rank has read the checkpoint before rank 0 writes
+        learner.ranks.barrier()
     if ckpt.summary and on_task_end is not None:
         on_task_end(ckpt.summary)
     if ckpt.rows:  # resumed: results as the checkpoint holds them (a kill may have cut them)

@@ -51,6 +51,7 @@ from espn.runs.checks import RunMismatch, check_out_dir, clear_run, run_meta
 from espn.settings import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
+from espn.training.distributed import join
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from espn.training.progress import ProgressBar
@@ -135,6 +136,10 @@ class ContinualLearner:
     50); ``progress`` attaches a progress bar over each task's optimizer
     steps (the callback :class:`~espn.training.progress.ProgressBar`);
     ``device`` moves the supernet there (default: where it is).
+
+    Started by ``torchrun``, the learner trains data-parallel over its processes (see
+    :mod:`espn.training.distributed`; every rank runs the same script, rank 0 alone writes
+    ``out``); ``distributed=False`` trains in each process alone.
     """
 
     #: the hold on :attr:`run_dir` (None: no ``out=``, or ``espn run``'s, which holds it)
@@ -153,6 +158,7 @@ class ContinualLearner:
         log_every: int | None = None,
         progress: bool = False,
         device: str | torch.device | None = None,
+        distributed: bool = True,
         **settings: Any,
     ) -> None:
         checks.check_learner(supernet, device, settings)
@@ -168,8 +174,12 @@ class ContinualLearner:
             out = checks.check_save_path(out)
         with checks.about("settings"):
             strategy, cfg = _configure(supernet, method, recipe, settings, out)
-        if out is None:
-            self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+        setup = (supernet, strategy, cfg, progress, callbacks, loggers, log_every, distributed)
+        ranks = join(distributed, next(supernet.parameters()).device)
+        if out is None or (ranks is not None and not ranks.writer):  # rank 0 alone locks, writes
+            self._setup(*setup)
+            if out is not None:
+                self._open(Path(out), resume=not overwrite)
             return
         lock = DirectoryLock(Path(out))
         weakref.finalize(self, lock.release)
@@ -179,7 +189,7 @@ class ContinualLearner:
                 clear_run(out)
                 for stale in (Path(out) / DATA_DIR).glob("task-*.safetensors"):
                     stale.unlink()
-            self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+            self._setup(*setup)
             self.lock = lock
             self._open(Path(out), resume=not overwrite)
         except BaseException:
@@ -196,11 +206,14 @@ class ContinualLearner:
         callbacks: Iterable[Callback] = (),
         loggers: Iterable[Callback | str] = (),
         log_every: int | None = None,
+        distributed: bool = True,
     ) -> ContinualLearner:
         """The learner of a resolved run configuration (``espn run``'s door)."""
         learner = cls.__new__(cls)
         strategy = METHODS.get(cfg.method)(cfg.method_config())
-        learner._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+        learner._setup(
+            supernet, strategy, cfg, progress, callbacks, loggers, log_every, distributed
+        )
         return learner
 
     def _setup(
@@ -212,8 +225,14 @@ class ContinualLearner:
         callbacks: Iterable[Callback],
         loggers: Iterable[Callback | str],
         log_every: int | None,
+        distributed: bool = True,
     ) -> None:
         self.supernet, self.strategy, self.cfg = supernet, strategy, cfg
+        #: the data-parallel ranks of a run under ``torchrun`` (None: this process alone)
+        self.ranks = join(distributed, next(supernet.parameters()).device)
+        if self.ranks is not None and self.ranks.device.type == "cuda":  # this rank's GPU
+            supernet.to(self.ranks.device)
+            supernet.owners.to(self.ranks.device)
         self.engine = Engine(
             supernet,
             strategy,
@@ -226,11 +245,14 @@ class ContinualLearner:
             slim_training=cfg.slim_training,
         )
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
+        if self.ranks is not None and not self.ranks.writer:  # rank 0 reports and logs
+            progress, loggers = False, ()
         bar = [ProgressBar()] if progress else []
         self.callbacks = CallbackList(
             [*callbacks, *make_loggers(list(loggers), run_dir, log_every=log_every), *bar]
         )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
+        self.engine.ranks = self.strategy.ranks = self.ranks
         self.device = next(supernet.parameters()).device
         #: per learned task: its data (None: not known here, e.g. a task loaded from a run)
         self.tasks: list[Task | None] = [None] * len(supernet.masks)
@@ -244,6 +266,7 @@ class ContinualLearner:
             [None] * len(supernet.masks),
             [task_record(supernet, t) for t in range(len(supernet.masks))],
         )
+        self.runner.evaluator.ranks = self.ranks
         self.run_dir: RunDirectory | None = None
         #: fingerprints of the tasks learned (and the one in training) in :attr:`run_dir`
         self.fingerprints: list[str] = []
@@ -553,7 +576,7 @@ class ContinualLearner:
     def _write(self, rd: RunDirectory) -> None:
         """After a step: the tasks' test data, then the checkpoint, then results.json and
         the plot (the run directory of ``espn run``, read by ``espn evaluate/show``)."""
-        if self.run_dir is rd and rd.meta is not None:  # a Python run: its data beside it
+        if self.run_dir is rd and rd.meta is not None and rd.writes:  # its data beside it
             rd.cfg = self._saved_config(Path(rd.out))
             self._save_data(Path(rd.out))
         rd.step_done(self.supernet, self.rows, self.records)
@@ -777,6 +800,8 @@ class ContinualLearner:
         path = checks.check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")
+        if self.ranks is not None and not self.ranks.writer:  # rank 0 saves the run
+            return path
         check_out_dir(path, resume=False, overwrite=overwrite, python=True)
         for stale in (path / DATA_DIR).glob("task-*.safetensors"):  # of an overwritten run
             stale.unlink()

@@ -37,6 +37,7 @@ from espn.runs.legacy import upgrade_saved_config
 from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, EpochEnd
+from espn.training.distributed import writes_files
 from espn.training.engine import Engine, TaskProgress
 from espn.utils.io import os_error_text, write_json_atomic
 
@@ -184,7 +185,8 @@ class DirectoryLock:
 class RunCheckpoint:
     """The checkpoint of one run directory: the writer and where to pick up."""
 
-    writer: CheckpointWriter
+    #: None: this process only reads the checkpoint (a data-parallel rank other than 0)
+    writer: CheckpointWriter | None
     supernet: Supernet
     engine: Engine
     rows: list[list[float] | None]
@@ -204,9 +206,11 @@ class RunCheckpoint:
         strategy: Strategy,
         resume: bool,
         ignore: tuple[str, ...] = (),
+        writes: bool = True,
     ) -> RunCheckpoint:
         """A fresh checkpoint in ``<out>/checkpoint``, or, with ``resume``, the saved one loaded
-        into the freshly built ``supernet``, ``engine`` and ``strategy``.
+        into the freshly built ``supernet``, ``engine`` and ``strategy`` (without ``writes``,
+        read only: nothing is written or removed).
 
         Resuming where no checkpoint was written yet (killed in the first epoch) starts over; a
         checkpoint that is there but unreadable, too new or of other options (but those in
@@ -214,7 +218,7 @@ class RunCheckpoint:
         """
         directory = checkpoint_dir(cfg.out)
         if not resume or not (directory / MANIFEST).exists():
-            writer = CheckpointWriter(directory, run_meta(cfg, seq))
+            writer = CheckpointWriter(directory, run_meta(cfg, seq)) if writes else None
             note = f"no checkpoint in {directory}; starting from the first task" if resume else ""
             return cls(writer, supernet, engine, [], [], summary=note)
         ckpt = read_checkpoint(directory)
@@ -227,7 +231,7 @@ class RunCheckpoint:
         where = "" if tr is None else "; " + training_position(tr.task, progress_of(tr), strategy)
         total = ckpt.manifest.get("n_tasks", len(seq))
         return cls(
-            CheckpointWriter.resume(ckpt),
+            CheckpointWriter.resume(ckpt) if writes else None,
             supernet,
             engine,
             rows=[
@@ -257,6 +261,8 @@ class RunCheckpoint:
         extra: dict[str, Any],
     ) -> None:
         """Checkpoint task ``task`` in training (at an epoch's end)."""
+        if self.writer is None:
+            return
         self.writer.save(
             self.supernet,
             self._results(seq),
@@ -269,6 +275,8 @@ class RunCheckpoint:
     def task_done(self, seq: TaskSequence, elapsed: float, extra: dict[str, Any]) -> None:
         """Checkpoint after a task was committed and evaluated."""
         self.training = None
+        if self.writer is None:
+            return
         self.writer.save(
             self.supernet,
             self._results(seq),
@@ -316,6 +324,9 @@ class RunDirectory(Callback):
         self.doc: dict[str, Any] = {}
         #: added to the manifest on every write (e.g. the fingerprints of a Python run's data)
         self.extra: Callable[[], dict[str, Any]] = dict
+        #: whether this process writes the files (not a data-parallel rank other than 0,
+        #: which reads a checkpoint to resume from only)
+        self.writes = writes_files()
 
     def open(
         self,
@@ -327,7 +338,7 @@ class RunDirectory(Callback):
     ) -> RunCheckpoint:
         """Start the checkpoint, or restore it into the learner's freshly built parts."""
         self.checkpoint = RunCheckpoint.open(
-            self.cfg, self.sequence(), supernet, engine, strategy, resume, ignore
+            self.cfg, self.sequence(), supernet, engine, strategy, resume, ignore, self.writes
         )
         self.strategy = strategy
         self.start = time.perf_counter() - self.checkpoint.elapsed
@@ -385,6 +396,9 @@ class RunDirectory(Callback):
             "warnings": self.notes,
             "wall_time_s": self.elapsed() if elapsed is None else elapsed,
         }
+        if not self.writes:
+            self.doc = doc
+            return doc
         try:
             write_json_atomic(self.out / "results.json", doc)
         except OSError as exc:
@@ -397,6 +411,8 @@ class RunDirectory(Callback):
 
     def plot(self) -> None:
         """Draw ``accuracy.png`` from the last ``results.json`` written."""
+        if not self.writes:
+            return
         if self.doc and any(r is not None for r in self.doc.get("accuracy_matrix") or []):
             plot_run(self.doc, self.out / "accuracy.png")
 
@@ -404,8 +420,9 @@ class RunDirectory(Callback):
         self.plot()
 
     def _refresh(self) -> None:
-        if self.meta is not None:
-            self._ckpt().writer.meta = self.meta()
+        writer = self._ckpt().writer
+        if self.meta is not None and writer is not None:
+            writer.meta = self.meta()
 
     def _ckpt(self) -> RunCheckpoint:
         if self.checkpoint is None:

@@ -130,12 +130,18 @@ def run(
         help=f"The loggers of --log record the loss every N steps ({DEFAULT_LOG_EVERY} unless "
         "given; only with --log).",
     ),
+    distributed: bool = typer.Option(
+        True,
+        help="Under torchrun, train one run data-parallel over its processes (rank 0 "
+        "writes OUT); --no-distributed: each process trains alone.",
+    ),
     **options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
     # every other option is a RunConfig field or a method's own (generated, see cli.options)
     from espn.experiment import run_experiment
     from espn.preflight import run_warnings
+    from espn.training.distributed import writes_files
 
     if log_every is not None and not (log or "").strip():
         fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
@@ -155,9 +161,12 @@ def run(
             on_warning=warn,
             loggers=[name.strip() for name in (log or "").split(",") if name.strip()],
             log_every=log_every,
+            distributed=distributed,
         )
     except KeyboardInterrupt:
         raise RunInterrupted(interrupted_message(out, ctx)) from None
+    if not writes_files():  # a data-parallel rank other than 0: rank 0 reports
+        return
     ratios = doc["flops_ratio"]
     console.print(
         f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "

@@ -15,6 +15,8 @@ masked supernet within the export's tolerance; a task whose copy cannot be built
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
@@ -22,6 +24,9 @@ from espn.data.tasks import Task
 from espn.export.export import TOLERANCE
 from espn.export.slim import slim_copy
 from espn.layers import ExportError
+
+if TYPE_CHECKING:
+    from espn.training.distributed import Ranks
 from espn.supernet.masks import TaskMask
 from espn.supernet.supernet import Supernet
 
@@ -36,6 +41,8 @@ class SlimEvaluator:
         #: per task: the stored sub-network the copy was built from, and the copy (None:
         #: the task is evaluated through the masked supernet)
         self.cache: dict[int, tuple[TaskMask, nn.Module | None]] = {}
+        #: data-parallel ranks sharing out the batches (None: this process evaluates all)
+        self.ranks: Ranks | None = None
 
     def _copy(self, t: int, x: Tensor) -> nn.Module | None:
         """Task ``t``'s slim copy, built and checked on batch ``x`` when not cached."""
@@ -70,8 +77,12 @@ class SlimEvaluator:
 
     @torch.no_grad()
     def accuracy(self, task: Task, t: int, split: str = "test", batch_size: int = 1024) -> float:
-        """Top-1 accuracy in percent of task ``t`` on ``split`` of ``task``."""
+        """Top-1 accuracy in percent of task ``t`` on ``split`` of ``task`` (with
+        :attr:`ranks`, each counts its share of the batches and the counts are summed)."""
         correct = torch.zeros((), dtype=torch.long, device=task.split(split).y.device)
-        for x, y in task.batches(split, batch_size):
-            correct += (self.logits(x, t).argmax(1) == y).sum()
+        for k, (x, y) in enumerate(task.batches(split, batch_size)):
+            if self.ranks is None or self.ranks.mine(k):
+                correct += (self.logits(x, t).argmax(1) == y).sum()
+        if self.ranks is not None:
+            self.ranks.sum_(correct)
         return 100.0 * int(correct) / max(len(task.split(split)), 1)

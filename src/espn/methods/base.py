@@ -22,6 +22,7 @@ from espn.settings import DEFAULTS, SETTING_NAMES, TrainingSettings
 from espn.supernet.supernet import Supernet
 
 if TYPE_CHECKING:
+    from espn.training.distributed import Ranks
     from espn.training.optim import OptimConfig
 
 #: learning-rate schedules of a phase: ``constant``; ``cosine`` decay to zero over the phase;
@@ -149,6 +150,9 @@ class Strategy(ABC):
         self.weight_budget = 0
         #: the settings given to :func:`create_method` (None: built from ``cfg`` directly)
         self.given: dict[str, Any] | None = None
+        #: the data-parallel ranks training with it (None: one process), for what a method
+        #: counts over the training batches (see :mod:`espn.training.distributed`)
+        self.ranks: Ranks | None = None
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -305,7 +305,10 @@ class CPG(Strategy):
     def _measured(self) -> float | None:
         """Accuracy (%) of the training batches since measuring started (None: no batch)."""
         self.measuring = False
-        return None if self.seen == 0 else 100.0 * int(self.correct) / self.seen
+        correct, seen = int(self.correct), self.seen
+        if self.ranks is not None:  # each rank saw its slice of the batches
+            correct, seen = self.ranks.total(correct, seen)
+        return None if seen == 0 else 100.0 * correct / seen
 
     def _measure(self) -> None:
         self.measuring, self.correct, self.seen = True, 0, 0

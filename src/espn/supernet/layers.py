@@ -23,7 +23,7 @@ side (``*_unit_size``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeGuard
 
 import torch
@@ -745,6 +745,12 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
         return task_batch_norm(self, x)
 
 
+#: while it holds a function, training task BatchNorms call it (``(norm, x, weight, bias,
+#: factor) -> output``) for batch statistics taken over every data-parallel rank (see
+#: :meth:`espn.training.distributed.Ranks.step`)
+SYNCED_BATCH_NORM: list[Callable[..., Tensor]] = []
+
+
 def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
     """A task BatchNorm's forward (any dimension): batch statistics while training, the
     task's running statistics otherwise; scale and shift masked by the task's units."""
@@ -754,6 +760,8 @@ def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
         norm.num_batches_tracked.add_(1)
         if norm.momentum is None:  # cumulative moving average, as torch's BatchNorm
             factor = 1.0 / float(norm.num_batches_tracked)
+        if SYNCED_BATCH_NORM:
+            return SYNCED_BATCH_NORM[-1](norm, x, weight, bias, factor)
     return F.batch_norm(
         x, norm.running_mean, norm.running_var, weight, bias, norm.training, factor, norm.eps
     )

@@ -9,6 +9,8 @@ sub-network: a cumulative average over the training data, without augmentation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -22,11 +24,16 @@ RECALIBRATION_BATCHES = 100
 
 @torch.no_grad()
 def recalibrate_batchnorm(
-    supernet: Supernet, task: Task, batch_size: int, max_batches: int = RECALIBRATION_BATCHES
+    supernet: Supernet,
+    task: Task,
+    batch_size: int,
+    max_batches: int = RECALIBRATION_BATCHES,
+    take: Callable[[int], bool] | None = None,
 ) -> int:
     """Reset the working sub-network's BatchNorm statistics and recompute them over (at most
     ``max_batches`` batches of) ``task``'s training data; returns the batches used (0 when
-    the supernet has no BatchNorm).
+    the supernet has no BatchNorm). ``take``: which of those batches (by number) this
+    process uses (a data-parallel rank its share, see :mod:`espn.training.distributed`).
 
     Batch ``k`` enters with momentum ``1/k``: the running statistics end as the plain mean of
     the batches' means and (unbiased) variances, as ``nn.BatchNorm2d(momentum=None)`` computes.
@@ -44,9 +51,11 @@ def recalibrate_batchnorm(
         m.train()
     used = 0
     try:
-        for x, _ in task.batches("train", batch_size, augment=False):
-            if used == max_batches:
+        for k, (x, _) in enumerate(task.batches("train", batch_size, augment=False)):
+            if k == max_batches:
                 break
+            if take is not None and not take(k):
+                continue
             used += 1
             for m in norms:
                 m.momentum = 1.0 / used

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -22,6 +23,7 @@ from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.callbacks import CallbackList, EpochEnd, EpochStart, StepEnd, TrainStart
 from espn.training.compile import StepCompiler
+from espn.training.distributed import Ranks, recalibrate
 from espn.training.optim import (
     FrozenGuard,
     OptimConfig,
@@ -181,6 +183,9 @@ class Engine:
         self.owner: Any = None
         #: the compiled step's compiler (None: eager; see :mod:`espn.training.compile`)
         self.compiler = StepCompiler() if compile else None
+        #: the data-parallel ranks training this run with it (None: this process alone; see
+        #: :mod:`espn.training.distributed`)
+        self.ranks: Ranks | None = None
         strategy.attach(supernet)
 
     def _trainable(self) -> list[torch.Tensor]:
@@ -351,9 +356,14 @@ class Engine:
                 ran.append(plan.record())
         if hooks is not None:
             hooks.on_train_end(self.owner, index)
-        recalibrate_batchnorm(sn, task, self.batch_size)
+        if self.ranks is None:
+            recalibrate_batchnorm(sn, task, self.batch_size)
+        else:
+            recalibrate(self.ranks, sn, task, self.batch_size)
         sn.eval()
         strategy.commit(sn, task)
+        if self.ranks is not None:
+            self.ranks.check_same(sn, f"task {index} ({task.name}) committed")
         seconds = time.perf_counter() - start
         per = seconds / max(epochs_done, 1)
         compiled = None if self.compiler is None else self.compiler.graphs - graphs
@@ -374,6 +384,8 @@ class Engine:
         self.strategy.prune_step(self.supernet, progress)
         if self.strategy.zeroes_pruned:
             self._zero_pruned(optimizer)
+        if self.ranks is not None:
+            self.ranks.check_same(self.supernet, f"prune event at {progress:.0%} of a phase")
 
     def _zero_pruned(self, optimizer: TaskOptimizer) -> None:
         """Zero the pruned free weights and their state in ``optimizer`` (see
@@ -459,13 +471,19 @@ class Engine:
         """One optimizer step of ``net`` (default: the supernet; a slim phase's copy)."""
         net = self.supernet if net is None else net
         optimizer.set_lr(lr, own_lr)
-        if self.compiler is None:
-            loss, total = self.batch_loss(x, y, phase.regularise, net)
-        else:
-            loss, total = self.compiler.run(self.batch_loss, x, y, phase.regularise, net)
         optimizer.zero_grad()
         guard.begin_step()
-        self.scaler.scale(total).backward()
+        with nullcontext() if self.ranks is None else self.ranks.step(x, y) as share:
+            if share is not None:  # this rank's slice of the global batch
+                x, y = share.x, share.y
+            if self.compiler is None:
+                loss, total = self.batch_loss(x, y, phase.regularise, net)
+            else:
+                loss, total = self.compiler.run(self.batch_loss, x, y, phase.regularise, net)
+            self.scaler.scale(total).backward()
+        if share is not None:  # averaged over the ranks, then masked
+            params = [p for o in optimizer.optimizers for g in o.param_groups for p in g["params"]]
+            loss = share.average_gradients(params, loss)
         guard.mask_gradients()
         # layers whose weight stays zero outside the mask through this step (see
         # MaskedLayer.keeps_zero): the next step's forward skips their mask product too
