@@ -83,6 +83,7 @@ def evaluate(
     """
     from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.inference import DEFAULT_RULE, RULES
+    from espn.inference.predict import get_rule
     from espn.runs.from_run import check_source_unchanged
     from espn.runs.loading import load_run
 
@@ -92,6 +93,8 @@ def evaluate(
         RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
     run = run_directory(run_dir, run_alias)
     loaded = load_run(run, device, trust_code=trust_model_code)
+    if task_agnostic:
+        get_rule(rule, loaded.supernet)  # a rule these tasks cannot run: before any evaluation
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = _test_data(loaded.config, data_dir)
     doc = _results(run)

@@ -245,9 +245,23 @@ def factory_of(name: str) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
 
 
 def build(name: str) -> nn.Module:
-    """The model a reference names: its checked factory called with its arguments."""
+    """The model a reference names: its checked factory called with its arguments; arguments
+    that do not fit its signature, or a factory that fails, end in one
+    :class:`ModelReferenceError` naming the reference (the cause kept for ``--debug``)."""
     factory, kwargs = factory_of(name)
-    model = factory(**kwargs)
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:  # a missing or unknown argument: named before any call
+        raise ModelReferenceError(f"model {name!r}: {exc}") from None
+    except ValueError:  # no signature to check (a builtin): the call says
+        pass
+    try:
+        model = factory(**kwargs)
+    except Exception as exc:
+        reason = (str(exc).splitlines() or [""])[0]
+        raise ModelReferenceError(
+            f"model {name!r} cannot be built: {type(exc).__name__}: {reason}"
+        ) from exc
     if not isinstance(model, nn.Module):
         raise ModelReferenceError(
             f"model {name!r} built a {type(model).__name__}, not an nn.Module"
