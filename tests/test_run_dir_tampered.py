@@ -147,6 +147,9 @@ def test_a_trusted_reference_to_a_crafted_pt2_fails_in_one_line(run_copy, tmp_pa
     ours = [line for line in result.output.splitlines() if "site-packages/torch" not in line]
     assert len(ours) == 1 and ours[0].startswith("error: model"), result.output
     assert "load_exported" in ours[0] and "cannot be built: BadZipFile" in ours[0]
+    # trusted for that command only: the next read without the opt-in imports and calls nothing
+    line = one_line_error(runner.invoke(app, ["evaluate", str(run_copy)]))
+    assert "neither one of espn's model builders" in line and "--trust-model-code" in line
 
 
 def test_a_trusted_reference_missing_an_argument_names_it(run_copy):

@@ -624,9 +624,7 @@ def restore(ckpt: Checkpoint, supernet: Supernet, weights: str | None = None) ->
     """Load ``ckpt`` into a freshly built ``supernet``: shared weights, owner ids and every
     committed task (frozen weights are the owned ones). Validates first; converts a
     version-1 checkpoint (see :func:`_owned_masks`; ``weights`` is its method's kind of
-    weights, ``"shared"``, ``"own"``, ..., where the caller knows the method). The tasks'
-    statistics are checked once their masks are in (:func:`espn.inference.stored.check_statistics`):
-    refused ones leave a supernet the caller discards.
+    weights, ``"shared"``, ``"own"``, ..., where the caller knows the method).
     The task in training, if any, is :func:`restore_working`'s."""
     check_architecture(ckpt.manifest["architecture"], supernet, str(ckpt.manifest["model"]))
     _check_tensors(ckpt, supernet)
@@ -637,9 +635,6 @@ def restore(ckpt: Checkpoint, supernet: Supernet, weights: str | None = None) ->
     supernet.masks = masks
     supernet.in_training = False
     supernet.active_task = None
-    from espn.inference.stored import check_statistics  # espn.inference imports this module
-
-    check_statistics(supernet, ckpt.directory)
     if supernet.masks:  # first: a task with its own weights (Individual) writes them in
         supernet.use_task(len(supernet.masks) - 1)
     for name, layer in supernet.layers.items():

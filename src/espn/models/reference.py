@@ -65,16 +65,21 @@ _BUILDER_MODULES = re.compile(r"(espn\.models|torchvision\.models)(\..*)?")
 _WEIGHT_ARGUMENTS = re.compile(r".*(weights|pretrained).*")
 #: the run directory whose references are being read (None: the user's own references)
 _READING: ContextVar[str | None] = ContextVar("espn_reading_run", default=None)
+#: whether the user opted in to the code of the run directory being read
+_TRUSTING: ContextVar[bool] = ContextVar("espn_trusting_run", default=False)
 
 
 @contextmanager
 def reading_run(where: object, trust_code: bool = False) -> Iterator[None]:
     """Within: model references come from the run directory ``where`` (data, not code), so
-    a module that is not imported yet is not imported, unless ``trust_code``."""
-    token = _READING.set(None if trust_code else str(where))
+    a module that is not imported yet is not imported, unless ``trust_code`` (which holds
+    for this run directory only: its factories are not remembered as the user's)."""
+    token = _READING.set(str(where))
+    trusting = _TRUSTING.set(trust_code)
     try:
         yield
     finally:
+        _TRUSTING.reset(trusting)
         _READING.reset(token)
 
 
@@ -102,7 +107,7 @@ def _allowed(name: str, module: str, attr: str) -> None:
     key = f"{module}:{attr}"
     if where is None:
         _TRUSTED.add(key)
-    elif key not in _TRUSTED and not _BUILDER_MODULES.fullmatch(module):
+    elif not _TRUSTING.get() and key not in _TRUSTED and not _BUILDER_MODULES.fullmatch(module):
         raise _untrusted(where, name, key)
 
 
@@ -120,7 +125,7 @@ def _check_read(name: str, key: str, factory: Any, kwargs: dict[str, Any]) -> No
     model beyond :data:`MAX_MODEL_VALUES` (counted on the ``meta`` device, before any
     memory is allocated)."""
     where = _READING.get()
-    if where is None:
+    if where is None or _TRUSTING.get():
         return
     builtin = any(factory is b for b in builtin_builders())
     if not builtin and key not in _TRUSTED:
