@@ -317,9 +317,9 @@ def _summary(obj: object) -> str:
 def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS) -> None:
     """Print a run's per-task table (final accuracy, FLOPs ratio, new weights, budget) and its
     accuracy matrix (row t: accuracy of tasks 0..t after learning task t), from results.json."""
-    from espn.evaluation.results import read_results
-
     run = run_directory(run_dir, run_alias)
+    from espn.evaluation.results import read_results  # imports torch: after the checks
+
     doc = read_results(run)
     if doc is None:
         fail(f"no results.json in {run} (is it the --out of an `espn run`?)")
