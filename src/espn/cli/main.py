@@ -14,7 +14,6 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from rich.table import Table
 from typer.core import TyperGroup
@@ -97,8 +96,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def load_command(name: str) -> click.Command:
-    """Command ``name`` of :data:`COMMANDS`, its module imported now."""
+def load_command(name: str) -> Any:
+    """Command ``name`` of :data:`COMMANDS` (a click command of typer's), its module
+    imported now."""
     module, attr, _ = COMMANDS[name]
     found = getattr(importlib.import_module(module), attr)
     if isinstance(found, typer.Typer):
@@ -111,20 +111,20 @@ def load_command(name: str) -> click.Command:
     return command
 
 
-class _Loaded(MutableMapping[str, click.Command]):
+class _Loaded(MutableMapping[str, Any]):
     """The commands by name, each built on first access (listing the names builds none)."""
 
     def __init__(self) -> None:
-        self._built: dict[str, click.Command] = {}
+        self._built: dict[str, Any] = {}
 
-    def __getitem__(self, name: str) -> click.Command:
+    def __getitem__(self, name: str) -> Any:
         if name not in self._built:
             if name not in COMMANDS:
                 raise KeyError(name)
             self._built[name] = load_command(name)
         return self._built[name]
 
-    def __setitem__(self, name: str, command: click.Command) -> None:
+    def __setitem__(self, name: str, command: Any) -> None:
         self._built[name] = command
 
     def __delitem__(self, name: str) -> None:
@@ -137,6 +137,11 @@ class _Loaded(MutableMapping[str, click.Command]):
         return len(set(COMMANDS) | set(self._built))
 
 
+def _shortened(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word, with ``...`` when cut."""
+    return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
+
+
 class LazyCommands(TyperGroup):
     """The ``espn`` group: a command is built (its module imported) only when it runs or
     its own help is asked for; ``espn --help`` lists them from :data:`COMMANDS`."""
@@ -145,15 +150,12 @@ class LazyCommands(TyperGroup):
         super().__init__(**settings)
         self.commands = _Loaded()
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
         limit = formatter.width - 6 - max(map(len, COMMANDS))
-        rows = [
-            (name, click.utils.make_default_short_help(text, limit))
-            for name, (_, _, text) in COMMANDS.items()
-        ]
+        rows = [(name, _shortened(text, limit)) for name, (_, _, text) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
