@@ -262,6 +262,8 @@ def build(name: str) -> nn.Module:
         pass
     try:
         model = factory(**kwargs)
+    except EspnError:  # already one line saying what to do
+        raise
     except Exception as exc:
         reason = (str(exc).splitlines() or [""])[0]
         raise ModelReferenceError(
