@@ -152,6 +152,8 @@ def test_compile_on_a_cpu_warns(monkeypatch, tmp_path: Path, compile: bool) -> N
     assert isinstance(result.exception, Stop), result.output
     text = " ".join(result.output.split())
     assert ("warning: --compile on a CPU compiles the step" in text) == compile
+    # how long it takes and when it pays
+    assert ("about 90-130 s" in text and "it pays only when the steps" in text) == compile
 
 
 @pytest.mark.slow

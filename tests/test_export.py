@@ -362,3 +362,23 @@ def test_fold_batchnorm_keeps_outputs_and_flops():
             assert (folded(x) - before).abs().max().item() <= 1e-5
             assert (folded(x) - sn(x, task=t)).abs().max().item() <= 1e-5
         assert flops_of(folded, x[:1]) == sn.flops(sn.masks[t].units)
+
+
+@pytest.mark.slow  # an ONNX export: 10-30 s on a CPU
+def test_an_export_captures_the_model_once_for_the_pt2_and_the_onnx_file(tmp_path, monkeypatch):
+    """The ``.pt2`` file and the ONNX file are written from one ``torch.export`` capture (the
+    ONNX exporter is handed the program), not two."""
+    if not onnx_available():
+        pytest.skip("ONNX export is not installed")
+    sn, seq, _ = train_tiny("fc", n_tasks=1)
+    captures = []
+    capture = torch.export.export
+
+    def counted(*args, **kwargs):
+        captures.append(args[0])
+        return capture(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counted)
+    report = export_task(sn, 0, [seq.tasks[0].test.x], tmp_path / "t0.pt2", True)
+    assert report.files == [str(tmp_path / "t0.pt2"), str(tmp_path / "t0.onnx")]
+    assert len(captures) == 1

@@ -98,3 +98,34 @@ def test_an_mlp_slim_copy_loads_no_heavy_library() -> None:
         "assert widths == [8, 4, 3], widths\n"
     )
     assert _loaded_after(code) == []
+
+
+def test_version_help_and_argument_errors_import_no_torch() -> None:
+    """``espn --version``, ``espn --help``, a mistyped command and a command missing its
+    argument answer before torch (or any command's module but the one named) is imported."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from espn.cli.main import main\n"
+        "codes = []\n"
+        "for argv in (['--version'], ['--help'], ['nosuch'], ['show'], ['evaluate', '--batch-size', '0']):\n"
+        "    sys.argv = ['espn', *argv]\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            main()\n"
+        "        except SystemExit as exc:\n"
+        "            codes.append(exc.code)\n"
+        "assert codes == [0, 0, 2, 2, 2], codes\n"
+        "loaded = [m for m in ('torch', 'espn.config', 'espn.cli.presets', 'espn.cli.sweep', "
+        "'espn.cli.reproduce', 'espn.cli.theory') if m in sys.modules]\n"
+        "assert loaded == [], loaded\n"
+    )
+    _loaded_after(code)
+
+
+def test_the_help_lists_each_command_as_the_command_describes_itself() -> None:
+    """``espn --help`` reads its lines from ``COMMANDS`` without building the commands: each
+    is the loaded command's own first sentence, so the two cannot drift apart."""
+    from espn.cli.main import COMMANDS, load_command
+
+    for name, (_, _, line) in COMMANDS.items():
+        assert load_command(name).get_short_help_str(limit=1000) == line, name

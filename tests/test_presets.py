@@ -4,6 +4,7 @@ Python API and on the command line, ``espn presets``, and malformed presets reje
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ import espn.experiment
 from espn.cli.main import app
 from espn.config import ConfigError, RunConfig, make_config
 from espn.presets import describe, load_preset, preset_names
+from helpers.errors import one_line_error
 
 runner = CliRunner()
 
@@ -167,3 +169,23 @@ def test_a_yaml_preset_file_is_read_and_checked(captured, tmp_path):
     result = runner.invoke(app, ["run", "--preset", str(path), "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert f"preset file {path} is not valid YAML" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_preset_nested_too_deep_is_refused_in_one_line(tmp_path, suffix):
+    """100,000 nested lists (JSON or YAML flow style) meet results.json's 64-level limit,
+    not the parser's recursion limit."""
+    pytest.importorskip("yaml")
+    path = tmp_path / f"deep{suffix}"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    result = runner.invoke(app, ["run", "--preset", str(path), "--out", str(tmp_path / "o")])
+    line = one_line_error(result)
+    assert f"preset file {path} nests deeper than the 64 levels espn reads" in line
+
+
+def test_a_preset_that_is_a_device_or_a_fifo_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "preset.json"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        result = runner.invoke(app, ["run", "--preset", path, "--out", str(tmp_path / "o")])
+        assert f"preset file {path} is not a regular file" in one_line_error(result)

@@ -7,7 +7,10 @@ checkpoint is recovered."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +222,33 @@ def test_no_ray_process_survives_a_sigkill_of_the_sweep(tmp_path) -> None:
     finally:
         for pid in _group(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_a_point_whose_results_hold_nan_is_run_again(tiny, tmp_path, checkpoint) -> None:
+    """NaN accuracies and an infinite wall time in a finished point's results.json (espn
+    never writes them): the point is not reused but resumed from its checkpoint (or run
+    again without one), and neither its table nor the summary shows a nan."""
+    out = tmp_path / "sweep"
+    spec = write_spec(tmp_path / "s.json", {"base": base(), "grid": {"seed": [0]}})
+    args = ["sweep", str(spec), "--out", str(out), "--workers", "1", "--no-progress"]
+    assert runner.invoke(app, args).exit_code == 0
+    results = out / "seed0" / "results.json"
+    good = json.loads(results.read_text())
+    doc = json.loads(results.read_text()) | {"average_accuracy": math.nan, "wall_time_s": math.inf}
+    doc["accuracy_matrix"][0][0] = float("nan")
+    results.write_text(json.dumps(doc))  # NaN and Infinity, as Python's json writes them
+    if not checkpoint:
+        shutil.rmtree(out / "seed0" / "checkpoint")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "reused" not in result.output and ("resumed" if checkpoint else "done") in result.output
+    again = json.loads(results.read_text())
+    assert again["accuracy_matrix"] == good["accuracy_matrix"]
+    assert math.isfinite(again["average_accuracy"]) and math.isfinite(again["wall_time_s"])
+    summary = (out / "summary.md").read_text() + (out / "summary.csv").read_text()
+    for text in (result.output, summary):
+        assert re.search(r"\b(nan|inf|infinity)\b", text, re.IGNORECASE) is None, text
+    if checkpoint:
+        log = (out / "seed0" / "log.txt").read_text()
+        assert re.search(r"results.json was not used \(it holds \S+ = (nan|inf)\)", log), log

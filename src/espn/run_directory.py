@@ -31,6 +31,7 @@ from espn.evaluation.metrics import (
 )
 from espn.evaluation.plots import plot_run
 from espn.evaluation.storage import storage_report
+from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS, Strategy
 from espn.runs.checks import check_results_match, check_same_run, run_meta
 from espn.runs.legacy import upgrade_saved_config
@@ -226,6 +227,7 @@ class RunCheckpoint:
         check_same_run(saved, cfg, directory, ignore)
         check_results_match(cfg.out, ckpt.manifest)
         restore(ckpt, supernet, strategy.weights)
+        check_statistics(supernet, ckpt.directory)
         continue_training(ckpt, supernet, engine, strategy)
         tr = ckpt.training
         where = "" if tr is None else "; " + training_position(tr.task, progress_of(tr), strategy)

@@ -17,6 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+#: steps between two losses the experiment loggers record unless the user chooses (Lightning's
+#: default too); here, where the command line reads it without importing the loggers
+DEFAULT_LOG_EVERY = 50
+
 
 @dataclass(frozen=True)
 class TrainingSettings:

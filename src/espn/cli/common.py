@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.text import Text
 from typer.exceptions import TyperException
 
 from espn.errors import EspnError
+from espn.utils.console import OutputConsole
 from espn.utils.text import printable
 
 #: the CLI's output and its messages, printed as written (no rich markup)
-console = Console(markup=False)
-err_console = Console(stderr=True, markup=False)
+console = OutputConsole(markup=False)
+err_console = OutputConsole(stderr=True, markup=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: exit status of a run stopped by Ctrl-C (128 + SIGINT, as shells report it)
@@ -61,7 +61,9 @@ def debug_enabled() -> bool:
 
 
 def command_group(**settings: Any) -> typer.Typer:
-    """A typer app whose help texts reach the terminal as written (no rich markup)."""
+    """A typer app whose help texts reach the terminal as written (no rich markup), without
+    typer's shell-completion options."""
+    settings.setdefault("add_completion", False)
     return typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False, **settings)
 
 

@@ -83,6 +83,7 @@ def evaluate(
     """
     from espn.evaluation.metrics import final_accuracy, task_accuracy
     from espn.inference import DEFAULT_RULE, RULES
+    from espn.inference.predict import get_rule
     from espn.runs.from_run import check_source_unchanged
     from espn.runs.loading import load_run
 
@@ -98,6 +99,8 @@ def evaluate(
             soft_wrap=True,
         )
         return
+    if task_agnostic:
+        get_rule(rule, loaded.supernet)  # a rule these tasks cannot run: before any evaluation
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = _test_data(loaded.config, data_dir)
     doc = _results(run)

@@ -1,15 +1,23 @@
-"""``espn``: train, inspect and compare zero-forgetting continual learners."""
+"""``espn``: train, inspect and compare zero-forgetting continual learners.
+
+Start-up is cheap: this module and the commands' modules import torch and espn's heavy parts
+only inside the commands that need them, and a command's module is imported only when that
+command runs (:class:`LazyCommands`), so ``espn --version``, ``espn --help`` and a mistyped
+command answer at once.
+"""
 
 from __future__ import annotations
 
+import importlib
 import shlex
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.table import Table
+from typer.core import TyperGroup
 
-from espn.cli import deploy, presets, reproduce, sweep, theory
 from espn.cli.common import (
     RUN_ALIAS,
     RUN_ARGUMENT,
@@ -23,24 +31,140 @@ from espn.cli.common import (
     warn,
 )
 from espn.cli.options import WithOptions
-from espn.data.registry import BENCHMARKS
-from espn.loggers import DEFAULT_LOG_EVERY
-from espn.methods.base import METHODS
-from espn.models.registry import MODELS
-from espn.pruning.pruner import PRUNERS
-from espn.settings import default
+from espn.settings import DEFAULT_LOG_EVERY, default
 from espn.utils.text import printable
 
+#: every command: the module and attribute defining it (a command function or a typer app of
+#: subcommands) and its line in ``espn --help`` (a test checks it against the command's own)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": (
+        "espn.cli.main",
+        "run",
+        "Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights.",
+    ),
+    "list": (
+        "espn.cli.main",
+        "list_components",
+        "List the benchmarks, models, methods and pruners espn knows by name.",
+    ),
+    "show": (
+        "espn.cli.main",
+        "show",
+        "Print a run's per-task table (final accuracy, FLOPs ratio, new weights, budget) and "
+        "its accuracy matrix (row t: accuracy of tasks 0..t after learning task t), from "
+        "results.json.",
+    ),
+    "evaluate": (
+        "espn.cli.deploy",
+        "evaluate",
+        "Re-compute each task's test accuracy from the checkpoint alone.",
+    ),
+    "export": (
+        "espn.cli.deploy",
+        "export_command",
+        "Write one task as a slim standalone model (.pt2 / .onnx), or with --task-agnostic "
+        "one model that predicts without the task.",
+    ),
+    "info": (
+        "espn.cli.deploy",
+        "info",
+        "Print per-task FLOPs, weights and storage, and the checkpoint's size.",
+    ),
+    "sweep": (
+        "espn.cli.sweep",
+        "sweep",
+        "Run every point of a grid of `espn run` options (reusing finished points, resuming "
+        "killed ones); one point's failure does not stop the others.",
+    ),
+    "presets": (
+        "espn.cli.presets",
+        "app",
+        "Named run recipes for `espn run --preset NAME` (options given explicitly win).",
+    ),
+    "reproduce": (
+        "espn.cli.reproduce",
+        "app",
+        "Reproduce the paper's tables and figures: espn reproduce TARGET --scale "
+        "{smoke,cpu,paper} --out DIR; `espn reproduce list` names the targets.",
+    ),
+    "theory": (
+        "espn.cli.theory",
+        "app",
+        "Theory lab: the paper's shallow-network model of continual representation learning "
+        "(planted model, CRL solver, sample complexity, mismatch, task order).",
+    ),
+}
+
+
+def load_command(name: str) -> Any:
+    """Command ``name`` of :data:`COMMANDS` (a click command of typer's), its module
+    imported now."""
+    module, attr, _ = COMMANDS[name]
+    found = getattr(importlib.import_module(module), attr)
+    if isinstance(found, typer.Typer):
+        command = typer.main.get_command(found)
+    else:
+        one = command_group()
+        one.command(name)(found)
+        command = typer.main.get_command(one)
+    command.name = name
+    return command
+
+
+class _Loaded(MutableMapping[str, Any]):
+    """The commands by name, each built on first access (listing the names builds none)."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._built[name] = load_command(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*COMMANDS, *self._built]))
+
+    def __len__(self) -> int:
+        return len(set(COMMANDS) | set(self._built))
+
+
+def _shortened(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word, with ``...`` when cut."""
+    return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
+
+
+class LazyCommands(TyperGroup):
+    """The ``espn`` group: a command is built (its module imported) only when it runs or
+    its own help is asked for; ``espn --help`` lists them from :data:`COMMANDS`."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.commands = _Loaded()
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        limit = formatter.width - 6 - max(map(len, COMMANDS))
+        rows = [(name, _shortened(text, limit)) for name, (_, _, text) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
 app = command_group(
+    cls=LazyCommands,
     help="Efficient Sparse PackNet: zero-forgetting, inference-efficient continual learning.",
     no_args_is_help=True,
-    add_completion=False,
 )
-app.add_typer(deploy.app)  # evaluate, export, info
-app.add_typer(presets.app, name="presets")  # presets [show NAME]
-app.add_typer(reproduce.app, name="reproduce")  # reproduce TARGET|list|report
-app.add_typer(theory.app, name="theory")  # theory sample-complexity, mismatch, task-order, report
-app.command("sweep")(sweep.sweep)  # sweep SPEC --out DIR
 
 
 def print_version(value: bool) -> None:
@@ -99,7 +223,6 @@ def interrupted_message(out: Path, ctx: typer.Context) -> str:
     return f"interrupted; {where}; continue with: {resume_command(ctx)}"
 
 
-@app.command()
 @WithOptions
 @user_errors
 def run(
@@ -139,6 +262,7 @@ def run(
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
     # every other option is a RunConfig field or a method's own (generated, see cli.options)
+    from espn.cli import presets
     from espn.experiment import run_experiment
     from espn.preflight import run_warnings
     from espn.training.distributed import writes_files
@@ -180,10 +304,14 @@ def run(
     console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
 
 
-@app.command("list")
 @user_errors
 def list_components() -> None:
     """List the benchmarks, models, methods and pruners espn knows by name."""
+    from espn.data.registry import BENCHMARKS
+    from espn.methods.base import METHODS
+    from espn.models.registry import MODELS
+    from espn.pruning.pruner import PRUNERS
+
     table = Table("kind", "name", "description")
     for name in BENCHMARKS:
         b = BENCHMARKS.get(name)
@@ -207,14 +335,13 @@ def _summary(obj: object) -> str:
     return lines[0] if lines else ""
 
 
-@app.command()
 @user_errors
 def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS) -> None:
     """Print a run's per-task table (final accuracy, FLOPs ratio, new weights, budget) and its
     accuracy matrix (row t: accuracy of tasks 0..t after learning task t), from results.json."""
-    from espn.evaluation.results import read_results
-
     run = run_directory(run_dir, run_alias)
+    from espn.evaluation.results import read_results  # imports torch: after the checks
+
     doc = read_results(run)
     if doc is None:
         fail(f"no results.json in {run} (is it the --out of an `espn run`?)")
@@ -267,6 +394,7 @@ def accuracy_matrix_table(rows: list[list[float] | None]) -> Table:
 
 def _show_task_agnostic(doc: dict[str, Any]) -> None:
     """The figures ``espn evaluate --task-agnostic`` stored, one table per rule."""
+    from espn.cli import deploy
     from espn.inference.report import stored
 
     for entry in stored(doc).values():

@@ -15,14 +15,14 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic.fields import FieldInfo
 
 from espn.cli.common import run_dir_option
-from espn.config import RunConfig
-from espn.methods.base import declared_options
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
 
 #: where ``espn run --help`` lists the flags the methods declare for themselves
 METHOD_OPTIONS_PANEL = "Method options"
@@ -69,6 +69,8 @@ def field_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
 
 def run_option_parameters() -> list[inspect.Parameter]:
     """One option per :class:`RunConfig` field (but :data:`NOT_FLAGS`)."""
+    from espn.config import RunConfig  # imports torch: only when the command is built
+
     return [
         field_parameter(name, field)
         for name, field in RunConfig.model_fields.items()
@@ -79,6 +81,8 @@ def run_option_parameters() -> list[inspect.Parameter]:
 def method_option_parameters() -> list[inspect.Parameter]:
     """One keyword parameter (a typer option, None when not given) per option that the
     registered methods declare (``Strategy.options``)."""
+    from espn.methods.base import declared_options
+
     params = []
     for name, (option, methods) in declared_options().items():
         decls = [option.flag]

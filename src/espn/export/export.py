@@ -190,9 +190,15 @@ class ExportReport:
         return asdict(self)
 
 
-def _write_pt2(model: nn.Module, example: Tensor, path: Path) -> nn.Module:
+def exported(model: nn.Module, example: Tensor) -> torch.export.ExportedProgram:
+    """``model`` captured by ``torch.export`` on ``example``, its batch dimension dynamic:
+    once per export, for the ``.pt2`` file and the ONNX file alike."""
     batch = torch.export.Dim("batch")
-    program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+
+
+def _write_pt2(program: torch.export.ExportedProgram, path: Path) -> nn.Module:
+    """Save ``program`` to ``path`` atomically; the module read back from the file."""
     buffer = io.BytesIO()  # saved through a buffer: the archive is named after the file
     torch.export.save(program, buffer)
     with atomic_target(path, keep_suffix=True) as tmp:
@@ -201,20 +207,21 @@ def _write_pt2(model: nn.Module, example: Tensor, path: Path) -> nn.Module:
 
 
 def write_onnx(
-    model: nn.Module, example: Tensor, path: Path, outputs: tuple[str, ...] = ("logits",)
+    model: torch.export.ExportedProgram,
+    example: Tensor,
+    path: Path,
+    outputs: tuple[str, ...] = ("logits",),
 ) -> None:
-    """Write ``model`` (batch dimension dynamic) as a checked ONNX file at ``path``,
+    """Write ``model`` (a program of :func:`exported`) as a checked ONNX file at ``path``,
     atomically, its outputs named ``outputs``."""
     import onnx
 
-    batch = torch.export.Dim("batch")
     with atomic_target(path, keep_suffix=True) as tmp:
         torch.onnx.export(
             model,
             (example,),
             str(tmp),
             dynamo=True,
-            dynamic_shapes=({0: batch},),
             external_data=False,
             input_names=["input"],
             output_names=list(outputs),
@@ -381,9 +388,10 @@ def export_task(
     with _writing(out.parent):
         out.parent.mkdir(parents=True, exist_ok=True)
     files = []
+    captured = exported(program, raw_example)
     if out.suffix == ".pt2":
         with _writing(out):
-            loaded = _write_pt2(program, raw_example, out)
+            loaded = _write_pt2(captured, out)
         saved_diff = saved_error(loaded, supernet, task, raw_inputs, inputs)
         _check_error(task, saved_diff, scale, "the saved model", rounding=rounding)
         diff = max(diff, saved_diff)  # both checked: finite
@@ -392,11 +400,11 @@ def export_task(
         files.append(str(out))
         if also_onnx:
             with _writing(out.with_suffix(".onnx")):
-                write_onnx(program, raw_example, out.with_suffix(".onnx"))
+                write_onnx(captured, raw_example, out.with_suffix(".onnx"))
             files.append(str(out.with_suffix(".onnx")))
     else:
         with _writing(out):
-            write_onnx(program, raw_example, out)
+            write_onnx(captured, raw_example, out)
         files.append(str(out))
     report = ExportReport(
         task=task,

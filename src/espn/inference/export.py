@@ -17,10 +17,17 @@ from typing import Any
 import torch
 from torch import Tensor, fx, nn
 
-from espn.export.export import _write_pt2, check_target, ieee_float32, onnx_available, write_onnx
+from espn.export.export import (
+    _write_pt2,
+    check_target,
+    exported,
+    ieee_float32,
+    onnx_available,
+    write_onnx,
+)
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.inference.outputs import head_name
-from espn.inference.predict import get_rule, infer
+from espn.inference.predict import Inferred, get_rule, infer
 from espn.inference.rule import OutputRule, calibration
 from espn.inference.statistics import distance, energy, entropy, input_nll
 from espn.supernet.supernet import Supernet
@@ -120,15 +127,12 @@ class AgnosticExportReport:
 
 
 @torch.no_grad()
-def _check(
-    model: nn.Module, supernet: Supernet, rule: OutputRule, inputs: list[Tensor], what: str
-) -> int:
-    """Compare ``model``'s classes and tasks with :func:`infer`'s on every input sample whose
-    decision is not a float32 tie; return the number of ties."""
+def _check(model: nn.Module, inputs: list[Tensor], wanted: list[Inferred], what: str) -> int:
+    """Compare ``model``'s classes and tasks with ``wanted`` (:func:`infer`'s on ``inputs``)
+    on every input sample whose decision is not a float32 tie; return the number of ties."""
     ties = 0
     with ieee_float32():
-        for x in inputs:
-            want = infer(supernet, x, rule)
+        for x, want in zip(inputs, wanted, strict=True):
             classes, tasks = model(x)
             top2 = want.scores.topk(min(2, want.scores.shape[1]), dim=1, largest=False).values
             margin = (
@@ -175,19 +179,22 @@ def export_task_agnostic(
         )
     example = inputs[0][:2].clone()
     model = build(supernet, example, found, fold_bn)
-    ties = _check(model, supernet, found, inputs, "the task-agnostic model")
+    with ieee_float32(), torch.no_grad():  # espn's prediction, computed once for both checks
+        wanted = [infer(supernet, x, found) for x in inputs]
+    ties = _check(model, inputs, wanted, "the task-agnostic model")
     files = []
+    program = exported(model, example)
     if out.suffix == ".pt2":
-        loaded = _write_pt2(model, example, out)
-        ties = max(ties, _check(loaded, supernet, found, inputs, "the saved model"))
+        loaded = _write_pt2(program, out)
+        ties = max(ties, _check(loaded, inputs, wanted, "the saved model"))
         files.append(str(out))
         if also_onnx is None:
             also_onnx = onnx_available()
         if also_onnx:
-            write_onnx(model, example, out.with_suffix(".onnx"), ("class", "task"))
+            write_onnx(program, example, out.with_suffix(".onnx"), ("class", "task"))
             files.append(str(out.with_suffix(".onnx")))
     else:
-        write_onnx(model, example, out, ("class", "task"))
+        write_onnx(program, example, out, ("class", "task"))
         files.append(str(out))
     report = AgnosticExportReport(
         files=files,

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from espn.errors import EspnError
+from espn.settings import DEFAULT_LOG_EVERY
 from espn.training.callbacks import Callback, EpochEnd, StepEnd, TaskEnd
 
-#: steps between two logged losses unless the user chooses (Lightning's default too)
-DEFAULT_LOG_EVERY = 50
 #: the most steps between two logged losses (the integer limit of every option, 2^31 - 1)
 MAX_LOG_EVERY = 2**31 - 1
 

@@ -25,6 +25,7 @@ from espn.checkpoint.format import (
 from espn.checkpoint.store import read_checkpoint, restore
 from espn.config import ConfigError, RunConfig, make_config
 from espn.data.tasks import TaskSequence
+from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import reading_run
 from espn.runs.legacy import upgrade_saved_config
@@ -100,6 +101,7 @@ def adopt_tasks(
     fresh = {n: layer.weight.detach().clone() for n, layer in supernet.layers.items()}
     shared = METHODS.get(source.config.method).weights == "shared"
     restore(ckpt, supernet, METHODS.get(source.config.method).weights)
+    check_statistics(supernet, ckpt.directory)
     k = source.keep
     supernet.masks = supernet.masks[:k]
     owners = supernet.owners

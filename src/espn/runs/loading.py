@@ -12,6 +12,7 @@ import torch
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
 from espn.checkpoint.store import Checkpoint, read_checkpoint, restore
 from espn.config import RunConfig, make_config
+from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import check_model_size, is_reference, reading_run, resolve
 from espn.models.registry import MODELS, ModelSpec, build_supernet
@@ -135,7 +136,9 @@ def load_run(
             # a registered builder converting a model may not build on "meta": not counted
             check_model_size(run_dir, name, lambda: MODELS.get(name)(model_spec), strict=False)
         example = torch.zeros(2, *spec["input_shape"], device=device)
-        supernet = build_supernet(name, model_spec, example, cfg.seed, device)
+        with reading_run(run_dir, trust_code):  # --trust-model-code holds for this read only
+            supernet = build_supernet(name, model_spec, example, cfg.seed, device)
     restore(ckpt, supernet, weights_of(cfg.method))
+    check_statistics(supernet, ckpt.directory)
     supernet.eval()
     return LoadedRun(cfg, ckpt, supernet)

@@ -11,6 +11,7 @@ without ``overwrite``, see :func:`espn.sweep.runner.check_not_replacing`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import traceback
@@ -40,13 +41,30 @@ class PointOutcome:
     seconds: float = 0.0  # wall time of this attempt (0 when reused)
 
 
+def non_finite(doc: Any, where: str = "") -> str | None:
+    """Where ``doc`` (a parsed JSON document) holds NaN or an infinity, e.g.
+    ``accuracy_matrix[1][0] = nan``; None when every number is finite. espn never writes one
+    (a diverged run is refused), so such a results.json was changed or damaged."""
+    stack: list[tuple[str, Any]] = [(where, doc)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{path or 'document'} = {item}"
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+    return None
+
+
 def finished_results(cfg: RunConfig) -> dict[str, Any] | None:
-    """The results of an earlier complete run of exactly ``cfg`` (output path aside)."""
+    """The results of an earlier complete run of exactly ``cfg`` (output path aside); not
+    one holding NaN or an infinity (:func:`non_finite`), which is run again."""
     try:
         doc = read_json(Path(cfg.out) / "results.json")
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or not doc.get("complete"):
+    if not isinstance(doc, dict) or not doc.get("complete") or non_finite(doc):
         return None
     return None if option_differences(doc.get("config", {}), cfg) else doc
 
@@ -80,17 +98,22 @@ def changed_options(point: Point, out: Path) -> list[str]:
 
 
 def set_aside_corrupt_results(run_dir: Path) -> tuple[Path, str] | None:
-    """Move an unreadable ``results.json`` aside (``results.json.corrupt``), so that the run
-    is resumed from its intact checkpoint, which rewrites it; where it went and why."""
+    """Move an unreadable ``results.json``, or one holding NaN or an infinity, aside
+    (``results.json.corrupt``), so that the run is resumed from its intact checkpoint,
+    which rewrites it; where it went and why."""
     from espn.evaluation.results import ResultsError, read_results
 
     try:
-        read_results(run_dir)
+        doc = read_results(run_dir)
+        bad = non_finite(doc)
+        reason = None if bad is None else f"it holds {bad}"
     except ResultsError as exc:
-        kept = run_dir / "results.json.corrupt"
-        os.replace(run_dir / "results.json", kept)
-        return kept, str(exc)
-    return None
+        reason = str(exc)
+    if reason is None:
+        return None
+    kept = run_dir / "results.json.corrupt"
+    os.replace(run_dir / "results.json", kept)
+    return kept, reason
 
 
 def reused_outcome(point: Point, out: Path) -> PointOutcome | None:
@@ -126,7 +149,7 @@ def run_point(point: Point, out: Path) -> PointOutcome:
                 return PointOutcome(point, "reused", run_dir, done, None, log)
             resume = resumable(cfg)
             if resume and (kept := set_aside_corrupt_results(run_dir)) is not None:
-                say(f"results.json was unreadable ({kept[1]}); kept as {kept[0].name}")
+                say(f"results.json was not used ({kept[1]}); kept as {kept[0].name}")
             say(f"resumed from {run_dir / 'checkpoint'}" if resume else "started")
             with contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
                 doc = experiment.run_experiment(

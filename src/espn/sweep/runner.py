@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from espn.presets import FILE_SUFFIXES as PRESET_SUFFIXES
 from espn.sweep.point import LOG_NAME, PointOutcome, changed_options, reused_outcome, run_point
 from espn.sweep.spec import Point, SweepError, validate_points
+from espn.utils.console import OutputConsole
 from espn.utils.text import printable
 
 RAY_MISSING = (
@@ -118,7 +119,7 @@ def run_sweep(
     validate_points(points, out)
     check_inside(points, out)
     # fixed: in-process points redirect sys.stdout to logs; text printed as written (no markup)
-    console = Console(file=sys.stdout, markup=False)
+    console = OutputConsole(file=sys.stdout, markup=False)
     outcomes: dict[str, PointOutcome] = {}
     todo = []
     for p in map(anchored, points):

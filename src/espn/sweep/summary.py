@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,15 +69,18 @@ def group_series(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[Seri
 
 
 def _measure(doc: dict[str, Any], column: str) -> float | None:
-    """One measure of a finished run (None where the run recorded none: no test data)."""
+    """One measure of a finished run (None where the run recorded none: no test data; or
+    none that is finite, so that a summary never averages a NaN)."""
+    value: float | None = None
     if column == "flops_ratio":
         ratios = doc.get("flops_ratio") or []
-        return sum(ratios) / len(ratios) if ratios else None
-    if column == "max_forgetting":
+        value = sum(ratios) / len(ratios) if ratios else None
+    elif column == "max_forgetting":
         forgetting = doc.get("forgetting") or []
-        return float(max(forgetting)) if forgetting else None
-    value = doc.get(column)
-    return None if value is None else float(value)
+        value = float(max(forgetting)) if forgetting else None
+    elif doc.get(column) is not None:
+        value = float(doc[column])
+    return value if value is not None and math.isfinite(value) else None
 
 
 def summary_rows(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[dict[str, Any]]]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from espn.errors import EspnError
+from espn.utils.io import MAX_JSON_DEPTH, nests_deeper
 
 #: the most values (numbers, strings, list items) a document may hold once YAML aliases are
 #: expanded: a few hundred bytes of nested aliases would otherwise expand to gigabytes
@@ -16,13 +17,16 @@ MAX_VALUES = 100_000
 
 def load_document(path: Path, what: str, error: type[EspnError]) -> Any:
     """The contents of ``path``, a ``.json``, ``.yaml`` or ``.yml`` file; anything else (a
-    missing file, a directory, bad syntax, another suffix) raises ``error`` naming ``what``
-    (e.g. "sweep spec") and the file."""
+    missing file, a directory, a device or FIFO, bad syntax, another suffix, nesting deeper
+    than results.json's :data:`~espn.utils.io.MAX_JSON_DEPTH` levels) raises ``error`` naming
+    ``what`` (e.g. "sweep spec") and the file."""
     path = Path(path)
     if path.is_dir():
         raise error(f"{what} {path} is a directory; give a .json or .yaml file")
-    if not path.is_file():
+    if not path.exists():
         raise error(f"{what} {path} does not exist (give a .json or .yaml file)")
+    if not path.is_file():  # a device (/dev/zero) or a FIFO: reading it may never end
+        raise error(f"{what} {path} is not a regular file; give a .json or .yaml file")
     suffix = path.suffix.lower()
     if suffix not in (".json", ".yaml", ".yml"):
         raise error(f"{what} {path}: unknown format {suffix!r}; use .json, .yaml or .yml")
@@ -30,11 +34,17 @@ def load_document(path: Path, what: str, error: type[EspnError]) -> Any:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not a text file (UTF-8 JSON or YAML)") from None
+    deep = error(f"{what} {path} nests deeper than the {MAX_JSON_DEPTH} levels espn reads")
     if suffix == ".json":
         try:
-            return json.loads(text)
+            doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise error(f"{what} {path} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise deep from None
+        if nests_deeper(doc, MAX_JSON_DEPTH):
+            raise deep
+        return doc
     try:
         import yaml
     except ImportError:
@@ -46,7 +56,11 @@ def load_document(path: Path, what: str, error: type[EspnError]) -> Any:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise error(f"{what} {path} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise deep from None
     check_size(doc, what, error)
+    if nests_deeper(doc, MAX_JSON_DEPTH):
+        raise deep
     return doc
 
 

@@ -85,7 +85,7 @@ def read_json(path: Path | str) -> Any:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise JsonFileError(f"{path} is not valid JSON ({exc})", syntax=str(exc)) from None
     else:
-        deep = _depth_beyond(doc, MAX_JSON_DEPTH)
+        deep = nests_deeper(doc, MAX_JSON_DEPTH)
     if deep:
         raise JsonFileError(
             f"{path} nests JSON deeper than the {MAX_JSON_DEPTH} levels espn reads; refused"
@@ -93,7 +93,7 @@ def read_json(path: Path | str) -> Any:
     return doc
 
 
-def _depth_beyond(doc: Any, limit: int) -> bool:
+def nests_deeper(doc: Any, limit: int) -> bool:
     """Whether ``doc`` holds lists or objects nested more than ``limit`` deep (no recursion)."""
     stack = [(doc, 1)]
     while stack:

@@ -1,0 +1,81 @@
+"""Checking the statistics a run directory stores for task-agnostic prediction.
+
+A task file's ``stats.*`` tensors (see :mod:`espn.inference.statistics`) are data read from
+disk: a damaged or crafted file whose manifest hashes were made to match would otherwise be
+used as stored (NaN scores pick a task at random, a misshapen one fails deep inside a rule).
+:func:`check_statistics` refuses them when the run is read, naming the task and the statistic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from espn.checkpoint.format import CheckpointError
+from espn.inference.outputs import alive_features, head_name
+from espn.inference.statistics import SCORES, STAT_KEYS
+from espn.supernet.supernet import Supernet
+
+#: the statistics whose every value must be above zero (variances, the calibration's deviations)
+POSITIVE = ("variance", "input_variance")
+
+
+def expected_shapes(supernet: Supernet, task: int, head: str) -> dict[str, tuple[int, ...]]:
+    """The shape of each statistic of task ``task``: from its class count, the alive inputs
+    of its head (``head``) and the model's input size."""
+    classes = int(supernet.masks[task].n_classes)
+    features = len(alive_features(supernet, task, head))
+    inputs = math.prod(supernet.input_shape)
+    return {
+        "class_means": (classes, features),
+        "variance": (features,),
+        "input_means": (classes, inputs),
+        "input_variance": (inputs,),
+        "calibration": (len(SCORES), 2),
+    }
+
+
+def _problem(name: str, value: Tensor, shape: tuple[int, ...]) -> str | None:
+    """What is wrong with statistic ``name`` (None: nothing)."""
+    if value.dtype != torch.float32:
+        return f"is {str(value.dtype).removeprefix('torch.')}, not float32"
+    if tuple(value.shape) != shape:
+        return f"has shape {list(value.shape)}, not {list(shape)}"
+    if not bool(torch.isfinite(value).all()):
+        return "holds NaN or infinite values"
+    if name in POSITIVE and not bool((value > 0).all()):
+        return "holds a variance that is not above zero"
+    if name == "calibration" and not bool((value[:, 1] > 0).all()):
+        return "holds a standard deviation that is not above zero"
+    return None
+
+
+def check_statistics(supernet: Supernet, where: object) -> None:
+    """Refuse (:class:`~espn.checkpoint.format.CheckpointError`, one line naming the task and
+    the statistic) statistics of ``supernet``'s tasks that espn cannot have written: unknown
+    or missing names, another dtype or shape than the model gives, NaN or infinite values,
+    variances or deviations not above zero. A task without statistics (learned without
+    training data, or by an espn before them) is left as it is."""
+    stored = [t for t, m in enumerate(supernet.masks) if m.stats]
+    if not stored:
+        return
+    head = head_name(supernet)
+    for t in stored:
+        stats = supernet.masks[t].stats
+        unknown = sorted(set(stats) - set(STAT_KEYS))
+        missing = [k for k in STAT_KEYS if k not in stats]
+        if unknown or missing:
+            what = f"unknown statistic(s) {unknown}" if unknown else f"no {missing}"
+            raise CheckpointError(
+                f"{where}: task {t} stores {what} for task-agnostic prediction (espn writes "
+                f"{', '.join(STAT_KEYS)}), so the task file was changed or damaged"
+            )
+        for name, shape in expected_shapes(supernet, t, head).items():
+            problem = _problem(name, stats[name], shape)
+            if problem is not None:
+                raise CheckpointError(
+                    f"{where}: task {t}: statistic {name!r} {problem}; espn never writes "
+                    "that, so the task file was changed or damaged"
+                )
