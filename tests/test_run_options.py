@@ -18,7 +18,7 @@ from espn.methods.base import declared_options
 
 runner = CliRunner()
 #: the switches ``espn run`` has of its own (how to run, not what): no RunConfig field
-CLI_ONLY = {"progress", "quiet", "resume", "overwrite", "log", "log_every"}
+CLI_ONLY = {"progress", "quiet", "resume", "overwrite", "log", "log_every", "distributed"}
 
 
 def run_options() -> dict[str, list[str]]:
