@@ -22,7 +22,7 @@ from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.inference.outputs import head_name
 from espn.inference.predict import get_rule, infer
 from espn.inference.rule import OutputRule, calibration
-from espn.inference.statistics import distance, energy, entropy, input_nll
+from espn.inference.statistics import distance, energy, input_nll, relative_entropy
 from espn.supernet.supernet import Supernet
 from espn.utils.io import write_json_atomic
 
@@ -71,7 +71,7 @@ class TaskAgnosticModel(nn.Module):
         for t, net in enumerate(self.nets):
             logits, features = net(x)
             preds.append(logits.argmax(1))
-            cols = [entropy(logits), energy(logits)]
+            cols = [relative_entropy(logits), energy(logits)]
             zeros = torch.zeros_like(cols[0])
             if self.uses_features:
                 means, var = self.get_buffer(f"means{t}"), self.get_buffer(f"variance{t}")

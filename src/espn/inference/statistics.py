@@ -29,8 +29,8 @@ from espn.data.tasks import Task
 from espn.inference.outputs import head_name, task_outputs
 from espn.supernet.supernet import Supernet
 
-#: the raw scores every task calibrates, in the rows of ``calibration``: softmax entropy,
-#: energy, Mahalanobis distance of the penultimate features to the nearest class mean, and
+#: the raw scores every task calibrates, in the rows of ``calibration``: softmax entropy
+#: relative to its largest value ``log C`` (so that heads of different sizes compare), energy, Mahalanobis distance of the penultimate features to the nearest class mean, and
 #: the negative log-likelihood per input dimension of the input under the task's Gaussians
 SCORES = ("entropy", "energy", "distance", "input")
 #: a feature's variance is at least this fraction of the mean variance
@@ -43,6 +43,13 @@ def entropy(logits: Tensor) -> Tensor:
     """Entropy (nats) of each row's softmax."""
     logp = torch.log_softmax(logits.float(), dim=1)
     return -(logp.exp() * logp).sum(1)
+
+
+def relative_entropy(logits: Tensor) -> Tensor:
+    """Entropy of each row's softmax divided by ``log C`` (C: the row's width), in [0, 1]: a
+    2-class head's entropy is at most log 2 and a 10-class head's log 10, so raw entropies
+    favour the task with the fewest classes whatever the sample."""
+    return entropy(logits) / math.log(max(logits.shape[1], 2))
 
 
 def energy(logits: Tensor) -> Tensor:
@@ -86,7 +93,7 @@ def raw_scores(
     n = len(x) if x is not None else len(logits) if logits is not None else 0
     device = (x if x is not None else logits if logits is not None else torch.zeros(0)).device
     nan = torch.full((n,), float("nan"), device=device)
-    cols = [entropy(logits), energy(logits)] if logits is not None else [nan, nan]
+    cols = [relative_entropy(logits), energy(logits)] if logits is not None else [nan, nan]
     cols.append(
         distance(features, stats["class_means"], stats["variance"]) if features is not None else nan
     )
