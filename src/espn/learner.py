@@ -196,6 +196,7 @@ class ContinualLearner:
             reference_size=cfg.floor_reference(),
             compile=cfg.compile,
             slim_training=cfg.slim_training,
+            task_agnostic=cfg.task_agnostic,
         )
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         bar = [ProgressBar()] if progress else []
