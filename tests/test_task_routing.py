@@ -1,7 +1,10 @@
 """Task routing: every rule picks a sample's own task more often than chance on held-out
 data of the tasks, on 1-D signal tasks whose heads differ in size and whose sub-networks
 differ in confidence (the case where comparing raw or one-sided standardised scores across
-tasks picked the right task for 2-7% of the samples, chance being 33%)."""
+tasks picked the right task for 2-7% of the samples, chance being 33%); the
+``task_agnostic`` option (espn.inference.routing): zero forgetting bit for bit, nothing
+changed with it off, its statistics through save, load and a killed-then-resumed run,
+tasks separable by construction routed right."""
 
 from __future__ import annotations
 
@@ -12,7 +15,11 @@ import torch
 from torch import Tensor, nn
 
 import espn
-from espn.inference import RULES, evaluate_rules
+from espn.config import make_config
+from espn.experiment import run_experiment
+from espn.inference import evaluate_rules, routing
+from espn.inference.statistics import STAT_KEYS
+from helpers.deploy import Killed, kill_at_step, run_options
 
 N_TASKS = 3
 LENGTH = 64
@@ -67,7 +74,106 @@ def test_every_rule_picks_the_right_task_above_chance_on_held_out_data(signal_le
     different sizes (the 3-class task won every sample), or a standardised energy that
     rewards scoring beyond the task's own range (a nearly constant sub-network won)."""
     learner = signal_learner
-    rules = [r for r in RULES if r != "supsup-oneshot"]
-    for doc in evaluate_rules(learner.supernet, learner.tasks, rules):
+    for doc in learner.evaluate(task_agnostic=True, rule="all"):
         picked = [row["task_picked"] for row in doc["tasks"]]
         assert doc["average"]["task_picked"] > 100 / N_TASKS, (doc["rule"], picked)
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 4))
+
+
+def _prototypes(task: int, shift: float = 0.0) -> tuple[Tensor, Tensor]:
+    """300 noisy copies of 4 random 8x8 prototypes (task ``task``'s), offset by ``shift``."""
+    g = torch.Generator().manual_seed(100 + task)
+    y = torch.randint(4, (300,), generator=g)
+    x = torch.randn(4, 1, 8, 8, generator=g)[y] + 1.5 * torch.randn(300, 1, 8, 8, generator=g)
+    return x + shift, y
+
+
+def _learn(option: bool | None, n_tasks: int = 3, shifts: tuple[float, ...] = (0.0,) * 3):
+    """A learner after each of ``n_tasks`` tasks, with task 0's test logits after each."""
+    torch.manual_seed(0)
+    settings = {} if option is None else {"task_agnostic": option}
+    learner = espn.ContinualLearner(
+        espn.wrap(_mlp(), torch.zeros(2, 1, 8, 8)), "espn", gamma=0.5, epochs=(1, 1, 1),
+        **settings,
+    )  # fmt: skip
+    first = []
+    for t in range(n_tasks):
+        x, y = _prototypes(t, shifts[t])
+        learner.learn((x[:200], y[:200]), test=(x[200:], y[200:]))
+        learner.supernet.eval()
+        first.append(learner.supernet(learner.tasks[0].test.x, task=0).detach().clone())
+    return learner, first
+
+
+def test_the_option_keeps_earlier_tasks_logits_bit_identical_and_the_budget():
+    learner, first = _learn(True)
+    assert all(torch.equal(first[0], later) for later in first[1:])
+    assert all(r["flops_ratio"] <= 0.5 for r in learner.records)
+    for m in learner.supernet.masks:
+        assert set(m.stats) == {*STAT_KEYS, *routing.OPTION_KEYS}
+
+
+def test_with_the_option_off_nothing_changes():
+    """Off (given or not): the same logits, accuracies, FLOPs and statistics bit for bit;
+    on: another training (the rejection term, a tenth held out), the same sub-network size
+    (nothing added to a task's FLOPs)."""
+    plain, plain_first = _learn(None)
+    off, off_first = _learn(False)
+    on, _ = _learn(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain_first, off_first, strict=True))
+    assert plain.accuracy_matrix == off.accuracy_matrix
+    for a, b, c in zip(plain.records, off.records, on.records, strict=True):
+        assert a["flops"] == b["flops"] and a["new_weights"] == b["new_weights"]
+        assert c["flops_ratio"] <= 0.5
+    for a, b in zip(plain.supernet.masks, off.supernet.masks, strict=True):
+        assert set(a.stats) == set(b.stats) == set(STAT_KEYS)
+        assert all(torch.equal(a.stats[k], b.stats[k]) for k in STAT_KEYS)
+    assert not torch.equal(plain.supernet.masks[0].stats["calibration"],
+                           on.supernet.masks[0].stats["calibration"])  # fmt: skip
+
+
+def test_held_out_samples_are_every_tenth_and_never_trained_on():
+    x, y = _prototypes(0)
+    learner = espn.ContinualLearner(espn.wrap(_mlp(), torch.zeros(2, 1, 8, 8)), "espn")
+    (task,) = learner._tasks([((x, y), None)], [None], [None])
+    fit, held = routing.held_out(task)
+    assert len(fit.train) + len(held.train) == len(task.train) == 300
+    assert held.train.index.tolist() == list(range(9, 300, 10))
+    assert set(fit.train.index.tolist()).isdisjoint(held.train.index.tolist())
+
+
+def test_the_option_s_statistics_survive_save_load_and_a_killed_then_resumed_run(
+    fake_mnist, fc_test_model, tmp_path, monkeypatch
+):
+    learner, _ = _learn(True, n_tasks=2)
+    loaded = espn.load(learner.save(tmp_path / "saved"), model=_mlp())
+    keys = {*STAT_KEYS, *routing.OPTION_KEYS}
+    for a, b in zip(learner.supernet.masks, loaded.supernet.masks, strict=True):
+        assert set(a.stats) == set(b.stats) == keys
+        assert all(torch.equal(a.stats[k], b.stats[k]) for k in keys)
+    run_experiment(
+        make_config(**run_options(tmp_path / "reference", task_agnostic=True)), progress=False
+    )
+    cfg = make_config(**run_options(tmp_path / "run", task_agnostic=True))
+    with monkeypatch.context() as mp:
+        kill_at_step(mp, 23)  # task 2, mid-way
+        with pytest.raises(Killed):
+            run_experiment(cfg, progress=False)
+    run_experiment(cfg, progress=False, resume=True)
+    want, got = espn.load(tmp_path / "reference"), espn.load(tmp_path / "run")
+    for a, b in zip(want.supernet.masks, got.supernet.masks, strict=True):
+        assert set(a.stats) == set(b.stats) == keys
+        assert all(torch.equal(a.stats[k], b.stats[k]) for k in keys)
+
+
+def test_tasks_separable_by_construction_are_routed_right():
+    """Each task's inputs offset by its own constant (-4, 0, 4): every rule that reads the
+    inputs or the trained sub-networks' features picks the right task for > 90% of the
+    held-out samples."""
+    learner, _ = _learn(True, shifts=(-4.0, 0.0, 4.0))
+    docs = evaluate_rules(learner.supernet, learner.tasks, ["input-gaussian", "mahalanobis"])
+    for doc in docs:
+        assert doc["average"]["task_picked"] > 90, (doc["rule"], doc["confusion"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import nn
@@ -543,8 +543,40 @@ class ContinualLearner:
         some task had no test data, or ``eval_every`` skipped it)."""
         return [None if r is None else list(r) for r in self.rows]
 
-    def evaluate(self, task: int, data: TaskData | None = None) -> float:
-        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data)."""
+    @overload
+    def evaluate(self, task: int, data: TaskData | None = None) -> float: ...
+
+    @overload
+    def evaluate(
+        self, task: None = None, *, task_agnostic: bool, rule: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def evaluate(
+        self,
+        task: int | None = None,
+        data: TaskData | None = None,
+        *,
+        task_agnostic: bool = False,
+        rule: str | None = None,
+    ) -> float | list[dict[str, Any]]:
+        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data).
+
+        With ``task_agnostic=True`` (and no ``task``): prediction without the task on every
+        task's test data, one document per rule (``rule``: a rule name, None: the run's
+        default, ``"all"``: every rule it can use; see
+        :func:`espn.inference.evaluate_task_agnostic` for the figures)."""
+        if task_agnostic:
+            from espn.inference import evaluate_named
+
+            if task is not None or data is not None:
+                raise LearnerError("task_agnostic evaluates every task on its test data; "
+                                   "give neither task nor data")  # fmt: skip
+            missing = [t for t, k in enumerate(self.tasks) if k is None or not len(k.test)]
+            if missing:
+                raise LearnerError(f"tasks {missing} have no test data here")
+            return evaluate_named(self.supernet, [k for k in self.tasks if k is not None], rule)
+        if task is None:
+            raise LearnerError("give the task to evaluate, or task_agnostic=True")
         self._check_task(task)
         if data is None:
             known = self.tasks[task]

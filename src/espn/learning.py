@@ -20,7 +20,6 @@ from espn.config import ConfigError
 from espn.data.tasks import Task
 from espn.evaluation.slim_eval import SlimEvaluator
 from espn.inference import routing
-from espn.inference.statistics import task_statistics
 from espn.methods.base import Strategy
 from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
@@ -160,14 +159,9 @@ class TaskRunner:
         its training data (see :mod:`espn.inference.statistics`; none without data here)."""
         for t in learned:
             task = tasks[t] if t < len(tasks) else None
-            if task is None or not len(task.train):
-                continue
-            if self.engine.task_agnostic:
-                fit, held = routing.held_out(task)
-                stats = task_statistics(self.supernet, t, fit, calibrate_on=held)
-            else:
-                stats = task_statistics(self.supernet, t, task)
-            self.supernet.masks[t].stats = stats
+            if task is not None and len(task.train):
+                stats = routing.statistics(self.supernet, t, task, self.engine.task_agnostic)
+                self.supernet.masks[t].stats = stats
 
     def accuracy_row(self, tasks: Sequence[Task | None], n: int) -> list[float] | None:
         """Accuracy (%) of tasks ``0..n-1`` on their test data (built one at a time: a lazy

@@ -163,9 +163,10 @@ def export_task_agnostic(
     found = get_rule(rule, supernet)
     if not isinstance(found, OutputRule):
         raise ExportError(
-            f"rule {found.name!r} needs gradients at inference and cannot be exported; export "
-            "with a rule that scores the tasks' outputs (entropy, energy, mahalanobis, "
-            "entropy-mahalanobis)"
+            f"rule {found.name!r} cannot be exported (supsup-oneshot needs gradients at "
+            "inference; input-subspace's class subspaces are not built into the graph); "
+            "export with --rule input-gaussian, entropy, energy, mahalanobis or "
+            "entropy-mahalanobis"
         )
     if not inputs:
         raise ExportError("export needs at least one batch of inputs to check the model on")

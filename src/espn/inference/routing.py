@@ -11,14 +11,17 @@ its sub-network can tell its own inputs from others', exemplar-free (no other ta
   classes, weight :data:`WEIGHT`). The shift is a roll, not a rotation: in rotated sequences
   a rotation of a task's inputs is another task's input, which the task must not reject as
   "not a digit" but cannot tell from its own either;
+* *a density of the task's inputs*: each class's principal subspace (rule
+  ``input-subspace``, see :mod:`espn.inference.subspace`), fitted when the task is committed;
 * *scores calibrated on held-out data*: every :data:`HELD_OUT_EVERY`-th training sample of
   the task is held out of training; the mean and deviation of each raw score (the task's
   ``calibration``) come from those samples, which the sub-network has not fitted, so that a
   task's typical score is the one its unseen inputs get, as at prediction.
 
-Neither changes what a sub-network is: no output, weight or unit is added, so the task's
-FLOPs, storage and FLOP budget are those of the option off; the shifted pass costs one more
-forward and backward pass per training step.
+None changes what a sub-network is: no output, weight or unit is added, so the task's FLOPs
+and FLOP budget are those of the option off; the shifted pass costs one more forward and
+backward pass per training step, and the subspaces add ``4 C (K D + K + 1)`` bytes to what
+the task stores.
 """
 
 from __future__ import annotations
@@ -30,11 +33,30 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from espn.data.tasks import Split, Task
+from espn.inference.outputs import InferenceError
+from espn.inference.rule import RULES, Rule
+from espn.inference.statistics import task_statistics
+from espn.inference.subspace import KEYS, fit_subspaces
+from espn.supernet.supernet import Supernet
 
 #: weight of the outlier-exposure term in the training loss
 WEIGHT = 0.5
 #: every this-many-th training sample of a task is held out for its calibration
 HELD_OUT_EVERY = 10
+#: the rules a task measures on its held-out samples when committed, in the order of its
+#: ``held_out_picked`` statistic (SupSup's one-shot, 2 T passes a sample, is left out)
+CANDIDATES = (
+    "input-gaussian",
+    "input-subspace",
+    "entropy",
+    "energy",
+    "mahalanobis",
+    "entropy-mahalanobis",
+)
+#: what a task learned with the option stores besides :data:`~espn.inference.statistics.STAT_KEYS`
+OPTION_KEYS = (*KEYS, "held_out_picked")
+#: what ``rule="all"`` names: every rule the run can use
+ALL = "all"
 
 
 def not_mine(x: Tensor) -> Tensor:
@@ -62,3 +84,87 @@ def held_out(task: Task) -> tuple[Task, Task]:
         return dataclasses.replace(task, train=Split(split.x, split.index[keep], split.y[keep]))
 
     return part(~out), part(out)
+
+
+def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -> dict[str, Tensor]:
+    """The statistics task ``task`` stores when it is committed, from its data ``data``: with
+    ``task_agnostic``, fitted on the samples it trained on, calibrated on those held out, and
+    with its classes' input subspaces (rule ``input-subspace``)."""
+    if not task_agnostic:
+        return task_statistics(supernet, task, data)
+    fit, held = held_out(data)
+    stats = task_statistics(supernet, task, fit, calibrate_on=held)
+    x, y = _inputs(fit)
+    stats |= fit_subspaces(x.flatten(1).double(), y, stats["input_means"].double())
+    stats["held_out_picked"] = held_out_picked(supernet, task, stats, _inputs(held)[0])
+    return stats
+
+
+def _inputs(data: Task) -> tuple[Tensor, Tensor]:
+    """The training split of ``data``, unaugmented: inputs and labels, on the CPU."""
+    batches = list(data.batches("train", 1024, augment=False))
+    return torch.cat([b[0].cpu() for b in batches]), torch.cat([b[1].cpu() for b in batches])
+
+
+@torch.no_grad()
+def held_out_picked(supernet: Supernet, task: int, stats: dict[str, Tensor], x: Tensor) -> Tensor:
+    """Per rule of :data:`CANDIDATES`: the share of task ``task``'s held-out inputs ``x`` it
+    routes to ``task`` among the tasks learned so far (``0..task``; ``stats``: the task's own,
+    not yet stored), NaN for a rule that cannot run. Exemplar-free: each task measures its
+    own samples against the tasks before it, never the other way round."""
+    mask = supernet.masks[task]
+    kept, mask.stats = mask.stats, stats
+    shares = []
+    try:
+        device = next(supernet.parameters()).device
+        for name in CANDIDATES:
+            try:
+                rule = _checked(RULES.get(name)(), supernet, task + 1)
+            except InferenceError:
+                shares.append(float("nan"))
+                continue
+            scores = torch.cat([rule.scores(supernet, c.to(device))[0] for c in x.split(1024)])
+            picked = scores[:, : task + 1].argmin(1)
+            shares.append(float((picked == task).double().mean()) if len(x) else float("nan"))
+    finally:
+        mask.stats = kept
+    return torch.tensor(shares, dtype=torch.float32)
+
+
+def _checked(rule: Rule, supernet: Supernet, n_tasks: int) -> Rule:
+    """``rule`` if it can run on the first ``n_tasks`` tasks of ``supernet``."""
+    masks = supernet.masks
+    supernet.masks = masks[:n_tasks]
+    try:
+        rule.check(supernet)
+    finally:
+        supernet.masks = masks
+    return rule
+
+
+def best_rule(supernet: Supernet) -> str | None:
+    """Of :data:`CANDIDATES`, the rule that routed the tasks' own held-out samples right most
+    often on average (ties: the first), where every task measured them (learned with
+    ``task_agnostic``); else None."""
+    picked = [m.stats.get("held_out_picked") for m in supernet.masks]
+    valid = [p for p in picked if p is not None and p.shape == (len(CANDIDATES),)]
+    if not valid or len(valid) < len(picked):
+        return None
+    mean = torch.stack([p.double() for p in valid]).mean(0)
+    if bool(mean.isnan().all()):
+        return None
+    return CANDIDATES[int(mean.nan_to_num(-1.0).argmax())]
+
+
+def named_rules(rule: str | None, supernet: Supernet) -> list[str | None]:
+    """The rules ``rule`` names: every rule ``supernet`` can use for :data:`ALL`, else itself."""
+    if rule != ALL:
+        return [rule]
+    usable: list[str | None] = []
+    for name in RULES:
+        try:
+            RULES.get(name)().check(supernet)
+        except InferenceError:
+            continue
+        usable.append(name)
+    return usable

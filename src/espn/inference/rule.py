@@ -35,7 +35,9 @@ class Rule(ABC):
         if not supernet.masks:
             raise InferenceError("no task is learned yet: there is no task to infer")
         if self.needs_statistics:
-            missing = [t for t, m in enumerate(supernet.masks) if set(m.stats) != set(STAT_KEYS)]
+            missing = [
+                t for t, m in enumerate(supernet.masks) if not set(STAT_KEYS) <= set(m.stats)
+            ]
             if missing:
                 raise InferenceError(
                     f"rule {self.name!r} reads the statistics each task stores when it is "
