@@ -5,8 +5,8 @@ density of each class being a Gaussian with a principal subspace (probabilistic 
 class is, not which pixels vary together, and tell a T-shirt from a pullover poorly. Here each
 class of a task keeps, when the task is committed with the ``task_agnostic`` option, its
 :data:`K` leading principal directions and their variances, and one variance for the rest of
-the input space (Tipping & Bishop's probabilistic PCA, fitted by eigendecomposition of the
-class's covariance): ``4 C (K D + K + 1)`` bytes next to the class means ``input-gaussian``
+the input space (Tipping & Bishop's probabilistic PCA, fitted by a singular value decomposition of
+the class's centred inputs): ``4 C (K D + K + 1)`` bytes next to the class means ``input-gaussian``
 stores (31 KiB a class for 784 inputs). A sample goes to the task whose equal mixture of class
 densities gives it the highest likelihood; like ``input-gaussian``, no sub-network runs to
 infer the task, only the chosen one to classify.
@@ -46,14 +46,13 @@ def fit_subspaces(x: Tensor, y: Tensor, means: Tensor) -> dict[str, Tensor]:
         rows = x[y == c] - means[c]
         if len(rows) < 2:
             continue
-        cov = rows.T @ rows / len(rows)
-        values, vectors = torch.linalg.eigh(cov)  # ascending
+        _, singular, directions = torch.linalg.svd(rows, full_matrices=False)  # descending
         k = min(K, len(rows) - 1, dim - 1)
-        total = values.clamp_min(0).sum()
+        total = (rows * rows).sum() / len(rows)
         floor = VARIANCE_FLOOR * total / dim + 1e-12
-        top = values[-k:].flip(0).clamp_min(floor) if k else values[:0]
+        top = (singular[:k] ** 2 / len(rows)).clamp_min(floor)
         rest = ((total - top.sum()) / max(dim - k, 1)).clamp_min(floor)
-        basis[c, :k] = vectors[:, -k:].flip(1).T if k else basis[c, :0]
+        basis[c, :k] = directions[:k]
         eigen[c, :k], eigen[c, k:], noise[c] = top, rest, rest
     return {
         "input_basis": basis.float(),
