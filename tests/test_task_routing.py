@@ -17,7 +17,7 @@ from torch import Tensor, nn
 import espn
 from espn.config import make_config
 from espn.experiment import run_experiment
-from espn.inference import evaluate_rules, routing
+from espn.inference import InferenceError, evaluate_rules, routing
 from espn.inference.statistics import STAT_KEYS
 from helpers.deploy import Killed, kill_at_step, run_options
 
@@ -167,6 +167,19 @@ def test_the_option_s_statistics_survive_save_load_and_a_killed_then_resumed_run
     for a, b in zip(want.supernet.masks, got.supernet.masks, strict=True):
         assert set(a.stats) == set(b.stats) == keys
         assert all(torch.equal(a.stats[k], b.stats[k]) for k in keys)
+
+
+def test_input_subspace_prediction_equals_the_task_given_one_and_is_refused_without():
+    learner, _ = _learn(True)
+    x = torch.cat([t.test.x for t in learner.tasks])
+    tasks = learner.infer_task(x, rule="input-subspace")
+    classes = learner.predict(x, rule="input-subspace")
+    for t in range(N_TASKS):
+        rows = tasks == t
+        assert torch.equal(classes[rows], learner.predict(x[rows], task=t))
+    plain, _ = _learn(False, n_tasks=1)
+    with pytest.raises(InferenceError, match="task_agnostic=True"):
+        plain.predict(x[:2], rule="input-subspace")
 
 
 def test_tasks_separable_by_construction_are_routed_right():
