@@ -6,14 +6,16 @@ PackNet, SupSup) it trains one run with the ``task_agnostic`` option (``--off``:
 unless OUT/<sequence>-<method>[-off] already holds a finished one: Fashion-MNIST through
 ``espn run`` on FC1024, the digits through ``espn.ContinualLearner`` on an MLP 64-256-256.
 Then it recomputes every task's statistics as this espn stores them when a task commits,
-evaluates every task-inference rule on the tasks' test data
-(``espn.inference.evaluate_rules``) and prints one markdown row per run and rule: accuracy
-with the task given, task-agnostic accuracy per sample and per batch of 32, the task picked
-right (per sample), routing FLOPs per sample in dense passes (the sum of the tasks' FLOPs
-ratios for a rule that runs every sub-network), the statistics stored per task. A rule a run
-cannot use (SupSup's one-shot on ESPN) is left out.
+evaluates every task-inference rule the run can use on the tasks' test data
+(``espn.inference.evaluate_named``) and prints one markdown row per run and rule (the run's
+default in bold): accuracy with the task given, task-agnostic accuracy per sample and per
+batch of 32, the task picked right (per sample), routing FLOPs per sample in dense passes (the
+sum of the tasks' FLOPs ratios for a rule that runs every sub-network), the statistics stored
+per task. A rule a run cannot use (SupSup's one-shot on ESPN, ``input-subspace`` without the
+option) is left out.
 
-    python benchmarks/task_agnostic_table.py --out runs/agnostic --train 1000 --test 1000 --epochs 1,1,1
+    python benchmarks/task_agnostic_table.py --out runs/agnostic --data-dir DIR
+    python benchmarks/task_agnostic_table.py --out runs/agnostic --data-dir DIR --off --methods espn
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def train_digits(method: str, option: bool, args: Any) -> tuple[Any, list[Any], 
         nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
         nn.Linear(256, 2),
     )  # fmt: skip
-    epochs = tuple(int(e) for e in args.epochs.split(","))
+    epochs = tuple(int(e) for e in args.digits_epochs.split(","))
     learner = espn.ContinualLearner(
         espn.wrap(model, torch.zeros(2, 1, 8, 8)), method, epochs=epochs,
         task_agnostic=option, step_floor=False, **METHODS[method],
@@ -108,17 +110,11 @@ def load_fashion(run: Path) -> tuple[Any, list[Any], bool]:
 
 def evaluate(supernet: Any, tasks: list[Any], option: bool) -> list[dict[str, Any]]:
     """Every rule the run can use, on its tasks' test data."""
-    from espn.inference import RULES, InferenceError, evaluate_rules, get_rule, routing
+    from espn.inference import evaluate_named, routing
 
     for t, task in enumerate(tasks):  # as this espn stores them when a task commits
         supernet.masks[t].stats = routing.statistics(supernet, t, task, option)
-    usable = []
-    for rule in RULES:
-        try:
-            usable.append(get_rule(rule, supernet))
-        except InferenceError:
-            continue  # SupSup's one-shot on a run of another method
-    return evaluate_rules(supernet, tasks, usable)
+    return evaluate_named(supernet, tasks, "all")
 
 
 def main() -> None:
@@ -126,7 +122,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/agnostic"))
     parser.add_argument("--train", type=int, default=1000, help="training images per task")
     parser.add_argument("--test", type=int, default=1000, help="test images per task")
-    parser.add_argument("--epochs", default="1,1,1")
+    parser.add_argument("--epochs", default="1,1,1", help="Fashion-MNIST's, per phase")
+    parser.add_argument("--digits-epochs", default="3,2,3", help="the digits', per phase")
     parser.add_argument("--sequences", default=",".join(SEQUENCES))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--off", action="store_true", help="runs without the option")
@@ -155,9 +152,10 @@ def main() -> None:
             for doc in evaluate(*learned):
                 avg = doc["average"]
                 kib = sum(doc["statistics_bytes"]) / len(doc["statistics_bytes"]) / 1024
+                rule = f"**{doc['rule']}**" if doc["default"] else doc["rule"]
                 figures.append({"sequence": sequence, "method": method} | doc)
                 print(
-                    f"| {sequence} | {method} | {'off' if args.off else 'on'} | {doc['rule']} | "
+                    f"| {sequence} | {method} | {'off' if args.off else 'on'} | {rule} | "
                     f"{avg['given']:.2f} | {avg['per_sample']:.2f} | {avg['per_batch']:.2f} | "
                     f"{avg['task_picked']:.2f} | {doc['flops_passes']:.2f} | {kib:.1f} |",
                     flush=True,
