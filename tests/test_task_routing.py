@@ -8,18 +8,21 @@ tasks separable by construction routed right."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 from torch import Tensor, nn
+from typer.testing import CliRunner
 
 import espn
+from espn.cli.main import app
 from espn.config import make_config
 from espn.experiment import run_experiment
 from espn.inference import InferenceError, evaluate_rules, routing
 from espn.inference.statistics import STAT_KEYS
-from helpers.deploy import Killed, kill_at_step, run_options
+from helpers.deploy import Killed, cli_options, kill_at_step, run_options
 
 N_TASKS = 3
 LENGTH = 64
@@ -190,3 +193,30 @@ def test_tasks_separable_by_construction_are_routed_right():
     docs = evaluate_rules(learner.supernet, learner.tasks, ["input-gaussian", "mahalanobis"])
     for doc in docs:
         assert doc["average"]["task_picked"] > 90, (doc["rule"], doc["confusion"])
+
+
+@pytest.mark.slow  # a CLI run and a confusion plot per rule: a minute on a loaded CPU
+def test_espn_run_task_agnostic_ends_with_every_rule_and_routing_flops_summed(
+    fake_mnist, fc_test_model, tmp_path
+):
+    """``espn run --task-agnostic`` stores every rule the run can use (one the default) and
+    reports a rule that runs every sub-network at the sum of the tasks' FLOPs ratios;
+    ``espn evaluate --rule all`` prints one row per rule."""
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [*cli_options(out), "--task-agnostic"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "results.json").read_text())
+    stored = doc["task_agnostic"]
+    usable = {"input-gaussian", "input-subspace", "entropy", "energy", "mahalanobis",
+              "entropy-mahalanobis"}  # fmt: skip
+    assert set(stored) == usable
+    assert sum(d["default"] for d in stored.values()) == 1
+    assert stored["entropy"]["flops_passes"] == pytest.approx(sum(doc["flops_ratio"]))
+    assert stored["input-subspace"]["flops_passes"] == pytest.approx(
+        sum(doc["flops_ratio"]) / len(doc["flops_ratio"])
+    )
+    shown = CliRunner().invoke(
+        app, ["evaluate", "--run", str(out), "--task-agnostic", "--rule", "all"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert all(rule[:7] in shown.output for rule in usable)
