@@ -96,8 +96,9 @@ def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -
     stats = task_statistics(supernet, task, fit, calibrate_on=held)
     x, y = _inputs(fit)
     stats |= fit_subspaces(x.flatten(1).double(), y, stats["input_means"].double())
-    stats["held_out_picked"] = held_out_picked(supernet, task, stats, _inputs(held)[0])
-    return stats
+    none = torch.full((len(CANDIDATES),), float("nan"))  # fewer than ten samples: none held
+    picked = held_out_picked(supernet, task, stats, _inputs(held)[0]) if len(held.train) else none
+    return stats | {"held_out_picked": picked}
 
 
 def _inputs(data: Task) -> tuple[Tensor, Tensor]:
