@@ -34,7 +34,7 @@ from torch import Tensor
 
 from espn.data.tasks import Split, Task
 from espn.inference.outputs import InferenceError
-from espn.inference.rule import RULES, Rule
+from espn.inference.rule import RULES
 from espn.inference.statistics import task_statistics
 from espn.inference.subspace import KEYS, fit_subspaces
 from espn.supernet.supernet import Supernet
@@ -113,34 +113,24 @@ def held_out_picked(supernet: Supernet, task: int, stats: dict[str, Tensor], x: 
     routes to ``task`` among the tasks learned so far (``0..task``; ``stats``: the task's own,
     not yet stored), NaN for a rule that cannot run. Exemplar-free: each task measures its
     own samples against the tasks before it, never the other way round."""
-    mask = supernet.masks[task]
-    kept, mask.stats = mask.stats, stats
+    masks = supernet.masks
+    kept = masks[task].stats
+    supernet.masks, masks[task].stats = masks[: task + 1], stats
     shares = []
     try:
         device = next(supernet.parameters()).device
         for name in CANDIDATES:
+            rule = RULES.get(name)()
             try:
-                rule = _checked(RULES.get(name)(), supernet, task + 1)
+                rule.check(supernet)
             except InferenceError:
                 shares.append(float("nan"))
                 continue
             scores = torch.cat([rule.scores(supernet, c.to(device))[0] for c in x.split(1024)])
-            picked = scores[:, : task + 1].argmin(1)
-            shares.append(float((picked == task).double().mean()) if len(x) else float("nan"))
+            shares.append(float((scores.argmin(1) == task).double().mean()))
     finally:
-        mask.stats = kept
+        supernet.masks, masks[task].stats = masks, kept
     return torch.tensor(shares, dtype=torch.float32)
-
-
-def _checked(rule: Rule, supernet: Supernet, n_tasks: int) -> Rule:
-    """``rule`` if it can run on the first ``n_tasks`` tasks of ``supernet``."""
-    masks = supernet.masks
-    supernet.masks = masks[:n_tasks]
-    try:
-        rule.check(supernet)
-    finally:
-        supernet.masks = masks
-    return rule
 
 
 def best_rule(supernet: Supernet) -> str | None:
