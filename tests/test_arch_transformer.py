@@ -215,8 +215,10 @@ def test_a_training_step_folds_the_token_gates_into_their_layers(monkeypatch):
     """In a training step a ViT's token gates (the MLP's neurons, the attention heads on v)
     scale their layer's weight rows instead of its output: the logits and every gradient
     are the same within rounding for trained gates, and bit for bit for released ones
-    (scales 0 and 1, dead units); in eval mode and under a hook the gate is called."""
+    (scales 0 and 1, dead units) on the whole width (within rounding where the step carries
+    the alive units alone); in eval mode and under a hook the gate is called."""
     from espn.models.registry import ModelSpec
+    from espn.models.vit import ViT
     from helpers.tokens import tiny_vit
 
     torch.manual_seed(0)
@@ -258,11 +260,19 @@ def test_a_training_step_folds_the_token_gates_into_their_layers(monkeypatch):
     )
     sn.set_unit_masks({g: torch.arange(n) % 4 != 1 for g, n in sn.group_sizes.items()})
     sn.release_gates()
+    # with dead units the unhooked step carries the alive units alone (narrower sums: equal
+    # within rounding, see the next test); on the whole width the fold is exact
+    alive_out, alive_grads = run(hooked=False)
+    monkeypatch.setattr(ViT, "carries_alive_units", lambda self: False)
     folded, folded_grads = run(hooked=False)
     gated_out, gated_grads = run(hooked=True)
     assert torch.equal(folded, gated_out)
-    assert len(folded_grads) == len(gated_grads)
+    assert len(folded_grads) == len(gated_grads) == len(alive_grads)
     assert all(torch.equal(a, b) for a, b in zip(folded_grads, gated_grads, strict=True))
+    assert torch.allclose(alive_out, gated_out, atol=1e-5)
+    assert all(
+        torch.allclose(a, b, atol=1e-5) for a, b in zip(alive_grads, gated_grads, strict=True)
+    )
     calls.clear()
     sn.eval()
     with torch.no_grad():

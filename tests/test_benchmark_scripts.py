@@ -106,6 +106,29 @@ def test_whole_task_compares_espn_run_with_the_plain_loop_step_for_step() -> Non
         assert all(0.0 <= float(r.rstrip("%")) <= 100.0 for r in row[11:13])
 
 
+@pytest.mark.slow  # two 1-task runs, about 10 s of CPU
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
+)
+def test_slim_paths_compares_the_two_runs_at_every_prune_event() -> None:
+    out = run_script(
+        "slim_paths.py",
+        *("--tasks", "1", "--train-per-task", "256", "--test-per-task", "64", "--epochs", "1,1,1"),
+    )
+    events = [
+        row.split() for row in out.splitlines() if row.split()[:1] in (["1"], ["2"], ["3"], ["4"])
+    ]
+    assert [int(e[0]) for e in events] == [1, 2, 3, 4]  # one prune epoch: 4 events
+    assert all(e[1:] == ["0", "0"] for e in events)  # masked until then in both runs
+    steps = {
+        line.split(":")[0]: int(line.split("; ")[1].split()[0])
+        for line in out.splitlines()
+        if "steps on slim copies" in line
+    }
+    assert steps["masked"] == 0 < steps["slim"]  # the fine-tuning's copy
+
+
 def test_step_pairs_times_every_phase_step_by_step() -> None:
     out = run_script(
         "step_pairs.py",

@@ -346,6 +346,7 @@ def test_progress_and_resume_speak_of_passes_and_steps(
             super().set_description(desc, refresh)
 
     monkeypatch.setattr(progress_module, "tqdm", Bar)
+    monkeypatch.setattr(progress_module.ProgressBar, "terminal", lambda self: True)
     monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 0.0)  # every pass
     out = tmp_path / "run"
     options = [o for o in cli_options(out) if o not in ("--quiet", "--no-progress")]

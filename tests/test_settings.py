@@ -119,6 +119,27 @@ def test_layered_applies_each_level_in_order():
     assert chosen["reference_size"] == 9
 
 
+def test_a_recipes_warmup_is_scaled_to_the_epochs_given():
+    """The recipe's warm-up is a share of its pre-training epochs: epochs given (here to a
+    conv network, the ``cifar`` recipe's 10 of 60) get the same share, not the recipe's 10
+    cut to leave one pre-training epoch; a warm-up given is kept."""
+    from helpers.api_models import SmallConvNet
+
+    cifar = recipes.CIFAR
+    assert layered({}, recipe=cifar)["warmup"] == 10
+    got = {pre: layered({"epochs": (pre, 1, 1)}, recipe=cifar)["warmup"] for pre in (1, 2, 9, 30)}
+    assert got == {1: 0, 2: 1, 9: 2, 30: 5}
+    assert layered({}, preset={"epochs": (120, 1, 1)}, recipe=cifar)["warmup"] == 20
+    assert layered({"epochs": (6, 4, 3)}, recipe=recipes.MNIST)["warmup"] == 2
+    torch.manual_seed(0)
+    sn = espn.wrap(SmallConvNet, torch.zeros(2, 1, 8, 8))
+    learner = espn.ContinualLearner(sn, "espn", epochs=(10, 10, 10))
+    phases = {p.name: p.epochs for p in learner.strategy.phases()}
+    assert (learner.cfg.warmup, phases["warmup"], phases["pretrain"]) == (2, 2, 8)
+    kept = espn.ContinualLearner(sn, "espn", epochs=(10, 10, 10), warmup=9)
+    assert kept.cfg.warmup == 9
+
+
 @pytest.mark.parametrize("door", ["espn run", "learner"])
 def test_precedence_user_method_recipe_preset_regime_recipe(tmp_path: Path, door: str):
     """The same four levels through both doors: the ``mnist`` regime's recipe, a preset over

@@ -11,7 +11,8 @@ What a user reaches for first, all importable from ``espn``:
 - :func:`list_benchmarks`, :func:`list_models`, :func:`list_methods`, :func:`list_pruners`:
   the names those accept;
 - :func:`fashion_mnist`: Fashion-MNIST as tensors from the offline copy on disk
-  (:mod:`espn.data`, also reachable as ``espn.data`` after ``import espn``).
+  (:mod:`espn.data`, also reachable as ``espn.data`` after ``import espn``);
+- :class:`EspnError`: the base of every error a user can fix (``except espn.EspnError``).
 
 Everything is imported on first use, so ``import espn`` stays light.
 """
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from espn.api import ContinualLearner, load, wrap
     from espn.catalog import list_benchmarks, list_methods, list_models, list_pruners
     from espn.data.offline import fashion_mnist
+    from espn.errors import EspnError
     from espn.experiment import run
     from espn.methods import create_method
     from espn.supernet.supernet import Supernet
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 #: each name of the front door -> the module that defines it
 _HOMES = {
     "ContinualLearner": "espn.api",
+    "EspnError": "espn.errors",
     "load": "espn.api",
     "wrap": "espn.api",
     "Supernet": "espn.supernet.supernet",
@@ -48,6 +51,7 @@ _HOMES = {
 
 __all__ = [
     "ContinualLearner",
+    "EspnError",
     "Supernet",
     "__version__",
     "create_method",

@@ -68,15 +68,23 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
 _BASE: RunConfig | None = None
 
 
-def check_option(name: str, value: Any) -> None:
-    """Validate one run option as ``espn run`` does (the same validator, the same words)."""
+def _default_config() -> RunConfig:
+    """A fresh default run configuration, to check options on."""
     global _BASE
     if _BASE is None:
         _BASE = make_config(benchmark="permuted-mnist")
+    return _BASE.model_copy()
+
+
+def check_option(name: str, value: Any, config: RunConfig | None = None) -> None:
+    """Validate one run option as ``espn run`` does (the same validator, the same words), on
+    ``config`` (assigned there; default: a fresh default configuration)."""
     if isinstance(value, torch.device):
         value = str(value)
     try:
-        RunConfig.__pydantic_validator__.validate_assignment(_BASE.model_copy(), name, value)
+        RunConfig.__pydantic_validator__.validate_assignment(
+            _default_config() if config is None else config, name, value
+        )
     except ValidationError as exc:
         message = str(config_error(exc))
         raise ApiArgumentError(
@@ -106,9 +114,10 @@ def check_learner(supernet: Any, device: Any, settings: dict[str, Any], **option
             check_device(str(device))
         except ConfigError as exc:
             raise ApiArgumentError(str(exc)) from None
-    for name, value in settings.items():
+    config = _default_config()  # assigned in turn: a warm-up is checked with the epochs given
+    for name, value in sorted(settings.items(), key=lambda item: item[0] != "epochs"):
         if name in RunConfig.model_fields and name != "method_options":
-            check_option(name, value)
+            check_option(name, value, config)
 
 
 def check_example(model: Any, example_input: Any) -> None:
@@ -186,6 +195,12 @@ def check_name(name: Any) -> None:
         raise fail("name", f"must be a string, got {type(name).__name__}")
 
 
+def check_bool(value: Any, argument: str) -> None:
+    """A flag: True or False only (``"yes"``, 1 are refused, not read as true)."""
+    if not isinstance(value, bool):
+        raise fail(argument, f"must be True or False, got {value!r}")
+
+
 def check_save_path(path: Any) -> Path:
     """A directory ``save`` can write: named (not ''), creatable and writable."""
     if not isinstance(path, str | os.PathLike) or not str(path).strip():
@@ -210,3 +225,59 @@ def check_export_path(path: Any) -> None:
     """An export file name: a str or path (its suffix and directory are checked by export)."""
     if not isinstance(path, str | os.PathLike) or not str(path).strip():
         raise fail("path", f"give a file name ending in .pt2 or .onnx, got {path!r}")
+
+
+def check_callbacks(callbacks: Any) -> list[Any]:
+    """``callbacks``: a list (any iterable but a string) of
+    :class:`~espn.training.callbacks.Callback` objects."""
+    from espn.training.callbacks import Callback
+
+    if isinstance(callbacks, Callback) or not _iterable(callbacks):
+        raise fail(
+            "callbacks",
+            f"expected a list of Callback objects, got {type(callbacks).__name__}"
+            + ("; give it in a list: callbacks=[...]" if isinstance(callbacks, Callback) else ""),
+        )
+    given = list(callbacks)
+    for k, item in enumerate(given):
+        _not_a_class(item, f"callbacks[{k}]")
+        if not isinstance(item, Callback):
+            raise fail(f"callbacks[{k}]", f"expected a Callback object, got {type(item).__name__}")
+    return given
+
+
+def check_loggers(loggers: Any, log_every: Any) -> list[Any]:
+    """``loggers``: logger names (one string, comma-separated as ``--log``, or a list) and
+    :class:`~espn.training.callbacks.Callback` objects; ``log_every`` given only with a
+    logger named (:func:`espn.loggers.logging_options`)."""
+    from espn.loggers import logging_options
+    from espn.training.callbacks import Callback
+
+    if isinstance(loggers, Callback) or not (isinstance(loggers, str) or _iterable(loggers)):
+        raise fail(
+            "loggers",
+            f"expected logger names or a list of names and Callback objects, got "
+            f"{type(loggers).__name__}",
+        )
+    given = loggers.split(",") if isinstance(loggers, str) else list(loggers)
+    for k, item in enumerate(given):
+        _not_a_class(item, f"loggers[{k}]")
+    logging_options(given, log_every)
+    return [x for x in given if not isinstance(x, str) or x.strip()]
+
+
+def _not_a_class(item: Any, argument: str) -> None:
+    """Refuse a callback class given where an object of it is wanted."""
+    from espn.training.callbacks import Callback
+
+    if isinstance(item, type) and issubclass(item, Callback):
+        raise fail(argument, f"is the class {item.__name__}; give an object of it")
+
+
+def _iterable(value: Any) -> bool:
+    """Whether ``value`` is a collection of items (a list, tuple, ...; not a string)."""
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return not isinstance(value, str | bytes)

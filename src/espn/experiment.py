@@ -15,11 +15,11 @@ from espn.checkpoint.lock import run_lock
 from espn.config import ConfigError, RunConfig, check_applicable, make_config
 from espn.data.tasks import TaskSequence
 from espn.learner import ContinualLearner
-from espn.loggers import DEFAULT_LOG_EVERY, check_log_every, logger_names
+from espn.loggers import logging_options
 from espn.preflight import check_run
 from espn.run_directory import RunDirectory, results_document
 from espn.runs.building import build_benchmark, build_supernet
-from espn.runs.checks import check_out_dir
+from espn.runs.checks import check_out_dir, clear_run
 from espn.runs.from_run import adopt_tasks, check_compatible, open_source
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
@@ -68,7 +68,7 @@ def run_experiment(
     seq: TaskSequence | None = None,
     on_warning: Callable[[str], None] | None = None,
     loggers: Sequence[Callback | str] = (),
-    log_every: int = DEFAULT_LOG_EVERY,
+    log_every: int | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` to the end; results are rewritten atomically after every evaluated task
     (every ``cfg.eval_every`` tasks and the last), and the checkpoint in ``<out>/checkpoint``
@@ -86,15 +86,13 @@ def run_experiment(
     callbacks or logger names (``espn run --log``) told of every step, epoch and task, the
     loggers reading the loss every ``log_every`` steps.
     """
-    logger_names(loggers)  # a bad name is refused before any work
-    check_log_every(log_every)
+    logging_options(loggers, log_every)  # a bad name is refused before any work
     check_run(cfg)
     check_out_dir(cfg.out, resume, overwrite)
     with run_lock(cfg.out):
         check_out_dir(cfg.out, resume, overwrite)  # again, now that no other run can write
         if overwrite:  # the earlier run's results go now, not when the first task is done
-            for name in ("results.json", "accuracy.png"):
-                (Path(cfg.out) / name).unlink(missing_ok=True)
+            clear_run(cfg.out)
         try:
             return _run_locked(
                 cfg, progress, on_task_end, resume, on_warning, seq, (loggers, log_every)
@@ -111,7 +109,7 @@ def run(
     resume: bool = False,
     overwrite: bool = False,
     loggers: Sequence[Callback | str] = (),
-    log_every: int = DEFAULT_LOG_EVERY,
+    log_every: int | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """One run as ``espn run`` makes it, from Python: its ``results.json`` document.
@@ -168,7 +166,7 @@ def _run_locked(
     resume: bool,
     on_warning: Callable[[str], None] | None,
     seq: TaskSequence | None,
-    logging: tuple[Sequence[Callback | str], int],
+    logging: tuple[Sequence[Callback | str], int | None],
 ) -> dict[str, Any]:
     """Assemble the run: the benchmark and the model, handed to the one learner with the run
     directory attached."""

@@ -14,12 +14,13 @@ a second run of the same script resumes from it (see :mod:`espn.run_directory`).
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from espn import api_checks as checks
 from espn.checkpoint.format import CheckpointError
@@ -41,19 +42,21 @@ from espn.data.tensors import (
 from espn.errors import EspnError
 from espn.export.export import ExportReport, check_target, export_task
 from espn.learning import Learned, TaskRunner, task_record
-from espn.loggers import DEFAULT_LOG_EVERY
-from espn.loggers import make_loggers as loggers_by_name
+from espn.loggers import make_loggers
 from espn.methods.base import METHODS, Strategy, declared_options
 from espn.models.reference import ModelReferenceError
 from espn.models.registry import MODELS, ModelSpec
-from espn.run_directory import RunDirectory
-from espn.runs.checks import check_out_dir, run_meta
+from espn.run_directory import DirectoryLock, RunDirectory
+from espn.runs.checks import RunMismatch, check_out_dir, clear_run, run_meta
 from espn.settings import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from espn.training.progress import ProgressBar
+
+if TYPE_CHECKING:
+    from espn.inference.export import AgnosticExportReport
 
 
 class LearnerError(EspnError, ValueError):
@@ -123,14 +126,19 @@ class ContinualLearner:
     conv networks); by default the regime of the network (see :func:`regime_of`).
 
     ``out``: a run directory written after every epoch as ``espn run`` writes it; running
-    the same script again resumes from it. ``callbacks`` (see
-    :mod:`espn.training.callbacks`) and ``loggers`` (callbacks, or logger names such as
-    ``"tensorboard"``, ``"csv"``, ``"wandb"``, written under ``out/logs``; see
-    :mod:`espn.loggers`) are told of every step, epoch and task (loggers read the loss every
-    ``log_every`` steps); ``progress`` attaches a progress bar over each task's optimizer
+    the same script again resumes from it (``overwrite=True``: starts over, replacing the run
+    there). While the learner lives (until :meth:`close`) no other process may write ``out``.
+    ``callbacks`` (a list, see :mod:`espn.training.callbacks`) and ``loggers`` (callbacks,
+    or logger names: ``"tensorboard"``, ``"csv"``, ``"wandb"`` or several comma-separated
+    in one string, written under ``out/logs``; see :mod:`espn.loggers`) are told of every
+    step, epoch and task (named loggers read the loss every ``log_every`` steps, default
+    50); ``progress`` attaches a progress bar over each task's optimizer
     steps (the callback :class:`~espn.training.progress.ProgressBar`);
     ``device`` moves the supernet there (default: where it is).
     """
+
+    #: the hold on :attr:`run_dir` (None: no ``out=``, or ``espn run``'s, which holds it)
+    lock: DirectoryLock | None
 
     def __init__(
         self,
@@ -138,15 +146,21 @@ class ContinualLearner:
         method: str | type[Strategy] | Strategy = "espn",
         *,
         out: Path | str | None = None,
+        overwrite: bool = False,
         recipe: str | None = None,
         callbacks: Iterable[Callback] = (),
-        loggers: Iterable[Callback | str] = (),
-        log_every: int = DEFAULT_LOG_EVERY,
+        loggers: str | Iterable[Callback | str] = (),
+        log_every: int | None = None,
         progress: bool = False,
         device: str | torch.device | None = None,
         **settings: Any,
     ) -> None:
         checks.check_learner(supernet, device, settings)
+        callbacks = checks.check_callbacks(callbacks)
+        loggers = checks.check_loggers(loggers, log_every)
+        checks.check_bool(overwrite, "overwrite")
+        if overwrite and out is None:
+            raise checks.fail("overwrite", "replaces the run in out=, and no out= is given")
         if device is not None:
             supernet.to(device)
             supernet.owners.to(device)
@@ -154,9 +168,23 @@ class ContinualLearner:
             out = checks.check_save_path(out)
         with checks.about("settings"):
             strategy, cfg = _configure(supernet, method, recipe, settings, out)
-        self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
-        if out is not None:
-            self._open(Path(out))
+        if out is None:
+            self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+            return
+        lock = DirectoryLock(Path(out))
+        weakref.finalize(self, lock.release)
+        try:
+            check_out_dir(out, resume=not overwrite, overwrite=overwrite, python=True)
+            if overwrite:
+                clear_run(out)
+                for stale in (Path(out) / DATA_DIR).glob("task-*.safetensors"):
+                    stale.unlink()
+            self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every)
+            self.lock = lock
+            self._open(Path(out), resume=not overwrite)
+        except BaseException:
+            lock.release()
+            raise
 
     @classmethod
     def from_config(
@@ -167,7 +195,7 @@ class ContinualLearner:
         progress: bool = False,
         callbacks: Iterable[Callback] = (),
         loggers: Iterable[Callback | str] = (),
-        log_every: int = DEFAULT_LOG_EVERY,
+        log_every: int | None = None,
     ) -> ContinualLearner:
         """The learner of a resolved run configuration (``espn run``'s door)."""
         learner = cls.__new__(cls)
@@ -183,7 +211,7 @@ class ContinualLearner:
         progress: bool,
         callbacks: Iterable[Callback],
         loggers: Iterable[Callback | str],
-        log_every: int,
+        log_every: int | None,
     ) -> None:
         self.supernet, self.strategy, self.cfg = supernet, strategy, cfg
         self.engine = Engine(
@@ -201,7 +229,7 @@ class ContinualLearner:
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         bar = [ProgressBar()] if progress else []
         self.callbacks = CallbackList(
-            [*callbacks, *make_loggers(loggers, run_dir, log_every), *bar]
+            [*callbacks, *make_loggers(list(loggers), run_dir, log_every=log_every), *bar]
         )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
         self.device = next(supernet.parameters()).device
@@ -225,6 +253,7 @@ class ContinualLearner:
         #: how a resumed run directory was found ("" if not resumed)
         self.summary = ""
         self._started = False
+        self.lock = None
 
     # ------------------------------------------------------------------ settings
     @property
@@ -361,6 +390,8 @@ class ContinualLearner:
         """Learn ``steps`` (step ``offset + k`` commits the next task(s) of ``known``, the
         tasks after those this learner holds, or all tasks by index when ``offset`` is 0 and
         ``keep_data`` False); steps already learned (a resumed run) are skipped."""
+        if self.lock is not None:
+            self.lock.check()
         if not self._started:
             self._started = True
             self.callbacks.on_run_start(self)
@@ -402,10 +433,13 @@ class ContinualLearner:
         self.replayed = max(self.replayed, len(self.supernet.masks))
 
     def close(self) -> None:
-        """The end of learning: callbacks' ``on_run_end`` (loggers flush and close)."""
+        """The end of learning: callbacks' ``on_run_end`` (loggers flush and close), and the
+        run directory's lock released (learning again takes it again)."""
         if self._started:
             self._started = False
             self.callbacks.on_run_end(self)
+        if self.lock is not None:
+            self.lock.release()
 
     def __enter__(self) -> ContinualLearner:
         return self
@@ -447,16 +481,18 @@ class ContinualLearner:
         return task_record(self.supernet, task)
 
     # ------------------------------------------------------------- run directory
-    def _open(self, out: Path) -> None:
-        """Write the run directory ``out`` from now on, resuming the run it holds."""
-        check_out_dir(out, resume=True, overwrite=False)
+    def _open(self, out: Path, resume: bool) -> None:
+        """Write the run directory ``out`` from now on, resuming the run it holds (unless
+        not ``resume``: a new run over it, ``overwrite=True``)."""
         rd = RunDirectory(self._saved_config(out), self._sequence, meta=self._meta)
         rd.extra = lambda: {"fingerprints": list(self.fingerprints)}
         try:
-            ckpt = rd.open(self.supernet, self.engine, self.strategy, True, ignore=("tasks",))
-        except CheckpointError as exc:
+            ckpt = rd.open(self.supernet, self.engine, self.strategy, resume, ignore=("tasks",))
+        except RunMismatch as exc:
             raise LearnerError(
-                f"{exc}; a script resumes its run directory only with the same method and settings"
+                f"cannot resume {exc.where}: it was made with other settings "
+                f"({'; '.join(exc.diffs)}); give the learner the same method and settings to "
+                "resume it, overwrite=True to start over and replace it, or another out="
             ) from None
         self.attach(rd)
         n = len(self.supernet.masks)
@@ -482,8 +518,17 @@ class ContinualLearner:
         from (refused if it differs), kept for evaluation, not learned again."""
         first = self.replayed
         for k, task in enumerate(tasks):
-            self._check_print(first + k, task)
-            self.tasks[first + k] = task
+            t = first + k
+            self._check_print(t, task)
+            held = {"n_classes": self.supernet.masks[t].n_classes, "name": self.names[t]}
+            for key, now in (("n_classes", task.n_classes), ("name", task.name)):
+                if now != held[key]:
+                    raise LearnerError(
+                        f"{self.cfg.out}: task {t} was learned there with {key}="
+                        f"{held[key]!r}, given {key}={now!r} now; give it as it was to "
+                        "resume the run, or pass another out= to start a new one"
+                    )
+            self.tasks[t] = task
         self.replayed = first + len(tasks)
         return self.records[first : first + len(tasks)]
 
@@ -534,6 +579,7 @@ class ContinualLearner:
         width = self.supernet.model_classes  # the head a registered model was built with
         classes = [m.n_classes for m in self.supernet.masks] + [width or 1]
         meta["spec"]["n_classes"] = max(classes)
+        meta["n_tasks"] = max(len(seq), 1)  # as ``tasks`` is: task 0 in training counts
         return meta
 
     # ---------------------------------------------------------------- evaluation
@@ -544,50 +590,97 @@ class ContinualLearner:
         return [None if r is None else list(r) for r in self.rows]
 
     @overload
-    def evaluate(self, task: int, data: TaskData | None = None) -> float: ...
+    def evaluate(
+        self,
+        task: int,
+        data: TaskData | None = None,
+        *,
+        task_agnostic: Literal[False] = False,
+        rule: None = None,
+    ) -> float: ...
 
     @overload
     def evaluate(
-        self, task: None = None, *, task_agnostic: bool, rule: str | None = None
-    ) -> list[dict[str, Any]]: ...
+        self,
+        task: Sequence[TaskData] | None = None,
+        data: None = None,
+        *,
+        task_agnostic: Literal[True],
+        rule: str | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]: ...
 
     def evaluate(
         self,
-        task: int | None = None,
+        task: int | Sequence[TaskData] | None = None,
         data: TaskData | None = None,
         *,
         task_agnostic: bool = False,
         rule: str | None = None,
-    ) -> float | list[dict[str, Any]]:
+    ) -> float | dict[str, Any] | list[dict[str, Any]]:
         """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data).
 
-        With ``task_agnostic=True`` (and no ``task``): prediction without the task on every
-        task's test data, one document per rule (``rule``: a rule name, None: the run's
-        default, ``"all"``: every rule it can use; see
-        :func:`espn.inference.evaluate_task_agnostic` for the figures)."""
+        With ``task_agnostic=True``, prediction without the task instead, by ``rule`` (see
+        :mod:`espn.inference`): ``task`` is one ``(x, y)`` test set per learned task, in
+        order (default: each task's test data here); the figures of
+        :func:`espn.inference.evaluate_task_agnostic` (per task: accuracy with the task
+        given, without it per sample and per batch, how often the task is picked right);
+        ``rule="all"``: a list of them, one per rule the run can use."""
+        checks.check_bool(task_agnostic, "task_agnostic")
         if task_agnostic:
-            from espn.inference import evaluate_named
+            if data is not None:
+                raise checks.fail(
+                    "data",
+                    "is one task's; with task_agnostic=True give one (x, y) per learned task "
+                    "as the first argument",
+                )
+            from espn.inference import evaluate_named, evaluate_task_agnostic
 
-            if task is not None or data is not None:
-                raise LearnerError("task_agnostic evaluates every task on its test data; "
-                                   "give neither task nor data")  # fmt: skip
-            missing = [t for t, k in enumerate(self.tasks) if k is None or not len(k.test)]
-            if missing:
-                raise LearnerError(f"tasks {missing} have no test data here")
-            return evaluate_named(self.supernet, [k for k in self.tasks if k is not None], rule)
-        if task is None:
-            raise LearnerError("give the task to evaluate, or task_agnostic=True")
+            if isinstance(task, int):
+                raise checks.fail("tasks", "with task_agnostic=True: one (x, y) per learned task")
+            tasks = self._every_task(task, "tasks")
+            if rule == "all":  # one document per rule the run can use
+                return evaluate_named(self.supernet, tasks, "all")
+            return evaluate_task_agnostic(self.supernet, tasks, rule)
+        if rule is not None:
+            raise checks.fail("rule", "picks the task without it; add task_agnostic=True")
+        if not isinstance(task, int):
+            raise checks.fail("task", f"must be a task index (int), got {task!r}")
         self._check_task(task)
         if data is None:
             known = self.tasks[task]
             if known is None or not len(known.test):
                 raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
             return self.runner.evaluator.accuracy(known, task)
+        return self.runner.evaluator.accuracy(self._probe(task, data, "data"), task)
+
+    def _probe(self, task: int, data: TaskData, argument: str) -> Task:
+        """``data`` as test data of learned task ``task``, checked."""
         n_classes = self.supernet.masks[task].n_classes
-        with checks.about("data"):
+        with checks.about(argument):
             probe = tensor_task(self.names[task], None, data, n_classes, self.device)
-        checks.check_inputs(probe.test.x, "data", self.supernet.input_shape)
-        return self.runner.evaluator.accuracy(probe, task)
+        checks.check_inputs(probe.test.x, argument, self.supernet.input_shape)
+        return probe
+
+    def _every_task(self, given: Sequence[TaskData] | None, argument: str) -> list[Task]:
+        """One test set per learned task: ``given`` (``(x, y)`` each, in task order), else
+        each task's test data here."""
+        n = len(self.supernet.masks)
+        if not n:
+            raise LearnerError("no task is learned yet")
+        if given is None:
+            missing = [t for t, k in enumerate(self.tasks) if k is None or not len(k.test)]
+            if missing:
+                raise LearnerError(
+                    f"tasks {missing} have no test data here; pass {argument}=[(x, y), ...], "
+                    "one per learned task"
+                )
+            return [k for k in self.tasks if k is not None]
+        if isinstance(given, tuple | Tensor) or not isinstance(given, Sequence) or len(given) != n:
+            raise checks.fail(
+                argument,
+                f"give a list of {n} (x, y) test sets, one per learned task in order",
+            )
+        return [self._probe(t, data, f"{argument}[{t}]") for t, data in enumerate(given)]
 
     def _check_task(self, task: int) -> None:
         checks.check_task(task, len(self.supernet.masks))
@@ -650,6 +743,31 @@ class ContinualLearner:
             self.supernet, task, inputs, path, onnx, flops, fold_bn, overwrite=overwrite
         )
 
+    def export_task_agnostic(
+        self,
+        path: Path | str,
+        data: Sequence[TaskData] | None = None,
+        rule: str | None = None,
+        onnx: bool | None = None,
+        fold_bn: bool = True,
+        overwrite: bool = False,
+    ) -> AgnosticExportReport:
+        """Write one standalone model that predicts without the task (``.pt2``, or
+        ``.onnx``): every task's slim sub-network and ``rule`` (see
+        :func:`espn.inference.export.export_task_agnostic`), returning ``(classes, tasks)``
+        for a batch of model inputs; checked against :meth:`predict` on up to 1024 inputs
+        of each task's ``data`` (one ``(x, y)`` or inputs per learned task; default: each
+        task's test data here). ``onnx`` and ``overwrite`` as in :meth:`export`."""
+        from espn.export.export import check_not_replacing, export_files
+        from espn.inference.export import export_task_agnostic
+
+        checks.check_export_path(path)
+        check_target(path)
+        check_not_replacing(export_files(path, onnx), overwrite)
+        tasks = self._every_task(data, "data")
+        inputs = [next(task.batches("test", 1024))[0] for task in tasks]
+        return export_task_agnostic(self.supernet, inputs, path, rule, onnx, fold_bn)
+
     # ------------------------------------------------------------------ saving
     def config(self, out: Path | str) -> RunConfig:
         """The run configuration a checkpoint records for this learner (benchmark
@@ -664,7 +782,7 @@ class ContinualLearner:
         path = checks.check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")
-        check_out_dir(path, resume=False, overwrite=overwrite)
+        check_out_dir(path, resume=False, overwrite=overwrite, python=True)
         for stale in (path / DATA_DIR).glob("task-*.safetensors"):  # of an overwritten run
             stale.unlink()
         for name in ("results.json", "accuracy.png"):
@@ -702,6 +820,7 @@ class ContinualLearner:
         one task for the whole batch (the samples' scores summed)."""
         from espn.inference import infer
 
+        checks.check_bool(same_task, "same_task")
         return infer(self.supernet, self._inputs(x), rule, same_task).tasks
 
     def predict(
@@ -716,9 +835,16 @@ class ContinualLearner:
         where the inferred task is ``t`` the prediction equals ``predict(x, task=t)``."""
         from espn.inference import infer, predict_given
 
+        checks.check_bool(same_task, "same_task")
         x = self._inputs(x)
         if task is not None:
             self._check_task(task)
+            for name, value in (("rule", rule), ("same_task", same_task or None)):
+                if value is not None:
+                    raise checks.fail(
+                        name,
+                        f"{value!r} infers the task, and task={task} is given; give one of them",
+                    )
             return predict_given(self.supernet, x, task)
         return infer(self.supernet, x, rule, same_task).classes
 
@@ -740,22 +866,6 @@ def task_line(learned: Learned, records: list[dict[str, Any]], n_tasks: int, nam
         f"FLOPs {last['flops_ratio']:.3f}  "
         f"new weights {new}/{last['weight_budget']}  ({learned.log.seconds:.1f}s)"
     )
-
-
-def make_loggers(
-    items: Iterable[Callback | str], run_dir: Path | None, log_every: int = DEFAULT_LOG_EVERY
-) -> list[Callback]:
-    """Callbacks as given, and loggers by name (``"tensorboard"``, ``"csv"``, ``"wandb"``,
-    see :mod:`espn.loggers`) writing under ``run_dir/logs``."""
-    given = list(items)
-    for x in given:
-        if not isinstance(x, str | Callback):
-            raise checks.ApiArgumentError(
-                f"loggers: expected logger names or Callback objects, got {type(x).__name__}"
-            )
-    if not given:
-        return []
-    return list(loggers_by_name(given, run_dir, log_every=log_every))
 
 
 def _configure(

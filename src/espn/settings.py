@@ -135,8 +135,9 @@ def layered(
 
     Two settings come in pairs with the epochs: a recipe's ``reference_size`` (the data size
     its epochs are stated for) applies only when the epochs are a recipe's too (not given,
-    nor a preset's), and a recipe's ``warmup`` is cut to leave at least one full
-    pre-training epoch of the epochs the run gets.
+    nor a preset's), and a recipe's ``warmup`` is a share of the recipe's pre-training
+    epochs: with epochs given, it is scaled to them (rounded, half up; at least 1 where the
+    recipe has one), and it always leaves at least one full pre-training epoch.
     """
     stated = {k: v for k, v in given.items() if v is not None}
     values = dict(recipe) | dict(preset) | dict(method) | stated
@@ -147,7 +148,11 @@ def layered(
     if "warmup" not in chosen and "warmup" in values:
         pre = _pre_epochs(values.get("epochs", DEFAULTS.epochs))
         if pre is not None:
-            values["warmup"] = max(0, min(int(values["warmup"]), pre - 1))
+            warmup = int(values["warmup"])
+            own = _pre_epochs((dict(recipe) | dict(method)).get("epochs", DEFAULTS.epochs))
+            if "epochs" in chosen and own:  # the recipe's share of the epochs given
+                warmup = max(min(warmup, 1), int(warmup * pre / own + 0.5))
+            values["warmup"] = max(0, min(warmup, pre - 1))
     return values
 
 

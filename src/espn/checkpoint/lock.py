@@ -49,7 +49,8 @@ def prepare_out_dir(out: Path | str) -> Path:
     return out
 
 
-def _holder(path: Path) -> str:
+def holder(path: Path) -> str:
+    """Who holds the lock file ``path``: its pid, host and start time, as it records them."""
     try:
         info = read_json(path)
         return f"pid {info['pid']} on {info['host']}, since {info['started']}"
@@ -72,7 +73,7 @@ def run_lock(out: Path | str) -> Iterator[Path]:
         except OSError:
             os.close(fd)
             raise RunLocked(
-                f"{out} is in use by another espn run ({_holder(path)}); wait for it to end or "
+                f"{out} is in use by another espn run ({holder(path)}); wait for it to end or "
                 "choose another --out"
             ) from None
         try:  # the file may have been removed by its previous holder meanwhile: lock anew

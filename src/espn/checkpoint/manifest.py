@@ -135,6 +135,8 @@ class Position(_Model):
     phases_run: list[dict[str, Any]] = []
     #: the task's training time before the save (older checkpoints: absent, read as 0)
     seconds: int | float = 0.0
+    #: the steps of phase ``phase`` so far that trained a slim copy (older checkpoints: absent)
+    slim_steps: int = Field(0, ge=0)
 
 
 class Training(_Model):

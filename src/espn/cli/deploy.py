@@ -95,6 +95,12 @@ def evaluate(
         RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
     run = run_directory(run_dir, run_alias)
     loaded = load_run(run, device, trust_code=trust_model_code)
+    if not loaded.n_tasks:
+        console.print(
+            f"{printable(str(run))}: no task is finished yet, so none to evaluate",
+            soft_wrap=True,
+        )
+        return
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = _test_data(loaded.config, data_dir)
     doc = _results(run)
@@ -259,8 +265,7 @@ def export_command(
     then = (
         f"learner.export({task}, {str(out)!r})"
         if task is not None
-        else "espn.inference.export.export_task_agnostic(learner.supernet, "
-        f"[one batch of test inputs per task], {str(out)!r})"
+        else f"learner.export_task_agnostic({str(out)!r}, data=[(x, y) per task])"
     )
     # a run saved from a model instance: how to export it in Python instead
     check_rebuildable(run, str(manifest["model"]), then)

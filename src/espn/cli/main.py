@@ -104,8 +104,12 @@ def interrupted_message(out: Path, ctx: typer.Context) -> str:
 @user_errors
 def run(
     ctx: typer.Context,
-    progress: bool = typer.Option(True, help="Show a progress bar."),
-    quiet: bool = typer.Option(False, help="Print only the final summary."),
+    progress: bool = typer.Option(
+        True,
+        help="Show each task's training on stderr: its steps, estimated time and end, and a "
+        "progress bar on a terminal (plain lines every 30 s elsewhere).",
+    ),
+    quiet: bool = typer.Option(False, help="Print only the final summary (no progress)."),
     resume: bool = typer.Option(
         False, help="Continue a killed run from OUT/checkpoint (same options required)."
     ),
@@ -118,8 +122,13 @@ def run(
         help="Experiment loggers, comma-separated: tensorboard, csv, wandb (written under "
         "OUT/logs).",
     ),
-    log_every: int = typer.Option(
-        DEFAULT_LOG_EVERY, "--log-every", help="The loggers record the loss every N steps."
+    log_every: int | None = typer.Option(
+        None,
+        "--log-every",
+        min=1,
+        max=2**31 - 1,
+        help=f"The loggers of --log record the loss every N steps ({DEFAULT_LOG_EVERY} unless "
+        "given; only with --log).",
     ),
     **options: Any,
 ) -> None:
@@ -128,6 +137,8 @@ def run(
     from espn.experiment import run_experiment
     from espn.preflight import run_warnings
 
+    if log_every is not None and not (log or "").strip():
+        fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
     cfg = presets.make_config_given(ctx, **options)
     for note in run_warnings(cfg):
         warn(note)
@@ -135,7 +146,7 @@ def run(
     try:
         doc = run_experiment(
             cfg,
-            progress=progress,
+            progress=progress and not quiet,
             on_task_end=None
             if quiet
             else lambda line: console.print(printable(line), soft_wrap=True),  # names from data

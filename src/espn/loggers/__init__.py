@@ -11,6 +11,7 @@ is an error naming the extra, raised before anything is written.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +43,7 @@ __all__ = [
     "TensorBoardLogger",
     "WandbLogger",
     "logger_names",
+    "logging_options",
     "make_loggers",
 ]
 
@@ -68,11 +70,47 @@ def logger_names(names: str | Sequence[str | Callback]) -> list[str]:
     return chosen
 
 
+def logging_options(names: str | Sequence[str | Callback], log_every: int | None) -> list[str]:
+    """The logger names in ``names``, checked (:func:`logger_names`), and ``log_every``
+    (None: the default), which sets how often the named loggers read the loss and so is
+    refused where none is named (a logger object has its own)."""
+    chosen = logger_names(names)
+    if log_every is not None:
+        check_log_every(log_every)
+        if not chosen:
+            raise LoggerError(
+                f"log_every={log_every!r} sets how often the loggers named in loggers= read "
+                "the loss, and none is named; name one (loggers=['csv']) or leave log_every out"
+            )
+    return chosen
+
+
+def check_log_directory(run_dir: Path, directory: Path) -> None:
+    """Refuse, before any work, a logger directory under ``run_dir`` that is reached through
+    a symbolic link (logs stay inside the run directory, never where a link points), that
+    is a file, or that cannot be written."""
+    here = run_dir
+    for part in directory.relative_to(run_dir).parts:
+        here = here / part
+        if here.is_symlink():
+            raise LoggerError(
+                f"{here} is a symbolic link; the loggers write only inside the run directory, "
+                "never where a link points: remove the link"
+            )
+        if here.exists() and not here.is_dir():
+            raise LoggerError(f"{here} is a file, not a directory of logs: move it away")
+        if not here.exists():
+            here = here.parent
+            break
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise LoggerError(f"cannot write logs into {here}: permission denied")
+
+
 def make_loggers(
     names: str | Sequence[str | Callback],
     run_dir: Path | str | None,
     *,
-    log_every: int = DEFAULT_LOG_EVERY,
+    log_every: int | None = None,
 ) -> list[Callback]:
     """The loggers named in ``names`` (``"tensorboard,csv"``, or a list of names and
     :class:`~espn.training.callbacks.Callback` objects, which are kept as they are), writing
@@ -81,9 +119,10 @@ def make_loggers(
     Every name is checked before any logger is made: an unknown one is an error listing the
     accepted names, one given twice a :class:`LoggerError`, one whose optional extra is
     missing a :class:`LoggerUnavailable` naming the extra; a name with no ``run_dir`` (a
-    learner without ``out=``) is a :class:`LoggerError` too.
+    learner without ``out=``) is a :class:`LoggerError` too, and so is a logger directory
+    that cannot be used (:func:`check_log_directory`).
     """
-    check_log_every(log_every)
+    log_every = check_log_every(DEFAULT_LOG_EVERY if log_every is None else log_every)
     chosen = logger_names(names)
     if chosen and run_dir is None:
         raise LoggerError(
@@ -91,6 +130,9 @@ def make_loggers(
             f"give the learner out=DIR, or pass a logger object with its own directory, "
             f"e.g. espn.loggers.CSVLogger('logs')"
         )
+    if run_dir is not None:
+        for name in chosen:
+            check_log_directory(Path(run_dir), Path(run_dir) / "logs" / LOGGERS.get(name).folder)
     items = names.split(",") if isinstance(names, str) else list(names)
     made: list[Callback] = []
     for item in items:

@@ -21,6 +21,8 @@ from espn.training.callbacks import Callback, EpochEnd, StepEnd, TaskEnd
 
 #: steps between two logged losses unless the user chooses (Lightning's default too)
 DEFAULT_LOG_EVERY = 50
+#: the most steps between two logged losses (the integer limit of every option, 2^31 - 1)
+MAX_LOG_EVERY = 2**31 - 1
 
 
 class LoggerError(EspnError, ValueError):
@@ -87,9 +89,16 @@ def _count(record: dict[str, Any], key: str) -> int | None:
 
 
 def check_log_every(log_every: object) -> int:
-    """``log_every`` as a positive int, or a :class:`LoggerError` naming the bad value."""
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise LoggerError(f"log_every must be a whole number >= 1, got {log_every!r}")
+    """``log_every`` as an int in [1, :data:`MAX_LOG_EVERY`], or a :class:`LoggerError`
+    naming the bad value."""
+    if (
+        isinstance(log_every, bool)
+        or not isinstance(log_every, int)
+        or not 1 <= log_every <= MAX_LOG_EVERY
+    ):
+        raise LoggerError(
+            f"log_every must be a whole number >= 1 and <= 2^31 - 1, got {log_every!r}"
+        )
     return log_every
 
 
@@ -114,6 +123,8 @@ class MetricLogger(Callback, ABC):
     name: ClassVar[str]
     #: (module, pip extra) the logger needs beyond espn's own dependencies, or None
     extra: ClassVar[tuple[str, str] | None] = None
+    #: the directory it writes in, in the run directory's ``logs``
+    folder: ClassVar[str]
 
     def __init__(self, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
         self.log_every = check_log_every(log_every)

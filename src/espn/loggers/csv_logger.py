@@ -72,6 +72,7 @@ class CSVLogger(MetricLogger):
     """Steps, epochs and tasks as CSV files in ``directory``."""
 
     name: ClassVar[str] = "csv"
+    folder: ClassVar[str] = "csv"
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
         super().__init__(log_every=log_every)
@@ -86,7 +87,7 @@ class CSVLogger(MetricLogger):
 
     @classmethod
     def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> CSVLogger:
-        return cls(Path(run_dir) / "logs" / "csv", log_every=log_every)
+        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     def _begin(self, task: int, step: int) -> None:
         """On a task's first event in this process: forget the rows it will write again."""

@@ -32,6 +32,7 @@ class TensorBoardLogger(MetricLogger):
     """Steps, epochs and tasks as TensorBoard scalars in ``directory``."""
 
     name: ClassVar[str] = "tensorboard"
+    folder: ClassVar[str] = "tensorboard"
     extra: ClassVar[tuple[str, str] | None] = ("tensorboard", "tensorboard")
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
@@ -43,7 +44,7 @@ class TensorBoardLogger(MetricLogger):
 
     @classmethod
     def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> TensorBoardLogger:
-        return cls(Path(run_dir) / "logs" / "tensorboard", log_every=log_every)
+        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     @property
     def writer(self) -> Any:

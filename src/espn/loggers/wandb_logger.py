@@ -18,6 +18,7 @@ Logged keys, with the x-axis each is plotted against (``define_metric``):
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
@@ -49,6 +50,7 @@ class WandbLogger(MetricLogger):
     """Steps, epochs and tasks as a W&B run kept under ``directory`` (offline by default)."""
 
     name: ClassVar[str] = "wandb"
+    folder: ClassVar[str] = "wandb"
     extra: ClassVar[tuple[str, str] | None] = ("wandb", "wandb")
 
     def __init__(
@@ -77,20 +79,39 @@ class WandbLogger(MetricLogger):
 
     @property
     def run(self) -> Any:
-        """The W&B run, started on first use."""
+        """The W&B run, started on first use; every file W&B writes for it (the service's
+        debug logs too, through ``WANDB_CACHE_DIR`` unless set) stays under
+        :attr:`directory`. A run W&B cannot start (online without an account) is a
+        :class:`LoggerError`, and the directories made for it are removed."""
         if self._run is None:
             import wandb
 
-            self.directory.mkdir(parents=True, exist_ok=True)
-            run = wandb.init(
-                project=self.project,
-                name=self.run_name,
-                dir=str(self.directory),
-                mode=self.mode,
-                config=self.config,
-                reinit="create_new",
-                settings=wandb.Settings(console="off", silent=True, save_code=False),
-            )
+            made = [d for d in (self.directory, self.directory / "wandb") if not d.exists()]
+            cache = "WANDB_CACHE_DIR" not in os.environ
+            if cache:
+                os.environ["WANDB_CACHE_DIR"] = str(self.directory / "wandb" / "cache")
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                run = wandb.init(
+                    project=self.project,
+                    name=self.run_name,
+                    dir=str(self.directory),
+                    mode=self.mode,
+                    config=self.config,
+                    reinit="create_new",
+                    settings=wandb.Settings(console="off", silent=True, save_code=False),
+                )
+            except (wandb.errors.Error, TimeoutError) as exc:
+                if made:
+                    shutil.rmtree(made[0], ignore_errors=True)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise LoggerError(
+                    f"W&B could not start its {self.mode} run: {first} (to log without an "
+                    "account: WANDB_MODE=offline)"
+                ) from None
+            finally:
+                if cache:
+                    del os.environ["WANDB_CACHE_DIR"]
             run.define_metric("task_step")
             run.define_metric("tasks_learned")
             for key in ("loss/*", "lr/*", "epoch_loss/*", "phase"):

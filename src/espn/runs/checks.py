@@ -4,6 +4,7 @@ loading a finished run :mod:`espn.runs.loading`)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,16 @@ def check_same_run(
     """Refuse to resume with options that change the results, naming each difference."""
     diffs = option_differences(saved, cfg, ignore)
     if diffs:
-        raise CheckpointError(
+        raise RunMismatch(where, diffs)
+
+
+class RunMismatch(CheckpointError):
+    """A run directory resumed with other options than it was made with: ``diffs`` names
+    each (see :func:`option_differences`)."""
+
+    def __init__(self, where: Path, diffs: list[str]) -> None:
+        self.where, self.diffs = where, diffs
+        super().__init__(
             f"cannot resume {where}: it was made with different options ({'; '.join(diffs)}); "
             "rerun with the same options, or with --overwrite instead of --resume to start over"
         )
@@ -76,12 +86,16 @@ def check_same_run(
 #: files and directories that mark a directory as holding a run's output
 RUN_OUTPUTS = ("results.json", "accuracy.png", "checkpoint")
 
+#: where a run's loggers write (see :mod:`espn.loggers`)
+LOGS_DIR = "logs"
 
-def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
+
+def check_out_dir(out: Path | str, resume: bool, overwrite: bool, python: bool = False) -> None:
     """Refuse, before anything is computed, to start a run over anything that looks like an
     earlier run's output (``results.json``, ``accuracy.png``, a non-empty ``checkpoint/``)
     unless told to continue it (``resume``) or to replace it (``overwrite``); refuse to resume
-    where the checkpoint is gone but results are there."""
+    where the checkpoint is gone but results are there. The messages name the CLI's options,
+    or with ``python`` the learner's arguments."""
     if resume and overwrite:
         raise CheckpointError("--resume and --overwrite exclude each other; choose one")
     out = Path(out)
@@ -89,6 +103,10 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
         raise CheckpointError(f"--out {out} is a file, not a directory; choose another --out")
     if overwrite:
         return
+    replace, other = (
+        ("overwrite=True", "another directory") if python else ("--overwrite", "another --out")
+    )
+    cont = "" if python else "--resume to continue it, "
     manifest = checkpoint_dir(out) / MANIFEST
     found = [
         name
@@ -100,14 +118,28 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool) -> None:
             return
         raise CheckpointError(
             f"cannot resume {out}: it holds results.json but no checkpoint ({manifest} is "
-            "missing), so there is nothing to continue from; pass --overwrite to start over "
-            "and replace it, or another --out"
+            f"missing), so there is nothing to continue from; pass {replace} to start over "
+            f"and replace it, or {other}"
         )
     if found:
         raise CheckpointError(
-            f"{out} already holds a run's output ({', '.join(found)}); pass --resume to "
-            "continue it, --overwrite to start over and replace it, or another --out"
+            f"{out} already holds a run's output ({', '.join(found)}); pass {cont}"
+            f"{replace} to start over and replace it, or {other}"
         )
+
+
+def clear_run(out: Path | str) -> None:
+    """Remove an earlier run's results, plot and logs from ``out`` (a run started over in
+    it: ``--overwrite``); a linked ``logs`` is unlinked, never followed. The checkpoint is
+    replaced when the new run first writes it."""
+    out = Path(out)
+    for name in ("results.json", "accuracy.png"):
+        (out / name).unlink(missing_ok=True)
+    logs = out / LOGS_DIR
+    if logs.is_symlink() or logs.is_file():
+        logs.unlink()
+    elif logs.is_dir():
+        shutil.rmtree(logs)
 
 
 def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:

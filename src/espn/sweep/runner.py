@@ -69,15 +69,21 @@ def uses_ray(workers: int | None, ray_address: str | None) -> bool:
 
 
 def outcome_line(outcome: PointOutcome) -> str:
-    """One line per finished point: status, name, accuracy, seconds (and log when failed)."""
+    """One line per finished point: status, name, accuracy, the run's wall time as
+    results.json records it (``wall_time_s``: training and evaluation, the time before a
+    resumption included) and this attempt's seconds (start-up and data too; none when
+    reused), or the log when failed."""
     if outcome.status == "failed":
         return f"failed   {outcome.point.name}: {outcome.error} (log: {outcome.log})"
     doc = outcome.results or {}
     acc = doc.get("average_accuracy")
     acc_text = "-" if acc is None else f"{acc:.2f}%"
+    wall = doc.get("wall_time_s")
+    wall_text = "-" if not isinstance(wall, int | float) else f"{wall:.1f}s"
+    attempt = "" if outcome.status == "reused" else f", this attempt {outcome.seconds:.1f}s"
     return (
         f"{outcome.status:<8} {outcome.point.name}: average accuracy {acc_text}  "
-        f"{outcome.seconds:.1f}s"
+        f"run wall time {wall_text}{attempt}"
     )
 
 

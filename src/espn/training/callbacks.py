@@ -12,20 +12,27 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from espn.training.engine import PhasePlan
 
 
 @dataclass(frozen=True)
 class TrainStart:
     """Before a task's optimizer steps: ``total`` steps in all its phases (as the size rule
-    counts them), ``done`` of them already run (a task resumed mid-way)."""
+    counts them), ``done`` of them already run (a task resumed mid-way); ``phases``: each
+    phase's plan (its ``name``, ``recipe_epochs``, ``epochs``: passes over the data, and
+    ``steps``), ``samples``: the task's training samples."""
 
     task: int
     name: str
     total: int
     done: int
+    phases: tuple[PhasePlan, ...] = ()
+    samples: int = 0
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,9 @@ class TaskLog:
     epochs: int
     seconds_per_epoch: float
     final_loss: float
-    #: per phase, what ran: ``{"phase", "recipe_epochs", "epochs", "steps"}`` (a skipped
-    #: phase ran 0 epochs and 0 steps)
+    #: per phase, what ran: ``{"phase", "recipe_epochs", "epochs", "steps", "slim_steps"}``
+    #: (a skipped phase ran 0 epochs and 0 steps; ``slim_steps``: those of its steps that
+    #: trained a slim copy, see :mod:`espn.training.slim_step`)
     phases: list[dict[str, Any]] = field(default_factory=list)
     #: graphs the compiled step compiled during the task (None: the step ran eagerly)
     compiled_graphs: int | None = None
@@ -61,7 +62,8 @@ class TaskProgress:
     started); ``step`` and ``prunes_done`` are that phase's optimizer steps and prune steps so
     far. ``optimizer`` is the optimizer's ``state_dict()["state"]``; ``phases_run`` records
     the phases before ``phase`` (see :attr:`TaskLog.phases`); ``seconds`` is the task's
-    training time so far, so that a resumed task reports its whole time.
+    training time so far, so that a resumed task reports its whole time; ``slim_steps`` the
+    steps of phase ``phase`` so far that trained a slim copy.
     """
 
     phase: int = 0
@@ -73,6 +75,7 @@ class TaskProgress:
     optimizer: dict[int, dict[str, Any]] | None = None
     phases_run: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    slim_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,15 @@ class PhasePlan:
     epochs: int
     steps: int
 
-    def record(self, ran: bool = True) -> dict[str, Any]:
-        """The phase's entry of :attr:`TaskLog.phases` (zeros for a phase left out)."""
+    def record(self, ran: bool = True, slim_steps: int = 0) -> dict[str, Any]:
+        """The phase's entry of :attr:`TaskLog.phases` (zeros for a phase left out), with
+        the ``slim_steps`` of its steps that trained a slim copy."""
         return {
             "phase": self.name,
             "recipe_epochs": self.recipe_epochs,
             "epochs": self.epochs if ran else 0,
             "steps": self.steps if ran else 0,
+            "slim_steps": slim_steps,
         }
 
 
@@ -253,7 +258,10 @@ class Engine:
         hooks = self.callbacks if self.callbacks.callbacks else None
         if hooks is not None:
             done_steps = before[at.phase] + at.step if at.phase < len(plans) else total
-            hooks.on_train_start(self.owner, TrainStart(index, task.name, total, done_steps))
+            start_event = TrainStart(
+                index, task.name, total, done_steps, tuple(plans), len(task.train)
+            )
+            hooks.on_train_start(self.owner, start_event)
         for p in range(at.phase, len(phases)):
             phase, plan = phases[p], plans[p]
             if strategy.skips(phase):
@@ -261,7 +269,8 @@ class Engine:
                 continue
             n_iters, n_epochs = plan.steps, plan.epochs
             points = prune_points(n_iters, phase.prune_updates)
-            first, step, done = (at.epoch, at.step, at.prunes_done) if p == at.phase else (0, 0, 0)
+            now = at if p == at.phase else TaskProgress()
+            first, step, done, slim_steps = now.epoch, now.step, now.prunes_done, now.slim_steps
             while first == 0 and done < len(points) and points[done] == 0:
                 done += 1
                 self._prune_event(done / len(points), optimizer)
@@ -281,6 +290,7 @@ class Engine:
                     loss_value = self._step(opt, grd, phase, x, y, lr, own_lr, net)
                     finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
                     step += 1
+                    slim_steps += net is not None
                     if hooks is not None:  # the loss stays on the device: no sync here
                         hooks.on_step_end(
                             self.owner, StepEnd(index, phase.name, before[p] + step, loss_value, lr)
@@ -316,7 +326,7 @@ class Engine:
                         {n: torch.ones_like(m) for n, m in sn.weight_masks().items()}
                     )
                 if last:
-                    ran.append(plan.record())
+                    ran.append(plan.record(slim_steps=slim_steps))
                 if on_epoch_end is not None:
                     on_epoch_end(phase.name, epoch)
                 if hooks is not None:
@@ -324,7 +334,10 @@ class Engine:
                     if last:
                         here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
                     seconds = time.perf_counter() - start
-                    here = replace(here, phases_run=list(ran), seconds=seconds)
+                    slim_done = 0 if last else slim_steps
+                    here = replace(
+                        here, phases_run=list(ran), seconds=seconds, slim_steps=slim_done
+                    )
                     hooks.on_epoch_end(
                         self.owner,
                         EpochEnd(
