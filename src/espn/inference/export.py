@@ -20,7 +20,7 @@ from torch import Tensor, fx, nn
 from espn.export.export import _write_pt2, check_target, ieee_float32, onnx_available, write_onnx
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.inference.outputs import head_name
-from espn.inference.predict import get_rule, infer
+from espn.inference.predict import DEFAULT_RULE, get_rule, infer
 from espn.inference.rule import OutputRule, calibration
 from espn.inference.statistics import distance, energy, input_nll, relative_entropy
 from espn.supernet.supernet import Supernet
@@ -161,6 +161,8 @@ def export_task_agnostic(
     saving; a ``.json`` report is written beside it."""
     out = check_target(out)
     found = get_rule(rule, supernet)
+    if rule is None and not isinstance(found, OutputRule):  # the run's default (input-subspace)
+        found = get_rule(DEFAULT_RULE, supernet)
     if not isinstance(found, OutputRule):
         raise ExportError(
             f"rule {found.name!r} cannot be exported (supsup-oneshot needs gradients at "
