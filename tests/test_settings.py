@@ -43,6 +43,7 @@ OTHER_MEANINGS = (
     "cli/theory.py",
     "runs/legacy.py",
     "integrations/avalanche.py:eval_every",
+    "learner.py:task_agnostic",  # evaluate(task_agnostic=...): measure without the task id
 )
 
 

@@ -17,7 +17,14 @@ import espn
 from espn.cli.main import app
 from espn.config import make_config
 from espn.experiment import run_experiment
-from espn.inference import RULES, InferenceError, evaluate_task_agnostic, infer, task_statistics
+from espn.inference import (
+    RULES,
+    InferenceError,
+    OutputRule,
+    evaluate_task_agnostic,
+    infer,
+    task_statistics,
+)
 from espn.inference.export import export_task_agnostic
 from espn.inference.oneshot import SupSupOneShot
 from espn.inference.statistics import STAT_KEYS, entropy
@@ -61,7 +68,7 @@ def _inputs(learner: espn.ContinualLearner) -> Tensor:
 
 
 def _output_rules() -> list[str]:
-    return [r for r in RULES if r != "supsup-oneshot"]
+    return [r for r in RULES if issubclass(RULES.get(r), OutputRule)]
 
 
 @pytest.mark.parametrize("rule", _output_rules())

@@ -248,6 +248,12 @@ class RunConfig(BaseModel):
         "dead) on a physically slimmed copy of its sub-network (alive units only) and evaluate learned tasks through cached slim copies, where that "
         "is exact (docs/performance.md); --no-slim-training: the masked supernet for both.",
     )
+    task_agnostic: bool = Field(
+        default("task_agnostic"),
+        description="Prepare every task for prediction without the task id: train it to reject "
+        "its own inputs shifted, calibrate its scores on a held-out tenth of its training data, "
+        "and evaluate every task-inference rule at the end (docs/task-agnostic.md).",
+    )
     recipe: str | None = Field(
         None,
         description=(
@@ -542,6 +548,12 @@ class RunConfig(BaseModel):
                 f"method {self.method!r} cannot start from a pretrained first task "
                 "(init_weights); methods that can: "
                 + ", ".join(n for n in METHODS.names() if METHODS.get(n).accepts_pretrained)
+            )
+        if self.task_agnostic and strategy.training_tasks is not Strategy.training_tasks:
+            raise ValueError(
+                f"task_agnostic prepares one sub-network per task; method {self.method!r} "
+                "trains every task at once in one network: use one of espn, packnet, supsup, "
+                "individual, cpg, rmn"
             )
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         fields = [n for n in SETTING_NAMES if n in type(self).model_fields]

@@ -243,6 +243,7 @@ class ContinualLearner:
             reference_size=cfg.floor_reference(),
             compile=cfg.compile,
             slim_training=cfg.slim_training,
+            task_agnostic=cfg.task_agnostic,
         )
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         if self.ranks is not None and not self.ranks.writer:  # rank 0 reports and logs
@@ -629,7 +630,7 @@ class ContinualLearner:
         *,
         task_agnostic: Literal[True],
         rule: str | None = None,
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, Any] | list[dict[str, Any]]: ...
 
     def evaluate(
         self,
@@ -638,14 +639,15 @@ class ContinualLearner:
         *,
         task_agnostic: bool = False,
         rule: str | None = None,
-    ) -> float | dict[str, Any]:
+    ) -> float | dict[str, Any] | list[dict[str, Any]]:
         """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data).
 
         With ``task_agnostic=True``, prediction without the task instead, by ``rule`` (see
         :mod:`espn.inference`): ``task`` is one ``(x, y)`` test set per learned task, in
         order (default: each task's test data here); the figures of
         :func:`espn.inference.evaluate_task_agnostic` (per task: accuracy with the task
-        given, without it per sample and per batch, how often the task is picked right)."""
+        given, without it per sample and per batch, how often the task is picked right);
+        ``rule="all"``: a list of them, one per rule the run can use."""
         checks.check_bool(task_agnostic, "task_agnostic")
         if task_agnostic:
             if data is not None:
@@ -654,11 +656,14 @@ class ContinualLearner:
                     "is one task's; with task_agnostic=True give one (x, y) per learned task "
                     "as the first argument",
                 )
-            from espn.inference import evaluate_task_agnostic
+            from espn.inference import evaluate_named, evaluate_task_agnostic
 
             if isinstance(task, int):
                 raise checks.fail("tasks", "with task_agnostic=True: one (x, y) per learned task")
-            return evaluate_task_agnostic(self.supernet, self._every_task(task, "tasks"), rule)
+            tasks = self._every_task(task, "tasks")
+            if rule == "all":  # one document per rule the run can use
+                return evaluate_named(self.supernet, tasks, "all")
+            return evaluate_task_agnostic(self.supernet, tasks, rule)
         if rule is not None:
             raise checks.fail("rule", "picks the task without it; add task_agnostic=True")
         if not isinstance(task, int):

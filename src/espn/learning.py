@@ -19,7 +19,7 @@ from torch import Tensor
 from espn.config import ConfigError
 from espn.data.tasks import Task
 from espn.evaluation.slim_eval import SlimEvaluator
-from espn.inference.statistics import task_statistics
+from espn.inference import routing
 from espn.methods.base import Strategy
 from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
@@ -122,6 +122,8 @@ class TaskRunner:
         hooks.on_task_start(owner, first, step.name)
         if pretrained is not None:
             log = self.engine.adopt_task(step, pretrained)
+        elif self.engine.task_agnostic:  # a tenth held out to calibrate the task's scores
+            log = self.engine.train_task(routing.held_out(step)[0], index, resume=resume)
         else:
             log = self.engine.train_task(step, index, resume=resume)
         learned = range(first, len(self.supernet.masks))  # one task, or all of them for MTL
@@ -158,7 +160,8 @@ class TaskRunner:
         for t in learned:
             task = tasks[t] if t < len(tasks) else None
             if task is not None and len(task.train):
-                self.supernet.masks[t].stats = task_statistics(self.supernet, t, task)
+                stats = routing.statistics(self.supernet, t, task, self.engine.task_agnostic)
+                self.supernet.masks[t].stats = stats
 
     def accuracy_row(self, tasks: Sequence[Task | None], n: int) -> list[float] | None:
         """Accuracy (%) of tasks ``0..n-1`` on their test data (built one at a time: a lazy

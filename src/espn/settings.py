@@ -72,6 +72,8 @@ class TrainingSettings:
     compile: bool = False
     #: fine-tune on a physically slimmed copy of the task's sub-network where exact
     slim_training: bool = True
+    #: prepare every task for prediction without the task id (see espn.inference.routing)
+    task_agnostic: bool = False
     #: the size rule: a task smaller than ``reference_size`` trains as many steps as the
     #: epochs take on the reference size
     step_floor: bool = True

@@ -72,7 +72,10 @@ def evaluate(
         "picked right, store it in results.json and plot the task-confusion matrix.",
     ),
     rule: str | None = typer.Option(
-        None, help="With --task-agnostic: the task-inference rule (see docs/task-agnostic.md)."
+        None,
+        help="With --task-agnostic: the task-inference rule (see docs/task-agnostic.md), or "
+        "'all': one row per rule the run can use. Default: the run's best on its tasks' "
+        "held-out samples (runs learned with --task-agnostic), else input-gaussian.",
     ),
     data_dir: Path | None = DATA_DIR_OPTION,
 ) -> None:
@@ -89,7 +92,7 @@ def evaluate(
 
     if rule is not None and not task_agnostic:
         fail("--rule is an option of --task-agnostic; add --task-agnostic")
-    if task_agnostic:
+    if task_agnostic and rule != "all":
         RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
     run = run_directory(run_dir, run_alias)
     loaded = load_run(run, device, trust_code=trust_model_code)
@@ -124,26 +127,58 @@ def evaluate(
         )
     console.print(table)
     if task_agnostic:
-        _task_agnostic(run, loaded.supernet, [seq.tasks[t] for t in range(loaded.n_tasks)], rule)
+        tasks = [seq.tasks[t] for t in range(loaded.n_tasks)]
+        task_agnostic_report(run, loaded.supernet, tasks, rule)
     if mismatches:
         fail(f"tasks {mismatches} differ from {source}", code=1)
     console.print(f"all {loaded.n_tasks} tasks match {source}")
 
 
-def _task_agnostic(run: Path, supernet: Any, tasks: list[Any], rule: str | None) -> None:
-    """Measure, print and store (results.json, the confusion plot) task-agnostic prediction."""
-    from espn.inference import evaluate_task_agnostic
+def task_agnostic_report(run: Path, supernet: Any, tasks: list[Any], rule: str | None) -> None:
+    """Measure, print and store (results.json, the confusion plots) task-agnostic prediction
+    with ``rule`` (None: the run's default; ``"all"``: every rule the run can use, then one
+    row per rule)."""
+    from espn.inference import evaluate_named
     from espn.inference.report import plot_confusion, plot_name, store
 
-    doc = evaluate_task_agnostic(supernet, tasks, rule)
-    console.print(agnostic_table(doc, [t.name for t in tasks]))
-    plot = run / plot_name(doc["rule"])
-    plot_confusion(doc, plot, [t.name for t in tasks])
-    kept = "results.json" if store(run, doc) else "no results.json to store it in"
-    console.print(
-        f"rule {doc['rule']}: {doc['flops_passes']:.2f} dense passes per sample; "
-        f"stored in {kept}; task confusion plotted in {plot}"
+    names = [t.name for t in tasks]
+    docs = evaluate_named(supernet, tasks, rule)
+    if rule == "all":
+        console.print(rules_table(docs))
+    for doc in docs:
+        if rule != "all":
+            console.print(agnostic_table(doc, names))
+        plot = run / plot_name(doc["rule"])
+        plot_confusion(doc, plot, names)
+        kept = "results.json" if store(run, doc) else "no results.json to store it in"
+        console.print(
+            f"rule {doc['rule']}{' (default)' if doc['default'] else ''}: routing "
+            f"{doc['flops_passes']:.2f} dense passes per sample; stored in {kept}; task "
+            f"confusion plotted in {plot}"
+        )
+
+
+def rules_table(docs: list[dict[str, Any]]) -> Table:
+    """One row per rule: its averages over the tasks, routing FLOPs and bytes per task."""
+    table = Table(
+        "rule",
+        "task given %",
+        "per sample %",
+        f"per batch of {docs[0]['batch'] if docs else 32} %",
+        "task picked %",
+        "routing FLOPs (dense passes)",
+        "stored per task",
+        title="prediction without the task, every rule (* the run's default)",
     )
+    for doc in docs:
+        avg, stored = doc["average"], doc["statistics_bytes"]
+        table.add_row(
+            doc["rule"] + (" *" if doc["default"] else ""),
+            *(f"{avg[k]:.2f}" for k in ("given", "per_sample", "per_batch", "task_picked")),
+            f"{doc['flops_passes']:.2f}",
+            _mib(sum(stored) / max(len(stored), 1)),
+        )
+    return table
 
 
 def agnostic_table(doc: dict[str, Any], names: list[str]) -> Table:
@@ -224,7 +259,7 @@ def export_command(
         fail("give either --task N (one task) or --task-agnostic (every task, task inferred)")
     if rule is not None and not task_agnostic:
         fail("--rule is an option of --task-agnostic; add --task-agnostic")
-    if task_agnostic:
+    if task_agnostic and rule != "all":
         RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
     run = run_directory(run_dir, run_alias)
     check_target(out)

@@ -302,6 +302,19 @@ def run(
         soft_wrap=True,
     )
     console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
+    if cfg.task_agnostic:  # prepared for it: measured without the task id too
+        _evaluate_task_agnostic(out, cfg.device)
+
+
+def _evaluate_task_agnostic(out: Path, device: str) -> None:
+    """``espn evaluate OUT --task-agnostic --rule all`` of a run just finished."""
+    from espn.runs.building import build_benchmark
+    from espn.runs.loading import load_run
+
+    loaded = load_run(out, device)
+    seq = build_benchmark(loaded.config, download=False)
+    tasks = [seq.tasks[t] for t in range(loaded.n_tasks)]
+    deploy.task_agnostic_report(out, loaded.supernet, tasks, "all")
 
 
 @user_errors

@@ -5,7 +5,8 @@ Rules (:data:`RULES`, by name): ``entropy`` (lowest softmax entropy), ``energy``
 ``mahalanobis`` (nearest class mean of the penultimate features, from statistics each task
 stores when it is committed), ``entropy-mahalanobis`` (both, standardised),
 ``input-gaussian`` (the likelihood of the input under each task's stored class Gaussians;
-the default) and
+the default), ``input-subspace`` (the same with each class's principal subspace, stored with
+the ``task_agnostic`` option) and
 ``supsup-oneshot`` (SupSup's entropy gradient over superposed masks). See
 docs/task-agnostic.md for what each costs, stores and achieves.
 """
@@ -17,8 +18,9 @@ from espn.inference import (  # noqa: F401  (each registers its rule)
     gaussian,
     mahalanobis,
     oneshot,
+    subspace,
 )
-from espn.inference.evaluate import evaluate_rules, evaluate_task_agnostic
+from espn.inference.evaluate import evaluate_named, evaluate_rules, evaluate_task_agnostic
 from espn.inference.outputs import InferenceError
 from espn.inference.predict import DEFAULT_RULE, Inferred, get_rule, infer, predict_given
 from espn.inference.rule import RULES, OutputRule, Rule
@@ -31,6 +33,7 @@ __all__ = [
     "Inferred",
     "OutputRule",
     "Rule",
+    "evaluate_named",
     "evaluate_rules",
     "evaluate_task_agnostic",
     "get_rule",

@@ -1,20 +1,21 @@
-"""Rule ``energy``: the task whose logits have the lowest energy ``-logsumexp`` (Liu et al.
-2020's out-of-distribution score), standardised by the task's training energies."""
+"""Rule ``energy``: the task whose logits' energy ``-logsumexp`` (Liu et al. 2020's
+out-of-distribution score) is most typical of its own data: the smallest distance to the
+task's mean energy, in the task's deviations."""
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from espn.inference.rule import RULES, OutputRule, standardised
+from espn.inference.rule import RULES, OutputRule, atypical
 
 
 @RULES.register("energy")
 class Energy(OutputRule):
-    """The lowest standardised energy: ``(E(x) - mean_t) / std_t`` with ``E = -logsumexp``."""
+    """The most typical energy: the lowest ``|E(x) - mean_t| / std_t`` with ``E = -logsumexp``."""
 
     name = "energy"
-    summary = "lowest energy -logsumexp(logits), standardised by the task's training energies"
+    summary = "energy -logsumexp(logits) closest to the task's own, in its deviations"
     needs_statistics = True
 
     def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
-        return standardised(raw, calibration, 1)
+        return atypical(raw, calibration, 1)

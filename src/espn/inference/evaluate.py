@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from espn.data.tasks import Task
+from espn.inference import routing
 from espn.inference.outputs import InferenceError, head_name, task_outputs
 from espn.inference.predict import CHUNK, get_rule, pick
 from espn.inference.rule import OutputRule, Rule
@@ -130,3 +131,14 @@ def evaluate_rules(
         }
         for i, rule in enumerate(found)
     ]
+
+
+def evaluate_named(
+    supernet: Supernet, tasks: Sequence[Task], rule: str | None = None, batch: int = BATCH
+) -> list[dict[str, Any]]:
+    """:func:`evaluate_task_agnostic` of the rule named ``rule`` (None: the default), or of
+    every rule the run can use for ``"all"``; each document says whether its rule is the
+    run's default (``"default"``)."""
+    default = get_rule(None, supernet).name
+    docs = evaluate_rules(supernet, tasks, routing.named_rules(rule, supernet), batch)
+    return [doc | {"default": doc["rule"] == default} for doc in docs]

@@ -27,9 +27,9 @@ from espn.export.export import (
 )
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.inference.outputs import head_name
-from espn.inference.predict import Inferred, get_rule, infer
+from espn.inference.predict import DEFAULT_RULE, Inferred, get_rule, infer
 from espn.inference.rule import OutputRule, calibration
-from espn.inference.statistics import distance, energy, entropy, input_nll
+from espn.inference.statistics import distance, energy, input_nll, relative_entropy
 from espn.supernet.supernet import Supernet
 from espn.utils.io import write_json_atomic
 
@@ -78,7 +78,7 @@ class TaskAgnosticModel(nn.Module):
         for t, net in enumerate(self.nets):
             logits, features = net(x)
             preds.append(logits.argmax(1))
-            cols = [entropy(logits), energy(logits)]
+            cols = [relative_entropy(logits), energy(logits)]
             zeros = torch.zeros_like(cols[0])
             if self.uses_features:
                 means, var = self.get_buffer(f"means{t}"), self.get_buffer(f"variance{t}")
@@ -165,11 +165,14 @@ def export_task_agnostic(
     saving; a ``.json`` report is written beside it."""
     out = check_target(out)
     found = get_rule(rule, supernet)
+    if rule is None and not isinstance(found, OutputRule):  # the run's default (input-subspace)
+        found = get_rule(DEFAULT_RULE, supernet)
     if not isinstance(found, OutputRule):
         raise ExportError(
-            f"rule {found.name!r} needs gradients at inference and cannot be exported; export "
-            "with a rule that scores the tasks' outputs (entropy, energy, mahalanobis, "
-            "entropy-mahalanobis)"
+            f"rule {found.name!r} cannot be exported (supsup-oneshot needs gradients at "
+            "inference; input-subspace's class subspaces are not built into the graph); "
+            "export with --rule input-gaussian, entropy, energy, mahalanobis or "
+            "entropy-mahalanobis"
         )
     if not inputs:
         raise ExportError("export needs at least one batch of inputs to check the model on")

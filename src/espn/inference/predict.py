@@ -8,22 +8,25 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from espn.inference import routing
 from espn.inference.outputs import InferenceError
 from espn.inference.rule import RULES, Rule
 from espn.supernet.supernet import Supernet
 
-#: the rule used when none is named, chosen by measurement (see docs/task-agnostic.md)
+#: the rule used when none is named and the run does not name its best (see
+#: :func:`espn.inference.routing.best_rule`), chosen by measurement (docs/task-agnostic.md)
 DEFAULT_RULE = "input-gaussian"
 #: samples per forward pass
 CHUNK = 1024
 
 
 def get_rule(rule: str | Rule | None, supernet: Supernet) -> Rule:
-    """The rule named ``rule`` (default :data:`DEFAULT_RULE`), checked against ``supernet``."""
+    """The rule named ``rule`` (default: the run's best on its tasks' held-out samples where
+    it measured them, else :data:`DEFAULT_RULE`), checked against ``supernet``."""
     if isinstance(rule, Rule):
         found = rule
     else:
-        name = DEFAULT_RULE if rule is None else rule
+        name = (routing.best_rule(supernet) or DEFAULT_RULE) if rule is None else rule
         if not isinstance(name, str):
             raise InferenceError(f"rule must be a rule name, got {rule!r}")
         found = RULES.get(name)()  # an unknown name: UnknownNameError, listing the rules

@@ -35,7 +35,9 @@ class Rule(ABC):
         if not supernet.masks:
             raise InferenceError("no task is learned yet: there is no task to infer")
         if self.needs_statistics:
-            missing = [t for t, m in enumerate(supernet.masks) if set(m.stats) != set(STAT_KEYS)]
+            missing = [
+                t for t, m in enumerate(supernet.masks) if not set(STAT_KEYS) <= set(m.stats)
+            ]
             if missing:
                 raise InferenceError(
                     f"rule {self.name!r} reads the statistics each task stores when it is "
@@ -123,6 +125,15 @@ def standardised(raw: Tensor, calibration: Tensor, column: int) -> Tensor:
     """Raw score ``column`` standardised by each task's training mean and deviation."""
     mean, std = calibration[:, column, 0], calibration[:, column, 1]
     return (raw[..., column] - mean) / std
+
+
+def atypical(raw: Tensor, calibration: Tensor, column: int) -> Tensor:
+    """How far raw score ``column`` lies from the task's typical value, in its deviations, in
+    either direction. For a score of the outputs (entropy, energy) a sample scoring *beyond*
+    the task's own data (more confident than the task ever is) is not more likely that
+    task's: a sub-network that is nearly constant (small deviation) or overconfident on
+    other inputs would otherwise win every sample, picking the right task below chance."""
+    return standardised(raw, calibration, column).abs()
 
 
 #: the task-inference rules by name

@@ -8,8 +8,10 @@ From one pass of the task's sub-network over its own training data (no data is k
   constant on the training data does not dominate;
 * ``input_means`` (C, D) and ``input_variance`` (D,): the same of the model input itself
   (flattened): a diagonal Gaussian per class of the task's inputs;
-* ``calibration`` (4, 2): mean and standard deviation over the training data of the task's
-  raw scores (:data:`SCORES`), so that scores of different sub-networks can be compared.
+* ``calibration`` (4, 2): mean and standard deviation over the training data (with the
+  ``task_agnostic`` option: over a held-out tenth of it, see :mod:`espn.inference.routing`)
+  of the task's raw scores (:data:`SCORES`), so that scores of different sub-networks can be
+  compared.
 
 ``k`` is the number of alive inputs of the task's head (about 200-450 for FC1024 at gamma
 0.2, 1024 for a dense FC1024) and ``D`` the input size (784 for 28x28 images), so a task
@@ -29,8 +31,8 @@ from espn.data.tasks import Task
 from espn.inference.outputs import head_name, task_outputs
 from espn.supernet.supernet import Supernet
 
-#: the raw scores every task calibrates, in the rows of ``calibration``: softmax entropy,
-#: energy, Mahalanobis distance of the penultimate features to the nearest class mean, and
+#: the raw scores every task calibrates, in the rows of ``calibration``: softmax entropy
+#: relative to its largest value ``log C`` (so that heads of different sizes compare), energy, Mahalanobis distance of the penultimate features to the nearest class mean, and
 #: the negative log-likelihood per input dimension of the input under the task's Gaussians
 SCORES = ("entropy", "energy", "distance", "input")
 #: a feature's variance is at least this fraction of the mean variance
@@ -43,6 +45,13 @@ def entropy(logits: Tensor) -> Tensor:
     """Entropy (nats) of each row's softmax."""
     logp = torch.log_softmax(logits.float(), dim=1)
     return -(logp.exp() * logp).sum(1)
+
+
+def relative_entropy(logits: Tensor) -> Tensor:
+    """Entropy of each row's softmax divided by ``log C`` (C: the row's width), in [0, 1]: a
+    2-class head's entropy is at most log 2 and a 10-class head's log 10, so raw entropies
+    favour the task with the fewest classes whatever the sample."""
+    return entropy(logits) / math.log(max(logits.shape[1], 2))
 
 
 def energy(logits: Tensor) -> Tensor:
@@ -86,7 +95,7 @@ def raw_scores(
     n = len(x) if x is not None else len(logits) if logits is not None else 0
     device = (x if x is not None else logits if logits is not None else torch.zeros(0)).device
     nan = torch.full((n,), float("nan"), device=device)
-    cols = [entropy(logits), energy(logits)] if logits is not None else [nan, nan]
+    cols = [relative_entropy(logits), energy(logits)] if logits is not None else [nan, nan]
     cols.append(
         distance(features, stats["class_means"], stats["variance"]) if features is not None else nan
     )
@@ -107,12 +116,11 @@ def class_gaussians(f: Tensor, y: Tensor, n_classes: int) -> tuple[Tensor, Tenso
     return means, var + VARIANCE_FLOOR * var.mean() + 1e-12
 
 
-@torch.no_grad()
-def task_statistics(
-    supernet: Supernet, task: int, data: Task, batch_size: int = 1024
-) -> dict[str, Tensor]:
-    """The statistics task ``task`` stores, from its training data ``data`` (unaugmented)."""
-    head = head_name(supernet)
+def _outputs(
+    supernet: Supernet, task: int, data: Task, head: str, batch_size: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Over ``data``'s training split (unaugmented): task ``task``'s alive penultimate
+    features (float64), the labels, its logits and the flattened inputs (float64)."""
     feats, labels, logits, inputs = [], [], [], []
     for x, y in data.batches("train", batch_size, augment=False):
         out = task_outputs(supernet, x, [task], head)
@@ -120,7 +128,22 @@ def task_statistics(
         logits.append(out.logits[0].cpu())
         labels.append(y.cpu())
         inputs.append(x.flatten(1).double().cpu())
-    f, y, z, x_all = torch.cat(feats), torch.cat(labels), torch.cat(logits), torch.cat(inputs)
+    return torch.cat(feats), torch.cat(labels), torch.cat(logits), torch.cat(inputs)
+
+
+@torch.no_grad()
+def task_statistics(
+    supernet: Supernet,
+    task: int,
+    data: Task,
+    batch_size: int = 1024,
+    calibrate_on: Task | None = None,
+) -> dict[str, Tensor]:
+    """The statistics task ``task`` stores, from its training data ``data`` (unaugmented);
+    the calibration from ``calibrate_on``'s training split where given (samples held out of
+    training: a sub-network scores the data it fitted more confidently than unseen data)."""
+    head = head_name(supernet)
+    f, y, z, x_all = _outputs(supernet, task, data, head, batch_size)
     n_classes = max(int(supernet.masks[task].n_classes), int(y.max()) + 1 if len(y) else 1)
     means, var = class_gaussians(f, y, n_classes)
     input_means, input_var = class_gaussians(x_all, y, n_classes)
@@ -130,6 +153,8 @@ def task_statistics(
         "input_means": input_means.float(),
         "input_variance": input_var.float(),
     }
+    if calibrate_on is not None and len(calibrate_on.train):
+        f, _, z, x_all = _outputs(supernet, task, calibrate_on, head, batch_size)
     scores = raw_scores(z, f.float(), stats, x_all.float()).double()
     stats["calibration"] = torch.stack(
         [scores.mean(0), scores.std(0, unbiased=False).clamp_min(1e-6)], 1

@@ -15,11 +15,13 @@ from torch import Tensor
 
 from espn.checkpoint.format import CheckpointError
 from espn.inference.outputs import alive_features, head_name
+from espn.inference.routing import CANDIDATES, OPTION_KEYS
 from espn.inference.statistics import SCORES, STAT_KEYS
+from espn.inference.subspace import K
 from espn.supernet.supernet import Supernet
 
 #: the statistics whose every value must be above zero (variances, the calibration's deviations)
-POSITIVE = ("variance", "input_variance")
+POSITIVE = ("variance", "input_variance", "input_eigen", "input_noise")
 
 
 def expected_shapes(supernet: Supernet, task: int, head: str) -> dict[str, tuple[int, ...]]:
@@ -34,6 +36,10 @@ def expected_shapes(supernet: Supernet, task: int, head: str) -> dict[str, tuple
         "input_means": (classes, inputs),
         "input_variance": (inputs,),
         "calibration": (len(SCORES), 2),
+        "input_basis": (classes, K, inputs),
+        "input_eigen": (classes, K),
+        "input_noise": (classes,),
+        "held_out_picked": (len(CANDIDATES),),
     }
 
 
@@ -43,6 +49,11 @@ def _problem(name: str, value: Tensor, shape: tuple[int, ...]) -> str | None:
         return f"is {str(value.dtype).removeprefix('torch.')}, not float32"
     if tuple(value.shape) != shape:
         return f"has shape {list(value.shape)}, not {list(shape)}"
+    if name == "held_out_picked":  # NaN: a rule that could not run on the task
+        shares = value[~value.isnan()]
+        return (
+            None if bool(((shares >= 0) & (shares <= 1)).all()) else "holds a share outside [0, 1]"
+        )
     if not bool(torch.isfinite(value).all()):
         return "holds NaN or infinite values"
     if name in POSITIVE and not bool((value > 0).all()):
@@ -64,15 +75,20 @@ def check_statistics(supernet: Supernet, where: object) -> None:
     head = head_name(supernet)
     for t in stored:
         stats = supernet.masks[t].stats
-        unknown = sorted(set(stats) - set(STAT_KEYS))
-        missing = [k for k in STAT_KEYS if k not in stats]
+        # a task learned with ``task_agnostic`` stores every one of OPTION_KEYS too
+        keys = (*STAT_KEYS, *OPTION_KEYS) if set(OPTION_KEYS) & set(stats) else STAT_KEYS
+        unknown = sorted(set(stats) - set(keys))
+        missing = [k for k in keys if k not in stats]
         if unknown or missing:
             what = f"unknown statistic(s) {unknown}" if unknown else f"no {missing}"
             raise CheckpointError(
                 f"{where}: task {t} stores {what} for task-agnostic prediction (espn writes "
-                f"{', '.join(STAT_KEYS)}), so the task file was changed or damaged"
+                f"{', '.join(STAT_KEYS)}, and {', '.join(OPTION_KEYS)} with task_agnostic), "
+                "so the task file was changed or damaged"
             )
-        for name, shape in expected_shapes(supernet, t, head).items():
+        shapes = expected_shapes(supernet, t, head)
+        for name in keys:
+            shape = shapes[name]
             problem = _problem(name, stats[name], shape)
             if problem is not None:
                 raise CheckpointError(

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
+from espn.inference import routing
 from espn.methods.base import Phase, Strategy
 from espn.settings import default
 from espn.supernet.layers import UnitModule
@@ -159,8 +160,11 @@ class Engine:
         reference_size: int | None = None,
         compile: bool = default("compile"),
         slim_training: bool = default("slim_training"),
+        task_agnostic: bool = default("task_agnostic"),
     ) -> None:
         self.supernet = supernet
+        #: train each task to reject its own shifted inputs (see espn.inference.routing)
+        self.task_agnostic = task_agnostic
         self.strategy = strategy
         self.optim = optim
         self.batch_size = batch_size
@@ -448,6 +452,10 @@ class Engine:
         with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp):
             loss = self.strategy.loss(self.strategy.forward(net, x), y)
             total = loss
+            if self.task_agnostic:
+                total = total + routing.WEIGHT * routing.rejection_loss(
+                    self.strategy.forward(net, routing.not_mine(x))
+                )
             if regularise:
                 penalty = self.strategy.penalty(net)
                 if penalty is not None:

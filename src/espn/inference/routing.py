@@ -1,0 +1,161 @@
+"""Training that prepares a task for prediction without the task id (``task_agnostic``).
+
+With the option on (``ContinualLearner(..., task_agnostic=True)``, ``espn run
+--task-agnostic``), every method that keeps one sub-network per task learns each task so that
+its sub-network can tell its own inputs from others', exemplar-free (no other task's data):
+
+* *outlier exposure from the task's own data*: every training batch is also passed through
+  the sub-network shifted (:func:`not_mine`: the input rolled by half its length along every
+  spatial axis, so the task's own patterns appear in the wrong places), and the sub-network
+  is trained to be uncertain there (cross-entropy to the uniform distribution over its
+  classes, weight :data:`WEIGHT`). The shift is a roll, not a rotation: in rotated sequences
+  a rotation of a task's inputs is another task's input, which the task must not reject as
+  "not a digit" but cannot tell from its own either;
+* *a density of the task's inputs*: each class's principal subspace (rule
+  ``input-subspace``, see :mod:`espn.inference.subspace`), fitted when the task is committed;
+* *scores calibrated on held-out data*: every :data:`HELD_OUT_EVERY`-th training sample of
+  the task is held out of training; the mean and deviation of each raw score (the task's
+  ``calibration``) come from those samples, which the sub-network has not fitted, so that a
+  task's typical score is the one its unseen inputs get, as at prediction.
+
+None changes what a sub-network is: no output, weight or unit is added, so the task's FLOPs
+and FLOP budget are those of the option off; the shifted pass costs one more forward and
+backward pass per training step, and the subspaces add ``4 C (K D + K + 1)`` bytes to what
+the task stores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from espn.data.tasks import Split, Task
+from espn.inference.outputs import InferenceError
+from espn.inference.rule import RULES
+from espn.inference.statistics import task_statistics
+from espn.inference.subspace import KEYS, fit_subspaces
+from espn.supernet.supernet import Supernet
+
+#: weight of the outlier-exposure term in the training loss
+WEIGHT = 0.5
+#: every this-many-th training sample of a task is held out for its calibration
+HELD_OUT_EVERY = 10
+#: the rules a task measures on its held-out samples when committed, in the order of its
+#: ``held_out_picked`` statistic (SupSup's one-shot, 2 T passes a sample, is left out)
+CANDIDATES = (
+    "input-gaussian",
+    "input-subspace",
+    "entropy",
+    "energy",
+    "mahalanobis",
+    "entropy-mahalanobis",
+)
+#: what a task learned with the option stores besides :data:`~espn.inference.statistics.STAT_KEYS`
+OPTION_KEYS = (*KEYS, "held_out_picked")
+#: what ``rule="all"`` names: every rule the run can use
+ALL = "all"
+
+
+def not_mine(x: Tensor) -> Tensor:
+    """``x`` (N, C, *spatial) rolled by half its size along every spatial axis (an image's
+    quadrants swapped diagonally, a signal's halves swapped); a batch of flat vectors (N, D)
+    or tokens is rolled along its one axis."""
+    dims = tuple(range(2, x.dim())) if x.dim() > 2 else (1,)
+    return torch.roll(x, shifts=tuple(x.shape[d] // 2 for d in dims), dims=dims)
+
+
+def rejection_loss(logits: Tensor) -> Tensor:
+    """Cross-entropy of ``logits`` to the uniform distribution over their classes: lowest
+    when the sub-network cannot tell which of its classes the input is."""
+    return -F.log_softmax(logits.float(), dim=1).mean()
+
+
+def held_out(task: Task) -> tuple[Task, Task]:
+    """``task`` without every :data:`HELD_OUT_EVERY`-th training sample, and those samples
+    alone (as its training split; deterministic, so a resumed run holds out the same)."""
+    split = task.train
+    rows = torch.arange(len(split), device=split.index.device)
+    out = rows % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+
+    def part(keep: Tensor) -> Task:
+        return dataclasses.replace(task, train=Split(split.x, split.index[keep], split.y[keep]))
+
+    return part(~out), part(out)
+
+
+def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -> dict[str, Tensor]:
+    """The statistics task ``task`` stores when it is committed, from its data ``data``: with
+    ``task_agnostic``, fitted on the samples it trained on, calibrated on those held out, and
+    with its classes' input subspaces (rule ``input-subspace``)."""
+    if not task_agnostic:
+        return task_statistics(supernet, task, data)
+    fit, held = held_out(data)
+    stats = task_statistics(supernet, task, fit, calibrate_on=held)
+    x, y = _inputs(fit)
+    stats |= fit_subspaces(x.flatten(1).double(), y, stats["input_means"].double())
+    none = torch.full((len(CANDIDATES),), float("nan"))  # fewer than ten samples: none held
+    picked = held_out_picked(supernet, task, stats, _inputs(held)[0]) if len(held.train) else none
+    return stats | {"held_out_picked": picked}
+
+
+def _inputs(data: Task) -> tuple[Tensor, Tensor]:
+    """The training split of ``data``, unaugmented: inputs and labels, on the CPU."""
+    batches = list(data.batches("train", 1024, augment=False))
+    return torch.cat([b[0].cpu() for b in batches]), torch.cat([b[1].cpu() for b in batches])
+
+
+@torch.no_grad()
+def held_out_picked(supernet: Supernet, task: int, stats: dict[str, Tensor], x: Tensor) -> Tensor:
+    """Per rule of :data:`CANDIDATES`: the share of task ``task``'s held-out inputs ``x`` it
+    routes to ``task`` among the tasks learned so far (``0..task``; ``stats``: the task's own,
+    not yet stored), NaN for a rule that cannot run. Exemplar-free: each task measures its
+    own samples against the tasks before it, never the other way round."""
+    masks = supernet.masks
+    kept = masks[task].stats
+    supernet.masks, masks[task].stats = masks[: task + 1], stats
+    shares = []
+    try:
+        device = next(supernet.parameters()).device
+        for name in CANDIDATES:
+            rule = RULES.get(name)()
+            try:
+                rule.check(supernet)
+            except InferenceError:
+                shares.append(float("nan"))
+                continue
+            scores = torch.cat([rule.scores(supernet, c.to(device))[0] for c in x.split(1024)])
+            shares.append(float((scores.argmin(1) == task).double().mean()))
+    finally:
+        supernet.masks, masks[task].stats = masks, kept
+    return torch.tensor(shares, dtype=torch.float32)
+
+
+def best_rule(supernet: Supernet) -> str | None:
+    """Of :data:`CANDIDATES`, the rule that routed the tasks' own held-out samples right most
+    often on average (ties: the first), where every task measured them (learned with
+    ``task_agnostic``); else None."""
+    picked = [m.stats.get("held_out_picked") for m in supernet.masks]
+    valid = [p for p in picked if p is not None and p.shape == (len(CANDIDATES),)]
+    if not valid or len(valid) < len(picked):
+        return None
+    mean = torch.stack([p.double() for p in valid]).mean(0)
+    if bool(mean.isnan().all()):
+        return None
+    return CANDIDATES[int(mean.nan_to_num(-1.0).argmax())]
+
+
+def named_rules(rule: str | None, supernet: Supernet) -> list[str | None]:
+    """The rules ``rule`` names: every rule ``supernet`` can use for :data:`ALL`, else itself."""
+    if rule != ALL:
+        return [rule]
+    usable: list[str | None] = []
+    for name in RULES:
+        try:
+            RULES.get(name)().check(supernet)
+        except InferenceError:
+            continue
+        usable.append(name)
+    return usable
