@@ -39,7 +39,7 @@ def worker(args: argparse.Namespace) -> None:
     supernet = build_supernet(setting.model, spec, torch.zeros(2, *setting.shape), 0, "cpu")
     strategy = create_method(args.method, epochs=(1, 1, 1), warmup=0)
     engine = Engine(supernet, strategy, setting.optim, args.batch, seed=0)
-    engine.ranks = join(True)
+    engine.ranks = join(True, "cpu")
     task = synthetic_task("task 0", setting, args.batch * args.steps, 1, "cpu")
     if engine.ranks is not None:
         engine.ranks.barrier()

@@ -37,7 +37,7 @@ FIRST_TASK = {"cpg": (0.985, 1.0), "rmn": (0.985, 0.5)}
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 32, 33])
 def test_shards_make_the_global_batch(world: int, n: int) -> None:
     x, y = torch.arange(n * 2).reshape(n, 2), torch.arange(n)
-    shares = [Ranks(r, world).shard(x, y) for r in range(world)]
+    shares = [Ranks(r, world, "cpu").shard(x, y) for r in range(world)]
     if n < world:  # whole on every rank, each counting for 1/world
         assert all(torch.equal(s.y, y) and s.weight == 1 / world for s in shares)
         return
@@ -50,10 +50,10 @@ def test_shards_make_the_global_batch(world: int, n: int) -> None:
 def test_no_process_group_without_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    assert distributed.join(True) is None
+    assert distributed.join(True, "cpu") is None
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert distributed.join(False) is None  # the explicit switch refuses it
+    assert distributed.join(False, "cpu") is None  # the explicit switch refuses it
     with pytest.raises(DistributedError, match="--device cuda"):
         distributed.join(True, "cuda:0")  # one GPU for every rank: refused before joining
 
@@ -62,7 +62,7 @@ def test_no_process_group_without_torchrun(monkeypatch: pytest.MonkeyPatch) -> N
 def alone() -> Any:
     """A process group of this process alone (gloo, world size 1)."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield Ranks(0, 1)
+    yield Ranks(0, 1, "cpu")
     dist.destroy_process_group()
 
 

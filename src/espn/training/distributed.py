@@ -56,7 +56,7 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def join(enabled: bool = True, device: torch.device | str = "cpu") -> Ranks | None:
+def join(enabled: bool, device: torch.device | str) -> Ranks | None:
     """The data-parallel ranks of this run: the process group ``torchrun``'s environment
     describes, joined here unless already (gloo on the CPU, NCCL on CUDA); None when not
     ``enabled`` or not under ``torchrun``."""
@@ -111,7 +111,7 @@ class Share:
 class Ranks:
     """Rank ``rank`` of ``world`` data-parallel processes training one run."""
 
-    def __init__(self, rank: int, world: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, rank: int, world: int, device: torch.device | str) -> None:
         self.rank, self.world, self.device = rank, world, torch.device(device)
 
     @property
