@@ -33,7 +33,7 @@ def counted(model: nn.Module, x: torch.Tensor) -> int:
 def test_a_network_that_works_is_checked_on_real_flops(matrix) -> None:
     (entry,) = [e for e in matrix.entries() if e.name == "hand/cnn1d"]
     row = matrix.check(entry, matrix.Settings(per_task=40, timing_batches=[]))
-    assert row["verdict"] == "works", row
+    assert row["verdict"] == "works", f"{row['verdict']} at {row.get('stage')}: {row.get('reason')}"
     model, x = entry.build()
     assert row["dense_flops"] == counted(model, x) > 0
     assert len(row["tasks"]) == 2
