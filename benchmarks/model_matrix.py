@@ -568,7 +568,8 @@ def select(args: argparse.Namespace) -> list[Entry]:
         unknown_names = [n for n in names if n not in known]
         if unknown_names:
             sys.exit(f"--only: unknown {unknown_names}; names look like {everything[0].name}")
-        chosen = [e for e in chosen if e.name in names]
+        by_name = {e.name: e for e in chosen}
+        chosen = [by_name[n] for n in names if n in by_name]  # in the order given
     return chosen
 
 
@@ -623,7 +624,7 @@ def write_docs(page: Path, rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", help="comma-separated model names (e.g. timm/resnet18)")
+    parser.add_argument("--only", help="comma-separated model names, checked in this order")
     parser.add_argument("--family", help="comma-separated: hand, torchvision, timm")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     parser.add_argument("--docs", type=Path, help="a page to write the table into")
