@@ -286,49 +286,46 @@ def torchvision_entries() -> list[Entry]:
     ]
 
 
-#: timm models at small configurations: name, creation arguments, input size
-TIMM: list[tuple[str, str, dict[str, Any], int]] = [
-    ("resnet18", "resnet18", {}, 32),
-    ("resnet18d", "resnet18d", {}, 32),
-    ("efficientnet_b0", "efficientnet_b0", {}, 32),
-    ("mobilenetv3_small_050", "mobilenetv3_small_050", {}, 32),
-    ("mobilenetv3_large_100", "mobilenetv3_large_100", {}, 32),
-    ("regnetx_002", "regnetx_002", {}, 32),
-    ("regnety_002", "regnety_002", {}, 32),
-    ("convnext_atto", "convnext_atto", {}, 32),
-    ("vit_tiny", "vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "depth": 2}, 32),
+#: timm models at small configurations (32x32 inputs): name, model, creation arguments
+TIMM: list[tuple[str, str, dict[str, Any]]] = [
+    ("resnet18", "resnet18", {}),
+    ("resnet18d", "resnet18d", {}),
+    ("efficientnet_b0", "efficientnet_b0", {}),
+    ("mobilenetv3_small_050", "mobilenetv3_small_050", {}),
+    ("mobilenetv3_large_100", "mobilenetv3_large_100", {}),
+    ("regnetx_002", "regnetx_002", {}),
+    ("regnety_002", "regnety_002", {}),
+    ("convnext_atto", "convnext_atto", {}),
+    ("vit_tiny", "vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "depth": 2}),
     (
         "vit_tiny-avg",
         "vit_tiny_patch16_224",
         {"img_size": 32, "patch_size": 4, "depth": 2, "global_pool": "avg"},
-        32,
     ),
-    ("deit_tiny", "deit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "depth": 2}, 32),
+    ("deit_tiny", "deit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "depth": 2}),
     (
         "deit_tiny_distilled",
         "deit_tiny_distilled_patch16_224",
         {"img_size": 32, "patch_size": 4, "depth": 2},
-        32,
     ),
     (
         "swin_tiny",
         "swin_tiny_patch4_window7_224",
         {"img_size": 32, "window_size": 4, "depths": (2, 2, 2, 2)},
-        32,
     ),
-    ("mobilevit_xxs", "mobilevit_xxs", {}, 32),
-    ("mobilevitv2_050", "mobilevitv2_050", {}, 32),
-    ("resnetv2_50x1_bit", "resnetv2_50x1_bit", {}, 32),
-    ("mixer_s16", "mixer_s16_224", {"img_size": 32, "patch_size": 4, "num_blocks": 2}, 32),
+    ("mobilevit_xxs", "mobilevit_xxs", {}),
+    ("mobilevitv2_050", "mobilevitv2_050", {}),
+    ("resnetv2_50x1_bit", "resnetv2_50x1_bit", {}),
+    ("mixer_s16", "mixer_s16_224", {"img_size": 32}),
 ]
 
 
-def _timm(model_name: str, kwargs: dict[str, Any], size: int) -> tuple[nn.Module, Tensor]:
+def _timm(model_name: str, kwargs: dict[str, Any]) -> tuple[nn.Module, Tensor]:
     import timm
 
     torch.manual_seed(0)
     model = timm.create_model(model_name, pretrained=False, num_classes=CLASSES, **kwargs)
-    return model, _image(size)
+    return model, _image(32)
 
 
 def timm_entries() -> list[Entry]:
@@ -336,8 +333,7 @@ def timm_entries() -> list[Entry]:
         return ", ".join([model_name] + [f"{k}={v}" for k, v in kwargs.items()])
 
     return [
-        Entry(f"timm/{n}", "timm", lambda m=m, k=k, s=s: _timm(m, k, s), note(m, k))
-        for n, m, k, s in TIMM
+        Entry(f"timm/{n}", "timm", lambda m=m, k=k: _timm(m, k), note(m, k)) for n, m, k in TIMM
     ]
 
 
