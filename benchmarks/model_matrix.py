@@ -549,6 +549,25 @@ def run_child(entry: Entry, args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+def espn_commit() -> str:
+    """The git commit of the espn source imported here (``+dirty`` with local changes), so
+    that each row says which code it checked; ``unknown`` outside a git checkout."""
+    import espn
+
+    src = Path(espn.__file__).parent
+    git = ["git", "-C", str(src)]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run([*git, "status", "--porcelain", "."], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def select(args: argparse.Namespace) -> list[Entry]:
     everything = entries()
     chosen = everything
@@ -585,6 +604,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         for v in VERDICTS
         if counts[v]
     )
+    commits = sorted({r["espn"] for r in rows if r.get("espn")})
+    if commits:
+        summary += f" (espn {', '.join(commits)})"
     lines = [
         summary + ".",
         "",
@@ -655,13 +677,14 @@ def main() -> None:
         "torch": torch.__version__,
         **{m: __import__(m).__version__ for m in ("torchvision", "timm")},
     }
+    code = espn_commit()
     todo = [e for e in chosen if args.redo or e.name not in results["models"]]
     if not args.table_only:
         print(f"{len(todo)} of {len(chosen)} models to check", flush=True)
         lock = threading.Lock()
 
         def one(entry: Entry) -> None:
-            row = run_child(entry, args)
+            row = run_child(entry, args) | {"espn": code}
             with lock:
                 results["models"][entry.name] = row
                 write_json_atomic(args.out, results)
