@@ -233,7 +233,7 @@ def test_hand_written_vit_keeps_its_tokens_per_task_and_cuts_them_on_export():
 
 
 def test_a_bare_parameter_used_as_a_weight_is_refused():
-    with pytest.raises(ConvertError, match="forward multiplies by a bare parameter \\('w'\\)"):
+    with pytest.raises(ConvertError, match=r"forward\(\) costs 6240 FLOPs .* espn counts 2144"):
         to_supernet(MatmulParameter(), torch.zeros(2, 1, 8, 8))
 
 

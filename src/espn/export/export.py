@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from espn.data.tasks import BatchTransform
 from espn.export.inputs import WithInputs, describe_transform, has_transform
@@ -43,10 +43,30 @@ def onnx_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript"))
 
 
+def _cpu_attention_flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+    return int(sdpa_flop_count(query.shape, key.shape, value.shape))
+
+
+_cpu_attention_flops._get_raw = True  # type: ignore[attr-defined]
+
+#: what ``FlopCounterMode`` counts beside its own table: ``F.scaled_dot_product_attention``
+#: on the CPU (torch counts its CUDA kernels, ``QK^T`` and ``AV``, but not its CPU kernel),
+#: so that attention costs the same on every device, fused or written as two matmuls
+EXTRA_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops}
+
+
+def flop_counter() -> FlopCounterMode:
+    """A ``FlopCounterMode`` that also counts :data:`EXTRA_FLOPS`."""
+    return FlopCounterMode(display=False, custom_mapping=EXTRA_FLOPS)
+
+
 def measured_flops(model: nn.Module, example: Tensor) -> int:
-    """FLOPs of one sample through ``model`` as ``FlopCounterMode`` counts them."""
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
+    """FLOPs of one sample through ``model`` as ``FlopCounterMode`` counts them (CPU
+    attention included, see :data:`EXTRA_FLOPS`), with gradients on: without them
+    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` take a fused inference path
+    whose projections and attention FlopCounterMode does not count."""
+    counter = flop_counter()
+    with counter, torch.enable_grad():
         model(example[:1])
     return int(counter.get_total_flops())
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, fx, nn
 
+from espn.export.slim_shapes import fit_reshapes, reshape_inputs
 from espn.export.slim_streams import slim_streams, stream_members
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import alive_features, param
@@ -251,18 +252,22 @@ def slim_directly(
     task: int,
     tracer: fx.Tracer | None = None,
     cut: Callable[[fx.GraphModule, dict[str, Tensor]], None] | None = None,
+    example: Tensor | None = None,
 ) -> fx.GraphModule:
     """Task ``task``'s slim copy built layer by layer: each espn module becomes the plain
     module its adapter's ``slim`` makes of it (the rows and columns of alive units only),
     each gate is folded, at its alive features, into the layer before it; ``cut`` then
-    slims what the graph holds beside modules (a transformer's bare parameters)."""
+    slims what the graph holds beside modules (a transformer's bare parameters). With an
+    ``example`` batch, widths written into ``forward``'s reshapes are refitted
+    (:mod:`espn.export.slim_shapes`)."""
     _use_task(supernet, task)
     units = {g: a.bool() for g, a in supernet.masks[task].units.items()}
     for group, alive in units.items():
         if not bool(alive.any()):
             raise ExportError(f"task {task}: unit group {group!r} has no alive unit")
     model = supernet.model
-    gm = _trace(model, tracer)
+    gm = _trace(model, tracer).eval()
+    full = None if example is None else reshape_inputs(gm, _on(gm, example))
     modules = dict(model.named_modules())
 
     def slim(m: nn.Module) -> nn.Module | None:
@@ -272,7 +277,16 @@ def slim_directly(
     swap_and_fold(gm, modules, slim, lambda m: gate_affine(m, units))
     if cut is not None:
         cut(gm, units)
-    return finish(gm, "slim")
+    gm = finish(gm, "slim")
+    if example is not None and full is not None:
+        fit_reshapes(gm, _on(gm, example), full)
+    return gm
+
+
+def _on(gm: nn.Module, example: Tensor) -> Tensor:
+    """``example`` on the device of ``gm``'s parameters."""
+    first = next(gm.parameters(), None)
+    return example if first is None else example.to(first.device)
 
 
 def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphModule:
@@ -289,15 +303,15 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     from espn.export.slim_tokens import slim_tokens_copy, uses_tokens  # it imports this module
 
     if uses_tokens(supernet):
-        return slim_tokens_copy(supernet, task)
+        return slim_tokens_copy(supernet, task, example_input)
     if cut_directly(supernet):
-        gm = slim_directly(supernet, task)
+        gm = slim_directly(supernet, task, example=example_input)
         _check_widths(supernet, gm, {g: a.bool() for g, a in supernet.masks[task].units.items()})
         return gm
     gm = plain_copy(supernet, task)
     units = supernet.masks[task].units
-    device = next(gm.parameters()).device
-    example = example_input.to(device)
+    example = _on(gm, example_input)
+    full = reshape_inputs(gm, example)
     import torch_pruning as tp  # heavy (it imports timm and wandb): only when exporting
 
     graph = tp.DependencyGraph().build_dependency(gm, example_inputs=example, verbose=False)
@@ -328,6 +342,7 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     if streams:
         slim_streams(supernet, gm, units)
     _check_widths(supernet, gm, units)
+    fit_reshapes(gm, example, full)
     return gm.eval()
 
 

@@ -72,10 +72,12 @@ def _cut_last(gm: fx.GraphModule, target: str, units: dict[str, Tensor], group: 
     setattr(owner, leaf, param(value.index_select(-1, keep)))
 
 
-def slim_tokens_copy(supernet: Supernet, task: int) -> fx.GraphModule:
+def slim_tokens_copy(
+    supernet: Supernet, task: int, example: Tensor | None = None
+) -> fx.GraphModule:
     """Task ``task``'s sub-network of a transformer supernet with dead units removed
-    (see the module docstring), in eval mode."""
+    (see the module docstring), in eval mode; ``example``: see :func:`slim_directly`."""
     model = supernet.model
     return slim_directly(
-        supernet, task, _TokenTracer(), lambda gm, units: _slim_tokens(gm, model, units)
+        supernet, task, _TokenTracer(), lambda gm, units: _slim_tokens(gm, model, units), example
     )

@@ -38,7 +38,8 @@ group (a bias without a BatchNorm right after it, or a group without any norm) g
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
 and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
-checked here, before any training (see ``docs/architectures.md`` for what is refused). To use such a model from
+checked here, before any training (see ``docs/architectures.md`` for what is refused); so are
+its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
@@ -64,6 +65,7 @@ from espn.layers import (
     source_names,
 )
 from espn.layers.parameters import TaskParameters
+from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
 from espn.models.convert_tokens import (
     TokenConvertError,
     check_stream_sources,
@@ -195,6 +197,99 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
         )
 
 
+def _torch_class(m: nn.Module) -> type[nn.Module]:
+    """The torch layer class ``m`` is or subclasses (the one its adapter stands for)."""
+    return next(t for t in type(m).__mro__ if t.__module__.startswith("torch.nn"))
+
+
+def _unfuse(model: nn.Module, example: Tensor) -> None:
+    """Replace, in place, each layer that is its torch class followed by its own child
+    modules (timm's ``BatchNormAct2d``: a BatchNorm, then its ``drop`` and ``act``) by an
+    ``nn.Sequential`` of the torch layer and those children, when that computes the same on
+    the example input; :func:`_check_forwards` refuses any other forward of its own."""
+    fused = {
+        n: m
+        for n, m in model.named_modules()
+        if adapter_for(m) is not None
+        and type(m).forward is not _torch_class(m).forward
+        and any(True for _ in m.children())
+    }
+    split: dict[str, nn.Sequential] = {}
+
+    def plain(m: nn.Module) -> nn.Module:
+        layer = copy.copy(m)
+        layer.__class__ = _torch_class(m)
+        layer._modules = {}
+        return layer
+
+    def compare(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, inp: tuple[object, ...], out: object) -> None:
+            seq = nn.Sequential(plain(m), *m.children())
+            try:
+                same = isinstance(out, Tensor) and torch.equal(seq(*inp), out)
+            except Exception:  # the layer's own forward takes other inputs
+                same = False
+            if same:
+                split[name] = seq
+
+        return hook
+
+    hooks = [m.register_forward_hook(compare(n)) for n, m in fused.items()]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in hooks:
+            h.remove()
+    for name, seq in split.items():
+        _set(model, name, seq)
+
+
+def _check_forwards(model: nn.Module, example: Tensor, modules: dict[str, nn.Module]) -> None:
+    """Refuse a layer whose class replaces its torch class's ``forward`` with one computing
+    something else on the example input (timm's ``LayerNorm2d`` normalises the channels of
+    an NCHW map, ``Conv2dSame`` pads by the input's size): espn converts it as its torch
+    class, so it would silently compute that class's function instead."""
+    subclassed = {
+        n: m for n, m in modules.items() if type(m).forward is not _torch_class(m).forward
+    }
+    differs: list[str] = []
+
+    def compare(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, inp: tuple[object, ...], out: object) -> None:
+            try:
+                plain = _torch_class(m).forward(m, *inp)
+                pairs = zip(
+                    *(x if isinstance(x, tuple) else (x,) for x in (plain, out)), strict=False
+                )
+                same = all(
+                    a is b or (isinstance(a, Tensor) and torch.equal(a, b)) for a, b in pairs
+                )
+            except Exception:  # the torch class cannot even run on this input
+                same = False
+            if not same:
+                differs.append(name)
+
+        return hook
+
+    hooks = [m.register_forward_hook(compare(n)) for n, m in subclassed.items()]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in hooks:
+            h.remove()
+    if differs:
+        m = modules[differs[0]]
+        torch_name = f"nn.{_torch_class(m).__name__}"
+        raise ConvertError(
+            f"module {differs[0]!r} is a {type(m).__name__}, a {torch_name} whose forward() "
+            f"computes something else than {torch_name}'s (a channel-wise LayerNorm of an "
+            f"NCHW map, a padding of its own); espn converts it as {torch_name}, so it is not "
+            "supported"
+        )
+
+
 def _depthwise(m: nn.Module) -> bool:
     """A conv that convolves each channel on its own: its input and output channels are one."""
     return _adapter(m).depthwise(m)
@@ -248,11 +343,7 @@ def _groups(
     output scales features (see :func:`_multiplies`)."""
     names = {m: n for n, m in modules.items()}
     param_names = {id(p): n for n, p in (bare or {}).items()}
-    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
-
-    graph = tp.DependencyGraph().build_dependency(
-        model, example_inputs=example_input, verbose=False
-    )
+    graph = _dependency_graph(model, example_input)
     successor: dict[str, nn.Module | None] = {}
     outputs = []
     for name, m in modules.items():
@@ -324,6 +415,42 @@ def _groups(
     for source, reader, layer, size in flattened:
         _check_flatten_order(model, example_input, source, reader, layer, size, unit[reader])
     return groups, successor, outputs[0], repeats, scales
+
+
+def _dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
+    """Torch-Pruning's dependency graph of ``model``; a failure to build it is refused in
+    one line naming the layer whose output it could not follow."""
+    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
+
+    try:
+        return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+    except Exception as exc:  # Torch-Pruning fails on reshapes it cannot map
+        raise ConvertError(
+            f"the channels {_failed_after(model, exc)} cannot be followed through forward() "
+            f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
+            "regroups channels, such as ShuffleNet's channel shuffle, is not supported"
+        ) from None
+
+
+def _failed_after(model: nn.Module, exc: Exception) -> str:
+    """``of 'NAME'``: the layer nearest before the graph node Torch-Pruning failed on (read
+    from its traceback), or ``of <model class>``."""
+    node, tb = None, exc.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("node", node)
+        tb = tb.tb_next
+    names = {id(m): n for n, m in model.named_modules() if n}
+    seen: set[int] = set()
+    frontier = [node] if node is not None else []
+    while frontier:
+        n = frontier.pop(0)
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if id(getattr(n, "module", None)) in names:
+            return f"after {names[id(n.module)]!r}"
+        frontier.extend(getattr(n, "inputs", []))
+    return f"of {type(model).__name__}"
 
 
 def _check_grouped_input(
@@ -498,10 +625,16 @@ def to_supernet(
     from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
 
     if is_timm_vit(model):
-        return from_timm_vit(model, example_input, multi_head, task_affine)
+        measured = module_flops(model, example_input)
+        vit = from_timm_vit(model, example_input, multi_head, task_affine)
+        check_flops_counted(measured, vit, example_input)
+        return vit
     model = copy.deepcopy(model).eval()
+    measured = module_flops(model, example_input)
+    _unfuse(model, example_input)
     modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
+    _check_forwards(model, example_input, modules)
     groups, successor, head, repeats, scales = _groups(model, example_input, modules, bare)
     model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
@@ -578,8 +711,9 @@ def to_supernet(
     if adopted:
         adopted = {n: adopted[n] for n in bare if n in adopted}  # the model's order
         _hold_parameters(model, bare, adopted)
-        _check_counted(model, example_input, list(adopted))
     _check_exportable(model)
+    check_flops_counted(measured, model, example_input)
+    check_task_cut(model, example_input)
     return model
 
 
@@ -598,23 +732,6 @@ def _hold_parameters(
         name = f"_{name}"
     params = {n: bare[n] for n in adopted}
     model.add_module(name, TaskParameters(params, list(adopted.values())))
-
-
-def _check_counted(model: nn.Module, example_input: Tensor, params: list[str]) -> None:
-    """Refuse adopted bare parameters that ``forward`` multiplies activations by (a weight
-    used through ``torch.matmul``): espn would not count those FLOPs, FlopCounterMode would."""
-    from espn.export.export import measured_flops  # it imports the supernet
-    from espn.supernet.supernet import Supernet
-
-    counted = Supernet(model, example_input).dense_flops
-    measured = measured_flops(model, example_input)
-    if measured != counted:
-        raise ConvertError(
-            f"forward multiplies by a bare parameter ({', '.join(map(repr, params))}): "
-            f"FlopCounterMode counts {measured} FLOPs, espn {counted:.0f}; supported: bare "
-            "parameters added to a token stream (a class token, position embeddings); put "
-            "weights in nn.Linear layers"
-        )
 
 
 def _check_exportable(model: nn.Module) -> None:

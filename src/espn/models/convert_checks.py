@@ -1,0 +1,164 @@
+"""What :func:`espn.models.convert.to_supernet` proves before it hands a converted model over:
+that espn counts its FLOPs and cuts its tasks exactly, or a one-line refusal.
+
+The converter reads a model by its layers; whatever ``forward`` does beside them (a product
+of two activations written by hand, a bare parameter used as a weight, a width written into
+a ``reshape``) is invisible to the analytic FLOP count and to the slim copy. So two facts are
+measured, not assumed:
+
+* **dense FLOPs**: ``FlopCounterMode`` on the user's model (see
+  :func:`espn.export.export.measured_flops`) must equal espn's count of the converted model;
+  otherwise the deepest module whose FLOPs differ is named;
+* **a task's sub-network**: a random task (about half of every unit group alive) is cut into
+  its slim copy, which must run at batch sizes 1, 3 and the example's, compute the masked
+  supernet's outputs and cost what espn counts (``FlopCounterMode`` again).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from espn.layers import ConvertError
+
+#: the batch sizes a task's slim copy must run at (the example's too): one sample, and an
+#: odd batch that no example batch size divides into
+PROBE_BATCHES = (1, 3)
+#: outputs of the slim copy must match the supernet's within this (times max(1, |output|))
+PROBE_TOLERANCE = 1e-4
+
+
+def module_flops(model: nn.Module, example: Tensor) -> dict[str, int]:
+    """FLOPs of one sample of ``example`` through ``model`` per module path (``""``: the whole
+    model), counted as :func:`espn.export.export.measured_flops` counts them, in eval mode."""
+    from espn.export.export import flop_counter  # it imports the supernet
+
+    counter = flop_counter()
+    was_training = model.training
+    model.eval()
+    try:
+        with counter, torch.enable_grad():
+            model(example[:1])
+    finally:
+        model.train(was_training)
+    flops = {}
+    for key, ops in counter.get_flop_counts().items():
+        if key == "Global":
+            continue
+        flops[key.partition(".")[2]] = sum(ops.values())
+    flops[""] = int(counter.get_total_flops())
+    return flops
+
+
+def check_flops_counted(measured: dict[str, int], model: nn.Module, example: Tensor) -> None:
+    """Refuse converted ``model`` unless espn's dense count equals ``measured`` (the user's
+    model, :func:`module_flops`), naming the deepest module whose FLOPs differ."""
+    from espn.supernet.supernet import Supernet  # it imports the layers
+
+    sn = Supernet(model, example)
+    if measured[""] == sn.dense_flops:
+        return
+    counted: dict[str, float] = dict.fromkeys(measured, 0.0)
+    for cost in sn.costs:
+        flops = cost.flops(sn.widths)
+        for path in counted:
+            if path == "" or cost.name == path or cost.name.startswith(f"{path}."):
+                counted[path] += flops
+    wrong = [p for p in measured if measured[p] != counted[p]]
+    depth = max(p.count(".") + bool(p) for p in wrong)
+    path = next(p for p in wrong if p.count(".") + bool(p) == depth)  # the first called
+    where = f"module {path!r}" if path else "forward()"
+    raise ConvertError(
+        f"{where} costs {measured[path]} FLOPs per sample (FlopCounterMode) but espn counts "
+        f"{counted[path]:.0f}: it multiplies by something that is not a layer's weight (a "
+        "hand-written attention's q @ k, a bare parameter used as a weight), which espn could "
+        "neither count nor prune; supported: weights in nn.Linear/nn.Conv layers, attention "
+        "in nn.MultiheadAttention, nn.TransformerEncoderLayer or timm's VisionTransformer"
+    )
+
+
+def _inputs(example: Tensor, batch: int) -> Tensor:
+    """A batch of ``batch`` inputs like ``example``: random floats, or ``example``'s rows
+    repeated (token ids, whose valid range only the example knows)."""
+    if example.is_floating_point():
+        gen = torch.Generator().manual_seed(batch)
+        return torch.randn((batch, *example.shape[1:]), generator=gen).to(example)
+    return example[torch.arange(batch) % len(example)]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def check_task_cut(model: nn.Module, example: Tensor) -> None:
+    """Refuse converted ``model`` unless a random task's slim copy runs at every batch size
+    of :data:`PROBE_BATCHES` and the example's, computes the masked supernet's outputs and
+    costs what espn counts. ``model`` itself is untouched (a copy is probed), and so is
+    torch's random state (the probe's task heads draw from it)."""
+    with torch.random.fork_rng(devices=[example.device] if example.is_cuda else []):
+        _check_task_cut(model, example)
+
+
+def _check_task_cut(model: nn.Module, example: Tensor) -> None:
+    from espn.export.export import measured_flops
+    from espn.export.slim import slim_copy
+    from espn.supernet.supernet import Supernet
+
+    sn = Supernet(copy.deepcopy(model), example)
+    gen = torch.Generator().manual_seed(0)
+    sn.begin_task(2)
+    with torch.no_grad():
+        for m in sn.task_modules.values():
+            for name, p in m.named_parameters():
+                p.copy_(float(name == "weight") + 0.2 * torch.randn(p.shape, generator=gen))
+    units = {}
+    for group, size in sn.group_sizes.items():
+        alive = torch.rand(size, generator=gen) < 0.5
+        alive[torch.randint(size, (1,), generator=gen)] = True
+        units[group] = alive
+    sn.set_unit_masks(units)
+    sn.eval()
+    sn.commit_task()
+
+    def refuse(what: str, why: str = "") -> ConvertError:
+        why = why or (
+            "a width written into forward() that could not be refitted, or a reshape that "
+            "espn does not follow"
+        )
+        return ConvertError(f"a task's sub-network of {type(model).__name__} {what}: {why}")
+
+    try:
+        slim = slim_copy(sn, 0, example)
+    except Exception as exc:  # Torch-Pruning and fx raise many kinds of errors
+        raise refuse(f"cannot be cut out ({_first_line(exc)})") from None
+    counted = sn.flops(sn.masks[0].units)
+    for batch in (*PROBE_BATCHES, len(example)):
+        x = _inputs(example, batch)
+        try:
+            with torch.no_grad():
+                got = slim(x)
+        except Exception as exc:  # the user's forward on fewer features
+            raise refuse(
+                f"does not run once its dead units are removed (batch of {batch}: "
+                f"{_first_line(exc)})"
+            ) from None
+        with torch.no_grad():
+            expected = sn(x, task=0)
+        scale = max(1.0, float(expected.abs().max()))
+        if got.shape != expected.shape or not bool(
+            ((got - expected).abs() <= PROBE_TOLERANCE * scale).all()
+        ):
+            raise refuse(
+                f"computes other outputs once its dead units are removed (batch of {batch})",
+                "forward() moves channels where espn does not follow them (a reshape that "
+                "regroups channels, such as a channel shuffle)",
+            )
+    flops = measured_flops(slim, example)
+    if flops != counted:
+        raise refuse(
+            f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}",
+            "forward() computes on features that espn does not follow",
+        )
