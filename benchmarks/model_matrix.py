@@ -594,12 +594,18 @@ def ratios(row: dict[str, Any]) -> str:
     )
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    """The Markdown table of ``rows``, with a count line on top."""
+def table(rows: list[dict[str, Any]], total: int | None = None) -> str:
+    """The Markdown table of ``rows``, with a count line on top (``total``: the models of the
+    matrix, when only some were checked)."""
     counts = Counter(r["verdict"] for r in rows)
     problems = Counter(r.get("problem") for r in rows if r["verdict"] == "broken")
     broken = ", ".join(f"{n} {p}" for p, n in sorted(problems.items()))
-    summary = f"{len(rows)} models: " + ", ".join(
+    checked = (
+        f"{len(rows)} of {total} models"
+        if total not in (None, len(rows))
+        else f"{len(rows)} models"
+    )
+    summary = f"{checked}: " + ", ".join(
         f"{counts[v]} {v}" + (f" ({broken})" if v == "broken" and broken else "")
         for v in VERDICTS
         if counts[v]
@@ -627,7 +633,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(page: Path, rows: list[dict[str, Any]]) -> None:
+def write_docs(page: Path, rows: list[dict[str, Any]], total: int) -> None:
     """Replace what lies between the markers of ``page`` with the table, atomically."""
     from espn.utils.io import atomic_target
 
@@ -637,7 +643,7 @@ def write_docs(page: Path, rows: list[dict[str, Any]]) -> None:
     head, rest = text.split(START)
     tail = rest.split(END)[1]
     with atomic_target(page) as tmp:
-        tmp.write_text(f"{head}{START}\n{table(rows)}{END}{tail}")
+        tmp.write_text(f"{head}{START}\n{table(rows, total)}{END}{tail}")
 
 
 def main() -> None:
@@ -702,9 +708,9 @@ def main() -> None:
         results["models"].values(),
         key=lambda r: order.index(r["name"]) if r["name"] in order else len(order),
     )
-    print(table(rows).splitlines()[0])
+    print(table(rows, len(order)).splitlines()[0])
     if args.docs:
-        write_docs(args.docs, rows)
+        write_docs(args.docs, rows, len(order))
 
 
 if __name__ == "__main__":

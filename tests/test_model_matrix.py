@@ -73,6 +73,7 @@ def test_the_table_counts_every_verdict(matrix) -> None:
     assert lines[4] == "| a | 3x32x32 | works | 0.500 / 0.500 | 1.50x |  |"
     assert lines[5] == "| b |  | refused |  |  | a \\| b |"
     assert lines[6] == "| c |  | broken: flops |  |  | at FLOPs check: x |"
+    assert matrix.table(rows, total=103).startswith("3 of 103 models: 1 works,")
 
 
 @pytest.mark.slow  # two small models through the script, each in its own process
