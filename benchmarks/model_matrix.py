@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 #: input sizes tried in turn for a torchvision builder, the smallest that runs is used
 SIZES = (32, 64, 96, 128, 160, 224, 299)
@@ -348,10 +348,18 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def _cpu_attention(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> int:
+    return int(sdpa_flop_count(q, k, v))
+
+
 def flops(model: nn.Module, x: Tensor) -> int:
-    """``FlopCounterMode``'s count of one sample through ``model``."""
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
+    """``FlopCounterMode``'s count of one sample through ``model``, with torch's own formula for
+    ``scaled_dot_product_attention`` applied to its CPU kernel too (``FlopCounterMode`` counts
+    only the CUDA ones), and gradients on (``nn.MultiheadAttention``'s fused inference path is
+    not counted either)."""
+    cpu = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    counter = FlopCounterMode(display=False, custom_mapping={cpu: _cpu_attention})
+    with counter:
         model(x[:1])
     return int(counter.get_total_flops())
 
