@@ -11,8 +11,8 @@ accepts it, else the smallest of :data:`SIZES` it runs at), goes through:
 4. the export of each task (``.pt2``), run at batch 1 and 3 against its outputs at the checked
    batch (a shape of the example baked in fails here);
 5. the FLOPs check: ``FlopCounterMode`` on each loaded program (batch 1) over ``FlopCounterMode``
-   on the model as given must equal the ratio ``learner.report()`` gives within 1% (else
-   *broken: flops*);
+   on the model as given (see :func:`flops`) must equal the ratio ``learner.report()`` gives
+   within 1% (else *broken: flops*);
 6. task 0's export against the model as given, median seconds at batch 1 and 64 (the speed-up).
 
 An export whose outputs at batch 1 and 3 differ from those at the checked batch is *broken: batch
