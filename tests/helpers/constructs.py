@@ -1,0 +1,203 @@
+"""One small model per construct that the converter must follow (issue 47, item 2), each with
+an example batch of 2 inputs; each is the smallest network that has the construct between
+maskable layers, written as research code writes it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+CLASSES = 4
+
+
+def _conv_bn(cin: int, cout: int, k: int = 3) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, k, padding=k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU()
+    )
+
+
+class Concat(nn.Module):
+    """DenseNet/GoogLeNet: two branches concatenated along channels, and the input kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.a, self.b = _conv_bn(3, 8), _conv_bn(8, 8, 1), _conv_bn(8, 8)
+        self.mix = _conv_bn(24, 16)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        x = self.mix(torch.cat([x, self.a(x), self.b(x)], dim=1))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class SplitShuffle(nn.Module):
+    """ShuffleNet V2: split the channels in two, transform one half, concatenate, shuffle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.branch, self.head = _conv_bn(3, 16), _conv_bn(8, 8), _conv_bn(16, 16, 1)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        keep, change = x.chunk(2, dim=1)
+        x = torch.cat([keep, self.branch(change)], dim=1)
+        b, c, h, w = x.shape
+        x = x.view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w)
+        return self.fc(self.head(x).mean((2, 3)))
+
+
+class TokenMixer(nn.Module):
+    """MLP-Mixer: a Linear across the token axis (the token axis is not a unit axis)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 8, 8)
+        self.norm = nn.LayerNorm(16)
+        self.tokens = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.channels = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x).flatten(2).transpose(1, 2)  # (batch, 16 tokens, 16 channels)
+        x = x + self.tokens(self.norm(x).transpose(1, 2)).transpose(1, 2)
+        x = x + self.channels(x)
+        return self.fc(x.mean(1))
+
+
+class FunctionalWeight(nn.Module):
+    """Swin: a module's weight used through a function, the module itself never called."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(48, 32)
+        self.qkv = nn.Linear(32, 96)
+        self.proj = nn.Linear(32, 32)
+        self.fc = nn.Linear(32, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(F.pixel_unshuffle(x, 4).flatten(2).transpose(1, 2))  # (batch, 16, 32)
+        q, k, v = F.linear(x, self.qkv.weight, self.qkv.bias).chunk(3, dim=-1)
+        a = F.scaled_dot_product_attention(q, k, v)
+        x = x + F.linear(a, self.proj.weight, self.proj.bias)
+        return self.fc(x.mean(1))
+
+
+class LayerScale(nn.Module):
+    """ConvNeXt/CaiT: a per-channel parameter multiplying a residual branch elementwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.conv = _conv_bn(3, 16), nn.Conv2d(16, 16, 3, padding=1)
+        self.gamma = nn.Parameter(1e-2 * torch.ones(16, 1, 1))
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        x = x + self.gamma * self.conv(x)
+        return self.fc(x.mean((2, 3)))
+
+
+class ClassToken(nn.Module):
+    """A ViT's bare class token and position embedding, the batch read with ``len(x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, 16, 8, 8)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, 16))
+        self.pos_embedding = nn.Parameter(0.02 * torch.randn(1, 17, 16))
+        self.mlp = nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.patches(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1) + self.pos_embedding
+        x = x + self.mlp(x)
+        return self.fc(x[:, 0])
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """timm's LayerNorm2d: LayerNorm over the channels of an NCHW map."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class ChannelNorm(nn.Module):
+    """ConvNeXt's stem: convolutions with a channel-wise LayerNorm on the NCHW maps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm = nn.Conv2d(3, 16, 4, 4), LayerNorm2d(16)
+        self.conv, self.norm2 = nn.Conv2d(16, 32, 3, padding=1), LayerNorm2d(32)
+        self.fc = nn.Linear(32, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.gelu(self.norm2(self.conv(self.norm(self.stem(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+class ConvHead(nn.Module):
+    """SqueezeNet: the classifier is a 1x1 convolution, then global average pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(_conv_bn(3, 16), nn.MaxPool2d(2), _conv_bn(16, 32))
+        self.classifier = nn.Sequential(
+            nn.Conv2d(32, CLASSES, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(x)).flatten(1)
+
+
+class TwoHeads(nn.Module):
+    """Distilled DeiT: two heads on two tokens, their outputs averaged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(3, 16, 8, 8)
+        self.tokens = nn.Parameter(torch.zeros(1, 2, 16))
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.head, self.head_dist = nn.Linear(16, CLASSES), nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.patches(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.tokens.expand(x.shape[0], -1, -1), x], dim=1)
+        x = x + self.mlp(x)
+        return (self.head(x[:, 0]) + self.head_dist(x[:, 1])) / 2
+
+
+class Embedding(nn.Module):
+    """Token ids (int64) into an ``nn.Embedding``, mean-pooled, an MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 16)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.mlp(self.embed(ids).mean(1))
+
+
+_IMAGE = torch.zeros(2, 3, 32, 32)
+
+#: construct -> (model class, example batch)
+CONSTRUCTS: dict[str, tuple[Callable[[], nn.Module], Tensor]] = {
+    "concatenation": (Concat, _IMAGE),
+    "split-shuffle": (SplitShuffle, _IMAGE),
+    "token-mixing": (TokenMixer, _IMAGE),
+    "functional-weight": (FunctionalWeight, _IMAGE),
+    "layer-scale": (LayerScale, _IMAGE),
+    "class-token": (ClassToken, _IMAGE),
+    "layernorm2d": (ChannelNorm, _IMAGE),
+    "conv-head": (ConvHead, _IMAGE),
+    "two-heads": (TwoHeads, _IMAGE),
+    "embedding": (Embedding, torch.zeros(2, 12, dtype=torch.long)),
+}
