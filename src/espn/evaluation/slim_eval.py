@@ -15,7 +15,7 @@ masked supernet within the export's tolerance; a task whose copy cannot be built
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -24,11 +24,17 @@ from espn.data.tasks import Task
 from espn.export.export import TOLERANCE
 from espn.export.slim import slim_copy
 from espn.layers import ExportError
-
-if TYPE_CHECKING:
-    from espn.training.distributed import Ranks
 from espn.supernet.masks import TaskMask
 from espn.supernet.supernet import Supernet
+
+
+class Shares(Protocol):
+    """What evaluation needs of data-parallel ranks (:class:`espn.training.distributed.Ranks`):
+    which batches are this rank's, and a sum over the ranks."""
+
+    def mine(self, k: int) -> bool: ...
+
+    def sum_(self, t: Tensor) -> Tensor: ...
 
 
 class SlimEvaluator:
@@ -42,7 +48,7 @@ class SlimEvaluator:
         #: the task is evaluated through the masked supernet)
         self.cache: dict[int, tuple[TaskMask, nn.Module | None]] = {}
         #: data-parallel ranks sharing out the batches (None: this process evaluates all)
-        self.ranks: Ranks | None = None
+        self.ranks: Shares | None = None
 
     def _copy(self, t: int, x: Tensor) -> nn.Module | None:
         """Task ``t``'s slim copy, built and checked on batch ``x`` when not cached."""

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor
 
 from espn.data.tasks import Task
-from espn.inference import routing
 from espn.inference.outputs import InferenceError, head_name, task_outputs
 from espn.inference.predict import CHUNK, get_rule, pick
+from espn.inference.routing import named_rules
 from espn.inference.rule import OutputRule, Rule
 from espn.inference.statistics import statistics_bytes
 from espn.supernet.layers import TaskHead
@@ -140,5 +140,5 @@ def evaluate_named(
     every rule the run can use for ``"all"``; each document says whether its rule is the
     run's default (``"default"``)."""
     default = get_rule(None, supernet).name
-    docs = evaluate_rules(supernet, tasks, routing.named_rules(rule, supernet), batch)
+    docs = evaluate_rules(supernet, tasks, named_rules(rule, supernet), batch)
     return [doc | {"default": doc["rule"] == default} for doc in docs]

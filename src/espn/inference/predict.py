@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from espn.inference import routing
 from espn.inference.outputs import InferenceError
+from espn.inference.routing import best_rule
 from espn.inference.rule import RULES, Rule
 from espn.supernet.supernet import Supernet
 
@@ -26,7 +26,7 @@ def get_rule(rule: str | Rule | None, supernet: Supernet) -> Rule:
     if isinstance(rule, Rule):
         found = rule
     else:
-        name = (routing.best_rule(supernet) or DEFAULT_RULE) if rule is None else rule
+        name = (best_rule(supernet) or DEFAULT_RULE) if rule is None else rule
         if not isinstance(name, str):
             raise InferenceError(f"rule must be a rule name, got {rule!r}")
         found = RULES.get(name)()  # an unknown name: UnknownNameError, listing the rules

@@ -5,10 +5,10 @@ With the option on (``ContinualLearner(..., task_agnostic=True)``, ``espn run
 its sub-network can tell its own inputs from others', exemplar-free (no other task's data):
 
 * *outlier exposure from the task's own data*: every training batch is also passed through
-  the sub-network shifted (:func:`not_mine`: the input rolled by half its length along every
+  the sub-network shifted (:func:`espn.training.rejection.not_mine`: the input rolled by half its length along every
   spatial axis, so the task's own patterns appear in the wrong places), and the sub-network
   is trained to be uncertain there (cross-entropy to the uniform distribution over its
-  classes, weight :data:`WEIGHT`). The shift is a roll, not a rotation: in rotated sequences
+  classes, weight :data:`espn.training.rejection.WEIGHT`). The shift is a roll, not a rotation: in rotated sequences
   a rotation of a task's inputs is another task's input, which the task must not reject as
   "not a digit" but cannot tell from its own either;
 * *a density of the task's inputs*: each class's principal subspace (rule
@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from espn.data.tasks import Split, Task
@@ -39,8 +38,6 @@ from espn.inference.statistics import task_statistics
 from espn.inference.subspace import KEYS, fit_subspaces
 from espn.supernet.supernet import Supernet
 
-#: weight of the outlier-exposure term in the training loss
-WEIGHT = 0.5
 #: every this-many-th training sample of a task is held out for its calibration
 HELD_OUT_EVERY = 10
 #: the rules a task measures on its held-out samples when committed, in the order of its
@@ -57,20 +54,6 @@ CANDIDATES = (
 OPTION_KEYS = (*KEYS, "held_out_picked")
 #: what ``rule="all"`` names: every rule the run can use
 ALL = "all"
-
-
-def not_mine(x: Tensor) -> Tensor:
-    """``x`` (N, C, *spatial) rolled by half its size along every spatial axis (an image's
-    quadrants swapped diagonally, a signal's halves swapped); a batch of flat vectors (N, D)
-    or tokens is rolled along its one axis."""
-    dims = tuple(range(2, x.dim())) if x.dim() > 2 else (1,)
-    return torch.roll(x, shifts=tuple(x.shape[d] // 2 for d in dims), dims=dims)
-
-
-def rejection_loss(logits: Tensor) -> Tensor:
-    """Cross-entropy of ``logits`` to the uniform distribution over their classes: lowest
-    when the sub-network cannot tell which of its classes the input is."""
-    return -F.log_softmax(logits.float(), dim=1).mean()
 
 
 def held_out(task: Task) -> tuple[Task, Task]:

@@ -12,12 +12,32 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from espn.training.engine import PhasePlan
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """How long a phase of one task runs: ``steps`` optimizer steps in ``epochs`` passes over
+    the task's training data, the last pass cut short where ``steps`` is not a whole number
+    of passes (see :func:`plan_phase`)."""
+
+    name: str
+    recipe_epochs: int
+    epochs: int
+    steps: int
+
+    def record(self, ran: bool = True, slim_steps: int = 0) -> dict[str, Any]:
+        """The phase's entry of :attr:`TaskLog.phases` (zeros for a phase left out), with
+        the ``slim_steps`` of its steps that trained a slim copy."""
+        return {
+            "phase": self.name,
+            "recipe_epochs": self.recipe_epochs,
+            "epochs": self.epochs if ran else 0,
+            "steps": self.steps if ran else 0,
+            "slim_steps": slim_steps,
+        }
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,20 @@ from torch import Tensor
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
-from espn.inference import routing
 from espn.methods.base import Phase, Strategy
 from espn.settings import default
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
-from espn.training.callbacks import CallbackList, EpochEnd, EpochStart, StepEnd, TrainStart
+from espn.training.callbacks import (
+    CallbackList,
+    EpochEnd,
+    EpochStart,
+    PhasePlan,
+    StepEnd,
+    TrainStart,
+)
 from espn.training.compile import StepCompiler
 from espn.training.distributed import Ranks, recalibrate
 from espn.training.optim import (
@@ -32,6 +38,7 @@ from espn.training.optim import (
     cosine_factor,
     step_factor,
 )
+from espn.training.rejection import WEIGHT, not_mine, rejection_loss
 from espn.training.slim_step import SlimPhase, slim_phase_applies, slim_prune_pays
 
 
@@ -78,29 +85,6 @@ class TaskProgress:
     phases_run: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
     slim_steps: int = 0
-
-
-@dataclass(frozen=True)
-class PhasePlan:
-    """How long a phase of one task runs: ``steps`` optimizer steps in ``epochs`` passes over
-    the task's training data, the last pass cut short where ``steps`` is not a whole number
-    of passes (see :func:`plan_phase`)."""
-
-    name: str
-    recipe_epochs: int
-    epochs: int
-    steps: int
-
-    def record(self, ran: bool = True, slim_steps: int = 0) -> dict[str, Any]:
-        """The phase's entry of :attr:`TaskLog.phases` (zeros for a phase left out), with
-        the ``slim_steps`` of its steps that trained a slim copy."""
-        return {
-            "phase": self.name,
-            "recipe_epochs": self.recipe_epochs,
-            "epochs": self.epochs if ran else 0,
-            "steps": self.steps if ran else 0,
-            "slim_steps": slim_steps,
-        }
 
 
 def reference_batches(reference_size: int | None, batch_size: int) -> int | None:
@@ -163,7 +147,7 @@ class Engine:
         task_agnostic: bool = default("task_agnostic"),
     ) -> None:
         self.supernet = supernet
-        #: train each task to reject its own shifted inputs (see espn.inference.routing)
+        #: train each task to reject its own shifted inputs (see espn.training.rejection)
         self.task_agnostic = task_agnostic
         self.strategy = strategy
         self.optim = optim
@@ -453,9 +437,7 @@ class Engine:
             loss = self.strategy.loss(self.strategy.forward(net, x), y)
             total = loss
             if self.task_agnostic:
-                total = total + routing.WEIGHT * routing.rejection_loss(
-                    self.strategy.forward(net, routing.not_mine(x))
-                )
+                total = total + WEIGHT * rejection_loss(self.strategy.forward(net, not_mine(x)))
             if regularise:
                 penalty = self.strategy.penalty(net)
                 if penalty is not None:
