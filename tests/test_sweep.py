@@ -9,7 +9,8 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,18 @@ def four_points(data_dir: Path) -> list[Point]:
     return expand_spec(spec)
 
 
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread, as in Ray's workers: a run's float sums then do not depend on
+    where it ran (two threads split some reductions differently)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def one_by_one(tmp_path_factory) -> Callable[[Point], dict]:
     """A point's results when run alone in this process (one thread, as on Ray), cached."""
@@ -87,14 +100,10 @@ def one_by_one(tmp_path_factory) -> Callable[[Point], dict]:
 
     def results(point: Point) -> dict:
         if point.name not in done:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
+            with one_thread():
                 (outcome,) = run_sweep(
                     [point], tmp_path_factory.mktemp("ref"), workers=1, progress=False
                 )
-            finally:
-                torch.set_num_threads(threads)
             assert outcome.status == "done", outcome.error
             done[point.name] = outcome.results
         return done[point.name]
@@ -257,7 +266,7 @@ def test_a_point_killed_mid_sweep_is_resumed_not_restarted(
     ray_instance, data_dir, one_by_one, tmp_path, monkeypatch
 ):
     points = four_points(data_dir)[:2]
-    with monkeypatch.context() as mp:  # the first point dies in its second task
+    with monkeypatch.context() as mp, one_thread():  # the first point dies in its second task
         kill_at_step(mp, 9)
         first = run_sweep(points, tmp_path, workers=1, progress=False)
     assert [o.status for o in first] == ["failed", "done"]
