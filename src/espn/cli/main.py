@@ -308,6 +308,7 @@ def run(
 
 def _evaluate_task_agnostic(out: Path, device: str) -> None:
     """``espn evaluate OUT --task-agnostic --rule all`` of a run just finished."""
+    from espn.cli import deploy
     from espn.runs.building import build_benchmark
     from espn.runs.loading import load_run
 
