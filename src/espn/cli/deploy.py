@@ -102,7 +102,7 @@ def evaluate(
             soft_wrap=True,
         )
         return
-    if task_agnostic:
+    if task_agnostic and rule != "all":
         get_rule(rule, loaded.supernet)  # a rule these tasks cannot run: before any evaluation
     check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
     seq = _test_data(loaded.config, data_dir)
