@@ -19,6 +19,7 @@ from espn.evaluation.metrics import task_logits
 from espn.experiment import build_benchmark
 from espn.export.export import export_task, onnx_available
 from espn.export.slim import ExportError, fold_batchnorm, plain_copy, slim_copy
+from espn.models.convert_checks import random_units
 from espn.models.fc import FCNet, fc1024
 from espn.models.registry import ModelSpec
 from espn.runs.loading import load_run
@@ -48,12 +49,7 @@ def random_task(sn: Supernet, n_classes: int, x: torch.Tensor, gen: torch.Genera
         sn.train()
         for _ in range(3):
             sn.forward_working(x)
-    units = {}
-    for g, size in sn.group_sizes.items():
-        alive = torch.rand(size, generator=gen) < 0.5
-        alive[torch.randint(size, (1,), generator=gen)] = True
-        units[g] = alive
-    sn.set_unit_masks(units)
+    sn.set_unit_masks(random_units(sn.group_sizes, gen))
     sn.set_weight_masks(
         {n: torch.rand(m.weight.shape, generator=gen) < 0.6 for n, m in sn.layers.items()}
     )

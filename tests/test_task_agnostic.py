@@ -27,6 +27,7 @@ from espn.inference import (
 )
 from espn.inference.export import export_task_agnostic
 from espn.inference.oneshot import SupSupOneShot
+from espn.inference.routing import OPTION_KEYS
 from espn.inference.statistics import STAT_KEYS, entropy
 from espn.registry import UnknownNameError
 from espn.supernet.layers import TaskHead
@@ -178,11 +179,16 @@ def test_statistics_are_recomputed_identically_and_survive_save_and_load(learner
             assert torch.equal(fresh.masks[t].stats[k], v)
 
 
+@pytest.mark.parametrize("task_agnostic", [False, True])
 def test_statistics_of_a_killed_and_resumed_run_equal_an_uninterrupted_run_s(
-    fake_mnist, fc_test_model, tmp_path, monkeypatch
+    fake_mnist, fc_test_model, tmp_path, monkeypatch, task_agnostic
 ):
-    run_experiment(make_config(**run_options(tmp_path / "reference")), progress=False)
-    cfg = make_config(**run_options(tmp_path / "run"))
+    """With the ``task_agnostic`` option or without: the statistics the option adds survive
+    the kill too."""
+    keys = {*STAT_KEYS, *(OPTION_KEYS if task_agnostic else ())}
+    options = {"task_agnostic": True} if task_agnostic else {}
+    run_experiment(make_config(**run_options(tmp_path / "reference", **options)), progress=False)
+    cfg = make_config(**run_options(tmp_path / "run", **options))
     with monkeypatch.context() as mp:
         kill_at_step(mp, 23)  # task 2, mid-way
         with pytest.raises(Killed):
@@ -190,8 +196,8 @@ def test_statistics_of_a_killed_and_resumed_run_equal_an_uninterrupted_run_s(
     run_experiment(cfg, progress=False, resume=True)
     want, got = espn.load(tmp_path / "reference"), espn.load(tmp_path / "run")
     for a, b in zip(want.supernet.masks, got.supernet.masks, strict=True):
-        assert a.stats and set(a.stats) == set(b.stats)
-        assert all(torch.equal(a.stats[k], b.stats[k]) for k in a.stats)
+        assert set(a.stats) == set(b.stats) == keys
+        assert all(torch.equal(a.stats[k], b.stats[k]) for k in keys)
 
 
 @pytest.mark.parametrize("rule", ["entropy-mahalanobis", "input-gaussian"])

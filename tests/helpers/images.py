@@ -8,6 +8,7 @@ import torch
 
 import espn.data.cifar as cifar_module
 from espn.models import ModelSpec
+from espn.models.convert_checks import random_units
 from espn.models.resnet import BasicBlock, ResNet
 from espn.supernet import Supernet, TaskHead
 
@@ -57,11 +58,7 @@ def random_task(
             p.copy_(centre + 0.2 * torch.randn(p.shape, generator=gen))
     sn.train()
     sn.forward_working(x)
-    units = {}
-    for g, size in sn.group_sizes.items():
-        alive = torch.rand(size, generator=gen) < keep
-        alive[torch.randint(size, (1,), generator=gen)] = True
-        units[g] = alive
+    units = random_units(sn.group_sizes, gen, keep)
     sn.set_unit_masks(units)
     sn.eval()
     sn.commit_task()

@@ -102,6 +102,19 @@ def check_task_cut(model: nn.Module, example: Tensor) -> None:
         _check_task_cut(model, example)
 
 
+def random_units(
+    group_sizes: dict[str, int], gen: torch.Generator, keep: float = 0.5
+) -> dict[str, Tensor]:
+    """Per unit group of ``group_sizes``: about ``keep`` of its units alive, at least one
+    (drawn from ``gen``): a task's units for probing how a sub-network is cut."""
+    units = {}
+    for group, size in group_sizes.items():
+        alive = torch.rand(size, generator=gen) < keep
+        alive[torch.randint(size, (1,), generator=gen)] = True
+        units[group] = alive
+    return units
+
+
 def _check_task_cut(model: nn.Module, example: Tensor) -> None:
     from espn.export.export import measured_flops
     from espn.export.slim import slim_copy
@@ -114,12 +127,7 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
         for m in sn.task_modules.values():
             for name, p in m.named_parameters():
                 p.copy_(float(name == "weight") + 0.2 * torch.randn(p.shape, generator=gen))
-    units = {}
-    for group, size in sn.group_sizes.items():
-        alive = torch.rand(size, generator=gen) < 0.5
-        alive[torch.randint(size, (1,), generator=gen)] = True
-        units[group] = alive
-    sn.set_unit_masks(units)
+    sn.set_unit_masks(random_units(sn.group_sizes, gen))
     sn.eval()
     sn.commit_task()
 
