@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from espn.config import make_config, resolved
-from espn.methods.base import METHODS
+from espn.methods import METHODS
 from espn.recipes import MNIST
 from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
