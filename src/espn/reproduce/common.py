@@ -127,11 +127,6 @@ def mean_of(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def values_of(runs: Iterable[Run], get: Callable[[dict[str, Any]], float]) -> list[float]:
-    """``get(results)`` of every run."""
-    return [float(get(r.doc)) for r in runs]
-
-
 def legend_outside_with_grid(ax: Axes) -> None:
     """The bar charts' finish: the legend right of the axes, horizontal grid lines."""
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
