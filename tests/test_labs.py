@@ -11,9 +11,9 @@ import espn
 
 SRC = Path(espn.__file__).parent
 LABS = ("espn.reproduce", "espn.theory")
-#: what a lab may import: the front door, the documented modules (``docs/api.md``), the
-#: packages' exports, the file/statistics/plot helpers, and the command line's building blocks
-#: for the labs' own commands
+#: what a lab may import: the front door and the modules ``docs/api.md`` names for it (its
+#: section "Building on espn"): the packages' exports, recipes, helpers, the command line's
+#: building blocks for the labs' own commands
 PUBLIC = (
     "espn.cli.common",
     "espn.config",
