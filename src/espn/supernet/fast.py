@@ -77,17 +77,25 @@ def _known(module: Any, name: str) -> Any:
     return _cached(module, name) if is_on() else None
 
 
-class UnitCaches:
+class _Caches:
+    """A module's caches (named in :data:`TRANSIENT`): dropped from a copy or pickle, whose
+    tensors are others (a deep copy keeps their version counters)."""
+
+    TRANSIENT: ClassVar[tuple[str, ...]] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()  # type: ignore[assignment]
+        return state | dict.fromkeys(self.TRANSIENT)
+
+
+class UnitCaches(_Caches):
     """What a unit module (``UnitModule`` mixes this in) knows about its ``unit_mask``: that
     every unit is alive, so that a norm uses its scale and shift as they are, and for a gate,
     that it passes its input through unchanged. Told by the caller that just wrote the mask,
     and known while that very tensor is unwritten since."""
 
     unit_mask: Tensor
-
-    def __getstate__(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().__getstate__()  # type: ignore[assignment]
-        return state | {"_all_alive": None, "_identity": None}
+    TRANSIENT = ("_all_alive", "_identity")
 
     def note_units(self, all_alive: bool) -> None:
         """Record whether ``unit_mask`` is all ones."""
@@ -106,7 +114,7 @@ class UnitCaches:
         return unchanged(_known(self, "_identity"), self.unit_mask)
 
 
-class MaskCaches:
+class MaskCaches(_Caches):
     """What a masked layer (``MaskedLayer``, which mixes this in) knows about its mask, frozen
     set and weight between calls, and the fast product built on it. Every query answers "not
     known" where the fast path is off."""
@@ -116,9 +124,8 @@ class MaskCaches:
     frozen: Tensor
     _ones: tuple[Tensor, int] | None
 
-    #: the caches, each a :func:`stamp` of the tensor it was computed from and the value:
-    #: dropped from a copy or pickle, whose tensors are others
-    TRANSIENT: ClassVar[tuple[str, ...]] = (
+    #: the caches, each a :func:`stamp` of the tensor it was computed from and the value
+    TRANSIENT = (
         "_ones",  # the mask is all ones
         "_binary",  # the mask is 0/1
         "_count",  # the mask's sum
@@ -128,12 +135,7 @@ class MaskCaches:
         "_product",  # this step's product and sink
         "_kept_grad",  # address and version of the gradient the product's backward wrote
         "_zero",  # weight, mask and frozen stamps under which the weight is zero outside
-        "_stuck",  # the flat index of a frozen weight found outside the mask
     )
-
-    def __getstate__(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().__getstate__()  # type: ignore[assignment]
-        return state | dict.fromkeys(self.TRANSIENT)
 
     def note_mask(self, binary: bool = False) -> None:
         """Record whether ``weight_mask`` is 0/1 and all ones (one host read, at a mask
@@ -187,19 +189,12 @@ class MaskCaches:
         mask, weight = self.weight_mask, self.weight
         if self.mask_is_ones() or not self.mask_is_binary():
             return False
-        stuck = _cached(self, "_stuck")
-        if unchanged(stuck, self.frozen) and stuck and not bool(mask.reshape(-1)[stuck[2]]):
-            return False
         free = self.free_bits()
         # the mask as bits: all ones (-1) in it, zero outside; an AND zeroes the outside
         bits = mask.to(free.dtype).neg_()
-        if not self._nothing_frozen():
-            # a zero in ``bits | free`` is a frozen weight outside the mask
-            either = torch.bitwise_or(bits, free).view(-1)
-            at = int(either.argmax())
-            if not bool(either[at]):
-                self.__dict__["_stuck"] = (*stamp(self.frozen), at)
-                return False
+        # a zero in ``bits | free`` is a frozen weight outside the mask
+        if not self._nothing_frozen() and not bool(torch.bitwise_or(bits, free).all()):
+            return False
         for tensor in (weight, *states):
             if tensor.dtype == weight.dtype:
                 float_bits(tensor).bitwise_and_(bits)
@@ -241,20 +236,10 @@ class MaskCaches:
         known = _cached(self, "_thawed")
         return unchanged(known, self.frozen) and bool(known[2])
 
-    def step_product(self) -> Tensor | None:
-        """This step's masked weight as the forward pass computed it (None: none current)."""
-        parts = self.step_parts()
-        return None if parts is None else parts[0]
-
-    def step_sink(self) -> Tensor | None:
-        """Where the masked-L2 term's gradient enters this step's product (see
-        :class:`_TrainedWeight`; None when :meth:`step_product` is None)."""
-        parts = self.step_parts()
-        return None if parts is None else parts[1]
-
     def step_parts(self) -> tuple[Tensor, Tensor] | None:
-        """:meth:`step_product` and :meth:`step_sink` (None: the weight or the mask changed
-        since, or no training forward pass computed them)."""
+        """This step's masked weight as the forward pass computed it, and the sink where the
+        masked-L2 term's gradient enters it (see :class:`_TrainedWeight`). None: the weight
+        or the mask changed since, or no training forward pass computed them."""
         known = _known(self, "_product")
         if known is None:
             return None

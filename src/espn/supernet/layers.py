@@ -36,13 +36,8 @@ from espn.supernet.fast import stamp as stamp
 
 class MaskedLayer(MaskCaches, nn.Module):
     """Base of a layer whose weight is shared across tasks and masked per task (mixed into
-    ``nn.Linear`` and ``nn.Conv2d``).
-
-    Its state is the shared ``weight`` and the buffers named in :data:`BUFFERS`; a task's
-    sub-network is the ``weight_mask`` the supernet swaps in for it. Its forward uses
-    :meth:`masked_weight`; what it caches for the fast path comes from
-    :class:`espn.supernet.fast.MaskCaches`.
-    """
+    ``nn.Linear`` and ``nn.Conv2d``): its state is the shared ``weight`` and the buffers named
+    in :data:`BUFFERS`; a task's sub-network is the ``weight_mask`` the supernet swaps in."""
 
     #: the buffers a masked layer adds to its module's state, in registration order
     BUFFERS: ClassVar[tuple[str, ...]] = ("weight_mask", "frozen")
@@ -51,8 +46,7 @@ class MaskedLayer(MaskCaches, nn.Module):
     #: the active task's weight mask: 1.0 where it uses a weight, 0.0 elsewhere (float, the
     #: shape of ``weight``)
     weight_mask: Tensor
-    #: weights an earlier task owns, which no later task may change (bool, the shape of
-    #: ``weight``)
+    #: weights an earlier task owns, which no later task may change (bool)
     frozen: Tensor
     #: unit groups indexing the layer's input and output units (None: not prunable)
     in_units: str | None
@@ -69,10 +63,9 @@ class MaskedLayer(MaskCaches, nn.Module):
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
 
     def masked_weight(self) -> Tensor:
-        """The weight with the active task's mask applied (zeros elsewhere): ``weight * mask``,
-        whose gradient is the weight's gradient masked (``grad * mask``); the frozen weights'
-        gradients are zeroed by ``espn.training.optim.FrozenGuard``. The fast path (see
-        :mod:`espn.supernet.fast`) computes the same values with fewer passes."""
+        """The weight with the active task's mask applied: ``weight * mask``, whose gradient is
+        masked too (``grad * mask``; ``espn.training.optim.FrozenGuard`` zeroes the frozen
+        weights'). The fast path (:mod:`espn.supernet.fast`) computes the same values."""
         if is_on():
             return self.fast_masked_weight()
         return self.weight * self.weight_mask
