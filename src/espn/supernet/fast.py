@@ -358,7 +358,7 @@ class LeanRMSprop(torch.optim.RMSprop):
     hold (``eps`` too small for the dtype) or torch's other code paths apply (a GPU,
     ``foreach``, ``centered``, ``maximize``, complex or differentiable parameters), or the
     fast path is off, torch's own step runs. The state is torch's, so checkpoints load
-    either way. Uses torch's private ``_init_group``, as torch's own step does.
+    either way.
     """
 
     @torch.no_grad()
@@ -370,27 +370,27 @@ class LeanRMSprop(torch.optim.RMSprop):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            square_avgs: list[Tensor] = []
-            buffers: list[Tensor] = []
-            steps: list[Tensor] = []
-            self._init_group(group, params, grads, square_avgs, buffers, [], steps)
             lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
             momentum, decay = group["momentum"], group["weight_decay"]
-            for i, param in enumerate(params):
-                grad, square_avg = grads[i], square_avgs[i]
-                steps[i] += 1
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                grad, state = param.grad, self.state[param]
+                if not state:  # torch's initial state
+                    state["step"] = torch.zeros((), dtype=_scalar_dtype())
+                    state["square_avg"] = torch.zeros_like(param)
+                    if momentum > 0:
+                        state["momentum_buffer"] = torch.zeros_like(param)
+                state["step"] += 1
                 if decay != 0:
                     grad = grad.add(param, alpha=decay)
-                square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+                square_avg = state["square_avg"].mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
                 avg = torch.clamp_min(
                     square_avg, torch.finfo(param.dtype).tiny, out=self._avg(param)
                 )
                 avg = avg.sqrt_().add_(eps)
                 if momentum > 0:
-                    buf = buffers[i]
-                    buf.mul_(momentum).addcdiv_(grad, avg)
+                    buf = state["momentum_buffer"].mul_(momentum).addcdiv_(grad, avg)
                     param.add_(buf, alpha=-lr)
                 else:
                     param.addcdiv_(grad, avg, value=-lr)
@@ -416,7 +416,14 @@ class LeanRMSprop(torch.optim.RMSprop):
         ok = (torch.float32, torch.float64)
         if not all(p.device.type == "cpu" and p.dtype in ok for p in params):
             return False
+        if any(p.grad is not None and p.grad.is_sparse for p in params):
+            return False
         return all(_eps_absorbs_tiny(group["eps"], d) for d in {p.dtype for p in params})
+
+
+def _scalar_dtype() -> torch.dtype:
+    """The dtype of torch's ``step`` counter (as ``torch.optim.optimizer._get_scalar_dtype``)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
 @functools.cache
