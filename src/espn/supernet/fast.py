@@ -201,12 +201,8 @@ class MaskCaches(_Caches):
             else:
                 tensor.masked_fill_(bits == 0, 0.0)
         self.__dict__["_keep"] = (*stamp(mask), free, bits.bitwise_and_(free))
-        self.__dict__["_zero"] = (
-            *stamp(weight),
-            weight.data_ptr(),
-            *stamp(mask),
-            *stamp(self.frozen),
-        )
+        known = (*stamp(weight), weight.data_ptr(), *stamp(mask), *stamp(self.frozen))
+        self.__dict__["_zero"] = known
         return True
 
     def zero_outside_known(self) -> bool:
@@ -288,8 +284,7 @@ class MaskCaches(_Caches):
         if unchanged(known, mask):
             return known[2]
         count = mask.sum()
-        if is_on():
-            self.__dict__["_count"] = (*stamp(mask), count)
+        self.__dict__["_count"] = (*stamp(mask), count)
         return count
 
 
