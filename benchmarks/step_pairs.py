@@ -18,6 +18,7 @@ first, two identical steps timed the same way: the machine's noise floor.
 
     python benchmarks/step_pairs.py --threads 1 --models vit-p4 --methods espn,packnet --batch 32
     python benchmarks/step_pairs.py --threads 1 --models resnet18-reduced --batch 32 --control
+    python benchmarks/step_pairs.py --threads 1 --reference  # the fast path off
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from torch import Tensor
 
 from espn.methods import create_method
 from espn.models.registry import ModelSpec, build_supernet
+from espn.supernet import fast
 from espn.training.callbacks import Callback, StepEnd
 from espn.training.engine import Engine
 from espn.training.optim import TaskOptimizer
@@ -123,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--control", action="store_true", help="also time a plain step against a plain step"
     )
+    parser.add_argument(
+        "--reference", action="store_true", help="espn's reference step (fast path off)"
+    )
     args = parser.parse_args(argv)
     unknown = [m for m in args.models.split(",") if m not in SETTINGS]
     if unknown:
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     for name in args.models.split(","):
         for method in args.methods.split(","):
-            phases = measure(name, method, args)
+            with fast.enabled(not args.reference):
+                phases = measure(name, method, args)
             batch = args.batch or SETTINGS[name].batch
             label = LABELS.get(method, method)
             for base in next(iter(phases.values()))[0][1]:

@@ -148,10 +148,10 @@ def test_step_pairs_times_every_phase_step_by_step() -> None:
 
 
 def test_step_pairs_control_times_a_plain_twin_against_the_plain_step() -> None:
-    out = run_script(
+    out = run_script(  # espn's reference step (the fast path off)
         "step_pairs.py",
         *("--models", "fc1024", "--methods", "individual", "--steps", "3", "--skip", "1"),
-        *("--batch", "4", "--threads", "1", "--control"),
+        *("--batch", "4", "--threads", "1", "--control", "--reference"),
     )
     rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
     assert [r[3] for r in rows] == ["plain", "plain+L2", "control"]

@@ -216,14 +216,14 @@ def test_the_l2_term_reads_the_forward_pass_product() -> None:
         sn.zero_grad(set_to_none=True)
         out = sn.forward_working(x).sum()
         if term is masked_weight_l2:
-            assert all(layer.step_product() is not None for layer in sn.layers.values())
+            assert all(layer.step_parts() is not None for layer in sn.layers.values())
         (out + term(sn)).backward()
         got.append([layer.weight.grad.clone() for layer in sn.layers.values()])
     for a, b in zip(*got, strict=True):
         torch.testing.assert_close(a, b)
     with torch.no_grad():
         next(iter(sn.layers.values())).weight.add_(1.0)  # an optimizer step: stale now
-    assert next(iter(sn.layers.values())).step_product() is None
+    assert next(iter(sn.layers.values())).step_parts() is None
 
 
 def test_a_method_that_prunes_no_units_fixes_its_gates_at_one() -> None:
@@ -252,7 +252,7 @@ def test_a_supernet_copied_mid_step_copies_no_step_state() -> None:
     sn.forward_working(torch.randn(4, 6)).sum().backward()
     copy = deepcopy(sn)
     for layer, copied in zip(sn.layers.values(), copy.layers.values(), strict=True):
-        assert layer.step_product() is not None and copied.step_product() is None
+        assert layer.step_parts() is not None and copied.step_parts() is None
         assert not copied.grad_is_kept() and torch.equal(copied.weight, layer.weight)
 
 
@@ -270,7 +270,7 @@ def test_a_mask_not_noted_as_binary_takes_the_plain_product() -> None:
         sn.zero_grad(set_to_none=True)
         x = torch.randn(4, 6)
         sn.forward_working(x).sum().backward()
-        assert layer.step_product() is None and not layer.grad_is_kept()
+        assert layer.step_parts() is None and not layer.grad_is_kept()
         got = layer.weight.grad.clone()
         sn.zero_grad(set_to_none=True)
         soft = {
@@ -312,7 +312,7 @@ def test_the_fused_gradient_is_the_autograd_gradient_kept(
     guard = FrozenGuard(sn, restore=False)
     guard.begin_step()
     logits = sn.forward_working(x)
-    assert all(layer.step_sink() is not None for layer in sn.layers.values())
+    assert all(layer.step_parts() is not None for layer in sn.layers.values())
     total = torch.nn.functional.cross_entropy(logits, y)
     if l2:
         total = total + 0.3 * masked_weight_l2(sn)
@@ -328,7 +328,7 @@ def test_the_fused_gradient_is_the_autograd_gradient_kept(
     for term in (masked_weight_l2, reference_l2):
         sn.zero_grad(set_to_none=True)
         logits = torch.func.functional_call(sn.model, masks, (x,))
-        assert all(layer.step_sink() is None for layer in sn.layers.values())
+        assert all(layer.step_parts() is None for layer in sn.layers.values())
         total = torch.nn.functional.cross_entropy(logits, y)
         if l2:
             total = total + 0.3 * term(sn)

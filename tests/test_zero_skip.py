@@ -11,7 +11,7 @@ from espn.config import make_config
 from espn.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.supernet import Supernet
-from espn.supernet import layers as layers_module
+from espn.supernet import fast
 from espn.supernet.layers import MaskedLayer, MaskedLinear
 from espn.training.callbacks import Callback, EpochStart
 from espn.training.engine import Engine
@@ -33,7 +33,7 @@ class ProductSpy(Callback):
         self.phase = (0, "")
         self.skipped: dict[tuple[int, str], int] = {}
         self.multiplied: dict[tuple[int, str], int] = {}
-        real = layers_module._TrainedWeight.apply
+        real = fast._TrainedWeight.apply
 
         def apply(weight: torch.Tensor, mask: Any, keep: Any, layer: MaskedLayer) -> Any:
             if not layer.mask_is_ones():
@@ -41,7 +41,7 @@ class ProductSpy(Callback):
                 counts[self.phase] = counts.get(self.phase, 0) + 1
             return real(weight, mask, keep, layer)
 
-        monkeypatch.setattr(layers_module._TrainedWeight, "apply", apply)
+        monkeypatch.setattr(fast._TrainedWeight, "apply", apply)
 
     def on_epoch_start(self, learner: Any, event: EpochStart) -> None:
         self.phase = (event.task, event.phase)

@@ -35,7 +35,7 @@ class _NormOverLayers(torch.autograd.Function):
     Each layer comes as ``values[l]``, the tensor whose norm counts, and ``inputs[l]``, what
     the gradient goes to: the weight itself (``values[l]`` is then the weight, masked by
     ``masks[l]`` unless None), which gets ``w_l m_l / d`` (one scaled copy, as ``m_l`` is
-    binary), or the 0-d sink of the step's masked product (see ``MaskedLayer.step_sink``),
+    binary), or the 0-d sink of the step's masked product (see ``MaskedLayer.step_parts``),
     which gets ``d`` alone: the product's backward adds ``w_l / d`` into the weight's gradient
     in one pass (``addcdiv_``, the same quotient and sum, bit for bit, as autograd's), with no
     copy and no second pass. A divisor, not a coefficient to multiply by: no torch CPU kernel

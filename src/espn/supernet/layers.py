@@ -23,21 +23,21 @@ side (``*_unit_size``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, TypeGuard
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from espn.supernet.fast import MaskCaches, UnitCaches, is_on
+from espn.supernet.fast import stamp as stamp
 
-class MaskedLayer(nn.Module):
+
+class MaskedLayer(MaskCaches, nn.Module):
     """Base of a layer whose weight is shared across tasks and masked per task (mixed into
-    ``nn.Linear`` and ``nn.Conv2d``).
-
-    Its state is the shared ``weight`` and the buffers named in :data:`BUFFERS`, declared
-    below; a task's sub-network is the ``weight_mask`` the supernet swaps in for it.
-    """
+    ``nn.Linear`` and ``nn.Conv2d``): its state is the shared ``weight`` and the buffers named
+    in :data:`BUFFERS`; a task's sub-network is the ``weight_mask`` the supernet swaps in."""
 
     #: the buffers a masked layer adds to its module's state, in registration order
     BUFFERS: ClassVar[tuple[str, ...]] = ("weight_mask", "frozen")
@@ -46,8 +46,7 @@ class MaskedLayer(nn.Module):
     #: the active task's weight mask: 1.0 where it uses a weight, 0.0 elsewhere (float, the
     #: shape of ``weight``)
     weight_mask: Tensor
-    #: weights an earlier task owns, which no later task may change (bool, the shape of
-    #: ``weight``)
+    #: weights an earlier task owns, which no later task may change (bool)
     frozen: Tensor
     #: unit groups indexing the layer's input and output units (None: not prunable)
     in_units: str | None
@@ -62,349 +61,14 @@ class MaskedLayer(nn.Module):
         self.out_units = out_units
         self.register_buffer("weight_mask", torch.ones_like(self.weight))
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
-        self._ones: tuple[Tensor, int] | None = None
-        self._binary: tuple[Tensor, int] | None = None
-        self._count: tuple[Tensor, int, Tensor] | None = None
-        self._keep: tuple[Tensor, int, Tensor, Tensor] | None = None
-        self._free: tuple[Tensor, int, Tensor] | None = None
-        self._thawed: tuple[Tensor, int, bool] | None = None
-        self._product: tuple[Tensor, Tensor, Tensor, int, Tensor, int] | None = None
-        #: the address and version of the gradient the last backward through the masked
-        #: product gave the weight (see :meth:`grad_is_kept`)
-        self._kept_grad: tuple[int, int] | None = None
-        #: the weight, mask and frozen stamps (and the weight's address) under which the
-        #: weight is known to be zero outside the mask (see :meth:`zero_pruned`)
-        self._zero: tuple[Tensor, int, int, Tensor, int, Tensor, int] | None = None
-        #: the frozen set and the flat index of a frozen weight found outside the mask
-        self._stuck: tuple[Tensor, int, int] | None = None
-
-    #: what the layer remembers about its own tensors between calls (see below): dropped
-    #: from a copy or pickle, whose tensors are others (a step's product is not even a leaf)
-    TRANSIENT: ClassVar[tuple[str, ...]] = (
-        "_ones",
-        "_binary",
-        "_count",
-        "_keep",
-        "_free",
-        "_thawed",
-        "_product",
-        "_kept_grad",
-        "_zero",
-        "_stuck",
-    )
-
-    def __getstate__(self) -> dict[str, Any]:
-        state: dict[str, Any] = super().__getstate__()
-        return state | dict.fromkeys(self.TRANSIENT)
-
-    def note_mask(self, binary: bool = False) -> None:
-        """Record whether ``weight_mask`` is all ones (one host read, at a mask change, never
-        in a step): while that very tensor is unchanged since (same object, same version
-        counter, which every in-place write bumps), :meth:`masked_weight` is the weight
-        itself, with no product to compute and none to differentiate.
-
-        ``binary``: the caller knows the mask holds only zeros and ones (it copied a boolean
-        mask in, or zeroed entries of a mask noted binary), so that only whether it is all
-        ones is read, in one cheaper pass.
-        """
-        mask = self.weight_mask
-        if not binary:
-            binary = bool(((mask == 0) | (mask == 1)).all())
-        ones = binary and int(mask.bool().count_nonzero()) == mask.numel()
-        self._ones = stamp(mask) if ones else None
-        self._binary = stamp(mask) if binary else None
-        frozen = self.frozen
-        if not unchanged(self.__dict__.get("_thawed"), frozen):
-            self._thawed = (*stamp(frozen), not bool(frozen.any()))
-
-    def mask_is_binary(self) -> bool:
-        """Whether ``weight_mask`` is known to hold only zeros and ones (see :meth:`note_mask`):
-        a mask swapped or written since reads as not known."""
-        return unchanged(self.__dict__.get("_binary"), self.weight_mask)
-
-    def mask_is_ones(self) -> bool:
-        """Whether ``weight_mask`` is known to be all ones (see :meth:`note_mask`); a mask
-        swapped or written since reads as not known. Inside ``torch.compile`` it reads as not
-        known: a compiled graph multiplies by the mask tensor, which a prune event updates
-        in place, so that no Python value guards the graph (see :mod:`espn.training.compile`)."""
-        if torch.compiler.is_compiling():
-            return False
-        return unchanged(self.__dict__.get("_ones"), self.weight_mask)
 
     def masked_weight(self) -> Tensor:
-        """The weight with the active task's mask applied (zeros elsewhere).
-
-        In a training step with the layer's own mask (noted by :meth:`note_mask` as all ones
-        or 0/1, and unwritten since), the result comes from :class:`_TrainedWeight`, whose
-        backward gives the weight the gradient of the task's trainable weights alone (in its
-        mask and not frozen), bit for bit, with the masked-L2 term's gradient added in the
-        same pass: the weight's gradient then needs no other masking pass (see
-        :meth:`grad_is_kept`), and the product is remembered for the rest of the step (see
-        :meth:`step_product`). Where the weight is known to be zero outside the mask (see
-        :meth:`zero_outside_known`), the product is the weight itself, bit for bit, and is
-        not computed.
-        """
-        weight, mask = self.weight, self.weight_mask
-        if torch.compiler.is_compiling():
-            # a compiled graph differentiates the product itself (the guard then masks the
-            # gradient) and reads no Python state a prune event changes
-            return weight * mask
-        ones = self.mask_is_ones()
-        training = torch.is_grad_enabled() and weight.requires_grad and not mask.requires_grad
-        if not (training and (ones or self.mask_is_binary())):
-            # no training step, or a mask not noted as binary since its last change (a mask
-            # passed in through functional_call, soft or trained): differentiated as it is,
-            # and no product of an earlier forward pass counts as this one's
-            if torch.is_grad_enabled():
-                self.__dict__["_product"] = None
-            return weight if ones or self.zero_outside_known() else weight * mask
-        keep = None if ones and self._nothing_frozen() else self._trainable_bits()
-        bare = ones or self.zero_outside_known()
-        product, sink = _TrainedWeight.apply(weight, None if bare else mask, keep, self)
-        # written to the instance's dict directly: nn.Module.__setattr__ checks its
-        # parameters, buffers and submodules first (a few microseconds per layer and step)
-        self.__dict__["_product"] = (product, sink, *stamp(weight), *stamp(mask))
-        return product
-
-    @torch.no_grad()
-    def zero_pruned(self, states: Sequence[Tensor] = ()) -> bool:
-        """Zero every free weight outside the mask, and the same entries of ``states`` (the
-        weight's optimizer state), at a prune event of a method whose free weights are set
-        anew before a later task reads them: no forward pass of the task reads them (the
-        product zeroes them), no gradient reaches them, and with zero state no optimizer
-        step moves them. The weight is then known to be zero outside its mask, so that
-        ``weight * mask`` is ``weight`` bit for bit (``x * 1`` is ``x``, ``0 * 0`` is ``0``
-        with its sign) and :meth:`masked_weight` skips the product, until the weight, mask
-        or frozen set is written otherwise than by a training step (see
-        :meth:`note_trained`).
-
-        Only for a mask noted as 0/1 with no frozen weight outside it (a frozen weight is
-        never zeroed: an earlier task's weight in a unit this task pruned, or one it did not
-        reuse); returns whether the layer knows its weight zero outside the mask. An
-        all-ones mask needs nothing (the product is skipped already)."""
-        mask, weight = self.weight_mask, self.weight
-        if self.mask_is_ones() or not self.mask_is_binary():
-            return False
-        stuck = self.__dict__.get("_stuck")
-        # the frozen weight found outside the mask at an earlier event still is (one read)
-        if unchanged(stuck, self.frozen) and stuck and not bool(mask.reshape(-1)[stuck[2]]):
-            return False
-        free = self.free_bits()
-        # the mask's bits: all ones (-1) in it, zero outside, as integers of the weight's
-        # element size; an AND with them zeroes the outside, bit for bit, in one pass
-        bits = mask.to(free.dtype).neg_()
-        if not self._nothing_frozen():
-            # a zero in ``bits | free`` is a frozen weight outside the mask (neither in it nor
-            # free): the largest entry, if any is zero; remembered for the next event
-            either = torch.bitwise_or(bits, free).view(-1)
-            at = int(either.argmax())
-            if not bool(either[at]):
-                self._stuck = (*stamp(self.frozen), at)
-                return False
-        for tensor in (weight, *states):
-            if tensor.dtype == weight.dtype:
-                float_bits(tensor).bitwise_and_(bits)
-            else:
-                tensor.masked_fill_(bits == 0, 0.0)
-        # the next step's trainable bits (see _trainable_bits), from the same mask bits
-        self._keep = (*stamp(mask), free, bits.bitwise_and_(free))
-        self._zero = (*stamp(weight), weight.data_ptr(), *stamp(mask), *stamp(self.frozen))
-        return True
-
-    def zero_outside_known(self) -> bool:
-        """Whether the weight is known to be zero outside the mask (see :meth:`zero_pruned`):
-        the weight (same address), mask and frozen set unwritten since it was noted, but by
-        the training steps :meth:`note_trained` followed."""
-        known = self.__dict__.get("_zero")
-        if known is None or torch.compiler.is_compiling():
-            return False
-        weight = self.weight
-        return (
-            unchanged(known, weight)
-            and known[2] == weight.data_ptr()
-            and unchanged(known[3:5], self.weight_mask)
-            and unchanged(known[5:], self.frozen)
-        )
-
-    def keeps_zero(self) -> bool:
-        """Whether the coming optimizer step keeps the weight zero outside the mask: it is
-        known to be now, and the gradient the step applies is the product's backward's,
-        zero wherever the task may not train (see :meth:`grad_is_kept`). The engine asks
-        before an optimizer step and calls :meth:`note_trained` after it."""
-        return self.zero_outside_known() and self.grad_is_kept()
-
-    def note_trained(self) -> None:
-        """Carry the knowledge of :meth:`zero_pruned` over an optimizer step that
-        :meth:`keeps_zero` allowed (an optimizer moves no weight whose gradient and state
-        are zero, decay included; the frozen guard restores frozen weights only)."""
-        known = self.__dict__.get("_zero")
-        if known is not None:
-            self._zero = (*stamp(self.weight), *known[2:])
-
-    def _nothing_frozen(self) -> bool:
-        """Whether ``frozen`` is known to hold no weight (noted by :meth:`note_mask`, and
-        unwritten since): a step then has nothing to keep out of an all-ones mask."""
-        known = self.__dict__.get("_thawed")
-        return known is not None and unchanged(known, self.frozen) and bool(known[2])
-
-    def step_product(self) -> Tensor | None:
-        """This step's masked weight as the forward pass computed it (None: none is current:
-        the weight or the mask changed since, or no training forward pass computed it)."""
-        parts = self.step_parts()
-        return None if parts is None else parts[0]
-
-    def step_sink(self) -> Tensor | None:
-        """Where the masked-L2 term's gradient enters this step's product (see
-        :class:`_TrainedWeight`; None when :meth:`step_product` is None)."""
-        parts = self.step_parts()
-        return None if parts is None else parts[1]
-
-    def step_parts(self) -> tuple[Tensor, Tensor] | None:
-        """:meth:`step_product` and :meth:`step_sink` in one call (None: no product is
-        current)."""
-        known = self.__dict__.get("_product")
-        if known is None or torch.compiler.is_compiling():
-            return None
-        product, sink, *stamps = known
-        if unchanged(stamps[:2], self.weight) and unchanged(stamps[2:], self.weight_mask):
-            return product, sink
-        return None
-
-    def grad_is_kept(self) -> bool:
-        """Whether ``weight.grad`` is the gradient the masked product's backward wrote since
-        :meth:`forget_kept_grad`, every weight the task may not train zeroed bit for bit,
-        and unchanged since (its address and version counter)."""
-        grad, known = self.weight.grad, self.__dict__.get("_kept_grad")
-        return grad is not None and known == (grad.data_ptr(), grad._version)
-
-    def forget_kept_grad(self) -> None:
-        """Forget what an earlier backward pass wrote (called before each backward pass that
-        :meth:`grad_is_kept` is asked about, so that no earlier gradient's address counts)."""
-        self.__dict__["_kept_grad"] = None
-
-    def _trainable_bits(self) -> Tensor:
-        """All ones on the weights the task may train (in the mask, not frozen), zero
-        elsewhere, as integers of the weight's element size (see :meth:`free_bits`); for a
-        mask noted as 0/1 and unwritten since, rebuilt when it or ``frozen`` changed."""
-        free = self.free_bits()
-        if self.mask_is_ones():
-            return free
-        mask = self.weight_mask
-        known = self.__dict__.get("_keep")
-        if unchanged(known, mask) and known is not None and known[2] is free:
-            return known[3]
-        # a 0/1 mask as integers is 0/1, negated 0/-1 (all bits set): three integer passes
-        keep = mask.to(free.dtype).neg_().bitwise_and_(free)
-        self._keep = (*stamp(mask), free, keep)
-        return keep
-
-    def free_bits(self) -> Tensor:
-        """All ones (-1) on every weight not frozen, zero on a frozen one, as integers of the
-        weight's element size (an AND of a float's bits with it keeps the free entries, bit
-        for bit); rebuilt when ``frozen`` changed (at a commit, never in a task's steps)."""
-        frozen, dtype = self.frozen, _BITS[self.weight.element_size()]
-        known = self.__dict__.get("_free")
-        if unchanged(known, frozen) and known is not None and known[2].dtype == dtype:
-            return known[2]
-        free = frozen.logical_not().to(dtype).neg_()
-        self._free = (*stamp(frozen), free)
-        return free
-
-    def mask_count(self) -> Tensor:
-        """The number of weights in the mask, as a tensor (no host read), counted again only
-        when the mask changed (inside ``torch.compile``: every time, see :meth:`mask_is_ones`)."""
-        mask = self.weight_mask
-        if torch.compiler.is_compiling():
-            return mask.sum()
-        known = self.__dict__.get("_count")
-        if unchanged(known, mask) and known is not None:
-            return known[2]
-        count = mask.sum()
-        self._count = (*stamp(mask), count)
-        return count
-
-
-def stamp(tensor: Tensor) -> tuple[Tensor, int]:
-    """``tensor`` and its version counter (which every in-place write bumps): what a cache
-    records to know later that its value was computed from this very tensor, unwritten since."""
-    return tensor, tensor._version
-
-
-def unchanged(known: Sequence[Any] | None, tensor: Tensor) -> bool:
-    """Whether ``known`` starts with :func:`stamp` of ``tensor`` as it is now (same object,
-    same version)."""
-    return known is not None and known[0] is tensor and known[1] == tensor._version
-
-
-#: the integer type of each floating-point size, to view a tensor's bits
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def float_bits(tensor: Tensor) -> Tensor:
-    """``tensor``'s memory as integers of its element size (a view: writes go through)."""
-    return tensor.view(_BITS[tensor.element_size()])
-
-
-class _TrainedWeight(torch.autograd.Function):
-    """A training step's masked weight, ``weight * mask`` (``weight`` itself, ``mask`` None,
-    where the mask is all ones or the weight is known zero outside it), with a second
-    output, ``sink``, a 0-d tensor whose only use is to carry the masked-L2 term's gradient
-    divisor ``d`` back (see
-    ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
-    gradient in place in the gradient of the product: ``grad + weight / d`` (where the term
-    was used), then an AND of its bits with ``keep`` (all ones where the task trains the
-    weight, zero elsewhere; None: every weight trains), exact for every value, NaN and inf
-    included. On a kept entry the mask is 1, so ``weight / d`` is the term's gradient
-    ``weight * mask / d`` there, and every other entry is zeroed. The term enters in one pass,
-    ``addcdiv_`` with value 1: a quotient rounded, then a sum rounded, which is autograd's sum
-    of the two gradients bit for bit at every entry, whatever the tensor's size (a fused
-    multiply-add, as ``addcmul_`` computes on the CPU, would round once and differ). The layer
-    learns the result's address and version, so that the frozen-weight guard can skip it (see
-    ``MaskedLayer.grad_is_kept``)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        weight: Tensor,
-        mask: Tensor | None,
-        keep: Tensor | None,
-        layer: Any,
-    ) -> tuple[Tensor, Tensor]:
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(weight, keep)
-        ctx.layer = layer
-        product = weight.view_as(weight) if mask is None else weight * mask
-        return product, weight.new_empty(())
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
-        weight, keep = ctx.saved_tensors
-        grad, divisor = grads
-        if grad is None:
-            if divisor is None:
-                return None, None, None, None
-            grad, owned = weight / divisor, True
-        else:
-            # the product feeds one operation of the layer's forward (a linear map, a
-            # convolution), whose weight gradient is a fresh tensor no one else holds: it is
-            # written in place where dense (not an expanded or transposed view)
-            owned = _dense(grad)
-            if divisor is not None:
-                grad = grad.addcdiv_(weight, divisor) if owned else grad.addcdiv(weight, divisor)
-                owned = True
-        if keep is not None:
-            out = grad if owned else torch.empty_like(grad)
-            torch.bitwise_and(float_bits(grad), keep, out=float_bits(out))
-            grad = out
-            ctx.layer.__dict__["_kept_grad"] = (grad.data_ptr(), grad._version)
-        return grad, None, None, None
-
-
-def _dense(tensor: Tensor) -> bool:
-    """Whether ``tensor`` is contiguous (or channels-last): each element its own memory."""
-    if tensor.is_contiguous():
-        return True
-    return tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
+        """The weight with the active task's mask applied: ``weight * mask``, whose gradient is
+        masked too (``grad * mask``; ``espn.training.optim.FrozenGuard`` zeroes the frozen
+        weights'). The fast path (:mod:`espn.supernet.fast`) computes the same values."""
+        if is_on():
+            return self.fast_masked_weight()
+        return self.weight * self.weight_mask
 
 
 def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor:
@@ -552,7 +216,7 @@ class TaskSpecific(nn.Module, ABC):
             target.data = value.to(device=target.device, dtype=target.dtype).clone()
 
 
-class UnitModule(TaskSpecific):
+class UnitModule(UnitCaches, TaskSpecific):
     """A task-specific module that scales units: its ``weight`` is the unit saliency (gamma).
 
     ``unit_mask`` (1 = alive) multiplies both the scale and the shift, so that a pruned unit
@@ -575,20 +239,6 @@ class UnitModule(TaskSpecific):
         self.group = group
         self.unit_size = unit_size
         self.register_buffer("unit_mask", torch.ones(n // unit_size))
-        self._all_alive: tuple[Tensor, int] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # a copy's tensors are others (a deep copy keeps their version counters): what was
-        # noted about this module's mask is not known of the copy's
-        state: dict[str, Any] = super().__getstate__()
-        return state | {"_all_alive": None}
-
-    def note_units(self, all_alive: bool) -> None:
-        """Record whether ``unit_mask`` is all ones, told by the caller that just wrote it (a
-        task begins, units are set): while that very tensor is unwritten since (see
-        :func:`stamp`), :meth:`all_alive` holds and a norm's forward uses its scale and shift
-        as they are, with no product by the mask to compute or differentiate."""
-        self._all_alive = stamp(self.unit_mask) if all_alive else None
 
     @torch.no_grad()
     def set_units(self, alive: Tensor, all_alive: bool) -> None:
@@ -597,14 +247,6 @@ class UnitModule(TaskSpecific):
         group; see :meth:`note_units`)."""
         self.unit_mask.copy_(alive.to(self.unit_mask.device, self.unit_mask.dtype))
         self.note_units(all_alive)
-
-    def all_alive(self) -> bool:
-        """Whether every unit is known to be alive (see :meth:`note_units`): a mask written or
-        swapped since reads as not known, and so does any inside ``torch.compile`` (as
-        ``MaskedLayer.mask_is_ones``)."""
-        if torch.compiler.is_compiling():
-            return False
-        return unchanged(self.__dict__.get("_all_alive"), self.unit_mask)
 
     def masked_affine(self) -> tuple[Tensor, Tensor]:
         """The scale and shift masked by the task's units: ``weight`` and ``bias`` themselves
@@ -659,7 +301,6 @@ class UnitGate(UnitModule):
         self.register_buffer("released", torch.zeros((), dtype=torch.bool))
         self._init_units(group, n)
         self.unit_size = unit_size
-        self._identity: tuple[Tensor, int] | None = None
 
     def reset_task(self, n_classes: int) -> None:
         with torch.no_grad():
@@ -683,16 +324,7 @@ class UnitGate(UnitModule):
         # a released scale-only gate with every unit alive multiplies by ones: noted here
         # (one host read per release, never in a step), so that its forward is the identity
         ones = released and not self.affine and bool((self.weight * self.unit_mask == 1).all())
-        self._identity = stamp(self.unit_mask) if ones else None
-
-    def is_identity(self) -> bool:
-        """Whether the gate is known to pass its input through unchanged: released, scale
-        only, every unit alive, and its unit mask unwritten since (a unit pruned later, or a
-        mask swapped, reads as not known). Inside ``torch.compile`` it reads as not known, as
-        ``MaskedLayer.mask_is_ones`` does."""
-        if torch.compiler.is_compiling():
-            return False
-        return unchanged(self.__dict__.get("_identity"), self.unit_mask)
+        self.note_identity(ones)
 
     def load_task_state(self, state: dict[str, Tensor]) -> None:
         """Load a task's gate; a non-affine gate of a committed task is simply released."""

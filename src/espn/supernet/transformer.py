@@ -28,14 +28,13 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
+from espn.supernet.fast import stamp, unchanged
 from espn.supernet.layers import (
     MaskedLinear,
     TaskSpecific,
     UnitGate,
     UnitModule,
     expand_units,
-    stamp,
-    unchanged,
 )
 
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from espn.settings import default
-from espn.supernet.layers import float_bits as _bits
+from espn.supernet.fast import LeanRMSprop, is_on
+from espn.supernet.fast import float_bits as _bits
 from espn.supernet.supernet import Supernet
 
 #: ``nesterov``: SGD with Nesterov momentum (CPG's optimizer)
@@ -65,98 +64,9 @@ def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optim
             params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
         )
     if cfg.name == "rmsprop":
-        return LeanRMSprop(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        rmsprop = LeanRMSprop if is_on() else torch.optim.RMSprop
+        return rmsprop(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     raise ValueError(f"unknown optimizer {cfg.name!r}; choose one of: {', '.join(OPTIMIZERS)}")
-
-
-class LeanRMSprop(torch.optim.RMSprop):
-    """``torch.optim.RMSprop`` computing the same steps, bit for bit, with no slow square
-    root of zeros on the CPU.
-
-    RMSprop divides by ``sqrt(v) + eps``, ``v`` the running mean of squared gradients. In a
-    masked network ``v`` is exactly zero wherever a weight never had a gradient (frozen,
-    masked out, a dead unit's), and torch's CPU square root is many times slower on zeros
-    than on other values (measured: 27 ms against 1.3 ms for 3M floats, 40% zeros, one
-    thread). This step takes ``sqrt(max(v, tiny))`` (``tiny`` the smallest normal float):
-    for every ``v`` below ``tiny`` both square roots are below a quarter of ``eps``'s last
-    bit, so ``sqrt(v) + eps`` is ``eps`` either way and every other value is unchanged (and it
-    is written into a tensor kept from step to step, not a fresh one). Where
-    that does not hold (``eps`` too small for the dtype) or torch's other code paths apply
-    (a GPU, ``foreach``, ``centered``, ``maximize``, complex or differentiable parameters),
-    torch's own step runs. The state (``step``, ``square_avg``, ``momentum_buffer``) is
-    torch's, so checkpoints load either way.
-    """
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        if not all(self._lean(group) for group in self.param_groups):
-            return super().step(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            square_avgs: list[Tensor] = []
-            buffers: list[Tensor] = []
-            steps: list[Tensor] = []
-            self._init_group(group, params, grads, square_avgs, buffers, [], steps)
-            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
-            momentum, decay = group["momentum"], group["weight_decay"]
-            for i, param in enumerate(params):
-                grad, square_avg = grads[i], square_avgs[i]
-                steps[i] += 1
-                if decay != 0:
-                    grad = grad.add(param, alpha=decay)
-                square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
-                avg = torch.clamp_min(
-                    square_avg, torch.finfo(param.dtype).tiny, out=self._avg(i, param)
-                )
-                avg = avg.sqrt_().add_(eps)
-                if momentum > 0:
-                    buf = buffers[i]
-                    buf.mul_(momentum).addcdiv_(grad, avg)
-                    param.add_(buf, alpha=-lr)
-                else:
-                    param.addcdiv_(grad, avg, value=-lr)
-        return loss
-
-    def _avg(self, i: int, param: Tensor) -> Tensor:
-        """The tensor a step writes ``sqrt(v) + eps`` of ``param`` into, kept from step to
-        step (torch's step allocates it every time; on the CPU a fresh multi-megabyte
-        tensor costs its page faults). Not part of the state: a temporary."""
-        scratch: dict[Tensor, Tensor] = self.__dict__.setdefault("_scratch", {})
-        avg = scratch.get(param)
-        if avg is None or avg.shape != param.shape or avg.dtype != param.dtype:
-            avg = scratch[param] = torch.empty_like(param)
-        return avg
-
-    def _lean(self, group: dict[str, Any]) -> bool:
-        """Whether ``group`` takes the lean step: torch's single-tensor CPU path, real float
-        parameters, and an ``eps`` that absorbs ``sqrt(tiny)``."""
-        if group["centered"] or group["maximize"] or group["differentiable"]:
-            return False
-        if group["foreach"] or group["capturable"] or isinstance(group["lr"], Tensor):
-            return False
-        params = group["params"]
-        dtypes = {p.dtype for p in params}
-        if not all(p.device.type == "cpu" and p.dtype in _EPS_OK for p in params):
-            return False
-        return all(_eps_absorbs_tiny(group["eps"], d) for d in dtypes)
-
-
-#: the floating-point dtypes :class:`LeanRMSprop` steps itself
-_EPS_OK = (torch.float32, torch.float64)
-
-
-@functools.cache
-def _eps_absorbs_tiny(eps: float, dtype: torch.dtype) -> bool:
-    """Whether ``eps + sqrt(tiny)`` rounds to ``eps`` in ``dtype`` with room to spare (then
-    so does ``eps + sqrt(v)`` for every ``0 <= v < tiny``)."""
-    info = torch.finfo(dtype)
-    value = torch.tensor(eps, dtype=dtype)
-    return bool(value > 0) and bool(value + 4 * math.sqrt(info.tiny) == value)
 
 
 def _fused(params: Sequence[Tensor]) -> bool | None:
