@@ -43,6 +43,27 @@ def source_summary(run_dir: Path) -> tuple[str, int]:
     return str(manifest["method"]), len(manifest["tasks"])
 
 
+def check_from_run(cfg: RunConfig) -> None:
+    """Before a run starts: ``from_run`` names a checkpoint of the same method with at least
+    ``after_task`` finished tasks (more is checked when it starts, :func:`check_compatible`)."""
+    if cfg.from_run is None or cfg.after_task is None:
+        return
+    try:
+        method, done = source_summary(Path(cfg.from_run))
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    if method != cfg.method:
+        raise ConfigError(
+            f"config: from_run {cfg.from_run} is a run of method {method!r}; learning on top "
+            f"of it needs the same method (--method {method}), got {cfg.method!r}"
+        )
+    if cfg.after_task > done:
+        raise ConfigError(
+            f"config: after_task must be <= the {done} task(s) finished in {cfg.from_run}, "
+            f"got {cfg.after_task}"
+        )
+
+
 @dataclass
 class SourceRun:
     """The run ``--from-run`` names: its directory, manifest and configuration."""
