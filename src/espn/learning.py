@@ -22,7 +22,7 @@ from torch import Tensor
 
 from espn import api_checks as checks
 from espn.api_checks import LearnerError
-from espn.config import ConfigError
+from espn.config import ConfigError, RunConfig
 from espn.data.tasks import Task
 from espn.data.tensors import TaskData, tensor_task
 from espn.evaluation.metrics import task_record
@@ -221,6 +221,7 @@ class LearnedTasks:
         names: list[str]
         replayed: int
         device: torch.device
+        cfg: RunConfig
 
         @property
         def rows(self) -> list[list[float] | None]: ...
@@ -239,6 +240,7 @@ class LearnedTasks:
         *,
         task_agnostic: Literal[False] = False,
         rule: None = None,
+        batch_size: int = 1024,
     ) -> float: ...
 
     @overload
@@ -258,8 +260,10 @@ class LearnedTasks:
         *,
         task_agnostic: bool = False,
         rule: str | None = None,
+        batch_size: int = 1024,
     ) -> float | dict[str, Any] | list[dict[str, Any]]:
-        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data).
+        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data),
+        ``batch_size`` samples at a time.
 
         With ``task_agnostic=True``, prediction without the task instead, by ``rule`` (see
         :mod:`espn.inference`): ``task`` is one ``(x, y)`` test set per learned task, in
@@ -288,12 +292,12 @@ class LearnedTasks:
         if not isinstance(task, int):
             raise checks.fail("task", f"must be a task index (int), got {task!r}")
         self._check_task(task)
-        if data is None:
-            known = self.tasks[task]
-            if known is None or not len(known.test):
-                raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
-            return self.runner.evaluator.accuracy(known, task)
-        return self.runner.evaluator.accuracy(self._probe(task, data, "data"), task)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise checks.fail("batch_size", f"must be a positive int, got {batch_size!r}")
+        known = self.tasks[task] if data is None else self._probe(task, data, "data")
+        if known is None or not len(known.test):
+            raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
+        return self.runner.evaluator.accuracy(known, task, batch_size=batch_size)
 
     def _tasks(
         self,
@@ -400,16 +404,31 @@ class LearnedTasks:
                 raise ExportError(
                     "onnx=True needs the onnx and onnxscript packages: pip install espn[onnx]"
                 )
-        flops = task_record(self.supernet, task)["flops"]
+        flops = self.runner.records[task]["flops"]  # as recorded (results.json) when learned
         if data is None and known is not None:  # raw inputs in: the task's transform too
-            raw = known.raw_inputs("test" if len(known.test) else "train", 1024)
-            return export_task(
-                self.supernet, task, raw, path, onnx, flops, fold_bn, known.transform, overwrite
+            inputs, transform = (
+                known.raw_inputs("test" if len(known.test) else "train", 1024),
+                known.transform,
             )
-        inputs = list(x.split(1024))
+        else:
+            inputs, transform = list(x.split(1024)), None
         return export_task(
-            self.supernet, task, inputs, path, onnx, flops, fold_bn, overwrite=overwrite
+            self.supernet,
+            task,
+            inputs,
+            path,
+            onnx,
+            flops,
+            fold_bn,
+            transform,
+            overwrite,
+            self._run(),
         )
+
+    def _run(self) -> Path | None:
+        """The run directory this learner writes or was loaded from (its files are never
+        replaced by an export), if any."""
+        return None if self.cfg.out == Path(".") else Path(self.cfg.out)
 
     def export_task_agnostic(
         self,
@@ -431,7 +450,7 @@ class LearnedTasks:
 
         checks.check_export_path(path)
         check_target(path)
-        check_not_replacing(export_files(path, onnx), overwrite)
+        check_not_replacing(export_files(path, onnx), overwrite, self._run())
         tasks = self._every_task(data, "data")
         inputs = [next(task.batches("test", 1024))[0] for task in tasks]
         return export_task_agnostic(self.supernet, inputs, path, rule, onnx, fold_bn)

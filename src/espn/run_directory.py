@@ -26,6 +26,7 @@ from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import identity, load_task, save_task, task_path
 from espn.evaluation.plots import plot_run
 from espn.methods.base import Strategy
+from espn.runs.building import build_benchmark
 from espn.runs.checks import RunMismatch, check_out_dir, clear_run, run_meta
 from espn.runs.from_run import check_source_unchanged
 from espn.runs.loading import LoadedRun
@@ -277,20 +278,18 @@ class LearnerRuns:
         accuracy rows as its checkpoint has them, with the test data saved beside a Python
         run or, with ``benchmark_data``, the benchmark of an ``espn run`` run (read from
         ``data_dir``, default the one its configuration names; never downloaded)."""
-        from espn.runs.building import build_benchmark
-
         entries, cfg = loaded.checkpoint.tasks, loaded.config
         rows = [None if e.get("accuracy") is None else list(e["accuracy"]) for e in entries]
         records = [dict(e.get("record") or self.runner.records[t]) for t, e in enumerate(entries)]
         self._hold(entries, rows, records)
+        if data_dir is not None:
+            cfg = cfg.model_copy(update={"data_dir": Path(data_dir).resolve()})
         if cfg.benchmark == "tensors" and cfg.data_dir is not None:
             for t in range(len(entries)):
                 file = task_path(cfg.data_dir, t)
                 self.tasks[t] = load_task(file, self.device) if file.is_file() else None
-        elif benchmark_data:
+        elif benchmark_data and entries:
             check_source_unchanged(cfg.out, cfg, entries)
-            if data_dir is not None:
-                cfg = cfg.model_copy(update={"data_dir": Path(data_dir).resolve()})
             seq = build_benchmark(cfg, download=False)
             self.tasks = [seq.tasks[t] for t in range(len(entries))]
 
