@@ -20,9 +20,8 @@ from espn.loggers import logging_options
 from espn.preflight import check_run
 from espn.run_directory import RunDirectory
 from espn.runs.building import build_benchmark, build_supernet
-from espn.runs.checks import check_out_dir, clear_run
+from espn.runs.checks import check_out_dir, clear_run, results_document
 from espn.runs.from_run import adopt_tasks, check_compatible, check_from_run, open_source
-from espn.runs.results import results_document
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
 from espn.training.distributed import join

@@ -27,12 +27,17 @@ from espn.data.tensors import identity, load_task, save_task, task_path
 from espn.evaluation.plots import plot_run
 from espn.methods.base import Strategy
 from espn.runs.building import build_benchmark
-from espn.runs.checks import RunMismatch, check_out_dir, clear_run, run_meta
+from espn.runs.checks import (
+    DirectoryLock,
+    RunMismatch,
+    check_out_dir,
+    clear_run,
+    results_document,
+    run_meta,
+)
 from espn.runs.from_run import check_source_unchanged
 from espn.runs.loading import LoadedRun
-from espn.runs.lock import DirectoryLock
-from espn.runs.results import results_document
-from espn.runs.resuming import RunCheckpoint
+from espn.runs.resuming import RunCheckpoint, finished
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, EpochEnd
 from espn.training.distributed import writes_files
@@ -265,6 +270,7 @@ class LearnerRuns:
             ckpt.rows, ckpt.per_task = adopt()
         manifest = ckpt.manifest or {}
         self._hold(manifest.get("tasks", []), ckpt.rows, ckpt.per_task)
+        self.replayed = 0  # a resumed script gives the tasks again (checked, not learned)
         self.fingerprints = [str(f) for f in manifest.get("fingerprints", [])]
         self.summary = ckpt.summary or self.summary
         self.run_dir = rd
@@ -279,9 +285,7 @@ class LearnerRuns:
         run or, with ``benchmark_data``, the benchmark of an ``espn run`` run (read from
         ``data_dir``, default the one its configuration names; never downloaded)."""
         entries, cfg = loaded.checkpoint.tasks, loaded.config
-        rows = [None if e.get("accuracy") is None else list(e["accuracy"]) for e in entries]
-        records = [dict(e.get("record") or self.runner.records[t]) for t, e in enumerate(entries)]
-        self._hold(entries, rows, records)
+        self._hold(entries, *finished(entries))
         if data_dir is not None:
             cfg = cfg.model_copy(update={"data_dir": Path(data_dir).resolve()})
         if cfg.benchmark == "tensors" and cfg.data_dir is not None:
@@ -300,13 +304,12 @@ class LearnerRuns:
         records: list[dict[str, Any]],
     ) -> None:
         """Take a run's finished tasks (its checkpoint's task entries) as this learner's,
-        their data not known here (a resumed script gives it again)."""
+        their data not known here."""
         n = len(self.supernet.masks)
         self.runner.rows, self.runner.records = rows, records
         self.names = [str(e.get("name") or f"task {t}") for t, e in enumerate(entries)]
         self.names += [f"task {t}" for t in range(len(self.names), n)]
         self.tasks = [None] * n
-        self.replayed = 0
 
     def close(self) -> None:
         """The end of learning: callbacks' ``on_run_end`` (loggers flush and close), and the

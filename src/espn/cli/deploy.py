@@ -35,23 +35,6 @@ DATA_DIR_OPTION = typer.Option(
 )
 
 
-def _test_data(config: Any, data_dir: Path | None) -> Any:
-    """The run's task sequence, its data read from ``data_dir`` (else the recorded one) and
-    never downloaded: a run directory names where its data was, not where to write."""
-    from espn.runs.building import build_benchmark
-
-    if data_dir is not None:
-        config = config.model_copy(update={"data_dir": data_dir.resolve()})
-    return build_benchmark(config, download=False)
-
-
-def _results(run: Path) -> dict[str, Any] | None:
-    """``results.json`` of a run (checked), or None when there is none."""
-    from espn.evaluation.results import read_results
-
-    return read_results(run)
-
-
 def _mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -86,6 +69,7 @@ def evaluate(
     """
     from espn.api import load
     from espn.evaluation.metrics import final_accuracy
+    from espn.evaluation.results import read_results
     from espn.inference import DEFAULT_RULE, RULES
     from espn.inference.predict import get_rule
 
@@ -110,7 +94,7 @@ def evaluate(
         return
     if task_agnostic and rule != "all":
         get_rule(rule, learner.supernet)  # a rule these tasks cannot run: before any evaluation
-    doc = _results(run)
+    doc = read_results(run)  # checked
     rows = [r for r in learner.accuracy_matrix if r is not None]
     reported = doc["final_accuracy"] if doc else (final_accuracy(rows) if rows else [])
     source = "results.json" if doc else "checkpoint"

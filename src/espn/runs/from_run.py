@@ -29,6 +29,7 @@ from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import reading_run
 from espn.runs.legacy import upgrade_saved_config
+from espn.runs.resuming import finished
 from espn.supernet.supernet import Supernet
 
 
@@ -134,9 +135,7 @@ def adopt_tasks(
             layer.weight.copy_(torch.where(layer.frozen, layer.weight, fresh[name]))
     supernet.active_task = None
     supernet.use_task(k - 1)
-    entries = ckpt.tasks[:k]
-    rows = [None if t.get("accuracy") is None else list(t["accuracy"]) for t in entries]
-    return rows, [dict(t["record"]) for t in entries]
+    return finished(ckpt.tasks[:k])
 
 
 def check_source_unchanged(

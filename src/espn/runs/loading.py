@@ -115,21 +115,6 @@ class LoadedRun:
         """Tasks finished in the checkpoint."""
         return len(self.supernet.masks)
 
-    def example_input(self, batch: int = 2) -> torch.Tensor:
-        """A zero batch of model inputs (shapes only matter for tracing)."""
-        shape = self.checkpoint.manifest["spec"]["input_shape"]
-        device = next(self.supernet.parameters()).device
-        return torch.zeros(batch, *shape, device=device)
-
-    def check_task(self, task: int) -> None:
-        """Raise :class:`CheckpointError` unless ``task`` is a finished task of the run."""
-        if not 0 <= task < self.n_tasks:
-            raise CheckpointError(
-                f"task {task} is not in the checkpoint; it holds tasks 0..{self.n_tasks - 1}"
-                if self.n_tasks
-                else f"task {task} is not in the checkpoint; it holds no finished task yet"
-            )
-
 
 def load_run(
     run_dir: Path | str,

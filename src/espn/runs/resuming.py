@@ -20,6 +20,17 @@ from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
 
 
+def finished(
+    entries: list[dict[str, Any]],
+) -> tuple[list[list[float] | None], list[dict[str, Any]]]:
+    """The accuracy rows (one per learned step) and the records of a checkpoint's finished
+    tasks (its task entries)."""
+    rows = [
+        None if e["accuracy"] is None else list(e["accuracy"]) for e in entries if "accuracy" in e
+    ]
+    return rows, [dict(e["record"]) for e in entries]
+
+
 def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
     """Where a task's training stands, in the units the engine counts: passes over the task's
     training data (the size rule may make them more than ``--epochs`` asks) and optimizer
@@ -91,12 +102,7 @@ class RunCheckpoint:
             CheckpointWriter.resume(ckpt) if writes else None,
             supernet,
             engine,
-            rows=[
-                None if t["accuracy"] is None else list(t["accuracy"])
-                for t in ckpt.tasks
-                if "accuracy" in t
-            ],
-            per_task=[dict(t["record"]) for t in ckpt.tasks],
+            *finished(ckpt.tasks),
             training=ckpt.training,
             elapsed=float(ckpt.manifest.get("wall_time_s", 0.0)),
             summary=f"resuming {directory}: {len(ckpt.masks)}/{total} tasks done{where}",
