@@ -34,7 +34,7 @@ from espn.evaluation.metrics import task_record
 from espn.learning import LearnedTasks, Report, TaskRunner, task_line
 from espn.loggers import make_loggers
 from espn.methods.base import METHODS, Strategy, declared_options
-from espn.run_directory import DATA_DIR, DirectoryLock, LearnerRuns, RunDirectory, fingerprint
+from espn.run_directory import DATA_DIR, DirectoryLock, LearnerRuns, RunDirectory
 from espn.runs.loading import model_name
 from espn.settings import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
@@ -487,4 +487,4 @@ def _record_streams(cls: type[Strategy], supernet: Supernet, values: dict[str, A
     values["stream_pruning"] = built
 
 
-__all__ = ["ContinualLearner", "LearnerError", "Report", "fingerprint", "regime_of"]
+__all__ = ["ContinualLearner", "LearnerError", "Report", "regime_of"]

@@ -68,15 +68,10 @@ def evaluate(
     status is 1 if any differs. With --task-agnostic, also without the task given.
     """
     from espn.api import load
-    from espn.evaluation.metrics import final_accuracy
     from espn.evaluation.results import read_results
-    from espn.inference import DEFAULT_RULE, RULES
     from espn.inference.predict import get_rule
 
-    if rule is not None and not task_agnostic:
-        fail("--rule is an option of --task-agnostic; add --task-agnostic")
-    if task_agnostic and rule != "all":
-        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
+    _check_rule(task_agnostic, rule)
     run = run_directory(run_dir, run_alias)
     learner = load(
         run,
@@ -95,12 +90,36 @@ def evaluate(
     if task_agnostic and rule != "all":
         get_rule(rule, learner.supernet)  # a rule these tasks cannot run: before any evaluation
     doc = read_results(run)  # checked
+    source = "results.json" if doc else "checkpoint"
+    mismatches = _compare(learner, doc, source, batch_size)
+    if task_agnostic:
+        tasks = [task for task in learner.tasks if task is not None]
+        task_agnostic_report(run, learner.supernet, tasks, rule)
+    if mismatches:
+        fail(f"tasks {mismatches} differ from {source}", code=1)
+    console.print(f"all {n} tasks match {source}")
+
+
+def _check_rule(task_agnostic: bool, rule: str | None) -> None:
+    """``--rule``: an option of ``--task-agnostic``, a known rule's name or ``all``."""
+    from espn.inference import DEFAULT_RULE, RULES
+
+    if rule is not None and not task_agnostic:
+        fail("--rule is an option of --task-agnostic; add --task-agnostic")
+    if task_agnostic and rule != "all":
+        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
+
+
+def _compare(learner: Any, doc: dict[str, Any] | None, source: str, batch_size: int) -> list[int]:
+    """Print each task's accuracy now beside the one ``source`` (results.json ``doc``, else
+    the checkpoint) reports; the tasks whose accuracies differ."""
+    from espn.evaluation.metrics import final_accuracy
+
     rows = [r for r in learner.accuracy_matrix if r is not None]
     reported = doc["final_accuracy"] if doc else (final_accuracy(rows) if rows else [])
-    source = "results.json" if doc else "checkpoint"
     table = Table("task", "name", "accuracy %", f"{source} %", "match")
     mismatches = []
-    for t in range(n):
+    for t in range(len(learner.tasks)):
         acc = learner.evaluate(t, batch_size=batch_size)
         want = reported[t] if t < len(reported) else None
         ok = want is not None and acc == want
@@ -114,12 +133,7 @@ def evaluate(
             "yes" if ok else "NO",
         )
     console.print(table)
-    if task_agnostic:
-        tasks = [task for task in learner.tasks if task is not None]
-        task_agnostic_report(run, learner.supernet, tasks, rule)
-    if mismatches:
-        fail(f"tasks {mismatches} differ from {source}", code=1)
-    console.print(f"all {n} tasks match {source}")
+    return mismatches
 
 
 def task_agnostic_report(run: Path, supernet: Any, tasks: list[Any], rule: str | None) -> None:
@@ -235,28 +249,11 @@ def export_command(
     results.json reports. A task-agnostic model holds every task's slim sub-network and the
     rule's statistics; it is checked to pick the same task and class as espn's prediction.
     """
-    from espn.checkpoint.format import checkpoint_dir, read_manifest
-    from espn.export.export import check_not_replacing, check_target, export_files
-    from espn.inference import DEFAULT_RULE, RULES
-    from espn.runs.loading import check_rebuildable
-
     if (task is None) == (not task_agnostic):
         fail("give either --task N (one task) or --task-agnostic (every task, task inferred)")
-    if rule is not None and not task_agnostic:
-        fail("--rule is an option of --task-agnostic; add --task-agnostic")
-    if task_agnostic and rule != "all":
-        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
+    _check_rule(task_agnostic, rule)
     run = run_directory(run_dir, run_alias)
-    check_target(out)
-    check_not_replacing(export_files(out, onnx), overwrite, run)
-    manifest = read_manifest(checkpoint_dir(run))
-    then = (
-        f"learner.export({task}, {str(out)!r})"
-        if task is not None
-        else f"learner.export_task_agnostic({str(out)!r}, data=[(x, y) per task])"
-    )
-    # a run saved from a model instance: how to export it in Python instead
-    check_rebuildable(run, str(manifest["model"]), then)
+    _check_export(run, out, onnx, overwrite, task)
     learner = _loaded(run, device, trust_model_code, check_data, data_dir, task)
     data = None if check_data else _random_inputs(learner)
     if task is None:
@@ -282,6 +279,25 @@ def export_command(
         f"  load it without espn: {load_hint(out, report.files)}\n"
         f"  {input_line(report.inputs)}"
     )
+
+
+def _check_export(
+    run: Path, out: Path, onnx: bool | None, overwrite: bool, task: int | None
+) -> None:
+    """Before any work: ``out`` is a target an export may write, and the run's model can be
+    rebuilt (else how to export in Python instead)."""
+    from espn.checkpoint.format import checkpoint_dir, read_manifest
+    from espn.export.export import check_not_replacing, check_target, export_files
+    from espn.runs.loading import check_rebuildable
+
+    check_target(out)
+    check_not_replacing(export_files(out, onnx), overwrite, run)
+    then = (
+        f"learner.export({task}, {str(out)!r})"
+        if task is not None
+        else f"learner.export_task_agnostic({str(out)!r}, data=[(x, y) per task])"
+    )
+    check_rebuildable(run, str(read_manifest(checkpoint_dir(run))["model"]), then)
 
 
 def _loaded(
