@@ -356,7 +356,7 @@ class LearnerRuns:
 
     def _directory(self, out: Path, extra: dict[str, Any]) -> RunDirectory:
         """A run directory ``out`` of this learner's tasks (``extra``: in its manifest)."""
-        rd = RunDirectory(self._saved_config(out), self._sequence, meta=lambda: self._meta(out))
+        rd = RunDirectory(self.config(out), self._sequence, meta=lambda: self._meta(out))
         rd.extra = lambda: extra | {"fingerprints": list(self.fingerprints)}
         return rd
 
@@ -402,7 +402,7 @@ class LearnerRuns:
         """After a step: a Python run's test data, then the checkpoint, then results.json and
         the plot (the run directory of ``espn run``, read by ``espn evaluate/show``)."""
         if rd.meta is not None and rd.writes:  # a Python run: its data beside it
-            rd.cfg = self._saved_config(rd.out)
+            rd.cfg = self.config(rd.out)
             for t, task in enumerate(self.tasks):
                 file = task_path(rd.out / DATA_DIR, t)
                 if task is not None and len(task.test) and not file.exists():
@@ -410,15 +410,10 @@ class LearnerRuns:
         rd.step_done(self.supernet, self.runner.rows, self.runner.records)
         rd.plot()
 
-    def _saved_config(self, out: Path) -> RunConfig:
-        """This learner's configuration as a run directory records it (benchmark
-        ``tensors``: the test data saved beside it, one file per task learned)."""
-        return self.cfg.model_copy(update={"out": out, "tasks": max(len(self.supernet.masks), 1)})
-
     def _meta(self, out: Path) -> dict[str, Any]:
         """What the checkpoint of run directory ``out`` records about the run."""
         seq = self._sequence()
-        meta = run_meta(self._saved_config(out), seq)
+        meta = run_meta(self.config(out), seq)
         width = self.supernet.model_classes  # the head a registered model was built with
         classes = [m.n_classes for m in self.supernet.masks] + [width or 1]
         meta["spec"]["n_classes"] = max(classes)
@@ -426,9 +421,11 @@ class LearnerRuns:
         return meta
 
     def config(self, out: Path | str) -> RunConfig:
-        """The run configuration a checkpoint records for this learner (benchmark
-        ``tensors``: the test data saved beside it)."""
-        return self._saved_config(Path(out))
+        """The run configuration a checkpoint in ``out`` records for this learner (benchmark
+        ``tensors``: the test data saved beside it, one file per task learned)."""
+        return self.cfg.model_copy(
+            update={"out": Path(out), "tasks": max(len(self.supernet.masks), 1)}
+        )
 
     def save(self, path: Path | str, overwrite: bool = False) -> Path:
         """Save every learned task as ``espn run`` does: ``path/checkpoint`` (safetensors +
