@@ -223,14 +223,11 @@ class LearnedTasks:
         device: torch.device
         cfg: RunConfig
 
-        @property
-        def rows(self) -> list[list[float] | None]: ...
-
     @property
     def accuracy_matrix(self) -> list[list[float] | None]:
         """Row ``i``: accuracy (%) of tasks ``0..i`` after task ``i`` was learned (None where
         some task had no test data, or ``eval_every`` skipped it)."""
-        return [None if r is None else list(r) for r in self.rows]
+        return [None if r is None else list(r) for r in self.runner.rows]
 
     @overload
     def evaluate(
