@@ -19,7 +19,7 @@ import espn
 from espn.cli.main import app
 from espn.learner import LearnerError
 from espn.loggers import CSVLogger, LoggerError
-from espn.run_directory import DirectoryLockError
+from espn.runs.checks import DirectoryLockError
 from espn.training.callbacks import Callback
 from helpers.api_models import SmallMLP
 from helpers.deploy import cli_options

@@ -22,8 +22,7 @@ from torch import Tensor, nn
 
 from espn import api_checks as checks
 from espn.checkpoint.format import checkpoint_dir, read_manifest
-from espn.data.tensors import load_task, task_path
-from espn.learner import ContinualLearner, LearnerError, known_model
+from espn.learner import ContinualLearner, LearnerError
 from espn.models.reference import (
     ModelReferenceError,
     build,
@@ -33,8 +32,7 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.models.resnet import STREAM_PRUNING
-from espn.runs.building import build_benchmark
-from espn.runs.loading import load_run
+from espn.runs.loading import known_model, load_run
 from espn.settings import default
 from espn.supernet.supernet import Supernet
 
@@ -131,6 +129,7 @@ def load(
     device: str = default("device"),
     progress: bool = False,
     benchmark_data: bool = False,
+    data_dir: Path | str | None = None,
     trust_model_code: bool = False,
     **model_args: Any,
 ) -> ContinualLearner:
@@ -141,7 +140,8 @@ def load(
     The model is rebuilt from the checkpoint's record, or from ``model`` (and ``model_args``)
     when only your code can build it (a model given to :func:`wrap` as an instance).
     Test data saved with the run is loaded with it; ``benchmark_data`` also builds the
-    benchmark of an ``espn run`` run, so that its tasks evaluate without data given.
+    benchmark of an ``espn run`` run, so that its tasks evaluate without data given (read
+    from ``data_dir``, default the data directory the run recorded; nothing is downloaded).
     A module the run names (an import reference) is imported only if it is already imported
     here or ``trust_model_code`` is set: opening a run directory never runs code it names.
     """
@@ -162,21 +162,9 @@ def load(
             **model_args,
         )
     loaded = load_run(path, device, supernet=given, trust_code=trust_model_code)
-    cfg = loaded.config
-    sn = loaded.supernet
-    sn.model_name = name
-    learner = ContinualLearner.from_config(sn, cfg, progress=progress)
-    tasks = loaded.checkpoint.tasks
-    learner.names = [str(t.get("name") or f"task {i}") for i, t in enumerate(tasks)]
-    learner.records = [dict(t.get("record") or learner.records[i]) for i, t in enumerate(tasks)]
-    learner.rows = [None if t.get("accuracy") is None else list(t["accuracy"]) for t in tasks]
-    if cfg.benchmark == "tensors" and cfg.data_dir is not None:
-        for t in range(len(tasks)):
-            file = task_path(cfg.data_dir, t)
-            learner.tasks[t] = load_task(file, learner.device) if file.is_file() else None
-    elif benchmark_data:
-        seq = build_benchmark(cfg, download=False)  # a run directory's data_dir is only read
-        learner.tasks = [seq.tasks[t] for t in range(len(tasks))]
+    loaded.supernet.model_name = name
+    learner = ContinualLearner.from_config(loaded.supernet, loaded.config, progress=progress)
+    learner.hold_run(loaded, benchmark_data, data_dir)
     return learner
 
 

@@ -33,6 +33,12 @@ class ApiArgumentError(EspnError, ValueError):
     """An argument of the Python API is not accepted; the message names it and says why."""
 
 
+class LearnerError(EspnError, ValueError):
+    """A learner cannot do what was asked (no data to evaluate on, an unreachable budget,
+    nothing to save, a run directory of other data); the message says why and what would
+    work."""
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 

@@ -18,10 +18,10 @@ from espn.data.tasks import TaskSequence
 from espn.learner import ContinualLearner
 from espn.loggers import logging_options
 from espn.preflight import check_run
-from espn.run_directory import RunDirectory, results_document
+from espn.run_directory import RunDirectory
 from espn.runs.building import build_benchmark, build_supernet
-from espn.runs.checks import check_out_dir, clear_run
-from espn.runs.from_run import adopt_tasks, check_compatible, open_source
+from espn.runs.checks import check_out_dir, clear_run, results_document
+from espn.runs.from_run import adopt_tasks, check_compatible, check_from_run, open_source
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
 from espn.training.distributed import join
@@ -94,6 +94,7 @@ def run_experiment(
     """
     logging_options(loggers, log_every)  # a bad name is refused before any work
     check_run(cfg)
+    check_from_run(cfg)
     check_out_dir(cfg.out, resume, overwrite)
     ranks = join(distributed, cfg.device)
     writer = ranks is None or ranks.writer
@@ -208,11 +209,8 @@ def _run_locked(
         for note in notes:
             on_warning(note)
     rd = RunDirectory(cfg, lambda: seq, notes)
-    ckpt = rd.open(supernet, learner.engine, learner.strategy, resume)
-    if source is not None and not ckpt.rows:  # a fresh start on top of another run
-        ckpt.rows, ckpt.per_task = adopt_tasks(supernet, source)
-    learner.rows, learner.records = ckpt.rows, ckpt.per_task  # the checkpoint saves them
-    learner.attach(rd)
+    adopt = None if source is None else (lambda: adopt_tasks(supernet, source))
+    ckpt = learner.open_run(rd, resume, adopt)
     if learner.ranks is not None:  # every rank has read the checkpoint before rank 0 writes
         learner.ranks.barrier()
     if ckpt.summary and on_task_end is not None:

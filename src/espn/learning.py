@@ -1,6 +1,8 @@
-"""The one place where a task is learned and recorded, for ``espn run`` (see
-:mod:`espn.experiment`, which adds checkpoints and ``results.json`` around it) and for the
-Python :class:`espn.api.ContinualLearner` alike.
+"""The one place where a task is learned and recorded (:class:`TaskRunner`), for ``espn run``
+(see :mod:`espn.experiment`, which adds checkpoints and ``results.json`` around it) and for
+the Python :class:`espn.api.ContinualLearner` alike; and where the tasks a learner holds are
+used (:class:`LearnedTasks`: evaluated, predicted with or without the task, reported,
+exported).
 
 A *step* is what a method trains at once (``Strategy.training_tasks``): one task for a
 sequential method, every task for MTL. Learning a step commits one or more tasks; the
@@ -12,13 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+import torch
 from torch import Tensor
 
-from espn.config import ConfigError
+from espn import api_checks as checks
+from espn.api_checks import LearnerError
+from espn.config import ConfigError, RunConfig
 from espn.data.tasks import Task
+from espn.data.tensors import TaskData, tensor_task
+from espn.evaluation.metrics import task_record
 from espn.evaluation.slim_eval import SlimEvaluator
+from espn.export.export import ExportReport, check_target, export_task
 from espn.inference import routing
 from espn.methods.base import Strategy
 from espn.supernet.flops import count_flops
@@ -26,20 +35,8 @@ from espn.supernet.supernet import Supernet
 from espn.training.callbacks import TaskEnd
 from espn.training.engine import Engine, TaskLog, TaskProgress, TrainingStopped
 
-
-def task_record(supernet: Supernet, task: int) -> dict[str, Any]:
-    """FLOPs and weight counts of a learned task's sub-network."""
-    supernet.use_task(task)
-    mask = supernet.masks[task]
-    alive = supernet.alive_counts(mask.units)
-    flops = supernet.flops(mask.units)
-    return {
-        "flops": flops,
-        "flops_ratio": flops / supernet.dense_flops,
-        "new_weights": mask.new_weights,
-        "used_weights": supernet.used_weights(),
-        "units_kept": sum(alive.values()) / max(sum(supernet.group_sizes.values()), 1),
-    }
+if TYPE_CHECKING:
+    from espn.inference.export import AgnosticExportReport
 
 
 def min_flops_ratio(supernet: Supernet) -> float:
@@ -173,3 +170,325 @@ class TaskRunner:
                 return None
             row.append(self.evaluator.accuracy(task, j))
         return row
+
+
+def task_line(learned: Learned, records: list[dict[str, Any]], n_tasks: int, name: str) -> str:
+    """The one-line summary of a learned step (the mean accuracy of MTL's tasks)."""
+    tasks, row = learned.tasks, learned.row
+    acc = "-" if row is None else f"{sum(row[tasks.start :]) / len(tasks):.2f}%"
+    new = sum(r["new_weights"] for r in records[tasks.start :])
+    last = records[-1]
+    which = f"task {tasks.start}" if len(tasks) == 1 else f"tasks {tasks.start}..{tasks.stop - 1}"
+    return (
+        f"{which} ({tasks.stop}/{n_tasks} done) {name}: acc {acc}  "
+        f"FLOPs {last['flops_ratio']:.3f}  "
+        f"new weights {new}/{last['weight_budget']}  ({learned.log.seconds:.1f}s)"
+    )
+
+
+class Report(list[dict[str, Any]]):
+    """Per task, a dict of facts (a list, as before); printed, a table."""
+
+    COLUMNS = (
+        ("task", "task", "{}"),
+        ("name", "name", "{}"),
+        ("classes", "n_classes", "{}"),
+        ("FLOPs ratio", "flops_ratio", "{:.3f}"),
+        ("weights used", "used_weights", "{:,}"),
+        ("new weights", "new_weights", "{:,}"),
+        ("units kept", "units_kept", "{:.3f}"),
+    )
+
+    def __str__(self) -> str:
+        header = [c[0] for c in self.COLUMNS]
+        rows = [[fmt.format(r[key]) for _, key, fmt in self.COLUMNS] for r in self]
+        widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
+
+        def line(cells: list[str]) -> str:
+            return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+        return "\n".join([line(header), *(line(r) for r in rows)])
+
+
+class LearnedTasks:
+    """Evaluation, prediction, report and export of the tasks in :attr:`supernet`, with
+    their data where known (:attr:`tasks`) and their names."""
+
+    if TYPE_CHECKING:
+        supernet: Supernet
+        runner: TaskRunner
+        tasks: list[Task | None]
+        names: list[str]
+        replayed: int
+        device: torch.device
+        cfg: RunConfig
+
+    @property
+    def accuracy_matrix(self) -> list[list[float] | None]:
+        """Row ``i``: accuracy (%) of tasks ``0..i`` after task ``i`` was learned (None where
+        some task had no test data, or ``eval_every`` skipped it)."""
+        return [None if r is None else list(r) for r in self.runner.rows]
+
+    @overload
+    def evaluate(
+        self,
+        task: int,
+        data: TaskData | None = None,
+        *,
+        task_agnostic: Literal[False] = False,
+        rule: None = None,
+        batch_size: int = 1024,
+    ) -> float: ...
+
+    @overload
+    def evaluate(
+        self,
+        task: Sequence[TaskData] | None = None,
+        data: None = None,
+        *,
+        task_agnostic: Literal[True],
+        rule: str | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]: ...
+
+    def evaluate(
+        self,
+        task: int | Sequence[TaskData] | None = None,
+        data: TaskData | None = None,
+        *,
+        task_agnostic: bool = False,
+        rule: str | None = None,
+        batch_size: int = 1024,
+    ) -> float | dict[str, Any] | list[dict[str, Any]]:
+        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data),
+        ``batch_size`` samples at a time.
+
+        With ``task_agnostic=True``, prediction without the task instead, by ``rule`` (see
+        :mod:`espn.inference`): ``task`` is one ``(x, y)`` test set per learned task, in
+        order (default: each task's test data here); the figures of
+        :func:`espn.inference.evaluate_task_agnostic` (per task: accuracy with the task
+        given, without it per sample and per batch, how often the task is picked right);
+        ``rule="all"``: a list of them, one per rule the run can use."""
+        checks.check_bool(task_agnostic, "task_agnostic")
+        if task_agnostic:
+            if data is not None:
+                raise checks.fail(
+                    "data",
+                    "is one task's; with task_agnostic=True give one (x, y) per learned task "
+                    "as the first argument",
+                )
+            from espn.inference import evaluate_named, evaluate_task_agnostic
+
+            if isinstance(task, int):
+                raise checks.fail("tasks", "with task_agnostic=True: one (x, y) per learned task")
+            tasks = self._every_task(task, "tasks")
+            if rule == "all":  # one document per rule the run can use
+                return evaluate_named(self.supernet, tasks, "all")
+            return evaluate_task_agnostic(self.supernet, tasks, rule)
+        if rule is not None:
+            raise checks.fail("rule", "picks the task without it; add task_agnostic=True")
+        if not isinstance(task, int):
+            raise checks.fail("task", f"must be a task index (int), got {task!r}")
+        self._check_task(task)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise checks.fail("batch_size", f"must be a positive int, got {batch_size!r}")
+        known = self.tasks[task] if data is None else self._probe(task, data, "data")
+        if known is None or not len(known.test):
+            raise LearnerError(f"task {task} has no test data here; pass data=(x, y)")
+        return self.runner.evaluator.accuracy(known, task, batch_size=batch_size)
+
+    def _tasks(
+        self,
+        data: Sequence[tuple[TaskData, TaskData | None]],
+        n_classes: Sequence[int | None] | None,
+        names: Sequence[str | None] | None,
+    ) -> list[Task]:
+        """The given data as tasks on the device, named ``task N`` unless named."""
+        if not data:
+            raise LearnerError("no task given: pass one (train, test) pair per task")
+        tasks = []
+        first = self.replayed if self.replayed < len(self.supernet.masks) else len(self.tasks)
+        for t, (train, test) in enumerate(data):
+            name = (names[t] if names is not None else None) or f"task {first + t}"
+            classes = None if n_classes is None else n_classes[t]
+            # forked: a loader's draws leave training's alone
+            with torch.random.fork_rng(devices=[]), checks.about("data", test_argument="test"):
+                task = tensor_task(name, train, test, classes, self.device)
+            checks.check_inputs(task.train.x, "data", self.supernet.input_shape)
+            if len(task.test):
+                checks.check_inputs(task.test.x, "test", self.supernet.input_shape)
+            checks.check_classes(task.n_classes, "n_classes" if classes is not None else "data")
+            if not len(task.train):
+                raise LearnerError(f"{name}: no training samples")
+            tasks.append(task)
+        return tasks
+
+    def _probe(self, task: int, data: TaskData, argument: str) -> Task:
+        """``data`` as test data of learned task ``task``, checked."""
+        n_classes = self.supernet.masks[task].n_classes
+        with checks.about(argument):
+            probe = tensor_task(self.names[task], None, data, n_classes, self.device)
+        checks.check_inputs(probe.test.x, argument, self.supernet.input_shape)
+        return probe
+
+    def _every_task(self, given: Sequence[TaskData] | None, argument: str) -> list[Task]:
+        """One test set per learned task: ``given`` (``(x, y)`` each, in task order), else
+        each task's test data here."""
+        n = len(self.supernet.masks)
+        if not n:
+            raise LearnerError("no task is learned yet")
+        if given is None:
+            missing = [t for t, k in enumerate(self.tasks) if k is None or not len(k.test)]
+            if missing:
+                raise LearnerError(
+                    f"tasks {missing} have no test data here; pass {argument}=[(x, y), ...], "
+                    "one per learned task"
+                )
+            return [k for k in self.tasks if k is not None]
+        if isinstance(given, tuple | Tensor) or not isinstance(given, Sequence) or len(given) != n:
+            raise checks.fail(
+                argument,
+                f"give a list of {n} (x, y) test sets, one per learned task in order",
+            )
+        return [self._probe(t, data, f"{argument}[{t}]") for t, data in enumerate(given)]
+
+    def _check_task(self, task: int) -> None:
+        checks.check_task(task, len(self.supernet.masks))
+
+    def report(self) -> Report:
+        """Per task: name, classes, FLOPs (and ratio to the dense supernet), weights used and
+        new weights owned, units kept; counted from the supernet as it is now. A list of
+        dicts that prints as a table."""
+        return Report(
+            {"task": t, "name": self.names[t], "n_classes": self.supernet.masks[t].n_classes}
+            | task_record(self.supernet, t)
+            for t in range(len(self.supernet.masks))
+        )
+
+    def export(
+        self,
+        task: int,
+        path: Path | str,
+        data: TaskData | None = None,
+        onnx: bool | None = None,
+        fold_bn: bool = True,
+        overwrite: bool = False,
+    ) -> ExportReport:
+        """Write task ``task`` as a slim standalone model (``.pt2`` or ``.onnx``), checked
+        against the supernet on ``data``'s inputs (default: the task's test, else training
+        data) and against the task's FLOPs (see :func:`espn.export.export.export_task`);
+        ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it (default: when the
+        onnx packages are installed, as ``espn export`` does; ``True`` without them says so).
+        Existing files (the model, its ``.onnx`` and ``.json``) are replaced only with
+        ``overwrite``, and a run directory's own files never."""
+        self._check_task(task)
+        checks.check_export_path(path)
+        check_target(path)
+        known: Task | None = None
+        if data is not None:
+            with checks.about("data"):
+                x = tensor_task(self.names[task], None, data, None, self.device).test.x
+            checks.check_inputs(x, "data", self.supernet.input_shape)
+        else:
+            known = self.tasks[task]
+            if known is None:
+                raise LearnerError(
+                    f"task {task} has no data here to check the export on; pass data"
+                )
+        if onnx and Path(path).suffix == ".pt2":
+            from espn.export.export import ExportError, onnx_available
+
+            if not onnx_available():
+                raise ExportError(
+                    "onnx=True needs the onnx and onnxscript packages: pip install espn[onnx]"
+                )
+        flops = self.runner.records[task]["flops"]  # as recorded (results.json) when learned
+        if data is None and known is not None:  # raw inputs in: the task's transform too
+            inputs, transform = (
+                known.raw_inputs("test" if len(known.test) else "train", 1024),
+                known.transform,
+            )
+        else:
+            inputs, transform = list(x.split(1024)), None
+        return export_task(
+            self.supernet,
+            task,
+            inputs,
+            path,
+            onnx,
+            flops,
+            fold_bn,
+            transform,
+            overwrite,
+            self._run(),
+        )
+
+    def _run(self) -> Path | None:
+        """The run directory this learner writes or was loaded from (its files are never
+        replaced by an export), if any."""
+        return None if self.cfg.out == Path(".") else Path(self.cfg.out)
+
+    def export_task_agnostic(
+        self,
+        path: Path | str,
+        data: Sequence[TaskData] | None = None,
+        rule: str | None = None,
+        onnx: bool | None = None,
+        fold_bn: bool = True,
+        overwrite: bool = False,
+    ) -> AgnosticExportReport:
+        """Write one standalone model that predicts without the task (``.pt2``, or
+        ``.onnx``): every task's slim sub-network and ``rule`` (see
+        :func:`espn.inference.export.export_task_agnostic`), returning ``(classes, tasks)``
+        for a batch of model inputs; checked against :meth:`predict` on up to 1024 inputs
+        of each task's ``data`` (one ``(x, y)`` or inputs per learned task; default: each
+        task's test data here). ``onnx`` and ``overwrite`` as in :meth:`export`."""
+        from espn.export.export import check_not_replacing, export_files
+        from espn.inference.export import export_task_agnostic
+
+        checks.check_export_path(path)
+        check_target(path)
+        check_not_replacing(export_files(path, onnx), overwrite, self._run())
+        tasks = self._every_task(data, "data")
+        inputs = [next(task.batches("test", 1024))[0] for task in tasks]
+        return export_task_agnostic(self.supernet, inputs, path, rule, onnx, fold_bn)
+
+    def infer_task(
+        self, x: torch.Tensor, same_task: bool = False, rule: str | None = None
+    ) -> torch.Tensor:
+        """The task of each sample of ``x`` (a batch of inputs), inferred by ``rule`` (see
+        :mod:`espn.inference`; default ``espn.inference.DEFAULT_RULE``); with ``same_task``,
+        one task for the whole batch (the samples' scores summed)."""
+        from espn.inference import infer
+
+        checks.check_bool(same_task, "same_task")
+        return infer(self.supernet, self._inputs(x), rule, same_task).tasks
+
+    def predict(
+        self,
+        x: torch.Tensor,
+        task: int | None = None,
+        same_task: bool = False,
+        rule: str | None = None,
+    ) -> torch.Tensor:
+        """Class predicted for each sample of ``x`` by task ``task``'s sub-network or, with
+        ``task=None``, by the sub-network of the task inferred for it (:meth:`infer_task`):
+        where the inferred task is ``t`` the prediction equals ``predict(x, task=t)``."""
+        from espn.inference import infer, predict_given
+
+        checks.check_bool(same_task, "same_task")
+        x = self._inputs(x)
+        if task is not None:
+            self._check_task(task)
+            for name, value in (("rule", rule), ("same_task", same_task or None)):
+                if value is not None:
+                    raise checks.fail(
+                        name,
+                        f"{value!r} infers the task, and task={task} is given; give one of them",
+                    )
+            return predict_given(self.supernet, x, task)
+        return infer(self.supernet, x, rule, same_task).classes
+
+    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` checked as a batch of model inputs, on the learner's device."""
+        checks.check_inputs(x, "x", self.supernet.input_shape)
+        return x.to(self.device)

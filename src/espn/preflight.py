@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from espn.config import ConfigError, RunConfig
-from espn.runs.from_run import source_summary
 
 
 def check_device(device: str) -> None:
@@ -59,8 +58,8 @@ def run_warnings(cfg: RunConfig) -> list[str]:
 
 
 def check_run(cfg: RunConfig) -> None:
-    """Everything ``cfg`` names beyond its values: device, init weights, data directory and
-    the run ``from_run`` continues (its method and how many tasks it finished)."""
+    """What ``cfg`` names beyond its values: device, init weights and data directory (the run
+    ``from_run`` continues: :func:`espn.runs.from_run.check_from_run`)."""
     check_device(cfg.device)
     if cfg.init_weights is not None and not Path(cfg.init_weights).is_file():
         raise ConfigError(
@@ -68,7 +67,6 @@ def check_run(cfg: RunConfig) -> None:
             "(give a .safetensors or .pt file)"
         )
     check_data_dir(cfg)
-    check_from_run(cfg)
 
 
 def check_data_dir(cfg: RunConfig) -> None:
@@ -79,26 +77,4 @@ def check_data_dir(cfg: RunConfig) -> None:
         raise ConfigError(
             f"data_dir {path} {what}; give an existing dataset directory, or leave "
             "--data-dir out to use $ESPN_DATA or ~/.cache/espn/data"
-        )
-
-
-def check_from_run(cfg: RunConfig) -> None:
-    """``from_run`` names a checkpoint of the same method with at least ``after_task``
-    finished tasks (more is checked when the run starts, see
-    :mod:`espn.runs.from_run`)."""
-    if cfg.from_run is None or cfg.after_task is None:
-        return
-    try:
-        method, done = source_summary(Path(cfg.from_run))
-    except ValueError as exc:
-        raise ConfigError(f"config: {exc}") from None
-    if method != cfg.method:
-        raise ConfigError(
-            f"config: from_run {cfg.from_run} is a run of method {method!r}; learning on top "
-            f"of it needs the same method (--method {method}), got {cfg.method!r}"
-        )
-    if cfg.after_task > done:
-        raise ConfigError(
-            f"config: after_task must be <= the {done} task(s) finished in {cfg.from_run}, "
-            f"got {cfg.after_task}"
         )

@@ -10,32 +10,34 @@ resumed run rewrites them).
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
-from espn._version import __version__
-from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
-from espn.checkpoint.lock import LOCK_FILE, RunLocked, holder, run_lock
-from espn.checkpoint.store import CheckpointWriter, TrainingState, read_checkpoint, restore
+import torch
+
+from espn.api_checks import LearnerError, check_save_path
+from espn.checkpoint.format import CheckpointError, checkpoint_dir
 from espn.config import RunConfig
-from espn.data.tasks import TaskSequence
-from espn.evaluation.metrics import (
-    average_accuracy,
-    backward_transfer,
-    final_accuracy,
-    forgetting,
-)
+from espn.data.tasks import Split, Task, TaskSequence
+from espn.data.tensors import identity, load_task, save_task, task_path
 from espn.evaluation.plots import plot_run
-from espn.evaluation.storage import storage_report
-from espn.inference.stored import check_statistics
-from espn.methods.base import METHODS, Strategy
-from espn.runs.checks import check_results_match, check_same_run, run_meta
-from espn.runs.legacy import upgrade_saved_config
-from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
+from espn.methods.base import Strategy
+from espn.runs.building import build_benchmark
+from espn.runs.checks import (
+    DirectoryLock,
+    RunMismatch,
+    check_out_dir,
+    clear_run,
+    results_document,
+    run_meta,
+)
+from espn.runs.from_run import check_source_unchanged
+from espn.runs.loading import LoadedRun
+from espn.runs.resuming import RunCheckpoint, finished
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, EpochEnd
 from espn.training.distributed import writes_files
@@ -70,230 +72,6 @@ def checkpoint_due(epoch: int, n_epochs: int, since: float) -> bool:
     if epoch + 1 == n_epochs:
         return True
     return checkpointed(epoch, n_epochs) and since >= CHECKPOINT_SECONDS
-
-
-def results_document(
-    cfg: RunConfig,
-    seq: TaskSequence,
-    supernet: Supernet,
-    rows: list[list[float] | None],
-    per_task: list[dict],
-) -> dict[str, Any]:
-    """The ``results.json`` document of a (possibly unfinished) run.
-
-    ``rows`` has one accuracy row per training step (per task, or a single row for MTL's
-    joint training), None where ``eval_every`` skipped the evaluation; ``per_task`` one
-    record per learned task.
-    """
-    column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
-    rows_seen = any(r is not None for r in rows)
-    storage = storage_report(supernet, METHODS.get(cfg.method).weights)
-    return {
-        "espn_version": __version__,
-        "method": cfg.method,
-        "benchmark": cfg.benchmark,
-        "model": cfg.model,
-        "seed": cfg.seed,
-        "gamma": cfg.gamma,
-        "alpha": cfg.alpha,
-        "config": cfg.model_dump(mode="json"),
-        "task_names": seq.names(len(per_task)),
-        "complete": len(per_task) == len(seq),
-        "accuracy_matrix": rows,
-        "final_accuracy": final_accuracy(rows) if rows_seen else [],
-        "average_accuracy": average_accuracy(rows) if rows_seen else None,
-        "forgetting": forgetting(rows) if rows_seen else [],
-        "backward_transfer": backward_transfer(rows) if rows_seen else None,
-        "dense_flops": supernet.dense_flops,
-        "total_weights": supernet.total_weights,
-        "storage_bytes": storage["total"],
-        "storage": storage,
-        **column,
-    }
-
-
-def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
-    """Where a task's training stands, in the units the engine counts: passes over the task's
-    training data (the size rule may make them more than ``--epochs`` asks) and optimizer
-    steps of the phase in progress."""
-    phases = strategy.phases()
-    passes = f"{progress.epochs_done} pass{'es' * (progress.epochs_done != 1)}"
-    if progress.phase >= len(phases):
-        return f"task {task} continues after all its phases ({passes} over its training data done)"
-    name, step = phases[progress.phase].name, progress.step
-    at = (
-        f"at the start of its {name} phase"
-        if step == 0
-        else f"in its {name} phase after {step} optimizer step{'s' * (step != 1)} of it"
-    )
-    return f"task {task} continues {at} ({passes} over its training data done)"
-
-
-#: run directories whose lock a learner of this process holds: resolved path -> the lock
-#: (entered) and the :class:`DirectoryLock` it is held for now
-_HELD: dict[Path, tuple[AbstractContextManager[Path], DirectoryLock]] = {}
-
-
-class DirectoryLockError(CheckpointError):
-    """A learner's run directory is written by another process, or by a newer learner of
-    this process."""
-
-
-class DirectoryLock:
-    """A Python learner's hold on its run directory (``out=``): the lock ``espn run`` takes
-    (:func:`espn.checkpoint.lock.run_lock`), so that a second process with the same
-    directory is refused at once. A newer learner of the same process on the same directory
-    (a notebook cell run again) takes the lock over, and the older one may no longer learn
-    into it. Released by :meth:`release` (the learner's ``close()``) or when the process
-    ends; :meth:`check` takes it again for a learner that learns after ``close()``."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.key = out.resolve()
-        self.check(take_over=True)
-
-    def check(self, take_over: bool = False) -> None:
-        """Hold the lock (take it if nobody in this process does); refuse if another
-        process holds it, or, unless ``take_over``, a newer learner of this process."""
-        held = _HELD.get(self.key)
-        if held is not None and held[1] is not self and not take_over:
-            raise DirectoryLockError(
-                f"{self.out} is written by a newer ContinualLearner of this process (one "
-                "made later with the same out=); learn with that one"
-            )
-        if held is not None:
-            _HELD[self.key] = (held[0], self)
-            return
-        lock = run_lock(self.out)
-        try:
-            lock.__enter__()
-        except RunLocked:
-            raise DirectoryLockError(
-                f"{self.out} is in use by another process ({holder(self.out / LOCK_FILE)}); "
-                "wait for it to end, or pass another out="
-            ) from None
-        _HELD[self.key] = (lock, self)
-
-    def release(self) -> None:
-        """Give the lock up, if this learner holds it."""
-        held = _HELD.get(self.key)
-        if held is not None and held[1] is self:
-            del _HELD[self.key]
-            held[0].__exit__(None, None, None)
-
-
-@dataclass
-class RunCheckpoint:
-    """The checkpoint of one run directory: the writer and where to pick up."""
-
-    #: None: this process only reads the checkpoint (a data-parallel rank other than 0)
-    writer: CheckpointWriter | None
-    supernet: Supernet
-    engine: Engine
-    rows: list[list[float] | None]
-    per_task: list[dict[str, Any]]
-    training: TrainingState | None = None
-    elapsed: float = 0.0
-    summary: str = ""
-    manifest: dict[str, Any] | None = None
-
-    @classmethod
-    def open(
-        cls,
-        cfg: RunConfig,
-        seq: TaskSequence,
-        supernet: Supernet,
-        engine: Engine,
-        strategy: Strategy,
-        resume: bool,
-        ignore: tuple[str, ...] = (),
-        writes: bool = True,
-    ) -> RunCheckpoint:
-        """A fresh checkpoint in ``<out>/checkpoint``, or, with ``resume``, the saved one loaded
-        into the freshly built ``supernet``, ``engine`` and ``strategy`` (without ``writes``,
-        read only: nothing is written or removed).
-
-        Resuming where no checkpoint was written yet (killed in the first epoch) starts over; a
-        checkpoint that is there but unreadable, too new or of other options (but those in
-        ``ignore``) is refused. Without ``resume`` the caller has checked ``check_out_dir``.
-        """
-        directory = checkpoint_dir(cfg.out)
-        if not resume or not (directory / MANIFEST).exists():
-            writer = CheckpointWriter(directory, run_meta(cfg, seq)) if writes else None
-            note = f"no checkpoint in {directory}; starting from the first task" if resume else ""
-            return cls(writer, supernet, engine, [], [], summary=note)
-        ckpt = read_checkpoint(directory)
-        saved = upgrade_saved_config(ckpt.manifest["config"])
-        check_same_run(saved, cfg, directory, ignore)
-        check_results_match(cfg.out, ckpt.manifest)
-        restore(ckpt, supernet, strategy.weights)
-        check_statistics(supernet, ckpt.directory)
-        continue_training(ckpt, supernet, engine, strategy)
-        tr = ckpt.training
-        where = "" if tr is None else "; " + training_position(tr.task, progress_of(tr), strategy)
-        total = ckpt.manifest.get("n_tasks", len(seq))
-        return cls(
-            CheckpointWriter.resume(ckpt) if writes else None,
-            supernet,
-            engine,
-            rows=[
-                None if t["accuracy"] is None else list(t["accuracy"])
-                for t in ckpt.tasks
-                if "accuracy" in t
-            ],
-            per_task=[dict(t["record"]) for t in ckpt.tasks],
-            training=ckpt.training,
-            elapsed=float(ckpt.manifest.get("wall_time_s", 0.0)),
-            summary=f"resuming {directory}: {len(ckpt.masks)}/{total} tasks done{where}",
-            manifest=ckpt.manifest,
-        )
-
-    def resume_point(self, task: int) -> TaskProgress | None:
-        """Where task ``task`` continues from (None: from its start)."""
-        if self.training is not None and self.training.task == task:
-            return progress_of(self.training)
-        return None
-
-    def save_progress(
-        self,
-        task: int,
-        progress: TaskProgress,
-        strategy: Strategy,
-        seq: TaskSequence,
-        extra: dict[str, Any],
-    ) -> None:
-        """Checkpoint task ``task`` in training (at an epoch's end)."""
-        if self.writer is None:
-            return
-        self.writer.save(
-            self.supernet,
-            self._results(seq),
-            training=snapshot(task, progress, strategy),
-            extra=extra | {"complete": False},
-            generator=self.engine.generator,
-            grad_scaler=scaler_state(self.engine),
-        )
-
-    def task_done(self, seq: TaskSequence, elapsed: float, extra: dict[str, Any]) -> None:
-        """Checkpoint after a task was committed and evaluated."""
-        self.training = None
-        if self.writer is None:
-            return
-        self.writer.save(
-            self.supernet,
-            self._results(seq),
-            extra=extra | {"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
-            generator=self.engine.generator,
-            grad_scaler=scaler_state(self.engine),
-        )
-
-    def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
-        names = seq.names(len(self.per_task))
-        return [
-            {"name": names[t], "record": self.per_task[t]}
-            | ({"accuracy": self.rows[t]} if t < len(self.rows) else {})
-            for t in range(len(self.per_task))
-        ]
 
 
 class RunDirectory(Callback):
@@ -430,3 +208,255 @@ class RunDirectory(Callback):
         if self.checkpoint is None:
             raise RuntimeError("RunDirectory.open() was not called")
         return self.checkpoint
+
+
+#: where a Python run directory keeps the test data its accuracy matrix was computed on
+DATA_DIR = "data"
+
+
+def fingerprint(task: Task) -> str:
+    """SHA-256 of a task's data (inputs and labels of both splits, as the engine sees them):
+    what a resumed Python run checks that it is given the data it learned before."""
+    digest = hashlib.sha256()
+    for split in ("train", "test"):
+        data = task.split(split)
+        x, y = data.x[data.index], data.y
+        for t in (x, y):
+            digest.update(str((t.dtype, tuple(t.shape))).encode())
+            digest.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class LearnerRuns:
+    """The learner's side of its run directory (mixed into
+    :class:`~espn.learner.ContinualLearner`): :meth:`open_run`, the one way a learner opens
+    one (``out=``, ``espn run``), resuming it; the checks that a resumed Python script gives
+    the tasks the same data; the writes after every step; :meth:`save`."""
+
+    if TYPE_CHECKING:
+        from espn.training.callbacks import CallbackList
+        from espn.training.distributed import Ranks
+
+        supernet: Supernet
+        strategy: Strategy
+        engine: Engine
+        cfg: RunConfig
+        callbacks: CallbackList
+        runner: Any  # espn.learning.TaskRunner: rows and records
+        ranks: Ranks | None
+        tasks: list[Task | None]
+        names: list[str]
+        fingerprints: list[str]
+        replayed: int
+        summary: str
+        run_dir: RunDirectory | None
+        lock: DirectoryLock | None
+        _started: bool
+        device: torch.device
+
+    def open_run(
+        self,
+        rd: RunDirectory,
+        resume: bool,
+        adopt: Callable[[], tuple[list[list[float] | None], list[dict[str, Any]]]] | None = None,
+        ignore: tuple[str, ...] = (),
+    ) -> RunCheckpoint:
+        """Write ``rd`` from now on (a callback: the task in training at epochs' ends, and
+        after every learned step), resuming the run it holds unless not ``resume``: its
+        tasks' accuracy rows, records and names become this learner's. ``adopt``: the rows
+        and records of the tasks a fresh run starts on top of (``--from-run``)."""
+        ckpt = rd.open(self.supernet, self.engine, self.strategy, resume, ignore)
+        if adopt is not None and not ckpt.rows:
+            ckpt.rows, ckpt.per_task = adopt()
+        manifest = ckpt.manifest or {}
+        self._hold(manifest.get("tasks", []), ckpt.rows, ckpt.per_task)
+        self.replayed = 0  # a resumed script gives the tasks again (checked, not learned)
+        self.fingerprints = [str(f) for f in manifest.get("fingerprints", [])]
+        self.summary = ckpt.summary or self.summary
+        self.run_dir = rd
+        self.callbacks.append(rd)
+        return ckpt
+
+    def hold_run(
+        self, loaded: LoadedRun, benchmark_data: bool = False, data_dir: Path | str | None = None
+    ) -> None:
+        """Hold the finished tasks of a loaded run (:func:`espn.load`): names, records and
+        accuracy rows as its checkpoint has them, with the test data saved beside a Python
+        run or, with ``benchmark_data``, the benchmark of an ``espn run`` run (read from
+        ``data_dir``, default the one its configuration names; never downloaded)."""
+        entries, cfg = loaded.checkpoint.tasks, loaded.config
+        self._hold(entries, *finished(entries))
+        if data_dir is not None:
+            cfg = cfg.model_copy(update={"data_dir": Path(data_dir).resolve()})
+        if cfg.benchmark == "tensors" and cfg.data_dir is not None:
+            for t in range(len(entries)):
+                file = task_path(cfg.data_dir, t)
+                self.tasks[t] = load_task(file, self.device) if file.is_file() else None
+        elif benchmark_data and entries:
+            check_source_unchanged(cfg.out, cfg, entries)
+            seq = build_benchmark(cfg, download=False)
+            self.tasks = [seq.tasks[t] for t in range(len(entries))]
+
+    def _hold(
+        self,
+        entries: list[dict[str, Any]],
+        rows: list[list[float] | None],
+        records: list[dict[str, Any]],
+    ) -> None:
+        """Take a run's finished tasks (its checkpoint's task entries) as this learner's,
+        their data not known here."""
+        n = len(self.supernet.masks)
+        self.runner.rows, self.runner.records = rows, records
+        self.names = [str(e.get("name") or f"task {t}") for t, e in enumerate(entries)]
+        self.names += [f"task {t}" for t in range(len(self.names), n)]
+        self.tasks = [None] * n
+
+    def close(self) -> None:
+        """The end of learning: callbacks' ``on_run_end`` (loggers flush and close), and the
+        run directory's lock released (learning again takes it again)."""
+        if self._started:
+            self._started = False
+            self.callbacks.on_run_end(self)
+        if self.lock is not None:
+            self.lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _claim(self, out: Path, overwrite: bool) -> DirectoryLock:
+        """Hold ``out`` against other writers, checked (an overwritten run's files gone)."""
+        lock = DirectoryLock(out)
+        weakref.finalize(self, lock.release)
+        try:
+            check_out_dir(out, resume=not overwrite, overwrite=overwrite, python=True)
+            if overwrite:
+                clear_run(out)
+                for stale in (out / DATA_DIR).glob("task-*.safetensors"):
+                    stale.unlink()
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    def _open(self, out: Path, resume: bool) -> None:
+        """Write the Python run directory ``out`` from now on, resuming the run it holds
+        (unless not ``resume``: a new run over it, ``overwrite=True``)."""
+        rd = self._directory(out, {})
+        try:
+            self.open_run(rd, resume, ignore=("tasks",))
+        except RunMismatch as exc:
+            raise LearnerError(
+                f"cannot resume {exc.where}: it was made with other settings "
+                f"({'; '.join(exc.diffs)}); give the learner the same method and settings to "
+                "resume it, overwrite=True to start over and replace it, or another out="
+            ) from None
+
+    def _directory(self, out: Path, extra: dict[str, Any]) -> RunDirectory:
+        """A run directory ``out`` of this learner's tasks (``extra``: in its manifest)."""
+        rd = RunDirectory(self.config(out), self._sequence, meta=lambda: self._meta(out))
+        rd.extra = lambda: extra | {"fingerprints": list(self.fingerprints)}
+        return rd
+
+    def _replay(self, tasks: list[Task]) -> list[dict[str, Any]]:
+        """Tasks a resumed script gives again: checked against the data they were learned
+        from (refused if it differs), kept for evaluation, not learned again."""
+        first = self.replayed
+        for k, task in enumerate(tasks):
+            t = first + k
+            self._check_print(t, task)
+            held = {"n_classes": self.supernet.masks[t].n_classes, "name": self.names[t]}
+            for key, now in (("n_classes", task.n_classes), ("name", task.name)):
+                if now != held[key]:
+                    raise LearnerError(
+                        f"{self.cfg.out}: task {t} was learned there with {key}="
+                        f"{held[key]!r}, given {key}={now!r} now; give it as it was to "
+                        "resume the run, or pass another out= to start a new one"
+                    )
+            self.tasks[t] = task
+        self.replayed = first + len(tasks)
+        return self.runner.records[first : first + len(tasks)]
+
+    def _check_resumed(self, known: Sequence[Task | None], base: int) -> None:
+        """Before learning ``step`` into the run directory: the task in training there (a
+        script killed mid-task) must be given the same data; note the new task's print."""
+        tasks = [t for t in known if t is not None]
+        prints = [fingerprint(t) for t in tasks]
+        for k, (task, print_) in enumerate(zip(tasks, prints, strict=True)):
+            if base + k < len(self.fingerprints):
+                self._check_print(base + k, task, print_)
+        self.fingerprints = self.fingerprints[:base] + prints
+
+    def _check_print(self, index: int, task: Task, print_: str | None = None) -> None:
+        saved = self.fingerprints[index] if index < len(self.fingerprints) else None
+        if saved is not None and saved != (print_ or fingerprint(task)):
+            raise LearnerError(
+                f"{self.cfg.out}: task {index} was learned there from other data than given "
+                f"now ({task.name!r}); give the tasks it holds the same data in the same order "
+                "to resume it, or pass another out= to start a new run"
+            )
+
+    def _write(self, rd: RunDirectory) -> None:
+        """After a step: a Python run's test data, then the checkpoint, then results.json and
+        the plot (the run directory of ``espn run``, read by ``espn evaluate/show``)."""
+        if rd.meta is not None and rd.writes:  # a Python run: its data beside it
+            rd.cfg = self.config(rd.out)
+            for t, task in enumerate(self.tasks):
+                file = task_path(rd.out / DATA_DIR, t)
+                if task is not None and len(task.test) and not file.exists():
+                    save_task(file, task, splits=("test",))
+        rd.step_done(self.supernet, self.runner.rows, self.runner.records)
+        rd.plot()
+
+    def _meta(self, out: Path) -> dict[str, Any]:
+        """What the checkpoint of run directory ``out`` records about the run."""
+        seq = self._sequence()
+        meta = run_meta(self.config(out), seq)
+        width = self.supernet.model_classes  # the head a registered model was built with
+        classes = [m.n_classes for m in self.supernet.masks] + [width or 1]
+        meta["spec"]["n_classes"] = max(classes)
+        meta["n_tasks"] = max(len(seq), 1)  # as ``tasks`` is: task 0 in training counts
+        return meta
+
+    def config(self, out: Path | str) -> RunConfig:
+        """The run configuration a checkpoint in ``out`` records for this learner (benchmark
+        ``tensors``: the test data saved beside it, one file per task learned)."""
+        return self.cfg.model_copy(
+            update={"out": Path(out), "tasks": max(len(self.supernet.masks), 1)}
+        )
+
+    def save(self, path: Path | str, overwrite: bool = False) -> Path:
+        """Save every learned task as ``espn run`` does: ``path/checkpoint`` (safetensors +
+        JSON), ``path/results.json``, ``path/accuracy.png``, and the tasks' test data in
+        ``path/data`` (so that ``espn evaluate --run path`` re-computes the accuracies).
+        Refuses a directory holding another run unless ``overwrite``."""
+        path = check_save_path(path)
+        if not self.supernet.masks:
+            raise LearnerError("nothing to save: no task is learned yet")
+        if self.ranks is not None and not self.ranks.writer:  # rank 0 saves the run
+            return path
+        check_out_dir(path, resume=False, overwrite=overwrite, python=True)
+        for stale in (path / DATA_DIR).glob("task-*.safetensors"):  # of an overwritten run
+            stale.unlink()
+        for name in ("results.json", "accuracy.png"):
+            (path / name).unlink(missing_ok=True)
+        rd = self._directory(path, {"saved_by": "api"})
+        rd.open(self.supernet, self.engine, self.strategy, False)
+        self._write(rd)
+        return path
+
+    def _sequence(self) -> TaskSequence:
+        """The learned tasks as a sequence (names and class counts), for the records."""
+        empty = Split(torch.zeros(0, 1), torch.zeros(0, dtype=torch.long), torch.zeros(0))
+        tasks = [
+            Task(self.names[t], empty, empty, identity, m.n_classes)
+            for t, m in enumerate(self.supernet.masks)
+        ]
+        return TaskSequence("tensors", tasks, tuple(self.supernet.input_shape), self._multi_head())
+
+    def _multi_head(self) -> bool:
+        from espn.supernet.layers import TaskHead
+
+        return any(isinstance(m, TaskHead) for m in self.supernet.task_modules.values())

@@ -35,23 +35,6 @@ DATA_DIR_OPTION = typer.Option(
 )
 
 
-def _test_data(config: Any, data_dir: Path | None) -> Any:
-    """The run's task sequence, its data read from ``data_dir`` (else the recorded one) and
-    never downloaded: a run directory names where its data was, not where to write."""
-    from espn.runs.building import build_benchmark
-
-    if data_dir is not None:
-        config = config.model_copy(update={"data_dir": data_dir.resolve()})
-    return build_benchmark(config, download=False)
-
-
-def _results(run: Path) -> dict[str, Any] | None:
-    """``results.json`` of a run (checked), or None when there is none."""
-    from espn.evaluation.results import read_results
-
-    return read_results(run)
-
-
 def _mib(n: float) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -84,54 +67,73 @@ def evaluate(
     Every finished task is evaluated on its test data and compared with results.json; the exit
     status is 1 if any differs. With --task-agnostic, also without the task given.
     """
-    from espn.evaluation.metrics import final_accuracy, task_accuracy
-    from espn.inference import DEFAULT_RULE, RULES
+    from espn.api import load
+    from espn.evaluation.results import read_results
     from espn.inference.predict import get_rule
-    from espn.runs.from_run import check_source_unchanged
-    from espn.runs.loading import load_run
 
-    if rule is not None and not task_agnostic:
-        fail("--rule is an option of --task-agnostic; add --task-agnostic")
-    if task_agnostic and rule != "all":
-        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
+    _check_rule(task_agnostic, rule)
     run = run_directory(run_dir, run_alias)
-    loaded = load_run(run, device, trust_code=trust_model_code)
-    if not loaded.n_tasks:
+    learner = load(
+        run,
+        device=device,
+        benchmark_data=True,
+        data_dir=data_dir,
+        trust_model_code=trust_model_code,
+    )
+    n = len(learner.tasks)
+    if not n:
         console.print(
             f"{printable(str(run))}: no task is finished yet, so none to evaluate",
             soft_wrap=True,
         )
         return
     if task_agnostic and rule != "all":
-        get_rule(rule, loaded.supernet)  # a rule these tasks cannot run: before any evaluation
-    check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
-    seq = _test_data(loaded.config, data_dir)
-    doc = _results(run)
-    rows = [t["accuracy"] for t in loaded.checkpoint.tasks if t.get("accuracy") is not None]
-    reported = doc["final_accuracy"] if doc else (final_accuracy(rows) if rows else [])
+        get_rule(rule, learner.supernet)  # a rule these tasks cannot run: before any evaluation
+    doc = read_results(run)  # checked
     source = "results.json" if doc else "checkpoint"
+    mismatches = _compare(learner, doc, source, batch_size)
+    if task_agnostic:
+        tasks = [task for task in learner.tasks if task is not None]
+        task_agnostic_report(run, learner.supernet, tasks, rule)
+    if mismatches:
+        fail(f"tasks {mismatches} differ from {source}", code=1)
+    console.print(f"all {n} tasks match {source}")
+
+
+def _check_rule(task_agnostic: bool, rule: str | None) -> None:
+    """``--rule``: an option of ``--task-agnostic``, a known rule's name or ``all``."""
+    from espn.inference import DEFAULT_RULE, RULES
+
+    if rule is not None and not task_agnostic:
+        fail("--rule is an option of --task-agnostic; add --task-agnostic")
+    if task_agnostic and rule != "all":
+        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
+
+
+def _compare(learner: Any, doc: dict[str, Any] | None, source: str, batch_size: int) -> list[int]:
+    """Print each task's accuracy now beside the one ``source`` (results.json ``doc``, else
+    the checkpoint) reports; the tasks whose accuracies differ."""
+    from espn.evaluation.metrics import final_accuracy
+
+    rows = [r for r in learner.accuracy_matrix if r is not None]
+    reported = doc["final_accuracy"] if doc else (final_accuracy(rows) if rows else [])
     table = Table("task", "name", "accuracy %", f"{source} %", "match")
     mismatches = []
-    for t in range(loaded.n_tasks):
-        acc = task_accuracy(loaded.supernet, seq.tasks[t], t, batch_size=batch_size)
+    for t in range(len(learner.tasks)):
+        acc = learner.evaluate(t, batch_size=batch_size)
         want = reported[t] if t < len(reported) else None
         ok = want is not None and acc == want
         if not ok:
             mismatches.append(t)
         table.add_row(
             str(t),
-            printable(seq.tasks[t].name),
+            printable(learner.names[t]),
             f"{acc:.2f}",
             "-" if want is None else f"{want:.2f}",
             "yes" if ok else "NO",
         )
     console.print(table)
-    if task_agnostic:
-        tasks = [seq.tasks[t] for t in range(loaded.n_tasks)]
-        task_agnostic_report(run, loaded.supernet, tasks, rule)
-    if mismatches:
-        fail(f"tasks {mismatches} differ from {source}", code=1)
-    console.print(f"all {loaded.n_tasks} tasks match {source}")
+    return mismatches
 
 
 def task_agnostic_report(run: Path, supernet: Any, tasks: list[Any], rule: str | None) -> None:
@@ -247,54 +249,26 @@ def export_command(
     results.json reports. A task-agnostic model holds every task's slim sub-network and the
     rule's statistics; it is checked to pick the same task and class as espn's prediction.
     """
-    import torch
-
-    from espn.checkpoint.format import checkpoint_dir, read_manifest
-    from espn.export.export import check_not_replacing, check_target, export_files, export_task
-    from espn.inference import DEFAULT_RULE, RULES
-    from espn.runs.from_run import check_source_unchanged
-    from espn.runs.loading import check_rebuildable, load_run
-
     if (task is None) == (not task_agnostic):
         fail("give either --task N (one task) or --task-agnostic (every task, task inferred)")
-    if rule is not None and not task_agnostic:
-        fail("--rule is an option of --task-agnostic; add --task-agnostic")
-    if task_agnostic and rule != "all":
-        RULES.get(rule or DEFAULT_RULE)  # an unknown name: refused before any work
+    _check_rule(task_agnostic, rule)
     run = run_directory(run_dir, run_alias)
-    check_target(out)
-    check_not_replacing(export_files(out, onnx), overwrite, run)
-    manifest = read_manifest(checkpoint_dir(run))
-    then = (
-        f"learner.export({task}, {str(out)!r})"
-        if task is not None
-        else f"learner.export_task_agnostic({str(out)!r}, data=[(x, y) per task])"
-    )
-    # a run saved from a model instance: how to export it in Python instead
-    check_rebuildable(run, str(manifest["model"]), then)
-    loaded = load_run(run, device, trust_code=trust_model_code)
+    _check_export(run, out, onnx, overwrite, task)
+    learner = _loaded(run, device, trust_model_code, check_data, data_dir, task)
+    data = None if check_data else _random_inputs(learner)
     if task is None:
-        _export_task_agnostic(run, loaded, out, rule, onnx, check_data, fold_bn, device, data_dir)
+        n = len(learner.tasks)  # the random inputs shared out over the tasks
+        given = None if data is None else list(zip(*(d.tensor_split(n) for d in data), strict=True))
+        agnostic = learner.export_task_agnostic(out, given, rule, onnx, fold_bn, overwrite)
+        console.print(
+            f"{agnostic.tasks} tasks, rule {agnostic.rule}: wrote {', '.join(agnostic.files)}\n"
+            f"  {agnostic.parameters} parameters; returns (class, task) per input\n"
+            f"  same task and class as espn's prediction on {agnostic.checked_samples} "
+            f"{'test' if check_data else 'random'} inputs ({agnostic.ties} float32 ties not "
+            f"compared)\n  load it without espn: {load_hint(out, agnostic.files)}"
+        )
         return
-    loaded.check_task(task)
-    transform = None
-    if check_data:
-        check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
-        seq = _test_data(loaded.config, data_dir)
-        inputs = seq.tasks[task].raw_inputs("test", 1024)  # the program takes them raw
-        transform = seq.tasks[task].transform
-    else:
-        gen = torch.Generator().manual_seed(0)
-        inputs = [torch.randn(256, *loaded.example_input().shape[1:], generator=gen).to(device)]
-    doc = _results(run)
-    records = (
-        doc["flops"]
-        if doc and "flops" in doc
-        else [t["record"]["flops"] for t in loaded.checkpoint.tasks]
-    )
-    report = export_task(
-        loaded.supernet, task, inputs, out, onnx, records[task], fold_bn, transform, overwrite, run
-    )
+    report = learner.export(task, out, data, onnx, fold_bn, overwrite)
     console.print(
         f"task {task}: wrote {', '.join(report.files)}\n"
         f"  {report.parameters} parameters, {report.flops} FLOPs per sample "
@@ -305,6 +279,64 @@ def export_command(
         f"  load it without espn: {load_hint(out, report.files)}\n"
         f"  {input_line(report.inputs)}"
     )
+
+
+def _check_export(
+    run: Path, out: Path, onnx: bool | None, overwrite: bool, task: int | None
+) -> None:
+    """Before any work: ``out`` is a target an export may write, and the run's model can be
+    rebuilt (else how to export in Python instead)."""
+    from espn.checkpoint.format import checkpoint_dir, read_manifest
+    from espn.export.export import check_not_replacing, check_target, export_files
+    from espn.runs.loading import check_rebuildable
+
+    check_target(out)
+    check_not_replacing(export_files(out, onnx), overwrite, run)
+    then = (
+        f"learner.export({task}, {str(out)!r})"
+        if task is not None
+        else f"learner.export_task_agnostic({str(out)!r}, data=[(x, y) per task])"
+    )
+    check_rebuildable(run, str(read_manifest(checkpoint_dir(run))["model"]), then)
+
+
+def _loaded(
+    run: Path,
+    device: str,
+    trust_model_code: bool,
+    check_data: bool,
+    data_dir: Path | None,
+    task: int | None,
+) -> Any:
+    """The learner of ``run`` for ``espn export``: with its tasks' test data to check on
+    (``check_data``), ``task`` one of its finished tasks."""
+    from espn.api import load
+    from espn.checkpoint.format import CheckpointError
+
+    learner = load(
+        run,
+        device=device,
+        benchmark_data=check_data,
+        data_dir=data_dir,
+        trust_model_code=trust_model_code,
+    )
+    n = len(learner.tasks)
+    if task is not None and not 0 <= task < n:
+        raise CheckpointError(
+            f"task {task} is not in the checkpoint; it holds tasks 0..{n - 1}"
+            if n
+            else f"task {task} is not in the checkpoint; it holds no finished task yet"
+        )
+    return learner
+
+
+def _random_inputs(learner: Any) -> Any:
+    """``--no-check-data``: 256 random model inputs (seeded), as ``(x, y)`` data."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(256, *learner.supernet.input_shape, generator=gen).to(learner.device)
+    return x, torch.zeros(len(x), dtype=torch.long, device=x.device)
 
 
 def input_line(inputs: dict) -> str:
@@ -318,40 +350,6 @@ def input_line(inputs: dict) -> str:
     return (
         f"it takes model inputs: {inputs['dtype']} [N, {shape}], already transformed "
         "(--no-check-data: the benchmark was not built, so no input transform is included)"
-    )
-
-
-def _export_task_agnostic(
-    run: Path,
-    loaded: Any,
-    out: Path,
-    rule: str | None,
-    onnx: bool | None,
-    check_data: bool,
-    fold_bn: bool,
-    device: str,
-    data_dir: Path | None = None,
-) -> None:
-    """``espn export --task-agnostic``: checked on up to 1024 test samples of every task."""
-    import torch
-
-    from espn.inference.export import export_task_agnostic
-    from espn.runs.from_run import check_source_unchanged
-
-    if check_data:
-        check_source_unchanged(run, loaded.config, loaded.checkpoint.tasks)
-        seq = _test_data(loaded.config, data_dir)
-        inputs = [next(seq.tasks[t].batches("test", 1024))[0] for t in range(loaded.n_tasks)]
-    else:
-        gen = torch.Generator().manual_seed(0)
-        inputs = [torch.randn(256, *loaded.example_input().shape[1:], generator=gen).to(device)]
-    report = export_task_agnostic(loaded.supernet, inputs, out, rule, onnx, fold_bn)
-    console.print(
-        f"{report.tasks} tasks, rule {report.rule}: wrote {', '.join(report.files)}\n"
-        f"  {report.parameters} parameters; returns (class, task) per input\n"
-        f"  same task and class as espn's prediction on {report.checked_samples} "
-        f"{'test' if check_data else 'random'} inputs ({report.ties} float32 ties not compared)\n"
-        f"  load it without espn: {load_hint(out, report.files)}"
     )
 
 

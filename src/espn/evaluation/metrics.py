@@ -1,8 +1,10 @@
-"""Accuracy of task sub-networks and the continual-learning summaries of an accuracy matrix."""
+"""Accuracy and cost (FLOPs, weights) of task sub-networks and the continual-learning
+summaries of an accuracy matrix."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,6 +32,21 @@ def task_accuracy(
     for x, y in task.batches(split, batch_size):
         correct += (supernet(x, task=task_id).argmax(1) == y).sum()
     return 100.0 * int(correct) / max(len(task.split(split)), 1)
+
+
+def task_record(supernet: Supernet, task: int) -> dict[str, Any]:
+    """FLOPs and weight counts of a learned task's sub-network."""
+    supernet.use_task(task)
+    mask = supernet.masks[task]
+    alive = supernet.alive_counts(mask.units)
+    flops = supernet.flops(mask.units)
+    return {
+        "flops": flops,
+        "flops_ratio": flops / supernet.dense_flops,
+        "new_weights": mask.new_weights,
+        "used_weights": supernet.used_weights(),
+        "units_kept": sum(alive.values()) / max(sum(supernet.group_sizes.values()), 1),
+    }
 
 
 #: an accuracy matrix: one row per training step, None where evaluation was skipped

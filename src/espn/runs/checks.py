@@ -1,19 +1,32 @@
-"""What a run records about itself in its checkpoint, and the checks that a directory may be
-written or resumed (the learner's checkpointing while it learns is :mod:`espn.run_directory`,
-loading a finished run :mod:`espn.runs.loading`)."""
+"""What a run records about itself (its checkpoint's meta, :func:`results_document`), the
+checks that a directory may be written or resumed, and a Python learner's hold on it
+(:class:`DirectoryLock`). The learner's checkpointing while it learns is
+:mod:`espn.run_directory`, loading a finished run :mod:`espn.runs.loading`."""
 
 from __future__ import annotations
 
 import shutil
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from espn._version import __version__
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir, manifest_or_none
+from espn.checkpoint.lock import LOCK_FILE, RunLocked, holder, run_lock
 from espn.checkpoint.manifest import check_against_results
 from espn.config import RunConfig
 from espn.data.tasks import TaskSequence
+from espn.evaluation.metrics import (
+    average_accuracy,
+    backward_transfer,
+    final_accuracy,
+    forgetting,
+)
 from espn.evaluation.results import read_results
+from espn.evaluation.storage import storage_report
+from espn.methods.base import METHODS
 from espn.runs.legacy import upgrade_saved_config
+from espn.supernet.supernet import Supernet
 
 #: configuration fields that may differ between a run and its resumption
 RESUMABLE_CHANGES = ("out", "device", "data_dir")
@@ -151,3 +164,96 @@ def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:
             f"{run_dir}: the checkpoint and results.json do not belong together ({reason}); "
             "one of them was changed or replaced, so neither can be trusted"
         )
+
+
+def results_document(
+    cfg: RunConfig,
+    seq: TaskSequence,
+    supernet: Supernet,
+    rows: list[list[float] | None],
+    per_task: list[dict],
+) -> dict[str, Any]:
+    """The ``results.json`` document of a (possibly unfinished) run.
+
+    ``rows`` has one accuracy row per training step (per task, or a single row for MTL's
+    joint training), None where ``eval_every`` skipped the evaluation; ``per_task`` one
+    record per learned task.
+    """
+    column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
+    rows_seen = any(r is not None for r in rows)
+    storage = storage_report(supernet, METHODS.get(cfg.method).weights)
+    return {
+        "espn_version": __version__,
+        "method": cfg.method,
+        "benchmark": cfg.benchmark,
+        "model": cfg.model,
+        "seed": cfg.seed,
+        "gamma": cfg.gamma,
+        "alpha": cfg.alpha,
+        "config": cfg.model_dump(mode="json"),
+        "task_names": seq.names(len(per_task)),
+        "complete": len(per_task) == len(seq),
+        "accuracy_matrix": rows,
+        "final_accuracy": final_accuracy(rows) if rows_seen else [],
+        "average_accuracy": average_accuracy(rows) if rows_seen else None,
+        "forgetting": forgetting(rows) if rows_seen else [],
+        "backward_transfer": backward_transfer(rows) if rows_seen else None,
+        "dense_flops": supernet.dense_flops,
+        "total_weights": supernet.total_weights,
+        "storage_bytes": storage["total"],
+        "storage": storage,
+        **column,
+    }
+
+
+#: run directories whose lock a learner of this process holds: resolved path -> the lock
+#: (entered) and the :class:`DirectoryLock` it is held for now
+_HELD: dict[Path, tuple[AbstractContextManager[Path], DirectoryLock]] = {}
+
+
+class DirectoryLockError(CheckpointError):
+    """A learner's run directory is written by another process, or by a newer learner of
+    this process."""
+
+
+class DirectoryLock:
+    """A Python learner's hold on its run directory (``out=``): the lock ``espn run`` takes
+    (:func:`espn.checkpoint.lock.run_lock`), so that a second process with the same
+    directory is refused at once. A newer learner of the same process on the same directory
+    (a notebook cell run again) takes the lock over, and the older one may no longer learn
+    into it. Released by :meth:`release` (the learner's ``close()``) or when the process
+    ends; :meth:`check` takes it again for a learner that learns after ``close()``."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.key = out.resolve()
+        self.check(take_over=True)
+
+    def check(self, take_over: bool = False) -> None:
+        """Hold the lock (take it if nobody in this process does); refuse if another
+        process holds it, or, unless ``take_over``, a newer learner of this process."""
+        held = _HELD.get(self.key)
+        if held is not None and held[1] is not self and not take_over:
+            raise DirectoryLockError(
+                f"{self.out} is written by a newer ContinualLearner of this process (one "
+                "made later with the same out=); learn with that one"
+            )
+        if held is not None:
+            _HELD[self.key] = (held[0], self)
+            return
+        lock = run_lock(self.out)
+        try:
+            lock.__enter__()
+        except RunLocked:
+            raise DirectoryLockError(
+                f"{self.out} is in use by another process ({holder(self.out / LOCK_FILE)}); "
+                "wait for it to end, or pass another out="
+            ) from None
+        _HELD[self.key] = (lock, self)
+
+    def release(self) -> None:
+        """Give the lock up, if this learner holds it."""
+        held = _HELD.get(self.key)
+        if held is not None and held[1] is self:
+            del _HELD[self.key]
+            held[0].__exit__(None, None, None)

@@ -29,6 +29,7 @@ from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import reading_run
 from espn.runs.legacy import upgrade_saved_config
+from espn.runs.resuming import finished
 from espn.supernet.supernet import Supernet
 
 
@@ -41,6 +42,27 @@ def source_summary(run_dir: Path) -> tuple[str, int]:
             f"from_run {run_dir}: {exc} (give the --out of a finished espn run)"
         ) from None
     return str(manifest["method"]), len(manifest["tasks"])
+
+
+def check_from_run(cfg: RunConfig) -> None:
+    """Before a run starts: ``from_run`` names a checkpoint of the same method with at least
+    ``after_task`` finished tasks (more is checked when it starts, :func:`check_compatible`)."""
+    if cfg.from_run is None or cfg.after_task is None:
+        return
+    try:
+        method, done = source_summary(Path(cfg.from_run))
+    except ValueError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    if method != cfg.method:
+        raise ConfigError(
+            f"config: from_run {cfg.from_run} is a run of method {method!r}; learning on top "
+            f"of it needs the same method (--method {method}), got {cfg.method!r}"
+        )
+    if cfg.after_task > done:
+        raise ConfigError(
+            f"config: after_task must be <= the {done} task(s) finished in {cfg.from_run}, "
+            f"got {cfg.after_task}"
+        )
 
 
 @dataclass
@@ -113,9 +135,7 @@ def adopt_tasks(
             layer.weight.copy_(torch.where(layer.frozen, layer.weight, fresh[name]))
     supernet.active_task = None
     supernet.use_task(k - 1)
-    entries = ckpt.tasks[:k]
-    rows = [None if t.get("accuracy") is None else list(t["accuracy"]) for t in entries]
-    return rows, [dict(t["record"]) for t in entries]
+    return finished(ckpt.tasks[:k])
 
 
 def check_source_unchanged(

@@ -8,13 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
 from espn.checkpoint.store import Checkpoint, read_checkpoint, restore
 from espn.config import RunConfig, make_config
 from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
-from espn.models.reference import check_model_size, is_reference, reading_run, resolve
+from espn.models.reference import (
+    ModelReferenceError,
+    check_model_size,
+    is_reference,
+    reading_run,
+    resolve,
+)
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.preflight import check_device
 from espn.runs.checks import check_results_match
@@ -30,7 +37,7 @@ class ModelNeeded(CheckpointError):
 
 def instance_class(name: str) -> str | None:
     """The class (``module.Class``) of a model recorded as an instance
-    (``"<module.Class instance>"``, see :func:`espn.learner.model_name`), else None."""
+    (``"<module.Class instance>"``, see :func:`model_name`), else None."""
     if name.startswith("<") and name.endswith(" instance>"):
         return name[1 : -len(" instance>")]
     return None
@@ -53,6 +60,42 @@ def check_rebuildable(
     )
 
 
+def model_name(supernet: Supernet) -> str:
+    """The name a run configuration gives the supernet's model (registered where only the
+    caller's code can rebuild it, see :func:`known_model`)."""
+    name = supernet.model_name
+    if name is None:
+        model = supernet.model
+        name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+    known_model(name)
+    return name
+
+
+def known_model(name: str) -> None:
+    """Let a run configuration name the model: a reference is registered where it may be
+    imported, else (an instance's name, a reference not trusted) a factory saying that only
+    the caller's code rebuilds it."""
+
+    def resolves() -> bool:
+        try:
+            resolve(name)
+        except ModelReferenceError:  # not trusted here: only the caller's code rebuilds it
+            return False
+        return True
+
+    if name in MODELS or (is_reference(name) and resolves()):
+        return
+
+    def factory(spec: ModelSpec) -> nn.Module:
+        raise CheckpointError(
+            f"the checkpoint is of model {name!r}, built in Python from a model instance, so "
+            "only its code can rebuild it: espn.load(run, model=...)"
+        )
+
+    factory.__doc__ = f"{name}: given to espn.wrap() as an instance (rebuilt by its code only)"
+    MODELS.register(name)(factory)
+
+
 def weights_of(method: str) -> str | None:
     """The kind of weights of a run's method (``"shared"``, ``"own"``, ...; None: a method
     this espn does not know), which reading an older checkpoint needs."""
@@ -71,21 +114,6 @@ class LoadedRun:
     def n_tasks(self) -> int:
         """Tasks finished in the checkpoint."""
         return len(self.supernet.masks)
-
-    def example_input(self, batch: int = 2) -> torch.Tensor:
-        """A zero batch of model inputs (shapes only matter for tracing)."""
-        shape = self.checkpoint.manifest["spec"]["input_shape"]
-        device = next(self.supernet.parameters()).device
-        return torch.zeros(batch, *shape, device=device)
-
-    def check_task(self, task: int) -> None:
-        """Raise :class:`CheckpointError` unless ``task`` is a finished task of the run."""
-        if not 0 <= task < self.n_tasks:
-            raise CheckpointError(
-                f"task {task} is not in the checkpoint; it holds tasks 0..{self.n_tasks - 1}"
-                if self.n_tasks
-                else f"task {task} is not in the checkpoint; it holds no finished task yet"
-            )
 
 
 def load_run(

@@ -1,0 +1,157 @@
+"""The checkpoint of one run directory as a learner writes it: a fresh one, or the saved one
+restored into the learner's freshly built parts (:meth:`RunCheckpoint.open`), then saved at
+epochs' ends and after every learned step (see :mod:`espn.run_directory`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from espn.checkpoint.format import MANIFEST, checkpoint_dir
+from espn.checkpoint.store import CheckpointWriter, TrainingState, read_checkpoint, restore
+from espn.config import RunConfig
+from espn.data.tasks import TaskSequence
+from espn.inference.stored import check_statistics
+from espn.methods.base import Strategy
+from espn.runs.checks import check_results_match, check_same_run, run_meta
+from espn.runs.legacy import upgrade_saved_config
+from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
+from espn.supernet.supernet import Supernet
+from espn.training.engine import Engine, TaskProgress
+
+
+def finished(
+    entries: list[dict[str, Any]],
+) -> tuple[list[list[float] | None], list[dict[str, Any]]]:
+    """The accuracy rows (one per learned step) and the records of a checkpoint's finished
+    tasks (its task entries)."""
+    rows = [
+        None if e["accuracy"] is None else list(e["accuracy"]) for e in entries if "accuracy" in e
+    ]
+    return rows, [dict(e["record"]) for e in entries]
+
+
+def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
+    """Where a task's training stands, in the units the engine counts: passes over the task's
+    training data (the size rule may make them more than ``--epochs`` asks) and optimizer
+    steps of the phase in progress."""
+    phases = strategy.phases()
+    passes = f"{progress.epochs_done} pass{'es' * (progress.epochs_done != 1)}"
+    if progress.phase >= len(phases):
+        return f"task {task} continues after all its phases ({passes} over its training data done)"
+    name, step = phases[progress.phase].name, progress.step
+    at = (
+        f"at the start of its {name} phase"
+        if step == 0
+        else f"in its {name} phase after {step} optimizer step{'s' * (step != 1)} of it"
+    )
+    return f"task {task} continues {at} ({passes} over its training data done)"
+
+
+@dataclass
+class RunCheckpoint:
+    """The checkpoint of one run directory: the writer and where to pick up."""
+
+    #: None: this process only reads the checkpoint (a data-parallel rank other than 0)
+    writer: CheckpointWriter | None
+    supernet: Supernet
+    engine: Engine
+    rows: list[list[float] | None]
+    per_task: list[dict[str, Any]]
+    training: TrainingState | None = None
+    elapsed: float = 0.0
+    summary: str = ""
+    manifest: dict[str, Any] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        cfg: RunConfig,
+        seq: TaskSequence,
+        supernet: Supernet,
+        engine: Engine,
+        strategy: Strategy,
+        resume: bool,
+        ignore: tuple[str, ...] = (),
+        writes: bool = True,
+    ) -> RunCheckpoint:
+        """A fresh checkpoint in ``<out>/checkpoint``, or, with ``resume``, the saved one loaded
+        into the freshly built ``supernet``, ``engine`` and ``strategy`` (without ``writes``,
+        read only: nothing is written or removed).
+
+        Resuming where no checkpoint was written yet (killed in the first epoch) starts over; a
+        checkpoint that is there but unreadable, too new or of other options (but those in
+        ``ignore``) is refused. Without ``resume`` the caller has checked ``check_out_dir``.
+        """
+        directory = checkpoint_dir(cfg.out)
+        if not resume or not (directory / MANIFEST).exists():
+            writer = CheckpointWriter(directory, run_meta(cfg, seq)) if writes else None
+            note = f"no checkpoint in {directory}; starting from the first task" if resume else ""
+            return cls(writer, supernet, engine, [], [], summary=note)
+        ckpt = read_checkpoint(directory)
+        saved = upgrade_saved_config(ckpt.manifest["config"])
+        check_same_run(saved, cfg, directory, ignore)
+        check_results_match(cfg.out, ckpt.manifest)
+        restore(ckpt, supernet, strategy.weights)
+        check_statistics(supernet, ckpt.directory)
+        continue_training(ckpt, supernet, engine, strategy)
+        tr = ckpt.training
+        where = "" if tr is None else "; " + training_position(tr.task, progress_of(tr), strategy)
+        total = ckpt.manifest.get("n_tasks", len(seq))
+        return cls(
+            CheckpointWriter.resume(ckpt) if writes else None,
+            supernet,
+            engine,
+            *finished(ckpt.tasks),
+            training=ckpt.training,
+            elapsed=float(ckpt.manifest.get("wall_time_s", 0.0)),
+            summary=f"resuming {directory}: {len(ckpt.masks)}/{total} tasks done{where}",
+            manifest=ckpt.manifest,
+        )
+
+    def resume_point(self, task: int) -> TaskProgress | None:
+        """Where task ``task`` continues from (None: from its start)."""
+        if self.training is not None and self.training.task == task:
+            return progress_of(self.training)
+        return None
+
+    def save_progress(
+        self,
+        task: int,
+        progress: TaskProgress,
+        strategy: Strategy,
+        seq: TaskSequence,
+        extra: dict[str, Any],
+    ) -> None:
+        """Checkpoint task ``task`` in training (at an epoch's end)."""
+        if self.writer is None:
+            return
+        self.writer.save(
+            self.supernet,
+            self._results(seq),
+            training=snapshot(task, progress, strategy),
+            extra=extra | {"complete": False},
+            generator=self.engine.generator,
+            grad_scaler=scaler_state(self.engine),
+        )
+
+    def task_done(self, seq: TaskSequence, elapsed: float, extra: dict[str, Any]) -> None:
+        """Checkpoint after a task was committed and evaluated."""
+        self.training = None
+        if self.writer is None:
+            return
+        self.writer.save(
+            self.supernet,
+            self._results(seq),
+            extra=extra | {"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
+            generator=self.engine.generator,
+            grad_scaler=scaler_state(self.engine),
+        )
+
+    def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
+        names = seq.names(len(self.per_task))
+        return [
+            {"name": names[t], "record": self.per_task[t]}
+            | ({"accuracy": self.rows[t]} if t < len(self.rows) else {})
+            for t in range(len(self.per_task))
+        ]
