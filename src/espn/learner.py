@@ -29,7 +29,6 @@ from espn.config import (
     RunConfig,
     check_applicable,
     make_config,
-    resolved,
 )
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import (
@@ -237,7 +236,7 @@ class ContinualLearner:
             supernet,
             strategy,
             cfg.optim_config(),
-            int(resolved(cfg.batch_size, "batch_size")),
+            cfg.batch_size,
             cfg.seed,
             amp=cfg.amp,
             reference_size=cfg.floor_reference(),
@@ -946,12 +945,7 @@ def _configure(
         "device": device,
         "out": Path(out) if out is not None else Path("."),
     }
-    registered = cls.name in METHODS and METHODS.get(cls.name) is cls
-    if registered:
-        cfg = make_config(**fields, **values)
-    else:
-        with METHODS.temporarily(cls.name, cls):
-            cfg = make_config(**fields, **values)
+    cfg = make_config(cls, **fields, **values)
     given = {k: v for k, v in settings.items() if k != "stream_pruning"}
     if built is not None and built.given is not None:
         given |= {k: v for k, v in built.given.items() if k != "stream_pruning"}

@@ -447,11 +447,7 @@ def _create(cls: type[Strategy], settings: dict[str, Any]) -> Strategy:
                 + ", ".join([*accepted, *own])
             )
     values = {"benchmark": "tensors", "method": cls.name, "recipe": "mnist"} | settings
-    if cls.name in METHODS and METHODS.get(cls.name) is cls:
-        cfg = make_config(**values)
-    else:
-        with METHODS.temporarily(cls.name, cls):
-            cfg = make_config(**values)
+    cfg = make_config(cls, **values)
     strategy = cls(cfg.method_config())
     #: the settings given here (the learner resolves the rest for its network)
     strategy.given = dict(settings)
