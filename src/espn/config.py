@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import (
     BaseModel,
@@ -52,13 +52,16 @@ MAX_IMAGE_SIZE = 1024
 DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
 
 
-def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
+def gather_method_options(
+    values: dict[str, Any], strategy: type[Strategy] | None = None
+) -> dict[str, Any]:
     """``values`` with the methods' options given flat (``supsup_k=0.3``: CLI flags, presets,
     sweep points, older configurations) moved into ``method_options``; unset (None) ones
-    dropped."""
+    dropped. The options of the registered methods count, and ``strategy``'s own."""
     from espn.methods.base import declared_options
 
-    declared = declared_options()
+    own = {o.name: (o, [strategy.name]) for o in strategy.options} if strategy else {}
+    declared = declared_options() | own
     clash = sorted(set(declared) & set(RunConfig.model_fields))
     if clash:
         raise ValueError(
@@ -75,17 +78,6 @@ def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
 
 class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
-
-
-T = TypeVar("T")
-
-
-def resolved(value: T | None, name: str) -> T:
-    """An option the configuration's validator fills in: never None in a configuration built
-    by :func:`make_config` (or ``RunConfig(...)``), only in one made without validation."""
-    if value is None:
-        raise ConfigError(f"{name} was never resolved; build the configuration with make_config")
-    return value
 
 
 class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
@@ -213,7 +205,7 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         ]
         values = dict.fromkeys(unset) | layered(data, method=own, preset=preset, recipe=recipe)
         values.pop("regime", None)
-        return _need_benchmark(gather_method_options(values))
+        return _need_benchmark(gather_method_options(values, (info.context or {}).get("strategy")))
 
     @field_validator(*OPTIONS, mode="before", check_fields=False)
     @classmethod
@@ -381,6 +373,8 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             )
         if self.from_run is None or self.after_task is None:
             return
+        from espn.methods.base import Strategy
+
         out = Path(self.out).resolve()
         if out == self.from_run:
             raise ValueError(
