@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -546,6 +547,21 @@ TRAINING_SETTINGS = (
     *(n for n in SETTING_NAMES if n in RunConfig.model_fields and n != "device"),
     "preset",
 )
+
+
+def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...] = ()) -> None:
+    """Refuse (ValueError) a keyword of ``given`` that is neither a training setting (under
+    its run option's name), one of ``extra``, nor an option of ``cls`` or another method
+    (whose own check names its method): the keywords of ``create_method`` and the learner."""
+    from espn.methods.base import declared_options
+
+    accepted = [*TRAINING_SETTINGS, *extra, *cls.option_names()]
+    foreign = declared_options()
+    for key in given:
+        if key not in accepted and key not in foreign:
+            raise ValueError(
+                f"unknown setting {key!r} for method {cls.name!r}; accepted: {', '.join(accepted)}"
+            )
 
 
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:

@@ -28,6 +28,7 @@ from espn.config import (
     TRAINING_SETTINGS,
     RunConfig,
     check_applicable,
+    check_names,
     make_config,
 )
 from espn.data.tasks import Split, Task, TaskSequence
@@ -912,15 +913,11 @@ def _configure(
             f"method must be a method name ({', '.join(METHODS.names())}), a Strategy class or "
             f"a built strategy, got {method!r}"
         )
+    try:
+        check_names(cls, settings)
+    except ValueError as exc:
+        raise checks.fail("settings", str(exc)) from None
     foreign = set(declared_options())
-    accepted = [*TRAINING_SETTINGS, *cls.option_names()]
-    for key in settings:
-        if key not in accepted and key not in foreign:
-            raise checks.fail(
-                "settings",
-                f"unknown setting {key!r} for method {cls.name!r}; accepted: "
-                + ", ".join(accepted),
-            )
     values = dict(settings)
     if built is not None:
         fixed = built.given if built.given is not None else _hand_built(built)

@@ -434,17 +434,10 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
 
 
 def _create(cls: type[Strategy], settings: dict[str, Any]) -> Strategy:
-    from espn.config import TRAINING_SETTINGS, make_config
+    from espn.config import check_names, make_config
 
+    check_names(cls, settings, extra=("recipe",))
     own = cls.option_names()
-    foreign = declared_options()
-    accepted = [*TRAINING_SETTINGS, "recipe"]
-    for key in settings:
-        if key not in accepted and key not in own and key not in foreign:
-            raise ValueError(
-                f"unknown setting {key!r} for method {cls.name!r}; accepted: "
-                + ", ".join([*accepted, *own])
-            )
     values = {"benchmark": "tensors", "method": cls.name, "recipe": "mnist"} | settings
     cfg = make_config(cls, **values)
     strategy = cls(cfg.method_config())
