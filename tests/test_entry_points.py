@@ -38,7 +38,7 @@ def test_python_m_espn_prints_the_version():
 
 
 def test_the_version_is_the_distributions():
-    """One declaration: pyproject reads the version from ``espn.__version__``."""
+    """One declaration: pyproject reads the version from ``espn/_version.py``."""
     assert importlib.metadata.version("espn") == espn.__version__
 
 

@@ -225,13 +225,14 @@ def test_cpg_zeroes_the_weights_its_compacting_releases(fake_mnist, tiny_run_arg
 # ------------------------------------------------------------ zero forgetting
 @pytest.mark.parametrize("method", ["supsup", "packnet", "cpg", "rmn", "espn"])
 def test_earlier_tasks_logits_stay_bit_identical_under_each_recipe(
-    fake_mnist, tiny_run_args, method
+    fake_mnist, tiny_run_args, fc_test_model, method
 ):
     budget = {"alpha": 0.2} if method in ("packnet", "espn") else {}  # RMN, CPG: no alpha
     # so short a run: CPG's reference rule compacts no round and RMN's threshold drops no
     # weight, so task 0 would take the whole network and task 1 is refused (docs/methods.md)
     budget |= {"cpg": {"cpg_train_acc": 0.0}, "rmn": {"rmn_budget": 0.2}}.get(method, {})
-    cfg = make_config(**{**tiny_run_args, "tasks": 2}, method=method, **budget)
+    args = {**tiny_run_args, "tasks": 2, "model": fc_test_model}  # FC1024's shape, test size
+    cfg = make_config(**args, method=method, **budget)
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     engine = Engine(sn, METHODS.get(method)(cfg.method_config()), cfg.optim_config(), 128)

@@ -160,11 +160,13 @@ def test_a_task_over_its_flops_budget_is_never_recorded():
         check_budget(0.2, {"flops_ratio": float("nan")}, "t", 0)
 
 
-def test_a_diverging_task_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+def test_a_diverging_task_stops_and_keeps_the_last_good_checkpoint(
+    tmp_path, monkeypatch, finished_run
+):
+    """``finished_run`` is the same run (``cli_options``) uninterrupted: the reference."""
     import espn.methods.espn as espn_module
 
-    reference = tmp_path / "reference"
-    assert invoke(run_args(reference)).exit_code == 0
+    reference = finished_run
     real_loss, real_prune = Strategy.loss, espn_module.ESPN.prune_step
 
     def prune_step(self, supernet, progress):  # from task 2's first prune step on ...
@@ -357,9 +359,10 @@ def test_wrong_types_in_results_json_are_named(cli_run):
 
 
 # ------------------------------------------------------------------ faults
-def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_files(tmp_path, monkeypatch):
-    reference = tmp_path / "reference"
-    assert invoke(run_args(reference)).exit_code == 0
+def test_a_full_disk_leaves_the_previous_checkpoint_and_no_temporary_files(
+    tmp_path, monkeypatch, finished_run
+):
+    reference = finished_run  # the same run (``cli_options``) uninterrupted
     out = tmp_path / "r"
     real_save = store_module.save_file
     calls = {"n": 0}

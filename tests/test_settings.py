@@ -40,7 +40,6 @@ OTHER_MEANINGS = (
     "layers/",
     "models/",
     "theory/",
-    "cli/theory.py",
     "runs/legacy.py",
     "integrations/avalanche.py:eval_every",
     "learner.py:task_agnostic",  # evaluate(task_agnostic=...): measure without the task id

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import espn.data.mnist as mnist_module
 import espn.training.engine as engine_module
 from espn.config import make_config
 from espn.experiment import run_experiment
 from espn.methods.base import METHODS, Phase, Strategy
+from espn.models.registry import MODELS
 from espn.reproduce.common import planned_steps
 from espn.reproduce.continual import (
     CIFAR_TASK_SIZE,
@@ -25,7 +27,8 @@ from espn.reproduce.continual import (
 )
 from espn.reproduce.target import TARGETS, Options, parse_name
 from espn.training.engine import plan_phase, prune_points
-from helpers.deploy import Killed, kill_at_step, run_options
+from helpers.deploy import Killed, fc_test, kill_at_step, run_options
+from helpers.mnist import synthetic_mnist
 
 BATCH = 128
 TRAIN = 400  # the fake data's training images per task: 4 batches of 128 (the last of 16)
@@ -173,17 +176,27 @@ def test_zero_forgetting_with_the_rule(tmp_path: Path) -> None:
     assert all(sum(p["steps"] for p in task) == 4 * 12 for task in doc["phases"])
 
 
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The uninterrupted run (reference 640) that each killed-and-resumed run must equal."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    data = synthetic_mnist()
+    with pytest.MonkeyPatch.context() as mp, MODELS.temporarily("fc-test", fc_test):
+        mp.setattr(mnist_module, "load_mnist_like", lambda *a, **k: data)
+        doc = run_experiment(make_config(**run_options(out, reference_size=640)), progress=False)
+    return out, doc
+
+
 # 400 images, batch 128, reference 640: 5 steps per recipe epoch (2 passes: 4 + 1); epochs
 # 1,2,1: 5 + 10 + 5 = 20 steps per task. 5 = the cut second pass of pre-training, 14 = the
 # cut third pass of pruning (steps 6-9, 10-13, 14-15), 28 = task 2, pruning
 @pytest.mark.parametrize("kill", [5, 14, 28])
 def test_resume_stays_exact_with_the_rule(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill: int, reference_run: tuple[Path, dict]
 ) -> None:
-    options = run_options(tmp_path / "reference", reference_size=640)
-    reference = run_experiment(make_config(**options), progress=False)
+    reference_dir, reference = reference_run
     out = tmp_path / "run"
-    cfg = make_config(**(options | {"out": out}))
+    cfg = make_config(**run_options(out, reference_size=640))
     with monkeypatch.context() as mp:
         kill_at_step(mp, kill)
         with pytest.raises(Killed):
@@ -193,7 +206,7 @@ def test_resume_stays_exact_with_the_rule(
     assert resumed["phases"] == reference["phases"]
     assert [sum(p["steps"] for p in t) for t in resumed["phases"]] == [20, 20, 20]
     for name in ("state", "tasks"):
-        ref = json.loads((tmp_path / "reference/checkpoint/manifest.json").read_text())[name]
+        ref = json.loads((reference_dir / "checkpoint/manifest.json").read_text())[name]
         got = json.loads((out / "checkpoint/manifest.json").read_text())[name]
         if name == "state":
             assert got["sha256"] == ref["sha256"]

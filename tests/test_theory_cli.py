@@ -9,7 +9,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from espn.cli.theory import app
+from espn.theory.cli import app
 from espn.theory.mismatch import MISMATCH_COLUMNS
 from espn.theory.sample_complexity import SAMPLE_COMPLEXITY_COLUMNS
 from espn.theory.task_order import TASK_ORDER_COLUMNS

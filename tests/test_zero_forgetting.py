@@ -47,7 +47,10 @@ def train_and_check(args: dict, optim: OptimConfig) -> None:
 
 @pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
 @pytest.mark.parametrize("method", ["espn", "packnet", "cpg", "rmn", "rmn-budget"])
-def test_frozen_weights_and_logits_bit_identical(fake_mnist, tiny_run_args, method, optim):
+def test_frozen_weights_and_logits_bit_identical(
+    fake_mnist, tiny_run_args, fc_test_model, method, optim
+):
+    """On FC1024's shape at test size (``fc-test``), every method under every optimizer."""
     budget = {  # CPG's compacting sets its own size (here every round runs and is kept, so
         # later tasks get weights); RMN's relevance threshold (the paper) at 1 keeps the
         # weights whose relevance training raised, so every task gets some
@@ -55,7 +58,7 @@ def test_frozen_weights_and_logits_bit_identical(fake_mnist, tiny_run_args, meth
         "rmn": {"rmn_threshold": 1.0, "rmn_l1": 1e-4},
         "rmn-budget": {"method": "rmn", "rmn_budget": 0.2},
     }.get(method, {"alpha": 0.2})
-    train_and_check({**tiny_run_args, "method": method, **budget}, optim)
+    train_and_check({**tiny_run_args, "model": fc_test_model, "method": method, **budget}, optim)
 
 
 def test_every_frozen_entry_survives_weight_decay(fake_mnist, tiny_run_args):

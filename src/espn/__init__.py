@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from espn._version import __version__
 
 if TYPE_CHECKING:
     from espn.api import ContinualLearner, load, wrap

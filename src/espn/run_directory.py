@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from espn import __version__
+from espn._version import __version__
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
 from espn.checkpoint.lock import LOCK_FILE, RunLocked, holder, run_lock
 from espn.checkpoint.store import CheckpointWriter, TrainingState, read_checkpoint, restore

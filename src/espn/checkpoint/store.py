@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from espn import __version__
+from espn._version import __version__
 from espn.checkpoint.format import (
     FORMAT_NAME,
     FORMAT_VERSION,

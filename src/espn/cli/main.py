@@ -82,13 +82,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Named run recipes for `espn run --preset NAME` (options given explicitly win).",
     ),
     "reproduce": (
-        "espn.cli.reproduce",
+        "espn.reproduce.cli",
         "app",
         "Reproduce the paper's tables and figures: espn reproduce TARGET --scale "
         "{smoke,cpu,paper} --out DIR; `espn reproduce list` names the targets.",
     ),
     "theory": (
-        "espn.cli.theory",
+        "espn.theory.cli",
         "app",
         "Theory lab: the paper's shallow-network model of continual representation learning "
         "(planted model, CRL solver, sample complexity, mismatch, task order).",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from espn.config import make_config
-from espn.methods.base import METHODS
+from espn.methods import METHODS
 from espn.recipes import MNIST
 from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
@@ -125,11 +125,6 @@ def ordered(keys: Iterable[str], order: list[str]) -> list[str]:
 def mean_of(values: list[float]) -> float:
     """Plain mean (values non-empty)."""
     return sum(values) / len(values)
-
-
-def values_of(runs: Iterable[Run], get: Callable[[dict[str, Any]], float]) -> list[float]:
-    """``get(results)`` of every run."""
-    return [float(get(r.doc)) for r in runs]
 
 
 def legend_outside_with_grid(ax: Axes) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from espn.errors import EspnError
+from espn.evaluation.results import ResultsError, read_results
 from espn.reproduce.table import Table
 from espn.reproduce.target import (
     SCALES,
@@ -79,10 +80,10 @@ def _complete(doc: dict[str, Any] | None) -> bool:
 def _read(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's results with at least one finished task, else None."""
     try:
-        doc = read_json(Path(run_dir) / "results.json")
-    except (OSError, ValueError):
+        doc = read_results(run_dir)
+    except ResultsError:
         return None
-    return doc if isinstance(doc, dict) and doc.get("final_accuracy") else None
+    return doc if doc and doc.get("final_accuracy") else None
 
 
 def _run(name: str, doc: dict[str, Any]) -> Run:
@@ -150,8 +151,6 @@ def collect(
     its name says, is described in ``problems`` as (target, why) (and left out). ``scales``
     receives, per target, the scales its runs were made at (``unknown`` for a run that
     matches no scale's points)."""
-    from espn.evaluation.results import ResultsError, read_results
-
     found: dict[str, tuple[list[Run], list[str]]] = {}
     expected: dict[tuple[str, int], dict[str, dict[str, Any]] | None] = {}
     for directory in sorted(Path(out).iterdir()):
@@ -160,13 +159,12 @@ def collect(
             continue
         runs, missing = found.setdefault(parsed[0], ([], []))
         try:
-            read_results(directory)
+            doc = read_results(directory)
         except ResultsError as exc:
             if problems is not None:
                 problems.append((parsed[0], f"{directory.name}: {exc}"))
             continue
-        doc = _read(directory)
-        if doc is None:
+        if not doc or not doc.get("final_accuracy"):
             missing.append(directory.name)
             continue
         key = (parsed[0], parsed[2])

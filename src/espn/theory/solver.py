@@ -115,12 +115,6 @@ def predict(W: torch.Tensor, v: torch.Tensor, X: torch.Tensor, activation: str) 
     return torch.sigmoid(activation_fn(activation)(X @ W.T) @ v)
 
 
-def squared_risk(preds: Sequence[torch.Tensor], targets: Sequence[torch.Tensor]) -> float:
-    """Task-averaged mean squared error: ``(1/T) sum_t mean_i (pred - target)^2``."""
-    per_task = [((p - y) ** 2).mean() for p, y in zip(preds, targets, strict=True)]
-    return float(torch.stack(per_task).mean())
-
-
 def _spectral_directions(
     data: TaskData, W_frz: torch.Tensor, k: int, gen: torch.Generator
 ) -> torch.Tensor:
