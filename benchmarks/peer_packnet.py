@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from espn.config import ConfigError, RunConfig, make_config, resolved
+from espn.config import ConfigError, RunConfig, make_config
 from espn.data.tasks import Task, TaskSequence
 from espn.experiment import build_benchmark, run_experiment
 from espn.methods.base import METHODS
@@ -101,7 +101,7 @@ def avalanche_recipe(args: argparse.Namespace, cfg: RunConfig, task_size: int) -
     """Avalanche's side from espn's resolved run: per task as many optimizer steps as espn
     takes (in whole epochs, rounded up) and espn's fine-tuning steps after the prune,
     unless ``--epochs``/``--post-prune-epochs`` say otherwise."""
-    batch = int(resolved(cfg.batch_size, "batch_size"))
+    batch = cfg.batch_size
     per_epoch = math.ceil(task_size / batch)
     per_reference = reference_batches(cfg.floor_reference(), batch)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
@@ -113,7 +113,7 @@ def avalanche_recipe(args: argparse.Namespace, cfg: RunConfig, task_size: int) -
     post = args.post_prune_epochs
     post = math.ceil(after / per_epoch) if post is None else post
     _check_post_prune(post, epochs)
-    return Recipe(cfg.optim_config(), batch, float(resolved(cfg.alpha, "alpha")), epochs, post)
+    return Recipe(cfg.optim_config(), batch, cfg.alpha, epochs, post)
 
 
 def split_tensors(task: Task, split: str) -> tuple[torch.Tensor, torch.Tensor]:

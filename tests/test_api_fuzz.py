@@ -76,7 +76,7 @@ def refused(call, argument: str) -> str:
         ({"gamma": math.nan}, "gamma", "must be a finite number, got nan"),
         ({"epochs": (1, 1)}, "epochs", "epochs must be three non-negative counts"),
         ({"betas": (0.9, 2)}, "betas", "betas must be two numbers in [0, 1)"),
-        ({"optimizer": "foo"}, "optimizer", "unknown optimizer 'foo'"),
+        ({"optimizer": "foo"}, "optimizer", "optimizer must be one of: sgd"),
         ({"no_such_setting": 1}, "settings", "unknown setting 'no_such_setting'"),
     ],
 )

@@ -80,7 +80,7 @@ def test_run_writes_results_and_plot(fake_mnist, tmp_path, method):
         (["--reuse", "some"], "reuse must be one of: all, magnitude, got 'some'"),
         (
             ["--optimizer", "lion"],
-            "unknown optimizer 'lion'; choose one of: sgd, nesterov, adam, rmsprop",
+            "optimizer must be one of: sgd, nesterov, adam, rmsprop, got 'lion'",
         ),
         (["--train-per-task", "0"], "train_per_task must be >= 1, got 0"),
         (["--lr", "-1"], "lr must be > 0, got -1.0"),

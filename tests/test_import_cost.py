@@ -129,3 +129,28 @@ def test_the_help_lists_each_command_as_the_command_describes_itself() -> None:
 
     for name, (_, _, line) in COMMANDS.items():
         assert load_command(name).get_short_help_str(limit=1000) == line, name
+
+
+def test_argument_errors_are_refused_before_torch_is_loaded(tmp_path: Path) -> None:
+    """A bad value of a training setting, a missing option and a run directory without
+    results are refused (status 2) by ``espn run`` and ``espn show`` without loading torch."""
+    out = str(tmp_path / "r")
+    run = ["run", "--benchmark", "permuted-mnist", "--out", out]
+    code = (
+        "import contextlib, io, sys\n"
+        "from espn.cli.main import main\n"
+        "codes = []\n"
+        f"for argv in ({[*run, '--epochs', 'x']!r}, {[*run, '--lr', '-1']!r}, "
+        f"{[*run, '--optimizer', 'lion']!r}, ['run', '--epochs', 'x'], "
+        f"['show', {str(tmp_path / 'none')!r}]):\n"
+        "    sys.argv = ['espn', *argv]\n"
+        "    with contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            main()\n"
+        "        except SystemExit as exc:\n"
+        "            codes.append(exc.code)\n"
+        "assert codes == [2, 2, 2, 2, 2], codes\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    assert _loaded_after(code) == []
+    assert not (tmp_path / "r").exists()

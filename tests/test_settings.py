@@ -174,14 +174,18 @@ def _literal(node: ast.expr) -> bool:
 
 
 def _declarations(path: Path) -> list[tuple[str, int, str]]:
-    """Where ``path`` writes out a default of a training setting: class fields, keyword
+    """Where ``path`` writes out a default of a training setting: class fields (their
+    ``setting(default, ...)`` declarations too), keyword
     defaults, ``Option`` declarations and ``.get(name, fallback)`` fallbacks."""
     names = set(SETTING_NAMES) - {"method_options"}
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         pairs: list[tuple[str, ast.expr]] = []
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
-            pairs.append((node.target.id, node.value))
+            value = node.value  # a literal, or the declaration ``setting(default, help, ...)``
+            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "setting":
+                value = value.args[0]
+            pairs.append((node.target.id, value))
         elif isinstance(node, ast.FunctionDef):
             args = node.args.posonlyargs + node.args.args
             pairs += [

@@ -177,7 +177,7 @@ def test_yaml_and_json_specs_read_alike(tmp_path):
         ),
         (
             {"base": {"benchmark": "permuted-mnist"}, "grid": {"gamma": [0.2, 1.5]}},
-            "point gamma1.5: config: gamma must be in (0, 1], got 1.5",  # the method's check
+            "point gamma1.5: gamma: gamma must be in (0, 1], got 1.5",  # its declaration's
         ),
         (
             {

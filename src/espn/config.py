@@ -2,36 +2,67 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from espn.data.order import TASK_ORDERS
-from espn.data.registry import BENCHMARKS
-from espn.data.sizes import MAX_COUNT, normalise_train_sizes, resolve_train_sizes
 from espn.errors import EspnError
-from espn.methods.base import METHODS, SCHEDULES, Strategy, declared_options
 from espn.options import resolve_settings
 from espn.recipes import REGIMES, Recipe
-from espn.settings import SETTING_NAMES, TrainingSettings, complete, default, layered
-from espn.training.optim import OPTIMIZERS, OptimConfig
+from espn.settings import (
+    DEFAULTS,
+    HINTS,
+    MAX_COUNT,
+    MAX_SEED,
+    OPTIONS,
+    RECIPE_SETTINGS,
+    SETTING_NAMES,
+    TrainingSettings,
+    checked,
+    complete,
+    describe,
+    layered,
+)
 
-#: largest accepted seed (the per-task generators mix seed and task index in 64 bits)
-MAX_SEED = 2**32 - 1
+if TYPE_CHECKING:
+    from espn.methods.base import Strategy
+    from espn.training.optim import OptimConfig
+
+    #: the training settings' fields, as type checkers see them (pydantic gets them from
+    #: :func:`_fields`)
+    _Settings = TrainingSettings
+else:
+    _Settings = object
+
 #: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
 MAX_IMAGE_SIZE = 1024
-#: largest magnitude a float option may have: training runs in float32, where a larger
-#: learning rate or weight decay overflows to infinity
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+#: a device name: cpu, cuda or cuda:N (whether this machine has it is checked before a run
+#: starts, see :mod:`espn.preflight`)
+DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
 
 
-def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
+def gather_method_options(
+    values: dict[str, Any], strategy: type[Strategy] | None = None
+) -> dict[str, Any]:
     """``values`` with the methods' options given flat (``supsup_k=0.3``: CLI flags, presets,
     sweep points, older configurations) moved into ``method_options``; unset (None) ones
-    dropped."""
-    declared = declared_options()
+    dropped. The options of the registered methods count, and ``strategy``'s own."""
+    from espn.methods.base import declared_options
+
+    own = {o.name: (o, [strategy.name]) for o in strategy.options} if strategy else {}
+    declared = declared_options() | own
     clash = sorted(set(declared) & set(RunConfig.model_fields))
     if clash:
         raise ValueError(
@@ -46,44 +77,13 @@ def gather_method_options(values: dict[str, Any]) -> dict[str, Any]:
     return rest | {"method_options": given | {k: v for k, v in flat.items() if v is not None}}
 
 
-#: tuple fields given as one comma-separated string: element type, count, the form in words
-COMMA_FORMS: dict[str, tuple[type, int, str]] = {
-    "epochs": (int, 3, "three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3)"),
-    "betas": (float, 2, "two comma-separated numbers B1,B2"),
-}
-
-FINETUNE_SCHEDULES = tuple(s for s in SCHEDULES if s != "ramp")
-
-
 class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 
 
-def check_device(device: str) -> str:
-    """Accept ``cpu``, ``cuda`` or ``cuda:N`` (whether this machine has it is checked before a
-    run starts, see :mod:`espn.preflight`)."""
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"unknown device {device!r}; choose 'cpu', 'cuda' or 'cuda:N'") from None
-    if parsed.type not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}; choose 'cpu', 'cuda' or 'cuda:N'")
-    return device
-
-
-T = TypeVar("T")
-
-
-def resolved(value: T | None, name: str) -> T:
-    """An option the configuration's validator fills in: never None in a configuration built
-    by :func:`make_config` (or ``RunConfig(...)``), only in one made without validation."""
-    if value is None:
-        raise ConfigError(f"{name} was never resolved; build the configuration with make_config")
-    return value
-
-
-class RunConfig(BaseModel):
-    """Everything a continual-learning run depends on. ``None`` means the benchmark's default."""
+class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
+    """What a run learns from and where it writes, with the checks and the precedence of
+    every run option; :class:`RunConfig` adds the training settings' fields."""
 
     # non-finite floats (inf, nan) are refused for every float option, one rule for all
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
@@ -98,110 +98,14 @@ class RunConfig(BaseModel):
         description="Number of tasks; default: the benchmark's (36 MNIST family, "
         "20 SplitCIFAR100, 5 SplitCIFAR10/SplitFashionMNIST).",
     )
-    gamma: float | None = Field(
-        None,
-        description=(
-            "FLOPs budget per task, in (0, 1]; methods without a FLOP constraint accept only "
-            f"1; default: {default('gamma')} (see docs/recipes.md, Training settings)."
-        ),
-    )
-    alpha: float | None = Field(
-        None,
-        description=(
-            "Weight allocation in (0, 1]; methods without a weight budget accept only 1; "
-            "default: the recipe's (see docs/recipes.md, Training settings)."
-        ),
-    )
-    epochs: tuple[int, int, int] | None = Field(
-        None,
-        description=(
-            "PRE,PRUNE,FINE epochs per task, e.g. 3,4,3, stated for the reference size (see "
-            "--step-floor); default: the recipe's (see docs/recipes.md, Training settings)."
-        ),
-    )
-    optimizer: str | None = Field(
-        None,
-        description=(
-            "sgd, nesterov, adam or rmsprop; default: the recipe's (see docs/recipes.md, "
-            "Training settings)."
-        ),
-    )
-    lr: float | None = Field(
-        None,
-        description=(
-            "Learning rate; default: the recipe's (see docs/recipes.md, Training settings)."
-        ),
-    )
-    batch_size: int | None = Field(
-        None,
-        description="Batch size; default: the recipe's (see docs/recipes.md, Training settings).",
-    )
-    weight_decay: float | None = Field(
-        None,
-        description=(
-            "Weight decay (never reaches frozen weights); default: the recipe's (see "
-            "docs/recipes.md, Training settings)."
-        ),
-    )
-    momentum: float | None = Field(
-        None,
-        description=(
-            "Momentum of SGD and RMSprop; default: the recipe's (see docs/recipes.md, "
-            "Training settings)."
-        ),
-    )
-    betas: tuple[float, float] | None = Field(
-        None,
-        description=(
-            "B1,B2: Adam's betas; default: the recipe's (see docs/recipes.md, Training settings)."
-        ),
-    )
-    warmup: int | None = Field(
-        None,
-        description=(
-            "Warm-up epochs (free weights only, lr ramp), taken from pre-training; default: "
-            "the recipe's (see docs/recipes.md, Training settings)."
-        ),
-    )
-    finetune_lr: float | None = Field(
-        None,
-        description=(
-            "Fine-tuning learning rate; default: the recipe's (see docs/recipes.md, Training "
-            "settings); unset there: --lr."
-        ),
-    )
-    finetune_schedule: str | None = Field(
-        None,
-        description=(
-            "Fine-tuning schedule: 'cosine' or 'constant'; default: the recipe's (see "
-            "docs/recipes.md, Training settings)."
-        ),
-    )
     #: the method's own options (see ``Strategy.options``), completed with their defaults;
     #: on the command line each is a flag of its own (see ``espn.cli.options``)
     method_options: dict[str, Any] = Field({}, description="The method's own options.")
-    task_affine: bool = Field(
-        default("task_affine"),
-        description="Beyond the paper: per-task unit scale and shift (FC gates, BatchNorm "
-        "affine for every method) and a per-task bias on a shared head.",
-    )
-    prune_updates_per_epoch: int = Field(
-        default("prune_updates_per_epoch"),
-        description="Pruning steps per pruning epoch (the schedule's granularity).",
-    )
-    eval_every: int = Field(
-        default("eval_every"),
-        description="Evaluate all tasks so far after every K-th task and the last "
-        "(accuracy-matrix rows; skipped rows are null).",
-    )
     train_per_task: int | None = Field(
         None, description="Keep a seeded subset of N training images per task."
     )
     test_per_task: int | None = Field(
         None, description="Keep a seeded subset of N test images per task."
-    )
-    seed: int = Field(
-        default("seed"), description="Seed of initialisation, batch order and augmentation."
     )
     task_seed: int | None = Field(
         None,
@@ -217,7 +121,6 @@ class RunConfig(BaseModel):
         description="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): "
         "its non-zero weights are frozen as the first task.",
     )
-    device: str = Field(default("device"), description="cpu, cuda or cuda:N.")
     data_dir: Path | None = Field(
         None, description="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
     )
@@ -230,29 +133,6 @@ class RunConfig(BaseModel):
         None,
         description="Recipe (see `espn presets`) or a .json/.yaml file of options; explicit "
         "options win over it.",
-    )
-    amp: bool = Field(
-        default("amp"),
-        description="Mixed precision: bfloat16 autocast (float16 + loss scaling on a GPU "
-        "without bfloat16); on a CPU it warns (rarely faster there).",
-    )
-    compile: bool = Field(
-        default("compile"),
-        description="Compile the training step with torch.compile (on CUDA: CUDA graphs and "
-        "channels_last convolutions): for a GPU, where a small network's step is "
-        "launch-bound; the first steps of a run compile (see docs/performance.md).",
-    )
-    slim_training: bool = Field(
-        default("slim_training"),
-        description="Fine-tune each task (and prune it between prune events, once units are "
-        "dead) on a physically slimmed copy of its sub-network (alive units only) and evaluate learned tasks through cached slim copies, where that "
-        "is exact (docs/performance.md); --no-slim-training: the masked supernet for both.",
-    )
-    task_agnostic: bool = Field(
-        default("task_agnostic"),
-        description="Prepare every task for prediction without the task id: train it to reject "
-        "its own inputs shifted, calibrate its scores on a held-out tenth of its training data, "
-        "and evaluate every task-inference rule at the end (docs/task-agnostic.md).",
     )
     recipe: str | None = Field(
         None,
@@ -287,24 +167,10 @@ class RunConfig(BaseModel):
     after_task: int | None = Field(
         None, description="With --from-run: how many of its tasks to keep (K >= 1)."
     )
-    step_floor: bool = Field(
-        default("step_floor"),
-        description="The size rule: every phase of a task smaller than the reference size "
-        "trains at least as many optimizer steps as its epochs take on the reference size "
-        "(more passes over the task's data); off: train by the epochs as given.",
-    )
-    reference_size: int | None = Field(
-        None,
-        description=(
-            "Training images per task that the epoch counts are stated for (the size rule's "
-            "reference); unset: the recipe's when the epochs are the recipe's, none (epochs "
-            "as given) when --epochs is given or the recipe states none."
-        ),
-    )
 
     @model_validator(mode="before")
     @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
+    def _apply_preset(cls, data: Any, info: ValidationInfo) -> Any:
         """The options of the run by the one precedence (:func:`espn.settings.layered`):
         those given (not None), then the method's recipe, then the preset's, then the
         recipe's (``recipe``, else the benchmark's), then the defaults."""
@@ -330,8 +196,8 @@ class RunConfig(BaseModel):
         if isinstance(source, str) and _is_recipe(source):
             recipe = dict(recipe_defaults(source))
         own: dict[str, Any] = {}
-        if isinstance(method, str) and method in METHODS:
-            own = METHODS.get(method).run_defaults(str(recipe.get("regime", "")))
+        if isinstance(method, str) and _known(method, info):
+            own = _strategy(method, info).run_defaults(str(recipe.get("regime", "")))
         # options given as None are unset: those unset by default stay None (an assignment
         # validates every field), the others take their default
         fields = cls.model_fields
@@ -340,34 +206,29 @@ class RunConfig(BaseModel):
         ]
         values = dict.fromkeys(unset) | layered(data, method=own, preset=preset, recipe=recipe)
         values.pop("regime", None)
-        return _need_benchmark(gather_method_options(values))
+        return _need_benchmark(gather_method_options(values, (info.context or {}).get("strategy")))
+
+    @field_validator(*OPTIONS, mode="before", check_fields=False)
+    @classmethod
+    def _setting(cls, v: Any, info: ValidationInfo) -> Any:
+        """A training setting, checked against its declaration (:data:`espn.settings.OPTIONS`)."""
+        name = str(info.field_name)
+        return checked({name: v})[name]
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_for_numbers(cls, v: Any, info: Any) -> Any:
+    def _no_bool_for_numbers(cls, v: Any, info: ValidationInfo) -> Any:
         """JSON ``true`` is not a number: a preset's ``"tasks": true`` would run 1 task."""
-        annotation = str(cls.model_fields[info.field_name].annotation)
-        values = v if isinstance(v, list | tuple) else (v,)
-        if "bool" not in annotation and any(isinstance(x, bool) for x in values):
+        annotation = str(cls.model_fields[str(info.field_name)].annotation)
+        if "bool" not in annotation and isinstance(v, bool):
             raise ValueError(f"{info.field_name} must be a number, got {v!r}")
-        return v
-
-    @field_validator("*")
-    @classmethod
-    def _float32(cls, v: Any, info: Any) -> Any:
-        """Every float option fits float32, the dtype training runs in (``--lr 1e308`` would
-        overflow to infinity in the first step)."""
-        values = v if isinstance(v, tuple) else (v,)
-        if any(isinstance(x, float) and abs(x) > FLOAT32_MAX for x in values):
-            raise ValueError(
-                f"{info.field_name} must be at most {FLOAT32_MAX:.4g} in magnitude (training "
-                f"runs in float32), got {v!r}"
-            )
         return v
 
     @field_validator("benchmark")
     @classmethod
     def _benchmark(cls, v: str) -> str:
+        from espn.data.registry import BENCHMARKS
+
         BENCHMARKS.get(v)
         return v
 
@@ -380,8 +241,8 @@ class RunConfig(BaseModel):
 
     @field_validator("method")
     @classmethod
-    def _method(cls, v: str) -> str:
-        METHODS.get(v)
+    def _method(cls, v: str, info: ValidationInfo) -> str:
+        _strategy(v, info)
         return v
 
     @field_validator("model")
@@ -393,76 +254,15 @@ class RunConfig(BaseModel):
             resolve(v)  # a registered name, or "package.module:Factory(key=value)"
         return v
 
-    @field_validator("optimizer")
+    @field_validator("tasks", "train_per_task", "test_per_task", "image_size", "after_task")
     @classmethod
-    def _optimizer(cls, v: str | None) -> str | None:
-        if v is not None and v not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {v!r}; choose one of: {', '.join(OPTIMIZERS)}")
-        return v
-
-    @field_validator("finetune_schedule")
-    @classmethod
-    def _finetune_schedule(cls, v: str | None) -> str | None:
-        return None if v is None else _one_of("fine-tune schedule", v, FINETUNE_SCHEDULES)
-
-    @field_validator(
-        "tasks",
-        "train_per_task",
-        "test_per_task",
-        "batch_size",
-        "prune_updates_per_epoch",
-        "eval_every",
-        "image_size",
-        "reference_size",
-    )
-    @classmethod
-    def _positive(cls, v: int | None, info: Any) -> int | None:
+    def _positive(cls, v: int | None, info: ValidationInfo) -> int | None:
         if v is not None and v < 1:
             raise ValueError(f"{info.field_name} must be >= 1, got {v}")
         if v is not None and v > MAX_COUNT:
             raise ValueError(f"{info.field_name} must be <= {MAX_COUNT}, got {v}")
         if info.field_name == "image_size" and v is not None and v > MAX_IMAGE_SIZE:
             raise ValueError(f"image_size must be <= {MAX_IMAGE_SIZE}, got {v}")
-        return v
-
-    @field_validator("lr", "finetune_lr")
-    @classmethod
-    def _lr(cls, v: float | None, info: Any) -> float | None:
-        if v is not None and not v > 0:
-            raise ValueError(f"{info.field_name} must be > 0, got {v}")
-        return v
-
-    @field_validator("weight_decay")
-    @classmethod
-    def _non_negative(cls, v: float | None, info: Any) -> float | None:
-        if v is not None and v < 0:
-            raise ValueError(f"{info.field_name} must be >= 0, got {v}")
-        return v
-
-    @field_validator("momentum")
-    @classmethod
-    def _momentum(cls, v: float | None) -> float | None:
-        if v is not None and not 0 <= v < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {v}")
-        return v
-
-    @field_validator("epochs", "betas", mode="before")
-    @classmethod
-    def _comma_text(cls, v: Any, info: Any) -> Any:
-        """``"3,4,3"`` / ``"0.9,0.999"`` (the command line's form) -> a tuple of numbers."""
-        if not isinstance(v, str):
-            return v
-        kind, count, form = COMMA_FORMS[info.field_name]
-        values = _comma_separated(v, kind)
-        if values is None or len(values) != count:
-            raise ValueError(f"--{info.field_name} must be {form}, got {v!r}")
-        return values
-
-    @field_validator("betas")
-    @classmethod
-    def _betas(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
-        if v is not None and not all(0 <= b < 1 for b in v):
-            raise ValueError(f"betas must be two numbers in [0, 1), got {v[0]:g},{v[1]:g}")
         return v
 
     @field_validator("folders", mode="before")
@@ -476,69 +276,52 @@ class RunConfig(BaseModel):
             raise ValueError(f"--folders must list directories separated by commas, got {v!r}")
         return parts
 
-    @field_validator("epochs", mode="before")
+    @field_validator("task_seed")
     @classmethod
-    def _three_epochs(cls, v: Any) -> Any:
-        if isinstance(v, list | tuple) and len(v) != 3:
-            raise ValueError(
-                "epochs must be three non-negative counts (pre-train, prune, fine-tune), "
-                f"got {len(v)} ({','.join(map(str, v))})"
-            )
-        return v
-
-    @field_validator("epochs")
-    @classmethod
-    def _epochs(cls, v: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
-        if v is not None and (min(v) < 0 or sum(v) < 1 or max(v) > MAX_COUNT):
-            raise ValueError(
-                f"epochs must be three non-negative counts (pre-train, prune, fine-tune) "
-                f"of at most {MAX_COUNT} "
-                f"with at least one epoch, got {','.join(map(str, v))}"
-            )
-        return v
-
-    @field_validator("seed", "task_seed")
-    @classmethod
-    def _seed(cls, v: int | None, info: Any) -> int | None:
+    def _seed(cls, v: int | None) -> int | None:
         if v is not None and not 0 <= v <= MAX_SEED:
-            raise ValueError(f"{info.field_name} must be in [0, {MAX_SEED}], got {v}")
+            raise ValueError(f"task_seed must be in [0, {MAX_SEED}], got {v}")
         return v
 
-    @field_validator("device")
+    @field_validator("device", check_fields=False)
     @classmethod
     def _device(cls, v: str) -> str:
-        return check_device(v)
+        if not DEVICE.fullmatch(v):
+            raise ValueError(f"unknown device {v!r}; choose 'cpu', 'cuda' or 'cuda:N'")
+        return v
 
     @field_validator("train_sizes", mode="before")
     @classmethod
     def _train_sizes(cls, v: Any) -> str | None:
+        from espn.data.sizes import normalise_train_sizes
+
         return None if v is None else normalise_train_sizes(v)
 
     @field_validator("task_order")
     @classmethod
     def _task_order(cls, v: str) -> str:
-        return _one_of("task order", v, TASK_ORDERS)
+        from espn.data.order import TASK_ORDERS
+
+        if v not in TASK_ORDERS:
+            raise ValueError(f"unknown task order {v!r}; choose one of: {', '.join(TASK_ORDERS)}")
+        return v
 
     @field_validator("from_run")
     @classmethod
     def _from_run(cls, v: Path | None) -> Path | None:
         return None if v is None else Path(v).resolve()  # the same run from any directory
 
-    @field_validator("after_task")
-    @classmethod
-    def _after_task(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= MAX_COUNT:
-            raise ValueError(f"after_task must be >= 1 (tasks kept from --from-run), got {v}")
-        return v
-
     @model_validator(mode="after")
-    def _resolve(self) -> RunConfig:
+    def _resolve(self, info: ValidationInfo) -> _Run:
+        from espn.data.registry import BENCHMARKS
+        from espn.methods.base import METHODS, Strategy
+
         bench = BENCHMARKS.get(self.benchmark)
         if self.tasks is not None and bench.max_tasks is not None and self.tasks > bench.max_tasks:
             raise ValueError(
                 f"tasks must be <= {bench.max_tasks} for {self.benchmark}, got {self.tasks}"
             )
-        strategy = METHODS.get(self.method)
+        strategy = _strategy(self.method, info)
         self._check_folders(bench.needs_folders)
         self._check_method_options(strategy)
         self._check_sequence(bench.class_orders)
@@ -558,14 +341,14 @@ class RunConfig(BaseModel):
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         fields = [n for n in SETTING_NAMES if n in type(self).model_fields]
         settings = complete({n: getattr(self, n) for n in fields})
+        if settings["finetune_lr"] is None:  # unset: the run's learning rate
+            settings["finetune_lr"] = settings["lr"]
         for name in fields:
             setattr(self, name, settings[name])
-        if self.finetune_lr is None:  # unset: the run's learning rate
-            self.finetune_lr = self.lr
         if self.task_seed is None:
-            self.task_seed = self.seed
+            self.task_seed = settings["seed"]
         self.task_train_sizes()  # a list of sizes must have one per task
-        strategy.check_config(self.method_config())
+        strategy.check_config(self.training_settings())
         return self
 
     def _check_sequence(self, class_orders: tuple[str, ...]) -> None:
@@ -591,6 +374,8 @@ class RunConfig(BaseModel):
             )
         if self.from_run is None or self.after_task is None:
             return
+        from espn.methods.base import Strategy
+
         out = Path(self.out).resolve()
         if out == self.from_run:
             raise ValueError(
@@ -613,11 +398,15 @@ class RunConfig(BaseModel):
         ``train_sizes`` asks for, or None (``train_per_task`` for every task)."""
         if self.train_sizes is None or self.tasks is None:
             return None
+        from espn.data.sizes import resolve_train_sizes
+
         return resolve_train_sizes(self.train_sizes, self.tasks)
 
     def _check_method_options(self, strategy: type[Strategy]) -> None:
         """Options of one method given to another are refused (alpha from a preset is not);
         the method's own are checked against its declaration and completed with defaults."""
+        from espn.methods.base import declared_options
+
         owners = {
             n: m for n, (_, m) in declared_options().items() if n not in strategy.option_names()
         }
@@ -646,26 +435,18 @@ class RunConfig(BaseModel):
         """The resolved training settings of this run, as the learner and the method get
         them (the method's own options as ``method_options``)."""
         values = {n: getattr(self, n) for n in SETTING_NAMES if n in type(self).model_fields}
-        return TrainingSettings(
-            **values
-            | {
-                "gamma": float(resolved(self.gamma, "gamma")),
-                "alpha": float(resolved(self.alpha, "alpha")),
-                "epochs": resolved(self.epochs, "epochs"),
-                "method_options": dict(self.method_options),
-                "stream_pruning": self.stream_pruning,
-            }
-        )
+        values["method_options"] = dict(self.method_options)
+        return TrainingSettings(**values, stream_pruning=self.stream_pruning)
 
     #: the method's settings (the name it had before :class:`TrainingSettings`)
     method_config = training_settings
 
-    @property
+    @property  # type: ignore[misc]  # the field of TrainingSettings, to mypy
     def stream_pruning(self) -> str:
         """How the model's residual streams are built and pruned (the method's
         ``stream_pruning``; methods that do not prune units leave it at its default, where
         it changes nothing)."""
-        return str(self.method_options.get("stream_pruning", default("stream_pruning")))
+        return str(self.method_options.get("stream_pruning", DEFAULTS.stream_pruning))
 
     def floor_reference(self) -> int | None:
         """The reference data size the size rule applies (None: epochs as given); see
@@ -674,36 +455,69 @@ class RunConfig(BaseModel):
 
     def optim_config(self) -> OptimConfig:
         """The optimizer's settings from this run configuration."""
-        return OptimConfig(
-            name=str(self.optimizer),
-            lr=float(resolved(self.lr, "lr")),
-            weight_decay=float(resolved(self.weight_decay, "weight_decay")),
-            momentum=float(resolved(self.momentum, "momentum")),
-            betas=resolved(self.betas, "betas"),
-        )
+        from espn.training.optim import OptimConfig
+
+        return OptimConfig.of(self.training_settings())
 
 
-def _comma_separated(text: str, kind: type) -> tuple[Any, ...] | None:
-    """``"1,2"`` as a tuple of ``kind`` (int or float), or None when a part is not one."""
-    try:
-        return tuple(kind(v) for v in text.split(","))
-    except ValueError:
-        return None
+def _fields() -> dict[str, Any]:
+    """:class:`RunConfig`'s field of each training setting, from its declaration: its type
+    (or None, unset, where a recipe may set it) and its help."""
+    fields: dict[str, Any] = {}
+    for name, option in OPTIONS.items():
+        if name == "stream_pruning":  # the methods' own option (see ``Strategy.options``)
+            continue
+        if name in RECIPE_SETTINGS:
+            fields[name] = (HINTS[name] | None, Field(None, description=describe(name)))
+        else:
+            fields[name] = (HINTS[name], Field(option.default, description=describe(name)))
+    return fields
 
 
-def _one_of(what: str, value: str, accepted: tuple[str, ...]) -> str:
-    if value not in accepted:
-        raise ValueError(f"unknown {what} {value!r}; choose one of: {', '.join(accepted)}")
-    return value
+if TYPE_CHECKING:
+
+    class RunConfig(_Run):  # type: ignore[misc]
+        """Everything a continual-learning run depends on."""
+
+else:
+    RunConfig = create_model(
+        "RunConfig",
+        __base__=_Run,
+        __module__=__name__,
+        __doc__="Everything a continual-learning run depends on: the run's options and a "
+        "field per training setting (:class:`espn.settings.TrainingSettings`).",
+        **_fields(),
+    )
+
+
+def _known(name: str, info: ValidationInfo) -> bool:
+    """Whether ``name`` is a method: a registered one, or the class being configured."""
+    from espn.methods.base import METHODS
+
+    strategy = (info.context or {}).get("strategy")
+    return name in METHODS or (strategy is not None and strategy.name == name)
+
+
+def _strategy(name: str, info: ValidationInfo) -> type[Strategy]:
+    """The method ``name``: the class being configured (``make_config(strategy=...)``, a
+    method not registered) or the registered one."""
+    from espn.methods.base import METHODS
+
+    strategy = (info.context or {}).get("strategy")
+    return strategy if strategy is not None and strategy.name == name else METHODS.get(name)
 
 
 def _is_recipe(name: str) -> bool:
+    from espn.data.registry import BENCHMARKS
+
     return name in REGIMES or name in BENCHMARKS
 
 
 def recipe_defaults(name: str) -> Recipe:
     """The values a recipe gives the options left out: a data regime's (``mnist``,
     ``cifar``), else the benchmark's of that name."""
+    from espn.data.registry import BENCHMARKS
+
     if name in REGIMES:
         return REGIMES.get(name)
     if name in BENCHMARKS:
@@ -716,6 +530,8 @@ def recipe_defaults(name: str) -> Recipe:
 
 def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
     if data.get("benchmark") is None:
+        from espn.data.registry import BENCHMARKS
+
         raise ValueError(
             "no benchmark: give --benchmark NAME (see `espn list`) or a preset that sets one; "
             f"benchmarks: {', '.join(BENCHMARKS.names())}"
@@ -733,9 +549,26 @@ TRAINING_SETTINGS = (
 )
 
 
+def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...] = ()) -> None:
+    """Refuse (ValueError) a keyword of ``given`` that is neither a training setting (under
+    its run option's name), one of ``extra``, nor an option of ``cls`` or another method
+    (whose own check names its method): the keywords of ``create_method`` and the learner."""
+    from espn.methods.base import declared_options
+
+    accepted = [*TRAINING_SETTINGS, *extra, *cls.option_names()]
+    foreign = declared_options()
+    for key in given:
+        if key not in accepted and key not in foreign:
+            raise ValueError(
+                f"unknown setting {key!r} for method {cls.name!r}; accepted: {', '.join(accepted)}"
+            )
+
+
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
     """The keyword options :func:`make_config` takes (presets, sweep specs): the run's
     fields, then every option a registered method declares (given flat, e.g. ``supsup_k``)."""
+    from espn.methods.base import declared_options
+
     fields = [f for f in RunConfig.model_fields if f not in exclude]
     return fields + [n for n in declared_options() if n not in fields]
 
@@ -747,6 +580,7 @@ def check_applicable(given: dict[str, Any], cfg: RunConfig) -> None:
     not build, and a method's own options its other settings leave unused (see
     :meth:`Strategy.check_given`). Saved configurations, which record every option, are not
     checked."""
+    from espn.methods.base import METHODS
     from espn.models.resnet import STREAM_MODELS
 
     names = {k for k, v in given.items() if v is not None}
@@ -770,10 +604,19 @@ def check_applicable(given: dict[str, Any], cfg: RunConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def make_config(**values: Any) -> RunConfig:
-    """Build a :class:`RunConfig`, turning validation errors into one readable ConfigError."""
+def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> RunConfig:
+    """Build a :class:`RunConfig`, turning validation errors into one readable ConfigError;
+    ``strategy``: a method class to configure that need not be registered under its name.
+
+    The training settings given are checked first, against their declarations alone, so
+    that a bad one is refused before torch and the registries are loaded."""
+    for name, value in values.items():
+        try:
+            checked({name: value})
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
     try:
-        return RunConfig(**values)
+        return RunConfig.model_validate(values, context={"strategy": strategy})
     except ValidationError as exc:
         raise config_error(exc) from None
 

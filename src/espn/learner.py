@@ -25,8 +25,8 @@ from espn.config import (
     TRAINING_SETTINGS,
     RunConfig,
     check_applicable,
+    check_names,
     make_config,
-    resolved,
 )
 from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
@@ -377,7 +377,7 @@ def _engine(supernet: Supernet, strategy: Strategy, cfg: RunConfig) -> Engine:
         supernet,
         strategy,
         cfg.optim_config(),
-        int(resolved(cfg.batch_size, "batch_size")),
+        cfg.batch_size,
         cfg.seed,
         amp=cfg.amp,
         reference_size=cfg.floor_reference(),
@@ -407,15 +407,11 @@ def _configure(
             f"method must be a method name ({', '.join(METHODS.names())}), a Strategy class or "
             f"a built strategy, got {method!r}"
         )
+    try:
+        check_names(cls, settings)
+    except ValueError as exc:
+        raise checks.fail("settings", str(exc)) from None
     foreign = set(declared_options())
-    accepted = [*TRAINING_SETTINGS, *cls.option_names()]
-    for key in settings:
-        if key not in accepted and key not in foreign:
-            raise checks.fail(
-                "settings",
-                f"unknown setting {key!r} for method {cls.name!r}; accepted: "
-                + ", ".join(accepted),
-            )
     values = dict(settings)
     if built is not None:
         fixed = built.given if built.given is not None else _hand_built(built)
@@ -440,12 +436,7 @@ def _configure(
         "device": device,
         "out": Path(out) if out is not None else Path("."),
     }
-    registered = cls.name in METHODS and METHODS.get(cls.name) is cls
-    if registered:
-        cfg = make_config(**fields, **values)
-    else:
-        with METHODS.temporarily(cls.name, cls):
-            cfg = make_config(**fields, **values)
+    cfg = make_config(cls, **fields, **values)
     given = {k: v for k, v in settings.items() if k != "stream_pruning"}
     if built is not None and built.given is not None:
         given |= {k: v for k, v in built.given.items() if k != "stream_pruning"}

@@ -21,7 +21,9 @@ class Option:
 
     ``low``/``high`` bound a number (``low_open``/``high_open``: the bound itself is
     excluded), ``choices`` list the accepted strings; ``unit`` follows the range in
-    messages (``"accuracy points"``). The CLI flag is ``--name-with-dashes``.
+    messages (``"accuracy points"``). ``count`` > 0 makes it a tuple of that many values,
+    each bounded so (``words`` says what it holds, ``form`` how the command line writes
+    it); ``optional``: None is accepted (unset). The CLI flag is ``--name-with-dashes``.
     """
 
     name: str
@@ -34,6 +36,10 @@ class Option:
     high_open: bool = False
     choices: tuple[str, ...] = ()
     unit: str = ""
+    count: int = 0
+    form: str = ""
+    words: str = ""
+    optional: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name != self.name.lower():
@@ -54,13 +60,13 @@ class Option:
             text = "one of: " + ", ".join(self.choices)
         elif self.low is not None and self.high is not None:
             text = (
-                f"in {'(' if self.low_open else '['}{self.low:g}, "
-                f"{self.high:g}{')' if self.high_open else ']'}"
+                f"in {'(' if self.low_open else '['}{_number(self.low)}, "
+                f"{_number(self.high)}{')' if self.high_open else ']'}"
             )
         elif self.low is not None:
-            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+            text = f"{'>' if self.low_open else '>='} {_number(self.low)}"
         elif self.high is not None:
-            text = f"{'<' if self.high_open else '<='} {self.high:g}"
+            text = f"{'<' if self.high_open else '<='} {_number(self.high)}"
         else:
             text = {float: "a finite number", int: "an integer", bool: "true or false"}.get(
                 self.type, "a string"
@@ -69,6 +75,12 @@ class Option:
 
     def check(self, value: Any) -> Any:
         """``value`` as the option's type, or ValueError naming it and what is accepted."""
+        if value is None and self.optional:
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{self.name} must be a finite number, got {value!r}")
+        if self.count:
+            return self._check_tuple(value)
         typed = self._typed(value)
         if isinstance(typed, float) and abs(typed) > FLOAT32_MAX:
             raise ValueError(
@@ -77,6 +89,28 @@ class Option:
             )
         if typed is None or not self._in_range(typed):
             raise ValueError(f"{self.name} must be {self.accepted()}, got {value!r}")
+        return typed
+
+    def _check_tuple(self, value: Any) -> tuple[Any, ...]:
+        """``value`` (a sequence, or the command line's ``"a,b"``) as a tuple of ``count``
+        values, each checked as the option's type and bounds."""
+        if isinstance(value, str):
+            text = value
+            try:
+                value = tuple(self.type(p) for p in text.split(","))
+            except ValueError:
+                value = ()
+            if len(value) != self.count:
+                raise ValueError(f"--{self.name} must be {self.form}, got {text!r}")
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{self.name} must be {self.words}, got {value!r}")
+        if len(value) != self.count:
+            shown = ",".join(map(str, value))
+            raise ValueError(f"{self.name} must be {self.words}, got {len(value)} ({shown})")
+        typed = tuple(self._typed(p) for p in value)
+        if any(t is None or not self._in_range(t) for t in typed):
+            shown = ",".join(_number(v) if isinstance(v, float) else str(v) for v in value)
+            raise ValueError(f"{self.name} must be {self.words}, got {shown}")
         return typed
 
     def _typed(self, value: Any) -> Any:
@@ -102,6 +136,11 @@ class Option:
         return not (
             self.high is not None and (value > self.high or (self.high_open and value == self.high))
         )
+
+
+def _number(value: float) -> str:
+    """A bound as messages show it: an integer in full, a float short (``1e-06``)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def resolve_settings(

@@ -7,7 +7,8 @@ both doors apply, through :func:`espn.config.make_config`: what the user gave, t
 method's recipe, then a preset, then the recipe of the data's regime
 (:mod:`espn.recipes`), then these defaults.
 
-This module imports nothing else of espn, so every package may use it.
+This module imports nothing of espn but :mod:`espn.options` (no torch, no pydantic), so every
+package, and the command line before it loads anything heavy, may use it.
 """
 
 from __future__ import annotations
@@ -15,108 +16,250 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
+
+from espn.options import Option
 
 #: steps between two losses the experiment loggers record unless the user chooses (Lightning's
 #: default too); here, where the command line reads it without importing the loggers
 DEFAULT_LOG_EVERY = 50
 
 
+#: the largest count a setting accepts (as ``espn.data.sizes.MAX_COUNT``)
+MAX_COUNT = 2**31 - 1
+#: the largest seed (the per-task generators mix seed and task index in 64 bits)
+MAX_SEED = 2**32 - 1
+#: where the table of the settings is (the help of every flag points to it)
+TABLE = "docs/recipes.md, Training settings"
+
+
+def setting(
+    default: Any, help: str, *, recipe: bool = False, method: bool = False, **check: Any
+) -> Any:
+    """The declaration of one training setting, a field of :class:`TrainingSettings`: its
+    ``default``, its ``help`` (the CLI flag's and the run configuration's description),
+    whether a ``recipe`` (a data regime's, a preset's or a method's) may set it, whether the
+    ``method`` reads it itself (its phases and budgets; the others are the engine's), and
+    its bounds or choices (the keywords of :class:`espn.options.Option`)."""
+    meta = {"help": help, "recipe": recipe, "method": method, "check": check}
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class TrainingSettings:
-    """The settings of how tasks are learned, each with its one default (docs/recipes.md has
-    the table). A recipe (:mod:`espn.recipes`) sets some of them for a data regime; None
-    means "unset": ``finetune_lr`` None is the run's ``lr``, ``reference_size`` None trains
-    by the epochs as given.
+    """The settings of how tasks are learned, each declared once here: its name, type,
+    default, help and bounds. The ``espn run`` flags, :class:`espn.config.RunConfig`'s
+    fields, the learner's keywords and the optimizer's settings are derived from these
+    declarations (docs/recipes.md has the table). None means "unset": ``finetune_lr`` None
+    is the run's ``lr``, ``reference_size`` None trains by the epochs as given.
 
     ``method_options`` holds the values of the method's own options (see
     :attr:`espn.methods.Strategy.options`); those left out take their declared defaults.
     """
 
-    #: FLOPs budget per task, in (0, 1] (the paper's ESPN-0.2); a method without a FLOP
-    #: constraint has 1 (its recipe says so, see ``Strategy.run_defaults``)
-    gamma: float = 0.2
-    #: weight allocation per task, in (0, 1]: ceil(alpha x free weights) new weights
-    alpha: float = 0.1
-    #: pre-train, prune and fine-tune epochs per task, stated for ``reference_size``
-    epochs: tuple[int, int, int] = (3, 4, 3)
-    #: sgd, nesterov, adam or rmsprop
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    batch_size: int = 128
-    #: never reaches frozen weights
-    weight_decay: float = 0.0
-    #: of SGD and RMSprop
-    momentum: float = 0.0
-    #: Adam's
-    betas: tuple[float, float] = (0.9, 0.999)
-    #: warm-up epochs (free weights only, lr ramp), taken from the pre-training epochs
-    warmup: int = 0
-    #: None: the run's ``lr``
-    finetune_lr: float | None = None
-    #: cosine or constant
-    finetune_schedule: str = "cosine"
-    #: beyond the paper: per-task unit scale and shift, a per-task bias on a shared head
-    task_affine: bool = False
-    #: pruning steps per pruning epoch
-    prune_updates_per_epoch: int = 4
-    #: how espn's ResNets build their residual streams: per-conv (the authors') or coupled
-    stream_pruning: str = "per-conv"
-    #: evaluate every K-th task (and the last)
-    eval_every: int = 1
-    #: initialisation, batch order and augmentation
-    seed: int = 0
-    #: mixed precision (bfloat16 autocast; float16 + loss scaling on a GPU without it)
-    amp: bool = False
-    #: compile the training step with torch.compile (CUDA graphs on CUDA)
-    compile: bool = False
-    #: fine-tune on a physically slimmed copy of the task's sub-network where exact
-    slim_training: bool = True
-    #: prepare every task for prediction without the task id (see espn.inference.routing)
-    task_agnostic: bool = False
-    #: the size rule: a task smaller than ``reference_size`` trains as many steps as the
-    #: epochs take on the reference size
-    step_floor: bool = True
-    #: training images per task the epochs are stated for (None: epochs as given)
-    reference_size: int | None = None
-    device: str = "cpu"
-    method_options: Mapping[str, Any] = field(default_factory=dict)
+    gamma: float = setting(
+        0.2,
+        "FLOPs budget per task, in (0, 1] (the paper's ESPN-0.2); methods without a FLOP "
+        "constraint accept only 1",
+        recipe=True,
+        method=True,
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    alpha: float = setting(
+        0.1,
+        "Weight allocation per task, in (0, 1]: ceil(alpha x free weights) new weights; "
+        "methods without a weight budget accept only 1",
+        recipe=True,
+        method=True,
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    epochs: tuple[int, int, int] = setting(
+        (3, 4, 3),
+        "PRE,PRUNE,FINE epochs per task, e.g. 3,4,3, stated for the reference size (see "
+        "--step-floor)",
+        recipe=True,
+        method=True,
+        low=0,
+        form="three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3)",
+        words="three non-negative counts (pre-train, prune, fine-tune)",
+    )
+    optimizer: str = setting(
+        "adam",
+        "sgd, nesterov, adam or rmsprop",
+        recipe=True,
+        choices=("sgd", "nesterov", "adam", "rmsprop"),
+    )
+    lr: float = setting(1e-3, "Learning rate", recipe=True, low=0.0, low_open=True)
+    batch_size: int = setting(128, "Batch size", recipe=True, low=1)
+    weight_decay: float = setting(
+        0.0, "Weight decay (never reaches frozen weights)", recipe=True, low=0.0
+    )
+    momentum: float = setting(
+        0.0, "Momentum of SGD and RMSprop", recipe=True, low=0.0, high=1.0, high_open=True
+    )
+    betas: tuple[float, float] = setting(
+        (0.9, 0.999),
+        "B1,B2: Adam's betas",
+        recipe=True,
+        low=0.0,
+        high=1.0,
+        high_open=True,
+        form="two comma-separated numbers B1,B2",
+        words="two numbers in [0, 1)",
+    )
+    warmup: int = setting(
+        0,
+        "Warm-up epochs (free weights only, lr ramp), taken from pre-training",
+        recipe=True,
+        method=True,
+        low=0,
+    )
+    finetune_lr: float | None = setting(
+        None,
+        "Fine-tuning learning rate; default: the recipe's; unset there: --lr",
+        recipe=True,
+        method=True,
+        low=0.0,
+        low_open=True,
+    )
+    finetune_schedule: str = setting(
+        "cosine",
+        "Fine-tuning schedule: 'cosine' or 'constant'",
+        recipe=True,
+        method=True,
+        choices=("cosine", "constant"),
+    )
+    task_affine: bool = setting(
+        False,
+        "Beyond the paper: per-task unit scale and shift (FC gates, BatchNorm affine for "
+        "every method) and a per-task bias on a shared head",
+        method=True,
+    )
+    prune_updates_per_epoch: int = setting(
+        4, "Pruning steps per pruning epoch (the schedule's granularity)", method=True, low=1
+    )
+    #: a method option of the methods that prune ResNet units (``--stream-pruning``)
+    stream_pruning: str = setting(
+        "per-conv",
+        "How espn's ResNets build their residual streams: per-conv (the authors') or coupled",
+        choices=("per-conv", "coupled"),
+    )
+    eval_every: int = setting(
+        1,
+        "Evaluate all tasks so far after every K-th task and the last (accuracy-matrix rows; "
+        "skipped rows are null)",
+        low=1,
+    )
+    seed: int = setting(
+        0, "Seed of initialisation, batch order and augmentation", low=0, high=MAX_SEED
+    )
+    amp: bool = setting(
+        False,
+        "Mixed precision: bfloat16 autocast (float16 + loss scaling on a GPU without "
+        "bfloat16); on a CPU it warns (rarely faster there)",
+    )
+    compile: bool = setting(
+        False,
+        "Compile the training step with torch.compile (on CUDA: CUDA graphs and "
+        "channels_last convolutions): for a GPU, where a small network's step is "
+        "launch-bound; the first steps of a run compile (see docs/performance.md)",
+    )
+    slim_training: bool = setting(
+        True,
+        "Fine-tune each task (and prune it between prune events, once units are dead) on a "
+        "physically slimmed copy of its sub-network (alive units only) and evaluate learned "
+        "tasks through cached slim copies, where that is exact (docs/performance.md); "
+        "--no-slim-training: the masked supernet for both",
+    )
+    task_agnostic: bool = setting(
+        False,
+        "Prepare every task for prediction without the task id: train it to reject its own "
+        "inputs shifted, calibrate its scores on a held-out tenth of its training data, and "
+        "evaluate every task-inference rule at the end (docs/task-agnostic.md)",
+    )
+    step_floor: bool = setting(
+        True,
+        "The size rule: every phase of a task smaller than the reference size trains at "
+        "least as many optimizer steps as its epochs take on the reference size (more "
+        "passes over the task's data); off: train by the epochs as given",
+    )
+    reference_size: int | None = setting(
+        None,
+        "Training images per task that the epoch counts are stated for (the size rule's "
+        "reference); unset: the recipe's when the epochs are the recipe's, none (epochs as "
+        "given) when --epochs is given or the recipe states none",
+        recipe=True,
+        low=1,
+    )
+    device: str = setting("cpu", "cpu, cuda or cuda:N")
+    method_options: Mapping[str, Any] = setting({}, "The method's own options")
 
 
 #: the defaults: ``DEFAULTS.lr`` is the learning rate nothing else sets
 DEFAULTS = TrainingSettings()
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainingSettings)}
 #: the names of the training settings, in declaration order
-SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TrainingSettings))
+SETTING_NAMES: tuple[str, ...] = tuple(_FIELDS)
 #: the settings a recipe may set (the others are the user's choice alone: how to run, not
 #: how the method learns)
-RECIPE_SETTINGS: tuple[str, ...] = (
-    "alpha",
-    "epochs",
-    "optimizer",
-    "lr",
-    "batch_size",
-    "weight_decay",
-    "momentum",
-    "betas",
-    "warmup",
-    "finetune_lr",
-    "finetune_schedule",
-    "reference_size",
-)
-
-
+RECIPE_SETTINGS = tuple(n for n, f in _FIELDS.items() if f.metadata["recipe"])
 #: the settings a method reads itself (its phases and budgets; the others are the engine's):
 #: a strategy built by hand from :class:`TrainingSettings` runs with its own values of these
-METHOD_READS: tuple[str, ...] = (
-    "gamma",
-    "alpha",
-    "epochs",
-    "prune_updates_per_epoch",
-    "warmup",
-    "finetune_lr",
-    "finetune_schedule",
-    "task_affine",
-)
+METHOD_READS = tuple(n for n, f in _FIELDS.items() if f.metadata["method"])
+
+
+#: each setting's type, as its declaration annotates it
+HINTS: dict[str, Any] = get_type_hints(TrainingSettings)
+
+
+def _option(name: str) -> Option:
+    """The declaration of setting ``name`` as an :class:`Option` (its checks and words)."""
+    hint = HINTS[name]
+    args = [a for a in get_args(hint) if a is not type(None)]
+    count = len(args) if get_origin(hint) is tuple else 0
+    kind = args[0] if args else hint
+    meta = _FIELDS[name].metadata
+    optional = type(None) in get_args(hint)
+    default = getattr(DEFAULTS, name)
+    return Option(
+        name, kind, default, meta["help"], count=count, optional=optional, **meta["check"]
+    )
+
+
+#: every training setting (but ``method_options``) as an option: its type, bounds and help
+OPTIONS: dict[str, Option] = {n: _option(n) for n in SETTING_NAMES if n != "method_options"}
+
+
+def describe(name: str) -> str:
+    """The help of setting ``name`` as the CLI and the run configuration show it: its words,
+    and for a setting a recipe may set, whose value it gets unless given."""
+    option = OPTIONS[name]
+    if not _FIELDS[name].metadata["recipe"]:
+        return option.help + "."
+    if option.default is None:
+        return f"{option.help} (see {TABLE})."
+    return f"{option.help}; default: the recipe's, else {option.default} (see {TABLE})."
+
+
+def checked(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every training setting given (not None) checked against its
+    declaration and typed (``"3,4,3"`` -> ``(3, 4, 3)``); ValueError naming the first bad
+    one and what it accepts. Imports nothing heavy: the command line refuses a bad value
+    before torch is loaded."""
+    typed = dict(values)
+    for name, value in values.items():
+        if name in OPTIONS and value is not None:
+            typed[name] = OPTIONS[name].check(value)
+            items = typed[name] if isinstance(typed[name], tuple) else (typed[name],)
+            if any(type(v) is int and v > MAX_COUNT for v in items) and name != "seed":
+                raise ValueError(f"{name} must be <= {MAX_COUNT}, got {value}")
+    return typed
 
 
 def default(name: str) -> Any:

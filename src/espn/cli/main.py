@@ -96,11 +96,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def load_command(name: str) -> Any:
+def load_command(name: str, light: bool = False) -> Any:
     """Command ``name`` of :data:`COMMANDS` (a click command of typer's), its module
-    imported now."""
+    imported now; ``light``: ``espn run`` without the methods' own flags (no torch)."""
     module, attr, _ = COMMANDS[name]
     found = getattr(importlib.import_module(module), attr)
+    if light and isinstance(found, WithOptions):
+        found = found.without_method_options()
     if isinstance(found, typer.Typer):
         command = typer.main.get_command(found)
     else:
@@ -123,6 +125,10 @@ class _Loaded(MutableMapping[str, Any]):
                 raise KeyError(name)
             self._built[name] = load_command(name)
         return self._built[name]
+
+    def built(self, name: str) -> bool:
+        """Whether command ``name`` is built (or was set by hand)."""
+        return name in self._built
 
     def __setitem__(self, name: str, command: Any) -> None:
         self._built[name] = command
@@ -148,10 +154,23 @@ class LazyCommands(TyperGroup):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
-        self.commands = _Loaded()
+        self.loaded = _Loaded()
+        self.commands = self.loaded
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """``espn run`` whose command line names no flag of a method (nor ``--help``, which
+        lists them) is built without them: its options are parsed and checked before the
+        methods, and torch, are loaded."""
+        if args and args[0] == "run" and not self.loaded.built("run"):
+            light = load_command("run", light=True)
+            flags = {f for p in light.params for f in (*p.opts, *p.secondary_opts)}
+            named = {a.split("=")[0] for a in args[1:] if a.startswith("--")}
+            if named <= flags:
+                return "run", light, args[1:]
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         limit = formatter.width - 6 - max(map(len, COMMANDS))
@@ -263,13 +282,14 @@ def run(
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
     # every other option is a RunConfig field or a method's own (generated, see cli.options)
     from espn.cli import presets
-    from espn.experiment import run_experiment
-    from espn.preflight import run_warnings
-    from espn.training.distributed import writes_files
 
     if log_every is not None and not (log or "").strip():
         fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
     cfg = presets.make_config_given(ctx, **options)
+    from espn.experiment import run_experiment  # imports torch: after the options are checked
+    from espn.preflight import run_warnings
+    from espn.training.distributed import writes_files
+
     for note in run_warnings(cfg):
         warn(note)
     out = Path(options["out"])
@@ -354,12 +374,12 @@ def show(run_dir: Path | None = RUN_ARGUMENT, run_alias: Path | None = RUN_ALIAS
     """Print a run's per-task table (final accuracy, FLOPs ratio, new weights, budget) and its
     accuracy matrix (row t: accuracy of tasks 0..t after learning task t), from results.json."""
     run = run_directory(run_dir, run_alias)
+    if not (run / "results.json").is_file():  # before torch is imported: a quick refusal
+        fail(f"no results.json in {run} (is it the --out of an `espn run`?)")
     from espn.evaluation.results import read_results  # imports torch: after the checks
 
     doc = read_results(run)
-    if doc is None:
-        fail(f"no results.json in {run} (is it the --out of an `espn run`?)")
-        return
+    assert doc is not None
     table = Table("task", "name", "final acc %", "FLOPs ratio", "new weights", "budget")
     final = doc["final_accuracy"] or [None] * len(doc["task_names"])  # no test data: none
     for j, name in enumerate(doc["task_names"]):

@@ -69,7 +69,7 @@ def field_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
 
 def run_option_parameters() -> list[inspect.Parameter]:
     """One option per :class:`RunConfig` field (but :data:`NOT_FLAGS`)."""
-    from espn.config import RunConfig  # imports torch: only when the command is built
+    from espn.config import RunConfig  # imports pydantic: only when the command is built
 
     return [
         field_parameter(name, field)
@@ -110,9 +110,15 @@ class WithOptions:
     ``**kwargs``.
     """
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], methods: bool = True) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
+        self._methods = methods
+
+    def without_method_options(self) -> WithOptions:
+        """The same command without the methods' flags: building it imports no method (nor
+        torch), for a command line that names none of them (see ``espn.cli.main``)."""
+        return WithOptions(self._fn, methods=False)
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -120,7 +126,8 @@ class WithOptions:
         fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
         context = [p for p in fixed if p.annotation in (typer.Context, "typer.Context")]
         switches = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed if p not in context]
-        generated = [*run_option_parameters(), *method_option_parameters()]
+        generated = run_option_parameters()
+        generated += method_option_parameters() if self._methods else []
         return own.replace(parameters=[*context, *generated, *switches])
 
     def __call__(self, **kwargs: Any) -> Any:

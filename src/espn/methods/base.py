@@ -162,19 +162,18 @@ class Strategy(ABC):
     @classmethod
     def check_config(cls, cfg: TrainingSettings) -> None:
         """Refuse (ValueError naming the value and what is accepted) general settings this
-        method cannot run with; methods with further needs extend it."""
+        method cannot run with (each setting's own bounds are its declaration's, see
+        :data:`espn.settings.OPTIONS`); methods with further needs extend it."""
         for what, value, used, budget in (
             ("gamma", cfg.gamma, cls.uses_gamma, "FLOP constraint"),
             ("alpha", cfg.alpha, cls.uses_alpha, "weight budget"),
         ):
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"{what} must be in (0, 1], got {value}")
             if not used and value != 1.0:
                 raise ValueError(
                     f"method {cls.name!r} has no {budget}; {what} must be 1 or unset, got {value}"
                 )
         epochs = tuple(cfg.epochs)
-        if len(epochs) != 3 or min(epochs) < 0 or sum(epochs) < 1:
+        if sum(epochs) < 1:
             raise ValueError(
                 "epochs must be three non-negative counts (pre-train, prune, fine-tune) with at "
                 f"least one epoch, got {','.join(map(str, epochs))}"
@@ -435,23 +434,12 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
 
 
 def _create(cls: type[Strategy], settings: dict[str, Any]) -> Strategy:
-    from espn.config import TRAINING_SETTINGS, make_config
+    from espn.config import check_names, make_config
 
+    check_names(cls, settings, extra=("recipe",))
     own = cls.option_names()
-    foreign = declared_options()
-    accepted = [*TRAINING_SETTINGS, "recipe"]
-    for key in settings:
-        if key not in accepted and key not in own and key not in foreign:
-            raise ValueError(
-                f"unknown setting {key!r} for method {cls.name!r}; accepted: "
-                + ", ".join([*accepted, *own])
-            )
     values = {"benchmark": "tensors", "method": cls.name, "recipe": "mnist"} | settings
-    if cls.name in METHODS and METHODS.get(cls.name) is cls:
-        cfg = make_config(**values)
-    else:
-        with METHODS.temporarily(cls.name, cls):
-            cfg = make_config(**values)
+    cfg = make_config(cls, **values)
     strategy = cls(cfg.method_config())
     #: the settings given here (the learner resolves the rest for its network)
     strategy.given = dict(settings)

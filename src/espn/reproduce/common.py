@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from espn.config import make_config, resolved
+from espn.config import make_config
 from espn.methods import METHODS
 from espn.recipes import MNIST
 from espn.reproduce.table import Table, scale_banner
@@ -171,7 +171,7 @@ def planned_steps(options: dict[str, Any], task_size: int) -> list[tuple[str, in
     skip, e.g. a later CPG compacting round, counted as planned), from the configuration
     alone."""
     cfg = make_config(**options)
-    batch = int(resolved(cfg.batch_size, "batch_size"))
+    batch = cfg.batch_size
     per_epoch = math.ceil(task_size / batch)
     per_reference = reference_batches(cfg.floor_reference(), batch)
     strategy = METHODS.get(cfg.method)(cfg.method_config())

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from espn.settings import default
+from espn.settings import OPTIONS, TrainingSettings, default
 from espn.supernet.fast import LeanRMSprop, is_on
 from espn.supernet.fast import float_bits as _bits
 from espn.supernet.supernet import Supernet
 
 #: ``nesterov``: SGD with Nesterov momentum (CPG's optimizer)
-OPTIMIZERS = ("sgd", "nesterov", "adam", "rmsprop")
+OPTIMIZERS = OPTIONS["optimizer"].choices
 #: how a method's own parameters' learning rate moves (:attr:`OptimConfig.schedule`):
 #: ``phase``: as the weights' (the phase's schedule and scale); ``cosine``: decay to zero
 #: over all the task's epochs (SupSup); ``constant``
@@ -38,6 +38,17 @@ class OptimConfig:
     momentum: float = default("momentum")
     betas: tuple[float, float] = default("betas")
     schedule: str = "phase"
+
+    @classmethod
+    def of(cls, settings: TrainingSettings) -> OptimConfig:
+        """The optimizer of the training ``settings`` (the weights')."""
+        return cls(
+            settings.optimizer,
+            settings.lr,
+            settings.weight_decay,
+            settings.momentum,
+            settings.betas,
+        )
 
 
 def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optimizer:
