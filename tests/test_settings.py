@@ -42,7 +42,8 @@ OTHER_MEANINGS = (
     "theory/",
     "runs/legacy.py",
     "integrations/avalanche.py:eval_every",
-    "learner.py:task_agnostic",  # evaluate(task_agnostic=...): measure without the task id
+    "learning.py:task_agnostic",  # evaluate(task_agnostic=...): measure without the task id
+    "learning.py:batch_size",  # evaluate(batch_size=...): the evaluation's batch, not training's
 )
 
 
