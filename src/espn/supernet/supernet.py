@@ -330,10 +330,6 @@ class Supernet(nn.Module):
         """The shared weight tensors, one per masked layer."""
         return [layer.weight for layer in self.layers.values()]
 
-    def task_parameters(self) -> list[nn.Parameter]:
-        """The active task's own parameters: gates/BatchNorm and head."""
-        return [p for m in self.task_modules.values() for p in m.parameters()]
-
     # ---------------------------------------------------------------- task life
     @torch.no_grad()
     def begin_task(self, n_classes: int) -> None:
