@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from espn import __version__
+from espn.checkpoint import CheckpointWriter, TrainingState, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir
 from espn.checkpoint.lock import LOCK_FILE, RunLocked, holder, run_lock
-from espn.checkpoint.store import CheckpointWriter, TrainingState, read_checkpoint, restore
 from espn.config import RunConfig
 from espn.data.tasks import TaskSequence
 from espn.evaluation.metrics import (

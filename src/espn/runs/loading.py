@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from espn.checkpoint import Checkpoint, read_checkpoint, restore
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
-from espn.checkpoint.store import Checkpoint, read_checkpoint, restore
 from espn.config import RunConfig, make_config
 from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
