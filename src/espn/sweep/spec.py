@@ -54,11 +54,12 @@ def load_spec(path: Path) -> dict[str, Any]:
     return spec
 
 
-def _value_text(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A swept value as point names and summaries write it (``0.1``, ``1,2,3``)."""
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, list | tuple):
-        return ",".join(_value_text(v) for v in value)
+        return ",".join(value_text(v) for v in value)
     return str(value)
 
 
@@ -71,7 +72,7 @@ def default_name(values: dict[str, Any]) -> str:
     """A readable name from grid values: the method by itself, other options as key+value
     (``espn_gamma0.2_seed0``)."""
     parts = [
-        _value_text(v) if key == "method" else f"{key}{_value_text(v)}" for key, v in values.items()
+        value_text(v) if key == "method" else f"{key}{value_text(v)}" for key, v in values.items()
     ]
     return safe_name("_".join(parts) or "base")
 
@@ -147,7 +148,7 @@ def expand_spec(spec: Any) -> list[Point]:
             name = default_name(values)
         else:
             try:
-                name = safe_name(template.format(**{k: _value_text(v) for k, v in values.items()}))
+                name = safe_name(template.format(**{k: value_text(v) for k, v in values.items()}))
             except (KeyError, IndexError, ValueError) as exc:
                 raise SweepError(
                     f"sweep spec: name template {template!r} uses {exc}, which is not a grid "
