@@ -27,8 +27,7 @@ from typing import Any
 
 from espn.config import ConfigError, RunConfig, make_config, run_option_names
 from espn.limits import MAX_FORMAT_WIDTH
-from espn.utils.documents import MAX_VALUES, load_document
-from espn.utils.documents import check_size as check_document_size
+from espn.utils.documents import check_size, load_document
 
 SPEC_KEYS = ("base", "grid", "name")
 #: the most points a sweep may have: a grid beyond it is refused before it is expanded
@@ -77,12 +76,6 @@ def default_name(values: dict[str, Any]) -> str:
     return safe_name("_".join(parts) or "base")
 
 
-def check_size(value: Any, limit: int = MAX_VALUES) -> None:
-    """Refuse a spec holding more than ``limit`` values once shared parts (YAML aliases) are
-    counted each time they are used (see :func:`espn.utils.documents.check_size`)."""
-    check_document_size(value, "sweep spec", SweepError, limit)
-
-
 def check_template(template: str) -> None:
     """Refuse a point-name template whose fields ask for a width or precision beyond
     :data:`espn.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}`` would build a 1 GB name) or
@@ -107,7 +100,7 @@ def expand_spec(spec: Any) -> list[Point]:
     lists, unique names and every point's configuration (before anything runs)."""
     if not isinstance(spec, dict):
         raise SweepError(f"a sweep spec must be a mapping with keys {', '.join(SPEC_KEYS)}")
-    check_size(spec)
+    check_size(spec, "sweep spec", SweepError)
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise SweepError(

@@ -61,16 +61,16 @@ def load_document(path: Path, what: str, error: type[EspnError]) -> Any:
     return doc
 
 
-def check_size(value: Any, what: str, error: type[EspnError], limit: int = MAX_VALUES) -> None:
-    """Refuse a document holding more than ``limit`` values once shared parts (YAML aliases)
-    are counted each time they are used; stops counting at the limit, so it is fast."""
+def check_size(value: Any, what: str, error: type[EspnError]) -> None:
+    """Refuse a document holding more than :data:`MAX_VALUES` values once shared parts (YAML
+    aliases) are counted each time they are used; stops counting there, so it is fast."""
     count, stack = 0, [value]
     while stack:
         item = stack.pop()
         count += 1
-        if count > limit:
+        if count > MAX_VALUES:
             raise error(
-                f"{what}: more than {limit} values once its YAML aliases are expanded; "
+                f"{what}: more than {MAX_VALUES} values once its YAML aliases are expanded; "
                 "write the values out, or split it"
             )
         if isinstance(item, dict):
