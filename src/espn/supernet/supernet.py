@@ -171,10 +171,10 @@ class Supernet(nn.Module):
         )
         return {g: alive for g, alive in units.items() if not bool(alive.all())}
 
-    @classmethod
-    def _restrict(cls, layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
-        """Zero ``layer``'s weight mask on dead units (see :func:`espn.supernet.masks.zero_dead_units`) and note it; a
-        mask noted binary stays binary, so its values need no check."""
+    @staticmethod
+    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
+        """Zero ``layer``'s weight mask on dead units (:func:`~espn.supernet.masks.zero_dead_units`)
+        and note it; a mask noted binary stays binary, so its values need no check."""
         binary = layer.mask_is_binary()
         zero_dead_units(layer, dead)
         layer.note_mask(binary)

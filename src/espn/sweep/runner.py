@@ -155,9 +155,9 @@ def _in_process(
     gpus_per_run: float,
     console: OutputConsole,
 ) -> bool:
-    """Whether the ``n_todo`` points to run run in this process: asked for, nothing to run,
-    or Ray missing without a cluster address (said on the console); else the Ray target is
-    checked."""
+    """Whether the ``n_todo`` points left run in this process: none left, no Ray asked for,
+    or Ray missing without a cluster address (said on the console); otherwise the Ray target
+    is checked here."""
     if not n_todo or not uses_ray(workers, ray_address):
         return True
     if not ray_available():
