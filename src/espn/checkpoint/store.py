@@ -34,12 +34,7 @@ from espn.checkpoint.format import (
     state_file,
     task_file,
 )
-from espn.supernet.masks import (
-    EXPLICIT_FORMS,
-    Ownership,
-    TaskMask,
-    pack_bits,
-)
+from espn.supernet.masks import EXPLICIT_FORMS, Ownership, TaskMask, pack_bits
 from espn.supernet.supernet import Supernet
 from espn.utils.io import atomic_target, os_error_text, write_json_atomic
 
