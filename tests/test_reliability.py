@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import espn.checkpoint.store as store_module
 import espn.data.mnist as mnist_module
-from espn.checkpoint.store import read_checkpoint
+from espn.checkpoint import read_checkpoint
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
 from espn.methods.base import Strategy

@@ -10,8 +10,7 @@ import torch
 from espn.config import make_config
 from espn.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig, Strategy
-from espn.supernet import Supernet
-from espn.supernet import fast
+from espn.supernet import Supernet, fast
 from espn.supernet.layers import MaskedLayer, MaskedLinear
 from espn.training.callbacks import Callback, EpochStart
 from espn.training.engine import Engine

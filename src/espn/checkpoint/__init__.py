@@ -8,14 +8,12 @@ from espn.checkpoint.format import (
     CheckpointError,
     checkpoint_dir,
 )
+from espn.checkpoint.reader import read_checkpoint, restore, restore_working
 from espn.checkpoint.store import (
     Checkpoint,
     CheckpointWriter,
     TrainingSnapshot,
     TrainingState,
-    read_checkpoint,
-    restore,
-    restore_working,
 )
 
 __all__ = [

@@ -181,6 +181,35 @@ def _fits(n_images: int, size: int, device: torch.device) -> bool:
     return need <= free // 2
 
 
+def _kept_samples(args: BenchmarkArgs, t: int, root: Path) -> tuple[list[str], list[Samples]]:
+    """Task ``t``'s classes and the (path, label) samples its train and test splits keep."""
+    classes, train, test = folder_samples(root, args.seed, t)
+    if len(classes) < 2:
+        raise DatasetUnavailable(
+            f"{root}: a task needs at least 2 classes (class directories), found "
+            f"{len(classes)}: {', '.join(classes) or 'none'}"
+        )
+    keep = []
+    for salt, (samples, n) in enumerate(((train, args.train_keep(t)), (test, args.test_per_task))):
+        if not samples:
+            raise DatasetUnavailable(f"{root}: no images for the {('train', 'test')[salt]} split")
+        idx = subset_index(len(samples), n, task_generator(args.seed, t, salt)).tolist()
+        keep.append([samples[i] for i in idx])
+    return classes, keep
+
+
+def _split(samples: Samples, size: int, device: torch.device, memory: bool) -> Split:
+    """A split of ``samples``: decoded onto ``device`` now (``memory``) or batch by batch."""
+    paths = [p for p, _ in samples]
+    y = torch.tensor([label for _, label in samples], device=device)
+    index = torch.arange(len(samples), device=device)
+    if memory:
+        x: Tensor | LazyImages = _decode_all(paths, size, device)
+    else:
+        x = LazyImages(DecodedImages(paths, size), device)
+    return Split(x, index, y)  # type: ignore[arg-type]
+
+
 def image_folders(
     args: BenchmarkArgs, in_memory: bool | None = None, n_workers: int | None = None
 ) -> TaskSequence:
@@ -196,40 +225,13 @@ def image_folders(
     folders = [Path(f) for f in args.folders][: args.n_tasks or None]
     size = args.image_size or DEFAULT_IMAGE_SIZE
     device = torch.device(args.device)
-    listed = []
-    for t, root in enumerate(folders):
-        classes, train, test = folder_samples(root, args.seed, t)
-        if len(classes) < 2:
-            raise DatasetUnavailable(
-                f"{root}: a task needs at least 2 classes (class directories), found "
-                f"{len(classes)}: {', '.join(classes) or 'none'}"
-            )
-        keep = []
-        for salt, (samples, n) in enumerate(
-            ((train, args.train_keep(t)), (test, args.test_per_task))
-        ):
-            if not samples:
-                raise DatasetUnavailable(
-                    f"{root}: no images for the {('train', 'test')[salt]} split"
-                )
-            idx = subset_index(len(samples), n, task_generator(args.seed, t, salt)).tolist()
-            keep.append([samples[i] for i in idx])
-        listed.append((root, classes, keep))
+    listed = [(root, *_kept_samples(args, t, root)) for t, root in enumerate(folders)]
     total = sum(len(s) for _, _, keep in listed for s in keep)
     memory = _fits(total, size, device) if in_memory is None else in_memory
     transform = ImageTransform(*IMAGENET_STATS, crop_padding=size // 8, flip=True)
     tasks: list[Task] = []
     for root, classes, keep in listed:
-        splits = []
-        for samples in keep:
-            paths = [p for p, _ in samples]
-            y = torch.tensor([label for _, label in samples], device=device)
-            index = torch.arange(len(samples), device=device)
-            if memory:
-                x: Tensor | LazyImages = _decode_all(paths, size, device)
-            else:
-                x = LazyImages(DecodedImages(paths, size), device)
-            splits.append(Split(x, index, y))  # type: ignore[arg-type]
+        splits = [_split(samples, size, device, memory) for samples in keep]
         name = root.name or str(root)
         if memory:
             tasks.append(Task(name, splits[0], splits[1], transform, len(classes)))

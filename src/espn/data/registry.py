@@ -12,9 +12,6 @@ from espn.data.tasks import TaskSequence
 from espn.recipes import Recipe
 from espn.registry import Registry
 
-#: a benchmark's recipe (the values of the run options left out), see :mod:`espn.recipes`
-RunDefaults = Recipe
-
 
 @dataclass(frozen=True)
 class BenchmarkArgs:
@@ -50,7 +47,7 @@ class Benchmark:
     default_tasks: int
     max_tasks: int | None
     description: str
-    defaults: Recipe = field(default_factory=lambda: Recipe())
+    defaults: Recipe = field(default_factory=Recipe)
     needs_folders: bool = False  # its tasks come from the --folders directories
     #: how classes may be dealt to tasks (split benchmarks; the first is the default)
     class_orders: tuple[str, ...] = ()

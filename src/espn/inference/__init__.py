@@ -11,15 +11,7 @@ the ``task_agnostic`` option) and
 docs/task-agnostic.md for what each costs, stores and achieves.
 """
 
-from espn.inference import (  # noqa: F401  (each registers its rule)
-    combined,
-    energy,
-    entropy,
-    gaussian,
-    mahalanobis,
-    oneshot,
-    subspace,
-)
+from espn.inference import oneshot, subspace  # noqa: F401  (each registers its rule)
 from espn.inference.evaluate import evaluate_named, evaluate_rules, evaluate_task_agnostic
 from espn.inference.outputs import InferenceError
 from espn.inference.predict import DEFAULT_RULE, Inferred, get_rule, infer, predict_given

@@ -1,7 +1,7 @@
 """The interface of a task-inference rule and the registry of rules by name.
 
 A rule gives every sample a score per task (lower: more likely that task). Most rules are
-:class:`OutputRule`: a pure tensor function of each task's raw scores (see
+:class:`OutputRule` (those of this module): a pure tensor function of each task's raw scores (see
 :data:`espn.inference.statistics.SCORES`: from the sub-networks' outputs on the sample, or
 from the sample under each task's input statistics) and of the calibration each task stored,
 so that the same function runs in the learner and inside an exported task-agnostic model.
@@ -138,3 +138,85 @@ def atypical(raw: Tensor, calibration: Tensor, column: int) -> Tensor:
 
 #: the task-inference rules by name
 RULES: Registry[type[Rule]] = Registry("task-inference rule")
+
+
+# ------------------------------------------------------------------ the output rules
+@RULES.register("entropy-mahalanobis")
+class EntropyMahalanobis(OutputRule):
+    """The entropy's distance to the task's typical entropy plus the standardised
+    Mahalanobis distance: a sample must be classified as the task's own data are and lie
+    close to a class mean of the task's features."""
+
+    name = "entropy-mahalanobis"
+    summary = "|standardised entropy| + standardised Mahalanobis distance"
+    needs_statistics = True
+    uses_features = True
+
+    def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
+        return atypical(raw, calibration, 0) + standardised(raw, calibration, 2)
+
+
+@RULES.register("energy")
+class Energy(OutputRule):
+    """The most typical energy ``E = -logsumexp`` of the logits (Liu et al. 2020's
+    out-of-distribution score): the lowest ``|E(x) - mean_t| / std_t``."""
+
+    name = "energy"
+    summary = "energy -logsumexp(logits) closest to the task's own, in its deviations"
+    needs_statistics = True
+
+    def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
+        return atypical(raw, calibration, 1)
+
+
+@RULES.register("entropy")
+class Entropy(OutputRule):
+    """The most confident sub-network: the lowest softmax entropy relative to its head's
+    largest entropy ``log C`` (so that heads of different sizes compare); stores nothing."""
+
+    name = "entropy"
+    summary = "lowest softmax entropy / log C over the tasks' sub-networks (stores nothing)"
+
+    def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
+        return raw[..., 0]
+
+
+@RULES.register("input-gaussian")
+class InputGaussian(OutputRule):
+    """The highest likelihood of the input under the task's stored class Gaussians.
+
+    Each task stores, when it is committed, a diagonal Gaussian per class of its own inputs
+    (class means and a pooled variance, see :mod:`espn.inference.statistics`); a sample goes
+    to the task whose equal mixture of class Gaussians gives it the highest likelihood (Bayes
+    with equal task priors). No sub-network runs to infer the task, only the chosen one to
+    classify: rotated and permuted tasks differ most in their inputs, which this reads.
+    """
+
+    name = "input-gaussian"
+    summary = (
+        "highest likelihood of the input under the task's stored per-class diagonal Gaussians "
+        "of its inputs; only the chosen sub-network runs"
+    )
+    needs_statistics = True
+    uses_outputs = False
+    uses_input = True
+
+    def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
+        return raw[..., 3]
+
+
+@RULES.register("mahalanobis")
+class Mahalanobis(OutputRule):
+    """The lowest distance of the penultimate features to a class mean of the task's own
+    (diagonal Mahalanobis), standardised by the task's training distances."""
+
+    name = "mahalanobis"
+    summary = (
+        "nearest class mean of the sub-network's penultimate features (diagonal Mahalanobis "
+        "distance), standardised by the task's training distances"
+    )
+    needs_statistics = True
+    uses_features = True
+
+    def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
+        return standardised(raw, calibration, 2)

@@ -76,6 +76,19 @@ class TaskRecord:
     seconds: float | None
     elapsed_seconds: float
 
+    def scalars(self) -> dict[str, float]:
+        """The task's figures by the tag the TensorBoard and W&B loggers give them; those
+        not known (None) left out."""
+        tags = {
+            "accuracy/average": self.average_accuracy,
+            "flops_ratio": self.flops_ratio,
+            "weights/used": self.used_weights,
+            "weights/new": self.new_weights,
+            "time/task_seconds": self.seconds,
+            "time/elapsed_seconds": self.elapsed_seconds,
+        }
+        return {tag: value for tag, value in tags.items() if value is not None}
+
 
 def _number(record: dict[str, Any], key: str) -> float | None:
     value = record.get(key)

@@ -71,17 +71,8 @@ class TensorBoardLogger(MetricLogger):
         t, w = record.task, self.writer
         for j, accuracy in enumerate(record.row or []):
             w.add_scalar(f"accuracy/task_{j}", accuracy, t)
-        scalars = {
-            "accuracy/average": record.average_accuracy,
-            "flops_ratio": record.flops_ratio,
-            "weights/used": record.used_weights,
-            "weights/new": record.new_weights,
-            "time/task_seconds": record.seconds,
-            "time/elapsed_seconds": record.elapsed_seconds,
-        }
-        for tag, value in scalars.items():
-            if value is not None:
-                w.add_scalar(tag, value, t)
+        for tag, value in record.scalars().items():
+            w.add_scalar(tag, value, t)
         w.flush()
 
     def close(self) -> None:

@@ -145,16 +145,7 @@ class WandbLogger(MetricLogger):
     def log_task(self, record: TaskRecord) -> None:
         values: dict[str, Any] = {"tasks_learned": record.task}
         values.update({f"accuracy/task_{j}": a for j, a in enumerate(record.row or [])})
-        optional = {
-            "accuracy/average": record.average_accuracy,
-            "flops_ratio": record.flops_ratio,
-            "weights/used": record.used_weights,
-            "weights/new": record.new_weights,
-            "time/task_seconds": record.seconds,
-        }
-        values.update({k: v for k, v in optional.items() if v is not None})
-        values["time/elapsed_seconds"] = record.elapsed_seconds
-        self.run.log(values)
+        self.run.log(values | record.scalars())
 
     def close(self) -> None:
         if self._run is not None:

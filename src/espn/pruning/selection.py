@@ -13,21 +13,20 @@ def select_units(
     alive: dict[str, Tensor],
     flops_of: Callable[[dict[str, Tensor]], float],
     flops_target: float,
-    min_units: int = 1,
 ) -> dict[str, Tensor]:
     """Drop the least salient alive units, one global threshold over all groups, until
     ``flops_of(alive units) <= flops_target`` (``flops_of`` reads the alive vectors, so that a
     residual stream read as the union of its producers' groups is counted as it is).
 
-    The ``min_units`` most salient units of every group are never dropped, so that no layer is
-    cut off entirely; if the target cannot be met without that, those units alone remain.
+    The most salient unit of every group is never dropped, so that no layer is cut off
+    entirely; if the target cannot be met without that, those units alone remain.
     """
     groups = list(saliency)
     scores = []
     for g in groups:
         s = saliency[g].detach().float().to(alive[g].device, copy=True)
         s[~alive[g]] = -torch.inf
-        keep = torch.topk(s, min(min_units, s.numel())).indices
+        keep = torch.topk(s, min(1, s.numel())).indices
         s[keep] = torch.inf
         scores.append(s)
     flat = torch.cat(scores)

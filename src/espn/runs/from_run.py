@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
+from espn.checkpoint import read_checkpoint, restore
 from espn.checkpoint.format import (
     CheckpointError,
     checkpoint_dir,
     manifest_or_none,
     read_manifest,
 )
-from espn.checkpoint.store import read_checkpoint, restore
 from espn.config import ConfigError, RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.inference.stored import check_statistics

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from espn.checkpoint import Checkpoint, read_checkpoint, restore
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
-from espn.checkpoint.store import Checkpoint, read_checkpoint, restore
 from espn.config import RunConfig, make_config
 from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from espn.checkpoint import CheckpointWriter, TrainingState, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, checkpoint_dir
-from espn.checkpoint.store import CheckpointWriter, TrainingState, read_checkpoint, restore
 from espn.config import RunConfig
 from espn.data.tasks import TaskSequence
 from espn.inference.stored import check_statistics

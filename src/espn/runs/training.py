@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from espn.checkpoint.store import Checkpoint, TrainingSnapshot, TrainingState, restore_working
+from espn.checkpoint import Checkpoint, TrainingSnapshot, TrainingState, restore_working
 from espn.methods.base import Strategy
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine, TaskProgress
@@ -40,7 +40,7 @@ def scaler_state(engine: Engine | None) -> dict[str, Any] | None:
 def continue_training(
     ckpt: Checkpoint, supernet: Supernet, engine: Engine, strategy: Strategy
 ) -> None:
-    """After :func:`espn.checkpoint.store.restore` of ``ckpt`` into ``supernet``: the task in
+    """After :func:`espn.checkpoint.restore` of ``ckpt`` into ``supernet``: the task in
     training (its working sub-network and the strategy's state), the loss scale and the
     random-number generators, so that training continues as if never stopped."""
     tr = ckpt.training

@@ -17,13 +17,13 @@ the task is committed, and only after checking that the form decodes to exactly 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from espn.supernet.layers import expand_units, union_alive
+from espn.supernet.layers import MaskedLayer, expand_units, union_alive
 
 _BIT_VALUES = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
@@ -207,6 +207,33 @@ class Ownership:
         return mask.view(*lay.shape[:2], *([1] * (len(lay.shape) - 2))).expand(lay.shape)
 
 
+def alive_weights(layer: MaskedLayer, dead: dict[str, Tensor]) -> Tensor | None:
+    """Weights of ``layer`` whose input and output units are both alive, as a boolean
+    tensor broadcast to the weight's shape, or None where all are (``dead``: see
+    :meth:`Supernet._dead_units`)."""
+    w = layer.weight
+    trailing = [1] * (w.dim() - 2)
+    keep: Tensor | None = None
+    if layer.out_units in dead:
+        keep = expand_units(dead[layer.out_units], layer.out_unit_size).view(-1, 1, *trailing)
+    if layer.in_units in dead:
+        cols = expand_units(dead[layer.in_units], layer.in_unit_size).view(1, -1, *trailing)
+        keep = cols if keep is None else keep & cols
+    return None if keep is None else keep.to(w.device)
+
+
+def zero_dead_units(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
+    """Zero ``layer``'s weight mask on the rows and columns of dead units (``dead`` as in
+    :func:`alive_weights`): what a ``masked_fill_`` outside :func:`alive_weights`'s
+    ``keep`` does, without building ``keep`` (a boolean tensor of the weight's size)."""
+    mask = layer.weight_mask
+    sides = ((layer.out_units, layer.out_unit_size), (layer.in_units, layer.in_unit_size))
+    for dim, (group, size) in enumerate(sides):
+        if group in dead:
+            gone = expand_units(dead[group], size).logical_not().nonzero().view(-1)
+            mask.index_fill_(dim, gone.to(mask.device), 0.0)
+
+
 def encode_mask(
     mask: Tensor,
     name: str,
@@ -257,6 +284,36 @@ class TaskMask:
     horizon: int = -1
     owners: Ownership | None = field(default=None, repr=False, compare=False)
     stats: dict[str, Tensor] = field(default_factory=dict)
+
+    def as_state(self) -> dict[str, Any]:
+        """This mask as a supernet's state dict carries it (its shapes and owners are the
+        supernet's): see :meth:`from_state`."""
+        fields = ("weights", "forms", "units", "state", "own", "stats")
+        plain = {k: dict(getattr(self, k)) for k in fields}
+        return plain | {
+            "n_classes": self.n_classes,
+            "new_weights": self.new_weights,
+            "horizon": self.horizon,
+        }
+
+    @classmethod
+    def from_state(
+        cls, t: dict[str, Any], shapes: dict[str, tuple[int, ...]], owners: Ownership
+    ) -> TaskMask:
+        """The mask :meth:`as_state` returned ``t`` for (``stats`` may be missing)."""
+        return cls(
+            weights=dict(t["weights"]),
+            shapes=dict(shapes),
+            units={g: u.bool() for g, u in t["units"].items()},
+            state=dict(t["state"]),
+            n_classes=int(t["n_classes"]),
+            new_weights=int(t["new_weights"]),
+            own=dict(t["own"]),
+            forms=dict(t["forms"]),
+            horizon=int(t["horizon"]),
+            owners=owners,
+            stats=dict(t.get("stats", {})),
+        )
 
     @classmethod
     def from_dense(

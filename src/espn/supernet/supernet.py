@@ -19,7 +19,7 @@ from espn.supernet.layers import (
     expand_units,
     with_unions,
 )
-from espn.supernet.masks import LayerLayout, Ownership, TaskMask
+from espn.supernet.masks import LayerLayout, Ownership, TaskMask, alive_weights, zero_dead_units
 
 
 class NothingToMask(EspnError, ValueError):
@@ -161,7 +161,7 @@ class Supernet(nn.Module):
     def structural_mask(self, name: str) -> Tensor:
         """Weights of layer ``name`` whose input and output units are both alive."""
         w = self.layers[name].weight
-        keep = self._structure(self.layers[name], self._dead_units())
+        keep = alive_weights(self.layers[name], self._dead_units())
         return torch.ones_like(w, dtype=torch.bool) if keep is None else keep.expand_as(w)
 
     def _dead_units(self) -> dict[str, Tensor]:
@@ -172,38 +172,11 @@ class Supernet(nn.Module):
         return {g: alive for g, alive in units.items() if not bool(alive.all())}
 
     @staticmethod
-    def _structure(layer: MaskedLayer, dead: dict[str, Tensor]) -> Tensor | None:
-        """Weights of ``layer`` whose input and output units are both alive, as a boolean
-        tensor broadcast to the weight's shape, or None where all are (``dead``: see
-        :meth:`_dead_units`)."""
-        w = layer.weight
-        trailing = [1] * (w.dim() - 2)
-        keep: Tensor | None = None
-        if layer.out_units in dead:
-            keep = expand_units(dead[layer.out_units], layer.out_unit_size).view(-1, 1, *trailing)
-        if layer.in_units in dead:
-            cols = expand_units(dead[layer.in_units], layer.in_unit_size).view(1, -1, *trailing)
-            keep = cols if keep is None else keep & cols
-        return None if keep is None else keep.to(w.device)
-
-    @staticmethod
-    def _zero_dead(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
-        """Zero ``layer``'s weight mask on the rows and columns of dead units (``dead``: see
-        :meth:`_dead_units`): what a ``masked_fill_`` outside :meth:`_structure`'s ``keep``
-        does, without building ``keep`` (a boolean tensor of the weight's size)."""
-        mask = layer.weight_mask
-        sides = ((layer.out_units, layer.out_unit_size), (layer.in_units, layer.in_unit_size))
-        for dim, (group, size) in enumerate(sides):
-            if group in dead:
-                gone = expand_units(dead[group], size).logical_not().nonzero().view(-1)
-                mask.index_fill_(dim, gone.to(mask.device), 0.0)
-
-    @classmethod
-    def _restrict(cls, layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
-        """Zero ``layer``'s weight mask on dead units (see :meth:`_zero_dead`) and note it; a
-        mask noted binary stays binary, so its values need no check."""
+    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
+        """Zero ``layer``'s weight mask on dead units (:func:`~espn.supernet.masks.zero_dead_units`)
+        and note it; a mask noted binary stays binary, so its values need no check."""
         binary = layer.mask_is_binary()
-        cls._zero_dead(layer, dead)
+        zero_dead_units(layer, dead)
         layer.note_mask(binary)
 
     @torch.no_grad()
@@ -236,7 +209,7 @@ class Supernet(nn.Module):
             mask = masks.get(name)
             if mask is not None and mask.dtype == torch.bool:
                 layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-                self._zero_dead(layer, dead)
+                zero_dead_units(layer, dead)
                 layer.note_mask(binary=True)
                 continue
             if mask is not None:
@@ -329,10 +302,6 @@ class Supernet(nn.Module):
     def shared_parameters(self) -> list[Tensor]:
         """The shared weight tensors, one per masked layer."""
         return [layer.weight for layer in self.layers.values()]
-
-    def task_parameters(self) -> list[nn.Parameter]:
-        """The active task's own parameters: gates/BatchNorm and head."""
-        return [p for m in self.task_modules.values() for p in m.parameters()]
 
     # ---------------------------------------------------------------- task life
     @torch.no_grad()
@@ -472,20 +441,7 @@ class Supernet(nn.Module):
             "in_training": self.in_training,
             "n_classes": int(getattr(self, "_n_classes", 0)),
             "owners": {n: ids.clone() for n, ids in self.owners.ids.items()},
-            "tasks": [
-                {
-                    "weights": dict(m.weights),
-                    "forms": dict(m.forms),
-                    "units": dict(m.units),
-                    "state": dict(m.state),
-                    "own": dict(m.own),
-                    "n_classes": m.n_classes,
-                    "new_weights": m.new_weights,
-                    "horizon": m.horizon,
-                    "stats": dict(m.stats),
-                }
-                for m in self.masks
-            ],
+            "tasks": [m.as_state() for m in self.masks],
         }
 
     @torch.no_grad()
@@ -506,22 +462,7 @@ class Supernet(nn.Module):
             )
         device = next(iter(self.layers.values())).weight.device
         self.owners = Ownership(self.owners.layout, {n: v.to(device) for n, v in owners.items()})
-        self.masks = [
-            TaskMask(
-                weights=dict(t["weights"]),
-                shapes=dict(layers),
-                units={g: u.bool() for g, u in t["units"].items()},
-                state=dict(t["state"]),
-                n_classes=int(t["n_classes"]),
-                new_weights=int(t["new_weights"]),
-                own=dict(t["own"]),
-                forms=dict(t["forms"]),
-                horizon=int(t["horizon"]),
-                owners=self.owners,
-                stats=dict(t.get("stats", {})),
-            )
-            for t in state["tasks"]
-        ]
+        self.masks = [TaskMask.from_state(t, layers, self.owners) for t in state["tasks"]]
         self.in_training, self.active_task = False, None
         if state["in_training"]:
             self.begin_task(int(state["n_classes"]))

@@ -41,11 +41,11 @@ class PointOutcome:
     seconds: float = 0.0  # wall time of this attempt (0 when reused)
 
 
-def non_finite(doc: Any, where: str = "") -> str | None:
+def non_finite(doc: Any) -> str | None:
     """Where ``doc`` (a parsed JSON document) holds NaN or an infinity, e.g.
     ``accuracy_matrix[1][0] = nan``; None when every number is finite. espn never writes one
     (a diverged run is refused), so such a results.json was changed or damaged."""
-    stack: list[tuple[str, Any]] = [(where, doc)]
+    stack: list[tuple[str, Any]] = [("", doc)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):

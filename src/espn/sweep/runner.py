@@ -131,15 +131,7 @@ def run_sweep(
     if not overwrite:
         check_not_replacing(todo, out)
     ray_address = cluster_address(ray_address)
-    in_process = not uses_ray(workers, ray_address)
-    if todo and not in_process:
-        if not ray_available():
-            if ray_address is not None:
-                raise SweepError(RAY_MISSING)
-            console.print(NO_RAY_NOTE.format(n=len(todo)), highlight=False, markup=False)
-            in_process = True
-        else:
-            check_ray_target(ray_address, gpus_per_run)
+    in_process = _in_process(len(todo), workers, ray_address, gpus_per_run, console)
     with _Reporter(len(points), console, progress) as report:
         for outcome in outcomes.values():
             report(outcome)
@@ -154,6 +146,27 @@ def run_sweep(
     for p in points:  # the caller's points, as given
         outcomes[p.name].point = p
     return [outcomes[p.name] for p in points]
+
+
+def _in_process(
+    n_todo: int,
+    workers: int | None,
+    ray_address: str | None,
+    gpus_per_run: float,
+    console: OutputConsole,
+) -> bool:
+    """Whether the ``n_todo`` points left run in this process: none left, no Ray asked for,
+    or Ray missing without a cluster address (said on the console); otherwise the Ray target
+    is checked here."""
+    if not n_todo or not uses_ray(workers, ray_address):
+        return True
+    if not ray_available():
+        if ray_address is not None:
+            raise SweepError(RAY_MISSING)
+        console.print(NO_RAY_NOTE.format(n=n_todo), highlight=False, markup=False)
+        return True
+    check_ray_target(ray_address, gpus_per_run)
+    return False
 
 
 def check_resources(workers: int | None, cpus_per_run: float, gpus_per_run: float) -> None:

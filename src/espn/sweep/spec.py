@@ -27,8 +27,7 @@ from typing import Any
 
 from espn.config import ConfigError, RunConfig, make_config, run_option_names
 from espn.limits import MAX_FORMAT_WIDTH
-from espn.utils.documents import MAX_VALUES, load_document
-from espn.utils.documents import check_size as check_document_size
+from espn.utils.documents import check_size, load_document
 
 SPEC_KEYS = ("base", "grid", "name")
 #: the most points a sweep may have: a grid beyond it is refused before it is expanded
@@ -54,11 +53,12 @@ def load_spec(path: Path) -> dict[str, Any]:
     return spec
 
 
-def _value_text(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A swept value as point names and summaries write it (``0.1``, ``1,2,3``)."""
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, list | tuple):
-        return ",".join(_value_text(v) for v in value)
+        return ",".join(value_text(v) for v in value)
     return str(value)
 
 
@@ -71,15 +71,9 @@ def default_name(values: dict[str, Any]) -> str:
     """A readable name from grid values: the method by itself, other options as key+value
     (``espn_gamma0.2_seed0``)."""
     parts = [
-        _value_text(v) if key == "method" else f"{key}{_value_text(v)}" for key, v in values.items()
+        value_text(v) if key == "method" else f"{key}{value_text(v)}" for key, v in values.items()
     ]
     return safe_name("_".join(parts) or "base")
-
-
-def check_size(value: Any, limit: int = MAX_VALUES) -> None:
-    """Refuse a spec holding more than ``limit`` values once shared parts (YAML aliases) are
-    counted each time they are used (see :func:`espn.utils.documents.check_size`)."""
-    check_document_size(value, "sweep spec", SweepError, limit)
 
 
 def check_template(template: str) -> None:
@@ -106,7 +100,7 @@ def expand_spec(spec: Any) -> list[Point]:
     lists, unique names and every point's configuration (before anything runs)."""
     if not isinstance(spec, dict):
         raise SweepError(f"a sweep spec must be a mapping with keys {', '.join(SPEC_KEYS)}")
-    check_size(spec)
+    check_size(spec, "sweep spec", SweepError)
     unknown = sorted(set(spec) - set(SPEC_KEYS))
     if unknown:
         raise SweepError(
@@ -147,7 +141,7 @@ def expand_spec(spec: Any) -> list[Point]:
             name = default_name(values)
         else:
             try:
-                name = safe_name(template.format(**{k: _value_text(v) for k, v in values.items()}))
+                name = safe_name(template.format(**{k: value_text(v) for k, v in values.items()}))
             except (KeyError, IndexError, ValueError) as exc:
                 raise SweepError(
                     f"sweep spec: name template {template!r} uses {exc}, which is not a grid "

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from espn.sweep.point import PointOutcome
+from espn.sweep.spec import value_text
 from espn.utils.io import atomic_target, write_csv
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
@@ -39,14 +40,6 @@ class Series:
     failed: int = 0
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, list | tuple):
-        return ",".join(_text(v) for v in value)
-    return str(value)
-
-
 def group_series(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[Series]]:
     """The options that vary between series, and the series in the order of their first
     point. A sweep whose points differ only in their seed is one series, ``all``."""
@@ -59,7 +52,7 @@ def group_series(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[Seri
     groups: dict[str, Series] = {}
     for o in outcomes:
         values = {k: o.point.options.get(k) for k in varying}
-        name = " ".join(f"{k}={_text(v)}" for k, v in values.items()) or "all"
+        name = " ".join(f"{k}={value_text(v)}" for k, v in values.items()) or "all"
         series = groups.setdefault(name, Series(name, values, []))
         if o.status == "failed" or o.results is None:
             series.failed += 1
@@ -93,7 +86,7 @@ def summary_rows(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[dict
     rows = []
     for s in series:
         row: dict[str, Any] = {"series": s.name, **s.values}
-        row.update({k: _text(v) for k, v in s.values.items() if isinstance(v, list | tuple)})
+        row.update({k: value_text(v) for k, v in s.values.items() if isinstance(v, list | tuple)})
         row["runs"], row["failed"] = len(s.results), s.failed
         for column, _, _ in MEASURES:
             found = [v for v in (_measure(d, column) for d in s.results) if v is not None]

@@ -4,6 +4,7 @@ clear errors naming the file and what is accepted."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,45 +36,41 @@ def load_document(path: Path, what: str, error: type[EspnError]) -> Any:
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not a text file (UTF-8 JSON or YAML)") from None
     deep = error(f"{what} {path} nests deeper than the {MAX_JSON_DEPTH} levels espn reads")
-    if suffix == ".json":
+    parse: Callable[[str], Any] = json.loads
+    invalid: type[Exception] = json.JSONDecodeError
+    if suffix != ".json":
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise error(f"{what} {path} is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise deep from None
-        if nests_deeper(doc, MAX_JSON_DEPTH):
-            raise deep
-        return doc
+            import yaml
+        except ImportError:
+            raise error(
+                f"reading {path} needs PyYAML: pip install pyyaml (or 'espn[ray]'), or write "
+                f"the {what} as .json"
+            ) from None
+        parse, invalid = yaml.safe_load, yaml.YAMLError
     try:
-        import yaml
-    except ImportError:
-        raise error(
-            f"reading {path} needs PyYAML: pip install pyyaml (or 'espn[ray]'), or write the "
-            f"{what} as .json"
-        ) from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise error(f"{what} {path} is not valid YAML: {exc}") from None
+        doc = parse(text)
+    except invalid as exc:
+        kind = "JSON" if suffix == ".json" else "YAML"
+        raise error(f"{what} {path} is not valid {kind}: {exc}") from None
     except RecursionError:
         raise deep from None
-    check_size(doc, what, error)
+    if suffix != ".json":  # only YAML's aliases repeat parts of a document
+        check_size(doc, what, error)
     if nests_deeper(doc, MAX_JSON_DEPTH):
         raise deep
     return doc
 
 
-def check_size(value: Any, what: str, error: type[EspnError], limit: int = MAX_VALUES) -> None:
-    """Refuse a document holding more than ``limit`` values once shared parts (YAML aliases)
-    are counted each time they are used; stops counting at the limit, so it is fast."""
+def check_size(value: Any, what: str, error: type[EspnError]) -> None:
+    """Refuse a document holding more than :data:`MAX_VALUES` values once shared parts (YAML
+    aliases) are counted each time they are used; stops counting there, so it is fast."""
     count, stack = 0, [value]
     while stack:
         item = stack.pop()
         count += 1
-        if count > limit:
+        if count > MAX_VALUES:
             raise error(
-                f"{what}: more than {limit} values once its YAML aliases are expanded; "
+                f"{what}: more than {MAX_VALUES} values once its YAML aliases are expanded; "
                 "write the values out, or split it"
             )
         if isinstance(item, dict):
