@@ -20,7 +20,6 @@ from espn.settings import default
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
-from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.callbacks import (
     CallbackList,
     EpochEnd,
@@ -112,13 +111,6 @@ def prune_points(n_iters: int, n_updates: int) -> list[int]:
     return [max(0, (k * n_iters) // n_updates) for k in range(1, n_updates + 1)]
 
 
-def stretch(points: list[int], done: int, n_iters: int) -> int:
-    """Optimizer steps from the last of the ``done`` prune steps of a phase (or its start) to
-    the next (or its end, at ``n_iters``): the same wherever a run resumes inside it."""
-    start = points[done - 1] if done else 0
-    return (points[done] if done < len(points) else n_iters) - start
-
-
 @dataclass
 class _Training:
     """A task in training, as the phase loop walks it: ``at`` is where it stands (moved on
@@ -143,8 +135,12 @@ class _Training:
 
 
 class _SlimCopy:
-    """The slim copy a phase trains where one applies (see :meth:`Engine._slim_phase`): built
-    before the phase's first step and the first step after each prune event, and written back
+    """The slim copy of the working sub-network phase ``p`` trains, where the run allows it
+    (``slim_training``), the phase's units are fixed (in a prune phase: for the steps until
+    its next prune event, where the copy pays for itself, and not compiled, which would
+    compile again for every copy) and the copy is exact and narrower (see
+    :mod:`espn.training.slim_step`); elsewhere the masked supernet trains. Built for the
+    step that needs it (the phase's first, the first after a prune event); written back
     into the supernet (:meth:`sync`) before a prune event, at the phase's end and where a
     callback reads an epoch's position."""
 
@@ -154,21 +150,39 @@ class _SlimCopy:
         self.built = self.dirty = False
 
     def parts(self) -> tuple[TaskOptimizer, FrozenGuard, Supernet | None]:
-        """What the next step trains: the copy's optimizer, guard and net (the task's and the
-        supernet where no copy applies)."""
-        t = self.t
+        """What the next step trains: the copy's optimizer, guard and net, or the task's
+        and the supernet."""
         if not self.built:
-            steps = stretch(self.points, t.at.prunes_done, t.plans[self.p].steps)
-            self.slim = self.engine._slim_phase(t.phases, self.p, t.optimizer, steps, self.slim)
-            self.built = True
+            self.slim, self.built = self._build(), True
         self.dirty = self.slim is not None
-        return (t.optimizer, t.guard, None) if self.slim is None else self.slim.parts()
+        return (self.t.optimizer, self.t.guard, None) if self.slim is None else self.slim.parts()
+
+    def _build(self) -> SlimPhase | None:
+        engine, t, points, done = self.engine, self.t, self.points, self.t.at.prunes_done
+        if not (engine.slim_training and slim_phase_applies(engine.strategy, t.phases, self.p)):
+            return None
+        if points:  # the steps to the next prune event (the same wherever a run resumes)
+            end = points[done] if done < len(points) else t.plans[self.p].steps
+            steps = end - (points[done - 1] if done else 0)
+            if engine.compiler is not None or not slim_prune_pays(
+                engine.supernet, steps, engine.batch_size
+            ):
+                return None
+        trainable = engine._trainable()
+        return SlimPhase.build(engine.supernet, engine.optim, trainable, t.optimizer, self.slim)
 
     def sync(self) -> None:
         """Write what the copy trained since the last write-back into the supernet."""
         if self.slim is not None and self.dirty:
             self.slim.write_back(self.t.optimizer)
         self.dirty = False
+
+    def position(self, here: TaskProgress) -> TaskProgress:
+        """An epoch's :attr:`EpochEnd.position`, made when a callback reads it: ``here`` with
+        the optimizer's state, the supernet first brought up to date (a write-back only a
+        checkpoint needs)."""
+        self.sync()
+        return replace(here, optimizer=self.t.optimizer.state_dict())
 
     def prune(self, step: int) -> None:
         """Run the phase's prune events due after ``step`` (the copy written back first; the
@@ -179,14 +193,6 @@ class _SlimCopy:
             self.built = False
             at.prunes_done += 1
             self.engine._prune_event(at.prunes_done / len(points), self.t.optimizer)
-
-
-def _position(here: TaskProgress, optimizer: TaskOptimizer, copy: _SlimCopy) -> TaskProgress:
-    """An epoch's :attr:`EpochEnd.position`, made when a callback reads it: ``here`` with the
-    optimizer's state, the supernet first brought up to date with the slim copy's training
-    (a write-back only a checkpoint needs)."""
-    copy.sync()
-    return replace(here, optimizer=optimizer.state_dict())
 
 
 class Engine:
@@ -213,7 +219,7 @@ class Engine:
         self.batch_size = batch_size
         #: the size rule's reference data size (see :func:`plan_phase`; None: epochs as given)
         self.reference_size = reference_size
-        #: fine-tune on a physically slimmed copy where exact (see :meth:`_slim_phase`)
+        #: fine-tune on a physically slimmed copy where exact (see :class:`_SlimCopy`)
         self.slim_training = slim_training
         self.generator = torch.Generator().manual_seed(seed)
         # mixed precision: bfloat16 (no loss scaling needed), float16 + loss scaling on a GPU
@@ -345,7 +351,7 @@ class Engine:
                 t.at.epoch = epoch + 1
             seconds = time.perf_counter() - t.start
             here = replace(t.at, phases_run=list(t.at.phases_run), seconds=seconds)
-            locate = partial(_position, here, t.optimizer, copy)
+            locate = partial(copy.position, here)
             end = EpochEnd(
                 t.index, phase.name, epoch, plan.epochs, steps, t.at.loss, seconds, locate
             )
@@ -391,10 +397,7 @@ class Engine:
     def _commit(self, t: _Training) -> TaskLog:
         """Commit the trained task (its BatchNorm statistics recalibrated) and log it."""
         sn, task = self.supernet, t.task
-        if self.ranks is None:
-            recalibrate_batchnorm(sn, task, self.batch_size)
-        else:
-            recalibrate(self.ranks, sn, task, self.batch_size)
+        recalibrate(self.ranks, sn, task, self.batch_size)
         sn.eval()
         self.strategy.commit(sn, task)
         if self.ranks is not None:
@@ -427,28 +430,6 @@ class Engine:
         ``Supernet.zero_pruned``)."""
         weights = optimizer.weights
         self.supernet.zero_pruned(None if weights is None else weights.state)
-
-    def _slim_phase(
-        self,
-        phases: list[Phase],
-        p: int,
-        optimizer: TaskOptimizer,
-        steps: int = 0,
-        previous: SlimPhase | None = None,
-    ) -> SlimPhase | None:
-        """Phase ``p`` trained on a slimmed copy of the working sub-network, where the run
-        allows it (``slim_training``), the phase's units are fixed (in a prune phase: for
-        the ``steps`` until its next prune event, where the copy pays for itself, and not
-        compiled, which would compile again for every copy) and the copy is exact and
-        narrower (see :mod:`espn.training.slim_step`; ``previous``: the copy before this
-        prune event, written back); None: the masked supernet trains."""
-        if not (self.slim_training and slim_phase_applies(self.strategy, phases, p)):
-            return None
-        if phases[p].prune_updates > 0 and (
-            self.compiler is not None or not slim_prune_pays(self.supernet, steps, self.batch_size)
-        ):
-            return None
-        return SlimPhase.build(self.supernet, self.optim, self._trainable(), optimizer, previous)
 
     def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
         """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)
@@ -520,7 +501,7 @@ class Engine:
             self.scaler.scale(total).backward()
         if share is not None:  # averaged over the ranks, then masked
             params = [p for o in optimizer.optimizers for g in o.param_groups for p in g["params"]]
-            loss = share.average_gradients(params, loss)
+            loss = share.ranks.average_gradients(params, loss, share.weight)
         guard.mask_gradients()
         # layers whose weight stays zero outside the mask through this step (see
         # MaskedLayer.keeps_zero): the next step's forward skips their mask product too
