@@ -1,4 +1,7 @@
-"""The training engine: one loop that every method drives through its strategy hooks."""
+"""The training engine: one loop that every method drives through its strategy hooks: a
+task's phases (planned by the size rule, :func:`plan_phase`), each phase's epochs, each epoch's
+optimizer steps (:meth:`Engine._step`) with the phase's prune events after the steps they
+follow; where exact, a phase trains a slim copy (:class:`_SlimCopy`)."""
 
 from __future__ import annotations
 
@@ -135,14 +138,11 @@ class _Training:
 
 
 class _SlimCopy:
-    """The slim copy of the working sub-network phase ``p`` trains, where the run allows it
-    (``slim_training``), the phase's units are fixed (in a prune phase: for the steps until
-    its next prune event, where the copy pays for itself, and not compiled, which would
-    compile again for every copy) and the copy is exact and narrower (see
-    :mod:`espn.training.slim_step`); elsewhere the masked supernet trains. Built for the
-    step that needs it (the phase's first, the first after a prune event); written back
-    into the supernet (:meth:`sync`) before a prune event, at the phase's end and where a
-    callback reads an epoch's position."""
+    """The slim copy phase ``p`` trains where the run allows it (``slim_training``), the
+    phase's units are fixed (in a prune phase: until its next prune event, where the copy pays
+    for itself, and not compiled) and the copy is exact and narrower (see
+    :mod:`espn.training.slim_step`). Built for the step that needs it; written back into the
+    supernet (:meth:`sync`) before a prune event, at the phase's end and for a checkpoint."""
 
     def __init__(self, engine: Engine, t: _Training, p: int, points: list[int]) -> None:
         self.engine, self.t, self.p, self.points = engine, t, p, points
@@ -179,8 +179,7 @@ class _SlimCopy:
 
     def position(self, here: TaskProgress) -> TaskProgress:
         """An epoch's :attr:`EpochEnd.position`, made when a callback reads it: ``here`` with
-        the optimizer's state, the supernet first brought up to date (a write-back only a
-        checkpoint needs)."""
+        the optimizer's state, the supernet first brought up to date."""
         self.sync()
         return replace(here, optimizer=self.t.optimizer.state_dict())
 
@@ -298,7 +297,7 @@ class Engine:
         if resume is not None and strategy.zeroes_pruned:  # as after the last prune event
             self._zero_pruned(optimizer)
         at = replace(resume or TaskProgress(), optimizer=None)
-        at.phases_run = list(at.phases_run)
+        at.phases_run = list(at.phases_run)  # the resume point's stays as it was
         phases = strategy.phases()
         per_epoch = task.num_batches("train", self.batch_size)
         per_reference = reference_batches(self.reference_size, self.batch_size)
