@@ -19,6 +19,7 @@ import platform
 import time
 
 import torch
+from step_cost import AtEpochEnd
 
 from espn.data.augment import ImageTransform
 from espn.data.cifar import STATS
@@ -74,7 +75,8 @@ def main() -> None:
         marks.append((phase, time.perf_counter()))
 
     start = time.perf_counter()
-    engine.train_task(task, 0, on_epoch_end=on_epoch_end)
+    engine.callbacks.append(AtEpochEnd(on_epoch_end))
+    engine.train_task(task, 0)
     per_epoch = []
     last = start
     for phase, t in marks:

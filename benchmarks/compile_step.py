@@ -211,7 +211,8 @@ def measure_loop(
         mark[0] = time.perf_counter()
 
     skips = counters["inductor"]["cudagraph_skips"]
-    engine.train_task(task, 1, on_epoch_end=after_epoch)
+    engine.callbacks.append(step_cost.AtEpochEnd(after_epoch))
+    engine.train_task(task, 1)
     if engine.compiler is None:
         return {}
     return {
@@ -272,7 +273,8 @@ def whole_task(args: argparse.Namespace, compiled: bool) -> TaskTime:
 
     steps_ms: dict[str, list[float]] = {}
     start = time.perf_counter()
-    log = engine.train_task(task, 0, on_epoch_end=after_epoch)
+    engine.callbacks.append(step_cost.AtEpochEnd(after_epoch))
+    log = engine.train_task(task, 0)
     measured = time.perf_counter() - start
     extrapolated = sum(
         times[0] + (RECIPE_EPOCHS[phase] - 1) * statistics.median(times[1:])

@@ -68,8 +68,19 @@ from espn.supernet.layers import (
     conv_pair,
 )
 from espn.supernet.transformer import TaskLayerNorm
+from espn.training.callbacks import Callback, EpochEnd
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig, TaskOptimizer, build_optimizer
+
+
+class AtEpochEnd(Callback):
+    """Calls ``after(phase, epoch)`` after every epoch of the engine it is added to."""
+
+    def __init__(self, after: Callable[[str, int], None]) -> None:
+        self.after = after
+
+    def on_epoch_end(self, learner: object, event: EpochEnd) -> None:
+        self.after(event.phase, event.epoch)
 
 
 @dataclass(frozen=True)
@@ -361,7 +372,8 @@ def measure(
         timings.add(phase, espn_ms, base_ms)
         mark[0] = CLOCK[0]()
 
-    engine.train_task(task, 1, on_epoch_end=after_epoch)
+    engine.callbacks.append(AtEpochEnd(after_epoch))
+    engine.train_task(task, 1)
     return phases, timings
 
 

@@ -23,6 +23,7 @@ from espn.methods.supsup import supermask
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
 from espn.training import Engine, OptimConfig
+from espn.training.callbacks import Callback
 from helpers.baseline import fc_small, make_engine, tiny_sequence
 
 runner = CliRunner()
@@ -370,13 +371,12 @@ def test_mtl_trains_once_on_all_tasks_and_files_one_view_per_task(monkeypatch):
     sn, strategy, engine = make_engine(FCNet(64, [32, 24], 3, multi_head=True), seq, "mtl")
     (joint,) = strategy.training_tasks(seq)
     steps = {"n": 0}
-    real_step = engine._step
 
-    def step(*args):
-        steps["n"] += 1
-        return real_step(*args)
+    class Steps(Callback):
+        def on_step_end(self, learner, event) -> None:
+            steps["n"] += 1
 
-    monkeypatch.setattr(engine, "_step", step)
+    engine.callbacks.append(Steps())
     probe = torch.cat([t.test.x for t in seq.tasks])
     captured = {}
     real_commit = sn.commit_task

@@ -27,6 +27,7 @@ from espn.experiment import run_experiment
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
 from espn.run_directory import RunDirectory
+from espn.training.callbacks import Callback
 from helpers.deploy import (
     Killed,
     TinyResNet,
@@ -389,11 +390,10 @@ def test_passes_of_a_phase_are_checkpointed_a_minimum_time_apart(tmp_path, monke
     (4 steps, 20 s a pass) and a 45 s minimum: of the prune phase's 6 passes, the 3rd (60 s
     after the pre-training's checkpoint), the 6th (its last), none other."""
     now = {"t": 0.0}
-    real_step = engine_module.Engine._step
 
-    def step(self, *args):
-        now["t"] += 5.0
-        return real_step(self, *args)
+    class Clock(Callback):
+        def on_step_end(self, learner, event) -> None:
+            now["t"] += 5.0
 
     saved: list[tuple[int, int]] = []
     real_save = run_directory_module.RunCheckpoint.save_progress
@@ -402,13 +402,12 @@ def test_passes_of_a_phase_are_checkpointed_a_minimum_time_apart(tmp_path, monke
         saved.append((progress.phase, progress.epoch))
         return real_save(self, task, progress, *args)
 
-    monkeypatch.setattr(engine_module.Engine, "_step", step)
     monkeypatch.setattr(run_directory_module.RunCheckpoint, "save_progress", save_progress)
     clock = SimpleNamespace(monotonic=lambda: now["t"], perf_counter=time.perf_counter)
     monkeypatch.setattr(run_directory_module, "time", clock)
     monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 45.0)
     options = run_options(tmp_path / "run", tasks=1, epochs=(1, 6, 2))
-    run_experiment(make_config(**options), progress=False)
+    run_experiment(make_config(**options), progress=False, loggers=[Clock()])
     # position after a pass: the next pass to run (epoch), or the next phase's start
     assert saved == [(1, 0), (1, 3), (2, 0), (3, 0)]
 

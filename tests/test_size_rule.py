@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import espn.data.mnist as mnist_module
-import espn.training.engine as engine_module
 from espn.config import make_config
 from espn.experiment import run_experiment
 from espn.methods.base import METHODS, Phase, Strategy
@@ -26,8 +27,9 @@ from espn.reproduce.continual import (
     split_paper_steps,
 )
 from espn.reproduce.target import TARGETS, Options, parse_name
+from espn.training.callbacks import Callback, EpochStart, StepEnd, TrainStart
 from espn.training.engine import plan_phase, prune_points
-from helpers.deploy import Killed, fc_test, kill_at_step, run_options
+from helpers.deploy import Killed, fc_test, kill_at_step, run_options, watch_engines
 from helpers.mnist import synthetic_mnist
 
 BATCH = 128
@@ -39,35 +41,35 @@ def tiny(fake_mnist, fc_test_model):
     """Every run here trains model ``fc-test`` on the fake data."""
 
 
-def count_steps(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
-    """Every optimizer step the engine takes, as (task index, phase name), in order: the
-    torch optimizer's own ``step`` is wrapped, so a step is counted where it happens."""
-    seen: list[tuple[int, str]] = []
-    where = {"task": -1, "phase": ""}
-    real_train, real_step = engine_module.Engine.train_task, engine_module.Engine._step
+class StepCounter(Callback):
+    """Every optimizer step the engine takes, as (task index, phase name), in order
+    (``seen``): a step counts where one of torch's optimizers stepped (torch's hook on every
+    optimizer's ``step``) since the step before; the events say which task and phase."""
 
-    def train_task(self, task, index, *args, **kwargs):
-        where["task"] = index
-        return real_train(self, task, index, *args, **kwargs)
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+        self.task, self.phase, self.stepped = -1, "", False
 
-    def step(self, optimizer, guard, phase, *args):
-        where["phase"] = phase.name
-        first = optimizer.optimizers[0]  # the task's optimizers step together
-        inner = first.step
+    def on_train_start(self, learner, event: TrainStart) -> None:
+        self.task = event.task
 
-        def counted(*a, **k):
-            seen.append((where["task"], where["phase"]))
-            return inner(*a, **k)
+    def on_epoch_start(self, learner, event: EpochStart) -> None:
+        self.phase = event.phase
 
-        first.step = counted
-        try:
-            return real_step(self, optimizer, guard, phase, *args)
-        finally:
-            del first.step
+    def on_step_end(self, learner, event: StepEnd) -> None:
+        if self.stepped:
+            self.seen.append((self.task, self.phase))
+        self.stepped = False
 
-    monkeypatch.setattr(engine_module.Engine, "train_task", train_task)
-    monkeypatch.setattr(engine_module.Engine, "_step", step)
-    return seen
+
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, str]]]:
+    """The optimizer steps of every engine in the test (see :class:`StepCounter`)."""
+    counter = StepCounter()
+    watch_engines(monkeypatch, counter)
+    handle = register_optimizer_step_post_hook(lambda *_: setattr(counter, "stepped", True))
+    yield counter.seen
+    handle.remove()
 
 
 def recipe_phases(cfg) -> list[Phase]:
@@ -91,7 +93,7 @@ def test_the_rule_in_numbers() -> None:
 
 @pytest.mark.parametrize("method", METHODS.names())
 def test_every_method_gets_the_reference_steps_per_phase(
-    method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    method: str, tmp_path: Path, seen: list[tuple[int, str]]
 ) -> None:
     """Reference 1536 images at batch 128 = 12 steps per recipe epoch; the tasks have 400
     images (4 steps per epoch): every phase that runs takes epochs x 12 optimizer steps."""
@@ -103,7 +105,6 @@ def test_every_method_gets_the_reference_steps_per_phase(
         **run_options(tmp_path / "run", method=method, tasks=2, reference_size=reference),
         **budget,
     )
-    seen = count_steps(monkeypatch)
     doc = run_experiment(cfg, progress=False)
     phases = recipe_phases(cfg)
     per_reference = math.ceil(reference / BATCH)
@@ -124,10 +125,9 @@ def test_every_method_gets_the_reference_steps_per_phase(
 
 
 def test_a_task_larger_than_the_reference_keeps_its_epochs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, seen: list[tuple[int, str]]
 ) -> None:
     cfg = make_config(**run_options(tmp_path / "run", tasks=1, reference_size=200))
-    seen = count_steps(monkeypatch)
     doc = run_experiment(cfg, progress=False)
     counted = Counter(name for _, name in seen)
     for phase, entry in zip(recipe_phases(cfg), doc["phases"][0], strict=True):
@@ -146,11 +146,10 @@ def test_off_trains_by_epochs_and_given_epochs_state_no_reference(tmp_path: Path
 
 
 def test_prune_steps_spread_over_the_lengthened_phase(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: list[tuple[int, str]]
 ) -> None:
     """ESPN's prune steps fall at ``prune_points`` of the floored phase, the last at its end."""
     cfg = make_config(**run_options(tmp_path / "run", tasks=1, reference_size=1536))
-    seen = count_steps(monkeypatch)
     at: list[int] = []
     espn = METHODS.get("espn")
     real = espn.prune_step

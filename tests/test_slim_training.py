@@ -25,10 +25,19 @@ from espn.models.resnet import BasicBlock, ResNet
 from espn.pruning.pruner import gate_magnitude
 from espn.supernet import Supernet
 from espn.supernet.layers import UnitModule, with_unions
+from espn.training.callbacks import Callback, EpochStart, StepEnd
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from helpers.arch import fingerprint
-from helpers.deploy import Killed, kill_at_step, make_model, run_options, tiny_sequence
+from helpers.deploy import (
+    AtEpochEnd,
+    Killed,
+    kill_at_step,
+    make_model,
+    run_options,
+    tiny_sequence,
+    watch_engines,
+)
 from helpers.tokens import tiny_vit
 
 #: float32 sums taken over fewer terms in another order: the copies may differ by rounding
@@ -44,29 +53,27 @@ def copies_at_every_event(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slim_module, "SLIM_CONV_SETUP", 0.0)
 
 
-class SlimSpy:
+class SlimSpy(Callback):
     """Records the slim copies the engine built (True) and the ones it fell back from
     (False), per phase (``built``: all of them in order; ``phase(name)``: one phase's)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.built: list[bool] = []
         self.phases: list[str] = []
+        self.now = ""
         real = slim_module.SlimPhase.build.__func__  # type: ignore[attr-defined]
-        real_phase = Engine._slim_phase
-        now = [""]
 
         def build(cls, *args, **kwargs):
             phase = real(cls, *args, **kwargs)
             self.built.append(phase is not None)
-            self.phases.append(now[0])
+            self.phases.append(self.now)
             return phase
 
-        def slim_phase(engine, phases, p, *args):
-            now[0] = phases[p].name
-            return real_phase(engine, phases, p, *args)
-
         monkeypatch.setattr(slim_module.SlimPhase, "build", classmethod(build))
-        monkeypatch.setattr(Engine, "_slim_phase", slim_phase)
+        watch_engines(monkeypatch, self)
+
+    def on_epoch_start(self, learner, event: EpochStart) -> None:
+        self.now = event.phase
 
     def phase(self, name: str) -> list[bool]:
         return [b for b, p in zip(self.built, self.phases, strict=True) if p == name]
@@ -105,7 +112,8 @@ def two_tasks(
     def frozen_now(phase: str, epoch: int) -> None:
         seen.append({n: layer.weight[layer.frozen].clone() for n, layer in sn.layers.items()})
 
-    engine.train_task(seq.tasks[1], 1, on_epoch_end=frozen_now)
+    engine.callbacks.append(AtEpochEnd(frozen_now))
+    engine.train_task(seq.tasks[1], 1)
     return sn, seq, seen, before
 
 
@@ -307,17 +315,34 @@ def test_a_task_whose_copy_differs_is_evaluated_through_the_supernet(monkeypatch
     assert evaluator.cache[0][1] is None
 
 
-def count_slim_steps(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Counts, per phase name, the engine's optimizer steps that train a slim copy."""
-    counted: Counter[str] = Counter()
-    real = Engine._step
+class SlimSteps(Callback):
+    """Counts, per phase name, the engine's optimizer steps that train a slim copy: those in
+    which the optimizer of a copy the engine built stepped (``counted``)."""
 
-    def step(self, optimizer, guard, phase, x, y, lr, own_lr, net=None):
-        counted[phase.name] += net is not None
-        return real(self, optimizer, guard, phase, x, y, lr, own_lr, net)
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.counted: Counter[str] = Counter()
+        self.stepped = False
+        real = slim_module.SlimPhase.build.__func__  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(Engine, "_step", step)
-    return counted
+        def build(cls, *args, **kwargs):
+            phase = real(cls, *args, **kwargs)
+            if phase is not None:  # the copy's optimizers step together
+                first = phase.optimizer.optimizers[0]
+                inner = first.step
+
+                def step(*a, **k):
+                    self.stepped = True
+                    return inner(*a, **k)
+
+                first.step = step
+            return phase
+
+        monkeypatch.setattr(slim_module.SlimPhase, "build", classmethod(build))
+        watch_engines(monkeypatch, self)
+
+    def on_step_end(self, learner, event: StepEnd) -> None:
+        self.counted[event.phase] += self.stepped
+        self.stepped = False
 
 
 def recorded_slim_steps(doc: dict) -> Counter[str]:
@@ -337,7 +362,7 @@ def test_results_record_the_steps_trained_on_slim_copies(
     one (their float32 rounding differs there); none with slim training off."""
     seen = {}
     for slim in (True, False):
-        counted = count_slim_steps(monkeypatch)
+        counted = SlimSteps(monkeypatch).counted
         cfg = make_config(**run_options(tmp_path / str(slim), slim_training=slim))
         doc = run_experiment(cfg, progress=False)
         assert recorded_slim_steps(doc) == counted
@@ -543,13 +568,14 @@ def margin(
     return float(kept.min() - dropped.max())
 
 
-def prune_phase_run(kind: str, optim: OptimConfig, slim: bool, seed: int = 0):
+def prune_phase_run(kind: str, optim: OptimConfig, slim: bool, seed: int = 0, finetune: int = 0):
     """ESPN's task 1 (task 0 learned masked) with a prune phase of 2 epochs (6 steps, 8
-    events); the state at each of its epoch ends, and its prune events."""
+    events) and ``finetune`` epochs; the state at each of its epoch ends, and its prune
+    events."""
     seq = tiny_sequence(2, seed=seed)
     torch.manual_seed(seed)
     sn = Supernet(model(kind), seq.tasks[0].train.x[:2])
-    strategy = METHODS.get("espn")(MethodConfig(gamma=0.3, alpha=0.3, epochs=(1, 2, 0)))
+    strategy = METHODS.get("espn")(MethodConfig(gamma=0.3, alpha=0.3, epochs=(1, 2, finetune)))
     engine = Engine(sn, strategy, optim, 16, seed=0, slim_training=False)
     engine.train_task(seq.tasks[0], 0)
     engine.slim_training = slim
@@ -560,7 +586,8 @@ def prune_phase_run(kind: str, optim: OptimConfig, slim: bool, seed: int = 0):
         if phase == "prune":
             states.append(pruning_state(sn))
 
-    engine.train_task(seq.tasks[1], 1, on_epoch_end=record)
+    engine.callbacks.append(AtEpochEnd(record))
+    engine.train_task(seq.tasks[1], 1)
     return sn, states, events
 
 
@@ -678,7 +705,7 @@ def test_killed_inside_a_slim_prune_phase_resumes_exactly(
     monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 0.0)
     options = run_options(tmp_path / "reference", epochs=(1, 1, 1), reference_size=850)
     spy = SlimSpy(monkeypatch)
-    counted = count_slim_steps(monkeypatch)
+    counted = SlimSteps(monkeypatch).counted
     reference = run_experiment(make_config(**options), progress=False)
     assert spy.phase("prune") == [True] * 9 and spy.phase("finetune") == [True] * 3
     assert recorded_slim_steps(reference) == counted and counted["prune"] > 0
@@ -783,7 +810,7 @@ def test_a_copy_cut_like_the_last_one_is_not_checked_again(monkeypatch):
 
     monkeypatch.setattr(slim_module.SlimPhase, "__init__", init)
     spy = SlimSpy(monkeypatch)
-    prune_phase_run("fc", OPTIMIZERS[0], slim=True, seed=0)
+    prune_phase_run("fc", OPTIMIZERS[0], slim=True, seed=0, finetune=1)
     copies = spy.phase("prune")
     assert len(copies) >= 5 and all(copies) and spy.phase("finetune") == [True]
     assert len(cuts) == len(copies) + 1

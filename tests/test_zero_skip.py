@@ -15,7 +15,14 @@ from espn.supernet.layers import MaskedLayer, MaskedLinear
 from espn.training.callbacks import Callback, EpochStart
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
-from helpers.deploy import Killed, kill_at_step, make_model, run_options, tiny_sequence
+from helpers.deploy import (
+    AtEpochEnd,
+    Killed,
+    kill_at_step,
+    make_model,
+    run_options,
+    tiny_sequence,
+)
 
 OPTIMIZERS = [
     OptimConfig("rmsprop", lr=1e-3, momentum=0.5, weight_decay=1e-2),
@@ -74,11 +81,12 @@ def two_tasks(
             stuck = bool((outside & layer.frozen).any())
             assert stuck or not bool(layer.weight[outside].any()), name
 
+    engine.callbacks.append(AtEpochEnd(record))
     if spy is not None:
         engine.callbacks.append(spy)
-    engine.train_task(seq.tasks[0], 0, on_epoch_end=record)
+    engine.train_task(seq.tasks[0], 0)
     before = {n: layer.weight.detach().clone() for n, layer in sn.layers.items()}
-    engine.train_task(seq.tasks[1], 1, on_epoch_end=record)
+    engine.train_task(seq.tasks[1], 1)
     return sn, seen, before
 
 

@@ -18,7 +18,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import espn
-from espn.training import engine as engine_module
+from espn.training.callbacks import Callback, StepEnd
 from espn.training.distributed import digest
 
 #: the options every run here shares (a global batch of 32)
@@ -74,6 +74,18 @@ def state_of(learner: espn.ContinualLearner) -> dict:
     }
 
 
+class Dying(Callback):
+    """A kill: the process dies as its ``steps``-th optimizer step ends."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps, self.done = steps, 0
+
+    def on_step_end(self, learner: object, event: StepEnd) -> None:
+        self.done += 1
+        if self.done == self.steps:
+            os._exit(17)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("method")
@@ -87,21 +99,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     sn = espn.wrap(DigitsCNN(), torch.zeros(2, 1, 8, 8))
-    if args.stop_after_steps:  # a kill: the process dies after that many optimizer steps
-        step, count = engine_module.Engine._step, [0]
-
-        def dying(self, *a, **k):  # type: ignore[no-untyped-def]
-            if count[0] == args.stop_after_steps:
-                os._exit(17)
-            count[0] += 1
-            return step(self, *a, **k)
-
-        engine_module.Engine._step = dying  # type: ignore[method-assign]
     learner = espn.ContinualLearner(
         sn,
         args.method,
         out=args.out,
         distributed=not args.no_distributed,
+        callbacks=[Dying(args.stop_after_steps)] if args.stop_after_steps else [],
         **SETTINGS,
         **OWN.get(args.method, {}),
     )

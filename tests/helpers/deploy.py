@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import espn.training.engine as engine_module
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.models.fc import FCNet
 from espn.models.registry import ModelSpec
 from espn.supernet import MaskedConv2d, Supernet, TaskBatchNorm2d, TaskHead
+from espn.training.callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 
@@ -140,15 +141,43 @@ class Killed(Exception):
     """Stands for the process dying."""
 
 
-def kill_at_step(monkeypatch: pytest.MonkeyPatch, kill: int) -> None:
-    """Make the engine's ``kill``-th optimizer step raise :class:`Killed` (a kill mid-run)."""
-    real = engine_module.Engine._step
-    count = {"steps": 0}
+def watch_engines(monkeypatch: pytest.MonkeyPatch, callback: Callback) -> None:
+    """Tell ``callback`` of every engine's training events, before the engine's own
+    callbacks, whatever drives the engine (a learner, a sweep, a test's own): every engine
+    tells its :class:`CallbackList` of each."""
+    for hook in ("on_train_start", "on_epoch_start", "on_step_end", "on_epoch_end", "on_train_end"):
+        real = getattr(CallbackList, hook)
 
-    def step(self, *args):
-        count["steps"] += 1
-        if count["steps"] == kill:
+        def both(self: CallbackList, *args: Any, _real: Any = real, _hook: str = hook) -> None:
+            getattr(callback, _hook)(*args)
+            _real(self, *args)
+
+        monkeypatch.setattr(CallbackList, hook, both)
+
+
+class _Kill(Callback):
+    def __init__(self, kill: int) -> None:
+        self.kill, self.steps = kill, 0
+
+    def on_step_end(self, learner: Any, event: StepEnd) -> None:
+        self.steps += 1
+        if self.steps == self.kill:
             raise Killed
-        return real(self, *args)
 
-    monkeypatch.setattr(engine_module.Engine, "_step", step)
+
+def kill_at_step(monkeypatch: pytest.MonkeyPatch, kill: int) -> None:
+    """Make the engine's ``kill``-th optimizer step raise :class:`Killed` as it ends, before
+    anything after it (a prune event, an epoch's checkpoint): a kill mid-run."""
+    watch_engines(monkeypatch, _Kill(kill))
+
+
+class AtEpochEnd(Callback):
+    """Calls ``record(phase, epoch)`` after every epoch, once the supernet holds what a slim
+    copy trained (the epoch's position read first, as the run directory reads it)."""
+
+    def __init__(self, record: Callable[[str, int], None]) -> None:
+        self.record = record
+
+    def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
+        assert event.position is not None
+        self.record(event.phase, event.epoch)

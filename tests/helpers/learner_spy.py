@@ -1,6 +1,6 @@
 """A spy on the one learner: which tasks each :class:`ContinualLearner` learned, and which
-tasks the training engine trained and for whom (its ``owner``: the learner driving it; None
-for an engine driven by anything else)."""
+tasks the training engine trained and for whom (the ``learner`` its events name: the learner
+driving it; None for an engine driven by anything else)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from espn.learner import ContinualLearner
-from espn.training.engine import Engine
+from espn.training.callbacks import Callback, TrainStart
+from helpers.deploy import watch_engines
 
 
-class LearnerSpy:
+class LearnerSpy(Callback):
     """Installed on ``monkeypatch``; records, in order, every sequence and every task given
     to a learner, and every task the engine trained (name, driven by a learner?)."""
 
@@ -21,11 +22,7 @@ class LearnerSpy:
         self.learned: list[str] = []
         self.trained: list[tuple[str, bool]] = []
         spy = self
-        learn_sequence, learn, train_task = (
-            ContinualLearner.learn_sequence,
-            ContinualLearner.learn,
-            Engine.train_task,
-        )
+        learn_sequence, learn = ContinualLearner.learn_sequence, ContinualLearner.learn
 
         def sequence_seen(learner: ContinualLearner, seq: Any, **kw: Any) -> Any:
             spy.sequences.append(seq.names())
@@ -35,13 +32,12 @@ class LearnerSpy:
             spy.learned.append(str(kw.get("name")))
             return learn(learner, *args, **kw)
 
-        def trained(engine: Engine, task: Any, *args: Any, **kw: Any) -> Any:
-            spy.trained.append((task.name, isinstance(engine.owner, ContinualLearner)))
-            return train_task(engine, task, *args, **kw)
-
         monkeypatch.setattr(ContinualLearner, "learn_sequence", sequence_seen)
         monkeypatch.setattr(ContinualLearner, "learn", task_seen)
-        monkeypatch.setattr(Engine, "train_task", trained)
+        watch_engines(monkeypatch, self)
+
+    def on_train_start(self, learner: Any, event: TrainStart) -> None:
+        self.trained.append((event.name, isinstance(learner, ContinualLearner)))
 
     @property
     def trained_by_learner(self) -> bool:

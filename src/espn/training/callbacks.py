@@ -146,7 +146,7 @@ class Callback:
 
 
 class CallbackList(Callback):
-    """Several callbacks called in order, as one."""
+    """Several callbacks called in order, as one: each hook calls theirs."""
 
     def __init__(self, callbacks: Iterable[Callback] = ()) -> None:
         self.callbacks = list(callbacks)
@@ -155,38 +155,15 @@ class CallbackList(Callback):
         """Call ``callback`` after those already here."""
         self.callbacks.append(callback)
 
-    def on_run_start(self, learner: Any) -> None:
-        for c in self.callbacks:
-            c.on_run_start(learner)
 
-    def on_task_start(self, learner: Any, task: int, name: str) -> None:
+def _each(hook: str) -> Callable[..., None]:
+    def call(self: CallbackList, *args: Any) -> None:
         for c in self.callbacks:
-            c.on_task_start(learner, task, name)
+            getattr(c, hook)(*args)
 
-    def on_train_start(self, learner: Any, event: TrainStart) -> None:
-        for c in self.callbacks:
-            c.on_train_start(learner, event)
+    call.__name__ = call.__qualname__ = hook
+    return call
 
-    def on_epoch_start(self, learner: Any, event: EpochStart) -> None:
-        for c in self.callbacks:
-            c.on_epoch_start(learner, event)
 
-    def on_step_end(self, learner: Any, event: StepEnd) -> None:
-        for c in self.callbacks:
-            c.on_step_end(learner, event)
-
-    def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
-        for c in self.callbacks:
-            c.on_epoch_end(learner, event)
-
-    def on_train_end(self, learner: Any, task: int) -> None:
-        for c in self.callbacks:
-            c.on_train_end(learner, task)
-
-    def on_task_end(self, learner: Any, event: TaskEnd) -> None:
-        for c in self.callbacks:
-            c.on_task_end(learner, event)
-
-    def on_run_end(self, learner: Any) -> None:
-        for c in self.callbacks:
-            c.on_run_end(learner)
+for _hook in [name for name in vars(Callback) if name.startswith("on_")]:
+    setattr(CallbackList, _hook, _each(_hook))

@@ -60,32 +60,28 @@ class StepCompiler:
         #: graphs compiled by this step so far (a first compile counts one per graph)
         self.graphs = 0
         self._compiled: dict[str | None, Callable[..., Any]] = {}
-        self._mode: str | None = None
+        #: the torch.compile mode of the current task's steps (None: the default)
+        self.mode: str | None = None
         self._channels_last = False
 
     def start_task(self, model: nn.Module, device: torch.device) -> None:
         """Choose the mode and input layout of a task's steps (see the module docstring)."""
         cuda = device.type == "cuda"
-        self._mode = STATIC_MODE if cuda and self.backend == "inductor" else None
+        self.mode = STATIC_MODE if cuda and self.backend == "inductor" else None
         self._channels_last = cuda and is_convolutional(model)
-
-    @property
-    def mode(self) -> str | None:
-        """The torch.compile mode of the current task's steps (None: the default)."""
-        return self._mode
 
     def run(
         self, fn: Callable[..., tuple[Tensor, Tensor]], x: Tensor, *args: Any
     ) -> tuple[Tensor, Tensor]:
         """``fn(x, *args)`` (the step's ``(loss, total)``), compiled; the loss comes back
         as a tensor of its own (a CUDA graph's outputs are overwritten by its next replay)."""
-        compiled = self._compiled.get(self._mode)
+        compiled = self._compiled.get(self.mode)
         if compiled is None:
             compiled = torch.compile(
-                _with_layout, backend=self.backend, mode=self._mode, dynamic=False
+                _with_layout, backend=self.backend, mode=self.mode, dynamic=False
             )
-            self._compiled[self._mode] = compiled
-        if self._mode == STATIC_MODE:
+            self._compiled[self.mode] = compiled
+        if self.mode == STATIC_MODE:
             torch.compiler.cudagraph_mark_step_begin()
         before = compiled_graphs()
         loss, total = compiled(fn, self._channels_last, x, *args)
@@ -93,7 +89,7 @@ class StepCompiler:
         if new:  # a compile, never a step's cost (TORCH_LOGS=recompiles says why)
             self.graphs += new
             log.debug("the step compiled graph %d (input %s)", self.graphs, tuple(x.shape))
-        return (loss.detach().clone() if self._mode == STATIC_MODE else loss), total
+        return (loss.detach().clone() if self.mode == STATIC_MODE else loss), total
 
 
 def _with_layout(

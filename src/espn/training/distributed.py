@@ -103,10 +103,6 @@ class Share:
     y: Tensor
     weight: float
 
-    def average_gradients(self, params: Sequence[Tensor], loss: Tensor) -> Tensor:
-        """See :meth:`Ranks.average_gradients`."""
-        return self.ranks.average_gradients(params, loss, self.weight)
-
 
 class Ranks:
     """Rank ``rank`` of ``world`` data-parallel processes training one run."""
@@ -238,11 +234,13 @@ def _feed(h: Any, value: Any) -> None:
 
 
 @torch.no_grad()
-def recalibrate(ranks: Ranks, supernet: Supernet, task: Task, batch_size: int) -> int:
-    """:func:`~espn.training.batchnorm.recalibrate_batchnorm` over the ranks: each averages
-    the statistics of its share of the batches, and the shares are weighted by their batch
-    counts and summed; the batches used in all."""
-    used = recalibrate_batchnorm(supernet, task, batch_size, take=ranks.mine)
+def recalibrate(ranks: Ranks | None, supernet: Supernet, task: Task, batch_size: int) -> int:
+    """:func:`~espn.training.batchnorm.recalibrate_batchnorm` over the ranks (None: this
+    process alone): each averages the statistics of its share of the batches, and the shares
+    are weighted by their batch counts and summed; the batches used in all."""
+    used = recalibrate_batchnorm(supernet, task, batch_size, take=ranks.mine if ranks else None)
+    if ranks is None:
+        return used
     norms = [m for m in supernet.task_modules.values() if isinstance(m, _BatchNorm)]
     if not norms:
         return 0

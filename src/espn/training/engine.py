@@ -1,13 +1,16 @@
-"""The training engine: one loop that every method drives through its strategy hooks."""
+"""The training engine: one loop that every method drives through its strategy hooks: a
+task's phases (planned by the size rule, :func:`plan_phase`), each phase's epochs, each epoch's
+optimizer steps (:meth:`Engine._step`) with the phase's prune events after the steps they
+follow; where exact, a phase trains a slim copy (:class:`_SlimCopy`)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -20,7 +23,6 @@ from espn.settings import default
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
-from espn.training.batchnorm import recalibrate_batchnorm
 from espn.training.callbacks import (
     CallbackList,
     EpochEnd,
@@ -112,22 +114,84 @@ def prune_points(n_iters: int, n_updates: int) -> list[int]:
     return [max(0, (k * n_iters) // n_updates) for k in range(1, n_updates + 1)]
 
 
-def stretch(points: list[int], done: int, n_iters: int) -> int:
-    """Optimizer steps from the last of the ``done`` prune steps of a phase (or its start) to
-    the next (or its end, at ``n_iters``): the same wherever a run resumes inside it."""
-    start = points[done - 1] if done else 0
-    return (points[done] if done < len(points) else n_iters) - start
+@dataclass
+class _Training:
+    """A task in training, as the phase loop walks it: ``at`` is where it stands (moved on
+    after every step, epoch and phase; an epoch's end reports a copy of it)."""
+
+    task: Task
+    index: int
+    optimizer: TaskOptimizer
+    guard: FrozenGuard
+    phases: list[Phase]
+    plans: list[PhasePlan]
+    at: TaskProgress
+    #: optimizer steps of the task before each phase, and in all (the last entry)
+    before: list[int]
+    start: float
+    loss: Tensor
+    graphs: int
+
+    def done(self) -> int:
+        """The task's optimizer steps so far."""
+        return self.before[self.at.phase] + self.at.step
 
 
-def _position(
-    here: TaskProgress, optimizer: TaskOptimizer, behind: SlimPhase | None
-) -> TaskProgress:
-    """Where a task stands after an epoch (``here``) with the optimizer's state: an epoch's
-    :attr:`EpochEnd.position`, made when a callback reads it; ``behind``: the slim copy whose
-    training the supernet does not hold yet (a write-back only a checkpoint needs)."""
-    if behind is not None:
-        behind.write_back(optimizer)
-    return replace(here, optimizer=optimizer.state_dict())
+class _SlimCopy:
+    """The slim copy phase ``p`` trains where the run allows it (``slim_training``), the
+    phase's units are fixed (in a prune phase: until its next prune event, where the copy pays
+    for itself, and not compiled) and the copy is exact and narrower (see
+    :mod:`espn.training.slim_step`). Built for the step that needs it; written back into the
+    supernet (:meth:`sync`) before a prune event, at the phase's end and for a checkpoint."""
+
+    def __init__(self, engine: Engine, t: _Training, p: int, points: list[int]) -> None:
+        self.engine, self.t, self.p, self.points = engine, t, p, points
+        self.slim: SlimPhase | None = None
+        self.built = self.dirty = False
+
+    def parts(self) -> tuple[TaskOptimizer, FrozenGuard, Supernet | None]:
+        """What the next step trains: the copy's optimizer, guard and net, or the task's
+        and the supernet."""
+        if not self.built:
+            self.slim, self.built = self._build(), True
+        self.dirty = self.slim is not None
+        return (self.t.optimizer, self.t.guard, None) if self.slim is None else self.slim.parts()
+
+    def _build(self) -> SlimPhase | None:
+        engine, t, points, done = self.engine, self.t, self.points, self.t.at.prunes_done
+        if not (engine.slim_training and slim_phase_applies(engine.strategy, t.phases, self.p)):
+            return None
+        if points:  # the steps to the next prune event (the same wherever a run resumes)
+            end = points[done] if done < len(points) else t.plans[self.p].steps
+            steps = end - (points[done - 1] if done else 0)
+            if engine.compiler is not None or not slim_prune_pays(
+                engine.supernet, steps, engine.batch_size
+            ):
+                return None
+        trainable = engine._trainable()
+        return SlimPhase.build(engine.supernet, engine.optim, trainable, t.optimizer, self.slim)
+
+    def sync(self) -> None:
+        """Write what the copy trained since the last write-back into the supernet."""
+        if self.slim is not None and self.dirty:
+            self.slim.write_back(self.t.optimizer)
+        self.dirty = False
+
+    def position(self, here: TaskProgress) -> TaskProgress:
+        """An epoch's :attr:`EpochEnd.position`, made when a callback reads it: ``here`` with
+        the optimizer's state, the supernet first brought up to date."""
+        self.sync()
+        return replace(here, optimizer=self.t.optimizer.state_dict())
+
+    def prune(self, step: int) -> None:
+        """Run the phase's prune events due after ``step`` (the copy written back first; the
+        next step builds a copy of the pruned supernet)."""
+        at, points = self.t.at, self.points
+        while at.prunes_done < len(points) and points[at.prunes_done] == step:
+            self.sync()
+            self.built = False
+            at.prunes_done += 1
+            self.engine._prune_event(at.prunes_done / len(points), self.t.optimizer)
 
 
 class Engine:
@@ -154,7 +218,7 @@ class Engine:
         self.batch_size = batch_size
         #: the size rule's reference data size (see :func:`plan_phase`; None: epochs as given)
         self.reference_size = reference_size
-        #: fine-tune on a physically slimmed copy where exact (see :meth:`_slim_phase`)
+        #: fine-tune on a physically slimmed copy where exact (see :class:`_SlimCopy`)
         self.slim_training = slim_training
         self.generator = torch.Generator().manual_seed(seed)
         # mixed precision: bfloat16 (no loss scaling needed), float16 + loss scaling on a GPU
@@ -202,20 +266,24 @@ class Engine:
             self.strategy.extra_parameters(),
         )
 
-    def train_task(
-        self,
-        task: Task,
-        index: int,
-        on_epoch_end: Callable[[str, int], None] | None = None,
-        resume: TaskProgress | None = None,
-    ) -> TaskLog:
-        """Train ``task`` as task number ``index`` and commit its sub-network.
+    def train_task(self, task: Task, index: int, resume: TaskProgress | None = None) -> TaskLog:
+        """Train ``task`` as task number ``index`` and commit its sub-network: its phases in
+        turn, each its epochs of optimizer steps with its prune events among them.
 
         The callbacks' ``on_epoch_end`` receive the :class:`TaskProgress` after every epoch
         (``EpochEnd.position``: the run directory checkpoints it).
         With ``resume``, training continues from that point: the caller has restored the
         working sub-network, the strategy's state and :attr:`generator` as they were then.
         """
+        t = self._begin(task, index, resume)
+        for p in range(t.at.phase, len(t.plans)):
+            self._train_phase(t, p)
+        self.callbacks.on_train_end(self.owner, index)
+        return self._commit(t)
+
+    def _begin(self, task: Task, index: int, resume: TaskProgress | None) -> _Training:
+        """A task's start (or its resumption at ``resume``): its working sub-network, its
+        optimizer, its phases' plans (see :func:`plan_phase`), the callbacks told."""
         sn, strategy = self.supernet, self.strategy
         if resume is None:
             sn.begin_task(task.n_classes)
@@ -228,134 +296,115 @@ class Engine:
             optimizer.load_state_dict(resume.optimizer)
         if resume is not None and strategy.zeroes_pruned:  # as after the last prune event
             self._zero_pruned(optimizer)
-        at = resume or TaskProgress()
+        at = replace(resume or TaskProgress(), optimizer=None)
+        at.phases_run = list(at.phases_run)  # the resume point's stays as it was
         phases = strategy.phases()
         per_epoch = task.num_batches("train", self.batch_size)
         per_reference = reference_batches(self.reference_size, self.batch_size)
         plans = [plan_phase(p, per_epoch, per_reference) for p in phases]
-        ran = list(at.phases_run)
-        total = sum(p.steps for p in plans)
-        #: optimizer steps of the task before each phase (the own parameters' task schedule)
-        before = [sum(q.steps for q in plans[:i]) for i in range(len(plans))]
+        before = list(accumulate((q.steps for q in plans), initial=0))
         start = time.perf_counter() - at.seconds  # a resumed task counts its time before
-        loss_value, epochs_done = torch.tensor(at.loss), at.epochs_done
-        sn.train()
-        device = next(sn.parameters()).device
         graphs = 0 if self.compiler is None else self.compiler.graphs
+        t = _Training(task, index, optimizer, guard, phases, plans, at, before, start,
+                      torch.tensor(at.loss), graphs)  # fmt: skip
+        sn.train()
         if self.compiler is not None:
-            self.compiler.start_task(sn.model, device)
-        hooks = self.callbacks if self.callbacks.callbacks else None
-        if hooks is not None:
-            done_steps = before[at.phase] + at.step if at.phase < len(plans) else total
-            start_event = TrainStart(
-                index, task.name, total, done_steps, tuple(plans), len(task.train)
+            self.compiler.start_task(sn.model, next(sn.parameters()).device)
+        self.callbacks.on_train_start(
+            self.owner,
+            TrainStart(index, task.name, before[-1], t.done(), tuple(plans), len(task.train)),
+        )
+        return t
+
+    def _train_phase(self, t: _Training, p: int) -> None:
+        """Phase ``p`` from where ``t`` stands: its prune events at its start, then its
+        epochs; ``t`` then stands at the next phase's start."""
+        phase, plan = t.phases[p], t.plans[p]
+        if self.strategy.skips(phase):
+            self._end_phase(t, p, ran=False)
+            return
+        copy = _SlimCopy(self, t, p, prune_points(plan.steps, phase.prune_updates))
+        if t.at.epoch == 0:
+            copy.prune(0)
+            if phase.free_only and plan.epochs > 0:
+                self.supernet.set_weight_masks(
+                    {n: ~layer.frozen for n, layer in self.supernet.layers.items()}
+                )
+        for epoch in range(t.at.epoch, plan.epochs):
+            self.callbacks.on_epoch_start(
+                self.owner, EpochStart(t.index, phase.name, epoch, plan.epochs)
             )
-            hooks.on_train_start(self.owner, start_event)
-        for p in range(at.phase, len(phases)):
-            phase, plan = phases[p], plans[p]
-            if strategy.skips(phase):
-                ran.append(plan.record(ran=False))
-                continue
-            n_iters, n_epochs = plan.steps, plan.epochs
-            points = prune_points(n_iters, phase.prune_updates)
-            now = at if p == at.phase else TaskProgress()
-            first, step, done, slim_steps = now.epoch, now.step, now.prunes_done, now.slim_steps
-            while first == 0 and done < len(points) and points[done] == 0:
-                done += 1
-                self._prune_event(done / len(points), optimizer)
-            if phase.free_only and first == 0 and n_epochs > 0:
-                sn.set_weight_masks({n: ~layer.frozen for n, layer in sn.layers.items()})
-            slim = self._slim_phase(phases, p, optimizer, stretch(points, done, n_iters))
-            opt, grd, net = (optimizer, guard, None) if slim is None else slim.parts()
-            for epoch in range(first, n_epochs):
-                if hooks is not None:
-                    hooks.on_epoch_start(self.owner, EpochStart(index, phase.name, epoch, n_epochs))
-                finite = torch.ones((), dtype=torch.bool, device=device)
-                for x, y in task.batches("train", self.batch_size, True, self.generator):
-                    if step == n_iters:  # the size rule's last pass ends at the step count
-                        break
-                    lr = self._lr(phase, epoch, n_epochs, step, n_iters)
-                    own_lr = self._own_lr(optimizer.own_config, lr, before[p] + step, total)
-                    loss_value = self._step(opt, grd, phase, x, y, lr, own_lr, net)
-                    finite &= torch.isfinite(loss_value)  # no sync: read once per epoch
-                    step += 1
-                    slim_steps += net is not None
-                    if hooks is not None:  # the loss stays on the device: no sync here
-                        hooks.on_step_end(
-                            self.owner, StepEnd(index, phase.name, before[p] + step, loss_value, lr)
-                        )
-                    if done < len(points) and points[done] == step:
-                        if slim is not None:  # the events prune the supernet: bring it up to date
-                            slim.write_back(optimizer)
-                        while done < len(points) and points[done] == step:
-                            done += 1
-                            self._prune_event(done / len(points), optimizer)
-                        more = stretch(points, done, n_iters) if step < n_iters else 0
-                        slim = self._slim_phase(phases, p, optimizer, more, slim) if more else None
-                        opt, grd, net = (optimizer, guard, None) if slim is None else slim.parts()
-                if not bool(finite):  # before the epoch is checkpointed: the last good one stays
-                    if hooks is not None:
-                        hooks.on_train_end(self.owner, index)
-                    raise TrainingStopped(
-                        f"task {index} ({task.name}), {phase.name} phase, epoch "
-                        f"{epoch + 1}/{n_epochs}: the training loss is not finite "
-                        f"(last {float(loss_value):g}); training diverged, so it stopped "
-                        f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
+            self._train_epoch(t, p, epoch, copy)
+            t.at.epochs_done += 1
+            t.at.loss = float(t.loss)
+            steps = t.done()
+            if epoch + 1 == plan.epochs:
+                copy.sync()
+                if phase.free_only:  # back to the whole network
+                    masks = self.supernet.weight_masks()
+                    self.supernet.set_weight_masks(
+                        {n: torch.ones_like(m) for n, m in masks.items()}
                     )
-                epochs_done += 1
-                last = epoch + 1 == n_epochs
-                # the supernet holds what a slim copy trained at the phase's end, at every
-                # epoch's end for ``on_epoch_end`` (it reads the supernet), and where a
-                # callback reads the epoch's position (the run directory, to checkpoint it)
-                if slim is not None and (last or on_epoch_end is not None):
-                    slim.write_back(optimizer)
-                behind = None if last or on_epoch_end is not None else slim
-                if phase.free_only and last:  # back to the whole network
-                    sn.set_weight_masks(
-                        {n: torch.ones_like(m) for n, m in sn.weight_masks().items()}
-                    )
-                if last:
-                    ran.append(plan.record(slim_steps=slim_steps))
-                if on_epoch_end is not None:
-                    on_epoch_end(phase.name, epoch)
-                if hooks is not None:
-                    here = TaskProgress(p, epoch + 1, step, done, epochs_done, float(loss_value))
-                    if last:
-                        here = replace(here, phase=p + 1, epoch=0, step=0, prunes_done=0)
-                    seconds = time.perf_counter() - start
-                    slim_done = 0 if last else slim_steps
-                    here = replace(
-                        here, phases_run=list(ran), seconds=seconds, slim_steps=slim_done
-                    )
-                    hooks.on_epoch_end(
-                        self.owner,
-                        EpochEnd(
-                            index,
-                            phase.name,
-                            epoch,
-                            n_epochs,
-                            before[p] + step,
-                            float(loss_value),
-                            seconds,
-                            partial(_position, here, optimizer, behind),
-                        ),
-                    )
-            if n_epochs == 0:
-                ran.append(plan.record())
-        if hooks is not None:
-            hooks.on_train_end(self.owner, index)
-        if self.ranks is None:
-            recalibrate_batchnorm(sn, task, self.batch_size)
-        else:
-            recalibrate(self.ranks, sn, task, self.batch_size)
+                self._end_phase(t, p)
+            else:
+                t.at.epoch = epoch + 1
+            seconds = time.perf_counter() - t.start
+            here = replace(t.at, phases_run=list(t.at.phases_run), seconds=seconds)
+            locate = partial(copy.position, here)
+            end = EpochEnd(
+                t.index, phase.name, epoch, plan.epochs, steps, t.at.loss, seconds, locate
+            )
+            self.callbacks.on_epoch_end(self.owner, end)
+        if plan.epochs == 0:
+            self._end_phase(t, p)
+
+    def _end_phase(self, t: _Training, p: int, ran: bool = True) -> None:
+        """Record phase ``p`` as run (see :attr:`TaskLog.phases`) and stand at the next one."""
+        t.at.phases_run.append(t.plans[p].record(ran, t.at.slim_steps))
+        t.at = replace(t.at, phase=p + 1, epoch=0, step=0, prunes_done=0, slim_steps=0)
+
+    def _train_epoch(self, t: _Training, p: int, epoch: int, copy: _SlimCopy) -> None:
+        """One pass over the task's training data in phase ``p`` (the size rule's last one
+        cut at the phase's step count), its prune events after the steps they follow; stop
+        the task where a loss was not finite."""
+        phase, plan, at = t.phases[p], t.plans[p], t.at
+        finite = torch.ones((), dtype=torch.bool, device=next(self.supernet.parameters()).device)
+        for x, y in t.task.batches("train", self.batch_size, True, self.generator):
+            if at.step == plan.steps:
+                break
+            lr = self._lr(phase, epoch, plan.epochs, at.step, plan.steps)
+            own_lr = self._own_lr(t.optimizer.own_config, lr, t.done(), t.before[-1])
+            optimizer, guard, net = copy.parts()
+            t.loss = self._step(optimizer, guard, phase, x, y, lr, own_lr, net)
+            finite &= torch.isfinite(t.loss)  # no sync: read once per epoch
+            at.step += 1
+            at.slim_steps += net is not None
+            # the loss stays on the device: no sync here
+            self.callbacks.on_step_end(
+                self.owner, StepEnd(t.index, phase.name, t.done(), t.loss, lr)
+            )
+            copy.prune(at.step)
+        if not bool(finite):  # before the epoch is checkpointed: the last good one stays
+            self.callbacks.on_train_end(self.owner, t.index)
+            raise TrainingStopped(
+                f"task {t.index} ({t.task.name}), {phase.name} phase, epoch "
+                f"{epoch + 1}/{plan.epochs}: the training loss is not finite "
+                f"(last {float(t.loss):g}); training diverged, so it stopped "
+                f"(learning rate {self.optim.lr:g}: try a smaller --lr)"
+            )
+
+    def _commit(self, t: _Training) -> TaskLog:
+        """Commit the trained task (its BatchNorm statistics recalibrated) and log it."""
+        sn, task = self.supernet, t.task
+        recalibrate(self.ranks, sn, task, self.batch_size)
         sn.eval()
-        strategy.commit(sn, task)
+        self.strategy.commit(sn, task)
         if self.ranks is not None:
-            self.ranks.check_same(sn, f"task {index} ({task.name}) committed")
-        seconds = time.perf_counter() - start
-        per = seconds / max(epochs_done, 1)
-        compiled = None if self.compiler is None else self.compiler.graphs - graphs
-        return TaskLog(seconds, epochs_done, per, float(loss_value), ran, compiled)
+            self.ranks.check_same(sn, f"task {t.index} ({task.name}) committed")
+        seconds = time.perf_counter() - t.start
+        per = seconds / max(t.at.epochs_done, 1)
+        compiled = None if self.compiler is None else self.compiler.graphs - t.graphs
+        return TaskLog(seconds, t.at.epochs_done, per, float(t.loss), t.at.phases_run, compiled)
 
     def adopt_task(self, task: Task, tensors: dict[str, torch.Tensor]) -> TaskLog:
         """Commit pretrained ``tensors`` as ``task`` without training (``init_weights``): its
@@ -380,28 +429,6 @@ class Engine:
         ``Supernet.zero_pruned``)."""
         weights = optimizer.weights
         self.supernet.zero_pruned(None if weights is None else weights.state)
-
-    def _slim_phase(
-        self,
-        phases: list[Phase],
-        p: int,
-        optimizer: TaskOptimizer,
-        steps: int = 0,
-        previous: SlimPhase | None = None,
-    ) -> SlimPhase | None:
-        """Phase ``p`` trained on a slimmed copy of the working sub-network, where the run
-        allows it (``slim_training``), the phase's units are fixed (in a prune phase: for
-        the ``steps`` until its next prune event, where the copy pays for itself, and not
-        compiled, which would compile again for every copy) and the copy is exact and
-        narrower (see :mod:`espn.training.slim_step`; ``previous``: the copy before this
-        prune event, written back); None: the masked supernet trains."""
-        if not (self.slim_training and slim_phase_applies(self.strategy, phases, p)):
-            return None
-        if phases[p].prune_updates > 0 and (
-            self.compiler is not None or not slim_prune_pays(self.supernet, steps, self.batch_size)
-        ):
-            return None
-        return SlimPhase.build(self.supernet, self.optim, self._trainable(), optimizer, previous)
 
     def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
         """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)
@@ -473,7 +500,7 @@ class Engine:
             self.scaler.scale(total).backward()
         if share is not None:  # averaged over the ranks, then masked
             params = [p for o in optimizer.optimizers for g in o.param_groups for p in g["params"]]
-            loss = share.average_gradients(params, loss)
+            loss = share.ranks.average_gradients(params, loss, share.weight)
         guard.mask_gradients()
         # layers whose weight stays zero outside the mask through this step (see
         # MaskedLayer.keeps_zero): the next step's forward skips their mask product too
