@@ -47,8 +47,8 @@ from step_cost import SETTINGS, check_same_network, plain_network, synthetic_tas
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
+from espn import create_method
 from espn.data.tasks import Task
-from espn.methods import create_method
 from espn.models.registry import ModelSpec, build_supernet
 from espn.supernet import Supernet
 from espn.training.compile import STATIC_MODE, StepCompiler, is_convolutional

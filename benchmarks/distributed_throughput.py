@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from step_cost import SETTINGS, synthetic_task
 
-from espn.methods import create_method
+from espn import create_method
 from espn.models.registry import ModelSpec, build_supernet
 from espn.training.distributed import join
 from espn.training.engine import Engine

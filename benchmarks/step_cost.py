@@ -52,9 +52,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from espn import create_method
 from espn.data.augment import ImageTransform
 from espn.data.tasks import Split, Task
-from espn.methods import create_method
 from espn.models.registry import ModelSpec, build_supernet
 from espn.supernet import Supernet
 from espn.supernet.layers import (

@@ -43,7 +43,7 @@ from step_cost import (
 )
 from torch import Tensor
 
-from espn.methods import create_method
+from espn import create_method
 from espn.models.registry import ModelSpec, build_supernet
 from espn.supernet import fast
 from espn.training.callbacks import Callback, StepEnd

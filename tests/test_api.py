@@ -387,9 +387,10 @@ def test_the_front_door_exports_what_a_user_reaches_for_first(tmp_path: Path) ->
     from espn.config import ConfigError, make_config
     from espn.data.registry import BENCHMARKS
     from espn.experiment import run
-    from espn.methods import METHODS, create_method
+    from espn.methods import METHODS
     from espn.models.registry import MODELS
     from espn.pruning.pruner import PRUNERS
+    from espn.runs.method import create_method
 
     assert espn.run is run and espn.create_method is create_method
     assert espn.list_methods() == list(METHODS) and "espn" in espn.list_methods()

@@ -230,7 +230,7 @@ def test_a_method_that_prunes_no_units_fixes_its_gates_at_one() -> None:
     """PackNet trains no gate: its gates are released when the task begins and pass their
     input through unchanged (the same tensor), until a unit dies."""
     sn = small_supernet()
-    strategy = espn.methods.create_method("packnet")
+    strategy = espn.create_method("packnet")
     strategy.attach(sn)
     sn.begin_task(3)
     strategy.begin_task(sn)
@@ -347,7 +347,7 @@ def test_training_steps_through_the_fused_path_move_no_frozen_weight() -> None:
     """ESPN's steps (gates, L1 penalty, masked-L2 term, RMSprop with momentum) through the
     fused backward leave every frozen weight's bits as they were, masked or not."""
     sn = small_supernet()
-    strategy = espn.methods.create_method("espn", masked_l2=0.5)
+    strategy = espn.create_method("espn", masked_l2=0.5)
     engine = espn.training.Engine(sn, strategy, OptimConfig("rmsprop", lr=0.1, momentum=0.5), 5)
     sn.begin_task(3)
     strategy.begin_task(sn)

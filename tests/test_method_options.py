@@ -14,12 +14,13 @@ from typer.testing import CliRunner
 
 from espn.cli.main import app
 from espn.config import ConfigError, make_config
-from espn.methods import METHODS, MethodConfig, Option, Strategy, create_method
+from espn.methods import METHODS, MethodConfig, Option, Strategy
 from espn.methods.base import declared_options
 from espn.methods.packnet import PackNet
 from espn.registry import Registry
 from espn.runs.checks import option_differences
 from espn.runs.legacy import upgrade_saved_config
+from espn.runs.method import create_method
 
 runner = CliRunner()
 

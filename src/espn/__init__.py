@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from espn.data.offline import fashion_mnist
     from espn.errors import EspnError
     from espn.experiment import run
-    from espn.methods import create_method
+    from espn.runs.method import create_method
     from espn.supernet.supernet import Supernet
 
 #: each name of the front door -> the module that defines it
@@ -41,7 +41,7 @@ _HOMES = {
     "wrap": "espn.api",
     "Supernet": "espn.supernet.supernet",
     "run": "espn.experiment",
-    "create_method": "espn.methods",
+    "create_method": "espn.runs.method",
     "fashion_mnist": "espn.data.offline",
     "list_benchmarks": "espn.catalog",
     "list_methods": "espn.catalog",

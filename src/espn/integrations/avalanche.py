@@ -39,7 +39,8 @@ except ImportError as exc:  # an optional dependency: say how to get it
 
 from espn.api import ContinualLearner, wrap
 from espn.errors import EspnError
-from espn.methods.base import Strategy, create_method
+from espn.methods.base import Strategy
+from espn.runs.method import create_method
 from espn.settings import default
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OPTIMIZERS, OptimConfig
@@ -103,7 +104,7 @@ class ESPNStrategy(SupervisedTemplate):
     ``train_epochs`` is split into pre-train, prune and fine-tune epochs (see
     :func:`split_epochs`) unless ``epochs=(pre, prune, fine)`` is given. ``method`` (a name or
     Strategy class) and ``settings`` (``gamma``, ``alpha``, the method's own options) go to
-    :func:`espn.methods.create_method`. ``criterion`` is used by Avalanche's evaluation loss
+    :func:`espn.create_method`. ``criterion`` is used by Avalanche's evaluation loss
     only; training uses the method's loss. Each experience must hold one task label, and a
     task label is learned once.
     """

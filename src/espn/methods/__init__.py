@@ -7,10 +7,10 @@ add one: its ``@METHODS.register`` and its declared options (``Strategy.options`
 import importlib
 import pkgutil
 
-from espn.methods.base import METHODS, MethodConfig, Phase, Strategy, create_method
+from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
 from espn.options import Option
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["METHODS", "MethodConfig", "Option", "Phase", "Strategy", "create_method"]
+__all__ = ["METHODS", "MethodConfig", "Option", "Phase", "Strategy"]
