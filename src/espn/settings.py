@@ -330,3 +330,36 @@ def _pre_epochs(epochs: Any) -> int | None:
         return int(first)
     except (TypeError, ValueError, IndexError):
         return None
+
+
+#: how a method's own parameters' learning rate moves (:attr:`OptimConfig.schedule`):
+#: ``phase``: as the weights' (the phase's schedule and scale); ``cosine``: decay to zero
+#: over all the task's epochs (SupSup); ``constant``
+OWN_SCHEDULES = ("phase", "cosine", "constant")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer settings; ``betas`` is Adam's, ``momentum`` SGD's and RMSprop's.
+
+    ``schedule`` applies to a method's own parameters only (see :data:`OWN_SCHEDULES`); the
+    weights follow the phases' schedules.
+    """
+
+    name: str = default("optimizer")
+    lr: float = default("lr")
+    weight_decay: float = default("weight_decay")
+    momentum: float = default("momentum")
+    betas: tuple[float, float] = default("betas")
+    schedule: str = "phase"
+
+    @classmethod
+    def of(cls, settings: TrainingSettings) -> OptimConfig:
+        """The optimizer of the training ``settings`` (the weights')."""
+        return cls(
+            settings.optimizer,
+            settings.lr,
+            settings.weight_decay,
+            settings.momentum,
+            settings.betas,
+        )

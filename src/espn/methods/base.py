@@ -6,7 +6,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,17 @@ from espn.settings import DEFAULTS, SETTING_NAMES, TrainingSettings
 from espn.supernet.supernet import Supernet
 
 if TYPE_CHECKING:
-    from espn.training.distributed import Ranks
-    from espn.training.optim import OptimConfig
+    from espn.settings import OptimConfig
+
+
+class Ranks(Protocol):
+    """The processes of a data-parallel run as a method sees them
+    (:class:`espn.training.distributed.Ranks`): counts summed over every rank."""
+
+    def total(self, *counts: int) -> list[int]:
+        """``counts`` summed over the ranks."""
+        ...
+
 
 #: learning-rate schedules of a phase: ``constant``; ``cosine`` decay to zero over the phase;
 #: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up); ``step``:

@@ -15,9 +15,8 @@ from espn.data.tasks import Task
 from espn.methods.base import METHODS, Phase, Recipes, Strategy
 from espn.options import Option
 from espn.pruning.weights import prune_weights
-from espn.settings import TrainingSettings
+from espn.settings import OptimConfig, TrainingSettings
 from espn.supernet.supernet import Supernet
-from espn.training.optim import OptimConfig
 
 #: sparsity of the task's own weights after each compacting round (CPG's schedule: steps
 #: of 0.1, then 0.05); when rounds stop is ``cpg_stop``'s rule

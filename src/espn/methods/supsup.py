@@ -19,10 +19,9 @@ from espn.methods.base import (
     declared_options,
 )
 from espn.options import Option, resolve_settings
-from espn.settings import TrainingSettings
+from espn.settings import OptimConfig, TrainingSettings
 from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
-from espn.training.optim import OptimConfig
 
 
 class _TopK(torch.autograd.Function):

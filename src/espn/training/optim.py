@@ -4,51 +4,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from espn.settings import OPTIONS, TrainingSettings, default
+from espn.settings import OPTIONS, OptimConfig
 from espn.supernet.fast import LeanRMSprop, is_on
 from espn.supernet.fast import float_bits as _bits
 from espn.supernet.supernet import Supernet
 
 #: ``nesterov``: SGD with Nesterov momentum (CPG's optimizer)
 OPTIMIZERS = OPTIONS["optimizer"].choices
-#: how a method's own parameters' learning rate moves (:attr:`OptimConfig.schedule`):
-#: ``phase``: as the weights' (the phase's schedule and scale); ``cosine``: decay to zero
-#: over all the task's epochs (SupSup); ``constant``
-OWN_SCHEDULES = ("phase", "cosine", "constant")
 #: the devices whose fused SGD and Adam kernels :func:`build_optimizer` uses
 _FUSED_DEVICES = ("cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """Optimizer settings; ``betas`` is Adam's, ``momentum`` SGD's and RMSprop's.
-
-    ``schedule`` applies to a method's own parameters only (see :data:`OWN_SCHEDULES`); the
-    weights follow the phases' schedules.
-    """
-
-    name: str = default("optimizer")
-    lr: float = default("lr")
-    weight_decay: float = default("weight_decay")
-    momentum: float = default("momentum")
-    betas: tuple[float, float] = default("betas")
-    schedule: str = "phase"
-
-    @classmethod
-    def of(cls, settings: TrainingSettings) -> OptimConfig:
-        """The optimizer of the training ``settings`` (the weights')."""
-        return cls(
-            settings.optimizer,
-            settings.lr,
-            settings.weight_decay,
-            settings.momentum,
-            settings.betas,
-        )
 
 
 def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optimizer:
