@@ -18,13 +18,13 @@ from torch import Tensor, fx, nn
 
 from espn.export.slim import slim_directly
 from espn.layers.base import alive_features, param
-from espn.layers.parameters import TaskParameters
+from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.layers import MaskedLayer, TaskSpecific
 from espn.supernet.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
 
 #: modules that make a supernet take this export path
-TOKEN_MODULES = (TaskLayerNorm, TaskTokens, TokenGate, MaskedAttention, TaskParameters)
+TOKEN_MODULES = (TaskLayerNorm, TaskTokens, TokenGate, MaskedAttention)
 
 
 def uses_tokens(supernet: Supernet) -> bool:
@@ -64,12 +64,14 @@ def _slim_tokens(gm: fx.GraphModule, model: nn.Module, units: dict[str, Tensor])
 
 
 def _cut_last(gm: fx.GraphModule, target: str, units: dict[str, Tensor], group: str | None) -> None:
-    """Keep parameter ``target`` of ``gm`` at the alive features (last dimension) of ``group``."""
+    """Keep parameter ``target`` of ``gm`` at the alive features (:func:`channel_axis`) of
+    ``group``."""
     value = gm.get_parameter(target)
-    keep = alive_features(units, group, 1, value.shape[-1]).to(value.device)
+    axis = channel_axis(value)
+    keep = alive_features(units, group, 1, value.shape[axis]).to(value.device)
     parent, _, leaf = target.rpartition(".")
     owner = gm.get_submodule(parent) if parent else gm
-    setattr(owner, leaf, param(value.index_select(-1, keep)))
+    setattr(owner, leaf, param(value.index_select(axis, keep)))
 
 
 def slim_tokens_copy(

@@ -18,6 +18,13 @@ from torch import Tensor, nn
 from espn.supernet.layers import TaskSpecific
 
 
+def channel_axis(p: Tensor) -> int:
+    """The dimension of bare parameter ``p`` that holds features: its last dimension of more
+    than one element (a token's ``(1, 1, D)``, a layer scale's ``(C, 1, 1)``), as
+    Torch-Pruning prunes such a parameter."""
+    return max((i for i, n in enumerate(p.shape) if n != 1), default=p.dim() - 1)
+
+
 class TaskParameters(TaskSpecific):
     """Per-task values of bare parameters of a model, each owned by the unit group of its
     last dimension (``groups``; None: not pruned), the same ``nn.Parameter`` objects the
