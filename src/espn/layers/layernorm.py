@@ -22,7 +22,7 @@ class Permute(nn.Module):
         return x.permute(*self.dims)
 
 
-def channel_layer_norm(norm: nn.LayerNorm) -> nn.Sequential:
+def channel_layer_norm(norm: nn.Module) -> nn.Sequential:
     """``norm`` over the channels of an NCHW map (timm's and torchvision's ``LayerNorm2d``):
     the map permuted to NHWC, ``norm`` over its last dimension, and permuted back, so that the
     converter sees a plain LayerNorm over features last."""
