@@ -12,9 +12,11 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   :class:`TaskBias` when ``multi_head`` is False);
 * ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
   adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
-* bare parameters of a module of the user's own added to a token stream (a hand-written ViT's
-  class token and position embeddings) become per-task state
-  (:class:`~espn.layers.parameters.TaskParameters`);
+* bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
+  and position embeddings added to a token stream, a layer scale multiplying a conv's
+  channels) become per-task state (:class:`~espn.layers.parameters.TaskParameters`);
+* a LayerNorm over the channels of an NCHW map (``LayerNorm2d``) becomes a LayerNorm between
+  two permutes (see :func:`_plain_layers`);
 * transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
   ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and timm's
   ``VisionTransformer`` are converted as :mod:`espn.models.convert_tokens` and
@@ -167,7 +169,7 @@ def _refuse_parameter(model: nn.Module, owner: str) -> ConvertError:
     return ConvertError(
         f"module {owner!r} is a {kind} with parameters; the converter supports "
         f"{source_names()} and nn.TransformerEncoder(Layer) (plus parameter-free modules, and "
-        "bare parameters added to a token stream: a class token, position embeddings), and "
+        "bare per-feature parameters: a class token, position embeddings, a layer scale), and "
         "timm's VisionTransformer"
     )
 
