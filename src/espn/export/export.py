@@ -110,16 +110,15 @@ def output_error(
 @torch.no_grad()
 def float32_rounding(model: nn.Module, wide: nn.Module, inputs: list[Tensor]) -> float:
     """Largest float32 rounding error of ``model`` on ``inputs``: its outputs against those of
-    ``wide``, the same model computed in float64.
+    ``wide``, the same model in float64.
 
     Folding makes a layer compute ``conv(x, W * s) + (beta - mean * s)`` where the supernet
     computes ``(conv(x, W) - mean) * s + beta``: the same function, but in float32 a large
-    ``s`` (a BatchNorm with a running variance near 0) or ``mean`` cancels away digits, in the
-    arithmetic and in the folded weights rounded to float32, and a deep network (MobileNetV2,
-    EfficientNet) carries that rounding to its outputs, on either side. The export of a model
-    with BatchNorm folded is therefore allowed the rounding of both: the unfolded slim copy's
-    (the supernet's arithmetic) and the folded model's against a fold computed in float64
-    throughout. A wrong fold is wrong in float64 too, so it is still refused."""
+    ``s`` or ``mean`` cancels away digits (in the folded weights too), and a deep network
+    (MobileNetV2, EfficientNet) carries the rounding of either side to its outputs. An export
+    with BatchNorm folded is allowed both: the unfolded slim copy's (the supernet's
+    arithmetic) and the folded model's against a fold done in float64 throughout. A wrong fold
+    is wrong in float64 too, so it is still refused."""
     worst = torch.zeros(())
     with ieee_float32():
         for x in inputs:

@@ -267,7 +267,7 @@ def _plain_layers(model: nn.Module, example: Tensor) -> None:
         torch_name = f"nn.{_torch_class(m).__name__}"
         raise ConvertError(
             f"module {differs[0]!r} is a {type(m).__name__}, a {torch_name} whose forward() "
-            f"computes something else than {torch_name}'s (a padding of its own?); espn "
+            f"computes something else than {torch_name}'s (such as a padding of its own); espn "
             f"converts it as {torch_name}, so it is not supported"
         )
     for name, seq in split.items():
