@@ -251,3 +251,18 @@ def test_a_norm_with_its_activation_becomes_the_norm_then_the_activation(tmp_pat
     sn = espn.wrap(norm_act_net(), torch.randn(4, 1, 8, 8))
     assert isinstance(sn.model.get_submodule("1.1"), nn.SiLU)
     check_two_tasks(norm_act_net, OPTIMIZERS[0], tmp_path)
+
+
+def test_a_layer_scale_is_per_task_state_of_its_channels_and_the_conv_is_gated():
+    """ConvNeXt's layer scale ``gamma * conv(x)``: the parameter is held per task in the
+    conv's unit group (its channels on dimension 0), and the conv gets a gate (its output is
+    features, not the excitation of a squeeze-excitation block)."""
+    from espn.layers.parameters import TaskParameters
+    from espn.supernet.layers import TaskChannelBias, UnitGate
+    from helpers.constructs import LayerScale
+
+    sn = espn.wrap(LayerScale(), torch.randn(2, 3, 32, 32))
+    held = [m for m in sn.model.modules() if isinstance(m, TaskParameters)]
+    assert [(h.targets, h.groups) for h in held] == [(["gamma"], ["stem.0"])]
+    assert isinstance(sn.model.conv[1], UnitGate)
+    assert not any(isinstance(m, TaskChannelBias) for m in sn.model.modules())
