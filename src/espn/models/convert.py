@@ -112,6 +112,8 @@ class _Group:
     attentions: list[str] = field(default_factory=list)
     #: bare parameters added to the group's features (a class token, position embeddings)
     params: list[str] = field(default_factory=list)
+    #: bare parameters multiplying the group's features (a layer scale)
+    scale_params: list[str] = field(default_factory=list)
     #: grouped convs (not depthwise) reading a part: their outputs' part joins it
     grouped_inputs: list[str] = field(default_factory=list)
     #: channels one unit spans on each side of a layer (inputs of a linear layer reading a
@@ -292,10 +294,11 @@ def _elementwise_op() -> type:
     return tp.ops._ElementWiseOp
 
 
-def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
+def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
-    features (the excitation of a squeeze-excitation block) rather than being features. A
-    product with a bare parameter (a layer scale) scales ``m``'s own features instead."""
+    features (the excitation of a squeeze-excitation block; a bare parameter: a layer scale)
+    rather than being features. A product of a layer's output with a bare parameter scales
+    the layer's own features instead."""
     frontier = list(graph.module2node[m].outputs)
     seen: set[int] = set()
     while frontier:
@@ -304,7 +307,8 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
             continue
         seen.add(id(node))
         if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
-            return not any(isinstance(i.module, nn.Parameter) for i in node.inputs)
+            by_parameter = any(isinstance(i.module, nn.Parameter) for i in node.inputs)
+            return isinstance(m, nn.Parameter) or not by_parameter
         frontier.extend(node.outputs)
     return False
 
@@ -354,11 +358,11 @@ def _groups(
         for dep, idxs in items:
             m = dep.target.module
             if isinstance(m, nn.Parameter) and id(m) in param_names:
-                if (
-                    len(idxs) == g.size == m.shape[channel_axis(m)]
-                    and param_names[id(m)] not in g.params
-                ):
-                    g.params.append(param_names[id(m)])
+                name = param_names[id(m)]
+                if len(idxs) == g.size == m.shape[channel_axis(m)]:
+                    held = g.scale_params if _multiplies(graph, m) else g.params
+                    if name not in held:
+                        held.append(name)
                 continue
             if m not in names:
                 continue
@@ -515,7 +519,7 @@ def _join(
         width = part.size // units
         if width > 1:
             token = [n for n in part.norms + part.attentions if _adapter(modules[n]).tokens]
-            token += part.params
+            token += part.params + part.scale_params
             if token:
                 raise ConvertError(
                     f"module {token[0]!r} works on channels pruned in "
@@ -534,6 +538,7 @@ def _join(
             group.norm_unit[name] = width
         group.attentions += part.attentions
         group.params += part.params
+        group.scale_params += part.scale_params
     return group
 
 
@@ -654,7 +659,7 @@ def to_supernet(
         for name in g.attentions:
             in_group[name] = g.name
         stream = any(_adapter(modules[n]).tokens for n in g.norms + g.attentions)
-        for name in g.params:
+        for name in (g.params if stream else []) + g.scale_params:
             adopted[name] = g.name
         if stream:
             writers = g.producers + g.norms + g.attentions
