@@ -15,8 +15,6 @@ and functions: activations, pooling, additions, products, flatten) and returns a
 * bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
   and position embeddings added to a token stream, a layer scale multiplying a conv's
   channels) become per-task state (:class:`~espn.layers.parameters.TaskParameters`);
-* a LayerNorm over the channels of an NCHW map (``LayerNorm2d``) becomes a LayerNorm between
-  two permutes (see :func:`_plain_layers`);
 * transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
   ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and timm's
   ``VisionTransformer`` are converted as :mod:`espn.models.convert_tokens` and

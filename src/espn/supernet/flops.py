@@ -91,10 +91,10 @@ Cost = LayerCost | AttentionCost
 
 
 def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
-    """The cost of masked layer or task head ``m`` given one output ``out`` (a batch): its
-    output positions per sample are the elements of one sample's output per output feature,
-    the features on dimension 1 for a convolution and last for a linear layer. A layer that
-    computes nothing FlopCounterMode counts (a lookup table) has ``counts_flops = False``."""
+    """The cost of masked layer or task head ``m`` from one output batch ``out``: positions per
+    sample are one sample's output elements per feature (features on dimension 1 for a conv,
+    last for a linear layer); a lookup table, uncounted by FlopCounterMode, has
+    ``counts_flops = False``."""
     if not getattr(m, "counts_flops", True):
         return None
     weight = m.weight
