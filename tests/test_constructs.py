@@ -17,7 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 #: the constructs today's converter refuses or breaks on (issue 47 makes them work)
 NOT_YET = {
     "class-token", "concatenation", "conv-head", "embedding", "functional-weight",
-    "layer-scale", "layernorm2d", "split-shuffle", "token-mixing", "two-heads",
+    "split-shuffle", "token-mixing", "two-heads",
 }  # fmt: skip
 
 

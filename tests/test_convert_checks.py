@@ -12,6 +12,7 @@ from torch import Tensor, nn
 import espn
 from espn.export.export import load_exported, measured_flops
 from espn.models.convert import ConvertError
+from espn.supernet.transformer import TaskLayerNorm
 from helpers.arch import OPTIMIZERS, check_two_tasks
 from helpers.deploy import tiny_sequence
 
@@ -161,16 +162,36 @@ class SameLinear(nn.Linear):
         return nn.functional.linear(x, self.weight, self.bias)
 
 
+class ShiftedLinear(nn.Linear):
+    """A subclass whose forward computes something else than nn.Linear's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x) + 1.0
+
+
 def test_a_layer_subclass_computing_something_else_is_refused():
-    net = nn.Sequential(nn.Conv2d(1, 8, 3), ChannelNorm(8), nn.Flatten(), nn.Linear(288, 3))
+    net = nn.Sequential(nn.Flatten(), ShiftedLinear(64, 8), nn.ReLU(), nn.Linear(8, 3))
     with pytest.raises(
         ConvertError,
-        match=r"^module '1' is a ChannelNorm, a nn.LayerNorm whose forward\(\) computes "
-        r"something else than nn.LayerNorm's",
+        match=r"^module '1' is a ShiftedLinear, a nn.Linear whose forward\(\) computes "
+        r"something else than nn.Linear's",
     ):
         espn.wrap(net, torch.randn(2, 1, 8, 8))
     same = nn.Sequential(nn.Flatten(), SameLinear(64, 8), nn.ReLU(), nn.Linear(8, 3))
     assert espn.wrap(same, torch.randn(2, 1, 8, 8)).group_sizes == {"1": 8}
+
+
+def test_a_channel_layer_norm_of_an_nchw_map_is_a_layer_norm_between_permutes():
+    """LayerNorm2d: converted as a task LayerNorm of the conv's channels (end to end, two
+    tasks and the export: test_constructs' layernorm2d)."""
+    net = nn.Sequential(
+        nn.Conv2d(1, 8, 3), ChannelNorm(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)
+    )
+    x = torch.randn(2, 1, 8, 8)
+    sn = espn.wrap(net, x)
+    assert sn.group_sizes == {"0": 8}
+    norms = [m for m in sn.model.modules() if isinstance(m, TaskLayerNorm)]
+    assert [(m.group, m.normalized_shape) for m in norms] == [("0", (8,))]
 
 
 class Shuffle(nn.Module):
@@ -230,3 +251,18 @@ def test_a_norm_with_its_activation_becomes_the_norm_then_the_activation(tmp_pat
     sn = espn.wrap(norm_act_net(), torch.randn(4, 1, 8, 8))
     assert isinstance(sn.model.get_submodule("1.1"), nn.SiLU)
     check_two_tasks(norm_act_net, OPTIMIZERS[0], tmp_path)
+
+
+def test_a_layer_scale_is_per_task_state_of_its_channels_and_the_conv_is_gated():
+    """ConvNeXt's layer scale ``gamma * conv(x)``: the parameter is held per task in the
+    conv's unit group (its channels on dimension 0), and the conv gets a gate (its output is
+    features, not the excitation of a squeeze-excitation block)."""
+    from espn.layers.parameters import TaskParameters
+    from espn.supernet.layers import TaskChannelBias, UnitGate
+    from helpers.constructs import LayerScale
+
+    sn = espn.wrap(LayerScale(), torch.randn(2, 3, 32, 32))
+    held = [m for m in sn.model.modules() if isinstance(m, TaskParameters)]
+    assert [(h.targets, h.groups) for h in held] == [(["gamma"], ["stem.0"])]
+    assert isinstance(sn.model.conv[1], UnitGate)
+    assert not any(isinstance(m, TaskChannelBias) for m in sn.model.modules())

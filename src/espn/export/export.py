@@ -34,7 +34,7 @@ FORMATS = {".pt2": "torch.export", ".onnx": "onnx"}
 #: outputs must match the supernet's within TOLERANCE x max(1, largest |supernet output|):
 #: 1e-5 absolute for outputs up to 1, and 1e-5 relative to the largest output beyond, the
 #: float32 rounding that folding gates into weights can cause on large logits (a model with
-#: BatchNorm folded also gets its own measured float32 rounding, see folding_rounding)
+#: BatchNorm folded also gets the measured float32 rounding of both, see float32_rounding)
 TOLERANCE = 1e-5
 
 
@@ -108,18 +108,17 @@ def output_error(
 
 
 @torch.no_grad()
-def folding_rounding(model: nn.Module, inputs: list[Tensor]) -> float:
-    """Largest float32 rounding error of ``model`` (a slim model with BatchNorm folded) on
-    ``inputs``: its outputs against a float64 copy's.
+def float32_rounding(model: nn.Module, wide: nn.Module, inputs: list[Tensor]) -> float:
+    """Largest float32 rounding error of ``model`` on ``inputs``: its outputs against those of
+    ``wide``, the same model in float64.
 
     Folding makes a layer compute ``conv(x, W * s) + (beta - mean * s)`` where the supernet
     computes ``(conv(x, W) - mean) * s + beta``: the same function, but in float32 a large
-    ``s`` (a BatchNorm with a running variance near 0) or ``mean`` cancels away digits, and a
-    deep network (MobileNetV2) carries that rounding to its outputs. The folded weights are
-    computed in float64 already; what remains is the folded model's own float32 arithmetic,
-    measured here and added to the export tolerance. A wrong fold would differ from the
-    supernet in float64 too, so it is still refused."""
-    wide = copy.deepcopy(model).double()
+    ``s`` or ``mean`` cancels away digits (in the folded weights too), and a deep network
+    (MobileNetV2, EfficientNet) carries the rounding of either side to its outputs. An export
+    with BatchNorm folded is allowed both: the unfolded slim copy's (the supernet's
+    arithmetic) and the folded model's against a fold done in float64 throughout. A wrong fold
+    is wrong in float64 too, so it is still refused."""
     worst = torch.zeros(())
     with ieee_float32():
         for x in inputs:
@@ -151,7 +150,7 @@ def _check_error(
     task: int, diff: float, scale: float, what: str, hint: str = "", rounding: float = 0.0
 ) -> float:
     """The tolerance for outputs of ``scale`` (plus the measured float32 ``rounding`` of a
-    model with BatchNorm folded, see :func:`folding_rounding`); raise if ``diff`` exceeds it
+    model with BatchNorm folded, see :func:`float32_rounding`); raise if ``diff`` exceeds it
     or is not a number (outputs that are NaN or infinite cannot be checked)."""
     allowed = TOLERANCE * max(1.0, scale) + rounding
     if not diff <= allowed:
@@ -364,6 +363,11 @@ def export_task(
     folded_bn = fold_bn and any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in slim.modules()
     )
+    rounding, wide = 0.0, None
+    if folded_bn:
+        wide = copy.deepcopy(slim).double()
+        rounding = float32_rounding(slim, wide, inputs)
+        fold_batchnorm(wide)
     if fold_bn:
         fold_batchnorm(slim)
     flops = measured_flops(slim, example)
@@ -378,7 +382,8 @@ def export_task(
         )
     diff, scale = output_error(slim, supernet, task, inputs)
     hint = "; try --keep-bn" if folded_bn else ""
-    rounding = folding_rounding(slim, inputs) if folded_bn else 0.0
+    if wide is not None:
+        rounding += float32_rounding(slim, wide, inputs)
     allowed = _check_error(task, diff, scale, "the slim model", hint, rounding)
     program: nn.Module = slim
     if has_transform(transform):

@@ -25,6 +25,7 @@ from torch import Tensor, fx, nn
 
 from espn.export.slim_shapes import fit_reshapes, reshape_inputs
 from espn.export.slim_streams import slim_streams, stream_members
+from espn.export.slim_tokens import TokenTracer, slim_tokens, uses_tokens
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import alive_features, param
 from espn.supernet.layers import (
@@ -126,8 +127,6 @@ def plain_copy(supernet: Supernet, task: int) -> fx.GraphModule:
     ``nn.BatchNorm2d`` / ``nn.Linear`` with the task's state. The supernet is left on task
     ``task`` (so that ``supernet.flops()`` counts that task's head width).
     """
-    from espn.export.slim_tokens import uses_tokens  # it imports this module
-
     if uses_tokens(supernet):
         raise ExportError(
             "a transformer's sub-network has no full-width plain copy (its task LayerNorms "
@@ -300,10 +299,11 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor) -> fx.GraphM
     their copy is cut layer by layer (:func:`slim_directly`), which does not import
     Torch-Pruning (with timm, wandb and torchvision: seconds).
     """
-    from espn.export.slim_tokens import slim_tokens_copy, uses_tokens  # it imports this module
-
     if uses_tokens(supernet):
-        return slim_tokens_copy(supernet, task, example_input)
+        model = supernet.model
+        return slim_directly(
+            supernet, task, TokenTracer(), lambda gm, u: slim_tokens(gm, model, u), example_input
+        )
     if cut_directly(supernet):
         gm = slim_directly(supernet, task, example=example_input)
         _check_widths(supernet, gm, {g: a.bool() for g, a in supernet.masks[task].units.items()})

@@ -16,23 +16,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor, fx, nn
 
-from espn.export.slim import slim_directly
 from espn.layers.base import alive_features, param
-from espn.layers.parameters import TaskParameters
+from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.layers import MaskedLayer, TaskSpecific
 from espn.supernet.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TaskTokens, TokenGate
 
 #: modules that make a supernet take this export path
-TOKEN_MODULES = (TaskLayerNorm, TaskTokens, TokenGate, MaskedAttention, TaskParameters)
+TOKEN_MODULES = (TaskLayerNorm, TaskTokens, TokenGate, MaskedAttention)
 
 
 def uses_tokens(supernet: Supernet) -> bool:
-    """Whether ``supernet`` holds transformer modules (and is exported by :func:`slim_tokens_copy`)."""
+    """Whether ``supernet`` holds transformer modules (and is cut by :class:`TokenTracer` and
+    :func:`slim_tokens`)."""
     return any(isinstance(m, TOKEN_MODULES) for m in supernet.model.modules())
 
 
-class _TokenTracer(fx.Tracer):
+class TokenTracer(fx.Tracer):
     """Keeps masked and task modules as leaves, except task tokens, whose parameters are read
     directly (``get_attr``) so that the graph needs no espn class."""
 
@@ -45,7 +45,7 @@ class _TokenTracer(fx.Tracer):
 
 
 @torch.no_grad()
-def _slim_tokens(gm: fx.GraphModule, model: nn.Module, units: dict[str, Tensor]) -> None:
+def slim_tokens(gm: fx.GraphModule, model: nn.Module, units: dict[str, Tensor]) -> None:
     """Cut every class token / position embedding parameter to its alive stream features."""
     for m in model.modules():
         if isinstance(m, TaskParameters):
@@ -64,20 +64,11 @@ def _slim_tokens(gm: fx.GraphModule, model: nn.Module, units: dict[str, Tensor])
 
 
 def _cut_last(gm: fx.GraphModule, target: str, units: dict[str, Tensor], group: str | None) -> None:
-    """Keep parameter ``target`` of ``gm`` at the alive features (last dimension) of ``group``."""
+    """Keep parameter ``target`` of ``gm`` at the alive features (:func:`channel_axis`) of
+    ``group``."""
     value = gm.get_parameter(target)
-    keep = alive_features(units, group, 1, value.shape[-1]).to(value.device)
+    axis = channel_axis(value)
+    keep = alive_features(units, group, 1, value.shape[axis]).to(value.device)
     parent, _, leaf = target.rpartition(".")
     owner = gm.get_submodule(parent) if parent else gm
-    setattr(owner, leaf, param(value.index_select(-1, keep)))
-
-
-def slim_tokens_copy(
-    supernet: Supernet, task: int, example: Tensor | None = None
-) -> fx.GraphModule:
-    """Task ``task``'s sub-network of a transformer supernet with dead units removed
-    (see the module docstring), in eval mode; ``example``: see :func:`slim_directly`."""
-    model = supernet.model
-    return slim_directly(
-        supernet, task, _TokenTracer(), lambda gm, units: _slim_tokens(gm, model, units), example
-    )
+    setattr(owner, leaf, param(value.index_select(axis, keep)))

@@ -9,7 +9,6 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers.base import ConvertError, LayerAdapter, Placement, register
-from espn.supernet.flops import AttentionCost, Cost
 from espn.supernet.transformer import MaskedAttention
 
 
@@ -69,7 +68,6 @@ class AttentionAdapter(LayerAdapter):
     exports = (MaskedAttention,)
     role = "attention"
     tokens = True
-    counts_flops = True
 
     def check(self, name: str, m: nn.Module) -> None:
         assert isinstance(m, nn.MultiheadAttention)
@@ -104,11 +102,3 @@ class AttentionAdapter(LayerAdapter):
         out.v.weight.copy_(v)
         out.proj.weight.copy_(m.out_proj.weight)
         return out.to(m.in_proj_weight.device)
-
-    def measure(self, m: nn.Module, inp: tuple[Tensor, ...], out: object) -> int:
-        """Tokens per sample."""
-        return int(inp[0].shape[1])
-
-    def cost(self, name: str, m: nn.Module, measured: int) -> Cost:
-        assert isinstance(m, MaskedAttention)
-        return AttentionCost(name, m.heads_group, m.head_dim, measured)

@@ -8,8 +8,6 @@ becomes (``exports``), every question the converter, the FLOP count and the expo
   ``"layer"`` with weights producing or consuming channels, a ``"norm"`` normalising them, an
   ``"attention"`` module reading and writing them), its group count, and the espn module it
   becomes once the converter has placed it in its unit groups (:meth:`~LayerAdapter.convert`);
-* units and FLOPs (:mod:`espn.supernet.flops`): where its features lie in its output and what
-  one sample costs (:meth:`~LayerAdapter.cost`);
 * export (:mod:`espn.export.slim`, :mod:`espn.export.slim_tokens`): the plain torch module
   computing what its espn module computes for the active task at full width
   (:meth:`~LayerAdapter.plain`) or on the alive features only (:meth:`~LayerAdapter.slim`),
@@ -33,7 +31,6 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.supernet.flops import Cost, LayerCost
 from espn.supernet.layers import TaskChannelBias, UnitGate, expand_units
 
 #: what a layer does in a unit group
@@ -105,8 +102,6 @@ class LayerAdapter(ABC):
     reads_flattened: ClassVar[bool] = False
     #: its outputs may be token tensors (features last, then gated by a TokenGate)
     token_outputs: ClassVar[bool] = False
-    #: its espn modules cost FLOPs (:meth:`measure` and :meth:`cost` are called)
-    counts_flops: ClassVar[bool] = False
 
     def check(self, name: str, m: nn.Module) -> None:
         """Refuse (one-line :class:`ConvertError`) a module of this type espn cannot express."""
@@ -131,21 +126,6 @@ class LayerAdapter(ABC):
     @abstractmethod
     def convert(self, m: nn.Module, place: Placement) -> nn.Module:
         """The espn module(s) replacing ``m`` once placed in its unit groups."""
-
-    # ------------------------------------------------------------------ FLOPs
-    def feature_dim(self, m: nn.Module) -> int:
-        """The dimension of ``m``'s output holding its output features."""
-        return 1
-
-    def measure(self, m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> int:
-        """What the FLOP count needs from one forward: output positions per sample (the
-        elements of one sample's output per output feature)."""
-        return out[0].numel() // out.shape[self.feature_dim(m)]
-
-    def cost(self, name: str, m: nn.Module, measured: int) -> Cost | None:
-        """The FLOP cost of espn module ``m`` with ``measured`` from :meth:`measure` (None:
-        it costs none, as a norm)."""
-        return None
 
     # ----------------------------------------------------------------- export
     def plain(self, m: nn.Module) -> nn.Module:
@@ -178,31 +158,6 @@ class LayerAdapter(ABC):
 
 class WeightAdapter(LayerAdapter):
     """A layer of shared weights (masked per task), gated or scaling as placed."""
-
-    counts_flops = True
-
-    def cost(self, name: str, m: nn.Module, measured: int) -> Cost | None:
-        """``2 x alive inputs x alive outputs x kernel area x positions`` (see
-        :class:`~espn.supernet.flops.LayerCost`)."""
-        groups = getattr(m, "groups", 1)
-        in_units, out_units = getattr(m, "in_units", None), getattr(m, "out_units", None)
-        if groups != 1 and in_units is not None:
-            raise ValueError(
-                f"grouped convolution {name!r} (groups={groups}) names input units; its "
-                "channels are its output units"
-            )
-        weight = m.weight
-        assert isinstance(weight, Tensor)
-        return LayerCost(
-            name=name,
-            module=m,  # type: ignore[arg-type]
-            in_units=in_units,
-            out_units=out_units,
-            positions=measured,
-            kernel_area=int(torch.Size(weight.shape[2:]).numel()),
-            in_unit_size=getattr(m, "in_unit_size", 1),
-            out_unit_size=getattr(m, "out_unit_size", 1),
-        )
 
     @abstractmethod
     def masked(self, m: nn.Module, place: Placement) -> nn.Module:

@@ -32,6 +32,9 @@ class MaskedEmbedding(MaskedLayer):
     """``nn.Embedding`` whose table (stored transposed, ``(embedding_dim, num_embeddings)``)
     is multiplied by the active task's mask."""
 
+    #: a lookup: FlopCounterMode counts nothing (see :func:`espn.supernet.flops.layer_cost`)
+    counts_flops = False
+
     def __init__(self, table: nn.Embedding, out_units: str | None, out_unit_size: int) -> None:
         super().__init__()
         self.num_embeddings = table.num_embeddings
@@ -57,7 +60,6 @@ class EmbeddingAdapter(WeightAdapter):
     source = (nn.Embedding,)
     exports = (MaskedEmbedding,)
     token_outputs = True
-    counts_flops = False  # a lookup: FlopCounterMode counts nothing
 
     def check(self, name: str, m: nn.Module) -> None:
         assert isinstance(m, nn.Embedding)
@@ -70,9 +72,6 @@ class EmbeddingAdapter(WeightAdapter):
     def width(self, m: nn.Module, out_side: bool) -> int:
         assert isinstance(m, nn.Embedding)
         return m.embedding_dim if out_side else m.num_embeddings
-
-    def feature_dim(self, m: nn.Module) -> int:
-        return -1
 
     @torch.no_grad()
     def masked(self, m: nn.Module, place: Placement) -> nn.Module:

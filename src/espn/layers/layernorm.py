@@ -11,6 +11,15 @@ from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_featur
 from espn.supernet.transformer import TaskLayerNorm
 
 
+def channel_layer_norm(norm: nn.Module) -> nn.Sequential:
+    """``norm`` over the channels of an NCHW map (timm's and torchvision's ``LayerNorm2d``):
+    the map permuted to NHWC, ``norm`` over its last dimension, and permuted back, so that the
+    converter sees a plain LayerNorm over features last."""
+    from torchvision.ops.misc import Permute  # torchvision: only when converting
+
+    return nn.Sequential(Permute([0, 2, 3, 1]), norm, Permute([0, 3, 1, 2]))
+
+
 @register
 class LayerNormAdapter(LayerAdapter):
     source = (nn.LayerNorm,)

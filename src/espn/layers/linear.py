@@ -58,9 +58,6 @@ class LinearAdapter(WeightAdapter):
         task_bias.bias.copy_(bias)
         return nn.Sequential(shared, task_bias)
 
-    def feature_dim(self, m: nn.Module) -> int:
-        return -1
-
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
         if isinstance(m, TaskHead):

@@ -1,13 +1,15 @@
-"""Bare parameters a model adds to a token stream (a hand-written ViT's class token and
-position embedding, ``nn.Parameter`` s on the model itself): per-task state of the stream's
-unit group, as :class:`~espn.supernet.transformer.TaskTokens` are for espn's own ViT.
+"""Bare per-feature parameters of a model (``nn.Parameter`` s on a module of its own: a
+hand-written ViT's class token and position embedding added to a token stream, a layer scale
+multiplying a conv's channels): per-task state of their unit group, as
+:class:`~espn.supernet.transformer.TaskTokens` are for espn's own ViT.
 
 The converter keeps each parameter where the model's ``forward`` reads it and registers it
 also in one :class:`TaskParameters` module, which the supernet swaps with the task: a later
 task never changes an earlier task's embeddings, and they cost no FLOPs. A dead feature of
 the stream carries its embedding value, which no layer reads (every reader of the stream is
-masked or a task LayerNorm over alive features); the slim model keeps each parameter at the
-alive features of its group (last dimension).
+masked or a task LayerNorm over alive features), and a layer scale multiplies a dead
+channel's zero; the slim model keeps each parameter at the alive features of its group
+(:func:`channel_axis`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ from torch import Tensor, nn
 from espn.supernet.layers import TaskSpecific
 
 
+def channel_axis(p: Tensor) -> int:
+    """The dimension of bare parameter ``p`` that holds features: its last dimension of more
+    than one element (a token's ``(1, 1, D)``, a layer scale's ``(C, 1, 1)``), as
+    Torch-Pruning prunes such a parameter."""
+    return max((i for i, n in enumerate(p.shape) if n != 1), default=p.dim() - 1)
+
+
 class TaskParameters(TaskSpecific):
     """Per-task values of bare parameters of a model, each owned by the unit group of its
-    last dimension (``groups``; None: not pruned), the same ``nn.Parameter`` objects the
+    :func:`channel_axis` (``groups``; None: not pruned), the same ``nn.Parameter`` objects the
     model reads, under ``p0, p1, ...``; ``targets`` are their names in the model."""
 
     def __init__(self, params: dict[str, nn.Parameter], groups: list[str | None]) -> None:

@@ -12,9 +12,9 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   :class:`TaskBias` when ``multi_head`` is False);
 * ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
   adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
-* bare parameters of a module of the user's own added to a token stream (a hand-written ViT's
-  class token and position embeddings) become per-task state
-  (:class:`~espn.layers.parameters.TaskParameters`);
+* bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
+  and position embeddings added to a token stream, a layer scale multiplying a conv's
+  channels) become per-task state (:class:`~espn.layers.parameters.TaskParameters`);
 * transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
   ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and timm's
   ``VisionTransformer`` are converted as :mod:`espn.models.convert_tokens` and
@@ -50,6 +50,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,7 +65,8 @@ from espn.layers import (
     layer_types,
     source_names,
 )
-from espn.layers.parameters import TaskParameters
+from espn.layers.layernorm import channel_layer_norm
+from espn.layers.parameters import TaskParameters, channel_axis
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
 from espn.models.convert_tokens import (
     TokenConvertError,
@@ -108,6 +110,8 @@ class _Group:
     attentions: list[str] = field(default_factory=list)
     #: bare parameters added to the group's features (a class token, position embeddings)
     params: list[str] = field(default_factory=list)
+    #: bare parameters multiplying the group's features (a layer scale)
+    scale_params: list[str] = field(default_factory=list)
     #: grouped convs (not depthwise) reading a part: their outputs' part joins it
     grouped_inputs: list[str] = field(default_factory=list)
     #: channels one unit spans on each side of a layer (inputs of a linear layer reading a
@@ -165,7 +169,7 @@ def _refuse_parameter(model: nn.Module, owner: str) -> ConvertError:
     return ConvertError(
         f"module {owner!r} is a {kind} with parameters; the converter supports "
         f"{source_names()} and nn.TransformerEncoder(Layer) (plus parameter-free modules, and "
-        "bare parameters added to a token stream: a class token, position embeddings), and "
+        "bare per-feature parameters: a class token, position embeddings, a layer scale), and "
         "timm's VisionTransformer"
     )
 
@@ -213,9 +217,10 @@ def _plain_layers(model: nn.Module, example: Tensor) -> None:
     torch class, or refuse it: espn converts a layer as its torch class. A layer computing
     the same on the example input is kept; one that is its torch class followed by its own
     children (timm's ``BatchNormAct2d``: a BatchNorm, then its ``drop`` and ``act``) becomes
-    an ``nn.Sequential`` of the torch layer and those children, in place; any other (timm's
-    ``LayerNorm2d`` normalising the channels of an NCHW map, ``Conv2dSame`` padding by the
-    input's size) is refused."""
+    an ``nn.Sequential`` of the torch layer and those children, in place, and so does a
+    LayerNorm over the channels of an NCHW map (``LayerNorm2d``, see
+    :func:`~espn.layers.layernorm.channel_layer_norm`); any other (timm's ``Conv2dSame``
+    padding by the input's size) is refused."""
     subclassed = {
         n: m
         for n, m in model.named_modules()
@@ -230,15 +235,22 @@ def _plain_layers(model: nn.Module, example: Tensor) -> None:
         layer._modules = {}
         return layer
 
+    def runs_as(layer: Callable[..., object], inp: tuple[object, ...], out: object) -> bool:
+        try:
+            return _same(layer(*inp), out)
+        except Exception:  # it cannot even run on this input
+            return False
+
     def compare(name: str) -> Callable[..., None]:
         def hook(m: nn.Module, inp: tuple[object, ...], out: object) -> None:
+            if runs_as(partial(_torch_class(m).forward, m), inp, out):
+                return
             seq = nn.Sequential(plain(m), *m.children())
-            try:
-                if not _same(_torch_class(m).forward(m, *inp), out):
-                    if not (len(seq) > 1 and _same(seq(*inp), out)):
-                        differs.append(name)
-                    split[name] = seq
-            except Exception:  # the torch class cannot even run on this input
+            if isinstance(m, nn.LayerNorm) and len(seq) == 1:
+                seq = channel_layer_norm(plain(m))
+            if len(seq) > 1 and runs_as(seq, inp, out):
+                split[name] = seq
+            else:
                 differs.append(name)
 
         return hook
@@ -255,9 +267,8 @@ def _plain_layers(model: nn.Module, example: Tensor) -> None:
         torch_name = f"nn.{_torch_class(m).__name__}"
         raise ConvertError(
             f"module {differs[0]!r} is a {type(m).__name__}, a {torch_name} whose forward() "
-            f"computes something else than {torch_name}'s (a channel-wise LayerNorm of an "
-            f"NCHW map, a padding of its own); espn converts it as {torch_name}, so it is not "
-            "supported"
+            f"computes something else than {torch_name}'s (such as a padding of its own); espn "
+            f"converts it as {torch_name}, so it is not supported"
         )
     for name, seq in split.items():
         _set(model, name, seq)
@@ -281,9 +292,11 @@ def _elementwise_op() -> type:
     return tp.ops._ElementWiseOp
 
 
-def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
+def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
-    features (the excitation of a squeeze-excitation block) rather than being features."""
+    features (the excitation of a squeeze-excitation block; a bare parameter: a layer scale)
+    rather than being features. A product of a layer's output with a bare parameter scales
+    the layer's own features instead."""
     frontier = list(graph.module2node[m].outputs)
     seen: set[int] = set()
     while frontier:
@@ -292,7 +305,8 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module) -> bool:
             continue
         seen.add(id(node))
         if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
-            return True
+            by_parameter = any(isinstance(i.module, nn.Parameter) for i in node.inputs)
+            return isinstance(m, nn.Parameter) or not by_parameter
         frontier.extend(node.outputs)
     return False
 
@@ -342,8 +356,11 @@ def _groups(
         for dep, idxs in items:
             m = dep.target.module
             if isinstance(m, nn.Parameter) and id(m) in param_names:
-                if len(idxs) == g.size == m.shape[-1] and param_names[id(m)] not in g.params:
-                    g.params.append(param_names[id(m)])
+                name = param_names[id(m)]
+                if len(idxs) == g.size == m.shape[channel_axis(m)]:
+                    held = g.scale_params if _multiplies(graph, m) else g.params
+                    if name not in held:
+                        held.append(name)
                 continue
             if m not in names:
                 continue
@@ -500,7 +517,7 @@ def _join(
         width = part.size // units
         if width > 1:
             token = [n for n in part.norms + part.attentions if _adapter(modules[n]).tokens]
-            token += part.params
+            token += part.params + part.scale_params
             if token:
                 raise ConvertError(
                     f"module {token[0]!r} works on channels pruned in "
@@ -519,6 +536,7 @@ def _join(
             group.norm_unit[name] = width
         group.attentions += part.attentions
         group.params += part.params
+        group.scale_params += part.scale_params
     return group
 
 
@@ -639,7 +657,7 @@ def to_supernet(
         for name in g.attentions:
             in_group[name] = g.name
         stream = any(_adapter(modules[n]).tokens for n in g.norms + g.attentions)
-        for name in g.params if stream else []:
+        for name in (g.params if stream else []) + g.scale_params:
             adopted[name] = g.name
         if stream:
             writers = g.producers + g.norms + g.attentions

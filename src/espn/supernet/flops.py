@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.supernet.layers import MaskedLayer, TaskHead
+from espn.supernet.transformer import MaskedAttention
 
 
 @dataclass
@@ -89,25 +90,49 @@ class AttentionCost:
 Cost = LayerCost | AttentionCost
 
 
+def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
+    """The cost of masked layer or task head ``m`` from one output batch ``out``: positions per
+    sample are one sample's output elements per feature (features on dimension 1 for a conv,
+    last for a linear layer); a lookup table, uncounted by FlopCounterMode, has
+    ``counts_flops = False``."""
+    if not getattr(m, "counts_flops", True):
+        return None
+    weight = m.weight
+    assert isinstance(weight, Tensor)
+    groups, in_units = getattr(m, "groups", 1), getattr(m, "in_units", None)
+    if groups != 1 and in_units is not None:
+        raise ValueError(
+            f"grouped convolution {name!r} (groups={groups}) names input units; its "
+            "channels are its output units"
+        )
+    features = out.shape[1 if weight.dim() > 2 else -1]
+    return LayerCost(
+        name=name,
+        module=m,  # type: ignore[arg-type]
+        in_units=in_units,
+        out_units=getattr(m, "out_units", None),
+        positions=out[0].numel() // features,
+        kernel_area=int(torch.Size(weight.shape[2:]).numel()),
+        in_unit_size=getattr(m, "in_unit_size", 1),
+        out_unit_size=getattr(m, "out_unit_size", 1),
+    )
+
+
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     """Run ``example_input`` (a batch) through ``model`` and record what every costed module
-    costs (its layer type's adapter, :mod:`espn.layers`, says how: a layer's output positions,
-    a self-attention module's token count)."""
-    from espn.layers import exported_adapter  # the adapters build the costs defined here
-
-    records: dict[str, int] = {}
+    costs: a masked layer's or task head's output positions (:func:`layer_cost`), a
+    self-attention module's token count."""
+    costs: dict[str, Cost] = {}
     hooks = []
-    costed = {}
     for name, module in model.named_modules():
-        adapter = exported_adapter(module)
-        if adapter is None or not adapter.counts_flops:
+        if not isinstance(module, MaskedLayer | TaskHead | MaskedAttention):
             continue
-        costed[name] = (module, adapter)
 
-        def hook(
-            mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name, a=adapter
-        ) -> None:
-            records[name] = a.measure(mod, inp, out)
+        def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
+            if isinstance(mod, MaskedAttention):
+                costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, inp[0].shape[1])
+            elif (cost := layer_cost(name, mod, out)) is not None:
+                costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
     was_training = model.training
@@ -119,13 +144,9 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
         model.train(was_training)
         for h in hooks:
             h.remove()
-    costs = [
-        cost
-        for name, (module, adapter) in costed.items()
-        if name in records and (cost := adapter.cost(name, module, records[name])) is not None
-    ]
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     # attention's activation products first, then the layers (the order they were listed in)
-    return sorted(costs, key=lambda c: not isinstance(c, AttentionCost))
+    return sorted(costs.values(), key=lambda c: (not isinstance(c, AttentionCost), order[c.name]))
 
 
 def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
