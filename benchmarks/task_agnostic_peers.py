@@ -29,8 +29,8 @@ STRATEGIES = ("naive", "lwf", "ewc", "replay-200")
 
 def fashion(args: argparse.Namespace) -> list[tuple[Any, Any, Any, Any]]:
     """Split Fashion-MNIST as espn builds it: per task (train x, y, test x, y), labels global."""
-    from espn.config import make_config
     from espn.runs.building import build_benchmark
+    from espn.runs.config import make_config
 
     cfg = make_config(
         benchmark="split-fashion-mnist", model="fc1024", method="espn", tasks=5,

@@ -1,4 +1,4 @@
-"""The same tasks through both front doors: ``espn run`` (``espn.experiment``) and the Python
+"""The same tasks through both front doors: ``espn run`` (``espn.api.experiment``) and the Python
 learner fed the benchmark's tensors, each with its defaults, and the wall time of each.
 
 The learner is given the benchmark's recipe (``recipe=BENCHMARK``, what ``espn run`` uses)
@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 import espn
-from espn.config import make_config
+from espn.api.experiment import build_benchmark, run_experiment
 from espn.data.tensors import split_tensors
-from espn.experiment import build_benchmark, run_experiment
+from espn.runs.config import make_config
 from espn.training.callbacks import Callback, TaskEnd
 
 DOORS = ("cli", "recipe", "own")

@@ -45,9 +45,9 @@ import torch
 from step_cost import l2_term, plain_step
 from torch import nn
 
-from espn.config import make_config
+from espn.api.experiment import build_benchmark
 from espn.data.tasks import Task
-from espn.experiment import build_benchmark
+from espn.runs.config import make_config
 
 #: method names as the table prints them (a method with a FLOPs budget runs at gamma 0.2)
 LABELS = {"espn": "ESPN-0.2"}

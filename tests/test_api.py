@@ -17,11 +17,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from typer.testing import CliRunner
 
 import espn
+from espn.api.experiment import build_benchmark
 from espn.checkpoint.format import CheckpointError
 from espn.cli.main import app
 from espn.data.tensors import split_tensors
 from espn.evaluation.metrics import task_logits
-from espn.experiment import build_benchmark
 from espn.runs.loading import load_run
 from espn.supernet import Supernet
 from helpers.api_models import SmallConvNet, SmallMLP
@@ -384,12 +384,12 @@ def test_the_learner_trains_mtl_as_espn_run_does(tmp_path: Path) -> None:
 def test_the_front_door_exports_what_a_user_reaches_for_first(tmp_path: Path) -> None:
     """``espn.run``, ``create_method`` and the names: the same objects as their homes, the
     names the CLI accepts."""
-    from espn.config import ConfigError, make_config
+    from espn.api.experiment import run
     from espn.data.registry import BENCHMARKS
-    from espn.experiment import run
     from espn.methods import METHODS
     from espn.models.registry import MODELS
     from espn.pruning.pruner import PRUNERS
+    from espn.runs.config import ConfigError, make_config
     from espn.runs.method import create_method
 
     assert espn.run is run and espn.create_method is create_method

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import espn
-from espn.api_checks import MAX_CLASSES
+from espn.api.checks import MAX_CLASSES
 from espn.errors import EspnError
 
 SHAPE = (1, 4, 4)

@@ -12,13 +12,13 @@ import torch
 from torch import Tensor, nn
 
 import espn
-from espn.config import make_config
+from espn.api.experiment import build_benchmark, build_supernet
 from espn.errors import EspnError
 from espn.evaluation import task_logits
-from espn.experiment import build_benchmark, build_supernet
 from espn.export.export import export_task, measured_flops
 from espn.export.slim import ExportError, plain_copy, slim_copy
 from espn.methods import METHODS
+from espn.runs.config import make_config
 from espn.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TokenGate
 from espn.training import Engine, OptimConfig

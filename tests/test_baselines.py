@@ -12,16 +12,16 @@ import torch.nn.functional as F
 from torch.func import functional_call
 from typer.testing import CliRunner
 
+from espn.api.experiment import build_benchmark, build_supernet
 from espn.cli.main import app
-from espn.config import ConfigError, make_config
 from espn.data.joint import JointTask
 from espn.evaluation import task_logits
 from espn.evaluation.storage import storage_report
-from espn.experiment import build_benchmark, build_supernet
 from espn.methods import METHODS
 from espn.methods.supsup import supermask
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
+from espn.runs.config import ConfigError, make_config
 from espn.training import Engine, OptimConfig
 from espn.training.callbacks import Callback
 from helpers.baseline import fc_small, make_engine, tiny_sequence

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from espn.config import make_config
-from espn.experiment import build_benchmark, build_supernet
+from espn.api.experiment import build_benchmark, build_supernet
 from espn.methods import METHODS
+from espn.runs.config import make_config
 from espn.training import Engine
 
 

@@ -371,7 +371,7 @@ def test_the_checkpoint_package_only_stores() -> None:
         "espn._version",
         "espn.checkpoint",
         "espn.errors",
-        "espn.limits",
+        "espn.utils.limits",
         "espn.utils",
         "espn.supernet",
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-import espn.experiment
+import espn.api.experiment
 from espn.cli.main import app
 from espn.data.registry import BENCHMARKS
 
@@ -45,7 +45,7 @@ def test_amp_on_a_cpu_warns(monkeypatch, tmp_path, amp):
     def fake_run(cfg, *args, **kwargs):  # the run itself is not what is tested
         raise Stop
 
-    monkeypatch.setattr(espn.experiment, "run_experiment", fake_run)
+    monkeypatch.setattr(espn.api.experiment, "run_experiment", fake_run)
     args = ["run", "--benchmark", "permuted-mnist", "--out", str(tmp_path / "o")]
     result = runner.invoke(app, [*args, *(["--amp"] if amp else [])], env={"ESPN_DEBUG": "1"})
     assert isinstance(result.exception, Stop), result.output

@@ -137,7 +137,7 @@ def test_amp_autocasts_to_bfloat16_unless_the_gpu_lacks_it(monkeypatch) -> None:
 def test_compile_on_a_cpu_warns(monkeypatch, tmp_path: Path, compile: bool) -> None:
     """espn run --compile on a CPU warns that compiling takes minutes there (the run goes on;
     here it is stopped right after the configuration)."""
-    import espn.experiment
+    import espn.api.experiment
 
     class Stop(Exception):
         pass
@@ -145,7 +145,7 @@ def test_compile_on_a_cpu_warns(monkeypatch, tmp_path: Path, compile: bool) -> N
     def fake_run(*args: object, **kwargs: object) -> None:
         raise Stop
 
-    monkeypatch.setattr(espn.experiment, "run_experiment", fake_run)
+    monkeypatch.setattr(espn.api.experiment, "run_experiment", fake_run)
     args = ["run", "--benchmark", "permuted-mnist", "--out", str(tmp_path / "o")]
     flags = ["--compile"] if compile else []
     result = CliRunner().invoke(app, [*args, *flags], env={"ESPN_DEBUG": "1"})

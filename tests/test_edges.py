@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 import espn
 import espn.data.tensors as tensors_module
-from espn.api_checks import ApiArgumentError
+from espn.api.checks import ApiArgumentError
 from espn.cli.main import app
-from espn.config import ConfigError
 from espn.errors import EspnError
 from espn.export.slim import ExportError
 from espn.methods.base import MethodSettingError
 from espn.models.checks import ModelShapeError
 from espn.models.fc import FCNet
+from espn.runs.config import ConfigError
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes
 from espn.supernet.supernet import Supernet, TaskRequired
 from espn.training.engine import TrainingStopped

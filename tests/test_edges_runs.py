@@ -16,8 +16,8 @@ import torch
 from typer.testing import CliRunner
 
 import espn
+from espn.api.learner import LearnerError
 from espn.cli.main import app
-from espn.learner import LearnerError
 from espn.loggers import CSVLogger, LoggerError
 from espn.runs.checks import DirectoryLockError
 from espn.training.callbacks import Callback

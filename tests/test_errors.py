@@ -4,11 +4,10 @@ handler turns any of them into one line and exit status 2."""
 import pytest
 import typer
 
-from espn.api import LearnerError
+from espn.api.functions import LearnerError
 from espn.checkpoint.format import CheckpointError
 from espn.checkpoint.lock import RunLocked
 from espn.cli.common import UserError, user_errors
-from espn.config import ConfigError
 from espn.data.sources import DatasetUnavailable
 from espn.data.tensors import TaskDataError
 from espn.errors import EspnError
@@ -16,8 +15,9 @@ from espn.evaluation.results import ResultsError
 from espn.export.slim import ExportError
 from espn.models.convert import ConvertError
 from espn.models.reference import ModelReferenceError
-from espn.presets import PresetError
 from espn.registry import UnknownNameError
+from espn.runs.config import ConfigError
+from espn.settings.presets import PresetError
 from espn.supernet.pretrained import PretrainedError
 from espn.supernet.supernet import NothingToMask
 from espn.sweep.spec import SweepError

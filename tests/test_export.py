@@ -14,9 +14,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 import espn.export.slim as slim_module
+from espn.api.experiment import build_benchmark
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
-from espn.experiment import build_benchmark
 from espn.export.export import export_task, onnx_available
 from espn.export.slim import ExportError, fold_batchnorm, plain_copy, slim_copy
 from espn.models.convert_checks import random_units

@@ -11,15 +11,15 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from espn.config import ConfigError, make_config
+from espn.api.experiment import build_benchmark, run_experiment
 from espn.data.cifar import CIFAR100_SUPERCLASS, class_order
 from espn.evaluation.metrics import task_accuracy
-from espn.experiment import build_benchmark, run_experiment
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
-from espn.preflight import check_run
+from espn.runs.config import ConfigError, make_config
 from espn.runs.legacy import upgrade_saved_config
+from espn.runs.preflight import check_run
 from espn.supernet import Supernet
 from espn.supernet.layers import TaskBatchNorm2d
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes

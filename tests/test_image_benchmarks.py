@@ -10,13 +10,13 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
+from espn.api.experiment import run_experiment
 from espn.cli.main import app
-from espn.config import make_config
 from espn.data import BENCHMARKS, BenchmarkArgs, DatasetUnavailable
 from espn.data.augment import ImageTransform, normalise, random_crop, random_flip
 from espn.data.cifar import STATS, class_order, load_cifar
 from espn.data.folders import StreamingTask, image_folders
-from espn.experiment import run_experiment
+from espn.runs.config import make_config
 from helpers.images import fake_raw, patch_raw
 
 runner = CliRunner()

@@ -115,7 +115,7 @@ def test_version_help_and_argument_errors_import_no_torch() -> None:
         "        except SystemExit as exc:\n"
         "            codes.append(exc.code)\n"
         "assert codes == [0, 0, 2, 2, 2], codes\n"
-        "loaded = [m for m in ('torch', 'espn.config', 'espn.cli.presets', 'espn.cli.sweep', "
+        "loaded = [m for m in ('torch', 'espn.runs.config', 'espn.cli.presets', 'espn.cli.sweep', "
         "'espn.reproduce', 'espn.theory') if m in sys.modules]\n"
         "assert loaded == [], loaded\n"
     )

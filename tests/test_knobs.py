@@ -12,14 +12,14 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
+from espn.api.experiment import build_benchmark, run_experiment
 from espn.cli.main import app
-from espn.config import make_config
 from espn.data.order import DESCRIPTOR_SAMPLES, farthest_point_order, task_order
 from espn.data.sizes import resolve_train_sizes
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.evaluation.metrics import task_logits
-from espn.experiment import build_benchmark, run_experiment
 from espn.runs.checks import option_differences
+from espn.runs.config import make_config
 from espn.runs.loading import load_run
 from helpers.deploy import Killed, comparable, kill_at_step, run_options
 from helpers.images import fake_raw, patch_raw

@@ -16,13 +16,13 @@ LABS = ("espn.reproduce", "espn.theory")
 #: building blocks for the labs' own commands
 PUBLIC = (
     "espn.cli.common",
-    "espn.config",
+    "espn.runs.config",
     "espn.errors",
     "espn.evaluation.results",
     "espn.methods",
-    "espn.recipes",
+    "espn.settings.recipes",
     "espn.registry",
-    "espn.settings",
+    "espn.settings.training",
     "espn.sweep",
     "espn.utils.io",
     "espn.utils.plotting",

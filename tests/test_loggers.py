@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 import espn.loggers.base as logger_base
-from espn.config import RunConfig
 from espn.loggers import (
     CSVLogger,
     LoggerError,
@@ -20,6 +19,7 @@ from espn.loggers import (
     make_loggers,
 )
 from espn.registry import UnknownNameError
+from espn.runs.config import RunConfig
 from espn.training.callbacks import Callback, CallbackList, EpochEnd, StepEnd, TaskEnd
 from espn.utils.io import read_csv
 from helpers.logs import tensorboard_scalars, tensorboard_texts, wandb_run

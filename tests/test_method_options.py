@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from espn.cli.main import app
-from espn.config import ConfigError, make_config
 from espn.methods import METHODS, MethodConfig, Option, Strategy
 from espn.methods.base import declared_options
 from espn.methods.packnet import PackNet
 from espn.registry import Registry
 from espn.runs.checks import option_differences
+from espn.runs.config import ConfigError, make_config
 from espn.runs.legacy import upgrade_saved_config
 from espn.runs.method import create_method
 
@@ -117,7 +117,7 @@ def test_the_interrupted_run_message_repeats_method_flags(toy, tmp_path):
         raise KeyboardInterrupt
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("espn.experiment.run_experiment", stop)
+        mp.setattr("espn.api.experiment.run_experiment", stop)
         # a checkpoint holding one finished task (its manifest read as valid)
         mp.setattr("espn.checkpoint.format.manifest_or_none", lambda d: {"tasks": [{}]})
         result = runner.invoke(main.app, run_args(tmp_path, "--method", "toy", "--toy-level", "5"))
@@ -347,7 +347,7 @@ def test_flags_and_choices_from_the_command_line(
         seen.append(cfg.method_options)
         raise KeyboardInterrupt  # stop before training: the configuration is what is tested
 
-    monkeypatch.setattr("espn.experiment.run_experiment", record)
+    monkeypatch.setattr("espn.api.experiment.run_experiment", record)
     with METHODS.temporarily("switches", Switches):
         result = runner.invoke(app, run_args(tmp_path, "--method", "switches", *args))
     assert result.exit_code == 130 and seen == [expected]

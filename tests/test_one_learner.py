@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file
 
 import espn
-from espn.config import make_config
+from espn.api.experiment import build_benchmark, run_experiment
+from espn.api.learner import LearnerError
 from espn.data.tensors import split_tensors
-from espn.experiment import build_benchmark, run_experiment
-from espn.learner import LearnerError
+from espn.runs.config import make_config
 from espn.training.callbacks import Callback, EpochEnd, StepEnd, TaskEnd
 from helpers.deploy import comparable
 

@@ -12,16 +12,16 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+from espn.api.experiment import run_experiment
 from espn.checkpoint import CheckpointWriter, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, file_entry, sha256_of
 from espn.cli.main import app
-from espn.config import make_config
 from espn.evaluation.metrics import backward_transfer, forgetting, task_logits
 from espn.evaluation.storage import storage_report
-from espn.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
+from espn.runs.config import make_config
 from espn.runs.loading import load_run
 from espn.supernet import Supernet, pack_bits
 from espn.supernet.masks import Ownership, owner_dtype

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import espn.experiment as experiment_module
-from espn.config import make_config
+import espn.api.experiment as experiment_module
 from espn.methods.base import METHODS
+from espn.runs.config import make_config
 
 # the peer comparison trains Avalanche and espn side by side: about a minute in all
 pytestmark = pytest.mark.slow

@@ -9,10 +9,10 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-import espn.experiment
+import espn.api.experiment
 from espn.cli.main import app
-from espn.config import ConfigError, RunConfig, make_config
-from espn.presets import describe, load_preset, preset_names
+from espn.runs.config import ConfigError, RunConfig, make_config
+from espn.settings.presets import describe, load_preset, preset_names
 from helpers.errors import one_line_error
 
 runner = CliRunner()
@@ -67,7 +67,7 @@ def captured(monkeypatch):
         seen.append(cfg)
         raise Captured
 
-    monkeypatch.setattr(espn.experiment, "run_experiment", fake_run)
+    monkeypatch.setattr(espn.api.experiment, "run_experiment", fake_run)
     return seen
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import espn.experiment
+import espn.api.experiment
 from espn.cli.main import app
 from espn.reproduce.common import planned_steps
 
@@ -80,7 +80,7 @@ def steps_per_task(args: list[str], tmp_path: Path, monkeypatch) -> int:
         seen.append(cfg)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(espn.experiment, "run_experiment", capture)
+    monkeypatch.setattr(espn.api.experiment, "run_experiment", capture)
     args = [a if "$" not in a else "" for a in args if a != '"$@"']
     args = [*(a for a in args if a), "--out", str(tmp_path / "o")]
     CliRunner().invoke(app, ["run", *args])

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from espn.config import ConfigError, make_config
+from espn.api.experiment import build_benchmark, build_supernet
 from espn.evaluation import task_logits
-from espn.experiment import build_benchmark, build_supernet
 from espn.methods import METHODS
 from espn.methods.base import Strategy
 from espn.models.fc import FCNet
+from espn.runs.config import ConfigError, make_config
 from espn.supernet.layers import TaskHead
 from espn.training import Engine
 from espn.training.optim import OptimConfig, TaskOptimizer, build_optimizer, step_factor

@@ -10,13 +10,13 @@ import torch
 from typer.testing import CliRunner
 
 from espn.cli.main import app
-from espn.config import make_config
 from espn.evaluation import task_logits
 from espn.methods import METHODS
 from espn.methods.cpg import SPARSITIES
 from espn.methods.supsup import erdos_renyi_scale
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
+from espn.runs.config import make_config
 from espn.runs.legacy import upgrade_saved_config
 from helpers.baseline import make_engine, scripted_cpg, tiny_sequence
 

@@ -15,8 +15,8 @@ import espn.checkpoint.store as store_module
 import espn.data.mnist as mnist_module
 from espn.checkpoint import read_checkpoint
 from espn.cli.main import app
-from espn.config import ConfigError, make_config
 from espn.methods.base import Strategy
+from espn.runs.config import ConfigError, make_config
 from helpers.deploy import cli_options, comparable
 
 runner = CliRunner()
@@ -150,7 +150,7 @@ def test_gamma_below_the_reachable_flops_is_refused_before_training(tmp_path):
 
 
 def test_a_task_over_its_flops_budget_is_never_recorded():
-    from espn.learning import check_budget
+    from espn.api.tasks import check_budget
     from espn.training.engine import TrainingStopped
 
     check_budget(0.2, {"flops_ratio": 0.2}, "t", 0)
@@ -416,7 +416,7 @@ def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(tmp_path, monkeyp
 
 
 def test_unexpected_errors_are_one_line_unless_debug_is_asked(tmp_path, monkeypatch):
-    import espn.experiment as experiment_module
+    import espn.api.experiment as experiment_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("boom")

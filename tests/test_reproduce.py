@@ -16,7 +16,6 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from espn.cli.main import app
-from espn.config import make_config
 from espn.reproduce import (
     SCALES,
     TARGETS,
@@ -30,6 +29,7 @@ from espn.reproduce import (
 from espn.reproduce import report as rebuild
 from espn.reproduce.representation import IMAGENET_TASKS, by_size_rank, small_task_accuracies
 from espn.reproduce.target import parse_name, point_name
+from espn.runs.config import make_config
 from helpers.mnist import synthetic_mnist
 
 runner = CliRunner()

@@ -16,17 +16,17 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
+import espn.api.run_directory as run_directory_module
 import espn.data.mnist as mnist_module
-import espn.run_directory as run_directory_module
 import espn.training.engine as engine_module
 import espn.training.progress as progress_module
+from espn.api.experiment import run_experiment
+from espn.api.run_directory import RunDirectory
 from espn.cli.main import app
-from espn.config import make_config
 from espn.data.registry import BENCHMARKS, Benchmark
-from espn.experiment import run_experiment
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
-from espn.run_directory import RunDirectory
+from espn.runs.config import make_config
 from espn.training.callbacks import Callback
 from helpers.deploy import (
     Killed,

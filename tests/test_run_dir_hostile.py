@@ -23,8 +23,8 @@ from espn.cli.common import console
 from espn.cli.main import app
 from espn.data.sources import DatasetUnavailable, load_mnist_like
 from espn.errors import EspnError
-from espn.limits import MAX_MODEL_VALUES
 from espn.sweep.spec import SweepError, expand_spec
+from espn.utils.limits import MAX_MODEL_VALUES
 from espn.utils.text import printable
 from helpers.errors import one_line_error
 from helpers.mnist import synthetic_mnist

@@ -10,11 +10,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import espn.experiment as experiment_module
+import espn.api.experiment as experiment_module
 from espn.cli.main import app
 from espn.cli.options import NOT_FLAGS, flag
-from espn.config import RunConfig, make_config
 from espn.methods.base import declared_options
+from espn.runs.config import RunConfig, make_config
 
 runner = CliRunner()
 #: the switches ``espn run`` has of its own (how to run, not what): no RunConfig field

@@ -8,9 +8,9 @@ import gc
 import pytest
 import torch
 
-from espn.config import make_config
+from espn.api.experiment import build_benchmark, run_experiment
 from espn.data.tasks import LazyTasks, Split, Task
-from espn.experiment import build_benchmark, run_experiment
+from espn.runs.config import make_config
 from helpers.deploy import run_options
 
 

@@ -1,6 +1,6 @@
-"""Each training setting declared once: one default per setting (``espn.settings``), read by
+"""Each training setting declared once: one default per setting (``espn.settings.training``), read by
 both front doors, one precedence (user > method recipe > preset > the regime's recipe >
-default), and recipes declared once (``espn.recipes``), named by benchmarks and presets."""
+default), and recipes declared once (``espn.settings.recipes``), named by benchmarks and presets."""
 
 from __future__ import annotations
 
@@ -16,15 +16,22 @@ import pytest
 import torch
 
 import espn
-from espn import recipes, settings
-from espn.config import TRAINING_SETTINGS, RunConfig, make_config
 from espn.data.registry import BENCHMARKS
 from espn.methods import METHODS, MethodConfig
 from espn.methods.base import Strategy, declared_options
 from espn.models.registry import ModelSpec
-from espn.presets import load_preset, preset_names
-from espn.recipes import REGIMES
-from espn.settings import DEFAULTS, RECIPE_SETTINGS, SETTING_NAMES, TrainingSettings, layered
+from espn.runs.config import TRAINING_SETTINGS, RunConfig, make_config
+from espn.settings import recipes
+from espn.settings import training as settings
+from espn.settings.presets import load_preset, preset_names
+from espn.settings.recipes import REGIMES
+from espn.settings.training import (
+    DEFAULTS,
+    RECIPE_SETTINGS,
+    SETTING_NAMES,
+    TrainingSettings,
+    layered,
+)
 from espn.training.optim import OptimConfig
 from helpers.api_models import SmallMLP
 
@@ -42,8 +49,8 @@ OTHER_MEANINGS = (
     "theory/",
     "runs/legacy.py",
     "integrations/avalanche.py:eval_every",
-    "learning.py:task_agnostic",  # evaluate(task_agnostic=...): measure without the task id
-    "learning.py:batch_size",  # evaluate(batch_size=...): the evaluation's batch, not training's
+    "api/tasks.py:task_agnostic",  # evaluate(task_agnostic=...): measure without the task id
+    "api/tasks.py:batch_size",  # evaluate(batch_size=...): the evaluation's batch, not training's
 )
 
 
@@ -55,7 +62,7 @@ def fc_learner(method: str | Strategy = "espn", **options: Any) -> espn.Continua
 
 
 def test_a_default_read_from_one_place_is_what_both_doors_use(monkeypatch):
-    """Change the defaults in espn.settings alone: ``espn run``'s configuration, the learner,
+    """Change the defaults in espn.settings.training alone: ``espn run``'s configuration, the learner,
     its method and its optimizer all follow, where no recipe sets the setting."""
     moved = dataclasses.replace(
         DEFAULTS,
@@ -234,12 +241,12 @@ def test_each_training_setting_has_one_declared_default():
     written = []
     for path in sorted(SRC.rglob("*.py")):
         where = path.relative_to(SRC).as_posix()
-        if where == "settings.py" or any(where.startswith(p) for p in OTHER_MEANINGS):
+        if where == "settings/training.py" or any(where.startswith(p) for p in OTHER_MEANINGS):
             continue
         written += [d for d in _declarations(path) if f"{where}:{d[0]}" not in OTHER_MEANINGS]
     assert written == []
     # and the scan finds the declarations where they are
-    assert {d[0] for d in _declarations(SRC / "settings.py")} >= set(SETTING_NAMES) - {
+    assert {d[0] for d in _declarations(SRC / "settings" / "training.py")} >= set(SETTING_NAMES) - {
         "method_options",
         "finetune_lr",
         "reference_size",
@@ -261,9 +268,9 @@ def _seq(value: Any) -> tuple[Any, ...]:
 
 
 def test_recipes_are_declared_once_and_named_elsewhere():
-    """Benchmarks hold the recipe objects of espn.recipes; shipped presets name a recipe and
+    """Benchmarks hold the recipe objects of espn.settings.recipes; shipped presets name a recipe and
     repeat none of its values; no dict in the source restates a recipe (three or more of a
-    recipe's values) outside espn/recipes.py."""
+    recipe's values) outside espn/settings/recipes.py."""
     assert BENCHMARKS.get("permuted-mnist").defaults is recipes.MNIST
     assert BENCHMARKS.get("tensors").defaults is recipes.MNIST
     assert BENCHMARKS.get("split-cifar100").defaults is recipes.CIFAR

@@ -15,8 +15,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import espn.data.mnist as mnist_module
-from espn.config import make_config
-from espn.experiment import run_experiment
+from espn.api.experiment import run_experiment
 from espn.methods.base import METHODS, Phase, Strategy
 from espn.models.registry import MODELS
 from espn.reproduce.common import planned_steps
@@ -27,6 +26,7 @@ from espn.reproduce.continual import (
     split_paper_steps,
 )
 from espn.reproduce.target import TARGETS, Options, parse_name
+from espn.runs.config import make_config
 from espn.training.callbacks import Callback, EpochStart, StepEnd, TrainStart
 from espn.training.engine import plan_phase, prune_points
 from helpers.deploy import Killed, fc_test, kill_at_step, run_options, watch_engines

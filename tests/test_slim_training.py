@@ -10,19 +10,19 @@ import pytest
 import torch
 
 import espn
-import espn.run_directory as run_directory_module
+import espn.api.run_directory as run_directory_module
 import espn.training.slim_step as slim_module
-from espn.config import make_config
+from espn.api.experiment import run_experiment
 from espn.data.tasks import TaskSequence
 from espn.evaluation.metrics import task_accuracy, task_logits
 from espn.evaluation.slim_eval import SlimEvaluator
-from espn.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.convert import to_supernet
 from espn.models.mobilenet import MobileNetV2Small
 from espn.models.registry import ModelSpec
 from espn.models.resnet import BasicBlock, ResNet
 from espn.pruning.pruner import gate_magnitude
+from espn.runs.config import make_config
 from espn.supernet import Supernet
 from espn.supernet.layers import UnitModule, with_unions
 from espn.training.callbacks import Callback, EpochStart, StepEnd

@@ -11,12 +11,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import espn.methods.base as method_base
-from espn.config import make_config
+from espn.api.experiment import build_benchmark, build_supernet
 from espn.evaluation import task_logits
-from espn.experiment import build_benchmark, build_supernet
 from espn.export.slim import slim_copy
 from espn.methods import METHODS
 from espn.models.resnet import STREAM_PRUNING
+from espn.runs.config import make_config
 from espn.runs.legacy import upgrade_saved_config
 from espn.supernet import Supernet, TaskBatchNorm2d
 from espn.training import Engine, OptimConfig
@@ -248,9 +248,9 @@ def test_api_runs_save_and_load_with_the_streams_they_were_built_with(tmp_path, 
     assert loaded.supernet.stream_pruning == streams
     assert loaded.evaluate(0, (x, y)) == learner.evaluate(0, (x, y))
     other = "coupled" if streams == "per-conv" else "per-conv"
-    with pytest.raises(espn.api_checks.ApiArgumentError, match="built with the model"):
+    with pytest.raises(espn.api.checks.ApiArgumentError, match="built with the model"):
         espn.ContinualLearner(sn, "espn", stream_pruning=other)
-    with pytest.raises(espn.api_checks.ApiArgumentError, match="got 'x'"):
+    with pytest.raises(espn.api.checks.ApiArgumentError, match="got 'x'"):
         espn.wrap("resnet18-reduced", x[:2], stream_pruning="x")
 
 

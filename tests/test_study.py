@@ -9,12 +9,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import espn.experiment as experiment_module
+import espn.api.experiment as experiment_module
 from espn.cli.main import app
-from espn.config import ConfigError, make_config
 from espn.data import BENCHMARKS, BenchmarkArgs
 from espn.data.mnist import NORMALISATION
 from espn.reproduce.target import point_name
+from espn.runs.config import ConfigError, make_config
 
 runner = CliRunner()
 STUDY = ["reproduce", "fig-pruners", "--scale", "smoke", "--model", "fc-small"]

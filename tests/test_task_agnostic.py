@@ -14,9 +14,8 @@ from torch.func import functional_call
 from typer.testing import CliRunner
 
 import espn
+from espn.api.experiment import run_experiment
 from espn.cli.main import app
-from espn.config import make_config
-from espn.experiment import run_experiment
 from espn.inference import (
     RULES,
     InferenceError,
@@ -30,6 +29,7 @@ from espn.inference.oneshot import SupSupOneShot
 from espn.inference.routing import OPTION_KEYS
 from espn.inference.statistics import STAT_KEYS, entropy
 from espn.registry import UnknownNameError
+from espn.runs.config import make_config
 from espn.supernet.layers import TaskHead
 from helpers.deploy import Killed, kill_at_step, run_options
 

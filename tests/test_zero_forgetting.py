@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 import espn
-from espn.config import make_config
+from espn.api.experiment import build_benchmark, build_supernet
 from espn.evaluation import task_logits
-from espn.experiment import build_benchmark, build_supernet
 from espn.methods import METHODS
+from espn.runs.config import make_config
 from espn.training import Engine, OptimConfig
 from espn.training.optim import FrozenGuard
 

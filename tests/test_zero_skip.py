@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 import torch
 
-from espn.config import make_config
-from espn.experiment import run_experiment
+from espn.api.experiment import run_experiment
 from espn.methods.base import METHODS, MethodConfig, Strategy
+from espn.runs.config import make_config
 from espn.supernet import Supernet, fast
 from espn.supernet.layers import MaskedLayer, MaskedLinear
 from espn.training.callbacks import Callback, EpochStart

@@ -3,10 +3,10 @@
 What a user reaches for first, all importable from ``espn``:
 
 - :func:`run`: a whole run as ``espn run`` makes it (benchmark, model, method, options by
-  keyword or as a :class:`~espn.config.RunConfig`), returning its ``results.json`` document;
+  keyword or as a :class:`~espn.runs.config.RunConfig`), returning its ``results.json`` document;
 - :func:`wrap` your own model, :class:`ContinualLearner` to learn tasks from your own data
   (``learn``, ``evaluate``, ``accuracy_matrix``, ``report``, ``export``, ``save``), and
-  :func:`load` to read a saved run back (see :mod:`espn.api`);
+  :func:`load` to read a saved run back (see :mod:`espn.api.functions`);
 - :func:`create_method`: a continual-learning method by name with its settings;
 - :func:`list_benchmarks`, :func:`list_models`, :func:`list_methods`, :func:`list_pruners`:
   the names those accept;
@@ -25,28 +25,28 @@ from typing import TYPE_CHECKING, Any
 from espn._version import __version__
 
 if TYPE_CHECKING:
-    from espn.api import ContinualLearner, load, wrap
-    from espn.catalog import list_benchmarks, list_methods, list_models, list_pruners
+    from espn.api.catalog import list_benchmarks, list_methods, list_models, list_pruners
+    from espn.api.experiment import run
+    from espn.api.functions import ContinualLearner, load, wrap
     from espn.data.offline import fashion_mnist
     from espn.errors import EspnError
-    from espn.experiment import run
     from espn.runs.method import create_method
     from espn.supernet.supernet import Supernet
 
 #: each name of the front door -> the module that defines it
 _HOMES = {
-    "ContinualLearner": "espn.api",
+    "ContinualLearner": "espn.api.functions",
     "EspnError": "espn.errors",
-    "load": "espn.api",
-    "wrap": "espn.api",
+    "load": "espn.api.functions",
+    "wrap": "espn.api.functions",
     "Supernet": "espn.supernet.supernet",
-    "run": "espn.experiment",
+    "run": "espn.api.experiment",
     "create_method": "espn.runs.method",
     "fashion_mnist": "espn.data.offline",
-    "list_benchmarks": "espn.catalog",
-    "list_methods": "espn.catalog",
-    "list_models": "espn.catalog",
-    "list_pruners": "espn.catalog",
+    "list_benchmarks": "espn.api.catalog",
+    "list_methods": "espn.api.catalog",
+    "list_models": "espn.api.catalog",
+    "list_pruners": "espn.api.catalog",
 }
 
 __all__ = [

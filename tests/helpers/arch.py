@@ -13,16 +13,16 @@ import pytest
 import torch
 from torch import nn
 
-from espn.config import make_config
+from espn.api.experiment import run_experiment
 from espn.data.registry import BENCHMARKS, Benchmark
 from espn.data.tasks import TaskSequence
 from espn.evaluation import task_logits
-from espn.experiment import run_experiment
 from espn.export.export import export_task, load_exported, measured_flops
 from espn.export.slim import slim_copy
 from espn.methods.base import METHODS, MethodConfig
 from espn.models import MODELS, ModelSpec
 from espn.models.convert import to_supernet
+from espn.runs.config import make_config
 from espn.supernet import Supernet
 from espn.training import Engine, OptimConfig
 from helpers.deploy import Killed, comparable, kill_at_step, tiny_sequence

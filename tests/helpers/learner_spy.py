@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from espn.learner import ContinualLearner
+from espn.api.learner import ContinualLearner
 from espn.training.callbacks import Callback, TrainStart
 from helpers.deploy import watch_engines
 

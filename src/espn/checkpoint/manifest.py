@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from espn.limits import MAX_CLASSES, MAX_INPUT_DIMS, MAX_INPUT_VALUES, MAX_MODEL_VALUES
+from espn.utils.limits import MAX_CLASSES, MAX_INPUT_DIMS, MAX_INPUT_VALUES, MAX_MODEL_VALUES
 
 #: a checkpoint file name: a plain name (no directory part) ending in .safetensors
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\.safetensors")

@@ -67,7 +67,7 @@ def evaluate(
     Every finished task is evaluated on its test data and compared with results.json; the exit
     status is 1 if any differs. With --task-agnostic, also without the task given.
     """
-    from espn.api import load
+    from espn.api.functions import load
     from espn.evaluation.results import read_results
     from espn.inference.predict import get_rule
 
@@ -310,7 +310,7 @@ def _loaded(
 ) -> Any:
     """The learner of ``run`` for ``espn export``: with its tasks' test data to check on
     (``check_data``), ``task`` one of its finished tasks."""
-    from espn.api import load
+    from espn.api.functions import load
     from espn.checkpoint.format import CheckpointError
 
     learner = load(

@@ -31,7 +31,7 @@ from espn.cli.common import (
     warn,
 )
 from espn.cli.options import WithOptions
-from espn.settings import DEFAULT_LOG_EVERY, default
+from espn.settings.training import DEFAULT_LOG_EVERY, default
 from espn.utils.text import printable
 
 #: every command: the module and attribute defining it (a command function or a typer app of
@@ -286,8 +286,8 @@ def run(
     if log_every is not None and not (log or "").strip():
         fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
     cfg = presets.make_config_given(ctx, **options)
-    from espn.experiment import run_experiment  # imports torch: after the options are checked
-    from espn.preflight import run_warnings
+    from espn.api.experiment import run_experiment  # imports torch: after the options are checked
+    from espn.runs.preflight import run_warnings
     from espn.training.distributed import writes_files
 
     for note in run_warnings(cfg):

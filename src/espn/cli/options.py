@@ -69,7 +69,7 @@ def field_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
 
 def run_option_parameters() -> list[inspect.Parameter]:
     """One option per :class:`RunConfig` field (but :data:`NOT_FLAGS`)."""
-    from espn.config import RunConfig  # imports pydantic: only when the command is built
+    from espn.runs.config import RunConfig  # imports pydantic: only when the command is built
 
     return [
         field_parameter(name, field)

@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from espn.cli.common import command_group, console, user_errors
-from espn.config import RunConfig, check_applicable, make_config
-from espn.presets import describe, load_preset, preset_names
+from espn.runs.config import RunConfig, check_applicable, make_config
+from espn.settings.presets import describe, load_preset, preset_names
 
 app = command_group(
     help="Named run recipes for `espn run --preset NAME` (options given explicitly win).",

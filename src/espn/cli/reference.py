@@ -1,7 +1,7 @@
 """The manual's table of ``espn run`` options, generated from the command itself.
 
 The table in ``docs/cli.md`` sits between :data:`START` and :data:`END`; its rows are read off
-the click command that typer builds (every :class:`~espn.config.RunConfig` field, every option
+the click command that typer builds (every :class:`~espn.runs.config.RunConfig` field, every option
 a method declares, the CLI's own switches), so the manual cannot drift from ``espn run --help``.
 ``python3 -m espn.cli.reference docs/cli.md`` rewrites the block; ``--check`` only compares.
 """

@@ -20,7 +20,7 @@ from espn.data.mnist import NORMALISATION
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
 from espn.data.sources import default_data_dir, load_mnist_like, unavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
-from espn.recipes import CIFAR, FASHION
+from espn.settings.recipes import CIFAR, FASHION
 
 #: per-channel mean and std of the training images
 STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {

@@ -29,7 +29,7 @@ from espn.data.augment import ImageTransform
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
 from espn.data.sources import DatasetUnavailable
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
-from espn.recipes import FOLDERS
+from espn.settings.recipes import FOLDERS
 
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 DEFAULT_IMAGE_SIZE = 224

@@ -11,7 +11,7 @@ from torch import Tensor
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
 from espn.data.sources import load_mnist_like
 from espn.data.tasks import LazyTasks, Split, Task, TaskSequence, subset_index
-from espn.recipes import MNIST
+from espn.settings.recipes import MNIST
 
 #: most tasks of a permuted benchmark: every task adds its masks to the checkpoint and is
 #: evaluated after every later one (quadratic time), so longer sequences are refused

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from espn.data.tasks import TaskSequence
-from espn.recipes import Recipe
 from espn.registry import Registry
+from espn.settings.recipes import Recipe
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class BenchmarkArgs:
 @dataclass(frozen=True)
 class Benchmark:
     """A named benchmark: how to build it, its task count limits, and its recipe (one of
-    :mod:`espn.recipes`)."""
+    :mod:`espn.settings.recipes`)."""
 
     build: Callable[[BenchmarkArgs], TaskSequence]
     default_tasks: int

@@ -22,11 +22,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from espn import limits
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 from espn.errors import EspnError
-from espn.recipes import MNIST
+from espn.settings.recipes import MNIST
+from espn.utils import limits
 from espn.utils.io import atomic_target
 
 

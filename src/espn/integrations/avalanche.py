@@ -6,7 +6,7 @@ Change one line of an Avalanche script::
     strategy = ESPNStrategy(model=model, optimizer=optimizer, train_mb_size=128, train_epochs=10)
 
 and every experience (one task, one task label) is learned into a supernet of ``model`` by
-espn's front door, :class:`espn.api.ContinualLearner` (the one training engine), with the
+espn's front door, :class:`espn.api.functions.ContinualLearner` (the one training engine), with the
 chosen method (ESPN-0.2 by default): earlier tasks are kept bit for bit, and each task's FLOPs
 and weights are reported as metrics (``FLOPs_Ratio_Exp/...``, ``FLOPs_Exp/...``,
 ``New_Weights_Exp/...``) and in :attr:`ESPNStrategy.task_records`; :attr:`ESPNStrategy.learner`
@@ -37,11 +37,11 @@ except ImportError as exc:  # an optional dependency: say how to get it
         f"(importing it failed: {exc})"
     ) from exc
 
-from espn.api import ContinualLearner, wrap
+from espn.api.functions import ContinualLearner, wrap
 from espn.errors import EspnError
 from espn.methods.base import Strategy
 from espn.runs.method import create_method
-from espn.settings import default
+from espn.settings.training import default
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OPTIMIZERS, OptimConfig
 

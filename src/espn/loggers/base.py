@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from espn.errors import EspnError
-from espn.settings import DEFAULT_LOG_EVERY
+from espn.settings.training import DEFAULT_LOG_EVERY
 from espn.training.callbacks import Callback, EpochEnd, StepEnd, TaskEnd
 
 #: the most steps between two logged losses (the integer limit of every option, 2^31 - 1)

@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 
 from espn.methods.base import METHODS, MethodConfig, Phase, Strategy
-from espn.options import Option
+from espn.settings.options import Option
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")

@@ -14,15 +14,15 @@ from torch import Tensor, nn
 
 from espn.data.tasks import Task, TaskSequence
 from espn.errors import EspnError
-from espn.options import Option, resolve_settings
 from espn.pruning.regularisers import masked_weight_l2
 from espn.pruning.weights import new_weight_target, prune_weights
 from espn.registry import Registry
-from espn.settings import DEFAULTS, SETTING_NAMES, TrainingSettings
+from espn.settings.options import Option, resolve_settings
+from espn.settings.training import DEFAULTS, SETTING_NAMES, TrainingSettings
 from espn.supernet.supernet import Supernet
 
 if TYPE_CHECKING:
-    from espn.settings import OptimConfig
+    from espn.settings.training import OptimConfig
 
 
 class Ranks(Protocol):
@@ -110,7 +110,7 @@ class Phase:
 
 
 #: a method's settings are the training settings (kept under this name for code written
-#: against it; the settings are declared once, in :mod:`espn.settings`)
+#: against it; the settings are declared once, in :mod:`espn.settings.training`)
 MethodConfig = TrainingSettings
 
 
@@ -172,7 +172,7 @@ class Strategy(ABC):
     def check_config(cls, cfg: TrainingSettings) -> None:
         """Refuse (ValueError naming the value and what is accepted) general settings this
         method cannot run with (each setting's own bounds are its declaration's, see
-        :data:`espn.settings.OPTIONS`); methods with further needs extend it."""
+        :data:`espn.settings.training.OPTIONS`); methods with further needs extend it."""
         for what, value, used, budget in (
             ("gamma", cfg.gamma, cls.uses_gamma, "FLOP constraint"),
             ("alpha", cfg.alpha, cls.uses_alpha, "weight budget"),
@@ -387,7 +387,7 @@ def declared_options() -> dict[str, tuple[Option, list[str]]]:
 
     Two methods may share an option only with the same declaration (a subclass inherits
     its parent's); an option may not be named like a training setting
-    (:class:`~espn.settings.TrainingSettings`) unless it is that setting, declared with its
+    (:class:`~espn.settings.training.TrainingSettings`) unless it is that setting, declared with its
     one default (``stream_pruning``).
     """
     general = set(SETTING_NAMES)

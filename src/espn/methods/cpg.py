@@ -13,9 +13,9 @@ from torch.func import functional_call
 
 from espn.data.tasks import Task
 from espn.methods.base import METHODS, Phase, Recipes, Strategy
-from espn.options import Option
 from espn.pruning.weights import prune_weights
-from espn.settings import OptimConfig, TrainingSettings
+from espn.settings.options import Option
+from espn.settings.training import OptimConfig, TrainingSettings
 from espn.supernet.supernet import Supernet
 
 #: sparsity of the task's own weights after each compacting round (CPG's schedule: steps

@@ -22,10 +22,10 @@ from espn.methods.base import (
     Strategy,
 )
 from espn.models.resnet import STREAM_PRUNING
-from espn.options import Option
 from espn.pruning.pruner import PRUNER_OPTIONS, PRUNERS
 from espn.pruning.weights import REUSE_POLICIES
-from espn.settings import DEFAULTS, TrainingSettings
+from espn.settings.options import Option
+from espn.settings.training import DEFAULTS, TrainingSettings
 from espn.supernet.flops import FLOP_LOADS
 from espn.supernet.supernet import Supernet
 

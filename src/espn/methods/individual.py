@@ -8,7 +8,7 @@ import torch
 
 from espn.methods.base import MASKED_L2_OPTION, METHODS, Recipes
 from espn.methods.espn import ESPN, UNIT_PRUNING_OPTIONS
-from espn.settings import TrainingSettings
+from espn.settings.training import TrainingSettings
 from espn.supernet.supernet import Supernet
 
 

@@ -9,7 +9,7 @@ from torch import Tensor
 from espn.data.joint import JointTask
 from espn.data.tasks import Task, TaskSequence
 from espn.methods.base import METHODS, Phase, Strategy
-from espn.settings import TrainingSettings
+from espn.settings.training import TrainingSettings
 from espn.supernet.layers import TaskHead
 from espn.supernet.masks import TaskMask
 from espn.supernet.supernet import Supernet

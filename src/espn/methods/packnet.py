@@ -19,7 +19,7 @@ from espn.methods.base import (
     Recipes,
     Strategy,
 )
-from espn.options import Option
+from espn.settings.options import Option
 from espn.supernet.supernet import Supernet
 
 

@@ -10,9 +10,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from espn.methods.base import METHODS, Phase, Strategy
-from espn.options import Option
 from espn.pruning.weights import select_weights
-from espn.settings import TrainingSettings
+from espn.settings.options import Option
+from espn.settings.training import TrainingSettings
 from espn.supernet.layers import MaskedLayer
 from espn.supernet.supernet import Supernet
 

@@ -18,8 +18,8 @@ from espn.methods.base import (
     Strategy,
     declared_options,
 )
-from espn.options import Option, resolve_settings
-from espn.settings import OptimConfig, TrainingSettings
+from espn.settings.options import Option, resolve_settings
+from espn.settings.training import OptimConfig, TrainingSettings
 from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
 

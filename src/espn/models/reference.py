@@ -14,7 +14,7 @@ classification models), was handed to espn by the user in this process (``--mode
 ``espn.wrap``, a configuration built in Python), or the user opted in
 (``--trust-model-code``, ``espn.load(..., trust_model_code=True)``). Its arguments are checked
 too: none may ask for pretrained weights (a download), and the model they describe is first
-built on the ``meta`` device (no memory) and refused beyond :data:`espn.limits.MAX_MODEL_VALUES`.
+built on the ``meta`` device (no memory) and refused beyond :data:`espn.utils.limits.MAX_MODEL_VALUES`.
 Being imported is not enough: an imported module (espn's own included) may hold functions
 annotated ``-> nn.Module`` that read files or unpickle.
 """
@@ -36,11 +36,11 @@ import torch
 from torch import nn
 
 from espn.errors import EspnError
-from espn.limits import MAX_MODEL_VALUES
 from espn.models.checks import check_plain_model
 from espn.models.convert import to_supernet
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import MaskedLayer
+from espn.utils.limits import MAX_MODEL_VALUES
 
 _REFERENCE = re.compile(
     r"(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_][\w.]*)(?:\((?P<args>.*)\))?", re.S

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.registry import Registry
-from espn.settings import default
+from espn.settings.training import default
 from espn.supernet.supernet import Supernet
 
 
@@ -26,7 +26,7 @@ class ModelSpec:
     task_affine: bool = default("task_affine")
     #: how the producers of a residual stream are pruned (``espn.models.resnet``): "coupled"
     #: (one unit group per stream) or "per-conv" (the authors'); default: the training
-    #: setting's (:mod:`espn.settings`); models without residual streams ignore it
+    #: setting's (:mod:`espn.settings.training`); models without residual streams ignore it
     stream_pruning: str = default("stream_pruning")
 
 

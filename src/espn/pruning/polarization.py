@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from espn.options import Option
 from espn.pruning.pruner import PRUNER_OPTIONS, PRUNERS, Pruner, gate_magnitude
 from espn.pruning.regularisers import Regulariser
 from espn.pruning.schedule import GradualSchedule
+from espn.settings.options import Option
 from espn.supernet.supernet import Supernet
 
 #: the weight t of the L1 term; Zhuang et al. use t in about [1.2, 1.5] (t > 1 keeps the

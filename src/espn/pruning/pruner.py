@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from espn.options import Option
 from espn.pruning.regularisers import FlopAwareL1, Regulariser, UniformL1
 from espn.pruning.schedule import GradualSchedule
 from espn.pruning.selection import select_units
 from espn.registry import Registry
+from espn.settings.options import Option
 from espn.supernet.supernet import Supernet
 
 Importance = Callable[[Supernet], dict[str, Tensor]]

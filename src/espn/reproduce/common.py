@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from espn.config import make_config
 from espn.methods import METHODS
-from espn.recipes import MNIST
 from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
+from espn.runs.config import make_config
+from espn.settings.recipes import MNIST
 from espn.training.engine import plan_phase, reference_batches
 from espn.utils.io import atomic_target
 from espn.utils.plotting import pyplot
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-#: the paper's FC1024 recipe (:data:`espn.recipes.MNIST`: RMSprop lr 1e-3, batch 256,
+#: the paper's FC1024 recipe (:data:`espn.settings.recipes.MNIST`: RMSprop lr 1e-3, batch 256,
 #: 3 + 4 + 3 epochs, the authors' 1-epoch warm-up and constant 1e-4 fine-tuning), given
 #: explicitly (so its epochs are taken as given, and its alpha is the benchmark's) for the
 #: split Fashion-MNIST stand-in of SplitCIFAR100 on the CPU

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from espn.recipes import IMAGENET
 from espn.reproduce.common import (
     SMOKE,
     by_series,
@@ -26,6 +25,7 @@ from espn.reproduce.common import (
 from espn.reproduce.paper import claims_notes, data_notes, paper
 from espn.reproduce.table import Table
 from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point_name
+from espn.settings.recipes import IMAGENET
 from espn.sweep import Point
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from espn.config import ConfigError
 from espn.registry import Registry
 from espn.reproduce.table import Table
-from espn.settings import default
+from espn.runs.config import ConfigError
+from espn.settings.training import default
 from espn.sweep import Point
 
 SCALES = ("smoke", "cpu", "paper")

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from espn.config import RunConfig
 from espn.data.order import ordered
 from espn.data.registry import BENCHMARKS, BenchmarkArgs
 from espn.data.tasks import TaskSequence, prepended
 from espn.models import registry as models
 from espn.models.registry import ModelSpec
+from espn.runs.config import RunConfig
 from espn.runs.from_run import open_source
 from espn.supernet.supernet import Supernet
 

@@ -1,7 +1,7 @@
 """What a run records about itself (its checkpoint's meta, :func:`results_document`), the
 checks that a directory may be written or resumed, and a Python learner's hold on it
 (:class:`DirectoryLock`). The learner's checkpointing while it learns is
-:mod:`espn.run_directory`, loading a finished run :mod:`espn.runs.loading`."""
+:mod:`espn.api.run_directory`, loading a finished run :mod:`espn.runs.loading`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from espn._version import __version__
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import LOCK_FILE, RunLocked, holder, run_lock
 from espn.checkpoint.manifest import check_against_results
-from espn.config import RunConfig
 from espn.data.tasks import TaskSequence
 from espn.evaluation.metrics import (
     average_accuracy,
@@ -25,6 +24,7 @@ from espn.evaluation.metrics import (
 from espn.evaluation.results import read_results
 from espn.evaluation.storage import storage_report
 from espn.methods.base import METHODS
+from espn.runs.config import RunConfig
 from espn.runs.legacy import upgrade_saved_config
 from espn.supernet.supernet import Supernet
 

@@ -23,11 +23,11 @@ from espn.checkpoint.format import (
     manifest_or_none,
     read_manifest,
 )
-from espn.config import ConfigError, RunConfig, make_config
 from espn.data.tasks import TaskSequence
 from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import reading_run
+from espn.runs.config import ConfigError, RunConfig, make_config
 from espn.runs.legacy import upgrade_saved_config
 from espn.runs.resuming import finished
 from espn.supernet.supernet import Supernet

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from espn.config import gather_method_options
 from espn.methods.base import METHODS, declared_options
+from espn.runs.config import gather_method_options
 
 #: what runs recorded before an option existed behaved as (read from older manifests)
 LEGACY_DEFAULTS: dict[str, Any] = {

@@ -12,7 +12,6 @@ from torch import nn
 
 from espn.checkpoint import Checkpoint, read_checkpoint, restore
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
-from espn.config import RunConfig, make_config
 from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import (
@@ -23,10 +22,11 @@ from espn.models.reference import (
     resolve,
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
-from espn.preflight import check_device
 from espn.runs.checks import check_results_match
+from espn.runs.config import RunConfig, make_config
 from espn.runs.legacy import upgrade_saved_config
-from espn.settings import default
+from espn.runs.preflight import check_device
+from espn.settings.training import default
 from espn.supernet.supernet import Supernet
 
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from espn.config import ConfigError, check_names, make_config
 from espn.errors import EspnError
 from espn.methods.base import METHODS, MethodSettingError, Strategy
+from espn.runs.config import ConfigError, check_names, make_config
 
 
 def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strategy:
     """A method by registered name or class, with keyword settings: run options that shape
     training (``gamma``, ``alpha``, ``epochs``, ``warmup``, ... under their ``espn run``
     names) and the method's own :attr:`Strategy.options`; those left out take their defaults
-    as a run resolves them (:class:`espn.config.RunConfig`: the method's recipe, then the
+    as a run resolves them (:class:`espn.runs.config.RunConfig`: the method's recipe, then the
     ``mnist`` regime's, unless ``recipe=`` names another). Given to
     :class:`espn.ContinualLearner`, the settings given here count as given there.
 

@@ -1,6 +1,6 @@
 """The checkpoint of one run directory as a learner writes it: a fresh one, or the saved one
 restored into the learner's freshly built parts (:meth:`RunCheckpoint.open`), then saved at
-epochs' ends and after every learned step (see :mod:`espn.run_directory`)."""
+epochs' ends and after every learned step (see :mod:`espn.api.run_directory`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 from espn.checkpoint import CheckpointWriter, TrainingState, read_checkpoint, restore
 from espn.checkpoint.format import MANIFEST, checkpoint_dir
-from espn.config import RunConfig
 from espn.data.tasks import TaskSequence
 from espn.inference.stored import check_statistics
 from espn.methods.base import Strategy
 from espn.runs.checks import check_results_match, check_same_run, run_meta
+from espn.runs.config import RunConfig
 from espn.runs.legacy import upgrade_saved_config
 from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
 from espn.supernet.supernet import Supernet

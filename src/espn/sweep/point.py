@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from espn.config import RunConfig, make_config
 from espn.runs.checks import option_differences, saved_config
+from espn.runs.config import RunConfig, make_config
 from espn.sweep.spec import Point
 from espn.utils.io import read_json, write_json_atomic
 

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from espn.presets import FILE_SUFFIXES as PRESET_SUFFIXES
+from espn.settings.presets import FILE_SUFFIXES as PRESET_SUFFIXES
 from espn.sweep.point import LOG_NAME, PointOutcome, changed_options, reused_outcome, run_point
 from espn.sweep.spec import Point, SweepError, validate_points
 from espn.utils.console import OutputConsole

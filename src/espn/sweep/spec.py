@@ -7,7 +7,7 @@ A spec is a JSON or YAML mapping::
      "name": "{method}-seed{seed}"}
 
 ``base`` holds ``espn run`` options shared by every point (the fields of
-:class:`espn.config.RunConfig`, without ``out``), ``grid`` one list of values per option;
+:class:`espn.runs.config.RunConfig`, without ``out``), ``grid`` one list of values per option;
 the points are the cartesian product of the grid's lists, in the grid's key order (the
 last key varies fastest). ``name`` is an optional ``str.format`` template over the grid's
 keys; by default a point is named by its grid values (``espn_seed0``).
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from espn.config import ConfigError, RunConfig, make_config, run_option_names
-from espn.limits import MAX_FORMAT_WIDTH
+from espn.runs.config import ConfigError, RunConfig, make_config, run_option_names
 from espn.utils.documents import check_size, load_document
+from espn.utils.limits import MAX_FORMAT_WIDTH
 
 SPEC_KEYS = ("base", "grid", "name")
 #: the most points a sweep may have: a grid beyond it is refused before it is expanded
@@ -78,7 +78,7 @@ def default_name(values: dict[str, Any]) -> str:
 
 def check_template(template: str) -> None:
     """Refuse a point-name template whose fields ask for a width or precision beyond
-    :data:`espn.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}`` would build a 1 GB name) or
+    :data:`espn.utils.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}`` would build a 1 GB name) or
     nest fields in a format spec; before any name is formatted."""
     try:
         fields = [

@@ -16,7 +16,7 @@ process's).
 
 The process group is ``torchrun``'s (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT`` in the environment): gloo on the CPU, NCCL on CUDA. Only rank 0 writes the
-run directory (see :attr:`espn.run_directory.RunDirectory.writes`).
+run directory (see :attr:`espn.api.run_directory.RunDirectory.writes`).
 """
 
 from __future__ import annotations

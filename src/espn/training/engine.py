@@ -19,7 +19,7 @@ from torch import Tensor
 from espn.data.tasks import Task
 from espn.errors import EspnError
 from espn.methods.base import Phase, Strategy
-from espn.settings import default
+from espn.settings.training import default
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet

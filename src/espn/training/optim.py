@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from espn.settings import OPTIONS, OptimConfig
+from espn.settings.training import OPTIONS, OptimConfig
 from espn.supernet.fast import LeanRMSprop, is_on
 from espn.supernet.fast import float_bits as _bits
 from espn.supernet.supernet import Supernet

@@ -1,6 +1,6 @@
 """The one place where a task is learned and recorded (:class:`TaskRunner`), for ``espn run``
-(see :mod:`espn.experiment`, which adds checkpoints and ``results.json`` around it) and for
-the Python :class:`espn.api.ContinualLearner` alike; and where the tasks a learner holds are
+(see :mod:`espn.api.experiment`, which adds checkpoints and ``results.json`` around it) and for
+the Python :class:`espn.api.functions.ContinualLearner` alike; and where the tasks a learner holds are
 used (:class:`LearnedTasks`: evaluated, predicted with or without the task, reported,
 exported).
 
@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import torch
 from torch import Tensor
 
-from espn import api_checks as checks
-from espn.api_checks import LearnerError
-from espn.config import ConfigError, RunConfig
+from espn.api import checks
+from espn.api.checks import LearnerError
 from espn.data.tasks import Task
 from espn.data.tensors import TaskData, tensor_task
 from espn.evaluation.metrics import task_record
@@ -30,6 +29,7 @@ from espn.evaluation.slim_eval import SlimEvaluator
 from espn.export.export import ExportReport, check_target, export_task
 from espn.inference import routing
 from espn.methods.base import Strategy
+from espn.runs.config import ConfigError, RunConfig
 from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import TaskEnd

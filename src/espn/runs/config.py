@@ -19,9 +19,9 @@ from pydantic import (
 )
 
 from espn.errors import EspnError
-from espn.options import resolve_settings
-from espn.recipes import REGIMES, Recipe
-from espn.settings import (
+from espn.settings.options import resolve_settings
+from espn.settings.recipes import REGIMES, Recipe
+from espn.settings.training import (
     DEFAULTS,
     HINTS,
     MAX_COUNT,
@@ -49,7 +49,7 @@ else:
 #: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
 MAX_IMAGE_SIZE = 1024
 #: a device name: cpu, cuda or cuda:N (whether this machine has it is checked before a run
-#: starts, see :mod:`espn.preflight`)
+#: starts, see :mod:`espn.runs.preflight`)
 DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
 
 
@@ -171,14 +171,14 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any, info: ValidationInfo) -> Any:
-        """The options of the run by the one precedence (:func:`espn.settings.layered`):
+        """The options of the run by the one precedence (:func:`espn.settings.training.layered`):
         those given (not None), then the method's recipe, then the preset's, then the
         recipe's (``recipe``, else the benchmark's), then the defaults."""
         if not isinstance(data, dict):
             return data
         preset: dict[str, Any] = {}
         if data.get("preset") is not None:
-            from espn.presets import load_preset
+            from espn.settings.presets import load_preset
 
             preset = load_preset(str(data["preset"]))
             accepted = run_option_names(exclude=("preset", "out"))
@@ -211,7 +211,7 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
     @field_validator(*OPTIONS, mode="before", check_fields=False)
     @classmethod
     def _setting(cls, v: Any, info: ValidationInfo) -> Any:
-        """A training setting, checked against its declaration (:data:`espn.settings.OPTIONS`)."""
+        """A training setting, checked against its declaration (:data:`espn.settings.training.OPTIONS`)."""
         name = str(info.field_name)
         return checked({name: v})[name]
 
@@ -366,7 +366,7 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
 
     def _check_from_run(self, strategy: type[Strategy]) -> None:
         """``from_run`` and ``after_task`` go together, for a sequential method, with another
-        ``out`` (the run it names is checked before the run starts, see :mod:`espn.preflight`)."""
+        ``out`` (the run it names is checked before the run starts, see :mod:`espn.runs.preflight`)."""
         if (self.from_run is None) != (self.after_task is None):
             raise ValueError(
                 "from_run and after_task go together: --from-run DIR --after-task K "
@@ -485,7 +485,7 @@ else:
         __base__=_Run,
         __module__=__name__,
         __doc__="Everything a continual-learning run depends on: the run's options and a "
-        "field per training setting (:class:`espn.settings.TrainingSettings`).",
+        "field per training setting (:class:`espn.settings.training.TrainingSettings`).",
         **_fields(),
     )
 
@@ -540,7 +540,7 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
 
 
 #: the run options that shape how tasks are learned, whatever the data (the training
-#: settings, :class:`~espn.settings.TrainingSettings`, that are run options, and a preset):
+#: settings, :class:`~espn.settings.training.TrainingSettings`, that are run options, and a preset):
 #: the settings of :class:`espn.ContinualLearner` under the same names (the others say which
 #: data to learn, and where results go)
 TRAINING_SETTINGS = (

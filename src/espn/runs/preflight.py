@@ -1,6 +1,6 @@
 """What a run needs of this machine and its file system, checked before it starts: the
 device is usable here, the files and runs its configuration names exist. The configuration
-(:mod:`espn.config`) checks values only; these probes run when a run (or a saved run) is
+(:mod:`espn.runs.config`) checks values only; these probes run when a run (or a saved run) is
 about to use them, with the same ``<option>: <message>`` lines."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from espn.config import ConfigError, RunConfig
+from espn.runs.config import ConfigError, RunConfig
 
 
 def check_device(device: str) -> None:

@@ -1,6 +1,6 @@
 """The recipes of the data regimes, each declared once: the values of the training settings
-(:class:`espn.settings.TrainingSettings`) a run gets when neither the user, the method's
-recipe nor a preset sets them (see :func:`espn.settings.layered`).
+(:class:`espn.settings.training.TrainingSettings`) a run gets when neither the user, the method's
+recipe nor a preset sets them (see :func:`espn.settings.training.layered`).
 
 Benchmarks name the recipe they use (``Benchmark.defaults``), presets and ``--recipe``
 name one by its registered name (:data:`REGIMES`), and ``espn reproduce`` takes its values
@@ -85,7 +85,7 @@ FOLDERS: Recipe = CIFAR_TRAINING | {"model": "resnet50", "batch_size": 64, "epoc
 IMAGENET: Recipe = CIFAR_TRAINING | {"model": "resnet50"}
 
 #: the recipes ``--recipe`` and presets name: the data regimes (``mnist``, ``cifar``; data
-#: espn has never seen gets one of these, see ``espn.learner.regime_of``) and the paper's
+#: espn has never seen gets one of these, see ``espn.api.learner.regime_of``) and the paper's
 #: ImageNet-scale one
 REGIMES: Registry[Recipe] = Registry("recipe")
 REGIMES.register("mnist")(MNIST)

@@ -1,13 +1,13 @@
 """Every training setting, declared once, and the one precedence that resolves them.
 
 :class:`TrainingSettings` holds each setting of how tasks are learned with its one default:
-the run configuration (:class:`espn.config.RunConfig`, both front doors) takes its fields'
+the run configuration (:class:`espn.runs.config.RunConfig`, both front doors) takes its fields'
 defaults from it, the learner and the methods receive it. :func:`layered` is the precedence
-both doors apply, through :func:`espn.config.make_config`: what the user gave, then the
+both doors apply, through :func:`espn.runs.config.make_config`: what the user gave, then the
 method's recipe, then a preset, then the recipe of the data's regime
-(:mod:`espn.recipes`), then these defaults.
+(:mod:`espn.settings.recipes`), then these defaults.
 
-This module imports nothing of espn but :mod:`espn.options` (no torch, no pydantic), so every
+This module imports nothing of espn but :mod:`espn.settings.options` (no torch, no pydantic), so every
 package, and the command line before it loads anything heavy, may use it.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin, get_type_hints
 
-from espn.options import Option
+from espn.settings.options import Option
 
 #: steps between two losses the experiment loggers record unless the user chooses (Lightning's
 #: default too); here, where the command line reads it without importing the loggers
@@ -40,7 +40,7 @@ def setting(
     ``default``, its ``help`` (the CLI flag's and the run configuration's description),
     whether a ``recipe`` (a data regime's, a preset's or a method's) may set it, whether the
     ``method`` reads it itself (its phases and budgets; the others are the engine's), and
-    its bounds or choices (the keywords of :class:`espn.options.Option`)."""
+    its bounds or choices (the keywords of :class:`espn.settings.options.Option`)."""
     meta = {"help": help, "recipe": recipe, "method": method, "check": check}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=meta)
@@ -50,7 +50,7 @@ def setting(
 @dataclass(frozen=True)
 class TrainingSettings:
     """The settings of how tasks are learned, each declared once here: its name, type,
-    default, help and bounds. The ``espn run`` flags, :class:`espn.config.RunConfig`'s
+    default, help and bounds. The ``espn run`` flags, :class:`espn.runs.config.RunConfig`'s
     fields, the learner's keywords and the optimizer's settings are derived from these
     declarations (docs/recipes.md has the table). None means "unset": ``finetune_lr`` None
     is the run's ``lr``, ``reference_size`` None trains by the epochs as given.

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from espn import api_checks as checks
+from espn.api import checks
+from espn.api.learner import ContinualLearner, LearnerError
 from espn.checkpoint.format import checkpoint_dir, read_manifest
-from espn.learner import ContinualLearner, LearnerError
 from espn.models.reference import (
     ModelReferenceError,
     build,
@@ -33,7 +33,7 @@ from espn.models.reference import (
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.models.resnet import STREAM_PRUNING
 from espn.runs.loading import known_model, load_run
-from espn.settings import default
+from espn.settings.training import default
 from espn.supernet.supernet import Supernet
 
 

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from espn.api_checks import LearnerError, check_save_path
+from espn.api.checks import LearnerError, check_save_path
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
-from espn.config import RunConfig
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import identity, load_task, save_task, task_path
 from espn.evaluation.plots import plot_run
@@ -35,6 +34,7 @@ from espn.runs.checks import (
     results_document,
     run_meta,
 )
+from espn.runs.config import RunConfig
 from espn.runs.from_run import check_source_unchanged
 from espn.runs.loading import LoadedRun
 from espn.runs.resuming import RunCheckpoint, finished
@@ -229,7 +229,7 @@ def fingerprint(task: Task) -> str:
 
 class LearnerRuns:
     """The learner's side of its run directory (mixed into
-    :class:`~espn.learner.ContinualLearner`): :meth:`open_run`, the one way a learner opens
+    :class:`~espn.api.learner.ContinualLearner`): :meth:`open_run`, the one way a learner opens
     one (``out=``, ``espn run``), resuming it; the checks that a resumed Python script gives
     the tasks the same data; the writes after every step; :meth:`save`."""
 
@@ -242,7 +242,7 @@ class LearnerRuns:
         engine: Engine
         cfg: RunConfig
         callbacks: CallbackList
-        runner: Any  # espn.learning.TaskRunner: rows and records
+        runner: Any  # espn.api.tasks.TaskRunner: rows and records
         ranks: Ranks | None
         tasks: list[Task | None]
         names: list[str]

@@ -13,7 +13,7 @@ from espn.utils.io import MAX_JSON_BYTES, MAX_JSON_DEPTH
 #: values in one input sample (e.g. 3 x 2048 x 2048 images fit) and its dimensions
 MAX_INPUT_VALUES = 2**24
 MAX_INPUT_DIMS = 8
-#: classes of one task (as ``espn.api_checks.MAX_CLASSES``)
+#: classes of one task (as ``espn.api.checks.MAX_CLASSES``)
 MAX_CLASSES = 100_000
 #: parameters (and buffers) of a model a run directory names: 4 GiB of float32 weights
 MAX_MODEL_VALUES = 2**30

@@ -3,7 +3,7 @@
 A preset file (JSON, or YAML as sweep specs) holds the options themselves, ``{option: value,
 ...}`` as ``espn presets show NAME`` prints them, or ``{"description": "...", "config":
 {option: value, ...}}`` as the shipped ones; the options are those of ``espn run``
-(:class:`espn.config.RunConfig` fields and the methods' own: ``benchmark``, ``model``,
+(:class:`espn.runs.config.RunConfig` fields and the methods' own: ``benchmark``, ``model``,
 ``epochs``, ``lr``, ...). ``--preset NAME`` applies one of the files shipped here;
 ``--preset PATH.json`` (``.yaml``, ``.yml``) applies a file of the user's. Options given explicitly win over the preset, which wins over
 the benchmark's defaults.

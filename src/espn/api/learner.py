@@ -1,14 +1,14 @@
 """The one learner: :class:`ContinualLearner` is the only place where a sequence of tasks is
 learned, for every front door: ``espn run``, ``espn.run``, sweeps and ``espn reproduce``
-(a registered benchmark, assembled by :mod:`espn.experiment`), the Avalanche strategy, and a
+(a registered benchmark, assembled by :mod:`espn.api.experiment`), the Avalanche strategy, and a
 Python user's own network and data.
 
-Its settings are the training settings (:class:`~espn.settings.TrainingSettings`, one default
-each) under the names of ``espn run``'s options (:data:`~espn.config.TRAINING_SETTINGS`),
-resolved by the same precedence (:func:`espn.settings.layered`): what the user gave, then the
+Its settings are the training settings (:class:`~espn.settings.training.TrainingSettings`, one default
+each) under the names of ``espn run``'s options (:data:`~espn.runs.config.TRAINING_SETTINGS`),
+resolved by the same precedence (:func:`espn.settings.training.layered`): what the user gave, then the
 method's recipe, then a preset, then the recipe of the data's regime. Given a
 directory (``out=``), it writes the run directory ``espn run`` writes, after every epoch, and
-a second run of the same script resumes from it (see :mod:`espn.run_directory`).
+a second run of the same script resumes from it (see :mod:`espn.api.run_directory`).
 """
 
 from __future__ import annotations
@@ -19,24 +19,24 @@ from typing import Any
 
 import torch
 
-from espn import api_checks as checks
-from espn.api_checks import LearnerError
-from espn.config import (
+from espn.api import checks
+from espn.api.checks import LearnerError
+from espn.api.run_directory import DATA_DIR, DirectoryLock, LearnerRuns, RunDirectory
+from espn.api.tasks import LearnedTasks, Report, TaskRunner, task_line
+from espn.data.tasks import Task, TaskSequence
+from espn.data.tensors import TaskData
+from espn.evaluation.metrics import task_record
+from espn.loggers import make_loggers
+from espn.methods.base import METHODS, Strategy, declared_options
+from espn.runs.config import (
     TRAINING_SETTINGS,
     RunConfig,
     check_applicable,
     check_names,
     make_config,
 )
-from espn.data.tasks import Task, TaskSequence
-from espn.data.tensors import TaskData
-from espn.evaluation.metrics import task_record
-from espn.learning import LearnedTasks, Report, TaskRunner, task_line
-from espn.loggers import make_loggers
-from espn.methods.base import METHODS, Strategy, declared_options
-from espn.run_directory import DATA_DIR, DirectoryLock, LearnerRuns, RunDirectory
 from espn.runs.loading import model_name
-from espn.settings import METHOD_READS, explicit
+from espn.settings.training import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.distributed import join
@@ -57,7 +57,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
 
     ``method`` is a method name (``espn.methods.METHODS``), a :class:`Strategy` class, or a
     built strategy. ``settings`` are run options under the names ``espn run`` gives them
-    (:data:`~espn.config.TRAINING_SETTINGS`: ``gamma``, ``alpha``, ``epochs``,
+    (:data:`~espn.runs.config.TRAINING_SETTINGS`: ``gamma``, ``alpha``, ``epochs``,
     ``optimizer``, ``lr``, ``batch_size``, ``seed``, ``amp``, ``eval_every``,
     ``reference_size``, ...) and the method's own options (``supsup_k``, ...). Those left out
     come from the method's recipe, then a ``preset``, then the recipe of ``recipe``: a
@@ -447,7 +447,7 @@ def _configure(
 
 
 def _hand_built(strategy: Strategy) -> dict[str, Any]:
-    """The settings a strategy built by hand from :class:`~espn.settings.TrainingSettings`
+    """The settings a strategy built by hand from :class:`~espn.settings.training.TrainingSettings`
     fixes: those it reads itself (its budgets only where it has them), as it holds them, and
     any other it sets apart from the defaults; the rest follow the precedence."""
     cfg, cls = strategy.cfg, type(strategy)

@@ -1,7 +1,7 @@
 """The Python API's arguments, checked at the door with the CLI's own messages.
 
 A learner's training options (``lr``, ``batch_size``, ``seed``, ``device``, ``gamma``,
-``epochs``, ...) are validated by :class:`espn.config.RunConfig`'s validators, one field at a
+``epochs``, ...) are validated by :class:`espn.runs.config.RunConfig`'s validators, one field at a
 time, so that ``ContinualLearner(sn, lr=-1)`` and ``espn run --lr -1`` say the same thing.
 Data, models and paths are checked before anything is built or trained. Every refusal is an
 :class:`ApiArgumentError` (an :class:`~espn.errors.EspnError`) of one line that starts with
@@ -20,9 +20,9 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-from espn.config import ConfigError, RunConfig, config_error, make_config
 from espn.data.tensors import MAX_CLASSES
 from espn.errors import EspnError
+from espn.runs.config import ConfigError, RunConfig, config_error, make_config
 from espn.utils.io import os_error_text
 
 #: learner options that are run options, validated by RunConfig's validators
@@ -114,7 +114,7 @@ def check_learner(supernet: Any, device: Any, settings: dict[str, Any], **option
             check_option(name, value)
     if device is not None:
         check_option("device", device)
-        from espn.preflight import check_device
+        from espn.runs.preflight import check_device
 
         try:
             check_device(str(device))

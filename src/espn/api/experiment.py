@@ -1,6 +1,6 @@
 """``espn run``'s assembly: build the benchmark and the supernet a run configuration names
 (:mod:`espn.runs.building`), hand them to the one learner
-(:class:`espn.learner.ContinualLearner`) with the run directory (:mod:`espn.run_directory`)
+(:class:`espn.api.learner.ContinualLearner`) with the run directory (:mod:`espn.api.run_directory`)
 attached."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from espn.api.learner import ContinualLearner
+from espn.api.run_directory import RunDirectory
 from espn.checkpoint.format import checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
-from espn.config import ConfigError, RunConfig, check_applicable, make_config
 from espn.data.tasks import TaskSequence
-from espn.learner import ContinualLearner
 from espn.loggers import logging_options
-from espn.preflight import check_run
-from espn.run_directory import RunDirectory
 from espn.runs.building import build_benchmark, build_supernet
 from espn.runs.checks import check_out_dir, clear_run, results_document
+from espn.runs.config import ConfigError, RunConfig, check_applicable, make_config
 from espn.runs.from_run import adopt_tasks, check_compatible, check_from_run, open_source
+from espn.runs.preflight import check_run
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
 from espn.training.distributed import join
@@ -134,13 +134,13 @@ def run(
 
     Give ``espn run``'s options as keywords (``benchmark``, ``method``, ``out``, ``tasks``,
     ``train_per_task``, ``gamma``, ``epochs=(3, 4, 3)``, a method's own options such as
-    ``supsup_k``, ...: the :class:`~espn.config.RunConfig` fields) or a ready ``RunConfig``;
-    each value is checked before any work (:class:`~espn.config.ConfigError` naming it).
+    ``supsup_k``, ...: the :class:`~espn.runs.config.RunConfig` fields) or a ready ``RunConfig``;
+    each value is checked before any work (:class:`~espn.runs.config.ConfigError` naming it).
     The run directory ``out`` gets what the CLI writes (``results.json``, ``accuracy.png``,
     ``checkpoint/``); ``resume`` and ``overwrite`` are the CLI's ``--resume``/``--overwrite``,
     ``progress`` shows the progress bar, ``on_task_end`` receives the per-task lines, and what
     the run could not do as asked is issued as a Python warning (and kept in the document);
-    ``loggers``, ``log_every`` and ``distributed`` as in :class:`~espn.learner.ContinualLearner`.
+    ``loggers``, ``log_every`` and ``distributed`` as in :class:`~espn.api.learner.ContinualLearner`.
 
     Example: ``espn.run(benchmark="permuted-fashion-mnist", tasks=2, train_per_task=500,
     out="runs/mine")["average_accuracy"]``.
