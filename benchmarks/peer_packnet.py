@@ -35,8 +35,8 @@ from espn.api.experiment import build_benchmark, run_experiment
 from espn.data.tasks import Task, TaskSequence
 from espn.methods.base import METHODS
 from espn.runs.config import ConfigError, RunConfig, make_config
-from espn.training.engine import plan_phase, reference_batches
 from espn.training.optim import OptimConfig, build_optimizer
+from espn.training.plan import plan_phase, reference_batches
 from espn.utils.io import write_json_atomic
 
 SIDES = ("both", "espn", "avalanche")

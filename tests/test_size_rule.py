@@ -28,7 +28,7 @@ from espn.reproduce.continual import (
 from espn.reproduce.target import TARGETS, Options, parse_name
 from espn.runs.config import make_config
 from espn.training.callbacks import Callback, EpochStart, StepEnd, TrainStart
-from espn.training.engine import plan_phase, prune_points
+from espn.training.plan import plan_phase, prune_points
 from helpers.deploy import Killed, fc_test, kill_at_step, run_options, watch_engines
 from helpers.mnist import synthetic_mnist
 

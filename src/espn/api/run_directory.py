@@ -41,7 +41,8 @@ from espn.runs.resuming import RunCheckpoint, finished
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, EpochEnd
 from espn.training.distributed import writes_files
-from espn.training.engine import Engine, TaskProgress
+from espn.training.engine import Engine
+from espn.training.plan import TaskProgress
 from espn.utils.io import os_error_text, write_json_atomic
 
 #: The most checkpoints of a task in training per phase. A phase of more passes (the size rule

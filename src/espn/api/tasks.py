@@ -33,7 +33,8 @@ from espn.runs.config import ConfigError, RunConfig
 from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import TaskEnd
-from espn.training.engine import Engine, TaskLog, TaskProgress, TrainingStopped
+from espn.training.engine import Engine, TrainingStopped
+from espn.training.plan import TaskLog, TaskProgress
 
 if TYPE_CHECKING:
     from espn.inference.export import AgnosticExportReport

@@ -123,7 +123,7 @@ class StateEntry(FileEntry):
 
 
 class Position(_Model):
-    """Where the task in training stands (see :class:`espn.training.engine.TaskProgress`)."""
+    """Where the task in training stands (see :class:`espn.training.plan.TaskProgress`)."""
 
     phase: int = Field(ge=0)
     epoch: int = Field(ge=0)

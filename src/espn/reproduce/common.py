@@ -14,7 +14,7 @@ from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
 from espn.runs.config import make_config
 from espn.settings.recipes import MNIST
-from espn.training.engine import plan_phase, reference_batches
+from espn.training.plan import plan_phase, reference_batches
 from espn.utils.io import atomic_target
 from espn.utils.plotting import pyplot
 

@@ -450,7 +450,7 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
 
     def floor_reference(self) -> int | None:
         """The reference data size the size rule applies (None: epochs as given); see
-        :func:`espn.training.engine.plan_phase`."""
+        :func:`espn.training.plan.plan_phase`."""
         return self.reference_size if self.step_floor else None
 
     def optim_config(self) -> OptimConfig:

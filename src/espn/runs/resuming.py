@@ -17,7 +17,8 @@ from espn.runs.config import RunConfig
 from espn.runs.legacy import upgrade_saved_config
 from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine, TaskProgress
+from espn.training.engine import Engine
+from espn.training.plan import TaskProgress
 
 
 def finished(

@@ -13,7 +13,8 @@ from torch import Tensor
 from espn.checkpoint import Checkpoint, TrainingSnapshot, TrainingState, restore_working
 from espn.methods.base import Strategy
 from espn.supernet.supernet import Supernet
-from espn.training.engine import Engine, TaskProgress
+from espn.training.engine import Engine
+from espn.training.plan import TaskProgress
 
 #: :class:`TaskProgress` fields the checkpoint stores as plain numbers (the optimizer's state
 #: goes to the state file as tensors)

@@ -96,7 +96,7 @@ class EpochEnd:
     @cached_property
     def position(self) -> Any:
         """Where the task stands now, enough to continue it exactly (a
-        :class:`~espn.training.engine.TaskProgress` with the optimizer's state; None: not
+        :class:`~espn.training.plan.TaskProgress` with the optimizer's state; None: not
         known). Reading it first brings the supernet up to date with a slim copy that trains
         the task (see :mod:`espn.training.slim_step`): until then, inside a phase, the
         supernet holds the copy's training as of the last checkpoint or prune event."""

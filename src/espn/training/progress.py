@@ -6,7 +6,7 @@ output is not one (a log file, a captured stream), a plain line every 30 seconds
 
 It counts what the engine runs: optimizer steps, with the phase and the pass over the task's
 training data (``task 0 prune pass 1/2``); the size rule may make a phase more passes than
-its recipe's epochs (see :func:`espn.training.engine.plan_phase`), which the first line says.
+its recipe's epochs (see :func:`espn.training.plan.plan_phase`), which the first line says.
 """
 
 from __future__ import annotations
