@@ -25,9 +25,6 @@ from espn.errors import EspnError
 from espn.runs.config import ConfigError, RunConfig, config_error, make_config
 from espn.utils.io import os_error_text
 
-#: learner options that are run options, validated by RunConfig's validators
-LEARNER_OPTIONS = ("optimizer", "lr", "batch_size", "weight_decay", "momentum", "betas", "seed")
-
 
 class ApiArgumentError(EspnError, ValueError):
     """An argument of the Python API is not accepted; the message names it and says why."""
@@ -98,9 +95,9 @@ def check_option(name: str, value: Any, config: RunConfig | None = None) -> None
         ) from None
 
 
-def check_learner(supernet: Any, device: Any, settings: dict[str, Any], **options: Any) -> None:
-    """``ContinualLearner``'s arguments: a supernet, and options and method settings that
-    are run options checked as run options."""
+def check_learner(supernet: Any, device: Any, settings: dict[str, Any]) -> None:
+    """``ContinualLearner``'s arguments: a supernet, a device, and settings that are run
+    options checked as run options."""
     from espn.supernet.supernet import Supernet
 
     if not isinstance(supernet, Supernet):
@@ -109,9 +106,6 @@ def check_learner(supernet: Any, device: Any, settings: dict[str, Any], **option
             f"expected an espn Supernet (espn.wrap(model, example_input)), got "
             f"{type(supernet).__name__}",
         )
-    for name, value in options.items():
-        if name in LEARNER_OPTIONS and not (name == "batch_size" and value is None):
-            check_option(name, value)
     if device is not None:
         check_option("device", device)
         from espn.runs.preflight import check_device
