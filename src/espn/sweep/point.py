@@ -129,7 +129,7 @@ def run_point(point: Point, out: Path) -> PointOutcome:
     """Run (reuse, resume) ``point`` into ``out/<point.name>``; never raises for the point's
     own failure, which is returned as status ``failed`` with its one-line error (the
     traceback is in the log)."""
-    from espn import experiment  # looked up at call time: tests may patch run_experiment
+    from espn.api import experiment  # looked up at call time: tests may patch run_experiment
 
     run_dir = Path(out) / point.name
     log = run_dir / LOG_NAME
