@@ -166,7 +166,7 @@ def test_an_error_with_brackets_reaches_the_terminal_intact(tmp_path: Path) -> N
 
 
 def test_warnings_and_labels_are_printed_as_written(capsys: pytest.CaptureFixture[str]) -> None:
-    from espn.cli.common import console, labelled, warn
+    from espn.utils.commands import console, labelled, warn
 
     warn("install it: pip install 'espn[ray]' ([bold]not bold[/])")
     console.print(labelled("stopped early:", "yellow", "point [a]: failed [b]"))

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 import espn
 from espn.api.learner import LearnerError
 from espn.cli.main import app
-from espn.loggers import CSVLogger, LoggerError
 from espn.runs.checks import DirectoryLockError
 from espn.training.callbacks import Callback
+from espn.training.loggers import CSVLogger, LoggerError
 from helpers.api_models import SmallMLP
 from helpers.deploy import cli_options
 from test_api import tiny_data

@@ -7,7 +7,6 @@ import typer
 from espn.api.functions import LearnerError
 from espn.checkpoint.format import CheckpointError
 from espn.checkpoint.lock import RunLocked
-from espn.cli.common import UserError, user_errors
 from espn.data.sources import DatasetUnavailable
 from espn.data.tensors import TaskDataError
 from espn.errors import EspnError
@@ -23,6 +22,7 @@ from espn.supernet.supernet import NothingToMask
 from espn.sweep.spec import SweepError
 from espn.theory.planted import TheoryConfigError
 from espn.training.engine import TrainingStopped
+from espn.utils.commands import UserError, user_errors
 
 ERRORS = [
     (CheckpointError, ValueError),

@@ -15,7 +15,7 @@ LABS = ("espn.reproduce", "espn.theory")
 #: section "Building on espn"): the packages' exports, recipes, helpers, the command line's
 #: building blocks for the labs' own commands
 PUBLIC = (
-    "espn.cli.common",
+    "espn.utils.commands",
     "espn.runs.config",
     "espn.errors",
     "espn.evaluation.results",

@@ -10,17 +10,17 @@ from typing import Any
 
 import pytest
 
-import espn.loggers.base as logger_base
-from espn.loggers import (
+import espn.training.loggers.base as logger_base
+from espn.registry import UnknownNameError
+from espn.runs.config import RunConfig
+from espn.training.callbacks import Callback, CallbackList, EpochEnd, StepEnd, TaskEnd
+from espn.training.loggers import (
     CSVLogger,
     LoggerError,
     LoggerUnavailable,
     TensorBoardLogger,
     make_loggers,
 )
-from espn.registry import UnknownNameError
-from espn.runs.config import RunConfig
-from espn.training.callbacks import Callback, CallbackList, EpochEnd, StepEnd, TaskEnd
 from espn.utils.io import read_csv
 from helpers.logs import tensorboard_scalars, tensorboard_texts, wandb_run
 
@@ -207,7 +207,7 @@ def test_tensorboard_events_hold_every_metric(tmp_path):
 
 def test_wandb_offline_needs_no_account(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
-    from espn.loggers import WandbLogger
+    from espn.training.loggers import WandbLogger
 
     for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
         monkeypatch.delenv(var, raising=False)
@@ -233,7 +233,7 @@ def test_wandb_offline_needs_no_account(tmp_path, monkeypatch):
 
 def test_wandb_mode_is_checked(monkeypatch, tmp_path):
     pytest.importorskip("wandb")
-    from espn.loggers import WandbLogger
+    from espn.training.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "sometimes")
     with pytest.raises(LoggerError, match=r"WANDB_MODE 'sometimes'.*offline, online, disabled"):

@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 import espn
 import espn.data.mnist as mnist_module
 import espn.export.export  # imported, as in any process that exported
-from espn.cli.common import console
 from espn.cli.main import app
 from espn.data.sources import DatasetUnavailable, load_mnist_like
 from espn.errors import EspnError
 from espn.sweep.spec import SweepError, expand_spec
+from espn.utils.commands import console
 from espn.utils.limits import MAX_MODEL_VALUES
 from espn.utils.text import printable
 from helpers.errors import one_line_error

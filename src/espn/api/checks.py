@@ -249,9 +249,9 @@ def check_callbacks(callbacks: Any) -> list[Any]:
 def check_loggers(loggers: Any, log_every: Any) -> list[Any]:
     """``loggers``: logger names (one string, comma-separated as ``--log``, or a list) and
     :class:`~espn.training.callbacks.Callback` objects; ``log_every`` given only with a
-    logger named (:func:`espn.loggers.logging_options`)."""
-    from espn.loggers import logging_options
+    logger named (:func:`espn.training.loggers.logging_options`)."""
     from espn.training.callbacks import Callback
+    from espn.training.loggers import logging_options
 
     if isinstance(loggers, Callback) or not (isinstance(loggers, str) or _iterable(loggers)):
         raise fail(

@@ -16,7 +16,6 @@ from espn.api.run_directory import RunDirectory
 from espn.checkpoint.format import checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
 from espn.data.tasks import TaskSequence
-from espn.loggers import logging_options
 from espn.runs.building import build_benchmark, build_supernet
 from espn.runs.checks import check_out_dir, clear_run, results_document
 from espn.runs.config import ConfigError, RunConfig, check_applicable, make_config
@@ -26,6 +25,7 @@ from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
 from espn.training.distributed import join
 from espn.training.engine import TrainingStopped
+from espn.training.loggers import logging_options
 
 __all__ = ["build_benchmark", "build_supernet", "results_document", "run", "run_experiment"]
 

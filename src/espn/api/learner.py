@@ -26,7 +26,6 @@ from espn.api.tasks import LearnedTasks, Report, TaskRunner, task_line
 from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
 from espn.evaluation.metrics import task_record
-from espn.loggers import make_loggers
 from espn.methods.base import METHODS, Strategy, declared_options
 from espn.runs.config import (
     TRAINING_SETTINGS,
@@ -41,6 +40,7 @@ from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.distributed import join
 from espn.training.engine import Engine
+from espn.training.loggers import make_loggers
 from espn.training.optim import OptimConfig
 from espn.training.progress import ProgressBar
 
@@ -69,7 +69,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
     there). While the learner lives (until :meth:`close`) no other process may write ``out``.
     ``callbacks`` (a list, see :mod:`espn.training.callbacks`) and ``loggers`` (callbacks,
     or logger names: ``"tensorboard"``, ``"csv"``, ``"wandb"`` or several comma-separated
-    in one string, written under ``out/logs``; see :mod:`espn.loggers`) are told of every
+    in one string, written under ``out/logs``; see :mod:`espn.training.loggers`) are told of every
     step, epoch and task (named loggers read the loss every ``log_every`` steps, default
     50); ``progress`` attaches a progress bar over each task's optimizer
     steps (the callback :class:`~espn.training.progress.ProgressBar`);

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from espn.cli.common import (
+from espn.utils.commands import (
     RUN_ALIAS,
     RUN_ARGUMENT,
     command_group,

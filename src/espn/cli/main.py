@@ -18,7 +18,9 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from espn.cli.common import (
+from espn.cli.options import WithOptions
+from espn.settings.training import DEFAULT_LOG_EVERY, default
+from espn.utils.commands import (
     RUN_ALIAS,
     RUN_ARGUMENT,
     RunInterrupted,
@@ -30,8 +32,6 @@ from espn.cli.common import (
     user_errors,
     warn,
 )
-from espn.cli.options import WithOptions
-from espn.settings.training import DEFAULT_LOG_EVERY, default
 from espn.utils.text import printable
 
 #: every command: the module and attribute defining it (a command function or a typer app of

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from espn.cli.common import run_dir_option
+from espn.utils.commands import run_dir_option
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo

@@ -8,9 +8,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from espn.cli.common import command_group, console, user_errors
 from espn.runs.config import RunConfig, check_applicable, make_config
 from espn.settings.presets import describe, load_preset, preset_names
+from espn.utils.commands import command_group, console, user_errors
 
 app = command_group(
     help="Named run recipes for `espn run --preset NAME` (options given explicitly win).",

@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from espn.cli.common import (
+from espn.sweep import PointOutcome
+from espn.utils.commands import (
     CPUS_PER_RUN_OPTION,
     OVERWRITE_POINTS_OPTION,
     POINT_PROGRESS_OPTION,
@@ -18,7 +19,6 @@ from espn.cli.common import (
     run_dir_option,
     user_errors,
 )
-from espn.sweep import PointOutcome
 from espn.utils.text import printable
 
 

@@ -10,8 +10,7 @@ from typing import overload
 import torch
 from torch import Tensor
 
-# transform(raw batch, train) -> model input batch, applied on the device, vectorised.
-BatchTransform = Callable[[Tensor, bool], Tensor]
+from espn.utils.transforms import BatchTransform as BatchTransform
 
 
 @dataclass

@@ -28,6 +28,7 @@ from espn.errors import EspnError
 from espn.settings.recipes import MNIST
 from espn.utils import limits
 from espn.utils.io import atomic_target
+from espn.utils.transforms import identity as identity
 
 
 class TaskDataError(EspnError, ValueError):
@@ -45,11 +46,6 @@ MAX_BATCHES = 1_000_000
 MAX_CLASSES = limits.MAX_CLASSES
 #: the most bytes of inputs one split may gather (the data are held on the training device)
 MAX_BYTES = 16 * 2**30
-
-
-def identity(x: Tensor, train: bool) -> Tensor:
-    """The transform of a task whose samples are model inputs already."""
-    return x
 
 
 def as_tensors(data: TaskData, what: str = "data") -> tuple[Tensor, Tensor]:

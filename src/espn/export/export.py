@@ -24,11 +24,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from espn.data.tasks import BatchTransform
 from espn.export.inputs import WithInputs, describe_transform, has_transform
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.supernet.supernet import Supernet
 from espn.utils.io import atomic_target, os_error_text, write_json_atomic
+from espn.utils.transforms import BatchTransform
 
 FORMATS = {".pt2": "torch.export", ".onnx": "onnx"}
 #: outputs must match the supernet's within TOLERANCE x max(1, largest |supernet output|):

@@ -18,8 +18,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from espn.data.tasks import BatchTransform
-from espn.data.tensors import identity
+from espn.utils.transforms import BatchTransform, identity
 
 
 class WithInputs(nn.Module):

@@ -10,7 +10,8 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from espn.cli.common import (
+from espn.reproduce import SCALES, TARGETS, Options, report, run_target
+from espn.utils.commands import (
     CPUS_PER_RUN_OPTION,
     OVERWRITE_POINTS_OPTION,
     POINT_PROGRESS_OPTION,
@@ -24,7 +25,6 @@ from espn.cli.common import (
     run_dir_option,
     user_errors,
 )
-from espn.reproduce import SCALES, TARGETS, Options, report, run_target
 from espn.utils.text import printable
 
 

@@ -99,7 +99,7 @@ class RunMismatch(CheckpointError):
 #: files and directories that mark a directory as holding a run's output
 RUN_OUTPUTS = ("results.json", "accuracy.png", "checkpoint")
 
-#: where a run's loggers write (see :mod:`espn.loggers`)
+#: where a run's loggers write (see :mod:`espn.training.loggers`)
 LOGS_DIR = "logs"
 
 

@@ -16,7 +16,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from espn.cli.common import command_group, user_errors
 from espn.theory.common import config_dict, read_csv
 from espn.theory.mismatch import (
     MISMATCH_COLUMNS,
@@ -42,6 +41,7 @@ from espn.theory.task_order import (
     summarize_task_order,
     task_order_solves,
 )
+from espn.utils.commands import command_group, user_errors
 from espn.utils.io import read_json, write_csv, write_json_atomic
 
 app = command_group(

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
-from espn.loggers.base import (
+from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
     EpochRecord,
     LoggerError,

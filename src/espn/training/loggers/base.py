@@ -131,7 +131,7 @@ class MetricLogger(Callback, ABC):
     :meth:`log_epoch`, :meth:`log_task`; :meth:`close` is called by ``on_run_end``.
     """
 
-    #: the name ``espn run --log`` and :func:`espn.loggers.make_loggers` accept
+    #: the name ``espn run --log`` and :func:`espn.training.loggers.make_loggers` accept
     name: ClassVar[str]
     #: (module, pip extra) the logger needs beyond espn's own dependencies, or None
     extra: ClassVar[tuple[str, str] | None] = None

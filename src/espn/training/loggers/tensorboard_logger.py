@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from espn.loggers.base import (
+from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
     EpochRecord,
     MetricLogger,

@@ -2,7 +2,7 @@
 
 ``espn run --log tensorboard,csv`` and ``ContinualLearner(..., loggers=[...])`` build them
 with :func:`make_loggers`; each writes into ``RUN/logs/``. Every logger records the same
-things (see :mod:`espn.loggers.base`): the loss and learning rate every ``log_every`` steps
+things (see :mod:`espn.training.loggers.base`): the loss and learning rate every ``log_every`` steps
 with the phase, each epoch's loss, and per learned task its accuracy row, FLOPs ratio, weights
 used and added, and wall time. TensorBoard and W&B are optional extras
 (``pip install 'espn[tensorboard]'``, ``'espn[wandb]'``); asking for one that is not installed
@@ -15,18 +15,18 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from espn.loggers.base import (
+from espn.registry import Registry
+from espn.training.callbacks import Callback
+from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
     LoggerError,
     LoggerUnavailable,
     MetricLogger,
     check_log_every,
 )
-from espn.loggers.csv_logger import CSVLogger
-from espn.loggers.tensorboard_logger import TensorBoardLogger
-from espn.loggers.wandb_logger import WandbLogger
-from espn.registry import Registry
-from espn.training.callbacks import Callback
+from espn.training.loggers.csv_logger import CSVLogger
+from espn.training.loggers.tensorboard_logger import TensorBoardLogger
+from espn.training.loggers.wandb_logger import WandbLogger
 
 #: the loggers ``--log`` accepts, by name
 LOGGERS: Registry[type[MetricLogger]] = Registry("logger")
@@ -128,7 +128,7 @@ def make_loggers(
         raise LoggerError(
             f"the {chosen[0]} logger writes into the run directory, and there is none: "
             f"give the learner out=DIR, or pass a logger object with its own directory, "
-            f"e.g. espn.loggers.CSVLogger('logs')"
+            f"e.g. espn.training.loggers.CSVLogger('logs')"
         )
     if run_dir is not None:
         for name in chosen:

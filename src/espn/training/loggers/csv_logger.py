@@ -23,7 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
-from espn.loggers.base import (
+from espn.training.callbacks import StepEnd
+from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
     EpochRecord,
     LoggerError,
@@ -31,7 +32,6 @@ from espn.loggers.base import (
     StepRecord,
     TaskRecord,
 )
-from espn.training.callbacks import StepEnd
 from espn.utils.io import read_csv, write_csv
 
 STEP_COLUMNS = ["task", "phase", "step", "loss", "lr", "elapsed_seconds"]
