@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from espn.utils.commands import (
     user_errors,
 )
 from espn.utils.text import printable
+
+if TYPE_CHECKING:
+    from espn.checkpoint.sizes import StoredRun
 
 app = command_group()
 
@@ -398,6 +401,33 @@ def info(
         )
         + ("" if training is None else f", task {training['task']} in training")
     )
+    table, dense_total = _task_table(stored)
+    wide.print(table)
+    bits = m.get("owner_bits")
+    wide.print(
+        f"owner ids: {_mib(stored.owner_bytes)} ({bits} bits per weight, for all tasks together)"
+        if stored.owner_bytes
+        else "owner ids: none stored (a version-1 checkpoint: each task's masks hold them)"
+    )
+    task_bytes = sum(t.file for t in stored.tasks)
+    wide.print(
+        f"checkpoint {_mib(stored.total)} on disk: shared weights, owner ids and RNG state "
+        f"{_mib(stored.state_file)}"
+        + ("" if training is None else " (with the task in training and its optimizer)")
+        + f", {len(stored.tasks)} task files {_mib(task_bytes)}, manifest "
+        f"{_mib(stored.files['manifest.json'])}"
+    )
+    if dense_total:
+        wide.print(
+            f"one dense model per task: {len(stored.tasks)} x {_mib(stored.weight_bytes)} "
+            f"weights + own BN/gates/head = {_mib(dense_total)}; the checkpoint is "
+            f"{stored.total / dense_total:.3f} of that"
+        )
+
+
+def _task_table(stored: StoredRun) -> tuple[Table, int]:
+    """``espn info``'s table, a row per stored task, and the bytes of one dense model per
+    task (the shared weights plus each task's own BatchNorm/gates/head)."""
     table = Table(
         "task",
         "FLOPs ratio",
@@ -426,24 +456,4 @@ def info(
             f"{task.nbytes:,}",
             f"{task.file:,}",
         )
-    wide.print(table)
-    bits = m.get("owner_bits")
-    wide.print(
-        f"owner ids: {_mib(stored.owner_bytes)} ({bits} bits per weight, for all tasks together)"
-        if stored.owner_bytes
-        else "owner ids: none stored (a version-1 checkpoint: each task's masks hold them)"
-    )
-    task_bytes = sum(t.file for t in stored.tasks)
-    wide.print(
-        f"checkpoint {_mib(stored.total)} on disk: shared weights, owner ids and RNG state "
-        f"{_mib(stored.state_file)}"
-        + ("" if training is None else " (with the task in training and its optimizer)")
-        + f", {len(stored.tasks)} task files {_mib(task_bytes)}, manifest "
-        f"{_mib(stored.files['manifest.json'])}"
-    )
-    if dense_total:
-        wide.print(
-            f"one dense model per task: {len(stored.tasks)} x {_mib(stored.weight_bytes)} "
-            f"weights + own BN/gates/head = {_mib(dense_total)}; the checkpoint is "
-            f"{stored.total / dense_total:.3f} of that"
-        )
+    return table, dense_total
