@@ -35,6 +35,7 @@ from espn.runs.config import (
     make_config,
 )
 from espn.runs.loading import model_name
+from espn.runs.method import method_class
 from espn.settings.training import METHOD_READS, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
@@ -396,17 +397,11 @@ def _configure(
 ) -> tuple[Strategy, RunConfig]:
     """The learner's strategy and its resolved run configuration (benchmark ``tensors``)."""
     built = method if isinstance(method, Strategy) else None
-    if built is not None:
-        cls: type[Strategy] = type(built)
-    elif isinstance(method, str):
-        cls = METHODS.get(method)
-    elif isinstance(method, type) and issubclass(method, Strategy):
-        cls = method
-    else:
-        raise TypeError(
-            f"method must be a method name ({', '.join(METHODS.names())}), a Strategy class or "
-            f"a built strategy, got {method!r}"
-        )
+    cls = (
+        type(built)
+        if built is not None
+        else method_class(method, "method must be", ", a Strategy class or a built strategy")
+    )
     try:
         check_names(cls, settings)
     except ValueError as exc:

@@ -255,11 +255,14 @@ def build(name: str) -> nn.Module:
     :class:`ModelReferenceError` naming the reference (the cause kept for ``--debug``)."""
     factory, kwargs = factory_of(name)
     try:
-        inspect.signature(factory).bind(**kwargs)
-    except TypeError as exc:  # a missing or unknown argument: named before any call
-        raise ModelReferenceError(f"model {name!r}: {exc}") from None
+        signature = inspect.signature(factory)
     except ValueError:  # no signature to check (a builtin): the call says
-        pass
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as exc:  # a missing or unknown argument: named before any call
+            raise ModelReferenceError(f"model {name!r}: {exc}") from None
     try:
         model = factory(**kwargs)
     except EspnError:  # already one line saying what to do

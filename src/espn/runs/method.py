@@ -10,6 +10,16 @@ from espn.methods.base import METHODS, MethodSettingError, Strategy
 from espn.runs.config import ConfigError, check_names, make_config
 
 
+def method_class(method: object, lead: str, tail: str) -> type[Strategy]:
+    """The class of a method given by registered name or as a Strategy subclass; anything
+    else is a TypeError in the caller's words: ``{lead} a method name (...){tail}, got ...``."""
+    if isinstance(method, str):
+        return METHODS.get(method)
+    if isinstance(method, type) and issubclass(method, Strategy):
+        return method
+    raise TypeError(f"{lead} a method name ({', '.join(METHODS.names())}){tail}, got {method!r}")
+
+
 def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strategy:
     """A method by registered name or class, with keyword settings: run options that shape
     training (``gamma``, ``alpha``, ``epochs``, ``warmup``, ... under their ``espn run``
@@ -22,15 +32,7 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
     :class:`MethodSettingError` (an :class:`~espn.errors.EspnError` and ValueError) naming it
     and what is accepted. Example: ``create_method("supsup", supsup_k=0.3, epochs=(1, 1, 1))``.
     """
-    if isinstance(name_or_class, str):
-        cls = METHODS.get(name_or_class)
-    elif isinstance(name_or_class, type) and issubclass(name_or_class, Strategy):
-        cls = name_or_class
-    else:
-        raise TypeError(
-            f"create_method takes a method name ({', '.join(METHODS.names())}) or a Strategy "
-            f"subclass, got {name_or_class!r}"
-        )
+    cls = method_class(name_or_class, "create_method takes", " or a Strategy subclass")
     try:
         return _create(cls, settings)
     except ConfigError as exc:  # a setting's check, as a run makes it
