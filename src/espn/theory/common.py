@@ -124,12 +124,6 @@ def check_r_frz(values: Iterable[int], r: int) -> None:
             raise TheoryConfigError(f"each value must be in [0, r={r}], got {value}", "r_frz")
 
 
-def check_target(target: float) -> None:
-    """Refuse a target excess risk outside ``(0, 1)``."""
-    if not 0 < target < 1:
-        raise TheoryConfigError(f"must be in (0, 1), got {target:g}", "target")
-
-
 def _check_finite(cfg: PlantedConfig) -> None:
     """Every float option (and every number of a list option) must be finite."""
     for f in fields(cfg):

@@ -17,12 +17,11 @@ from espn.theory.common import (
     Progress,
     check_ns,
     check_r_frz,
-    check_target,
     evaluate,
     mean_curve,
     tick,
 )
-from espn.theory.planted import derive_seed, generator
+from espn.theory.planted import TheoryConfigError, derive_seed, generator
 from espn.theory.solver import solve_crl
 
 SAMPLE_COMPLEXITY_COLUMNS = (
@@ -56,7 +55,8 @@ class SampleComplexityConfig(PlantedConfig):
         super().validate()
         check_ns(self.ns)
         check_r_frz(self.r_frz, self.r)
-        check_target(self.target)
+        if not 0 < self.target < 1:
+            raise TheoryConfigError(f"must be in (0, 1), got {self.target:g}", "target")
 
     @property
     def settings(self) -> list[int]:
