@@ -5,11 +5,11 @@ and from scratch; the paper's Corollary 1 says the excess risk is governed by
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import mean
+from time import perf_counter
 from typing import Any
 
 from espn.theory.common import (
@@ -17,6 +17,7 @@ from espn.theory.common import (
     Progress,
     check_ns,
     check_r_frz,
+    curve_row,
     evaluate,
     mean_curve,
     tick,
@@ -89,28 +90,15 @@ def run_sample_complexity(
             r_new = cfg.r - r_frz
             W_frz = model.frozen(r_frz)
             for n in sorted(cfg.ns):
-                start = time.perf_counter()
+                start = perf_counter()
                 solver = cfg.solver(model, derive_seed(cfg.seed, rep, r_frz, n))
                 sol = solve_crl(train.head(n), r_new, W_frz, solver)
-                test_risk, excess = evaluate(sol.predict, tasks, test, test_clean)
-                rows.append(
-                    {
-                        "setting": "scratch" if r_frz == 0 else "frozen",
-                        "r_frz": r_frz,
-                        "r_new": r_new,
-                        "replicate": rep,
-                        "N": n,
-                        "T": model.T,
-                        "NT": n * model.T,
-                        "dof": model.T * cfg.r + r_new * cfg.d,
-                        "train_loss": sol.train_loss,
-                        "test_risk": test_risk,
-                        "excess_risk": excess,
-                        "noise_floor": model.noise_floor,
-                        "restart": sol.restart,
-                        "seconds": time.perf_counter() - start,
-                    }
+                risks = evaluate(sol.predict, tasks, test, test_clean)
+                setting = "scratch" if r_frz == 0 else "frozen"
+                row = curve_row(
+                    cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start
                 )
+                rows.append(row | {"restart": sol.restart})
                 tick(progress)
     return rows
 
