@@ -13,6 +13,7 @@ import numpy as np
 from espn.reproduce.common import (
     SMOKE,
     by_series,
+    error_line,
     figure_title,
     label,
     legend_outside_with_grid,
@@ -347,14 +348,7 @@ def efficiency_plot(table: Table, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for method in dict.fromkeys(r["method"] for r in table.rows if r["tasks_before"] is not None):
         mine = [r for r in table.rows if r["method"] == method]
-        ax.errorbar(
-            [r["tasks_before"] for r in mine],
-            [r["small"] for r in mine],
-            yerr=[r["small_se"] or 0.0 for r in mine],
-            marker="o",
-            capsize=3,
-            label=method,
-        )
+        error_line(ax, mine, "tasks_before", "small", method)
     for r in table.rows:
         if r["tasks_before"] is None:
             ax.axhline(r["small"], ls="--", color="tab:red", label=f"{r['method']} (ours)")
