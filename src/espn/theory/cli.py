@@ -51,10 +51,6 @@ app = command_group(
     no_args_is_help=True,
 )
 
-ACT_HELP = "Activation psi: " + ", ".join(ACTIVATIONS) + "."
-INPUT_HELP = "Input distribution (radius sqrt(d)): " + ", ".join(INPUT_DISTRIBUTIONS) + "."
-
-
 C = TypeVar("C", SampleComplexityConfig, MismatchConfig, TaskOrderConfig)
 N = TypeVar("N", int, float)
 
@@ -156,10 +152,13 @@ def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
 D = Annotated[int, typer.Option(help="Input dimension d.")]
 R = Annotated[int, typer.Option(help="Representation dimension r (rows of W*).")]
 Ns = Annotated[str, typer.Option(help="Samples per task N (comma-separated, >= 1).")]
-Activation = Annotated[str, typer.Option(help=ACT_HELP)]
+Activation = Annotated[str, typer.Option(help=f"Activation psi: {', '.join(ACTIVATIONS)}.")]
 Noise = Annotated[float, typer.Option(help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3.")]
 HeadNorm = Annotated[float, typer.Option(help="Norm of every planted head v_t.")]
-Inputs = Annotated[str, typer.Option(help=INPUT_HELP)]
+Inputs = Annotated[
+    str,
+    typer.Option(help=f"Input distribution (radius sqrt(d)): {', '.join(INPUT_DISTRIBUTIONS)}."),
+]
 Replicates = Annotated[int, typer.Option(help="Independent planted models (curves are means).")]
 Restarts = Annotated[int, typer.Option(help="Solver initialisations (the best one is kept).")]
 MaxIter = Annotated[int, typer.Option(help="L-BFGS iterations per solve.")]
