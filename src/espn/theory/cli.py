@@ -81,32 +81,6 @@ def parse_numbers(option: str, text: str, kind: type[N] = int) -> tuple[N, ...]:
     return values
 
 
-def _experiment(
-    name: str,
-    cfg: C,
-    solves: int,
-    run: Callable[[C, Callable[[int], None] | None], list[dict[str, Any]]],
-    options: dict[str, Any],
-) -> None:
-    """Run ``run(cfg, progress)`` (under a progress bar of ``solves`` solves unless
-    ``--no-progress``), write the CSV, then summarise and plot from the CSV as read back."""
-    if options["progress"]:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            transient=True,
-        ) as bar:
-            task = bar.add_task(name.replace("_", " "), total=solves)
-            rows = run(cfg, lambda k: bar.advance(task, k))
-    else:
-        rows = run(cfg, None)
-    _report(write_csv(options["out"] / f"{name}.csv", rows, EXPERIMENTS[name][0]), config_dict(cfg))
-
-
 #: the CSV columns that hold text; every other cell is a number
 TEXT_COLUMNS = ("setting", "order")
 
@@ -182,10 +156,19 @@ def option_name(parameter: str) -> str:
     return "/".join(OPTION_NAMES.get(p, "--" + p.replace("_", "-")) for p in parameter.split("/"))
 
 
-def _config(cls: type[C], options: dict[str, Any], **parsed: Any) -> C:
-    """``cls`` from a command's options (those that are fields of ``cls``) and the
-    values parsed from text; validated, so a bad value stops the command here, its
-    error naming the option (the library names its parameter)."""
+def _experiment(
+    name: str,
+    cls: type[C],
+    solves: Callable[[C], int],
+    run: Callable[[C, Callable[[int], None] | None], list[dict[str, Any]]],
+    options: dict[str, Any],
+    **parsed: Any,
+) -> None:
+    """Experiment ``name``: its ``cls`` from a command's options (those that are fields of
+    ``cls``) and the values parsed from text, validated first (its error naming the option
+    where the library names its parameter); ``run(cfg, progress)`` under a progress bar of
+    ``solves(cfg)`` solves unless ``--no-progress``; the CSV written, then summarised and
+    plotted from the CSV as read back."""
     names = {f.name for f in fields(cls)}
     cfg = cls(**{k: v for k, v in options.items() if k in names and k not in parsed}, **parsed)
     try:
@@ -194,7 +177,21 @@ def _config(cls: type[C], options: dict[str, Any], **parsed: Any) -> C:
         if exc.parameter is None:
             raise
         raise TheoryConfigError(exc.reason, option_name(exc.parameter)) from None
-    return cfg
+    if options["progress"]:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
+            task = bar.add_task(name.replace("_", " "), total=solves(cfg))
+            rows = run(cfg, lambda k: bar.advance(task, k))
+    else:
+        rows = run(cfg, None)
+    _report(write_csv(options["out"] / f"{name}.csv", rows, EXPERIMENTS[name][0]), config_dict(cfg))
 
 
 @app.command("sample-complexity")
@@ -230,15 +227,14 @@ def sample_complexity(
     Prints the N*T needed to reach --target per setting next to the bound's
     prediction (proportional to dof = T*r + r_new*d).
     """
-    options = locals()
-    cfg = _config(
+    _experiment(
+        "sample_complexity",
         SampleComplexityConfig,
-        options,
+        sample_complexity_solves,
+        run_sample_complexity,
+        locals(),
         r_frz=parse_numbers("--r-frz", r_frz),
         ns=parse_numbers("--ns", ns),
-    )
-    _experiment(
-        "sample_complexity", cfg, sample_complexity_solves(cfg), run_sample_complexity, options
     )
 
 
@@ -285,15 +281,16 @@ def mismatch(
     MM = L*_frz - L* is measured separately by a large noise-free solve; the summary
     puts it next to the floor the risk curves reach.
     """
-    options = locals()
-    cfg = _config(
+    _experiment(
+        "mismatch",
         MismatchConfig,
-        options,
+        mismatch_solves,
+        run_mismatch,
+        locals(),
         perturbations=parse_numbers("--perturbations", perturbations, float),
         ns=parse_numbers("--ns", ns),
         include_scratch=scratch,
     )
-    _experiment("mismatch", cfg, mismatch_solves(cfg), run_mismatch, options)
 
 
 @app.command("task-order")
@@ -335,12 +332,12 @@ def task_order(
     Sample sizes fall as floor(n_max * (n_min/n_max)^((ID-1)/(tasks-1))), as in the
     paper's figure on sample size.
     """
-    options = locals()
     names = tuple(o.strip() for o in orders.split(",") if o.strip())
     if not names:
         raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
-    cfg = _config(TaskOrderConfig, options, orders=names)
-    _experiment("task_order", cfg, task_order_solves(cfg), run_task_order, options)
+    _experiment(
+        "task_order", TaskOrderConfig, task_order_solves, run_task_order, locals(), orders=names
+    )
 
 
 @app.command()
