@@ -123,7 +123,15 @@ def target_command(
     overwrite: bool = OVERWRITE_POINTS_OPTION,
 ) -> None:
     """``espn reproduce TARGET``: the command of every target (its name is the command's)."""
-    options = Options(scale, seeds, device, data_dir, data_root, init_weights, model)
+    options = Options(
+        scale=scale,
+        seeds=seeds,
+        device=device,
+        data_dir=data_dir,
+        data_root=data_root,
+        init_weights=init_weights,
+        model=model,
+    )
     result = run_target(
         ctx.info_name or "",
         options,

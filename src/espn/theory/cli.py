@@ -86,6 +86,8 @@ TEXT_COLUMNS = ("setting", "order")
 
 
 def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
+    """Summarise and plot a theory CSV (its experiment told by its columns); ``config`` None:
+    the one stored beside it."""
     from espn.theory import plots
 
     try:

@@ -232,7 +232,7 @@ def _solve_crl(
     def run_lbfgs(W_new: torch.Tensor, V: torch.Tensor, iters: int) -> float:
         return _lbfgs(
             lambda: data_loss(W_new, V) + _penalty(W_new, V, config),
-            [V, W_new][: 1 + (r_new > 0)],
+            [V, W_new] if r_new else [V],
             iters,
         )
 
@@ -269,14 +269,14 @@ def _starts(
     d = data.X[0].shape[1]
     gen = generator("solve", config.seed, W_frz.shape[0], r_new, len(data.X), tuple(data.sizes))
     spectral = _spectral_directions(data, W_frz, r_new, gen) if config.init == "spectral" else None
-    starts = []
+    X_all, starts = torch.cat(data.X), []
     for restart in range(config.restarts):
         W0 = _initial_rows(spectral, restart, r_new, d, gen)
         if config.rep_bound is not None and r_new and W0.norm() > config.rep_bound:
             W0 = W0 * (config.rep_bound / W0.norm())
         # a ReLU unit that is dead on every sample gets no gradient: flip its sign
         if config.activation == "relu" and r_new:
-            dead = (torch.cat(data.X) @ W0.T > 0).sum(0) == 0
+            dead = (X_all @ W0.T > 0).sum(0) == 0
             W0[dead] = -W0[dead]
         feats = [psi(X @ torch.cat([W_frz, W0]).T) for X in data.X]
         V0 = _init_heads(feats, data.y, config.head_bound)
