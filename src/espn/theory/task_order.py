@@ -114,7 +114,7 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
                     rows.append(_row(base, order, i, 1, size, sol.train_loss, risks))
                     tick(progress)
                 continue
-            ids = list(range(cfg.tasks))[:: 1 if order == "decreasing" else -1]
+            ids = list(range(cfg.tasks)) if order == "decreasing" else list(range(cfg.tasks))[::-1]
             result = solve_sequential(
                 train,
                 [groups[i] for i in ids],
