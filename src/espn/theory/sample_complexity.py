@@ -5,11 +5,11 @@ and from scratch; the paper's Corollary 1 says the excess risk is governed by
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import mean
-from time import perf_counter
 from typing import Any
 
 from espn.theory.common import (
@@ -90,7 +90,7 @@ def run_sample_complexity(
             r_new = cfg.r - r_frz
             W_frz = model.frozen(r_frz)
             for n in sorted(cfg.ns):
-                start = perf_counter()
+                start = time.perf_counter()
                 solver = cfg.solver(model, derive_seed(cfg.seed, rep, r_frz, n))
                 sol = solve_crl(train.head(n), r_new, W_frz, solver)
                 risks = evaluate(sol.predict, tasks, test, test_clean)

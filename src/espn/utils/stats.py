@@ -20,7 +20,7 @@ def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
     return mean, math.sqrt(var / n)
 
 
-def mean_se_cell(value: Any, se: Any = None) -> str:
+def mean_se_cell(value: Any, se: Any) -> str:
     """A table cell: ``–`` for None, a float as ``mean ± se`` (two decimals; ``se`` None: no
     ``±``), anything else as its text."""
     if value is None:
