@@ -96,13 +96,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def load_command(name: str, light: bool = False) -> Any:
+def load_command(name: str) -> Any:
     """Command ``name`` of :data:`COMMANDS` (a click command of typer's), its module
-    imported now; ``light``: ``espn run`` without the methods' own flags (no torch)."""
+    imported now."""
     module, attr, _ = COMMANDS[name]
     found = getattr(importlib.import_module(module), attr)
-    if light and isinstance(found, WithOptions):
-        found = found.without_method_options()
     if isinstance(found, typer.Typer):
         command = typer.main.get_command(found)
     else:
@@ -125,10 +123,6 @@ class _Loaded(MutableMapping[str, Any]):
                 raise KeyError(name)
             self._built[name] = load_command(name)
         return self._built[name]
-
-    def built(self, name: str) -> bool:
-        """Whether command ``name`` is built (or was set by hand)."""
-        return name in self._built
 
     def __setitem__(self, name: str, command: Any) -> None:
         self._built[name] = command
@@ -159,18 +153,6 @@ class LazyCommands(TyperGroup):
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)
-
-    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
-        """``espn run`` whose command line names no flag of a method (nor ``--help``, which
-        lists them) is built without them: its options are parsed and checked before the
-        methods, and torch, are loaded."""
-        if args and args[0] == "run" and not self.loaded.built("run"):
-            light = load_command("run", light=True)
-            flags = {f for p in light.params for f in (*p.opts, *p.secondary_opts)}
-            named = {a.split("=")[0] for a in args[1:] if a.startswith("--")}
-            if named <= flags:
-                return "run", light, args[1:]
-        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         limit = formatter.width - 6 - max(map(len, COMMANDS))

@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from espn.errors import EspnError
+from espn.settings.methods import known_options
 from espn.settings.options import resolve_settings
 from espn.settings.recipes import REGIMES, Recipe
 from espn.settings.training import (
@@ -608,11 +609,15 @@ def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> Run
     """Build a :class:`RunConfig`, turning validation errors into one readable ConfigError;
     ``strategy``: a method class to configure that need not be registered under its name.
 
-    The training settings given are checked first, against their declarations alone, so
-    that a bad one is refused before torch and the registries are loaded."""
+    The training settings and the methods' options given are checked first, against their
+    declarations alone, so that a bad one is refused before torch and the registries are
+    loaded."""
+    options = known_options()
     for name, value in values.items():
         try:
             checked({name: value})
+            if name in options and value is not None:
+                options[name][0].check(value)
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc}") from None
     try:
