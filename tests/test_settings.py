@@ -27,6 +27,7 @@ from espn.settings.presets import load_preset, preset_names
 from espn.settings.recipes import REGIMES
 from espn.settings.training import (
     DEFAULTS,
+    OPTIMIZER_SETTINGS,
     RECIPE_SETTINGS,
     SETTING_NAMES,
     TrainingSettings,
@@ -85,7 +86,8 @@ def test_a_default_read_from_one_place_is_what_both_doors_use(monkeypatch):
     for name in (*names, "batch_size", "epochs", "finetune_schedule"):
         assert getattr(cli, name) == getattr(moved, name) == getattr(learner.cfg, name), name
     assert learner.strategy.cfg.alpha == 0.25 and learner.strategy.cfg.epochs == (2, 1, 1)
-    assert learner.optim == OptimConfig("sgd", 0.02, 0.01, 0.3, (0.5, 0.6))
+    optim = tuple(getattr(learner.optim, n) for n in OPTIMIZER_SETTINGS)
+    assert optim == ("sgd", 0.02, 0.01, 0.3, (0.5, 0.6))
     assert learner.batch_size == 7
 
 
@@ -224,13 +226,7 @@ def test_each_training_setting_has_one_declared_default():
         if name in SETTING_NAMES and name != "method_options":
             assert RunConfig.model_fields[name].default in (None, getattr(DEFAULTS, name)), name
     optim = {f.name: f.default for f in dataclasses.fields(OptimConfig)}
-    assert optim["name"] == DEFAULTS.optimizer
-    assert [optim[n] for n in ("lr", "weight_decay", "momentum", "betas")] == [
-        DEFAULTS.lr,
-        DEFAULTS.weight_decay,
-        DEFAULTS.momentum,
-        DEFAULTS.betas,
-    ]
+    assert optim == {n: getattr(DEFAULTS, n) for n in OPTIMIZER_SETTINGS} | {"schedule": "phase"}
     for name in METHODS.names():
         for cls in METHODS.get(name).__mro__:
             if issubclass(cls, Strategy):

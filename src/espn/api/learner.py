@@ -36,13 +36,12 @@ from espn.runs.config import (
 )
 from espn.runs.loading import model_name
 from espn.runs.method import method_class
-from espn.settings.training import METHOD_READS, explicit
+from espn.settings.training import METHOD_READS, OptimizerSettings, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.distributed import join
 from espn.training.engine import Engine
 from espn.training.loggers import make_loggers
-from espn.training.optim import OptimConfig
 from espn.training.progress import ProgressBar
 
 
@@ -164,7 +163,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
         if self.ranks is not None and self.ranks.device.type == "cuda":  # this rank's GPU
             supernet.to(self.ranks.device)
             supernet.owners.to(self.ranks.device)
-        self.engine = _engine(supernet, strategy, cfg)
+        self.engine = Engine.of(supernet, strategy, cfg.training_settings())
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         if self.ranks is not None and not self.ranks.writer:  # rank 0 reports and logs
             progress, loggers = False, ()
@@ -200,8 +199,8 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
 
     # ------------------------------------------------------------------ settings
     @property
-    def optim(self) -> OptimConfig:
-        """The optimizer settings of the supernet's weights."""
+    def optim(self) -> OptimizerSettings:
+        """The optimizer settings of the supernet's weights (the run's training settings)."""
         return self.engine.optim
 
     @property
@@ -370,22 +369,6 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
     def _joint(self) -> bool:
         """Whether the method trains every task at once (MTL), not one at a time."""
         return type(self.strategy).training_tasks is not Strategy.training_tasks
-
-
-def _engine(supernet: Supernet, strategy: Strategy, cfg: RunConfig) -> Engine:
-    """The training engine of a resolved run configuration."""
-    return Engine(
-        supernet,
-        strategy,
-        cfg.optim_config(),
-        cfg.batch_size,
-        cfg.seed,
-        amp=cfg.amp,
-        reference_size=cfg.floor_reference(),
-        compile=cfg.compile,
-        slim_training=cfg.slim_training,
-        task_agnostic=cfg.task_agnostic,
-    )
 
 
 def _configure(

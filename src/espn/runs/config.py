@@ -39,7 +39,6 @@ from espn.settings.training import (
 
 if TYPE_CHECKING:
     from espn.methods.base import Strategy
-    from espn.training.optim import OptimConfig
 
     #: the training settings' fields, as type checkers see them (pydantic gets them from
     #: :func:`_fields`)
@@ -342,8 +341,6 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         fields = [n for n in SETTING_NAMES if n in type(self).model_fields]
         settings = complete({n: getattr(self, n) for n in fields})
-        if settings["finetune_lr"] is None:  # unset: the run's learning rate
-            settings["finetune_lr"] = settings["lr"]
         for name in fields:
             setattr(self, name, settings[name])
         if self.task_seed is None:
@@ -450,15 +447,9 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         return str(self.method_options.get("stream_pruning", DEFAULTS.stream_pruning))
 
     def floor_reference(self) -> int | None:
-        """The reference data size the size rule applies (None: epochs as given); see
-        :func:`espn.training.plan.plan_phase`."""
-        return self.reference_size if self.step_floor else None
-
-    def optim_config(self) -> OptimConfig:
-        """The optimizer's settings from this run configuration."""
-        from espn.training.optim import OptimConfig
-
-        return OptimConfig.of(self.training_settings())
+        """The reference data size the size rule applies (see
+        :meth:`TrainingSettings.floor_reference`)."""
+        return self.training_settings().floor_reference()
 
 
 def _fields() -> dict[str, Any]:
