@@ -20,7 +20,8 @@ from espn.data.registry import BENCHMARKS
 from espn.methods import METHODS, MethodConfig
 from espn.methods.base import Strategy, declared_options
 from espn.models.registry import ModelSpec
-from espn.runs.config import TRAINING_SETTINGS, RunConfig, make_config
+from espn.runs.config import RunConfig, make_config
+from espn.runs.given import TRAINING_SETTINGS
 from espn.settings import recipes
 from espn.settings import training as settings
 from espn.settings.presets import load_preset, preset_names

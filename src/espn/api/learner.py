@@ -4,7 +4,7 @@ learned, for every front door: ``espn run``, ``espn.run``, sweeps and ``espn rep
 Python user's own network and data.
 
 Its settings are the training settings (:class:`~espn.settings.training.TrainingSettings`, one default
-each) under the names of ``espn run``'s options (:data:`~espn.runs.config.TRAINING_SETTINGS`),
+each) under the names of ``espn run``'s options (:data:`~espn.runs.given.TRAINING_SETTINGS`),
 resolved by the same precedence (:func:`espn.settings.training.layered`): what the user gave, then the
 method's recipe, then a preset, then the recipe of the data's regime. Given a
 directory (``out=``), it writes the run directory ``espn run`` writes, after every epoch, and
@@ -27,13 +27,8 @@ from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
 from espn.evaluation.metrics import task_record
 from espn.methods.base import METHODS, Strategy, declared_options
-from espn.runs.config import (
-    TRAINING_SETTINGS,
-    RunConfig,
-    check_applicable,
-    check_names,
-    make_config,
-)
+from espn.runs.config import RunConfig, make_config
+from espn.runs.given import TRAINING_SETTINGS, check_applicable, check_names
 from espn.runs.loading import model_name
 from espn.runs.method import method_class
 from espn.settings.training import METHOD_READS, OptimizerSettings, explicit
@@ -57,7 +52,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
 
     ``method`` is a method name (``espn.methods.METHODS``), a :class:`Strategy` class, or a
     built strategy. ``settings`` are run options under the names ``espn run`` gives them
-    (:data:`~espn.runs.config.TRAINING_SETTINGS`: ``gamma``, ``alpha``, ``epochs``,
+    (:data:`~espn.runs.given.TRAINING_SETTINGS`: ``gamma``, ``alpha``, ``epochs``,
     ``optimizer``, ``lr``, ``batch_size``, ``seed``, ``amp``, ``eval_every``,
     ``reference_size``, ...) and the method's own options (``supsup_k``, ...). Those left out
     come from the method's recipe, then a ``preset``, then the recipe of ``recipe``: a

@@ -19,7 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from espn.cli.options import WithOptions
-from espn.settings.training import DEFAULT_LOG_EVERY, default
+from espn.settings.training import DEFAULT_LOG_EVERY, MAX_COUNT, default
 from espn.utils.commands import (
     RUN_ALIAS,
     RUN_ARGUMENT,
@@ -241,29 +241,22 @@ def run(
         False, help="Start over in an OUT that holds an earlier run, replacing it."
     ),
     log: str | None = typer.Option(
-        None,
-        "--log",
-        help="Experiment loggers, comma-separated: tensorboard, csv, wandb (written under "
-        "OUT/logs).",
+        None, help="Experiment loggers, comma-separated: tensorboard, csv, wandb (in OUT/logs)."
     ),
     log_every: int | None = typer.Option(
         None,
-        "--log-every",
         min=1,
-        max=2**31 - 1,
+        max=MAX_COUNT,
         help=f"The loggers of --log record the loss every N steps ({DEFAULT_LOG_EVERY} unless "
         "given; only with --log).",
     ),
     distributed: bool = typer.Option(
-        True,
-        help="Under torchrun, train one run data-parallel over its processes (rank 0 "
-        "writes OUT); --no-distributed: each process trains alone.",
+        True, help="Under torchrun, train data-parallel over its processes (rank 0 writes OUT)."
     ),
     **options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
-    # every other option is a RunConfig field or a method's own (generated, see cli.options)
-    from espn.cli import presets
+    from espn.cli import presets  # **options: RunConfig's fields, methods' options (cli.options)
 
     if log_every is not None and not (log or "").strip():
         fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
@@ -274,14 +267,12 @@ def run(
 
     for note in run_warnings(cfg):
         warn(note)
-    out = Path(options["out"])
+    echo = None if quiet else lambda line: console.print(printable(line), soft_wrap=True)
     try:
         doc = run_experiment(
             cfg,
             progress=progress and not quiet,
-            on_task_end=None
-            if quiet
-            else lambda line: console.print(printable(line), soft_wrap=True),  # names from data
+            on_task_end=echo,  # printable: task names come from the data
             resume=resume,
             overwrite=overwrite,
             on_warning=warn,
@@ -290,9 +281,14 @@ def run(
             distributed=distributed,
         )
     except KeyboardInterrupt:
-        raise RunInterrupted(interrupted_message(out, ctx)) from None
-    if not writes_files():  # a data-parallel rank other than 0: rank 0 reports
-        return
+        raise RunInterrupted(interrupted_message(cfg.out, ctx)) from None
+    if writes_files():  # a data-parallel rank other than 0: rank 0 reports
+        _report(doc, cfg.out, cfg.device if cfg.task_agnostic else None)
+
+
+def _report(doc: dict[str, Any], out: Path, agnostic_device: str | None) -> None:
+    """The summary of a run just finished, and for a run prepared for it (``agnostic_device``
+    not None) ``espn evaluate OUT --task-agnostic --rule all`` on that device."""
     ratios = doc["flops_ratio"]
     console.print(
         f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "
@@ -304,17 +300,13 @@ def run(
         soft_wrap=True,
     )
     console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
-    if cfg.task_agnostic:  # prepared for it: measured without the task id too
-        _evaluate_task_agnostic(out, cfg.device)
-
-
-def _evaluate_task_agnostic(out: Path, device: str) -> None:
-    """``espn evaluate OUT --task-agnostic --rule all`` of a run just finished."""
+    if agnostic_device is None:
+        return
     from espn.cli import deploy
     from espn.runs.building import build_benchmark
     from espn.runs.loading import load_run
 
-    loaded = load_run(out, device)
+    loaded = load_run(out, agnostic_device)
     seq = build_benchmark(loaded.config, download=False)
     tasks = [seq.tasks[t] for t in range(loaded.n_tasks)]
     deploy.task_agnostic_report(out, loaded.supernet, tasks, "all")

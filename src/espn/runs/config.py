@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -19,6 +16,7 @@ from pydantic import (
 )
 
 from espn.errors import EspnError
+from espn.runs.fields import RunFields
 from espn.settings.methods import known_options
 from espn.settings.options import resolve_settings
 from espn.settings.recipes import REGIMES, Recipe
@@ -81,92 +79,10 @@ class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 
 
-class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
-    """What a run learns from and where it writes, with the checks and the precedence of
-    every run option; :class:`RunConfig` adds the training settings' fields."""
-
-    # non-finite floats (inf, nan) are refused for every float option, one rule for all
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
-
-    benchmark: str = Field(
-        description="Benchmark name (see `espn list`); required unless the preset sets one."
-    )
-    method: str = Field("espn", description="Method (see `espn list`).")
-    model: str | None = Field(None, description="Model name; default: the benchmark's.")
-    tasks: int | None = Field(
-        None,
-        description="Number of tasks; default: the benchmark's (36 MNIST family, "
-        "20 SplitCIFAR100, 5 SplitCIFAR10/SplitFashionMNIST).",
-    )
-    #: the method's own options (see ``Strategy.options``), completed with their defaults;
-    #: on the command line each is a flag of its own (see ``espn.cli.options``)
-    method_options: dict[str, Any] = Field({}, description="The method's own options.")
-    train_per_task: int | None = Field(
-        None, description="Keep a seeded subset of N training images per task."
-    )
-    test_per_task: int | None = Field(
-        None, description="Keep a seeded subset of N test images per task."
-    )
-    task_seed: int | None = Field(
-        None,
-        description="Seed of the task sequence (permutations, rotation/class order, subsets); "
-        "default: --seed.",
-    )
-    class_order: str | None = Field(
-        None,
-        description="Split benchmarks: 'random' (from the task seed) or 'superclass' (CIFAR-100).",
-    )
-    init_weights: Path | None = Field(
-        None,
-        description="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): "
-        "its non-zero weights are frozen as the first task.",
-    )
-    data_dir: Path | None = Field(
-        None, description="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
-    )
-    out: Path = Field(
-        Path("runs/latest"),
-        description="Run directory for results.json, accuracy.png and checkpoint/.",
-        json_schema_extra={"cli_required": True},
-    )
-    preset: str | None = Field(
-        None,
-        description="Recipe (see `espn presets`) or a .json/.yaml file of options; explicit "
-        "options win over it.",
-    )
-    recipe: str | None = Field(
-        None,
-        description=(
-            "Whose recipe fills the options left out: a recipe ('mnist': FC networks on small "
-            "images, 'cifar': conv networks, 'imagenet': the cifar one on ResNet50) or a "
-            "benchmark's name; default: the benchmark's."
-        ),
-    )
-    folders: tuple[Path, ...] = Field(
-        (), description="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
-    )
-    image_size: int | None = Field(
-        None, description="image-folders: side of the square images (default 224)."
-    )
-    train_sizes: str | None = Field(
-        None,
-        description="Training images per task, in the given task order: N1,N2,... (one per "
-        "task) or geometric:N1:N2 (N1 for the first task, N2 for the last); overrides "
-        "--train-per-task.",
-    )
-    task_order: str = Field(
-        "given",
-        description="Order the tasks are learned in: given, random (from the task seed), "
-        "large-first, small-first (training-set size) or diverse (most diverse first).",
-    )
-    from_run: Path | None = Field(
-        None,
-        description="Learn this run's tasks on top of the supernet of the finished run DIR as "
-        "it was after its first --after-task tasks (DIR is only read).",
-    )
-    after_task: int | None = Field(
-        None, description="With --from-run: how many of its tasks to keep (K >= 1)."
-    )
+class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
+    """What a run learns from and where it writes (:class:`RunFields`), with the checks and
+    the precedence of every run option; :class:`RunConfig` adds the training settings'
+    fields."""
 
     @model_validator(mode="before")
     @classmethod
@@ -531,31 +447,6 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-#: the run options that shape how tasks are learned, whatever the data (the training
-#: settings, :class:`~espn.settings.training.TrainingSettings`, that are run options, and a preset):
-#: the settings of :class:`espn.ContinualLearner` under the same names (the others say which
-#: data to learn, and where results go)
-TRAINING_SETTINGS = (
-    *(n for n in SETTING_NAMES if n in RunConfig.model_fields and n != "device"),
-    "preset",
-)
-
-
-def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...] = ()) -> None:
-    """Refuse (ValueError) a keyword of ``given`` that is neither a training setting (under
-    its run option's name), one of ``extra``, nor an option of ``cls`` or another method
-    (whose own check names its method): the keywords of ``create_method`` and the learner."""
-    from espn.methods.base import declared_options
-
-    accepted = [*TRAINING_SETTINGS, *extra, *cls.option_names()]
-    foreign = declared_options()
-    for key in given:
-        if key not in accepted and key not in foreign:
-            raise ValueError(
-                f"unknown setting {key!r} for method {cls.name!r}; accepted: {', '.join(accepted)}"
-            )
-
-
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
     """The keyword options :func:`make_config` takes (presets, sweep specs): the run's
     fields, then every option a registered method declares (given flat, e.g. ``supsup_k``)."""
@@ -563,37 +454,6 @@ def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
 
     fields = [f for f in RunConfig.model_fields if f not in exclude]
     return fields + [n for n in declared_options() if n not in fields]
-
-
-def check_applicable(given: dict[str, Any], cfg: RunConfig) -> None:
-    """Refuse options the user gave explicitly (``given``: the keywords of ``espn.run``, the
-    flags of ``espn run``) that this run would ignore: the size rule's ``reference_size``
-    with ``step_floor`` off, ``stream_pruning`` on a model whose residual streams it does
-    not build, and a method's own options its other settings leave unused (see
-    :meth:`Strategy.check_given`). Saved configurations, which record every option, are not
-    checked."""
-    from espn.methods.base import METHODS
-    from espn.models.resnet import STREAM_MODELS
-
-    names = {k for k, v in given.items() if v is not None}
-    names |= {k for k, v in dict(given.get("method_options") or {}).items() if v is not None}
-    if "reference_size" in names and not cfg.step_floor:
-        raise ConfigError(
-            "reference_size: the size rule is off (step_floor false, --no-step-floor), so "
-            "the reference size it is stated for cannot apply; leave --reference-size out or "
-            "turn the size rule on"
-        )
-    if "stream_pruning" in names and cfg.model not in STREAM_MODELS:
-        raise ConfigError(
-            f"stream_pruning: it sets how espn's registered ResNets ({', '.join(STREAM_MODELS)}) "
-            f"build their residual streams; model {cfg.model!r} has none it builds (a "
-            "converted model's streams are coupled), so leave --stream-pruning out"
-        )
-    strategy = METHODS.get(cfg.method)
-    try:
-        strategy.check_given(cfg.method_options, names & set(strategy.option_names()))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> RunConfig:
