@@ -17,8 +17,8 @@ from espn.errors import EspnError
 from espn.pruning.regularisers import masked_weight_l2
 from espn.pruning.weights import new_weight_target, prune_weights
 from espn.registry import Registry
-from espn.settings.methods import declared
-from espn.settings.options import Option, resolve_settings
+from espn.settings.methods import declared, resolve_settings
+from espn.settings.options import Option
 from espn.settings.training import TrainingSettings
 from espn.supernet.supernet import Supernet
 
@@ -122,10 +122,9 @@ class Strategy(ABC):
 
     def __init__(self, cfg: TrainingSettings) -> None:
         self.cfg = cfg
-        owners = {n: m for n, (_, m) in declared_options().items() if n not in self.option_names()}
         #: the values of :attr:`options`, checked and completed with their defaults
         self.settings: dict[str, Any] = resolve_settings(
-            self.name, self.options, cfg.method_options, owners
+            self.name, self.options, cfg.method_options
         )
         self.layer_budgets: dict[str, int] = {}
         self.layer_free: dict[str, int] = {}

@@ -16,10 +16,8 @@ from espn.methods.base import (
     Phase,
     Recipes,
     Strategy,
-    declared_options,
 )
-from espn.settings.methods import METHOD_OPTIONS
-from espn.settings.options import resolve_settings
+from espn.settings.methods import METHOD_OPTIONS, resolve_settings
 from espn.settings.training import OptimConfig, TrainingSettings
 from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
@@ -126,8 +124,7 @@ class SupSup(Strategy):
     def check_config(cls, cfg: TrainingSettings) -> None:
         """Erdos-Renyi densities are capped at 0.5, so ``supsup_k`` may not exceed it."""
         super().check_config(cfg)
-        owners = {n: m for n, (_, m) in declared_options().items() if n not in cls.option_names()}
-        settings = resolve_settings(cls.name, cls.options, cfg.method_options, owners)
+        settings = resolve_settings(cls.name, cls.options, cfg.method_options)
         if settings["supsup_density"] == "erdos-renyi":
             erdos_renyi_scale([], settings["supsup_k"])
 

@@ -17,8 +17,7 @@ from pydantic import (
 
 from espn.errors import EspnError
 from espn.runs.fields import RunFields
-from espn.settings.methods import known_options
-from espn.settings.options import resolve_settings
+from espn.settings.methods import known_options, resolve_settings
 from espn.settings.recipes import REGIMES, Recipe
 from espn.settings.training import (
     DEFAULTS,
@@ -57,10 +56,8 @@ def gather_method_options(
     """``values`` with the methods' options given flat (``supsup_k=0.3``: CLI flags, presets,
     sweep points, older configurations) moved into ``method_options``; unset (None) ones
     dropped. The options of the registered methods count, and ``strategy``'s own."""
-    from espn.methods.base import declared_options
-
     own = {o.name: (o, [strategy.name]) for o in strategy.options} if strategy else {}
-    declared = declared_options() | own
+    declared = known_options() | own
     clash = sorted(set(declared) & set(RunConfig.model_fields))
     if clash:
         raise ValueError(
@@ -319,14 +316,7 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
     def _check_method_options(self, strategy: type[Strategy]) -> None:
         """Options of one method given to another are refused (alpha from a preset is not);
         the method's own are checked against its declaration and completed with defaults."""
-        from espn.methods.base import declared_options
-
-        owners = {
-            n: m for n, (_, m) in declared_options().items() if n not in strategy.option_names()
-        }
-        self.method_options = resolve_settings(
-            self.method, strategy.options, self.method_options, owners
-        )
+        self.method_options = resolve_settings(self.method, strategy.options, self.method_options)
 
     def _check_folders(self, needed: bool) -> None:
         if needed and not self.folders:
@@ -450,10 +440,8 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
     """The keyword options :func:`make_config` takes (presets, sweep specs): the run's
     fields, then every option a registered method declares (given flat, e.g. ``supsup_k``)."""
-    from espn.methods.base import declared_options
-
     fields = [f for f in RunConfig.model_fields if f not in exclude]
-    return fields + [n for n in declared_options() if n not in fields]
+    return fields + [n for n in known_options() if n not in fields]
 
 
 def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> RunConfig:

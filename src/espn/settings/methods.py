@@ -283,3 +283,31 @@ def known_options() -> dict[str, tuple[Option, list[str]]]:
     from :data:`METHOD_OPTIONS`, without loading a method (nor torch)."""
     base: Any = sys.modules.get("espn.methods.base")
     return base.declared_options() if base is not None else declared(METHOD_OPTIONS)
+
+
+def resolve_settings(
+    method: str,
+    options: Iterable[Option],
+    given: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The settings of ``method`` from the ``given`` values (None: unset), checked against its
+    declared ``options`` and completed with their defaults, in declaration order; a setting
+    of another method (:func:`known_options`) is refused with a message naming its method.
+    """
+    own = {o.name: o for o in options}
+    owners = {n: m for n, (_, m) in known_options().items() if n not in own}
+    for name, value in given.items():
+        if name in own or value is None:
+            continue
+        if name in owners:
+            whose = ", ".join(repr(m) for m in owners[name])
+            raise ValueError(
+                f"{name} applies to method{'s' * (len(owners[name]) > 1)} {whose} only, "
+                f"not {method!r}; leave it unset"
+            )
+        accepted = ", ".join(own) or "none (it has no options of its own)"
+        raise ValueError(f"unknown option {name!r} of method {method!r}; its options: {accepted}")
+    return {
+        name: option.default if given.get(name) is None else option.check(given[name])
+        for name, option in own.items()
+    }

@@ -349,16 +349,11 @@ def _pre_epochs(epochs: Any) -> int | None:
         return None
 
 
-#: how a method's own parameters' learning rate moves (:attr:`OptimConfig.schedule`):
-#: ``phase``: as the weights' (the phase's schedule and scale); ``cosine``: decay to zero
-#: over all the task's epochs (SupSup); ``constant``
-OWN_SCHEDULES = ("phase", "cosine", "constant")
-
-
 @dataclass(frozen=True)
 class OptimConfig(OptimizerSettings):
     """An optimizer of a method's own parameters (``Strategy.own_optim``): the optimizer
-    settings and ``schedule``, how its learning rate moves (see :data:`OWN_SCHEDULES`); the
-    weights follow the phases' schedules."""
+    settings and ``schedule``, how their learning rate moves: ``phase``, as the weights' (the
+    phase's schedule and scale); ``cosine``, decay to zero over all the task's epochs
+    (SupSup); ``constant``."""
 
     schedule: str = "phase"
