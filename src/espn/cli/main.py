@@ -148,8 +148,7 @@ class LazyCommands(TyperGroup):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
-        self.loaded = _Loaded()
-        self.commands = self.loaded
+        self.commands = _Loaded()
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)

@@ -319,12 +319,11 @@ def layered(
 
 
 def complete(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with every training setting still unset (missing or None) at its
-    default, ``finetune_lr`` at the learning rate, and ``reference_size`` left unset (epochs
-    as given)."""
-    filled = {n: default(n) for n in SETTING_NAMES if values.get(n) is None}
-    done = dict(values) | filled | {"reference_size": values.get("reference_size")}
-    if values.get("finetune_lr") is None:
+    """``values`` with every training setting still unset (missing or None) at its default
+    (``reference_size``'s is None: epochs as given), and ``finetune_lr`` unset at the
+    learning rate."""
+    done = dict(values) | {n: default(n) for n in SETTING_NAMES if values.get(n) is None}
+    if done["finetune_lr"] is None:
         done["finetune_lr"] = done["lr"]
     return done
 
@@ -351,9 +350,9 @@ def _pre_epochs(epochs: Any) -> int | None:
 
 @dataclass(frozen=True)
 class OptimConfig(OptimizerSettings):
-    """An optimizer of a method's own parameters (``Strategy.own_optim``): the optimizer
-    settings and ``schedule``, how their learning rate moves: ``phase``, as the weights' (the
-    phase's schedule and scale); ``cosine``, decay to zero over all the task's epochs
-    (SupSup); ``constant``."""
+    """An optimizer's settings alone (a method's own, ``Strategy.own_optim``, or the engine's
+    without a run) and, for a method's own parameters, ``schedule``: how their learning rate
+    moves: ``phase``, as the weights' (the phase's schedule and scale); ``cosine``, decay to
+    zero over all the task's epochs (SupSup); ``constant``."""
 
     schedule: str = "phase"
