@@ -90,7 +90,6 @@ class TrainingSettings(OptimizerSettings):
     :attr:`espn.methods.Strategy.options`); those left out take their declared defaults.
     """
 
-    batch_size: int = setting(128, "Batch size", recipe=True, low=1)
     gamma: float = setting(
         0.2,
         "FLOPs budget per task, in (0, 1] (the paper's ESPN-0.2); methods without a FLOP "
@@ -121,6 +120,7 @@ class TrainingSettings(OptimizerSettings):
         form="three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3)",
         words="three non-negative counts (pre-train, prune, fine-tune)",
     )
+    batch_size: int = setting(128, "Batch size", recipe=True, low=1)
     warmup: int = setting(
         0,
         "Warm-up epochs (free weights only, lr ramp), taken from pre-training",
@@ -216,11 +216,17 @@ class TrainingSettings(OptimizerSettings):
 
 #: the defaults: ``DEFAULTS.lr`` is the learning rate nothing else sets
 DEFAULTS = TrainingSettings()
-_FIELDS = {f.name: f for f in dataclasses.fields(TrainingSettings)}
-#: the names of the training settings, in declaration order
-SETTING_NAMES: tuple[str, ...] = tuple(_FIELDS)
 #: the settings the optimizer reads (:class:`OptimizerSettings`)
 OPTIMIZER_SETTINGS = tuple(f.name for f in dataclasses.fields(OptimizerSettings))
+_FIELDS = {
+    f.name: f
+    for f in sorted(
+        dataclasses.fields(TrainingSettings), key=lambda f: f.name in OPTIMIZER_SETTINGS
+    )
+}
+#: the names of the training settings in declaration order, the optimizer's (declared first,
+#: in the base class) after the others: the order of the flags and of the messages
+SETTING_NAMES: tuple[str, ...] = tuple(_FIELDS)
 #: the settings a recipe may set (the others are the user's choice alone: how to run, not
 #: how the method learns)
 RECIPE_SETTINGS = tuple(n for n, f in _FIELDS.items() if f.metadata["recipe"])
