@@ -150,7 +150,7 @@ def test_streams_espn_cannot_learn_are_refused():
 def test_optimizer_settings_come_from_the_torch_optimizer():
     params = [nn.Parameter(torch.zeros(1))]
     sgd = optim_config(torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4))
-    assert (sgd.name, sgd.lr, sgd.momentum, sgd.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
+    assert (sgd.optimizer, sgd.lr, sgd.momentum, sgd.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
     assert optim_config(torch.optim.Adam(params, betas=(0.0, 0.99))).betas == (0.0, 0.99)
     assert optim_config(None).optimizer == "adam"
     with pytest.raises(EspnError, match="optimizer Adagrad is not one espn's engine runs"):
