@@ -13,12 +13,8 @@ from typing import Any
 
 from torch import Tensor
 
-import espn.pruning  # noqa: F401  (every pruner registered, with its own options)
-from espn.methods.base import (
-    METHODS,
-    Phase,
-    Strategy,
-)
+import espn.pruning  # noqa: F401  (every pruner registered)
+from espn.methods.base import METHODS, Phase, Strategy
 from espn.pruning.pruner import PRUNERS
 from espn.settings.methods import METHOD_OPTIONS, PRUNER_OPTIONS
 from espn.settings.training import TrainingSettings
