@@ -51,7 +51,7 @@ from espn.layers.layernorm import channel_layer_norm
 from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
 from espn.models.convert_tokens import check_stream_sources, replace_encoders, token_outputs
-from espn.models.coupling import Group, adapter, couple, dependency_graph, successors
+from espn.models.coupling import Coupling, Group, adapter, couple, dependency_graph, successors
 from espn.models.registry import MODELS, ModelSpec
 
 if TYPE_CHECKING:
@@ -253,22 +253,9 @@ def to_supernet(
     head = _output_layer(graph, modules)
     coupling = couple(model, example_input, modules, bare, graph)
     model = replace_encoders(model)
-    places = {
-        name: Placement(
-            name,
-            in_unit=coupling.repeats.get(name, 1),
-            head=name == head,
-            multi_head=multi_head,
-            task_affine=task_affine,
-            scales=name in coupling.scales,
-        )
-        for name in modules
-    }
-    #: bare parameters of a token stream or scaling features, with their unit group
-    adopted: dict[str, str] = {}
-    for g in coupling.groups:
-        if head not in g.producers:  # the classes: never pruned
-            adopted |= _place(model, example_input, g, places, modules, bare, successor)
+    places, adopted = _placements(
+        model, example_input, modules, bare, successor, head, coupling, multi_head, task_affine
+    )
     refused = [n for n in bare if n not in adopted]
     if refused:
         raise _refuse_parameter(model, refused[0].rpartition(".")[0])
@@ -299,6 +286,37 @@ def _output_layer(graph: tp.DependencyGraph, modules: dict[str, Convertible]) ->
             f"the model's output; found output layers: {outputs or 'none'}"
         )
     return outputs[0]
+
+
+def _placements(
+    model: nn.Module,
+    example: Tensor,
+    modules: dict[str, Convertible],
+    bare: dict[str, nn.Parameter],
+    successor: dict[str, nn.Module | None],
+    head: str,
+    coupling: Coupling,
+    multi_head: bool,
+    task_affine: bool,
+) -> tuple[dict[str, Placement], dict[str, str]]:
+    """Where each layer goes (see :func:`_place`), and the bare parameters the unit groups
+    adopt (with their group)."""
+    places = {
+        name: Placement(
+            name,
+            in_unit=coupling.repeats.get(name, 1),
+            head=name == head,
+            multi_head=multi_head,
+            task_affine=task_affine,
+            scales=name in coupling.scales,
+        )
+        for name in modules
+    }
+    adopted: dict[str, str] = {}
+    for g in coupling.groups:
+        if head not in g.producers:  # the classes: never pruned
+            adopted |= _place(model, example, g, places, modules, bare, successor)
+    return places, adopted
 
 
 def _place(
