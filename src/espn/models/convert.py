@@ -116,8 +116,9 @@ def _refuse_parameter(model: nn.Module, owner: str) -> ConvertError:
 
 
 def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.Module]) -> None:
-    """Refuse a layer that ``forward`` calls more than once on the example input: its masks,
-    unit groups and FLOPs are per layer, and a second call would need its own."""
+    """Refuse a layer that ``forward`` calls more than once on the example input (its masks,
+    unit groups and FLOPs are per layer, and a second call would need its own), or never
+    while reading its weights through a function (see :func:`_refuse_functional`)."""
     calls = dict.fromkeys(modules, 0)
 
     def count(name: str) -> Callable[..., None]:
@@ -128,11 +129,12 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
 
     hooks = [m.register_forward_pre_hook(count(n)) for n, m in modules.items()]
     try:
-        with torch.no_grad():
-            model(example_input)
+        with torch.enable_grad():
+            out = model(example_input)
     finally:
         for h in hooks:
             h.remove()
+    _refuse_functional([n for n, k in calls.items() if k == 0], modules, out)
     again = [f"{n!r} ({k} times)" for n, k in calls.items() if k > 1]
     if again:
         raise ConvertError(
@@ -140,6 +142,26 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
             "is a shared layer, not supported (each call would need its own task masks and "
             "FLOPs): use one module per call"
         )
+
+
+def _refuse_functional(uncalled: list[str], modules: dict[str, nn.Module], out: object) -> None:
+    """Refuse a layer ``forward`` never calls whose weights still reach the output ``out``:
+    a function reads them (Swin's ``F.linear(x, self.qkv.weight, self.qkv.bias)``), so the
+    layer's own forward, where espn masks them, is bypassed."""
+    outs = [o.sum() for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, Tensor)]
+    outs = [o for o in outs if o.requires_grad]
+    for name in uncalled:
+        params = [p for p in modules[name].parameters() if p.requires_grad]
+        if not outs or not params:
+            continue
+        grads = torch.autograd.grad(outs, params, allow_unused=True, retain_graph=True)
+        if any(g is not None for g in grads):
+            raise ConvertError(
+                f"module {name!r} is never called by forward(), which reads its weights through "
+                f"a function (such as F.linear(x, self.{name.rpartition('.')[2]}.weight)); espn "
+                "masks a layer's weights in the layer's own forward, so functional use of a "
+                "module's weights is not supported: call the module instead"
+            )
 
 
 def _torch_class(m: nn.Module) -> type[nn.Module]:

@@ -16,6 +16,7 @@ conv groups and GroupNorm groups. A linear layer reading a flattened feature map
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -155,6 +156,8 @@ def couple(
             (modules[features[0]], n, modules[n], g.size) for n in g.consumers if n in repeats
         ]
         parts.append(g)
+        if not g.attentions:  # attention mixes channels: convert_tokens checks its streams
+            _check_feature_axes(model, example, g, modules, repeats)
     for name, layer in modules.items():
         if _grouped(layer):
             _check_grouped_input(model, example, name, _depthwise(layer), parts)
@@ -163,6 +166,134 @@ def couple(
     for source, reader, layer, size in flattened:
         _check_flatten_order(model, example, source, reader, layer, size, unit[reader])
     return Coupling(groups, repeats, scales)
+
+
+def _refuse_coupling(
+    name: str, side: str, width: int, taken: int, root: str, size: int
+) -> ConvertError:
+    """The refusal of layer ``name``, ``taken`` of whose ``width`` features on ``side`` are
+    coupled to the ``size`` channels of layer ``root``, naming the construct."""
+    if taken > width:
+        construct = (
+            f"its {width} {side} features are coupled to {taken} channels of {root!r}: a reshape "
+            "or transpose moves channels to another axis (a Linear across tokens, as in an "
+            "MLP-Mixer, or attention heads cut from one projection), which is not supported"
+        )
+    elif taken < width:
+        construct = (
+            f"{taken} of its {width} {side} channels are the channels of {root!r} and the others "
+            "come from other layers: concatenation of feature maps (torch.cat, as in DenseNet "
+            "and Inception blocks) is not supported"
+        )
+    else:
+        construct = (
+            f"its {width} {side} channels are {width} of the {size} channels of {root!r}: "
+            "splitting a feature map (chunk, split or slicing, such as q, k and v cut from one "
+            "projection) is not supported"
+        )
+    return ConvertError(f"layer {name!r}: {construct}")
+
+
+def _feature_axis(m: nn.Module) -> int:
+    """The axis of ``m``'s features: last for a layer on token tensors, else channels."""
+    return -1 if adapter(m).token_outputs else 1
+
+
+@torch.no_grad()
+def _transposed(
+    model: nn.Module,
+    example: Tensor,
+    source: nn.Module,
+    readers: dict[str, nn.Module],
+    modules: dict[str, nn.Module],
+) -> list[str]:
+    """The readers whose input gets ``source``'s feature 1 on another axis than their
+    features: raise that feature in one sample, and see the reader's input change at index
+    1 of another axis, not at feature 1 alone. Only functions carry the change: every norm
+    passes its input through (it mixes the features it normalises) and every other layer
+    computes what it computes on the unchanged sample (its weights mix features)."""
+    x = example[:1].expand(2, *example.shape[1:]).clone()
+    seen: dict[str, Tensor] = {}
+
+    def raise_feature(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        out = out.clone()
+        out.select(_feature_axis(source), 1)[1] += 1e3
+        return out
+
+    def hold(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        return out[:1].expand_as(out) if adapter(m).role == "layer" else inp[0]
+
+    def capture(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
+            seen[name] = inp[0]
+
+        return hook
+
+    others = [m for m in modules.values() if m is not source and adapter(m).role != "attention"]
+    hooks = [m.register_forward_hook(hold) for m in others]
+    hooks.append(source.register_forward_hook(raise_feature))
+    hooks += [m.register_forward_pre_hook(capture(n)) for n, m in readers.items()]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    found = []
+    for name, inp in seen.items():
+        changed = inp[1] != inp[0]
+        feature = _feature_axis(readers[name]) % inp.dim() - 1  # in a sample
+        at = [
+            set(
+                changed.movedim(d, 0)
+                .reshape(changed.shape[d], -1)
+                .any(1)
+                .nonzero()
+                .flatten()
+                .tolist()
+            )
+            for d in range(changed.dim())
+        ]
+        if at[feature] != {1} and any(at[d] == {1} for d in range(changed.dim()) if d != feature):
+            found.append(name)
+    return found
+
+
+def _check_feature_axes(
+    model: nn.Module,
+    example: Tensor,
+    g: Group,
+    modules: dict[str, nn.Module],
+    repeats: dict[str, int],
+) -> None:
+    """Refuse a linear layer of part ``g`` that reads or writes the part's channels on
+    another axis than its features (Torch-Pruning maps a transpose as if it kept the
+    channel axis): a Linear across tokens, found by :func:`_transposed` from the part's
+    first producer (in the model's order) to its readers, and from each other linear
+    producer to them."""
+    order = list(modules)
+    first = min(g.producers, key=order.index, default=None)
+    readers = {n: modules[n] for n in g.consumers if n not in repeats}
+    linears = [n for n in g.producers if n != first and adapter(modules[n]).token_outputs]
+    if (
+        first is None
+        or g.size < 2
+        or not linears + [n for n, m in readers.items() if adapter(m).token_outputs]
+    ):
+        return
+    wrong = _transposed(model, example, modules[first], readers, modules)
+    if wrong:
+        raise ConvertError(
+            f"layer {wrong[0]!r} reads the channels of {first!r} on another axis than its "
+            "features (a Linear across tokens, as in an MLP-Mixer's token mixing): the token "
+            "axis is not a unit axis, and mixing tokens is not supported"
+        )
+    for name in linears:
+        if _transposed(model, example, modules[name], readers, modules):
+            raise ConvertError(
+                f"layer {name!r} writes its features on another axis than the channels of "
+                f"{first!r} it joins (a Linear across tokens, as in an MLP-Mixer's token "
+                "mixing): the token axis is not a unit axis, and mixing tokens is not supported"
+            )
 
 
 def _part(
@@ -196,11 +327,8 @@ def _part(
         if repeat:
             repeats[name] = repeat
         elif len(idxs) != g.size or width != g.size:
-            raise ConvertError(
-                f"layer {name!r} uses {len(idxs)} of its {width} "
-                f"{'output' if out_side else 'input'} channels from the channels of "
-                f"{root_name!r} ({g.size}): concatenation and splitting of feature maps "
-                "are not supported"
+            raise _refuse_coupling(
+                name, "output" if out_side else "input", width, len(idxs), root_name, g.size
             )
         if kind.role == "norm":
             g.norms.append(name)
