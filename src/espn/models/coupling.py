@@ -221,11 +221,11 @@ def _transposed(
         return out
 
     def hold(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
-        return out[:1].expand_as(out) if adapter(m).role == "layer" else inp[0]
+        return (out[:1].expand_as(out) if adapter(m).role == "layer" else inp[0]).clone()
 
     def capture(name: str) -> Callable[..., None]:
         def hook(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
-            seen[name] = inp[0]
+            seen[name] = inp[0].clone()  # before in-place ops change it
 
         return hook
 
