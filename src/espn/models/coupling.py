@@ -148,13 +148,13 @@ def couple(
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
-    flattened: list[tuple[nn.Module, str, nn.Module, int]] = []
     for group in graph.get_all_groups(root_module_types=layer_types()):
         g = _part(graph, list(group), names, param_names, repeats, scales)
         features = [n for n in g.producers if n not in scales] or g.producers
-        flattened += [
-            (modules[features[0]], n, modules[n], g.size) for n in g.consumers if n in repeats
-        ]
+        for name in g.consumers:
+            if name in repeats:
+                source = modules[features[0]]
+                _check_flatten_order(model, example, source, name, g.size, modules)
         parts.append(g)
         if not g.attentions:  # attention mixes channels: convert_tokens checks its streams
             _check_feature_axes(model, example, g, modules, repeats)
@@ -162,9 +162,6 @@ def couple(
         if _grouped(layer):
             _check_grouped_input(model, example, name, _depthwise(layer), parts)
     groups = [_join(members, modules, repeats) for members in _joined_parts(parts)]
-    unit = {n: size // repeats[n] for g in groups for n, size in g.in_unit.items() if n in repeats}
-    for source, reader, layer, size in flattened:
-        _check_flatten_order(model, example, source, reader, layer, size, unit[reader])
     return Coupling(groups, repeats, scales)
 
 
@@ -200,24 +197,25 @@ def _feature_axis(m: nn.Module) -> int:
 
 
 @torch.no_grad()
-def _transposed(
+def _probe(
     model: nn.Module,
     example: Tensor,
     source: nn.Module,
     readers: dict[str, nn.Module],
     modules: dict[str, nn.Module],
-) -> list[str]:
-    """The readers whose input gets ``source``'s feature 1 on another axis than their
-    features: raise that feature in one sample, and see the reader's input change at index
-    1 of another axis, not at feature 1 alone. Only functions carry the change: every norm
-    passes its input through (it mixes the features it normalises) and every other layer
-    computes what it computes on the unchanged sample (its weights mix features)."""
-    x = example[:1].expand(2, *example.shape[1:]).clone()
+    features: list[int],
+) -> dict[str, Tensor]:
+    """Where each reader's input changes when feature ``features[i]`` of ``source``'s output
+    is raised in sample ``i + 1`` (sample 0 unchanged): one boolean map per raised sample.
+    Only functions carry the change: every norm passes its input through (it mixes the
+    features it normalises) and every other layer computes what it computes on sample 0."""
+    x = example[:1].expand(len(features) + 1, *example.shape[1:]).clone()
     seen: dict[str, Tensor] = {}
 
-    def raise_feature(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
+    def raise_features(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
         out = out.clone()
-        out.select(_feature_axis(source), 1)[1] += 1e3
+        for i, f in enumerate(features):
+            out.select(_feature_axis(source), f)[i + 1] += 1e3
         return out
 
     def hold(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
@@ -231,17 +229,30 @@ def _transposed(
 
     others = [m for m in modules.values() if m is not source and adapter(m).role != "attention"]
     hooks = [m.register_forward_hook(hold) for m in others]
-    hooks.append(source.register_forward_hook(raise_feature))
+    hooks.append(source.register_forward_hook(raise_features))
     hooks += [m.register_forward_pre_hook(capture(n)) for n, m in readers.items()]
     try:
         model(x)
     finally:
         for h in hooks:
             h.remove()
+    return {name: inp[1:] != inp[:1] for name, inp in seen.items()}
+
+
+def _transposed(
+    model: nn.Module,
+    example: Tensor,
+    source: nn.Module,
+    readers: dict[str, nn.Module],
+    modules: dict[str, nn.Module],
+) -> list[str]:
+    """The readers whose input gets ``source``'s feature 1 on another axis than their
+    features: raised (see :func:`_probe`), it changes their input at index 1 of another
+    axis, not at feature 1 alone."""
     found = []
-    for name, inp in seen.items():
-        changed = inp[1] != inp[0]
-        feature = _feature_axis(readers[name]) % inp.dim() - 1  # in a sample
+    for name, changes in _probe(model, example, source, readers, modules, [1]).items():
+        changed = changes[0]
+        feature = _feature_axis(readers[name]) % changes.dim() - 1  # in a sample
         at = [
             set(
                 changed.movedim(d, 0)
@@ -477,51 +488,26 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
     return group
 
 
-@torch.no_grad()
 def _check_flatten_order(
     model: nn.Module,
     example: Tensor,
     producer: nn.Module,
     name: str,
-    linear: nn.Module,
     size: int,
-    width: int = 1,
+    modules: dict[str, nn.Module],
 ) -> None:
-    """Check that linear layer ``name`` reads its flattened map channel-major (channel ``c``
-    owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)`` of ``(N, C, H, W)``): raise
-    a channel of ``producer`` in one sample each and see which inputs move, all within the
-    inputs of its unit of ``width`` channels (a GroupNorm in between moves the channels of
-    the raised one's group). (The dependency graph maps any flatten so; a channels-last one
-    would mask the wrong inputs.)"""
-    weight = linear.weight
-    assert isinstance(weight, Tensor)
-    repeat = int(weight.shape[1]) // size
-    probe = sorted({0, 1, size - 1})
-    x = example[:1].expand(len(probe) + 1, *example.shape[1:]).clone()
-    seen: dict[str, Tensor] = {}
-
-    def raise_channels(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
-        out = out.clone()
-        for i, c in enumerate(probe):
-            out[i + 1, c] += 1e3
-        return out
-
-    def capture(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
-        seen["x"] = inp[0]
-
-    hooks = [
-        producer.register_forward_hook(raise_channels),
-        linear.register_forward_pre_hook(capture),
-    ]
-    try:
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    for i, c in enumerate(probe):
-        moved = (seen["x"][i + 1] != seen["x"][0]).nonzero().flatten()
-        first = c // width * width * repeat
-        if bool(((moved < first) | (moved >= first + width * repeat)).any()):
+    """Check that linear layer ``name`` reads its flattened map of ``size`` channels
+    channel-major (channel ``c`` owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)``
+    of ``(N, C, H, W)``): a raised channel of ``producer`` (see :func:`_probe`) must change
+    those inputs alone. (The dependency graph maps any flatten so; a channels-last one would
+    mask the wrong inputs.)"""
+    linear = modules[name]
+    repeat = adapter(linear).width(linear, False) // size
+    channels = sorted({0, 1, size - 1})
+    changes = _probe(model, example, producer, {name: linear}, modules, channels)[name]
+    for c, changed in zip(channels, changes, strict=True):
+        moved = changed.flatten().nonzero().flatten()
+        if bool(((moved < c * repeat) | (moved >= (c + 1) * repeat)).any()):
             raise ConvertError(
                 f"linear layer {name!r} reads a flattened feature map whose inputs are not "
                 "grouped by channel; supported: x.flatten(1) of an (N, C, H, W) map "
