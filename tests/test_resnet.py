@@ -237,7 +237,7 @@ class Shared(nn.Module):
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        (Concatenating(), "concatenation and splitting of feature maps are not supported"),
+        (Concatenating(), "concatenation of feature maps (torch.cat, as in DenseNet"),
         (Shared(), "module 'conv' is used again as 'again'"),
         (
             nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(1, 4), nn.Flatten(), nn.Linear(144, 2)),

@@ -1,0 +1,515 @@
+"""How the converter couples channels: which channels of which layers are pruned together.
+
+Torch-Pruning's ``DependencyGraph`` (built by running the model) groups the channels that
+must be pruned together: the two sides of every residual add, a conv and its BatchNorm, the
+consumers of a tensor, a depthwise conv and the channels it convolves, a squeeze-excitation
+scale and the features it multiplies. :func:`couple` turns its groups into espn's unit groups
+(:class:`Group`). A grouped convolution joins the group of its input channels and the group
+of its output channels into one, whose unit is a whole conv group (group ``k``'s inputs and
+outputs live or die together), and a GroupNorm makes its group's unit a whole number of its
+groups: each layer's side then spans ``channels / units`` consecutive channels per unit
+(``*_unit_size``), the units of a group being the greatest common divisor of its widths,
+conv groups and GroupNorm groups. A linear layer reading a flattened feature map reads
+``H*W`` inputs per channel of its group (``in_unit_size``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from espn.layers import ConvertError, LayerAdapter, adapter_for, layer_types
+from espn.layers.parameters import channel_axis
+from espn.models.convert_tokens import TokenConvertError, check_stream_sources
+
+if TYPE_CHECKING:
+    import torch_pruning as tp
+
+
+def adapter(m: nn.Module) -> LayerAdapter:
+    """The adapter of a module the converter accepted."""
+    adapter = adapter_for(m)
+    assert adapter is not None
+    return adapter
+
+
+@dataclass
+class Group:
+    """One set of coupled channels found by the dependency graph (a *part*: channels of one
+    width), or the unit group of parts joined by grouped convs."""
+
+    #: channels of a part; units of a unit group
+    size: int
+    producers: list[str] = field(default_factory=list)
+    consumers: list[str] = field(default_factory=list)
+    norms: list[str] = field(default_factory=list)
+    #: self-attention modules reading and writing the group (their heads are units of their own)
+    attentions: list[str] = field(default_factory=list)
+    #: bare parameters added to the group's features (a class token, position embeddings)
+    params: list[str] = field(default_factory=list)
+    #: bare parameters multiplying the group's features (a layer scale)
+    scale_params: list[str] = field(default_factory=list)
+    #: grouped convs (not depthwise) reading a part: their outputs' part joins it
+    grouped_inputs: list[str] = field(default_factory=list)
+    #: channels one unit spans on each side of a layer (inputs of a linear layer reading a
+    #: flattened map: channels x H*W), by layer name
+    out_unit: dict[str, int] = field(default_factory=dict)
+    in_unit: dict[str, int] = field(default_factory=dict)
+    norm_unit: dict[str, int] = field(default_factory=dict)
+    name: str = ""
+
+
+def _depthwise(m: nn.Module) -> bool:
+    """A conv that convolves each channel on its own: its input and output channels are one."""
+    return adapter(m).depthwise(m)
+
+
+def _grouped(m: nn.Module) -> bool:
+    """A layer whose channels come in groups (a grouped conv, depthwise too)."""
+    layer = adapter(m)
+    return layer.role == "layer" and layer.groups(m) != 1
+
+
+def _elementwise_op() -> type:
+    """torch_pruning's element-wise op node type, imported when a model is converted."""
+    import torch_pruning as tp
+
+    return tp.ops._ElementWiseOp
+
+
+def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
+    """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
+    features (the excitation of a squeeze-excitation block; a bare parameter: a layer scale)
+    rather than being features. A product of a layer's output with a bare parameter scales
+    the layer's own features instead."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) in seen or not isinstance(node.module, _elementwise_op()):
+            continue
+        seen.add(id(node))
+        if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
+            by_parameter = any(isinstance(i.module, nn.Parameter) for i in node.inputs)
+            return isinstance(m, nn.Parameter) or not by_parameter
+        frontier.extend(node.outputs)
+    return False
+
+
+def _flattened(m: nn.Module, out_side: bool, taken: int, size: int) -> int:
+    """Inputs per channel when linear layer ``m`` reads a flattened map of ``size`` channels
+    (``taken`` of its inputs follow them, all of them), else 0."""
+    if out_side or not adapter(m).reads_flattened or taken != adapter(m).width(m, False):
+        return 0
+    return taken // size if taken > size and taken % size == 0 else 0
+
+
+@dataclass
+class Coupling:
+    """The unit groups :func:`couple` finds, and what the converter needs besides."""
+
+    groups: list[Group]
+    #: inputs per channel of linear layers reading a flattened feature map
+    repeats: dict[str, int]
+    #: layers whose output scales features (see :func:`_multiplies`)
+    scales: set[str]
+
+
+def successors(
+    graph: tp.DependencyGraph, modules: dict[str, nn.Module]
+) -> dict[str, nn.Module | None]:
+    """Each layer's sole direct consumer in ``graph`` (None: several or none); a layer that
+    ``forward`` never calls is refused."""
+    successor: dict[str, nn.Module | None] = {}
+    for name, m in modules.items():
+        node = graph.module2node.get(m)
+        if node is None:
+            raise ConvertError(f"module {name!r} is not used by forward() on the example input")
+        successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
+    return successor
+
+
+def couple(
+    model: nn.Module,
+    example: Tensor,
+    modules: dict[str, nn.Module],
+    bare: dict[str, nn.Parameter],
+    graph: tp.DependencyGraph,
+) -> Coupling:
+    """The unit groups of ``modules`` (and of the bare parameters in ``bare`` that join
+    them) from Torch-Pruning's ``graph``."""
+    names = {m: n for n, m in modules.items()}
+    param_names = {id(p): n for n, p in bare.items()}
+    parts = []
+    repeats: dict[str, int] = {}
+    scales: set[str] = set()
+    for group in graph.get_all_groups(root_module_types=layer_types()):
+        g = _part(graph, list(group), names, param_names, repeats, scales)
+        features = [n for n in g.producers if n not in scales] or g.producers
+        for name in g.consumers:
+            if name in repeats:
+                source = modules[features[0]]
+                _check_flatten_order(model, example, source, name, g.size, modules)
+        parts.append(g)
+        if not g.attentions:  # attention mixes channels: convert_tokens checks its streams
+            _check_feature_axes(model, example, g, modules, repeats)
+    for name, layer in modules.items():
+        if _grouped(layer):
+            _check_grouped_input(model, example, name, _depthwise(layer), parts)
+    groups = [_join(members, modules, repeats) for members in _joined_parts(parts)]
+    return Coupling(groups, repeats, scales)
+
+
+def _refuse_coupling(
+    name: str, side: str, width: int, taken: int, root: str, size: int
+) -> ConvertError:
+    """The refusal of layer ``name``, ``taken`` of whose ``width`` features on ``side`` are
+    coupled to the ``size`` channels of layer ``root``, naming the construct."""
+    if taken > width:
+        construct = (
+            f"its {width} {side} features are coupled to {taken} channels of {root!r}: a reshape "
+            "or transpose moves channels to another axis (a Linear across tokens, as in an "
+            "MLP-Mixer, or attention heads cut from one projection), which is not supported"
+        )
+    elif taken < width:
+        construct = (
+            f"{taken} of its {width} {side} channels are the channels of {root!r} and the others "
+            "come from other layers: concatenation of feature maps (torch.cat, as in DenseNet "
+            "and Inception blocks) is not supported"
+        )
+    else:
+        construct = (
+            f"its {width} {side} channels are {width} of the {size} channels of {root!r}: "
+            "splitting a feature map (chunk, split or slicing, such as q, k and v cut from one "
+            "projection) is not supported"
+        )
+    return ConvertError(f"layer {name!r}: {construct}")
+
+
+def _feature_axis(m: nn.Module) -> int:
+    """The axis of ``m``'s features: last for a layer on token tensors, else channels."""
+    return -1 if adapter(m).token_outputs else 1
+
+
+@torch.no_grad()
+def _probe(
+    model: nn.Module,
+    example: Tensor,
+    source: nn.Module,
+    readers: dict[str, nn.Module],
+    modules: dict[str, nn.Module],
+    features: list[int],
+) -> dict[str, Tensor]:
+    """Where each reader's input changes when feature ``features[i]`` of ``source``'s output
+    is raised in sample ``i + 1`` (sample 0 unchanged): one boolean map per raised sample.
+    Only functions carry the change: every norm passes its input through (it mixes the
+    features it normalises) and every other layer computes what it computes on sample 0."""
+    x = example[:1].expand(len(features) + 1, *example.shape[1:]).clone()
+    seen: dict[str, Tensor] = {}
+
+    def raise_features(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        out = out.clone()
+        for i, f in enumerate(features):
+            out.select(_feature_axis(source), f)[i + 1] += 1e3
+        return out
+
+    def hold(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
+        return (out[:1].expand_as(out) if adapter(m).role == "layer" else inp[0]).clone()
+
+    def capture(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
+            seen[name] = inp[0].clone()  # before in-place ops change it
+
+        return hook
+
+    others = [m for m in modules.values() if m is not source and adapter(m).role != "attention"]
+    hooks = [m.register_forward_hook(hold) for m in others]
+    hooks.append(source.register_forward_hook(raise_features))
+    hooks += [m.register_forward_pre_hook(capture(n)) for n, m in readers.items()]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {name: inp[1:] != inp[:1] for name, inp in seen.items()}
+
+
+def _transposed(
+    model: nn.Module,
+    example: Tensor,
+    source: nn.Module,
+    readers: dict[str, nn.Module],
+    modules: dict[str, nn.Module],
+) -> list[str]:
+    """The readers whose input gets ``source``'s feature 1 on another axis than their
+    features: raised (see :func:`_probe`), it changes their input at index 1 of another
+    axis, not at feature 1 alone."""
+    found = []
+    for name, changes in _probe(model, example, source, readers, modules, [1]).items():
+        changed = changes[0]
+        feature = _feature_axis(readers[name]) % changes.dim() - 1  # in a sample
+        at = [
+            set(
+                changed.movedim(d, 0)
+                .reshape(changed.shape[d], -1)
+                .any(1)
+                .nonzero()
+                .flatten()
+                .tolist()
+            )
+            for d in range(changed.dim())
+        ]
+        if at[feature] != {1} and any(at[d] == {1} for d in range(changed.dim()) if d != feature):
+            found.append(name)
+    return found
+
+
+def _check_feature_axes(
+    model: nn.Module,
+    example: Tensor,
+    g: Group,
+    modules: dict[str, nn.Module],
+    repeats: dict[str, int],
+) -> None:
+    """Refuse a linear layer of part ``g`` that reads or writes the part's channels on
+    another axis than its features (Torch-Pruning maps a transpose as if it kept the
+    channel axis): a Linear across tokens, found by :func:`_transposed` from the part's
+    first producer (in the model's order) to its readers, and from each other linear
+    producer to them."""
+    order = list(modules)
+    first = min(g.producers, key=order.index, default=None)
+    readers = {n: modules[n] for n in g.consumers if n not in repeats}
+    linears = [n for n in g.producers if n != first and adapter(modules[n]).token_outputs]
+    if (
+        first is None
+        or g.size < 2
+        or not linears + [n for n, m in readers.items() if adapter(m).token_outputs]
+    ):
+        return
+    wrong = _transposed(model, example, modules[first], readers, modules)
+    if wrong:
+        raise ConvertError(
+            f"layer {wrong[0]!r} reads the channels of {first!r} on another axis than its "
+            "features (a Linear across tokens, as in an MLP-Mixer's token mixing): the token "
+            "axis is not a unit axis, and mixing tokens is not supported"
+        )
+    for name in linears:
+        if _transposed(model, example, modules[name], readers, modules):
+            raise ConvertError(
+                f"layer {name!r} writes its features on another axis than the channels of "
+                f"{first!r} it joins (a Linear across tokens, as in an MLP-Mixer's token "
+                "mixing): the token axis is not a unit axis, and mixing tokens is not supported"
+            )
+
+
+def _part(
+    graph: tp.DependencyGraph,
+    items: list[tuple[tp.Dependency, list[int]]],
+    names: dict[nn.Module, str],
+    param_names: dict[int, str],
+    repeats: dict[str, int],
+    scales: set[str],
+) -> Group:
+    """One group of Torch-Pruning's graph as a part (channels of one width), noting the
+    linear layers reading it flattened in ``repeats`` and its feature scales in ``scales``."""
+    root_name = names[items[0][0].target.module]
+    g = Group(size=len(items[0][1]))
+    for dep, idxs in items:
+        m = dep.target.module
+        if isinstance(m, nn.Parameter) and id(m) in param_names:
+            name = param_names[id(m)]
+            if len(idxs) == g.size == m.shape[channel_axis(m)]:
+                held = g.scale_params if _multiplies(graph, m) else g.params
+                if name not in held:
+                    held.append(name)
+            continue
+        if m not in names:
+            continue
+        name = names[m]
+        out_side = graph.is_out_channel_pruning_fn(dep.handler)
+        kind = adapter(m)
+        width = kind.width(m, out_side)
+        repeat = _flattened(m, out_side, len(idxs), g.size)
+        if repeat:
+            repeats[name] = repeat
+        elif len(idxs) != g.size or width != g.size:
+            raise _refuse_coupling(
+                name, "output" if out_side else "input", width, len(idxs), root_name, g.size
+            )
+        if kind.role == "norm":
+            g.norms.append(name)
+        elif kind.role == "attention":
+            g.attentions.append(name)
+        elif out_side or kind.depthwise(m):  # a depthwise conv's inputs are its outputs
+            if name not in g.producers:
+                g.producers.append(name)
+            if kind.may_scale and _multiplies(graph, m):
+                scales.add(name)
+        elif _grouped(m):
+            g.grouped_inputs.append(name)
+        else:
+            g.consumers.append(name)
+    return g
+
+
+def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
+    """Torch-Pruning's dependency graph of ``model``; a failure to build it is refused in
+    one line naming the layer whose output it could not follow."""
+    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
+
+    try:
+        return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+    except Exception as exc:  # Torch-Pruning fails on reshapes it cannot map
+        raise ConvertError(
+            f"the channels {_failed_after(model, exc)} cannot be followed through forward() "
+            f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
+            "regroups channels, such as ShuffleNet's channel shuffle, is not supported"
+        ) from None
+
+
+def _failed_after(model: nn.Module, exc: Exception) -> str:
+    """``of 'NAME'``: the layer nearest before the graph node Torch-Pruning failed on (read
+    from its traceback), or ``of <model class>``."""
+    node, tb = None, exc.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("node", node)
+        tb = tb.tb_next
+    names = {id(m): n for n, m in model.named_modules() if n}
+    seen: set[int] = set()
+    frontier = [node] if node is not None else []
+    while frontier:
+        n = frontier.pop(0)
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if id(getattr(n, "module", None)) in names:
+            return f"after {names[id(n.module)]!r}"
+        frontier.extend(getattr(n, "inputs", []))
+    return f"of {type(model).__name__}"
+
+
+def _check_grouped_input(
+    model: nn.Module, example: Tensor, name: str, depthwise: bool, parts: list[Group]
+) -> None:
+    """Refuse grouped conv ``name`` unless its input channels come from layers alone: with
+    the outputs of the other layers and norms writing them set to zero, its input must be
+    zero (a pruned group's inputs are removed from those layers; the model input or a bare
+    parameter cannot lose channels)."""
+    part = next(
+        (p for p in parts if name in (p.producers if depthwise else p.grouped_inputs)), None
+    )
+    writers = [] if part is None else [n for n in part.producers + part.norms if n != name]
+    try:
+        if not writers:
+            raise TokenConvertError(name)
+        check_stream_sources(model, example, name, writers, [name])
+    except TokenConvertError:
+        raise ConvertError(
+            f"grouped conv {name!r} reads channels that come partly from the model input or a "
+            "bare parameter, so its groups could not be removed; supported: grouped and "
+            "depthwise convs whose inputs come from conv layers"
+        ) from None
+
+
+def _joined_parts(parts: list[Group]) -> list[list[Group]]:
+    """The parts joined into one unit group by grouped convs (each reads one part and writes
+    another), in the order of their first part."""
+    writer = {name: i for i, part in enumerate(parts) for name in part.producers}
+    root = list(range(len(parts)))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    for i, part in enumerate(parts):
+        for name in part.grouped_inputs:
+            a, b = sorted((find(i), find(writer[name])))
+            root[b] = a
+    joined: dict[int, list[Group]] = {}
+    for i, part in enumerate(parts):
+        joined.setdefault(find(i), []).append(part)
+    return list(joined.values())
+
+
+def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str, int]) -> Group:
+    """One unit group of ``members`` (parts): its units are the greatest common divisor of the
+    parts' widths, the group counts of the grouped convs writing them and of the GroupNorms
+    normalising them, so that a unit is whole conv groups and whole GroupNorm groups on every
+    side; a group forced down to a single unit is refused (it could never be pruned)."""
+    counts: list[tuple[str, int]] = []
+    for part in members:
+        for name in part.producers + part.norms:
+            m = modules[name]
+            count = adapter(m).group_count(name, m)
+            if count is not None:
+                counts.append(count)
+    units = math.gcd(*(part.size for part in members), *(n for _, n in counts))
+    if units == 1 and counts and max(part.size for part in members) > 1:
+        order = list(modules)
+        first = min((n for p in members for n in p.producers + p.norms), key=order.index)
+        raise ConvertError(
+            f"the channels of {first!r} cannot be pruned in whole groups: "
+            f"{' and '.join(text for text, _ in counts)} leave no common group count above 1; "
+            "supported: grouped convs and GroupNorms whose group counts share a divisor above "
+            "1 (GroupNorm(1, C) normalises all channels together)"
+        )
+    group = Group(size=units)
+    for part in members:
+        width = part.size // units
+        if width > 1:
+            token = [n for n in part.norms + part.attentions if adapter(modules[n]).tokens]
+            token += part.params + part.scale_params
+            if token:
+                raise ConvertError(
+                    f"module {token[0]!r} works on channels pruned in "
+                    f"units of {width} (a grouped conv or GroupNorm); supported: LayerNorm and "
+                    "attention on features pruned one by one"
+                )
+        for name in part.producers:
+            if name not in group.producers:
+                group.producers.append(name)
+            group.out_unit[name] = width
+        for name in part.consumers:
+            group.consumers.append(name)
+            group.in_unit[name] = width * repeats.get(name, 1)
+        for name in part.norms:
+            group.norms.append(name)
+            group.norm_unit[name] = width
+        group.attentions += part.attentions
+        group.params += part.params
+        group.scale_params += part.scale_params
+    return group
+
+
+def _check_flatten_order(
+    model: nn.Module,
+    example: Tensor,
+    producer: nn.Module,
+    name: str,
+    size: int,
+    modules: dict[str, nn.Module],
+) -> None:
+    """Check that linear layer ``name`` reads its flattened map of ``size`` channels
+    channel-major (channel ``c`` owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)``
+    of ``(N, C, H, W)``): a raised channel of ``producer`` (see :func:`_probe`) must change
+    those inputs alone. (The dependency graph maps any flatten so; a channels-last one would
+    mask the wrong inputs.)"""
+    linear = modules[name]
+    repeat = adapter(linear).width(linear, False) // size
+    channels = sorted({0, 1, size - 1})
+    changes = _probe(model, example, producer, {name: linear}, modules, channels)[name]
+    for c, changed in zip(channels, changes, strict=True):
+        moved = changed.flatten().nonzero().flatten()
+        if bool(((moved < c * repeat) | (moved >= (c + 1) * repeat)).any()):
+            raise ConvertError(
+                f"linear layer {name!r} reads a flattened feature map whose inputs are not "
+                "grouped by channel; supported: x.flatten(1) of an (N, C, H, W) map "
+                "(channel-major), not a channels-last flatten"
+            )

@@ -1,0 +1,95 @@
+"""How the converter couples channels (``espn.models.coupling``): what it cannot follow is
+refused at wrap in one line naming the layer and the construct, never later and never as a
+raw torch error; a token stream whose linear layers read the channels stays accepted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import espn
+from espn.models.convert import ConvertError
+from helpers.constructs import CONSTRUCTS
+
+IMAGE = torch.zeros(2, 3, 32, 32)
+
+
+class SplitProjection(nn.Module):
+    """Attention whose q, k and v are cut from one projection's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.qkv = nn.Linear(48, 32), nn.Linear(32, 96)
+        self.proj, self.fc = nn.Linear(32, 32), nn.Linear(32, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(F.pixel_unshuffle(x, 4).flatten(2).transpose(1, 2))
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v))
+        return self.fc(x.mean(1))
+
+
+class NarrowMixer(nn.Module):
+    """A Linear across 16 tokens of 8 channels (the widths differ: Torch-Pruning couples the
+    token axis to the channels with the wrong width)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 8, 8)
+        self.tokens = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        x = x + self.tokens(x.transpose(1, 2)).transpose(1, 2)
+        return self.fc(x.mean(1))
+
+
+class ChannelMLP(nn.Module):
+    """Patches transposed into tokens, a residual MLP on their channels (16 tokens of 16
+    channels, so only the axes tell a channel from a token)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm = nn.Conv2d(3, 16, 8, 8), nn.LayerNorm(16)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        x = x + self.mlp(self.norm(x))
+        return self.fc(x.mean(1))
+
+
+@pytest.mark.parametrize(
+    ("model", "layer", "construct"),
+    [
+        (CONSTRUCTS["concatenation"][0], "layer 'mix.0'", "concatenation of feature maps"),
+        (CONSTRUCTS["split-shuffle"][0], "layer 'head.0'", "concatenation of feature maps"),
+        (CONSTRUCTS["token-mixing"][0], "layer 'tokens.0'", "mixing tokens is not supported"),
+        (
+            CONSTRUCTS["functional-weight"][0],
+            "module 'qkv'",
+            "functional use of a module's weights is not supported",
+        ),
+        (SplitProjection, "layer 'proj'", "splitting a feature map"),
+        (NarrowMixer, "layer 'fc'", "a reshape or transpose moves channels to another axis"),
+    ],
+)
+def test_a_construct_the_converter_cannot_follow_is_refused_at_wrap_naming_it(
+    model: type[nn.Module], layer: str, construct: str
+) -> None:
+    with pytest.raises(ConvertError) as err:
+        espn.wrap(model(), IMAGE)
+    message = str(err.value)
+    assert message.startswith(layer) and construct in message and "\n" not in message
+
+
+def test_linear_layers_on_the_channels_of_a_token_stream_are_accepted() -> None:
+    """The transpose probe refuses a Linear across tokens only: the same stream's MLP on its
+    channels converts, its layers in the stem's unit group."""
+    model = espn.wrap(ChannelMLP(), IMAGE)
+    stream = model.model.stem[0].out_units
+    assert model.model.mlp[0][0].in_units == model.model.mlp[2][0].out_units == stream
