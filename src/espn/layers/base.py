@@ -163,8 +163,16 @@ class WeightAdapter(LayerAdapter):
     def masked(self, m: nn.Module, place: Placement) -> nn.Module:
         """The masked layer holding ``m``'s weights."""
 
+    def task_head(self, m: nn.Module, place: Placement) -> nn.Module:
+        """The head replacing output layer ``m`` (an adapter with ``can_be_head``): a
+        per-task head with ``place.multi_head``, else ``m`` shared and masked, followed by a
+        per-task bias with ``place.task_affine``."""
+        raise ConvertError(f"{type(m).__name__} {place.name!r} cannot be a classifier")
+
     @torch.no_grad()
     def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        if place.head:
+            return self.task_head(m, place)
         layer = self.masked(m, place)
         bias = getattr(m, "bias", None)
         if place.scales and place.out_group is not None and not place.gated:

@@ -39,9 +39,7 @@ class LinearAdapter(WeightAdapter):
         return out
 
     @torch.no_grad()
-    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
-        if not place.head:
-            return super().convert(m, place)
+    def task_head(self, m: nn.Module, place: Placement) -> nn.Module:
         assert isinstance(m, nn.Linear)
         bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
         if place.multi_head:

@@ -74,6 +74,7 @@ from espn.models.convert_tokens import (
     replace_encoders,
     token_outputs,
 )
+from espn.models.heads import output_layers
 from espn.models.registry import MODELS, ModelSpec
 
 if TYPE_CHECKING:
@@ -90,10 +91,6 @@ def _adapter(m: nn.Module) -> LayerAdapter:
     adapter = adapter_for(m)
     assert adapter is not None
     return adapter
-
-
-def _is_norm(m: nn.Module) -> bool:
-    return _adapter(m).role == "norm"
 
 
 @dataclass
@@ -324,27 +321,20 @@ def _groups(
     example_input: Tensor,
     modules: dict[str, Convertible],
     bare: dict[str, nn.Parameter] | None = None,
-) -> tuple[list[_Group], dict[str, nn.Module | None], str, dict[str, int], set[str]]:
-    """Coupled channel groups, each layer's sole direct consumer, the output layer, the
+) -> tuple[list[_Group], dict[str, nn.Module | None], list[str], dict[str, int], set[str]]:
+    """Coupled channel groups, each layer's sole direct consumer, the output layers, the
     inputs per channel of linear layers reading a flattened feature map, and the layers whose
     output scales features (see :func:`_multiplies`)."""
     names = {m: n for n, m in modules.items()}
     param_names = {id(p): n for n, p in (bare or {}).items()}
     graph = _dependency_graph(model, example_input)
     successor: dict[str, nn.Module | None] = {}
-    outputs = []
     for name, m in modules.items():
         node = graph.module2node.get(m)
         if node is None:
             raise ConvertError(f"module {name!r} is not used by forward() on the example input")
         successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
-        if not node.outputs and not _is_norm(m):
-            outputs.append(name)
-    if len(outputs) != 1 or not _adapter(modules[outputs[0]]).can_be_head:
-        raise ConvertError(
-            "the model must end in exactly one nn.Linear layer (the classifier) whose output is "
-            f"the model's output; found output layers: {outputs or 'none'}"
-        )
+    heads = output_layers(model, example_input, graph, modules)
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
@@ -404,7 +394,7 @@ def _groups(
     unit = {n: size // repeats[n] for g in groups for n, size in g.in_unit.items() if n in repeats}
     for source, reader, layer, size in flattened:
         _check_flatten_order(model, example_input, source, reader, layer, size, unit[reader])
-    return groups, successor, outputs[0], repeats, scales
+    return groups, successor, heads, repeats, scales
 
 
 def _dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
@@ -625,7 +615,7 @@ def to_supernet(
     _plain_layers(model, example_input)
     modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
-    groups, successor, head, repeats, scales = _groups(model, example_input, modules, bare)
+    groups, successor, heads, repeats, scales = _groups(model, example_input, modules, bare)
     model = replace_encoders(model)
     order = {name: i for i, name in enumerate(modules)}
     in_group: dict[str, str] = {}
@@ -639,7 +629,7 @@ def to_supernet(
     #: bare parameters of a token stream, with their unit group
     adopted: dict[str, str] = {}
     for g in groups:
-        if head in g.producers:
+        if set(heads) & set(g.producers):
             continue  # the classes: never pruned
         if not g.producers:
             raise ConvertError(
@@ -690,7 +680,7 @@ def to_supernet(
             out_unit=out_unit.get(name, 1),
             norm_group=norm_group.get(name),
             norm_unit=norm_unit.get(name, 1),
-            head=name == head,  # _groups checked it is a layer that can be one
+            head=name in heads,  # output_layers checked it is a layer that can be one
             multi_head=multi_head,
             task_affine=task_affine,
             gated=name in gated,
