@@ -647,9 +647,9 @@ def to_supernet(
         for name in g.attentions:
             in_group[name] = g.name
         stream = any(_adapter(modules[n]).tokens for n in g.norms + g.attentions)
-        for name in (g.params if stream else []) + g.scale_params:
+        for name in g.params + g.scale_params:
             adopted[name] = g.name
-        if stream:
+        if stream or g.params:
             writers = g.producers + g.norms + g.attentions
             readers = g.consumers + g.norms + g.attentions
             params = [bare[n] for n in g.params]

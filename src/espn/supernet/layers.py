@@ -204,6 +204,10 @@ class TaskSpecific(nn.Module, ABC):
     def reset_task(self, n_classes: int) -> None:
         """Re-initialise for a new task (``n_classes`` matters to heads only)."""
 
+    def zero_dead(self, alive: dict[str, Tensor]) -> None:
+        """Zero what this module holds for the dead units of ``alive`` (unit group -> alive
+        units), so that a pruned feature is exactly zero; most modules hold nothing there."""
+
     def task_state(self) -> dict[str, Tensor]:
         """A detached copy of this task's parameters and buffers."""
         return {k: v.detach().clone() for k, v in self.state_dict().items() if k != "unit_mask"}

@@ -147,7 +147,8 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def set_unit_masks(self, units: dict[str, Tensor]) -> None:
-        """Set alive units; a dead unit's gate/BatchNorm scale and shift are zeroed exactly."""
+        """Set alive units; a dead unit's gate/BatchNorm scale and shift (and what other task
+        modules hold for it, see :meth:`TaskSpecific.zero_dead`) are zeroed exactly."""
         for g, alive in units.items():
             every = bool(alive.all())
             for m in self.groups[g]:
@@ -156,6 +157,9 @@ class Supernet(nn.Module):
                 entries = expand_units(alive_d, m.entries_per_unit)
                 m.weight.data.masked_fill_(~entries, 0.0)
                 m.bias.data.masked_fill_(~entries, 0.0)
+        alive = {g: mods[0].unit_mask.bool() for g, mods in self.groups.items()}
+        for task_module in self.task_modules.values():
+            task_module.zero_dead(alive)
         self._apply_structure()
 
     def structural_mask(self, name: str) -> Tensor:
