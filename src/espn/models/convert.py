@@ -605,6 +605,13 @@ def to_supernet(
     """
     from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
 
+    if not example_input.is_floating_point() and not any(
+        isinstance(m, nn.Embedding) for m in model.modules()
+    ):
+        raise ConvertError(
+            f"example_input: {str(example_input.dtype).removeprefix('torch.')} inputs are "
+            "token ids, but the model has no nn.Embedding to read them; give float32 inputs"
+        )
     if is_timm_vit(model):
         measured = module_flops(model, example_input)
         vit = from_timm_vit(model, example_input, multi_head, task_affine)
