@@ -8,8 +8,9 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   holding the original weights, with the unit groups of its input and output channels set;
 * every BatchNorm / GroupNorm is a task-specific :class:`TaskBatchNorm2d` /
   :class:`TaskGroupNorm` of its group;
-* the output layer is a per-task :class:`TaskHead` (or a shared masked head plus a per-task
-  :class:`TaskBias` when ``multi_head`` is False);
+* the output layers (the classifier, see :mod:`espn.models.heads`) are per-task
+  :class:`TaskHead` / :class:`TaskConvHead` (or shared masked layers plus a per-task bias when
+  ``multi_head`` is False);
 * ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
   adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
 * bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
@@ -595,10 +596,10 @@ def to_supernet(
 ) -> nn.Module:
     """A supernet-ready copy of ``model`` (see the module docstring); ``model`` is untouched.
 
-    ``example_input`` is a small batch of inputs used to trace the network. The output layer
-    becomes the task head: a :class:`TaskHead` per task with ``multi_head``, else a shared
-    masked linear layer (followed by a per-task :class:`TaskBias` with ``task_affine``, which
-    also gives gates a per-task scale and shift). Weights, BatchNorm
+    ``example_input`` is a small batch of inputs used to trace the network (float32, or int64
+    token ids into an ``nn.Embedding``). The output layers become task heads: a
+    :class:`TaskHead` per task with ``multi_head``, else a shared masked layer (followed by a
+    per-task bias with ``task_affine``, which also gives gates a per-task scale and shift). Weights, BatchNorm
     parameters and statistics and the classifier are copied, so that the result computes what
     ``model`` computes (in eval mode) until the first task begins, which resets BatchNorms and
     heads.
