@@ -20,8 +20,8 @@ from espn.layers.base import (
 )
 from espn.supernet.layers import (
     MaskedConv2d,
-    TaskChannelBias,
     TaskConvHead,
+    TaskHead,
     conv_padding,
     conv_pair,
 )
@@ -115,32 +115,19 @@ class Conv2dAdapter(ConvAdapter):
         out.weight.copy_(m.weight)
         return out
 
-    @torch.no_grad()
-    def task_head(self, m: nn.Module, place: Placement) -> nn.Module:
-        """A 1-group conv to the classes (SqueezeNet's, BiT's classifier) as a per-task
-        :class:`TaskConvHead`, or shared and masked with a per-task channel bias."""
+    def per_task_head(self, m: nn.Module, place: Placement) -> TaskHead:
+        """SqueezeNet's and BiT's classifier, a conv to the classes: a :class:`TaskConvHead`."""
         assert isinstance(m, nn.Conv2d)
-        bias = m.bias if m.bias is not None else torch.zeros(m.out_channels)
-        if place.multi_head:
-            head = TaskConvHead(
-                m.in_channels,
-                m.out_channels,
-                conv_pair(m.kernel_size),
-                conv_pair(m.stride),
-                conv_padding(m.padding),
-                conv_pair(m.dilation),
-                place.in_group,
-                place.in_unit,
-            )
-            head.weight.copy_(m.weight)
-            head.bias.copy_(bias)
-            return head
-        shared = self.masked(m, Placement(place.name, place.in_group, None, place.in_unit))
-        if not place.task_affine:
-            return nn.Sequential(shared)
-        task_bias = TaskChannelBias(m.out_channels)
-        task_bias.bias.copy_(bias)
-        return nn.Sequential(shared, task_bias)
+        return TaskConvHead(
+            m.in_channels,
+            m.out_channels,
+            conv_pair(m.kernel_size),
+            conv_pair(m.stride),
+            conv_padding(m.padding),
+            conv_pair(m.dilation),
+            place.in_group,
+            place.in_unit,
+        )
 
     @staticmethod
     def _empty(m: MaskedConv2d, c_in: int, c_out: int, groups: int) -> nn.Conv2d:
