@@ -134,7 +134,7 @@ def sequence(kind: str) -> TaskSequence | None:
     return token_sequence() if kind == "embedding" else None
 
 
-@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.optimizer)
 @pytest.mark.parametrize("kind", list(NETS))
 def test_two_tasks_bit_identical_and_export_counted_exactly(kind, optim, tmp_path):
     check_two_tasks(

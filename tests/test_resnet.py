@@ -249,7 +249,11 @@ class Shared(nn.Module):
         ),
         (
             nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Conv2d(4, 2, 1)),
-            "the model must end in exactly one nn.Linear layer",
+            "classifier '2' has 2 outputs but the model outputs [1, 2, 1, 1]",
+        ),
+        (
+            nn.Sequential(nn.Flatten(), nn.Linear(192, 4), nn.BatchNorm1d(4)),
+            "found '2', a BatchNorm1d",
         ),
     ],
 )

@@ -120,9 +120,16 @@ def check_learner(supernet: Any, device: Any, settings: dict[str, Any]) -> None:
             check_option(name, value, config)
 
 
+#: the input dtypes a model may take, as the messages describe them
+INPUT_DTYPES = {
+    torch.float32: "float32 (convert them with x.float(), scaled as in training)",
+    torch.int64: "int64 token ids (for a model whose first layer is an nn.Embedding)",
+}
+
+
 def check_example(model: Any, example_input: Any) -> None:
     """``wrap``'s model and example batch: a module, name or factory, and a non-empty,
-    finite floating-point batch ``[N, ...]``."""
+    finite batch ``[N, ...]`` of float32 inputs or int64 token ids."""
     if not (isinstance(model, nn.Module | str) or callable(model)):
         raise fail(
             "model",
@@ -139,18 +146,21 @@ def check_example(model: Any, example_input: Any) -> None:
         raise fail("example_input", "is an empty batch; give at least one sample")
 
 
-def check_inputs(x: Any, argument: str, shape: tuple[int, ...] | None = None) -> None:
-    """Model inputs: a finite float32 tensor ``[N, *shape]``."""
+def check_inputs(
+    x: Any, argument: str, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None
+) -> None:
+    """Model inputs: a finite tensor ``[N, *shape]`` of the model's ``dtype``: float32, or
+    int64 token ids for a model reading them with ``nn.Embedding`` (either for ``wrap``'s
+    example, whose dtype the supernet records as its own)."""
     if not isinstance(x, Tensor):
         raise fail(argument, f"expected a tensor of inputs [N, ...], got {type(x).__name__}")
     if x.dim() < 2:
         raise fail(argument, f"expected inputs of shape [N, ...], got shape {list(x.shape)}")
-    if x.dtype != torch.float32:
-        raise fail(
-            argument,
-            f"inputs must be float32 (the model's dtype), got {str(x.dtype).removeprefix('torch.')}"
-            "; convert them with x.float() (scaled as in training)",
-        )
+    accepted = INPUT_DTYPES if dtype is None else (dtype,)
+    if x.dtype not in accepted:
+        want = " or ".join(INPUT_DTYPES[d] for d in accepted)
+        got = str(x.dtype).removeprefix("torch.")
+        raise fail(argument, f"inputs must be {want}, got {got}")
     if x.device.type == "meta":
         raise fail(argument, "inputs are on the meta device; give real tensors")
     if not bool(torch.isfinite(x).all()):

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from espn.api import checks
@@ -32,7 +31,7 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.models.resnet import STREAM_PRUNING
-from espn.runs.loading import known_model, load_run
+from espn.runs.loading import example_input, known_model, load_run
 from espn.settings.training import default
 from espn.supernet.supernet import Supernet
 
@@ -156,7 +155,7 @@ def load(
         spec = manifest["spec"]
         given = wrap(
             model,
-            torch.zeros(2, *spec["input_shape"], device=device),
+            example_input(spec, device),
             multi_head=bool(spec["multi_head"]),
             task_affine=bool(manifest["config"].get("task_affine", default("task_affine"))),
             **model_args,

@@ -418,6 +418,7 @@ class LearnerRuns:
         width = self.supernet.model_classes  # the head a registered model was built with
         classes = [m.n_classes for m in self.supernet.masks] + [width or 1]
         meta["spec"]["n_classes"] = max(classes)
+        meta["spec"]["input_dtype"] = str(self.supernet.input_dtype).removeprefix("torch.")
         meta["n_tasks"] = max(len(seq), 1)  # as ``tasks`` is: task 0 in training counts
         return meta
 

@@ -314,9 +314,9 @@ class LearnedTasks:
             # forked: a loader's draws leave training's alone
             with torch.random.fork_rng(devices=[]), checks.about("data", test_argument="test"):
                 task = tensor_task(name, train, test, classes, self.device)
-            checks.check_inputs(task.train.x, "data", self.supernet.input_shape)
+            self._check_inputs(task.train.x, "data")
             if len(task.test):
-                checks.check_inputs(task.test.x, "test", self.supernet.input_shape)
+                self._check_inputs(task.test.x, "test")
             checks.check_classes(task.n_classes, "n_classes" if classes is not None else "data")
             if not len(task.train):
                 raise LearnerError(f"{name}: no training samples")
@@ -328,7 +328,7 @@ class LearnedTasks:
         n_classes = self.supernet.masks[task].n_classes
         with checks.about(argument):
             probe = tensor_task(self.names[task], None, data, n_classes, self.device)
-        checks.check_inputs(probe.test.x, argument, self.supernet.input_shape)
+        self._check_inputs(probe.test.x, argument)
         return probe
 
     def _every_task(self, given: Sequence[TaskData] | None, argument: str) -> list[Task]:
@@ -388,7 +388,7 @@ class LearnedTasks:
         if data is not None:
             with checks.about("data"):
                 x = tensor_task(self.names[task], None, data, None, self.device).test.x
-            checks.check_inputs(x, "data", self.supernet.input_shape)
+            self._check_inputs(x, "data")
         else:
             known = self.tasks[task]
             if known is None:
@@ -491,5 +491,9 @@ class LearnedTasks:
 
     def _inputs(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` checked as a batch of model inputs, on the learner's device."""
-        checks.check_inputs(x, "x", self.supernet.input_shape)
+        self._check_inputs(x, "x")
         return x.to(self.device)
+
+    def _check_inputs(self, x: object, argument: str) -> None:
+        """Refuse ``x`` unless it is a batch of the supernet's input shape and dtype."""
+        checks.check_inputs(x, argument, self.supernet.input_shape, self.supernet.input_dtype)

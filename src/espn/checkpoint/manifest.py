@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -44,9 +44,11 @@ class FileEntry(_Model):
 
 
 class Spec(_Model):
-    """What the model is built for: input shape, classes, one head or one per task."""
+    """What the model is built for: input shape and dtype, classes, one head or one per task."""
 
     input_shape: list[int] = Field(min_length=1, max_length=MAX_INPUT_DIMS)
+    #: float32, or int64 token ids (a model whose first layer is an embedding)
+    input_dtype: Literal["float32", "int64"] = "float32"
     n_classes: int = Field(ge=1, le=MAX_CLASSES)
     multi_head: bool
 

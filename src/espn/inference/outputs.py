@@ -41,7 +41,9 @@ def head_name(supernet: Supernet) -> str:
     for name, module in supernet.model.named_modules():
         if is_costed(module):
             hooks.append(module.register_forward_hook(lambda *_, n=name: order.append(n)))
-    example = torch.zeros(1, *supernet.input_shape, device=_device(supernet))
+    example = torch.zeros(
+        1, *supernet.input_shape, dtype=supernet.input_dtype, device=_device(supernet)
+    )
     try:
         with torch.no_grad(), _eval(supernet):
             supernet(example, task=0)

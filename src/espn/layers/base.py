@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.supernet.layers import TaskChannelBias, UnitGate, expand_units
+from espn.supernet.layers import TaskBias, TaskChannelBias, TaskHead, UnitGate, expand_units
 
 #: what a layer does in a unit group
 Role = Literal["layer", "norm", "attention"]
@@ -163,8 +163,34 @@ class WeightAdapter(LayerAdapter):
     def masked(self, m: nn.Module, place: Placement) -> nn.Module:
         """The masked layer holding ``m``'s weights."""
 
+    def per_task_head(self, m: nn.Module, place: Placement) -> TaskHead:
+        """The per-task head of output layer ``m`` (an adapter with ``can_be_head``)."""
+        raise ConvertError(f"{type(m).__name__} {place.name!r} cannot be a classifier")
+
+    @torch.no_grad()
+    def task_head(self, m: nn.Module, place: Placement) -> nn.Module:
+        """The head replacing output layer ``m``, its weights and bias copied: a per-task head
+        with ``place.multi_head``, else ``m`` shared and masked, followed by a per-task bias
+        (on the output features: dimension 1 of a conv's output) with ``place.task_affine``."""
+        weight, bias = m.weight, getattr(m, "bias", None)
+        assert isinstance(weight, Tensor)
+        bias = torch.zeros(weight.shape[0]) if bias is None else bias
+        if place.multi_head:
+            head = self.per_task_head(m, place)
+            head.weight.copy_(weight)
+            head.bias.copy_(bias)
+            return head
+        shared = self.masked(m, Placement(place.name, place.in_group, None, place.in_unit))
+        if not place.task_affine:
+            return nn.Sequential(shared)
+        task_bias = (TaskChannelBias if weight.dim() > 2 else TaskBias)(len(bias))
+        task_bias.bias.copy_(bias)
+        return nn.Sequential(shared, task_bias)
+
     @torch.no_grad()
     def convert(self, m: nn.Module, place: Placement) -> nn.Module:
+        if place.head:
+            return self.task_head(m, place)
         layer = self.masked(m, place)
         bias = getattr(m, "bias", None)
         if place.scales and place.out_group is not None and not place.gated:

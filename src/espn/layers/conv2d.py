@@ -18,7 +18,13 @@ from espn.layers.base import (
     param,
     register,
 )
-from espn.supernet.layers import MaskedConv2d, conv_padding, conv_pair
+from espn.supernet.layers import (
+    MaskedConv2d,
+    TaskConvHead,
+    TaskHead,
+    conv_padding,
+    conv_pair,
+)
 
 
 class ConvAdapter(WeightAdapter):
@@ -85,7 +91,8 @@ class ConvAdapter(WeightAdapter):
 @register
 class Conv2dAdapter(ConvAdapter):
     source = (nn.Conv2d,)
-    exports = (MaskedConv2d,)
+    exports = (MaskedConv2d, TaskConvHead)
+    can_be_head = True
 
     @torch.no_grad()
     def masked(self, m: nn.Module, place: Placement) -> nn.Module:
@@ -108,6 +115,20 @@ class Conv2dAdapter(ConvAdapter):
         out.weight.copy_(m.weight)
         return out
 
+    def per_task_head(self, m: nn.Module, place: Placement) -> TaskHead:
+        """SqueezeNet's and BiT's classifier, a conv to the classes: a :class:`TaskConvHead`."""
+        assert isinstance(m, nn.Conv2d)
+        return TaskConvHead(
+            m.in_channels,
+            m.out_channels,
+            conv_pair(m.kernel_size),
+            conv_pair(m.stride),
+            conv_padding(m.padding),
+            conv_pair(m.dilation),
+            place.in_group,
+            place.in_unit,
+        )
+
     @staticmethod
     def _empty(m: MaskedConv2d, c_in: int, c_out: int, groups: int) -> nn.Conv2d:
         return nn.Conv2d(
@@ -124,13 +145,27 @@ class Conv2dAdapter(ConvAdapter):
 
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
+        if isinstance(m, TaskConvHead):
+            return self._head(m, m.weight)
         assert isinstance(m, MaskedConv2d)
         conv = self._empty(m, m.in_channels, m.out_channels, m.groups)
         conv.weight = param(m.masked_weight())
         return conv.to(device=m.weight.device, dtype=m.weight.dtype)
 
+    def _head(self, m: TaskConvHead, weight: Tensor) -> nn.Conv2d:
+        """The plain conv of head ``m`` with ``weight`` (its columns: the alive inputs)."""
+        conv = nn.Conv2d(
+            weight.shape[1], m.out_features, m.kernel_size, m.stride, m.padding, m.dilation
+        )
+        conv.weight, conv.bias = param(weight), param(m.bias)
+        return conv.to(device=weight.device, dtype=weight.dtype)
+
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        if isinstance(m, TaskConvHead):
+            w = m.weight
+            cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
+            return self._head(m, w.index_select(1, cols))
         assert isinstance(m, MaskedConv2d)
         if m.groups != 1:
             raise ExportError(f"grouped convolution ({m.groups} groups) in a token model")

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers.base import Placement, WeightAdapter, alive_features, param, register
-from espn.supernet.layers import MaskedLinear, TaskBias, TaskHead
+from espn.supernet.layers import MaskedLinear, TaskHead
 
 
 @register
@@ -38,25 +38,9 @@ class LinearAdapter(WeightAdapter):
         out.weight.copy_(m.weight)
         return out
 
-    @torch.no_grad()
-    def convert(self, m: nn.Module, place: Placement) -> nn.Module:
-        if not place.head:
-            return super().convert(m, place)
+    def per_task_head(self, m: nn.Module, place: Placement) -> TaskHead:
         assert isinstance(m, nn.Linear)
-        bias = m.bias if m.bias is not None else torch.zeros(m.out_features)
-        if place.multi_head:
-            head = TaskHead(
-                m.in_features, m.out_features, in_units=place.in_group, in_unit_size=place.in_unit
-            )
-            head.weight.copy_(m.weight)
-            head.bias.copy_(bias)
-            return head
-        shared = self.masked(m, Placement(place.name, place.in_group, None, place.in_unit))
-        if not place.task_affine:
-            return nn.Sequential(shared)
-        task_bias = TaskBias(m.out_features)
-        task_bias.bias.copy_(bias)
-        return nn.Sequential(shared, task_bias)
+        return TaskHead(m.in_features, m.out_features, place.in_group, place.in_unit)
 
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:

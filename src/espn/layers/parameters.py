@@ -5,11 +5,11 @@ multiplying a conv's channels): per-task state of their unit group, as
 
 The converter keeps each parameter where the model's ``forward`` reads it and registers it
 also in one :class:`TaskParameters` module, which the supernet swaps with the task: a later
-task never changes an earlier task's embeddings, and they cost no FLOPs. A dead feature of
-the stream carries its embedding value, which no layer reads (every reader of the stream is
-masked or a task LayerNorm over alive features), and a layer scale multiplies a dead
-channel's zero; the slim model keeps each parameter at the alive features of its group
-(:func:`channel_axis`).
+task never changes an earlier task's embeddings, and they cost no FLOPs. A pruned feature's
+values are zeroed with its unit (:meth:`TaskParameters.zero_dead`), so that the feature is
+exactly zero however the parameter joins the features (added, concatenated as a class token,
+multiplying as a layer scale); the slim model keeps each parameter at the alive features of
+its group (:func:`channel_axis`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,18 @@ class TaskParameters(TaskSpecific):
         with torch.no_grad():
             for i in range(len(self.targets)):
                 getattr(self, f"p{i}").copy_(getattr(self, f"initial{i}"))
+
+    @torch.no_grad()
+    def zero_dead(self, alive: dict[str, Tensor]) -> None:
+        """A dead feature's values are zero: it is then exactly zero wherever the parameter
+        is added or concatenated (a class token read by a head that does not mask its
+        inputs), as the slim model, which drops it, computes."""
+        for i, group in enumerate(self.groups):
+            p = getattr(self, f"p{i}")
+            if group in alive:
+                shape = [1] * p.dim()
+                shape[channel_axis(p)] = -1
+                p.mul_(alive[group].to(p).view(shape))
 
     def forward(self, x: Tensor) -> Tensor:
         raise RuntimeError("TaskParameters holds parameters the model reads; it is not called")

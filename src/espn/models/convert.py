@@ -8,8 +8,9 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   holding the original weights, with the unit groups of its input and output channels set;
 * every BatchNorm / GroupNorm is a task-specific :class:`TaskBatchNorm2d` /
   :class:`TaskGroupNorm` of its group;
-* the output layer is a per-task :class:`TaskHead` (or a shared masked head plus a per-task
-  :class:`TaskBias` when ``multi_head`` is False);
+* the output layers (the classifier, see :mod:`espn.models.heads`) are per-task
+  :class:`TaskHead` / :class:`TaskConvHead` (or shared masked layers plus a per-task bias when
+  ``multi_head`` is False);
 * ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
   adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
 * bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
@@ -40,7 +41,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -52,10 +52,8 @@ from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
 from espn.models.convert_tokens import check_stream_sources, replace_encoders, token_outputs
 from espn.models.coupling import Coupling, Group, adapter, couple, dependency_graph, successors
+from espn.models.heads import output_layers
 from espn.models.registry import MODELS, ModelSpec
-
-if TYPE_CHECKING:
-    import torch_pruning as tp
 
 __all__ = ["ConvertError", "load_entry_point_models", "register_converted", "to_supernet"]
 
@@ -250,16 +248,24 @@ def to_supernet(
 ) -> nn.Module:
     """A supernet-ready copy of ``model`` (see the module docstring); ``model`` is untouched.
 
-    ``example_input`` is a small batch of inputs used to trace the network. The output layer
-    becomes the task head: a :class:`TaskHead` per task with ``multi_head``, else a shared
-    masked linear layer (followed by a per-task :class:`TaskBias` with ``task_affine``, which
-    also gives gates a per-task scale and shift). Weights, BatchNorm
+    ``example_input`` is a small batch of inputs used to trace the network (float32, or int64
+    token ids into an ``nn.Embedding``). The output layers become task heads: a
+    :class:`TaskHead` per task with ``multi_head``, else a shared masked layer (followed by a
+    per-task bias with ``task_affine``, which also gives gates a per-task scale and shift).
+    Weights, BatchNorm
     parameters and statistics and the classifier are copied, so that the result computes what
     ``model`` computes (in eval mode) until the first task begins, which resets BatchNorms and
     heads.
     """
     from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
 
+    if not example_input.is_floating_point() and not any(
+        isinstance(m, nn.Embedding) for m in model.modules()
+    ):
+        raise ConvertError(
+            f"example_input: {str(example_input.dtype).removeprefix('torch.')} inputs are "
+            "token ids, but the model has no nn.Embedding to read them; give float32 inputs"
+        )
     if is_timm_vit(model):
         measured = module_flops(model, example_input)
         vit = from_timm_vit(model, example_input, multi_head, task_affine)
@@ -272,11 +278,11 @@ def to_supernet(
     _check_calls(model, example_input, modules)
     graph = dependency_graph(model, example_input)
     successor = successors(graph, modules)
-    head = _output_layer(graph, modules)
+    heads = output_layers(model, example_input, graph, modules)
     coupling = couple(model, example_input, modules, bare, graph)
     model = replace_encoders(model)
     places, adopted = _placements(
-        model, example_input, modules, bare, successor, head, coupling, multi_head, task_affine
+        model, example_input, modules, bare, successor, heads, coupling, multi_head, task_affine
     )
     refused = [n for n in bare if n not in adopted]
     if refused:
@@ -295,28 +301,13 @@ def to_supernet(
     return model
 
 
-def _output_layer(graph: tp.DependencyGraph, modules: dict[str, Convertible]) -> str:
-    """The model's output layer (its classifier, to become the task head)."""
-    outputs = [
-        name
-        for name, m in modules.items()
-        if not graph.module2node[m].outputs and adapter(m).role != "norm"
-    ]
-    if len(outputs) != 1 or not adapter(modules[outputs[0]]).can_be_head:
-        raise ConvertError(
-            "the model must end in exactly one nn.Linear layer (the classifier) whose output is "
-            f"the model's output; found output layers: {outputs or 'none'}"
-        )
-    return outputs[0]
-
-
 def _placements(
     model: nn.Module,
     example: Tensor,
     modules: dict[str, Convertible],
     bare: dict[str, nn.Parameter],
     successor: dict[str, nn.Module | None],
-    head: str,
+    heads: list[str],
     coupling: Coupling,
     multi_head: bool,
     task_affine: bool,
@@ -327,7 +318,7 @@ def _placements(
         name: Placement(
             name,
             in_unit=coupling.repeats.get(name, 1),
-            head=name == head,
+            head=name in heads,  # output_layers checked it is a layer that can be one
             multi_head=multi_head,
             task_affine=task_affine,
             scales=name in coupling.scales,
@@ -336,7 +327,7 @@ def _placements(
     }
     adopted: dict[str, str] = {}
     for g in coupling.groups:
-        if head not in g.producers:  # the classes: never pruned
+        if not set(heads) & set(g.producers):  # the classes: never pruned
             adopted |= _place(model, example, g, places, modules, bare, successor)
     return places, adopted
 
@@ -367,7 +358,7 @@ def _place(
     for name in g.norms:
         places[name].norm_group, places[name].norm_unit = g.name, g.norm_unit[name]
     stream = any(adapter(modules[n]).tokens for n in g.norms + g.attentions)
-    if stream:
+    if stream or g.params:
         writers = g.producers + g.norms + g.attentions
         readers = g.consumers + g.norms + g.attentions
         params = [bare[n] for n in g.params]
@@ -385,7 +376,7 @@ def _place(
         bias = getattr(modules[name], "bias", None) is not None
         if not g.norms or (bias and not absorbed):
             place.gated = True
-    return {name: g.name for name in (g.params if stream else []) + g.scale_params}
+    return {name: g.name for name in g.params + g.scale_params}
 
 
 def _hold_parameters(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,6 +97,13 @@ def known_model(name: str) -> None:
     MODELS.register(name)(factory)
 
 
+def example_input(spec: dict[str, Any], device: str | torch.device) -> torch.Tensor:
+    """A batch of 2 zero inputs of a checkpoint's ``spec`` (its input shape and dtype, float32
+    when an older checkpoint does not say), to rebuild the model on."""
+    dtype = getattr(torch, spec.get("input_dtype", "float32"))  # checked by the manifest
+    return torch.zeros(2, *spec["input_shape"], dtype=dtype, device=device)
+
+
 def weights_of(method: str) -> str | None:
     """The kind of weights of a run's method (``"shared"``, ``"own"``, ...; None: a method
     this espn does not know), which reading an older checkpoint needs."""
@@ -163,7 +171,7 @@ def load_run(
         if not is_reference(name):  # a reference's arguments were sized when resolved
             # a registered builder converting a model may not build on "meta": not counted
             check_model_size(run_dir, name, lambda: MODELS.get(name)(model_spec), strict=False)
-        example = torch.zeros(2, *spec["input_shape"], device=device)
+        example = example_input(spec, device)
         with reading_run(run_dir, trust_code):  # --trust-model-code holds for this read only
             supernet = build_supernet(name, model_spec, example, cfg.seed, device)
     restore(ckpt, supernet, weights_of(cfg.method))

@@ -7,7 +7,7 @@ Two kinds of modules make a network a supernet:
 * task-specific modules (:class:`TaskSpecific`) whose parameters and buffers belong to one
   task at a time: the unit gates of fully-connected layers (:class:`UnitGate`), task-specific
   BatchNorm and GroupNorm (:class:`TaskBatchNorm2d`, :class:`TaskGroupNorm`), and heads
-  (:class:`TaskBias`, :class:`TaskHead`).
+  (:class:`TaskBias`, :class:`TaskHead`, :class:`TaskConvHead`).
 
 Units (neurons or channels) are named by a *group*: every masked layer says which group
 indexes its input and its output units, and every gate or BatchNorm belongs to one group.
@@ -203,6 +203,10 @@ class TaskSpecific(nn.Module, ABC):
     @abstractmethod
     def reset_task(self, n_classes: int) -> None:
         """Re-initialise for a new task (``n_classes`` matters to heads only)."""
+
+    def zero_dead(self, alive: dict[str, Tensor]) -> None:
+        """Zero what this module holds for the dead units of ``alive`` (unit group -> alive
+        units), so that a pruned feature is exactly zero; most modules hold nothing there."""
 
     def task_state(self) -> dict[str, Tensor]:
         """A detached copy of this task's parameters and buffers."""
@@ -471,7 +475,8 @@ class TaskHead(nn.Linear, TaskSpecific):
 
     def reset_task(self, n_classes: int) -> None:
         device, dtype = self.weight.device, self.weight.dtype
-        self.weight.data = torch.empty(n_classes, self.in_features, device=device, dtype=dtype)
+        shape = (n_classes, *self.weight.shape[1:])
+        self.weight.data = torch.empty(shape, device=device, dtype=dtype)
         self.bias.data = torch.empty(n_classes, device=device, dtype=dtype)
         self.out_features = n_classes
         self.reset_parameters()
@@ -482,8 +487,37 @@ class TaskHead(nn.Linear, TaskSpecific):
         self.out_features = self.weight.shape[0]
 
 
+class TaskConvHead(TaskHead):
+    """A convolutional classifier owned by one task (SqueezeNet's and BiT's: a convolution to
+    the classes, then global pooling): a :class:`TaskHead` whose weight is a 2-d convolution's
+    ``(classes, channels, kh, kw)``, so that everything reading task heads reads it too."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        n_classes: int,
+        kernel_size: tuple[int, int],
+        stride: tuple[int, int] = (1, 1),
+        padding: tuple[int, int] | str = (0, 0),
+        dilation: tuple[int, int] = (1, 1),
+        in_units: str | None = None,
+        in_unit_size: int = 1,
+    ) -> None:
+        super().__init__(in_channels, n_classes, in_units, in_unit_size)
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.padding = padding
+        self.dilation = dilation
+        self.weight = nn.Parameter(self.weight.new_empty(n_classes, in_channels, *kernel_size))
+        self.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+
+
 def is_costed(module: nn.Module) -> TypeGuard[MaskedLayer | TaskHead]:
-    """Layers whose FLOPs the supernet counts: masked layers and task heads."""
+    """Layers whose FLOPs the supernet counts: masked layers and task heads (convolutional
+    ones too)."""
     return isinstance(module, MaskedLayer | TaskHead)
 
 

@@ -59,6 +59,9 @@ class Supernet(nn.Module):
             )
         #: the shape of one input sample (the example batch without its batch dimension)
         self.input_shape = tuple(example_input.shape[1:])
+        #: the dtype of the inputs: float32, or int64 token ids for a model whose first layer
+        #: is an embedding (recorded in checkpoints, checked on every input given)
+        self.input_dtype = example_input.dtype
         #: how a checkpoint names the model (a registered name or an import reference, see
         #: ``espn.wrap``) and the class count it was built for; None when not known
         self.model_name: str | None = None
@@ -147,7 +150,8 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def set_unit_masks(self, units: dict[str, Tensor]) -> None:
-        """Set alive units; a dead unit's gate/BatchNorm scale and shift are zeroed exactly."""
+        """Set alive units; a dead unit's gate/BatchNorm scale and shift (and what other task
+        modules hold for it, see :meth:`TaskSpecific.zero_dead`) are zeroed exactly."""
         for g, alive in units.items():
             every = bool(alive.all())
             for m in self.groups[g]:
@@ -156,6 +160,8 @@ class Supernet(nn.Module):
                 entries = expand_units(alive_d, m.entries_per_unit)
                 m.weight.data.masked_fill_(~entries, 0.0)
                 m.bias.data.masked_fill_(~entries, 0.0)
+        for task_module in self.task_modules.values():
+            task_module.zero_dead(units)
         self._apply_structure()
 
     def structural_mask(self, name: str) -> Tensor:

@@ -1,0 +1,77 @@
+"""The classifier of a model the converter reads: its output layers.
+
+The classifier is the set of layers whose outputs reach the model's output through
+parameter-free operations only (activations, pooling, flattening, sums and means): one
+``nn.Linear`` in most networks, a 1x1 ``nn.Conv2d`` followed by global pooling in SqueezeNet
+and BiT, two ``nn.Linear`` heads on two tokens averaged in a distilled DeiT. Each output layer
+becomes a task head as its layer adapter says (``can_be_head``, ``task_head``); its outputs
+are the classes, so each must have as many outputs as the model (heads are combined
+elementwise, not concatenated).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from espn.layers import ConvertError, adapter_for
+
+if TYPE_CHECKING:
+    import torch_pruning as tp
+
+#: what a classifier may be, for messages
+_SUPPORTED = (
+    "the model must end in classifier layers (nn.Linear, or nn.Conv2d then pooling) whose "
+    "outputs reach the model's output through parameter-free operations only (activations, "
+    "pooling, flatten, sums or means of heads)"
+)
+
+
+def _reaches_a_layer(graph: tp.DependencyGraph, m: nn.Module, layers: set[int]) -> bool:
+    """Whether ``m``'s output flows into any module of ``layers`` (ids) in ``graph``."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node.module) in layers:
+            return True
+        frontier.extend(node.outputs)
+    return False
+
+
+def output_layers(
+    model: nn.Module, example: Tensor, graph: tp.DependencyGraph, modules: dict[str, nn.Module]
+) -> list[str]:
+    """The names of the output layers of ``model`` among its convertible ``modules`` (every
+    one used by ``forward``, in ``graph``), checked to be a classifier; refused otherwise in
+    one line."""
+    layers = {id(m) for m in modules.values()}
+    outputs = [n for n, m in modules.items() if not _reaches_a_layer(graph, m, layers)]
+    if not outputs:
+        raise ConvertError(f"{_SUPPORTED}; found no output layer")
+    with torch.no_grad():
+        out = model(example)
+    classes = out.shape[-1] if isinstance(out, Tensor) and out.dim() == 2 else None
+    for name in outputs:
+        m = modules[name]
+        adapter = adapter_for(m)
+        assert adapter is not None
+        if not adapter.can_be_head or adapter.groups(m) != 1:
+            raise ConvertError(f"{_SUPPORTED}; found {name!r}, a {type(m).__name__}")
+        if getattr(m, "padding_mode", "zeros") != "zeros":
+            raise ConvertError(
+                f"classifier {name!r} pads with {m.padding_mode!r}; supported: zero padding"
+            )
+        width = adapter.width(m, True)
+        if width != classes:
+            shape = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ConvertError(
+                f"classifier {name!r} has {width} outputs but the model outputs {shape}; "
+                f"{_SUPPORTED}, each with one output per class of the model's [N, classes]"
+            )
+    return outputs
