@@ -97,6 +97,13 @@ class TrainingSettings:
     )
     lr: float = setting(1e-3, "Learning rate", recipe=True, low=0.0, low_open=True)
     batch_size: int = setting(128, "Batch size", recipe=True, low=1)
+    shards: int | None = setting(
+        None,
+        "Slices each training batch is computed in and summed in order (docs/distributed.md); "
+        "unset: the number of processes (1 alone). Any number of processes up to it gives "
+        "the same run, bit for bit",
+        low=1,
+    )
     weight_decay: float = setting(
         0.0, "Weight decay (never reaches frozen weights)", recipe=True, low=0.0
     )
