@@ -209,16 +209,15 @@ def sharded_step(
     params: Sequence[Tensor],
 ) -> Tensor:
     """The gradients of ``params`` for the batch ``(x, y)`` computed in ``count`` slices of
-    contiguous rows, this rank taking its contiguous run of the slices: ``backward``
-    differentiates each slice's loss alone (and returns it), its task BatchNorms normalising
-    by the slice's statistics; the slices' gradients, each weighted by its share of the
-    batch, are gathered from the ranks and summed in slice order, and the task BatchNorms'
-    running statistics take the batch's mean and variance combined from the slices'. No sum
-    depends on the world size: any number of ranks up to ``count`` computes the same step,
-    bit for bit. A batch of fewer than ``count`` samples (an epoch's short last one) is
-    trained whole by every rank alike. Returns the batch's loss."""
+    contiguous rows, each rank its contiguous run of them: ``backward`` differentiates each
+    slice's loss alone (and returns it), task BatchNorms over the slice; the slices'
+    gradients, weighted by their shares of the batch, are gathered and summed in slice order,
+    and the task BatchNorms' running statistics take the batch's mean and variance combined
+    from the slices'. No sum depends on the world size. A process alone in one slice, and a
+    batch of fewer than ``count`` samples (an epoch's short last one), are trained whole
+    (by every rank alike). Returns the batch's loss."""
     n = len(y)
-    if n < count:
+    if n < count or (count == 1 and ranks is None):
         return backward(x, y)
     rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
     bounds = [n * s // count for s in range(count + 1)]

@@ -443,12 +443,9 @@ class Engine:
             self.scaler.scale(total).backward()
             return loss
 
-        count = shard_count(self.shards, self.ranks)
-        if count == 1 and self.ranks is None:
-            loss = backward(x, y)
-        else:  # summed over the slices (and ranks), then masked
-            params = [p for o in optimizer.optimizers for g in o.param_groups for p in g["params"]]
-            loss = sharded_step(self.ranks, count, x, y, backward, params)
+        params = [p for o in optimizer.optimizers for g in o.param_groups for p in g["params"]]
+        count = shard_count(self.shards, self.ranks)  # summed over the slices, then masked
+        loss = sharded_step(self.ranks, count, x, y, backward, params)
         guard.mask_gradients()
         # layers whose weight stays zero outside the mask through this step (see
         # MaskedLayer.keeps_zero): the next step's forward skips their mask product too
