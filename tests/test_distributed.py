@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import espn
+from espn.data.tasks import Split, Task
 from espn.supernet.layers import TaskBatchNorm2d
 from espn.training import distributed
 from espn.training.distributed import DistributedError, Ranks
@@ -116,6 +118,39 @@ def test_a_group_of_one_computes_what_one_process_computes(alone: Ranks) -> None
         loss = distributed.sharded_step(ranks, 3, x, y, backward, list(net.parameters()))
         results.append([loss, *(p.grad for p in net.parameters()), *norm.state_dict().values()])
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_recalibration_in_slices_is_the_plain_one(alone: Ranks) -> None:
+    """Task BatchNorm statistics recalibrated as a sliced run does (the batches' statistics
+    averaged in batch order) are the plain recalibration's, and a process group's (of one
+    rank here) are one process's, bit for bit."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Flatten(),
+        torch.nn.Linear(144, 3),
+    )
+    sn = espn.wrap(net, torch.zeros(2, 1, 8, 8))
+    sn.begin_task(3)
+    x, y = torch.randn(23, 1, 8, 8) * 3 + 1, torch.arange(23) % 3
+    split = Split(x, torch.arange(23), y)
+    task = Task("t", split, split, lambda batch, train: batch, 3)
+    states = []
+    norms = [m for m in sn.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for ranks, count in ((None, 1), (None, 2), (alone, 2)):
+        for m in norms:  # stale statistics, which the recalibration replaces
+            m.running_mean.fill_(7.0)
+        assert distributed.recalibrate(ranks, count, sn, task, 5) == 5
+        assert norms and all((m.running_mean != 7.0).all() for m in norms)
+        states.append(
+            {k: v.clone() for k, v in sn.state_dict().items() if "running" in k or "tracked" in k}
+        )
+    plain, sliced, grouped = states
+    assert plain and plain.keys() == sliced.keys() == grouped.keys()
+    for key in plain:
+        torch.testing.assert_close(sliced[key], plain[key])
+        assert torch.equal(grouped[key], sliced[key])
 
 
 def test_fewer_slices_than_ranks_are_refused() -> None:

@@ -281,12 +281,13 @@ def recalibrate(
             recalibrate_batchnorm(supernet, task, batch_size, max_batches=1)
     finally:
         SHARD_BATCH_NORM.pop()
-    if batches == 0:
-        return 0
-    calls = len(record) // max(used, 1)
-    rows = [_row([], record[k : k + calls]) for k in range(0, len(record), calls)][:used]
-    mine = torch.stack(rows) if rows else _row([], record).new_empty(0, len(_row([], record)))
-    parts = _gathered_rows(ranks, mine, [len(range(r, batches, world)) for r in range(world)])
+    calls = len(record) // max(used, 1)  # the task BatchNorm calls of a batch
+    if calls == 0:
+        return batches
+    rows = torch.stack([_row([], record[k : k + calls]) for k in range(0, len(record), calls)])
+    parts = _gathered_rows(
+        ranks, rows[:used], [len(range(r, batches, world)) for r in range(world)]
+    )
     table = torch.stack([parts[b % world][b // world] for b in range(batches)])
     for norm, means, variances, counts in _calls(record[:calls], table):
         norm.running_mean.copy_(means.mean(0))
