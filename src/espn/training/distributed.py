@@ -271,11 +271,13 @@ def recalibrate(
     at any world size. Returns the batches used."""
     if count == 1 and ranks is None:
         return recalibrate_batchnorm(supernet, task, batch_size)
-    rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
+    world = 1 if ranks is None else ranks.world
     record: Record = []
     SHARD_BATCH_NORM.append(partial(_shard_batch_norm, record))
     try:
-        used = recalibrate_batchnorm(supernet, task, batch_size, take=lambda k: k % world == rank)
+        used = recalibrate_batchnorm(
+            supernet, task, batch_size, take=None if ranks is None else ranks.mine
+        )
         batches = used if ranks is None else ranks.total(used)[0]
         if used == 0 and batches > 0:  # this rank's share is empty: the calls' layout alone
             recalibrate_batchnorm(supernet, task, batch_size, max_batches=1)
