@@ -335,8 +335,9 @@ def _gathered_rows(ranks: Ranks | None, mine: Tensor, counts: Sequence[int]) -> 
     in rank order."""
     if ranks is None:
         return [mine]
-    padded = mine.new_zeros(max(counts), mine.shape[1])
-    padded[: len(mine)] = mine
+    padded = mine
+    if len(mine) < max(counts):
+        padded = torch.cat([mine, mine.new_zeros(max(counts) - len(mine), mine.shape[1])])
     gathered = [torch.empty_like(padded) for _ in range(ranks.world)]
     dist.all_gather(gathered, padded)
     return [g[:c] for g, c in zip(gathered, counts, strict=True)]
