@@ -113,7 +113,7 @@ def avalanche_recipe(args: argparse.Namespace, cfg: RunConfig, task_size: int) -
     post = args.post_prune_epochs
     post = math.ceil(after / per_epoch) if post is None else post
     _check_post_prune(post, epochs)
-    return Recipe(cfg.optim_config(), batch, cfg.alpha, epochs, post)
+    return Recipe(cfg.training_settings(), batch, cfg.alpha, epochs, post)
 
 
 def split_tensors(task: Task, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                     "post_prune_epochs": recipe.post_prune,
                     "keep": recipe.keep,
                     "batch_size": recipe.batch_size,
-                    "optimizer": recipe.optim.name,
+                    "optimizer": recipe.optim.optimizer,
                     "lr": recipe.optim.lr,
                 },
                 "tasks": [t.name for t in seq.tasks],

@@ -303,7 +303,7 @@ def plain_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optim
     """The plain loop's optimizer: torch's own class with espn's settings (espn's RMSprop is
     its :class:`~espn.training.optim.LeanRMSprop`; SGD and Adam are torch's fused ones on
     both sides)."""
-    if cfg.name == "rmsprop":
+    if cfg.optimizer == "rmsprop":
         return torch.optim.RMSprop(
             params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         )

@@ -137,7 +137,9 @@ def sequence(kind: str) -> TaskSequence | None:
 @pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
 @pytest.mark.parametrize("kind", list(NETS))
 def test_two_tasks_bit_identical_and_export_counted_exactly(kind, optim, tmp_path):
-    check_two_tasks(NETS[kind], optim, tmp_path, export=optim.name == "sgd", seq=sequence(kind))
+    check_two_tasks(
+        NETS[kind], optim, tmp_path, export=optim.optimizer == "sgd", seq=sequence(kind)
+    )
 
 
 @pytest.mark.parametrize("kind", list(NETS))

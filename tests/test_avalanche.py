@@ -116,7 +116,7 @@ def test_two_tasks_are_learned_with_zero_forgetting_and_their_flops(method, tmp_
 def test_the_methods_own_settings_reach_it():
     learner = strategy(method="supsup", supsup_k=0.3, alpha=1.0, epochs=(1, 1, 1))
     assert learner.method.k == 0.3 and learner.method.cfg.epochs == (1, 1, 1)
-    assert learner.optim.name == "adam" and learner.optim.lr == 1e-2
+    assert learner.optim.optimizer == "adam" and learner.optim.lr == 1e-2
 
 
 @pytest.mark.parametrize(
@@ -150,9 +150,9 @@ def test_streams_espn_cannot_learn_are_refused():
 def test_optimizer_settings_come_from_the_torch_optimizer():
     params = [nn.Parameter(torch.zeros(1))]
     sgd = optim_config(torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4))
-    assert (sgd.name, sgd.lr, sgd.momentum, sgd.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
+    assert (sgd.optimizer, sgd.lr, sgd.momentum, sgd.weight_decay) == ("sgd", 0.05, 0.9, 1e-4)
     assert optim_config(torch.optim.Adam(params, betas=(0.0, 0.99))).betas == (0.0, 0.99)
-    assert optim_config(None).name == "adam"
+    assert optim_config(None).optimizer == "adam"
     with pytest.raises(EspnError, match="optimizer Adagrad is not one espn's engine runs"):
         optim_config(torch.optim.Adagrad(params))
     assert [split_epochs(n) for n in (1, 2, 4, 10)] == [(0, 1, 0), (0, 2, 0), (1, 2, 1), (3, 4, 3)]

@@ -414,7 +414,7 @@ def test_storage_counts_shared_weights_once_and_masks_per_task(fake_mnist, tiny_
     )
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
-    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), cfg.optim_config(), 64)
+    engine = Engine(sn, METHODS.get("espn")(cfg.method_config()), cfg.training_settings(), 64)
     owned = []  # frozen after each task: the weights owned by it and earlier tasks
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)

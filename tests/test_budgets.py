@@ -18,7 +18,7 @@ def train(args: dict):
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(sn, strategy, cfg.optim_config(), 128)
+    engine = Engine(sn, strategy, cfg.training_settings(), 128)
     budgets = []
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)

@@ -381,6 +381,21 @@ def test_every_method_file_of_the_package_registers_itself():
     )
 
 
+def test_the_torch_free_declarations_are_the_registered_methods_options():
+    """The command line reads the methods' options from ``espn.settings.methods`` before any
+    method (or torch) is loaded: they are each registered method's own, with the choices the
+    code acting on them accepts."""
+    from espn.pruning.pruner import PRUNERS
+    from espn.settings.methods import FLOP_LOADS, METHOD_OPTIONS, PRUNER_NAMES, declared
+    from espn.supernet import flops
+
+    own = {m: METHODS.get(m).options for m in METHODS if METHODS.get(m).options}
+    assert own == METHOD_OPTIONS
+    assert declared(METHOD_OPTIONS) == declared_options()
+    assert tuple(PRUNERS.names()) == PRUNER_NAMES
+    assert FLOP_LOADS == flops.FLOP_LOADS
+
+
 def test_a_run_recorded_with_flat_options_evaluates_and_resumes(
     fake_mnist, fc_small_model, tmp_path
 ):

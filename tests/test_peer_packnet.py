@@ -58,7 +58,7 @@ def test_espn_runs_packnet_with_its_defaults_and_avalanche_as_many_steps(
     assert cfg == defaults  # nothing of the recipe is handed to espn
     recipe = peer.avalanche_recipe(args, cfg, len(seq.tasks[0].train))
     assert (recipe.optim, recipe.batch_size, recipe.keep) == (
-        cfg.optim_config(),
+        cfg.training_settings(),
         cfg.batch_size,
         cfg.alpha,
     )

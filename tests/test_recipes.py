@@ -27,7 +27,7 @@ def engine_for(args: dict, **given: object) -> tuple[Engine, Strategy]:
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(sn, strategy, cfg.optim_config(), batch_size=128, seed=0)
+    engine = Engine(sn, strategy, cfg.training_settings(), batch_size=128, seed=0)
     sn.begin_task(seq.tasks[0].n_classes)
     strategy.begin_task(sn)
     return engine, strategy
@@ -171,7 +171,7 @@ def train_two_tasks(args: dict, **given: object):
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
     strategy = METHODS.get(cfg.method)(cfg.method_config())
-    engine = Engine(sn, strategy, cfg.optim_config(), batch_size=128, seed=3)
+    engine = Engine(sn, strategy, cfg.training_settings(), batch_size=128, seed=3)
     engine.train_task(seq.tasks[0], 0)
     before = {n: m.weight.detach().clone() for n, m in sn.layers.items()}
     state = engine.generator.get_state()
@@ -235,7 +235,7 @@ def test_earlier_tasks_logits_stay_bit_identical_under_each_recipe(
     cfg = make_config(**args, method=method, **budget)
     seq = build_benchmark(cfg)
     sn = build_supernet(cfg, seq)
-    engine = Engine(sn, METHODS.get(method)(cfg.method_config()), cfg.optim_config(), 128)
+    engine = Engine(sn, METHODS.get(method)(cfg.method_config()), cfg.training_settings(), 128)
     logits = []
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)

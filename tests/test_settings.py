@@ -20,13 +20,15 @@ from espn.data.registry import BENCHMARKS
 from espn.methods import METHODS, MethodConfig
 from espn.methods.base import Strategy, declared_options
 from espn.models.registry import ModelSpec
-from espn.runs.config import TRAINING_SETTINGS, RunConfig, make_config
+from espn.runs.config import RunConfig, make_config
+from espn.runs.given import TRAINING_SETTINGS
 from espn.settings import recipes
 from espn.settings import training as settings
 from espn.settings.presets import load_preset, preset_names
 from espn.settings.recipes import REGIMES
 from espn.settings.training import (
     DEFAULTS,
+    OPTIMIZER_SETTINGS,
     RECIPE_SETTINGS,
     SETTING_NAMES,
     TrainingSettings,
@@ -85,7 +87,8 @@ def test_a_default_read_from_one_place_is_what_both_doors_use(monkeypatch):
     for name in (*names, "batch_size", "epochs", "finetune_schedule"):
         assert getattr(cli, name) == getattr(moved, name) == getattr(learner.cfg, name), name
     assert learner.strategy.cfg.alpha == 0.25 and learner.strategy.cfg.epochs == (2, 1, 1)
-    assert learner.optim == OptimConfig("sgd", 0.02, 0.01, 0.3, (0.5, 0.6))
+    optim = tuple(getattr(learner.optim, n) for n in OPTIMIZER_SETTINGS)
+    assert optim == ("sgd", 0.02, 0.01, 0.3, (0.5, 0.6))
     assert learner.batch_size == 7
 
 
@@ -224,13 +227,7 @@ def test_each_training_setting_has_one_declared_default():
         if name in SETTING_NAMES and name != "method_options":
             assert RunConfig.model_fields[name].default in (None, getattr(DEFAULTS, name)), name
     optim = {f.name: f.default for f in dataclasses.fields(OptimConfig)}
-    assert optim["name"] == DEFAULTS.optimizer
-    assert [optim[n] for n in ("lr", "weight_decay", "momentum", "betas")] == [
-        DEFAULTS.lr,
-        DEFAULTS.weight_decay,
-        DEFAULTS.momentum,
-        DEFAULTS.betas,
-    ]
+    assert optim == {n: getattr(DEFAULTS, n) for n in OPTIMIZER_SETTINGS} | {"schedule": "phase"}
     for name in METHODS.names():
         for cls in METHODS.get(name).__mro__:
             if issubclass(cls, Strategy):
@@ -333,3 +330,49 @@ def test_a_built_strategy_fixes_the_settings_it_was_given_and_no_others():
         fc_learner(METHODS.get("espn")(TrainingSettings()), epochs=(2, 2, 2))
     packnet = METHODS.get("packnet")(TrainingSettings(epochs=(1, 1, 1)))
     assert fc_learner(packnet).cfg.gamma == 1.0  # a budget it does not have is not fixed
+
+
+def test_each_declaration_alone_reaches_the_flag_the_keyword_the_run_and_the_optimizer():
+    """Adding a training setting is its declaration (and its docs row): every declared
+    setting is an ``espn run`` flag, a keyword of the learner, a field of RunConfig (or, for
+    ``stream_pruning``, the methods' option), and reaches the engine in the one settings
+    object its optimizer is built from; each optimizer setting given as a keyword is the
+    torch optimizer's."""
+    from espn.cli.main import load_command
+    from espn.cli.options import flag
+
+    run = load_command("run")
+    flags = {f for p in run.params for f in (*p.opts, *p.secondary_opts)}
+    for name in SETTING_NAMES:
+        if name == "method_options":
+            continue
+        assert flag(name) in flags, name
+        if name != "stream_pruning":
+            assert name in RunConfig.model_fields, name
+            assert name in TRAINING_SETTINGS or name == "device", name
+    given = {"lr": 0.02, "weight_decay": 0.01, "momentum": 0.3, "betas": (0.5, 0.6)}
+    seen = set()
+    for kind, torch_kind in (("sgd", torch.optim.SGD), ("adam", torch.optim.Adam)):
+        learner = fc_learner(optimizer=kind, **given)
+        assert learner.engine.optim == learner.cfg.training_settings()
+        optimizer = learner.engine.build_optimizer().weights
+        assert type(optimizer) is torch_kind
+        group = optimizer.param_groups[0]
+        for name in set(OPTIMIZER_SETTINGS) & set(group):
+            assert group[name] == given[name], (kind, name)
+            seen.add(name)
+    assert seen == set(OPTIMIZER_SETTINGS) - {"optimizer"}
+
+
+def test_a_recipe_sets_only_declared_recipe_settings():
+    """A recipe's keys come from the declarations (``recipe=True``), its model and regime:
+    those of the regimes, the benchmarks and every method's own recipe."""
+    allowed = {"regime", "model", *RECIPE_SETTINGS}
+    found = [REGIMES.get(n) for n in REGIMES.names()]
+    found += [BENCHMARKS.get(n).defaults for n in BENCHMARKS.names()]
+    found += [r for m in METHODS.names() for r in METHODS.get(m).recipe.values()]
+    for recipe in found:
+        assert set(recipe) <= allowed, sorted(set(recipe) - allowed)
+    odd = REGIMES.temporarily("odd", {"regime": "mnist", "sideways": 1})
+    with odd, pytest.raises(ValueError, match="sideways"):
+        make_config(benchmark="permuted-mnist", recipe="odd")

@@ -18,8 +18,9 @@ from espn.checkpoint.lock import run_lock
 from espn.data.tasks import TaskSequence
 from espn.runs.building import build_benchmark, build_supernet
 from espn.runs.checks import check_out_dir, clear_run, results_document
-from espn.runs.config import ConfigError, RunConfig, check_applicable, make_config
+from espn.runs.config import ConfigError, RunConfig, make_config
 from espn.runs.from_run import adopt_tasks, check_compatible, check_from_run, open_source
+from espn.runs.given import check_applicable
 from espn.runs.preflight import check_run
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback

@@ -4,7 +4,7 @@ learned, for every front door: ``espn run``, ``espn.run``, sweeps and ``espn rep
 Python user's own network and data.
 
 Its settings are the training settings (:class:`~espn.settings.training.TrainingSettings`, one default
-each) under the names of ``espn run``'s options (:data:`~espn.runs.config.TRAINING_SETTINGS`),
+each) under the names of ``espn run``'s options (:data:`~espn.runs.given.TRAINING_SETTINGS`),
 resolved by the same precedence (:func:`espn.settings.training.layered`): what the user gave, then the
 method's recipe, then a preset, then the recipe of the data's regime. Given a
 directory (``out=``), it writes the run directory ``espn run`` writes, after every epoch, and
@@ -27,22 +27,16 @@ from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
 from espn.evaluation.metrics import task_record
 from espn.methods.base import METHODS, Strategy, declared_options
-from espn.runs.config import (
-    TRAINING_SETTINGS,
-    RunConfig,
-    check_applicable,
-    check_names,
-    make_config,
-)
+from espn.runs.config import RunConfig, make_config
+from espn.runs.given import TRAINING_SETTINGS, check_applicable, check_names
 from espn.runs.loading import model_name
 from espn.runs.method import method_class
-from espn.settings.training import METHOD_READS, explicit
+from espn.settings.training import METHOD_READS, OptimizerSettings, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
 from espn.training.distributed import join, shard_count
 from espn.training.engine import Engine
 from espn.training.loggers import make_loggers
-from espn.training.optim import OptimConfig
 from espn.training.progress import ProgressBar
 
 
@@ -58,7 +52,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
 
     ``method`` is a method name (``espn.methods.METHODS``), a :class:`Strategy` class, or a
     built strategy. ``settings`` are run options under the names ``espn run`` gives them
-    (:data:`~espn.runs.config.TRAINING_SETTINGS`: ``gamma``, ``alpha``, ``epochs``,
+    (:data:`~espn.runs.given.TRAINING_SETTINGS`: ``gamma``, ``alpha``, ``epochs``,
     ``optimizer``, ``lr``, ``batch_size``, ``seed``, ``amp``, ``eval_every``,
     ``reference_size``, ...) and the method's own options (``supsup_k``, ...). Those left out
     come from the method's recipe, then a ``preset``, then the recipe of ``recipe``: a
@@ -165,7 +159,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
         if self.ranks is not None and self.ranks.device.type == "cuda":  # this rank's GPU
             supernet.to(self.ranks.device)
             supernet.owners.to(self.ranks.device)
-        self.engine = _engine(supernet, strategy, cfg)
+        self.engine = Engine.of(supernet, strategy, cfg.training_settings())
         run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         if self.ranks is not None and not self.ranks.writer:  # rank 0 reports and logs
             progress, loggers = False, ()
@@ -201,8 +195,8 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
 
     # ------------------------------------------------------------------ settings
     @property
-    def optim(self) -> OptimConfig:
-        """The optimizer settings of the supernet's weights."""
+    def optim(self) -> OptimizerSettings:
+        """The optimizer settings of the supernet's weights (the run's training settings)."""
         return self.engine.optim
 
     @property
@@ -371,23 +365,6 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
     def _joint(self) -> bool:
         """Whether the method trains every task at once (MTL), not one at a time."""
         return type(self.strategy).training_tasks is not Strategy.training_tasks
-
-
-def _engine(supernet: Supernet, strategy: Strategy, cfg: RunConfig) -> Engine:
-    """The training engine of a resolved run configuration."""
-    return Engine(
-        supernet,
-        strategy,
-        cfg.optim_config(),
-        cfg.batch_size,
-        cfg.seed,
-        amp=cfg.amp,
-        reference_size=cfg.floor_reference(),
-        compile=cfg.compile,
-        slim_training=cfg.slim_training,
-        task_agnostic=cfg.task_agnostic,
-        shards=cfg.shards,
-    )
 
 
 def _configure(

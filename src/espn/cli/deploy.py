@@ -22,6 +22,8 @@ from espn.utils.text import printable
 
 if TYPE_CHECKING:
     from espn.checkpoint.sizes import StoredRun
+    from espn.export.export import ExportReport
+    from espn.inference.export import AgnosticExportReport
 
 app = command_group()
 
@@ -263,21 +265,32 @@ def export_command(
         n = len(learner.tasks)  # the random inputs shared out over the tasks
         given = None if data is None else list(zip(*(d.tensor_split(n) for d in data), strict=True))
         agnostic = learner.export_task_agnostic(out, given, rule, onnx, fold_bn, overwrite)
-        console.print(
-            f"{agnostic.tasks} tasks, rule {agnostic.rule}: wrote {', '.join(agnostic.files)}\n"
-            f"  {agnostic.parameters} parameters; returns (class, task) per input\n"
-            f"  same task and class as espn's prediction on {agnostic.checked_samples} "
-            f"{'test' if check_data else 'random'} inputs ({agnostic.ties} float32 ties not "
-            f"compared)\n  load it without espn: {load_hint(out, agnostic.files)}"
-        )
+        console.print(_agnostic_summary(agnostic, out, "test" if check_data else "random"))
         return
     report = learner.export(task, out, data, onnx, fold_bn, overwrite)
-    console.print(
+    console.print(_export_summary(task, report, out, "test" if check_data else "random"))
+
+
+def _agnostic_summary(agnostic: AgnosticExportReport, out: Path, inputs: str) -> str:
+    """What ``espn export --task-agnostic`` wrote and checked (on ``inputs``: test or
+    random)."""
+    return (
+        f"{agnostic.tasks} tasks, rule {agnostic.rule}: wrote {', '.join(agnostic.files)}\n"
+        f"  {agnostic.parameters} parameters; returns (class, task) per input\n"
+        f"  same task and class as espn's prediction on {agnostic.checked_samples} "
+        f"{inputs} inputs ({agnostic.ties} float32 ties not "
+        f"compared)\n  load it without espn: {load_hint(out, agnostic.files)}"
+    )
+
+
+def _export_summary(task: int, report: ExportReport, out: Path, inputs: str) -> str:
+    """What ``espn export --task N`` wrote and checked (on ``inputs``: test or random)."""
+    return (
         f"task {task}: wrote {', '.join(report.files)}\n"
         f"  {report.parameters} parameters, {report.flops} FLOPs per sample "
         f"({report.flops / report.dense_flops:.3f} of the dense supernet, as results.json says)\n"
         f"  max |output - supernet output| = {report.max_abs_diff:.2e} "
-        f"on {report.checked_samples} {'test' if check_data else 'random'} inputs "
+        f"on {report.checked_samples} {inputs} inputs "
         f"(allowed {report.tolerance:.2e}; outputs up to {report.max_abs_output:.3g})\n"
         f"  load it without espn: {load_hint(out, report.files)}\n"
         f"  {input_line(report.inputs)}"

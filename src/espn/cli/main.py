@@ -19,7 +19,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from espn.cli.options import WithOptions
-from espn.settings.training import DEFAULT_LOG_EVERY, default
+from espn.settings.training import DEFAULT_LOG_EVERY, MAX_COUNT, default
 from espn.utils.commands import (
     RUN_ALIAS,
     RUN_ARGUMENT,
@@ -96,13 +96,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def load_command(name: str, light: bool = False) -> Any:
+def load_command(name: str) -> Any:
     """Command ``name`` of :data:`COMMANDS` (a click command of typer's), its module
-    imported now; ``light``: ``espn run`` without the methods' own flags (no torch)."""
+    imported now."""
     module, attr, _ = COMMANDS[name]
     found = getattr(importlib.import_module(module), attr)
-    if light and isinstance(found, WithOptions):
-        found = found.without_method_options()
     if isinstance(found, typer.Typer):
         command = typer.main.get_command(found)
     else:
@@ -125,10 +123,6 @@ class _Loaded(MutableMapping[str, Any]):
                 raise KeyError(name)
             self._built[name] = load_command(name)
         return self._built[name]
-
-    def built(self, name: str) -> bool:
-        """Whether command ``name`` is built (or was set by hand)."""
-        return name in self._built
 
     def __setitem__(self, name: str, command: Any) -> None:
         self._built[name] = command
@@ -154,23 +148,10 @@ class LazyCommands(TyperGroup):
 
     def __init__(self, **settings: Any) -> None:
         super().__init__(**settings)
-        self.loaded = _Loaded()
-        self.commands = self.loaded
+        self.commands = _Loaded()
 
     def list_commands(self, ctx: Any) -> list[str]:
         return list(self.commands)
-
-    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
-        """``espn run`` whose command line names no flag of a method (nor ``--help``, which
-        lists them) is built without them: its options are parsed and checked before the
-        methods, and torch, are loaded."""
-        if args and args[0] == "run" and not self.loaded.built("run"):
-            light = load_command("run", light=True)
-            flags = {f for p in light.params for f in (*p.opts, *p.secondary_opts)}
-            named = {a.split("=")[0] for a in args[1:] if a.startswith("--")}
-            if named <= flags:
-                return "run", light, args[1:]
-        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         limit = formatter.width - 6 - max(map(len, COMMANDS))
@@ -259,29 +240,22 @@ def run(
         False, help="Start over in an OUT that holds an earlier run, replacing it."
     ),
     log: str | None = typer.Option(
-        None,
-        "--log",
-        help="Experiment loggers, comma-separated: tensorboard, csv, wandb (written under "
-        "OUT/logs).",
+        None, help="Experiment loggers, comma-separated: tensorboard, csv, wandb (in OUT/logs)."
     ),
     log_every: int | None = typer.Option(
         None,
-        "--log-every",
         min=1,
-        max=2**31 - 1,
+        max=MAX_COUNT,
         help=f"The loggers of --log record the loss every N steps ({DEFAULT_LOG_EVERY} unless "
         "given; only with --log).",
     ),
     distributed: bool = typer.Option(
-        True,
-        help="Under torchrun, train one run data-parallel over its processes (rank 0 "
-        "writes OUT); --no-distributed: each process trains alone.",
+        True, help="Under torchrun, train data-parallel over its processes (rank 0 writes OUT)."
     ),
     **options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
-    # every other option is a RunConfig field or a method's own (generated, see cli.options)
-    from espn.cli import presets
+    from espn.cli import presets  # **options: RunConfig's fields, methods' options (cli.options)
 
     if log_every is not None and not (log or "").strip():
         fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
@@ -292,14 +266,12 @@ def run(
 
     for note in run_warnings(cfg):
         warn(note)
-    out = Path(options["out"])
+    echo = None if quiet else lambda line: console.print(printable(line), soft_wrap=True)
     try:
         doc = run_experiment(
             cfg,
             progress=progress and not quiet,
-            on_task_end=None
-            if quiet
-            else lambda line: console.print(printable(line), soft_wrap=True),  # names from data
+            on_task_end=echo,  # printable: task names come from the data
             resume=resume,
             overwrite=overwrite,
             on_warning=warn,
@@ -308,9 +280,14 @@ def run(
             distributed=distributed,
         )
     except KeyboardInterrupt:
-        raise RunInterrupted(interrupted_message(out, ctx)) from None
-    if not writes_files():  # a data-parallel rank other than 0: rank 0 reports
-        return
+        raise RunInterrupted(interrupted_message(cfg.out, ctx)) from None
+    if writes_files():  # a data-parallel rank other than 0: rank 0 reports
+        _report(doc, cfg.out, cfg.device if cfg.task_agnostic else None)
+
+
+def _report(doc: dict[str, Any], out: Path, agnostic_device: str | None) -> None:
+    """The summary of a run just finished, and for a run prepared for it (``agnostic_device``
+    not None) ``espn evaluate OUT --task-agnostic --rule all`` on that device."""
     ratios = doc["flops_ratio"]
     console.print(
         f"{doc['method']} on {doc['benchmark']} ({len(ratios)} tasks): "
@@ -322,17 +299,13 @@ def run(
         soft_wrap=True,
     )
     console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
-    if cfg.task_agnostic:  # prepared for it: measured without the task id too
-        _evaluate_task_agnostic(out, cfg.device)
-
-
-def _evaluate_task_agnostic(out: Path, device: str) -> None:
-    """``espn evaluate OUT --task-agnostic --rule all`` of a run just finished."""
+    if agnostic_device is None:
+        return
     from espn.cli import deploy
     from espn.runs.building import build_benchmark
     from espn.runs.loading import load_run
 
-    loaded = load_run(out, device)
+    loaded = load_run(out, agnostic_device)
     seq = build_benchmark(loaded.config, download=False)
     tasks = [seq.tasks[t] for t in range(loaded.n_tasks)]
     deploy.task_agnostic_report(out, loaded.supernet, tasks, "all")

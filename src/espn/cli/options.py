@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from espn.settings.methods import known_options
 from espn.utils.commands import run_dir_option
 
 if TYPE_CHECKING:
@@ -80,11 +81,10 @@ def run_option_parameters() -> list[inspect.Parameter]:
 
 def method_option_parameters() -> list[inspect.Parameter]:
     """One keyword parameter (a typer option, None when not given) per option that the
-    registered methods declare (``Strategy.options``)."""
-    from espn.methods.base import declared_options
-
+    methods declare (``Strategy.options``; see :func:`espn.settings.methods.known_options`:
+    read without loading the methods, nor torch)."""
     params = []
-    for name, (option, methods) in declared_options().items():
+    for name, (option, methods) in known_options().items():
         decls = [option.flag]
         if option.type is bool:
             decls = [f"{option.flag}/--no-{option.flag[2:]}"]
@@ -110,15 +110,9 @@ class WithOptions:
     ``**kwargs``.
     """
 
-    def __init__(self, fn: Callable[..., Any], methods: bool = True) -> None:
+    def __init__(self, fn: Callable[..., Any]) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._methods = methods
-
-    def without_method_options(self) -> WithOptions:
-        """The same command without the methods' flags: building it imports no method (nor
-        torch), for a command line that names none of them (see ``espn.cli.main``)."""
-        return WithOptions(self._fn, methods=False)
 
     @property
     def __signature__(self) -> inspect.Signature:
@@ -126,8 +120,7 @@ class WithOptions:
         fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
         context = [p for p in fixed if p.annotation in (typer.Context, "typer.Context")]
         switches = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed if p not in context]
-        generated = run_option_parameters()
-        generated += method_option_parameters() if self._methods else []
+        generated = run_option_parameters() + method_option_parameters()
         return own.replace(parameters=[*context, *generated, *switches])
 
     def __call__(self, **kwargs: Any) -> Any:

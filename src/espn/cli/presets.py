@@ -8,7 +8,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from espn.runs.config import RunConfig, check_applicable, make_config
+from espn.runs.config import RunConfig, make_config
+from espn.runs.given import check_applicable
 from espn.settings.presets import describe, load_preset, preset_names
 from espn.utils.commands import command_group, console, user_errors
 

@@ -22,6 +22,18 @@ def _distinct_bytes(tensors: list[Tensor]) -> int:
     return sum(seen.values())
 
 
+def _shared_bytes(supernet: Supernet, weights: str, element: dict[str, int]) -> int:
+    """The ``shared_weights`` part of :func:`storage_report` (``element``: each layer's
+    bytes per weight)."""
+    if weights == "fixed":
+        return sum((m.weight.numel() + 7) // 8 + element[n] for n, m in supernet.layers.items())
+    if weights not in ("shared", "own"):
+        raise ValueError(f"unknown weights {weights!r}; choose 'shared', 'own' or 'fixed'")
+    if weights == "own" or not supernet.masks:
+        return 0
+    return sum(int(supernet.owners.frozen(n).sum()) * element[n] for n in supernet.layers)
+
+
 def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
     """Bytes needed to store every learned task so that each can be run again, by part.
 
@@ -48,14 +60,7 @@ def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
     """
     masks = supernet.masks
     element = {n: layer.weight.element_size() for n, layer in supernet.layers.items()}
-    shared = 0
-    if weights == "shared" and masks:
-        for name in supernet.layers:
-            shared += int(supernet.owners.frozen(name).sum()) * element[name]
-    elif weights == "fixed":
-        shared = sum((m.weight.numel() + 7) // 8 + element[n] for n, m in supernet.layers.items())
-    elif weights not in ("shared", "own"):
-        raise ValueError(f"unknown weights {weights!r}; choose 'shared', 'own' or 'fixed'")
+    shared = _shared_bytes(supernet, weights, element)
     owned = any(m.form(n) == "owned" for m in masks for n in m.weights)
     weight_masks = sum(
         _distinct_bytes([m.weights[n] for m in masks if m.weights[n].numel()])

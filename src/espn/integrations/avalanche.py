@@ -41,7 +41,7 @@ from espn.api.functions import ContinualLearner, wrap
 from espn.errors import EspnError
 from espn.methods.base import Strategy
 from espn.runs.method import create_method
-from espn.settings.training import default
+from espn.settings.training import OPTIMIZER_SETTINGS, default
 from espn.supernet.supernet import Supernet
 from espn.training.optim import OPTIMIZERS, OptimConfig
 
@@ -187,12 +187,8 @@ class ESPNStrategy(SupervisedTemplate):
             self.learner = ContinualLearner(
                 model,
                 self.method,
-                optimizer=self.optim.name,
-                lr=self.optim.lr,
                 batch_size=self.train_mb_size,
-                weight_decay=self.optim.weight_decay,
-                momentum=self.optim.momentum,
-                betas=self.optim.betas,
+                **{n: getattr(self.optim, n) for n in OPTIMIZER_SETTINGS},
                 device=self.device,
                 seed=self.seed,
                 progress=self.progress,

@@ -17,8 +17,9 @@ from espn.errors import EspnError
 from espn.pruning.regularisers import masked_weight_l2
 from espn.pruning.weights import new_weight_target, prune_weights
 from espn.registry import Registry
-from espn.settings.options import Option, resolve_settings
-from espn.settings.training import DEFAULTS, SETTING_NAMES, TrainingSettings
+from espn.settings.methods import declared, resolve_settings
+from espn.settings.options import Option
+from espn.settings.training import TrainingSettings
 from espn.supernet.supernet import Supernet
 
 if TYPE_CHECKING:
@@ -38,10 +39,6 @@ class Ranks(Protocol):
 #: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up); ``step``:
 #: x0.1 after half and again after 80% of the phase (CPG's decay at epochs 50 and 80 of 100)
 SCHEDULES = ("constant", "cosine", "ramp", "step")
-#: how the free weights are set when a task after the first begins: ``kaiming`` (as the
-#: authors' CtRL ``init_weights``, see :func:`fresh_weights`), ``zero``, or ``keep`` (the
-#: values the previous task left them with)
-FREE_INITS = ("kaiming", "zero", "keep")
 
 
 def fresh_weights(weight: Tensor, how: str, generator: torch.Generator) -> Tensor:
@@ -58,30 +55,6 @@ def fresh_weights(weight: Tensor, how: str, generator: torch.Generator) -> Tenso
     bound = 1.0 / math.sqrt(max(fan_in, 1))
     uniform = torch.rand(weight.shape, generator=generator, dtype=weight.dtype)
     return (2.0 * uniform - 1.0) * bound
-
-
-#: the option of the methods that add the authors' L2 term on the masked weights to the loss
-#: of every phase (CtRL ``manager.py``, ``manager_small.py``, ``PackNet_manager.py``: ``lam``,
-#: default 1, the same ``lam`` as the sparsity penalty's)
-MASKED_L2_OPTION = Option(
-    "masked_l2",
-    float,
-    1.0,
-    "strength of the L2 term ||w m||_2 / sqrt(nnz(m)) on the masked weights of the layers "
-    "producing units (the head left out), added in every phase (authors: 1; 0: off)",
-    low=0.0,
-)
-
-
-#: the option of the methods that re-initialise their free weights per task as CtRL does
-FREE_INIT_OPTION = Option(
-    "free_init",
-    str,
-    "kaiming",
-    "free weights at the start of each task after the first: kaiming (the authors' CtRL), "
-    "zero, or keep (as the previous task left them)",
-    choices=FREE_INITS,
-)
 
 
 #: a method's recipe: per regime, the run options it sets (see :attr:`Strategy.recipe`)
@@ -149,10 +122,9 @@ class Strategy(ABC):
 
     def __init__(self, cfg: TrainingSettings) -> None:
         self.cfg = cfg
-        owners = {n: m for n, (_, m) in declared_options().items() if n not in self.option_names()}
         #: the values of :attr:`options`, checked and completed with their defaults
         self.settings: dict[str, Any] = resolve_settings(
-            self.name, self.options, cfg.method_options, owners
+            self.name, self.options, cfg.method_options
         )
         self.layer_budgets: dict[str, int] = {}
         self.layer_free: dict[str, int] = {}
@@ -383,27 +355,6 @@ class MethodSettingError(EspnError, ValueError):
 
 
 def declared_options() -> dict[str, tuple[Option, list[str]]]:
-    """Every option the registered methods declare: name -> (declaration, its methods).
-
-    Two methods may share an option only with the same declaration (a subclass inherits
-    its parent's); an option may not be named like a training setting
-    (:class:`~espn.settings.training.TrainingSettings`) unless it is that setting, declared with its
-    one default (``stream_pruning``).
-    """
-    general = set(SETTING_NAMES)
-    found: dict[str, tuple[Option, list[str]]] = {}
-    for method in METHODS:
-        for option in METHODS.get(method).options:
-            if option.name in general and option.default != getattr(DEFAULTS, option.name):
-                raise ValueError(
-                    f"method {method!r} declares option {option.name!r}, which is a general "
-                    "setting of every method; give it another name"
-                )
-            first = found.setdefault(option.name, (option, []))
-            if first[0] != option:
-                raise ValueError(
-                    f"methods {first[1][0]!r} and {method!r} declare option {option.name!r} "
-                    "differently; give one of them another name"
-                )
-            first[1].append(method)
-    return found
+    """Every option the registered methods declare: name -> (declaration, its methods);
+    see :func:`espn.settings.methods.declared`."""
+    return declared({name: METHODS.get(name).options for name in METHODS})

@@ -14,7 +14,7 @@ from torch.func import functional_call
 from espn.data.tasks import Task
 from espn.methods.base import METHODS, Phase, Recipes, Strategy
 from espn.pruning.weights import prune_weights
-from espn.settings.options import Option
+from espn.settings.methods import METHOD_OPTIONS
 from espn.settings.training import OptimConfig, TrainingSettings
 from espn.supernet.supernet import Supernet
 
@@ -24,10 +24,6 @@ SPARSITIES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 #: learning rate of the compacting rounds and of retraining, relative to the run's (CPG: 1e-3
 #: after training at 1e-2)
 LR_SCALE = 0.1
-#: ``cpg_stop``: ``reference`` (ivclab/CPG: compact while the training accuracy stays above
-#: ``cpg_train_acc``, keep the largest sparsity whose accuracy reaches the goal) or ``goal``
-#: (espn before: stop at the first round below the goal and undo it)
-STOP_RULES = ("reference", "goal")
 #: CPG's real-valued picking mask: initial value and binarisation threshold
 PICK_INIT = 1e-2
 PICK_THRESHOLD = 5e-3
@@ -108,52 +104,7 @@ class CPG(Strategy):
         for regime in ("mnist", "cifar")
     }
     own_optim = OptimConfig("adam", 5e-4, 0.0, 0.0, (0.9, 0.999), schedule="phase")
-    options = (
-        Option(
-            "cpg_acc_loss",
-            float,
-            0.0,
-            "accuracy points below the task's accuracy after training that a compacting round "
-            "may be and still reach the goal",
-            low=0.0,
-            high=100.0,
-            unit="accuracy points",
-        ),
-        Option(
-            "cpg_stop",
-            str,
-            "reference",
-            "when compacting stops: reference (continue while a round's training accuracy "
-            "exceeds cpg_train_acc, keep the largest sparsity reaching the goal) or goal (stop "
-            "at the first round below the goal and undo it)",
-            choices=STOP_RULES,
-        ),
-        Option(
-            "cpg_train_acc",
-            float,
-            95.0,
-            "the reference stop rule: compacting continues while a round's training accuracy "
-            "exceeds this",
-            low=0.0,
-            high=100.0,
-            unit="%",
-        ),
-        Option(
-            "cpg_mask_lr",
-            float,
-            5e-4,
-            "learning rate of the picking masks (Adam)",
-            low=0.0,
-            low_open=True,
-        ),
-        Option(
-            "cpg_zero_released",
-            bool,
-            True,
-            "zero the weights a task's compacting releases (the reference); false keeps their "
-            "values for the next task",
-        ),
-    )
+    options = METHOD_OPTIONS["cpg"]
 
     @classmethod
     def check_config(cls, cfg: TrainingSettings) -> None:

@@ -13,65 +13,12 @@ from typing import Any
 
 from torch import Tensor
 
-import espn.pruning  # noqa: F401  (every pruner registered, with its own options)
-from espn.methods.base import (
-    FREE_INIT_OPTION,
-    MASKED_L2_OPTION,
-    METHODS,
-    Phase,
-    Strategy,
-)
-from espn.models.resnet import STREAM_PRUNING
-from espn.pruning.pruner import PRUNER_OPTIONS, PRUNERS
-from espn.pruning.weights import REUSE_POLICIES
-from espn.settings.options import Option
-from espn.settings.training import DEFAULTS, TrainingSettings
-from espn.supernet.flops import FLOP_LOADS
+import espn.pruning  # noqa: F401  (every pruner registered)
+from espn.methods.base import METHODS, Phase, Strategy
+from espn.pruning.pruner import PRUNERS
+from espn.settings.methods import METHOD_OPTIONS, PRUNER_OPTIONS
+from espn.settings.training import TrainingSettings
 from espn.supernet.supernet import Supernet
-
-#: the options of a method that prunes units: its pruner, the pruner's penalty, FLOP load
-#: and own settings, and which frozen weights a task reuses
-UNIT_PRUNING_OPTIONS = (
-    Option(
-        "pruner",
-        str,
-        "flop-aware",
-        "unit pruner: " + ", ".join(PRUNERS.names()),
-        choices=tuple(PRUNERS.names()),
-    ),
-    Option(
-        "penalty",
-        float,
-        1.0,
-        "strength of the pruner's penalty, averaged over alive units (authors: 1)",
-        low=0.0,
-    ),
-    Option(
-        "flop_load",
-        str,
-        "output",
-        "FLOP load of a unit for the FLOP-aware penalty: output (the paper: the cost of "
-        "computing it) or total (also the cost of its outgoing connections)",
-        choices=FLOP_LOADS,
-    ),
-    Option(
-        "stream_pruning",
-        str,
-        DEFAULTS.stream_pruning,
-        "residual streams of espn's ResNets: per-conv (the authors' CtRL: each conv writing "
-        "into a stream pruned on its own, a stream channel alive where any keeps it) or "
-        "coupled (one unit group per stream, all its writers keep or drop a channel together)",
-        choices=STREAM_PRUNING,
-    ),
-    Option(
-        "reuse",
-        str,
-        "all",
-        "frozen weights a task keeps: all in its alive units (the paper) or magnitude",
-        choices=REUSE_POLICIES,
-    ),
-    *(option for options in PRUNER_OPTIONS.values() for option in options),
-)
 
 
 @METHODS.register("espn")
@@ -79,7 +26,7 @@ class ESPN(Strategy):
     """Each task gets at most gamma x the dense FLOPs and ceil(alpha x free) new weights."""
 
     name = "espn"
-    options = (*UNIT_PRUNING_OPTIONS, MASKED_L2_OPTION, FREE_INIT_OPTION)
+    options = METHOD_OPTIONS["espn"]
     trains_slim = True
 
     def __init__(self, cfg: TrainingSettings) -> None:

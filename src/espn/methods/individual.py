@@ -6,8 +6,9 @@ from typing import ClassVar
 
 import torch
 
-from espn.methods.base import MASKED_L2_OPTION, METHODS, Recipes
-from espn.methods.espn import ESPN, UNIT_PRUNING_OPTIONS
+from espn.methods.base import METHODS, Recipes
+from espn.methods.espn import ESPN
+from espn.settings.methods import METHOD_OPTIONS
 from espn.settings.training import TrainingSettings
 from espn.supernet.supernet import Supernet
 
@@ -26,7 +27,7 @@ class Individual(ESPN):
     name = "individual"
     weights = "own"
     # no free_init: every task starts from the initial weights
-    options = (*UNIT_PRUNING_OPTIONS, MASKED_L2_OPTION)
+    options = METHOD_OPTIONS["individual"]
     #: no weight budget unless alpha is given
     recipe: ClassVar[Recipes] = {regime: {"alpha": 1.0} for regime in ("mnist", "cifar")}
 

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from espn.methods.base import (
-    FREE_INIT_OPTION,
-    MASKED_L2_OPTION,
-    METHODS,
-    Phase,
-    Recipes,
-    Strategy,
-)
-from espn.settings.options import Option
+from espn.methods.base import METHODS, Phase, Recipes, Strategy
+from espn.settings.methods import METHOD_OPTIONS
 from espn.supernet.supernet import Supernet
 
 
@@ -38,18 +31,7 @@ class PackNet(Strategy):
     trains_unit_affine = False
     uses_gamma = False
     recipe: ClassVar[Recipes] = {"mnist": {"finetune_lr": 1e-3, "finetune_schedule": "cosine"}}
-    options = (
-        FREE_INIT_OPTION,
-        MASKED_L2_OPTION,
-        Option(
-            "packnet_prune",
-            str,
-            "gradual",
-            "weight pruning: gradual over the pruning epochs (the authors' baseline) or "
-            "one-shot after them",
-            choices=("gradual", "one-shot"),
-        ),
-    )
+    options = METHOD_OPTIONS["packnet"]
 
     def phases(self) -> list[Phase]:
         pre, prune, fine = self.cfg.epochs

@@ -11,7 +11,7 @@ from torch.func import functional_call
 
 from espn.methods.base import METHODS, Phase, Strategy
 from espn.pruning.weights import select_weights
-from espn.settings.options import Option
+from espn.settings.methods import METHOD_OPTIONS
 from espn.settings.training import TrainingSettings
 from espn.supernet.layers import MaskedLayer
 from espn.supernet.supernet import Supernet
@@ -49,35 +49,7 @@ class RMN(Strategy):
     #: no public code: the relevances train with the weights' optimizer and schedule, and the
     #: free weights keep what the previous task left them (no ``free_init``): both measured
     #: better than a separate Adam and a re-initialisation (docs/fidelity.md)
-    options = (
-        Option("rmn_l1", float, 1e-6, "L1 strength on the relevance maps", low=0.0),
-        Option(
-            "rmn_threshold",
-            float,
-            0.5,
-            "without a budget (the paper), a weight stays in the task where its |relevance| "
-            "exceeds this (relevances start at 1)",
-            low=0.0,
-        ),
-        Option(
-            "rmn_budget",
-            float,
-            0.0,
-            "espn's weight allocation: keep the floor(B x free) free weights of largest "
-            "relevance per layer (0: none, the paper's threshold rule)",
-            low=0.0,
-            high=1.0,
-        ),
-        Option(
-            "rmn_frozen_map",
-            str,
-            "binary",
-            "how frozen weights enter training: through the binary map they keep, with a "
-            "straight-through gradient (binary), or scaled by the real-valued relevance (soft, "
-            "espn before)",
-            choices=("binary", "soft"),
-        ),
-    )
+    options = METHOD_OPTIONS["rmn"]
 
     @classmethod
     def check_config(cls, cfg: TrainingSettings) -> None:

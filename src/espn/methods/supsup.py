@@ -16,9 +16,8 @@ from espn.methods.base import (
     Phase,
     Recipes,
     Strategy,
-    declared_options,
 )
-from espn.settings.options import Option, resolve_settings
+from espn.settings.methods import METHOD_OPTIONS, resolve_settings
 from espn.settings.training import OptimConfig, TrainingSettings
 from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
@@ -48,11 +47,6 @@ def supermask(scores: Tensor, k: float) -> Tensor:
     return _TopK.apply(scores.abs(), n_keep)
 
 
-#: how the supermask's density spreads over the layers (``supsup_density``)
-DENSITIES = ("erdos-renyi", "uniform")
-#: the signed constants' scale (``supsup_scale``): ``fan-in`` sqrt(2 / fan_in) (the
-#: reference), ``density`` sqrt(2 / (density x fan_in))
-SCALES = ("fan-in", "density")
 #: the reference's cap on one layer's Erdos-Renyi density
 ER_CAP = 0.5
 
@@ -124,50 +118,13 @@ class SupSup(Strategy):
     accepts_pretrained = False
     recipe: ClassVar[Recipes] = {"mnist": {"warmup": 0}, "cifar": {"warmup": 0}}
     own_optim = OptimConfig("adam", 1e-3, 1e-4, 0.0, (0.9, 0.999), schedule="cosine")
-    options = (
-        Option(
-            "supsup_k",
-            float,
-            0.5,
-            "fraction of each layer's weights in a supermask",
-            low=0.0,
-            low_open=True,
-            high=1.0,
-        ),
-        Option("supsup_lr", float, 1e-3, "learning rate of the scores", low=0.0, low_open=True),
-        Option(
-            "supsup_head",
-            str,
-            "masked",
-            "a task's head: masked (signed constants under a supermask, the reference) or "
-            "dense (trained with a bias)",
-            choices=("masked", "dense"),
-        ),
-        Option(
-            "supsup_density",
-            str,
-            "erdos-renyi",
-            "how supsup_k spreads over the layers: erdos-renyi (the reference's er_sparsity: "
-            "min(0.5, s(c_in+c_out)/(c_in c_out k^2)) per layer, s solved for the total; needs "
-            "supsup_k <= 0.5) or uniform (supsup_k in every layer)",
-            choices=DENSITIES,
-        ),
-        Option(
-            "supsup_scale",
-            str,
-            "fan-in",
-            "the signed constants: fan-in (+-sqrt(2/fan_in), the reference) or density "
-            "(+-sqrt(2/(d fan_in)) for a layer of supermask density d)",
-            choices=SCALES,
-        ),
-    )
+    options = METHOD_OPTIONS["supsup"]
 
     @classmethod
     def check_config(cls, cfg: TrainingSettings) -> None:
         """Erdos-Renyi densities are capped at 0.5, so ``supsup_k`` may not exceed it."""
         super().check_config(cfg)
-        owners = {n: m for n, (_, m) in declared_options().items() if n not in cls.option_names()}
-        settings = resolve_settings(cls.name, cls.options, cfg.method_options, owners)
+        settings = resolve_settings(cls.name, cls.options, cfg.method_options)
         if settings["supsup_density"] == "erdos-renyi":
             erdos_renyi_scale([], settings["supsup_k"])
 

@@ -5,16 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from espn.pruning.pruner import PRUNER_OPTIONS, PRUNERS, Pruner, gate_magnitude
+from espn.pruning.pruner import PRUNERS, Pruner, gate_magnitude
 from espn.pruning.regularisers import Regulariser
 from espn.pruning.schedule import GradualSchedule
-from espn.settings.options import Option
+from espn.settings.methods import POLARIZATION_T
 from espn.supernet.supernet import Supernet
-
-#: the weight t of the L1 term; Zhuang et al. use t in about [1.2, 1.5] (t > 1 keeps the
-#: penalty bounded below so it pushes some saliencies to 0 and the others away from them);
-#: the authors' code uses 1.2
-POLARIZATION_T = 1.2
 
 
 class Polarization(Regulariser):
@@ -54,15 +49,3 @@ def polarization(
 ) -> Pruner:
     """Polarization (Zhuang et al. 2020): |gamma| saliency, polarizing penalty, global threshold."""
     return Pruner(gate_magnitude, Polarization(strength, polarization_t), GradualSchedule(gamma))
-
-
-PRUNER_OPTIONS["polarization"] = (
-    Option(
-        "polarization_t",
-        float,
-        POLARIZATION_T,
-        "weight t of the L1 term of the polarization pruner (Zhuang et al.: about 1.2 to 1.5)",
-        low=0.0,
-        low_open=True,
-    ),
-)

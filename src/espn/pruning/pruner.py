@@ -12,7 +12,6 @@ from espn.pruning.regularisers import FlopAwareL1, Regulariser, UniformL1
 from espn.pruning.schedule import GradualSchedule
 from espn.pruning.selection import select_units
 from espn.registry import Registry
-from espn.settings.options import Option
 from espn.supernet.supernet import Supernet
 
 Importance = Callable[[Supernet], dict[str, Tensor]]
@@ -67,9 +66,6 @@ class Pruner:
 #: matters to FLOP-aware penalties only; ``own`` are the values of the pruner's own options
 PrunerFactory = Callable[..., Pruner]
 PRUNERS: Registry[PrunerFactory] = Registry("pruner")
-#: a pruner's own settings by pruner name (e.g. polarization's ``polarization_t``): options
-#: of the methods that prune units, passed to the factory as keywords when it is chosen
-PRUNER_OPTIONS: dict[str, tuple[Option, ...]] = {}
 
 
 @PRUNERS.register("flop-aware")

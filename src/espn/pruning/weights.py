@@ -12,10 +12,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from espn.settings.methods import REUSE_POLICIES
 from espn.supernet.supernet import Supernet
-
-#: which frozen weights a task keeps in its alive units (see :func:`select_weights`)
-REUSE_POLICIES = ("all", "magnitude")
 
 
 def new_weight_target(progress: float, start: int, budget: int) -> int:

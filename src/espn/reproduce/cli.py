@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
 
-from espn.reproduce import SCALES, TARGETS, Options, report, run_target
+from espn.reproduce import SCALES, TARGETS, Options, TargetResult, report, run_target
 from espn.utils.commands import (
     CPUS_PER_RUN_OPTION,
     OVERWRITE_POINTS_OPTION,
@@ -83,95 +82,89 @@ def _written(files: list[Path], incomplete: list[str]) -> None:
     console.print("wrote " + ", ".join(str(f) for f in files))
 
 
-def _target_command(name: str) -> Callable[..., None]:
-    """The ``espn reproduce NAME`` command."""
+@user_errors
+def target_command(
+    ctx: typer.Context,
+    scale: str = typer.Option(
+        ...,
+        help="smoke: seconds (tiny data, 1 seed); cpu: minutes on 2 cores, Fashion-MNIST "
+        "where the paper's data are absent; paper: the paper's full recipe (GPU).",
+    ),
+    out: Path = typer.Option(
+        ...,
+        parser=run_dir_option,
+        help="Directory of the run directories and TARGET.csv/.md/.png.",
+    ),
+    seeds: int | None = typer.Option(
+        None, help="Number of seeds (0..N-1); default: the target's at the scale."
+    ),
+    workers: int | None = WORKERS_OPTION,
+    ray_address: str | None = RAY_ADDRESS_OPTION,
+    cpus_per_run: float = CPUS_PER_RUN_OPTION,
+    gpus_per_run: float | None = typer.Option(
+        None, help="GPUs Ray reserves for each point; default 1 with a CUDA --device, else 0."
+    ),
+    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N (every point)."),
+    data_dir: Path | None = typer.Option(
+        None, help="Dataset root of MNIST/CIFAR (default $ESPN_DATA or ~/.cache/espn/data)."
+    ),
+    data_root: Path | None = typer.Option(
+        None,
+        help="table-imagenet: directory holding imagenet/, cubs/, cars/, flowers/, "
+        "wikiart/, sketch/ (ImageFolder layout).",
+    ),
+    init_weights: Path | None = typer.Option(
+        None, help="table-imagenet: sparse pretrained ResNet50 adopted as the ImageNet task."
+    ),
+    model: str | None = typer.Option(
+        None, help="Run every point on this model instead of the target's (`espn list`)."
+    ),
+    progress: bool = POINT_PROGRESS_OPTION,
+    overwrite: bool = OVERWRITE_POINTS_OPTION,
+) -> None:
+    """``espn reproduce TARGET``: the command of every target (its name is the command's)."""
+    options = Options(
+        scale=scale,
+        seeds=seeds,
+        device=device,
+        data_dir=data_dir,
+        data_root=data_root,
+        init_weights=init_weights,
+        model=model,
+    )
+    result = run_target(
+        ctx.info_name or "",
+        options,
+        out,
+        workers=workers,
+        ray_address=ray_address,
+        cpus_per_run=cpus_per_run,
+        gpus_per_run=float(device.startswith("cuda")) if gpus_per_run is None else gpus_per_run,
+        progress=progress,
+        overwrite=overwrite,
+    )
+    console.print(printable(result.table.markdown(), lines=True), highlight=False)
+    _written(result.files, result.table.incomplete)
+    _refuse_incomplete(result)
 
-    @user_errors
-    def command(
-        scale: str = typer.Option(
-            ...,
-            help="smoke: seconds (tiny data, 1 seed); cpu: minutes on 2 cores, Fashion-MNIST "
-            "where the paper's data are absent; paper: the paper's full recipe (GPU).",
-        ),
-        out: Path = typer.Option(
-            ...,
-            parser=run_dir_option,
-            help="Directory of the run directories and TARGET.csv/.md/.png.",
-        ),
-        seeds: int | None = typer.Option(
-            None, help="Number of seeds (0..N-1); default: the target's at the scale."
-        ),
-        workers: int | None = WORKERS_OPTION,
-        ray_address: str | None = RAY_ADDRESS_OPTION,
-        cpus_per_run: float = CPUS_PER_RUN_OPTION,
-        gpus_per_run: float | None = typer.Option(
-            None, help="GPUs Ray reserves for each point; default 1 with a CUDA --device, else 0."
-        ),
-        device: str = typer.Option("cpu", help="cpu, cuda or cuda:N (every point)."),
-        data_dir: Path | None = typer.Option(
-            None, help="Dataset root of MNIST/CIFAR (default $ESPN_DATA or ~/.cache/espn/data)."
-        ),
-        data_root: Path | None = typer.Option(
-            None,
-            help="table-imagenet: directory holding imagenet/, cubs/, cars/, flowers/, "
-            "wikiart/, sketch/ (ImageFolder layout).",
-        ),
-        init_weights: Path | None = typer.Option(
-            None, help="table-imagenet: sparse pretrained ResNet50 adopted as the ImageNet task."
-        ),
-        model: str | None = typer.Option(
-            None, help="Run every point on this model instead of the target's (`espn list`)."
-        ),
-        progress: bool = POINT_PROGRESS_OPTION,
-        overwrite: bool = OVERWRITE_POINTS_OPTION,
-    ) -> None:
-        options = Options(
-            scale=scale,
-            seeds=seeds,
-            device=device,
-            data_dir=data_dir,
-            data_root=data_root,
-            init_weights=init_weights,
-            model=model,
-        )
-        gpus = gpus_per_run if gpus_per_run is not None else float(device.startswith("cuda"))
-        result = run_target(
-            name,
-            options,
-            out,
-            workers=workers,
-            ray_address=ray_address,
-            cpus_per_run=cpus_per_run,
-            gpus_per_run=gpus,
-            progress=progress,
-            overwrite=overwrite,
-        )
-        console.print(printable(result.table.markdown(), lines=True), highlight=False)
-        _written(result.files, result.table.incomplete)
-        for o in result.outcomes:  # e.g. stopped out of capacity, still in a partial table
-            if o.status == "failed" and o.point.name not in result.table.incomplete:
-                console.print(labelled("stopped early:", "yellow", f"{o.point.name}: {o.error}"))
+
+def _refuse_incomplete(result: TargetResult) -> None:
+    """Name the points that stopped early; fail, naming each and its log, when some points
+    have no results (the table was written with the others)."""
+    for o in result.outcomes:  # e.g. stopped out of capacity, still in a partial table
+        if o.status == "failed" and o.point.name not in result.table.incomplete:
+            console.print(labelled("stopped early:", "yellow", f"{o.point.name}: {o.error}"))
+    if result.table.incomplete:
         failed = [o for o in result.outcomes if o.point.name in result.table.incomplete]
-        if result.table.incomplete:
-            raise UserError(
-                f"{len(result.table.incomplete)} point(s) have no results: "
-                + "; ".join(f"{o.point.name} ({o.error}; log: {o.log})" for o in failed)
-                + (
-                    f"; not run, their source failed: {', '.join(result.skipped)}"
-                    if result.skipped
-                    else ""
-                )
-                + "; the table has the others; rerun the same command to retry them "
-                "(finished points are reused)"
-            )
-
-    command.__doc__ = f"{TARGETS.get(name).title}."
-    return command
+        skipped = f"; not run, their source failed: {', '.join(result.skipped)}"
+        raise UserError(
+            f"{len(result.table.incomplete)} point(s) have no results: "
+            + "; ".join(f"{o.point.name} ({o.error}; log: {o.log})" for o in failed)
+            + (skipped if result.skipped else "")
+            + "; the table has the others; rerun the same command to retry them "
+            "(finished points are reused)"
+        )
 
 
-def _register() -> None:
-    for name in TARGETS:
-        app.command(name, help=TARGETS.get(name).title)(_target_command(name))
-
-
-_register()
+for _name in TARGETS:
+    app.command(_name, help=TARGETS.get(_name).title)(target_command)

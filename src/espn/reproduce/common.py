@@ -133,6 +133,13 @@ def legend_outside_with_grid(ax: Axes) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
+def error_line(ax: Axes, rows: list[dict[str, Any]], x: str, y: str, label: str) -> None:
+    """Column ``y`` of ``rows`` against column ``x``, its standard error (``y_se``; missing:
+    none) as error bars."""
+    ys, errs = [r[y] for r in rows], [r[f"{y}_se"] or 0.0 for r in rows]
+    ax.errorbar([r[x] for r in rows], ys, yerr=errs, marker="o", capsize=3, label=label)
+
+
 def save_figure(fig: Figure, path: Path) -> None:
     """Lay ``fig`` out tightly, write it as PNG atomically (its title, the scale first below
     the paper's, also as the PNG's ``Title``) and close it."""

@@ -69,30 +69,22 @@ def split_paper_steps(series: str) -> list[tuple[str, int]]:
     return planned_steps(split_base(Options(scale="paper")) | method_options(series), size)
 
 
-def _alpha(options: Options) -> float | None:
-    """alpha 0.1 as the paper's SplitCIFAR100 runs (the ``paper`` preset sets it itself)."""
-    return None if options.scale == "paper" else 0.1
-
-
 def table1_stages(options: Options, out: Path) -> list[list[Point]]:
     """One point per method setting and seed, all on one task sequence."""
     have, _ = built(TABLE1_SERIES)
     base = split_base(options) | options.common()
+    # alpha 0.1 as the paper's SplitCIFAR100 runs (the ``paper`` preset sets it itself)
+    alpha = None if options.scale == "paper" else 0.1
     return [
         [
             Point(
                 point_name("table1", s, seed),
-                base | method_options(s, _alpha(options), options.scale) | {"seed": seed},
+                base | method_options(s, alpha, options.scale) | {"seed": seed},
             )
             for s in have
             for seed in TABLE1.seeds(options)
         ]
     ]
-
-
-def _final(run: Run, j: int) -> float | None:
-    acc = run.doc["final_accuracy"]
-    return float(acc[j]) if j < len(acc) else None
 
 
 def table1_table(runs: list[Run]) -> Table:
@@ -117,8 +109,9 @@ def table1_table(runs: list[Run]) -> Table:
             "paper_avg_se": ref.get("se"),
             "flops_ratio": mean_of([mean_of(r.doc["flops_ratio"]) for r in rs]),
         }
+        accs = [r.doc["final_accuracy"] for r in rs]
         for j, name in enumerate(tasks):
-            found = [v for v in (_final(r, j) for r in rs) if v is not None]
+            found = [float(a[j]) for a in accs if j < len(a)]
             row[name] = mean_of(found) if found else None
         rows.append(row)
     table = Table("table1", TABLE1.title, columns + tasks, rows)
@@ -235,7 +228,7 @@ def mnist_base(kind: str, options: Options) -> dict[str, Any]:
 def mnist_paper_steps(series: str) -> list[tuple[str, int]]:
     """Optimizer steps per phase of a task of the paper's Rotated/Permuted MNIST run of
     ``series`` (``kind+method``)."""
-    kind, method = _split_series(series)
+    kind, _, method = series.partition("+")
     paper_point = mnist_base(kind, Options(scale="paper")) | method_options(method)
     return planned_steps(paper_point, MNIST_TASK_SIZE)
 
@@ -259,15 +252,6 @@ def mnist_stages(options: Options, out: Path) -> list[list[Point]]:
     ]
 
 
-def _split_series(series: str) -> tuple[str, str]:
-    kind, _, method = series.partition("+")
-    return kind, method
-
-
-def _quarter(n: int) -> int:
-    return max(1, math.ceil(n / 4))
-
-
 def mnist_table(runs: list[Run]) -> Table:
     """Per benchmark and method: task-averaged accuracy, the first quarter of the tasks, the
     second half, and every task's final accuracy (mean over seeds)."""
@@ -280,12 +264,14 @@ def mnist_table(runs: list[Run]) -> Table:
     rows = []
     for s in ordered(groups, order):
         rs = groups[s]
-        _, method = _split_series(s)
+        _, _, method = s.partition("+")
         row: dict[str, Any] = {"benchmark": rs[0].doc["benchmark"], "method": label(method)}
         row["seeds"] = len(rs)
         row["avg"], row["avg_se"] = mean_se([float(r.doc["average_accuracy"]) for r in rs])
         accs = [[float(a) for a in r.doc["final_accuracy"]] for r in rs]
-        row["early"], row["early_se"] = mean_se([mean_of(a[: _quarter(len(a))]) for a in accs])
+        row["early"], row["early_se"] = mean_se(
+            [mean_of(a[: max(1, math.ceil(len(a) / 4))]) for a in accs]
+        )
         row["late"], row["late_se"] = mean_se([mean_of(a[len(a) // 2 :]) for a in accs])
         for j, name in enumerate(tasks):
             found = [a[j] for a in accs if j < len(a)]

@@ -8,7 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from espn.reproduce.common import SMOKE, figure_title, mean_of, save_figure, signed, steps_note
+from espn.reproduce.common import (
+    SMOKE,
+    error_line,
+    figure_title,
+    mean_of,
+    save_figure,
+    signed,
+    steps_note,
+)
 from espn.reproduce.continual import split_base, split_paper_steps
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table
@@ -126,23 +134,8 @@ def pruner_plot(table: Table, path: Path) -> None:
     fig, (ax_acc, ax_kept) = plt.subplots(1, 2, figsize=(11, 4))
     for pruner in dict.fromkeys(r["pruner"] for r in table.rows):
         mine = sorted((r for r in table.rows if r["pruner"] == pruner), key=lambda r: r["gamma"])
-        gammas = [r["gamma"] for r in mine]
-        ax_acc.errorbar(
-            gammas,
-            [r["accuracy"] for r in mine],
-            yerr=[r["accuracy_se"] or 0.0 for r in mine],
-            marker="o",
-            capsize=3,
-            label=pruner,
-        )
-        ax_kept.errorbar(
-            gammas,
-            [r["units_kept"] for r in mine],
-            yerr=[r["units_kept_se"] or 0.0 for r in mine],
-            marker="o",
-            capsize=3,
-            label=pruner,
-        )
+        error_line(ax_acc, mine, "gamma", "accuracy", pruner)
+        error_line(ax_kept, mine, "gamma", "units_kept", pruner)
     for ax in (ax_acc, ax_kept):
         ax.set_xscale("log")
         ax.set_xlabel("FLOPs constraint gamma")
@@ -277,14 +270,7 @@ def alpha_gamma_plot(table: Table, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for a in sorted({r["alpha"] for r in table.rows}):
         mine = sorted((r for r in table.rows if r["alpha"] == a), key=lambda r: r["gamma"])
-        ax.errorbar(
-            [r["gamma"] for r in mine],
-            [r["avg"] for r in mine],
-            yerr=[r["avg_se"] or 0.0 for r in mine],
-            marker="o",
-            capsize=3,
-            label=f"alpha {a:g}",
-        )
+        error_line(ax, mine, "gamma", "avg", f"alpha {a:g}")
     ax.set_xscale("log")
     ax.set_xlabel("FLOPs constraint gamma")
     ax.set_ylabel("task-averaged ESPN accuracy (%)")

@@ -13,6 +13,7 @@ import numpy as np
 from espn.reproduce.common import (
     SMOKE,
     by_series,
+    error_line,
     figure_title,
     label,
     legend_outside_with_grid,
@@ -308,8 +309,7 @@ def efficiency_table(runs: list[Run]) -> Table:
             row["first"], row["first_se"] = mean_se([f for _, f in vals])
             rows.append(row)
     table = Table("fig-data-efficiency", FIG_DATA_EFFICIENCY.title, columns, rows)
-    notes = data_notes((r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "")
-    notes = [n for n in notes if n.startswith("data:")]
+    notes = data_notes((r.doc["benchmark"] for r in runs), [], "")
     notes.append(
         f"small tasks: {', '.join(map(str, sorted(small_sizes)))} training images each; "
         "small: mean over the small tasks, learned one after the other on the supernet after "
@@ -347,14 +347,7 @@ def efficiency_plot(table: Table, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for method in dict.fromkeys(r["method"] for r in table.rows if r["tasks_before"] is not None):
         mine = [r for r in table.rows if r["method"] == method]
-        ax.errorbar(
-            [r["tasks_before"] for r in mine],
-            [r["small"] for r in mine],
-            yerr=[r["small_se"] or 0.0 for r in mine],
-            marker="o",
-            capsize=3,
-            label=method,
-        )
+        error_line(ax, mine, "tasks_before", "small", method)
     for r in table.rows:
         if r["tasks_before"] is None:
             ax.axhline(r["small"], ls="--", color="tab:red", label=f"{r['method']} (ours)")
@@ -473,7 +466,7 @@ def order_table(runs: list[Run]) -> Table:
     table = Table("fig-task-order", FIG_TASK_ORDER.title, columns, rows)
     table.md_columns = columns[:9]
     sizes = sorted({s for r in runs for s in r.doc["train_samples"]}, reverse=True)
-    notes = [n for n in data_notes((r.doc["benchmark"] for r in runs), [], "") if n]
+    notes = data_notes((r.doc["benchmark"] for r in runs), [], "")
     notes.append(
         "task ID = rank of the training-set size, from 0 (0: the largest, "
         f"{sizes[0] if sizes else '-'} images; last: {sizes[-1] if sizes else '-'}); "

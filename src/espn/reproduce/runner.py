@@ -142,16 +142,15 @@ def lost_points(out: Path, table: Table) -> list[str]:
 
 def collect(
     out: Path,
-    problems: list[tuple[str, str]] | None = None,
-    scales: dict[str, set[str]] | None = None,
-) -> dict[str, tuple[list[Run], list[str]]]:
-    """The run directories of every target in ``out``: its runs with results (finished or
-    stopped early) and the names of its directories with no finished task. A directory
-    whose results.json is corrupt, or that holds a run of another benchmark or method than
-    its name says, is described in ``problems`` as (target, why) (and left out). ``scales``
-    receives, per target, the scales its runs were made at (``unknown`` for a run that
-    matches no scale's points)."""
+) -> tuple[dict[str, tuple[list[Run], list[str]]], list[tuple[str, str]], dict[str, set[str]]]:
+    """The run directories of every target in ``out``: per target its runs with results
+    (finished or stopped early) and the names of its directories with no finished task; the
+    directories left out as (target, why): a corrupt results.json, or a run of another
+    benchmark or method than its name says; per target the scales its runs were made at
+    (``unknown`` for a run that matches no scale's points)."""
     found: dict[str, tuple[list[Run], list[str]]] = {}
+    problems: list[tuple[str, str]] = []
+    scales: dict[str, set[str]] = {}
     expected: dict[tuple[str, int], dict[str, dict[str, Any]] | None] = {}
     for directory in sorted(Path(out).iterdir()):
         parsed = parse_name(directory.name)
@@ -161,8 +160,7 @@ def collect(
         try:
             doc = read_results(directory)
         except ResultsError as exc:
-            if problems is not None:
-                problems.append((parsed[0], f"{directory.name}: {exc}"))
+            problems.append((parsed[0], f"{directory.name}: {exc}"))
             continue
         if not doc or not doc.get("final_accuracy"):
             missing.append(directory.name)
@@ -172,13 +170,11 @@ def collect(
             expected[key] = _points(TARGETS.get(parsed[0]), parsed[2], Path(out), doc)
         why = _foreign(directory.name, doc, expected[key])
         if why is not None:
-            if problems is not None:
-                problems.append((parsed[0], f"{directory.name}: {why}"))
+            problems.append((parsed[0], f"{directory.name}: {why}"))
             continue
         runs.append(_run(directory.name, doc))
-        if scales is not None:
-            scales.setdefault(parsed[0], set()).add(_scale_of(directory.name, doc, expected[key]))
-    return found
+        scales.setdefault(parsed[0], set()).add(_scale_of(directory.name, doc, expected[key]))
+    return found, problems, scales
 
 
 #: options whose value tells which run a point is
@@ -270,9 +266,7 @@ def report(out: Path, targets: list[str] | None = None) -> list[TargetResult]:
         raise ReproduceError(f"report: {out} is not a directory (give the --out of espn reproduce)")
     for name in targets or []:
         TARGETS.get(name)
-    problems: list[tuple[str, str]] = []
-    scales: dict[str, set[str]] = {}
-    found = collect(out, problems, scales)
+    found, problems, scales = collect(out)
     wanted = targets or list(found)
     missing = [t for t in wanted if t not in found]
     if not found or missing:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from espn.utils.io import write_csv
+from espn.utils.stats import markdown_lines, mean_se_cell
 
 #: what every output of a target run below the paper's scale says first (markdown title and
 #: first line, figure title, CSV ``scale`` column), so that no one mistakes it for a result
@@ -78,11 +79,8 @@ class Table:
             lines += [f"> **{banner}**: {SCALE_NOTES[self.scale or 'paper']}.", ""]
         else:
             lines = [f"# {self.target}: {self.title}", ""]
-        lines.append("| " + " | ".join(shown) + " |")
-        lines.append("|" + "---|" * len(shown))
-        for row in self.rows:
-            cells = [_md_cell(row.get(c), row.get(f"{c}_se")) for c in shown]
-            lines.append("| " + " | ".join(cells) + " |")
+        cells = [[mean_se_cell(r.get(c), r.get(f"{c}_se")) for c in shown] for r in self.rows]
+        lines += markdown_lines(shown, cells)
         if self.notes:
             lines.append("")
             lines += [f"- {note}" for note in self.notes]
@@ -94,18 +92,10 @@ class Table:
         return "\n".join(lines) + "\n"
 
 
-def _md_cell(value: Any, se: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.2f}" + ("" if se is None else f" ± {se:.2f}")
-    return str(value)
-
-
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain markdown table (numbers with one decimal, as the paper prints them)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        cells = ["–" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v) for v in row]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [
+        ["–" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v) for v in r]
+        for r in rows
+    ]
+    return "\n".join(markdown_lines(header, cells)) + "\n"

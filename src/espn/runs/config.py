@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -19,7 +16,8 @@ from pydantic import (
 )
 
 from espn.errors import EspnError
-from espn.settings.options import resolve_settings
+from espn.runs.fields import RunFields
+from espn.settings.methods import known_options, resolve_settings
 from espn.settings.recipes import REGIMES, Recipe
 from espn.settings.training import (
     DEFAULTS,
@@ -38,7 +36,6 @@ from espn.settings.training import (
 
 if TYPE_CHECKING:
     from espn.methods.base import Strategy
-    from espn.training.optim import OptimConfig
 
     #: the training settings' fields, as type checkers see them (pydantic gets them from
     #: :func:`_fields`)
@@ -59,10 +56,8 @@ def gather_method_options(
     """``values`` with the methods' options given flat (``supsup_k=0.3``: CLI flags, presets,
     sweep points, older configurations) moved into ``method_options``; unset (None) ones
     dropped. The options of the registered methods count, and ``strategy``'s own."""
-    from espn.methods.base import declared_options
-
     own = {o.name: (o, [strategy.name]) for o in strategy.options} if strategy else {}
-    declared = declared_options() | own
+    declared = known_options() | own
     clash = sorted(set(declared) & set(RunConfig.model_fields))
     if clash:
         raise ValueError(
@@ -81,92 +76,10 @@ class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 
 
-class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
-    """What a run learns from and where it writes, with the checks and the precedence of
-    every run option; :class:`RunConfig` adds the training settings' fields."""
-
-    # non-finite floats (inf, nan) are refused for every float option, one rule for all
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
-
-    benchmark: str = Field(
-        description="Benchmark name (see `espn list`); required unless the preset sets one."
-    )
-    method: str = Field("espn", description="Method (see `espn list`).")
-    model: str | None = Field(None, description="Model name; default: the benchmark's.")
-    tasks: int | None = Field(
-        None,
-        description="Number of tasks; default: the benchmark's (36 MNIST family, "
-        "20 SplitCIFAR100, 5 SplitCIFAR10/SplitFashionMNIST).",
-    )
-    #: the method's own options (see ``Strategy.options``), completed with their defaults;
-    #: on the command line each is a flag of its own (see ``espn.cli.options``)
-    method_options: dict[str, Any] = Field({}, description="The method's own options.")
-    train_per_task: int | None = Field(
-        None, description="Keep a seeded subset of N training images per task."
-    )
-    test_per_task: int | None = Field(
-        None, description="Keep a seeded subset of N test images per task."
-    )
-    task_seed: int | None = Field(
-        None,
-        description="Seed of the task sequence (permutations, rotation/class order, subsets); "
-        "default: --seed.",
-    )
-    class_order: str | None = Field(
-        None,
-        description="Split benchmarks: 'random' (from the task seed) or 'superclass' (CIFAR-100).",
-    )
-    init_weights: Path | None = Field(
-        None,
-        description="Adopt task 0 from pretrained weights (.safetensors or .pt state dict): "
-        "its non-zero weights are frozen as the first task.",
-    )
-    data_dir: Path | None = Field(
-        None, description="Dataset root (default $ESPN_DATA or ~/.cache/espn/data)."
-    )
-    out: Path = Field(
-        Path("runs/latest"),
-        description="Run directory for results.json, accuracy.png and checkpoint/.",
-        json_schema_extra={"cli_required": True},
-    )
-    preset: str | None = Field(
-        None,
-        description="Recipe (see `espn presets`) or a .json/.yaml file of options; explicit "
-        "options win over it.",
-    )
-    recipe: str | None = Field(
-        None,
-        description=(
-            "Whose recipe fills the options left out: a recipe ('mnist': FC networks on small "
-            "images, 'cifar': conv networks, 'imagenet': the cifar one on ResNet50) or a "
-            "benchmark's name; default: the benchmark's."
-        ),
-    )
-    folders: tuple[Path, ...] = Field(
-        (), description="image-folders: DIR1,DIR2,... one ImageFolder directory per task."
-    )
-    image_size: int | None = Field(
-        None, description="image-folders: side of the square images (default 224)."
-    )
-    train_sizes: str | None = Field(
-        None,
-        description="Training images per task, in the given task order: N1,N2,... (one per "
-        "task) or geometric:N1:N2 (N1 for the first task, N2 for the last); overrides "
-        "--train-per-task.",
-    )
-    task_order: str = Field(
-        "given",
-        description="Order the tasks are learned in: given, random (from the task seed), "
-        "large-first, small-first (training-set size) or diverse (most diverse first).",
-    )
-    from_run: Path | None = Field(
-        None,
-        description="Learn this run's tasks on top of the supernet of the finished run DIR as "
-        "it was after its first --after-task tasks (DIR is only read).",
-    )
-    after_task: int | None = Field(
-        None, description="With --from-run: how many of its tasks to keep (K >= 1)."
-    )
+class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
+    """What a run learns from and where it writes (:class:`RunFields`), with the checks and
+    the precedence of every run option; :class:`RunConfig` adds the training settings'
+    fields."""
 
     @model_validator(mode="before")
     @classmethod
@@ -341,8 +254,6 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
         fields = [n for n in SETTING_NAMES if n in type(self).model_fields]
         settings = complete({n: getattr(self, n) for n in fields})
-        if settings["finetune_lr"] is None:  # unset: the run's learning rate
-            settings["finetune_lr"] = settings["lr"]
         for name in fields:
             setattr(self, name, settings[name])
         if self.task_seed is None:
@@ -405,14 +316,7 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
     def _check_method_options(self, strategy: type[Strategy]) -> None:
         """Options of one method given to another are refused (alpha from a preset is not);
         the method's own are checked against its declaration and completed with defaults."""
-        from espn.methods.base import declared_options
-
-        owners = {
-            n: m for n, (_, m) in declared_options().items() if n not in strategy.option_names()
-        }
-        self.method_options = resolve_settings(
-            self.method, strategy.options, self.method_options, owners
-        )
+        self.method_options = resolve_settings(self.method, strategy.options, self.method_options)
 
     def _check_folders(self, needed: bool) -> None:
         if needed and not self.folders:
@@ -449,15 +353,9 @@ class _Run(BaseModel, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         return str(self.method_options.get("stream_pruning", DEFAULTS.stream_pruning))
 
     def floor_reference(self) -> int | None:
-        """The reference data size the size rule applies (None: epochs as given); see
-        :func:`espn.training.plan.plan_phase`."""
-        return self.reference_size if self.step_floor else None
-
-    def optim_config(self) -> OptimConfig:
-        """The optimizer's settings from this run configuration."""
-        from espn.training.optim import OptimConfig
-
-        return OptimConfig.of(self.training_settings())
+        """The reference data size the size rule applies (see
+        :meth:`TrainingSettings.floor_reference`)."""
+        return self.training_settings().floor_reference()
 
 
 def _fields() -> dict[str, Any]:
@@ -539,80 +437,26 @@ def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-#: the run options that shape how tasks are learned, whatever the data (the training
-#: settings, :class:`~espn.settings.training.TrainingSettings`, that are run options, and a preset):
-#: the settings of :class:`espn.ContinualLearner` under the same names (the others say which
-#: data to learn, and where results go)
-TRAINING_SETTINGS = (
-    *(n for n in SETTING_NAMES if n in RunConfig.model_fields and n != "device"),
-    "preset",
-)
-
-
-def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...] = ()) -> None:
-    """Refuse (ValueError) a keyword of ``given`` that is neither a training setting (under
-    its run option's name), one of ``extra``, nor an option of ``cls`` or another method
-    (whose own check names its method): the keywords of ``create_method`` and the learner."""
-    from espn.methods.base import declared_options
-
-    accepted = [*TRAINING_SETTINGS, *extra, *cls.option_names()]
-    foreign = declared_options()
-    for key in given:
-        if key not in accepted and key not in foreign:
-            raise ValueError(
-                f"unknown setting {key!r} for method {cls.name!r}; accepted: {', '.join(accepted)}"
-            )
-
-
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
     """The keyword options :func:`make_config` takes (presets, sweep specs): the run's
     fields, then every option a registered method declares (given flat, e.g. ``supsup_k``)."""
-    from espn.methods.base import declared_options
-
     fields = [f for f in RunConfig.model_fields if f not in exclude]
-    return fields + [n for n in declared_options() if n not in fields]
-
-
-def check_applicable(given: dict[str, Any], cfg: RunConfig) -> None:
-    """Refuse options the user gave explicitly (``given``: the keywords of ``espn.run``, the
-    flags of ``espn run``) that this run would ignore: the size rule's ``reference_size``
-    with ``step_floor`` off, ``stream_pruning`` on a model whose residual streams it does
-    not build, and a method's own options its other settings leave unused (see
-    :meth:`Strategy.check_given`). Saved configurations, which record every option, are not
-    checked."""
-    from espn.methods.base import METHODS
-    from espn.models.resnet import STREAM_MODELS
-
-    names = {k for k, v in given.items() if v is not None}
-    names |= {k for k, v in dict(given.get("method_options") or {}).items() if v is not None}
-    if "reference_size" in names and not cfg.step_floor:
-        raise ConfigError(
-            "reference_size: the size rule is off (step_floor false, --no-step-floor), so "
-            "the reference size it is stated for cannot apply; leave --reference-size out or "
-            "turn the size rule on"
-        )
-    if "stream_pruning" in names and cfg.model not in STREAM_MODELS:
-        raise ConfigError(
-            f"stream_pruning: it sets how espn's registered ResNets ({', '.join(STREAM_MODELS)}) "
-            f"build their residual streams; model {cfg.model!r} has none it builds (a "
-            "converted model's streams are coupled), so leave --stream-pruning out"
-        )
-    strategy = METHODS.get(cfg.method)
-    try:
-        strategy.check_given(cfg.method_options, names & set(strategy.option_names()))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return fields + [n for n in known_options() if n not in fields]
 
 
 def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> RunConfig:
     """Build a :class:`RunConfig`, turning validation errors into one readable ConfigError;
     ``strategy``: a method class to configure that need not be registered under its name.
 
-    The training settings given are checked first, against their declarations alone, so
-    that a bad one is refused before torch and the registries are loaded."""
+    The training settings and the methods' options given are checked first, against their
+    declarations alone, so that a bad one is refused before torch and the registries are
+    loaded."""
+    options = known_options()
     for name, value in values.items():
         try:
             checked({name: value})
+            if name in options and value is not None:
+                options[name][0].check(value)
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc}") from None
     try:

@@ -7,7 +7,8 @@ from typing import Any
 
 from espn.errors import EspnError
 from espn.methods.base import METHODS, MethodSettingError, Strategy
-from espn.runs.config import ConfigError, check_names, make_config
+from espn.runs.config import ConfigError, make_config
+from espn.runs.given import check_names
 
 
 def method_class(method: object, lead: str, tail: str) -> type[Strategy]:

@@ -4,7 +4,6 @@ flag, the validation and the entry in a run's configuration."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,33 +140,3 @@ class Option:
 def _number(value: float) -> str:
     """A bound as messages show it: an integer in full, a float short (``1e-06``)."""
     return str(value) if isinstance(value, int) else f"{value:g}"
-
-
-def resolve_settings(
-    method: str,
-    options: Iterable[Option],
-    given: Mapping[str, Any],
-    owners: Mapping[str, list[str]] | None = None,
-) -> dict[str, Any]:
-    """The settings of ``method`` from the ``given`` values (None: unset), checked against its
-    declared ``options`` and completed with their defaults, in declaration order.
-
-    ``owners`` maps other methods' option names to the methods that declare them, so that a
-    setting given to the wrong method is refused with a message naming its method.
-    """
-    declared = {o.name: o for o in options}
-    for name, value in given.items():
-        if name in declared or value is None:
-            continue
-        if owners and name in owners:
-            whose = ", ".join(repr(m) for m in owners[name])
-            raise ValueError(
-                f"{name} applies to method{'s' * (len(owners[name]) > 1)} {whose} only, "
-                f"not {method!r}; leave it unset"
-            )
-        accepted = ", ".join(declared) or "none (it has no options of its own)"
-        raise ValueError(f"unknown option {name!r} of method {method!r}; its options: {accepted}")
-    return {
-        name: option.default if given.get(name) is None else option.check(given[name])
-        for name, option in declared.items()
-    }

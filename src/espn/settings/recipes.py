@@ -9,32 +9,16 @@ from here. A method's own recipe, per regime, is its ``Strategy.recipe``.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any
 
 from espn.registry import Registry
 
-
-class Recipe(TypedDict, total=False):
-    """A recipe's values for the run options left out; ``regime`` names the family of
-    recipes a method's own recipe is chosen from (``"mnist"``: FC networks on small images,
-    ``"cifar"``: conv networks; see ``Strategy.recipe``)."""
-
-    regime: str
-    model: str
-    alpha: float
-    optimizer: str
-    betas: tuple[float, float]
-    weight_decay: float
-    momentum: float
-    lr: float
-    batch_size: int
-    epochs: tuple[int, int, int]
-    warmup: int
-    finetune_lr: float
-    finetune_schedule: str
-    #: training images per task that the recipe's epochs are stated for (the size rule's
-    #: reference, see ``RunConfig.reference_size``)
-    reference_size: int
+#: a recipe: values of the training settings a recipe may set (those declared
+#: ``recipe=True``, :data:`espn.settings.training.RECIPE_SETTINGS`), its ``model``, and
+#: ``regime``, the family of recipes a method's own recipe is chosen from (``"mnist"``: FC
+#: networks on small images, ``"cifar"``: conv networks; see ``Strategy.recipe``); the run
+#: configuration refuses any other key
+Recipe = dict[str, Any]
 
 
 #: the paper's MNIST recipe (FC1024, RMSprop lr 1e-3, batch 256, 3 pre-train + 4 prune +

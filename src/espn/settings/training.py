@@ -48,7 +48,38 @@ def setting(
 
 
 @dataclass(frozen=True)
-class TrainingSettings:
+class OptimizerSettings:
+    """The training settings the optimizer reads (the first fields of
+    :class:`TrainingSettings`): :func:`espn.training.optim.build_optimizer` takes the run's
+    settings, or a method's own optimizer (:class:`OptimConfig`), as they are."""
+
+    optimizer: str = setting(
+        "adam",
+        "sgd, nesterov, adam or rmsprop",
+        recipe=True,
+        choices=("sgd", "nesterov", "adam", "rmsprop"),
+    )
+    lr: float = setting(1e-3, "Learning rate", recipe=True, low=0.0, low_open=True)
+    weight_decay: float = setting(
+        0.0, "Weight decay (never reaches frozen weights)", recipe=True, low=0.0
+    )
+    momentum: float = setting(
+        0.0, "Momentum of SGD and RMSprop", recipe=True, low=0.0, high=1.0, high_open=True
+    )
+    betas: tuple[float, float] = setting(
+        (0.9, 0.999),
+        "B1,B2: Adam's betas",
+        recipe=True,
+        low=0.0,
+        high=1.0,
+        high_open=True,
+        form="two comma-separated numbers B1,B2",
+        words="two numbers in [0, 1)",
+    )
+
+
+@dataclass(frozen=True)
+class TrainingSettings(OptimizerSettings):
     """The settings of how tasks are learned, each declared once here: its name, type,
     default, help and bounds. The ``espn run`` flags, :class:`espn.runs.config.RunConfig`'s
     fields, the learner's keywords and the optimizer's settings are derived from these
@@ -89,13 +120,6 @@ class TrainingSettings:
         form="three comma-separated integers PRE,PRUNE,FINE (e.g. 3,4,3)",
         words="three non-negative counts (pre-train, prune, fine-tune)",
     )
-    optimizer: str = setting(
-        "adam",
-        "sgd, nesterov, adam or rmsprop",
-        recipe=True,
-        choices=("sgd", "nesterov", "adam", "rmsprop"),
-    )
-    lr: float = setting(1e-3, "Learning rate", recipe=True, low=0.0, low_open=True)
     batch_size: int = setting(128, "Batch size", recipe=True, low=1)
     shards: int | None = setting(
         None,
@@ -103,22 +127,6 @@ class TrainingSettings:
         "unset: the number of processes (1 alone). Any number of processes up to it gives "
         "the same run, bit for bit",
         low=1,
-    )
-    weight_decay: float = setting(
-        0.0, "Weight decay (never reaches frozen weights)", recipe=True, low=0.0
-    )
-    momentum: float = setting(
-        0.0, "Momentum of SGD and RMSprop", recipe=True, low=0.0, high=1.0, high_open=True
-    )
-    betas: tuple[float, float] = setting(
-        (0.9, 0.999),
-        "B1,B2: Adam's betas",
-        recipe=True,
-        low=0.0,
-        high=1.0,
-        high_open=True,
-        form="two comma-separated numbers B1,B2",
-        words="two numbers in [0, 1)",
     )
     warmup: int = setting(
         0,
@@ -207,11 +215,24 @@ class TrainingSettings:
     device: str = setting("cpu", "cpu, cuda or cuda:N")
     method_options: Mapping[str, Any] = setting({}, "The method's own options")
 
+    def floor_reference(self) -> int | None:
+        """The reference data size the size rule applies (None: epochs as given); see
+        :func:`espn.training.plan.plan_phase`."""
+        return self.reference_size if self.step_floor else None
+
 
 #: the defaults: ``DEFAULTS.lr`` is the learning rate nothing else sets
 DEFAULTS = TrainingSettings()
-_FIELDS = {f.name: f for f in dataclasses.fields(TrainingSettings)}
-#: the names of the training settings, in declaration order
+#: the settings the optimizer reads (:class:`OptimizerSettings`)
+OPTIMIZER_SETTINGS = tuple(f.name for f in dataclasses.fields(OptimizerSettings))
+_FIELDS = {
+    f.name: f
+    for f in sorted(
+        dataclasses.fields(TrainingSettings), key=lambda f: f.name in OPTIMIZER_SETTINGS
+    )
+}
+#: the names of the training settings in declaration order, the optimizer's (declared first,
+#: in the base class) after the others: the order of the flags and of the messages
 SETTING_NAMES: tuple[str, ...] = tuple(_FIELDS)
 #: the settings a recipe may set (the others are the user's choice alone: how to run, not
 #: how the method learns)
@@ -311,12 +332,13 @@ def layered(
 
 
 def complete(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with every training setting still unset (missing or None) at its
-    default, except those whose unset state means something (``finetune_lr``: the lr;
-    ``reference_size``: epochs as given)."""
-    keep_unset = ("finetune_lr", "reference_size")
-    filled = {n: default(n) for n in SETTING_NAMES if values.get(n) is None and n not in keep_unset}
-    return dict(values) | filled
+    """``values`` with every training setting still unset (missing or None) at its default
+    (``reference_size``'s is None: epochs as given), and ``finetune_lr`` unset at the
+    learning rate."""
+    done = dict(values) | {n: default(n) for n in SETTING_NAMES if values.get(n) is None}
+    if done["finetune_lr"] is None:
+        done["finetune_lr"] = done["lr"]
+    return done
 
 
 def explicit(settings: TrainingSettings) -> dict[str, Any]:
@@ -339,34 +361,11 @@ def _pre_epochs(epochs: Any) -> int | None:
         return None
 
 
-#: how a method's own parameters' learning rate moves (:attr:`OptimConfig.schedule`):
-#: ``phase``: as the weights' (the phase's schedule and scale); ``cosine``: decay to zero
-#: over all the task's epochs (SupSup); ``constant``
-OWN_SCHEDULES = ("phase", "cosine", "constant")
-
-
 @dataclass(frozen=True)
-class OptimConfig:
-    """Optimizer settings; ``betas`` is Adam's, ``momentum`` SGD's and RMSprop's.
+class OptimConfig(OptimizerSettings):
+    """An optimizer's settings alone (a method's own, ``Strategy.own_optim``, or the engine's
+    without a run) and, for a method's own parameters, ``schedule``: how their learning rate
+    moves: ``phase``, as the weights' (the phase's schedule and scale); ``cosine``, decay to
+    zero over all the task's epochs (SupSup); ``constant``."""
 
-    ``schedule`` applies to a method's own parameters only (see :data:`OWN_SCHEDULES`); the
-    weights follow the phases' schedules.
-    """
-
-    name: str = default("optimizer")
-    lr: float = default("lr")
-    weight_decay: float = default("weight_decay")
-    momentum: float = default("momentum")
-    betas: tuple[float, float] = default("betas")
     schedule: str = "phase"
-
-    @classmethod
-    def of(cls, settings: TrainingSettings) -> OptimConfig:
-        """The optimizer of the training ``settings`` (the weights')."""
-        return cls(
-            settings.optimizer,
-            settings.lr,
-            settings.weight_decay,
-            settings.momentum,
-            settings.betas,
-        )

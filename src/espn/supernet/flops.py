@@ -44,8 +44,7 @@ class LayerCost:
     @property
     def in_size(self) -> int:
         """Input features/channels of the full-width layer."""
-        w = self.module.weight
-        return int(w.shape[1])
+        return int(self.module.weight.shape[1])
 
     @property
     def out_size(self) -> int:

@@ -44,9 +44,7 @@ def pack_bits(mask: Tensor) -> Tensor:
 
 def unpack_bits(packed: Tensor, shape: tuple[int, ...] | torch.Size) -> Tensor:
     """Inverse of :func:`pack_bits`: the boolean tensor of ``shape``."""
-    numel = 1
-    for s in shape:
-        numel *= int(s)
+    numel = torch.Size(shape).numel()
     shifts = torch.arange(7, -1, -1, device=packed.device, dtype=torch.uint8)
     bits = (packed.unsqueeze(1) >> shifts) & 1
     return bits.flatten()[:numel].view(tuple(shape)).bool()

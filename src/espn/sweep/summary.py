@@ -14,7 +14,7 @@ from espn.sweep.point import PointOutcome
 from espn.sweep.spec import value_text
 from espn.utils.io import atomic_target, write_csv
 from espn.utils.plotting import pyplot
-from espn.utils.stats import mean_se
+from espn.utils.stats import markdown_lines, mean_se, mean_se_cell
 
 #: options that tell runs of one series apart (averaged over, not a series of their own)
 REPEAT_KEYS = ("seed",)
@@ -96,12 +96,6 @@ def summary_rows(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[dict
     return columns, rows
 
 
-def _cell(mean: float | None, se: float | None) -> str:
-    if mean is None:
-        return "–"
-    return f"{mean:.2f}" + ("" if se is None else f" ± {se:.2f}")
-
-
 def summary_markdown(rows: list[dict[str, Any]], out: Path) -> str:
     """The summary as a markdown table (``mean ± se``, n), with what each column means."""
     header = ["series", "runs", "failed", *(title for _, title, _ in MEASURES)]
@@ -111,14 +105,13 @@ def summary_markdown(rows: list[dict[str, Any]], out: Path) -> str:
         "Per series (the points that differ only in their seed): mean ± standard error over "
         "its finished runs (n = runs; no ± with one run).",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
     ]
-    for r in rows:
-        cells = [r["series"], str(r["runs"]), str(r["failed"])]
-        cells += [_cell(r[c], r[f"{c}_se"]) for c, _, _ in MEASURES]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+    cells = [
+        [r["series"], str(r["runs"]), str(r["failed"])]
+        + [mean_se_cell(r[c], r[f"{c}_se"]) for c, _, _ in MEASURES]
+        for r in rows
+    ]
+    lines += [*markdown_lines(header, cells), ""]
     lines += [f"- {title}: {meaning}" for _, title, meaning in MEASURES]
     return "\n".join(lines) + "\n"
 

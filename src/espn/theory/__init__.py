@@ -31,7 +31,6 @@ from espn.theory.solver import (
     solve_sequential,
 )
 from espn.theory.task_order import TaskOrderConfig, run_task_order, summarize_task_order
-from espn.utils.io import write_csv
 
 __all__ = [
     "CRLSolution",
@@ -52,5 +51,4 @@ __all__ = [
     "summarize_mismatch",
     "summarize_sample_complexity",
     "summarize_task_order",
-    "write_csv",
 ]

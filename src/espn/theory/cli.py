@@ -51,145 +51,90 @@ app = command_group(
     no_args_is_help=True,
 )
 
-ACT_HELP = "Activation psi: " + ", ".join(ACTIVATIONS) + "."
-INPUT_HELP = "Input distribution (radius sqrt(d)): " + ", ".join(INPUT_DISTRIBUTIONS) + "."
-
-
 C = TypeVar("C", SampleComplexityConfig, MismatchConfig, TaskOrderConfig)
+N = TypeVar("N", int, float)
+
+#: per experiment (the stem of its files): CSV columns, summary and text table; its figure
+#: is ``plots.plot_<name>``
+EXPERIMENTS: dict[
+    str, tuple[tuple[str, ...], Callable[..., dict[str, Any]], Callable[..., str]]
+] = {
+    "sample_complexity": (
+        SAMPLE_COMPLEXITY_COLUMNS,
+        summarize_sample_complexity,
+        format_sample_complexity,
+    ),
+    "mismatch": (MISMATCH_COLUMNS, summarize_mismatch, format_mismatch),
+    "task_order": (TASK_ORDER_COLUMNS, summarize_task_order, format_task_order),
+}
 
 
-def parse_ints(option: str, text: str) -> tuple[int, ...]:
-    """``"4,8,16"`` -> (4, 8, 16), or a clear error naming ``option``."""
+def parse_numbers(option: str, text: str, kind: type[N] = int) -> tuple[N, ...]:
+    """``"4,8,16"`` -> (4, 8, 16) (``kind`` int or float), or a clear error naming ``option``."""
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
     except ValueError:
         values = ()
     if not values:
-        raise TheoryConfigError(f"{option}: expected comma-separated integers, got {text!r}")
+        what = "integers" if kind is int else "numbers"
+        raise TheoryConfigError(f"{option}: expected comma-separated {what}, got {text!r}")
     return values
-
-
-def parse_floats(option: str, text: str) -> tuple[float, ...]:
-    """``"0,0.25"`` -> (0.0, 0.25), or a clear error naming ``option``."""
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        values = ()
-    if not values:
-        raise TheoryConfigError(f"{option}: expected comma-separated numbers, got {text!r}")
-    return values
-
-
-def _run(
-    total: int, show: bool, description: str, work: Callable[[Callable[[int], None] | None], Any]
-) -> Any:
-    """Call ``work(progress)`` under a rich progress bar of ``total`` solves."""
-    if not show:
-        return work(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(description, total=total)
-        return work(lambda k: bar.advance(task, k))
-
-
-def _finish(
-    out: Path,
-    name: str,
-    rows: list[dict[str, Any]],
-    columns: tuple[str, ...],
-    config: dict[str, Any],
-) -> None:
-    """Write the CSV, then summarise and plot from the CSV as read back."""
-    csv_path = write_csv(out / f"{name}.csv", rows, columns)
-    _report(csv_path, config)
-
-
-def _kind(rows: list[dict[str, Any]]) -> str:
-    keys = set(rows[0]) if rows else set()
-    for kind, columns in (
-        ("sample_complexity", SAMPLE_COMPLEXITY_COLUMNS),
-        ("mismatch", MISMATCH_COLUMNS),
-        ("task_order", TASK_ORDER_COLUMNS),
-    ):
-        if keys == set(columns):
-            return kind
-    raise TheoryConfigError(
-        "CSV: columns match none of the theory experiments "
-        "(sample_complexity, mismatch, task_order)"
-    )
 
 
 #: the CSV columns that hold text; every other cell is a number
 TEXT_COLUMNS = ("setting", "order")
 
 
-def _check_numbers(rows: list[dict[str, Any]], csv_path: Path) -> None:
-    """Every cell outside :data:`TEXT_COLUMNS` must be a number (or empty)."""
-    for line, row in enumerate(rows, start=2):
-        for column, value in row.items():
-            if column not in TEXT_COLUMNS and isinstance(value, str) and value != "":
-                raise TheoryConfigError(
-                    f"CSV: {csv_path} line {line}, column {column}: {value!r} is not a number"
-                )
-
-
 def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
+    """Summarise and plot a theory CSV (its experiment told by its columns); ``config`` None:
+    the one stored beside it."""
     from espn.theory import plots
 
     try:
         rows = read_csv(csv_path)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise TheoryConfigError(f"CSV: {csv_path} is not a CSV file ({exc})") from None
-    kind = _kind(rows)
-    _check_numbers(rows, csv_path)
+    keys = set(rows[0]) if rows else set()
+    kind = next((k for k, e in EXPERIMENTS.items() if keys == set(e[0])), None)
+    if kind is None:
+        raise TheoryConfigError(
+            f"CSV: columns match none of the theory experiments ({', '.join(EXPERIMENTS)})"
+        )
+    for line, row in enumerate(rows, start=2):
+        for column, value in row.items():
+            if column not in TEXT_COLUMNS and isinstance(value, str) and value != "":
+                raise TheoryConfigError(
+                    f"CSV: {csv_path} line {line}, column {column}: {value!r} is not a number"
+                )
     stem = csv_path.with_suffix("")
-    if kind == "sample_complexity":
-        target = float(config["target"]) if config else _stored_target(stem)
-        summary = summarize_sample_complexity(rows, target)
-        plots.plot_sample_complexity(rows, summary, stem.with_suffix(".png"))
-        text = format_sample_complexity(summary)
-    elif kind == "mismatch":
-        summary = summarize_mismatch(rows)
-        plots.plot_mismatch(rows, summary, stem.with_suffix(".png"))
-        text = format_mismatch(summary)
-    else:
-        summary = summarize_task_order(rows)
-        plots.plot_task_order(rows, summary, stem.with_suffix(".png"))
-        text = format_task_order(summary)
     summary_path = stem.parent / f"{stem.name}_summary.json"
-    doc = {"config": config if config is not None else _stored_config(summary_path)}
-    write_json_atomic(summary_path, {**doc, "summary": summary})
-    typer.echo(text)
+    if config is None:
+        try:
+            config = read_json(summary_path).get("config")
+        except (OSError, ValueError):
+            config = None
+    _, summarize, text = EXPERIMENTS[kind]
+    if kind == "sample_complexity":
+        summary = summarize(rows, float((config or {}).get("target", 0.01)))
+    else:
+        summary = summarize(rows)
+    getattr(plots, f"plot_{kind}")(rows, summary, stem.with_suffix(".png"))
+    write_json_atomic(summary_path, {"config": config, "summary": summary})
+    typer.echo(text(summary))
     typer.echo(f"wrote {csv_path}, {stem.with_suffix('.png')} and {summary_path}")
-
-
-def _stored_config(summary_path: Path) -> dict[str, Any] | None:
-    try:
-        return read_json(summary_path).get("config")
-    except (OSError, ValueError):
-        return None
-
-
-def _stored_target(stem: Path) -> float:
-    config = _stored_config(stem.parent / f"{stem.name}_summary.json") or {}
-    return float(config.get("target", 0.01))
 
 
 # Options every experiment shares, declared once; each command gives its own defaults.
 D = Annotated[int, typer.Option(help="Input dimension d.")]
 R = Annotated[int, typer.Option(help="Representation dimension r (rows of W*).")]
 Ns = Annotated[str, typer.Option(help="Samples per task N (comma-separated, >= 1).")]
-Activation = Annotated[str, typer.Option(help=ACT_HELP)]
+Activation = Annotated[str, typer.Option(help=f"Activation psi: {', '.join(ACTIVATIONS)}.")]
 Noise = Annotated[float, typer.Option(help="Z ~ Uniform[-noise, noise]; E[Z^2] = noise^2/3.")]
 HeadNorm = Annotated[float, typer.Option(help="Norm of every planted head v_t.")]
-Inputs = Annotated[str, typer.Option(help=INPUT_HELP)]
+Inputs = Annotated[
+    str,
+    typer.Option(help=f"Input distribution (radius sqrt(d)): {', '.join(INPUT_DISTRIBUTIONS)}."),
+]
 Replicates = Annotated[int, typer.Option(help="Independent planted models (curves are means).")]
 Restarts = Annotated[int, typer.Option(help="Solver initialisations (the best one is kept).")]
 MaxIter = Annotated[int, typer.Option(help="L-BFGS iterations per solve.")]
@@ -213,10 +158,19 @@ def option_name(parameter: str) -> str:
     return "/".join(OPTION_NAMES.get(p, "--" + p.replace("_", "-")) for p in parameter.split("/"))
 
 
-def _config(cls: type[C], options: dict[str, Any], **parsed: Any) -> C:
-    """``cls`` from a command's options (those that are fields of ``cls``) and the
-    values parsed from text; validated, so a bad value stops the command here, its
-    error naming the option (the library names its parameter)."""
+def _experiment(
+    name: str,
+    cls: type[C],
+    solves: Callable[[C], int],
+    run: Callable[[C, Callable[[int], None] | None], list[dict[str, Any]]],
+    options: dict[str, Any],
+    **parsed: Any,
+) -> None:
+    """Experiment ``name``: its ``cls`` from a command's options (those that are fields of
+    ``cls``) and the values parsed from text, validated first (its error naming the option
+    where the library names its parameter); ``run(cfg, progress)`` under a progress bar of
+    ``solves(cfg)`` solves unless ``--no-progress``; the CSV written, then summarised and
+    plotted from the CSV as read back."""
     names = {f.name for f in fields(cls)}
     cfg = cls(**{k: v for k, v in options.items() if k in names and k not in parsed}, **parsed)
     try:
@@ -225,7 +179,21 @@ def _config(cls: type[C], options: dict[str, Any], **parsed: Any) -> C:
         if exc.parameter is None:
             raise
         raise TheoryConfigError(exc.reason, option_name(exc.parameter)) from None
-    return cfg
+    if options["progress"]:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
+            task = bar.add_task(name.replace("_", " "), total=solves(cfg))
+            rows = run(cfg, lambda k: bar.advance(task, k))
+    else:
+        rows = run(cfg, None)
+    _report(write_csv(options["out"] / f"{name}.csv", rows, EXPERIMENTS[name][0]), config_dict(cfg))
 
 
 @app.command("sample-complexity")
@@ -261,21 +229,15 @@ def sample_complexity(
     Prints the N*T needed to reach --target per setting next to the bound's
     prediction (proportional to dof = T*r + r_new*d).
     """
-    options = locals()
-
-    cfg = _config(
+    _experiment(
+        "sample_complexity",
         SampleComplexityConfig,
-        options,
-        r_frz=parse_ints("--r-frz", r_frz),
-        ns=parse_ints("--ns", ns),
+        sample_complexity_solves,
+        run_sample_complexity,
+        locals(),
+        r_frz=parse_numbers("--r-frz", r_frz),
+        ns=parse_numbers("--ns", ns),
     )
-    rows = _run(
-        sample_complexity_solves(cfg),
-        progress,
-        "sample complexity",
-        lambda p: run_sample_complexity(cfg, p),
-    )
-    _finish(out, "sample_complexity", rows, SAMPLE_COMPLEXITY_COLUMNS, config_dict(cfg))
 
 
 @app.command()
@@ -321,17 +283,16 @@ def mismatch(
     MM = L*_frz - L* is measured separately by a large noise-free solve; the summary
     puts it next to the floor the risk curves reach.
     """
-    options = locals()
-
-    cfg = _config(
+    _experiment(
+        "mismatch",
         MismatchConfig,
-        options,
-        perturbations=parse_floats("--perturbations", perturbations),
-        ns=parse_ints("--ns", ns),
+        mismatch_solves,
+        run_mismatch,
+        locals(),
+        perturbations=parse_numbers("--perturbations", perturbations, float),
+        ns=parse_numbers("--ns", ns),
         include_scratch=scratch,
     )
-    rows = _run(mismatch_solves(cfg), progress, "mismatch", lambda p: run_mismatch(cfg, p))
-    _finish(out, "mismatch", rows, MISMATCH_COLUMNS, config_dict(cfg))
 
 
 @app.command("task-order")
@@ -373,14 +334,12 @@ def task_order(
     Sample sizes fall as floor(n_max * (n_min/n_max)^((ID-1)/(tasks-1))), as in the
     paper's figure on sample size.
     """
-    options = locals()
-
     names = tuple(o.strip() for o in orders.split(",") if o.strip())
     if not names:
         raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
-    cfg = _config(TaskOrderConfig, options, orders=names)
-    rows = _run(task_order_solves(cfg), progress, "task order", lambda p: run_task_order(cfg, p))
-    _finish(out, "task_order", rows, TASK_ORDER_COLUMNS, config_dict(cfg))
+    _experiment(
+        "task_order", TaskOrderConfig, task_order_solves, run_task_order, locals(), orders=names
+    )
 
 
 @app.command()
@@ -389,7 +348,6 @@ def report(
     csv_file: Path = typer.Argument(..., help="A CSV written by one of the theory commands."),
 ) -> None:
     """Recompute the summary and the figure of an experiment from its CSV alone."""
-
     if not csv_file.is_file():
         raise TheoryConfigError(f"CSV: no such file {csv_file}")
     _report(csv_file)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -124,12 +125,6 @@ def check_r_frz(values: Iterable[int], r: int) -> None:
             raise TheoryConfigError(f"each value must be in [0, r={r}], got {value}", "r_frz")
 
 
-def check_target(target: float) -> None:
-    """Refuse a target excess risk outside ``(0, 1)``."""
-    if not 0 < target < 1:
-        raise TheoryConfigError(f"must be in (0, 1), got {target:g}", "target")
-
-
 def _check_finite(cfg: PlantedConfig) -> None:
     """Every float option (and every number of a list option) must be finite."""
     for f in fields(cfg):
@@ -159,6 +154,38 @@ def evaluate(
             test.append(float(((pred - noisy.y[t]) ** 2).mean()))
             excess.append(float(((pred - clean.y[t]) ** 2).mean()))
     return mean(test), mean(excess)
+
+
+def curve_row(
+    cfg: PlantedConfig,
+    model: PlantedModel,
+    rep: int,
+    setting: str,
+    r_frz: int,
+    r_new: int,
+    n: int,
+    train_loss: float,
+    risks: tuple[float, float],
+    start: float,
+) -> dict[str, Any]:
+    """The CSV row of one solve of a risk curve: ``n`` samples per task, ``r_new`` rows
+    learned on ``r_frz`` frozen ones; ``risks`` is (test risk, excess risk), ``start`` the
+    solve's ``time.perf_counter()``."""
+    return {
+        "setting": setting,
+        "r_frz": r_frz,
+        "r_new": r_new,
+        "replicate": rep,
+        "N": n,
+        "T": model.T,
+        "NT": n * model.T,
+        "dof": model.T * (r_frz + r_new) + r_new * cfg.d,
+        "train_loss": train_loss,
+        "test_risk": risks[0],
+        "excess_risk": risks[1],
+        "noise_floor": model.noise_floor,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def tick(progress: Progress | None) -> None:

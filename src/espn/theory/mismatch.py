@@ -19,6 +19,7 @@ from espn.theory.common import (
     at_least,
     check_ns,
     check_r_frz,
+    curve_row,
     evaluate,
     mean_curve,
     tick,
@@ -101,7 +102,6 @@ def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[
         train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
         test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
         tasks = list(range(model.T))
-        base = {"T": model.T, "replicate": rep, "noise_floor": model.noise_floor}
         for eps in cfg.perturbations:
             W_frz = model.frozen(cfg.r_frz, eps, seed=derive_seed(cfg.seed, "perturb", rep))
             # the mismatch: a large noise-free solve on top of the perturbed rows
@@ -109,27 +109,10 @@ def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[
             _, mm_clean = model.sample(cfg.mm_n, generator(cfg.seed, "mm", rep, eps))
             sol = solve_crl(mm_clean, r_new, W_frz, cfg.solver(model, derive_seed(rep, eps)))
             _, mm_test = evaluate(sol.predict, tasks, test, test_clean)
-            seconds = time.perf_counter() - start
-            common = {
-                **base,
-                "perturbation": eps,
-                "r_frz": cfg.r_frz,
-                "r_new": r_new,
-                "N": cfg.mm_n,
-                "NT": cfg.mm_n * model.T,
-                "dof": model.T * (cfg.r_frz + r_new) + r_new * cfg.d,
-                "seconds": seconds,
-            }
             for setting, value in (("mm-train", sol.train_loss), ("mm-test", mm_test)):
-                rows.append(
-                    {
-                        **common,
-                        "setting": setting,
-                        "train_loss": sol.train_loss,
-                        "test_risk": value + model.noise_floor,
-                        "excess_risk": value,
-                    }
-                )
+                risks = (value + model.noise_floor, value)
+                solve = (setting, cfg.r_frz, r_new, cfg.mm_n, sol.train_loss, risks, start)
+                rows.append(curve_row(cfg, model, rep, *solve) | {"perturbation": eps})
             tick(progress)
             rows.extend(
                 _risk_curve(cfg, rep, model, train, (test, test_clean), W_frz, r_new, eps, progress)
@@ -163,25 +146,9 @@ def _risk_curve(
         start = time.perf_counter()
         seed = derive_seed(cfg.seed, rep, setting, eps, n)
         sol = solve_crl(train.head(n), r_new, W_frz, cfg.solver(model, seed))
-        test_risk, excess = evaluate(sol.predict, list(range(model.T)), test, test_clean)
-        rows.append(
-            {
-                "setting": setting,
-                "perturbation": eps,
-                "r_frz": r_frz,
-                "r_new": r_new,
-                "replicate": rep,
-                "N": n,
-                "T": model.T,
-                "NT": n * model.T,
-                "dof": model.T * (r_frz + r_new) + r_new * cfg.d,
-                "train_loss": sol.train_loss,
-                "test_risk": test_risk,
-                "excess_risk": excess,
-                "noise_floor": model.noise_floor,
-                "seconds": time.perf_counter() - start,
-            }
-        )
+        risks = evaluate(sol.predict, list(range(model.T)), test, test_clean)
+        row = curve_row(cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start)
+        rows.append(row | {"perturbation": eps})
         tick(progress)
     return rows
 

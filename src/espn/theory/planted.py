@@ -172,9 +172,7 @@ class PlantedModel:
         psi = activation_fn(self.activation)
         return torch.sigmoid(psi(X @ self.W.T) @ self.V[task])
 
-    def sample(
-        self, n: int | Sequence[int], gen: torch.Generator, noisy: bool = True
-    ) -> tuple[TaskData, TaskData]:
+    def sample(self, n: int | Sequence[int], gen: torch.Generator) -> tuple[TaskData, TaskData]:
         """Draw ``n`` samples per task (or ``n[t]`` for task ``t``).
 
         Returns the noisy data set and the same inputs with clean labels; the clean
@@ -192,7 +190,7 @@ class PlantedModel:
             z = (2 * torch.rand(k, generator=gen, dtype=DTYPE) - 1) * self.noise
             Xs.append(X)
             clean_y.append(f)
-            noisy_y.append(f + z if noisy else f.clone())
+            noisy_y.append(f + z)
         return TaskData(Xs, noisy_y), TaskData(Xs, clean_y)
 
     def frozen(self, r_frz: int, perturbation: float = 0.0, seed: int = 0) -> torch.Tensor:

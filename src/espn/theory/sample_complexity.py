@@ -17,12 +17,12 @@ from espn.theory.common import (
     Progress,
     check_ns,
     check_r_frz,
-    check_target,
+    curve_row,
     evaluate,
     mean_curve,
     tick,
 )
-from espn.theory.planted import derive_seed, generator
+from espn.theory.planted import TheoryConfigError, derive_seed, generator
 from espn.theory.solver import solve_crl
 
 SAMPLE_COMPLEXITY_COLUMNS = (
@@ -56,7 +56,8 @@ class SampleComplexityConfig(PlantedConfig):
         super().validate()
         check_ns(self.ns)
         check_r_frz(self.r_frz, self.r)
-        check_target(self.target)
+        if not 0 < self.target < 1:
+            raise TheoryConfigError(f"must be in (0, 1), got {self.target:g}", "target")
 
     @property
     def settings(self) -> list[int]:
@@ -92,25 +93,12 @@ def run_sample_complexity(
                 start = time.perf_counter()
                 solver = cfg.solver(model, derive_seed(cfg.seed, rep, r_frz, n))
                 sol = solve_crl(train.head(n), r_new, W_frz, solver)
-                test_risk, excess = evaluate(sol.predict, tasks, test, test_clean)
-                rows.append(
-                    {
-                        "setting": "scratch" if r_frz == 0 else "frozen",
-                        "r_frz": r_frz,
-                        "r_new": r_new,
-                        "replicate": rep,
-                        "N": n,
-                        "T": model.T,
-                        "NT": n * model.T,
-                        "dof": model.T * cfg.r + r_new * cfg.d,
-                        "train_loss": sol.train_loss,
-                        "test_risk": test_risk,
-                        "excess_risk": excess,
-                        "noise_floor": model.noise_floor,
-                        "restart": sol.restart,
-                        "seconds": time.perf_counter() - start,
-                    }
+                risks = evaluate(sol.predict, tasks, test, test_clean)
+                setting = "scratch" if r_frz == 0 else "frozen"
+                row = curve_row(
+                    cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start
                 )
+                rows.append(row | {"restart": sol.restart})
                 tick(progress)
     return rows
 

@@ -214,12 +214,10 @@ def _solve_crl(
         raise TheoryConfigError(f"every N must be >= 1, got {min(data.sizes)}", "ns")
     d = data.X[0].shape[1]
     W_frz = torch.zeros(0, d, dtype=DTYPE) if W_frz is None else W_frz.to(DTYPE)
-    r_frz = W_frz.shape[0]
-    if r_frz + r_new < 1:
+    if W_frz.shape[0] + r_new < 1:
         raise TheoryConfigError("the representation needs at least one row (r_frz + r_new >= 1)")
     psi = activation_fn(config.activation)
     T = len(data.X)
-
     X_all = torch.cat(data.X)
     y_all = torch.cat(data.y)
     task_of = torch.cat([torch.full((n,), t, dtype=torch.long) for t, n in enumerate(data.sizes)])
@@ -231,40 +229,47 @@ def _solve_crl(
         pred = torch.sigmoid((F * V[task_of]).sum(1))
         return (weight * (y_all - pred) ** 2).sum()
 
-    def penalty(W_new: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-        total = torch.zeros((), dtype=DTYPE)
-        if config.head_bound is not None:
-            total = total + (torch.relu((V**2).sum(1) - config.head_bound**2) ** 2).sum()
-        if config.rep_bound is not None and r_new:
-            total = total + torch.relu((W_new**2).sum() - config.rep_bound**2) ** 2
-        return config.penalty * total
-
     def run_lbfgs(W_new: torch.Tensor, V: torch.Tensor, iters: int) -> float:
-        params = [V, W_new] if r_new else [V]
-        opt = torch.optim.LBFGS(
-            params,
-            lr=1.0,
-            max_iter=iters,
-            max_eval=int(iters * 2.5),
-            history_size=10,
-            tolerance_grad=1e-10,
-            tolerance_change=1e-13,
-            line_search_fn="strong_wolfe",
+        return _lbfgs(
+            lambda: data_loss(W_new, V) + _penalty(W_new, V, config),
+            [V, W_new] if r_new else [V],
+            iters,
         )
 
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            loss = data_loss(W_new, V) + penalty(W_new, V)
-            loss.backward()
-            return loss
+    # screen every start with a short run, then finish the best one
+    starts = _starts(data, W_frz, r_new, config)
+    screen = min(config.screen_iter, config.max_iter) if config.restarts > 1 else 0
+    objectives = [run_lbfgs(W0, V0, screen) for W0, V0 in starts] if screen else [0.0]
+    restart = min(range(len(objectives)), key=objectives.__getitem__)
+    W_new, V = starts[restart]
+    if config.max_iter > screen:
+        objective = run_lbfgs(W_new, V, config.max_iter - screen)
+    else:
+        objective = objectives[restart]
+    with torch.no_grad():
+        train = float(data_loss(W_new, V))
+    return CRLSolution(
+        W_frz=W_frz.clone(),
+        W_new=W_new.detach().clone(),
+        V=V.detach().clone(),
+        activation=config.activation,
+        train_loss=train,
+        objective=objective,
+        restart=restart,
+        restart_objectives=objectives if screen else [objective],
+    )
 
-        opt.step(closure)
-        with torch.no_grad():
-            return float(data_loss(W_new, V) + penalty(W_new, V))
 
-    gen = generator("solve", config.seed, r_frz, r_new, T, tuple(data.sizes))
+def _starts(
+    data: TaskData, W_frz: torch.Tensor, r_new: int, config: SolverConfig
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``(W_new, V)`` start of every restart, both requiring grad (``W_new`` when
+    ``r_new > 0``); rows within ``rep_bound``, heads fitted on the start's features."""
+    psi = activation_fn(config.activation)
+    d = data.X[0].shape[1]
+    gen = generator("solve", config.seed, W_frz.shape[0], r_new, len(data.X), tuple(data.sizes))
     spectral = _spectral_directions(data, W_frz, r_new, gen) if config.init == "spectral" else None
-    starts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    X_all, starts = torch.cat(data.X), []
     for restart in range(config.restarts):
         W0 = _initial_rows(spectral, restart, r_new, d, gen)
         if config.rep_bound is not None and r_new and W0.norm() > config.rep_bound:
@@ -276,30 +281,41 @@ def _solve_crl(
         feats = [psi(X @ torch.cat([W_frz, W0]).T) for X in data.X]
         V0 = _init_heads(feats, data.y, config.head_bound)
         starts.append((W0.requires_grad_(r_new > 0), V0.requires_grad_(True)))
+    return starts
 
-    # screen every start with a short run, then finish the best one
-    screen = min(config.screen_iter, config.max_iter) if config.restarts > 1 else 0
-    objectives = [run_lbfgs(W0, V0, screen) for W0, V0 in starts] if screen else [0.0]
-    restart = min(range(len(objectives)), key=objectives.__getitem__)
-    W_new, V = starts[restart]
-    objective = (
-        run_lbfgs(W_new, V, config.max_iter - screen)
-        if config.max_iter > screen
-        else (objectives[restart])
+
+def _penalty(W_new: torch.Tensor, V: torch.Tensor, config: SolverConfig) -> torch.Tensor:
+    """The exterior penalty of the norm bounds (zero on the feasible set)."""
+    total = torch.zeros((), dtype=DTYPE)
+    if config.head_bound is not None:
+        total = total + (torch.relu((V**2).sum(1) - config.head_bound**2) ** 2).sum()
+    if config.rep_bound is not None and W_new.shape[0]:
+        total = total + torch.relu((W_new**2).sum() - config.rep_bound**2) ** 2
+    return config.penalty * total
+
+
+def _lbfgs(objective: Callable[[], torch.Tensor], params: list[torch.Tensor], iters: int) -> float:
+    """Minimise ``objective()`` over ``params`` by ``iters`` L-BFGS iterations; its final value."""
+    opt = torch.optim.LBFGS(
+        params,
+        lr=1.0,
+        max_iter=iters,
+        max_eval=int(iters * 2.5),
+        history_size=10,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-13,
+        line_search_fn="strong_wolfe",
     )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
     with torch.no_grad():
-        train = float(data_loss(W_new, V))
-    best = CRLSolution(
-        W_frz=W_frz.clone(),
-        W_new=W_new.detach().clone(),
-        V=V.detach().clone(),
-        activation=config.activation,
-        train_loss=train,
-        objective=objective,
-        restart=restart,
-        restart_objectives=objectives if screen else [objective],
-    )
-    return best
+        return float(objective())
 
 
 @dataclass

@@ -109,21 +109,9 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
             if order == "individual":
                 for i, group in enumerate(groups):
                     sol = solve_crl(train.select(group), cfg.rows_first, None, solver)
-                    test_risk, excess = evaluate(sol.predict, group, test, test_clean)
-                    rows.append(
-                        {
-                            **base,
-                            "order": order,
-                            "task_id": i,
-                            "position": 1,
-                            "N": sizes[i],
-                            "rows": cfg.rows_first,
-                            "new_rows": cfg.rows_first,
-                            "train_loss": sol.train_loss,
-                            "test_risk": test_risk,
-                            "excess_risk": excess,
-                        }
-                    )
+                    risks = evaluate(sol.predict, group, test, test_clean)
+                    size = (sizes[i], cfg.rows_first, cfg.rows_first)
+                    rows.append(_row(base, order, i, 1, size, sol.train_loss, risks))
                     tick(progress)
                 continue
             ids = list(range(cfg.tasks)) if order == "decreasing" else list(range(cfg.tasks))[::-1]
@@ -137,22 +125,36 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
             )
             for position, i in enumerate(ids, start=1):
                 group = groups[i]
-                test_risk, excess = evaluate(_heads_of(result, group), group, test, test_clean)
-                rows.append(
-                    {
-                        **base,
-                        "order": order,
-                        "task_id": i,
-                        "position": position,
-                        "N": sizes[i],
-                        "rows": result.W[group[0]].shape[0],
-                        "new_rows": new_rows[position - 1],
-                        "train_loss": mean(result.train_loss[t] for t in group),
-                        "test_risk": test_risk,
-                        "excess_risk": excess,
-                    }
-                )
+                risks = evaluate(_heads_of(result, group), group, test, test_clean)
+                size = (sizes[i], result.W[group[0]].shape[0], new_rows[position - 1])
+                loss = mean(result.train_loss[t] for t in group)
+                rows.append(_row(base, order, i, position, size, loss, risks))
     return rows
+
+
+def _row(
+    base: dict[str, Any],
+    order: str,
+    task_id: int,
+    position: int,
+    size: tuple[int, int, int],
+    train_loss: float,
+    risks: tuple[float, float],
+) -> dict[str, Any]:
+    """One CSV row; ``size`` is (N, rows, new rows), ``risks`` (test risk, excess risk)."""
+    n, n_rows, new_rows = size
+    return {
+        **base,
+        "order": order,
+        "task_id": task_id,
+        "position": position,
+        "N": n,
+        "rows": n_rows,
+        "new_rows": new_rows,
+        "train_loss": train_loss,
+        "test_risk": risks[0],
+        "excess_risk": risks[1],
+    }
 
 
 def _heads_of(result: SequentialResult, group: list[int]) -> Callable[[Tensor, int], Tensor]:

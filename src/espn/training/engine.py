@@ -17,7 +17,7 @@ from torch import Tensor
 from espn.data.tasks import Task
 from espn.errors import EspnError
 from espn.methods.base import Phase, Strategy
-from espn.settings.training import default
+from espn.settings.training import OptimizerSettings, TrainingSettings, default
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
@@ -135,13 +135,15 @@ class _SlimCopy:
 
 
 class Engine:
-    """Trains tasks one after another into a supernet with a given strategy."""
+    """Trains tasks one after another into a supernet with a given strategy: its weights
+    with the optimizer of ``optim`` (the run's :class:`TrainingSettings`, or an optimizer's
+    alone), in batches of ``batch_size``; :meth:`of` reads every setting from the run's."""
 
     def __init__(
         self,
         supernet: Supernet,
         strategy: Strategy,
-        optim: OptimConfig,
+        optim: OptimizerSettings,
         batch_size: int,
         seed: int = default("seed"),
         amp: bool = default("amp"),
@@ -183,6 +185,24 @@ class Engine:
         #: :func:`espn.training.distributed.sharded_step`)
         self.shards = shards
         strategy.attach(supernet)
+
+    @classmethod
+    def of(cls, supernet: Supernet, strategy: Strategy, settings: TrainingSettings) -> Engine:
+        """The engine of a run's training ``settings``, the one object every setting of the
+        engine and of its optimizer is read from."""
+        return cls(
+            supernet,
+            strategy,
+            settings,
+            settings.batch_size,
+            settings.seed,
+            amp=settings.amp,
+            reference_size=settings.floor_reference(),
+            compile=settings.compile,
+            slim_training=settings.slim_training,
+            task_agnostic=settings.task_agnostic,
+            shards=settings.shards,
+        )
 
     def _trainable(self) -> list[torch.Tensor]:
         """Free weights (masked by the guard), heads, and the unit scales the method trains:

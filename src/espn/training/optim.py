@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from espn.settings.training import OPTIONS, OptimConfig
+from espn.settings.training import OPTIONS, OptimConfig, OptimizerSettings
 from espn.supernet.fast import LeanRMSprop, is_on
 from espn.supernet.fast import float_bits as _bits
 from espn.supernet.supernet import Supernet
@@ -19,15 +19,16 @@ OPTIMIZERS = OPTIONS["optimizer"].choices
 _FUSED_DEVICES = ("cpu", "cuda")
 
 
-def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optimizer:
-    """A fresh optimizer per task, so no state of an earlier task carries over.
+def build_optimizer(cfg: OptimizerSettings, params: list[Tensor]) -> torch.optim.Optimizer:
+    """A fresh optimizer per task, so no state of an earlier task carries over; ``cfg``: the
+    run's training settings, or a method's own optimizer (:class:`OptimConfig`).
 
     SGD and Adam use torch's fused kernels where every parameter's device has them (CPU and
     CUDA): one pass over each tensor per step instead of several.
     """
     fused = _fused(params)
-    if cfg.name in ("sgd", "nesterov"):
-        nesterov = cfg.name == "nesterov"
+    if cfg.optimizer in ("sgd", "nesterov"):
+        nesterov = cfg.optimizer == "nesterov"
         if nesterov and cfg.momentum <= 0:
             raise ValueError(f"optimizer 'nesterov' needs momentum > 0, got {cfg.momentum}")
         return torch.optim.SGD(
@@ -38,14 +39,14 @@ def build_optimizer(cfg: OptimConfig, params: list[Tensor]) -> torch.optim.Optim
             nesterov=nesterov,
             fused=fused,
         )
-    if cfg.name == "adam":
+    if cfg.optimizer == "adam":
         return torch.optim.Adam(
             params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, fused=fused
         )
-    if cfg.name == "rmsprop":
+    if cfg.optimizer == "rmsprop":
         rmsprop = LeanRMSprop if is_on() else torch.optim.RMSprop
         return rmsprop(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    raise ValueError(f"unknown optimizer {cfg.name!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
 
 
 def _fused(params: Sequence[Tensor]) -> bool | None:
@@ -65,7 +66,7 @@ class TaskOptimizer:
 
     def __init__(
         self,
-        weights: OptimConfig,
+        weights: OptimizerSettings,
         params: Sequence[Tensor],
         own: OptimConfig | None = None,
         own_params: Sequence[Tensor] = (),

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from espn.errors import EspnError
 from espn.layers.batchnorm1d import TaskBatchNorm1d
 from espn.methods.base import Phase, Strategy
+from espn.settings.training import OptimizerSettings
 from espn.supernet.layers import (
     MaskedConv2d,
     MaskedLayer,
@@ -53,7 +54,7 @@ from espn.supernet.layers import (
     stamp,
 )
 from espn.supernet.supernet import Supernet
-from espn.training.optim import FrozenGuard, OptimConfig, TaskOptimizer
+from espn.training.optim import FrozenGuard, TaskOptimizer
 
 #: the module types a slim copy slices (exactly these: a subclass, e.g. a transformer's
 #: token gate, may compute across units and is not sliced)
@@ -515,7 +516,7 @@ class SlimPhase:
     def __init__(
         self,
         supernet: Supernet,
-        config: OptimConfig,
+        config: OptimizerSettings,
         trainable: list[Tensor],
         optimizer: TaskOptimizer,
         previous: SlimPhase | None = None,
@@ -552,7 +553,7 @@ class SlimPhase:
     def build(
         cls,
         supernet: Supernet,
-        config: OptimConfig,
+        config: OptimizerSettings,
         trainable: list[Tensor],
         optimizer: TaskOptimizer,
         previous: SlimPhase | None = None,
