@@ -247,6 +247,7 @@ def test_each_training_setting_has_one_declared_default():
         "method_options",
         "finetune_lr",
         "reference_size",
+        "shards",
     }
 
 

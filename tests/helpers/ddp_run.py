@@ -3,7 +3,8 @@ three tasks of pixel-permuted scikit-learn digits (real 8x8 images) on a small C
 BatchNorm. Each rank writes what the tests compare to ``REPORT_DIR/rank-R.json``: the digest
 of its supernet, its accuracy matrix, the owner ids, masks and frozen weights after each task.
 
-``python ddp_run.py METHOD OUT REPORT_DIR [--stop-after-steps N] [--tasks T] [--threads K]``
+``python ddp_run.py METHOD OUT REPORT_DIR [--stop-after-steps N] [--tasks T] [--threads K]
+[--shards S]``
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main() -> None:
     parser.add_argument("--stop-after-steps", type=int, default=0)
     parser.add_argument("--no-distributed", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--shards", type=int, default=None, help="slices of each batch")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -105,6 +107,7 @@ def main() -> None:
         out=args.out,
         distributed=not args.no_distributed,
         callbacks=[Dying(args.stop_after_steps)] if args.stop_after_steps else [],
+        shards=args.shards,
         **SETTINGS,
         **OWN.get(args.method, {}),
     )

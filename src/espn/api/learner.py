@@ -34,7 +34,7 @@ from espn.runs.method import method_class
 from espn.settings.training import METHOD_READS, OptimizerSettings, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
-from espn.training.distributed import join
+from espn.training.distributed import join, shard_count
 from espn.training.engine import Engine
 from espn.training.loggers import make_loggers
 from espn.training.progress import ProgressBar
@@ -155,6 +155,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
         self.supernet, self.strategy, self.cfg = supernet, strategy, cfg
         #: the data-parallel ranks of a run under ``torchrun`` (None: this process alone)
         self.ranks = join(distributed, next(supernet.parameters()).device)
+        shard_count(cfg.shards, self.ranks)  # refuses fewer slices than ranks, up front
         if self.ranks is not None and self.ranks.device.type == "cuda":  # this rank's GPU
             supernet.to(self.ranks.device)
             supernet.owners.to(self.ranks.device)

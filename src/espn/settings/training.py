@@ -121,6 +121,13 @@ class TrainingSettings(OptimizerSettings):
         words="three non-negative counts (pre-train, prune, fine-tune)",
     )
     batch_size: int = setting(128, "Batch size", recipe=True, low=1)
+    shards: int | None = setting(
+        None,
+        "Slices each training batch is computed in and summed in order (docs/distributed.md); "
+        "unset: the number of processes (1 alone). Any number of processes up to it gives "
+        "the same run, bit for bit",
+        low=1,
+    )
     warmup: int = setting(
         0,
         "Warm-up epochs (free weights only, lr ramp), taken from pre-training",

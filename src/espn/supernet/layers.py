@@ -381,10 +381,10 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
         return task_batch_norm(self, x)
 
 
-#: while it holds a function, training task BatchNorms call it (``(norm, x, weight, bias,
-#: factor) -> output``) for batch statistics taken over every data-parallel rank (see
-#: :meth:`espn.training.distributed.Ranks.step`)
-SYNCED_BATCH_NORM: list[Callable[..., Tensor]] = []
+#: while it holds a function, training task BatchNorms call it instead (``(norm, x, weight,
+#: bias) -> output``; it keeps the running statistics): a sharded training step's (see
+#: :func:`espn.training.distributed.sharded_step`)
+SHARD_BATCH_NORM: list[Callable[..., Tensor]] = []
 
 
 def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
@@ -393,11 +393,11 @@ def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
     weight, bias = norm.masked_affine()
     factor = 0.0 if norm.momentum is None else norm.momentum
     if norm.training:
+        if SHARD_BATCH_NORM:
+            return SHARD_BATCH_NORM[-1](norm, x, weight, bias)
         norm.num_batches_tracked.add_(1)
         if norm.momentum is None:  # cumulative moving average, as torch's BatchNorm
             factor = 1.0 / float(norm.num_batches_tracked)
-        if SYNCED_BATCH_NORM:
-            return SYNCED_BATCH_NORM[-1](norm, x, weight, bias, factor)
     return F.batch_norm(
         x, norm.running_mean, norm.running_var, weight, bias, norm.training, factor, norm.eps
     )

@@ -2,17 +2,17 @@
 
 Every rank holds the whole run: the same supernet, the same task data and the same batch
 generator, so every rank draws the same global batch of ``batch_size`` samples (the order is
-the single-process order whatever the world size) and takes its contiguous slice of it
-(:meth:`Ranks.shard`). Task BatchNorms normalise by the global batch's statistics while
-training (:meth:`Ranks.step`). After the backward pass the gradients are summed over the
-ranks, each weighted by its share of the global batch, before the frozen guard masks them
-(:meth:`Ranks.average_gradients`): every rank then takes the same optimizer step, and frozen
-and pruned weights stay bit-identical. Pruning decisions read only the weights, so they are
-the same on every rank; :meth:`Ranks.check_same` compares a digest of the supernet at every
-prune event and commit and stops the run where the ranks differ. Task BatchNorm statistics
-are recalibrated over the ranks' batches and all-reduced (:func:`recalibrate`); accuracies
-are counted over the ranks' test batches and summed (exact integers, so equal to one
-process's).
+the single-process order whatever the world size). A step computes the batch in ``shards``
+slices of contiguous rows (unset: one per rank), each rank its contiguous run of them, each
+slice's loss differentiated alone (its task BatchNorms over the slice); the slices'
+gradients are gathered and summed in slice order on every rank before the frozen guard
+masks them (:func:`sharded_step`). No sum depends on the world size, so one process with
+``shards`` N and N ranks train the same run bit for bit, and a run resumes exactly at any
+world size up to N. Pruning decisions read only the weights, so they are the same on every
+rank; :meth:`Ranks.check_same` compares a digest of the supernet at every prune event and
+commit and stops the run where the ranks differ. Task BatchNorm statistics are recalibrated
+over the ranks' batches and combined in batch order (:func:`recalibrate`); accuracies are
+counted over the ranks' test batches and summed (exact integers, so equal to one process's).
 
 The process group is ``torchrun``'s (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT`` in the environment): gloo on the CPU, NCCL on CUDA. Only rank 0 writes the
@@ -24,21 +24,19 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
-from espn.supernet.layers import SYNCED_BATCH_NORM
+from espn.supernet.layers import SHARD_BATCH_NORM
 from espn.supernet.supernet import Supernet
 from espn.training.batchnorm import recalibrate_batchnorm
 
@@ -94,16 +92,6 @@ def writes_files() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-@dataclass(frozen=True)
-class Share:
-    """A rank's slice of a global batch: its inputs, labels, and their fraction of it."""
-
-    ranks: Ranks
-    x: Tensor
-    y: Tensor
-    weight: float
-
-
 class Ranks:
     """Rank ``rank`` of ``world`` data-parallel processes training one run."""
 
@@ -115,50 +103,10 @@ class Ranks:
         """Rank 0 writes the run directory; the others write none of its files."""
         return self.rank == 0
 
-    def shard(self, x: Tensor, y: Tensor) -> Share:
-        """This rank's slice of the global batch ``(x, y)``: contiguous rows, the ranks'
-        sizes differing by one at most; a batch smaller than the world (an epoch's short last
-        one) whole on every rank, each counting for its ``1/world``."""
-        n = len(y)
-        if n < self.world:
-            return Share(self, x, y, 1 / self.world)
-        lo, hi = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        return Share(self, x[lo:hi], y[lo:hi], (hi - lo) / n)
-
-    @contextmanager
-    def step(self, x: Tensor, y: Tensor) -> Iterator[Share]:
-        """A training step's slice of the global batch ``(x, y)`` (see :meth:`shard`); within
-        it, training task BatchNorms normalise by the statistics of the global batch, as one
-        process over the whole batch."""
-        share = self.shard(x, y)
-        SYNCED_BATCH_NORM.append(partial(_sync_batch_norm, self, share.weight))
-        try:
-            yield share
-        finally:
-            SYNCED_BATCH_NORM.pop()
-
     def mine(self, k: int) -> bool:
         """Whether batch ``k`` of a pass shared out whole (evaluation, recalibration) is this
         rank's."""
         return k % self.world == self.rank
-
-    def average_gradients(self, params: Sequence[Tensor], loss: Tensor, weight: float) -> Tensor:
-        """Replace each gradient by the global batch's: the ranks' gradients weighted by
-        their share of the batch and summed (one all-reduce); the global batch's loss. The
-        same parameters have a gradient on every rank (the same graph); the others keep
-        ``None``."""
-        grads = [p.grad for p in params if p.grad is not None]
-        dtype = torch.float32
-        for g in grads:
-            dtype = torch.promote_types(dtype, g.dtype)
-        parts = [g.reshape(-1).to(dtype) for g in grads]
-        flat = torch.cat([*parts, loss.detach().reshape(1).to(dtype)]).mul_(weight)
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view(g.shape))
-            offset += g.numel()
-        return flat[-1].to(loss.dtype)
 
     def total(self, *counts: int) -> list[int]:
         """``counts`` summed over the ranks."""
@@ -233,75 +181,163 @@ def _feed(h: Any, value: Any) -> None:
         h.update(repr(value).encode())
 
 
-@torch.no_grad()
-def recalibrate(ranks: Ranks | None, supernet: Supernet, task: Task, batch_size: int) -> int:
-    """:func:`~espn.training.batchnorm.recalibrate_batchnorm` over the ranks (None: this
-    process alone): each averages the statistics of its share of the batches, and the shares
-    are weighted by their batch counts and summed; the batches used in all."""
-    used = recalibrate_batchnorm(supernet, task, batch_size, take=ranks.mine if ranks else None)
-    if ranks is None:
-        return used
-    norms = [m for m in supernet.task_modules.values() if isinstance(m, _BatchNorm)]
-    if not norms:
-        return 0
-    total = ranks.sum_(torch.tensor([float(used)], device=next(supernet.parameters()).device))
-    for m in norms:
-        for stat in (m.running_mean, m.running_var):
-            if stat is not None:
-                ranks.sum_(stat.mul_(used / float(total)))
-        if m.num_batches_tracked is not None:
-            ranks.sum_(m.num_batches_tracked)
-    return int(total)
+def shard_count(shards: int | None, ranks: Ranks | None) -> int:
+    """The slices a training step computes its batch in: ``shards``, unset the world size (1
+    in a process alone); refuses fewer slices than ranks (a rank would have none)."""
+    world = 1 if ranks is None else ranks.world
+    if shards is None:
+        return world
+    if shards < world:
+        raise DistributedError(
+            f"shards {shards} is fewer than the {world} processes of this run: give --shards "
+            f"(shards=) of at least {world}, or leave it unset (the number of processes)"
+        )
+    return shards
 
 
-def _sync_batch_norm(
-    ranks: Ranks, share: float, norm: Any, x: Tensor, weight: Tensor, bias: Tensor, factor: float
+#: what a sharded pass records of each task BatchNorm call, in call order: the norm, the
+#: mean and biased variance of its input per channel, and its values per channel
+Record = list[tuple[Any, Tensor, Tensor, int]]
+
+
+def sharded_step(
+    ranks: Ranks | None,
+    count: int,
+    x: Tensor,
+    y: Tensor,
+    backward: Callable[[Tensor, Tensor], Tensor],
+    params: Sequence[Tensor],
 ) -> Tensor:
-    """A training task BatchNorm over the global batch: its mean and variance summed over the
-    ranks (two passes, as one process computes them), the running statistics updated with
-    them by ``factor``."""
-    y, mean, var, count = _GlobalBatchNorm.apply(x, weight, bias, norm.eps, share, ranks)
+    """The gradients of ``params`` for the batch ``(x, y)`` computed in ``count`` slices of
+    contiguous rows, each rank its contiguous run of them: ``backward`` differentiates each
+    slice's loss alone (and returns it), task BatchNorms over the slice; the slices'
+    gradients, weighted by their shares of the batch, are gathered and summed in slice order,
+    and the task BatchNorms' running statistics take the batch's mean and variance combined
+    from the slices'. No sum depends on the world size. A process alone in one slice, and a
+    batch of fewer than ``count`` samples (an epoch's short last one), are trained whole
+    (by every rank alike). Returns the batch's loss."""
+    n = len(y)
+    if n < count or (count == 1 and ranks is None):
+        return backward(x, y)
+    rank, world = (0, 1) if ranks is None else (ranks.rank, ranks.world)
+    bounds = [n * s // count for s in range(count + 1)]
+    rows: list[Tensor] = []
+    record: Record = []
+    held: list[Tensor] = []
+    for s in range(count * rank // world, count * (rank + 1) // world):
+        for p in params:
+            p.grad = None
+        record = []
+        SHARD_BATCH_NORM.append(partial(_shard_batch_norm, record))
+        try:
+            loss = backward(x[bounds[s] : bounds[s + 1]], y[bounds[s] : bounds[s + 1]])
+        finally:
+            SHARD_BATCH_NORM.pop()
+        held = [p for p in params if p.grad is not None]
+        rows.append(_row([*(p.grad for p in held if p.grad is not None), loss.detach()], record))
+    runs = [count * (r + 1) // world - count * r // world for r in range(world)]
+    table = torch.cat(_gathered_rows(ranks, torch.stack(rows), runs))
+    size = sum(p.numel() for p in held) + 1
+    share = torch.tensor(bounds, device=table.device).diff().to(table.dtype).div_(n).unsqueeze(1)
+    summed = (table[:, :size] * share).sum(0)
+    offset = 0
+    for p in held:
+        p.grad = summed[offset : offset + p.numel()].view(p.shape).to(p.dtype).clone()
+        offset += p.numel()
     with torch.no_grad():
-        unbiased = var * (count / max(count - 1.0, 1.0))
-        norm.running_mean.lerp_(mean, factor)
-        norm.running_var.lerp_(unbiased, factor)
-    out: Tensor = y
+        for norm, means, variances, counts in _calls(record, table[:, size:]):
+            total = counts.sum()
+            weights = counts / total
+            mean = (means * weights).sum(0)
+            var = ((variances + (means - mean) ** 2) * weights).sum(0)
+            norm.num_batches_tracked.add_(1)
+            factor = norm.momentum
+            if factor is None:  # cumulative moving average, as torch's BatchNorm
+                factor = 1.0 / float(norm.num_batches_tracked)
+            norm.running_mean.lerp_(mean.to(norm.running_mean.dtype), factor)
+            unbiased = var * (total / (total - 1).clamp(min=1))
+            norm.running_var.lerp_(unbiased.to(norm.running_var.dtype), factor)
+    return summed[-1].to(loss.dtype)
+
+
+@torch.no_grad()
+def recalibrate(
+    ranks: Ranks | None, count: int, supernet: Supernet, task: Task, batch_size: int
+) -> int:
+    """:func:`~espn.training.batchnorm.recalibrate_batchnorm` as a training step of ``count``
+    slices computes it (one process alone in one slice: that function itself): each rank
+    records every ``world``-th batch's statistics, and the running statistics become the
+    mean over the batches, in batch order, of their means and unbiased variances, the same
+    at any world size. Returns the batches used."""
+    if count == 1 and ranks is None:
+        return recalibrate_batchnorm(supernet, task, batch_size)
+    world = 1 if ranks is None else ranks.world
+    record: Record = []
+    SHARD_BATCH_NORM.append(partial(_shard_batch_norm, record))
+    try:
+        used = recalibrate_batchnorm(
+            supernet, task, batch_size, take=None if ranks is None else ranks.mine
+        )
+        batches = used if ranks is None else ranks.total(used)[0]
+        if used == 0 and batches > 0:  # this rank's share is empty: the calls' layout alone
+            recalibrate_batchnorm(supernet, task, batch_size, max_batches=1)
+    finally:
+        SHARD_BATCH_NORM.pop()
+    calls = len(record) // max(used, 1)  # the task BatchNorm calls of a batch
+    if calls == 0:
+        return batches
+    rows = torch.stack([_row([], record[k : k + calls]) for k in range(0, len(record), calls)])
+    parts = _gathered_rows(
+        ranks, rows[:used], [len(range(r, batches, world)) for r in range(world)]
+    )
+    table = torch.stack([parts[b % world][b // world] for b in range(batches)])
+    for norm, means, variances, counts in _calls(record[:calls], table):
+        norm.running_mean.copy_(means.mean(0))
+        norm.running_var.copy_((variances * counts / (counts - 1).clamp(min=1)).mean(0))
+        norm.num_batches_tracked.fill_(batches)
+    return batches
+
+
+def _shard_batch_norm(record: Record, norm: Any, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """A training task BatchNorm over this slice alone; its statistics go to ``record`` (the
+    running ones are the caller's)."""
+    dims = [0, *range(2, x.dim())]
+    var, mean = torch.var_mean(
+        x.detach().to(torch.promote_types(x.dtype, torch.float32)), dims, correction=0
+    )
+    record.append((norm, mean, var, x.numel() // x.shape[1]))
+    out: Tensor = F.batch_norm(x, None, None, weight, bias, True, 0.0, norm.eps)
     return out
 
 
-class _GlobalBatchNorm(torch.autograd.Function):
-    """Batch normalisation by statistics over every rank's slice of the global batch; the
-    backward pass sums its two per-channel terms over the ranks likewise. Gradients are in
-    this rank's loss's units (its slice's mean), as the weights' before they are averaged."""
+def _row(tensors: Sequence[Tensor], record: Record) -> Tensor:
+    """``tensors`` and the statistics in ``record`` flattened into one row (float32 at least)."""
+    parts = [*tensors, *(torch.cat([m, v, m.new_tensor([c])]) for _, m, v, c in record)]
+    dtype = torch.float32
+    for t in parts:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return torch.cat([t.reshape(-1).to(dtype) for t in parts])
 
-    @staticmethod
-    def forward(
-        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, eps: float, share: float, ranks: Ranks
-    ) -> tuple[Tensor, Tensor, Tensor, float]:
-        dims = [0, *range(2, x.dim())]
-        shape = [1, -1] + [1] * (x.dim() - 2)
-        sums = torch.cat([x.sum(dims), x.new_tensor([x.numel() // x.shape[1]])])
-        ranks.sum_(sums)
-        count = float(sums[-1])
-        mean = sums[:-1] / count
-        centred = x - mean.view(shape)
-        var = ranks.sum_((centred * centred).sum(dims)) / count
-        invstd = torch.rsqrt(var + eps)
-        xhat = centred * invstd.view(shape)
-        ctx.save_for_backward(xhat, weight, invstd)
-        ctx.count, ctx.share, ctx.ranks = count, share, ranks
-        ctx.mark_non_differentiable(mean, var)
-        return xhat * weight.view(shape) + bias.view(shape), mean, var, count
 
-    @staticmethod
-    def backward(ctx: Any, dy: Tensor, *_: Any) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
-        xhat, weight, invstd = ctx.saved_tensors
-        dims = [0, *range(2, dy.dim())]
-        shape = [1, -1] + [1] * (dy.dim() - 2)
-        local = torch.cat([dy.sum(dims), (dy * xhat).sum(dims)])
-        channels = weight.numel()
-        d_bias, d_weight = local[:channels].clone(), local[channels:].clone()
-        total = ctx.ranks.sum_(local.mul_(ctx.share)).div_(ctx.share * ctx.count)
-        mean_dy, mean_dy_xhat = total[:channels].view(shape), total[channels:].view(shape)
-        dx = (weight * invstd).view(shape) * (dy - mean_dy - xhat * mean_dy_xhat)
-        return dx, d_weight, d_bias, None, None, None
+def _calls(record: Record, table: Tensor) -> Iterator[tuple[Any, Tensor, Tensor, Tensor]]:
+    """Per BatchNorm call of ``record``, its columns of ``table`` (one row per slice or
+    batch): the means, the biased variances, the values per channel (a column)."""
+    offset = 0
+    for norm, mean, _, _ in record:
+        c = mean.numel()
+        part = table[:, offset : offset + 2 * c + 1]
+        offset += 2 * c + 1
+        yield norm, part[:, :c], part[:, c : 2 * c], part[:, 2 * c :]
+
+
+def _gathered_rows(ranks: Ranks | None, mine: Tensor, counts: Sequence[int]) -> list[Tensor]:
+    """Every rank's rows (``mine`` here: ``counts[rank]`` rows of one length on every rank),
+    in rank order."""
+    if ranks is None:
+        return [mine]
+    padded = mine
+    if len(mine) < max(counts):
+        padded = torch.cat([mine, mine.new_zeros(max(counts) - len(mine), mine.shape[1])])
+    gathered = [torch.empty_like(padded) for _ in range(ranks.world)]
+    dist.all_gather(gathered, padded)
+    return [g[:c] for g, c in zip(gathered, counts, strict=True)]

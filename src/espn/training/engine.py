@@ -6,7 +6,6 @@ follow; where exact, a phase trains a slim copy (:class:`_SlimCopy`)."""
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from itertools import accumulate
@@ -31,7 +30,7 @@ from espn.training.callbacks import (
     TrainStart,
 )
 from espn.training.compile import StepCompiler
-from espn.training.distributed import Ranks, recalibrate
+from espn.training.distributed import Ranks, recalibrate, shard_count, sharded_step
 from espn.training.optim import (
     FrozenGuard,
     OptimConfig,
@@ -152,6 +151,7 @@ class Engine:
         compile: bool = default("compile"),
         slim_training: bool = default("slim_training"),
         task_agnostic: bool = default("task_agnostic"),
+        shards: int | None = default("shards"),
     ) -> None:
         self.supernet = supernet
         #: train each task to reject its own shifted inputs (see espn.training.rejection)
@@ -181,6 +181,9 @@ class Engine:
         #: the data-parallel ranks training this run with it (None: this process alone; see
         #: :mod:`espn.training.distributed`)
         self.ranks: Ranks | None = None
+        #: the slices a training step computes its batch in (None: the world size; see
+        #: :func:`espn.training.distributed.sharded_step`)
+        self.shards = shards
         strategy.attach(supernet)
 
     @classmethod
@@ -198,6 +201,7 @@ class Engine:
             compile=settings.compile,
             slim_training=settings.slim_training,
             task_agnostic=settings.task_agnostic,
+            shards=settings.shards,
         )
 
     def _trainable(self) -> list[torch.Tensor]:
@@ -356,7 +360,7 @@ class Engine:
     def _commit(self, t: _Training) -> TaskLog:
         """Commit the trained task (its BatchNorm statistics recalibrated) and log it."""
         sn, task = self.supernet, t.task
-        recalibrate(self.ranks, sn, task, self.batch_size)
+        recalibrate(self.ranks, shard_count(self.shards, self.ranks), sn, task, self.batch_size)
         sn.eval()
         self.strategy.commit(sn, task)
         if self.ranks is not None:
@@ -450,17 +454,18 @@ class Engine:
         optimizer.set_lr(lr, own_lr)
         optimizer.zero_grad()
         guard.begin_step()
-        with nullcontext() if self.ranks is None else self.ranks.step(x, y) as share:
-            if share is not None:  # this rank's slice of the global batch
-                x, y = share.x, share.y
+
+        def backward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             if self.compiler is None:
                 loss, total = self.batch_loss(x, y, phase.regularise, net)
             else:
                 loss, total = self.compiler.run(self.batch_loss, x, y, phase.regularise, net)
             self.scaler.scale(total).backward()
-        if share is not None:  # averaged over the ranks, then masked
-            params = [p for o in optimizer.optimizers for g in o.param_groups for p in g["params"]]
-            loss = share.ranks.average_gradients(params, loss, share.weight)
+            return loss
+
+        params = [p for o in optimizer.optimizers for g in o.param_groups for p in g["params"]]
+        count = shard_count(self.shards, self.ranks)  # summed over the slices, then masked
+        loss = sharded_step(self.ranks, count, x, y, backward, params)
         guard.mask_gradients()
         # layers whose weight stays zero outside the mask through this step (see
         # MaskedLayer.keeps_zero): the next step's forward skips their mask product too
