@@ -367,9 +367,9 @@ def export_task(
     if folded_bn:
         wide = copy.deepcopy(slim).double()
         rounding = float32_rounding(slim, wide, inputs)
-        fold_batchnorm(wide)
+        fold_batchnorm(wide, example.double() if example.is_floating_point() else example)
     if fold_bn:
-        fold_batchnorm(slim)
+        fold_batchnorm(slim, example)
     flops = measured_flops(slim, example)
     analytic = supernet.flops(supernet.masks[task].units)
     if flops != analytic:

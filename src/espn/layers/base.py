@@ -23,7 +23,6 @@ new file in :mod:`espn.layers` (see ``docs/architectures.md``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -137,22 +136,12 @@ class LayerAdapter(ABC):
         """The plain torch module computing what ``m`` computes on its alive features."""
         raise ExportError(f"no slim torch equivalent for {type(m).__name__}")
 
-    def out_pruner(self) -> Callable[..., object] | None:
-        """Torch-Pruning's function removing output channels of the plain module."""
-        return None
-
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
         """Make plain ``layer`` compute ``layer(x) * scale + shift`` per output feature."""
         raise ExportError(f"a gate cannot be folded into a {type(layer).__name__}")
 
     def fold_norm(self, layer: nn.Module, norm: nn.Module) -> nn.Module | None:
         """Plain ``layer`` with this plain eval-mode norm folded in, or None if it cannot."""
-        return None
-
-    def hold_groups(self, m: nn.Module, out_units: Tensor | None) -> Callable[[], None] | None:
-        """Prepare plain ``m`` for Torch-Pruning (which keeps group counts) and return what
-        sets its groups from the alive channels afterwards (None: nothing to do).
-        ``out_units``: its alive output channels, per channel, where it has unit groups."""
         return None
 
 

@@ -10,8 +10,6 @@ into the table, so a task shift (``task_affine``), which a table has no bias for
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -94,11 +92,6 @@ class EmbeddingAdapter(WeightAdapter):
         w = m.weight
         rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
         return _table(m.masked_weight().index_select(0, rows).t(), m.padding_idx)
-
-    def out_pruner(self) -> Callable[..., object]:
-        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
-
-        return tp.prune_embedding_out_channels
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:

@@ -3,8 +3,6 @@ is the task head (one per task, or one shared masked head plus a per-task bias).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
 
@@ -84,8 +82,3 @@ class LinearAdapter(WeightAdapter):
         linear = nn.Linear(len(cols), len(rows), bias=False)
         linear.weight = param(m.masked_weight().index_select(0, rows).index_select(1, cols))
         return linear.to(device=w.device, dtype=w.dtype)
-
-    def out_pruner(self) -> Callable[..., object]:
-        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
-
-        return tp.prune_linear_out_channels

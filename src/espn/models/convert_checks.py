@@ -116,7 +116,7 @@ def random_units(
 
 
 def _check_task_cut(model: nn.Module, example: Tensor) -> None:
-    from espn.export.export import measured_flops
+    from espn.export.export import exported, measured_flops
     from espn.export.slim import slim_copy
     from espn.supernet.supernet import Supernet
 
@@ -170,3 +170,10 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
             f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}",
             "forward() computes on features that espn does not follow",
         )
+    try:
+        exported(slim, _inputs(example, 2))
+    except Exception as exc:  # torch.export raises many kinds of errors on what it cannot run
+        raise refuse(
+            f"cannot be captured by torch.export ({_first_line(exc)})",
+            "forward() branches on the values of a tensor (data-dependent control flow)?",
+        ) from None
