@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import alive_features, param
 from espn.layers.parameters import TaskParameters, channel_axis
@@ -242,7 +243,7 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
     full = units
     if units is not None and supernet.unions:
         full = with_unions(units, supernet.unions)
-        position, stream = _streams(supernet, units)
+        position, stream = _streams(supernet, full)
     cut = full or {}
     #: per layer: the gate or norm reading its output (where a stream writer's channels leave)
     after = {layer: f for f, layer in feeds.items()}
@@ -333,13 +334,16 @@ def plain_copy(supernet: Supernet, task: int, example: Tensor | None = None) -> 
 def slim_copy(supernet: Supernet, task: int, example_input: Tensor | None = None) -> nn.Module:
     """:func:`plain_copy` with task ``task``'s dead units removed: every layer keeps the rows
     and columns of its alive units (``example_input``: a batch of model inputs, run once to
-    find which layer each gate follows)."""
+    find which layer each gate follows); widths written into ``forward``'s reshapes are
+    refitted (:mod:`espn.export.slim_shapes`)."""
     _use_task(supernet, task)
     units = {g: a.bool() for g, a in supernet.masks[task].units.items()}
     for group, alive in units.items():
         if not bool(alive.any()):
             raise ExportError(f"task {task}: unit group {group!r} has no alive unit")
-    return _swap(supernet, units, _example(supernet, example_input))
+    example = _example(supernet, example_input)
+    wide = _swap(supernet, {g: torch.ones_like(a) for g, a in units.items()}, example)
+    return refitted(_swap(supernet, units, example), wide, example)
 
 
 @torch.no_grad()

@@ -72,7 +72,7 @@ class LinearAdapter(WeightAdapter):
         w = m.weight
         assert isinstance(w, Tensor)
         if isinstance(m, TaskHead):
-            cols = alive_features(units, m.in_units, 1, w.shape[1]).to(w.device)
+            cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
             out = nn.Linear(len(cols), m.out_features)
             out.weight, out.bias = param(w.index_select(1, cols)), param(m.bias)
             return out.to(device=w.device, dtype=w.dtype)
