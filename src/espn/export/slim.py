@@ -48,7 +48,7 @@ def _use_task(supernet: Supernet, task: int) -> None:
     supernet.use_task(task)
 
 
-def _set(root: nn.Module, target: str, module: nn.Module) -> None:
+def _set(root: nn.Module, target: str, module: nn.Module | nn.Parameter) -> None:
     parent, _, name = target.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, name, module)
 
@@ -156,6 +156,8 @@ def _only_reader(model: nn.Module, example: Tensor, pairs: dict[str, str]) -> di
 class Pick(nn.Module):
     """Reads channels ``index`` (dim 1) of its input: a layer reading a per-conv stream."""
 
+    index: Tensor
+
     def __init__(self, index: Tensor) -> None:
         super().__init__()
         self.register_buffer("index", index)
@@ -168,6 +170,8 @@ class Place(nn.Module):
     """Puts its input's channels at their places in a per-conv stream: stream channel ``i`` is
     input channel ``index[i]``, a zero where ``index[i]`` is the input's width."""
 
+    index: Tensor
+
     def __init__(self, index: Tensor) -> None:
         super().__init__()
         self.register_buffer("index", index)
@@ -176,7 +180,9 @@ class Place(nn.Module):
         return torch.cat([x, torch.zeros_like(x[:, :1])], 1).index_select(1, self.index)
 
 
-def _streams(supernet: Supernet, units: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict]:
+def _streams(
+    supernet: Supernet, units: dict[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Per unit group and union of a per-conv stream: the position of each of its alive
     channels in its stream (the channels any writer of the stream keeps), and the stream."""
     sets: list[tuple[set[str], set[str]]] = []
@@ -211,7 +217,7 @@ def _affine(m: nn.Module, layer: nn.Module, units: dict[str, Tensor]) -> tuple:
         keep = alive_features(units, m.group, m.unit_size, scale.numel()).to(scale.device)
         return scale[keep], None if shift is None else shift[keep]
     assert isinstance(m, TaskBias)
-    bias = m.bias
+    bias: Tensor = m.bias
     if units and isinstance(m, TaskChannelBias) and isinstance(layer, MaskedLayer):
         keep = alive_features(units, layer.out_units, layer.out_unit_size, bias.numel())
         bias = bias[keep.to(bias.device)]
@@ -315,7 +321,7 @@ def _cut_parameter(
 ) -> None:
     """Keep parameter ``target`` of ``model`` at the alive features (:func:`channel_axis`) of
     ``group`` (all where ``units`` is empty: a full-width copy)."""
-    value = model.get_parameter(target)
+    value: Tensor = model.get_parameter(target)
     if units and group is not None:
         axis = channel_axis(value)
         keep = alive_features(units, group, 1, value.shape[axis]).to(value.device)

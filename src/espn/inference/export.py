@@ -109,7 +109,7 @@ class TaskAgnosticModel(nn.Module):
 def build(supernet: Supernet, example: Tensor, rule: OutputRule, fold_bn: bool = True) -> nn.Module:
     """The task-agnostic model of ``supernet`` for ``rule`` (traced on ``example``)."""
     head = head_name(supernet)
-    nets = []
+    nets: list[nn.Module] = []
     for t in range(len(supernet.masks)):
         slim = slim_copy(supernet, t, example)
         if fold_bn:
