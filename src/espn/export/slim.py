@@ -207,7 +207,9 @@ def _streams(
     return position, stream
 
 
-def _affine(m: nn.Module, layer: nn.Module, units: dict[str, Tensor]) -> tuple:
+def _affine(
+    m: nn.Module, layer: nn.Module, units: dict[str, Tensor]
+) -> tuple[Tensor | None, Tensor | None]:
     """The per-feature scale and shift of gate or task bias ``m`` at the alive outputs of
     ``layer`` (the espn layer it follows)."""
     if isinstance(m, UnitGate):
@@ -262,26 +264,7 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
                 f"{type(m).__name__} {name!r} must directly follow a linear or conv layer "
                 "called once, to be folded into that layer"
             )
-    for name, m in originals.items():
-        if isinstance(m, MaskedLayer | TaskHead) or (
-            isinstance(m, TaskSpecific) and exported_adapter(m) is not None
-        ):
-            adapter = _plain_adapter(m)
-            new = adapter.plain(m) if full is None else adapter.slim(m, cut)
-            if is_costed(m) and m.in_units in position:
-                if m.in_unit_size != 1:
-                    raise ExportError(f"layer {name!r} reads a stream in blocks of features")
-                index = position[m.in_units]
-                if not torch.equal(index.cpu(), torch.arange(int(stream[m.in_units].sum()))):
-                    new = nn.Sequential(Pick(index.to(example.device)), new)
-            _set(copied, name, new)
-        elif isinstance(m, TaskParameters):
-            for target, group in zip(m.targets, m.groups, strict=True):
-                _cut_parameter(copied, target, cut, group)
-            _set(copied, name, nn.Module())
-        elif isinstance(m, TaskTokens):
-            for target in ("cls_token", "pos_embed"):
-                _cut_parameter(copied, f"{name}.{target}" if name else target, cut, m.group)
+    _replace(copied, originals, full, position, stream, example.device)
     for gate, layer_name in folds.items():
         layer = copied.get_submodule(layer_name)
         plain = layer[-1] if isinstance(layer, nn.Sequential) else layer
@@ -297,6 +280,40 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
             copied, name, nn.Sequential(copied.get_submodule(name), Place(index.to(example.device)))
         )
     return copied.eval()
+
+
+def _replace(
+    copied: nn.Module,
+    originals: dict[str, nn.Module],
+    full: dict[str, Tensor] | None,
+    position: dict[str, Tensor],
+    stream: dict[str, Tensor],
+    device: torch.device,
+) -> None:
+    """Swap each espn layer of ``copied`` (``originals``: the supernet's modules, by name) for
+    its adapter's plain module, sliced to ``full`` (None: at full width), a reader of a
+    per-conv stream behind a :class:`Pick` of its channels; cut the task's bare parameters."""
+    for name, m in originals.items():
+        if isinstance(m, MaskedLayer | TaskHead) or (
+            isinstance(m, TaskSpecific) and exported_adapter(m) is not None
+        ):
+            adapter = _plain_adapter(m)
+            new = adapter.plain(m) if full is None else adapter.slim(m, full)
+            if is_costed(m) and m.in_units in position:
+                if m.in_unit_size != 1:
+                    raise ExportError(f"layer {name!r} reads a stream in blocks of features")
+                index = position[m.in_units]
+                if not torch.equal(index.cpu(), torch.arange(int(stream[m.in_units].sum()))):
+                    new = nn.Sequential(Pick(index.to(device)), new)
+            _set(copied, name, new)
+        elif isinstance(m, TaskParameters):
+            for target, group in zip(m.targets, m.groups, strict=True):
+                _cut_parameter(copied, target, full, group)
+            parent, _, leaf = name.rpartition(".")
+            delattr(copied.get_submodule(parent), leaf)  # the model reads them where they are
+        elif isinstance(m, TaskTokens):
+            for target in ("cls_token", "pos_embed"):
+                _cut_parameter(copied, f"{name}.{target}" if name else target, full, m.group)
 
 
 def _writers(
@@ -317,12 +334,12 @@ def _writers(
 
 @torch.no_grad()
 def _cut_parameter(
-    model: nn.Module, target: str, units: dict[str, Tensor], group: str | None
+    model: nn.Module, target: str, units: dict[str, Tensor] | None, group: str | None
 ) -> None:
     """Keep parameter ``target`` of ``model`` at the alive features (:func:`channel_axis`) of
-    ``group`` (all where ``units`` is empty: a full-width copy)."""
+    ``group`` (all where ``units`` is None: a full-width copy)."""
     value: Tensor = model.get_parameter(target)
-    if units and group is not None:
+    if units is not None and group is not None:
         axis = channel_axis(value)
         keep = alive_features(units, group, 1, value.shape[axis]).to(value.device)
         value = value.index_select(axis, keep)
