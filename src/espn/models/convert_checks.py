@@ -140,7 +140,7 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
 
     try:
         slim = slim_copy(sn, 0, example)
-    except Exception as exc:  # Torch-Pruning and fx raise many kinds of errors
+    except Exception as exc:  # the user's forward may raise anything on the copy
         raise refuse(f"cannot be cut out ({_first_line(exc)})") from None
     counted = sn.flops(sn.masks[0].units)
     for batch in (*PROBE_BATCHES, len(example)):
@@ -166,10 +166,8 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
             )
     flops = measured_flops(slim, example)
     if flops != counted:
-        raise refuse(
-            f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}",
-            "forward() computes on features that espn does not follow",
-        )
+        why = "forward() computes on features that espn does not follow"
+        raise refuse(f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}", why)
     try:
         exported(slim, _inputs(example, 2))
     except Exception as exc:  # torch.export raises many kinds of errors on what it cannot run
