@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.supernet.layers import TaskChannelBias, UnitGate, expand_units
+from espn.supernet.layers import MaskedLayer, TaskChannelBias, UnitGate, expand_units
 
 #: what a layer does in a unit group
 Role = Literal["layer", "norm", "attention"]
@@ -79,6 +79,15 @@ def alive_features(units: dict[str, Tensor], group: str | None, size: int, width
     if group is None:
         return torch.arange(width)
     return expand_units(units[group].cpu(), size).nonzero().flatten()
+
+
+def alive_weight(m: MaskedLayer, units: dict[str, Tensor]) -> Tensor:
+    """``m``'s masked weight at the rows and columns of its alive units: how every masked
+    layer type is sliced (its output features on dimension 0, its inputs on dimension 1)."""
+    w = m.weight
+    rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
+    cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
+    return m.masked_weight().index_select(0, rows).index_select(1, cols)
 
 
 class LayerAdapter(ABC):

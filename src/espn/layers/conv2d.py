@@ -11,11 +11,11 @@ from espn.layers.base import (
     ConvertError,
     Placement,
     WeightAdapter,
-    alive_features,
+    alive_weight,
     param,
     register,
 )
-from espn.supernet.layers import MaskedConv2d, conv_padding, conv_pair
+from espn.supernet.layers import MaskedConv2d, MaskedLayer, conv_padding, conv_pair
 
 
 class ConvAdapter(WeightAdapter):
@@ -48,6 +48,14 @@ class ConvAdapter(WeightAdapter):
     def group_count(self, name: str, m: nn.Module) -> tuple[str, int] | None:
         groups = self.groups(m)
         return (f"conv {name!r} (groups={groups})", groups) if groups != 1 else None
+
+    @staticmethod
+    def alive(m: MaskedLayer, units: dict[str, Tensor]) -> tuple[Tensor, int]:
+        """The masked weight at the alive channels (:func:`alive_weight`) and the groups
+        left: a grouped conv's units are whole groups, which keep all their inputs."""
+        weight = alive_weight(m, units)
+        groups = getattr(m, "groups", 1)
+        return weight, 1 if groups == 1 else groups * weight.shape[0] // m.weight.shape[0]
 
 
 @register
@@ -100,11 +108,7 @@ class Conv2dAdapter(ConvAdapter):
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         assert isinstance(m, MaskedConv2d)
-        w = m.weight
-        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-        # a grouped conv's units are whole groups: its alive groups keep all their inputs
-        groups = 1 if m.groups == 1 else m.groups * len(rows) // m.out_channels
-        conv = self._empty(m, len(cols) * groups, len(rows), groups)
-        conv.weight = param(m.masked_weight().index_select(0, rows).index_select(1, cols))
-        return conv.to(device=w.device, dtype=w.dtype)
+        weight, groups = self.alive(m, units)
+        conv = self._empty(m, weight.shape[1] * groups, weight.shape[0], groups)
+        conv.weight = param(weight)
+        return conv.to(device=weight.device, dtype=weight.dtype)

@@ -19,7 +19,7 @@ from espn.layers.base import (
     ExportError,
     Placement,
     WeightAdapter,
-    alive_features,
+    alive_weight,
     param,
     register,
 )
@@ -89,9 +89,7 @@ class EmbeddingAdapter(WeightAdapter):
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         assert isinstance(m, MaskedEmbedding)
-        w = m.weight
-        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        return _table(m.masked_weight().index_select(0, rows).t(), m.padding_idx)
+        return _table(alive_weight(m, units).t(), m.padding_idx)
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import Placement, WeightAdapter, alive_features, param, register
+from espn.layers.base import (
+    Placement,
+    WeightAdapter,
+    alive_features,
+    alive_weight,
+    param,
+    register,
+)
 from espn.supernet.layers import MaskedLinear, TaskBias, TaskHead
 
 
@@ -77,8 +84,7 @@ class LinearAdapter(WeightAdapter):
             out.weight, out.bias = param(w.index_select(1, cols)), param(m.bias)
             return out.to(device=w.device, dtype=w.dtype)
         assert isinstance(m, MaskedLinear)
-        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-        linear = nn.Linear(len(cols), len(rows), bias=False)
-        linear.weight = param(m.masked_weight().index_select(0, rows).index_select(1, cols))
+        weight = alive_weight(m, units)
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        linear.weight = param(weight)
         return linear.to(device=w.device, dtype=w.dtype)
