@@ -25,11 +25,11 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from espn.export.inputs import WithInputs, describe_transform, has_transform
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.export.targets import (
-    _writing,
     check_not_replacing,
     check_target,
     export_files,
     onnx_available,
+    writing,
 )
 from espn.supernet.supernet import Supernet
 from espn.utils.io import atomic_target, write_json_atomic
@@ -332,7 +332,7 @@ def export_task(
     )
     report = _report(supernet, task, checked, files, diff, inputs, raw_example, transform)
     report.inputs["transform_flops"] = program_flops - checked.flops
-    with _writing(out.with_suffix(".json")):
+    with writing(out.with_suffix(".json")):
         write_json_atomic(out.with_suffix(".json"), report.to_json())
     return report
 
@@ -408,15 +408,15 @@ def _write(
     """Capture ``program`` once and write it to ``out`` (and its ONNX file with
     ``also_onnx``); a ``.pt2`` is loaded back and checked (its outputs by ``saved``, its
     FLOPs). The files written and the largest output difference checked."""
-    with _writing(out.parent):
+    with writing(out.parent):
         out.parent.mkdir(parents=True, exist_ok=True)
     files, diff = [], checked.diff
     captured = exported(program, example)
     if out.suffix == ".onnx":
-        with _writing(out):
+        with writing(out):
             write_onnx(captured, example, out)
         return [str(out)], diff
-    with _writing(out):
+    with writing(out):
         loaded = _write_pt2(captured, out)
     saved_diff = saved(loaded)
     _check_error(task, saved_diff, checked.scale, "the saved model", rounding=checked.rounding)
@@ -424,7 +424,7 @@ def _write(
         raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
     files.append(str(out))
     if also_onnx:
-        with _writing(out.with_suffix(".onnx")):
+        with writing(out.with_suffix(".onnx")):
             write_onnx(captured, example, out.with_suffix(".onnx"))
         files.append(str(out.with_suffix(".onnx")))
     return files, max(diff, saved_diff)  # both checked: finite

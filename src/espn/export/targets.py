@@ -22,7 +22,7 @@ def onnx_available() -> bool:
 
 
 @contextmanager
-def _writing(path: Path) -> Iterator[None]:
+def writing(path: Path) -> Iterator[None]:
     """Within: a file-system error (a read-only place such as /proc, a full disk) becomes one
     :class:`ExportError` naming ``path``."""
     try:
