@@ -110,8 +110,9 @@ def test_slim_copy_equals_supernet_and_counts_analytic_flops(kind):
 
 @pytest.mark.parametrize("kind", ["fc1024", "fc-multihead", "tinyres"])
 def test_every_layer_holds_its_masked_weight_at_its_alive_units(kind):
-    """Each layer of the slim copy is its masked weight at the rows and columns of its alive
-    units, bit for bit (a gate folded in scales rows: its scale is 1 on a fresh task)."""
+    """Each layer of the slim copy has the shape of its masked weight at the rows and columns
+    of its alive units, and is that weight bit for bit where no gate is folded in (a gate
+    scales its rows)."""
     sn, x = build(kind)
     for t in range(len(sn.masks)):
         slim = slim_copy(sn, t, x[:2])
