@@ -156,11 +156,13 @@ def measure(
             check = [torch.randn(64, *spec.input_shape, generator=gen).to(device)]
             report = export_task(supernet, t, check, Path(tmp) / f"{name}-{t}.pt2", also_onnx=False)
             slim = load_exported(report.files[0])
-            plain = fold_batchnorm(plain_copy(supernet, t))
+            plain = fold_batchnorm(plain_copy(supernet, t), check[0][:2])
             models: dict[str, nn.Module] = {
                 "supernet": lambda x, t=t: supernet(x, task=t),
                 "plain": plain,
-                "narrow": fresh_like(fold_batchnorm(slim_copy(supernet, t, check[0][:2]))),
+                "narrow": fresh_like(
+                    fold_batchnorm(slim_copy(supernet, t, check[0][:2]), check[0][:2])
+                ),
                 "slim": slim,
             }
             base = {"model": name, "device": device, "gamma": gamma, "target": 0.7 / gamma}

@@ -167,7 +167,7 @@ def test_unit_flops_is_the_cost_of_one_unit(kind):
         assert 0 < output[g] <= total[g]
 
 
-@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.optimizer)
 @pytest.mark.parametrize("kind", ["mobilenet", "se", "vgg"])
 def test_task_zero_logits_bit_identical_after_task_one(kind, optim, tmp_path):
     """ESPN-0.5: after task 1 (SGD with momentum or Adam, weight decay), task 0's logits and
@@ -194,7 +194,7 @@ class LearnedActivation(nn.Module):
 
 
 class Branching(nn.Module):
-    """A forward that branches on the data: it runs, but torch.fx cannot trace it for export."""
+    """A forward that branches on the data: it runs, but torch.export cannot capture it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -217,7 +217,7 @@ class ChannelsLast(FlattenHead):
     ("net", "message"),
     [
         (ChannelsLast, "linear layer 'fc' reads a flattened feature map whose inputs are not"),
-        (Branching, "Branching.forward cannot be traced by torch.fx, so its tasks could not be"),
+        (Branching, "a task's sub-network of Branching cannot be captured by torch.export"),
         (LearnedActivation, "module 'norm' is a PReLU with parameters; the converter supports"),
     ],
 )

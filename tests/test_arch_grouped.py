@@ -184,7 +184,7 @@ def test_unit_flops_is_the_cost_of_one_unit(kind):
         assert base - sn.flops(fewer) == total[g], g
 
 
-@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.optimizer)
 @pytest.mark.parametrize("kind", list(NETS))
 def test_task_zero_logits_bit_identical_after_task_one(kind, optim, tmp_path):
     """ESPN-0.5: after task 1 (SGD with momentum or Adam, weight decay), task 0's logits and

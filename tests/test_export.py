@@ -13,11 +13,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-import espn.export.slim as slim_module
 from espn.api.experiment import build_benchmark
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
-from espn.export.export import export_task, onnx_available
+from espn.export.export import export_task, exported, onnx_available
 from espn.export.slim import ExportError, fold_batchnorm, plain_copy, slim_copy
 from espn.models.convert_checks import random_units
 from espn.models.fc import FCNet, fc1024
@@ -95,7 +94,8 @@ def test_slim_copy_equals_supernet_and_counts_analytic_flops(kind):
         assert sn.active_task == t  # left on the task, so flops() counts its head
         for model in (plain, slim):
             assert not model.training
-            assert all(type(m).__module__.split(".")[0] != "espn" for m in model.modules())
+            program = exported(model, x[:2]).module()
+            assert all(type(m).__module__.split(".")[0] != "espn" for m in program.modules())
             with torch.no_grad():
                 got = model(x)
             assert got.shape == want.shape
@@ -108,28 +108,36 @@ def test_slim_copy_equals_supernet_and_counts_analytic_flops(kind):
         assert n_slim < sum(p.numel() for p in plain.parameters())
 
 
-@pytest.mark.parametrize("kind", ["fc1024", "fc-multihead"])
-def test_an_mlp_is_cut_layer_by_layer_as_the_dependency_graph_cuts_it(kind, monkeypatch):
-    """An MLP's slim copy is cut by espn's own slicing (no Torch-Pruning): the same modules,
-    widths and parameters, bit for bit, as Torch-Pruning's dependency graph gives."""
+@pytest.mark.parametrize("kind", ["fc1024", "fc-multihead", "tinyres"])
+def test_every_layer_holds_its_masked_weight_at_its_alive_units(kind):
+    """Each layer of the slim copy has the shape of its masked weight at the rows and columns
+    of its alive units, and is that weight bit for bit where no gate is folded in (a gate
+    scales its rows)."""
     sn, x = build(kind)
-    assert slim_module.cut_directly(sn)
     for t in range(len(sn.masks)):
-        direct = slim_copy(sn, t, x[:2])
-        with monkeypatch.context() as mp:
-            mp.setattr(slim_module, "cut_directly", lambda supernet: False)
-            graph = slim_copy(sn, t, x[:2])
-        a, b = direct.state_dict(), graph.state_dict()
-        assert a.keys() == b.keys()
-        assert all(torch.equal(a[k], b[k]) for k in a)
-        kinds = [[(n, type(m).__name__) for n, m in c.named_modules()] for c in (direct, graph)]
-        assert kinds[0] == kinds[1]
-        with torch.no_grad():
-            assert torch.equal(direct(x), graph(x))
+        slim = slim_copy(sn, t, x[:2])
+        units = sn.masks[t].units
+        for name, layer in sn.layers.items():
+            w = layer.masked_weight()
+            for dim, group, size in (
+                (0, layer.out_units, layer.out_unit_size),
+                (1, layer.in_units, layer.in_unit_size),
+            ):
+                if group is not None:
+                    w = w[(slice(None),) * dim + (units[group].repeat_interleave(size),)]
+            got = slim.get_submodule(name)
+            got = got[-1] if isinstance(got, nn.Sequential) else got
+            if not any(isinstance(m, UnitGate) for m in sn.model.modules()):
+                assert torch.equal(got.weight, w)
+            assert got.weight.shape == w.shape
 
 
-def test_a_model_with_convolutions_or_a_residual_stream_needs_the_dependency_graph():
-    assert not slim_module.cut_directly(build("tinyres")[0])
+def test_a_model_with_convolutions_or_a_residual_stream_is_cut_by_the_same_swap():
+    """tinyres (convolutions, BatchNorm, a residual stream) is cut by the same module swap as
+    an MLP: no espn module is left in its slim copy."""
+    sn, x = build("tinyres")
+    slim = slim_copy(sn, 0, x[:2])
+    assert not any(type(m).__module__.startswith("espn.supernet") for m in slim.modules())
 
 
 def test_residual_channels_are_removed_together():
@@ -351,7 +359,7 @@ def test_fold_batchnorm_keeps_outputs_and_flops():
         slim = slim_copy(sn, t, x[:2])
         with torch.no_grad():
             before = slim(x)
-        folded = fold_batchnorm(slim)
+        folded = fold_batchnorm(slim, x[:2])
         assert not any(isinstance(m, nn.BatchNorm2d) for m in folded.modules())
         assert all(m.bias is not None for m in folded.modules() if isinstance(m, nn.Conv2d))
         with torch.no_grad():

@@ -39,7 +39,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(bits(a), bits(b)) if a.is_floating_point() else torch.equal(a, b)
 
 
-@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.optimizer)
 @pytest.mark.parametrize(("kind", "method"), [("fc", "espn"), ("conv", "packnet")])
 def test_the_fast_path_trains_the_reference_bits(
     monkeypatch: pytest.MonkeyPatch, kind: str, method: str, optim: OptimConfig

@@ -191,7 +191,7 @@ def test_a_method_that_keeps_every_unit_fine_tunes_masked(monkeypatch):
     assert_same_task(masked, slim)
 
 
-@pytest.mark.parametrize("optim", OPTIMIZERS[1:], ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", OPTIMIZERS[1:], ids=lambda o: o.optimizer)
 def test_momentum_and_weight_decay_train_the_same_weights(monkeypatch, optim):
     """Optimizer state carried in from the earlier phases, and decay (the guard's restore)."""
     masked, _, _, _ = two_tasks("fc", "espn", optim, slim=False)

@@ -45,7 +45,7 @@ def train_and_check(args: dict, optim: OptimConfig) -> None:
         logits.append(task_logits(sn, task, t))
 
 
-@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.optimizer)
 @pytest.mark.parametrize("method", ["espn", "packnet", "cpg", "rmn", "rmn-budget"])
 def test_frozen_weights_and_logits_bit_identical(
     fake_mnist, tiny_run_args, fc_test_model, method, optim

@@ -99,7 +99,7 @@ def force_product(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(MaskedLayer, "zero_outside_known", lambda self: False)
 
 
-@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.optimizer)
 @pytest.mark.parametrize("method", ["espn", "packnet", "individual"])
 def test_skipping_the_product_trains_the_same_bits(monkeypatch, method, optim):
     """Same steps on the same batches: bit-identical weights at every epoch end whether the

@@ -58,10 +58,9 @@ class SlimEvaluator:
             return known[1]
         model: nn.Module | None
         try:
-            # Torch-Pruning traces dependencies through autograd; the copy's new layers draw
-            # initial values from the global generator, which training must not see (a resumed
-            # run builds copies an uninterrupted one had cached)
-            with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            # the copy's new layers draw initial values from the global generator, which
+            # training must not see (a resumed run builds copies an uninterrupted one had cached)
+            with torch.random.fork_rng(devices=[]):
                 model = slim_copy(self.supernet, t, x[:2])
         except (ExportError, RuntimeError, ValueError):
             model = None

@@ -11,10 +11,8 @@ with the masked supernet's, and its FLOPs are measured with ``FlopCounterMode``.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import io
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,21 +24,22 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from espn.export.inputs import WithInputs, describe_transform, has_transform
 from espn.export.slim import ExportError, fold_batchnorm, slim_copy
+from espn.export.targets import (
+    check_not_replacing,
+    check_target,
+    export_files,
+    onnx_available,
+    writing,
+)
 from espn.supernet.supernet import Supernet
-from espn.utils.io import atomic_target, os_error_text, write_json_atomic
+from espn.utils.io import atomic_target, write_json_atomic
 from espn.utils.transforms import BatchTransform
 
-FORMATS = {".pt2": "torch.export", ".onnx": "onnx"}
 #: outputs must match the supernet's within TOLERANCE x max(1, largest |supernet output|):
 #: 1e-5 absolute for outputs up to 1, and 1e-5 relative to the largest output beyond, the
 #: float32 rounding that folding gates into weights can cause on large logits (a model with
 #: BatchNorm folded also gets the measured float32 rounding of both, see float32_rounding)
 TOLERANCE = 1e-5
-
-
-def onnx_available() -> bool:
-    """Whether ONNX export can run here (``onnx`` and ``onnxscript`` installed)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript"))
 
 
 def _cpu_attention_flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
@@ -229,89 +228,56 @@ def write_onnx(
     onnx.checker.check_model(onnx.load(str(path)))
 
 
-@contextmanager
-def _writing(path: Path) -> Iterator[None]:
-    """Within: a file-system error (a read-only place such as /proc, a full disk) becomes one
-    :class:`ExportError` naming ``path``."""
-    try:
-        yield
-    except OSError as exc:
-        raise ExportError(f"--out {path}: cannot write it ({os_error_text(exc)})") from None
+@dataclass
+class _Checked:
+    """A task's slim model and how it compares with the supernet."""
+
+    slim: nn.Module
+    flops: int
+    analytic: float
+    diff: float
+    scale: float
+    allowed: float
+    rounding: float
+    fold_bn: bool
 
 
-def export_files(out: Path | str, also_onnx: bool | None = None) -> list[Path]:
-    """Every file an export to ``out`` writes: ``out``, with a ``.pt2`` the ``.onnx`` beside it
-    when ``also_onnx`` (None: when ONNX export is available), and the ``.json`` report."""
-    out = Path(out)
-    onnx = out.suffix == ".pt2" and (onnx_available() if also_onnx is None else also_onnx)
-    return [out, *([out.with_suffix(".onnx")] if onnx else []), out.with_suffix(".json")]
-
-
-#: what marks a directory as a run directory (its checkpoint manifest, its results)
-RUN_MARKS = ("checkpoint/manifest.json", "results.json")
-
-
-def _run_directory_of(path: Path, runs: list[Path]) -> Path | None:
-    """The run directory holding ``path``: one of ``runs``, or a directory above ``path``
-    with a checkpoint manifest or results.json; None when none does."""
-    for parent in path.parents:
-        if parent in runs or any((parent / mark).is_file() for mark in RUN_MARKS):
-            return parent
-    return None
-
-
-def _an_export(path: Path) -> bool:
-    """Whether the existing ``path`` is what an export writes: a ``.pt2``/``.onnx`` model, or
-    a ``.json`` report beside one."""
-    if path.suffix in FORMATS:
-        return True
-    return path.suffix == ".json" and any(path.with_suffix(s).is_file() for s in FORMATS)
-
-
-def check_not_replacing(files: list[Path], overwrite: bool, run: Path | str | None = None) -> None:
-    """Refuse, before any work, to write any of ``files`` (see :func:`export_files`) where it
-    would replace a file of a run directory (``run``, or any run directory it lies in): its
-    ``checkpoint/``, its results, plots or logs; only an earlier export there may be
-    replaced. Without ``overwrite``, refuse to replace any existing file."""
-    runs = [Path(run).resolve()] if run is not None else []
-    for file in files:
-        path = file.resolve()
-        owner = _run_directory_of(path, runs)
-        if owner is not None and (
-            path.is_relative_to(owner / "checkpoint")
-            or path.is_dir()
-            or (path.exists() and not _an_export(path))
-        ):
-            raise ExportError(
-                f"--out {files[0]} would write {file}, a file of the run directory {owner}; an "
-                "export never replaces a run's own files: choose another --out (outside its "
-                "checkpoint/, e.g. a new file in an exports/ directory)"
-            )
-    existing = [str(f) for f in files if f.exists()]
-    if existing and not overwrite:
-        raise ExportError(
-            f"--out {files[0]} would replace {', '.join(existing)}; pass --overwrite to replace "
-            f"{'it' if len(existing) == 1 else 'them'}, or choose another --out"
-        )
-
-
-def check_target(out: Path | str) -> Path:
-    """Refuse, before any work, an output path that cannot be written: a directory, a path
-    under a file, a directory without write permission, or an unknown suffix."""
-    out = Path(out)
-    if out.is_dir():
-        raise ExportError(f"--out {out} is a directory; give a file name ending in .pt2 or .onnx")
-    if out.suffix not in FORMATS:
-        raise ExportError(
-            f"cannot tell the export format from {out.name!r}; "
-            f"use a file name ending in {' or '.join(FORMATS)}"
-        )
-    parent = next((p for p in out.absolute().parents if p.exists()), Path("/"))
-    if not parent.is_dir():
-        raise ExportError(f"--out {out}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ExportError(f"--out {out}: cannot write into {parent} (permission denied)")
-    return out
+def _checked_slim(
+    supernet: Supernet,
+    task: int,
+    inputs: list[Tensor],
+    example: Tensor,
+    fold_bn: bool,
+    expected_flops: float | None,
+) -> _Checked:
+    """Task ``task``'s slim copy (BatchNorm folded with ``fold_bn``), refused unless its FLOPs
+    are the supernet's count (and ``expected_flops``) and its outputs on ``inputs`` the
+    supernet's within the tolerance."""
+    slim = slim_copy(supernet, task, example)
+    folded_bn = fold_bn and any(
+        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in slim.modules()
+    )
+    rounding, wide = 0.0, None
+    if folded_bn:
+        wide = copy.deepcopy(slim).double()
+        rounding = float32_rounding(slim, wide, inputs)
+        fold_batchnorm(wide, example.double() if example.is_floating_point() else example)
+    if fold_bn:
+        fold_batchnorm(slim, example)
+    flops = measured_flops(slim, example)
+    analytic = supernet.flops(supernet.masks[task].units)
+    for counted, source in (
+        (analytic, "the supernet counts"),
+        (expected_flops, "results.json reports"),
+    ):
+        if counted is not None and flops != counted:
+            raise ExportError(f"task {task}: slim model has {flops} FLOPs, {source} {counted}")
+    diff, scale = output_error(slim, supernet, task, inputs)
+    if wide is not None:
+        rounding += float32_rounding(slim, wide, inputs)
+    hint = "; try --keep-bn" if folded_bn else ""
+    allowed = _check_error(task, diff, scale, "the slim model", hint, rounding)
+    return _Checked(slim, flops, analytic, diff, scale, allowed, rounding, fold_bn)
 
 
 def export_task(
@@ -331,18 +297,55 @@ def export_task(
     ``transform`` is the task's input transform (``Task.transform``): with one, ``inputs``
     are raw batches as the dataset stores them, and the written program takes them raw (the
     transform at evaluation is its first step, see :mod:`espn.export.inputs`); without one,
-    ``inputs`` and the program's inputs are the model's.
-
-    ``out`` ends in ``.pt2`` (``torch.export``) or ``.onnx``. With a ``.pt2`` target,
-    ``also_onnx`` (default: when ONNX export is available) also writes ``out`` with ``.onnx``.
-    ``inputs`` are batches of model inputs (e.g. the task's test set) on which the written
-    model must match the supernet within :data:`TOLERANCE` (scaled by the largest output); ``expected_flops`` (e.g. from results.json)
-    must equal the FLOPs measured on it. ``fold_bn`` folds each BatchNorm into the convolution
-    before it (faster; outputs still checked). A ``.json`` report is written beside ``out``.
-    No file of a run directory (``run``, the one the supernet was read from, or any other that
-    ``out`` lies in) is ever replaced, and no other existing file unless ``overwrite`` (see
+    ``inputs`` and the program's inputs are the model's. ``out`` ends in ``.pt2``
+    (``torch.export``) or ``.onnx``; with a ``.pt2``, ``also_onnx`` (default: when ONNX export
+    is available) also writes ``out`` with ``.onnx``. On ``inputs`` the written model must
+    match the supernet within :data:`TOLERANCE` (scaled by the largest output);
+    ``expected_flops`` (e.g. from results.json) must equal the FLOPs measured on it.
+    ``fold_bn`` folds each BatchNorm into the layer before it. A ``.json`` report is written
+    beside ``out``. No file of a run directory (``run``, or any other that ``out`` lies in) is
+    ever replaced, and no other existing file unless ``overwrite`` (see
     :func:`check_not_replacing`).
     """
+    out, also_onnx = _check_request(out, also_onnx, overwrite, run, inputs)
+    raw_inputs = inputs
+    if has_transform(transform):
+        assert transform is not None
+        inputs = [transform(x, False) for x in raw_inputs]
+    raw_example = raw_inputs[0][:2].clone()  # a view would save its whole storage
+    example = inputs[0][:2].clone()
+    checked = _checked_slim(supernet, task, inputs, example, fold_bn, expected_flops)
+    program: nn.Module = checked.slim
+    if has_transform(transform):
+        assert transform is not None
+        program = WithInputs(transform, checked.slim)
+    program_flops = measured_flops(program, raw_example)
+    files, diff = _write(
+        program,
+        raw_example,
+        out,
+        also_onnx,
+        program_flops,
+        task,
+        checked,
+        lambda loaded: saved_error(loaded, supernet, task, raw_inputs, inputs),
+    )
+    report = _report(supernet, task, checked, files, diff, inputs, raw_example, transform)
+    report.inputs["transform_flops"] = program_flops - checked.flops
+    with writing(out.with_suffix(".json")):
+        write_json_atomic(out.with_suffix(".json"), report.to_json())
+    return report
+
+
+def _check_request(
+    out: Path | str,
+    also_onnx: bool | None,
+    overwrite: bool,
+    run: Path | str | None,
+    inputs: list[Tensor],
+) -> tuple[Path, bool]:
+    """Refuse, before any work, an export :func:`export_task` cannot write; the target and
+    whether an ONNX file goes beside it."""
     out = check_target(out)
     if also_onnx is None:
         also_onnx = out.suffix == ".pt2" and onnx_available()
@@ -353,91 +356,78 @@ def export_task(
         raise ExportError(
             "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
         )
-    raw_inputs = inputs
-    if has_transform(transform):
-        assert transform is not None
-        inputs = [transform(x, False) for x in raw_inputs]
-    raw_example = raw_inputs[0][:2].clone()  # a view would save its whole storage
-    example = inputs[0][:2].clone()
-    slim = slim_copy(supernet, task, example)
-    folded_bn = fold_bn and any(
-        isinstance(m, nn.modules.batchnorm._BatchNorm) for m in slim.modules()
-    )
-    rounding, wide = 0.0, None
-    if folded_bn:
-        wide = copy.deepcopy(slim).double()
-        rounding = float32_rounding(slim, wide, inputs)
-        fold_batchnorm(wide)
-    if fold_bn:
-        fold_batchnorm(slim)
-    flops = measured_flops(slim, example)
-    analytic = supernet.flops(supernet.masks[task].units)
-    if flops != analytic:
-        raise ExportError(
-            f"task {task}: slim model has {flops} FLOPs, the supernet counts {analytic}"
-        )
-    if expected_flops is not None and flops != expected_flops:
-        raise ExportError(
-            f"task {task}: slim model has {flops} FLOPs, results.json reports {expected_flops}"
-        )
-    diff, scale = output_error(slim, supernet, task, inputs)
-    hint = "; try --keep-bn" if folded_bn else ""
-    if wide is not None:
-        rounding += float32_rounding(slim, wide, inputs)
-    allowed = _check_error(task, diff, scale, "the slim model", hint, rounding)
-    program: nn.Module = slim
-    if has_transform(transform):
-        assert transform is not None
-        program = WithInputs(transform, slim)
-    program_flops = measured_flops(program, raw_example)
-    with _writing(out.parent):
-        out.parent.mkdir(parents=True, exist_ok=True)
-    files = []
-    captured = exported(program, raw_example)
-    if out.suffix == ".pt2":
-        with _writing(out):
-            loaded = _write_pt2(captured, out)
-        saved_diff = saved_error(loaded, supernet, task, raw_inputs, inputs)
-        _check_error(task, saved_diff, scale, "the saved model", rounding=rounding)
-        diff = max(diff, saved_diff)  # both checked: finite
-        if measured_flops(loaded, raw_example) != program_flops:
-            raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
-        files.append(str(out))
-        if also_onnx:
-            with _writing(out.with_suffix(".onnx")):
-                write_onnx(captured, raw_example, out.with_suffix(".onnx"))
-            files.append(str(out.with_suffix(".onnx")))
-    else:
-        with _writing(out):
-            write_onnx(captured, raw_example, out)
-        files.append(str(out))
-    report = ExportReport(
+    return out, also_onnx
+
+
+def _report(
+    supernet: Supernet,
+    task: int,
+    checked: _Checked,
+    files: list[str],
+    diff: float,
+    inputs: list[Tensor],
+    raw_example: Tensor,
+    transform: BatchTransform | None,
+) -> ExportReport:
+    """The report of task ``task``'s export (its transform's FLOPs still to fill in)."""
+    return ExportReport(
         task=task,
         files=files,
         n_classes=supernet.masks[task].n_classes,
         input_shape=list(raw_example.shape[1:]),
-        flops=flops,
-        analytic_flops=analytic,
+        flops=checked.flops,
+        analytic_flops=checked.analytic,
         dense_flops=supernet.dense_flops,
-        parameters=sum(p.numel() for p in slim.parameters()),
+        parameters=sum(p.numel() for p in checked.slim.parameters()),
         max_abs_diff=diff,
-        max_abs_output=scale,
-        tolerance=allowed,
+        max_abs_output=checked.scale,
+        tolerance=checked.allowed,
         checked_samples=sum(len(x) for x in inputs),
-        batchnorm_folded=fold_bn,
+        batchnorm_folded=checked.fold_bn,
         widths={g: int(a.sum()) for g, a in supernet.masks[task].units.items()},
         inputs={
             "raw": has_transform(transform),
             "dtype": str(raw_example.dtype).removeprefix("torch."),
             "shape": list(raw_example.shape[1:]),
-            "model_input_shape": list(example.shape[1:]),
+            "model_input_shape": list(inputs[0].shape[1:]),
             "transform": describe_transform(transform),
-            "transform_flops": program_flops - flops,
         },
     )
-    with _writing(out.with_suffix(".json")):
-        write_json_atomic(out.with_suffix(".json"), report.to_json())
-    return report
+
+
+def _write(
+    program: nn.Module,
+    example: Tensor,
+    out: Path,
+    also_onnx: bool,
+    program_flops: int,
+    task: int,
+    checked: _Checked,
+    saved: Callable[[nn.Module], float],
+) -> tuple[list[str], float]:
+    """Capture ``program`` once and write it to ``out`` (and its ONNX file with
+    ``also_onnx``); a ``.pt2`` is loaded back and checked (its outputs by ``saved``, its
+    FLOPs). The files written and the largest output difference checked."""
+    with writing(out.parent):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    files, diff = [], checked.diff
+    captured = exported(program, example)
+    if out.suffix == ".onnx":
+        with writing(out):
+            write_onnx(captured, example, out)
+        return [str(out)], diff
+    with writing(out):
+        loaded = _write_pt2(captured, out)
+    saved_diff = saved(loaded)
+    _check_error(task, saved_diff, checked.scale, "the saved model", rounding=checked.rounding)
+    if measured_flops(loaded, example) != program_flops:
+        raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
+    files.append(str(out))
+    if also_onnx:
+        with writing(out.with_suffix(".onnx")):
+            write_onnx(captured, example, out.with_suffix(".onnx"))
+        files.append(str(out.with_suffix(".onnx")))
+    return files, max(diff, saved_diff)  # both checked: finite
 
 
 def load_exported(path: Path | str) -> nn.Module:

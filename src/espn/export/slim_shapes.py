@@ -2,56 +2,43 @@
 
 Research code often reshapes with a width it keeps beside its layers: torchvision's
 ``VisionTransformer`` does ``x.reshape(n, self.hidden_dim, n_h * n_w)`` after its patch
-convolution. Traced, that width is a number in the graph, right for the full-width model and
-wrong once a task's dead channels are removed. :func:`reshape_inputs` records the input shape
-of every ``view``/``reshape`` of the full-width graph; :func:`fit_reshapes` runs the slim graph
-once and, where a reshape's input lost features, replaces each number in its target shape that
-equals a shrunk dimension's full width by that dimension's slim width. A number that could mean
-two dimensions of different slim widths is left as it is (the slim copy is then refused by the
-checks that run it).
+convolution, right for the full-width model and wrong once a task's dead channels are removed.
+:func:`refitted` runs a full-width copy once, recording the input shape of every
+``view``/``reshape`` in call order; the slim copy then runs inside :class:`Refitted`, which
+replaces, in each reshape's target shape, a number equal to a narrowed dimension's full width
+by that dimension's slim width (the batch dimension, and a number equal to the batch size,
+is never a width). A number that could
+mean two dimensions of different slim widths is left as it is (the copy is then refused by the
+checks that run it). A copy whose reshapes need no change is returned as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, fx
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
-_RESHAPES = {"view", "reshape"}
+_RESHAPES = (Tensor.reshape, Tensor.view, torch.reshape)
 
-
-def _is_reshape(node: fx.Node) -> bool:
-    if node.op == "call_method":
-        return node.target in _RESHAPES
-    return node.op == "call_function" and node.target in (torch.reshape, Tensor.view)
+#: what is done at the ``k``-th reshape with its input: the shape arguments it runs with
+Visit = Callable[[int, Tensor, tuple[Any, ...]], tuple[Any, ...]]
 
 
-class _Run(fx.Interpreter):
-    """Runs a graph, calling ``visit(node, input)`` before each reshape."""
+class _Reshapes(TorchFunctionMode):
+    """Passes every reshape's input and shape arguments through ``visit``."""
 
-    def __init__(self, gm: fx.GraphModule, visit: Any) -> None:
-        super().__init__(gm)
-        self.visit = visit
+    def __init__(self, visit: Visit) -> None:
+        super().__init__()
+        self.visit, self.calls = visit, 0
 
-    def run_node(self, n: fx.Node) -> Any:
-        if _is_reshape(n):
-            x = self.env.get(n.args[0]) if isinstance(n.args[0], fx.Node) else None
-            if isinstance(x, Tensor):
-                self.visit(n, x)
-        return super().run_node(n)
-
-
-@torch.no_grad()
-def reshape_inputs(gm: fx.GraphModule, example: Tensor) -> dict[str, tuple[int, ...]]:
-    """The input shape of every reshape of ``gm`` on ``example``, by node name."""
-    shapes: dict[str, tuple[int, ...]] = {}
-
-    def visit(n: fx.Node, x: Tensor) -> None:
-        shapes[n.name] = tuple(x.shape)
-
-    _Run(gm, visit).run(example)
-    return shapes
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in _RESHAPES and args and isinstance(args[0], Tensor):
+            args = (args[0], *self.visit(self.calls, args[0], tuple(args[1:])))
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _fitted(value: Any, widths: dict[int, int]) -> Any:
@@ -62,26 +49,60 @@ def _fitted(value: Any, widths: dict[int, int]) -> Any:
     return value
 
 
-@torch.no_grad()
-def fit_reshapes(gm: fx.GraphModule, example: Tensor, full: dict[str, tuple[int, ...]]) -> None:
-    """Refit the widths written into ``gm``'s reshapes to its slim inputs (see the module
-    docstring); ``full``: :func:`reshape_inputs` of the full-width graph."""
-    changed = False
+def _refit(full: list[tuple[int, ...]]) -> Visit:
+    """The visit replacing full widths by slim ones (see the module docstring)."""
 
-    def visit(n: fx.Node, x: Tensor) -> None:
-        nonlocal changed
-        before = full.get(n.name)
-        if before is None or len(before) != x.dim() or before == tuple(x.shape):
-            return
+    def visit(k: int, x: Tensor, shape: tuple[Any, ...]) -> tuple[Any, ...]:
+        before = full[k] if k < len(full) else None
+        if before is None or len(before) != x.dim():
+            return shape
         widths: dict[int, int] = {}
-        for old, new in zip(before, x.shape, strict=True):
+        for old, new in zip(before[1:], x.shape[1:], strict=True):
             if widths.setdefault(old, int(new)) != new:
                 widths[old] = -2  # two dimensions of that width, now different: ambiguous
-        widths = {old: new for old, new in widths.items() if new not in (old, -2)}
-        if widths:
-            n.args = (n.args[0], *_fitted(n.args[1:], widths))
-            changed = True
+        # a number equal to the batch is the batch, not a width (a symbolic batch, as
+        # torch.export runs it, is never a number here)
+        batch = x.shape[0] if isinstance(x.shape[0], int) else None
+        widths = {o: n for o, n in widths.items() if n not in (o, -2) and o != batch}
+        return _fitted(shape, widths) if widths else shape
 
-    _Run(gm, visit).run(example)
-    if changed:
-        gm.recompile()
+    return visit
+
+
+class Refitted(nn.Module):
+    """A slim copy run with its reshapes refitted (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, full: list[tuple[int, ...]]) -> None:
+        super().__init__()
+        self.model, self.full = model, full
+
+    def forward(self, x: Tensor) -> Tensor:
+        with _Reshapes(_refit(self.full)):
+            out: Tensor = self.model(x)
+        return out
+
+
+@torch.no_grad()
+def refitted(slim: nn.Module, wide: nn.Module, example: Tensor) -> nn.Module:
+    """``slim``, in :class:`Refitted` where a reshape of it needs a width refitted (``wide``:
+    the same copy at full width, run once on ``example`` to record its reshapes)."""
+    full: list[tuple[int, ...]] = []
+
+    def record(k: int, x: Tensor, shape: tuple[Any, ...]) -> tuple[Any, ...]:
+        full.append(tuple(x.shape))
+        return shape
+
+    with _Reshapes(record):
+        wide(example)
+    changed = False
+    refit = _refit(full)
+
+    def probe(k: int, x: Tensor, shape: tuple[Any, ...]) -> tuple[Any, ...]:
+        nonlocal changed
+        new = refit(k, x, shape)
+        changed = changed or new != shape
+        return new
+
+    with _Reshapes(probe):
+        slim(example)
+    return Refitted(slim, full).eval() if changed else slim

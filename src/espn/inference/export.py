@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, fx, nn
+from torch import Tensor, nn
 
 from espn.export.export import (
     _write_pt2,
@@ -38,15 +38,24 @@ from espn.utils.io import write_json_atomic
 MARGIN = 1e-4
 
 
-def with_features(gm: fx.GraphModule, head: str) -> fx.GraphModule:
-    """``gm`` returning ``(logits, input of module head)``."""
-    nodes = [n for n in gm.graph.nodes if n.op == "call_module" and n.target == head]
-    if len(nodes) != 1 or not nodes[0].args:
-        raise ExportError(f"the sub-network has no single call of its head {head!r}")
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    output.args = ((output.args[0], nodes[0].args[0]),)
-    gm.recompile()
-    return gm
+class WithFeatures(nn.Module):
+    """A slim sub-network returning ``(logits, input of its head module)``."""
+
+    def __init__(self, net: nn.Module, head: str) -> None:
+        super().__init__()
+        self.net = net
+        self.head = net.get_submodule(head)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        seen: list[Tensor] = []
+        hook = self.head.register_forward_pre_hook(lambda m, inputs: seen.append(inputs[0]))
+        try:
+            logits = self.net(x)
+        finally:
+            hook.remove()
+        if len(seen) != 1:
+            raise ExportError(f"the sub-network calls its head {len(seen)} times; once is needed")
+        return logits, seen[0]
 
 
 class TaskAgnosticModel(nn.Module):
@@ -54,7 +63,7 @@ class TaskAgnosticModel(nn.Module):
 
     def __init__(
         self,
-        nets: list[fx.GraphModule],
+        nets: list[nn.Module],
         stats: list[dict[str, Tensor]],
         calib: Tensor,
         rule: OutputRule,
@@ -100,12 +109,12 @@ class TaskAgnosticModel(nn.Module):
 def build(supernet: Supernet, example: Tensor, rule: OutputRule, fold_bn: bool = True) -> nn.Module:
     """The task-agnostic model of ``supernet`` for ``rule`` (traced on ``example``)."""
     head = head_name(supernet)
-    nets = []
+    nets: list[nn.Module] = []
     for t in range(len(supernet.masks)):
         slim = slim_copy(supernet, t, example)
         if fold_bn:
-            fold_batchnorm(slim)
-        nets.append(with_features(slim, head))
+            fold_batchnorm(slim, example)
+        nets.append(WithFeatures(slim, head))
     stats = [m.stats for m in supernet.masks]
     return TaskAgnosticModel(nets, stats, calibration(supernet), rule).eval()
 

@@ -23,7 +23,6 @@ new file in :mod:`espn.layers` (see ``docs/architectures.md``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -31,7 +30,14 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.supernet.layers import TaskBias, TaskChannelBias, TaskHead, UnitGate, expand_units
+from espn.supernet.layers import (
+    MaskedLayer,
+    TaskBias,
+    TaskChannelBias,
+    TaskHead,
+    UnitGate,
+    expand_units,
+)
 
 #: what a layer does in a unit group
 Role = Literal["layer", "norm", "attention"]
@@ -80,6 +86,15 @@ def alive_features(units: dict[str, Tensor], group: str | None, size: int, width
     if group is None:
         return torch.arange(width)
     return expand_units(units[group].cpu(), size).nonzero().flatten()
+
+
+def alive_weight(m: MaskedLayer, units: dict[str, Tensor]) -> Tensor:
+    """``m``'s masked weight at the rows and columns of its alive units: how every masked
+    layer type is sliced (its output features on dimension 0, its inputs on dimension 1)."""
+    w = m.weight
+    rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
+    cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
+    return m.masked_weight().index_select(0, rows).index_select(1, cols)
 
 
 class LayerAdapter(ABC):
@@ -137,22 +152,12 @@ class LayerAdapter(ABC):
         """The plain torch module computing what ``m`` computes on its alive features."""
         raise ExportError(f"no slim torch equivalent for {type(m).__name__}")
 
-    def out_pruner(self) -> Callable[..., object] | None:
-        """Torch-Pruning's function removing output channels of the plain module."""
-        return None
-
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
         """Make plain ``layer`` compute ``layer(x) * scale + shift`` per output feature."""
         raise ExportError(f"a gate cannot be folded into a {type(layer).__name__}")
 
     def fold_norm(self, layer: nn.Module, norm: nn.Module) -> nn.Module | None:
         """Plain ``layer`` with this plain eval-mode norm folded in, or None if it cannot."""
-        return None
-
-    def hold_groups(self, m: nn.Module, out_units: Tensor | None) -> Callable[[], None] | None:
-        """Prepare plain ``m`` for Torch-Pruning (which keeps group counts) and return what
-        sets its groups from the alive channels afterwards (None: nothing to do).
-        ``out_units``: its alive output channels, per channel, where it has unit groups."""
         return None
 
 

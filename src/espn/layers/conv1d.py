@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import ExportError, Placement, alive_features, param, register
+from espn.layers.base import Placement, param, register
 from espn.layers.conv2d import ConvAdapter
 from espn.supernet.layers import MaskedLayer
 
@@ -98,10 +98,5 @@ class Conv1dAdapter(ConvAdapter):
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         assert isinstance(m, MaskedConv1d)
-        if m.groups != 1:
-            raise ExportError(f"grouped convolution ({m.groups} groups) in a token model")
-        w = m.weight
-        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-        weight = m.masked_weight().index_select(0, rows).index_select(1, cols)
-        return _plain(m, len(cols), len(rows), 1, weight)
+        weight, groups = self.alive(m, units)
+        return _plain(m, weight.shape[1] * groups, weight.shape[0], groups, weight)

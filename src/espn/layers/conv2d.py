@@ -4,22 +4,21 @@ whole conv group. :class:`ConvAdapter` holds what every convolution shares (``co
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
-    ExportError,
     Placement,
     WeightAdapter,
     alive_features,
+    alive_weight,
     param,
     register,
 )
 from espn.supernet.layers import (
     MaskedConv2d,
+    MaskedLayer,
     TaskConvHead,
     TaskHead,
     conv_padding,
@@ -58,34 +57,13 @@ class ConvAdapter(WeightAdapter):
         groups = self.groups(m)
         return (f"conv {name!r} (groups={groups})", groups) if groups != 1 else None
 
-    def out_pruner(self) -> Callable[..., object]:
-        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
-
-        return tp.prune_conv_out_channels
-
-    def hold_groups(self, m: nn.Module, out_units: Tensor | None) -> Callable[[], None] | None:
-        """A grouped conv (not depthwise: Torch-Pruning slims those) is left ungrouped with a
-        stand-in weight of zeros (one stored value, expanded) that Torch-Pruning may cut on
-        both sides as it would an ungrouped conv's; its cut on the input side of a grouped
-        conv assumes every group loses the same channels and would index past the weight.
-        The real weight at the alive output channels (all of their inputs: a whole group
-        lives or dies) comes back afterwards with ``groups`` = alive groups."""
-        assert isinstance(m, nn.modules.conv._ConvNd)
-        if m.groups in (1, m.out_channels):
-            return None
-        assert out_units is not None  # a grouped conv's channels are its out_units
-        rows = out_units.to(m.weight.device)
-        alive_groups = m.groups * int(rows.sum()) // m.out_channels
-        weight = m.weight.detach()[rows].clone()
-        stand_in = m.weight.new_zeros(()).expand(m.out_channels, m.in_channels, *m.kernel_size)
-        m.weight, m.groups = nn.Parameter(stand_in), 1
-
-        def regroup() -> None:
-            m.weight = param(weight)
-            m.groups = alive_groups
-            m.in_channels = alive_groups * weight.shape[1]
-
-        return regroup
+    @staticmethod
+    def alive(m: MaskedLayer, units: dict[str, Tensor]) -> tuple[Tensor, int]:
+        """The masked weight at the alive channels (:func:`alive_weight`) and the groups
+        left: a grouped conv's units are whole groups, which keep all their inputs."""
+        weight = alive_weight(m, units)
+        groups = getattr(m, "groups", 1)
+        return weight, 1 if groups == 1 else groups * weight.shape[0] // m.weight.shape[0]
 
 
 @register
@@ -167,11 +145,7 @@ class Conv2dAdapter(ConvAdapter):
             cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
             return self._head(m, w.index_select(1, cols))
         assert isinstance(m, MaskedConv2d)
-        if m.groups != 1:
-            raise ExportError(f"grouped convolution ({m.groups} groups) in a token model")
-        w = m.weight
-        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-        conv = self._empty(m, len(cols), len(rows), 1)
-        conv.weight = param(m.masked_weight().index_select(0, rows).index_select(1, cols))
-        return conv.to(device=w.device, dtype=w.dtype)
+        weight, groups = self.alive(m, units)
+        conv = self._empty(m, weight.shape[1] * groups, weight.shape[0], groups)
+        conv.weight = param(weight)
+        return conv.to(device=weight.device, dtype=weight.dtype)

@@ -10,8 +10,6 @@ into the table, so a task shift (``task_affine``), which a table has no bias for
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -21,7 +19,7 @@ from espn.layers.base import (
     ExportError,
     Placement,
     WeightAdapter,
-    alive_features,
+    alive_weight,
     param,
     register,
 )
@@ -91,14 +89,7 @@ class EmbeddingAdapter(WeightAdapter):
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         assert isinstance(m, MaskedEmbedding)
-        w = m.weight
-        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        return _table(m.masked_weight().index_select(0, rows).t(), m.padding_idx)
-
-    def out_pruner(self) -> Callable[..., object]:
-        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
-
-        return tp.prune_embedding_out_channels
+        return _table(alive_weight(m, units).t(), m.padding_idx)
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:

@@ -3,12 +3,10 @@ number of its groups; the slim model keeps ``GroupNorm(alive groups, alive chann
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import ConvertError, LayerAdapter, Placement, param, register
+from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_features, param, register
 from espn.supernet.layers import TaskGroupNorm
 
 
@@ -48,13 +46,12 @@ class GroupNormAdapter(LayerAdapter):
         gn.weight, gn.bias = param(m.weight * m.entry_mask()), param(m.bias * m.entry_mask())
         return gn.to(device=m.weight.device, dtype=m.weight.dtype)
 
-    def hold_groups(self, m: nn.Module, out_units: Tensor | None) -> Callable[[], None] | None:
-        """Torch-Pruning keeps a GroupNorm's group count; whole groups were removed, so the
-        count shrinks with the channels."""
-        assert isinstance(m, nn.GroupNorm)
+    @torch.no_grad()
+    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        """A GroupNorm of the alive channels: whole groups, so as many groups fewer."""
+        assert isinstance(m, TaskGroupNorm)
+        keep = alive_features(units, m.group, m.unit_size, m.num_channels).to(m.weight.device)
         per_group = m.num_channels // m.num_groups
-
-        def regroup() -> None:
-            m.num_groups = m.num_channels // per_group
-
-        return regroup
+        gn = nn.GroupNorm(len(keep) // per_group, len(keep), eps=m.eps)
+        gn.weight, gn.bias = param(m.weight[keep]), param(m.bias[keep])
+        return gn.to(device=m.weight.device, dtype=m.weight.dtype)

@@ -7,7 +7,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_features, param, register
+from espn.layers.base import (
+    ConvertError,
+    ExportError,
+    LayerAdapter,
+    Placement,
+    alive_features,
+    param,
+    register,
+)
 from espn.supernet.transformer import TaskLayerNorm
 
 
@@ -52,6 +60,12 @@ class LayerNormAdapter(LayerAdapter):
         if m.bias is not None:
             out.bias.copy_(m.bias)
         return out.to(device=out.weight.device if m.weight is None else m.weight.device)
+
+    def plain(self, m: nn.Module) -> nn.Module:
+        raise ExportError(
+            "a transformer's sub-network has no full-width plain copy (its task LayerNorms "
+            "normalise over alive features only); use slim_copy, which removes the dead ones"
+        )
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:

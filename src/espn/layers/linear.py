@@ -3,12 +3,17 @@ is the task head (one per task, or one shared masked head plus a per-task bias).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import Placement, WeightAdapter, alive_features, param, register
+from espn.layers.base import (
+    Placement,
+    WeightAdapter,
+    alive_features,
+    alive_weight,
+    param,
+    register,
+)
 from espn.supernet.layers import MaskedLinear, TaskHead
 
 
@@ -58,18 +63,12 @@ class LinearAdapter(WeightAdapter):
         w = m.weight
         assert isinstance(w, Tensor)
         if isinstance(m, TaskHead):
-            cols = alive_features(units, m.in_units, 1, w.shape[1]).to(w.device)
+            cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
             out = nn.Linear(len(cols), m.out_features)
             out.weight, out.bias = param(w.index_select(1, cols)), param(m.bias)
             return out.to(device=w.device, dtype=w.dtype)
         assert isinstance(m, MaskedLinear)
-        rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-        cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-        linear = nn.Linear(len(cols), len(rows), bias=False)
-        linear.weight = param(m.masked_weight().index_select(0, rows).index_select(1, cols))
+        weight = alive_weight(m, units)
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        linear.weight = param(weight)
         return linear.to(device=w.device, dtype=w.dtype)
-
-    def out_pruner(self) -> Callable[..., object]:
-        import torch_pruning as tp  # heavy (it imports timm and wandb): only when slimming
-
-        return tp.prune_linear_out_channels

@@ -45,7 +45,6 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from espn.export.slim import ExportError, check_traceable
 from espn.layers import ConvertError, Placement, adapter_for, source_names
 from espn.layers.layernorm import channel_layer_norm
 from espn.layers.parameters import TaskParameters
@@ -295,7 +294,6 @@ def to_supernet(
     if adopted:
         adopted = {n: adopted[n] for n in bare if n in adopted}  # the model's order
         _hold_parameters(model, bare, adopted)
-    _check_exportable(model)
     check_flops_counted(measured, model, example_input)
     check_task_cut(model, example_input)
     return model
@@ -394,14 +392,6 @@ def _hold_parameters(
         name = f"_{name}"
     params = {n: bare[n] for n in adopted}
     model.add_module(name, TaskParameters(params, list(adopted.values())))
-
-
-def _check_exportable(model: nn.Module) -> None:
-    """Refuse, before any training, a model whose tasks could not be exported."""
-    try:
-        check_traceable(model)
-    except ExportError as exc:
-        raise ConvertError(str(exc)) from None
 
 
 def register_converted(

@@ -116,7 +116,7 @@ def random_units(
 
 
 def _check_task_cut(model: nn.Module, example: Tensor) -> None:
-    from espn.export.export import measured_flops
+    from espn.export.export import exported, measured_flops
     from espn.export.slim import slim_copy
     from espn.supernet.supernet import Supernet
 
@@ -140,7 +140,7 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
 
     try:
         slim = slim_copy(sn, 0, example)
-    except Exception as exc:  # Torch-Pruning and fx raise many kinds of errors
+    except Exception as exc:  # the user's forward may raise anything on the copy
         raise refuse(f"cannot be cut out ({_first_line(exc)})") from None
     counted = sn.flops(sn.masks[0].units)
     for batch in (*PROBE_BATCHES, len(example)):
@@ -166,7 +166,12 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
             )
     flops = measured_flops(slim, example)
     if flops != counted:
+        why = "forward() computes on features that espn does not follow"
+        raise refuse(f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}", why)
+    try:
+        exported(slim, _inputs(example, 2))
+    except Exception as exc:  # torch.export raises many kinds of errors on what it cannot run
         raise refuse(
-            f"costs {flops} FLOPs (FlopCounterMode) where espn counts {counted:.0f}",
-            "forward() computes on features that espn does not follow",
-        )
+            f"cannot be captured by torch.export ({_first_line(exc)})",
+            "forward() branches on the values of a tensor (data-dependent control flow)?",
+        ) from None
