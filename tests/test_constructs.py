@@ -16,8 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 #: the constructs today's converter refuses or breaks on (issue 47 makes them work)
 NOT_YET = {
-    "class-token", "concatenation", "functional-weight",
-    "split-shuffle", "token-mixing",
+    "concatenation", "functional-weight", "split-shuffle", "token-mixing",
 }  # fmt: skip
 
 

@@ -190,9 +190,17 @@ class ExportReport:
 
 def exported(model: nn.Module, example: Tensor) -> torch.export.ExportedProgram:
     """``model`` captured by ``torch.export`` on ``example``, its batch dimension dynamic:
-    once per export, for the ``.pt2`` file and the ONNX file alike."""
-    batch = torch.export.Dim("batch")
-    return torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+    once per export, for the ``.pt2`` file and the ONNX file alike. Non-strict capture runs
+    ``forward`` as Python, where ``len(x)`` is a plain int that fixes the batch; such a model
+    is captured strictly (TorchDynamo reads ``len(x)`` as the batch dimension)."""
+    shapes = ({0: torch.export.Dim("batch")},)
+    try:
+        return torch.export.export(model, (example,), dynamic_shapes=shapes)
+    except Exception as first:  # torch.export raises many kinds of errors
+        try:
+            return torch.export.export(model, (example,), dynamic_shapes=shapes, strict=True)
+        except Exception:
+            raise first from None
 
 
 def _write_pt2(program: torch.export.ExportedProgram, path: Path) -> nn.Module:

@@ -5,6 +5,7 @@ whole conv group. :class:`ConvAdapter` holds what every convolution shares (``co
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.layers.base import (
@@ -19,11 +20,38 @@ from espn.layers.base import (
 from espn.supernet.layers import (
     MaskedConv2d,
     MaskedLayer,
-    TaskConvHead,
     TaskHead,
     conv_padding,
     conv_pair,
 )
+
+
+class TaskConvHead(TaskHead):
+    """A convolutional classifier owned by one task (SqueezeNet's and BiT's: a convolution to
+    the classes, then global pooling): a :class:`TaskHead` whose weight is a 2-d convolution's
+    ``(classes, channels, kh, kw)``, so that everything reading task heads reads it too."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        n_classes: int,
+        kernel_size: tuple[int, int],
+        stride: tuple[int, int] = (1, 1),
+        padding: tuple[int, int] | str = (0, 0),
+        dilation: tuple[int, int] = (1, 1),
+        in_units: str | None = None,
+        in_unit_size: int = 1,
+    ) -> None:
+        super().__init__(in_channels, n_classes, in_units, in_unit_size)
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.padding = padding
+        self.dilation = dilation
+        self.weight = nn.Parameter(self.weight.new_empty(n_classes, in_channels, *kernel_size))
+        self.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
 
 
 class ConvAdapter(WeightAdapter):

@@ -7,7 +7,7 @@ Two kinds of modules make a network a supernet:
 * task-specific modules (:class:`TaskSpecific`) whose parameters and buffers belong to one
   task at a time: the unit gates of fully-connected layers (:class:`UnitGate`), task-specific
   BatchNorm and GroupNorm (:class:`TaskBatchNorm2d`, :class:`TaskGroupNorm`), and heads
-  (:class:`TaskBias`, :class:`TaskHead`, :class:`TaskConvHead`).
+  (:class:`TaskBias`, :class:`TaskHead`; a conv head is next to its adapter in ``layers``).
 
 Units (neurons or channels) are named by a *group*: every masked layer says which group
 indexes its input and its output units, and every gate or BatchNorm belongs to one group.
@@ -43,8 +43,7 @@ class MaskedLayer(MaskCaches, nn.Module):
     BUFFERS: ClassVar[tuple[str, ...]] = ("weight_mask", "frozen")
 
     weight: Tensor
-    #: the active task's weight mask: 1.0 where it uses a weight, 0.0 elsewhere (float, the
-    #: shape of ``weight``)
+    #: the active task's weight mask: 1.0 where it uses a weight, else 0.0 (``weight``'s shape)
     weight_mask: Tensor
     #: weights an earlier task owns, which no later task may change (bool)
     frozen: Tensor
@@ -74,10 +73,7 @@ class MaskedLayer(MaskCaches, nn.Module):
 def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor:
     """The alive vector of a union of unit groups (a residual stream read by a later layer
     whose producers are pruned each on its own): a channel is alive where any member keeps it."""
-    alive = units[members[0]].bool()
-    for g in members[1:]:
-        alive = alive | units[g].bool()
-    return alive
+    return torch.stack([units[g].bool() for g in members]).any(0)
 
 
 def with_unions(
@@ -487,37 +483,8 @@ class TaskHead(nn.Linear, TaskSpecific):
         self.out_features = self.weight.shape[0]
 
 
-class TaskConvHead(TaskHead):
-    """A convolutional classifier owned by one task (SqueezeNet's and BiT's: a convolution to
-    the classes, then global pooling): a :class:`TaskHead` whose weight is a 2-d convolution's
-    ``(classes, channels, kh, kw)``, so that everything reading task heads reads it too."""
-
-    def __init__(
-        self,
-        in_channels: int,
-        n_classes: int,
-        kernel_size: tuple[int, int],
-        stride: tuple[int, int] = (1, 1),
-        padding: tuple[int, int] | str = (0, 0),
-        dilation: tuple[int, int] = (1, 1),
-        in_units: str | None = None,
-        in_unit_size: int = 1,
-    ) -> None:
-        super().__init__(in_channels, n_classes, in_units, in_unit_size)
-        self.kernel_size = kernel_size
-        self.stride = stride
-        self.padding = padding
-        self.dilation = dilation
-        self.weight = nn.Parameter(self.weight.new_empty(n_classes, in_channels, *kernel_size))
-        self.reset_parameters()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
-
-
 def is_costed(module: nn.Module) -> TypeGuard[MaskedLayer | TaskHead]:
-    """Layers whose FLOPs the supernet counts: masked layers and task heads (convolutional
-    ones too)."""
+    """Layers whose FLOPs the supernet counts: masked layers and task heads (conv ones too)."""
     return isinstance(module, MaskedLayer | TaskHead)
 
 

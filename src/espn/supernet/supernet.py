@@ -229,12 +229,10 @@ class Supernet(nn.Module):
         training step skips the mask product (see ``MaskedLayer.zero_pruned``, which says
         where that is exact). Called after a prune event of a method whose free weights are
         set anew before a later task reads them; returns the layers that skip it."""
-        state = {} if state is None else state
         skipping = []
         for name, layer in self.layers.items():
-            weight = layer.weight
-            values = state.get(weight, {}).values()
-            states = [v for v in values if isinstance(v, Tensor) and v.shape == weight.shape]
+            values = (state or {}).get(layer.weight, {}).values()
+            states = [v for v in values if isinstance(v, Tensor) and v.shape == layer.weight.shape]
             if layer.zero_pruned(states):
                 skipping.append(name)
         return skipping
