@@ -25,7 +25,7 @@ from espn.models.fc import FCNet
 from espn.runs.config import ConfigError
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes
 from espn.supernet.supernet import Supernet, TaskRequired
-from espn.training.engine import TrainingStopped
+from espn.training.capacity import TrainingStopped
 from helpers.baseline import make_engine, tiny_sequence
 
 runner = CliRunner()

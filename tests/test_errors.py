@@ -21,7 +21,7 @@ from espn.supernet.pretrained import PretrainedError
 from espn.supernet.supernet import NothingToMask
 from espn.sweep.spec import SweepError
 from espn.theory.planted import TheoryConfigError
-from espn.training.engine import TrainingStopped
+from espn.training.capacity import TrainingStopped
 from espn.utils.commands import UserError, user_errors
 
 ERRORS = [

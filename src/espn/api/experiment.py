@@ -24,8 +24,8 @@ from espn.runs.given import check_applicable
 from espn.runs.preflight import check_run
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
+from espn.training.capacity import TrainingStopped
 from espn.training.distributed import join
-from espn.training.engine import TrainingStopped
 from espn.training.loggers import logging_options
 
 __all__ = ["build_benchmark", "build_supernet", "results_document", "run", "run_experiment"]

@@ -33,7 +33,8 @@ from espn.runs.config import ConfigError, RunConfig
 from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import TaskEnd
-from espn.training.engine import Engine, TrainingStopped
+from espn.training.capacity import check_budget
+from espn.training.engine import Engine
 from espn.training.plan import TaskLog, TaskProgress
 
 if TYPE_CHECKING:
@@ -47,17 +48,6 @@ def min_flops_ratio(supernet: Supernet) -> float:
     return count_flops(supernet.costs, dict.fromkeys(supernet.widths, 1)) / max(
         supernet.dense_flops, 1
     )
-
-
-def check_budget(gamma: float, record: dict[str, Any], name: str, task: int) -> None:
-    """Stop when a task's sub-network misses the FLOPs budget ``gamma`` (``espn run`` then
-    writes neither its results nor its checkpoint)."""
-    ratio = record["flops_ratio"]
-    if not ratio <= gamma * (1 + 1e-9):
-        raise TrainingStopped(
-            f"task {task} ({name}): its sub-network needs {ratio:.4g} of the dense FLOPs, "
-            f"more than the budget gamma {gamma:g}"
-        )
 
 
 @dataclass

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from espn.data.tasks import Task
-from espn.errors import EspnError
 from espn.methods.base import Phase, Strategy
 from espn.settings.training import OptimizerSettings, TrainingSettings, default
 from espn.supernet.layers import UnitModule
@@ -29,6 +28,7 @@ from espn.training.callbacks import (
     StepEnd,
     TrainStart,
 )
+from espn.training.capacity import TrainingStopped, check_capacity
 from espn.training.compile import StepCompiler
 from espn.training.distributed import Ranks, recalibrate, shard_count, sharded_step
 from espn.training.optim import (
@@ -47,11 +47,6 @@ from espn.training.plan import (
 )
 from espn.training.rejection import WEIGHT, not_mine, rejection_loss
 from espn.training.slim_step import SlimPhase, slim_phase_applies, slim_prune_pays
-
-
-class TrainingStopped(EspnError, RuntimeError):
-    """Training cannot go on without breaking a guarantee (a non-finite loss, no weights
-    left for a task, a budget not met); the message names the task, phase and epoch."""
 
 
 @dataclass
@@ -253,7 +248,7 @@ class Engine:
             sn.begin_task(task.n_classes)
             strategy.init_free_weights(sn, self.generator)
             strategy.begin_task(sn)
-            _check_capacity(strategy, task.name, index)
+            check_capacity(strategy, task.name, index)
         optimizer = self.build_optimizer()
         guard = FrozenGuard(sn, restore=optimizer.decays)
         if resume is not None and resume.optimizer is not None:
@@ -486,31 +481,3 @@ def autocast_dtype(device_type: str) -> torch.dtype:
     if device_type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
-
-
-def _check_capacity(strategy: Strategy, name: str, index: int) -> None:
-    """Stop before a task of a weight-sharing method that would get no new weight at all:
-    every method whose tasks own the weights they train (``weights == "shared"``) stops when
-    the earlier tasks took every weight, an ``alpha`` method also when its allocation rounds
-    down to none in every layer. Such a task would be trained at chance."""
-    if strategy.weights != "shared":
-        return
-    free = sum(strategy.layer_free.values())
-    if free > 0 and (
-        not strategy.uses_alpha
-        or (strategy.weight_budget > 0 and sum(strategy.layer_budgets.values()) > 0)
-    ):
-        return
-    if free == 0:
-        why = "the earlier tasks took every weight"
-        fix = strategy.capacity_hint()
-    else:
-        why = (
-            f"{free} weight(s) are free, but alpha {strategy.cfg.alpha:g} of each layer's rounds "
-            "down to none"
-        )
-        fix = "use a larger --alpha (alpha=) or a wider model"
-    raise TrainingStopped(
-        f"task {index} ({name}) would get no new weights: {why}; the network's capacity "
-        f"is used up, so the run stops before it with the earlier tasks kept ({fix})"
-    )
