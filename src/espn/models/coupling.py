@@ -16,26 +16,18 @@ conv groups and GroupNorm groups. A linear layer reading a flattened feature map
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor, nn
 
-from espn.layers import ConvertError, LayerAdapter, adapter_for, layer_types
+from espn.layers import ConvertError, layer_types
 from espn.layers.parameters import channel_axis
 from espn.models.convert_tokens import TokenConvertError, check_stream_sources
+from espn.models.probe import adapter, check_feature_axes, check_flatten_order
 
 if TYPE_CHECKING:
     import torch_pruning as tp
-
-
-def adapter(m: nn.Module) -> LayerAdapter:
-    """The adapter of a module the converter accepted."""
-    adapter = adapter_for(m)
-    assert adapter is not None
-    return adapter
 
 
 @dataclass
@@ -154,10 +146,10 @@ def couple(
         for name in g.consumers:
             if name in repeats:
                 source = modules[features[0]]
-                _check_flatten_order(model, example, source, name, g.size, modules)
+                check_flatten_order(model, example, source, name, g.size, modules)
         parts.append(g)
         if not g.attentions:  # attention mixes channels: convert_tokens checks its streams
-            _check_feature_axes(model, example, g, modules, repeats)
+            check_feature_axes(model, example, g, modules, repeats)
     for name, layer in modules.items():
         if _grouped(layer):
             _check_grouped_input(model, example, name, _depthwise(layer), parts)
@@ -189,122 +181,6 @@ def _refuse_coupling(
             "projection) is not supported"
         )
     return ConvertError(f"layer {name!r}: {construct}")
-
-
-def _feature_axis(m: nn.Module) -> int:
-    """The axis of ``m``'s features: last for a layer on token tensors, else channels."""
-    return -1 if adapter(m).token_outputs else 1
-
-
-@torch.no_grad()
-def _probe(
-    model: nn.Module,
-    example: Tensor,
-    source: nn.Module,
-    readers: dict[str, nn.Module],
-    modules: dict[str, nn.Module],
-    features: list[int],
-) -> dict[str, Tensor]:
-    """Where each reader's input changes when feature ``features[i]`` of ``source``'s output
-    is raised in sample ``i + 1`` (sample 0 unchanged): one boolean map per raised sample.
-    Only functions carry the change: every norm passes its input through (it mixes the
-    features it normalises) and every other layer computes what it computes on sample 0."""
-    x = example[:1].expand(len(features) + 1, *example.shape[1:]).clone()
-    seen: dict[str, Tensor] = {}
-
-    def raise_features(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
-        out = out.clone()
-        for i, f in enumerate(features):
-            out.select(_feature_axis(source), f)[i + 1] += 1e3
-        return out
-
-    def hold(m: nn.Module, inp: tuple[Tensor, ...], out: Tensor) -> Tensor:
-        return (out[:1].expand_as(out) if adapter(m).role == "layer" else inp[0]).clone()
-
-    def capture(name: str) -> Callable[..., None]:
-        def hook(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
-            seen[name] = inp[0].clone()  # before in-place ops change it
-
-        return hook
-
-    others = [m for m in modules.values() if m is not source and adapter(m).role != "attention"]
-    hooks = [m.register_forward_hook(hold) for m in others]
-    hooks.append(source.register_forward_hook(raise_features))
-    hooks += [m.register_forward_pre_hook(capture(n)) for n, m in readers.items()]
-    try:
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return {name: inp[1:] != inp[:1] for name, inp in seen.items()}
-
-
-def _transposed(
-    model: nn.Module,
-    example: Tensor,
-    source: nn.Module,
-    readers: dict[str, nn.Module],
-    modules: dict[str, nn.Module],
-) -> list[str]:
-    """The readers whose input gets ``source``'s feature 1 on another axis than their
-    features: raised (see :func:`_probe`), it changes their input at index 1 of another
-    axis, not at feature 1 alone."""
-    found = []
-    for name, changes in _probe(model, example, source, readers, modules, [1]).items():
-        changed = changes[0]
-        feature = _feature_axis(readers[name]) % changes.dim() - 1  # in a sample
-        at = [
-            set(
-                changed.movedim(d, 0)
-                .reshape(changed.shape[d], -1)
-                .any(1)
-                .nonzero()
-                .flatten()
-                .tolist()
-            )
-            for d in range(changed.dim())
-        ]
-        if at[feature] != {1} and any(at[d] == {1} for d in range(changed.dim()) if d != feature):
-            found.append(name)
-    return found
-
-
-def _check_feature_axes(
-    model: nn.Module,
-    example: Tensor,
-    g: Group,
-    modules: dict[str, nn.Module],
-    repeats: dict[str, int],
-) -> None:
-    """Refuse a linear layer of part ``g`` that reads or writes the part's channels on
-    another axis than its features (Torch-Pruning maps a transpose as if it kept the
-    channel axis): a Linear across tokens, found by :func:`_transposed` from the part's
-    first producer (in the model's order) to its readers, and from each other linear
-    producer to them."""
-    order = list(modules)
-    first = min(g.producers, key=order.index, default=None)
-    readers = {n: modules[n] for n in g.consumers if n not in repeats}
-    linears = [n for n in g.producers if n != first and adapter(modules[n]).token_outputs]
-    if (
-        first is None
-        or g.size < 2
-        or not linears + [n for n, m in readers.items() if adapter(m).token_outputs]
-    ):
-        return
-    wrong = _transposed(model, example, modules[first], readers, modules)
-    if wrong:
-        raise ConvertError(
-            f"layer {wrong[0]!r} reads the channels of {first!r} on another axis than its "
-            "features (a Linear across tokens, as in an MLP-Mixer's token mixing): the token "
-            "axis is not a unit axis, and mixing tokens is not supported"
-        )
-    for name in linears:
-        if _transposed(model, example, modules[name], readers, modules):
-            raise ConvertError(
-                f"layer {name!r} writes its features on another axis than the channels of "
-                f"{first!r} it joins (a Linear across tokens, as in an MLP-Mixer's token "
-                "mixing): the token axis is not a unit axis, and mixing tokens is not supported"
-            )
 
 
 def _part(
@@ -486,30 +362,3 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         group.params += part.params
         group.scale_params += part.scale_params
     return group
-
-
-def _check_flatten_order(
-    model: nn.Module,
-    example: Tensor,
-    producer: nn.Module,
-    name: str,
-    size: int,
-    modules: dict[str, nn.Module],
-) -> None:
-    """Check that linear layer ``name`` reads its flattened map of ``size`` channels
-    channel-major (channel ``c`` owns inputs ``c*H*W ... (c+1)*H*W - 1``, as ``x.flatten(1)``
-    of ``(N, C, H, W)``): a raised channel of ``producer`` (see :func:`_probe`) must change
-    those inputs alone. (The dependency graph maps any flatten so; a channels-last one would
-    mask the wrong inputs.)"""
-    linear = modules[name]
-    repeat = adapter(linear).width(linear, False) // size
-    channels = sorted({0, 1, size - 1})
-    changes = _probe(model, example, producer, {name: linear}, modules, channels)[name]
-    for c, changed in zip(channels, changes, strict=True):
-        moved = changed.flatten().nonzero().flatten()
-        if bool(((moved < c * repeat) | (moved >= (c + 1) * repeat)).any()):
-            raise ConvertError(
-                f"linear layer {name!r} reads a flattened feature map whose inputs are not "
-                "grouped by channel; supported: x.flatten(1) of an (N, C, H, W) map "
-                "(channel-major), not a channels-last flatten"
-            )
