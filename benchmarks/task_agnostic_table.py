@@ -45,9 +45,10 @@ def train_fashion(run: Path, sequence: str, method: str, option: bool, args: Any
     command = [
         sys.executable, "-c", "from espn.cli.main import app; app()", "run",
         "--benchmark", sequence, "--method", method, "--model", "fc1024",
-        "--tasks", str(SEQUENCES[sequence]), "--epochs", args.epochs,
+        "--tasks", str(SEQUENCES[sequence]),
+        *(["--epochs", args.epochs, "--no-step-floor"] if args.epochs else []),
         "--train-per-task", str(args.train), "--test-per-task", str(args.test),
-        "--no-step-floor", "--no-progress", "--quiet", "--out", str(run), "--overwrite",
+        "--no-progress", "--quiet", "--out", str(run), "--overwrite",
         "--task-agnostic" if option else "--no-task-agnostic",
         *(["--data-dir", str(args.data_dir)] if args.data_dir else []),
         *_flags(METHODS[method]),
@@ -87,10 +88,15 @@ def train_digits(method: str, option: bool, args: Any) -> tuple[Any, list[Any], 
         nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
         nn.Linear(256, 2),
     )  # fmt: skip
-    epochs = tuple(int(e) for e in args.digits_epochs.split(","))
+    given = {}  # the size rule
+    if args.digits_epochs:
+        given = {
+            "epochs": tuple(int(e) for e in args.digits_epochs.split(",")),
+            "step_floor": False,
+        }
     learner = espn.ContinualLearner(
-        espn.wrap(model, torch.zeros(2, 1, 8, 8)), method, epochs=epochs,
-        task_agnostic=option, step_floor=False, **METHODS[method],
+        espn.wrap(model, torch.zeros(2, 1, 8, 8)), method, task_agnostic=option, **given,
+        **METHODS[method],
     )  # fmt: skip
     for train, test in digits_tasks():
         learner.learn(train, test=test)
@@ -122,8 +128,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/agnostic"))
     parser.add_argument("--train", type=int, default=1000, help="training images per task")
     parser.add_argument("--test", type=int, default=1000, help="test images per task")
-    parser.add_argument("--epochs", default="1,1,1", help="Fashion-MNIST's, per phase")
-    parser.add_argument("--digits-epochs", default="3,2,3", help="the digits', per phase")
+    parser.add_argument(
+        "--epochs", help="Fashion-MNIST's per phase, as given (size rule off); unset: the size rule"
+    )
+    parser.add_argument(
+        "--digits-epochs", help="the digits' per phase, as given; unset: the size rule"
+    )
     parser.add_argument("--sequences", default=",".join(SEQUENCES))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--off", action="store_true", help="runs without the option")
