@@ -108,6 +108,13 @@ def train_digits(method: str, option: bool, args: Any) -> tuple[Any, list[Any], 
     return learner.supernet, learner.tasks, option
 
 
+def finished(run: Path) -> bool:
+    """Whether ``run`` holds a finished ``espn run`` (its results.json says it is complete;
+    a killed run's says not)."""
+    results = run / "results.json"
+    return results.is_file() and json.loads(results.read_text()).get("complete") is True
+
+
 def load_fashion(run: Path) -> tuple[Any, list[Any], bool]:
     """A finished ``espn run``: its supernet, its tasks, whether it ran with the option."""
     from espn.runs.building import build_benchmark
@@ -159,7 +166,7 @@ def main() -> None:
                     continue
                 learned = train_digits(method, not args.off, args)
             else:
-                if not (run / "results.json").is_file():
+                if not finished(run):
                     train_fashion(run, sequence, method, not args.off, args)
                 if args.train_only:
                     continue
