@@ -1,10 +1,12 @@
-"""The task-agnostic table of docs/task-agnostic.md: every rule on small real runs.
+"""The task-agnostic table of docs/task-agnostic.md: every rule on real runs.
 
 For each sequence (rotated and permuted Fashion-MNIST, 10 tasks; split Fashion-MNIST, 5 tasks
 of 2 classes; scikit-learn's handwritten digits, 5 tasks of 2 classes) and method (ESPN-0.2,
 PackNet, SupSup) it trains one run with the ``task_agnostic`` option (``--off``: without it)
-unless OUT/<sequence>-<method>[-off] already holds a finished one: Fashion-MNIST through
-``espn run`` on FC1024, the digits through ``espn.ContinualLearner`` on an MLP 64-256-256.
+unless OUT/<sequence>-<method>[-off] already holds a finished one (a killed one is resumed),
+by the size rule (``--epochs``/``--digits-epochs``: those epochs, the size rule off):
+Fashion-MNIST through ``espn run`` on FC1024, the digits through ``espn.ContinualLearner`` on
+an MLP 64-256-256.
 Then it recomputes every task's statistics as this espn stores them when a task commits,
 evaluates every task-inference rule the run can use on the tasks' test data
 (``espn.inference.evaluate_named``) and prints one markdown row per run and rule (the run's
@@ -16,6 +18,8 @@ option) is left out.
 
     python benchmarks/task_agnostic_table.py --out runs/agnostic --data-dir DIR
     python benchmarks/task_agnostic_table.py --out runs/agnostic --data-dir DIR --off --methods espn
+    python benchmarks/task_agnostic_table.py --out runs/short --data-dir DIR --epochs 1,1,1 \
+        --digits-epochs 3,2,3
 """
 
 from __future__ import annotations
@@ -41,13 +45,15 @@ def _flags(settings: dict[str, Any]) -> list[str]:
 
 
 def train_fashion(run: Path, sequence: str, method: str, option: bool, args: Any) -> None:
-    """One ``espn run`` on Fashion-MNIST (FC1024)."""
+    """One ``espn run`` on Fashion-MNIST (FC1024), continuing a killed one in ``run``."""
     command = [
         sys.executable, "-c", "from espn.cli.main import app; app()", "run",
         "--benchmark", sequence, "--method", method, "--model", "fc1024",
-        "--tasks", str(SEQUENCES[sequence]), "--epochs", args.epochs,
+        "--tasks", str(SEQUENCES[sequence]),
+        *(["--epochs", args.epochs, "--no-step-floor"] if args.epochs else []),
         "--train-per-task", str(args.train), "--test-per-task", str(args.test),
-        "--no-step-floor", "--no-progress", "--quiet", "--out", str(run), "--overwrite",
+        "--no-progress", "--quiet", "--out", str(run),
+        "--resume" if (run / "checkpoint").is_dir() else "--overwrite",
         "--task-agnostic" if option else "--no-task-agnostic",
         *(["--data-dir", str(args.data_dir)] if args.data_dir else []),
         *_flags(METHODS[method]),
@@ -87,14 +93,26 @@ def train_digits(method: str, option: bool, args: Any) -> tuple[Any, list[Any], 
         nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
         nn.Linear(256, 2),
     )  # fmt: skip
-    epochs = tuple(int(e) for e in args.digits_epochs.split(","))
+    given: dict[str, Any] = {}  # the size rule
+    if args.digits_epochs:
+        given = {
+            "epochs": tuple(int(e) for e in args.digits_epochs.split(",")),
+            "step_floor": False,
+        }
     learner = espn.ContinualLearner(
-        espn.wrap(model, torch.zeros(2, 1, 8, 8)), method, epochs=epochs,
-        task_agnostic=option, step_floor=False, **METHODS[method],
+        espn.wrap(model, torch.zeros(2, 1, 8, 8)), method, task_agnostic=option, **given,
+        **METHODS[method],
     )  # fmt: skip
     for train, test in digits_tasks():
         learner.learn(train, test=test)
     return learner.supernet, learner.tasks, option
+
+
+def finished(run: Path) -> bool:
+    """Whether ``run`` holds a finished ``espn run`` (its results.json says it is complete;
+    a killed run's says not)."""
+    results = run / "results.json"
+    return results.is_file() and json.loads(results.read_text()).get("complete") is True
 
 
 def load_fashion(run: Path) -> tuple[Any, list[Any], bool]:
@@ -122,8 +140,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/agnostic"))
     parser.add_argument("--train", type=int, default=1000, help="training images per task")
     parser.add_argument("--test", type=int, default=1000, help="test images per task")
-    parser.add_argument("--epochs", default="1,1,1", help="Fashion-MNIST's, per phase")
-    parser.add_argument("--digits-epochs", default="3,2,3", help="the digits', per phase")
+    parser.add_argument(
+        "--epochs", help="Fashion-MNIST's per phase, as given (size rule off); unset: the size rule"
+    )
+    parser.add_argument(
+        "--digits-epochs", help="the digits' per phase, as given; unset: the size rule"
+    )
     parser.add_argument("--sequences", default=",".join(SEQUENCES))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--off", action="store_true", help="runs without the option")
@@ -144,7 +166,7 @@ def main() -> None:
                     continue
                 learned = train_digits(method, not args.off, args)
             else:
-                if not (run / "results.json").is_file():
+                if not finished(run):
                     train_fashion(run, sequence, method, not args.off, args)
                 if args.train_only:
                     continue

@@ -26,6 +26,7 @@ from espn.inference import (
 )
 from espn.inference.export import export_task_agnostic
 from espn.inference.oneshot import SupSupOneShot
+from espn.inference.outputs import batched_states, head_name, task_outputs
 from espn.inference.routing import OPTION_KEYS
 from espn.inference.statistics import STAT_KEYS, entropy
 from espn.registry import UnknownNameError
@@ -256,3 +257,20 @@ def test_evaluation_counts_a_sample_right_only_with_its_own_task_s_head(learner)
         right = (got.tasks == j) & (got.classes == y)
         assert doc["tasks"][j]["per_sample"] == pytest.approx(100.0 * float(right.double().mean()))
         assert doc["tasks"][j]["given"] == learner.evaluate(j)
+
+
+@pytest.mark.parametrize("method", ["learner", "supsup"])
+def test_one_batched_pass_equals_the_per_task_passes(method, request):
+    """Evaluation runs every sub-network as one batched pass: logits and features equal the
+    per-task passes' bit for bit."""
+    supernet = request.getfixturevalue(method).supernet
+    x, tasks = _inputs(request.getfixturevalue(method)), range(N_TASKS)
+    states = batched_states(supernet, tasks)
+    assert states is not None and states["3.weight"].shape[0] == N_TASKS
+    head = head_name(supernet)
+    one, each = (
+        task_outputs(supernet, x, tasks, head, states),
+        task_outputs(supernet, x, tasks, head),
+    )
+    for a, b in zip(one.logits + one.features, each.logits + each.features, strict=True):
+        assert torch.equal(a, b)

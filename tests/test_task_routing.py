@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 import espn
 from espn.cli.main import app
 from espn.inference import InferenceError, evaluate_rules, routing
+from espn.inference.outputs import batched_states
 from espn.inference.statistics import STAT_KEYS
 from helpers.deploy import cli_options
 
@@ -204,3 +205,16 @@ def test_espn_run_task_agnostic_ends_with_every_rule_and_routing_flops_summed(
     )
     assert shown.exit_code == 0, shown.output
     assert all(rule[:7] in shown.output for rule in usable)
+
+
+def test_convolutions_keep_one_pass_per_task():
+    """A batched convolution equals the per-task ones only to float rounding: evaluation runs
+    a convolutional network task by task, even where every task's tensors have one shape."""
+    torch.manual_seed(0)
+    learner = espn.ContinualLearner(
+        espn.wrap(SignalNet(), torch.zeros(2, 1, LENGTH)), "espn", gamma=0.5, epochs=(1, 1, 1)
+    )
+    for task in range(2):
+        x, y = signals(task, 60)
+        learner.learn((x, y % 3))  # three classes each: heads of one shape
+    assert batched_states(learner.supernet, range(2)) is None

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from espn.data.tasks import Task
-from espn.inference.outputs import InferenceError, head_name, task_outputs
+from espn.inference.outputs import InferenceError, batched_states, head_name, task_outputs
 from espn.inference.predict import CHUNK, get_rule, pick
 from espn.inference.routing import named_rules
 from espn.inference.rule import OutputRule, Rule
@@ -30,17 +30,18 @@ def flops_ratios(supernet: Supernet) -> list[float]:
 
 @torch.no_grad()
 def _task_scores(
-    supernet: Supernet, rules: Sequence[Rule], task: Task
+    supernet: Supernet, rules: Sequence[Rule], task: Task, states: dict[str, Tensor] | None
 ) -> tuple[list[Tensor], Tensor, Tensor]:
     """Over ``task``'s test set: each rule's scores (N, T), every task's predicted class
-    (T, N) and the labels (N,); the tasks' outputs are computed once for all the rules."""
+    (T, N) and the labels (N,); the tasks' outputs are computed once for all the rules (as
+    one batched pass given the tasks' ``states``)."""
     features = any(isinstance(r, OutputRule) and r.uses_features for r in rules)
     head = head_name(supernet) if features else None
     everything = range(len(supernet.masks))
     scores: list[list[Tensor]] = [[] for _ in rules]
     preds, labels = [], []
     for x, y in task.batches("test", CHUNK):
-        out = task_outputs(supernet, x, everything, head)
+        out = task_outputs(supernet, x, everything, head, states)
         for i, rule in enumerate(rules):
             if isinstance(rule, OutputRule):
                 scores[i].append(rule.score_outputs(supernet, out, x).cpu())
@@ -97,8 +98,9 @@ def evaluate_rules(
     per_task_heads = any(isinstance(m, TaskHead) for m in supernet.task_modules.values())
     confusion = [torch.zeros(n, n, dtype=torch.long) for _ in found]
     rows: list[list[dict[str, Any]]] = [[] for _ in found]
+    states = batched_states(supernet, range(n))  # all sub-networks in one pass where it can
     for j, task in enumerate(tasks):
-        all_scores, preds, y = _task_scores(supernet, found, task)
+        all_scores, preds, y = _task_scores(supernet, found, task, states)
         groups = torch.arange(len(y)) // batch
         for i, scores in enumerate(all_scores):
             picked = pick(scores, same_task=False)

@@ -11,18 +11,34 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call, vmap
 
 from espn.errors import EspnError
-from espn.supernet.layers import MaskedLayer, TaskHead, expand_units, is_costed, with_unions
+from espn.supernet import fast
+from espn.supernet.layers import (
+    MaskedLayer,
+    MaskedLinear,
+    TaskHead,
+    expand_units,
+    is_costed,
+    with_unions,
+)
 from espn.supernet.supernet import Supernet
+from espn.supernet.transformer import MaskedAttention
 
 
 class InferenceError(EspnError, ValueError):
     """Task-agnostic prediction cannot run as asked (no task learned, an unknown rule, a rule
     whose statistics the run does not hold); the message says what would work."""
+
+
+#: the most bytes the tasks' stacked tensors of a batched pass may take (beyond: one pass
+#: per task)
+BATCHED_BYTES = 2**30
 
 
 @dataclass
@@ -91,25 +107,69 @@ def _eval(module: nn.Module) -> Iterator[None]:
 
 @torch.no_grad()
 def task_outputs(
-    supernet: Supernet, x: Tensor, tasks: Sequence[int], head: str | None = None
+    supernet: Supernet,
+    x: Tensor,
+    tasks: Sequence[int],
+    head: str | None = None,
+    states: dict[str, Tensor] | None = None,
 ) -> TaskOutputs:
     """Logits of each task in ``tasks`` on ``x`` and, given the ``head``'s name, their alive
-    penultimate features: one forward pass of each task's sub-network over the whole batch."""
+    penultimate features: one forward pass of each task's sub-network over the whole batch,
+    or, given the tasks' ``states`` (:func:`batched_states` of ``tasks``), all of them as one
+    batched pass (``vmap``)."""
     captured: list[Tensor] = []
     hook = None
     if head is not None:
         module = supernet.model.get_submodule(head)
         hook = module.register_forward_pre_hook(lambda _, inp: captured.append(inp[0]))
-    logits, features = [], []
     try:
         with _eval(supernet):
-            for t in tasks:
-                captured.clear()
-                logits.append(supernet(x, task=t))
-                if head is not None:
-                    keep = alive_features(supernet, t, head).to(x.device)
-                    features.append(captured[-1].flatten(1).index_select(1, keep))
+            if states is None:
+                logits, penultimate = [], []
+                for t in tasks:
+                    captured.clear()
+                    logits.append(supernet(x, task=t))
+                    penultimate.extend(captured[-1:])
+            else:
+
+                def one(state: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+                    captured.clear()
+                    out = functional_call(supernet.model, state, (x,))
+                    return out, captured[-1] if captured else out
+
+                with fast.enabled(False):  # no cache of one task's tensors may answer
+                    stacked, inputs = vmap(one)(states)
+                logits, penultimate = list(stacked.unbind()), list(inputs.unbind())
     finally:
         if hook is not None:
             hook.remove()
+    features = []
+    if head is not None:
+        for t, f in zip(tasks, penultimate, strict=True):
+            keep = alive_features(supernet, t, head).to(x.device)
+            features.append(f.flatten(1).index_select(1, keep))
     return TaskOutputs(logits, features)
+
+
+def batched_states(supernet: Supernet, tasks: Sequence[int]) -> dict[str, Tensor] | None:
+    """Every parameter and buffer of the model as each task in ``tasks`` loads it, stacked
+    along a new first axis (task), for one pass of all sub-networks at once; None where a
+    tensor's shape differs between tasks (heads of different class counts), there are fewer
+    than two tasks, the stack would take more than :data:`BATCHED_BYTES`, or the network has
+    convolutions or attention (batched, they equal the per-task passes only to float
+    rounding, which could move a tie; batched fully-connected layers equal them bit for
+    bit)."""
+    model = supernet.model
+    size = sum(v.numel() * v.element_size() for v in chain(model.parameters(), model.buffers()))
+    linear = all(isinstance(layer, MaskedLinear) for layer in supernet.layers.values())
+    attention = any(isinstance(m, MaskedAttention) for m in model.modules())
+    if len(tasks) < 2 or size * len(tasks) > BATCHED_BYTES or not linear or attention:
+        return None
+    per_task = []
+    for t in tasks:
+        supernet.use_task(t)
+        named = chain(model.named_parameters(), model.named_buffers())
+        per_task.append({k: v.detach().clone() for k, v in named})
+    if any(s[k].shape != per_task[0][k].shape for s in per_task for k in s):
+        return None
+    return {k: torch.stack([s[k] for s in per_task]) for k in per_task[0]}
