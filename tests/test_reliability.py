@@ -150,8 +150,7 @@ def test_gamma_below_the_reachable_flops_is_refused_before_training(tmp_path):
 
 
 def test_a_task_over_its_flops_budget_is_never_recorded():
-    from espn.training.capacity import check_budget
-    from espn.training.engine import TrainingStopped
+    from espn.training.capacity import TrainingStopped, check_budget
 
     check_budget(0.2, {"flops_ratio": 0.2}, "t", 0)
     with pytest.raises(TrainingStopped, match=r"task 2 \(t\): .* 0\.5 of the dense FLOPs"):
