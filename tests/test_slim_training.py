@@ -11,6 +11,7 @@ import torch
 
 import espn
 import espn.api.run_directory as run_directory_module
+import espn.training.slim_net as net_module
 import espn.training.slim_step as slim_module
 from espn.api.experiment import run_experiment
 from espn.data.tasks import TaskSequence
@@ -442,8 +443,8 @@ def test_a_model_the_copy_cannot_slice_fine_tunes_masked(monkeypatch):
         assert spy.built == ([False] * 4 if slim else [])
         results.append({n: layer.weight.detach().clone() for n, layer in sn.layers.items()})
     assert all(torch.equal(results[0][n], results[1][n]) for n in results[0])
-    with pytest.raises(slim_module.SlimUnsupported, match="not sliced"):
-        slim_module.SlimNet(sn)
+    with pytest.raises(net_module.SlimUnsupported, match="not sliced"):
+        net_module.SlimNet(sn)
 
 
 def test_a_dropout_elsewhere_keeps_the_masked_supernet():
@@ -458,8 +459,8 @@ def test_a_dropout_elsewhere_keeps_the_masked_supernet():
         torch.nn.Linear(16, 3),
     )
     sn = espn.wrap(net, seq.tasks[0].train.x[:2])
-    with pytest.raises(slim_module.SlimUnsupported, match="draws random masks"):
-        slim_module.SlimNet(sn)
+    with pytest.raises(net_module.SlimUnsupported, match="draws random masks"):
+        net_module.SlimNet(sn)
 
 
 @pytest.mark.parametrize("p", [0.3, 1.0])
@@ -478,7 +479,7 @@ def test_a_dropout_feeding_a_linear_layer_draws_the_supernets_noise(p):
     group = next(iter(units))
     units[group][::3] = False
     sn.set_unit_masks(units)
-    copy = slim_module.SlimNet(sn)
+    copy = net_module.SlimNet(sn)
     assert copy.model[3].weight.shape[1] == int(units[group].sum())
     x = seq.tasks[0].train.x[:8]
     sn.train()
@@ -777,16 +778,16 @@ def test_a_matrix_cut_both_ways_reads_and_writes_exactly_its_slice():
     g = torch.Generator().manual_seed(0)
     full = torch.randn(9, 7, generator=g)
     rows, cols = torch.tensor([0, 2, 3, 8]), torch.tensor([1, 4, 5])
-    cut = slim_module.Cut((rows, cols), tuple(full.shape))
+    cut = net_module.Cut((rows, cols), tuple(full.shape))
     assert cut.flat is not None
-    assert torch.equal(slim_module.take(full, cut), full[rows][:, cols])
+    assert torch.equal(net_module.take(full, cut), full[rows][:, cols])
     value = torch.randn(4, 3, generator=g)
     for target in (full.clone(), full.t().contiguous().t()):  # contiguous, then not
-        slim_module.put(target, cut, value)
+        net_module.put(target, cut, value)
         want = full.clone()
         want[rows.view(-1, 1), cols.view(1, -1)] = value
         assert torch.equal(target, want)
-    assert slim_module.Cut((None, cols), tuple(full.shape)).flat is None
+    assert net_module.Cut((None, cols), tuple(full.shape)).flat is None
 
 
 def test_a_copy_cut_like_the_last_one_is_not_checked_again(monkeypatch):
