@@ -39,7 +39,7 @@ WIDE = (67, 45)
         OptimConfig("rmsprop", lr=0.1),
         OptimConfig("rmsprop", lr=0.1, momentum=0.5),
     ],
-    ids=lambda c: f"{c.name}-{c.momentum}",
+    ids=lambda c: f"{c.optimizer}-{c.momentum}",
 )
 def test_frozen_weights_keep_their_bits_without_a_restore(cfg: OptimConfig) -> None:
     """Without weight decay the guard skips its restore: zeroed gradients from a fresh
