@@ -92,7 +92,8 @@ def test_the_script_writes_the_table_into_the_page(tmp_path: Path) -> None:
     assert sorted(rows) == sorted(only.split(","))
     assert rows["hand/cnn1d"]["verdict"] == "works" and rows["hand/cnn1d"]["speedup"]["1"] > 0
     text = page.read_text()
-    assert text.startswith("# Models\n\nabove\n\n<!-- model-matrix:start -->\n2 models: ")
+    head = "# Models\n\nabove\n\n<!-- model-matrix:start -->\n2 of "  # of every model it knows
+    assert text.startswith(head) and " models: 2 works" in text
     assert text.endswith("<!-- model-matrix:end -->\n\nbelow\n") and "old" not in text
     assert "| hand/cnn1d | 3x64 | works |" in text
     # a second run resumes: nothing left to check
