@@ -395,11 +395,13 @@ def info(
     safetensors headers): no model is built and no model code imported, so it works on any
     run, also one saved from a model instance.
     """
+    run = run_directory(run_dir, run_alias)
+    if not (run / "checkpoint" / "manifest.json").is_file():  # refused before torch is loaded
+        fail(f"no checkpoint in {run / 'checkpoint'} (manifest.json not found)")
     from espn.checkpoint.format import checkpoint_dir
     from espn.checkpoint.sizes import read_sizes
     from espn.runs.checks import check_results_match
 
-    run = run_directory(run_dir, run_alias)
     stored = read_sizes(checkpoint_dir(run))
     m = stored.manifest
     check_results_match(run, m)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
-from espn.sweep import PointOutcome
 from espn.utils.commands import (
     CPUS_PER_RUN_OPTION,
     OVERWRITE_POINTS_OPTION,
@@ -20,6 +20,9 @@ from espn.utils.commands import (
     user_errors,
 )
 from espn.utils.text import printable
+
+if TYPE_CHECKING:
+    from espn.sweep import PointOutcome
 
 
 def sweep_summary(outcomes: list[PointOutcome], out: Path) -> None:
