@@ -134,7 +134,7 @@ def test_the_help_lists_each_command_as_the_command_describes_itself() -> None:
 def test_argument_errors_are_refused_before_torch_is_loaded(tmp_path: Path) -> None:
     """A bad value of a training setting or of a method's own option, an unknown flag, a
     missing option and a run directory without results are refused (status 2) by ``espn run``,
-    ``espn sweep``, ``espn show`` and ``espn info`` without loading torch."""
+    ``espn sweep``, ``espn show``, ``espn info`` and ``espn export`` without loading torch."""
     out = str(tmp_path / "r")
     run = ["run", "--benchmark", "permuted-mnist", "--out", out]
     code = (
@@ -145,6 +145,7 @@ def test_argument_errors_are_refused_before_torch_is_loaded(tmp_path: Path) -> N
         f"{[*run, '--optimizer', 'lion']!r}, ['run', '--epochs', 'x'], "
         f"['show', {str(tmp_path / 'none')!r}], ['run', '--bogus'], ['sweep', '--bogus'], "
         f"['info', {str(tmp_path / 'none')!r}], "
+        f"['export', {str(tmp_path / 'none')!r}, '--task', '0', '--out', 'x.pt2'], "
         f"{[*run, '--method', 'espn', '--gamma', '7']!r}, "
         f"{[*run, '--method', 'espn', '--penalty', '-1']!r}, "
         f"{[*run, '--method', 'cpg', '--cpg-stop', 'never']!r}):\n"
@@ -154,7 +155,7 @@ def test_argument_errors_are_refused_before_torch_is_loaded(tmp_path: Path) -> N
         "            main()\n"
         "        except SystemExit as exc:\n"
         "            codes.append(exc.code)\n"
-        "assert codes == [2] * 11, codes\n"
+        "assert codes == [2] * 12, codes\n"
         "assert 'torch' not in sys.modules\n"
     )
     assert _loaded_after(code) == []

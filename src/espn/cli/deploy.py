@@ -76,8 +76,8 @@ def evaluate(
     from espn.evaluation.results import read_results
     from espn.inference.predict import get_rule
 
+    run = _checkpointed(run_directory(run_dir, run_alias))
     _check_rule(task_agnostic, rule)
-    run = run_directory(run_dir, run_alias)
     learner = load(
         run,
         device=device,
@@ -103,6 +103,14 @@ def evaluate(
     if mismatches:
         fail(f"tasks {mismatches} differ from {source}", code=1)
     console.print(f"all {n} tasks match {source}")
+
+
+def _checkpointed(run: Path) -> Path:
+    """``run``, refused before torch is loaded when it holds no checkpoint manifest (the
+    ``checkpoint/manifest.json`` of ``espn.checkpoint.format``)."""
+    if not (run / "checkpoint" / "manifest.json").is_file():
+        fail(f"no checkpoint in {run / 'checkpoint'} (manifest.json not found)")
+    return run
 
 
 def _check_rule(task_agnostic: bool, rule: str | None) -> None:
@@ -256,8 +264,8 @@ def export_command(
     """
     if (task is None) == (not task_agnostic):
         fail("give either --task N (one task) or --task-agnostic (every task, task inferred)")
+    run = _checkpointed(run_directory(run_dir, run_alias))
     _check_rule(task_agnostic, rule)
-    run = run_directory(run_dir, run_alias)
     _check_export(run, out, onnx, overwrite, task)
     learner = _loaded(run, device, trust_model_code, check_data, data_dir, task)
     data = None if check_data else _random_inputs(learner)
@@ -395,9 +403,7 @@ def info(
     safetensors headers): no model is built and no model code imported, so it works on any
     run, also one saved from a model instance.
     """
-    run = run_directory(run_dir, run_alias)
-    if not (run / "checkpoint" / "manifest.json").is_file():  # refused before torch is loaded
-        fail(f"no checkpoint in {run / 'checkpoint'} (manifest.json not found)")
+    run = _checkpointed(run_directory(run_dir, run_alias))
     from espn.checkpoint.format import checkpoint_dir
     from espn.checkpoint.sizes import read_sizes
     from espn.runs.checks import check_results_match
