@@ -25,6 +25,7 @@ from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import alive_features, param
 from espn.layers.parameters import TaskParameters, channel_axis
+from espn.supernet.flops import run_hooked
 from espn.supernet.layers import (
     MaskedLayer,
     TaskBias,
@@ -97,15 +98,7 @@ def _feeds(
             handles.append(m.register_forward_hook(output(name)))
         elif follower(m):
             handles.append(m.register_forward_pre_hook(input_of(name)))
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(example)
-    finally:
-        model.train(was)
-        for h in handles:
-            h.remove()
+    run_hooked(model, example, handles)
     feeds = {}
     for name, x in read.items():
         source = made.get(id(x))

@@ -117,6 +117,22 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
     )
 
 
+def run_hooked(
+    model: nn.Module, example: Tensor, hooks: list[torch.utils.hooks.RemovableHandle]
+) -> None:
+    """Run ``example`` through ``model`` once in eval mode without gradients for the forward
+    ``hooks`` to see, then remove them and restore the model's mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+
+
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     """Run ``example_input`` (a batch) through ``model`` and record what every costed module
     costs: a masked layer's or task head's output positions (:func:`layer_cost`), a
@@ -134,15 +150,7 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
                 costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(example_input)
-    finally:
-        model.train(was_training)
-        for h in hooks:
-            h.remove()
+    run_hooked(model, example_input, hooks)
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     # attention's activation products first, then the layers (the order they were listed in)
     return sorted(costs.values(), key=lambda c: (not isinstance(c, AttentionCost), order[c.name]))
