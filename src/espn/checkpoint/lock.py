@@ -34,11 +34,7 @@ def prepare_out_dir(out: Path | str) -> Path:
         raise CheckpointError(f"--out {out} is a file, not a directory; choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise CheckpointError(
-            f"--out {out}: a part of the path is a file, not a directory; choose another --out"
-        ) from None
-    except NotADirectoryError:
+    except (FileExistsError, NotADirectoryError):
         raise CheckpointError(
             f"--out {out}: a part of the path is a file, not a directory; choose another --out"
         ) from None

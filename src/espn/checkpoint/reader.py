@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from espn.checkpoint.format import (
-    MANIFEST,
     CheckpointError,
     check_architecture,
     read_manifest,
@@ -22,7 +21,7 @@ from espn.checkpoint.format import (
 )
 from espn.checkpoint.store import Checkpoint, TrainingState
 from espn.supernet.masks import EXPLICIT_FORMS, MASK_FORMS, Ownership, TaskMask, unpack_bits
-from espn.supernet.supernet import Supernet
+from espn.supernet.supernet import Supernet, prefixed
 
 
 def _load_tensors(path: Path) -> dict[str, Tensor]:
@@ -30,11 +29,6 @@ def _load_tensors(path: Path) -> dict[str, Tensor]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {exc}") from None
-
-
-def prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The tensors whose names start with ``prefix``, by the rest of their names."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def _read_task(
@@ -106,18 +100,14 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
     is put back into its manifest entry (``"accuracy"``) in memory."""
     directory = Path(directory)
     manifest = read_manifest(directory)
-    sizes = {MANIFEST: (directory / MANIFEST).stat().st_size}
     masks = []
     for entry in manifest["tasks"]:
         path = verify_file(directory, entry)
-        sizes[path.name] = entry["bytes"]
         tensors = _load_tensors(path)
         masks.append(_read_task(path, entry, tensors, manifest["architecture"]))
         if "accuracy" in tensors:
             entry["accuracy"] = tensors["accuracy"].tolist()
-    path = verify_file(directory, manifest["state"])
-    sizes[path.name] = manifest["state"]["bytes"]
-    tensors = _load_tensors(path)
+    tensors = _load_tensors(verify_file(directory, manifest["state"]))
     owner_ids = prefixed(tensors, "owner.") if manifest["format_version"] >= 2 else None
     training = None
     doc = manifest.get("training")
@@ -140,10 +130,6 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
             units={k: v.bool() for k, v in prefixed(tensors, "train.units.").items()},
             task_state=prefixed(tensors, "train.state."),
         )
-        if training.task != len(masks):
-            raise CheckpointError(
-                f"{directory}: task {training.task} is in training but {len(masks)} are committed"
-            )
     return Checkpoint(
         directory=directory,
         manifest=manifest,
@@ -151,7 +137,6 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
         masks=masks,
         rng=prefixed(tensors, "rng."),
         training=training,
-        file_bytes=sizes,
         owner_ids=owner_ids,
     )
 
@@ -294,12 +279,7 @@ def restore_working(training: TrainingState, supernet: Supernet) -> None:
     """Put the working sub-network of the task in training (its task state, unit and weight
     masks) back into ``supernet``, restored by :func:`restore` (which checked its tensors)."""
     supernet.begin_task(training.n_classes)
-    for name, m in supernet.task_modules.items():
-        m.load_task_state(prefixed(training.task_state, f"{name}."))
-    for g, alive in training.units.items():
-        every = bool(alive.all())
-        for m in supernet.groups[g]:
-            m.set_units(alive, every)
+    supernet.load_task_state(training.units, training.task_state)
     for name, layer in supernet.layers.items():
         mask = unpack_bits(training.weight_masks[name].to(layer.weight.device), layer.weight.shape)
         layer.weight_mask.copy_(mask.to(layer.weight_mask.dtype))

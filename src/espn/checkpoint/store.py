@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,6 @@ class Checkpoint:
     masks: list[TaskMask]
     rng: dict[str, Tensor]
     training: TrainingState | None = None
-    file_bytes: dict[str, int] = field(default_factory=dict)
     #: the supernet's owner ids as bit-planes (see ``Ownership.packed``; None in a version-1
     #: checkpoint: derived from the masks)
     owner_ids: dict[str, Tensor] | None = None

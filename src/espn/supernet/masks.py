@@ -205,25 +205,10 @@ class Ownership:
         return mask.view(*lay.shape[:2], *([1] * (len(lay.shape) - 2))).expand(lay.shape)
 
 
-def alive_weights(layer: MaskedLayer, dead: dict[str, Tensor]) -> Tensor | None:
-    """Weights of ``layer`` whose input and output units are both alive, as a boolean
-    tensor broadcast to the weight's shape, or None where all are (``dead``: see
-    :meth:`Supernet._dead_units`)."""
-    w = layer.weight
-    trailing = [1] * (w.dim() - 2)
-    keep: Tensor | None = None
-    if layer.out_units in dead:
-        keep = expand_units(dead[layer.out_units], layer.out_unit_size).view(-1, 1, *trailing)
-    if layer.in_units in dead:
-        cols = expand_units(dead[layer.in_units], layer.in_unit_size).view(1, -1, *trailing)
-        keep = cols if keep is None else keep & cols
-    return None if keep is None else keep.to(w.device)
-
-
 def zero_dead_units(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
-    """Zero ``layer``'s weight mask on the rows and columns of dead units (``dead`` as in
-    :func:`alive_weights`): what a ``masked_fill_`` outside :func:`alive_weights`'s
-    ``keep`` does, without building ``keep`` (a boolean tensor of the weight's size)."""
+    """Zero ``layer``'s weight mask on the rows and columns of dead units (``dead``: the
+    alive vector of every unit group and union with a dead unit), without building a
+    boolean tensor of the weight's size."""
     mask = layer.weight_mask
     sides = ((layer.out_units, layer.out_unit_size), (layer.in_units, layer.in_unit_size))
     for dim, (group, size) in enumerate(sides):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from espn.errors import EspnError
 from espn.supernet.layers import TaskHead
-from espn.supernet.supernet import Supernet
+from espn.supernet.supernet import Supernet, prefixed
 
 
 class PretrainedError(EspnError, ValueError):
@@ -122,12 +122,10 @@ def adopt_pretrained(
             "weights)"
         )
     supernet.begin_task(n_classes)
+    given = {k: tensors[k] for k in shapes}
     for name, m in supernet.task_modules.items():
         if m.per_task:
-            prefix = f"{name}."
-            m.load_task_state(
-                {k[len(prefix) :]: tensors[k] for k in shapes if k.startswith(prefix)}
-            )
+            m.load_task_state(prefixed(given, f"{name}."))
     for name, layer in supernet.layers.items():
         weight = tensors[f"{name}.weight"].to(layer.weight.device, layer.weight.dtype)
         layer.weight.copy_(weight)

@@ -19,7 +19,7 @@ from espn.supernet.layers import (
     expand_units,
     with_unions,
 )
-from espn.supernet.masks import LayerLayout, Ownership, TaskMask, alive_weights, zero_dead_units
+from espn.supernet.masks import LayerLayout, Ownership, TaskMask, zero_dead_units
 
 
 class NothingToMask(EspnError, ValueError):
@@ -28,6 +28,11 @@ class NothingToMask(EspnError, ValueError):
 
 class TaskRequired(EspnError, ValueError):
     """``supernet(x)`` without ``task=``: which task answers is never guessed."""
+
+
+def prefixed(tensors: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The tensors whose names start with ``prefix``, by the rest of their names."""
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 #: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
@@ -166,9 +171,7 @@ class Supernet(nn.Module):
 
     def structural_mask(self, name: str) -> Tensor:
         """Weights of layer ``name`` whose input and output units are both alive."""
-        w = self.layers[name].weight
-        keep = alive_weights(self.layers[name], self._dead_units())
-        return torch.ones_like(w, dtype=torch.bool) if keep is None else keep.expand_as(w)
+        return self.owners.structure(name, self.unit_masks(), self.layers[name].weight.device)
 
     def _dead_units(self) -> dict[str, Tensor]:
         """The alive vector of every unit group and union that has a dead unit."""
@@ -407,6 +410,17 @@ class Supernet(nn.Module):
         return mask
 
     @torch.no_grad()
+    def load_task_state(self, units: dict[str, Tensor], state: dict[str, Tensor]) -> None:
+        """Swap in a task's unit masks (first: a released gate is its unit mask) and its task
+        state (``"<module>.<tensor>"``, as :meth:`task_state` names it)."""
+        for g, alive in units.items():
+            every = bool(alive.all())
+            for unit in self.groups[g]:
+                unit.set_units(alive, every)
+        for name, m in self.task_modules.items():
+            m.load_task_state(prefixed(state, f"{name}."))
+
+    @torch.no_grad()
     def use_task(self, task: int) -> None:
         """Load task ``task``'s sub-network (weight and unit masks, gates/BatchNorm, head, and
         the task's own weights if it has them)."""
@@ -416,15 +430,7 @@ class Supernet(nn.Module):
             learned = f"tasks 0..{len(self.masks) - 1}" if self.masks else "no task is learned yet"
             raise IndexError(f"task {task} is not learned ({learned})")
         mask = self.masks[task]
-        for g, alive in mask.units.items():  # first: a released gate is its unit mask
-            every = bool(alive.all())
-            for unit in self.groups[g]:
-                unit.set_units(alive, every)
-        for name, m in self.task_modules.items():
-            prefix = f"{name}."
-            m.load_task_state(
-                {k[len(prefix) :]: v for k, v in mask.state.items() if k.startswith(prefix)}
-            )
+        self.load_task_state(mask.units, mask.state)
         for name, layer in self.layers.items():
             weight_mask = mask.weight_mask(name, layer.weight.device)
             layer.weight_mask.copy_(weight_mask)
