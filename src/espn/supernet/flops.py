@@ -41,23 +41,17 @@ class LayerCost:
     in_unit_size: int = 1
     out_unit_size: int = 1
 
-    @property
-    def in_size(self) -> int:
-        """Input features/channels of the full-width layer."""
+    def alive_in(self, alive: dict[str, int]) -> int:
+        """Alive input features (units times their width; all of them without units)."""
+        if self.in_units:
+            return alive[self.in_units] * self.in_unit_size
         return int(self.module.weight.shape[1])
 
-    @property
-    def out_size(self) -> int:
-        """Output features/channels of the full-width layer."""
-        return int(self.module.weight.shape[0])
-
-    def alive_in(self, alive: dict[str, int]) -> int:
-        """Alive input features (units times their width)."""
-        return alive[self.in_units] * self.in_unit_size if self.in_units else self.in_size
-
     def alive_out(self, alive: dict[str, int]) -> int:
-        """Alive output features (units times their width)."""
-        return alive[self.out_units] * self.out_unit_size if self.out_units else self.out_size
+        """Alive output features (units times their width; all of them without units)."""
+        if self.out_units:
+            return alive[self.out_units] * self.out_unit_size
+        return int(self.module.weight.shape[0])
 
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
@@ -161,9 +155,8 @@ def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
     return sum(c.flops(alive) for c in costs)
 
 
-#: what the FLOPs load of a unit counts: ``output`` (the paper: the cost of computing the
-#: unit's output, from its alive inputs) or ``total`` (beyond the paper: also the cost its
-#: output causes in the layers that consume it)
+#: what the FLOPs load of a unit counts (as ``espn.settings.methods.FLOP_LOADS``, which
+#: the command line reads without torch: a test holds them equal)
 FLOP_LOADS = ("output", "total")
 
 

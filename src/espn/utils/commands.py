@@ -26,6 +26,7 @@ from typer.exceptions import TyperException
 
 from espn.errors import EspnError
 from espn.utils.console import OutputConsole
+from espn.utils.io import os_error_text
 from espn.utils.text import printable
 
 #: the CLI's output and its messages, printed as written (no rich markup)
@@ -87,12 +88,11 @@ def fail(message: str, code: int = 2) -> None:
 def os_error_message(exc: OSError) -> str:
     """A file-system error as one line naming the path and what to do."""
     where = f" {exc.filename}" if exc.filename else ""
-    reason = exc.strerror or str(exc)
     if exc.errno == errno.ENOSPC:
         return f"no space left on device{where}; free some space and retry"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"cannot write{where}: {reason} (choose a writable location)"
-    return f"{reason}:{where}" if where else reason
+        return f"cannot write{where}: {exc.strerror or exc} (choose a writable location)"
+    return os_error_text(exc)
 
 
 def handle(exc: BaseException) -> None:

@@ -8,8 +8,6 @@ these limits with one line naming the file, the value and the limit.
 
 from __future__ import annotations
 
-from espn.utils.io import MAX_JSON_BYTES, MAX_JSON_DEPTH
-
 #: values in one input sample (e.g. 3 x 2048 x 2048 images fit) and its dimensions
 MAX_INPUT_VALUES = 2**24
 MAX_INPUT_DIMS = 8
@@ -19,13 +17,3 @@ MAX_CLASSES = 100_000
 MAX_MODEL_VALUES = 2**30
 #: the width and precision a sweep's point-name template may give a field (``{seed:>8}``)
 MAX_FORMAT_WIDTH = 64
-
-__all__ = [
-    "MAX_CLASSES",
-    "MAX_FORMAT_WIDTH",
-    "MAX_INPUT_DIMS",
-    "MAX_INPUT_VALUES",
-    "MAX_JSON_BYTES",
-    "MAX_JSON_DEPTH",
-    "MAX_MODEL_VALUES",
-]

@@ -86,8 +86,3 @@ def describe(name: str) -> str:
     """The one-line description of preset ``name``."""
     doc = _read(name)[1]
     return str(doc.get("description", "")) if isinstance(doc, dict) else ""
-
-
-def merge(preset: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """Options of a run: those ``given`` (not None) over the ``preset``'s."""
-    return preset | {k: v for k, v in given.items() if v is not None}
