@@ -1,13 +1,6 @@
-"""Tasks from a user's own data: ``(x, y)`` tensors, any iterable of ``(x, y)`` batches (a
-``DataLoader``, a list), or task files (benchmark ``tensors``).
-
-The data is gathered once into tensors on the training device, so that the engine batches,
-shuffles and evaluates it exactly as it does every built-in benchmark (a loader's random
-augmentation is therefore applied once, when the data is gathered). A task file is one
-safetensors file per task (``task-NNNN.safetensors``: ``train.x``, ``train.y``, ``test.x``,
-``test.y``, the training split optional; its name and class count as metadata), which
-``espn run/evaluate --benchmark tensors --data-dir DIR`` reads: the Python API writes the test
-data of a saved run that way, so that ``espn evaluate`` can re-compute its accuracies.
+"""Tasks from a user's own data: ``(x, y)`` tensors, any iterable of ``(x, y)`` batches, or task
+files (``task-NNNN.safetensors``, benchmark ``tensors``: docs/recipes.md), gathered once into
+tensors on the training device, so that they are batched like every built-in benchmark.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""Evaluating learned tasks at their sub-networks' cost: through cached slim copies.
-
-The accuracy matrix evaluates every learned task after every task. Through the masked
-supernet each of those passes costs the full network; :class:`SlimEvaluator` runs each task
-through its physically slimmed copy (:func:`espn.export.slim.slim_copy`: the export's model,
-dead units removed, BatchNorm left unfolded), built once per task and kept.
-
-A committed task cannot change: its weights are frozen (``shared`` methods: the guard keeps
-their bits), its own copy (``own``) or never trained (``fixed``), and its masks and task state
-are stored with it. The copy is therefore rebuilt only when the task's stored sub-network is
-replaced (a supernet state loaded anew). Every copy is checked on its first batch against the
-masked supernet within the export's tolerance; a task whose copy cannot be built or differs
-(a model the export refuses) is evaluated through the masked supernet.
+"""Evaluating learned tasks through cached slim copies (:func:`espn.export.slim.slim_copy`),
+each built once per task, rebuilt only when the task's stored sub-network is replaced, and
+checked on its first batch against the masked supernet (docs/performance.md); a task whose
+copy cannot be built or differs is evaluated through the masked supernet.
 """
 
 from __future__ import annotations

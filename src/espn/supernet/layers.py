@@ -1,23 +1,8 @@
-"""Building blocks of a supernet.
-
-Two kinds of modules make a network a supernet:
-
-* masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`) whose weights are shared by
-  all tasks; each carries the active task's weight mask and the set of frozen weights;
-* task-specific modules (:class:`TaskSpecific`) whose parameters and buffers belong to one
-  task at a time: the unit gates of fully-connected layers (:class:`UnitGate`), task-specific
-  BatchNorm and GroupNorm (:class:`TaskBatchNorm2d`, :class:`TaskGroupNorm`), and heads
-  (:class:`TaskBias`, :class:`TaskHead`; a conv head is next to its adapter in ``layers``).
-
-Units (neurons or channels) are named by a *group*: every masked layer says which group
-indexes its input and its output units, and every gate or BatchNorm belongs to one group.
-Layers whose outputs are added together (a residual stream) either share one group, so that
-their channels are kept or pruned together, or each have their own group, and the layers that
-read the stream name a *union* of those groups (see :func:`union_alive`): a stream channel is
-alive where any of its producers keeps it (the authors' per-conv pruning). A unit may span
-several consecutive features (an attention head's ``head_dim`` values, a grouped
-convolution's group of channels, a GroupNorm group): each layer and norm says how many on its
-side (``*_unit_size``).
+"""Building blocks of a supernet: masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`),
+whose weights all tasks share, and task-specific modules (:class:`TaskSpecific`: gates,
+task norms, heads), swapped in with the active task. Units are named by *group*, and layers
+reading a residual stream pruned per conv name a *union* of groups (:func:`union_alive`);
+docs/architectures.md describes how units are formed.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""Per-task sub-networks, stored compactly.
-
-A task's weight mask is kept in the smallest of four forms, chosen per task and layer when
-the task is committed, and only after checking that the form decodes to exactly that mask:
-
-* ``"structure"``: every weight between the task's alive units (no weight pruning): nothing
-  stored;
-* ``"owned"``: the weights that task ``horizon`` or an earlier task owns (see
-  :class:`Ownership`), between its alive units: nothing stored per task. This is the mask
-  of every task that keeps all frozen weights inside its alive units (ESPN and PackNet with
-  ``reuse="all"``);
-* ``"bits"``: one bit per weight (a bit-packed boolean tensor);
-* ``"indices"``: the flat positions of the kept weights (int32), when fewer than one
-  weight in 32 is kept.
+"""Per-task sub-networks, stored compactly: owner ids, and each task's weight mask per layer in
+the smallest of four forms (:data:`MASK_FORMS`: ``structure``, ``owned``, ``bits``,
+``indices``) that decodes to exactly that mask (docs/algorithm.md, "Storage as owner ids").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A first task adopted from pretrained weights, as the paper's ImageNet-pretrained supernet.
-
-The paper's diversity experiment starts from a sparse pretrained ResNet50 (20% non-zero
-weights) as task 0 and learns the next tasks on top of it. :func:`adopt_pretrained` commits
-such a network as the supernet's next task: its non-zero weights become that task's (and
-frozen for every later task), its BatchNorms and head become its task state. Weight files are
-read without pickles: safetensors, or torch's format with ``weights_only=True``.
+"""A first task adopted from pretrained weights, as the paper's sparse ImageNet-pretrained
+ResNet50: its non-zero weights become task 0's (frozen for later tasks), its norms and head
+its task state. Weight files are read without pickles.
 """
 
 from __future__ import annotations

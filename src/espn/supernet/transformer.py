@@ -1,20 +1,7 @@
-"""Supernet building blocks for transformers: features on the last dimension of token tensors.
-
-* :class:`TokenGate`: a :class:`UnitGate` for tensors whose features are the last dimension
-  (``(B, N, D)`` tokens); with ``unit_size > 1`` one gate entry scales ``unit_size``
-  consecutive features (an attention head's ``head_dim`` values).
-* :class:`TaskLayerNorm`: LayerNorm over the last dimension whose affine parameters belong to
-  the active task and whose statistics run over the *alive* features only, so that the
-  output equals a LayerNorm of the slim model (pruned features removed) and a pruned feature
-  outputs exactly zero.
-* :class:`TaskTokens`: a class token and position embeddings owned by the active task.
-* :class:`MaskedAttention`: multi-head self-attention whose heads are the units: the q, k
-  and v rows and the output-projection columns of a head share one unit of the heads group,
-  so a head is kept or removed whole.
-
-Every layer here keeps zero forgetting as the convolutional supernet does: weights are
-:class:`~espn.supernet.layers.MaskedLinear` (frozen once a task owns them), everything else
-is task-specific state swapped in with the task.
+"""Supernet building blocks for transformers, features on the last dimension of token tensors:
+:class:`TokenGate`, :class:`TaskLayerNorm` (statistics over the alive features only),
+:class:`TaskTokens` and :class:`MaskedAttention` (heads as units); docs/transformers.md
+describes them.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Helpers shared by the CLI commands: one error handler, clear messages, non-zero exits.
-
-Every command is wrapped in :func:`user_errors`, the one place where an exception becomes a
-single ``error: ...`` line on stderr: errors a user can fix (any :class:`espn.errors.EspnError`:
-bad options, unusable files, checkpoints or run directories, a diverged run; and a full disk)
-exit with status 2, an interrupted run with 130, anything unexpected with 1. ``espn --debug ...`` or
-``ESPN_DEBUG=1`` shows the Python traceback instead.
-
-Text reaches the terminal as written: the consoles here print with rich markup off (a message
-such as ``pip install 'espn[ray]'`` would otherwise lose ``[ray]``), and every command group is
-made by :func:`command_group`, whose help is not read as markup either.
+"""Helpers shared by the CLI commands: :func:`user_errors`, the one place where an exception
+becomes one ``error: ...`` line and an exit status (docs/limits.md), and consoles and command
+groups that print text as written (no rich markup).
 """
 
 from __future__ import annotations

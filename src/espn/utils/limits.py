@@ -1,9 +1,5 @@
 """The sizes espn accepts from a file it reads (a run directory, a sweep spec), checked before
-anything of that size is allocated, so that a small hostile file cannot exhaust memory.
-
-A run directory is data (see ``docs/reliability.md``): every number in it that decides how
-much is allocated (an input shape, a class count, a model's parameters) is refused beyond
-these limits with one line naming the file, the value and the limit.
+anything of that size is allocated (docs/reliability.md).
 """
 
 from __future__ import annotations

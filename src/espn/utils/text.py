@@ -1,11 +1,5 @@
-"""Text read from files, made safe to print: terminal control characters neutralised.
-
-A run directory is data (it may have been downloaded), so a task name, method name or any
-other string read from it may hold terminal escape sequences (``ESC]0;...`` retitles the
-window, ``ESC[2J`` clears the screen) or bidirectional overrides that reorder what is shown.
-Every such string goes through :func:`printable` before it reaches a terminal: each control
-or invisible formatting character is shown as its Python escape (``\\x1b``), so the text is
-still readable and nothing in it acts on the terminal.
+"""Text read from files, made safe to print: terminal control characters shown as their
+escapes (docs/reliability.md, "Printed text is escaped").
 """
 
 from __future__ import annotations
