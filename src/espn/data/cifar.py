@@ -142,15 +142,7 @@ def split_benchmark(
 
 
 for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
-    (
-        "split-cifar100",
-        "cifar100",
-        5,
-        True,
-        True,
-        CIFAR,
-        "CIFAR-100 in tasks of 5 classes",
-    ),
+    ("split-cifar100", "cifar100", 5, True, True, CIFAR, "CIFAR-100 in tasks of 5 classes"),
     ("split-cifar10", "cifar10", 2, True, True, CIFAR, "CIFAR-10 in tasks of 2 classes"),
     ("cifar10", "cifar10", 10, True, False, CIFAR, "CIFAR-10 as one 10-class task"),
     (

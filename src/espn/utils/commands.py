@@ -17,9 +17,8 @@ from rich.text import Text
 from typer.exceptions import TyperException
 
 from espn.errors import EspnError
-from espn.utils.console import OutputConsole
 from espn.utils.io import os_error_text
-from espn.utils.text import printable
+from espn.utils.text import OutputConsole, printable
 
 #: the CLI's output and its messages, printed as written (no rich markup)
 console = OutputConsole(markup=False)
