@@ -20,8 +20,15 @@ from espn.checkpoint.format import (
     verify_file,
 )
 from espn.checkpoint.store import Checkpoint, TrainingState
-from espn.supernet.masks import EXPLICIT_FORMS, MASK_FORMS, Ownership, TaskMask, unpack_bits
-from espn.supernet.supernet import Supernet, prefixed
+from espn.supernet.masks import (
+    EXPLICIT_FORMS,
+    MASK_FORMS,
+    Ownership,
+    TaskMask,
+    prefixed,
+    unpack_bits,
+)
+from espn.supernet.supernet import Supernet
 
 
 def _load_tensors(path: Path) -> dict[str, Tensor]:

@@ -39,6 +39,11 @@ def unpack_bits(packed: Tensor, shape: tuple[int, ...] | torch.Size) -> Tensor:
     return bits.flatten()[:numel].view(tuple(shape)).bool()
 
 
+def prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The tensors whose names start with ``prefix``, by the rest of their names."""
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
 def owner_dtype(n_tasks: int) -> torch.dtype:
     """The smallest owner-id dtype holding ids ``0 .. n_tasks - 1`` and the free sentinel
     (the dtype's largest value): uint8 up to 255 tasks, then int16, int32, int64."""

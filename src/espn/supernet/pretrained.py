@@ -15,7 +15,8 @@ from torch import Tensor
 
 from espn.errors import EspnError
 from espn.supernet.layers import TaskHead
-from espn.supernet.supernet import Supernet, prefixed
+from espn.supernet.masks import prefixed
+from espn.supernet.supernet import Supernet
 
 
 class PretrainedError(EspnError, ValueError):

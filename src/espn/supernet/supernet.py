@@ -19,7 +19,7 @@ from espn.supernet.layers import (
     expand_units,
     with_unions,
 )
-from espn.supernet.masks import LayerLayout, Ownership, TaskMask, zero_dead_units
+from espn.supernet.masks import LayerLayout, Ownership, TaskMask, prefixed, zero_dead_units
 
 
 class NothingToMask(EspnError, ValueError):
@@ -28,11 +28,6 @@ class NothingToMask(EspnError, ValueError):
 
 class TaskRequired(EspnError, ValueError):
     """``supernet(x)`` without ``task=``: which task answers is never guessed."""
-
-
-def prefixed(tensors: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The tensors whose names start with ``prefix``, by the rest of their names."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 #: how a committed task holds its weights (see :meth:`Supernet.commit_task`)
@@ -181,10 +176,11 @@ class Supernet(nn.Module):
         return {g: alive for g, alive in units.items() if not bool(alive.all())}
 
     @staticmethod
-    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
+    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor], binary: bool = False) -> None:
         """Zero ``layer``'s weight mask on dead units (:func:`~espn.supernet.masks.zero_dead_units`)
-        and note it; a mask noted binary stays binary, so its values need no check."""
-        binary = layer.mask_is_binary()
+        and note it; a mask known (``binary``) or noted binary stays binary, so its values need
+        no check."""
+        binary = binary or layer.mask_is_binary()
         zero_dead_units(layer, dead)
         layer.note_mask(binary)
 
@@ -216,14 +212,9 @@ class Supernet(nn.Module):
         dead = self._dead_units()
         for name, layer in self.layers.items():
             mask = masks.get(name)
-            if mask is not None and mask.dtype == torch.bool:
-                layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-                zero_dead_units(layer, dead)
-                layer.note_mask(binary=True)
-                continue
             if mask is not None:
                 layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-            self._restrict(layer, dead)
+            self._restrict(layer, dead, binary=mask is not None and mask.dtype == torch.bool)
 
     @torch.no_grad()
     def zero_pruned(self, state: Mapping[Tensor, Mapping[str, Any]] | None = None) -> list[str]:
