@@ -45,56 +45,50 @@ def _read_task(
     version 1 (every mask bit-packed, unit masks as booleans, shapes in the entry)."""
     weights = prefixed(tensors, "weights.")
     state = prefixed(tensors, "state.")
-    n_classes, new_weights = int(entry["n_classes"]), int(entry["new_weights"])
-    own = prefixed(tensors, "own.")
+    units = prefixed(tensors, "units.")
+    mismatch = CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
+    forms: dict[str, str] = {}
+    cut: dict[str, str] = {}
+    horizon = -1
     if "masks" not in entry:  # version 1
         shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
         if set(weights) != set(shapes):
-            raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
-        units = {k: v.bool() for k, v in prefixed(tensors, "units.").items()}
-        return TaskMask(
-            weights=weights,
-            shapes=shapes,
-            units=units,
-            state=state,
-            n_classes=n_classes,
-            new_weights=new_weights,
-            own=own,
-        )
-    forms = dict(entry["masks"])
-    shapes = {k: tuple(v) for k, v in arch["layers"].items()}
-    bad = {k: f for k, f in forms.items() if f not in MASK_FORMS}
-    if (
-        set(forms) != set(shapes)
-        or bad
-        or set(weights) != {k for k, f in forms.items() if f in EXPLICIT_FORMS}
-    ):
-        raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
-    for k, f in forms.items():
-        if f not in EXPLICIT_FORMS:
-            weights[k] = torch.empty(0, dtype=torch.uint8)
-    units = {}
-    for g, packed in prefixed(tensors, "units.").items():
-        size = int(arch["groups"].get(g, -1))
-        fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
-        units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
-    # a missing or misshapen unit mask is reported by the tensor checks of restore()
-    cut = {k: g for k, g in entry.get("alive_only", {}).items() if g in units}
-    for key, group in cut.items():
-        alive = int(units[group].sum())  # a unit may hold several values (a norm's channels)
-        value = state.get(key)
-        if value is None or value.dim() != 1 or not alive or value.numel() % alive:
-            raise CheckpointError(f"checkpoint file {path}: task state {key!r} is cut")
+            raise mismatch
+        units = {k: v.bool() for k, v in units.items()}
+    else:
+        forms, horizon = dict(entry["masks"]), int(entry["horizon"])
+        shapes = {k: tuple(v) for k, v in arch["layers"].items()}
+        bad = {k: f for k, f in forms.items() if f not in MASK_FORMS}
+        if (
+            set(forms) != set(shapes)
+            or bad
+            or set(weights) != {k for k, f in forms.items() if f in EXPLICIT_FORMS}
+        ):
+            raise mismatch
+        for k, f in forms.items():
+            if f not in EXPLICIT_FORMS:
+                weights[k] = torch.empty(0, dtype=torch.uint8)
+        for g, packed in units.items():
+            size = int(arch["groups"].get(g, -1))
+            fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
+            units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
+        # a missing or misshapen unit mask is reported by the tensor checks of restore()
+        cut = {k: g for k, g in entry.get("alive_only", {}).items() if g in units}
+        for key, group in cut.items():
+            alive = int(units[group].sum())  # a unit may hold several values (a norm's channels)
+            value = state.get(key)
+            if value is None or value.dim() != 1 or not alive or value.numel() % alive:
+                raise CheckpointError(f"checkpoint file {path}: task state {key!r} is cut")
     return TaskMask(
         weights=weights,
         shapes=shapes,
         units=units,
         state=TaskMask.expand_state(state, cut, units),
-        n_classes=n_classes,
-        new_weights=new_weights,
-        own=own,
+        n_classes=int(entry["n_classes"]),
+        new_weights=int(entry["new_weights"]),
+        own=prefixed(tensors, "own."),
         forms=forms,
-        horizon=int(entry["horizon"]),
+        horizon=horizon,
         stats=prefixed(tensors, "stats."),
     )
 
