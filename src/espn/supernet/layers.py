@@ -118,15 +118,9 @@ def conv_padding(value: str | int | tuple[int, ...]) -> str | tuple[int, int]:
 
 
 class MaskedConv2d(nn.Conv2d, MaskedLayer):
-    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask.
-
-    A grouped convolution (``groups`` > 1; depthwise when ``groups`` = input channels =
-    output channels) maps input group ``k`` to output group ``k`` alone: its input and output
-    groups are one unit group, named by ``out_units`` (``in_units`` stays None; the weight has
-    ``in_channels / groups`` inputs per output channel, all in the output's own group). A unit
-    spans ``out_unit_size`` output channels, a whole number of conv groups, so that a pruned
-    unit removes whole groups on both sides.
-    """
+    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask. A
+    grouped convolution's input and output channels are one unit group, ``out_units``, whose
+    unit is a whole number of conv groups (docs/architectures.md, "How units are formed")."""
 
     def __init__(
         self,
@@ -385,15 +379,9 @@ def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
 
 
 class TaskGroupNorm(nn.GroupNorm, UnitModule):
-    """GroupNorm whose affine parameters belong to the active task; a unit is ``unit_size``
-    consecutive channels, a whole number of its groups.
-
-    Each group's statistics run over its own channels only, so a pruned unit (whole groups,
-    its input exactly zero) changes no other group, outputs exactly zero (its scale and shift
-    are masked), and the slim model's ``nn.GroupNorm(alive groups, alive channels)`` computes
-    the same values. Always affine (a converted ``affine=False`` GroupNorm starts at scale 1,
-    shift 0, which then trains per task).
-    """
+    """GroupNorm whose affine parameters belong to the active task (always affine); a unit is
+    ``unit_size`` consecutive channels, a whole number of its groups, so a pruned unit changes
+    no other group's statistics (docs/architectures.md)."""
 
     weight: nn.Parameter
     bias: nn.Parameter

@@ -68,14 +68,10 @@ class LayerLayout(NamedTuple):
 
 
 class Ownership:
-    """Which task owns each shared weight: the first task that took it as a new weight.
-
-    One owner-id tensor per masked layer for the whole supernet (``ids``), in the smallest
-    dtype that fits the task count (:func:`owner_dtype`, widened as tasks are added); free
-    weights hold the dtype's largest value. Ids are written once: a weight's owner never
-    changes, so ``ids <= t`` is the same set at any later time, which is what lets a task's
-    mask be stored as its ``horizon`` alone.
-    """
+    """Which task owns each shared weight (the first that took it as a new weight): one id
+    tensor per masked layer (``ids``) in the smallest dtype that fits (:func:`owner_dtype`),
+    the dtype's largest value for a free weight. Ids are written once, so ``ids <= t`` never
+    changes: a task's mask can be stored as its ``horizon`` alone."""
 
     def __init__(self, layout: dict[str, LayerLayout], ids: dict[str, Tensor]) -> None:
         self.layout = layout

@@ -113,14 +113,9 @@ def hooked(m: nn.Module) -> bool:
 
 
 class TaskLayerNorm(nn.LayerNorm, UnitModule):
-    """LayerNorm over the last dimension with per-task affine parameters (the unit saliency)
-    and statistics over the alive features of its group.
-
-    A pruned feature is excluded from the mean and variance and outputs exactly zero, so the
-    slim model's ``nn.LayerNorm`` over the alive features computes the same values.
-    Always affine (a converted ``elementwise_affine=False`` LayerNorm starts at scale 1,
-    shift 0, which then trains per task).
-    """
+    """LayerNorm over the last dimension with per-task affine parameters (always affine) and
+    statistics over the alive features of its group alone, as the slim model's ``nn.LayerNorm``
+    computes them (docs/transformers.md); a pruned feature outputs exactly zero."""
 
     weight: nn.Parameter
     bias: nn.Parameter
@@ -236,15 +231,10 @@ class TaskTokens(TaskSpecific):
 
 
 class MaskedAttention(nn.Module):
-    """Multi-head self-attention on ``(B, N, D)`` tokens whose units are its heads.
-
-    ``q``, ``k``, ``v`` are masked ``D -> heads * head_dim`` projections and ``proj`` the
-    masked ``heads * head_dim -> D`` output projection; a head is one unit of group
-    ``heads_group`` spanning ``head_dim`` rows of q, k, v and ``head_dim`` columns of proj.
-    A :class:`TokenGate` on v scales each head (its saliency): a pruned head's values are zero,
-    so it adds nothing, and the slim model drops its rows and columns. The head count is
-    read from the tensors, so the traced graph runs unchanged with fewer heads.
-    """
+    """Multi-head self-attention on ``(B, N, D)`` tokens whose units are its heads: a head is
+    one unit of ``heads_group``, its ``head_dim`` rows of the masked q, k, v and columns of
+    ``proj`` (docs/transformers.md), scaled by a :class:`TokenGate` on v. The head count is
+    read from the tensors, so the traced graph runs unchanged with fewer heads."""
 
     def __init__(
         self,
