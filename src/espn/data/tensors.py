@@ -19,8 +19,8 @@ from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 from espn.errors import EspnError
 from espn.settings.recipes import MNIST
-from espn.utils import limits
 from espn.utils.io import atomic_target
+from espn.utils.limits import MAX_CLASSES
 from espn.utils.transforms import identity as identity
 
 
@@ -35,8 +35,6 @@ ACCEPTED = "(x, y) tensors or an iterable of (x, y) batches (a DataLoader, a lis
 #: generator, a DataLoader over a stream) is refused rather than read forever; an iterable
 #: with ``len()`` is checked before it is read
 MAX_BATCHES = 1_000_000
-#: the most classes a task may have: labels up to 10^9 would allocate a head of 10^9 rows
-MAX_CLASSES = limits.MAX_CLASSES
 #: the most bytes of inputs one split may gather (the data are held on the training device)
 MAX_BYTES = 16 * 2**30
 

@@ -18,7 +18,7 @@ from espn.settings.options import Option
 DEFAULT_LOG_EVERY = 50
 
 
-#: the largest count a setting accepts (as ``espn.data.sizes.MAX_COUNT``)
+#: the largest count a setting accepts (batch size, images per task, ...): what a C int holds
 MAX_COUNT = 2**31 - 1
 #: the largest seed (the per-task generators mix seed and task index in 64 bits)
 MAX_SEED = 2**32 - 1
