@@ -162,7 +162,7 @@ class Supernet(nn.Module):
                 m.bias.data.masked_fill_(~entries, 0.0)
         for task_module in self.task_modules.values():
             task_module.zero_dead(units)
-        self._apply_structure()
+        self.set_weight_masks({})  # the weight masks restricted to the alive units
 
     def structural_mask(self, name: str) -> Tensor:
         """Weights of layer ``name`` whose input and output units are both alive."""
@@ -183,12 +183,6 @@ class Supernet(nn.Module):
         binary = binary or layer.mask_is_binary()
         zero_dead_units(layer, dead)
         layer.note_mask(binary)
-
-    @torch.no_grad()
-    def _apply_structure(self) -> None:
-        dead = self._dead_units()
-        for layer in self.layers.values():
-            self._restrict(layer, dead)
 
     def note_masks(self) -> None:
         """Let every layer record whether its weight mask is all ones (see
