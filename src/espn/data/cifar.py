@@ -1,10 +1,6 @@
-"""Class-split image benchmarks: SplitCIFAR100, SplitCIFAR10, CIFAR10 and SplitFashionMNIST.
-
-A split benchmark draws a class order from the seed and gives task ``t`` the next
-``classes_per_task`` classes, relabelled ``0..k-1`` (one head per task). All images of a
-dataset are held once as a uint8 tensor on the training device; each task keeps the indices
-of its samples. Training batches of CIFAR are randomly cropped (padding 4) and flipped on the
-device; every batch is normalised with the dataset's per-channel statistics.
+"""Class-split image benchmarks: SplitCIFAR100, SplitCIFAR10, CIFAR10 and SplitFashionMNIST
+(docs/benchmarks.md): the images of a dataset held once on the device, each task the indices
+of its classes' samples, relabelled ``0..k-1``.
 """
 
 from __future__ import annotations

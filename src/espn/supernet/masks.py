@@ -16,7 +16,7 @@ from espn.supernet.layers import MaskedLayer, expand_units, union_alive
 
 _BIT_VALUES = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
-#: the forms a weight mask is stored in (see the module docstring)
+#: the forms a weight mask is stored in (docs/algorithm.md, "Storage as owner ids")
 MASK_FORMS = ("structure", "owned", "bits", "indices")
 #: the forms that store a payload per task
 EXPLICIT_FORMS = ("bits", "indices")
@@ -234,8 +234,8 @@ def encode_mask(
 class TaskMask:
     """Task t's sub-network m_t and its own small state.
 
-    ``weights`` holds one payload per masked layer, in the form ``forms`` names (see the
-    module docstring; a missing form means ``"bits"``), ``shapes`` their shapes; the derived
+    ``weights`` holds one payload per masked layer, in the form ``forms`` names (one of
+    :data:`MASK_FORMS`; a missing form means ``"bits"``), ``shapes`` their shapes; the derived
     forms read ``owners`` (the supernet's :class:`Ownership`, shared by all tasks) and
     ``horizon``. ``units`` holds one boolean vector per unit group (True = neuron/channel
     alive), and ``state`` the task-specific parameters and buffers (gates or BatchNorm,

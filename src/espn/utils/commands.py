@@ -112,7 +112,9 @@ def handle(exc: BaseException) -> None:
 
 
 def user_errors(fn: F) -> F:
-    """The CLI's one error handler around a command (see the module docstring)."""
+    """The CLI's one error handler around a command: an exception becomes one ``error: ...``
+    line on stderr and exit status 2 (what a user can fix), 130 (interrupted) or 1 (a bug);
+    ``--debug`` or ``ESPN_DEBUG=1`` shows the traceback instead."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
