@@ -143,8 +143,9 @@ def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
     return sum(c.flops(alive) for c in costs)
 
 
-#: what the FLOPs load of a unit counts (as ``espn.settings.methods.FLOP_LOADS``, which
-#: the command line reads without torch: a test holds them equal)
+#: what the FLOPs load of a unit counts: ``output`` (the paper: the cost of computing the
+#: unit's output, from its alive inputs) or ``total`` (beyond the paper: also the cost its
+#: output causes in the layers that consume it)
 FLOP_LOADS = ("output", "total")
 
 
