@@ -1,11 +1,5 @@
-"""ESPN-gamma (Algorithm 1): pre-train, gradual joint unit and weight pruning, fine-tune.
-
-Its recipe is the authors' (ucr-optml/CtRL ``manager.py``): the benchmark's run defaults are
-the paper's ESPN recipe, so :attr:`ESPN.recipe` is empty; free weights are re-initialised
-(Kaiming) when a task after the first begins; a pruned unit's gate/BatchNorm scale and shift
-are zeroed (``Supernet.set_unit_masks``); the ResNets' residual streams are pruned per conv
-(``stream_pruning``) and the L2 term on the masked weights is in the loss (``masked_l2``).
-"""
+"""ESPN-gamma (Algorithm 1): pre-train, gradual joint unit and weight pruning, fine-tune, with
+the authors' recipe (ucr-optml/CtRL; docs/fidelity.md)."""
 
 from __future__ import annotations
 
