@@ -1,17 +1,10 @@
-"""What every logger records, computed once from the learner's events.
-
-:class:`MetricLogger` turns the callback events of :mod:`espn.training.callbacks` into three
-kinds of records (a training step every ``log_every`` steps, an epoch, a learned task) and hands
-them to its subclass, which only writes them somewhere (a CSV file, TensorBoard, W&B). A
-step's loss is a device tensor; it is read (a host-device synchronisation) only on the steps
-that are logged.
-"""
+"""What every logger records (docs/logging.md), computed once from the learner's events:
+:class:`MetricLogger` turns them into records its subclass only writes somewhere."""
 
 from __future__ import annotations
 
 import importlib.util
 import time
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -90,14 +83,8 @@ class TaskRecord:
         return {tag: value for tag, value in tags.items() if value is not None}
 
 
-def _number(record: dict[str, Any], key: str) -> float | None:
-    value = record.get(key)
-    return None if value is None else float(value)
-
-
-def _count(record: dict[str, Any], key: str) -> int | None:
-    value = record.get(key)
-    return None if value is None else int(value)
+def _cast(kind: type, value: Any) -> Any:
+    return None if value is None else kind(value)
 
 
 def check_log_every(log_every: object) -> int:
@@ -114,16 +101,7 @@ def check_log_every(log_every: object) -> int:
     return log_every
 
 
-def require_module(logger: str, module: str, extra: str) -> None:
-    """Raise :class:`LoggerUnavailable` unless ``module`` can be imported."""
-    if importlib.util.find_spec(module) is None:
-        raise LoggerUnavailable(
-            f"the {logger} logger needs the {module!r} package, which is not installed; "
-            f"install it with: pip install 'espn[{extra}]'"
-        )
-
-
-class MetricLogger(Callback, ABC):
+class MetricLogger(Callback):
     """A callback that records steps (every ``log_every``), epochs and tasks.
 
     Subclasses set :attr:`name` (the name ``--log`` accepts), :attr:`extra` (the optional
@@ -138,20 +116,24 @@ class MetricLogger(Callback, ABC):
     #: the directory it writes in, in the run directory's ``logs``
     folder: ClassVar[str]
 
-    def __init__(self, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
+    def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
+        self.directory = Path(directory)
         self.log_every = check_log_every(log_every)
         self._start: float | None = None
 
     @classmethod
     def check_available(cls) -> None:
         """Raise :class:`LoggerUnavailable` when the logger's optional extra is missing."""
-        if cls.extra is not None:
-            require_module(cls.name, *cls.extra)
+        if cls.extra is not None and importlib.util.find_spec(cls.extra[0]) is None:
+            raise LoggerUnavailable(
+                f"the {cls.name} logger needs the {cls.extra[0]!r} package, which is not "
+                f"installed; install it with: pip install 'espn[{cls.extra[1]}]'"
+            )
 
     @classmethod
-    @abstractmethod
     def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> MetricLogger:
         """The logger writing into its place in the run directory ``run_dir``."""
+        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     def elapsed(self) -> float:
         """Seconds since the run started in this process (its first event)."""
@@ -193,10 +175,10 @@ class MetricLogger(Callback, ABC):
                 name=event.name,
                 row=row,
                 average_accuracy=sum(row) / len(row) if row else None,
-                flops_ratio=_number(event.record, "flops_ratio"),
-                used_weights=_count(event.record, "used_weights"),
-                new_weights=_count(event.record, "new_weights"),
-                seconds=_number(event.record, "seconds"),
+                flops_ratio=_cast(float, event.record.get("flops_ratio")),
+                used_weights=_cast(int, event.record.get("used_weights")),
+                new_weights=_cast(int, event.record.get("new_weights")),
+                seconds=_cast(float, event.record.get("seconds")),
                 elapsed_seconds=self.elapsed(),
             )
         )

@@ -1,15 +1,5 @@
-"""The CSV logger: three plain tables a spreadsheet or pandas reads as they are.
-
-In its directory (``RUN/logs/csv`` for ``--log csv``):
-
-- ``steps.csv``: ``task, phase, step, loss, lr, elapsed_seconds``, every ``log_every`` steps;
-- ``epochs.csv``: ``task, phase, epoch, n_epochs, step, loss, seconds, elapsed_seconds``;
-- ``tasks.csv``: one row per learned task: ``task, name``, its accuracy row
-  ``accuracy_0 .. accuracy_N`` (empty cells: tasks not learned yet, or a row not evaluated),
-  ``average_accuracy, flops_ratio, used_weights, new_weights, seconds, elapsed_seconds``.
-
-Each file is rewritten atomically at every epoch and task end (a killed run leaves whole
-files). Rows already in the files are kept, so a resumed run continues them: when a task
+"""The CSV logger: ``steps.csv``, ``epochs.csv`` and ``tasks.csv`` (columns: docs/logging.md),
+rewritten atomically at every epoch and task end. A resumed run continues them: when a task
 starts again in a new process, the rows it is about to repeat (its steps from the one it
 resumes at, and every later task's) are dropped first.
 """
@@ -75,8 +65,7 @@ class CSVLogger(MetricLogger):
     folder: ClassVar[str] = "csv"
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
-        super().__init__(log_every=log_every)
-        self.directory = Path(directory)
+        super().__init__(directory, log_every=log_every)
         self.steps_path = self.directory / "steps.csv"
         self.epochs_path = self.directory / "epochs.csv"
         self.tasks_path = self.directory / "tasks.csv"
@@ -84,10 +73,6 @@ class CSVLogger(MetricLogger):
         self._epochs = _rows(self.epochs_path, ["task", "step"])
         self._tasks = _rows(self.tasks_path, ["task"])
         self._started: set[int] = set()  # tasks seen in this process
-
-    @classmethod
-    def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> CSVLogger:
-        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     def _begin(self, task: int, step: int) -> None:
         """On a task's first event in this process: forget the rows it will write again."""

@@ -1,17 +1,6 @@
-"""The TensorBoard logger (``torch.utils.tensorboard``; the optional extra ``tensorboard``).
-
-Event files go to its directory (``RUN/logs/tensorboard`` for ``--log tensorboard``; view with
-``tensorboard --logdir RUN/logs``). Tags, each task a curve of its own:
-
-- ``loss/task_T``, ``lr/task_T`` against the task's step, every ``log_every`` steps, and
-  ``phase/task_T`` (text) at the first logged step of each of its phases;
-- ``epoch_loss/task_T`` against the step at the end of each epoch;
-- against the task just learned ``T``: ``accuracy/task_J`` (task J's accuracy after learning
-  task T, J <= T), ``accuracy/average``, ``flops_ratio``, ``weights/used``, ``weights/new``,
-  ``time/task_seconds`` and ``time/elapsed_seconds``.
-
-A resumed run appends a new event file to the same directory; TensorBoard drops the points it
-repeats (a tag whose step goes back replaces the points from there on).
+"""The TensorBoard logger (``torch.utils.tensorboard``; the optional extra ``tensorboard``):
+each task a curve of its own (tags: docs/logging.md). A resumed run appends a new event file
+to the same directory; TensorBoard drops the points it repeats.
 """
 
 from __future__ import annotations
@@ -36,15 +25,10 @@ class TensorBoardLogger(MetricLogger):
     extra: ClassVar[tuple[str, str] | None] = ("tensorboard", "tensorboard")
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
-        super().__init__(log_every=log_every)
+        super().__init__(directory, log_every=log_every)
         self.check_available()
-        self.directory = Path(directory)
         self._writer: Any = None
         self._phase: dict[int, str] = {}
-
-    @classmethod
-    def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> TensorBoardLogger:
-        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     @property
     def writer(self) -> Any:
