@@ -1,10 +1,6 @@
-"""Task BatchNorm statistics that match the task's final sub-network.
-
-During training the running mean/variance of a BatchNorm follow the weights with momentum,
-so they lag behind weights that moved fast (short runs, high learning rates) and behind the
-last prune steps; a task evaluated with them can score at chance although its weights are
-fine. Before a task is committed, its statistics are therefore recomputed under its final
-sub-network: a cumulative average over the training data, without augmentation.
+"""Task BatchNorm statistics recomputed under the task's final sub-network before it is
+committed: the momentum-averaged ones lag behind weights that moved fast and the last prune
+steps, which can leave a task at chance although its weights are fine (docs/fidelity.md).
 """
 
 from __future__ import annotations

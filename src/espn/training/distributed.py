@@ -1,22 +1,10 @@
-"""One run trained data-parallel over the processes ``torchrun`` starts.
+"""One run trained data-parallel over the processes ``torchrun`` starts (docs/distributed.md).
 
-Every rank holds the whole run: the same supernet, the same task data and the same batch
-generator, so every rank draws the same global batch of ``batch_size`` samples (the order is
-the single-process order whatever the world size). A step computes the batch in ``shards``
-slices of contiguous rows (unset: one per rank), each rank its contiguous run of them, each
-slice's loss differentiated alone (its task BatchNorms over the slice); the slices'
-gradients are gathered and summed in slice order on every rank before the frozen guard
-masks them (:func:`sharded_step`). No sum depends on the world size, so one process with
-``shards`` N and N ranks train the same run bit for bit, and a run resumes exactly at any
-world size up to N. Pruning decisions read only the weights, so they are the same on every
-rank; :meth:`Ranks.check_same` compares a digest of the supernet at every prune event and
-commit and stops the run where the ranks differ. Task BatchNorm statistics are recalibrated
-over the ranks' batches and combined in batch order (:func:`recalibrate`); accuracies are
-counted over the ranks' test batches and summed (exact integers, so equal to one process's).
-
-The process group is ``torchrun``'s (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT`` in the environment): gloo on the CPU, NCCL on CUDA. Only rank 0 writes the
-run directory (see :attr:`espn.api.run_directory.RunDirectory.writes`).
+Every rank holds the whole run and draws the same global batch; a step computes it in
+``shards`` slices (:func:`sharded_step`) whose gradients are summed in slice order, so no sum
+depends on the world size; :meth:`Ranks.check_same` stops the run where the ranks' supernets
+differ; task BatchNorm statistics are recalibrated over the ranks' batches in batch order
+(:func:`recalibrate`). Only rank 0 writes the run directory.
 """
 
 from __future__ import annotations
