@@ -4,7 +4,8 @@ Every rank holds the whole run and draws the same global batch; a step computes 
 ``shards`` slices (:func:`sharded_step`) whose gradients are summed in slice order, so no sum
 depends on the world size; :meth:`Ranks.check_same` stops the run where the ranks' supernets
 differ; task BatchNorm statistics are recalibrated over the ranks' batches in batch order
-(:func:`recalibrate`). Only rank 0 writes the run directory.
+(:func:`recalibrate`, over the task's final sub-network: the momentum-averaged statistics lag
+behind weights that moved fast, see docs/fidelity.md). Only rank 0 writes the run directory.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
 from espn.supernet.layers import SHARD_BATCH_NORM
 from espn.supernet.supernet import Supernet
-from espn.training.batchnorm import recalibrate_batchnorm
 
 #: how long a rank waits for the others at a collective before the run fails
 TIMEOUT = timedelta(minutes=30)
@@ -126,10 +126,8 @@ class Ranks:
 
     def _gathered(self, data: bytes) -> list[bytes]:
         """``data`` (of the same length on every rank) of every rank, in rank order."""
-        mine = torch.tensor(list(data), dtype=torch.uint8, device=self.device)
-        gathered = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(gathered, mine)
-        return [bytes(t.tolist()) for t in gathered]
+        mine = torch.tensor([list(data)], dtype=torch.uint8, device=self.device)
+        return [bytes(t[0].tolist()) for t in _gathered_rows(self, mine, [1] * self.world)]
 
     def barrier(self) -> None:
         """Wait for every rank."""
@@ -248,11 +246,62 @@ def sharded_step(
     return summed[-1].to(loss.dtype)
 
 
+#: training batches (in order, no augmentation) the statistics are averaged over; the whole
+#: training split of a task when it has fewer
+RECALIBRATION_BATCHES = 100
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(
+    supernet: Supernet,
+    task: Task,
+    batch_size: int,
+    max_batches: int = RECALIBRATION_BATCHES,
+    take: Callable[[int], bool] | None = None,
+) -> int:
+    """Reset the working sub-network's BatchNorm statistics and recompute them over (at most
+    ``max_batches`` batches of) ``task``'s training data; returns the batches used (0 when
+    the supernet has no BatchNorm). ``take``: which of those batches (by number) this
+    process uses (a data-parallel rank its share).
+
+    Batch ``k`` enters with momentum ``1/k``: the running statistics end as the plain mean of
+    the batches' means and (unbiased) variances, as ``nn.BatchNorm2d(momentum=None)`` computes.
+    """
+    norms = [
+        m for m in supernet.task_modules.values() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
+    if not norms:
+        return 0
+    saved = [(m.momentum, m.training) for m in norms]
+    was_training = supernet.training
+    supernet.eval()
+    for m in norms:
+        m.reset_running_stats()
+        m.train()
+    used = 0
+    try:
+        for k, (x, _) in enumerate(task.batches("train", batch_size, augment=False)):
+            if k == max_batches:
+                break
+            if take is not None and not take(k):
+                continue
+            used += 1
+            for m in norms:
+                m.momentum = 1.0 / used
+            supernet.forward_working(x)
+    finally:
+        for m, (momentum, training) in zip(norms, saved, strict=True):
+            m.momentum = momentum
+            m.train(training)
+        supernet.train(was_training)
+    return used
+
+
 @torch.no_grad()
 def recalibrate(
     ranks: Ranks | None, count: int, supernet: Supernet, task: Task, batch_size: int
 ) -> int:
-    """:func:`~espn.training.batchnorm.recalibrate_batchnorm` as a training step of ``count``
+    """:func:`recalibrate_batchnorm` as a training step of ``count``
     slices computes it (one process alone in one slice: that function itself): each rank
     records every ``world``-th batch's statistics, and the running statistics become the
     mean over the batches, in batch order, of their means and unbiased variances, the same
