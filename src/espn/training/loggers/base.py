@@ -1,5 +1,6 @@
 """What every logger records (docs/logging.md), computed once from the learner's events:
-:class:`MetricLogger` turns them into records its subclass only writes somewhere."""
+:class:`MetricLogger` reads a step's loss every ``log_every`` steps and hands the steps, epochs
+and learned tasks (:class:`TaskRecord`) to its subclass, which only writes them somewhere."""
 
 from __future__ import annotations
 
@@ -23,33 +24,6 @@ class LoggerError(EspnError, ValueError):
 
 class LoggerUnavailable(EspnError, RuntimeError):
     """A logger whose optional extra is not installed; the message names the extra."""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One logged training step: the loss read at that step, the learning rate, and the
-    seconds since the run started in this process."""
-
-    task: int
-    phase: str
-    step: int
-    loss: float
-    lr: float
-    elapsed_seconds: float
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    """One pass over a task's training data (``loss`` as the learner reported it)."""
-
-    task: int
-    phase: str
-    epoch: int
-    n_epochs: int
-    step: int
-    loss: float
-    seconds: float
-    elapsed_seconds: float
 
 
 @dataclass(frozen=True)
@@ -149,23 +123,10 @@ class MetricLogger(Callback):
         if event.step % self.log_every:
             return
         loss = float(event.loss)  # the only host-device synchronisation, every log_every steps
-        self.log_step(
-            StepRecord(event.task, event.phase, event.step, loss, float(event.lr), self.elapsed())
-        )
+        self.log_step(event, loss, self.elapsed())
 
     def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
-        self.log_epoch(
-            EpochRecord(
-                event.task,
-                event.phase,
-                event.epoch,
-                event.n_epochs,
-                event.step,
-                float(event.loss),
-                float(event.seconds),
-                self.elapsed(),
-            )
-        )
+        self.log_epoch(event, self.elapsed())
 
     def on_task_end(self, learner: Any, event: TaskEnd) -> None:
         row = None if event.row is None else [float(a) for a in event.row]
@@ -186,11 +147,12 @@ class MetricLogger(Callback):
     def on_run_end(self, learner: Any) -> None:
         self.close()
 
-    def log_step(self, record: StepRecord) -> None:
-        """Write one logged step."""
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        """Write one logged step: its ``loss`` (read from the device) and the seconds
+        ``elapsed`` since the run started in this process."""
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        """Write one epoch."""
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        """Write one pass over a task's training data (``elapsed`` as for a step)."""
 
     def log_task(self, record: TaskRecord) -> None:
         """Write one learned task."""

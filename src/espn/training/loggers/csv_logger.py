@@ -9,19 +9,11 @@ from __future__ import annotations
 import csv
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
-from espn.training.callbacks import StepEnd
-from espn.training.loggers.base import (
-    DEFAULT_LOG_EVERY,
-    EpochRecord,
-    LoggerError,
-    MetricLogger,
-    StepRecord,
-    TaskRecord,
-)
+from espn.training.callbacks import EpochEnd, StepEnd
+from espn.training.loggers.base import DEFAULT_LOG_EVERY, LoggerError, MetricLogger, TaskRecord
 from espn.utils.io import read_csv, write_csv
 
 STEP_COLUMNS = ["task", "phase", "step", "loss", "lr", "elapsed_seconds"]
@@ -47,6 +39,11 @@ def _rows(path: Path, keys: Sequence[str]) -> list[Row]:
             "move it away or delete it to start a new one"
         ) from None
     return rows
+
+
+def _row(event: StepEnd | EpochEnd, columns: Sequence[str], **values: float) -> Row:
+    """The ``columns`` of ``event``, those given in ``values`` from there."""
+    return {c: values[c] if c in values else getattr(event, c) for c in columns}
 
 
 def _before(rows: list[Row], task: int, step: int) -> list[Row]:
@@ -87,12 +84,12 @@ class CSVLogger(MetricLogger):
         self._begin(event.task, event.step)  # every step (no device read): the exact resume point
         super().on_step_end(learner, event)
 
-    def log_step(self, record: StepRecord) -> None:
-        self._steps.append(asdict(record))
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        self._steps.append(_row(event, STEP_COLUMNS, loss=loss, elapsed_seconds=elapsed))
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        self._begin(record.task, record.step + 1)
-        self._epochs.append(asdict(record))
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        self._begin(event.task, event.step + 1)
+        self._epochs.append(_row(event, EPOCH_COLUMNS, elapsed_seconds=elapsed))
         self._write_steps()
 
     def log_task(self, record: TaskRecord) -> None:

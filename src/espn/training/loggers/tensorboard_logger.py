@@ -8,11 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from espn.training.callbacks import EpochEnd, StepEnd
 from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
-    EpochRecord,
     MetricLogger,
-    StepRecord,
     TaskRecord,
 )
 
@@ -39,16 +38,16 @@ class TensorBoardLogger(MetricLogger):
             self._writer = SummaryWriter(log_dir=str(self.directory))
         return self._writer
 
-    def log_step(self, record: StepRecord) -> None:
-        t, step = record.task, record.step
-        if self._phase.get(t) != record.phase:
-            self._phase[t] = record.phase
-            self.writer.add_text(f"phase/task_{t}", record.phase, step)
-        self.writer.add_scalar(f"loss/task_{t}", record.loss, step)
-        self.writer.add_scalar(f"lr/task_{t}", record.lr, step)
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        t, step = event.task, event.step
+        if self._phase.get(t) != event.phase:
+            self._phase[t] = event.phase
+            self.writer.add_text(f"phase/task_{t}", event.phase, step)
+        self.writer.add_scalar(f"loss/task_{t}", loss, step)
+        self.writer.add_scalar(f"lr/task_{t}", event.lr, step)
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        self.writer.add_scalar(f"epoch_loss/task_{record.task}", record.loss, record.step)
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        self.writer.add_scalar(f"epoch_loss/task_{event.task}", event.loss, event.step)
         self.writer.flush()
 
     def log_task(self, record: TaskRecord) -> None:

@@ -10,12 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
+from espn.training.callbacks import EpochEnd, StepEnd
 from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
-    EpochRecord,
     LoggerError,
     MetricLogger,
-    StepRecord,
     TaskRecord,
 )
 
@@ -115,19 +114,19 @@ class WandbLogger(MetricLogger):
             self.config = {**settings.model_dump(mode="json"), **self.config}
         _ = self.run
 
-    def log_step(self, record: StepRecord) -> None:
-        t = record.task
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        t = event.task
         self.run.log(
             {
-                "task_step": record.step,
-                "phase": record.phase,
-                f"loss/task_{t}": record.loss,
-                f"lr/task_{t}": record.lr,
+                "task_step": event.step,
+                "phase": event.phase,
+                f"loss/task_{t}": loss,
+                f"lr/task_{t}": event.lr,
             }
         )
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        self.run.log({"task_step": record.step, f"epoch_loss/task_{record.task}": record.loss})
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        self.run.log({"task_step": event.step, f"epoch_loss/task_{event.task}": event.loss})
 
     def log_task(self, record: TaskRecord) -> None:
         values: dict[str, Any] = {"tasks_learned": record.task}
