@@ -37,16 +37,11 @@ class DistributedError(EspnError, RuntimeError):
     process group cannot be joined; the message names the ranks and the event."""
 
 
-def under_torchrun() -> bool:
-    """Whether this process was started by ``torchrun`` (or with its environment)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def join(enabled: bool, device: torch.device | str) -> Ranks | None:
     """The data-parallel ranks of this run: the process group ``torchrun``'s environment
     describes, joined here unless already (gloo on the CPU, NCCL on CUDA); None when not
     ``enabled`` or not under ``torchrun``."""
-    if not enabled or not under_torchrun():
+    if not enabled or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     cuda = torch.device(device).type == "cuda"
     if cuda and torch.device(device).index is not None and int(os.environ["WORLD_SIZE"]) > 1:

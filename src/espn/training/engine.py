@@ -159,8 +159,6 @@ class Engine:
         #: fine-tune on a physically slimmed copy where exact (see :class:`_SlimCopy`)
         self.slim_training = slim_training
         self.generator = torch.Generator().manual_seed(seed)
-        # mixed precision: bfloat16 (no loss scaling needed), float16 + loss scaling on a GPU
-        # without bfloat16
         self.amp = amp
         self.device_type = next(supernet.parameters()).device.type
         self.amp_dtype = autocast_dtype(self.device_type)
@@ -390,7 +388,7 @@ class Engine:
         self.supernet.zero_pruned(None if weights is None else weights.state)
 
     def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
-        """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)
+        """The learning rate of a step of ``phase`` (see :class:`~espn.methods.base.Phase`)
         that runs ``n_epochs`` passes of ``n_iters`` steps in all (see :func:`plan_phase`)."""
         base = (self.optim.lr if phase.lr is None else phase.lr) * phase.lr_scale
         if phase.schedule == "cosine":
