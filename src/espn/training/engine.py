@@ -361,7 +361,7 @@ class Engine:
         seconds = time.perf_counter() - t.start
         per = seconds / max(t.at.epochs_done, 1)
         compiled = None if self.compiler is None else self.compiler.graphs - t.graphs
-        return TaskLog(seconds, t.at.epochs_done, per, float(t.loss), t.at.phases_run, compiled)
+        return TaskLog(seconds, t.at.epochs_done, per, t.at.phases_run, compiled)
 
     def adopt_task(self, task: Task, tensors: dict[str, torch.Tensor]) -> TaskLog:
         """Commit pretrained ``tensors`` as ``task`` without training (``init_weights``): its
@@ -369,7 +369,7 @@ class Engine:
         start = time.perf_counter()
         adopt_pretrained(self.supernet, tensors, task.n_classes, self.strategy.weights)
         self.supernet.eval()
-        return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
+        return TaskLog(time.perf_counter() - start, 0, 0.0)
 
     def _prune_event(self, progress: float, optimizer: TaskOptimizer) -> None:
         """The strategy's prune step at ``progress``; then, where the method allows it
