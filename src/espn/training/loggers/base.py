@@ -58,6 +58,7 @@ class TaskRecord:
 
 
 def _cast(kind: type, value: Any) -> Any:
+    """``kind(value)``, None kept (a figure a task's record does not know)."""
     return None if value is None else kind(value)
 
 
@@ -79,7 +80,7 @@ class MetricLogger(Callback):
     """A callback that records steps (every ``log_every``), epochs and tasks.
 
     Subclasses set :attr:`name` (the name ``--log`` accepts), :attr:`extra` (the optional
-    dependency it needs, or None) and write the records in :meth:`log_step`,
+    dependency it needs, or None) and :attr:`folder`, and write in :meth:`log_step`,
     :meth:`log_epoch`, :meth:`log_task`; :meth:`close` is called by ``on_run_end``.
     """
 
