@@ -42,11 +42,6 @@ class _Binarise(torch.autograd.Function):
         return grad, None
 
 
-def picking_mask(scores: Tensor) -> Tensor:
-    """The binary picking mask of one layer (straight-through estimator in the backward)."""
-    return _Binarise.apply(scores, PICK_THRESHOLD)
-
-
 def _check_rounds(epochs: tuple[int, int, int]) -> None:
     if epochs[1] < 1:
         raise ValueError(
@@ -211,7 +206,7 @@ class CPG(Strategy):
         masks = {}
         for n, s in self.scores.items():
             layer = supernet.layers[n]
-            pick = picking_mask(s.detach() if self.stage == "compact" else s)
+            pick = _Binarise.apply(s.detach() if self.stage == "compact" else s, PICK_THRESHOLD)
             if n not in self._frozen:
                 self._frozen[n] = layer.frozen.to(pick.dtype)
             # frozen weights take the picking mask, free ones the task's: a blend by exact
