@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 def min_flops_ratio(supernet: Supernet) -> float:
     """The smallest FLOPs ratio unit pruning can reach: one unit left in every group (the
-    pruner never empties a layer, see :func:`espn.pruning.selection.select_units`; a union
+    pruner never empties a layer, see :func:`espn.pruning.select_units`; a union
     of groups, a residual stream, keeps one unit when its members keep the same one)."""
     return count_flops(supernet.costs, dict.fromkeys(supernet.widths, 1)) / max(
         supernet.dense_flops, 1
