@@ -6,7 +6,7 @@ per seed) and the weight allocation study (5c: task-averaged ESPN accuracy over 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from espn.reproduce.common import (
     SMOKE,
@@ -20,10 +20,12 @@ from espn.reproduce.common import (
 from espn.reproduce.continual import split_base, split_paper_steps
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table
-from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
-from espn.sweep import Point
+from espn.reproduce.target import TARGETS, Options, Run, Target, point
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
+
+if TYPE_CHECKING:
+    from espn.sweep import Point
 
 #: the appendix's FLOPs budgets and pruners
 DEFAULT_GAMMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -50,8 +52,10 @@ def pruner_stages(options: Options, out: Path) -> list[list[Point]]:
     base = base | options.common() | {"method": "individual", "tasks": 1}
     return [
         [
-            Point(
-                point_name("fig-pruners", f"{pruner}+gamma{gamma:g}", seed),
+            point(
+                "fig-pruners",
+                f"{pruner}+gamma{gamma:g}",
+                seed,
                 base | {"pruner": pruner, "gamma": gamma, "seed": seed},
             )
             for seed in FIG_PRUNERS.seeds(options)
@@ -179,8 +183,10 @@ def alpha_gamma_stages(options: Options, out: Path) -> list[list[Point]]:
         base |= {"tasks": 3}
     return [
         [
-            Point(
-                point_name("fig-alpha-gamma", f"alpha{a:g}+gamma{g:g}", seed),
+            point(
+                "fig-alpha-gamma",
+                f"alpha{a:g}+gamma{g:g}",
+                seed,
                 base | {"method": "espn", "alpha": a, "gamma": g, "seed": seed},
             )
             for a in alphas

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from espn.errors import EspnError
-from espn.evaluation.results import ResultsError, read_results
 from espn.reproduce.table import Table
 from espn.reproduce.target import (
     SCALES,
@@ -20,8 +19,10 @@ from espn.reproduce.target import (
     Target,
     parse_name,
 )
-from espn.sweep import Point, PointOutcome, SweepOptions, run_sweep
 from espn.utils.io import atomic_target, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from espn.sweep import Point, PointOutcome, SweepOptions
 
 
 @dataclass
@@ -47,6 +48,8 @@ def run_target(
     target = TARGETS.get(name)
     out = Path(out)
     stages = target.stages(options, out)  # validates data locations before anything runs
+    from espn.sweep import run_sweep
+
     outcomes: list[PointOutcome] = []
     skipped: list[str] = []
     failed: set[Path] = set()
@@ -79,6 +82,8 @@ def _complete(doc: dict[str, Any] | None) -> bool:
 
 def _read(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's results with at least one finished task, else None."""
+    from espn.evaluation.results import ResultsError, read_results
+
     try:
         doc = read_results(run_dir)
     except ResultsError:
@@ -148,6 +153,8 @@ def collect(
     directories left out as (target, why): a corrupt results.json, or a run of another
     benchmark or method than its name says; per target the scales its runs were made at
     (``unknown`` for a run that matches no scale's points)."""
+    from espn.evaluation.results import ResultsError, read_results
+
     found: dict[str, tuple[list[Run], list[str]]] = {}
     problems: list[tuple[str, str]] = []
     scales: dict[str, set[str]] = {}

@@ -8,39 +8,24 @@ from a CSV alone.
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Callable
+import importlib
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
-from espn.theory.common import config_dict, read_csv
-from espn.theory.mismatch import (
-    MISMATCH_COLUMNS,
-    MismatchConfig,
-    mismatch_solves,
-    run_mismatch,
-    summarize_mismatch,
-)
-from espn.theory.planted import ACTIVATIONS, INPUT_DISTRIBUTIONS, TheoryConfigError
-from espn.theory.report import format_mismatch, format_sample_complexity, format_task_order
-from espn.theory.sample_complexity import (
-    SAMPLE_COMPLEXITY_COLUMNS,
-    SampleComplexityConfig,
-    run_sample_complexity,
-    sample_complexity_solves,
-    summarize_sample_complexity,
-)
-from espn.theory.task_order import (
-    TASK_ORDER_COLUMNS,
+from espn.theory.config import (
+    ACTIVATIONS,
+    COLUMNS,
+    INPUT_DISTRIBUTIONS,
     TASK_ORDERS,
+    MismatchConfig,
+    SampleComplexityConfig,
     TaskOrderConfig,
-    run_task_order,
-    summarize_task_order,
-    task_order_solves,
+    TheoryConfigError,
 )
+from espn.theory.report import read_rows
 from espn.utils.commands import command_group, user_errors
 from espn.utils.io import read_json, write_csv, write_json_atomic
 
@@ -51,22 +36,7 @@ app = command_group(
     no_args_is_help=True,
 )
 
-C = TypeVar("C", SampleComplexityConfig, MismatchConfig, TaskOrderConfig)
 N = TypeVar("N", int, float)
-
-#: per experiment (the stem of its files): CSV columns, summary and text table; its figure
-#: is ``plots.plot_<name>``
-EXPERIMENTS: dict[
-    str, tuple[tuple[str, ...], Callable[..., dict[str, Any]], Callable[..., str]]
-] = {
-    "sample_complexity": (
-        SAMPLE_COMPLEXITY_COLUMNS,
-        summarize_sample_complexity,
-        format_sample_complexity,
-    ),
-    "mismatch": (MISMATCH_COLUMNS, summarize_mismatch, format_mismatch),
-    "task_order": (TASK_ORDER_COLUMNS, summarize_task_order, format_task_order),
-}
 
 
 def parse_numbers(option: str, text: str, kind: type[N] = int) -> tuple[N, ...]:
@@ -81,31 +51,14 @@ def parse_numbers(option: str, text: str, kind: type[N] = int) -> tuple[N, ...]:
     return values
 
 
-#: the CSV columns that hold text; every other cell is a number
-TEXT_COLUMNS = ("setting", "order")
-
-
 def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
     """Summarise and plot a theory CSV (its experiment told by its columns); ``config`` None:
-    the one stored beside it."""
-    from espn.theory import plots
+    the one stored beside it. The experiment's code is ``run_<kind>`` and ``summarize_<kind>``
+    of ``espn.theory.<kind>``, its text table ``report.format_<kind>``, its figure
+    ``plots.plot_<kind>``."""
+    from espn.theory import plots, report
 
-    try:
-        rows = read_csv(csv_path)
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise TheoryConfigError(f"CSV: {csv_path} is not a CSV file ({exc})") from None
-    keys = set(rows[0]) if rows else set()
-    kind = next((k for k, e in EXPERIMENTS.items() if keys == set(e[0])), None)
-    if kind is None:
-        raise TheoryConfigError(
-            f"CSV: columns match none of the theory experiments ({', '.join(EXPERIMENTS)})"
-        )
-    for line, row in enumerate(rows, start=2):
-        for column, value in row.items():
-            if column not in TEXT_COLUMNS and isinstance(value, str) and value != "":
-                raise TheoryConfigError(
-                    f"CSV: {csv_path} line {line}, column {column}: {value!r} is not a number"
-                )
+    kind, rows = read_rows(csv_path)
     stem = csv_path.with_suffix("")
     summary_path = stem.parent / f"{stem.name}_summary.json"
     if config is None:
@@ -113,14 +66,14 @@ def _report(csv_path: Path, config: dict[str, Any] | None = None) -> None:
             config = read_json(summary_path).get("config")
         except (OSError, ValueError):
             config = None
-    _, summarize, text = EXPERIMENTS[kind]
+    summarize = getattr(importlib.import_module(f"espn.theory.{kind}"), f"summarize_{kind}")
     if kind == "sample_complexity":
         summary = summarize(rows, float((config or {}).get("target", 0.01)))
     else:
         summary = summarize(rows)
     getattr(plots, f"plot_{kind}")(rows, summary, stem.with_suffix(".png"))
     write_json_atomic(summary_path, {"config": config, "summary": summary})
-    typer.echo(text(summary))
+    typer.echo(getattr(report, f"format_{kind}")(summary))
     typer.echo(f"wrote {csv_path}, {stem.with_suffix('.png')} and {summary_path}")
 
 
@@ -160,17 +113,15 @@ def option_name(parameter: str) -> str:
 
 def _experiment(
     name: str,
-    cls: type[C],
-    solves: Callable[[C], int],
-    run: Callable[[C, Callable[[int], None] | None], list[dict[str, Any]]],
+    cls: type[SampleComplexityConfig | MismatchConfig | TaskOrderConfig],
     options: dict[str, Any],
     **parsed: Any,
 ) -> None:
     """Experiment ``name``: its ``cls`` from a command's options (those that are fields of
     ``cls``) and the values parsed from text, validated first (its error naming the option
-    where the library names its parameter); ``run(cfg, progress)`` under a progress bar of
-    ``solves(cfg)`` solves unless ``--no-progress``; the CSV written, then summarised and
-    plotted from the CSV as read back."""
+    where the library names its parameter); its ``run_<name>(cfg, progress)`` under a
+    progress bar of ``cfg.solves()`` solves unless ``--no-progress``; the CSV written, then
+    summarised and plotted from the CSV as read back."""
     names = {f.name for f in fields(cls)}
     cfg = cls(**{k: v for k, v in options.items() if k in names and k not in parsed}, **parsed)
     try:
@@ -179,6 +130,7 @@ def _experiment(
         if exc.parameter is None:
             raise
         raise TheoryConfigError(exc.reason, option_name(exc.parameter)) from None
+    run = getattr(importlib.import_module(f"espn.theory.{name}"), f"run_{name}")
     if options["progress"]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -189,11 +141,11 @@ def _experiment(
             TimeElapsedColumn(),
             transient=True,
         ) as bar:
-            task = bar.add_task(name.replace("_", " "), total=solves(cfg))
+            task = bar.add_task(name.replace("_", " "), total=cfg.solves())
             rows = run(cfg, lambda k: bar.advance(task, k))
     else:
         rows = run(cfg, None)
-    _report(write_csv(options["out"] / f"{name}.csv", rows, EXPERIMENTS[name][0]), config_dict(cfg))
+    _report(write_csv(options["out"] / f"{name}.csv", rows, COLUMNS[name]), cfg.as_dict())
 
 
 @app.command("sample-complexity")
@@ -232,8 +184,6 @@ def sample_complexity(
     _experiment(
         "sample_complexity",
         SampleComplexityConfig,
-        sample_complexity_solves,
-        run_sample_complexity,
         locals(),
         r_frz=parse_numbers("--r-frz", r_frz),
         ns=parse_numbers("--ns", ns),
@@ -286,8 +236,6 @@ def mismatch(
     _experiment(
         "mismatch",
         MismatchConfig,
-        mismatch_solves,
-        run_mismatch,
         locals(),
         perturbations=parse_numbers("--perturbations", perturbations, float),
         ns=parse_numbers("--ns", ns),
@@ -337,9 +285,7 @@ def task_order(
     names = tuple(o.strip() for o in orders.split(",") if o.strip())
     if not names:
         raise TheoryConfigError(f"--orders: got {orders!r}; accepted: {', '.join(TASK_ORDERS)}")
-    _experiment(
-        "task_order", TaskOrderConfig, task_order_solves, run_task_order, locals(), orders=names
-    )
+    _experiment("task_order", TaskOrderConfig, locals(), orders=names)
 
 
 @app.command()

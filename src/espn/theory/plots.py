@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from espn.theory.common import band
 from espn.utils.io import atomic_target
 from espn.utils.plotting import pyplot
 
@@ -31,18 +31,9 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _band(rows: Sequence[dict[str, Any]], x: str, y: str = "excess_risk") -> tuple[list, ...]:
-    """(x, mean, min, max) of ``y`` over replicates at each ``x``."""
-    groups: dict[float, list[float]] = defaultdict(list)
-    for row in rows:
-        groups[float(row[x])].append(float(row[y]))
-    xs = sorted(groups)
-    return (
-        xs,
-        [sum(groups[k]) / len(groups[k]) for k in xs],
-        [min(groups[k]) for k in xs],
-        [max(groups[k]) for k in xs],
-    )
+def _band(rows: Sequence[dict[str, Any]], x: str, y: str = "excess_risk") -> list[list[float]]:
+    """[x, mean, min, max] of ``y`` over replicates at each ``x``, as four columns."""
+    return [list(column) for column in zip(*band(rows, x, y), strict=True)]
 
 
 def plot_sample_complexity(

@@ -8,66 +8,21 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
 from espn.theory.common import (
-    PlantedConfig,
     Progress,
-    check_ns,
-    check_r_frz,
     curve_row,
     evaluate,
     mean_curve,
+    planted_model,
+    solver_config,
     tick,
 )
-from espn.theory.planted import TheoryConfigError, derive_seed, generator
+from espn.theory.config import SampleComplexityConfig
+from espn.theory.planted import derive_seed, generator
 from espn.theory.solver import solve_crl
-
-SAMPLE_COMPLEXITY_COLUMNS = (
-    "setting",
-    "r_frz",
-    "r_new",
-    "replicate",
-    "N",
-    "T",
-    "NT",
-    "dof",
-    "train_loss",
-    "test_risk",
-    "excess_risk",
-    "noise_floor",
-    "restart",
-    "seconds",
-)
-
-
-@dataclass
-class SampleComplexityConfig(PlantedConfig):
-    """Sample complexity: scratch and frozen (each ``r_frz``) over per-task sizes ``ns``."""
-
-    r_frz: tuple[int, ...] = (4, 7)
-    ns: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
-    target: float = 0.01
-
-    def validate(self) -> None:
-        """Raise :class:`TheoryConfigError` naming the first bad value."""
-        super().validate()
-        check_ns(self.ns)
-        check_r_frz(self.r_frz, self.r)
-        if not 0 < self.target < 1:
-            raise TheoryConfigError(f"must be in (0, 1), got {self.target:g}", "target")
-
-    @property
-    def settings(self) -> list[int]:
-        """``r_frz`` of each setting: 0 (from scratch) first, then the frozen ones."""
-        return [0, *sorted(set(self.r_frz) - {0})]
-
-
-def sample_complexity_solves(cfg: SampleComplexityConfig) -> int:
-    """Number of solves :func:`run_sample_complexity` makes (for a progress bar)."""
-    return cfg.replicates * len(cfg.settings) * len(cfg.ns)
 
 
 def run_sample_complexity(
@@ -82,7 +37,7 @@ def run_sample_complexity(
     cfg.validate()
     rows: list[dict[str, Any]] = []
     for rep in range(cfg.replicates):
-        model = cfg.model(rep)
+        model = planted_model(cfg, rep)
         train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
         test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
         tasks = list(range(model.T))
@@ -91,7 +46,7 @@ def run_sample_complexity(
             W_frz = model.frozen(r_frz)
             for n in sorted(cfg.ns):
                 start = time.perf_counter()
-                solver = cfg.solver(model, derive_seed(cfg.seed, rep, r_frz, n))
+                solver = solver_config(cfg, model, derive_seed(cfg.seed, rep, r_frz, n))
                 sol = solve_crl(train.head(n), r_new, W_frz, solver)
                 risks = evaluate(sol.predict, tasks, test, test_clean)
                 setting = "scratch" if r_frz == 0 else "frozen"
