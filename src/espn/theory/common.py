@@ -15,25 +15,34 @@ from typing import Any
 
 import torch
 
-from espn.theory.config import PlantedConfig
-from espn.theory.planted import PlantedModel, TaskData, derive_seed
-from espn.theory.solver import SolverConfig
+from espn.theory.config import MismatchConfig, PlantedConfig, SampleComplexityConfig
+from espn.theory.planted import PlantedModel, TaskData, derive_seed, generator
+from espn.theory.solver import SolverConfig, solve_crl
 
 Progress = Callable[[int], None]
+#: a replicate: its planted model, training set, and test set with noisy and clean labels
+Replicate = tuple[PlantedModel, TaskData, TaskData, TaskData]
 
 
-def planted_model(cfg: PlantedConfig, replicate: int, tasks: int | None = None) -> PlantedModel:
-    """The planted model of one replicate (its own ``W*`` and heads)."""
-    return PlantedModel.create(
+def replicate(
+    cfg: PlantedConfig, rep: int, train_n: int | Sequence[int], tasks: int | None = None
+) -> Replicate:
+    """Replicate ``rep``: its planted model (its own ``W*`` and ``tasks`` heads, default
+    ``cfg.tasks``), a training draw of ``train_n`` samples per task (or ``train_n[t]`` for
+    task ``t``) and a test set of ``cfg.n_test`` per task, with noisy and with clean labels."""
+    model = PlantedModel.create(
         cfg.d,
         cfg.r,
         tasks or cfg.tasks,
         activation=cfg.activation,
         noise=cfg.noise,
         head_norm=cfg.head_norm,
-        seed=derive_seed(cfg.seed, "replicate", replicate),
+        seed=derive_seed(cfg.seed, "replicate", rep),
         inputs=cfg.inputs,
     )
+    train, _ = model.sample(train_n, generator(cfg.seed, "train", rep))
+    test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
+    return model, train, test, test_clean
 
 
 def solver_config(cfg: PlantedConfig, model: PlantedModel, seed: int) -> SolverConfig:
@@ -107,6 +116,33 @@ def tick(progress: Progress | None) -> None:
     """Report one finished solve to ``progress`` (a progress bar), if any."""
     if progress is not None:
         progress(1)
+
+
+def risk_curve(
+    cfg: SampleComplexityConfig | MismatchConfig,
+    rep: int,
+    data: Replicate,
+    setting: str,
+    W_frz: torch.Tensor | None,
+    r_new: int,
+    seed: tuple[Any, ...],
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    """A risk curve of replicate ``rep``: per N of ``cfg.ns``, ``r_new`` rows and the heads
+    solved on the first N training samples of each task on top of ``W_frz`` (None: from
+    scratch), the solver seeded by ``seed`` and N; its :func:`curve_row` and ``restart``."""
+    model, train, test, test_clean = data
+    r_frz = 0 if W_frz is None else W_frz.shape[0]
+    rows = []
+    for n in sorted(cfg.ns):
+        start = time.perf_counter()
+        solver = solver_config(cfg, model, derive_seed(*seed, n))
+        sol = solve_crl(train.head(n), r_new, W_frz, solver)
+        risks = evaluate(sol.predict, list(range(model.T)), test, test_clean)
+        row = curve_row(cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start)
+        rows.append(row | {"restart": sol.restart})
+        tick(progress)
+    return rows
 
 
 def band(

@@ -10,19 +10,18 @@ from collections.abc import Sequence
 from statistics import mean
 from typing import Any
 
-import torch
-
 from espn.theory.common import (
     Progress,
     curve_row,
     evaluate,
     mean_curve,
-    planted_model,
+    replicate,
+    risk_curve,
     solver_config,
     tick,
 )
 from espn.theory.config import MismatchConfig
-from espn.theory.planted import PlantedModel, TaskData, derive_seed, generator
+from espn.theory.planted import derive_seed, generator
 from espn.theory.solver import solve_crl
 
 
@@ -38,10 +37,8 @@ def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[
     rows: list[dict[str, Any]] = []
     r_new = cfg.learned_rows
     for rep in range(cfg.replicates):
-        model = planted_model(cfg, rep)
-        train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
-        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
-        tasks = list(range(model.T))
+        data = replicate(cfg, rep, max(cfg.ns))
+        model, _, test, test_clean = data
         for eps in cfg.perturbations:
             W_frz = model.frozen(cfg.r_frz, eps, seed=derive_seed(cfg.seed, "perturb", rep))
             # the mismatch: a large noise-free solve on top of the perturbed rows
@@ -50,48 +47,19 @@ def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[
             sol = solve_crl(
                 mm_clean, r_new, W_frz, solver_config(cfg, model, derive_seed(rep, eps))
             )
-            _, mm_test = evaluate(sol.predict, tasks, test, test_clean)
+            _, mm_test = evaluate(sol.predict, list(range(model.T)), test, test_clean)
             for setting, value in (("mm-train", sol.train_loss), ("mm-test", mm_test)):
                 risks = (value + model.noise_floor, value)
                 solve = (setting, cfg.r_frz, r_new, cfg.mm_n, sol.train_loss, risks, start)
                 rows.append(curve_row(cfg, model, rep, *solve) | {"perturbation": eps})
             tick(progress)
-            rows.extend(
-                _risk_curve(cfg, rep, model, train, (test, test_clean), W_frz, r_new, eps, progress)
-            )
+            seed = (cfg.seed, rep, "frozen", eps)
+            curve = risk_curve(cfg, rep, data, "frozen", W_frz, r_new, seed, progress)
+            rows += [row | {"perturbation": eps} for row in curve]
         if cfg.include_scratch:
-            rows.extend(
-                _risk_curve(
-                    cfg, rep, model, train, (test, test_clean), None, cfg.r, math.nan, progress
-                )
-            )
-    return rows
-
-
-def _risk_curve(
-    cfg: MismatchConfig,
-    rep: int,
-    model: PlantedModel,
-    train: TaskData,
-    tests: tuple[TaskData, TaskData],
-    W_frz: torch.Tensor | None,
-    r_new: int,
-    eps: float,
-    progress: Progress | None,
-) -> list[dict[str, Any]]:
-    """Excess risk over ``cfg.ns`` on top of ``W_frz`` (``None``: from scratch)."""
-    rows = []
-    test, test_clean = tests
-    setting = "scratch" if W_frz is None else "frozen"
-    r_frz = 0 if W_frz is None else W_frz.shape[0]
-    for n in sorted(cfg.ns):
-        start = time.perf_counter()
-        seed = derive_seed(cfg.seed, rep, setting, eps, n)
-        sol = solve_crl(train.head(n), r_new, W_frz, solver_config(cfg, model, seed))
-        risks = evaluate(sol.predict, list(range(model.T)), test, test_clean)
-        row = curve_row(cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start)
-        rows.append(row | {"perturbation": eps})
-        tick(progress)
+            seed = (cfg.seed, rep, "scratch", math.nan)
+            curve = risk_curve(cfg, rep, data, "scratch", None, cfg.r, seed, progress)
+            rows += [row | {"perturbation": math.nan} for row in curve]
     return rows
 
 

@@ -5,24 +5,13 @@ and from scratch; the paper's Corollary 1 says the excess risk is governed by
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from statistics import mean
 from typing import Any
 
-from espn.theory.common import (
-    Progress,
-    curve_row,
-    evaluate,
-    mean_curve,
-    planted_model,
-    solver_config,
-    tick,
-)
+from espn.theory.common import Progress, mean_curve, replicate, risk_curve
 from espn.theory.config import SampleComplexityConfig
-from espn.theory.planted import derive_seed, generator
-from espn.theory.solver import solve_crl
 
 
 def run_sample_complexity(
@@ -37,24 +26,12 @@ def run_sample_complexity(
     cfg.validate()
     rows: list[dict[str, Any]] = []
     for rep in range(cfg.replicates):
-        model = planted_model(cfg, rep)
-        train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
-        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
-        tasks = list(range(model.T))
+        data = replicate(cfg, rep, max(cfg.ns))
         for r_frz in cfg.settings:
-            r_new = cfg.r - r_frz
-            W_frz = model.frozen(r_frz)
-            for n in sorted(cfg.ns):
-                start = time.perf_counter()
-                solver = solver_config(cfg, model, derive_seed(cfg.seed, rep, r_frz, n))
-                sol = solve_crl(train.head(n), r_new, W_frz, solver)
-                risks = evaluate(sol.predict, tasks, test, test_clean)
-                setting = "scratch" if r_frz == 0 else "frozen"
-                row = curve_row(
-                    cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start
-                )
-                rows.append(row | {"restart": sol.restart})
-                tick(progress)
+            setting = "scratch" if r_frz == 0 else "frozen"
+            seed = (cfg.seed, rep, r_frz)
+            W_frz = data[0].frozen(r_frz)
+            rows += risk_curve(cfg, rep, data, setting, W_frz, cfg.r - r_frz, seed, progress)
     return rows
 
 

@@ -14,12 +14,12 @@ from espn.theory.common import (
     Progress,
     evaluate,
     mean_curve,
-    planted_model,
+    replicate,
     solver_config,
     tick,
 )
 from espn.theory.config import TASK_ORDERS, TaskOrderConfig
-from espn.theory.planted import derive_seed, generator
+from espn.theory.planted import derive_seed
 from espn.theory.solver import SequentialResult, solve_crl, solve_sequential
 
 
@@ -37,11 +37,9 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
     sizes = cfg.sizes
     groups = [list(range(i * cfg.heads, (i + 1) * cfg.heads)) for i in range(cfg.tasks)]
     new_rows = [cfg.rows_first] + [cfg.rows_per_task] * (cfg.tasks - 1)
+    per_head = [n for n in sizes for _ in range(cfg.heads)]
     for rep in range(cfg.replicates):
-        model = planted_model(cfg, rep, tasks=cfg.tasks * cfg.heads)
-        per_head = [n for n in sizes for _ in range(cfg.heads)]
-        train, _ = model.sample(per_head, generator(cfg.seed, "train", rep))
-        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
+        model, train, test, test_clean = replicate(cfg, rep, per_head, cfg.tasks * cfg.heads)
         base = {"replicate": rep, "heads": cfg.heads, "noise_floor": model.noise_floor}
         for order in cfg.orders:
             solver = solver_config(cfg, model, derive_seed(cfg.seed, rep, order))
