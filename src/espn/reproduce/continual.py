@@ -24,7 +24,7 @@ from espn.reproduce.common import (
     signed,
     steps_note,
 )
-from espn.reproduce.paper import claims_notes, data_notes, paper
+from espn.reproduce.paper import claims_notes, data_notes, paper_numbers
 from espn.reproduce.table import Table, markdown_table
 from espn.reproduce.target import TARGETS, Options, Run, Target, point
 from espn.utils.plotting import pyplot
@@ -90,7 +90,7 @@ def table1_table(runs: list[Run]) -> Table:
     """Per method: seeds, task-averaged accuracy (mean ± se over seeds) beside the paper's,
     mean FLOPs ratio, and the mean accuracy of every task."""
     groups = by_series(runs)
-    reported = paper("table1")["methods"]
+    reported = paper_numbers()["table1"]["methods"]
     n_tasks = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
     tasks = [f"task{j}" for j in range(n_tasks)]
     columns = ["method", "seeds", "avg", "avg_se", "paper_avg", "paper_avg_se", "flops_ratio"]
@@ -114,9 +114,7 @@ def table1_table(runs: list[Run]) -> Table:
             row[name] = mean_of(found) if found else None
         rows.append(row)
     table = Table("table1", TABLE1.title, columns + tasks, rows)
-    notes = data_notes(
-        (r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "resnet18-reduced"
-    )
+    notes = data_notes(runs, "resnet18-reduced")
     notes.append(steps_note(runs, split_paper_steps))
     table.notes = notes + claims_notes("table1", _table1_observations(table))
     table.appendix = (
@@ -276,7 +274,7 @@ def mnist_table(runs: list[Run]) -> Table:
         rows.append(row)
     table = Table("fig-mnist", FIG_MNIST.title, columns, rows)
     table.md_columns = columns[:9]
-    notes = data_notes((r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "fc1024")
+    notes = data_notes(runs, "fc1024")
     notes.append(
         "early: mean final accuracy of the first quarter of the tasks; late: of the second "
         "half (by zero forgetting, a task's final accuracy is its accuracy when learned)"

@@ -22,7 +22,7 @@ from espn.reproduce.common import (
     save_figure,
     signed,
 )
-from espn.reproduce.paper import claims_notes, data_notes, paper
+from espn.reproduce.paper import claims_notes, data_notes, paper_numbers
 from espn.reproduce.table import Table
 from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point
 from espn.settings.recipes import IMAGENET
@@ -104,7 +104,7 @@ def _by_task(run: Run) -> dict[str, float]:
 def imagenet_table(runs: list[Run]) -> Table:
     """Per dataset: final accuracy of each of the three settings beside the paper's."""
     groups = by_series(runs)
-    reported = paper("table-imagenet")["tasks"]
+    reported = paper_numbers()["table-imagenet"]["tasks"]
     columns = ["task"]
     for s in IMAGENET_SERIES:
         columns += [s, f"{s}_se", f"paper_{s}"]
@@ -309,7 +309,7 @@ def efficiency_table(runs: list[Run]) -> Table:
             row["first"], row["first_se"] = mean_se([f for _, f in vals])
             rows.append(row)
     table = Table("fig-data-efficiency", FIG_DATA_EFFICIENCY.title, columns, rows)
-    notes = data_notes((r.doc["benchmark"] for r in runs), [], "")
+    notes = data_notes(runs)
     notes.append(
         f"small tasks: {', '.join(map(str, sorted(small_sizes)))} training images each; "
         "small: mean over the small tasks, learned one after the other on the supernet after "
@@ -351,7 +351,7 @@ def efficiency_plot(table: Table, path: Path) -> None:
     for r in table.rows:
         if r["tasks_before"] is None:
             ax.axhline(r["small"], ls="--", color="tab:red", label=f"{r['method']} (ours)")
-    numbers = paper("fig-data-efficiency")["numbers"]
+    numbers = paper_numbers()["fig-data-efficiency"]["numbers"]
     ax.axhline(
         numbers["individual"], ls=":", color="gray", label="paper: Individual ≈68% (SplitCIFAR100)"
     )
@@ -464,7 +464,7 @@ def order_table(runs: list[Run]) -> Table:
     table = Table("fig-task-order", FIG_TASK_ORDER.title, columns, rows)
     table.md_columns = columns[:9]
     sizes = sorted({s for r in runs for s in r.doc["train_samples"]}, reverse=True)
-    notes = data_notes((r.doc["benchmark"] for r in runs), [], "")
+    notes = data_notes(runs)
     notes.append(
         "task ID = rank of the training-set size, from 0 (0: the largest, "
         f"{sizes[0] if sizes else '-'} images; last: {sizes[-1] if sizes else '-'}); "
