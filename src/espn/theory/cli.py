@@ -135,11 +135,11 @@ def _experiment(name: str, cls: type[Experiment], options: dict[str, Any]) -> No
     names its parameter); its ``run_<name>(cfg, progress)`` under a progress bar of
     ``cfg.solves()`` solves unless ``--no-progress``; the CSV written, then summarised and
     plotted from the CSV as read back."""
-    settings = {}
+    settings, hints = {}, get_type_hints(cls)
     for f in fields(cls):
-        kind, value = get_type_hints(cls)[f.name], options[f.name]
-        if typing.get_origin(kind) is tuple:
-            value = parse_list(option_name(f.name), value, typing.get_args(kind)[0])
+        value = options[f.name]
+        if typing.get_origin(hints[f.name]) is tuple:
+            value = parse_list(option_name(f.name), value, typing.get_args(hints[f.name])[0])
         settings[f.name] = value
     cfg = cls(**settings)
     try:
@@ -171,16 +171,15 @@ def _parameters(name: str, cls: type[Experiment]) -> list[inspect.Parameter]:
     comma-separated text) and ``--progress``."""
     out = typer.Option(..., help=f"Output directory for {name}.csv/.png.")
     params = [inspect.Parameter("out", KEYWORD, default=out, annotation=Path)]
+    hints = get_type_hints(cls)
     for f in fields(cls):
-        kind, default = get_type_hints(cls)[f.name], cast(Any, f.default)
+        kind, default = hints[f.name], cast(Any, f.default)
         flag = option_name(f.name)
         if kind is bool:
             flag = f"{flag}/--no-{flag[2:]}"
-        if typing.get_origin(kind) is tuple:
-            kind, default = (
-                str,
-                ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default),
-            )
+        if typing.get_origin(kind) is tuple:  # comma-separated text
+            kind = str
+            default = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
         text = OWN_HELP[name].get(f.name) or HELP[f.name]
         option = typer.Option(default, flag, help=text)
         params.append(inspect.Parameter(f.name, KEYWORD, default=option, annotation=kind))
