@@ -137,7 +137,8 @@ class PlantedModel:
         seed: int = 0,
         inputs: str = "sphere",
     ) -> PlantedModel:
-        """Draw ``W*`` with orthonormal rows and ``tasks`` heads of norm ``head_norm``."""
+        """Draw ``W*`` with orthonormal rows and ``tasks`` heads of norm ``head_norm``, the
+        values checked as :class:`~espn.theory.config.PlantedConfig` checks them."""
         PlantedConfig(
             d=d,
             r=r,
