@@ -4,10 +4,15 @@ than a torch error at the first training step, or a division by zero in the trac
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+
+if TYPE_CHECKING:
+    from espn.models.registry import ModelSpec
 
 
 class ModelShapeError(EspnError, ValueError):
@@ -61,3 +66,13 @@ def check_plain_model(model: nn.Module, example_input: Tensor) -> None:
             f"forward() returns a tensor of shape {list(out.shape)} for a batch of "
             f"{example_input.shape[0]}: espn needs logits of shape [N, classes]"
         )
+
+
+def image_channels(spec: ModelSpec, family: str) -> int:
+    """The channels of ``spec``'s images, for a model ``family`` that takes (C, H, W) only."""
+    if len(spec.input_shape) != 3:
+        raise ValueError(
+            f"{family} take images shaped (channels, height, width), got input shape "
+            f"{tuple(spec.input_shape)}"
+        )
+    return int(spec.input_shape[0])

@@ -1,23 +1,6 @@
-"""Models named by an import reference: ``"package.module:Factory(key=value, ...)"``.
-
-A supernet built in Python from a class or factory function (``espn.wrap(Net, x,
-width=8)``) is recorded in its checkpoint by such a reference, so that ``espn evaluate``,
-``info`` and ``export`` (another process) can rebuild it. Only a reference to an
-``nn.Module`` subclass, or to a function annotated to return one (torchvision's model
-functions are), is ever called, and only with literal arguments (numbers, strings, booleans,
-None, tuples, lists, dicts): a checkpoint cannot name an arbitrary callable to run.
-
-A run directory is data (it may have been downloaded), so reading one runs no code it names:
-within :func:`reading_run` a reference is resolved only when its factory is one of espn's own
-model builders (:func:`builtin_builders`: espn's model classes and torchvision's
-classification models), was handed to espn by the user in this process (``--model``,
-``espn.wrap``, a configuration built in Python), or the user opted in
-(``--trust-model-code``, ``espn.load(..., trust_model_code=True)``). Its arguments are checked
-too: none may ask for pretrained weights (a download), and the model they describe is first
-built on the ``meta`` device (no memory) and refused beyond :data:`espn.utils.limits.MAX_MODEL_VALUES`.
-Being imported is not enough: an imported module (espn's own included) may hold functions
-annotated ``-> nn.Module`` that read files or unpickle.
-"""
+"""Models named by an import reference, ``"package.module:Factory(key=value, ...)"``, and which
+of them a run directory may make espn build: see docs/reliability.md ("Which models a run
+directory may name")."""
 
 from __future__ import annotations
 
