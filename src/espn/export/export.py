@@ -276,22 +276,24 @@ def export_task(
     overwrite: bool = False,
     run: Path | str | None = None,
 ) -> ExportReport:
-    """Write task ``task`` as a slim standalone model to ``out`` and check it.
-
-    ``transform`` is the task's input transform (``Task.transform``): with one, ``inputs``
-    are raw batches as the dataset stores them, and the written program takes them raw (the
-    transform at evaluation is its first step, see :mod:`espn.export.inputs`); without one,
-    ``inputs`` and the program's inputs are the model's. ``out`` ends in ``.pt2``
-    (``torch.export``) or ``.onnx``; with a ``.pt2``, ``also_onnx`` (default: when ONNX export
-    is available) also writes ``out`` with ``.onnx``. On ``inputs`` the written model must
-    match the supernet within :data:`TOLERANCE` (scaled by the largest output);
-    ``expected_flops`` (e.g. from results.json) must equal the FLOPs measured on it.
-    ``fold_bn`` folds each BatchNorm into the layer before it. A ``.json`` report is written
-    beside ``out``. No file of a run directory (``run``, or any other that ``out`` lies in) is
-    ever replaced, and no other existing file unless ``overwrite`` (see
-    :func:`check_not_replacing`).
-    """
-    out, also_onnx = _check_request(out, also_onnx, overwrite, run, inputs)
+    """Write task ``task`` as a slim standalone model to ``out`` (``.pt2`` or ``.onnx``; with a
+    ``.pt2`` also the ``.onnx`` when ``also_onnx``, default: when available) and a ``.json``
+    report beside it, checked against the supernet on ``inputs`` (within :data:`TOLERANCE`
+    of the largest output) and its FLOPs (against ``expected_flops`` too, when given).
+    With the task's ``transform``, ``inputs`` are raw batches and the program takes them raw
+    (:mod:`espn.export.inputs`). ``fold_bn`` folds each BatchNorm into the layer before it.
+    A run directory's own files are never replaced, other files only with ``overwrite``
+    (:func:`check_not_replacing`)."""
+    out = check_target(out)  # everything refused before any work
+    if also_onnx is None:
+        also_onnx = out.suffix == ".pt2" and onnx_available()
+    check_not_replacing(export_files(out, also_onnx), overwrite, run)
+    if not inputs:
+        raise ExportError("export needs at least one batch of inputs to check the model on")
+    if out.suffix == ".onnx" and not onnx_available():
+        raise ExportError(
+            "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
+        )
     raw_inputs, transform = inputs, transform if has_transform(transform) else None
     if transform is not None:
         inputs = [transform(x, False) for x in raw_inputs]
@@ -316,28 +318,6 @@ def export_task(
     with writing(out.with_suffix(".json")):
         write_json_atomic(out.with_suffix(".json"), report.to_json())
     return report
-
-
-def _check_request(
-    out: Path | str,
-    also_onnx: bool | None,
-    overwrite: bool,
-    run: Path | str | None,
-    inputs: list[Tensor],
-) -> tuple[Path, bool]:
-    """Refuse, before any work, an export :func:`export_task` cannot write; the target and
-    whether an ONNX file goes beside it."""
-    out = check_target(out)
-    if also_onnx is None:
-        also_onnx = out.suffix == ".pt2" and onnx_available()
-    check_not_replacing(export_files(out, also_onnx), overwrite, run)
-    if not inputs:
-        raise ExportError("export needs at least one batch of inputs to check the model on")
-    if out.suffix == ".onnx" and not onnx_available():
-        raise ExportError(
-            "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
-        )
-    return out, also_onnx
 
 
 def _write(

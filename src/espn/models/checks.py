@@ -24,15 +24,10 @@ _SIZES = ("in_features", "out_features", "in_channels", "out_channels", "num_fea
 
 
 def check_plain_model(model: nn.Module, example_input: Tensor) -> None:
-    """Refuse a model with an empty layer (``nn.Linear(64, 0)``), frozen parameters, or a
-    ``forward`` that does not return one logits tensor ``[N, classes]``.
-
-    Frozen parameters are refused, not unfrozen: espn decides which weights train (a task's
-    frozen weights are the earlier tasks'), so a backbone frozen by ``requires_grad_(False)``
-    would silently be trained; adopt pretrained weights as a first task instead
-    (``--init-weights``). A tuple or dict output is refused: training, the FLOP count and
-    the exported model need the logits alone, which only the user knows how to pick.
-    """
+    """Refuse a model with an empty layer (``nn.Linear(64, 0)``), frozen parameters (espn
+    decides which weights train, so a frozen backbone would silently be trained), or a
+    ``forward`` that does not return one logits tensor ``[N, classes]`` (see
+    docs/architectures.md, "Refused")."""
     for name, m in model.named_modules():
         empty = [a for a in _SIZES if getattr(m, a, None) == 0]
         if empty:

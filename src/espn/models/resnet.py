@@ -115,14 +115,9 @@ class Bottleneck(_Block):
 
 class ResNet(nn.Module):
     """A residual supernet with task-specific BatchNorm and one head per task (or a shared,
-    masked head with a per-task bias when ``multi_head`` is False).
-
-    ``stem="cifar"``: one 3x3 stride-1 conv (32x32 inputs, as in GEM and CIFAR ResNets);
-    ``stem="imagenet"``: 7x7 stride-2 conv and 3x3 stride-2 max pooling (torchvision).
-    Global average pooling before the head makes any input size work. ``streams``: how the
-    producers of a residual stream are pruned (see the module docstring); with
-    ``"per-conv"``, :attr:`unit_unions` names the groups each stream is the union of.
-    """
+    masked head with a per-task bias when ``multi_head`` is False). ``stem="cifar"``: one 3x3
+    stride-1 conv; ``"imagenet"``: 7x7 stride-2 conv and 3x3 stride-2 max pooling
+    (torchvision). Global average pooling before the head makes any input size work."""
 
     def __init__(
         self,

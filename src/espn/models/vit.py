@@ -151,10 +151,9 @@ class ViT(nn.Module):
 
     def carries_alive_units(self) -> bool:
         """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in
-        a training step (training mode, gradients on, eager: not compiled, not traced for
-        export) of a task with a dead unit (a stream feature, an MLP neuron or a head) but
-        a live stream, with the supernet's own modules in place and no hook on any module
-        (a hook sees the whole width)."""
+        an eager training step (not compiled, not traced) of a task with a dead unit but a
+        live stream, with the supernet's own modules in place and no hook (a hook sees the
+        whole width)."""
         if (
             not self.training
             or not torch.is_grad_enabled()
