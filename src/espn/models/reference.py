@@ -135,20 +135,16 @@ def is_reference(name: str) -> bool:
     return _REFERENCE.fullmatch(name) is not None
 
 
-def _returns_module(fn: Callable[..., Any]) -> bool:
-    try:
-        ret = typing.get_type_hints(fn).get("return")
-    except Exception:  # unresolvable annotations: not provably a model factory
-        return False
-    return inspect.isclass(ret) and issubclass(ret, nn.Module)
-
-
 def check_factory(obj: Any, where: str) -> Callable[..., nn.Module]:
     """``obj`` if it builds an ``nn.Module`` (a subclass, or a function annotated to return
     one); else :class:`ModelReferenceError`."""
     if inspect.isclass(obj) and issubclass(obj, nn.Module):
         return obj
-    if inspect.isfunction(obj) and _returns_module(obj):
+    try:
+        ret = typing.get_type_hints(obj).get("return") if inspect.isfunction(obj) else None
+    except Exception:  # unresolvable annotations: not provably a model factory
+        ret = None
+    if inspect.isclass(ret) and issubclass(ret, nn.Module):
         return obj
     raise ModelReferenceError(
         f"{where} is not an nn.Module class nor a function annotated to return one "
