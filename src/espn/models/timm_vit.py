@@ -46,17 +46,11 @@ def _check(model: Any, example_input: Tensor) -> None:
         raise _refuse("a norm in its patch embedding")
     for i, block in enumerate(model.blocks):
         attn, mlp = block.attn, block.mlp
-        parts = {
-            "ls1": block.ls1,
-            "ls2": block.ls2,
-            "attn.q_norm": attn.q_norm,
-            "attn.k_norm": attn.k_norm,
-            "attn.norm": getattr(attn, "norm", nn.Identity()),
-            "mlp.norm": getattr(mlp, "norm", nn.Identity()),
-        }
-        for name, part in parts.items():
+        for path in ("ls1", "ls2", "attn.q_norm", "attn.k_norm", "attn.norm", "mlp.norm"):
+            owner, _, attr = path.rpartition(".")
+            part = getattr(getattr(block, owner) if owner else block, attr, nn.Identity())
             if not isinstance(part, nn.Identity):
-                raise _refuse(f"blocks.{i}.{name}={type(part).__name__}")
+                raise _refuse(f"blocks.{i}.{path}={type(part).__name__}")
         if getattr(attn, "gate", None) is not None:
             raise _refuse(f"an attention gate in blocks.{i}")
         if not hasattr(attn, "qkv") or not hasattr(mlp, "fc1"):
