@@ -66,11 +66,8 @@ def measured_flops(model: nn.Module, example: Tensor) -> int:
 
 @contextmanager
 def ieee_float32() -> Iterator[None]:
-    """Full float32 convolutions and matrix products inside, whatever the user chose outside.
-
-    On Ampere and newer GPUs cuDNN convolutions default to TF32 (a 10-bit mantissa), whose
-    rounding alone exceeds :data:`TOLERANCE`: the check of an export compares the models, not
-    the arithmetic they happen to run in."""
+    """Full float32 convolutions and matrix products inside, whatever the user chose outside:
+    TF32's rounding alone would exceed :data:`TOLERANCE` (see docs/checkpoints.md)."""
     settings = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)  # type: ignore[attr-defined]
     saved = [s.fp32_precision for s in settings]
     try:
@@ -151,9 +148,7 @@ class ExportReport:
     checked_samples: int
     batchnorm_folded: bool
     widths: dict[str, int] = field(default_factory=dict)
-    #: what the program takes: ``raw`` (the task's input transform is in the program), the
-    #: dtype and shape of one input as given, the transform (every step and argument, see
-    #: :func:`espn.export.inputs.describe_transform`) and the FLOPs it adds per sample
+    #: what the program takes (raw or model inputs, dtype, shape, transform and its FLOPs)
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
