@@ -1,12 +1,6 @@
-"""Writing one task as a standalone model file, checked against the supernet.
-
-The slim model (see :mod:`espn.export.slim`), behind the task's input transform when the task
-has one (raw inputs in, see :mod:`espn.export.inputs`), is saved with ``torch.export`` (``.pt2``: load it
-with ``torch.export.load(path).module()``, no espn needed) and/or as ONNX (``.onnx``, when the
-``onnx`` and ``onnxscript`` packages are installed), with a dynamic batch dimension. Before a
-file is reported written, it is loaded back and its outputs on the given inputs are compared
-with the masked supernet's, and its FLOPs are measured with ``FlopCounterMode``.
-"""
+"""Writing one task as a standalone model file (``.pt2`` and/or ``.onnx``, raw inputs in),
+loaded back and checked against the supernet before it is reported written: see
+docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -72,11 +66,8 @@ def measured_flops(model: nn.Module, example: Tensor) -> int:
 
 @contextmanager
 def ieee_float32() -> Iterator[None]:
-    """Full float32 convolutions and matrix products inside, whatever the user chose outside.
-
-    On Ampere and newer GPUs cuDNN convolutions default to TF32 (a 10-bit mantissa), whose
-    rounding alone exceeds :data:`TOLERANCE`: the check of an export compares the models, not
-    the arithmetic they happen to run in."""
+    """Full float32 convolutions and matrix products inside, whatever the user chose outside:
+    TF32's rounding alone would exceed :data:`TOLERANCE` (see docs/checkpoints.md)."""
     settings = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)  # type: ignore[attr-defined]
     saved = [s.fp32_precision for s in settings]
     try:
@@ -90,17 +81,22 @@ def ieee_float32() -> Iterator[None]:
 
 @torch.no_grad()
 def output_error(
-    model: nn.Module, supernet: Supernet, task: int, inputs: list[Tensor]
+    model: nn.Module,
+    supernet: Supernet,
+    task: int,
+    inputs: list[Tensor],
+    model_inputs: list[Tensor] | None = None,
 ) -> tuple[float, float]:
-    """Largest absolute difference between ``model``'s and task ``task``'s supernet outputs,
-    and the largest absolute supernet output (the scale the difference is judged against),
-    both computed in full float32 (:func:`ieee_float32`)."""
+    """Largest absolute difference between ``model``'s outputs on ``model_inputs`` (default:
+    ``inputs``; raw batches for a program with the task's transform) and task ``task``'s
+    supernet outputs on ``inputs``, and the largest absolute supernet output (the scale the
+    difference is judged against), both in full float32 (:func:`ieee_float32`)."""
     supernet.eval()
     diffs, scales = [], []
     with ieee_float32():
-        for x in inputs:
+        for x, given in zip(inputs, model_inputs or inputs, strict=True):
             reference = supernet(x, task=task)
-            diffs.append((model(x) - reference).abs().max())
+            diffs.append((model(given) - reference).abs().max())
             scales.append(reference.abs().max())
     # torch's max keeps a NaN (Python's max would drop it, and the check would pass)
     return float(torch.stack(diffs).max()), float(torch.stack(scales).max())
@@ -109,40 +105,14 @@ def output_error(
 @torch.no_grad()
 def float32_rounding(model: nn.Module, wide: nn.Module, inputs: list[Tensor]) -> float:
     """Largest float32 rounding error of ``model`` on ``inputs``: its outputs against those of
-    ``wide``, the same model in float64.
-
-    Folding makes a layer compute ``conv(x, W * s) + (beta - mean * s)`` where the supernet
-    computes ``(conv(x, W) - mean) * s + beta``: the same function, but in float32 a large
-    ``s`` or ``mean`` cancels away digits (in the folded weights too), and a deep network
-    (MobileNetV2, EfficientNet) carries the rounding of either side to its outputs. An export
-    with BatchNorm folded is allowed both: the unfolded slim copy's (the supernet's
-    arithmetic) and the folded model's against a fold done in float64 throughout. A wrong fold
-    is wrong in float64 too, so it is still refused."""
+    ``wide``, the same model in float64. A folded BatchNorm is allowed this on top of the
+    tolerance (see docs/checkpoints.md); a wrong fold is wrong in float64 too."""
     worst = torch.zeros(())
     with ieee_float32():
         for x in inputs:
             exact = wide(x.double() if x.is_floating_point() else x)
             worst = torch.maximum(worst, (model(x).double() - exact).abs().max().cpu())
     return float(worst)
-
-
-@torch.no_grad()
-def saved_error(
-    program: nn.Module,
-    supernet: Supernet,
-    task: int,
-    raw_inputs: list[Tensor],
-    inputs: list[Tensor],
-) -> float:
-    """Largest absolute difference between the written ``program`` on the raw inputs and
-    task ``task``'s supernet on the model inputs they become (in full float32)."""
-    supernet.eval()
-    with ieee_float32():
-        diffs = [
-            (program(raw) - supernet(x, task=task)).abs().max()
-            for raw, x in zip(raw_inputs, inputs, strict=True)
-        ]
-    return float(torch.stack(diffs).max())
 
 
 def _check_error(
@@ -178,9 +148,7 @@ class ExportReport:
     checked_samples: int
     batchnorm_folded: bool
     widths: dict[str, int] = field(default_factory=dict)
-    #: what the program takes: ``raw`` (the task's input transform is in the program), the
-    #: dtype and shape of one input as given, the transform (every step and argument, see
-    #: :func:`espn.export.inputs.describe_transform`) and the FLOPs it adds per sample
+    #: what the program takes (raw or model inputs, dtype, shape, transform and its FLOPs)
     inputs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -209,7 +177,7 @@ def _write_pt2(program: torch.export.ExportedProgram, path: Path) -> nn.Module:
     torch.export.save(program, buffer)
     with atomic_target(path, keep_suffix=True) as tmp:
         tmp.write_bytes(buffer.getvalue())
-    return torch.export.load(str(path)).module()
+    return load_exported(path)
 
 
 def write_onnx(
@@ -236,20 +204,6 @@ def write_onnx(
     onnx.checker.check_model(onnx.load(str(path)))
 
 
-@dataclass
-class _Checked:
-    """A task's slim model and how it compares with the supernet."""
-
-    slim: nn.Module
-    flops: int
-    analytic: float
-    diff: float
-    scale: float
-    allowed: float
-    rounding: float
-    fold_bn: bool
-
-
 def _checked_slim(
     supernet: Supernet,
     task: int,
@@ -257,10 +211,11 @@ def _checked_slim(
     example: Tensor,
     fold_bn: bool,
     expected_flops: float | None,
-) -> _Checked:
+) -> tuple[nn.Module, float, ExportReport]:
     """Task ``task``'s slim copy (BatchNorm folded with ``fold_bn``), refused unless its FLOPs
     are the supernet's count (and ``expected_flops``) and its outputs on ``inputs`` the
-    supernet's within the tolerance."""
+    supernet's within the tolerance; with the measured float32 rounding of its folded
+    BatchNorm (see :func:`float32_rounding`) and its report (files and inputs to fill in)."""
     slim = slim_copy(supernet, task, example)
     folded_bn = fold_bn and any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in slim.modules()
@@ -285,7 +240,23 @@ def _checked_slim(
         rounding += float32_rounding(slim, wide, inputs)
     hint = "; try --keep-bn" if folded_bn else ""
     allowed = _check_error(task, diff, scale, "the slim model", hint, rounding)
-    return _Checked(slim, flops, analytic, diff, scale, allowed, rounding, fold_bn)
+    report = ExportReport(
+        task=task,
+        files=[],
+        n_classes=supernet.masks[task].n_classes,
+        input_shape=[],
+        flops=flops,
+        analytic_flops=analytic,
+        dense_flops=supernet.dense_flops,
+        parameters=sum(p.numel() for p in slim.parameters()),
+        max_abs_diff=diff,
+        max_abs_output=scale,
+        tolerance=allowed,
+        checked_samples=sum(len(x) for x in inputs),
+        batchnorm_folded=fold_bn,
+        widths={g: int(a.sum()) for g, a in supernet.masks[task].units.items()},
+    )
+    return slim, rounding, report
 
 
 def export_task(
@@ -300,61 +271,15 @@ def export_task(
     overwrite: bool = False,
     run: Path | str | None = None,
 ) -> ExportReport:
-    """Write task ``task`` as a slim standalone model to ``out`` and check it.
-
-    ``transform`` is the task's input transform (``Task.transform``): with one, ``inputs``
-    are raw batches as the dataset stores them, and the written program takes them raw (the
-    transform at evaluation is its first step, see :mod:`espn.export.inputs`); without one,
-    ``inputs`` and the program's inputs are the model's. ``out`` ends in ``.pt2``
-    (``torch.export``) or ``.onnx``; with a ``.pt2``, ``also_onnx`` (default: when ONNX export
-    is available) also writes ``out`` with ``.onnx``. On ``inputs`` the written model must
-    match the supernet within :data:`TOLERANCE` (scaled by the largest output);
-    ``expected_flops`` (e.g. from results.json) must equal the FLOPs measured on it.
-    ``fold_bn`` folds each BatchNorm into the layer before it. A ``.json`` report is written
-    beside ``out``. No file of a run directory (``run``, or any other that ``out`` lies in) is
-    ever replaced, and no other existing file unless ``overwrite`` (see
-    :func:`check_not_replacing`).
-    """
-    out, also_onnx = _check_request(out, also_onnx, overwrite, run, inputs)
-    raw_inputs = inputs
-    if has_transform(transform):
-        assert transform is not None
-        inputs = [transform(x, False) for x in raw_inputs]
-    raw_example = raw_inputs[0][:2].clone()  # a view would save its whole storage
-    example = inputs[0][:2].clone()
-    checked = _checked_slim(supernet, task, inputs, example, fold_bn, expected_flops)
-    program: nn.Module = checked.slim
-    if has_transform(transform):
-        assert transform is not None
-        program = WithInputs(transform, checked.slim)
-    program_flops = measured_flops(program, raw_example)
-    files, diff = _write(
-        program,
-        raw_example,
-        out,
-        also_onnx,
-        program_flops,
-        task,
-        checked,
-        lambda loaded: saved_error(loaded, supernet, task, raw_inputs, inputs),
-    )
-    report = _report(supernet, task, checked, files, diff, inputs, raw_example, transform)
-    report.inputs["transform_flops"] = program_flops - checked.flops
-    with writing(out.with_suffix(".json")):
-        write_json_atomic(out.with_suffix(".json"), report.to_json())
-    return report
-
-
-def _check_request(
-    out: Path | str,
-    also_onnx: bool | None,
-    overwrite: bool,
-    run: Path | str | None,
-    inputs: list[Tensor],
-) -> tuple[Path, bool]:
-    """Refuse, before any work, an export :func:`export_task` cannot write; the target and
-    whether an ONNX file goes beside it."""
-    out = check_target(out)
+    """Write task ``task`` as a slim standalone model to ``out`` (``.pt2`` or ``.onnx``; with a
+    ``.pt2`` also the ``.onnx`` when ``also_onnx``, default: when available) and a ``.json``
+    report beside it, checked against the supernet on ``inputs`` (within :data:`TOLERANCE`
+    of the largest output) and its FLOPs (against ``expected_flops`` too, when given).
+    With the task's ``transform``, ``inputs`` are raw batches and the program takes them raw
+    (:mod:`espn.export.inputs`). ``fold_bn`` folds each BatchNorm into the layer before it.
+    A run directory's own files are never replaced, other files only with ``overwrite``
+    (:func:`check_not_replacing`)."""
+    out = check_target(out)  # everything refused before any work
     if also_onnx is None:
         also_onnx = out.suffix == ".pt2" and onnx_available()
     check_not_replacing(export_files(out, also_onnx), overwrite, run)
@@ -364,43 +289,30 @@ def _check_request(
         raise ExportError(
             "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
         )
-    return out, also_onnx
+    raw_inputs, transform = inputs, transform if has_transform(transform) else None
+    if transform is not None:
+        inputs = [transform(x, False) for x in raw_inputs]
+    raw_example = raw_inputs[0][:2].clone()  # a view would save its whole storage
+    example = inputs[0][:2].clone()
+    slim, rounding, report = _checked_slim(supernet, task, inputs, example, fold_bn, expected_flops)
+    program = slim if transform is None else WithInputs(transform, slim)
+    report.input_shape = list(raw_example.shape[1:])
+    report.inputs = {
+        "raw": transform is not None,
+        "dtype": str(raw_example.dtype).removeprefix("torch."),
+        "shape": list(raw_example.shape[1:]),
+        "model_input_shape": list(inputs[0].shape[1:]),
+        "transform": describe_transform(transform),
+        "transform_flops": measured_flops(program, raw_example) - report.flops,
+    }
 
+    def saved(loaded: nn.Module) -> float:
+        return output_error(loaded, supernet, task, inputs, raw_inputs)[0]
 
-def _report(
-    supernet: Supernet,
-    task: int,
-    checked: _Checked,
-    files: list[str],
-    diff: float,
-    inputs: list[Tensor],
-    raw_example: Tensor,
-    transform: BatchTransform | None,
-) -> ExportReport:
-    """The report of task ``task``'s export (its transform's FLOPs still to fill in)."""
-    return ExportReport(
-        task=task,
-        files=files,
-        n_classes=supernet.masks[task].n_classes,
-        input_shape=list(raw_example.shape[1:]),
-        flops=checked.flops,
-        analytic_flops=checked.analytic,
-        dense_flops=supernet.dense_flops,
-        parameters=sum(p.numel() for p in checked.slim.parameters()),
-        max_abs_diff=diff,
-        max_abs_output=checked.scale,
-        tolerance=checked.allowed,
-        checked_samples=sum(len(x) for x in inputs),
-        batchnorm_folded=checked.fold_bn,
-        widths={g: int(a.sum()) for g, a in supernet.masks[task].units.items()},
-        inputs={
-            "raw": has_transform(transform),
-            "dtype": str(raw_example.dtype).removeprefix("torch."),
-            "shape": list(raw_example.shape[1:]),
-            "model_input_shape": list(inputs[0].shape[1:]),
-            "transform": describe_transform(transform),
-        },
-    )
+    _write(program, raw_example, out, also_onnx, report, rounding, saved)
+    with writing(out.with_suffix(".json")):
+        write_json_atomic(out.with_suffix(".json"), report.to_json())
+    return report
 
 
 def _write(
@@ -408,34 +320,34 @@ def _write(
     example: Tensor,
     out: Path,
     also_onnx: bool,
-    program_flops: int,
-    task: int,
-    checked: _Checked,
+    report: ExportReport,
+    rounding: float,
     saved: Callable[[nn.Module], float],
-) -> tuple[list[str], float]:
+) -> None:
     """Capture ``program`` once and write it to ``out`` (and its ONNX file with
     ``also_onnx``); a ``.pt2`` is loaded back and checked (its outputs by ``saved``, its
-    FLOPs). The files written and the largest output difference checked."""
+    FLOPs). The files written and the largest output difference checked go into ``report``."""
     with writing(out.parent):
         out.parent.mkdir(parents=True, exist_ok=True)
-    files, diff = [], checked.diff
     captured = exported(program, example)
     if out.suffix == ".onnx":
         with writing(out):
             write_onnx(captured, example, out)
-        return [str(out)], diff
+        report.files = [str(out)]
+        return
     with writing(out):
         loaded = _write_pt2(captured, out)
     saved_diff = saved(loaded)
-    _check_error(task, saved_diff, checked.scale, "the saved model", rounding=checked.rounding)
-    if measured_flops(loaded, example) != program_flops:
+    task, scale = report.task, report.max_abs_output
+    _check_error(task, saved_diff, scale, "the saved model", rounding=rounding)
+    if measured_flops(loaded, example) != report.flops + report.inputs["transform_flops"]:
         raise ExportError(f"task {task}: the saved program counts other FLOPs than the model")
-    files.append(str(out))
+    report.files = [str(out)]
     if also_onnx:
         with writing(out.with_suffix(".onnx")):
             write_onnx(captured, example, out.with_suffix(".onnx"))
-        files.append(str(out.with_suffix(".onnx")))
-    return files, max(diff, saved_diff)  # both checked: finite
+        report.files.append(str(out.with_suffix(".onnx")))
+    report.max_abs_diff = max(report.max_abs_diff, saved_diff)  # both checked: finite
 
 
 def load_exported(path: Path | str) -> nn.Module:

@@ -1,14 +1,6 @@
-"""The input side of an exported task: raw inputs in, as the user's loader gives them.
-
-A benchmark stores its images as the dataset files hold them (uint8 ``[N, 28, 28]`` for the
-MNIST family, uint8 ``[N, C, H, W]`` for CIFAR and image folders) and turns a batch into the
-model's inputs with the task's transform (``Task.transform``: scaling to [0, 1],
-normalisation, and a permuted task's pixel permutation or a rotated task's rotation). An
-exported program that took the model's inputs would silently answer wrongly on the raw
-images a user loads; so the transform, as it runs at evaluation (no augmentation), is part of
-the exported program (:class:`WithInputs`), and the sidecar records it
-(:func:`describe_transform`) with the dtype and shape the program takes.
-"""
+"""The input side of an exported task: the task's transform at evaluation is the program's
+first step, so it takes raw inputs as the dataset stores them, and the sidecar records the
+transform (docs/checkpoints.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
-"""Widths written into ``forward``, refitted to a slim copy.
-
-Research code often reshapes with a width it keeps beside its layers: torchvision's
-``VisionTransformer`` does ``x.reshape(n, self.hidden_dim, n_h * n_w)`` after its patch
-convolution, right for the full-width model and wrong once a task's dead channels are removed.
-:func:`refitted` runs a full-width copy once, recording the input shape of every
-``view``/``reshape`` in call order; the slim copy then runs inside :class:`Refitted`, which
-replaces, in each reshape's target shape, a number equal to a narrowed dimension's full width
-by that dimension's slim width (the batch dimension, and a number equal to the batch size,
-is never a width). A number that could
-mean two dimensions of different slim widths is left as it is (the copy is then refused by the
-checks that run it). A copy whose reshapes need no change is returned as it is.
-"""
+"""Widths written into ``forward`` (a ``view``/``reshape`` with ``self.hidden_dim``), refitted
+to a slim copy (docs/architectures.md): a full-width copy is run once recording every reshape's
+input shape; in the slim copy's reshapes a number equal to a narrowed dimension's full width
+becomes its slim width. The batch (and a number equal to it) is never a width, and a number
+meaning two dimensions of different slim widths is left as it is."""
 
 from __future__ import annotations
 

@@ -4,10 +4,15 @@ than a torch error at the first training step, or a division by zero in the trac
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+
+if TYPE_CHECKING:
+    from espn.models.registry import ModelSpec
 
 
 class ModelShapeError(EspnError, ValueError):
@@ -19,15 +24,10 @@ _SIZES = ("in_features", "out_features", "in_channels", "out_channels", "num_fea
 
 
 def check_plain_model(model: nn.Module, example_input: Tensor) -> None:
-    """Refuse a model with an empty layer (``nn.Linear(64, 0)``), frozen parameters, or a
-    ``forward`` that does not return one logits tensor ``[N, classes]``.
-
-    Frozen parameters are refused, not unfrozen: espn decides which weights train (a task's
-    frozen weights are the earlier tasks'), so a backbone frozen by ``requires_grad_(False)``
-    would silently be trained; adopt pretrained weights as a first task instead
-    (``--init-weights``). A tuple or dict output is refused: training, the FLOP count and
-    the exported model need the logits alone, which only the user knows how to pick.
-    """
+    """Refuse a model with an empty layer (``nn.Linear(64, 0)``), frozen parameters (espn
+    decides which weights train, so a frozen backbone would silently be trained), or a
+    ``forward`` that does not return one logits tensor ``[N, classes]`` (see
+    docs/architectures.md, "Refused")."""
     for name, m in model.named_modules():
         empty = [a for a in _SIZES if getattr(m, a, None) == 0]
         if empty:
@@ -61,3 +61,13 @@ def check_plain_model(model: nn.Module, example_input: Tensor) -> None:
             f"forward() returns a tensor of shape {list(out.shape)} for a batch of "
             f"{example_input.shape[0]}: espn needs logits of shape [N, classes]"
         )
+
+
+def image_channels(spec: ModelSpec, family: str) -> int:
+    """The channels of ``spec``'s images, for a model ``family`` that takes (C, H, W) only."""
+    if len(spec.input_shape) != 3:
+        raise ValueError(
+            f"{family} take images shaped (channels, height, width), got input shape "
+            f"{tuple(spec.input_shape)}"
+        )
+    return int(spec.input_shape[0])

@@ -1,18 +1,6 @@
-"""What :func:`espn.models.convert.to_supernet` proves before it hands a converted model over:
-that espn counts its FLOPs and cuts its tasks exactly, or a one-line refusal.
-
-The converter reads a model by its layers; whatever ``forward`` does beside them (a product
-of two activations written by hand, a bare parameter used as a weight, a width written into
-a ``reshape``) is invisible to the analytic FLOP count and to the slim copy. So two facts are
-measured, not assumed:
-
-* **dense FLOPs**: ``FlopCounterMode`` on the user's model (see
-  :func:`espn.export.export.measured_flops`) must equal espn's count of the converted model;
-  otherwise the deepest module whose FLOPs differ is named;
-* **a task's sub-network**: a random task (about half of every unit group alive) is cut into
-  its slim copy, which must run at batch sizes 1, 3 and the example's, compute the masked
-  supernet's outputs and cost what espn counts (``FlopCounterMode`` again).
-"""
+"""What :func:`espn.models.convert.to_supernet` proves before it hands a converted model over
+(its dense FLOPs as measured, and a random task's slim copy run, compared and counted), or a
+one-line refusal: see docs/architectures.md ("What wrap checks")."""
 
 from __future__ import annotations
 
@@ -43,11 +31,8 @@ def module_flops(model: nn.Module, example: Tensor) -> dict[str, int]:
             model(example[:1])
     finally:
         model.train(was_training)
-    flops = {}
-    for key, ops in counter.get_flop_counts().items():
-        if key == "Global":
-            continue
-        flops[key.partition(".")[2]] = sum(ops.values())
+    counts = counter.get_flop_counts().items()
+    flops = {k.partition(".")[2]: sum(ops.values()) for k, ops in counts if k != "Global"}
     flops[""] = int(counter.get_total_flops())
     return flops
 

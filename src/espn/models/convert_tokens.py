@@ -1,18 +1,6 @@
-"""Converting transformer models: what :func:`espn.models.convert.to_supernet` does with
-``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder`` and linear layers applied to token
-tensors ``(B, N, D)`` (``nn.LayerNorm`` and ``nn.MultiheadAttention`` have their adapters in
-:mod:`espn.layers.layernorm` and :mod:`espn.layers.attention`).
-
-* ``nn.TransformerEncoderLayer`` / ``nn.TransformerEncoder`` become :class:`EncoderLayer` /
-  :class:`EncoderStack`: the same submodules and computation in a forward that ``torch.fx``
-  can trace (the torch classes branch on their inputs for their fused fast path);
-* a linear layer whose output has more than two dimensions is gated by a :class:`TokenGate`
-  on its last dimension.
-
-A residual stream must start at a layer (an input projection, a patch embedding): a unit
-group reached by the model input or a bare parameter cannot be pruned exactly, and is
-refused before anything is trained (:func:`check_stream_sources`).
-"""
+"""Converting transformer models (docs/transformers.md): ``nn.TransformerEncoderLayer`` /
+``nn.TransformerEncoder`` replaced by traceable twins, linear layers on token tensors found,
+and a residual stream that does not start at a layer refused (:func:`check_stream_sources`)."""
 
 from __future__ import annotations
 

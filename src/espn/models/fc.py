@@ -11,12 +11,8 @@ from espn.supernet.layers import MaskedLinear, TaskHead, UnitGate, shared_head
 
 
 class FCNet(nn.Module):
-    """A ReLU MLP whose hidden neurons each have a task-specific gate (the unit pruned).
-
-    With ``multi_head=False`` one head is shared by all tasks and masked like every other
-    layer; with ``multi_head=True`` each task owns its head. ``task_affine`` (beyond the
-    paper) gives every gate a per-task scale and shift and a shared head a per-task bias.
-    """
+    """A ReLU MLP whose hidden neurons each have a task-specific gate (the unit pruned), and
+    one head per task (``multi_head``) or one shared, masked head (see docs/models.md)."""
 
     def __init__(
         self,

@@ -1,13 +1,6 @@
-"""The classifier of a model the converter reads: its output layers.
-
-The classifier is the set of layers whose outputs reach the model's output through
-parameter-free operations only (activations, pooling, flattening, sums and means): one
-``nn.Linear`` in most networks, a 1x1 ``nn.Conv2d`` followed by global pooling in SqueezeNet
-and BiT, two ``nn.Linear`` heads on two tokens averaged in a distilled DeiT. Each output layer
-becomes a task head as its layer adapter says (``can_be_head``, ``task_head``); its outputs
-are the classes, so each must have as many outputs as the model (heads are combined
-elementwise, not concatenated).
-"""
+"""The classifier of a model the converter reads: the layers whose outputs reach the model's
+output through parameter-free operations only (docs/architectures.md); each becomes a task
+head, with as many outputs as the model (heads are combined elementwise)."""
 
 from __future__ import annotations
 

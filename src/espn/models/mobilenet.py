@@ -1,20 +1,13 @@
 """A MobileNetV2-style supernet for small images (28/32 pixels): inverted residual blocks
-with depthwise convolutions, converted by :func:`espn.models.convert.to_supernet`.
-
-The plain network follows MobileNetV2 (Sandler et al. 2018): a 1x1 expansion, a 3x3
-depthwise convolution and a linear 1x1 projection per block, with a residual add where the
-block keeps its width and resolution; as the CIFAR variants of MobileNetV2, the stem keeps
-the resolution (stride 1) and the stages are fewer, so that 28x28 or 32x32 inputs keep a few
-pixels at the end. The converter finds the unit groups: a block's expanded channels (the
-expansion conv, the depthwise conv and their BatchNorms: a depthwise channel is pruned with
-the channel it convolves) and the residual stream of each stage.
-"""
+with depthwise convolutions (Sandler et al. 2018) whose stem keeps the resolution (stride 1),
+as in the CIFAR variants, converted by :func:`espn.models.convert.to_supernet`."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from espn.models.checks import image_channels
 from espn.models.convert import to_supernet
 from espn.models.registry import MODELS, ModelSpec
 
@@ -83,19 +76,10 @@ class MobileNetV2Small(nn.Module):
         return self.classifier(x)
 
 
-def _image_channels(spec: ModelSpec) -> int:
-    if len(spec.input_shape) != 3:
-        raise ValueError(
-            f"MobileNets take images shaped (channels, height, width), got input shape "
-            f"{tuple(spec.input_shape)}"
-        )
-    return int(spec.input_shape[0])
-
-
 @MODELS.register("mobilenetv2-small")
 def mobilenetv2_small(spec: ModelSpec) -> nn.Module:
     """MobileNetV2-style net for 28/32-pixel images: stride-1 stem, 8 inverted residual
     blocks with depthwise convs (stages 16-24-32-64-96), 1x1 conv to 320, pooled head."""
-    plain = MobileNetV2Small(_image_channels(spec), spec.n_classes)
+    plain = MobileNetV2Small(image_channels(spec, "MobileNets"), spec.n_classes)
     example = torch.zeros(2, *spec.input_shape)
     return to_supernet(plain, example, spec.multi_head, spec.task_affine)

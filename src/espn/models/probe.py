@@ -90,17 +90,10 @@ def _transposed(
     for name, changes in _probe(model, example, source, readers, modules, [1]).items():
         changed = changes[0]
         feature = _feature_axis(readers[name]) % changes.dim() - 1  # in a sample
-        at = [
-            set(
-                changed.movedim(d, 0)
-                .reshape(changed.shape[d], -1)
-                .any(1)
-                .nonzero()
-                .flatten()
-                .tolist()
-            )
-            for d in range(changed.dim())
-        ]
+        at = []  # per axis of a sample: the indices where the input changed
+        for d in range(changed.dim()):
+            rows = changed.movedim(d, 0).reshape(changed.shape[d], -1).any(1)
+            at.append(set(rows.nonzero().flatten().tolist()))
         if at[feature] != {1} and any(at[d] == {1} for d in range(changed.dim()) if d != feature):
             found.append(name)
     return found

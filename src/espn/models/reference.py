@@ -1,23 +1,6 @@
-"""Models named by an import reference: ``"package.module:Factory(key=value, ...)"``.
-
-A supernet built in Python from a class or factory function (``espn.wrap(Net, x,
-width=8)``) is recorded in its checkpoint by such a reference, so that ``espn evaluate``,
-``info`` and ``export`` (another process) can rebuild it. Only a reference to an
-``nn.Module`` subclass, or to a function annotated to return one (torchvision's model
-functions are), is ever called, and only with literal arguments (numbers, strings, booleans,
-None, tuples, lists, dicts): a checkpoint cannot name an arbitrary callable to run.
-
-A run directory is data (it may have been downloaded), so reading one runs no code it names:
-within :func:`reading_run` a reference is resolved only when its factory is one of espn's own
-model builders (:func:`builtin_builders`: espn's model classes and torchvision's
-classification models), was handed to espn by the user in this process (``--model``,
-``espn.wrap``, a configuration built in Python), or the user opted in
-(``--trust-model-code``, ``espn.load(..., trust_model_code=True)``). Its arguments are checked
-too: none may ask for pretrained weights (a download), and the model they describe is first
-built on the ``meta`` device (no memory) and refused beyond :data:`espn.utils.limits.MAX_MODEL_VALUES`.
-Being imported is not enough: an imported module (espn's own included) may hold functions
-annotated ``-> nn.Module`` that read files or unpickle.
-"""
+"""Models named by an import reference, ``"package.module:Factory(key=value, ...)"``, and which
+of them a run directory may make espn build: see docs/reliability.md ("Which models a run
+directory may name")."""
 
 from __future__ import annotations
 
@@ -51,12 +34,6 @@ class ModelReferenceError(EspnError, ValueError):
     """A model reference cannot be resolved or is not allowed; the message says why."""
 
 
-#: how to opt in to importing the code a run directory names
-TRUST_HINT = (
-    "if you trust that code, pass --trust-model-code (espn evaluate/export), "
-    "trust_model_code=True or model=... (espn.load) or --model with the same reference "
-    "(espn run)"
-)
 #: factories (``module:attr``) the user named in this process (outside a run directory)
 _TRUSTED: set[str] = set()
 #: modules a run directory's reference may make espn import: espn's models, torchvision's
@@ -99,34 +76,21 @@ def builtin_builders() -> tuple[Any, ...]:
     return (FCNet, MobileNetV2Small, ResNet, ViT, *torchvision)
 
 
-def _allowed(name: str, module: str, attr: str) -> None:
-    """Refuse to import ``module`` for a reference read from a run directory, unless it may
-    hold one of :func:`builtin_builders`, the user named this factory in this process, or
-    the user opted in; a factory the user names is remembered as theirs."""
-    where = _READING.get()
-    key = f"{module}:{attr}"
-    if where is None:
-        _TRUSTED.add(key)
-    elif not _TRUSTING.get() and key not in _TRUSTED and not _BUILDER_MODULES.fullmatch(module):
-        raise _untrusted(where, name, key)
-
-
 def _untrusted(where: str, name: str, key: str) -> ModelReferenceError:
     return ModelReferenceError(
         f"{where} names the model {name!r}, whose factory {key!r} is neither one of espn's "
         "model builders nor one given to espn in this process; espn does not run code a run "
-        f"directory names: {TRUST_HINT}"
+        "directory names: if you trust that code, pass --trust-model-code (espn evaluate/export), "
+        "trust_model_code=True or model=... (espn.load) or --model with the same reference "
+        "(espn run)"
     )
 
 
-def _check_read(name: str, key: str, factory: Any, kwargs: dict[str, Any]) -> None:
-    """For a reference read from a run directory (not opted in): refuse a factory that is
-    neither a builtin builder nor the user's, arguments asking for pretrained weights, and a
+def _check_read(where: str, name: str, key: str, factory: Any, kwargs: dict[str, Any]) -> None:
+    """For a reference read from run directory ``where`` (not opted in): refuse a factory that
+    is neither a builtin builder nor the user's, arguments asking for pretrained weights, and a
     model beyond :data:`MAX_MODEL_VALUES` (counted on the ``meta`` device, before any
     memory is allocated)."""
-    where = _READING.get()
-    if where is None or _TRUSTING.get():
-        return
     builtin = any(factory is b for b in builtin_builders())
     if not builtin and key not in _TRUSTED:
         raise _untrusted(where, name, key)
@@ -171,20 +135,16 @@ def is_reference(name: str) -> bool:
     return _REFERENCE.fullmatch(name) is not None
 
 
-def _returns_module(fn: Callable[..., Any]) -> bool:
-    try:
-        ret = typing.get_type_hints(fn).get("return")
-    except Exception:  # unresolvable annotations: not provably a model factory
-        return False
-    return inspect.isclass(ret) and issubclass(ret, nn.Module)
-
-
 def check_factory(obj: Any, where: str) -> Callable[..., nn.Module]:
     """``obj`` if it builds an ``nn.Module`` (a subclass, or a function annotated to return
     one); else :class:`ModelReferenceError`."""
     if inspect.isclass(obj) and issubclass(obj, nn.Module):
         return obj
-    if inspect.isfunction(obj) and _returns_module(obj):
+    try:
+        ret = typing.get_type_hints(obj).get("return") if inspect.isfunction(obj) else None
+    except Exception:  # unresolvable annotations: not provably a model factory
+        ret = None
+    if inspect.isclass(ret) and issubclass(ret, nn.Module):
         return obj
     raise ModelReferenceError(
         f"{where} is not an nn.Module class nor a function annotated to return one "
@@ -234,18 +194,26 @@ def parse(name: str) -> tuple[str, str, dict[str, Any]]:
 
 
 def factory_of(name: str) -> tuple[Callable[..., nn.Module], dict[str, Any]]:
-    """Import the reference's factory (if allowed, see :func:`reading_run`) and check it
-    (see :func:`check_factory`), calling nothing; with its keyword arguments."""
+    """Import the reference's factory (if allowed, see :func:`reading_run`: a module that may
+    hold no builtin builder is not imported for a factory the user did not name in this
+    process, and one the user names is remembered as theirs) and check it (see
+    :func:`check_factory`), calling nothing; with its keyword arguments."""
     module_name, attr, kwargs = parse(name)
-    _allowed(name, module_name, attr)
+    key = f"{module_name}:{attr}"
+    where = None if _TRUSTING.get() else _READING.get()
+    if _READING.get() is None:
+        _TRUSTED.add(key)
+    elif where is not None and key not in _TRUSTED and not _BUILDER_MODULES.fullmatch(module_name):
+        raise _untrusted(where, name, key)
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ModelReferenceError(f"model {name!r} cannot be imported here: {exc}") from None
-    factory = check_factory(obj, f"{module_name}:{attr}")
-    _check_read(name, f"{module_name}:{attr}", factory, kwargs)
+    factory = check_factory(obj, key)
+    if where is not None:
+        _check_read(where, name, key, factory, kwargs)
     return factory, kwargs
 
 
@@ -255,14 +223,11 @@ def build(name: str) -> nn.Module:
     :class:`ModelReferenceError` naming the reference (the cause kept for ``--debug``)."""
     factory, kwargs = factory_of(name)
     try:
-        signature = inspect.signature(factory)
+        inspect.signature(factory).bind(**kwargs)
     except ValueError:  # no signature to check (a builtin): the call says
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**kwargs)
-        except TypeError as exc:  # a missing or unknown argument: named before any call
-            raise ModelReferenceError(f"model {name!r}: {exc}") from None
+        pass
+    except TypeError as exc:  # a missing or unknown argument: named before any call
+        raise ModelReferenceError(f"model {name!r}: {exc}") from None
     try:
         model = factory(**kwargs)
     except EspnError:  # already one line saying what to do

@@ -1,28 +1,11 @@
 """Residual supernets: the reduced ResNet18 of GEM, a CIFAR ResNet18 and torchvision's ResNet50.
 
 Module names follow torchvision (``conv1``, ``bn1``, ``layerK.B.conv1``,
-``layerK.B.downsample.0/1``, ``fc``), so that a torchvision state dict can be loaded with
-``strict=False`` and the coupled channel groups can be checked against the ones
-Torch-Pruning's ``DependencyGraph`` finds on the torchvision model (see ``espn.models.convert``).
-
-Unit groups (the channels pruned together) depend on ``streams`` (:data:`STREAM_PRUNING`):
-
-* ``"per-conv"`` (the authors' CtRL, ``models/resnet.py``): every conv is pruned on its own
-  through its BatchNorm: the stem ``conv1``, each block's ``layerK.B.convI`` and its
-  ``layerK.B.downsample``. The residual stream after block ``layerK.B`` is the union
-  ``layerK.B.out`` of the groups that wrote into it (the shortcut's stream, or the downsample,
-  and the block's last conv): one of its channels is alive where any of them keeps it, and
-  exactly zero where none does. The layers reading it (the next block, the head) name the
-  union, so they count and keep only its alive channels.
-* ``"coupled"``: ``layerK`` is the residual stream of stage K; every layer that writes into
-  it shares the group: the last conv of every block (through its BatchNorm), the stage's
-  downsample shortcut, and, for BasicBlock ResNets whose first stage keeps the stem's width,
-  the stem. A stream channel that is dead is exactly zero in every block of the stage (all
-  its BatchNorms have gamma = beta = 0 there and an identity shortcut carries that zero
-  along). ``conv1`` is the stem of ResNet50 (its width 64 differs from the first stream's
-  256); ``layerK.B.convI`` the inner channels of a block, free per layer.
-
-Every task owns its BatchNorms (affine parameters and running statistics) and its head.
+``layerK.B.downsample.0/1``, ``fc``), so that a torchvision state dict loads with
+``strict=False``. How the producers of a residual stream form unit groups (``streams``,
+:data:`STREAM_PRUNING`: ``"per-conv"`` or ``"coupled"``) is described in docs/models.md;
+with ``"per-conv"`` the stream after block ``layerK.B`` is the union ``layerK.B.out`` of the
+groups that wrote into it (:attr:`ResNet.unit_unions`).
 """
 
 from __future__ import annotations
@@ -30,6 +13,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from espn.models.checks import image_channels
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import (
     MaskedConv2d,
@@ -65,22 +49,13 @@ def conv_bn(
 STREAM_PRUNING = ("per-conv", "coupled")
 
 
-def _downsample(c_in: int, c_out: int, stride: int, in_units: str, out_units: str) -> nn.Module:
-    conv, bn = conv_bn(c_in, c_out, 1, stride, in_units, out_units)
-    return nn.Sequential(conv, bn)
-
-
-def _stream_units(name: str, last: str, out_stream: str, per_conv: bool) -> tuple[str, str]:
-    """The unit groups of a block's last conv and of its downsample shortcut."""
-    if per_conv:
-        return f"{name}.{last}", f"{name}.downsample"
-    return out_stream, out_stream
-
-
-class BasicBlock(nn.Module):
-    """Two 3x3 convs and a residual add (ResNet18/34); the stride sits on the first conv."""
+class _Block(nn.Module):
+    """A residual block: ``kernels`` convs (the stride on the ``stride_at``-th) with task
+    BatchNorms and ReLUs between them, the last widened by ``expansion``, and a residual add."""
 
     expansion = 1
+    kernels: tuple[int, ...] = ()
+    stride_at = 0
 
     def __init__(
         self,
@@ -93,73 +68,60 @@ class BasicBlock(nn.Module):
         per_conv: bool = False,
     ) -> None:
         super().__init__()
-        inner = f"{name}.conv1"
-        last, short = _stream_units(name, "conv2", out_stream, per_conv)
-        self.conv1, self.bn1 = conv_bn(c_in, width, 3, stride, in_stream, inner)
-        self.conv2, self.bn2 = conv_bn(width, width, 3, 1, inner, last)
+        n = len(self.kernels)
+        c_out = width * self.expansion
+        # the unit groups of the last conv and of the downsample shortcut
+        last, short = (f"{name}.conv{n}", f"{name}.downsample") if per_conv else (out_stream,) * 2
+        units, c = in_stream, c_in
+        for i, kernel in enumerate(self.kernels, 1):
+            out_units = last if i == n else f"{name}.conv{i}"
+            wide = c_out if i == n else width
+            conv, bn = conv_bn(
+                c, wide, kernel, stride if i == self.stride_at else 1, units, out_units
+            )
+            setattr(self, f"conv{i}", conv)
+            setattr(self, f"bn{i}", bn)
+            units, c = out_units, wide
         self.downsample: nn.Module | None = None
-        if stride != 1 or c_in != width or (not per_conv and in_stream != out_stream):
-            self.downsample = _downsample(c_in, width, stride, in_stream, short)
+        if stride != 1 or c_in != c_out or (not per_conv and in_stream != out_stream):
+            self.downsample = nn.Sequential(*conv_bn(c_in, c_out, 1, stride, in_stream, short))
         #: the unit groups this block writes into its output stream
         self.writes = (last,) if self.downsample is None else (short, last)
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
+        out = x
+        for i in range(1, len(self.kernels) + 1):
+            out = getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(out))
+            if i < len(self.kernels):
+                out = F.relu(out)
         shortcut = x if self.downsample is None else self.downsample(x)
         return F.relu(out + shortcut)
 
 
-class Bottleneck(nn.Module):
+class BasicBlock(_Block):
+    """Two 3x3 convs and a residual add (ResNet18/34); the stride sits on the first conv."""
+
+    kernels = (3, 3)
+    stride_at = 1
+
+
+class Bottleneck(_Block):
     """1x1 reduce, 3x3 (carrying the stride, as torchvision's ResNet v1.5), 1x1 expand x4."""
 
     expansion = 4
-
-    def __init__(
-        self,
-        c_in: int,
-        width: int,
-        stride: int,
-        name: str,
-        in_stream: str,
-        out_stream: str,
-        per_conv: bool = False,
-    ) -> None:
-        super().__init__()
-        c_out = width * self.expansion
-        g1, g2 = f"{name}.conv1", f"{name}.conv2"
-        last, short = _stream_units(name, "conv3", out_stream, per_conv)
-        self.conv1, self.bn1 = conv_bn(c_in, width, 1, 1, in_stream, g1)
-        self.conv2, self.bn2 = conv_bn(width, width, 3, stride, g1, g2)
-        self.conv3, self.bn3 = conv_bn(width, c_out, 1, 1, g2, last)
-        self.downsample: nn.Module | None = None
-        if stride != 1 or c_in != c_out or (not per_conv and in_stream != out_stream):
-            self.downsample = _downsample(c_in, c_out, stride, in_stream, short)
-        #: the unit groups this block writes into its output stream
-        self.writes = (last,) if self.downsample is None else (short, last)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = F.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        shortcut = x if self.downsample is None else self.downsample(x)
-        return F.relu(out + shortcut)
+    kernels = (1, 3, 1)
+    stride_at = 2
 
 
 class ResNet(nn.Module):
     """A residual supernet with task-specific BatchNorm and one head per task (or a shared,
-    masked head with a per-task bias when ``multi_head`` is False).
-
-    ``stem="cifar"``: one 3x3 stride-1 conv (32x32 inputs, as in GEM and CIFAR ResNets);
-    ``stem="imagenet"``: 7x7 stride-2 conv and 3x3 stride-2 max pooling (torchvision).
-    Global average pooling before the head makes any input size work. ``streams``: how the
-    producers of a residual stream are pruned (see the module docstring); with
-    ``"per-conv"``, :attr:`unit_unions` names the groups each stream is the union of.
-    """
+    masked head with a per-task bias when ``multi_head`` is False). ``stem="cifar"``: one 3x3
+    stride-1 conv; ``"imagenet"``: 7x7 stride-2 conv and 3x3 stride-2 max pooling
+    (torchvision). Global average pooling before the head makes any input size work."""
 
     def __init__(
         self,
-        block: type[BasicBlock] | type[Bottleneck],
+        block: type[_Block],
         blocks: list[int],
         nf: int,
         in_channels: int,
@@ -224,18 +186,9 @@ class ResNet(nn.Module):
         return self.fc(self.features(x))
 
 
-def _in_channels(spec: ModelSpec) -> int:
-    if len(spec.input_shape) != 3:
-        raise ValueError(
-            f"ResNets take images shaped (channels, height, width), got input shape "
-            f"{tuple(spec.input_shape)}"
-        )
-    return int(spec.input_shape[0])
-
-
 def _resnet(
     spec: ModelSpec,
-    block: type[BasicBlock] | type[Bottleneck],
+    block: type[_Block],
     blocks: list[int],
     nf: int,
     stem: str = "cifar",
@@ -245,7 +198,7 @@ def _resnet(
         block,
         blocks,
         nf,
-        _in_channels(spec),
+        image_channels(spec, "ResNets"),
         spec.n_classes,
         spec.multi_head,
         stem=stem,

@@ -1,18 +1,8 @@
-"""timm's ``VisionTransformer`` as an espn ViT supernet (timm itself is never imported here).
-
-A timm ViT keeps its class token and position embeddings as bare parameters and fuses q, k
-and v into one linear layer whose reshape bakes in the head count, so it is not converted
-layer by layer: :func:`from_timm_vit` builds the equivalent :class:`espn.models.vit.ViT`
-(same patch size, width, depth, heads and MLP width) and copies the weights over: the
-patch projection, class token and position embeddings (the patch projection's bias folded
-into the position embeddings of the patches, exactly), the q, k, v and output projections,
-the MLPs, every LayerNorm and the head. The other linear biases are dropped, as
-:func:`espn.models.convert.to_supernet` drops every bias that no norm absorbs.
-
-Supported: the plain ViT recipe (class-token pooling, pre-norm blocks with LayerNorm, GELU
-MLP); a variant with register tokens, layer scale, q/k norms, attention gates, a different
-pooling or extra norms is refused with one line naming the attribute.
-"""
+"""timm's ``VisionTransformer`` as an espn ViT supernet (timm itself is never imported here):
+:func:`from_timm_vit` builds the equivalent :class:`espn.models.vit.ViT` and copies the
+weights over, the patch bias folded into the position embeddings and the other linear biases
+dropped (docs/transformers.md). Only the plain ViT recipe is supported; any other variant is
+refused with one line naming the attribute."""
 
 from __future__ import annotations
 
@@ -56,17 +46,11 @@ def _check(model: Any, example_input: Tensor) -> None:
         raise _refuse("a norm in its patch embedding")
     for i, block in enumerate(model.blocks):
         attn, mlp = block.attn, block.mlp
-        parts = {
-            "ls1": block.ls1,
-            "ls2": block.ls2,
-            "attn.q_norm": attn.q_norm,
-            "attn.k_norm": attn.k_norm,
-            "attn.norm": getattr(attn, "norm", nn.Identity()),
-            "mlp.norm": getattr(mlp, "norm", nn.Identity()),
-        }
-        for name, part in parts.items():
+        for path in ("ls1", "ls2", "attn.q_norm", "attn.k_norm", "attn.norm", "mlp.norm"):
+            owner, _, attr = path.rpartition(".")
+            part = getattr(getattr(block, owner) if owner else block, attr, nn.Identity())
             if not isinstance(part, nn.Identity):
-                raise _refuse(f"blocks.{i}.{name}={type(part).__name__}")
+                raise _refuse(f"blocks.{i}.{path}={type(part).__name__}")
         if getattr(attn, "gate", None) is not None:
             raise _refuse(f"an attention gate in blocks.{i}")
         if not hasattr(attn, "qkv") or not hasattr(mlp, "fc1"):

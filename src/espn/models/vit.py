@@ -1,16 +1,9 @@
 """A small Vision Transformer supernet for 28- and 32-pixel images (patch size 4).
 
-Unit groups (what is pruned together):
-
-* ``stream``: the embedding dimension, the residual stream every block reads and writes: the
-  patch embedding's outputs, every block's attention and MLP output projections, the inputs
-  of q, k, v, the MLP and the head, and every LayerNorm (statistics over alive features only,
-  see :class:`~espn.supernet.transformer.TaskLayerNorm`);
-* ``blocks.I.heads``: the attention heads of block I (a head is its q, k, v rows and its
-  output-projection columns, see :class:`~espn.supernet.transformer.MaskedAttention`);
-* ``blocks.I.mlp``: the hidden neurons of block I's MLP.
-
-Every task owns its LayerNorms, its class token and position embeddings, and its head.
+Unit groups (docs/transformers.md): ``stream`` (the embedding dimension, the residual stream
+every block reads and writes), ``blocks.I.heads`` (block I's attention heads) and
+``blocks.I.mlp`` (block I's MLP neurons). Every task owns its LayerNorms, its class token and
+position embeddings, and its head.
 """
 
 from __future__ import annotations
@@ -78,18 +71,15 @@ class Block(nn.Module):
     def espn_modules(self) -> bool:
         """Whether the block holds the supernet's own modules (not plain ones put in their
         place, as a plain copy of the network does)."""
+        attn = self.attn
         return (
-            isinstance(self.norm1, TaskLayerNorm)
-            and isinstance(self.norm2, TaskLayerNorm)
-            and isinstance(self.fc1, MaskedLinear)
-            and isinstance(self.fc2, MaskedLinear)
-            and isinstance(self.gate, TokenGate)
-            and type(self.attn) is MaskedAttention
+            type(attn) is MaskedAttention
+            and all(isinstance(n, TaskLayerNorm) for n in (self.norm1, self.norm2))
+            and all(isinstance(g, TokenGate) for g in (self.gate, attn.gate))
             and all(
                 isinstance(m, MaskedLinear)
-                for m in (self.attn.q, self.attn.k, self.attn.v, self.attn.proj)
+                for m in (self.fc1, self.fc2, attn.q, attn.k, attn.v, attn.proj)
             )
-            and isinstance(self.attn.gate, TokenGate)
         )
 
 
@@ -139,13 +129,9 @@ class ViT(nn.Module):
 
     def alive_forward(self, x: Tensor) -> Tensor:
         """:meth:`forward` carrying the alive units alone: the residual stream's alive
-        features (the patch embedding computes those channels, the tokens and every norm
-        keep those features, the layers reading the stream read those columns of their
-        weights and the layers writing it write those rows), each block's alive MLP
-        neurons and attention heads. A dead stream feature is read by nothing but the task
-        LayerNorms, which leave it out (and output zero there), and a dead neuron's or
-        head's rows and columns are zero in the masks, so the logits are the same up to the
-        order of float sums, and so is every gradient (zero for a dead unit's weights)."""
+        features and each block's alive MLP neurons and attention heads. Dead units are zero
+        in the masks and left out by the task LayerNorms, so the logits (and every gradient)
+        are the same up to the order of float sums."""
         embed, norm = self.patch_embed, self.norm
         assert isinstance(embed, MaskedConv2d) and isinstance(norm, TaskLayerNorm)
         assert isinstance(self.head, TaskHead)
@@ -165,10 +151,9 @@ class ViT(nn.Module):
 
     def carries_alive_units(self) -> bool:
         """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in
-        a training step (training mode, gradients on, eager: not compiled, not traced for
-        export) of a task with a dead unit (a stream feature, an MLP neuron or a head) but
-        a live stream, with the supernet's own modules in place and no hook on any module
-        (a hook sees the whole width)."""
+        an eager training step (not compiled, not traced) of a task with a dead unit but a
+        live stream, with the supernet's own modules in place and no hook (a hook sees the
+        whole width)."""
         if (
             not self.training
             or not torch.is_grad_enabled()
