@@ -49,13 +49,22 @@ def conv_bn(
 STREAM_PRUNING = ("per-conv", "coupled")
 
 
-class _Block(nn.Module):
-    """A residual block: ``kernels`` convs (the stride on the ``stride_at``-th) with task
-    BatchNorms and ReLUs between them, the last widened by ``expansion``, and a residual add."""
+def _downsample(c_in: int, c_out: int, stride: int, in_units: str, out_units: str) -> nn.Module:
+    conv, bn = conv_bn(c_in, c_out, 1, stride, in_units, out_units)
+    return nn.Sequential(conv, bn)
+
+
+def _stream_units(name: str, last: str, out_stream: str, per_conv: bool) -> tuple[str, str]:
+    """The unit groups of a block's last conv and of its downsample shortcut."""
+    if per_conv:
+        return f"{name}.{last}", f"{name}.downsample"
+    return out_stream, out_stream
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convs and a residual add (ResNet18/34); the stride sits on the first conv."""
 
     expansion = 1
-    kernels: tuple[int, ...] = ()
-    stride_at = 0
 
     def __init__(
         self,
@@ -68,49 +77,57 @@ class _Block(nn.Module):
         per_conv: bool = False,
     ) -> None:
         super().__init__()
-        n = len(self.kernels)
-        c_out = width * self.expansion
-        # the unit groups of the last conv and of the downsample shortcut
-        last, short = (f"{name}.conv{n}", f"{name}.downsample") if per_conv else (out_stream,) * 2
-        units, c = in_stream, c_in
-        for i, kernel in enumerate(self.kernels, 1):
-            out_units = last if i == n else f"{name}.conv{i}"
-            wide = c_out if i == n else width
-            conv, bn = conv_bn(
-                c, wide, kernel, stride if i == self.stride_at else 1, units, out_units
-            )
-            setattr(self, f"conv{i}", conv)
-            setattr(self, f"bn{i}", bn)
-            units, c = out_units, wide
+        inner = f"{name}.conv1"
+        last, short = _stream_units(name, "conv2", out_stream, per_conv)
+        self.conv1, self.bn1 = conv_bn(c_in, width, 3, stride, in_stream, inner)
+        self.conv2, self.bn2 = conv_bn(width, width, 3, 1, inner, last)
         self.downsample: nn.Module | None = None
-        if stride != 1 or c_in != c_out or (not per_conv and in_stream != out_stream):
-            self.downsample = nn.Sequential(*conv_bn(c_in, c_out, 1, stride, in_stream, short))
+        if stride != 1 or c_in != width or (not per_conv and in_stream != out_stream):
+            self.downsample = _downsample(c_in, width, stride, in_stream, short)
         #: the unit groups this block writes into its output stream
         self.writes = (last,) if self.downsample is None else (short, last)
 
     def forward(self, x: Tensor) -> Tensor:
-        out = x
-        for i in range(1, len(self.kernels) + 1):
-            out = getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(out))
-            if i < len(self.kernels):
-                out = F.relu(out)
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
         shortcut = x if self.downsample is None else self.downsample(x)
         return F.relu(out + shortcut)
 
 
-class BasicBlock(_Block):
-    """Two 3x3 convs and a residual add (ResNet18/34); the stride sits on the first conv."""
-
-    kernels = (3, 3)
-    stride_at = 1
-
-
-class Bottleneck(_Block):
+class Bottleneck(nn.Module):
     """1x1 reduce, 3x3 (carrying the stride, as torchvision's ResNet v1.5), 1x1 expand x4."""
 
     expansion = 4
-    kernels = (1, 3, 1)
-    stride_at = 2
+
+    def __init__(
+        self,
+        c_in: int,
+        width: int,
+        stride: int,
+        name: str,
+        in_stream: str,
+        out_stream: str,
+        per_conv: bool = False,
+    ) -> None:
+        super().__init__()
+        c_out = width * self.expansion
+        g1, g2 = f"{name}.conv1", f"{name}.conv2"
+        last, short = _stream_units(name, "conv3", out_stream, per_conv)
+        self.conv1, self.bn1 = conv_bn(c_in, width, 1, 1, in_stream, g1)
+        self.conv2, self.bn2 = conv_bn(width, width, 3, stride, g1, g2)
+        self.conv3, self.bn3 = conv_bn(width, c_out, 1, 1, g2, last)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or c_in != c_out or (not per_conv and in_stream != out_stream):
+            self.downsample = _downsample(c_in, c_out, stride, in_stream, short)
+        #: the unit groups this block writes into its output stream
+        self.writes = (last,) if self.downsample is None else (short, last)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + shortcut)
 
 
 class ResNet(nn.Module):
@@ -121,7 +138,7 @@ class ResNet(nn.Module):
 
     def __init__(
         self,
-        block: type[_Block],
+        block: type[BasicBlock] | type[Bottleneck],
         blocks: list[int],
         nf: int,
         in_channels: int,
@@ -188,7 +205,7 @@ class ResNet(nn.Module):
 
 def _resnet(
     spec: ModelSpec,
-    block: type[_Block],
+    block: type[BasicBlock] | type[Bottleneck],
     blocks: list[int],
     nf: int,
     stem: str = "cifar",
