@@ -6,7 +6,7 @@ picks (see :mod:`espn.checkpoint.format` for the layout and why it survives a ki
 
 Only files: a task in training is stored as the plain numbers, optimizer state and strategy
 state its caller hands over (:class:`TrainingSnapshot`), and read back as such
-(:class:`TrainingState`); continuing its training is :mod:`espn.runs.training`'s.
+(:class:`TrainingState`); continuing its training is :mod:`espn.runs.resuming`'s.
 """
 
 from __future__ import annotations
