@@ -12,8 +12,7 @@ def list_benchmarks() -> list[str]:
 
 
 def list_models() -> list[str]:
-    """The model names (``--model``, ``espn.wrap("fc1024", ...)``), including models other
-    packages register through the ``espn.models`` entry points."""
+    """The model names (``--model``), entry-point models included."""
     from espn.models import MODELS
 
     return MODELS.names()

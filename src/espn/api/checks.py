@@ -4,6 +4,7 @@ data, models and paths here; every refusal an :class:`ApiArgumentError` naming t
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,20 +56,18 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
         raise fail(argument, f"{context}{first[:300]}") from None
 
 
-_BASE: RunConfig | None = None
+@functools.cache
+def _base_config() -> RunConfig:
+    return make_config(benchmark="permuted-mnist")
 
 
 def _default_config() -> RunConfig:
     """A fresh default run configuration, to check options on."""
-    global _BASE
-    if _BASE is None:
-        _BASE = make_config(benchmark="permuted-mnist")
-    return _BASE.model_copy()
+    return _base_config().model_copy()
 
 
 def check_option(name: str, value: Any, config: RunConfig | None = None) -> None:
-    """Validate one run option as ``espn run`` does, assigned on ``config`` (default: a
-    fresh default configuration)."""
+    """Validate one run option as ``espn run`` does, assigned on ``config``."""
     if isinstance(value, torch.device):
         value = str(value)
     try:
@@ -114,8 +113,7 @@ INPUT_DTYPES = {
 
 
 def check_example(model: Any, example_input: Any) -> None:
-    """``wrap``'s model and example batch: a module, name or factory, and a non-empty,
-    finite batch ``[N, ...]`` of float32 inputs or int64 token ids."""
+    """``wrap``'s model (a module, name or factory) and example batch."""
     if not (isinstance(model, nn.Module | str) or callable(model)):
         raise fail(
             "model",
@@ -223,8 +221,7 @@ def check_export_path(path: Any) -> None:
 
 
 def check_callbacks(callbacks: Any) -> list[Any]:
-    """``callbacks``: a list (any iterable but a string) of
-    :class:`~espn.training.callbacks.Callback` objects."""
+    """``callbacks``: an iterable (not a string) of Callback objects."""
     from espn.training.callbacks import Callback
 
     if isinstance(callbacks, Callback) or not _iterable(callbacks):

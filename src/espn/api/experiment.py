@@ -169,8 +169,7 @@ def _run_locked(
     on_warning: Callable[[str], None] | None,
     **options: Any,
 ) -> dict[str, Any]:
-    """Build the benchmark and the model and hand them to the one learner (its ``options``)
-    with the run directory attached."""
+    """Build the benchmark and model; learn them with the run directory attached."""
     seq = build_benchmark(cfg) if seq is None else seq
     source = None if cfg.from_run is None else open_source(cfg)
     if source is not None:

@@ -402,8 +402,7 @@ def _hand_built(strategy: Strategy) -> dict[str, Any]:
 
 
 def _record_streams(cls: type[Strategy], supernet: Supernet, values: dict[str, Any]) -> None:
-    """A method's ``stream_pruning`` records how ``wrap`` built the residual streams; one given
-    that differs is refused."""
+    """Refuse a ``stream_pruning`` other than the one ``wrap`` built."""
     built = supernet.stream_pruning
     asked = values.get("stream_pruning")
     if asked is not None and built is None:

@@ -122,8 +122,7 @@ class RunDirectory(Callback):
         return time.perf_counter() - self.start
 
     def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
-        """Checkpoint the task in training where the engine says it stands, at the passes
-        :func:`checkpoint_due` names."""
+        """Checkpoint the task in training, at the passes :func:`checkpoint_due` names."""
         ckpt = self._ckpt()
         if self.strategy is None:
             return
@@ -139,8 +138,7 @@ class RunDirectory(Callback):
     def step_done(
         self, supernet: Supernet, rows: list[list[float] | None], records: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        """After a step: commit the checkpoint, then rewrite ``results.json`` from it; the
-        new document."""
+        """After a step: commit the checkpoint, then rewrite ``results.json`` from it."""
         ckpt = self._ckpt()
         ckpt.rows, ckpt.per_task = rows, records
         self._refresh()
@@ -295,8 +293,7 @@ class LearnerRuns:
         self.tasks = [None] * n
 
     def close(self) -> None:
-        """The end of learning: callbacks' ``on_run_end``, and the run directory's lock
-        released (learning again takes it again)."""
+        """The end of learning: callbacks' ``on_run_end``; the lock released."""
         if self._started:
             self._started = False
             self.callbacks.on_run_end(self)
@@ -325,8 +322,7 @@ class LearnerRuns:
         return lock
 
     def _open(self, out: Path, resume: bool) -> None:
-        """Write the Python run directory ``out`` from now on, resuming the run it holds
-        (unless not ``resume``: a new run over it, ``overwrite=True``)."""
+        """Write the Python run directory ``out`` from now on, resuming it if ``resume``."""
         rd = self._directory(out, {})
         try:
             self.open_run(rd, resume, ignore=("tasks",))
@@ -362,8 +358,7 @@ class LearnerRuns:
         return self.runner.records[first : first + len(tasks)]
 
     def _check_resumed(self, known: Sequence[Task | None], base: int) -> None:
-        """Before learning into the run directory: the task in training there must be given
-        the same data; note the new task's print."""
+        """Refuse other data for the task in training in the run directory."""
         tasks = [t for t in known if t is not None]
         prints = [fingerprint(t) for t in tasks]
         for k, (task, print_) in enumerate(zip(tasks, prints, strict=True)):

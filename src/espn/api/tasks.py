@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     from espn.inference.export import AgnosticExportReport
 
 
-def min_flops_ratio(supernet: Supernet) -> float:
-    """The smallest FLOPs ratio unit pruning can reach: one unit left in every group (the
-    pruner never empties a layer)."""
-    return count_flops(supernet.costs, dict.fromkeys(supernet.widths, 1)) / max(
-        supernet.dense_flops, 1
-    )
-
-
 @dataclass
 class Learned:
     """What learning one step did: the tasks it committed, its log and accuracy row."""
@@ -77,7 +69,9 @@ class TaskRunner:
         gamma = self.strategy.cfg.gamma
         if not self.strategy.uses_gamma or gamma >= 1.0:
             return
-        floor = min_flops_ratio(self.supernet)
+        # the smallest ratio unit pruning reaches: the pruner never empties a layer
+        sn = self.supernet
+        floor = count_flops(sn.costs, dict.fromkeys(sn.widths, 1)) / max(sn.dense_flops, 1)
         if gamma < floor:
             raise ConfigError(
                 f"gamma {gamma:g} is below the smallest FLOPs ratio model "
@@ -136,8 +130,7 @@ class TaskRunner:
         return Learned(learned, log, row)
 
     def store_statistics(self, learned: range, tasks: Sequence[Task | None]) -> None:
-        """Give each task just committed the statistics of task-agnostic prediction, from its
-        training data (none without data here)."""
+        """Give each task just committed its task-agnostic statistics (from its data)."""
         for t in learned:
             task = tasks[t] if t < len(tasks) else None
             if task is not None and len(task.train):
@@ -145,8 +138,7 @@ class TaskRunner:
                 self.supernet.masks[t].stats = stats
 
     def accuracy_row(self, tasks: Sequence[Task | None], n: int) -> list[float] | None:
-        """Accuracy (%) of tasks ``0..n-1`` on their test data (built one at a time), or None
-        when one has none here."""
+        """Accuracy (%) of tasks ``0..n-1``, or None when one has no test data here."""
         row = []
         for j in range(n):
             task = tasks[j]
@@ -195,8 +187,7 @@ class Report(list[dict[str, Any]]):
 
 
 class LearnedTasks:
-    """Evaluation, prediction, report and export of the tasks in :attr:`supernet`, with
-    their data where known (:attr:`tasks`) and their names."""
+    """Evaluation, prediction, report and export of the tasks in :attr:`supernet`."""
 
     if TYPE_CHECKING:
         supernet: Supernet
@@ -312,8 +303,7 @@ class LearnedTasks:
         return probe
 
     def _every_task(self, given: Sequence[TaskData] | None, argument: str) -> list[Task]:
-        """One test set per learned task: ``given`` (``(x, y)`` each, in task order), else
-        each task's test data here."""
+        """One test set per learned task: ``given``, else each task's test data here."""
         n = len(self.supernet.masks)
         if not n:
             raise LearnerError("no task is learned yet")
@@ -356,17 +346,17 @@ class LearnedTasks:
         checks.check_task(task, len(self.supernet.masks))
         checks.check_export_path(path)
         check_target(path)
-        known: Task | None = None
+        known = self.tasks[task]
         if data is not None:
             with checks.about("data"):
                 x = tensor_task(self.names[task], None, data, None, self.device).test.x
             self._check_inputs(x, "data")
-        else:
-            known = self.tasks[task]
-            if known is None:
-                raise LearnerError(
-                    f"task {task} has no data here to check the export on; pass data"
-                )
+            inputs, transform = list(x.split(1024)), None
+        elif known is None:
+            raise LearnerError(f"task {task} has no data here to check the export on; pass data")
+        else:  # raw inputs in: the task's transform too
+            split = "test" if len(known.test) else "train"
+            inputs, transform = known.raw_inputs(split, 1024), known.transform
         if onnx and Path(path).suffix == ".pt2":
             from espn.export.export import ExportError, onnx_available
 
@@ -375,13 +365,6 @@ class LearnedTasks:
                     "onnx=True needs the onnx and onnxscript packages: pip install espn[onnx]"
                 )
         flops = self.runner.records[task]["flops"]  # as recorded (results.json) when learned
-        if data is None and known is not None:  # raw inputs in: the task's transform too
-            inputs, transform = (
-                known.raw_inputs("test" if len(known.test) else "train", 1024),
-                known.transform,
-            )
-        else:
-            inputs, transform = list(x.split(1024)), None
         return export_task(
             self.supernet,
             task,
@@ -424,8 +407,7 @@ class LearnedTasks:
     def infer_task(
         self, x: torch.Tensor, same_task: bool = False, rule: str | None = None
     ) -> torch.Tensor:
-        """The task of each sample of ``x``, inferred by ``rule``; with ``same_task``, one task
-        for the whole batch."""
+        """The task of each sample of ``x`` (one for all with ``same_task``), by ``rule``."""
         from espn.inference import infer
 
         checks.check_bool(same_task, "same_task")

@@ -75,8 +75,7 @@ def saved_config(out: Path | str) -> dict[str, Any] | None:
 
 
 class RunMismatch(CheckpointError):
-    """A run directory resumed with other options than it was made with: ``diffs`` names
-    each (see :func:`option_differences`)."""
+    """A run directory resumed with other options; ``diffs`` names each."""
 
     def __init__(self, where: Path, diffs: list[str]) -> None:
         self.where, self.diffs = where, diffs
@@ -196,8 +195,7 @@ _HELD: dict[Path, tuple[AbstractContextManager[Path], DirectoryLock]] = {}
 
 
 class DirectoryLockError(CheckpointError):
-    """A learner's run directory is written by another process, or by a newer learner of
-    this process."""
+    """A learner's run directory is written by another process or learner."""
 
 
 class DirectoryLock:

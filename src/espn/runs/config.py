@@ -76,8 +76,7 @@ class ConfigError(EspnError, ValueError):
 
 
 class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
-    """:class:`RunFields` with the checks and the precedence of every run option;
-    :class:`RunConfig` adds the training settings' fields."""
+    """:class:`RunFields` with the checks and the precedence of every option."""
 
     @model_validator(mode="before")
     @classmethod
@@ -121,7 +120,12 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         ]
         values = dict.fromkeys(unset) | layered(data, method=own, preset=preset, recipe=recipe)
         values.pop("regime", None)
-        return _need_benchmark(gather_method_options(values, strategy))
+        if values.get("benchmark") is None:
+            raise ValueError(
+                "no benchmark: give --benchmark NAME (see `espn list`) or a preset that sets "
+                f"one; benchmarks: {', '.join(BENCHMARKS.names())}"
+            )
+        return gather_method_options(values, strategy)
 
     @field_validator(*OPTIONS, mode="before", check_fields=False)
     @classmethod
@@ -308,8 +312,7 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             )
 
     def task_train_sizes(self) -> list[int] | None:
-        """The training-set size of each task (in the benchmark's given order) that
-        ``train_sizes`` asks for, or None (``train_per_task`` for every task)."""
+        """Each task's training-set size ``train_sizes`` asks for, or None."""
         if self.train_sizes is None or self.tasks is None:
             return None
         from espn.data.sizes import resolve_train_sizes
@@ -334,8 +337,7 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             )
 
     def training_settings(self) -> TrainingSettings:
-        """The resolved training settings of this run, as the learner and the method get
-        them (the method's own options as ``method_options``)."""
+        """The resolved training settings of this run (method options included)."""
         values = {n: getattr(self, n) for n in SETTING_NAMES if n in type(self).model_fields}
         values["method_options"] = dict(self.method_options)
         return TrainingSettings(**values, stream_pruning=self.stream_pruning)
@@ -353,8 +355,7 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
 
 
 def _fields() -> dict[str, Any]:
-    """:class:`RunConfig`'s field of each training setting, from its declaration (None,
-    unset, where a recipe may set it)."""
+    """:class:`RunConfig`'s field of each training setting, from its declaration."""
     fields: dict[str, Any] = {}
     for name, option in OPTIONS.items():
         if name == "stream_pruning":  # the methods' own option (see ``Strategy.options``)
@@ -383,8 +384,7 @@ else:
 
 
 def _strategy(name: str, info: ValidationInfo) -> type[Strategy]:
-    """The method ``name``: the class being configured (``make_config(strategy=...)``, a
-    method not registered) or the registered one."""
+    """The method ``name``: the class being configured, else the registered one."""
     from espn.methods.base import METHODS
 
     strategy = (info.context or {}).get("strategy")
@@ -392,8 +392,7 @@ def _strategy(name: str, info: ValidationInfo) -> type[Strategy]:
 
 
 def recipe_defaults(name: str) -> Recipe:
-    """The values a recipe gives the options left out: a data regime's (``mnist``,
-    ``cifar``), else the benchmark's of that name."""
+    """The values a recipe (a data regime, else a benchmark) gives options left out."""
     from espn.data.registry import BENCHMARKS
 
     if name in REGIMES:
@@ -406,20 +405,8 @@ def recipe_defaults(name: str) -> Recipe:
     )
 
 
-def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
-    if data.get("benchmark") is None:
-        from espn.data.registry import BENCHMARKS
-
-        raise ValueError(
-            "no benchmark: give --benchmark NAME (see `espn list`) or a preset that sets one; "
-            f"benchmarks: {', '.join(BENCHMARKS.names())}"
-        )
-    return data
-
-
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
-    """The keyword options :func:`make_config` takes: the run's fields, then every option a
-    registered method declares (given flat, e.g. ``supsup_k``)."""
+    """The keyword options :func:`make_config` takes, methods' options flat."""
     fields = [f for f in RunConfig.model_fields if f not in exclude]
     return fields + [n for n in known_options() if n not in fields]
 

@@ -53,8 +53,7 @@ def check_rebuildable(
 
 
 def model_name(supernet: Supernet) -> str:
-    """The name a run configuration gives the supernet's model (registered where only the
-    caller's code can rebuild it, see :func:`known_model`)."""
+    """The name a run configuration gives the supernet's model (see :func:`known_model`)."""
     name = supernet.model_name
     if name is None:
         model = supernet.model

@@ -44,8 +44,7 @@ COMPILE_ON_CPU = (
 
 
 def run_warnings(cfg: RunConfig) -> list[str]:
-    """What a run will do although it is rarely what was meant (the run goes on): ``--amp``
-    or ``--compile`` on a CPU."""
+    """What a run will do that is rarely meant: ``--amp``/``--compile`` on a CPU."""
     notes = []
     cpu = torch.device(cfg.device).type == "cpu"
     if cfg.amp and cpu:

@@ -79,8 +79,7 @@ def continue_training(
 def finished(
     entries: list[dict[str, Any]],
 ) -> tuple[list[list[float] | None], list[dict[str, Any]]]:
-    """The accuracy rows (one per learned step) and the records of a checkpoint's finished
-    tasks (its task entries)."""
+    """The accuracy rows and records of a checkpoint's finished task entries."""
     rows = [
         None if e["accuracy"] is None else list(e["accuracy"]) for e in entries if "accuracy" in e
     ]
