@@ -12,8 +12,8 @@ import torch
 
 from espn.api import checks
 from espn.api.checks import LearnerError
-from espn.api.run_directory import DATA_DIR, DirectoryLock, LearnerRuns, RunDirectory
-from espn.api.tasks import LearnedTasks, Report, TaskRunner, task_line
+from espn.api.run_directory import DATA_DIR, LearnerRuns, RunDirectory
+from espn.api.tasks import Report, TaskRunner, task_line
 from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
 from espn.evaluation.metrics import task_record
@@ -38,7 +38,7 @@ def regime_of(supernet: Supernet) -> str:
     return "cifar" if conv else "mnist"
 
 
-class ContinualLearner(LearnerRuns, LearnedTasks):
+class ContinualLearner(LearnerRuns):
     """Learns tasks one after another into ``supernet`` with one method (a name, a
     :class:`Strategy` class or a built strategy); see docs/python.md.
 
@@ -52,8 +52,6 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
     task; ``progress`` adds a progress bar; ``device`` moves the supernet there. Under
     ``torchrun`` it trains data-parallel (rank 0 writes ``out``) unless not ``distributed``.
     """
-
-    lock: DirectoryLock | None  # the hold on ``out`` (None: none, or ``espn run``'s own)
 
     def __init__(
         self,
@@ -137,12 +135,11 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
             supernet.to(self.ranks.device)
             supernet.owners.to(self.ranks.device)
         self.engine = Engine.of(supernet, strategy, cfg.training_settings())
-        run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         if self.ranks is not None and not self.ranks.writer:  # rank 0 reports and logs
             progress, loggers = False, ()
         bar = [ProgressBar()] if progress else []
         self.callbacks = CallbackList(
-            [*callbacks, *make_loggers(list(loggers), run_dir, log_every=log_every), *bar]
+            [*callbacks, *make_loggers(list(loggers), self._run(), log_every=log_every), *bar]
         )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
         self.engine.ranks = self.strategy.ranks = self.ranks
@@ -355,11 +352,10 @@ def _configure(
         check_names(cls, settings)
     except ValueError as exc:
         raise checks.fail("settings", str(exc)) from None
-    foreign = set(declared_options())
     values = dict(settings)
     if built is not None:
         fixed = built.given if built.given is not None else _hand_built(built)
-        mine = {*fixed, *foreign, *cls.option_names()}
+        mine = {*fixed, *declared_options(), *cls.option_names()}
         own = sorted(k for k in values if k in mine)
         if own:
             raise TypeError(f"settings {own} given with a built strategy")
@@ -367,24 +363,21 @@ def _configure(
             values |= built.given
             recipe = values.pop("recipe", None) or recipe
         else:
-            values |= _hand_built(built) | dict(built.cfg.method_options)
+            values |= fixed | dict(built.cfg.method_options)
     _record_streams(cls, supernet, values)
-    name = model_name(supernet)
-    device = str(next(supernet.parameters()).device)
     fields = {
         "benchmark": "tensors",
         "data_dir": Path(DATA_DIR),
         "method": cls.name,
-        "model": name,
+        "model": model_name(supernet),
         "recipe": recipe or regime_of(supernet),
-        "device": device,
+        "device": str(next(supernet.parameters()).device),
         "out": Path(out) if out is not None else Path("."),
     }
     cfg = make_config(cls, **fields, **values)
-    given = {k: v for k, v in settings.items() if k != "stream_pruning"}
-    if built is not None and built.given is not None:
-        given |= {k: v for k, v in built.given.items() if k != "stream_pruning"}
-    check_applicable(given, cfg)  # options that would be ignored are refused
+    given = settings | (built.given if built is not None and built.given is not None else {})
+    # options that would be ignored are refused
+    check_applicable({k: v for k, v in given.items() if k != "stream_pruning"}, cfg)
     if built is not None and built.given is None:
         return built, cfg
     return cls(cfg.method_config()), cfg

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 
 from espn.api.checks import LearnerError, check_save_path
+from espn.api.tasks import LearnedTasks
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import identity, load_task, save_task, task_path
@@ -212,8 +213,8 @@ def fingerprint(task: Task) -> str:
     return digest.hexdigest()
 
 
-class LearnerRuns:
-    """The learner's side of its run directory (mixed into
+class LearnerRuns(LearnedTasks):
+    """The learner's side of its run directory (the base of
     :class:`~espn.api.learner.ContinualLearner`): opening and resuming one, checking that a
     resumed script gives the same data, the writes after every step, :meth:`save`."""
 
@@ -221,22 +222,15 @@ class LearnerRuns:
         from espn.training.callbacks import CallbackList
         from espn.training.distributed import Ranks
 
-        supernet: Supernet
         strategy: Strategy
         engine: Engine
-        cfg: RunConfig
         callbacks: CallbackList
-        runner: Any  # espn.api.tasks.TaskRunner: rows and records
         ranks: Ranks | None
-        tasks: list[Task | None]
-        names: list[str]
         fingerprints: list[str]
-        replayed: int
         summary: str
         run_dir: RunDirectory | None
         lock: DirectoryLock | None
         _started: bool
-        device: torch.device
 
     def open_run(
         self,

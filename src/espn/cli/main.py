@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from espn.cli.options import WithOptions
+from espn.cli.options import WithOptions, flag
 from espn.settings.training import DEFAULT_LOG_EVERY, MAX_COUNT, default
 from espn.utils.commands import (
     RUN_ALIAS,
@@ -170,11 +170,10 @@ def resume_command(ctx: typer.Context) -> str:
         source = ctx.get_parameter_source(name)
         if name in ("resume", "overwrite") or source is None or source.name != "COMMANDLINE":
             continue
-        flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
-            words.append(flag if value else "--no-" + name.replace("_", "-"))
+            words.append(flag(name) if value else "--no-" + flag(name)[2:])
         else:
-            words += [flag, shlex.quote(str(value))]
+            words += [flag(name), shlex.quote(str(value))]
     return " ".join([*words, "--resume"])
 
 

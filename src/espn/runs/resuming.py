@@ -181,29 +181,26 @@ class RunCheckpoint:
         extra: dict[str, Any],
     ) -> None:
         """Checkpoint task ``task`` in training (at an epoch's end)."""
-        if self.writer is None:
-            return
-        self.writer.save(
-            self.supernet,
-            self._results(seq),
-            training=snapshot(task, progress, strategy),
-            extra=extra | {"complete": False},
-            generator=self.engine.generator,
-            grad_scaler=scaler_state(self.engine),
-        )
+        self._save(seq, extra | {"complete": False}, snapshot(task, progress, strategy))
 
     def task_done(self, seq: TaskSequence, elapsed: float, extra: dict[str, Any]) -> None:
         """Checkpoint after a task was committed and evaluated."""
         self.training = None
-        if self.writer is None:
-            return
-        self.writer.save(
-            self.supernet,
-            self._results(seq),
-            extra=extra | {"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
-            generator=self.engine.generator,
-            grad_scaler=scaler_state(self.engine),
-        )
+        complete = len(self.per_task) == len(seq)
+        self._save(seq, extra | {"wall_time_s": elapsed, "complete": complete})
+
+    def _save(
+        self, seq: TaskSequence, extra: dict[str, Any], training: TrainingSnapshot | None = None
+    ) -> None:
+        if self.writer is not None:
+            self.writer.save(
+                self.supernet,
+                self._results(seq),
+                training=training,
+                extra=extra,
+                generator=self.engine.generator,
+                grad_scaler=scaler_state(self.engine),
+            )
 
     def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
         names = seq.names(len(self.per_task))
