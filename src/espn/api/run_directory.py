@@ -162,11 +162,9 @@ class RunDirectory(Callback):
             "warnings": self.notes,
             "wall_time_s": self.elapsed() if elapsed is None else elapsed,
         }
-        if not self.writes:
-            self.doc = doc
-            return doc
         try:
-            write_json_atomic(self.out / "results.json", doc)
+            if self.writes:
+                write_json_atomic(self.out / "results.json", doc)
         except OSError as exc:
             raise CheckpointError(
                 f"could not write {self.out / 'results.json'} ({os_error_text(exc)}); the "
@@ -177,9 +175,8 @@ class RunDirectory(Callback):
 
     def plot(self) -> None:
         """Draw ``accuracy.png`` from the last ``results.json`` written."""
-        if not self.writes:
-            return
-        if self.doc and any(r is not None for r in self.doc.get("accuracy_matrix") or []):
+        rows = self.doc.get("accuracy_matrix") or []
+        if self.writes and any(r is not None for r in rows):
             plot_run(self.doc, self.out / "accuracy.png")
 
     def on_run_end(self, learner: Any) -> None:

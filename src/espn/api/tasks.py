@@ -258,9 +258,8 @@ class LearnedTasks:
             return evaluate_task_agnostic(self.supernet, tasks, rule)
         if rule is not None:
             raise checks.fail("rule", "picks the task without it; add task_agnostic=True")
-        if not isinstance(task, int):
-            raise checks.fail("task", f"must be a task index (int), got {task!r}")
         checks.check_task(task, len(self.supernet.masks))
+        assert isinstance(task, int)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise checks.fail("batch_size", f"must be a positive int, got {batch_size!r}")
         known = self.tasks[task] if data is None else self._probe(task, data, "data")
