@@ -342,6 +342,7 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         values["method_options"] = dict(self.method_options)
         return TrainingSettings(**values, stream_pruning=self.stream_pruning)
 
+    #: the same settings, under the name the methods are built with
     method_config = training_settings
 
     @property  # type: ignore[misc]  # the field of TrainingSettings, to mypy
