@@ -53,7 +53,7 @@ from torch.utils import benchmark
 from espn.export.export import export_task, load_exported
 from espn.export.slim import fold_batchnorm, plain_copy, slim_copy
 from espn.models.registry import MODELS, ModelSpec
-from espn.pruning.selection import select_units
+from espn.pruning import select_units
 from espn.supernet.supernet import Supernet
 
 SPECS = {

@@ -15,10 +15,10 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-from espn.data.tensors import MAX_CLASSES
 from espn.errors import EspnError
 from espn.runs.config import ConfigError, RunConfig, config_error, make_config
 from espn.utils.io import os_error_text
+from espn.utils.limits import MAX_CLASSES
 
 
 class ApiArgumentError(EspnError, ValueError):

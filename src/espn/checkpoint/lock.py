@@ -1,9 +1,5 @@
-"""One run at a time per run directory: a lock file holding the owner's pid.
-
-``<out>/.espn-run.lock`` is created when a run starts and held (``fcntl.flock``) until it
-ends. A second ``espn run`` on the same directory finds the lock held and is refused at once,
-naming the holder's pid. The kernel drops the lock when its process dies, so a lock file left
-by a killed run is stale: the next run takes it over without help.
+"""One run at a time per run directory: ``<out>/.espn-run.lock``, held with ``fcntl.flock``
+while a run lasts (the kernel drops it when its process dies, so a stale file is taken over).
 """
 
 from __future__ import annotations
@@ -34,11 +30,7 @@ def prepare_out_dir(out: Path | str) -> Path:
         raise CheckpointError(f"--out {out} is a file, not a directory; choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise CheckpointError(
-            f"--out {out}: a part of the path is a file, not a directory; choose another --out"
-        ) from None
-    except NotADirectoryError:
+    except (FileExistsError, NotADirectoryError):
         raise CheckpointError(
             f"--out {out}: a part of the path is a file, not a directory; choose another --out"
         ) from None

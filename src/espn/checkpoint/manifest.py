@@ -1,11 +1,6 @@
-"""The schema of a checkpoint's ``manifest.json``, checked once where it is read.
-
-:func:`validate_manifest` is called by :func:`espn.checkpoint.format.read_manifest`, so every
-reader (evaluate, info, export, resume) sees a manifest whose fields have the right types,
-whose file names are plain names inside the checkpoint directory, whose task entries are
-numbered in order, and whose top-level model, benchmark and method agree with its recorded
-configuration. A later format version extends these models; fields they do not name are
-kept as they are (``extra="allow"``), so a reader of version N ignores additions of N+1.
+"""The schema of a checkpoint's ``manifest.json``, checked once where it is read
+(:func:`espn.checkpoint.format.read_manifest`); fields a model does not name are kept
+(``extra="allow"``), so a reader of version N ignores additions of N+1.
 """
 
 from __future__ import annotations

@@ -14,14 +14,20 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from espn.checkpoint.format import (
-    MANIFEST,
     CheckpointError,
     check_architecture,
     read_manifest,
     verify_file,
 )
 from espn.checkpoint.store import Checkpoint, TrainingState
-from espn.supernet.masks import EXPLICIT_FORMS, MASK_FORMS, Ownership, TaskMask, unpack_bits
+from espn.supernet.masks import (
+    EXPLICIT_FORMS,
+    MASK_FORMS,
+    Ownership,
+    TaskMask,
+    prefixed,
+    unpack_bits,
+)
 from espn.supernet.supernet import Supernet
 
 
@@ -32,11 +38,6 @@ def _load_tensors(path: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {exc}") from None
 
 
-def prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The tensors whose names start with ``prefix``, by the rest of their names."""
-    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
 def _read_task(
     path: Path, entry: dict[str, Any], tensors: dict[str, Tensor], arch: dict[str, Any]
 ) -> TaskMask:
@@ -44,56 +45,50 @@ def _read_task(
     version 1 (every mask bit-packed, unit masks as booleans, shapes in the entry)."""
     weights = prefixed(tensors, "weights.")
     state = prefixed(tensors, "state.")
-    n_classes, new_weights = int(entry["n_classes"]), int(entry["new_weights"])
-    own = prefixed(tensors, "own.")
+    units = prefixed(tensors, "units.")
+    mismatch = CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
+    forms: dict[str, str] = {}
+    cut: dict[str, str] = {}
+    horizon = -1
     if "masks" not in entry:  # version 1
         shapes = {k: tuple(v) for k, v in entry["shapes"].items()}
         if set(weights) != set(shapes):
-            raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
-        units = {k: v.bool() for k, v in prefixed(tensors, "units.").items()}
-        return TaskMask(
-            weights=weights,
-            shapes=shapes,
-            units=units,
-            state=state,
-            n_classes=n_classes,
-            new_weights=new_weights,
-            own=own,
-        )
-    forms = dict(entry["masks"])
-    shapes = {k: tuple(v) for k, v in arch["layers"].items()}
-    bad = {k: f for k, f in forms.items() if f not in MASK_FORMS}
-    if (
-        set(forms) != set(shapes)
-        or bad
-        or set(weights) != {k for k, f in forms.items() if f in EXPLICIT_FORMS}
-    ):
-        raise CheckpointError(f"checkpoint file {path}: weight masks do not match the manifest")
-    for k, f in forms.items():
-        if f not in EXPLICIT_FORMS:
-            weights[k] = torch.empty(0, dtype=torch.uint8)
-    units = {}
-    for g, packed in prefixed(tensors, "units.").items():
-        size = int(arch["groups"].get(g, -1))
-        fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
-        units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
-    # a missing or misshapen unit mask is reported by the tensor checks of restore()
-    cut = {k: g for k, g in entry.get("alive_only", {}).items() if g in units}
-    for key, group in cut.items():
-        alive = int(units[group].sum())  # a unit may hold several values (a norm's channels)
-        value = state.get(key)
-        if value is None or value.dim() != 1 or not alive or value.numel() % alive:
-            raise CheckpointError(f"checkpoint file {path}: task state {key!r} is cut")
+            raise mismatch
+        units = {k: v.bool() for k, v in units.items()}
+    else:
+        forms, horizon = dict(entry["masks"]), int(entry["horizon"])
+        shapes = {k: tuple(v) for k, v in arch["layers"].items()}
+        bad = {k: f for k, f in forms.items() if f not in MASK_FORMS}
+        if (
+            set(forms) != set(shapes)
+            or bad
+            or set(weights) != {k for k, f in forms.items() if f in EXPLICIT_FORMS}
+        ):
+            raise mismatch
+        for k, f in forms.items():
+            if f not in EXPLICIT_FORMS:
+                weights[k] = torch.empty(0, dtype=torch.uint8)
+        for g, packed in units.items():
+            size = int(arch["groups"].get(g, -1))
+            fits = packed.dtype == torch.uint8 and packed.numel() == (size + 7) // 8
+            units[g] = unpack_bits(packed, (size,)) if fits else packed.bool()
+        # a missing or misshapen unit mask is reported by the tensor checks of restore()
+        cut = {k: g for k, g in entry.get("alive_only", {}).items() if g in units}
+        for key, group in cut.items():
+            alive = int(units[group].sum())  # a unit may hold several values (a norm's channels)
+            value = state.get(key)
+            if value is None or value.dim() != 1 or not alive or value.numel() % alive:
+                raise CheckpointError(f"checkpoint file {path}: task state {key!r} is cut")
     return TaskMask(
         weights=weights,
         shapes=shapes,
         units=units,
         state=TaskMask.expand_state(state, cut, units),
-        n_classes=n_classes,
-        new_weights=new_weights,
-        own=own,
+        n_classes=int(entry["n_classes"]),
+        new_weights=int(entry["new_weights"]),
+        own=prefixed(tensors, "own."),
         forms=forms,
-        horizon=int(entry["horizon"]),
+        horizon=horizon,
         stats=prefixed(tensors, "stats."),
     )
 
@@ -106,18 +101,14 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
     is put back into its manifest entry (``"accuracy"``) in memory."""
     directory = Path(directory)
     manifest = read_manifest(directory)
-    sizes = {MANIFEST: (directory / MANIFEST).stat().st_size}
     masks = []
     for entry in manifest["tasks"]:
         path = verify_file(directory, entry)
-        sizes[path.name] = entry["bytes"]
         tensors = _load_tensors(path)
         masks.append(_read_task(path, entry, tensors, manifest["architecture"]))
         if "accuracy" in tensors:
             entry["accuracy"] = tensors["accuracy"].tolist()
-    path = verify_file(directory, manifest["state"])
-    sizes[path.name] = manifest["state"]["bytes"]
-    tensors = _load_tensors(path)
+    tensors = _load_tensors(verify_file(directory, manifest["state"]))
     owner_ids = prefixed(tensors, "owner.") if manifest["format_version"] >= 2 else None
     training = None
     doc = manifest.get("training")
@@ -140,10 +131,6 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
             units={k: v.bool() for k, v in prefixed(tensors, "train.units.").items()},
             task_state=prefixed(tensors, "train.state."),
         )
-        if training.task != len(masks):
-            raise CheckpointError(
-                f"{directory}: task {training.task} is in training but {len(masks)} are committed"
-            )
     return Checkpoint(
         directory=directory,
         manifest=manifest,
@@ -151,7 +138,6 @@ def read_checkpoint(directory: Path | str) -> Checkpoint:
         masks=masks,
         rng=prefixed(tensors, "rng."),
         training=training,
-        file_bytes=sizes,
         owner_ids=owner_ids,
     )
 
@@ -294,12 +280,7 @@ def restore_working(training: TrainingState, supernet: Supernet) -> None:
     """Put the working sub-network of the task in training (its task state, unit and weight
     masks) back into ``supernet``, restored by :func:`restore` (which checked its tensors)."""
     supernet.begin_task(training.n_classes)
-    for name, m in supernet.task_modules.items():
-        m.load_task_state(prefixed(training.task_state, f"{name}."))
-    for g, alive in training.units.items():
-        every = bool(alive.all())
-        for m in supernet.groups[g]:
-            m.set_units(alive, every)
+    supernet.load_task_state(training.units, training.task_state)
     for name, layer in supernet.layers.items():
         mask = unpack_bits(training.weight_masks[name].to(layer.weight.device), layer.weight.shape)
         layer.weight_mask.copy_(mask.to(layer.weight_mask.dtype))

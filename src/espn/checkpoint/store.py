@@ -1,19 +1,13 @@
-"""Saving a run's supernet (and a task in training) to a checkpoint; reading it back is
-:mod:`espn.checkpoint.reader`'s.
-
-:class:`CheckpointWriter` writes the checkpoint after every task and the epochs its caller
-picks (see :mod:`espn.checkpoint.format` for the layout and why it survives a kill at any moment).
-
-Only files: a task in training is stored as the plain numbers, optimizer state and strategy
-state its caller hands over (:class:`TrainingSnapshot`), and read back as such
-(:class:`TrainingState`); continuing its training is :mod:`espn.runs.resuming`'s.
+"""Saving a run's supernet, and a task in training as the plain numbers, optimizer and
+strategy state its caller hands over (:class:`TrainingSnapshot`), to a checkpoint (layout:
+:mod:`espn.checkpoint.format`); reading it back is :mod:`espn.checkpoint.reader`'s.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +70,6 @@ class Checkpoint:
     masks: list[TaskMask]
     rng: dict[str, Tensor]
     training: TrainingState | None = None
-    file_bytes: dict[str, int] = field(default_factory=dict)
     #: the supernet's owner ids as bit-planes (see ``Ownership.packed``; None in a version-1
     #: checkpoint: derived from the masks)
     owner_ids: dict[str, Tensor] | None = None

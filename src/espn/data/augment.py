@@ -1,10 +1,7 @@
-"""Image batch transforms that run on the data's device, vectorised over the batch.
-
-Images are stored as uint8 ``[N, C, H, W]`` tensors; a batch is augmented while still uint8
-(cheap to index), then converted to float and normalised per channel. Random draws come
-from ``generator`` when one is given, else from torch's default generator of the batch's
-device, which ``espn`` seeds per run and saves in checkpoints (so resumed runs draw the same
-crops).
+"""Image batch transforms that run on the data's device, vectorised over the batch: uint8
+images augmented (crop, flip) while still uint8, then normalised per channel. Random draws
+come from ``generator``, else from torch's default generator of the batch's device, which
+espn seeds per run and saves in checkpoints (a resumed run draws the same crops).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Class-split image benchmarks: SplitCIFAR100, SplitCIFAR10, CIFAR10 and SplitFashionMNIST.
-
-A split benchmark draws a class order from the seed and gives task ``t`` the next
-``classes_per_task`` classes, relabelled ``0..k-1`` (one head per task). All images of a
-dataset are held once as a uint8 tensor on the training device; each task keeps the indices
-of its samples. Training batches of CIFAR are randomly cropped (padding 4) and flipped on the
-device; every batch is normalised with the dataset's per-channel statistics.
+"""Class-split image benchmarks: SplitCIFAR100, SplitCIFAR10, CIFAR10 and SplitFashionMNIST
+(docs/benchmarks.md): the images of a dataset held once on the device, each task the indices
+of its classes' samples, relabelled ``0..k-1``.
 """
 
 from __future__ import annotations
@@ -142,15 +138,7 @@ def split_benchmark(
 
 
 for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
-    (
-        "split-cifar100",
-        "cifar100",
-        5,
-        True,
-        True,
-        CIFAR,
-        "CIFAR-100 in tasks of 5 classes",
-    ),
+    ("split-cifar100", "cifar100", 5, True, True, CIFAR, "CIFAR-100 in tasks of 5 classes"),
     ("split-cifar10", "cifar10", 2, True, True, CIFAR, "CIFAR-10 in tasks of 2 classes"),
     ("cifar10", "cifar10", 10, True, False, CIFAR, "CIFAR-10 as one 10-class task"),
     (

@@ -1,17 +1,6 @@
-"""``image-folders``: a task sequence given as ImageFolder directories (one task per directory).
-
-For the paper's ImageNet sequence: ``--folders imagenet,cubs,cars,flowers,wikiart,sketch``.
-Each directory holds either ``train/`` and ``val/`` (or ``test/``) subdirectories in
-torchvision's ImageFolder layout (``<split>/<class>/<image>``), or the class directories
-directly, in which case a seeded 20% of the images of every class is held out for testing.
-
-Images are decoded, their shorter side resized to ``image_size`` and centre-cropped to a square.
-When all tasks fit (half the free memory of the device), they are decoded once, by DataLoader
-workers, into uint8 tensors on the device; otherwise every batch is decoded by DataLoader
-workers into pinned memory and copied to the device asynchronously (streaming). Training
-batches are randomly cropped (padding ``image_size // 8``) and flipped on the device, and
-normalised with the ImageNet statistics. Set ``ESPN_FOLDERS_MODE`` to ``memory`` or ``stream``
-to force a mode and ``ESPN_WORKERS`` to set the number of decoding workers.
+"""``image-folders``: one task per ImageFolder directory (``--folders``), its images decoded
+once onto the device or, when they do not fit, batch by batch by DataLoader workers
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -213,7 +202,7 @@ def _split(samples: Samples, size: int, device: torch.device, memory: bool) -> S
 def image_folders(
     args: BenchmarkArgs, in_memory: bool | None = None, n_workers: int | None = None
 ) -> TaskSequence:
-    """One task per directory of ``args.folders`` (see the module docstring).
+    """One task per directory of ``args.folders`` (docs/benchmarks.md).
 
     ``in_memory`` forces holding the images on the device (True) or streaming them (False);
     None decides by size.

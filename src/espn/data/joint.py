@@ -3,8 +3,6 @@ each sample transformed by its own task."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -61,30 +59,21 @@ class JointTask(Task):
     def _no_transform(x: Tensor, train: bool) -> Tensor:
         raise TypeError("a JointTask's samples are transformed by their own tasks in batches()")
 
-    def batches(
-        self,
-        split: str,
-        batch_size: int,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-        augment: bool | None = None,
-    ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Yield ``(inputs, joint labels)``; each task's samples of a batch are transformed
-        together by that task's transform (``augment`` as in :meth:`Task.batches`)."""
+    def inputs(self, split: str, rows: Tensor, train: bool) -> Tensor:
+        """The inputs of a batch: each task's samples transformed together by that task's
+        transform."""
         data = self.split(split)
-        train = split == "train" if augment is None else augment
-        for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
-            owner, local = data.x[rows], data.index[rows]
-            out: Tensor | None = None
-            for t in torch.unique(owner).tolist():
-                where = torch.nonzero(owner == t).squeeze(1)
-                part = self.tasks[t].split(split)
-                inputs = self.tasks[t].transform(part.x[part.index[local[where]]], train)
-                if out is None:
-                    out = inputs.new_empty((len(rows), *inputs.shape[1:]))
-                out[where] = inputs
-            assert out is not None
-            yield out, data.y[rows]
+        owner, local = data.x[rows], data.index[rows]
+        out: Tensor | None = None
+        for t in torch.unique(owner).tolist():
+            where = torch.nonzero(owner == t).squeeze(1)
+            part = self.tasks[t].split(split)
+            inputs = self.tasks[t].transform(part.x[part.index[local[where]]], train)
+            if out is None:
+                out = inputs.new_empty((len(rows), *inputs.shape[1:]))
+            out[where] = inputs
+        assert out is not None
+        return out
 
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:
         """Cross-entropy of every sample over its own task's classes."""

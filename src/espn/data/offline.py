@@ -1,10 +1,4 @@
-"""Fashion-MNIST as tensors for your own code, from the files already on disk.
-
-``fashion_mnist()`` reads Debian's offline copy (``apt-get install dataset-fashion-mnist``:
-``/usr/share/datasets/fashion-mnist``, gzipped IDX files, which torchvision's
-``FashionMNIST`` does not read from there), a directory of such files you name, or
-torchvision's layout (``ROOT/FashionMNIST/raw``); it downloads only when asked.
-"""
+"""Fashion-MNIST as tensors for your own code, from the files already on disk."""
 
 from __future__ import annotations
 

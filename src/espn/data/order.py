@@ -1,16 +1,5 @@
-"""The order in which a benchmark's tasks are learned (``--task-order``).
-
-- ``given``: the benchmark's own order;
-- ``random``: a permutation drawn from the task seed;
-- ``large-first`` / ``small-first``: by training-set size, descending / ascending (ties
-  keep the given order);
-- ``diverse``: the most diverse tasks first, by a greedy farthest-point traversal of
-  per-task descriptors. A task's descriptor is the per-input-position mean and standard
-  deviation of its (un-augmented) model inputs over its first :data:`DESCRIPTOR_SAMPLES`
-  training samples (images larger than 32x32 average-pooled to 32x32 first); distance is
-  Euclidean. The first task is the one farthest from the mean descriptor; each next task
-  is the one whose distance to the nearest task already placed is largest (ties: the
-  earlier given position). Deterministic for a given task sequence.
+"""The order in which a benchmark's tasks are learned (``--task-order``: :data:`TASK_ORDERS`;
+docs/cli.md describes them, ``diverse``'s descriptors included).
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: largest accepted count (batch size, images per task, ...): what a C int holds
-MAX_COUNT = 2**31 - 1
+from espn.settings.training import MAX_COUNT
 
 TRAIN_SIZES_HELP = (
     "comma-separated sizes, one per task (e.g. 2500,2500,100), or geometric:N1:N2 "

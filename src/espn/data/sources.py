@@ -16,8 +16,6 @@ OFFLINE_DIRS = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}
 HOW_TO_GET = {
     "mnist": "run with internet access once (torchvision downloads it into --data-dir)",
     "fashion-mnist": "run with internet access once, or on Debian: apt-get install dataset-fashion-mnist",
-    "cifar10": "run with internet access once (torchvision downloads it into --data-dir)",
-    "cifar100": "run with internet access once (torchvision downloads it into --data-dir)",
 }
 
 

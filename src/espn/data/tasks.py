@@ -56,7 +56,12 @@ class Task:
         data = self.split(split)
         train = split == "train" if augment is None else augment
         for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
-            yield self.transform(data.x[data.index[rows]], train), data.y[rows]
+            yield self.inputs(split, rows, train), data.y[rows]
+
+    def inputs(self, split: str, rows: Tensor, train: bool) -> Tensor:
+        """The model inputs of the samples ``rows`` of ``split``."""
+        data = self.split(split)
+        return self.transform(data.x[data.index[rows]], train)
 
     def raw_inputs(self, split: str, batch_size: int) -> list[Tensor]:
         """The samples of ``split`` as stored, before the transform (raw images), in batches

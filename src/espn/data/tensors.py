@@ -1,13 +1,6 @@
-"""Tasks from a user's own data: ``(x, y)`` tensors, any iterable of ``(x, y)`` batches (a
-``DataLoader``, a list), or task files (benchmark ``tensors``).
-
-The data is gathered once into tensors on the training device, so that the engine batches,
-shuffles and evaluates it exactly as it does every built-in benchmark (a loader's random
-augmentation is therefore applied once, when the data is gathered). A task file is one
-safetensors file per task (``task-NNNN.safetensors``: ``train.x``, ``train.y``, ``test.x``,
-``test.y``, the training split optional; its name and class count as metadata), which
-``espn run/evaluate --benchmark tensors --data-dir DIR`` reads: the Python API writes the test
-data of a saved run that way, so that ``espn evaluate`` can re-compute its accuracies.
+"""Tasks from a user's own data: ``(x, y)`` tensors, any iterable of ``(x, y)`` batches, or task
+files (``task-NNNN.safetensors``, benchmark ``tensors``: docs/recipes.md), gathered once into
+tensors on the training device, so that they are batched like every built-in benchmark.
 """
 
 from __future__ import annotations
@@ -26,8 +19,8 @@ from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 from espn.errors import EspnError
 from espn.settings.recipes import MNIST
-from espn.utils import limits
 from espn.utils.io import atomic_target
+from espn.utils.limits import MAX_CLASSES
 from espn.utils.transforms import identity as identity
 
 
@@ -42,8 +35,6 @@ ACCEPTED = "(x, y) tensors or an iterable of (x, y) batches (a DataLoader, a lis
 #: generator, a DataLoader over a stream) is refused rather than read forever; an iterable
 #: with ``len()`` is checked before it is read
 MAX_BATCHES = 1_000_000
-#: the most classes a task may have: labels up to 10^9 would allocate a head of 10^9 rows
-MAX_CLASSES = limits.MAX_CLASSES
 #: the most bytes of inputs one split may gather (the data are held on the training device)
 MAX_BYTES = 16 * 2**30
 

@@ -3,8 +3,8 @@ summaries of an accuracy matrix."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -22,16 +22,41 @@ def task_logits(
     return torch.cat([supernet(x, task=task_id) for x, _ in task.batches(split, batch_size)])
 
 
+class Shares(Protocol):
+    """What evaluation needs of data-parallel ranks (:class:`espn.training.distributed.Ranks`):
+    which batches are this rank's, and a sum over the ranks."""
+
+    def mine(self, k: int) -> bool: ...
+
+    def sum_(self, t: Tensor) -> Tensor: ...
+
+
+@torch.no_grad()
+def split_accuracy(
+    logits: Callable[[Tensor], Tensor],
+    task: Task,
+    split: str,
+    batch_size: int,
+    ranks: Shares | None = None,
+) -> float:
+    """Top-1 accuracy in percent of ``logits`` on ``split`` of ``task`` (with ``ranks``, each
+    counts its share of the batches and the counts are summed)."""
+    correct = torch.zeros((), dtype=torch.long, device=task.split(split).y.device)
+    for k, (x, y) in enumerate(task.batches(split, batch_size)):
+        if ranks is None or ranks.mine(k):
+            correct += (logits(x).argmax(1) == y).sum()
+    if ranks is not None:
+        ranks.sum_(correct)
+    return 100.0 * int(correct) / max(len(task.split(split)), 1)
+
+
 @torch.no_grad()
 def task_accuracy(
     supernet: Supernet, task: Task, task_id: int, split: str = "test", batch_size: int = 1024
 ) -> float:
     """Top-1 accuracy in percent of task ``task_id``'s sub-network on ``split``."""
     supernet.eval()
-    correct = torch.zeros((), dtype=torch.long, device=task.split(split).y.device)
-    for x, y in task.batches(split, batch_size):
-        correct += (supernet(x, task=task_id).argmax(1) == y).sum()
-    return 100.0 * int(correct) / max(len(task.split(split)), 1)
+    return split_accuracy(lambda x: supernet(x, task=task_id), task, split, batch_size)
 
 
 def task_record(supernet: Supernet, task: int) -> dict[str, Any]:

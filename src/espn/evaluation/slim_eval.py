@@ -1,40 +1,22 @@
-"""Evaluating learned tasks at their sub-networks' cost: through cached slim copies.
-
-The accuracy matrix evaluates every learned task after every task. Through the masked
-supernet each of those passes costs the full network; :class:`SlimEvaluator` runs each task
-through its physically slimmed copy (:func:`espn.export.slim.slim_copy`: the export's model,
-dead units removed, BatchNorm left unfolded), built once per task and kept.
-
-A committed task cannot change: its weights are frozen (``shared`` methods: the guard keeps
-their bits), its own copy (``own``) or never trained (``fixed``), and its masks and task state
-are stored with it. The copy is therefore rebuilt only when the task's stored sub-network is
-replaced (a supernet state loaded anew). Every copy is checked on its first batch against the
-masked supernet within the export's tolerance; a task whose copy cannot be built or differs
-(a model the export refuses) is evaluated through the masked supernet.
+"""Evaluating learned tasks through cached slim copies (:func:`espn.export.slim.slim_copy`),
+each built once per task (a committed task's weights, masks and state cannot change), rebuilt
+only when its stored sub-network is replaced (a supernet state loaded anew), and
+checked on its first batch against the masked supernet (docs/performance.md); a task whose
+copy cannot be built or differs is evaluated through the masked supernet.
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from espn.data.tasks import Task
+from espn.evaluation.metrics import Shares, split_accuracy
 from espn.export.export import TOLERANCE
 from espn.export.slim import slim_copy
 from espn.layers import ExportError
 from espn.supernet.masks import TaskMask
 from espn.supernet.supernet import Supernet
-
-
-class Shares(Protocol):
-    """What evaluation needs of data-parallel ranks (:class:`espn.training.distributed.Ranks`):
-    which batches are this rank's, and a sum over the ranks."""
-
-    def mine(self, k: int) -> bool: ...
-
-    def sum_(self, t: Tensor) -> Tensor: ...
 
 
 class SlimEvaluator:
@@ -82,12 +64,6 @@ class SlimEvaluator:
 
     @torch.no_grad()
     def accuracy(self, task: Task, t: int, split: str = "test", batch_size: int = 1024) -> float:
-        """Top-1 accuracy in percent of task ``t`` on ``split`` of ``task`` (with
-        :attr:`ranks`, each counts its share of the batches and the counts are summed)."""
-        correct = torch.zeros((), dtype=torch.long, device=task.split(split).y.device)
-        for k, (x, y) in enumerate(task.batches(split, batch_size)):
-            if self.ranks is None or self.ranks.mine(k):
-                correct += (self.logits(x, t).argmax(1) == y).sum()
-        if self.ranks is not None:
-            self.ranks.sum_(correct)
-        return 100.0 * int(correct) / max(len(task.split(split)), 1)
+        """Top-1 accuracy in percent of task ``t`` on ``split`` of ``task`` (see
+        :func:`~espn.evaluation.metrics.split_accuracy`; shared out over :attr:`ranks`)."""
+        return split_accuracy(lambda x: self.logits(x, t), task, split, batch_size, self.ranks)

@@ -35,12 +35,6 @@ class Ranks(Protocol):
         ...
 
 
-#: learning-rate schedules of a phase: ``constant``; ``cosine`` decay to zero over the phase;
-#: ``ramp``: epoch e of E runs at (e + 1) / E of the rate (the authors' warm-up); ``step``:
-#: x0.1 after half and again after 80% of the phase (CPG's decay at epochs 50 and 80 of 100)
-SCHEDULES = ("constant", "cosine", "ramp", "step")
-
-
 def fresh_weights(weight: Tensor, how: str, generator: torch.Generator) -> Tensor:
     """New values (on the CPU) for a layer's free weights, as CtRL's ``init_weights``: for
     ``kaiming``, convolutions Kaiming normal in fan-out mode (std ``sqrt(2 / fan_out)``), linear
@@ -67,9 +61,11 @@ class Phase:
 
     ``prune_updates`` prune steps are spread evenly over the phase, the last one at its end
     (all at once when the phase has no epochs); ``schedule`` shapes the learning rate over
-    the phase, starting from ``lr`` (None: the optimizer's) times ``lr_scale``; ``regularise``
-    adds the strategy's penalty to the loss; ``free_only`` runs the phase on the free weights
-    alone (frozen weights masked out of the forward pass: the authors' warm-up).
+    the phase, starting from ``lr`` (None: the optimizer's) times ``lr_scale``: ``constant``;
+    ``cosine`` decay to zero; ``ramp``: epoch e of E at (e + 1) / E of the rate (the authors'
+    warm-up); ``step``: x0.1 after half and again after 80% (CPG's epochs 50 and 80 of 100).
+    ``regularise`` adds the strategy's penalty to the loss; ``free_only`` runs the phase on the
+    free weights alone (frozen weights masked out of the forward pass: the authors' warm-up).
     """
 
     name: str

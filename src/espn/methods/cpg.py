@@ -42,11 +42,6 @@ class _Binarise(torch.autograd.Function):
         return grad, None
 
 
-def picking_mask(scores: Tensor) -> Tensor:
-    """The binary picking mask of one layer (straight-through estimator in the backward)."""
-    return _Binarise.apply(scores, PICK_THRESHOLD)
-
-
 def _check_rounds(epochs: tuple[int, int, int]) -> None:
     if epochs[1] < 1:
         raise ValueError(
@@ -57,37 +52,10 @@ def _check_rounds(epochs: tuple[int, int, int]) -> None:
 
 @METHODS.register("cpg")
 class CPG(Strategy):
-    """Each task picks among the frozen weights and compacts its own, growing disabled.
-
-    Phases of a task: ``train`` (PRE epochs: the free weights and a real-valued picking mask
-    over the frozen weights, binarised at 5e-3 from 1e-2 and trained through the
-    straight-through estimator), then up to ten compacting rounds of PRUNE epochs each
-    (gradual magnitude pruning of the task's own weights to 10%, 20%, ..., 90%, 95% sparsity
-    on a cubic schedule in the round's first half, picking fixed), then ``retrain`` (FINE
-    epochs, cosine: picking mask and kept weights); rounds and retraining run at a tenth of
-    the learning rate. Accuracies are those of the training batches of a phase's second
-    half; the goal is that of ``train`` minus ``cpg_acc_loss`` points.
-
-    When compacting stops (``cpg_stop``): ``reference`` (ivclab/CPG's
-    ``CPG_cifar100_main_normal.py`` and ``choose_appropriate_pruning_ratio_for_next_task.py``)
-    runs rounds while a round's accuracy exceeds ``cpg_train_acc`` (95%), then returns to the
-    largest sparsity whose accuracy reached the goal (none: the task before compacting); the
-    reference's goal is the accuracy of an independently trained dense baseline on held-out
-    data, which espn does not train (it would double the cost), so the task's own accuracy at
-    the end of ``train`` stands in for it. ``goal`` (espn before): stop at the first round
-    below the goal and undo it. Each task's goal, round accuracies and kept sparsity are
-    recorded (``compacting`` in results.json). Pruned weights are released for later tasks;
-    BatchNorm affine parameters and heads are trained per task. No FLOP constraint, no
-    weight budget.
-
-    Its recipe is ivclab/CPG's (``CPG_cifar100_main_normal.py``, ``prune.py``): batches of
-    32 (the reference's; its lr 1e-2 is for them), the weights
-    train with SGD, Nesterov momentum 0.9, lr 1e-2 decayed x0.1 after half and 80% of the
-    ``train`` phase (the reference's epochs 50 and 80 of 100), weight decay 4e-5; the picking
-    masks with their own Adam at 5e-4 (``cpg_mask_lr``), scaled as the weights' lr; the task's
-    BatchNorm affine parameters are trained and stored per task; weights the compacting
-    releases are zeroed (``cpg_zero_released``), so the next task starts them from zero.
-    """
+    """Each task picks among the frozen weights and compacts its own, growing disabled: phases
+    ``train``, up to ten compacting rounds (:data:`SPARSITIES`) and ``retrain``, stopped by
+    ``cpg_stop``; the phases, the stop rule and the recipe are described in docs/methods.md,
+    where it differs from ivclab/CPG in docs/fidelity.md."""
 
     name = "cpg"
     uses_gamma = False
@@ -238,7 +206,7 @@ class CPG(Strategy):
         masks = {}
         for n, s in self.scores.items():
             layer = supernet.layers[n]
-            pick = picking_mask(s.detach() if self.stage == "compact" else s)
+            pick = _Binarise.apply(s.detach() if self.stage == "compact" else s, PICK_THRESHOLD)
             if n not in self._frozen:
                 self._frozen[n] = layer.frozen.to(pick.dtype)
             # frozen weights take the picking mask, free ones the task's: a blend by exact

@@ -1,11 +1,5 @@
-"""ESPN-gamma (Algorithm 1): pre-train, gradual joint unit and weight pruning, fine-tune.
-
-Its recipe is the authors' (ucr-optml/CtRL ``manager.py``): the benchmark's run defaults are
-the paper's ESPN recipe, so :attr:`ESPN.recipe` is empty; free weights are re-initialised
-(Kaiming) when a task after the first begins; a pruned unit's gate/BatchNorm scale and shift
-are zeroed (``Supernet.set_unit_masks``); the ResNets' residual streams are pruned per conv
-(``stream_pruning``) and the L2 term on the masked weights is in the loss (``masked_l2``).
-"""
+"""ESPN-gamma (Algorithm 1): pre-train, gradual joint unit and weight pruning, fine-tune, with
+the authors' recipe (ucr-optml/CtRL; docs/fidelity.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +7,6 @@ from typing import Any
 
 from torch import Tensor
 
-import espn.pruning  # noqa: F401  (every pruner registered)
 from espn.methods.base import METHODS, Phase, Strategy
 from espn.pruning.pruner import PRUNERS
 from espn.settings.methods import METHOD_OPTIONS, PRUNER_OPTIONS
@@ -61,29 +54,29 @@ class ESPN(Strategy):
 
     def begin_task(self, supernet: Supernet) -> None:
         super().begin_task(supernet)
-        self.pruner.refresh(supernet)
+        self.pruner.regulariser.refresh(supernet)
 
     def state_dict(self) -> dict[str, Any]:
         """Budgets and the penalty's state (its lambdas as the last prune step left them)."""
-        return super().state_dict() | {"pruner": self.pruner.state_dict()}
+        return super().state_dict() | {"pruner": self.pruner.regulariser.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if state.get("pruner"):
-            self.pruner.load_state_dict(state["pruner"])
+            self.pruner.regulariser.load_state_dict(state["pruner"])
         elif state.get("lambdas") is not None:  # a task in training saved by espn 0.1
-            self.pruner.load_state_dict({"lambdas": state["lambdas"]})
+            self.pruner.regulariser.load_state_dict({"lambdas": state["lambdas"]})
 
     def report(self) -> dict[str, Any]:
         """The effective per-unit penalty weight of every unit group at the end of pruning."""
-        return {"penalty_lambdas": self.pruner.state_dict().get("lambdas")}
+        return {"penalty_lambdas": self.pruner.regulariser.state_dict().get("lambdas")}
 
     def penalty(self, supernet: Supernet) -> Tensor | None:
-        return self.pruner.penalty(supernet) if self.prunes_units else None
+        return self.pruner.regulariser(supernet) if self.prunes_units else None
 
     def after_step(self, supernet: Supernet) -> None:
         if self.prunes_units:
-            self.pruner.after_step(supernet)
+            self.pruner.regulariser.after_step(supernet)
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:
         if self.prunes_units:

@@ -15,14 +15,9 @@ from espn.supernet.supernet import Supernet
 
 @METHODS.register("individual")
 class Individual(ESPN):
-    """One network per task, trained from the same initial weights, pruned to gamma FLOPs.
-
-    Each task starts from the supernet's initial weights (as a separate single-task run with
-    the same seed would), trains all of them with ESPN's three phases and FLOP-aware unit
-    pruning (gamma = 1: dense), and keeps its own copy of its weights (``weights = "own"``):
-    nothing is shared or frozen between tasks, so storage grows by one network per task.
-    ``alpha`` < 1 adds a weight budget of ceil(alpha x all weights) per task (default 1: none).
-    """
+    """One network per task, each trained from the supernet's initial weights with ESPN's
+    phases and unit pruning to gamma, kept as its own copy (``weights = "own"``): nothing is
+    shared or frozen; ``alpha`` < 1 adds a weight budget per task (docs/methods.md)."""
 
     name = "individual"
     weights = "own"

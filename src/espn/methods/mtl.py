@@ -38,14 +38,9 @@ def task_views(task: JointTask, joint: TaskMask, heads: list[str]) -> list[TaskM
 
 @METHODS.register("mtl")
 class MTL(Strategy):
-    """Multitask learning: all tasks trained jointly on one dense network, a head per task.
-
-    One training run over the union of the tasks' data (shuffled batches mix tasks) with the
-    same epochs and learning-rate recipe as every other method spends on each task (warm-up,
-    pre-train + prune epochs at a constant rate, then the fine-tune epochs); no pruning. The joint
-    network is then committed as every task's sub-network (each with its own head block), so
-    that it is evaluated and exported like any other run; results.json has a single row.
-    """
+    """Multitask learning: all tasks trained jointly on one dense network, a head per task,
+    with the epochs every other method spends on each task, no pruning; the joint network
+    is committed as every task's sub-network (docs/methods.md)."""
 
     name = "mtl"
     uses_gamma = False

@@ -1,11 +1,5 @@
-"""PackNet (Mallya & Lazebnik 2018) as the authors' baseline: with ESPN's weight allocation.
-
-Its recipe is the authors' PackNet baseline (ucr-optml/CtRL ``utils/PackNet_manager.py``,
-``utils/PackNet_manager_small.py``): gradual magnitude pruning over the pruning epochs, free
-weights re-initialised (Kaiming) per task, non-affine BatchNorm, and on the MNIST regime
-fine-tuning with cosine decay from 1e-3; the L2 term on the masked weights in the loss
-(``masked_l2``, the authors' ``lam`` 1).
-"""
+"""PackNet (Mallya & Lazebnik 2018) as the authors' baseline, with ESPN's weight allocation
+and their recipe (ucr-optml/CtRL ``utils/PackNet_manager.py``; docs/fidelity.md)."""
 
 from __future__ import annotations
 
@@ -19,13 +13,8 @@ from espn.supernet.supernet import Supernet
 @METHODS.register("packnet")
 class PackNet(Strategy):
     """Train free weights, prune them gradually to the ceil(alpha x free) largest new ones,
-    fine-tune.
-
-    No FLOP constraint; every frozen weight is reused; gates/BatchNorm affine parameters are
-    not trained (the authors' baseline has non-affine BatchNorm; ``--task-affine`` trains
-    them as for every method), heads are. ``packnet_prune one-shot`` prunes once at the end
-    of the pruning epochs instead (Mallya & Lazebnik's original, espn before 0.2).
-    """
+    fine-tune; every frozen weight is reused, gates/BatchNorm affine parameters are not
+    trained (``packnet_prune one-shot``: one prune at the end, see docs/methods.md)."""
 
     name = "packnet"
     trains_unit_affine = False

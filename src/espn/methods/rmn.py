@@ -19,28 +19,10 @@ from espn.supernet.supernet import Supernet
 
 @METHODS.register("rmn")
 class RMN(Strategy):
-    """Each task learns a relevance map over all weights, L1-regularised, then binarised.
-
-    Phases of a task: ``train`` (PRE + PRUNE epochs: the free weights and a real-valued
-    relevance per weight, starting at 1, enters the layer's weights, with the penalty
-    ``rmn_l1`` x sum |relevance| added to the loss), ``binarise`` (the map becomes binary:
-    as in the paper, which has no weight budget, a free weight stays in the task where its
-    |relevance| exceeds ``rmn_threshold`` (0.5: halfway from the initial 1 to 0, so the L1
-    term decides what is dropped) and absorbs it, ``w <- w x r``; ``rmn_budget`` B > 0 is
-    espn's weight allocation instead: per layer the ``floor(B x free)`` free weights of
-    largest |relevance|), ``finetune`` (FINE epochs with the run's fine-tune recipe: kept
-    free weights under the binary map); the run's warm-up comes first.
-
-    Frozen weights are never changed, only selected, so a real-valued relevance cannot stay
-    with them. With ``rmn_frozen_map`` "binary" (the default) they enter training through
-    the binary map they keep: a frozen weight is in the task while its relevance exceeds
-    the threshold, and the relevance learns through a straight-through gradient, so the
-    binarised network is the one trained. "soft" (espn before) scales them by the
-    real-valued relevance in training and keeps those whose |relevance| exceeds the
-    threshold (under a budget: is at least the smallest kept free one) at their unscaled
-    value, a network that was never trained. Gates/BatchNorm affine parameters are not
-    trained, heads are. No FLOP constraint, no ``alpha``.
-    """
+    """Each task learns a relevance map over all weights, L1-regularised, then binarised:
+    phases ``train``, ``binarise`` (by ``rmn_threshold``, or ``rmn_budget``) and
+    ``finetune``; frozen weights enter through ``rmn_frozen_map`` and are only selected,
+    never changed (docs/methods.md; where it differs from the paper: docs/fidelity.md)."""
 
     name = "rmn"
     trains_unit_affine = False

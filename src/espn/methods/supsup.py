@@ -96,19 +96,9 @@ def signed_constant(weight: Tensor, k: float = 1.0) -> Tensor:
 
 @METHODS.register("supsup")
 class SupSup(Strategy):
-    """Fixed signed-constant weights; each task learns one top-k supermask per layer.
-
-    As RAIVNLab/supsup (``main.py``, ``args.py``, ``rn18-supsup.yaml``): the shared weights
-    are set once to signed constants with the signs of the seeded initialisation and
-    never trained (``weights = "fixed"``). Per task, a real score per weight (initialised
-    uniformly within +-1/sqrt(fan_in)) is trained through the straight-through estimator with
-    its own Adam (betas 0.9, 0.999; lr 1e-3, ``supsup_lr``; weight decay 1e-4; cosine decay
-    over all the task's epochs); the task keeps the top-k scores' mask (stored bit-packed)
-    and its own BatchNorm statistics (affine parameters fixed at 1 and 0, gates of FC layers
-    likewise). The task's head is masked the same way: signed constants (zero bias) under a
-    top-k mask of its own scores; ``supsup_head dense`` trains a dense head with a bias with
-    the run's optimizer instead (espn before 0.2). No FLOP constraint.
-    """
+    """Fixed signed-constant weights (``weights = "fixed"``); each task learns one top-k
+    supermask per layer (and of its head, ``supsup_head``) through its scores, trained with
+    their own Adam (docs/methods.md; the reference RAIVNLab/supsup: docs/fidelity.md)."""
 
     name = "supsup"
     weights = "fixed"

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from espn.settings.methods import POLARIZATION_T
 from espn.supernet.supernet import Supernet
 
 
@@ -203,3 +204,35 @@ class UniformL1(WeightedL1):
 
     def relative_weights(self, supernet: Supernet) -> dict[str, float]:
         return dict.fromkeys(supernet.groups, 1.0)
+
+
+class Polarization(Regulariser):
+    """Polarization (Zhuang et al. 2020):
+    ``strength / n * sum_l sum_i (t |gamma_li| - |gamma_li - mean(gamma)|)``.
+
+    The sum runs over every gate/BatchNorm ``l`` and its alive units ``i``; ``mean`` is the
+    mean over all ``n`` alive saliencies of the network (Zhuang et al.'s gamma-bar). The
+    second term rewards saliencies far from the mean, so they split into a group at 0 and a
+    group well above it. After every optimizer step the saliencies are clamped to [0, 1].
+    """
+
+    slim_exact = True
+
+    def __init__(self, strength: float, t: float = POLARIZATION_T) -> None:
+        super().__init__(strength)
+        self.t = t
+
+    def __call__(self, supernet: Supernet) -> Tensor:
+        mods = [m for group in supernet.groups.values() for m in group]
+        gammas = torch.cat([m.weight for m in mods])
+        alive = torch.cat([m.entry_mask() for m in mods]).to(gammas.dtype)
+        n = alive.sum().clamp_min(1.0)
+        mean = (gammas * alive).sum() / n
+        polar = self.t * gammas.abs() - (gammas - mean).abs()
+        return self.strength * (polar * alive).sum() / n
+
+    @torch.no_grad()
+    def after_step(self, supernet: Supernet) -> None:
+        for mods in supernet.groups.values():
+            for m in mods:
+                m.weight.clamp_(0.0, 1.0)

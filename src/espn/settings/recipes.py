@@ -1,10 +1,5 @@
-"""The recipes of the data regimes, each declared once: the values of the training settings
-(:class:`espn.settings.training.TrainingSettings`) a run gets when neither the user, the method's
-recipe nor a preset sets them (see :func:`espn.settings.training.layered`).
-
-Benchmarks name the recipe they use (``Benchmark.defaults``), presets and ``--recipe``
-name one by its registered name (:data:`REGIMES`), and ``espn reproduce`` takes its values
-from here. A method's own recipe, per regime, is its ``Strategy.recipe``.
+"""The recipes of the data regimes, each declared once: the values of the training settings a
+run gets when neither the user, the method's recipe nor a preset sets them (docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -13,11 +8,8 @@ from typing import Any
 
 from espn.registry import Registry
 
-#: a recipe: values of the training settings a recipe may set (those declared
-#: ``recipe=True``, :data:`espn.settings.training.RECIPE_SETTINGS`), its ``model``, and
-#: ``regime``, the family of recipes a method's own recipe is chosen from (``"mnist"``: FC
-#: networks on small images, ``"cifar"``: conv networks; see ``Strategy.recipe``); the run
-#: configuration refuses any other key
+#: a recipe: values of the training settings declared ``recipe=True``, its ``model``, and
+#: ``regime``, the family a method's own recipe is chosen from (``"mnist"``, ``"cifar"``)
 Recipe = dict[str, Any]
 
 

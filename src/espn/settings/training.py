@@ -1,14 +1,7 @@
-"""Every training setting, declared once, and the one precedence that resolves them.
-
-:class:`TrainingSettings` holds each setting of how tasks are learned with its one default:
-the run configuration (:class:`espn.runs.config.RunConfig`, both front doors) takes its fields'
-defaults from it, the learner and the methods receive it. :func:`layered` is the precedence
-both doors apply, through :func:`espn.runs.config.make_config`: what the user gave, then the
-method's recipe, then a preset, then the recipe of the data's regime
-(:mod:`espn.settings.recipes`), then these defaults.
-
-This module imports nothing of espn but :mod:`espn.settings.options` (no torch, no pydantic), so every
-package, and the command line before it loads anything heavy, may use it.
+"""Every training setting, declared once (:class:`TrainingSettings`), and the one precedence
+that resolves them (:func:`layered`); docs/recipes.md, "Training settings", has the table and
+the precedence. Imports nothing of espn but :mod:`espn.settings.options` (no torch, no
+pydantic), so the command line may use it before it loads anything heavy.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from espn.settings.options import Option
 DEFAULT_LOG_EVERY = 50
 
 
-#: the largest count a setting accepts (as ``espn.data.sizes.MAX_COUNT``)
+#: the largest count a setting accepts (batch size, images per task, ...): what a C int holds
 MAX_COUNT = 2**31 - 1
 #: the largest seed (the per-task generators mix seed and task index in 64 bits)
 MAX_SEED = 2**32 - 1
@@ -80,15 +73,9 @@ class OptimizerSettings:
 
 @dataclass(frozen=True)
 class TrainingSettings(OptimizerSettings):
-    """The settings of how tasks are learned, each declared once here: its name, type,
-    default, help and bounds. The ``espn run`` flags, :class:`espn.runs.config.RunConfig`'s
-    fields, the learner's keywords and the optimizer's settings are derived from these
-    declarations (docs/recipes.md has the table). None means "unset": ``finetune_lr`` None
-    is the run's ``lr``, ``reference_size`` None trains by the epochs as given.
-
-    ``method_options`` holds the values of the method's own options (see
-    :attr:`espn.methods.Strategy.options`); those left out take their declared defaults.
-    """
+    """The settings of how tasks are learned, each declared once here (name, type, default,
+    help, bounds), from which the flags, keywords and ``RunConfig`` fields are derived
+    (docs/recipes.md); ``method_options`` holds the method's own options' values."""
 
     gamma: float = setting(
         0.2,
@@ -305,15 +292,8 @@ def layered(
 ) -> dict[str, Any]:
     """The one precedence of both front doors: every option ``given`` (None: not given)
     over the ``method``'s recipe, over the ``preset``'s options, over the ``recipe`` of the
-    data's regime; training settings none of them sets are left out (their default is
-    :data:`DEFAULTS`, see :func:`complete`).
-
-    Two settings come in pairs with the epochs: a recipe's ``reference_size`` (the data size
-    its epochs are stated for) applies only when the epochs are a recipe's too (not given,
-    nor a preset's), and a recipe's ``warmup`` is a share of the recipe's pre-training
-    epochs: with epochs given, it is scaled to them (rounded, half up; at least 1 where the
-    recipe has one), and it always leaves at least one full pre-training epoch.
-    """
+    data's regime; settings none of them sets are left out (see :func:`complete`). A recipe's
+    ``reference_size`` and ``warmup`` follow its epochs (docs/recipes.md says how)."""
     stated = {k: v for k, v in given.items() if v is not None}
     values = dict(recipe) | dict(preset) | dict(method) | stated
     # set by the user or the preset, not by a recipe

@@ -1,20 +1,8 @@
-"""Analytic FLOPs of a sub-network, following which units are really alive.
-
-Convention: FLOPs = 2 x multiply-accumulates of the convolution and linear layers (the
-count of :class:`torch.utils.flop_counter.FlopCounterMode`), for one input sample.
-BatchNorm, gates, activations, pooling, additions and products (the scale of a
-squeeze-excitation block) are not counted; the convolutions of a squeeze-excitation block are
-counted like any other (one output position each). A layer with ``a_in`` alive input features
-and ``a_out`` alive output features costs ``2 * a_in * a_out * kernel_area * output_positions``
-FLOPs. A unit may span several consecutive features (``in_unit_size``/``out_unit_size``): a
-channel of a feature map flattened into a linear layer spans its ``H*W`` inputs, an attention
-head spans ``head_dim`` features of its q, k, v and output projections. A grouped convolution
-(depthwise too) reads ``in_channels / groups`` input channels per output channel (``a_in`` is
-its weight's input width: its input groups live and die with its output units, which span
-whole groups), as FlopCounterMode counts a slim conv with ``groups`` = alive groups. A linear layer on token tensors ``(B, N, D)`` has N output
-positions. Self-attention also multiplies activations by activations: each alive head costs
-``2 * N * N * head_dim`` for ``QK^T`` and as much for ``AV`` (:class:`AttentionCost`); the
-softmax and the scaling are not counted.
+"""Analytic FLOPs of a sub-network, following which units are really alive: 2 x the
+multiply-accumulates of the convolution and linear layers for one sample, as
+``FlopCounterMode`` counts them (docs/algorithm.md, "FLOPs convention"; grouped convolutions
+in docs/architectures.md). A unit may span several features (``*_unit_size``); each alive
+attention head adds ``2 * N * N * head_dim`` for ``QK^T`` and as much for ``AV``.
 """
 
 from __future__ import annotations
@@ -41,23 +29,17 @@ class LayerCost:
     in_unit_size: int = 1
     out_unit_size: int = 1
 
-    @property
-    def in_size(self) -> int:
-        """Input features/channels of the full-width layer."""
+    def alive_in(self, alive: dict[str, int]) -> int:
+        """Alive input features (units times their width; all of them without units)."""
+        if self.in_units:
+            return alive[self.in_units] * self.in_unit_size
         return int(self.module.weight.shape[1])
 
-    @property
-    def out_size(self) -> int:
-        """Output features/channels of the full-width layer."""
-        return int(self.module.weight.shape[0])
-
-    def alive_in(self, alive: dict[str, int]) -> int:
-        """Alive input features (units times their width)."""
-        return alive[self.in_units] * self.in_unit_size if self.in_units else self.in_size
-
     def alive_out(self, alive: dict[str, int]) -> int:
-        """Alive output features (units times their width)."""
-        return alive[self.out_units] * self.out_unit_size if self.out_units else self.out_size
+        """Alive output features (units times their width; all of them without units)."""
+        if self.out_units:
+            return alive[self.out_units] * self.out_unit_size
+        return int(self.module.weight.shape[0])
 
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""

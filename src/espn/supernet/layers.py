@@ -1,23 +1,8 @@
-"""Building blocks of a supernet.
-
-Two kinds of modules make a network a supernet:
-
-* masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`) whose weights are shared by
-  all tasks; each carries the active task's weight mask and the set of frozen weights;
-* task-specific modules (:class:`TaskSpecific`) whose parameters and buffers belong to one
-  task at a time: the unit gates of fully-connected layers (:class:`UnitGate`), task-specific
-  BatchNorm and GroupNorm (:class:`TaskBatchNorm2d`, :class:`TaskGroupNorm`), and heads
-  (:class:`TaskBias`, :class:`TaskHead`; a conv head is next to its adapter in ``layers``).
-
-Units (neurons or channels) are named by a *group*: every masked layer says which group
-indexes its input and its output units, and every gate or BatchNorm belongs to one group.
-Layers whose outputs are added together (a residual stream) either share one group, so that
-their channels are kept or pruned together, or each have their own group, and the layers that
-read the stream name a *union* of those groups (see :func:`union_alive`): a stream channel is
-alive where any of its producers keeps it (the authors' per-conv pruning). A unit may span
-several consecutive features (an attention head's ``head_dim`` values, a grouped
-convolution's group of channels, a GroupNorm group): each layer and norm says how many on its
-side (``*_unit_size``).
+"""Building blocks of a supernet: masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`),
+whose weights all tasks share, and task-specific modules (:class:`TaskSpecific`: gates,
+task norms, heads), swapped in with the active task. Units are named by *group*, and layers
+reading a residual stream pruned per conv name a *union* of groups (:func:`union_alive`);
+docs/architectures.md describes how units are formed.
 """
 
 from __future__ import annotations
@@ -133,15 +118,9 @@ def conv_padding(value: str | int | tuple[int, ...]) -> str | tuple[int, int]:
 
 
 class MaskedConv2d(nn.Conv2d, MaskedLayer):
-    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask.
-
-    A grouped convolution (``groups`` > 1; depthwise when ``groups`` = input channels =
-    output channels) maps input group ``k`` to output group ``k`` alone: its input and output
-    groups are one unit group, named by ``out_units`` (``in_units`` stays None; the weight has
-    ``in_channels / groups`` inputs per output channel, all in the output's own group). A unit
-    spans ``out_unit_size`` output channels, a whole number of conv groups, so that a pruned
-    unit removes whole groups on both sides.
-    """
+    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask. A
+    grouped convolution's input and output channels are one unit group, ``out_units``, whose
+    unit is a whole number of conv groups (docs/architectures.md, "How units are formed")."""
 
     def __init__(
         self,
@@ -400,15 +379,9 @@ def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
 
 
 class TaskGroupNorm(nn.GroupNorm, UnitModule):
-    """GroupNorm whose affine parameters belong to the active task; a unit is ``unit_size``
-    consecutive channels, a whole number of its groups.
-
-    Each group's statistics run over its own channels only, so a pruned unit (whole groups,
-    its input exactly zero) changes no other group, outputs exactly zero (its scale and shift
-    are masked), and the slim model's ``nn.GroupNorm(alive groups, alive channels)`` computes
-    the same values. Always affine (a converted ``affine=False`` GroupNorm starts at scale 1,
-    shift 0, which then trains per task).
-    """
+    """GroupNorm whose affine parameters belong to the active task (always affine); a unit is
+    ``unit_size`` consecutive channels, a whole number of its groups, so a pruned unit changes
+    no other group's statistics (docs/architectures.md)."""
 
     weight: nn.Parameter
     bias: nn.Parameter

@@ -1,17 +1,6 @@
-"""Per-task sub-networks, stored compactly.
-
-A task's weight mask is kept in the smallest of four forms, chosen per task and layer when
-the task is committed, and only after checking that the form decodes to exactly that mask:
-
-* ``"structure"``: every weight between the task's alive units (no weight pruning): nothing
-  stored;
-* ``"owned"``: the weights that task ``horizon`` or an earlier task owns (see
-  :class:`Ownership`), between its alive units: nothing stored per task. This is the mask
-  of every task that keeps all frozen weights inside its alive units (ESPN and PackNet with
-  ``reuse="all"``);
-* ``"bits"``: one bit per weight (a bit-packed boolean tensor);
-* ``"indices"``: the flat positions of the kept weights (int32), when fewer than one
-  weight in 32 is kept.
+"""Per-task sub-networks, stored compactly: owner ids, and each task's weight mask per layer in
+the smallest of four forms (:data:`MASK_FORMS`: ``structure``, ``owned``, ``bits``,
+``indices``) that decodes to exactly that mask (docs/algorithm.md, "Storage as owner ids").
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ from espn.supernet.layers import MaskedLayer, expand_units, union_alive
 
 _BIT_VALUES = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
-#: the forms a weight mask is stored in (see the module docstring)
+#: the forms a weight mask is stored in (docs/algorithm.md, "Storage as owner ids")
 MASK_FORMS = ("structure", "owned", "bits", "indices")
 #: the forms that store a payload per task
 EXPLICIT_FORMS = ("bits", "indices")
@@ -48,6 +37,11 @@ def unpack_bits(packed: Tensor, shape: tuple[int, ...] | torch.Size) -> Tensor:
     shifts = torch.arange(7, -1, -1, device=packed.device, dtype=torch.uint8)
     bits = (packed.unsqueeze(1) >> shifts) & 1
     return bits.flatten()[:numel].view(tuple(shape)).bool()
+
+
+def prefixed(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The tensors whose names start with ``prefix``, by the rest of their names."""
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def owner_dtype(n_tasks: int) -> torch.dtype:
@@ -74,14 +68,10 @@ class LayerLayout(NamedTuple):
 
 
 class Ownership:
-    """Which task owns each shared weight: the first task that took it as a new weight.
-
-    One owner-id tensor per masked layer for the whole supernet (``ids``), in the smallest
-    dtype that fits the task count (:func:`owner_dtype`, widened as tasks are added); free
-    weights hold the dtype's largest value. Ids are written once: a weight's owner never
-    changes, so ``ids <= t`` is the same set at any later time, which is what lets a task's
-    mask be stored as its ``horizon`` alone.
-    """
+    """Which task owns each shared weight (the first that took it as a new weight): one id
+    tensor per masked layer (``ids``) in the smallest dtype that fits (:func:`owner_dtype`),
+    the dtype's largest value for a free weight. Ids are written once, so ``ids <= t`` never
+    changes: a task's mask can be stored as its ``horizon`` alone."""
 
     def __init__(self, layout: dict[str, LayerLayout], ids: dict[str, Tensor]) -> None:
         self.layout = layout
@@ -205,25 +195,10 @@ class Ownership:
         return mask.view(*lay.shape[:2], *([1] * (len(lay.shape) - 2))).expand(lay.shape)
 
 
-def alive_weights(layer: MaskedLayer, dead: dict[str, Tensor]) -> Tensor | None:
-    """Weights of ``layer`` whose input and output units are both alive, as a boolean
-    tensor broadcast to the weight's shape, or None where all are (``dead``: see
-    :meth:`Supernet._dead_units`)."""
-    w = layer.weight
-    trailing = [1] * (w.dim() - 2)
-    keep: Tensor | None = None
-    if layer.out_units in dead:
-        keep = expand_units(dead[layer.out_units], layer.out_unit_size).view(-1, 1, *trailing)
-    if layer.in_units in dead:
-        cols = expand_units(dead[layer.in_units], layer.in_unit_size).view(1, -1, *trailing)
-        keep = cols if keep is None else keep & cols
-    return None if keep is None else keep.to(w.device)
-
-
 def zero_dead_units(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
-    """Zero ``layer``'s weight mask on the rows and columns of dead units (``dead`` as in
-    :func:`alive_weights`): what a ``masked_fill_`` outside :func:`alive_weights`'s
-    ``keep`` does, without building ``keep`` (a boolean tensor of the weight's size)."""
+    """Zero ``layer``'s weight mask on the rows and columns of dead units (``dead``: the
+    alive vector of every unit group and union with a dead unit), without building a
+    boolean tensor of the weight's size."""
     mask = layer.weight_mask
     sides = ((layer.out_units, layer.out_unit_size), (layer.in_units, layer.in_unit_size))
     for dim, (group, size) in enumerate(sides):
@@ -259,8 +234,8 @@ def encode_mask(
 class TaskMask:
     """Task t's sub-network m_t and its own small state.
 
-    ``weights`` holds one payload per masked layer, in the form ``forms`` names (see the
-    module docstring; a missing form means ``"bits"``), ``shapes`` their shapes; the derived
+    ``weights`` holds one payload per masked layer, in the form ``forms`` names (one of
+    :data:`MASK_FORMS`; a missing form means ``"bits"``), ``shapes`` their shapes; the derived
     forms read ``owners`` (the supernet's :class:`Ownership`, shared by all tasks) and
     ``horizon``. ``units`` holds one boolean vector per unit group (True = neuron/channel
     alive), and ``state`` the task-specific parameters and buffers (gates or BatchNorm,

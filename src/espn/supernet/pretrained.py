@@ -1,10 +1,6 @@
-"""A first task adopted from pretrained weights, as the paper's ImageNet-pretrained supernet.
-
-The paper's diversity experiment starts from a sparse pretrained ResNet50 (20% non-zero
-weights) as task 0 and learns the next tasks on top of it. :func:`adopt_pretrained` commits
-such a network as the supernet's next task: its non-zero weights become that task's (and
-frozen for every later task), its BatchNorms and head become its task state. Weight files are
-read without pickles: safetensors, or torch's format with ``weights_only=True``.
+"""A first task adopted from pretrained weights, as the paper's sparse ImageNet-pretrained
+ResNet50: its non-zero weights become task 0's (frozen for later tasks), its norms and head
+its task state. Weight files are read without pickles.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ from torch import Tensor
 
 from espn.errors import EspnError
 from espn.supernet.layers import TaskHead
+from espn.supernet.masks import prefixed
 from espn.supernet.supernet import Supernet
 
 
@@ -122,12 +119,10 @@ def adopt_pretrained(
             "weights)"
         )
     supernet.begin_task(n_classes)
+    given = {k: tensors[k] for k in shapes}
     for name, m in supernet.task_modules.items():
         if m.per_task:
-            prefix = f"{name}."
-            m.load_task_state(
-                {k[len(prefix) :]: tensors[k] for k in shapes if k.startswith(prefix)}
-            )
+            m.load_task_state(prefixed(given, f"{name}."))
     for name, layer in supernet.layers.items():
         weight = tensors[f"{name}.weight"].to(layer.weight.device, layer.weight.dtype)
         layer.weight.copy_(weight)

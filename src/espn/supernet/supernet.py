@@ -19,7 +19,7 @@ from espn.supernet.layers import (
     expand_units,
     with_unions,
 )
-from espn.supernet.masks import LayerLayout, Ownership, TaskMask, alive_weights, zero_dead_units
+from espn.supernet.masks import LayerLayout, Ownership, TaskMask, prefixed, zero_dead_units
 
 
 class NothingToMask(EspnError, ValueError):
@@ -162,13 +162,11 @@ class Supernet(nn.Module):
                 m.bias.data.masked_fill_(~entries, 0.0)
         for task_module in self.task_modules.values():
             task_module.zero_dead(units)
-        self._apply_structure()
+        self.set_weight_masks({})  # the weight masks restricted to the alive units
 
     def structural_mask(self, name: str) -> Tensor:
         """Weights of layer ``name`` whose input and output units are both alive."""
-        w = self.layers[name].weight
-        keep = alive_weights(self.layers[name], self._dead_units())
-        return torch.ones_like(w, dtype=torch.bool) if keep is None else keep.expand_as(w)
+        return self.owners.structure(name, self.unit_masks(), self.layers[name].weight.device)
 
     def _dead_units(self) -> dict[str, Tensor]:
         """The alive vector of every unit group and union that has a dead unit."""
@@ -178,18 +176,13 @@ class Supernet(nn.Module):
         return {g: alive for g, alive in units.items() if not bool(alive.all())}
 
     @staticmethod
-    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor]) -> None:
+    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor], binary: bool = False) -> None:
         """Zero ``layer``'s weight mask on dead units (:func:`~espn.supernet.masks.zero_dead_units`)
-        and note it; a mask noted binary stays binary, so its values need no check."""
-        binary = layer.mask_is_binary()
+        and note it; a mask known (``binary``) or noted binary stays binary, so its values need
+        no check."""
+        binary = binary or layer.mask_is_binary()
         zero_dead_units(layer, dead)
         layer.note_mask(binary)
-
-    @torch.no_grad()
-    def _apply_structure(self) -> None:
-        dead = self._dead_units()
-        for layer in self.layers.values():
-            self._restrict(layer, dead)
 
     def note_masks(self) -> None:
         """Let every layer record whether its weight mask is all ones (see
@@ -213,14 +206,9 @@ class Supernet(nn.Module):
         dead = self._dead_units()
         for name, layer in self.layers.items():
             mask = masks.get(name)
-            if mask is not None and mask.dtype == torch.bool:
-                layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-                zero_dead_units(layer, dead)
-                layer.note_mask(binary=True)
-                continue
             if mask is not None:
                 layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-            self._restrict(layer, dead)
+            self._restrict(layer, dead, binary=mask is not None and mask.dtype == torch.bool)
 
     @torch.no_grad()
     def zero_pruned(self, state: Mapping[Tensor, Mapping[str, Any]] | None = None) -> list[str]:
@@ -407,6 +395,17 @@ class Supernet(nn.Module):
         return mask
 
     @torch.no_grad()
+    def load_task_state(self, units: dict[str, Tensor], state: dict[str, Tensor]) -> None:
+        """Swap in a task's unit masks (first: a released gate is its unit mask) and its task
+        state (``"<module>.<tensor>"``, as :meth:`task_state` names it)."""
+        for g, alive in units.items():
+            every = bool(alive.all())
+            for unit in self.groups[g]:
+                unit.set_units(alive, every)
+        for name, m in self.task_modules.items():
+            m.load_task_state(prefixed(state, f"{name}."))
+
+    @torch.no_grad()
     def use_task(self, task: int) -> None:
         """Load task ``task``'s sub-network (weight and unit masks, gates/BatchNorm, head, and
         the task's own weights if it has them)."""
@@ -416,15 +415,7 @@ class Supernet(nn.Module):
             learned = f"tasks 0..{len(self.masks) - 1}" if self.masks else "no task is learned yet"
             raise IndexError(f"task {task} is not learned ({learned})")
         mask = self.masks[task]
-        for g, alive in mask.units.items():  # first: a released gate is its unit mask
-            every = bool(alive.all())
-            for unit in self.groups[g]:
-                unit.set_units(alive, every)
-        for name, m in self.task_modules.items():
-            prefix = f"{name}."
-            m.load_task_state(
-                {k[len(prefix) :]: v for k, v in mask.state.items() if k.startswith(prefix)}
-            )
+        self.load_task_state(mask.units, mask.state)
         for name, layer in self.layers.items():
             weight_mask = mask.weight_mask(name, layer.weight.device)
             layer.weight_mask.copy_(weight_mask)

@@ -1,20 +1,7 @@
-"""Supernet building blocks for transformers: features on the last dimension of token tensors.
-
-* :class:`TokenGate`: a :class:`UnitGate` for tensors whose features are the last dimension
-  (``(B, N, D)`` tokens); with ``unit_size > 1`` one gate entry scales ``unit_size``
-  consecutive features (an attention head's ``head_dim`` values).
-* :class:`TaskLayerNorm`: LayerNorm over the last dimension whose affine parameters belong to
-  the active task and whose statistics run over the *alive* features only, so that the
-  output equals a LayerNorm of the slim model (pruned features removed) and a pruned feature
-  outputs exactly zero.
-* :class:`TaskTokens`: a class token and position embeddings owned by the active task.
-* :class:`MaskedAttention`: multi-head self-attention whose heads are the units: the q, k
-  and v rows and the output-projection columns of a head share one unit of the heads group,
-  so a head is kept or removed whole.
-
-Every layer here keeps zero forgetting as the convolutional supernet does: weights are
-:class:`~espn.supernet.layers.MaskedLinear` (frozen once a task owns them), everything else
-is task-specific state swapped in with the task.
+"""Supernet building blocks for transformers, features on the last dimension of token tensors:
+:class:`TokenGate`, :class:`TaskLayerNorm` (statistics over the alive features only),
+:class:`TaskTokens` and :class:`MaskedAttention` (heads as units); docs/transformers.md
+describes them.
 """
 
 from __future__ import annotations
@@ -126,14 +113,9 @@ def hooked(m: nn.Module) -> bool:
 
 
 class TaskLayerNorm(nn.LayerNorm, UnitModule):
-    """LayerNorm over the last dimension with per-task affine parameters (the unit saliency)
-    and statistics over the alive features of its group.
-
-    A pruned feature is excluded from the mean and variance and outputs exactly zero, so the
-    slim model's ``nn.LayerNorm`` over the alive features computes the same values.
-    Always affine (a converted ``elementwise_affine=False`` LayerNorm starts at scale 1,
-    shift 0, which then trains per task).
-    """
+    """LayerNorm over the last dimension with per-task affine parameters (always affine) and
+    statistics over the alive features of its group alone, as the slim model's ``nn.LayerNorm``
+    computes them (docs/transformers.md); a pruned feature outputs exactly zero."""
 
     weight: nn.Parameter
     bias: nn.Parameter
@@ -249,15 +231,10 @@ class TaskTokens(TaskSpecific):
 
 
 class MaskedAttention(nn.Module):
-    """Multi-head self-attention on ``(B, N, D)`` tokens whose units are its heads.
-
-    ``q``, ``k``, ``v`` are masked ``D -> heads * head_dim`` projections and ``proj`` the
-    masked ``heads * head_dim -> D`` output projection; a head is one unit of group
-    ``heads_group`` spanning ``head_dim`` rows of q, k, v and ``head_dim`` columns of proj.
-    A :class:`TokenGate` on v scales each head (its saliency): a pruned head's values are zero,
-    so it adds nothing, and the slim model drops its rows and columns. The head count is
-    read from the tensors, so the traced graph runs unchanged with fewer heads.
-    """
+    """Multi-head self-attention on ``(B, N, D)`` tokens whose units are its heads: a head is
+    one unit of ``heads_group``, its ``head_dim`` rows of the masked q, k, v and columns of
+    ``proj`` (docs/transformers.md), scaled by a :class:`TokenGate` on v. The head count is
+    read from the tensors, so the traced graph runs unchanged with fewer heads."""
 
     def __init__(
         self,

@@ -23,8 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from espn.settings.presets import FILE_SUFFIXES as PRESET_SUFFIXES
 from espn.sweep.point import LOG_NAME, PointOutcome, changed_options, reused_outcome, run_point
 from espn.sweep.spec import Point, SweepError, validate_points
-from espn.utils.console import OutputConsole
-from espn.utils.text import printable
+from espn.utils.text import OutputConsole, printable
 
 RAY_MISSING = (
     "running points on a Ray cluster needs Ray, which is not installed: pip install "

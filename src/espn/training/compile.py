@@ -1,25 +1,8 @@
-"""The compiled training step (``espn run --compile``, ``compile=True``).
-
-A training step is the loss of a batch (the forward pass, the loss, the penalties, under
-autocast with ``--amp``), its backward pass, the frozen-weight guard and the optimizers. With
-compile, the first part runs through ``torch.compile`` (its backward is compiled with it by
-AOTAutograd); the guard and the optimizers stay eager (the fused optimizers are one kernel
-pass each already), exactly as a plain ``torch.compile(model)`` loop runs its optimizer.
-
-* On CUDA the mode is ``"reduce-overhead"``: the compiled forward and backward are replayed
-  as CUDA graphs, one launch each, which is what a small network's launch-bound step needs.
-  Shapes are static (``dynamic=False``): a task whose training samples are not a multiple of
-  the batch size has a short last batch, a second shape, compiled and captured once more.
-* On CUDA, a convolutional network's inputs enter the graph in ``channels_last`` memory
-  format (the convolutions then run in the layout the tensor cores want); the weights stay as
-  they are, so checkpoints and exports do not change.
-* Masks, gates and the penalty's lambdas are tensors that a prune event updates in place
-  (same shape, dtype and device), and the code the graph traces reads no Python value that
-  a prune event changes (``MaskedLayer.mask_is_ones`` reads as False while compiling), so a
-  prune event compiles nothing. A new graph is compiled where the step's structure really
-  changes: the penalty switched on or off between phases, gates released after pruning (no
-  longer trained), a new batch shape or head size. :attr:`StepCompiler.graphs` counts them
-  (``compiled_graphs`` in a task's record).
+"""The compiled training step (``espn run --compile``, ``compile=True``): the loss part of the
+step runs through ``torch.compile`` (on CUDA as CUDA graphs, convolutional inputs
+``channels_last``), the guard and the optimizers stay eager. Why, and what recompiles:
+docs/performance.md ("The compiled step"); :attr:`StepCompiler.graphs` counts the graphs
+(``compiled_graphs`` in a task's record).
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
-"""One run trained data-parallel over the processes ``torchrun`` starts.
+"""One run trained data-parallel over the processes ``torchrun`` starts (docs/distributed.md).
 
-Every rank holds the whole run: the same supernet, the same task data and the same batch
-generator, so every rank draws the same global batch of ``batch_size`` samples (the order is
-the single-process order whatever the world size). A step computes the batch in ``shards``
-slices of contiguous rows (unset: one per rank), each rank its contiguous run of them, each
-slice's loss differentiated alone (its task BatchNorms over the slice); the slices'
-gradients are gathered and summed in slice order on every rank before the frozen guard
-masks them (:func:`sharded_step`). No sum depends on the world size, so one process with
-``shards`` N and N ranks train the same run bit for bit, and a run resumes exactly at any
-world size up to N. Pruning decisions read only the weights, so they are the same on every
-rank; :meth:`Ranks.check_same` compares a digest of the supernet at every prune event and
-commit and stops the run where the ranks differ. Task BatchNorm statistics are recalibrated
-over the ranks' batches and combined in batch order (:func:`recalibrate`); accuracies are
-counted over the ranks' test batches and summed (exact integers, so equal to one process's).
-
-The process group is ``torchrun``'s (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT`` in the environment): gloo on the CPU, NCCL on CUDA. Only rank 0 writes the
-run directory (see :attr:`espn.api.run_directory.RunDirectory.writes`).
+Every rank holds the whole run and draws the same global batch; a step computes it in
+``shards`` slices (:func:`sharded_step`) whose gradients are summed in slice order, so no sum
+depends on the world size; :meth:`Ranks.check_same` stops the run where the ranks' supernets
+differ; task BatchNorm statistics are recalibrated over the ranks' batches in batch order
+(:func:`recalibrate`, over the task's final sub-network: the momentum-averaged statistics lag
+behind weights that moved fast, see docs/fidelity.md). Only rank 0 writes the run directory.
 """
 
 from __future__ import annotations
@@ -32,13 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
 from espn.supernet.layers import SHARD_BATCH_NORM
 from espn.supernet.supernet import Supernet
-from espn.training.batchnorm import recalibrate_batchnorm
 
 #: how long a rank waits for the others at a collective before the run fails
 TIMEOUT = timedelta(minutes=30)
@@ -49,16 +37,11 @@ class DistributedError(EspnError, RuntimeError):
     process group cannot be joined; the message names the ranks and the event."""
 
 
-def under_torchrun() -> bool:
-    """Whether this process was started by ``torchrun`` (or with its environment)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def join(enabled: bool, device: torch.device | str) -> Ranks | None:
     """The data-parallel ranks of this run: the process group ``torchrun``'s environment
     describes, joined here unless already (gloo on the CPU, NCCL on CUDA); None when not
     ``enabled`` or not under ``torchrun``."""
-    if not enabled or not under_torchrun():
+    if not enabled or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     cuda = torch.device(device).type == "cuda"
     if cuda and torch.device(device).index is not None and int(os.environ["WORLD_SIZE"]) > 1:
@@ -138,10 +121,8 @@ class Ranks:
 
     def _gathered(self, data: bytes) -> list[bytes]:
         """``data`` (of the same length on every rank) of every rank, in rank order."""
-        mine = torch.tensor(list(data), dtype=torch.uint8, device=self.device)
-        gathered = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(gathered, mine)
-        return [bytes(t.tolist()) for t in gathered]
+        mine = torch.tensor([list(data)], dtype=torch.uint8, device=self.device)
+        return [bytes(t[0].tolist()) for t in _gathered_rows(self, mine, [1] * self.world)]
 
     def barrier(self) -> None:
         """Wait for every rank."""
@@ -260,15 +241,66 @@ def sharded_step(
     return summed[-1].to(loss.dtype)
 
 
+#: training batches (in order, no augmentation) the statistics are averaged over; the whole
+#: training split of a task when it has fewer
+RECALIBRATION_BATCHES = 100
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(
+    supernet: Supernet,
+    task: Task,
+    batch_size: int,
+    max_batches: int = RECALIBRATION_BATCHES,
+    take: Callable[[int], bool] | None = None,
+) -> int:
+    """Reset the working sub-network's BatchNorm statistics and recompute them over (at most
+    ``max_batches`` batches of) ``task``'s training data; returns the batches used (0 when
+    the supernet has no BatchNorm). ``take``: which of those batches (by number) this
+    process uses (a data-parallel rank its share).
+
+    Batch ``k`` enters with momentum ``1/k``: the running statistics end as the plain mean of
+    the batches' means and (unbiased) variances, as ``nn.BatchNorm2d(momentum=None)`` computes.
+    """
+    norms = [
+        m for m in supernet.task_modules.values() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
+    if not norms:
+        return 0
+    saved = [(m.momentum, m.training) for m in norms]
+    was_training = supernet.training
+    supernet.eval()
+    for m in norms:
+        m.reset_running_stats()
+        m.train()
+    used = 0
+    try:
+        for k, (x, _) in enumerate(task.batches("train", batch_size, augment=False)):
+            if k == max_batches:
+                break
+            if take is not None and not take(k):
+                continue
+            used += 1
+            for m in norms:
+                m.momentum = 1.0 / used
+            supernet.forward_working(x)
+    finally:
+        for m, (momentum, training) in zip(norms, saved, strict=True):
+            m.momentum = momentum
+            m.train(training)
+        supernet.train(was_training)
+    return used
+
+
 @torch.no_grad()
 def recalibrate(
     ranks: Ranks | None, count: int, supernet: Supernet, task: Task, batch_size: int
 ) -> int:
-    """:func:`~espn.training.batchnorm.recalibrate_batchnorm` as a training step of ``count``
-    slices computes it (one process alone in one slice: that function itself): each rank
-    records every ``world``-th batch's statistics, and the running statistics become the
-    mean over the batches, in batch order, of their means and unbiased variances, the same
-    at any world size. Returns the batches used."""
+    """:func:`recalibrate_batchnorm` as a training step of ``count`` slices computes it (one
+    process alone in one slice: that function itself): each rank records every ``world``-th
+    batch's statistics, and the running statistics become the mean over the batches, in batch
+    order, of their means and unbiased variances, the same at any world size. Returns the
+    batches used."""
     if count == 1 and ranks is None:
         return recalibrate_batchnorm(supernet, task, batch_size)
     world = 1 if ranks is None else ranks.world

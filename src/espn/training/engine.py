@@ -159,8 +159,6 @@ class Engine:
         #: fine-tune on a physically slimmed copy where exact (see :class:`_SlimCopy`)
         self.slim_training = slim_training
         self.generator = torch.Generator().manual_seed(seed)
-        # mixed precision: bfloat16 (no loss scaling needed), float16 + loss scaling on a GPU
-        # without bfloat16
         self.amp = amp
         self.device_type = next(supernet.parameters()).device.type
         self.amp_dtype = autocast_dtype(self.device_type)
@@ -363,7 +361,7 @@ class Engine:
         seconds = time.perf_counter() - t.start
         per = seconds / max(t.at.epochs_done, 1)
         compiled = None if self.compiler is None else self.compiler.graphs - t.graphs
-        return TaskLog(seconds, t.at.epochs_done, per, float(t.loss), t.at.phases_run, compiled)
+        return TaskLog(seconds, t.at.epochs_done, per, t.at.phases_run, compiled)
 
     def adopt_task(self, task: Task, tensors: dict[str, torch.Tensor]) -> TaskLog:
         """Commit pretrained ``tensors`` as ``task`` without training (``init_weights``): its
@@ -371,7 +369,7 @@ class Engine:
         start = time.perf_counter()
         adopt_pretrained(self.supernet, tensors, task.n_classes, self.strategy.weights)
         self.supernet.eval()
-        return TaskLog(time.perf_counter() - start, 0, 0.0, float("nan"))
+        return TaskLog(time.perf_counter() - start, 0, 0.0)
 
     def _prune_event(self, progress: float, optimizer: TaskOptimizer) -> None:
         """The strategy's prune step at ``progress``; then, where the method allows it
@@ -390,7 +388,7 @@ class Engine:
         self.supernet.zero_pruned(None if weights is None else weights.state)
 
     def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
-        """The learning rate of a step of ``phase`` (see :data:`espn.methods.base.SCHEDULES`)
+        """The learning rate of a step of ``phase`` (see :class:`~espn.methods.base.Phase`)
         that runs ``n_epochs`` passes of ``n_iters`` steps in all (see :func:`plan_phase`)."""
         base = (self.optim.lr if phase.lr is None else phase.lr) * phase.lr_scale
         if phase.schedule == "cosine":

@@ -15,18 +15,17 @@ from espn.supernet.supernet import Supernet
 
 #: ``nesterov``: SGD with Nesterov momentum (CPG's optimizer)
 OPTIMIZERS = OPTIONS["optimizer"].choices
-#: the devices whose fused SGD and Adam kernels :func:`build_optimizer` uses
-_FUSED_DEVICES = ("cpu", "cuda")
 
 
 def build_optimizer(cfg: OptimizerSettings, params: list[Tensor]) -> torch.optim.Optimizer:
     """A fresh optimizer per task, so no state of an earlier task carries over; ``cfg``: the
     run's training settings, or a method's own optimizer (:class:`OptimConfig`).
 
-    SGD and Adam use torch's fused kernels where every parameter's device has them (CPU and
-    CUDA): one pass over each tensor per step instead of several.
+    SGD and Adam use torch's fused kernels where every parameter is a floating-point tensor
+    on the CPU or CUDA (elsewhere torch chooses): one pass over each tensor per step instead
+    of several.
     """
-    fused = _fused(params)
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params) or None
     if cfg.optimizer in ("sgd", "nesterov"):
         nesterov = cfg.optimizer == "nesterov"
         if nesterov and cfg.momentum <= 0:
@@ -47,13 +46,6 @@ def build_optimizer(cfg: OptimizerSettings, params: list[Tensor]) -> torch.optim
         rmsprop = LeanRMSprop if is_on() else torch.optim.RMSprop
         return rmsprop(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
-
-
-def _fused(params: Sequence[Tensor]) -> bool | None:
-    """``True`` when every parameter is a floating-point tensor on the CPU or CUDA, where
-    torch has fused SGD and Adam; ``None`` (torch's own choice) otherwise."""
-    ok = all(p.is_floating_point() and p.device.type in _FUSED_DEVICES for p in params)
-    return True if ok else None
 
 
 class TaskOptimizer:

@@ -20,7 +20,6 @@ class TaskLog:
     seconds: float
     epochs: int
     seconds_per_epoch: float
-    final_loss: float
     #: per phase, what ran: ``{"phase", "recipe_epochs", "epochs", "steps", "slim_steps"}``
     #: (a skipped phase ran 0 epochs and 0 steps; ``slim_steps``: those of its steps that
     #: trained a slim copy, see :mod:`espn.training.slim_step`)

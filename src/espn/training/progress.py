@@ -1,12 +1,6 @@
 """Following each task's training (``espn run`` shows it; ``ContinualLearner(...,
-progress=True)`` attaches it): a line when a task starts (its optimizer steps per phase and
-the passes over its training data they take), one with the time it will take once its first
-steps are timed, and one when it ends; between them a tqdm bar on a terminal or, where the
-output is not one (a log file, a captured stream), a plain line every 30 seconds.
-
-It counts what the engine runs: optimizer steps, with the phase and the pass over the task's
-training data (``task 0 prune pass 1/2``); the size rule may make a phase more passes than
-its recipe's epochs (see :func:`espn.training.plan.plan_phase`), which the first line says.
+progress=True)`` attaches it): its start, its estimated time and its end, and between them a
+tqdm bar on a terminal or a plain line every 30 seconds elsewhere (docs/logging.md).
 """
 
 from __future__ import annotations

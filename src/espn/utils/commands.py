@@ -1,14 +1,6 @@
-"""Helpers shared by the CLI commands: one error handler, clear messages, non-zero exits.
-
-Every command is wrapped in :func:`user_errors`, the one place where an exception becomes a
-single ``error: ...`` line on stderr: errors a user can fix (any :class:`espn.errors.EspnError`:
-bad options, unusable files, checkpoints or run directories, a diverged run; and a full disk)
-exit with status 2, an interrupted run with 130, anything unexpected with 1. ``espn --debug ...`` or
-``ESPN_DEBUG=1`` shows the Python traceback instead.
-
-Text reaches the terminal as written: the consoles here print with rich markup off (a message
-such as ``pip install 'espn[ray]'`` would otherwise lose ``[ray]``), and every command group is
-made by :func:`command_group`, whose help is not read as markup either.
+"""Helpers shared by the CLI commands: :func:`user_errors`, the one place where an exception
+becomes one ``error: ...`` line and an exit status (docs/limits.md), and consoles and command
+groups that print text as written (no rich markup).
 """
 
 from __future__ import annotations
@@ -25,8 +17,8 @@ from rich.text import Text
 from typer.exceptions import TyperException
 
 from espn.errors import EspnError
-from espn.utils.console import OutputConsole
-from espn.utils.text import printable
+from espn.utils.io import os_error_text
+from espn.utils.text import OutputConsole, printable
 
 #: the CLI's output and its messages, printed as written (no rich markup)
 console = OutputConsole(markup=False)
@@ -87,12 +79,11 @@ def fail(message: str, code: int = 2) -> None:
 def os_error_message(exc: OSError) -> str:
     """A file-system error as one line naming the path and what to do."""
     where = f" {exc.filename}" if exc.filename else ""
-    reason = exc.strerror or str(exc)
     if exc.errno == errno.ENOSPC:
         return f"no space left on device{where}; free some space and retry"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"cannot write{where}: {reason} (choose a writable location)"
-    return f"{reason}:{where}" if where else reason
+        return f"cannot write{where}: {exc.strerror or exc} (choose a writable location)"
+    return os_error_text(exc)
 
 
 def handle(exc: BaseException) -> None:
@@ -121,7 +112,9 @@ def handle(exc: BaseException) -> None:
 
 
 def user_errors(fn: F) -> F:
-    """The CLI's one error handler around a command (see the module docstring)."""
+    """The CLI's one error handler around a command: an exception becomes one ``error: ...``
+    line on stderr and exit status 2 (what a user can fix), 130 (interrupted) or 1 (a bug);
+    ``--debug`` or ``ESPN_DEBUG=1`` shows the traceback instead."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

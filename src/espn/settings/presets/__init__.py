@@ -1,12 +1,5 @@
-"""Presets: named run recipes stored as JSON files in this package (``espn presets``).
-
-A preset file (JSON, or YAML as sweep specs) holds the options themselves, ``{option: value,
-...}`` as ``espn presets show NAME`` prints them, or ``{"description": "...", "config":
-{option: value, ...}}`` as the shipped ones; the options are those of ``espn run``
-(:class:`espn.runs.config.RunConfig` fields and the methods' own: ``benchmark``, ``model``,
-``epochs``, ``lr``, ...). ``--preset NAME`` applies one of the files shipped here;
-``--preset PATH.json`` (``.yaml``, ``.yml``) applies a file of the user's. Options given explicitly win over the preset, which wins over
-the benchmark's defaults.
+"""Presets: named run recipes stored as JSON files in this package (``espn presets``), or a
+user's ``.json``/``.yaml`` file of ``espn run`` options (docs/cli.md, presets).
 """
 
 from __future__ import annotations
@@ -86,8 +79,3 @@ def describe(name: str) -> str:
     """The one-line description of preset ``name``."""
     doc = _read(name)[1]
     return str(doc.get("description", "")) if isinstance(doc, dict) else ""
-
-
-def merge(preset: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """Options of a run: those ``given`` (not None) over the ``preset``'s."""
-    return preset | {k: v for k, v in given.items() if v is not None}

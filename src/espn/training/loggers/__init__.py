@@ -1,12 +1,7 @@
-"""Experiment loggers: CSV, TensorBoard and W&B, each a callback of the learner.
-
-``espn run --log tensorboard,csv`` and ``ContinualLearner(..., loggers=[...])`` build them
-with :func:`make_loggers`; each writes into ``RUN/logs/``. Every logger records the same
-things (see :mod:`espn.training.loggers.base`): the loss and learning rate every ``log_every`` steps
-with the phase, each epoch's loss, and per learned task its accuracy row, FLOPs ratio, weights
-used and added, and wall time. TensorBoard and W&B are optional extras
-(``pip install 'espn[tensorboard]'``, ``'espn[wandb]'``); asking for one that is not installed
-is an error naming the extra, raised before anything is written.
+"""Experiment loggers: CSV, TensorBoard and W&B, each a callback of the learner writing into
+``RUN/logs/`` (``espn run --log tensorboard,csv``, ``ContinualLearner(..., loggers=[...])``;
+what each records: docs/logging.md). TensorBoard and W&B are optional extras; asking for one
+that is not installed is an error naming the extra, raised before anything is written.
 """
 
 from __future__ import annotations
@@ -48,13 +43,15 @@ __all__ = [
 ]
 
 
-def logger_names(names: str | Sequence[str | Callback]) -> list[str]:
-    """The logger names in ``names`` (``"tensorboard,csv"`` or a list of names), checked:
-    each known, none twice, its optional extra installed. Callbacks in a list are skipped."""
+def logger_names(names: str | Sequence[str | Callback]) -> list[str | Callback]:
+    """The logger names in ``names`` (``"tensorboard,csv"`` or a list of names and Callbacks),
+    checked: each known, none twice, its optional extra installed; the Callbacks kept in
+    place, blank names dropped."""
     items = names.split(",") if isinstance(names, str) else list(names)
-    chosen: list[str] = []
+    chosen: list[str | Callback] = []
     for item in items:
         if isinstance(item, Callback):
+            chosen.append(item)
             continue
         if not isinstance(item, str):
             raise LoggerError(
@@ -74,7 +71,7 @@ def logging_options(names: str | Sequence[str | Callback], log_every: int | None
     """The logger names in ``names``, checked (:func:`logger_names`), and ``log_every``
     (None: the default), which sets how often the named loggers read the loss and so is
     refused where none is named (a logger object has its own)."""
-    chosen = logger_names(names)
+    chosen = [n for n in logger_names(names) if isinstance(n, str)]
     if log_every is not None:
         check_log_every(log_every)
         if not chosen:
@@ -123,22 +120,17 @@ def make_loggers(
     that cannot be used (:func:`check_log_directory`).
     """
     log_every = check_log_every(DEFAULT_LOG_EVERY if log_every is None else log_every)
-    chosen = logger_names(names)
+    items = logger_names(names)
+    chosen = [n for n in items if isinstance(n, str)]
     if chosen and run_dir is None:
         raise LoggerError(
             f"the {chosen[0]} logger writes into the run directory, and there is none: "
             f"give the learner out=DIR, or pass a logger object with its own directory, "
             f"e.g. espn.training.loggers.CSVLogger('logs')"
         )
-    if run_dir is not None:
-        for name in chosen:
-            check_log_directory(Path(run_dir), Path(run_dir) / "logs" / LOGGERS.get(name).folder)
-    items = names.split(",") if isinstance(names, str) else list(names)
-    made: list[Callback] = []
-    for item in items:
-        if isinstance(item, Callback):
-            made.append(item)
-        elif item.strip() and run_dir is not None:
-            cls = LOGGERS.get(item.strip().lower())
-            made.append(cls.in_run(Path(run_dir), log_every=log_every))
-    return made
+    run = Path(run_dir or ".")
+    for name in chosen:
+        check_log_directory(run, run / "logs" / LOGGERS.get(name).folder)
+    return [
+        LOGGERS.get(n).in_run(run, log_every=log_every) if isinstance(n, str) else n for n in items
+    ]

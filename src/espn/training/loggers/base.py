@@ -1,17 +1,11 @@
-"""What every logger records, computed once from the learner's events.
-
-:class:`MetricLogger` turns the callback events of :mod:`espn.training.callbacks` into three
-kinds of records (a training step every ``log_every`` steps, an epoch, a learned task) and hands
-them to its subclass, which only writes them somewhere (a CSV file, TensorBoard, W&B). A
-step's loss is a device tensor; it is read (a host-device synchronisation) only on the steps
-that are logged.
-"""
+"""What every logger records (docs/logging.md), computed once from the learner's events:
+:class:`MetricLogger` reads a step's loss every ``log_every`` steps and hands the steps, epochs
+and learned tasks (:class:`TaskRecord`) to its subclass, which only writes them somewhere."""
 
 from __future__ import annotations
 
 import importlib.util
 import time
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,33 +24,6 @@ class LoggerError(EspnError, ValueError):
 
 class LoggerUnavailable(EspnError, RuntimeError):
     """A logger whose optional extra is not installed; the message names the extra."""
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One logged training step: the loss read at that step, the learning rate, and the
-    seconds since the run started in this process."""
-
-    task: int
-    phase: str
-    step: int
-    loss: float
-    lr: float
-    elapsed_seconds: float
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    """One pass over a task's training data (``loss`` as the learner reported it)."""
-
-    task: int
-    phase: str
-    epoch: int
-    n_epochs: int
-    step: int
-    loss: float
-    seconds: float
-    elapsed_seconds: float
 
 
 @dataclass(frozen=True)
@@ -90,14 +57,9 @@ class TaskRecord:
         return {tag: value for tag, value in tags.items() if value is not None}
 
 
-def _number(record: dict[str, Any], key: str) -> float | None:
-    value = record.get(key)
-    return None if value is None else float(value)
-
-
-def _count(record: dict[str, Any], key: str) -> int | None:
-    value = record.get(key)
-    return None if value is None else int(value)
+def _cast(kind: type, value: Any) -> Any:
+    """``kind(value)``, None kept (a figure a task's record does not know)."""
+    return None if value is None else kind(value)
 
 
 def check_log_every(log_every: object) -> int:
@@ -114,20 +76,11 @@ def check_log_every(log_every: object) -> int:
     return log_every
 
 
-def require_module(logger: str, module: str, extra: str) -> None:
-    """Raise :class:`LoggerUnavailable` unless ``module`` can be imported."""
-    if importlib.util.find_spec(module) is None:
-        raise LoggerUnavailable(
-            f"the {logger} logger needs the {module!r} package, which is not installed; "
-            f"install it with: pip install 'espn[{extra}]'"
-        )
-
-
-class MetricLogger(Callback, ABC):
+class MetricLogger(Callback):
     """A callback that records steps (every ``log_every``), epochs and tasks.
 
     Subclasses set :attr:`name` (the name ``--log`` accepts), :attr:`extra` (the optional
-    dependency it needs, or None) and write the records in :meth:`log_step`,
+    dependency it needs, or None) and :attr:`folder`, and write in :meth:`log_step`,
     :meth:`log_epoch`, :meth:`log_task`; :meth:`close` is called by ``on_run_end``.
     """
 
@@ -138,20 +91,24 @@ class MetricLogger(Callback, ABC):
     #: the directory it writes in, in the run directory's ``logs``
     folder: ClassVar[str]
 
-    def __init__(self, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
+    def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
+        self.directory = Path(directory)
         self.log_every = check_log_every(log_every)
         self._start: float | None = None
 
     @classmethod
     def check_available(cls) -> None:
         """Raise :class:`LoggerUnavailable` when the logger's optional extra is missing."""
-        if cls.extra is not None:
-            require_module(cls.name, *cls.extra)
+        if cls.extra is not None and importlib.util.find_spec(cls.extra[0]) is None:
+            raise LoggerUnavailable(
+                f"the {cls.name} logger needs the {cls.extra[0]!r} package, which is not "
+                f"installed; install it with: pip install 'espn[{cls.extra[1]}]'"
+            )
 
     @classmethod
-    @abstractmethod
     def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> MetricLogger:
         """The logger writing into its place in the run directory ``run_dir``."""
+        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     def elapsed(self) -> float:
         """Seconds since the run started in this process (its first event)."""
@@ -167,23 +124,10 @@ class MetricLogger(Callback, ABC):
         if event.step % self.log_every:
             return
         loss = float(event.loss)  # the only host-device synchronisation, every log_every steps
-        self.log_step(
-            StepRecord(event.task, event.phase, event.step, loss, float(event.lr), self.elapsed())
-        )
+        self.log_step(event, loss, self.elapsed())
 
     def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
-        self.log_epoch(
-            EpochRecord(
-                event.task,
-                event.phase,
-                event.epoch,
-                event.n_epochs,
-                event.step,
-                float(event.loss),
-                float(event.seconds),
-                self.elapsed(),
-            )
-        )
+        self.log_epoch(event, self.elapsed())
 
     def on_task_end(self, learner: Any, event: TaskEnd) -> None:
         row = None if event.row is None else [float(a) for a in event.row]
@@ -193,10 +137,10 @@ class MetricLogger(Callback, ABC):
                 name=event.name,
                 row=row,
                 average_accuracy=sum(row) / len(row) if row else None,
-                flops_ratio=_number(event.record, "flops_ratio"),
-                used_weights=_count(event.record, "used_weights"),
-                new_weights=_count(event.record, "new_weights"),
-                seconds=_number(event.record, "seconds"),
+                flops_ratio=_cast(float, event.record.get("flops_ratio")),
+                used_weights=_cast(int, event.record.get("used_weights")),
+                new_weights=_cast(int, event.record.get("new_weights")),
+                seconds=_cast(float, event.record.get("seconds")),
                 elapsed_seconds=self.elapsed(),
             )
         )
@@ -204,11 +148,12 @@ class MetricLogger(Callback, ABC):
     def on_run_end(self, learner: Any) -> None:
         self.close()
 
-    def log_step(self, record: StepRecord) -> None:
-        """Write one logged step."""
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        """Write one logged step: its ``loss`` (read from the device) and the seconds
+        ``elapsed`` since the run started in this process."""
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        """Write one epoch."""
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        """Write one pass over a task's training data (``elapsed`` as for a step)."""
 
     def log_task(self, record: TaskRecord) -> None:
         """Write one learned task."""

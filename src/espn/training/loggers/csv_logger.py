@@ -1,15 +1,5 @@
-"""The CSV logger: three plain tables a spreadsheet or pandas reads as they are.
-
-In its directory (``RUN/logs/csv`` for ``--log csv``):
-
-- ``steps.csv``: ``task, phase, step, loss, lr, elapsed_seconds``, every ``log_every`` steps;
-- ``epochs.csv``: ``task, phase, epoch, n_epochs, step, loss, seconds, elapsed_seconds``;
-- ``tasks.csv``: one row per learned task: ``task, name``, its accuracy row
-  ``accuracy_0 .. accuracy_N`` (empty cells: tasks not learned yet, or a row not evaluated),
-  ``average_accuracy, flops_ratio, used_weights, new_weights, seconds, elapsed_seconds``.
-
-Each file is rewritten atomically at every epoch and task end (a killed run leaves whole
-files). Rows already in the files are kept, so a resumed run continues them: when a task
+"""The CSV logger: ``steps.csv``, ``epochs.csv`` and ``tasks.csv`` (columns: docs/logging.md),
+rewritten atomically at every epoch and task end. A resumed run continues them: when a task
 starts again in a new process, the rows it is about to repeat (its steps from the one it
 resumes at, and every later task's) are dropped first.
 """
@@ -19,19 +9,11 @@ from __future__ import annotations
 import csv
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
-from espn.training.callbacks import StepEnd
-from espn.training.loggers.base import (
-    DEFAULT_LOG_EVERY,
-    EpochRecord,
-    LoggerError,
-    MetricLogger,
-    StepRecord,
-    TaskRecord,
-)
+from espn.training.callbacks import EpochEnd, StepEnd
+from espn.training.loggers.base import DEFAULT_LOG_EVERY, LoggerError, MetricLogger, TaskRecord
 from espn.utils.io import read_csv, write_csv
 
 STEP_COLUMNS = ["task", "phase", "step", "loss", "lr", "elapsed_seconds"]
@@ -59,6 +41,11 @@ def _rows(path: Path, keys: Sequence[str]) -> list[Row]:
     return rows
 
 
+def _row(event: StepEnd | EpochEnd, columns: Sequence[str], **values: float) -> Row:
+    """The ``columns`` of ``event``, those given in ``values`` from there."""
+    return {c: values[c] if c in values else getattr(event, c) for c in columns}
+
+
 def _before(rows: list[Row], task: int, step: int) -> list[Row]:
     """The rows that come before step ``step`` of task ``task``."""
     return [
@@ -75,8 +62,7 @@ class CSVLogger(MetricLogger):
     folder: ClassVar[str] = "csv"
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
-        super().__init__(log_every=log_every)
-        self.directory = Path(directory)
+        super().__init__(directory, log_every=log_every)
         self.steps_path = self.directory / "steps.csv"
         self.epochs_path = self.directory / "epochs.csv"
         self.tasks_path = self.directory / "tasks.csv"
@@ -84,10 +70,6 @@ class CSVLogger(MetricLogger):
         self._epochs = _rows(self.epochs_path, ["task", "step"])
         self._tasks = _rows(self.tasks_path, ["task"])
         self._started: set[int] = set()  # tasks seen in this process
-
-    @classmethod
-    def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> CSVLogger:
-        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     def _begin(self, task: int, step: int) -> None:
         """On a task's first event in this process: forget the rows it will write again."""
@@ -102,12 +84,12 @@ class CSVLogger(MetricLogger):
         self._begin(event.task, event.step)  # every step (no device read): the exact resume point
         super().on_step_end(learner, event)
 
-    def log_step(self, record: StepRecord) -> None:
-        self._steps.append(asdict(record))
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        self._steps.append(_row(event, STEP_COLUMNS, loss=loss, elapsed_seconds=elapsed))
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        self._begin(record.task, record.step + 1)
-        self._epochs.append(asdict(record))
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        self._begin(event.task, event.step + 1)
+        self._epochs.append(_row(event, EPOCH_COLUMNS, elapsed_seconds=elapsed))
         self._write_steps()
 
     def log_task(self, record: TaskRecord) -> None:

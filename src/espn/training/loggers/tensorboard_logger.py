@@ -1,17 +1,6 @@
-"""The TensorBoard logger (``torch.utils.tensorboard``; the optional extra ``tensorboard``).
-
-Event files go to its directory (``RUN/logs/tensorboard`` for ``--log tensorboard``; view with
-``tensorboard --logdir RUN/logs``). Tags, each task a curve of its own:
-
-- ``loss/task_T``, ``lr/task_T`` against the task's step, every ``log_every`` steps, and
-  ``phase/task_T`` (text) at the first logged step of each of its phases;
-- ``epoch_loss/task_T`` against the step at the end of each epoch;
-- against the task just learned ``T``: ``accuracy/task_J`` (task J's accuracy after learning
-  task T, J <= T), ``accuracy/average``, ``flops_ratio``, ``weights/used``, ``weights/new``,
-  ``time/task_seconds`` and ``time/elapsed_seconds``.
-
-A resumed run appends a new event file to the same directory; TensorBoard drops the points it
-repeats (a tag whose step goes back replaces the points from there on).
+"""The TensorBoard logger (``torch.utils.tensorboard``; the optional extra ``tensorboard``):
+each task a curve of its own (tags: docs/logging.md). A resumed run appends a new event file
+to the same directory; TensorBoard drops the points it repeats.
 """
 
 from __future__ import annotations
@@ -19,11 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+from espn.training.callbacks import EpochEnd, StepEnd
 from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
-    EpochRecord,
     MetricLogger,
-    StepRecord,
     TaskRecord,
 )
 
@@ -36,15 +24,10 @@ class TensorBoardLogger(MetricLogger):
     extra: ClassVar[tuple[str, str] | None] = ("tensorboard", "tensorboard")
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
-        super().__init__(log_every=log_every)
+        super().__init__(directory, log_every=log_every)
         self.check_available()
-        self.directory = Path(directory)
         self._writer: Any = None
         self._phase: dict[int, str] = {}
-
-    @classmethod
-    def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> TensorBoardLogger:
-        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
 
     @property
     def writer(self) -> Any:
@@ -55,16 +38,16 @@ class TensorBoardLogger(MetricLogger):
             self._writer = SummaryWriter(log_dir=str(self.directory))
         return self._writer
 
-    def log_step(self, record: StepRecord) -> None:
-        t, step = record.task, record.step
-        if self._phase.get(t) != record.phase:
-            self._phase[t] = record.phase
-            self.writer.add_text(f"phase/task_{t}", record.phase, step)
-        self.writer.add_scalar(f"loss/task_{t}", record.loss, step)
-        self.writer.add_scalar(f"lr/task_{t}", record.lr, step)
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        t, step = event.task, event.step
+        if self._phase.get(t) != event.phase:
+            self._phase[t] = event.phase
+            self.writer.add_text(f"phase/task_{t}", event.phase, step)
+        self.writer.add_scalar(f"loss/task_{t}", loss, step)
+        self.writer.add_scalar(f"lr/task_{t}", event.lr, step)
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        self.writer.add_scalar(f"epoch_loss/task_{record.task}", record.loss, record.step)
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        self.writer.add_scalar(f"epoch_loss/task_{event.task}", event.loss, event.step)
         self.writer.flush()
 
     def log_task(self, record: TaskRecord) -> None:

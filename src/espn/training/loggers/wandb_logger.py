@@ -1,18 +1,6 @@
-"""The Weights & Biases logger (the optional extra ``wandb``), offline unless asked otherwise.
-
-It needs no account: the run is kept offline under its directory (``RUN/logs/wandb`` for
-``--log wandb``), to be uploaded later with ``wandb sync`` if wanted. ``mode="online"`` (or
-``WANDB_MODE=online`` in the environment) sends it as it runs; the project is ``espn`` unless
-``project=`` or ``WANDB_PROJECT`` says otherwise. Each process is one W&B run; its config is
-the learner's run settings (and ``config=``, which wins).
-
-Logged keys, with the x-axis each is plotted against (``define_metric``):
-
-- against ``task_step`` (the task's step): ``loss/task_T``, ``lr/task_T``, ``phase``,
-  every ``log_every`` steps, and ``epoch_loss/task_T`` at each epoch's end;
-- against ``tasks_learned`` (the task just learned): ``accuracy/task_J``,
-  ``accuracy/average``, ``flops_ratio``, ``weights/used``, ``weights/new``,
-  ``time/task_seconds``, ``time/elapsed_seconds``.
+"""The Weights & Biases logger (the optional extra ``wandb``), offline unless ``mode`` or
+``WANDB_MODE`` says otherwise; each process is one W&B run, its config the learner's run
+settings (and ``config=``, which wins). Keys and their x-axes: docs/logging.md.
 """
 
 from __future__ import annotations
@@ -22,12 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
+from espn.training.callbacks import EpochEnd, StepEnd
 from espn.training.loggers.base import (
     DEFAULT_LOG_EVERY,
-    EpochRecord,
     LoggerError,
     MetricLogger,
-    StepRecord,
     TaskRecord,
 )
 
@@ -63,9 +50,8 @@ class WandbLogger(MetricLogger):
         run_name: str | None = None,
         config: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(log_every=log_every)
+        super().__init__(directory, log_every=log_every)
         self.check_available()
-        self.directory = Path(directory)
         self.mode = resolve_mode(mode)
         self.project = project or os.environ.get("WANDB_PROJECT") or "espn"
         self.run_name = run_name
@@ -128,19 +114,19 @@ class WandbLogger(MetricLogger):
             self.config = {**settings.model_dump(mode="json"), **self.config}
         _ = self.run
 
-    def log_step(self, record: StepRecord) -> None:
-        t = record.task
+    def log_step(self, event: StepEnd, loss: float, elapsed: float) -> None:
+        t = event.task
         self.run.log(
             {
-                "task_step": record.step,
-                "phase": record.phase,
-                f"loss/task_{t}": record.loss,
-                f"lr/task_{t}": record.lr,
+                "task_step": event.step,
+                "phase": event.phase,
+                f"loss/task_{t}": loss,
+                f"lr/task_{t}": event.lr,
             }
         )
 
-    def log_epoch(self, record: EpochRecord) -> None:
-        self.run.log({"task_step": record.step, f"epoch_loss/task_{record.task}": record.loss})
+    def log_epoch(self, event: EpochEnd, elapsed: float) -> None:
+        self.run.log({"task_step": event.step, f"epoch_loss/task_{event.task}": event.loss})
 
     def log_task(self, record: TaskRecord) -> None:
         values: dict[str, Any] = {"tasks_learned": record.task}
