@@ -52,17 +52,15 @@ CHECKPOINT_SECONDS = 60.0
 
 
 def checkpointed(epoch: int, n_epochs: int) -> bool:
-    """Whether the end of pass ``epoch`` (from 0) of a phase of ``n_epochs`` passes may be
-    checkpointed: every pass of a phase of at most :data:`CHECKPOINTS_PER_PHASE` passes, else
-    every ``ceil(n_epochs / CHECKPOINTS_PER_PHASE)``-th and the last."""
+    """Whether the end of pass ``epoch`` of a phase of ``n_epochs`` may be checkpointed: every pass,
+    or every ``ceil(n_epochs / CHECKPOINTS_PER_PHASE)``-th and the last."""
     every = -(-n_epochs // CHECKPOINTS_PER_PHASE)
     return (epoch + 1) % every == 0 or epoch + 1 == n_epochs
 
 
 def checkpoint_due(epoch: int, n_epochs: int, since: float) -> bool:
-    """Whether the end of pass ``epoch`` of a phase of ``n_epochs`` passes is checkpointed,
-    ``since`` seconds after the last checkpoint: always the phase's last pass; another pass
-    :func:`checkpointed` names once :data:`CHECKPOINT_SECONDS` have passed."""
+    """Whether pass ``epoch``'s end is checkpointed ``since`` seconds after the last checkpoint: a
+    phase's last always, another :func:`checkpointed` names after :data:`CHECKPOINT_SECONDS`."""
     if epoch + 1 == n_epochs:
         return True
     return checkpointed(epoch, n_epochs) and since >= CHECKPOINT_SECONDS
@@ -211,9 +209,8 @@ def fingerprint(task: Task) -> str:
 
 
 class LearnerRuns(LearnedTasks):
-    """The learner's side of its run directory (the base of
-    :class:`~espn.api.learner.ContinualLearner`): opening and resuming one, checking that a
-    resumed script gives the same data, the writes after every step, :meth:`save`."""
+    """The learner's side of its run directory: opening and resuming one, checking that a resumed
+    script gives the same data, the writes after every step, :meth:`save`."""
 
     if TYPE_CHECKING:
         from espn.training.callbacks import CallbackList
@@ -236,9 +233,8 @@ class LearnerRuns(LearnedTasks):
         adopt: Callable[[], tuple[list[list[float] | None], list[dict[str, Any]]]] | None = None,
         ignore: tuple[str, ...] = (),
     ) -> RunCheckpoint:
-        """Write ``rd`` from now on, resuming the run it holds unless not ``resume`` (its
-        tasks' rows, records and names become this learner's). ``adopt``: the rows and records
-        of the tasks a fresh run starts on top of (``--from-run``)."""
+        """Write ``rd`` from now on, resuming its run unless not ``resume``; ``adopt``: the rows and
+        records of the tasks a fresh run starts on top of (``--from-run``)."""
         ckpt = rd.open(self.supernet, self.engine, self.strategy, resume, ignore)
         if adopt is not None and not ckpt.rows:
             ckpt.rows, ckpt.per_task = adopt()
@@ -254,9 +250,8 @@ class LearnerRuns(LearnedTasks):
     def hold_run(
         self, loaded: LoadedRun, benchmark_data: bool = False, data_dir: Path | str | None = None
     ) -> None:
-        """Hold the finished tasks of a loaded run (:func:`espn.load`), with the test data
-        saved beside a Python run or, with ``benchmark_data``, an ``espn run`` run's benchmark
-        (read from ``data_dir``, default the recorded one; never downloaded)."""
+        """Hold a loaded run's finished tasks, with the test data saved beside a Python run or, with
+        ``benchmark_data``, the benchmark read from ``data_dir`` (never downloaded)."""
         entries, cfg = loaded.checkpoint.tasks, loaded.config
         self._hold(entries, *finished(entries))
         if data_dir is not None:
@@ -395,9 +390,8 @@ class LearnerRuns(LearnedTasks):
         )
 
     def save(self, path: Path | str, overwrite: bool = False) -> Path:
-        """Save every learned task as ``espn run`` does (checkpoint, results.json, plot) with
-        the tasks' test data in ``path/data``, so that ``espn evaluate`` re-computes the
-        accuracies; a directory holding another run is refused unless ``overwrite``."""
+        """Save every learned task as ``espn run`` does, the test data in ``path/data`` for ``espn
+        evaluate``; a directory holding another run is refused unless ``overwrite``."""
         path = check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")

@@ -46,9 +46,8 @@ class Learned:
 
 
 class TaskRunner:
-    """Learns steps into ``supernet`` through ``engine`` and records them in :attr:`rows` (one
-    per step, None where not evaluated) and :attr:`records` (one per task), refusing a
-    sub-network that misses the FLOPs budget."""
+    """Learns steps through ``engine`` and records them in :attr:`rows` (one per step, None where
+    not evaluated) and :attr:`records` (one per task), refusing a missed FLOPs budget."""
 
     def __init__(
         self,
@@ -89,9 +88,8 @@ class TaskRunner:
         pretrained: dict[str, Tensor] | None = None,
         resume: TaskProgress | None = None,
     ) -> Learned:
-        """Learn step number ``index`` (from ``pretrained`` weights, untrained, when given) and
-        record it; ``tasks``: every task learned so far and those it commits, by index (None:
-        data not known here), all evaluated for the row when ``evaluate``."""
+        """Learn and record step ``index`` (from ``pretrained`` weights when given); ``tasks``: by
+        index every task learned and committed (None: no data here), evaluated if ``evaluate``."""
         first = len(self.supernet.masks)
         hooks, owner = self.engine.callbacks, self.engine.owner
         hooks.on_task_start(owner, first, step.name)
@@ -339,9 +337,8 @@ class LearnedTasks:
         fold_bn: bool = True,
         overwrite: bool = False,
     ) -> ExportReport:
-        """Write task ``task`` as a slim standalone model (``.pt2`` or ``.onnx``) as ``espn
-        export`` does (see docs/cli.md), checked on ``data``'s inputs (default: the task's test,
-        else training data); existing files are replaced only with ``overwrite``."""
+        """Write task ``task`` as a slim standalone model (``.pt2``/``.onnx``) as ``espn export``
+        does, checked on ``data`` (default: its test, else training data); see docs/cli.md."""
         checks.check_task(task, len(self.supernet.masks))
         checks.check_export_path(path)
         check_target(path)
@@ -390,9 +387,8 @@ class LearnedTasks:
         fold_bn: bool = True,
         overwrite: bool = False,
     ) -> AgnosticExportReport:
-        """Write one standalone model that predicts ``(classes, tasks)`` without the task, by
-        ``rule``, checked against :meth:`predict` on up to 1024 inputs of each task's ``data``
-        (default: their test data here); ``onnx`` and ``overwrite`` as in :meth:`export`."""
+        """Write one model that predicts ``(classes, tasks)`` without the task by ``rule``, checked
+        against :meth:`predict` on each task's ``data``; the rest as :meth:`export`."""
         from espn.export.export import check_not_replacing, export_files
         from espn.inference.export import export_task_agnostic
 

@@ -91,9 +91,8 @@ def method_option_parameters() -> list[inspect.Parameter]:
 
 
 class WithOptions:
-    """A command callback whose signature, as typer reads it when the CLI runs, is ``fn``'s own
-    parameters plus one per run option and method option (registered then), whose values
-    reach ``fn``'s ``**kwargs``."""
+    """A command callback whose signature, as typer reads it, is ``fn``'s own parameters plus one
+    per run option and method option registered then."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         functools.update_wrapper(self, fn)

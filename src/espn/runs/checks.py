@@ -50,9 +50,8 @@ def run_meta(cfg: RunConfig, seq: TaskSequence) -> dict[str, Any]:
 def option_differences(
     saved: dict[str, Any], cfg: RunConfig, ignore: tuple[str, ...] = ()
 ) -> list[str]:
-    """The options (outside :data:`RESUMABLE_CHANGES` and ``ignore``) in which ``cfg``
-    differs from the ``saved`` configuration of a run, each as ``"key=saved in the
-    checkpoint, now now"``."""
+    """The options (but :data:`RESUMABLE_CHANGES` and ``ignore``) in which ``cfg`` differs from a
+    run's ``saved`` one, as ``"key=saved in the checkpoint, now now"``."""
     now = cfg.model_dump(mode="json")
     # an option newer than the checkpoint was, in effect, at its default
     was = {k: saved.get(k, RunConfig.model_fields[k].default) for k in now}
@@ -129,9 +128,8 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool, python: bool =
 
 
 def clear_run(out: Path | str) -> None:
-    """Remove an earlier run's results, plot and logs from ``out`` (a run started over in
-    it: ``--overwrite``); a linked ``logs`` is unlinked, never followed. The checkpoint is
-    replaced when the new run first writes it."""
+    """Remove an earlier run's results, plot and logs from ``out`` (``--overwrite``; a linked
+    ``logs`` is unlinked, not followed); the checkpoint is replaced on the first write."""
     out = Path(out)
     for name in ("results.json", "accuracy.png"):
         (out / name).unlink(missing_ok=True)

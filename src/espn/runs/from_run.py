@@ -127,9 +127,8 @@ def adopt_tasks(
 def check_source_unchanged(
     run_dir: Path | str, cfg: RunConfig, tasks: list[dict[str, Any]]
 ) -> None:
-    """Refuse to rebuild the tasks a run inherited from ``--from-run`` when that source was
-    removed or replaced since (its first tasks' records or accuracies differ from those the
-    run copied), naming it; ``tasks`` are the run's checkpoint task entries."""
+    """Refuse to rebuild the tasks a run inherited from ``--from-run`` when that source was removed
+    or replaced since; ``tasks``: the run's checkpoint task entries."""
     if cfg.from_run is None or cfg.after_task is None:
         return
     keep = int(cfg.after_task)

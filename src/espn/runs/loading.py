@@ -63,9 +63,8 @@ def model_name(supernet: Supernet) -> str:
 
 
 def known_model(name: str) -> None:
-    """Let a run configuration name the model: a reference is registered where it may be
-    imported, else (an instance's name, a reference not trusted) a factory saying that only
-    the caller's code rebuilds it."""
+    """Let a run configuration name the model: a reference registered where it may be imported, else
+    a factory saying that only the caller's code rebuilds it."""
 
     def resolves() -> bool:
         try:

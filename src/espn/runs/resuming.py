@@ -55,9 +55,8 @@ def scaler_state(engine: Engine | None) -> dict[str, Any] | None:
 def continue_training(
     ckpt: Checkpoint, supernet: Supernet, engine: Engine, strategy: Strategy
 ) -> None:
-    """After :func:`espn.checkpoint.restore` of ``ckpt`` into ``supernet``: the task in
-    training (its working sub-network and the strategy's state), the loss scale and the
-    random-number generators, so that training continues as if never stopped."""
+    """After :func:`espn.checkpoint.restore`: the task in training, the strategy's state, the loss
+    scale and the RNGs, so that training continues as if never stopped."""
     tr = ckpt.training
     if tr is not None:
         restore_working(tr, supernet)
@@ -87,9 +86,8 @@ def finished(
 
 
 def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
-    """Where a task's training stands, in the units the engine counts: passes over the task's
-    training data (the size rule may make them more than ``--epochs`` asks) and optimizer
-    steps of the phase in progress."""
+    """Where a task's training stands in the engine's units: passes over its training data and
+    optimizer steps of the phase in progress."""
     phases = strategy.phases()
     passes = f"{progress.epochs_done} pass{'es' * (progress.epochs_done != 1)}"
     if progress.phase >= len(phases):

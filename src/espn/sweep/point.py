@@ -74,9 +74,8 @@ def resumable(cfg: RunConfig) -> bool:
 
 
 def changed_options(point: Point, out: Path) -> list[str]:
-    """How the run in ``out/<point.name>`` (its results.json, else its checkpoint) differs
-    from ``point``'s options (``epochs=[1, 1, 1] in the checkpoint, (1, 1, 2) now``); empty
-    when it holds no run or one of the same options."""
+    """How the run in ``out/<point.name>`` (results.json, else checkpoint) differs from ``point``'s
+    options; empty when it holds none or one of the same options."""
     run_dir = Path(out) / point.name
     cfg = make_config(**point.options, out=run_dir)
     recorded = (_results(run_dir) or {}).get("config")
