@@ -160,3 +160,33 @@ def test_argument_errors_are_refused_before_torch_is_loaded(tmp_path: Path) -> N
     )
     assert _loaded_after(code) == []
     assert not (tmp_path / "r").exists()
+
+
+def test_the_labs_answer_and_refuse_before_torch_is_loaded(tmp_path: Path) -> None:
+    """``espn reproduce`` and ``espn theory`` list their commands and targets, and refuse an
+    unknown option, target, scale or file, a target's missing data and a bad setting of a
+    theory experiment (status 2), without loading torch."""
+    out, none = str(tmp_path / "r"), str(tmp_path / "none")
+    code = (
+        "import contextlib, io, sys\n"
+        "from espn.cli.main import main\n"
+        "codes = []\n"
+        "for argv in (['reproduce', '--help'], ['reproduce', 'list'], ['theory', '--help'], "
+        f"['reproduce', '--bogus'], ['reproduce', 'table1', '--bogus'], ['reproduce', 'nosuch'], "
+        f"['reproduce', 'list', '--bogus'], ['reproduce', 'report', {none!r}], "
+        f"['reproduce', 'table1', '--scale', 'huge', '--out', {out!r}], "
+        f"['reproduce', 'table-imagenet', '--scale', 'smoke', '--out', {out!r}], "
+        f"['theory', '--bogus'], ['theory', 'mismatch', '--bogus'], ['theory', 'report', {none!r}], "
+        f"['theory', 'sample-complexity', '--activation', 'tanh', '--out', {out!r}], "
+        f"['theory', 'task-order', '--orders', 'random', '--out', {out!r}]):\n"
+        "    sys.argv = ['espn', *argv]\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        try:\n"
+        "            main()\n"
+        "        except SystemExit as exc:\n"
+        "            codes.append(exc.code)\n"
+        "assert codes == [0] * 3 + [2] * 12, codes\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    assert _loaded_after(code) == []
+    assert not (tmp_path / "r").exists()

@@ -22,7 +22,6 @@ from espn.reproduce import (
     Options,
     ReproduceError,
     Run,
-    mean_se,
     paper_numbers,
     run_target,
 )
@@ -30,6 +29,7 @@ from espn.reproduce import report as rebuild
 from espn.reproduce.representation import IMAGENET_TASKS, by_size_rank, small_task_accuracies
 from espn.reproduce.target import parse_name, point_name
 from espn.runs.config import make_config
+from espn.utils.stats import mean_se
 from helpers.mnist import synthetic_mnist
 
 runner = CliRunner()

@@ -11,23 +11,18 @@ import math
 import pytest
 import torch
 
-from espn.theory import (
-    PlantedModel,
-    SolverConfig,
-    TheoryConfigError,
-    solve_crl,
-    solve_sequential,
-)
 from espn.theory.common import evaluate
+from espn.theory.config import SampleComplexityConfig, TaskOrderConfig, TheoryConfigError
 from espn.theory.mismatch import summarize_mismatch
-from espn.theory.planted import generator
+from espn.theory.planted import PlantedModel, generator
 from espn.theory.sample_complexity import (
-    SampleComplexityConfig,
     crossing,
     fit_rate_constant,
+    run_sample_complexity,
     summarize_sample_complexity,
 )
-from espn.theory.task_order import TaskOrderConfig, summarize_task_order
+from espn.theory.solver import SolverConfig, solve_crl, solve_sequential
+from espn.theory.task_order import summarize_task_order
 
 
 def excess(model: PlantedModel, predict, n_test: int = 1000, seed: int = 99) -> float:
@@ -248,8 +243,6 @@ def test_config_validation_messages():
 
 
 def test_experiment_rows_are_reproducible():
-    from espn.theory import run_sample_complexity
-
     cfg = SampleComplexityConfig(
         d=8, r=2, tasks=3, r_frz=(1,), ns=(10, 40), replicates=1, n_test=100, max_iter=40
     )

@@ -10,9 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from espn.theory.cli import app
-from espn.theory.mismatch import MISMATCH_COLUMNS
-from espn.theory.sample_complexity import SAMPLE_COMPLEXITY_COLUMNS
-from espn.theory.task_order import TASK_ORDER_COLUMNS
+from espn.theory.config import COLUMNS
 
 runner = CliRunner()
 SMALL = ["--replicates", "1", "--n-test", "200", "--restarts", "2", "--max-iter", "60"]
@@ -46,7 +44,7 @@ def test_sample_complexity_command(tmp_path):
     args += ["--r-frz", "2", "--ns", "8,32,128", "--no-progress", *SMALL]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = check_outputs(out, "sample_complexity", SAMPLE_COMPLEXITY_COLUMNS, 2 * 3)
+    rows = check_outputs(out, "sample_complexity", COLUMNS["sample_complexity"], 2 * 3)
     assert {r["setting"] for r in rows} == {"scratch", "frozen"}
     assert {r["dof"] for r in rows} == {str(4 * 3 + 3 * 10), str(4 * 3 + 1 * 10)}
     assert all(float(r["excess_risk"]) >= 0 for r in rows)
@@ -73,7 +71,7 @@ def test_mismatch_command(tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     # per perturbation: 2 MM rows + 2 curve points; plus 2 scratch points
-    rows = check_outputs(out, "mismatch", MISMATCH_COLUMNS, 2 * (2 + 2) + 2)
+    rows = check_outputs(out, "mismatch", COLUMNS["mismatch"], 2 * (2 + 2) + 2)
     mm = {
         float(r["perturbation"]): float(r["excess_risk"]) for r in rows if r["setting"] == "mm-test"
     }
@@ -87,7 +85,7 @@ def test_task_order_command(tmp_path):
     args += ["--heads", "2", "--n-max", "120", "--n-min", "20", "--no-progress", *SMALL]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = check_outputs(out, "task_order", TASK_ORDER_COLUMNS, 3 * 3)
+    rows = check_outputs(out, "task_order", COLUMNS["task_order"], 3 * 3)
     assert {r["order"] for r in rows} == {"decreasing", "increasing", "individual"}
     seq = {(r["order"], r["task_id"]): r for r in rows}
     # decreasing: task 0 arrives first with r rows, then one row per arrival (tasks from 0)

@@ -11,7 +11,6 @@ from espn.reproduce.paper import paper_numbers
 from espn.reproduce.runner import TargetResult, report, run_target
 from espn.reproduce.table import Table
 from espn.reproduce.target import SCALES, TARGETS, Options, ReproduceError, Run, Target
-from espn.utils.stats import mean_se
 
 __all__ = [
     "SCALES",
@@ -22,7 +21,6 @@ __all__ = [
     "Table",
     "Target",
     "TargetResult",
-    "mean_se",
     "paper_numbers",
     "report",
     "run_target",

@@ -9,12 +9,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from espn.methods import METHODS
 from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
-from espn.runs.config import make_config
 from espn.settings.recipes import MNIST
-from espn.training.plan import plan_phase, reference_batches
 from espn.utils.io import atomic_target
 from espn.utils.plotting import pyplot
 
@@ -90,6 +87,8 @@ def method_options(
     """``make_config`` options of a method series; ``alpha`` only where the method has a
     weight budget of the recipe's (Individual keeps none, as in the paper); at ``scale``
     ``smoke``, CPG's and RMN's caps (:data:`SMOKE_CAPS`)."""
+    from espn.methods import METHODS
+
     options = dict(METHOD_SETTINGS[series][1])
     if scale == "smoke":
         options |= SMOKE_CAPS.get(options["method"], {})
@@ -97,15 +96,6 @@ def method_options(
     if alpha is not None and strategy.takes_recipe_alpha():
         options["alpha"] = alpha
     return options
-
-
-def built(series: Iterable[str]) -> tuple[list[str], list[str]]:
-    """The series whose method exists in this espn, and those left out (not built yet)."""
-    have: list[str] = []
-    missing: list[str] = []
-    for s in series:
-        (have if METHOD_SETTINGS[s][1]["method"] in METHODS else missing).append(s)
-    return have, missing
 
 
 def by_series(runs: Iterable[Run]) -> dict[str, list[Run]]:
@@ -177,6 +167,10 @@ def planned_steps(options: dict[str, Any], task_size: int) -> list[tuple[str, in
     ``options``, the size rule included: what the engine will run (a phase the method may
     skip, e.g. a later CPG compacting round, counted as planned), from the configuration
     alone."""
+    from espn.methods import METHODS
+    from espn.runs.config import make_config
+    from espn.training.plan import plan_phase, reference_batches
+
     cfg = make_config(**options)
     batch = cfg.batch_size
     per_epoch = math.ceil(task_size / batch)

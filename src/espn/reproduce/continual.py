@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from espn.reproduce.common import (
     CIFAR_REGIME,
     FC_RECIPE,
     SMOKE,
-    built,
     by_series,
     figure_title,
     known,
@@ -25,12 +24,14 @@ from espn.reproduce.common import (
     signed,
     steps_note,
 )
-from espn.reproduce.paper import claims_notes, data_notes, paper
+from espn.reproduce.paper import claims_notes, data_notes, paper_numbers
 from espn.reproduce.table import Table, markdown_table
-from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
-from espn.sweep import Point
+from espn.reproduce.target import TARGETS, Options, Run, Target, point
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
+
+if TYPE_CHECKING:
+    from espn.sweep import Point
 
 # ---------------------------------------------------------------------------------- table1
 TABLE1_SERIES = [
@@ -71,17 +72,15 @@ def split_paper_steps(series: str) -> list[tuple[str, int]]:
 
 def table1_stages(options: Options, out: Path) -> list[list[Point]]:
     """One point per method setting and seed, all on one task sequence."""
-    have, _ = built(TABLE1_SERIES)
     base = split_base(options) | options.common()
     # alpha 0.1 as the paper's SplitCIFAR100 runs (the ``paper`` preset sets it itself)
     alpha = None if options.scale == "paper" else 0.1
     return [
         [
-            Point(
-                point_name("table1", s, seed),
-                base | method_options(s, alpha, options.scale) | {"seed": seed},
+            point(
+                "table1", s, seed, base | method_options(s, alpha, options.scale) | {"seed": seed}
             )
-            for s in have
+            for s in TABLE1_SERIES
             for seed in TABLE1.seeds(options)
         ]
     ]
@@ -91,7 +90,7 @@ def table1_table(runs: list[Run]) -> Table:
     """Per method: seeds, task-averaged accuracy (mean ± se over seeds) beside the paper's,
     mean FLOPs ratio, and the mean accuracy of every task."""
     groups = by_series(runs)
-    reported = paper("table1")["methods"]
+    reported = paper_numbers()["table1"]["methods"]
     n_tasks = max((len(r.doc["final_accuracy"]) for r in runs), default=0)
     tasks = [f"task{j}" for j in range(n_tasks)]
     columns = ["method", "seeds", "avg", "avg_se", "paper_avg", "paper_avg_se", "flops_ratio"]
@@ -115,12 +114,7 @@ def table1_table(runs: list[Run]) -> Table:
             row[name] = mean_of(found) if found else None
         rows.append(row)
     table = Table("table1", TABLE1.title, columns + tasks, rows)
-    _, missing = built(TABLE1_SERIES)
-    notes = data_notes(
-        (r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "resnet18-reduced"
-    )
-    if missing:
-        notes.append("left out (method not built in this espn): " + ", ".join(map(label, missing)))
+    notes = data_notes(runs, "resnet18-reduced")
     notes.append(steps_note(runs, split_paper_steps))
     table.notes = notes + claims_notes("table1", _table1_observations(table))
     table.appendix = (
@@ -235,18 +229,19 @@ def mnist_paper_steps(series: str) -> list[tuple[str, int]]:
 
 def mnist_stages(options: Options, out: Path) -> list[list[Point]]:
     """One point per benchmark, method and seed (the seed also draws the task sequence)."""
-    have, _ = built(MNIST_METHODS)
     return [
         [
-            Point(
-                point_name("fig-mnist", f"{kind}+{s}", seed),
+            point(
+                "fig-mnist",
+                f"{kind}+{s}",
+                seed,
                 mnist_base(kind, options)
                 | options.common()
                 | method_options(s, scale=options.scale)
                 | {"seed": seed},
             )
             for kind in MNIST_KINDS
-            for s in have
+            for s in MNIST_METHODS
             for seed in FIG_MNIST.seeds(options)
         ]
     ]
@@ -279,7 +274,7 @@ def mnist_table(runs: list[Run]) -> Table:
         rows.append(row)
     table = Table("fig-mnist", FIG_MNIST.title, columns, rows)
     table.md_columns = columns[:9]
-    notes = data_notes((r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "fc1024")
+    notes = data_notes(runs, "fc1024")
     notes.append(
         "early: mean final accuracy of the first quarter of the tasks; late: of the second "
         "half (by zero forgetting, a task's final accuracy is its accuracy when learned)"

@@ -7,7 +7,10 @@ import functools
 import json
 from collections.abc import Iterable
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from espn.reproduce.target import Run
 
 #: the data a run on a stand-in benchmark replaces
 STANDS_IN_FOR = {
@@ -25,23 +28,19 @@ def paper_numbers() -> dict[str, Any]:
     return json.loads(text)
 
 
-def paper(target: str) -> dict[str, Any]:
-    """The paper's entry for ``target``: ``ref``, and ``numbers``/``methods``/``tasks``
-    where the paper gives numbers, ``claims`` where it states findings in words."""
-    return paper_numbers()[target]
-
-
-def data_notes(benchmarks: Iterable[str], models: Iterable[str], paper_model: str) -> list[str]:
-    """Lines saying which benchmarks and models stand in for the paper's."""
+def data_notes(runs: Iterable[Run], paper_model: str | None = None) -> list[str]:
+    """Lines saying which benchmarks of ``runs`` stand in for the paper's data, and (given the
+    paper's model) which models for the paper's."""
+    runs = list(runs)
     notes = []
-    for name in sorted(set(benchmarks)):
+    for name in sorted({r.doc["benchmark"] for r in runs}):
         if name in STANDS_IN_FOR:
             notes.append(
                 f"data: {name} (real Fashion-MNIST images, available offline) stands in for the "
                 f"paper's {STANDS_IN_FOR[name]}, which is not on this machine; our numbers are "
                 "not the paper's experiment and are compared in shape only"
             )
-    other = sorted(set(models) - {paper_model})
+    other = sorted({r.doc["model"] for r in runs} - {paper_model}) if paper_model else []
     if other:
         notes.append(f"model: {', '.join(other)} instead of the paper's {paper_model} (CPU cost)")
     return notes
@@ -49,7 +48,7 @@ def data_notes(benchmarks: Iterable[str], models: Iterable[str], paper_model: st
 
 def claims_notes(target: str, ours: list[str]) -> list[str]:
     """The paper's reference and its stated findings, each followed by what our runs show."""
-    entry = paper(target)
+    entry = paper_numbers()[target]
     lines = [f"paper: {entry['ref']}"]
     if entry.get("numbers") is None and "methods" not in entry and "tasks" not in entry:
         lines.append("the paper gives this figure as curves only, no numbers: the plot shows ours")

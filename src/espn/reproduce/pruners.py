@@ -5,8 +5,9 @@ per seed) and the weight allocation study (5c: task-averaged ESPN accuracy over 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from espn.reproduce.common import (
     SMOKE,
@@ -20,10 +21,14 @@ from espn.reproduce.common import (
 from espn.reproduce.continual import split_base, split_paper_steps
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table
-from espn.reproduce.target import TARGETS, Options, Run, Target, point_name
-from espn.sweep import Point
+from espn.reproduce.target import TARGETS, Options, Run, Target, point
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from espn.sweep import Point
 
 #: the appendix's FLOPs budgets and pruners
 DEFAULT_GAMMAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -50,8 +55,10 @@ def pruner_stages(options: Options, out: Path) -> list[list[Point]]:
     base = base | options.common() | {"method": "individual", "tasks": 1}
     return [
         [
-            Point(
-                point_name("fig-pruners", f"{pruner}+gamma{gamma:g}", seed),
+            point(
+                "fig-pruners",
+                f"{pruner}+gamma{gamma:g}",
+                seed,
                 base | {"pruner": pruner, "gamma": gamma, "seed": seed},
             )
             for seed in FIG_PRUNERS.seeds(options)
@@ -86,9 +93,7 @@ def pruner_table(runs: list[Run]) -> Table:
         )
         rows.append(row)
     table = Table("fig-pruners", FIG_PRUNERS.title, columns, rows)
-    notes = data_notes(
-        (r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "resnet18-reduced"
-    )
+    notes = data_notes(runs, "resnet18-reduced")
     table.notes = notes + claims_notes("fig-pruners", _observations(table))
     return table
 
@@ -127,20 +132,27 @@ def _observations(table: Table) -> list[str]:
     return [first or "needs flop-aware and the others", second, third]
 
 
+def against_gamma(
+    ax: Axes, rows: list[dict[str, Any]], by: str, y: str, name: Callable[[Any], str] = str
+) -> None:
+    """Per value of column ``by`` (in row order), a line of ``y`` ± its standard error
+    against gamma, on a log scale."""
+    for value in dict.fromkeys(r[by] for r in rows):
+        mine = sorted((r for r in rows if r[by] == value), key=lambda r: r["gamma"])
+        error_line(ax, mine, "gamma", y, name(value))
+    ax.set_xscale("log")
+    ax.set_xlabel("FLOPs constraint gamma")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+
+
 def pruner_plot(table: Table, path: Path) -> None:
     """Two panels against gamma (log scale), one line per pruner: test accuracy and the
     fraction of units kept (the paper's Fig. 5a/5b give curves only)."""
     plt = pyplot()
     fig, (ax_acc, ax_kept) = plt.subplots(1, 2, figsize=(11, 4))
-    for pruner in dict.fromkeys(r["pruner"] for r in table.rows):
-        mine = sorted((r for r in table.rows if r["pruner"] == pruner), key=lambda r: r["gamma"])
-        error_line(ax_acc, mine, "gamma", "accuracy", pruner)
-        error_line(ax_kept, mine, "gamma", "units_kept", pruner)
-    for ax in (ax_acc, ax_kept):
-        ax.set_xscale("log")
-        ax.set_xlabel("FLOPs constraint gamma")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+    against_gamma(ax_acc, table.rows, "pruner", "accuracy")
+    against_gamma(ax_kept, table.rows, "pruner", "units_kept")
     ax_acc.set(ylabel="test accuracy (%)", title=figure_title("Fig. 5a", table))
     ax_kept.set(ylabel="fraction of units kept", title="Fig. 5b: fraction of nonzero units")
     ax_kept.set_ylim(0, 1.02)
@@ -179,8 +191,10 @@ def alpha_gamma_stages(options: Options, out: Path) -> list[list[Point]]:
         base |= {"tasks": 3}
     return [
         [
-            Point(
-                point_name("fig-alpha-gamma", f"alpha{a:g}+gamma{g:g}", seed),
+            point(
+                "fig-alpha-gamma",
+                f"alpha{a:g}+gamma{g:g}",
+                seed,
                 base | {"method": "espn", "alpha": a, "gamma": g, "seed": seed},
             )
             for a in alphas
@@ -207,9 +221,7 @@ def alpha_gamma_table(runs: list[Run]) -> Table:
         row = {"alpha": a, "gamma": g, "seeds": len(rs), "tasks_learned": f"{learned}/{total}"}
         rows.append(row | {"avg": avg, "avg_se": se, "flops_ratio": flops})
     table = Table("fig-alpha-gamma", FIG_ALPHA_GAMMA.title, columns, rows)
-    notes = data_notes(
-        (r.doc["benchmark"] for r in runs), (r.doc["model"] for r in runs), "resnet18-reduced"
-    )
+    notes = data_notes(runs, "resnet18-reduced")
     notes.append(
         "the paper names alpha 0.1 (orange) and alpha 1 (red) only; the other alphas of the "
         "grid are our choice"
@@ -268,15 +280,9 @@ def alpha_gamma_plot(table: Table, path: Path) -> None:
     """Task-averaged ESPN accuracy against gamma (log scale), one line per alpha."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for a in sorted({r["alpha"] for r in table.rows}):
-        mine = sorted((r for r in table.rows if r["alpha"] == a), key=lambda r: r["gamma"])
-        error_line(ax, mine, "gamma", "avg", f"alpha {a:g}")
-    ax.set_xscale("log")
-    ax.set_xlabel("FLOPs constraint gamma")
+    against_gamma(ax, table.rows, "alpha", "avg", lambda a: f"alpha {a:g}")
     ax.set_ylabel("task-averaged ESPN accuracy (%)")
     ax.set_title(figure_title("Fig. 5c (curves only in the paper)", table), fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
     save_figure(fig, path)
 
 

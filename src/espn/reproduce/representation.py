@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from espn.reproduce.common import (
     SMOKE,
@@ -23,13 +22,15 @@ from espn.reproduce.common import (
     save_figure,
     signed,
 )
-from espn.reproduce.paper import claims_notes, data_notes, paper
+from espn.reproduce.paper import claims_notes, data_notes, paper_numbers
 from espn.reproduce.table import Table
-from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point_name
+from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point
 from espn.settings.recipes import IMAGENET
-from espn.sweep import Point
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
+
+if TYPE_CHECKING:
+    from espn.sweep import Point
 
 # --------------------------------------------------------------------------- table-imagenet
 IMAGENET_TASKS = ["imagenet", "cubs", "cars", "flowers", "wikiart", "sketch"]
@@ -87,7 +88,7 @@ def imagenet_stages(options: Options, out: Path) -> list[list[Point]]:
         settings["espn-imagenet"]["init_weights"] = str(options.init_weights)
     return [
         [
-            Point(point_name("table-imagenet", s, seed), base | settings[s] | {"seed": seed})
+            point("table-imagenet", s, seed, base | settings[s] | {"seed": seed})
             for s in IMAGENET_SERIES
             for seed in TABLE_IMAGENET.seeds(options)
         ]
@@ -103,7 +104,7 @@ def _by_task(run: Run) -> dict[str, float]:
 def imagenet_table(runs: list[Run]) -> Table:
     """Per dataset: final accuracy of each of the three settings beside the paper's."""
     groups = by_series(runs)
-    reported = paper("table-imagenet")["tasks"]
+    reported = paper_numbers()["table-imagenet"]["tasks"]
     columns = ["task"]
     for s in IMAGENET_SERIES:
         columns += [s, f"{s}_se", f"paper_{s}"]
@@ -154,20 +155,21 @@ def imagenet_plot(table: Table, path: Path) -> None:
     """Grouped bars per dataset (ours), the paper's numbers as markers."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
-    xs = np.arange(len(table.rows))
+    xs = range(len(table.rows))
     colours = {
         "individual": "tab:blue",
         "espn-no-pretrain": "tab:orange",
         "espn-imagenet": "tab:green",
     }
     for i, s in enumerate(IMAGENET_SERIES):
-        ys = [r[s] if r[s] is not None else np.nan for r in table.rows]
+        at = [x + (i - 1) * 0.27 for x in xs]
+        ys = [math.nan if r[s] is None else r[s] for r in table.rows]
         es = [r[f"{s}_se"] or 0.0 for r in table.rows]
-        ax.bar(xs + (i - 1) * 0.27, ys, 0.27, yerr=es, color=colours[s], label=f"ours: {s}")
-        ps = [r[f"paper_{s}"] if r[f"paper_{s}"] is not None else np.nan for r in table.rows]
-        ax.scatter(xs + (i - 1) * 0.27, ps, color="black", marker="_", s=200, zorder=3)
+        ax.bar(at, ys, 0.27, yerr=es, color=colours[s], label=f"ours: {s}")
+        ps = [math.nan if r[f"paper_{s}"] is None else r[f"paper_{s}"] for r in table.rows]
+        ax.scatter(at, ps, color="black", marker="_", s=200, zorder=3)
     ax.scatter([], [], color="black", marker="_", s=200, label="paper (appendix table)")
-    ax.set_xticks(xs, [r["task"] for r in table.rows])
+    ax.set_xticks(list(xs), [r["task"] for r in table.rows])
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(
         figure_title("ImageNet -> CUBS -> Cars -> Flowers -> WikiArt -> Sketch (Fig. 2b)", table)
@@ -254,18 +256,16 @@ def efficiency_stages(options: Options, out: Path) -> list[list[Point]]:
     for seed in FIG_DATA_EFFICIENCY.seeds(options):
         for m in EFFICIENCY_METHODS[options.scale]:
             method = method_options(m) | {"seed": seed}
-            src = point_name("fig-data-efficiency", f"{m}+source", seed)
-            first.append(Point(src, base | method | source))
+            src = point("fig-data-efficiency", f"{m}+source", seed, base | method | source)
+            small = base | method | small_only
+            first.append(src)
             if 0 in ks:
-                name = point_name("fig-data-efficiency", f"{m}+k0", seed)
-                first.append(Point(name, base | method | small_only))
+                first.append(point("fig-data-efficiency", f"{m}+k0", seed, small))
             for k in (k for k in ks if 0 < k <= n_full):
-                name = point_name("fig-data-efficiency", f"{m}+k{k}", seed)
-                after = {"from_run": str(Path(out).resolve() / src), "after_task": k}
-                second.append(Point(name, base | method | small_only | after))
-        alone = method_options("individual-1") | {"seed": seed}
-        name = point_name("fig-data-efficiency", "individual-1+alone", seed)
-        first.append(Point(name, base | alone | small_only))
+                after = {"from_run": str(Path(out).resolve() / src.name), "after_task": k}
+                second.append(point("fig-data-efficiency", f"{m}+k{k}", seed, small | after))
+        alone = method_options("individual-1") | {"seed": seed} | small_only
+        first.append(point("fig-data-efficiency", "individual-1+alone", seed, base | alone))
     return [first, second]
 
 
@@ -309,7 +309,7 @@ def efficiency_table(runs: list[Run]) -> Table:
             row["first"], row["first_se"] = mean_se([f for _, f in vals])
             rows.append(row)
     table = Table("fig-data-efficiency", FIG_DATA_EFFICIENCY.title, columns, rows)
-    notes = data_notes((r.doc["benchmark"] for r in runs), [], "")
+    notes = data_notes(runs)
     notes.append(
         f"small tasks: {', '.join(map(str, sorted(small_sizes)))} training images each; "
         "small: mean over the small tasks, learned one after the other on the supernet after "
@@ -351,7 +351,7 @@ def efficiency_plot(table: Table, path: Path) -> None:
     for r in table.rows:
         if r["tasks_before"] is None:
             ax.axhline(r["small"], ls="--", color="tab:red", label=f"{r['method']} (ours)")
-    numbers = paper("fig-data-efficiency")["numbers"]
+    numbers = paper_numbers()["fig-data-efficiency"]["numbers"]
     ax.axhline(
         numbers["individual"], ls=":", color="gray", label="paper: Individual ≈68% (SplitCIFAR100)"
     )
@@ -424,12 +424,10 @@ def order_stages(options: Options, out: Path) -> list[list[Point]]:
     for seed in FIG_TASK_ORDER.seeds(options):
         for m in ORDER_METHODS[options.scale]:
             for policy in POLICIES:
-                name = point_name("fig-task-order", f"{m}+{policy}", seed)
-                points.append(
-                    Point(name, base | method_options(m) | {"task_order": policy, "seed": seed})
-                )
-        name = point_name("fig-task-order", "individual-1+given", seed)
-        points.append(Point(name, base | method_options("individual-1") | {"seed": seed}))
+                run = method_options(m) | {"task_order": policy, "seed": seed}
+                points.append(point("fig-task-order", f"{m}+{policy}", seed, base | run))
+        alone = method_options("individual-1") | {"seed": seed}
+        points.append(point("fig-task-order", "individual-1+given", seed, base | alone))
     return [points]
 
 
@@ -466,7 +464,7 @@ def order_table(runs: list[Run]) -> Table:
     table = Table("fig-task-order", FIG_TASK_ORDER.title, columns, rows)
     table.md_columns = columns[:9]
     sizes = sorted({s for r in runs for s in r.doc["train_samples"]}, reverse=True)
-    notes = data_notes((r.doc["benchmark"] for r in runs), [], "")
+    notes = data_notes(runs)
     notes.append(
         "task ID = rank of the training-set size, from 0 (0: the largest, "
         f"{sizes[0] if sizes else '-'} images; last: {sizes[-1] if sizes else '-'}); "

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from espn.errors import EspnError
-from espn.evaluation.results import ResultsError, read_results
 from espn.reproduce.table import Table
 from espn.reproduce.target import (
     SCALES,
@@ -20,8 +19,10 @@ from espn.reproduce.target import (
     Target,
     parse_name,
 )
-from espn.sweep import Point, PointOutcome, SweepOptions, run_sweep
 from espn.utils.io import atomic_target, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from espn.sweep import Point, PointOutcome, SweepOptions
 
 
 @dataclass
@@ -47,6 +48,8 @@ def run_target(
     target = TARGETS.get(name)
     out = Path(out)
     stages = target.stages(options, out)  # validates data locations before anything runs
+    from espn.sweep import run_sweep
+
     outcomes: list[PointOutcome] = []
     skipped: list[str] = []
     failed: set[Path] = set()
@@ -79,6 +82,8 @@ def _complete(doc: dict[str, Any] | None) -> bool:
 
 def _read(run_dir: Path) -> dict[str, Any] | None:
     """A run directory's results with at least one finished task, else None."""
+    from espn.evaluation.results import ResultsError, read_results
+
     try:
         doc = read_results(run_dir)
     except ResultsError:
@@ -148,10 +153,12 @@ def collect(
     directories left out as (target, why): a corrupt results.json, or a run of another
     benchmark or method than its name says; per target the scales its runs were made at
     (``unknown`` for a run that matches no scale's points)."""
+    from espn.evaluation.results import ResultsError, read_results
+
     found: dict[str, tuple[list[Run], list[str]]] = {}
     problems: list[tuple[str, str]] = []
     scales: dict[str, set[str]] = {}
-    expected: dict[tuple[str, int], dict[str, dict[str, Any]] | None] = {}
+    expected: dict[tuple[str, int], Points | None] = {}
     for directory in sorted(Path(out).iterdir()):
         parsed = parse_name(directory.name)
         if parsed is None or not directory.is_dir() or parsed[0] not in TARGETS:
@@ -192,12 +199,14 @@ SCALE_KEYS = (
 )
 
 
-def _points(
-    target: Target, seed: int, out: Path, doc: dict[str, Any]
-) -> dict[str, dict[str, Any]] | None:
-    """The options (and the scale) of every point of ``target`` up to ``seed``, by name, at
-    any scale whose points can be built here, with the data locations the run ``doc`` used
-    (None if none can: then a run cannot be checked)."""
+#: per point name, its (scale, options) at every scale whose points can be built
+Points = dict[str, list[tuple[str, dict[str, Any]]]]
+
+
+def _points(target: Target, seed: int, out: Path, doc: dict[str, Any]) -> Points | None:
+    """The points of ``target`` up to ``seed`` at every scale whose points can be built here,
+    with the data locations the run ``doc`` used (None if none can: then a run cannot be
+    checked)."""
     config = doc.get("config") or {}
     folders = config.get("folders") or []
     where: dict[str, Any] = {
@@ -205,7 +214,7 @@ def _points(
         "data_root": Path(folders[-1]).parent if folders else None,
         "init_weights": config.get("init_weights"),
     }
-    points: dict[str, dict[str, Any]] = {}
+    points: Points = {}
     built = False
     for scale in SCALES:
         try:
@@ -215,9 +224,7 @@ def _points(
         built = True
         for stage in stages:
             for p in stage:
-                entry = points.setdefault(p.name, {"options": [], "scales": []})
-                entry["options"].append(p.options)
-                entry["scales"].append(scale)
+                points.setdefault(p.name, []).append((scale, p.options))
     return points if built else None
 
 
@@ -226,29 +233,24 @@ def _same(a: Any, b: Any) -> bool:
     return bool(json.loads(json.dumps(a)) == json.loads(json.dumps(b)))
 
 
-def _scale_of(name: str, doc: dict[str, Any], points: dict[str, dict[str, Any]] | None) -> str:
+def _scale_of(name: str, doc: dict[str, Any], points: Points | None) -> str:
     """The first scale (smallest first) whose point ``name`` sets :data:`SCALE_KEYS` as the
     run was made with, or ``unknown``."""
     config = doc.get("config") or {}
-    entry = (points or {}).get(name)
-    if entry is None:
-        return "unknown"
-    for options, scale in zip(entry["options"], entry["scales"], strict=True):
+    for scale, options in (points or {}).get(name, []):
         if all(_same(options[k], config.get(k)) for k in SCALE_KEYS if options.get(k) is not None):
-            return str(scale)
+            return scale
     return "unknown"
 
 
-def _foreign(
-    name: str, doc: dict[str, Any], points: dict[str, dict[str, Any]] | None
-) -> str | None:
+def _foreign(name: str, doc: dict[str, Any], points: Points | None) -> str | None:
     """Why the run ``doc`` in directory ``name`` is not that point of its target, or None."""
     if points is None:
         return None
     if name not in points:
         return "its name is not a point of the target at any scale"
     config = doc.get("config") or {}
-    for options in points[name]["options"]:
+    for _, options in points[name]:
         if all(
             options.get(k) is None or config.get(k) is None or options[k] == config[k]
             for k in IDENTITY

@@ -13,19 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from espn.errors import EspnError
 from espn.registry import Registry
 from espn.reproduce.table import Table
-from espn.runs.config import ConfigError
 from espn.settings.training import default
-from espn.sweep import Point
+
+if TYPE_CHECKING:
+    from espn.sweep import Point
 
 SCALES = ("smoke", "cpu", "paper")
 SEP = "__"
 
 
-class ReproduceError(ConfigError):
+class ReproduceError(EspnError, ValueError):
     """A reproduce request is not accepted (bad scale, missing data); the message says why."""
 
 
@@ -75,6 +77,13 @@ def point_name(target: str, series: str, seed: int) -> str:
     if SEP in series:
         raise ValueError(f"series {series!r} must not contain {SEP!r}")
     return f"{target}{SEP}{series}{SEP}seed{seed}"
+
+
+def point(target: str, series: str, seed: int, options: dict[str, Any]) -> Point:
+    """The sweep point of ``series`` and ``seed`` of ``target``, named by :func:`point_name`."""
+    from espn.sweep import Point
+
+    return Point(point_name(target, series, seed), options)
 
 
 def parse_name(name: str) -> tuple[str, str, int] | None:

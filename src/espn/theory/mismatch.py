@@ -7,83 +7,22 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
-import torch
-
 from espn.theory.common import (
-    PlantedConfig,
     Progress,
-    at_least,
-    check_ns,
-    check_r_frz,
     curve_row,
     evaluate,
     mean_curve,
+    replicate,
+    risk_curve,
+    solver_config,
     tick,
 )
-from espn.theory.planted import PlantedModel, TaskData, TheoryConfigError, derive_seed, generator
+from espn.theory.config import MismatchConfig
+from espn.theory.planted import derive_seed, generator
 from espn.theory.solver import solve_crl
-
-MISMATCH_COLUMNS = (
-    "setting",
-    "perturbation",
-    "r_frz",
-    "r_new",
-    "replicate",
-    "N",
-    "T",
-    "NT",
-    "dof",
-    "train_loss",
-    "test_risk",
-    "excess_risk",
-    "noise_floor",
-    "seconds",
-)
-
-
-@dataclass
-class MismatchConfig(PlantedConfig):
-    """Mismatch: frozen rows perturbed by each of ``perturbations``, plus scratch."""
-
-    r_frz: int = 6
-    r_new: int | None = None
-    perturbations: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5)
-    ns: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-    mm_n: int = 2000
-    include_scratch: bool = True
-
-    def validate(self) -> None:
-        """Raise :class:`TheoryConfigError` naming the first bad value."""
-        super().validate()
-        check_ns(self.ns)
-        check_r_frz((self.r_frz,), self.r)
-        if self.r_new is not None and not 0 <= self.r_new <= self.r - self.r_frz:
-            raise TheoryConfigError(
-                f"must be in [0, r - r_frz = {self.r - self.r_frz}], got {self.r_new}", "r_new"
-            )
-        if self.r_frz + self.learned_rows < 1:
-            raise TheoryConfigError("the representation needs at least one row", "r_frz/r_new")
-        if not self.perturbations:
-            raise TheoryConfigError("give at least one value >= 0", "perturbations")
-        bad = [p for p in self.perturbations if not p >= 0]
-        if bad:
-            raise TheoryConfigError(f"every value must be >= 0, got {bad[0]:g}", "perturbations")
-        at_least("mm_n", self.mm_n, 1)
-
-    @property
-    def learned_rows(self) -> int:
-        """Rows the learner adds on top of the frozen ones (default ``r - r_frz``)."""
-        return self.r - self.r_frz if self.r_new is None else self.r_new
-
-
-def mismatch_solves(cfg: MismatchConfig) -> int:
-    """Number of solves :func:`run_mismatch` makes (for a progress bar)."""
-    curves = len(cfg.perturbations) + int(cfg.include_scratch)
-    return cfg.replicates * (curves * len(cfg.ns) + len(cfg.perturbations))
 
 
 def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
@@ -98,58 +37,29 @@ def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[
     rows: list[dict[str, Any]] = []
     r_new = cfg.learned_rows
     for rep in range(cfg.replicates):
-        model = cfg.model(rep)
-        train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
-        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
-        tasks = list(range(model.T))
+        data = replicate(cfg, rep, max(cfg.ns))
+        model, _, test, test_clean = data
         for eps in cfg.perturbations:
             W_frz = model.frozen(cfg.r_frz, eps, seed=derive_seed(cfg.seed, "perturb", rep))
             # the mismatch: a large noise-free solve on top of the perturbed rows
             start = time.perf_counter()
             _, mm_clean = model.sample(cfg.mm_n, generator(cfg.seed, "mm", rep, eps))
-            sol = solve_crl(mm_clean, r_new, W_frz, cfg.solver(model, derive_seed(rep, eps)))
-            _, mm_test = evaluate(sol.predict, tasks, test, test_clean)
+            sol = solve_crl(
+                mm_clean, r_new, W_frz, solver_config(cfg, model, derive_seed(rep, eps))
+            )
+            _, mm_test = evaluate(sol.predict, list(range(model.T)), test, test_clean)
             for setting, value in (("mm-train", sol.train_loss), ("mm-test", mm_test)):
                 risks = (value + model.noise_floor, value)
                 solve = (setting, cfg.r_frz, r_new, cfg.mm_n, sol.train_loss, risks, start)
                 rows.append(curve_row(cfg, model, rep, *solve) | {"perturbation": eps})
             tick(progress)
-            rows.extend(
-                _risk_curve(cfg, rep, model, train, (test, test_clean), W_frz, r_new, eps, progress)
-            )
+            seed = (cfg.seed, rep, "frozen", eps)
+            curve = risk_curve(cfg, rep, data, "frozen", W_frz, r_new, seed, progress)
+            rows += [row | {"perturbation": eps} for row in curve]
         if cfg.include_scratch:
-            rows.extend(
-                _risk_curve(
-                    cfg, rep, model, train, (test, test_clean), None, cfg.r, math.nan, progress
-                )
-            )
-    return rows
-
-
-def _risk_curve(
-    cfg: MismatchConfig,
-    rep: int,
-    model: PlantedModel,
-    train: TaskData,
-    tests: tuple[TaskData, TaskData],
-    W_frz: torch.Tensor | None,
-    r_new: int,
-    eps: float,
-    progress: Progress | None,
-) -> list[dict[str, Any]]:
-    """Excess risk over ``cfg.ns`` on top of ``W_frz`` (``None``: from scratch)."""
-    rows = []
-    test, test_clean = tests
-    setting = "scratch" if W_frz is None else "frozen"
-    r_frz = 0 if W_frz is None else W_frz.shape[0]
-    for n in sorted(cfg.ns):
-        start = time.perf_counter()
-        seed = derive_seed(cfg.seed, rep, setting, eps, n)
-        sol = solve_crl(train.head(n), r_new, W_frz, cfg.solver(model, seed))
-        risks = evaluate(sol.predict, list(range(model.T)), test, test_clean)
-        row = curve_row(cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start)
-        rows.append(row | {"perturbation": eps})
-        tick(progress)
+            seed = (cfg.seed, rep, "scratch", math.nan)
+            curve = risk_curve(cfg, rep, data, "scratch", None, cfg.r, seed, progress)
+            rows += [row | {"perturbation": math.nan} for row in curve]
     return rows
 
 

@@ -27,40 +27,25 @@ from dataclasses import dataclass
 
 import torch
 
-from espn.errors import EspnError
+from espn.theory.config import (
+    ACTIVATIONS,
+    INPUT_DISTRIBUTIONS,
+    PlantedConfig,
+    TheoryConfigError,
+    check_choice,
+)
 
 DTYPE = torch.float64
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+#: the function psi of each of :data:`~espn.theory.config.ACTIVATIONS`
+PSI: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "identity": lambda z: z,
     "relu": torch.relu,
 }
-INPUT_DISTRIBUTIONS = ("sphere", "ball")
-
-
-class TheoryConfigError(EspnError, ValueError):
-    """A theory-lab setting is not accepted; the message names the value and what is.
-
-    ``parameter`` is the setting's name as the library calls it (``r_frz``; None when the
-    error concerns no single setting); the message is ``"<parameter>: <reason>"``, and the
-    command line shows its own option name (``--r-frz``) in its place.
-    """
-
-    def __init__(self, reason: str, parameter: str | None = None) -> None:
-        super().__init__(f"{parameter}: {reason}" if parameter else reason)
-        self.reason = reason
-        self.parameter = parameter
-
-
-def check_choice(parameter: str, value: str, accepted: Sequence[str]) -> str:
-    """Return ``value`` if it is one of ``accepted``, else raise a clear error."""
-    if value not in accepted:
-        raise TheoryConfigError(f"got {value!r}; accepted: {', '.join(accepted)}", parameter)
-    return value
 
 
 def activation_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The activation ``psi`` called ``name`` (identity or relu)."""
-    return ACTIVATIONS[check_choice("activation", name, tuple(ACTIVATIONS))]
+    return PSI[check_choice("activation", name, ACTIVATIONS)]
 
 
 def derive_seed(*parts: object) -> int:
@@ -152,15 +137,17 @@ class PlantedModel:
         seed: int = 0,
         inputs: str = "sphere",
     ) -> PlantedModel:
-        """Draw ``W*`` with orthonormal rows and ``tasks`` heads of norm ``head_norm``."""
-        activation_fn(activation)
-        check_choice("inputs", inputs, INPUT_DISTRIBUTIONS)
-        if not 1 <= r <= d:
-            raise TheoryConfigError(f"must be in [1, d={d}], got {r}", "r")
-        if tasks < 1:
-            raise TheoryConfigError(f"must be >= 1, got {tasks}", "tasks")
-        if noise < 0:
-            raise TheoryConfigError(f"must be >= 0, got {noise:g}", "noise")
+        """Draw ``W*`` with orthonormal rows and ``tasks`` heads of norm ``head_norm``, the
+        values checked as :class:`~espn.theory.config.PlantedConfig` checks them."""
+        PlantedConfig(
+            d=d,
+            r=r,
+            tasks=tasks,
+            activation=activation,
+            noise=noise,
+            head_norm=head_norm,
+            inputs=inputs,
+        ).validate()
         gen = generator("planted", seed, d, r, tasks)
         q, _ = torch.linalg.qr(torch.randn(d, r, generator=gen, dtype=DTYPE))
         heads = torch.randn(tasks, r, generator=gen, dtype=DTYPE)

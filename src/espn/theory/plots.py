@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from espn.theory.common import band
 from espn.utils.io import atomic_target
 from espn.utils.plotting import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-LINESTYLES = {"decreasing": "-", "increasing": "--", "individual": ":"}
-ORDER_COLORS = {"decreasing": "C0", "increasing": "C3", "individual": "C2"}
-ORDER_LABELS = {
-    "decreasing": "decreasing N (large first)",
-    "increasing": "increasing N (small first)",
-    "individual": "individual (from scratch)",
+#: per training order: its line style, colour and label
+ORDER_STYLES = {
+    "decreasing": ("-", "C0", "decreasing N (large first)"),
+    "increasing": ("--", "C3", "increasing N (small first)"),
+    "individual": (":", "C2", "individual (from scratch)"),
 }
 
 
@@ -31,18 +30,9 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _band(rows: Sequence[dict[str, Any]], x: str, y: str = "excess_risk") -> tuple[list, ...]:
-    """(x, mean, min, max) of ``y`` over replicates at each ``x``."""
-    groups: dict[float, list[float]] = defaultdict(list)
-    for row in rows:
-        groups[float(row[x])].append(float(row[y]))
-    xs = sorted(groups)
-    return (
-        xs,
-        [sum(groups[k]) / len(groups[k]) for k in xs],
-        [min(groups[k]) for k in xs],
-        [max(groups[k]) for k in xs],
-    )
+def _band(rows: Sequence[dict[str, Any]], x: str, y: str = "excess_risk") -> list[list[float]]:
+    """[x, mean, min, max] of ``y`` over replicates at each ``x``, as four columns."""
+    return [list(column) for column in zip(*band(rows, x, y), strict=True)]
 
 
 def plot_sample_complexity(
@@ -161,9 +151,10 @@ def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], pat
         order = o["order"]
         group = [r for r in rows if r["order"] == order]
         xs, ys, lo, hi = _band(group, "task_id")
-        label = f"{ORDER_LABELS[order]}: avg {o['average_excess']:.3g}"
-        ax.plot(xs, ys, LINESTYLES[order], marker="o", label=label, color=ORDER_COLORS[order])
-        ax.fill_between(xs, lo, hi, color=ORDER_COLORS[order], alpha=0.1)
+        style, color, name = ORDER_STYLES[order]
+        label = f"{name}: avg {o['average_excess']:.3g}"
+        ax.plot(xs, ys, style, marker="o", label=label, color=color)
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.1)
     ax.set_xticks(ids, [f"{i}\nN={n}" for i, n in zip(ids, sizes, strict=True)], fontsize=7)
     ax.set(
         yscale="log",

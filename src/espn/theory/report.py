@@ -1,8 +1,48 @@
-"""Plain-text summaries of the theory-lab experiments (what the CLI prints)."""
+"""Reading a theory-lab CSV back, and the plain-text summaries of the experiments (what the
+CLI prints)."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
+from pathlib import Path
 from typing import Any
+
+from espn.theory.config import COLUMNS, TheoryConfigError
+from espn.utils.io import read_csv
+
+#: the CSV columns that hold text; every other cell is a number
+TEXT_COLUMNS = ("setting", "order")
+
+
+def read_rows(path: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The experiment of a theory CSV (told by its columns) and its rows, numbers parsed back
+    to int/float; refused, naming the file, when it is not one."""
+    try:
+        rows = [{k: _parse(v) for k, v in row.items()} for row in read_csv(path)]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise TheoryConfigError(f"CSV: {path} is not a CSV file ({exc})") from None
+    keys = set(rows[0]) if rows else set()
+    kind = next((k for k, columns in COLUMNS.items() if keys == set(columns)), None)
+    if kind is None:
+        raise TheoryConfigError(
+            f"CSV: columns match none of the theory experiments ({', '.join(COLUMNS)})"
+        )
+    for line, row in enumerate(rows, start=2):
+        for column, value in row.items():
+            if column not in TEXT_COLUMNS and isinstance(value, str) and value != "":
+                raise TheoryConfigError(
+                    f"CSV: {path} line {line}, column {column}: {value!r} is not a number"
+                )
+    return kind, rows
+
+
+def _parse(text: str) -> Any:
+    """A CSV cell as int, else float, else the text itself."""
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    return text
 
 
 def _num(value: float | None, fmt: str = ".0f") -> str:

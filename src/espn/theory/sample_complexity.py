@@ -5,69 +5,13 @@ and from scratch; the paper's Corollary 1 says the excess risk is governed by
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from statistics import mean
 from typing import Any
 
-from espn.theory.common import (
-    PlantedConfig,
-    Progress,
-    check_ns,
-    check_r_frz,
-    curve_row,
-    evaluate,
-    mean_curve,
-    tick,
-)
-from espn.theory.planted import TheoryConfigError, derive_seed, generator
-from espn.theory.solver import solve_crl
-
-SAMPLE_COMPLEXITY_COLUMNS = (
-    "setting",
-    "r_frz",
-    "r_new",
-    "replicate",
-    "N",
-    "T",
-    "NT",
-    "dof",
-    "train_loss",
-    "test_risk",
-    "excess_risk",
-    "noise_floor",
-    "restart",
-    "seconds",
-)
-
-
-@dataclass
-class SampleComplexityConfig(PlantedConfig):
-    """Sample complexity: scratch and frozen (each ``r_frz``) over per-task sizes ``ns``."""
-
-    r_frz: tuple[int, ...] = (4, 7)
-    ns: tuple[int, ...] = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
-    target: float = 0.01
-
-    def validate(self) -> None:
-        """Raise :class:`TheoryConfigError` naming the first bad value."""
-        super().validate()
-        check_ns(self.ns)
-        check_r_frz(self.r_frz, self.r)
-        if not 0 < self.target < 1:
-            raise TheoryConfigError(f"must be in (0, 1), got {self.target:g}", "target")
-
-    @property
-    def settings(self) -> list[int]:
-        """``r_frz`` of each setting: 0 (from scratch) first, then the frozen ones."""
-        return [0, *sorted(set(self.r_frz) - {0})]
-
-
-def sample_complexity_solves(cfg: SampleComplexityConfig) -> int:
-    """Number of solves :func:`run_sample_complexity` makes (for a progress bar)."""
-    return cfg.replicates * len(cfg.settings) * len(cfg.ns)
+from espn.theory.common import Progress, mean_curve, replicate, risk_curve
+from espn.theory.config import SampleComplexityConfig
 
 
 def run_sample_complexity(
@@ -82,24 +26,12 @@ def run_sample_complexity(
     cfg.validate()
     rows: list[dict[str, Any]] = []
     for rep in range(cfg.replicates):
-        model = cfg.model(rep)
-        train, _ = model.sample(max(cfg.ns), generator(cfg.seed, "train", rep))
-        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
-        tasks = list(range(model.T))
+        data = replicate(cfg, rep, max(cfg.ns))
         for r_frz in cfg.settings:
-            r_new = cfg.r - r_frz
-            W_frz = model.frozen(r_frz)
-            for n in sorted(cfg.ns):
-                start = time.perf_counter()
-                solver = cfg.solver(model, derive_seed(cfg.seed, rep, r_frz, n))
-                sol = solve_crl(train.head(n), r_new, W_frz, solver)
-                risks = evaluate(sol.predict, tasks, test, test_clean)
-                setting = "scratch" if r_frz == 0 else "frozen"
-                row = curve_row(
-                    cfg, model, rep, setting, r_frz, r_new, n, sol.train_loss, risks, start
-                )
-                rows.append(row | {"restart": sol.restart})
-                tick(progress)
+            setting = "scratch" if r_frz == 0 else "frozen"
+            seed = (cfg.seed, rep, r_frz)
+            W_frz = data[0].frozen(r_frz)
+            rows += risk_curve(cfg, rep, data, setting, W_frz, cfg.r - r_frz, seed, progress)
     return rows
 
 

@@ -38,14 +38,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from espn.theory.planted import (
-    DTYPE,
-    TaskData,
-    TheoryConfigError,
-    activation_fn,
-    derive_seed,
-    generator,
-)
+from espn.theory.config import TheoryConfigError, at_least, check_choice
+from espn.theory.planted import DTYPE, TaskData, activation_fn, derive_seed, generator
 
 INITS = ("spectral", "random")
 
@@ -68,16 +62,11 @@ class SolverConfig:
     def validate(self) -> SolverConfig:
         """Raise :class:`TheoryConfigError` on a setting that is not accepted."""
         activation_fn(self.activation)
-        if self.init not in INITS:
-            raise TheoryConfigError(f"got {self.init!r}; accepted: {', '.join(INITS)}", "init")
-        if self.restarts < 1:
-            raise TheoryConfigError(f"must be >= 1, got {self.restarts}", "restarts")
-        if self.threads < 0:
-            raise TheoryConfigError(f"must be >= 0, got {self.threads}", "threads")
-        if self.screen_iter < 0:
-            raise TheoryConfigError(f"must be >= 0, got {self.screen_iter}", "screen_iter")
-        if self.max_iter < 1:
-            raise TheoryConfigError(f"must be >= 1, got {self.max_iter}", "max_iter")
+        check_choice("init", self.init, INITS)
+        at_least("restarts", self.restarts, 1)
+        at_least("threads", self.threads, 0)
+        at_least("screen_iter", self.screen_iter, 0)
+        at_least("max_iter", self.max_iter, 1)
         for name, bound in (
             ("head bound", self.head_bound),
             ("representation bound", self.rep_bound),

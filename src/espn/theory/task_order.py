@@ -4,84 +4,23 @@ paper's figure on sample size."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
 from torch import Tensor
 
-from espn.theory.common import PlantedConfig, Progress, at_least, evaluate, mean_curve, tick
-from espn.theory.planted import TheoryConfigError, check_choice, derive_seed, generator
-from espn.theory.solver import SequentialResult, solve_crl, solve_sequential
-
-TASK_ORDER_COLUMNS = (
-    "order",
-    "replicate",
-    "task_id",
-    "position",
-    "N",
-    "heads",
-    "rows",
-    "new_rows",
-    "train_loss",
-    "test_risk",
-    "excess_risk",
-    "noise_floor",
+from espn.theory.common import (
+    Progress,
+    evaluate,
+    mean_curve,
+    replicate,
+    solver_config,
+    tick,
 )
-TASK_ORDERS = ("decreasing", "increasing", "individual")
-
-
-@dataclass
-class TaskOrderConfig(PlantedConfig):
-    """Task order: ``arrivals`` multi-head tasks with sizes falling from n_max to n_min."""
-
-    d: int = 30
-    r: int = 4
-    tasks: int = 10
-    activation: str = "relu"
-    heads: int = 4
-    n_max: int = 1000
-    n_min: int = 50
-    first_rows: int | None = None
-    rows_per_task: int = 1
-    n_test: int = 1000
-    orders: tuple[str, ...] = field(default=TASK_ORDERS)
-
-    def validate(self) -> None:
-        """Raise :class:`TheoryConfigError` naming the first bad value."""
-        super().validate()
-        at_least("heads", self.heads, 1)
-        at_least("n_min", self.n_min, 1)
-        if self.n_max < self.n_min:
-            raise TheoryConfigError(f"must be >= n_min ({self.n_min}), got {self.n_max}", "n_max")
-        if self.first_rows is not None:
-            at_least("first_rows", self.first_rows, 1)
-        at_least("rows_per_task", self.rows_per_task, 0)
-        for order in self.orders:
-            check_choice("orders", order, TASK_ORDERS)
-
-    @property
-    def sizes(self) -> list[int]:
-        """Per-head sample size of task ID i (from 0): floor(n_max * (n_min/n_max)^(i/(A-1)))."""
-        if self.tasks == 1:
-            return [self.n_max]
-        ratio = self.n_min / self.n_max
-        return [
-            max(self.n_min, math.floor(self.n_max * ratio ** (i / (self.tasks - 1)) + 1e-9))
-            for i in range(self.tasks)
-        ]
-
-    @property
-    def rows_first(self) -> int:
-        """New rows of the first arrival (default ``r``: room for a full representation)."""
-        return self.r if self.first_rows is None else self.first_rows
-
-
-def task_order_solves(cfg: TaskOrderConfig) -> int:
-    """Number of solves :func:`run_task_order` makes (for a progress bar)."""
-    return cfg.replicates * cfg.tasks * len(cfg.orders)
+from espn.theory.config import TASK_ORDERS, TaskOrderConfig
+from espn.theory.planted import derive_seed
+from espn.theory.solver import SequentialResult, solve_crl, solve_sequential
 
 
 def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
@@ -98,14 +37,12 @@ def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> li
     sizes = cfg.sizes
     groups = [list(range(i * cfg.heads, (i + 1) * cfg.heads)) for i in range(cfg.tasks)]
     new_rows = [cfg.rows_first] + [cfg.rows_per_task] * (cfg.tasks - 1)
+    per_head = [n for n in sizes for _ in range(cfg.heads)]
     for rep in range(cfg.replicates):
-        model = cfg.model(rep, tasks=cfg.tasks * cfg.heads)
-        per_head = [n for n in sizes for _ in range(cfg.heads)]
-        train, _ = model.sample(per_head, generator(cfg.seed, "train", rep))
-        test, test_clean = model.sample(cfg.n_test, generator(cfg.seed, "test", rep))
+        model, train, test, test_clean = replicate(cfg, rep, per_head, cfg.tasks * cfg.heads)
         base = {"replicate": rep, "heads": cfg.heads, "noise_floor": model.noise_floor}
         for order in cfg.orders:
-            solver = cfg.solver(model, derive_seed(cfg.seed, rep, order))
+            solver = solver_config(cfg, model, derive_seed(cfg.seed, rep, order))
             if order == "individual":
                 for i, group in enumerate(groups):
                     sol = solve_crl(train.select(group), cfg.rows_first, None, solver)
