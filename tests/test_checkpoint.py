@@ -23,7 +23,7 @@ from espn.checkpoint.format import sha256_of
 from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
 from espn.models.fc import FCNet
-from espn.runs.training import continue_training, scaler_state
+from espn.runs.resuming import continue_training, scaler_state
 from espn.supernet import Supernet, unpack_bits
 from espn.training.engine import Engine
 from helpers.deploy import make_model, train_tiny

@@ -7,11 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 import espn.api.experiment as experiment_module
-from espn.cli.main import app
+from espn.cli.main import app, load_command
 from espn.cli.options import NOT_FLAGS, flag
 from espn.methods.base import declared_options
 from espn.runs.config import RunConfig, make_config
@@ -23,7 +22,7 @@ CLI_ONLY = {"progress", "quiet", "resume", "overwrite", "log", "log_every", "dis
 
 def run_options() -> dict[str, list[str]]:
     """Parameter name -> its flags, as the click command of ``espn run`` has them."""
-    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    command = load_command("run")
     return {p.name: [*p.opts, *p.secondary_opts] for p in command.params if p.opts}
 
 
@@ -41,7 +40,7 @@ def test_every_field_is_one_flag_and_every_flag_one_declaration() -> None:
 
 
 def test_the_help_of_a_field_is_its_description() -> None:
-    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    command = load_command("run")
     helps = {p.name: p.help for p in command.params}
     for name, field in RunConfig.model_fields.items():
         if name not in NOT_FLAGS:

@@ -1,9 +1,5 @@
-"""What espn knows by name, from Python: the names ``espn list`` prints.
-
-Each function returns the registered names in registration order, the values that
-``--benchmark``, ``--model``, ``--method`` and ``--pruner`` (and their keywords in
-:func:`espn.run`, :func:`espn.create_method` and :func:`espn.wrap`) accept.
-"""
+"""What espn knows by name, from Python: the names ``espn list`` prints, in registration order,
+that ``--benchmark``, ``--model``, ``--method`` and ``--pruner`` (and their keywords) accept."""
 
 from __future__ import annotations
 
@@ -16,8 +12,7 @@ def list_benchmarks() -> list[str]:
 
 
 def list_models() -> list[str]:
-    """The model names (``--model``, ``espn.wrap("fc1024", ...)``), including models other
-    packages register through the ``espn.models`` entry points."""
+    """The model names (``--model``), entry-point models included."""
     from espn.models import MODELS
 
     return MODELS.names()

@@ -1,15 +1,10 @@
-"""The Python API's arguments, checked at the door with the CLI's own messages.
-
-A learner's training options (``lr``, ``batch_size``, ``seed``, ``device``, ``gamma``,
-``epochs``, ...) are validated by :class:`espn.runs.config.RunConfig`'s validators, one field at a
-time, so that ``ContinualLearner(sn, lr=-1)`` and ``espn run --lr -1`` say the same thing.
-Data, models and paths are checked before anything is built or trained. Every refusal is an
-:class:`ApiArgumentError` (an :class:`~espn.errors.EspnError`) of one line that starts with
-the argument's name.
-"""
+"""The Python API's arguments, checked at the door before anything is built or trained: the
+training options by :class:`espn.runs.config.RunConfig`'s own validators (the CLI's messages),
+data, models and paths here; every refusal an :class:`ApiArgumentError` naming the argument."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,25 +26,18 @@ class ApiArgumentError(EspnError, ValueError):
 
 
 class LearnerError(EspnError, ValueError):
-    """A learner cannot do what was asked (no data to evaluate on, an unreachable budget,
-    nothing to save, a run directory of other data); the message says why and what would
-    work."""
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """A learner cannot do what was asked; the message says why and what would work."""
 
 
 def fail(argument: str, what: str) -> ApiArgumentError:
     """The error for ``argument``: ``argument: what`` on one line."""
-    return ApiArgumentError(_one_line(f"{argument}: {what}"))
+    return ApiArgumentError(" ".join(f"{argument}: {what}".split()))
 
 
 @contextmanager
 def about(argument: str, context: str = "", test_argument: str | None = None) -> Iterator[None]:
-    """Within: an error that is not espn's own (torch's, Python's) becomes one line naming
-    ``argument`` (and ``context``: what was being done with it); espn's own errors pass, a
-    data error named for the argument (``test_argument`` where it is about the test split)."""
+    """Within: an error that is not espn's own becomes one line naming ``argument`` (and
+    ``context``); a data error is named for ``test_argument`` where it is about the test split."""
     from espn.data.tensors import TaskDataError
     from espn.methods.base import MethodSettingError
 
@@ -68,20 +56,18 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
         raise fail(argument, f"{context}{first[:300]}") from None
 
 
-_BASE: RunConfig | None = None
+@functools.cache
+def _base_config() -> RunConfig:
+    return make_config(benchmark="permuted-mnist")
 
 
 def _default_config() -> RunConfig:
     """A fresh default run configuration, to check options on."""
-    global _BASE
-    if _BASE is None:
-        _BASE = make_config(benchmark="permuted-mnist")
-    return _BASE.model_copy()
+    return _base_config().model_copy()
 
 
 def check_option(name: str, value: Any, config: RunConfig | None = None) -> None:
-    """Validate one run option as ``espn run`` does (the same validator, the same words), on
-    ``config`` (assigned there; default: a fresh default configuration)."""
+    """Validate one run option as ``espn run`` does, assigned on ``config``."""
     if isinstance(value, torch.device):
         value = str(value)
     try:
@@ -96,8 +82,7 @@ def check_option(name: str, value: Any, config: RunConfig | None = None) -> None
 
 
 def check_learner(supernet: Any, device: Any, settings: dict[str, Any]) -> None:
-    """``ContinualLearner``'s arguments: a supernet, a device, and settings that are run
-    options checked as run options."""
+    """``ContinualLearner``'s supernet, device, and settings checked as run options."""
     from espn.supernet.supernet import Supernet
 
     if not isinstance(supernet, Supernet):
@@ -128,8 +113,7 @@ INPUT_DTYPES = {
 
 
 def check_example(model: Any, example_input: Any) -> None:
-    """``wrap``'s model and example batch: a module, name or factory, and a non-empty,
-    finite batch ``[N, ...]`` of float32 inputs or int64 token ids."""
+    """``wrap``'s model (a module, name or factory) and example batch."""
     if not (isinstance(model, nn.Module | str) or callable(model)):
         raise fail(
             "model",
@@ -149,9 +133,8 @@ def check_example(model: Any, example_input: Any) -> None:
 def check_inputs(
     x: Any, argument: str, shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None
 ) -> None:
-    """Model inputs: a finite tensor ``[N, *shape]`` of the model's ``dtype``: float32, or
-    int64 token ids for a model reading them with ``nn.Embedding`` (either for ``wrap``'s
-    example, whose dtype the supernet records as its own)."""
+    """Model inputs: a finite tensor ``[N, *shape]`` of ``dtype`` (default: either of
+    :data:`INPUT_DTYPES`, for ``wrap``'s example)."""
     if not isinstance(x, Tensor):
         raise fail(argument, f"expected a tensor of inputs [N, ...], got {type(x).__name__}")
     if x.dim() < 2:
@@ -238,8 +221,7 @@ def check_export_path(path: Any) -> None:
 
 
 def check_callbacks(callbacks: Any) -> list[Any]:
-    """``callbacks``: a list (any iterable but a string) of
-    :class:`~espn.training.callbacks.Callback` objects."""
+    """``callbacks``: an iterable (not a string) of Callback objects."""
     from espn.training.callbacks import Callback
 
     if isinstance(callbacks, Callback) or not _iterable(callbacks):
@@ -257,9 +239,8 @@ def check_callbacks(callbacks: Any) -> list[Any]:
 
 
 def check_loggers(loggers: Any, log_every: Any) -> list[Any]:
-    """``loggers``: logger names (one string, comma-separated as ``--log``, or a list) and
-    :class:`~espn.training.callbacks.Callback` objects; ``log_every`` given only with a
-    logger named (:func:`espn.training.loggers.logging_options`)."""
+    """``loggers``: logger names (comma-separated in one string, or a list) and
+    :class:`~espn.training.callbacks.Callback` objects; ``log_every`` only with a name."""
     from espn.training.callbacks import Callback
     from espn.training.loggers import logging_options
 

@@ -1,7 +1,5 @@
-"""``espn run``'s assembly: build the benchmark and the supernet a run configuration names
-(:mod:`espn.runs.building`), hand them to the one learner
-(:class:`espn.api.learner.ContinualLearner`) with the run directory (:mod:`espn.api.run_directory`)
-attached."""
+"""``espn run``'s assembly: the benchmark and the supernet a run configuration names, handed to
+the one learner with the run directory attached."""
 
 from __future__ import annotations
 
@@ -74,24 +72,14 @@ def run_experiment(
     log_every: int | None = None,
     distributed: bool = True,
 ) -> dict[str, Any]:
-    """Run ``cfg`` to the end; results are rewritten atomically after every evaluated task
-    (every ``cfg.eval_every`` tasks and the last), and the checkpoint in ``<out>/checkpoint``
-    after every task and every epoch.
+    """Run ``cfg`` to the end in its locked run directory (see docs/checkpoints.md); its
+    ``results.json`` document.
 
-    ``progress`` shows a progress bar; ``on_task_end`` receives a one-line summary per task;
-    ``resume`` continues a killed run from its checkpoint (same options required); an ``out``
-    that holds another run's output is refused unless ``resume`` or ``overwrite``; a second
-    run on the same ``out`` is refused while one holds it (a lock file with its pid).
-    ``on_warning`` receives what the run could not do as asked (also in results.json).
-    Training stops with :class:`TrainingStopped` (the last good checkpoint kept) rather than
-    commit a task that breaks a budget or learned from a non-finite loss. ``seq``, when given,
-    is the benchmark ``cfg`` names, built once by the caller (so that another library can be
-    handed the very same tensors, see ``benchmarks/peer_packnet.py``). ``loggers`` are
-    callbacks or logger names (``espn run --log``) told of every step, epoch and task, the
-    loggers reading the loss every ``log_every`` steps. Under ``torchrun`` the run trains
-    data-parallel over its processes unless not ``distributed`` (see
-    :mod:`espn.training.distributed`): rank 0 locks and writes ``out`` and reports; the other
-    ranks only read its checkpoint to resume.
+    ``on_task_end`` receives a one-line summary per task, ``on_warning`` what the run could
+    not do as asked; ``resume``/``overwrite`` are ``--resume``/``--overwrite``. A task that
+    breaks a budget or learned from a non-finite loss stops the run (:class:`TrainingStopped`,
+    the last good checkpoint kept). ``seq``: the benchmark ``cfg`` names, built by the caller.
+    ``loggers``, ``log_every``, ``distributed`` as in :class:`ContinualLearner`.
     """
     logging_options(loggers, log_every)  # a bad name is refused before any work
     check_run(cfg)
@@ -108,12 +96,14 @@ def run_experiment(
         try:
             return _run_locked(
                 cfg,
-                progress,
-                on_task_end,
-                resume,
-                on_warning,
                 seq,
-                (loggers, log_every, distributed),
+                resume,
+                on_task_end,
+                on_warning,
+                progress=progress,
+                loggers=loggers,
+                log_every=log_every,
+                distributed=distributed,
             )
         except TrainingStopped as exc:
             raise TrainingStopped(f"{exc}; {_kept(cfg)}") from None
@@ -133,18 +123,10 @@ def run(
 ) -> dict[str, Any]:
     """One run as ``espn run`` makes it, from Python: its ``results.json`` document.
 
-    Give ``espn run``'s options as keywords (``benchmark``, ``method``, ``out``, ``tasks``,
-    ``train_per_task``, ``gamma``, ``epochs=(3, 4, 3)``, a method's own options such as
-    ``supsup_k``, ...: the :class:`~espn.runs.config.RunConfig` fields) or a ready ``RunConfig``;
-    each value is checked before any work (:class:`~espn.runs.config.ConfigError` naming it).
-    The run directory ``out`` gets what the CLI writes (``results.json``, ``accuracy.png``,
-    ``checkpoint/``); ``resume`` and ``overwrite`` are the CLI's ``--resume``/``--overwrite``,
-    ``progress`` shows the progress bar, ``on_task_end`` receives the per-task lines, and what
-    the run could not do as asked is issued as a Python warning (and kept in the document);
-    ``loggers``, ``log_every`` and ``distributed`` as in :class:`~espn.api.learner.ContinualLearner`.
-
-    Example: ``espn.run(benchmark="permuted-fashion-mnist", tasks=2, train_per_task=500,
-    out="runs/mine")["average_accuracy"]``.
+    Give ``espn run``'s options as keywords or a ready ``RunConfig`` (each value checked before
+    any work); what the run could not do as asked is issued as a Python warning; the other
+    arguments as in :func:`run_experiment`. E.g. ``espn.run(benchmark="permuted-fashion-mnist",
+    tasks=2, train_per_task=500, out="runs/mine")["average_accuracy"]``.
     """
     if config is not None and options:
         raise ConfigError(
@@ -181,29 +163,19 @@ def _kept(cfg: RunConfig) -> str:
 
 def _run_locked(
     cfg: RunConfig,
-    progress: bool,
-    on_task_end: Callable[[str], None] | None,
-    resume: bool,
-    on_warning: Callable[[str], None] | None,
     seq: TaskSequence | None,
-    logging: tuple[Sequence[Callback | str], int | None, bool],
+    resume: bool,
+    on_task_end: Callable[[str], None] | None,
+    on_warning: Callable[[str], None] | None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Assemble the run: the benchmark and the model, handed to the one learner with the run
-    directory attached."""
+    """Build the benchmark and model; learn them with the run directory attached."""
     seq = build_benchmark(cfg) if seq is None else seq
     source = None if cfg.from_run is None else open_source(cfg)
     if source is not None:
         check_compatible(cfg, source, seq)
     supernet = build_supernet(cfg, seq)
-    loggers, log_every, distributed = logging
-    learner = ContinualLearner.from_config(
-        supernet,
-        cfg,
-        progress=progress,
-        loggers=loggers,
-        log_every=log_every,
-        distributed=distributed,
-    )
+    learner = ContinualLearner.from_config(supernet, cfg, **options)
     learner.runner.check_gamma_reachable(cfg.model)
     notes = data_warnings(cfg, seq)
     if on_warning is not None:

@@ -1,15 +1,6 @@
-"""espn from Python: wrap your own model, learn tasks from your own data, evaluate, export,
-save and load.
-
-* :func:`wrap` turns any ``nn.Module`` (FC or conv, torchvision-style ResNets, your own)
-  into a supernet, given an example input;
-* :class:`ContinualLearner` learns one task per :meth:`~ContinualLearner.learn` call from
-  ``(x, y)`` tensors or any iterable of ``(x, y)`` batches (a ``DataLoader``), with a method
-  chosen by name or class and its own settings, through the one training engine;
-* :meth:`ContinualLearner.save` and :func:`load` write and read the same checkpoint
-  ``espn run`` writes, so ``espn evaluate/info/export`` read a run saved from Python and
-  :func:`load` reads a CLI run.
-"""
+"""espn from Python: :func:`wrap` your own model into a supernet, learn with a
+:class:`ContinualLearner`, and :func:`load` a run ``espn run`` or ``save`` wrote (see
+docs/python.md)."""
 
 from __future__ import annotations
 
@@ -45,22 +36,16 @@ def wrap(
     stream_pruning: str = default("stream_pruning"),
     **model_args: Any,
 ) -> Supernet:
-    """A supernet of ``model``, traced on ``example_input`` (a small batch of inputs).
+    """A supernet of ``model``, traced on ``example_input`` (a small batch of inputs); see
+    docs/models.md.
 
-    ``model`` is a plain ``nn.Module`` (its ``nn.Conv2d``/``nn.Linear`` layers become masked
-    layers, its ``nn.BatchNorm2d``/``nn.GroupNorm`` task norms, its last linear layer the task
-    head, see
-    :mod:`espn.models.convert`; the model is copied), a module already made of espn's masked
-    layers (used as it is), a registered model name (``"resnet18"``, with ``n_classes``), or
-    a class or factory function with its keyword arguments (``wrap(Net, x, width=8)``,
-    ``wrap(torchvision.models.resnet18, x, num_classes=10)``), or its import reference
-    ``"package.module:Net(width=8)"``: built that way, a saved run records how to rebuild the
-    model, so that ``espn evaluate/export`` can rebuild it (``espn info`` reads any run, the
-    model never built). ``multi_head``: one head per
-    task (else one shared, masked head); ``task_affine``: per-task gate scales and shifts
-    (beyond the paper); ``stream_pruning``: how a registered ResNet's residual streams are
-    pruned, ``"per-conv"`` (the authors', the default) or ``"coupled"`` (see ``espn.models.resnet``; a
-    converted model's streams are coupled).
+    ``model``: a plain ``nn.Module`` (copied and converted), a module of espn's masked layers
+    (used as it is), a registered model name (with ``n_classes``), a class or factory with its
+    keyword arguments (``wrap(Net, x, width=8)``) or its import reference
+    ``"package.module:Net(width=8)"`` (a saved run then records how to rebuild the model).
+    ``multi_head``: one head per task (else one shared, masked head); ``task_affine``: per-task
+    gate scales and shifts; ``stream_pruning``: how a registered ResNet's residual streams are
+    pruned (``"per-conv"`` or ``"coupled"``).
     """
     checks.check_example(model, example_input)
     if stream_pruning not in STREAM_PRUNING:
@@ -132,17 +117,13 @@ def load(
     trust_model_code: bool = False,
     **model_args: Any,
 ) -> ContinualLearner:
-    """A learner holding every task of the run saved in ``path`` (by :meth:`ContinualLearner.
-    save` or ``espn run``), ready to evaluate, export or learn more tasks with the run's
-    method and settings.
+    """A learner holding every task of the run in ``path``, ready to evaluate, export or learn
+    more tasks with the run's method and settings (see docs/python.md).
 
     The model is rebuilt from the checkpoint's record, or from ``model`` (and ``model_args``)
-    when only your code can build it (a model given to :func:`wrap` as an instance).
-    Test data saved with the run is loaded with it; ``benchmark_data`` also builds the
-    benchmark of an ``espn run`` run, so that its tasks evaluate without data given (read
-    from ``data_dir``, default the data directory the run recorded; nothing is downloaded).
-    A module the run names (an import reference) is imported only if it is already imported
-    here or ``trust_model_code`` is set: opening a run directory never runs code it names.
+    when only your code can build it. ``benchmark_data`` also builds an ``espn run`` run's
+    benchmark (from ``data_dir``, default the recorded one; never downloaded). A module the
+    run names is imported only if already imported or ``trust_model_code`` is set.
     """
     from espn.models.reference import reading_run
 

@@ -1,15 +1,6 @@
 """The one learner: :class:`ContinualLearner` is the only place where a sequence of tasks is
-learned, for every front door: ``espn run``, ``espn.run``, sweeps and ``espn reproduce``
-(a registered benchmark, assembled by :mod:`espn.api.experiment`), the Avalanche strategy, and a
-Python user's own network and data.
-
-Its settings are the training settings (:class:`~espn.settings.training.TrainingSettings`, one default
-each) under the names of ``espn run``'s options (:data:`~espn.runs.given.TRAINING_SETTINGS`),
-resolved by the same precedence (:func:`espn.settings.training.layered`): what the user gave, then the
-method's recipe, then a preset, then the recipe of the data's regime. Given a
-directory (``out=``), it writes the run directory ``espn run`` writes, after every epoch, and
-a second run of the same script resumes from it (see :mod:`espn.api.run_directory`).
-"""
+learned, for every front door (``espn run``, ``espn.run``, sweeps, ``espn reproduce``, the
+Avalanche strategy, a Python user's own network and data); see docs/python.md."""
 
 from __future__ import annotations
 
@@ -21,8 +12,8 @@ import torch
 
 from espn.api import checks
 from espn.api.checks import LearnerError
-from espn.api.run_directory import DATA_DIR, DirectoryLock, LearnerRuns, RunDirectory
-from espn.api.tasks import LearnedTasks, Report, TaskRunner, task_line
+from espn.api.run_directory import DATA_DIR, LearnerRuns, RunDirectory
+from espn.api.tasks import Report, TaskRunner, task_line
 from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
 from espn.evaluation.metrics import task_record
@@ -47,36 +38,20 @@ def regime_of(supernet: Supernet) -> str:
     return "cifar" if conv else "mnist"
 
 
-class ContinualLearner(LearnerRuns, LearnedTasks):
-    """Learns tasks one after another into ``supernet`` with one method.
+class ContinualLearner(LearnerRuns):
+    """Learns tasks one after another into ``supernet`` with one method (a name, a
+    :class:`Strategy` class or a built strategy); see docs/python.md.
 
-    ``method`` is a method name (``espn.methods.METHODS``), a :class:`Strategy` class, or a
-    built strategy. ``settings`` are run options under the names ``espn run`` gives them
-    (:data:`~espn.runs.given.TRAINING_SETTINGS`: ``gamma``, ``alpha``, ``epochs``,
-    ``optimizer``, ``lr``, ``batch_size``, ``seed``, ``amp``, ``eval_every``,
-    ``reference_size``, ...) and the method's own options (``supsup_k``, ...). Those left out
-    come from the method's recipe, then a ``preset``, then the recipe of ``recipe``: a
-    benchmark's name or a data regime (``"mnist"``: FC networks on small images, ``"cifar"``:
-    conv networks); by default the regime of the network (see :func:`regime_of`).
-
-    ``out``: a run directory written after every epoch as ``espn run`` writes it; running
-    the same script again resumes from it (``overwrite=True``: starts over, replacing the run
-    there). While the learner lives (until :meth:`close`) no other process may write ``out``.
-    ``callbacks`` (a list, see :mod:`espn.training.callbacks`) and ``loggers`` (callbacks,
-    or logger names: ``"tensorboard"``, ``"csv"``, ``"wandb"`` or several comma-separated
-    in one string, written under ``out/logs``; see :mod:`espn.training.loggers`) are told of every
-    step, epoch and task (named loggers read the loss every ``log_every`` steps, default
-    50); ``progress`` attaches a progress bar over each task's optimizer
-    steps (the callback :class:`~espn.training.progress.ProgressBar`);
-    ``device`` moves the supernet there (default: where it is).
-
-    Started by ``torchrun``, the learner trains data-parallel over its processes (see
-    :mod:`espn.training.distributed`; every rank runs the same script, rank 0 alone writes
-    ``out``); ``distributed=False`` trains in each process alone.
+    ``settings``: the training settings under ``espn run``'s names
+    (:data:`~espn.runs.given.TRAINING_SETTINGS`) and the method's own options; those left out
+    come from the method's recipe, a ``preset``, then ``recipe`` (a benchmark or a data regime;
+    default :func:`regime_of` the network). ``out``: a run directory written as ``espn run``
+    writes it and resumed by running the script again (``overwrite=True``: started over), held
+    against other processes until :meth:`close`. ``callbacks`` and ``loggers`` (callbacks or
+    logger names, reading the loss every ``log_every`` steps) are told of every step, epoch and
+    task; ``progress`` adds a progress bar; ``device`` moves the supernet there. Under
+    ``torchrun`` it trains data-parallel (rank 0 writes ``out``) unless not ``distributed``.
     """
-
-    #: the hold on :attr:`run_dir` (None: no ``out=``, or ``espn run``'s, which holds it)
-    lock: DirectoryLock | None
 
     def __init__(
         self,
@@ -160,12 +135,11 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
             supernet.to(self.ranks.device)
             supernet.owners.to(self.ranks.device)
         self.engine = Engine.of(supernet, strategy, cfg.training_settings())
-        run_dir = None if cfg.out == Path(".") else Path(cfg.out)
         if self.ranks is not None and not self.ranks.writer:  # rank 0 reports and logs
             progress, loggers = False, ()
         bar = [ProgressBar()] if progress else []
         self.callbacks = CallbackList(
-            [*callbacks, *make_loggers(list(loggers), run_dir, log_every=log_every), *bar]
+            [*callbacks, *make_loggers(list(loggers), self._run(), log_every=log_every), *bar]
         )
         self.engine.callbacks, self.engine.owner = self.callbacks, self
         self.engine.ranks = self.strategy.ranks = self.ranks
@@ -226,14 +200,11 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
         n_classes: int | None = None,
         name: str | None = None,
     ) -> dict[str, Any]:
-        """Learn one task from ``data`` (``(x, y)`` tensors or an iterable of ``(x, y)``
-        batches, gathered once onto the device) and return its record (FLOPs, weights).
-
-        With ``test`` data, every task learned so far that has test data is evaluated after
-        it (every ``eval_every``-th task): the task's row of :attr:`accuracy_matrix`.
-        ``n_classes`` defaults to the largest label + 1. In a resumed run directory, a task
-        learned before is checked against its data and not learned again.
-        """
+        """Learn one task from ``data`` (``(x, y)`` tensors or an iterable of batches) and
+        return its record; with ``test`` data the tasks learned so far are evaluated after it
+        (every ``eval_every``-th task). ``n_classes`` defaults to the largest label + 1. In a
+        resumed run directory, a task learned before is checked against its data, not
+        learned again."""
         checks.check_data_given(data, "data")
         checks.check_name(name)
         if n_classes is not None:
@@ -257,9 +228,8 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
         n_classes: Sequence[int | None] | None = None,
         names: Sequence[str | None] | None = None,
     ) -> list[dict[str, Any]]:
-        """Learn several tasks, each ``(train, test)`` data as in :meth:`learn`: one after
-        another, or all together for a method that trains them jointly (MTL: one accuracy
-        row, after the joint training); their records, in order."""
+        """Learn several ``(train, test)`` tasks as :meth:`learn` does, or all together for a
+        method that trains them jointly (MTL: one accuracy row); their records, in order."""
         if not self._joint():
             n = len(self.records)
             for t, (data, test) in enumerate(tasks):
@@ -290,10 +260,9 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
         pretrained: dict[str, torch.Tensor] | None = None,
         on_line: Any = None,
     ) -> None:
-        """Learn the tasks of ``seq`` (a registered benchmark's, see
-        :func:`espn.runs.building.build_benchmark`) not learned yet: evaluated every
-        ``eval_every``-th step and the last; the first task adopted from ``pretrained``
-        weights when given; ``on_line`` receives a one-line summary per step."""
+        """Learn the tasks of a benchmark's ``seq`` not learned yet (evaluated every
+        ``eval_every``-th step and the last; the first adopted from ``pretrained`` weights when
+        given); ``on_line`` receives a one-line summary per step."""
         steps = self.strategy.training_tasks(seq)
         self._learn_steps(
             steps,
@@ -317,9 +286,8 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
         on_line: Any = None,
         n_tasks: int | None = None,
     ) -> None:
-        """Learn ``steps`` (step ``offset + k`` commits the next task(s) of ``known``, the
-        tasks after those this learner holds, or all tasks by index when ``offset`` is 0 and
-        ``keep_data`` False); steps already learned (a resumed run) are skipped."""
+        """Learn ``steps`` (step ``offset + k`` commits the next task(s) of ``known``; by index
+        for a benchmark, ``keep_data`` False), skipping those a resumed run learned."""
         if self.lock is not None:
             self.lock.check()
         if not self._started:
@@ -354,8 +322,7 @@ class ContinualLearner(LearnerRuns, LearnedTasks):
             self._commit(by_index, keep_data)
 
     def _commit(self, by_index: Sequence[Task | None], keep_data: bool) -> None:
-        """Keep the tasks the supernet holds now as learned (a task over budget too: it is
-        recorded), with their data when ``keep_data``."""
+        """Keep the tasks the supernet holds now (over budget too), their data if ``keep_data``."""
         for t in range(len(self.tasks), len(self.supernet.masks)):
             task = by_index[t]
             self.tasks.append(task if keep_data else None)
@@ -385,11 +352,10 @@ def _configure(
         check_names(cls, settings)
     except ValueError as exc:
         raise checks.fail("settings", str(exc)) from None
-    foreign = set(declared_options())
     values = dict(settings)
     if built is not None:
         fixed = built.given if built.given is not None else _hand_built(built)
-        mine = {*fixed, *foreign, *cls.option_names()}
+        mine = {*fixed, *declared_options(), *cls.option_names()}
         own = sorted(k for k in values if k in mine)
         if own:
             raise TypeError(f"settings {own} given with a built strategy")
@@ -397,33 +363,29 @@ def _configure(
             values |= built.given
             recipe = values.pop("recipe", None) or recipe
         else:
-            values |= _hand_built(built) | dict(built.cfg.method_options)
+            values |= fixed | dict(built.cfg.method_options)
     _record_streams(cls, supernet, values)
-    name = model_name(supernet)
-    device = str(next(supernet.parameters()).device)
     fields = {
         "benchmark": "tensors",
         "data_dir": Path(DATA_DIR),
         "method": cls.name,
-        "model": name,
+        "model": model_name(supernet),
         "recipe": recipe or regime_of(supernet),
-        "device": device,
+        "device": str(next(supernet.parameters()).device),
         "out": Path(out) if out is not None else Path("."),
     }
     cfg = make_config(cls, **fields, **values)
-    given = {k: v for k, v in settings.items() if k != "stream_pruning"}
-    if built is not None and built.given is not None:
-        given |= {k: v for k, v in built.given.items() if k != "stream_pruning"}
-    check_applicable(given, cfg)  # options that would be ignored are refused
+    given = settings | (built.given if built is not None and built.given is not None else {})
+    # options that would be ignored are refused
+    check_applicable({k: v for k, v in given.items() if k != "stream_pruning"}, cfg)
     if built is not None and built.given is None:
         return built, cfg
     return cls(cfg.method_config()), cfg
 
 
 def _hand_built(strategy: Strategy) -> dict[str, Any]:
-    """The settings a strategy built by hand from :class:`~espn.settings.training.TrainingSettings`
-    fixes: those it reads itself (its budgets only where it has them), as it holds them, and
-    any other it sets apart from the defaults; the rest follow the precedence."""
+    """The settings a strategy built by hand fixes: those it reads (its budgets where it has
+    them) and any other it sets apart from the defaults; the rest follow the precedence."""
     cfg, cls = strategy.cfg, type(strategy)
     unused = {"gamma"} if not cls.uses_gamma else set()
     unused |= {"alpha"} if not cls.uses_alpha else set()
@@ -433,8 +395,7 @@ def _hand_built(strategy: Strategy) -> dict[str, Any]:
 
 
 def _record_streams(cls: type[Strategy], supernet: Supernet, values: dict[str, Any]) -> None:
-    """The residual streams are built with the model (``wrap``): a method's ``stream_pruning``
-    records how they were, and one given that differs is refused."""
+    """Refuse a ``stream_pruning`` other than the one ``wrap`` built."""
     built = supernet.stream_pruning
     asked = values.get("stream_pruning")
     if asked is not None and built is None:

@@ -1,12 +1,7 @@
-"""The run directory a learner writes (``results.json``, ``checkpoint/``, ``accuracy.png``)
-and resumes from: the same for ``espn run`` and for ``ContinualLearner(..., out=DIR)``.
-
-After the epochs :func:`checkpoint_due` names (every phase's last, and within a phase one a
-minute at most) the checkpoint holds the task in training; after every learned step the
-checkpoint is committed first and ``results.json`` rewritten from it, so results never list a
-task the checkpoint does not hold (a kill in between leaves results one task behind, and a
-resumed run rewrites them).
-"""
+"""The run directory a learner writes and resumes from, the same for ``espn run`` and
+``ContinualLearner(..., out=DIR)``: after every learned step the checkpoint is committed first,
+then ``results.json`` rewritten from it, so results never list a task the checkpoint does not
+hold (see docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 
 from espn.api.checks import LearnerError, check_save_path
+from espn.api.tasks import LearnedTasks
 from espn.checkpoint.format import CheckpointError, checkpoint_dir
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import identity, load_task, save_task, task_path
@@ -45,46 +41,38 @@ from espn.training.engine import Engine
 from espn.training.plan import TaskProgress
 from espn.utils.io import os_error_text, write_json_atomic
 
-#: The most checkpoints of a task in training per phase. A phase of more passes (the size rule
-#: on small data: hundreds of passes of a few steps each) checkpoints every k-th pass and its
-#: last, so that writing the run's state does not cost more than training it.
+#: The most checkpoints of a task in training per phase (a phase of more passes checkpoints
+#: every k-th pass and its last), so that writing the run's state costs less than training it.
 CHECKPOINTS_PER_PHASE = 50
 
-#: Seconds of a phase that pass between two checkpoints of a task in training, at least (the
-#: phase's last pass is checkpointed whenever it ends). A kill loses at most this much training
-#: (and the passes up to the next one :func:`checkpointed` names); a save costs about 0.04 s
-#: of CPU for FC1024, 0.25 s for a ResNet18 with Adam's state, so that checkpoints cost at
-#: most a few thousandths of the training. 0: every pass :func:`checkpointed` names.
+#: Seconds between two checkpoints of a task in training, at least (a phase's last pass is
+#: always checkpointed): a kill loses at most this much training. 0: every pass
+#: :func:`checkpointed` names.
 CHECKPOINT_SECONDS = 60.0
 
 
 def checkpointed(epoch: int, n_epochs: int) -> bool:
-    """Whether the end of pass ``epoch`` (from 0) of a phase of ``n_epochs`` passes may be
-    checkpointed: every pass of a phase of at most :data:`CHECKPOINTS_PER_PHASE` passes, else
-    every ``ceil(n_epochs / CHECKPOINTS_PER_PHASE)``-th and the last."""
+    """Whether the end of pass ``epoch`` of a phase of ``n_epochs`` may be checkpointed: every pass,
+    or every ``ceil(n_epochs / CHECKPOINTS_PER_PHASE)``-th and the last."""
     every = -(-n_epochs // CHECKPOINTS_PER_PHASE)
     return (epoch + 1) % every == 0 or epoch + 1 == n_epochs
 
 
 def checkpoint_due(epoch: int, n_epochs: int, since: float) -> bool:
-    """Whether the end of pass ``epoch`` of a phase of ``n_epochs`` passes is checkpointed,
-    ``since`` seconds after the last checkpoint: always the phase's last pass; another pass
-    :func:`checkpointed` names once :data:`CHECKPOINT_SECONDS` have passed."""
+    """Whether pass ``epoch``'s end is checkpointed ``since`` seconds after the last checkpoint: a
+    phase's last always, another :func:`checkpointed` names after :data:`CHECKPOINT_SECONDS`."""
     if epoch + 1 == n_epochs:
         return True
     return checkpointed(epoch, n_epochs) and since >= CHECKPOINT_SECONDS
 
 
 class RunDirectory(Callback):
-    """A learner's run directory, written after every epoch and every learned step: a
-    callback like the loggers (``on_epoch_end`` checkpoints the task in training where the
-    engine says it stands, ``on_run_end`` draws the plot), which the learner also tells of
-    each learned step (:meth:`step_done`, after it committed the step's tasks).
+    """A learner's run directory, a callback: ``on_epoch_end`` checkpoints the task in
+    training, :meth:`step_done` commits each learned step, ``on_run_end`` draws the plot.
 
-    ``sequence`` gives the tasks as the run knows them (the benchmark of ``espn run``; the
-    tasks learned so far in Python), ``notes`` what the run could not do as asked; ``meta``,
-    when given, what the manifest records about the run, asked anew at every write (a Python
-    run grows one task at a time).
+    ``sequence`` gives the tasks as the run knows them, ``notes`` what the run could not do
+    as asked; ``meta``, when given, what the manifest records, asked anew at every write (a
+    Python run grows one task at a time).
     """
 
     def __init__(
@@ -105,9 +93,7 @@ class RunDirectory(Callback):
         self.doc: dict[str, Any] = {}
         #: added to the manifest on every write (e.g. the fingerprints of a Python run's data)
         self.extra: Callable[[], dict[str, Any]] = dict
-        #: whether this process writes the files (not a data-parallel rank other than 0,
-        #: which reads a checkpoint to resume from only)
-        self.writes = writes_files()
+        self.writes = writes_files()  # not a data-parallel rank other than 0, which only reads
 
     def open(
         self,
@@ -135,9 +121,7 @@ class RunDirectory(Callback):
         return time.perf_counter() - self.start
 
     def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
-        """Checkpoint the task in training (step ``event.task``) where the engine says it
-        stands after this pass (``event.position``), at the passes :func:`checkpoint_due`
-        names."""
+        """Checkpoint the task in training, at the passes :func:`checkpoint_due` names."""
         ckpt = self._ckpt()
         if self.strategy is None:
             return
@@ -153,8 +137,7 @@ class RunDirectory(Callback):
     def step_done(
         self, supernet: Supernet, rows: list[list[float] | None], records: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        """After a step: commit the checkpoint, then rewrite ``results.json`` from it (the
-        order in which the two never disagree on the tasks finished); the new document."""
+        """After a step: commit the checkpoint, then rewrite ``results.json`` from it."""
         ckpt = self._ckpt()
         ckpt.rows, ckpt.per_task = rows, records
         self._refresh()
@@ -177,11 +160,9 @@ class RunDirectory(Callback):
             "warnings": self.notes,
             "wall_time_s": self.elapsed() if elapsed is None else elapsed,
         }
-        if not self.writes:
-            self.doc = doc
-            return doc
         try:
-            write_json_atomic(self.out / "results.json", doc)
+            if self.writes:
+                write_json_atomic(self.out / "results.json", doc)
         except OSError as exc:
             raise CheckpointError(
                 f"could not write {self.out / 'results.json'} ({os_error_text(exc)}); the "
@@ -192,9 +173,8 @@ class RunDirectory(Callback):
 
     def plot(self) -> None:
         """Draw ``accuracy.png`` from the last ``results.json`` written."""
-        if not self.writes:
-            return
-        if self.doc and any(r is not None for r in self.doc.get("accuracy_matrix") or []):
+        rows = self.doc.get("accuracy_matrix") or []
+        if self.writes and any(r is not None for r in rows):
             plot_run(self.doc, self.out / "accuracy.png")
 
     def on_run_end(self, learner: Any) -> None:
@@ -216,8 +196,8 @@ DATA_DIR = "data"
 
 
 def fingerprint(task: Task) -> str:
-    """SHA-256 of a task's data (inputs and labels of both splits, as the engine sees them):
-    what a resumed Python run checks that it is given the data it learned before."""
+    """SHA-256 of a task's data (both splits, as the engine sees them): how a resumed Python
+    run checks that it is given the data it learned before."""
     digest = hashlib.sha256()
     for split in ("train", "test"):
         data = task.split(split)
@@ -228,32 +208,23 @@ def fingerprint(task: Task) -> str:
     return digest.hexdigest()
 
 
-class LearnerRuns:
-    """The learner's side of its run directory (mixed into
-    :class:`~espn.api.learner.ContinualLearner`): :meth:`open_run`, the one way a learner opens
-    one (``out=``, ``espn run``), resuming it; the checks that a resumed Python script gives
-    the tasks the same data; the writes after every step; :meth:`save`."""
+class LearnerRuns(LearnedTasks):
+    """The learner's side of its run directory: opening and resuming one, checking that a resumed
+    script gives the same data, the writes after every step, :meth:`save`."""
 
     if TYPE_CHECKING:
         from espn.training.callbacks import CallbackList
         from espn.training.distributed import Ranks
 
-        supernet: Supernet
         strategy: Strategy
         engine: Engine
-        cfg: RunConfig
         callbacks: CallbackList
-        runner: Any  # espn.api.tasks.TaskRunner: rows and records
         ranks: Ranks | None
-        tasks: list[Task | None]
-        names: list[str]
         fingerprints: list[str]
-        replayed: int
         summary: str
         run_dir: RunDirectory | None
         lock: DirectoryLock | None
         _started: bool
-        device: torch.device
 
     def open_run(
         self,
@@ -262,10 +233,8 @@ class LearnerRuns:
         adopt: Callable[[], tuple[list[list[float] | None], list[dict[str, Any]]]] | None = None,
         ignore: tuple[str, ...] = (),
     ) -> RunCheckpoint:
-        """Write ``rd`` from now on (a callback: the task in training at epochs' ends, and
-        after every learned step), resuming the run it holds unless not ``resume``: its
-        tasks' accuracy rows, records and names become this learner's. ``adopt``: the rows
-        and records of the tasks a fresh run starts on top of (``--from-run``)."""
+        """Write ``rd`` from now on, resuming its run unless not ``resume``; ``adopt``: the rows and
+        records of the tasks a fresh run starts on top of (``--from-run``)."""
         ckpt = rd.open(self.supernet, self.engine, self.strategy, resume, ignore)
         if adopt is not None and not ckpt.rows:
             ckpt.rows, ckpt.per_task = adopt()
@@ -281,10 +250,8 @@ class LearnerRuns:
     def hold_run(
         self, loaded: LoadedRun, benchmark_data: bool = False, data_dir: Path | str | None = None
     ) -> None:
-        """Hold the finished tasks of a loaded run (:func:`espn.load`): names, records and
-        accuracy rows as its checkpoint has them, with the test data saved beside a Python
-        run or, with ``benchmark_data``, the benchmark of an ``espn run`` run (read from
-        ``data_dir``, default the one its configuration names; never downloaded)."""
+        """Hold a loaded run's finished tasks, with the test data saved beside a Python run or, with
+        ``benchmark_data``, the benchmark read from ``data_dir`` (never downloaded)."""
         entries, cfg = loaded.checkpoint.tasks, loaded.config
         self._hold(entries, *finished(entries))
         if data_dir is not None:
@@ -304,8 +271,7 @@ class LearnerRuns:
         rows: list[list[float] | None],
         records: list[dict[str, Any]],
     ) -> None:
-        """Take a run's finished tasks (its checkpoint's task entries) as this learner's,
-        their data not known here."""
+        """Take a run's finished tasks (checkpoint entries) as this learner's, data unknown."""
         n = len(self.supernet.masks)
         self.runner.rows, self.runner.records = rows, records
         self.names = [str(e.get("name") or f"task {t}") for t, e in enumerate(entries)]
@@ -313,8 +279,7 @@ class LearnerRuns:
         self.tasks = [None] * n
 
     def close(self) -> None:
-        """The end of learning: callbacks' ``on_run_end`` (loggers flush and close), and the
-        run directory's lock released (learning again takes it again)."""
+        """The end of learning: callbacks' ``on_run_end``; the lock released."""
         if self._started:
             self._started = False
             self.callbacks.on_run_end(self)
@@ -343,8 +308,7 @@ class LearnerRuns:
         return lock
 
     def _open(self, out: Path, resume: bool) -> None:
-        """Write the Python run directory ``out`` from now on, resuming the run it holds
-        (unless not ``resume``: a new run over it, ``overwrite=True``)."""
+        """Write the Python run directory ``out`` from now on, resuming it if ``resume``."""
         rd = self._directory(out, {})
         try:
             self.open_run(rd, resume, ignore=("tasks",))
@@ -362,8 +326,7 @@ class LearnerRuns:
         return rd
 
     def _replay(self, tasks: list[Task]) -> list[dict[str, Any]]:
-        """Tasks a resumed script gives again: checked against the data they were learned
-        from (refused if it differs), kept for evaluation, not learned again."""
+        """Tasks a resumed script gives again: checked against their data, kept, not learned."""
         first = self.replayed
         for k, task in enumerate(tasks):
             t = first + k
@@ -381,8 +344,7 @@ class LearnerRuns:
         return self.runner.records[first : first + len(tasks)]
 
     def _check_resumed(self, known: Sequence[Task | None], base: int) -> None:
-        """Before learning ``step`` into the run directory: the task in training there (a
-        script killed mid-task) must be given the same data; note the new task's print."""
+        """Refuse other data for the task in training in the run directory."""
         tasks = [t for t in known if t is not None]
         prints = [fingerprint(t) for t in tasks]
         for k, (task, print_) in enumerate(zip(tasks, prints, strict=True)):
@@ -400,8 +362,7 @@ class LearnerRuns:
             )
 
     def _write(self, rd: RunDirectory) -> None:
-        """After a step: a Python run's test data, then the checkpoint, then results.json and
-        the plot (the run directory of ``espn run``, read by ``espn evaluate/show``)."""
+        """After a step: a Python run's test data, the checkpoint, results.json, the plot."""
         if rd.meta is not None and rd.writes:  # a Python run: its data beside it
             rd.cfg = self.config(rd.out)
             for t, task in enumerate(self.tasks):
@@ -423,17 +384,14 @@ class LearnerRuns:
         return meta
 
     def config(self, out: Path | str) -> RunConfig:
-        """The run configuration a checkpoint in ``out`` records for this learner (benchmark
-        ``tensors``: the test data saved beside it, one file per task learned)."""
+        """The run configuration a checkpoint in ``out`` records for this learner."""
         return self.cfg.model_copy(
             update={"out": Path(out), "tasks": max(len(self.supernet.masks), 1)}
         )
 
     def save(self, path: Path | str, overwrite: bool = False) -> Path:
-        """Save every learned task as ``espn run`` does: ``path/checkpoint`` (safetensors +
-        JSON), ``path/results.json``, ``path/accuracy.png``, and the tasks' test data in
-        ``path/data`` (so that ``espn evaluate --run path`` re-computes the accuracies).
-        Refuses a directory holding another run unless ``overwrite``."""
+        """Save every learned task as ``espn run`` does, the test data in ``path/data`` for ``espn
+        evaluate``; a directory holding another run is refused unless ``overwrite``."""
         path = check_save_path(path)
         if not self.supernet.masks:
             raise LearnerError("nothing to save: no task is learned yet")

@@ -1,13 +1,8 @@
-"""The one place where a task is learned and recorded (:class:`TaskRunner`), for ``espn run``
-(see :mod:`espn.api.experiment`, which adds checkpoints and ``results.json`` around it) and for
-the Python :class:`espn.api.functions.ContinualLearner` alike; and where the tasks a learner holds are
-used (:class:`LearnedTasks`: evaluated, predicted with or without the task, reported,
-exported).
+"""The one place where a task is learned and recorded (:class:`TaskRunner`), and where the
+tasks a learner holds are used (:class:`LearnedTasks`: evaluated, predicted, reported, exported).
 
-A *step* is what a method trains at once (``Strategy.training_tasks``): one task for a
-sequential method, every task for MTL. Learning a step commits one or more tasks; the
-runner keeps one accuracy row per step and one record (FLOPs, weights, budget, time, data
-sizes) per committed task, and refuses a sub-network that misses the FLOPs budget.
+A *step* is what a method trains at once: one task for a sequential method, every task for
+MTL; the runner keeps one accuracy row per step and one record per committed task.
 """
 
 from __future__ import annotations
@@ -41,15 +36,6 @@ if TYPE_CHECKING:
     from espn.inference.export import AgnosticExportReport
 
 
-def min_flops_ratio(supernet: Supernet) -> float:
-    """The smallest FLOPs ratio unit pruning can reach: one unit left in every group (the
-    pruner never empties a layer, see :func:`espn.pruning.select_units`; a union
-    of groups, a residual stream, keeps one unit when its members keep the same one)."""
-    return count_flops(supernet.costs, dict.fromkeys(supernet.widths, 1)) / max(
-        supernet.dense_flops, 1
-    )
-
-
 @dataclass
 class Learned:
     """What learning one step did: the tasks it committed, its log and accuracy row."""
@@ -60,9 +46,8 @@ class Learned:
 
 
 class TaskRunner:
-    """Learns steps into ``supernet`` with ``strategy`` through ``engine`` and records them
-    in :attr:`rows` (one per step, None where not evaluated) and :attr:`records` (one per
-    task); both may start with the rows and records of tasks learned before."""
+    """Learns steps through ``engine`` and records them in :attr:`rows` (one per step, None where
+    not evaluated) and :attr:`records` (one per task), refusing a missed FLOPs budget."""
 
     def __init__(
         self,
@@ -83,7 +68,9 @@ class TaskRunner:
         gamma = self.strategy.cfg.gamma
         if not self.strategy.uses_gamma or gamma >= 1.0:
             return
-        floor = min_flops_ratio(self.supernet)
+        # the smallest ratio unit pruning reaches: the pruner never empties a layer
+        sn = self.supernet
+        floor = count_flops(sn.costs, dict.fromkeys(sn.widths, 1)) / max(sn.dense_flops, 1)
         if gamma < floor:
             raise ConfigError(
                 f"gamma {gamma:g} is below the smallest FLOPs ratio model "
@@ -101,10 +88,8 @@ class TaskRunner:
         pretrained: dict[str, Tensor] | None = None,
         resume: TaskProgress | None = None,
     ) -> Learned:
-        """Learn ``step`` (step number ``index``; from ``pretrained`` weights without training
-        when given) and record it. ``tasks`` holds every task learned so far and the ones
-        this step commits, by task index (None: its data are not known here); the row
-        evaluates them all, unless ``evaluate`` is False or one has no test data."""
+        """Learn and record step ``index`` (from ``pretrained`` weights when given); ``tasks``: by
+        index every task learned and committed (None: no data here), evaluated if ``evaluate``."""
         first = len(self.supernet.masks)
         hooks, owner = self.engine.callbacks, self.engine.owner
         hooks.on_task_start(owner, first, step.name)
@@ -143,8 +128,7 @@ class TaskRunner:
         return Learned(learned, log, row)
 
     def store_statistics(self, learned: range, tasks: Sequence[Task | None]) -> None:
-        """Give each task just committed the statistics of task-agnostic prediction, from
-        its training data (see :mod:`espn.inference.statistics`; none without data here)."""
+        """Give each task just committed its task-agnostic statistics (from its data)."""
         for t in learned:
             task = tasks[t] if t < len(tasks) else None
             if task is not None and len(task.train):
@@ -152,8 +136,7 @@ class TaskRunner:
                 self.supernet.masks[t].stats = stats
 
     def accuracy_row(self, tasks: Sequence[Task | None], n: int) -> list[float] | None:
-        """Accuracy (%) of tasks ``0..n-1`` on their test data (built one at a time: a lazy
-        sequence stays lazy), or None when one has none here."""
+        """Accuracy (%) of tasks ``0..n-1``, or None when one has no test data here."""
         row = []
         for j in range(n):
             task = tasks[j]
@@ -178,7 +161,7 @@ def task_line(learned: Learned, records: list[dict[str, Any]], n_tasks: int, nam
 
 
 class Report(list[dict[str, Any]]):
-    """Per task, a dict of facts (a list, as before); printed, a table."""
+    """Per task, a dict of facts; printed, a table."""
 
     COLUMNS = (
         ("task", "task", "{}"),
@@ -202,8 +185,7 @@ class Report(list[dict[str, Any]]):
 
 
 class LearnedTasks:
-    """Evaluation, prediction, report and export of the tasks in :attr:`supernet`, with
-    their data where known (:attr:`tasks`) and their names."""
+    """Evaluation, prediction, report and export of the tasks in :attr:`supernet`."""
 
     if TYPE_CHECKING:
         supernet: Supernet
@@ -250,15 +232,12 @@ class LearnedTasks:
         rule: str | None = None,
         batch_size: int = 1024,
     ) -> float | dict[str, Any] | list[dict[str, Any]]:
-        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data),
-        ``batch_size`` samples at a time.
+        """Accuracy (%) of task ``task``'s sub-network on ``data`` (default: its test data).
 
-        With ``task_agnostic=True``, prediction without the task instead, by ``rule`` (see
-        :mod:`espn.inference`): ``task`` is one ``(x, y)`` test set per learned task, in
-        order (default: each task's test data here); the figures of
-        :func:`espn.inference.evaluate_task_agnostic` (per task: accuracy with the task
-        given, without it per sample and per batch, how often the task is picked right);
-        ``rule="all"``: a list of them, one per rule the run can use."""
+        With ``task_agnostic=True``, prediction without the task by ``rule`` instead (see
+        docs/task-agnostic.md): ``task`` is one ``(x, y)`` per learned task (default: their
+        test data here); the figures of :func:`espn.inference.evaluate_task_agnostic`, a list
+        of them with ``rule="all"``."""
         checks.check_bool(task_agnostic, "task_agnostic")
         if task_agnostic:
             if data is not None:
@@ -277,9 +256,8 @@ class LearnedTasks:
             return evaluate_task_agnostic(self.supernet, tasks, rule)
         if rule is not None:
             raise checks.fail("rule", "picks the task without it; add task_agnostic=True")
-        if not isinstance(task, int):
-            raise checks.fail("task", f"must be a task index (int), got {task!r}")
-        self._check_task(task)
+        checks.check_task(task, len(self.supernet.masks))
+        assert isinstance(task, int)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise checks.fail("batch_size", f"must be a positive int, got {batch_size!r}")
         known = self.tasks[task] if data is None else self._probe(task, data, "data")
@@ -322,8 +300,7 @@ class LearnedTasks:
         return probe
 
     def _every_task(self, given: Sequence[TaskData] | None, argument: str) -> list[Task]:
-        """One test set per learned task: ``given`` (``(x, y)`` each, in task order), else
-        each task's test data here."""
+        """One test set per learned task: ``given``, else each task's test data here."""
         n = len(self.supernet.masks)
         if not n:
             raise LearnerError("no task is learned yet")
@@ -342,13 +319,9 @@ class LearnedTasks:
             )
         return [self._probe(t, data, f"{argument}[{t}]") for t, data in enumerate(given)]
 
-    def _check_task(self, task: int) -> None:
-        checks.check_task(task, len(self.supernet.masks))
-
     def report(self) -> Report:
-        """Per task: name, classes, FLOPs (and ratio to the dense supernet), weights used and
-        new weights owned, units kept; counted from the supernet as it is now. A list of
-        dicts that prints as a table."""
+        """Per task: name, classes, FLOPs and ratio, weights used and owned, units kept, counted
+        from the supernet now; a list of dicts that prints as a table."""
         return Report(
             {"task": t, "name": self.names[t], "n_classes": self.supernet.masks[t].n_classes}
             | task_record(self.supernet, t)
@@ -364,27 +337,22 @@ class LearnedTasks:
         fold_bn: bool = True,
         overwrite: bool = False,
     ) -> ExportReport:
-        """Write task ``task`` as a slim standalone model (``.pt2`` or ``.onnx``), checked
-        against the supernet on ``data``'s inputs (default: the task's test, else training
-        data) and against the task's FLOPs (see :func:`espn.export.export.export_task`);
-        ``onnx``: with a ``.pt2`` path, also write the ``.onnx`` beside it (default: when the
-        onnx packages are installed, as ``espn export`` does; ``True`` without them says so).
-        Existing files (the model, its ``.onnx`` and ``.json``) are replaced only with
-        ``overwrite``, and a run directory's own files never."""
-        self._check_task(task)
+        """Write task ``task`` as a slim standalone model (``.pt2``/``.onnx``) as ``espn export``
+        does, checked on ``data`` (default: its test, else training data); see docs/cli.md."""
+        checks.check_task(task, len(self.supernet.masks))
         checks.check_export_path(path)
         check_target(path)
-        known: Task | None = None
+        known = self.tasks[task]
         if data is not None:
             with checks.about("data"):
                 x = tensor_task(self.names[task], None, data, None, self.device).test.x
             self._check_inputs(x, "data")
-        else:
-            known = self.tasks[task]
-            if known is None:
-                raise LearnerError(
-                    f"task {task} has no data here to check the export on; pass data"
-                )
+            inputs, transform = list(x.split(1024)), None
+        elif known is None:
+            raise LearnerError(f"task {task} has no data here to check the export on; pass data")
+        else:  # raw inputs in: the task's transform too
+            split = "test" if len(known.test) else "train"
+            inputs, transform = known.raw_inputs(split, 1024), known.transform
         if onnx and Path(path).suffix == ".pt2":
             from espn.export.export import ExportError, onnx_available
 
@@ -393,13 +361,6 @@ class LearnedTasks:
                     "onnx=True needs the onnx and onnxscript packages: pip install espn[onnx]"
                 )
         flops = self.runner.records[task]["flops"]  # as recorded (results.json) when learned
-        if data is None and known is not None:  # raw inputs in: the task's transform too
-            inputs, transform = (
-                known.raw_inputs("test" if len(known.test) else "train", 1024),
-                known.transform,
-            )
-        else:
-            inputs, transform = list(x.split(1024)), None
         return export_task(
             self.supernet,
             task,
@@ -414,8 +375,7 @@ class LearnedTasks:
         )
 
     def _run(self) -> Path | None:
-        """The run directory this learner writes or was loaded from (its files are never
-        replaced by an export), if any."""
+        """The run directory this learner writes or was loaded from, if any."""
         return None if self.cfg.out == Path(".") else Path(self.cfg.out)
 
     def export_task_agnostic(
@@ -427,12 +387,8 @@ class LearnedTasks:
         fold_bn: bool = True,
         overwrite: bool = False,
     ) -> AgnosticExportReport:
-        """Write one standalone model that predicts without the task (``.pt2``, or
-        ``.onnx``): every task's slim sub-network and ``rule`` (see
-        :func:`espn.inference.export.export_task_agnostic`), returning ``(classes, tasks)``
-        for a batch of model inputs; checked against :meth:`predict` on up to 1024 inputs
-        of each task's ``data`` (one ``(x, y)`` or inputs per learned task; default: each
-        task's test data here). ``onnx`` and ``overwrite`` as in :meth:`export`."""
+        """Write one model that predicts ``(classes, tasks)`` without the task by ``rule``, checked
+        against :meth:`predict` on each task's ``data``; the rest as :meth:`export`."""
         from espn.export.export import check_not_replacing, export_files
         from espn.inference.export import export_task_agnostic
 
@@ -446,9 +402,7 @@ class LearnedTasks:
     def infer_task(
         self, x: torch.Tensor, same_task: bool = False, rule: str | None = None
     ) -> torch.Tensor:
-        """The task of each sample of ``x`` (a batch of inputs), inferred by ``rule`` (see
-        :mod:`espn.inference`; default ``espn.inference.DEFAULT_RULE``); with ``same_task``,
-        one task for the whole batch (the samples' scores summed)."""
+        """The task of each sample of ``x`` (one for all with ``same_task``), by ``rule``."""
         from espn.inference import infer
 
         checks.check_bool(same_task, "same_task")
@@ -461,15 +415,14 @@ class LearnedTasks:
         same_task: bool = False,
         rule: str | None = None,
     ) -> torch.Tensor:
-        """Class predicted for each sample of ``x`` by task ``task``'s sub-network or, with
-        ``task=None``, by the sub-network of the task inferred for it (:meth:`infer_task`):
-        where the inferred task is ``t`` the prediction equals ``predict(x, task=t)``."""
+        """Class predicted for each sample of ``x`` by task ``task``'s sub-network, or with
+        ``task=None`` by that of the task :meth:`infer_task` infers for it."""
         from espn.inference import infer, predict_given
 
         checks.check_bool(same_task, "same_task")
         x = self._inputs(x)
         if task is not None:
-            self._check_task(task)
+            checks.check_task(task, len(self.supernet.masks))
             for name, value in (("rule", rule), ("same_task", same_task or None)):
                 if value is not None:
                     raise checks.fail(

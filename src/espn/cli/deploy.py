@@ -72,19 +72,12 @@ def evaluate(
     Every finished task is evaluated on its test data and compared with results.json; the exit
     status is 1 if any differs. With --task-agnostic, also without the task given.
     """
-    from espn.api.functions import load
     from espn.evaluation.results import read_results
     from espn.inference.predict import get_rule
 
     run = _checkpointed(run_directory(run_dir, run_alias))
     _check_rule(task_agnostic, rule)
-    learner = load(
-        run,
-        device=device,
-        benchmark_data=True,
-        data_dir=data_dir,
-        trust_model_code=trust_model_code,
-    )
+    learner = _loaded(run, device, trust_model_code, True, data_dir)
     n = len(learner.tasks)
     if not n:
         console.print(
@@ -106,8 +99,7 @@ def evaluate(
 
 
 def _checkpointed(run: Path) -> Path:
-    """``run``, refused before torch is loaded when it holds no checkpoint manifest (the
-    ``checkpoint/manifest.json`` of ``espn.checkpoint.format``)."""
+    """``run``, refused before torch is loaded when it holds no checkpoint."""
     if not (run / "checkpoint" / "manifest.json").is_file():
         fail(f"no checkpoint in {run / 'checkpoint'} (manifest.json not found)")
     return run
@@ -124,8 +116,7 @@ def _check_rule(task_agnostic: bool, rule: str | None) -> None:
 
 
 def _compare(learner: Any, doc: dict[str, Any] | None, source: str, batch_size: int) -> list[int]:
-    """Print each task's accuracy now beside the one ``source`` (results.json ``doc``, else
-    the checkpoint) reports; the tasks whose accuracies differ."""
+    """Print each task's accuracy beside ``source``'s; the tasks that differ."""
     from espn.evaluation.metrics import final_accuracy
 
     rows = [r for r in learner.accuracy_matrix if r is not None]
@@ -280,8 +271,7 @@ def export_command(
 
 
 def _agnostic_summary(agnostic: AgnosticExportReport, out: Path, inputs: str) -> str:
-    """What ``espn export --task-agnostic`` wrote and checked (on ``inputs``: test or
-    random)."""
+    """What ``espn export --task-agnostic`` wrote and checked on ``inputs``."""
     return (
         f"{agnostic.tasks} tasks, rule {agnostic.rule}: wrote {', '.join(agnostic.files)}\n"
         f"  {agnostic.parameters} parameters; returns (class, task) per input\n"
@@ -308,8 +298,7 @@ def _export_summary(task: int, report: ExportReport, out: Path, inputs: str) -> 
 def _check_export(
     run: Path, out: Path, onnx: bool | None, overwrite: bool, task: int | None
 ) -> None:
-    """Before any work: ``out`` is a target an export may write, and the run's model can be
-    rebuilt (else how to export in Python instead)."""
+    """Refuse, before any work, an export target or a model it cannot write."""
     from espn.checkpoint.format import checkpoint_dir, read_manifest
     from espn.export.export import check_not_replacing, check_target, export_files
     from espn.runs.loading import check_rebuildable
@@ -330,10 +319,9 @@ def _loaded(
     trust_model_code: bool,
     check_data: bool,
     data_dir: Path | None,
-    task: int | None,
+    task: int | None = None,
 ) -> Any:
-    """The learner of ``run`` for ``espn export``: with its tasks' test data to check on
-    (``check_data``), ``task`` one of its finished tasks."""
+    """The learner of ``run`` (test data when ``check_data``); ``task`` finished."""
     from espn.api.functions import load
     from espn.checkpoint.format import CheckpointError
 

@@ -1,16 +1,11 @@
-"""``espn``: train, inspect and compare zero-forgetting continual learners.
-
-Start-up is cheap: this module and the commands' modules import torch and espn's heavy parts
-only inside the commands that need them, and a command's module is imported only when that
-command runs (:class:`LazyCommands`), so ``espn --version``, ``espn --help`` and a mistyped
-command answer at once.
-"""
+"""``espn``: train, inspect and compare zero-forgetting continual learners. A command's module
+is imported only when it runs (:class:`LazyCommands`) and torch only inside the commands that
+need it, so ``espn --version``, ``--help`` and a mistyped command answer at once."""
 
 from __future__ import annotations
 
 import importlib
 import shlex
-from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +13,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from espn.cli.options import WithOptions
+from espn.cli.options import WithOptions, flag
 from espn.settings.training import DEFAULT_LOG_EVERY, MAX_COUNT, default
 from espn.utils.commands import (
     RUN_ALIAS,
@@ -97,8 +92,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 def load_command(name: str) -> Any:
-    """Command ``name`` of :data:`COMMANDS` (a click command of typer's), its module
-    imported now."""
+    """Command ``name`` of :data:`COMMANDS` as a click command, its module imported now."""
     module, attr, _ = COMMANDS[name]
     found = getattr(importlib.import_module(module), attr)
     if isinstance(found, typer.Typer):
@@ -111,32 +105,6 @@ def load_command(name: str) -> Any:
     return command
 
 
-class _Loaded(MutableMapping[str, Any]):
-    """The commands by name, each built on first access (listing the names builds none)."""
-
-    def __init__(self) -> None:
-        self._built: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self._built:
-            if name not in COMMANDS:
-                raise KeyError(name)
-            self._built[name] = load_command(name)
-        return self._built[name]
-
-    def __setitem__(self, name: str, command: Any) -> None:
-        self._built[name] = command
-
-    def __delitem__(self, name: str) -> None:
-        del self._built[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict.fromkeys([*COMMANDS, *self._built]))
-
-    def __len__(self) -> int:
-        return len(set(COMMANDS) | set(self._built))
-
-
 def _shortened(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` characters at a word, with ``...`` when cut."""
     return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
@@ -146,12 +114,13 @@ class LazyCommands(TyperGroup):
     """The ``espn`` group: a command is built (its module imported) only when it runs or
     its own help is asked for; ``espn --help`` lists them from :data:`COMMANDS`."""
 
-    def __init__(self, **settings: Any) -> None:
-        super().__init__(**settings)
-        self.commands = _Loaded()
-
     def list_commands(self, ctx: Any) -> list[str]:
-        return list(self.commands)
+        return list(dict.fromkeys([*COMMANDS, *self.commands]))
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        if name not in self.commands and name in COMMANDS:
+            self.commands[name] = load_command(name)
+        return self.commands.get(name)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         limit = formatter.width - 6 - max(map(len, COMMANDS))
@@ -194,19 +163,17 @@ def root(
 
 
 def resume_command(ctx: typer.Context) -> str:
-    """The ``espn run`` command line that continues this run: its explicit options and
-    ``--resume`` (``--overwrite`` dropped)."""
+    """The ``espn run`` command line that continues this run (``--overwrite`` dropped)."""
     words = ["espn", "run"]
     for param in ctx.command.params:
         name, value = param.name or "", ctx.params.get(param.name or "")
         source = ctx.get_parameter_source(name)
         if name in ("resume", "overwrite") or source is None or source.name != "COMMANDLINE":
             continue
-        flag = "--" + name.replace("_", "-")
         if isinstance(value, bool):
-            words.append(flag if value else "--no-" + name.replace("_", "-"))
+            words.append(flag(name) if value else "--no-" + flag(name)[2:])
         else:
-            words += [flag, shlex.quote(str(value))]
+            words += [flag(name), shlex.quote(str(value))]
     return " ".join([*words, "--resume"])
 
 

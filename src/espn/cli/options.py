@@ -1,11 +1,5 @@
-"""``espn run``'s options, generated from their one declaration: a :class:`RunConfig` field
-(name, type, default, description) or an option a method declares (``Strategy.options``).
-
-typer builds a command's click options from its callback's signature; :class:`WithOptions`
-gives the callback a signature made of its own parameters (the CLI-only switches) plus one
-keyword parameter per run option and per method option, so a field added to ``RunConfig`` or
-an option added to a method is a flag without any change here.
-"""
+"""``espn run``'s options, generated from their one declaration: a :class:`RunConfig` field or
+an option a method declares (``Strategy.options``), so a new one is a flag with no change here."""
 
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ def flag(name: str) -> str:
 
 
 def _cli_type(annotation: Any) -> type:
-    """The type typer parses a field's value as: the field's own for a scalar, ``str`` for a
-    tuple (its validator parses ``"3,4,3"``)."""
+    """The type typer parses a field as (``str`` for a tuple: ``"3,4,3"``)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
         annotation = args[0]
@@ -50,8 +43,7 @@ def _cli_type(annotation: Any) -> type:
 
 
 def field_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
-    """The typer option of one :class:`RunConfig` field; None (not given) unless the field
-    has a scalar default, which the option shows."""
+    """The typer option of one :class:`RunConfig` field."""
     kind = _cli_type(field.annotation)
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if extra.get("cli_required"):  # a directory the command line must name
@@ -80,9 +72,7 @@ def run_option_parameters() -> list[inspect.Parameter]:
 
 
 def method_option_parameters() -> list[inspect.Parameter]:
-    """One keyword parameter (a typer option, None when not given) per option that the
-    methods declare (``Strategy.options``; see :func:`espn.settings.methods.known_options`:
-    read without loading the methods, nor torch)."""
+    """One typer option per method option (read without loading torch)."""
     params = []
     for name, (option, methods) in known_options().items():
         decls = [option.flag]
@@ -101,14 +91,8 @@ def method_option_parameters() -> list[inspect.Parameter]:
 
 
 class WithOptions:
-    """A command callback whose signature, as typer reads it, is ``fn``'s own parameters plus
-    :func:`run_option_parameters` and :func:`method_option_parameters`.
-
-    typer builds the click command from the callback's signature each time the CLI runs, so
-    the flags follow the fields and the methods registered at that time (a method added by a
-    plugin or a test has its flags without any change here); their values reach ``fn``'s
-    ``**kwargs``.
-    """
+    """A command callback whose signature, as typer reads it, is ``fn``'s own parameters plus one
+    per run option and method option registered then."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         functools.update_wrapper(self, fn)

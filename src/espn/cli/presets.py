@@ -41,23 +41,15 @@ def show(
     typer.echo(json.dumps(load_preset(name), indent=2))
 
 
-def explicit_options(ctx: typer.Context, values: dict[str, Any]) -> dict[str, Any]:
-    """The ``values`` of the options the user actually gave on the command line.
-
-    Options left at their default are dropped, so that a preset's values (and then the
-    benchmark's defaults) fill them in.
-    """
+def make_config_given(ctx: typer.Context, **values: Any) -> RunConfig:
+    """``make_config`` from the options given on the command line (those left at their
+    default are dropped, for a preset and the recipes to fill in)."""
 
     def defaulted(name: str) -> bool:
         source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
         return source is not None and source.name in ("DEFAULT", "DEFAULT_MAP")
 
-    return {k: v for k, v in values.items() if k not in ctx.params or not defaulted(k)}
-
-
-def make_config_given(ctx: typer.Context, **values: Any) -> RunConfig:
-    """``make_config`` from the options given on the command line (see :func:`explicit_options`)."""
-    given = explicit_options(ctx, values)
+    given = {k: v for k, v in values.items() if k not in ctx.params or not defaulted(k)}
     cfg = make_config(**given)
     check_applicable(given, cfg)
     return cfg

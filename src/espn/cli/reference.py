@@ -1,18 +1,12 @@
-"""The manual's table of ``espn run`` options, generated from the command itself.
-
-The table in ``docs/cli.md`` sits between :data:`START` and :data:`END`; its rows are read off
-the click command that typer builds (every :class:`~espn.runs.config.RunConfig` field, every option
-a method declares, the CLI's own switches), so the manual cannot drift from ``espn run --help``.
-``python3 -m espn.cli.reference docs/cli.md`` rewrites the block; ``--check`` only compares.
-"""
+"""The manual's table of ``espn run`` options (in ``docs/cli.md`` between :data:`START` and
+:data:`END`), read off the click command itself so that it cannot drift from ``espn run --help``:
+``python3 -m espn.cli.reference docs/cli.md`` rewrites it, ``--check`` only compares."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 from typing import Any
-
-import typer
 
 from espn.methods.base import declared_options
 from espn.utils.io import atomic_target
@@ -61,9 +55,9 @@ def options_table(command: Any) -> str:
 
 def run_options_table() -> str:
     """The table of ``espn run``'s options, as the CLI declares them now."""
-    from espn.cli.main import app
+    from espn.cli.main import load_command
 
-    return options_table(typer.main.get_command(app).commands["run"])  # type: ignore[attr-defined]
+    return options_table(load_command("run"))
 
 
 def with_table(text: str, table: str) -> str:

@@ -1,2 +1,1 @@
-"""Bridges to other continual-learning frameworks; each imports its framework only when used
-(``from espn.integrations.avalanche import ESPNStrategy`` needs ``pip install 'espn[avalanche]'``)."""
+"""Bridges to other continual-learning frameworks, each importing its framework only when used."""

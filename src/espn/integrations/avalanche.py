@@ -1,23 +1,7 @@
-"""espn's methods as an Avalanche strategy, for task-incremental Avalanche benchmarks.
-
-Change one line of an Avalanche script::
-
-    strategy = Naive(model=model, optimizer=optimizer, train_mb_size=128, train_epochs=10)
-    strategy = ESPNStrategy(model=model, optimizer=optimizer, train_mb_size=128, train_epochs=10)
-
-and every experience (one task, one task label) is learned into a supernet of ``model`` by
-espn's front door, :class:`espn.api.functions.ContinualLearner` (the one training engine), with the
-chosen method (ESPN-0.2 by default): earlier tasks are kept bit for bit, and each task's FLOPs
-and weights are reported as metrics (``FLOPs_Ratio_Exp/...``, ``FLOPs_Exp/...``,
-``New_Weights_Exp/...``) and in :attr:`ESPNStrategy.task_records`; :attr:`ESPNStrategy.learner`
-saves and exports the tasks as any learner does. Evaluation is Avalanche's own loop (its metrics, loggers and
-plugins see ordinary logits): a sample of task label ``t`` goes through task ``t``'s
-sub-network, whose head scores the task's classes (all other classes at ``-inf``).
-
-An experience's samples are read once onto the device (with the dataset's eval transforms: no
-per-epoch augmentation), as espn keeps its tasks; the model is wrapped by :func:`espn.wrap`
-(its last linear layer becomes one head per task).
-"""
+"""espn's methods as an Avalanche strategy for task-incremental benchmarks (see
+docs/avalanche.md): ``ESPNStrategy`` in place of ``Naive`` learns every experience as one task
+of a supernet through :class:`~espn.api.learner.ContinualLearner`, reports each task's FLOPs and
+weights as metrics, and leaves evaluation to Avalanche's own loop."""
 
 from __future__ import annotations
 
@@ -47,8 +31,7 @@ from espn.training.optim import OPTIMIZERS, OptimConfig
 
 
 class StrategyError(EspnError, ValueError):
-    """A stream, optimizer or setting the strategy cannot learn from; the message says why and
-    what it accepts."""
+    """A stream, optimizer or setting the strategy cannot learn from."""
 
 
 #: torch optimizer classes espn's engine can rebuild, by the engine's names
@@ -95,18 +78,14 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
 
 
 class ESPNStrategy(SupervisedTemplate):
-    """An Avalanche strategy that learns each experience as one espn task.
+    """An Avalanche strategy that learns each experience (one task label, learned once) as
+    one espn task.
 
-    ``model``: a plain ``nn.Module`` (wrapped on the first experience, traced on two of its
-    samples), a module of espn's masked layers, or a :class:`Supernet`. ``optimizer``: a torch
-    SGD/Adam/RMSprop whose class and hyper-parameters espn's engine uses for every task (it
-    builds its own optimizer over the supernet's free weights), an optimizer name, or None.
-    ``train_epochs`` is split into pre-train, prune and fine-tune epochs (see
-    :func:`split_epochs`) unless ``epochs=(pre, prune, fine)`` is given. ``method`` (a name or
-    Strategy class) and ``settings`` (``gamma``, ``alpha``, the method's own options) go to
-    :func:`espn.create_method`. ``criterion`` is used by Avalanche's evaluation loss
-    only; training uses the method's loss. Each experience must hold one task label, and a
-    task label is learned once.
+    ``model``: an ``nn.Module`` (wrapped on the first experience), a module of espn's masked
+    layers, or a :class:`Supernet`. ``optimizer``: a torch SGD/Adam/RMSprop whose class and
+    hyper-parameters espn's engine uses, a name, or None. ``train_epochs`` is split by
+    :func:`split_epochs` unless ``epochs=`` is given; ``method`` and ``settings`` go to
+    :func:`espn.create_method`; ``criterion`` is Avalanche's evaluation loss only.
     """
 
     def __init__(
@@ -157,8 +136,7 @@ class ESPNStrategy(SupervisedTemplate):
         """Nothing to do: espn's engine builds each task's optimizer from :attr:`optim`."""
 
     def _train_exp(self, experience: Any, eval_streams: Any = None, **kwargs: Any) -> None:
-        """Learn the experience as one task through espn's engine (in place of Avalanche's
-        epoch loop; the experience callbacks around it still run)."""
+        """Learn the experience as one task, in place of Avalanche's epoch loop."""
         label, x, y = self._read(self.adapted_dataset, experience)
         if label in self.task_index:
             raise StrategyError(
@@ -222,8 +200,7 @@ class ESPNStrategy(SupervisedTemplate):
         return int(labels[0]), torch.cat(xs).to(self.device), torch.cat(ys).long().to(self.device)
 
     def _publish(self, label: int, record: dict[str, Any]) -> None:
-        """The task's FLOPs and weights as Avalanche metric values (logged by the loggers at
-        the end of the experience, returned by :meth:`train`)."""
+        """The task's FLOPs and weights as Avalanche metric values."""
         x = self.clock.train_exp_counter
         for metric, key in (
             ("FLOPs_Ratio_Exp", "flops_ratio"),
@@ -241,8 +218,8 @@ class ESPNStrategy(SupervisedTemplate):
 
     @torch.no_grad()
     def predict(self, x: Tensor, task_labels: Tensor, width: int = 0) -> Tensor:
-        """Logits over the original class ids (at least ``width`` of them): task ``t``'s head
-        scores its classes, the others get ``-inf``; a task not learned yet gets zeros."""
+        """Logits over the original class ids (at least ``width``): task ``t``'s head scores
+        its classes, the others get ``-inf``; a task not learned yet gets zeros."""
         known = [int(c.max()) + 1 for c in self.task_classes.values()]
         out = torch.zeros(len(x), max([width, *known, 1]), device=x.device)
         if self.supernet is None:

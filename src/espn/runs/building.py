@@ -1,7 +1,4 @@
-"""What a run configuration names, built: its task sequence (the benchmark, after the tasks
-kept from ``--from-run``) and its supernet. ``espn run`` learns them; ``espn
-evaluate/export`` and ``espn.load(..., benchmark_data=True)`` rebuild a run's benchmark to
-evaluate on."""
+"""What a run configuration names, built: its task sequence and its supernet."""
 
 from __future__ import annotations
 
@@ -18,11 +15,9 @@ from espn.supernet.supernet import Supernet
 
 
 def build_benchmark(cfg: RunConfig, download: bool = True) -> TaskSequence:
-    """The task sequence a run configuration names, on its device: the benchmark's tasks
-    (``train_sizes`` images each) in ``task_order``, after the tasks kept from ``from_run``.
-    ``download`` off: a dataset missing from ``data_dir`` is refused, not fetched (the
-    configuration was read from a run directory, whose data directory is only read; so is a
-    ``from_run`` source's)."""
+    """The task sequence ``cfg`` names, on its device: the benchmark's tasks in
+    ``task_order``, after the tasks kept from ``from_run``; without ``download`` a dataset
+    missing from ``data_dir`` is refused, not fetched (a saved run's data is only read)."""
     sizes = cfg.task_train_sizes()
     args = BenchmarkArgs(
         n_tasks=cfg.tasks,

@@ -1,7 +1,6 @@
 """What a run records about itself (its checkpoint's meta, :func:`results_document`), the
 checks that a directory may be written or resumed, and a Python learner's hold on it
-(:class:`DirectoryLock`). The learner's checkpointing while it learns is
-:mod:`espn.api.run_directory`, loading a finished run :mod:`espn.runs.loading`."""
+(:class:`DirectoryLock`)."""
 
 from __future__ import annotations
 
@@ -51,9 +50,8 @@ def run_meta(cfg: RunConfig, seq: TaskSequence) -> dict[str, Any]:
 def option_differences(
     saved: dict[str, Any], cfg: RunConfig, ignore: tuple[str, ...] = ()
 ) -> list[str]:
-    """The options (outside :data:`RESUMABLE_CHANGES` and ``ignore``) in which ``cfg``
-    differs from the ``saved`` configuration of a run, each as ``"key=saved in the
-    checkpoint, now now"``."""
+    """The options (but :data:`RESUMABLE_CHANGES` and ``ignore``) in which ``cfg`` differs from a
+    run's ``saved`` one, as ``"key=saved in the checkpoint, now now"``."""
     now = cfg.model_dump(mode="json")
     # an option newer than the checkpoint was, in effect, at its default
     was = {k: saved.get(k, RunConfig.model_fields[k].default) for k in now}
@@ -75,18 +73,8 @@ def saved_config(out: Path | str) -> dict[str, Any] | None:
     return None if manifest is None else upgrade_saved_config(dict(manifest["config"]))
 
 
-def check_same_run(
-    saved: dict[str, Any], cfg: RunConfig, where: Path, ignore: tuple[str, ...] = ()
-) -> None:
-    """Refuse to resume with options that change the results, naming each difference."""
-    diffs = option_differences(saved, cfg, ignore)
-    if diffs:
-        raise RunMismatch(where, diffs)
-
-
 class RunMismatch(CheckpointError):
-    """A run directory resumed with other options than it was made with: ``diffs`` names
-    each (see :func:`option_differences`)."""
+    """A run directory resumed with other options; ``diffs`` names each."""
 
     def __init__(self, where: Path, diffs: list[str]) -> None:
         self.where, self.diffs = where, diffs
@@ -104,11 +92,9 @@ LOGS_DIR = "logs"
 
 
 def check_out_dir(out: Path | str, resume: bool, overwrite: bool, python: bool = False) -> None:
-    """Refuse, before anything is computed, to start a run over anything that looks like an
-    earlier run's output (``results.json``, ``accuracy.png``, a non-empty ``checkpoint/``)
-    unless told to continue it (``resume``) or to replace it (``overwrite``); refuse to resume
-    where the checkpoint is gone but results are there. The messages name the CLI's options,
-    or with ``python`` the learner's arguments."""
+    """Refuse, before anything is computed, to start a run over an earlier run's output
+    (:data:`RUN_OUTPUTS`) unless ``resume`` or ``overwrite``, and to resume where only results
+    are left; the messages name the CLI's options, or with ``python`` the learner's."""
     if resume and overwrite:
         raise CheckpointError("--resume and --overwrite exclude each other; choose one")
     out = Path(out)
@@ -142,9 +128,8 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool, python: bool =
 
 
 def clear_run(out: Path | str) -> None:
-    """Remove an earlier run's results, plot and logs from ``out`` (a run started over in
-    it: ``--overwrite``); a linked ``logs`` is unlinked, never followed. The checkpoint is
-    replaced when the new run first writes it."""
+    """Remove an earlier run's results, plot and logs from ``out`` (``--overwrite``; a linked
+    ``logs`` is unlinked, not followed); the checkpoint is replaced on the first write."""
     out = Path(out)
     for name in ("results.json", "accuracy.png"):
         (out / name).unlink(missing_ok=True)
@@ -173,12 +158,8 @@ def results_document(
     rows: list[list[float] | None],
     per_task: list[dict],
 ) -> dict[str, Any]:
-    """The ``results.json`` document of a (possibly unfinished) run.
-
-    ``rows`` has one accuracy row per training step (per task, or a single row for MTL's
-    joint training), None where ``eval_every`` skipped the evaluation; ``per_task`` one
-    record per learned task.
-    """
+    """The ``results.json`` document of a (possibly unfinished) run: ``rows`` one accuracy row
+    per training step (None: not evaluated), ``per_task`` one record per learned task."""
     column = {k: [r[k] for r in per_task] for k in per_task[0]} if per_task else {}
     rows_seen = any(r is not None for r in rows)
     storage = storage_report(supernet, METHODS.get(cfg.method).weights)
@@ -212,17 +193,14 @@ _HELD: dict[Path, tuple[AbstractContextManager[Path], DirectoryLock]] = {}
 
 
 class DirectoryLockError(CheckpointError):
-    """A learner's run directory is written by another process, or by a newer learner of
-    this process."""
+    """A learner's run directory is written by another process or learner."""
 
 
 class DirectoryLock:
-    """A Python learner's hold on its run directory (``out=``): the lock ``espn run`` takes
-    (:func:`espn.checkpoint.lock.run_lock`), so that a second process with the same
-    directory is refused at once. A newer learner of the same process on the same directory
-    (a notebook cell run again) takes the lock over, and the older one may no longer learn
-    into it. Released by :meth:`release` (the learner's ``close()``) or when the process
-    ends; :meth:`check` takes it again for a learner that learns after ``close()``."""
+    """A Python learner's hold on its run directory (``out=``): ``espn run``'s lock, so that a
+    second process is refused at once; a newer learner of this process on the same directory
+    (a notebook cell run again) takes it over. :meth:`check` takes it again after
+    :meth:`release`."""
 
     def __init__(self, out: Path) -> None:
         self.out = out

@@ -53,9 +53,8 @@ DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
 def gather_method_options(
     values: dict[str, Any], strategy: type[Strategy] | None = None
 ) -> dict[str, Any]:
-    """``values`` with the methods' options given flat (``supsup_k=0.3``: CLI flags, presets,
-    sweep points, older configurations) moved into ``method_options``; unset (None) ones
-    dropped. The options of the registered methods count, and ``strategy``'s own."""
+    """``values`` with the methods' options given flat (``supsup_k=0.3``) moved into
+    ``method_options``, unset (None) ones dropped: the registered methods' and ``strategy``'s."""
     own = {o.name: (o, [strategy.name]) for o in strategy.options} if strategy else {}
     declared = known_options() | own
     clash = sorted(set(declared) & set(RunConfig.model_fields))
@@ -77,16 +76,16 @@ class ConfigError(EspnError, ValueError):
 
 
 class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
-    """What a run learns from and where it writes (:class:`RunFields`), with the checks and
-    the precedence of every run option; :class:`RunConfig` adds the training settings'
-    fields."""
+    """:class:`RunFields` with the checks and the precedence of every option."""
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any, info: ValidationInfo) -> Any:
-        """The options of the run by the one precedence (:func:`espn.settings.training.layered`):
-        those given (not None), then the method's recipe, then the preset's, then the
-        recipe's (``recipe``, else the benchmark's), then the defaults."""
+        """The options by the one precedence (:func:`espn.settings.training.layered`): given,
+        the method's recipe, the preset, the recipe (``recipe``, else the benchmark's)."""
+        from espn.data.registry import BENCHMARKS
+        from espn.methods.base import METHODS
+
         if not isinstance(data, dict):
             return data
         preset: dict[str, Any] = {}
@@ -106,10 +105,12 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         source = source or preset.get("benchmark")
         method = given.get("method") or preset.get("method") or "espn"
         recipe: dict[str, Any] = {}
-        if isinstance(source, str) and _is_recipe(source):
+        if isinstance(source, str) and (source in REGIMES or source in BENCHMARKS):
             recipe = dict(recipe_defaults(source))
         own: dict[str, Any] = {}
-        if isinstance(method, str) and _known(method, info):
+        strategy = (info.context or {}).get("strategy")
+        own_class = strategy is not None and strategy.name == method
+        if isinstance(method, str) and (method in METHODS or own_class):
             own = _strategy(method, info).run_defaults(str(recipe.get("regime", "")))
         # options given as None are unset: those unset by default stay None (an assignment
         # validates every field), the others take their default
@@ -119,12 +120,17 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         ]
         values = dict.fromkeys(unset) | layered(data, method=own, preset=preset, recipe=recipe)
         values.pop("regime", None)
-        return _need_benchmark(gather_method_options(values, (info.context or {}).get("strategy")))
+        if values.get("benchmark") is None:
+            raise ValueError(
+                "no benchmark: give --benchmark NAME (see `espn list`) or a preset that sets "
+                f"one; benchmarks: {', '.join(BENCHMARKS.names())}"
+            )
+        return gather_method_options(values, strategy)
 
     @field_validator(*OPTIONS, mode="before", check_fields=False)
     @classmethod
     def _setting(cls, v: Any, info: ValidationInfo) -> Any:
-        """A training setting, checked against its declaration (:data:`espn.settings.training.OPTIONS`)."""
+        """A training setting, checked against its declaration."""
         name = str(info.field_name)
         return checked({name: v})[name]
 
@@ -236,7 +242,8 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             )
         strategy = _strategy(self.method, info)
         self._check_folders(bench.needs_folders)
-        self._check_method_options(strategy)
+        # another method's options are refused; the method's own checked and completed
+        self.method_options = resolve_settings(self.method, strategy.options, self.method_options)
         self._check_sequence(bench.class_orders)
         self._check_from_run(strategy)
         if self.init_weights is not None and not strategy.accepts_pretrained:
@@ -277,7 +284,7 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
 
     def _check_from_run(self, strategy: type[Strategy]) -> None:
         """``from_run`` and ``after_task`` go together, for a sequential method, with another
-        ``out`` (the run it names is checked before the run starts, see :mod:`espn.runs.preflight`)."""
+        ``out`` (the run it names: :func:`espn.runs.from_run.check_from_run`)."""
         if (self.from_run is None) != (self.after_task is None):
             raise ValueError(
                 "from_run and after_task go together: --from-run DIR --after-task K "
@@ -305,18 +312,12 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             )
 
     def task_train_sizes(self) -> list[int] | None:
-        """The training-set size of each task (in the benchmark's given order) that
-        ``train_sizes`` asks for, or None (``train_per_task`` for every task)."""
+        """Each task's training-set size ``train_sizes`` asks for, or None."""
         if self.train_sizes is None or self.tasks is None:
             return None
         from espn.data.sizes import resolve_train_sizes
 
         return resolve_train_sizes(self.train_sizes, self.tasks)
-
-    def _check_method_options(self, strategy: type[Strategy]) -> None:
-        """Options of one method given to another are refused (alpha from a preset is not);
-        the method's own are checked against its declaration and completed with defaults."""
-        self.method_options = resolve_settings(self.method, strategy.options, self.method_options)
 
     def _check_folders(self, needed: bool) -> None:
         if needed and not self.folders:
@@ -336,31 +337,26 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             )
 
     def training_settings(self) -> TrainingSettings:
-        """The resolved training settings of this run, as the learner and the method get
-        them (the method's own options as ``method_options``)."""
+        """The resolved training settings of this run (method options included)."""
         values = {n: getattr(self, n) for n in SETTING_NAMES if n in type(self).model_fields}
         values["method_options"] = dict(self.method_options)
         return TrainingSettings(**values, stream_pruning=self.stream_pruning)
 
-    #: the method's settings (the name it had before :class:`TrainingSettings`)
+    #: the same settings, under the name the methods are built with
     method_config = training_settings
 
     @property  # type: ignore[misc]  # the field of TrainingSettings, to mypy
     def stream_pruning(self) -> str:
-        """How the model's residual streams are built and pruned (the method's
-        ``stream_pruning``; methods that do not prune units leave it at its default, where
-        it changes nothing)."""
+        """How the model's residual streams are built and pruned (the method's option)."""
         return str(self.method_options.get("stream_pruning", DEFAULTS.stream_pruning))
 
     def floor_reference(self) -> int | None:
-        """The reference data size the size rule applies (see
-        :meth:`TrainingSettings.floor_reference`)."""
+        """See :meth:`TrainingSettings.floor_reference`."""
         return self.training_settings().floor_reference()
 
 
 def _fields() -> dict[str, Any]:
-    """:class:`RunConfig`'s field of each training setting, from its declaration: its type
-    (or None, unset, where a recipe may set it) and its help."""
+    """:class:`RunConfig`'s field of each training setting, from its declaration."""
     fields: dict[str, Any] = {}
     for name, option in OPTIONS.items():
         if name == "stream_pruning":  # the methods' own option (see ``Strategy.options``)
@@ -388,32 +384,16 @@ else:
     )
 
 
-def _known(name: str, info: ValidationInfo) -> bool:
-    """Whether ``name`` is a method: a registered one, or the class being configured."""
-    from espn.methods.base import METHODS
-
-    strategy = (info.context or {}).get("strategy")
-    return name in METHODS or (strategy is not None and strategy.name == name)
-
-
 def _strategy(name: str, info: ValidationInfo) -> type[Strategy]:
-    """The method ``name``: the class being configured (``make_config(strategy=...)``, a
-    method not registered) or the registered one."""
+    """The method ``name``: the class being configured, else the registered one."""
     from espn.methods.base import METHODS
 
     strategy = (info.context or {}).get("strategy")
     return strategy if strategy is not None and strategy.name == name else METHODS.get(name)
 
 
-def _is_recipe(name: str) -> bool:
-    from espn.data.registry import BENCHMARKS
-
-    return name in REGIMES or name in BENCHMARKS
-
-
 def recipe_defaults(name: str) -> Recipe:
-    """The values a recipe gives the options left out: a data regime's (``mnist``,
-    ``cifar``), else the benchmark's of that name."""
+    """The values a recipe (a data regime, else a benchmark) gives options left out."""
     from espn.data.registry import BENCHMARKS
 
     if name in REGIMES:
@@ -426,31 +406,16 @@ def recipe_defaults(name: str) -> Recipe:
     )
 
 
-def _need_benchmark(data: dict[str, Any]) -> dict[str, Any]:
-    if data.get("benchmark") is None:
-        from espn.data.registry import BENCHMARKS
-
-        raise ValueError(
-            "no benchmark: give --benchmark NAME (see `espn list`) or a preset that sets one; "
-            f"benchmarks: {', '.join(BENCHMARKS.names())}"
-        )
-    return data
-
-
 def run_option_names(exclude: tuple[str, ...] = ("out",)) -> list[str]:
-    """The keyword options :func:`make_config` takes (presets, sweep specs): the run's
-    fields, then every option a registered method declares (given flat, e.g. ``supsup_k``)."""
+    """The keyword options :func:`make_config` takes, methods' options flat."""
     fields = [f for f in RunConfig.model_fields if f not in exclude]
     return fields + [n for n in known_options() if n not in fields]
 
 
 def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> RunConfig:
-    """Build a :class:`RunConfig`, turning validation errors into one readable ConfigError;
-    ``strategy``: a method class to configure that need not be registered under its name.
-
-    The training settings and the methods' options given are checked first, against their
-    declarations alone, so that a bad one is refused before torch and the registries are
-    loaded."""
+    """A :class:`RunConfig`, a validation error as one readable ConfigError; ``strategy``: a
+    method class that need not be registered. The settings and method options given are
+    checked first against their declarations alone, before torch is loaded."""
     options = known_options()
     for name, value in values.items():
         try:

@@ -1,7 +1,5 @@
-"""The options of a run that are not training settings: what it learns from and where it
-writes. :class:`RunFields` declares them (name, type, default, description: the ``espn run``
-flags are generated from them); :class:`espn.runs.config.RunConfig` adds a field per
-training setting, the checks and the precedence."""
+"""The options of a run that are not training settings, declared once (the ``espn run`` flags
+are generated from them); :class:`espn.runs.config.RunConfig` adds the training settings."""
 
 from __future__ import annotations
 

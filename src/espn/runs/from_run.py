@@ -1,12 +1,6 @@
-"""Learning new tasks on top of a finished run (``--from-run DIR --after-task K``).
-
-The source run's checkpoint is only read, never written nor locked: its supernet is
-rebuilt, cut back to its first K tasks (their masks, task state, heads and weight
-ownership; the weights later tasks took become free again and, for methods that share
-weights, get the new run's fresh initialisation) and the new run's tasks are learned on
-top. The new run's task sequence is the source's first K tasks followed by its own, so
-its accuracy matrix shows that the inherited tasks are not forgotten.
-"""
+"""Learning new tasks on top of a finished run (``--from-run DIR --after-task K``): the source's
+checkpoint is only read, its supernet cut back to its first K tasks, and the new run's sequence
+is those K tasks followed by its own (see docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -33,26 +27,18 @@ from espn.runs.resuming import finished
 from espn.supernet.supernet import Supernet
 
 
-def source_summary(run_dir: Path) -> tuple[str, int]:
-    """The method and number of finished tasks of the run in ``run_dir`` (manifest only)."""
-    try:
-        manifest = read_manifest(checkpoint_dir(run_dir))
-    except CheckpointError as exc:
-        raise ValueError(
-            f"from_run {run_dir}: {exc} (give the --out of a finished espn run)"
-        ) from None
-    return str(manifest["method"]), len(manifest["tasks"])
-
-
 def check_from_run(cfg: RunConfig) -> None:
     """Before a run starts: ``from_run`` names a checkpoint of the same method with at least
     ``after_task`` finished tasks (more is checked when it starts, :func:`check_compatible`)."""
     if cfg.from_run is None or cfg.after_task is None:
         return
     try:
-        method, done = source_summary(Path(cfg.from_run))
-    except ValueError as exc:
-        raise ConfigError(f"config: {exc}") from None
+        manifest = read_manifest(checkpoint_dir(cfg.from_run))
+    except CheckpointError as exc:
+        raise ConfigError(
+            f"config: from_run {cfg.from_run}: {exc} (give the --out of a finished espn run)"
+        ) from None
+    method, done = str(manifest["method"]), len(manifest["tasks"])
     if method != cfg.method:
         raise ConfigError(
             f"config: from_run {cfg.from_run} is a run of method {method!r}; learning on top "
@@ -141,9 +127,8 @@ def adopt_tasks(
 def check_source_unchanged(
     run_dir: Path | str, cfg: RunConfig, tasks: list[dict[str, Any]]
 ) -> None:
-    """Refuse to rebuild the tasks a run inherited from ``--from-run`` when that source was
-    removed or replaced since (its first tasks' records or accuracies differ from those the
-    run copied), naming it; ``tasks`` are the run's checkpoint task entries."""
+    """Refuse to rebuild the tasks a run inherited from ``--from-run`` when that source was removed
+    or replaced since; ``tasks``: the run's checkpoint task entries."""
     if cfg.from_run is None or cfg.after_task is None:
         return
     keep = int(cfg.after_task)

@@ -16,10 +16,8 @@ if TYPE_CHECKING:
     from espn.runs.config import RunConfig
 
 
-#: the run options that shape how tasks are learned, whatever the data (the training
-#: settings, :class:`~espn.settings.training.TrainingSettings`, that are run options, and a preset):
-#: the settings of :class:`espn.ContinualLearner` under the same names (the others say which
-#: data to learn, and where results go)
+#: the run options that shape how tasks are learned, whatever the data (the training settings
+#: that are run options, and a preset): the settings of :class:`espn.ContinualLearner`
 TRAINING_SETTINGS = (
     *(n for n in SETTING_NAMES if n not in ("stream_pruning", "device")),
     "preset",
@@ -27,9 +25,8 @@ TRAINING_SETTINGS = (
 
 
 def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...] = ()) -> None:
-    """Refuse (ValueError) a keyword of ``given`` that is neither a training setting (under
-    its run option's name), one of ``extra``, nor an option of ``cls`` or another method
-    (whose own check names its method): the keywords of ``create_method`` and the learner."""
+    """Refuse (ValueError) a keyword of ``create_method`` or the learner that is neither a
+    training setting, one of ``extra``, nor an option of ``cls`` or another method."""
     accepted = [*TRAINING_SETTINGS, *extra, *cls.option_names()]
     foreign = known_options()
     for key in given:
@@ -40,12 +37,9 @@ def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...
 
 
 def check_applicable(given: dict[str, Any], cfg: RunConfig) -> None:
-    """Refuse options the user gave explicitly (``given``: the keywords of ``espn.run``, the
-    flags of ``espn run``) that this run would ignore: the size rule's ``reference_size``
-    with ``step_floor`` off, ``stream_pruning`` on a model whose residual streams it does
-    not build, and a method's own options its other settings leave unused (see
-    :meth:`Strategy.check_given`). Saved configurations, which record every option, are not
-    checked."""
+    """Refuse options given explicitly that this run would ignore: ``reference_size`` with
+    ``step_floor`` off, ``stream_pruning`` on a model without the residual streams it builds,
+    a method's own options its other settings leave unused (:meth:`Strategy.check_given`)."""
     from espn.methods.base import METHODS
     from espn.models.resnet import STREAM_MODELS
 

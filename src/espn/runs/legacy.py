@@ -43,11 +43,9 @@ ADDED_METHOD_OPTIONS: dict[str, Any] = {
 
 def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
     """A configuration saved by an older espn, completed with the values that reproduce what
-    that espn did (its fine-tuning started from the run's learning rate); method options it
-    recorded flat (``supsup_k``, unset ones as null; ESPN's ``pruner``, ``penalty``,
-    ``flop_load``, ``reuse`` for every method) move into ``method_options``, which is
-    completed with the method's options at what they were then (:data:`LEGACY_METHOD_OPTIONS`,
-    :data:`ADDED_METHOD_OPTIONS`) or, for an option newer than the run, at its default."""
+    it did: method options recorded flat move into ``method_options``, completed with what
+    they were then (:data:`LEGACY_METHOD_OPTIONS`, :data:`ADDED_METHOD_OPTIONS`) or their
+    defaults."""
     values = dict(values)
     declared = declared_options()
     flat_era = any(k in values for k in declared)  # saved before options were the methods'

@@ -1,6 +1,5 @@
 """Loading a finished run: its supernet rebuilt from the checkpoint's manifest (or given by
-the caller) and every finished task restored into it (``espn show/evaluate/export``,
-``espn.load``)."""
+the caller) and every finished task restored into it (``espn evaluate/export``, ``espn.load``)."""
 
 from __future__ import annotations
 
@@ -36,22 +35,14 @@ class ModelNeeded(CheckpointError):
     it, so the run is loaded in Python with the model passed (the message says how)."""
 
 
-def instance_class(name: str) -> str | None:
-    """The class (``module.Class``) of a model recorded as an instance
-    (``"<module.Class instance>"``, see :func:`model_name`), else None."""
-    if name.startswith("<") and name.endswith(" instance>"):
-        return name[1 : -len(" instance>")]
-    return None
-
-
 def check_rebuildable(
     run_dir: Path | str, name: str, then: str = "learner.evaluate(task), learner.export(task, path)"
 ) -> None:
     """Raise :class:`ModelNeeded` for a run whose model ``name`` is an instance's, saying
     what to do instead, in Python: ``espn.load(run, model=...)``, then ``then``."""
-    cls = instance_class(name)
-    if cls is None:
+    if not (name.startswith("<") and name.endswith(" instance>")):
         return
+    cls = name[1 : -len(" instance>")]
     short = cls.rsplit(".", 1)[-1]
     raise ModelNeeded(
         f"{run_dir}: its model was given to espn.wrap() as an instance of {cls}, which only "
@@ -62,8 +53,7 @@ def check_rebuildable(
 
 
 def model_name(supernet: Supernet) -> str:
-    """The name a run configuration gives the supernet's model (registered where only the
-    caller's code can rebuild it, see :func:`known_model`)."""
+    """The name a run configuration gives the supernet's model (see :func:`known_model`)."""
     name = supernet.model_name
     if name is None:
         model = supernet.model
@@ -73,9 +63,8 @@ def model_name(supernet: Supernet) -> str:
 
 
 def known_model(name: str) -> None:
-    """Let a run configuration name the model: a reference is registered where it may be
-    imported, else (an instance's name, a reference not trusted) a factory saying that only
-    the caller's code rebuilds it."""
+    """Let a run configuration name the model: a reference registered where it may be imported, else
+    a factory saying that only the caller's code rebuilds it."""
 
     def resolves() -> bool:
         try:
@@ -104,12 +93,6 @@ def example_input(spec: dict[str, Any], device: str | torch.device) -> torch.Ten
     return torch.zeros(2, *spec["input_shape"], dtype=dtype, device=device)
 
 
-def weights_of(method: str) -> str | None:
-    """The kind of weights of a run's method (``"shared"``, ``"own"``, ...; None: a method
-    this espn does not know), which reading an older checkpoint needs."""
-    return METHODS.get(method).weights if method in METHODS else None
-
-
 @dataclass
 class LoadedRun:
     """A run's checkpoint loaded into a supernet rebuilt from its manifest alone."""
@@ -130,15 +113,10 @@ def load_run(
     supernet: Supernet | None = None,
     trust_code: bool = False,
 ) -> LoadedRun:
-    """Rebuild a run's supernet from ``<run_dir>/checkpoint`` and load every finished task.
-
-    The model is built from the manifest's name (a registered model, or an import reference
-    written by the Python API, see :mod:`espn.models.reference`), or given as a freshly
-    built ``supernet`` (a model only the caller can build). A relative ``data_dir`` in the
-    configuration (the test data the Python API saves) is read from ``run_dir``. A module
-    the manifest names is imported only if ``trust_code`` (see
-    :func:`espn.models.reference.reading_run`).
-    """
+    """Rebuild a run's supernet from ``<run_dir>/checkpoint`` (the manifest's model name, or
+    ``supernet`` freshly built by the caller) and load every finished task. A relative
+    ``data_dir`` is read from ``run_dir``; a module the manifest names is imported only if
+    ``trust_code`` (see :func:`espn.models.reference.reading_run`)."""
     ckpt = read_checkpoint(checkpoint_dir(run_dir))
     m = ckpt.manifest
     check_results_match(run_dir, m)
@@ -174,7 +152,8 @@ def load_run(
         example = example_input(spec, device)
         with reading_run(run_dir, trust_code):  # --trust-model-code holds for this read only
             supernet = build_supernet(name, model_spec, example, cfg.seed, device)
-    restore(ckpt, supernet, weights_of(cfg.method))
+    # the kind of weights of the run's method (None: one this espn does not know)
+    restore(ckpt, supernet, METHODS.get(cfg.method).weights if cfg.method in METHODS else None)
     check_statistics(supernet, ckpt.directory)
     supernet.eval()
     return LoadedRun(cfg, ckpt, supernet)

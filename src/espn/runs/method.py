@@ -22,17 +22,10 @@ def method_class(method: object, lead: str, tail: str) -> type[Strategy]:
 
 
 def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strategy:
-    """A method by registered name or class, with keyword settings: run options that shape
-    training (``gamma``, ``alpha``, ``epochs``, ``warmup``, ... under their ``espn run``
-    names) and the method's own :attr:`Strategy.options`; those left out take their defaults
-    as a run resolves them (:class:`espn.runs.config.RunConfig`: the method's recipe, then the
-    ``mnist`` regime's, unless ``recipe=`` names another). Given to
-    :class:`espn.ContinualLearner`, the settings given here count as given there.
-
-    A setting the method does not accept, or a value out of range, raises
-    :class:`MethodSettingError` (an :class:`~espn.errors.EspnError` and ValueError) naming it
-    and what is accepted. Example: ``create_method("supsup", supsup_k=0.3, epochs=(1, 1, 1))``.
-    """
+    """A method by registered name or class, with the training settings under their ``espn
+    run`` names and the method's own options (see docs/python.md); those left out resolve as a
+    run's do (the ``mnist`` regime unless ``recipe=``). A setting not accepted raises
+    :class:`MethodSettingError` naming it. E.g. ``create_method("supsup", supsup_k=0.3)``."""
     cls = method_class(name_or_class, "create_method takes", " or a Strategy subclass")
     try:
         return _create(cls, settings)

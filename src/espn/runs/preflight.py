@@ -1,7 +1,5 @@
-"""What a run needs of this machine and its file system, checked before it starts: the
-device is usable here, the files and runs its configuration names exist. The configuration
-(:mod:`espn.runs.config`) checks values only; these probes run when a run (or a saved run) is
-about to use them, with the same ``<option>: <message>`` lines."""
+"""What a run needs of this machine and its file system (device, files), checked before it
+starts; :mod:`espn.runs.config` checks values only."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ COMPILE_ON_CPU = (
 
 
 def run_warnings(cfg: RunConfig) -> list[str]:
-    """What a run will do although it is rarely what was meant (the run goes on): ``--amp``
-    or ``--compile`` on a CPU."""
+    """What a run will do that is rarely meant: ``--amp``/``--compile`` on a CPU."""
     notes = []
     cpu = torch.device(cfg.device).type == "cpu"
     if cfg.amp and cpu:
@@ -58,19 +55,14 @@ def run_warnings(cfg: RunConfig) -> list[str]:
 
 
 def check_run(cfg: RunConfig) -> None:
-    """What ``cfg`` names beyond its values: device, init weights and data directory (the run
-    ``from_run`` continues: :func:`espn.runs.from_run.check_from_run`)."""
+    """What ``cfg`` names beyond its values: the device, the init weights' file and an
+    explicit ``data_dir`` (never silently replaced: it must be a directory)."""
     check_device(cfg.device)
     if cfg.init_weights is not None and not Path(cfg.init_weights).is_file():
         raise ConfigError(
             f"init_weights: init_weights: no file {cfg.init_weights} "
             "(give a .safetensors or .pt file)"
         )
-    check_data_dir(cfg)
-
-
-def check_data_dir(cfg: RunConfig) -> None:
-    """An explicit ``data_dir`` must be a directory (it is never silently replaced)."""
     path = cfg.data_dir
     if path is not None and not Path(path).is_dir():
         what = "is a file" if Path(path).exists() else "does not exist"

@@ -1,31 +1,84 @@
-"""The checkpoint of one run directory as a learner writes it: a fresh one, or the saved one
-restored into the learner's freshly built parts (:meth:`RunCheckpoint.open`), then saved at
-epochs' ends and after every learned step (see :mod:`espn.api.run_directory`)."""
+"""The checkpoint of one run directory as a learner writes it (:class:`RunCheckpoint`), and the
+task in training it keeps: saved at an epoch's end (:func:`snapshot`), put back into a freshly
+built learner to continue exactly where a killed run stopped (:func:`continue_training`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from espn.checkpoint import CheckpointWriter, TrainingState, read_checkpoint, restore
+import torch
+from torch import Tensor
+
+from espn.checkpoint import (
+    Checkpoint,
+    CheckpointWriter,
+    TrainingSnapshot,
+    TrainingState,
+    read_checkpoint,
+    restore,
+    restore_working,
+)
 from espn.checkpoint.format import MANIFEST, checkpoint_dir
 from espn.data.tasks import TaskSequence
 from espn.inference.stored import check_statistics
 from espn.methods.base import Strategy
-from espn.runs.checks import check_results_match, check_same_run, run_meta
+from espn.runs.checks import RunMismatch, check_results_match, option_differences, run_meta
 from espn.runs.config import RunConfig
 from espn.runs.legacy import upgrade_saved_config
-from espn.runs.training import continue_training, progress_of, scaler_state, snapshot
 from espn.supernet.supernet import Supernet
 from espn.training.engine import Engine
 from espn.training.plan import TaskProgress
+
+#: :class:`TaskProgress` fields the checkpoint stores as plain numbers (the optimizer's state
+#: goes to the state file as tensors)
+POSITION = tuple(f.name for f in fields(TaskProgress) if f.name != "optimizer")
+
+
+def snapshot(task: int, progress: TaskProgress, strategy: Strategy) -> TrainingSnapshot:
+    """Task ``task`` in training, at ``progress``, as the checkpoint stores it."""
+    position = {k: getattr(progress, k) for k in POSITION}
+    return TrainingSnapshot(task, position, progress.optimizer, strategy.state_dict())
+
+
+def progress_of(training: TrainingState) -> TaskProgress:
+    """Where the task in training read from a checkpoint continues (the engine's terms)."""
+    return TaskProgress(**training.position, optimizer=training.optimizer)
+
+
+def scaler_state(engine: Engine | None) -> dict[str, Any] | None:
+    """The engine's mixed-precision loss scale (float16 on CUDA), which persists across tasks."""
+    scaler = getattr(engine, "scaler", None)
+    return scaler.state_dict() if scaler is not None and scaler.is_enabled() else None
+
+
+def continue_training(
+    ckpt: Checkpoint, supernet: Supernet, engine: Engine, strategy: Strategy
+) -> None:
+    """After :func:`espn.checkpoint.restore`: the task in training, the strategy's state, the loss
+    scale and the RNGs, so that training continues as if never stopped."""
+    tr = ckpt.training
+    if tr is not None:
+        restore_working(tr, supernet)
+        device = next(supernet.parameters()).device
+        strategy.load_state_dict(
+            {k: v.to(device) if isinstance(v, Tensor) else v for k, v in tr.strategy.items()}
+        )
+    saved_scale = ckpt.manifest.get("grad_scaler")
+    scaler = getattr(engine, "scaler", None)
+    if saved_scale and scaler is not None and scaler.is_enabled():
+        scaler.load_state_dict(saved_scale)
+    torch.set_rng_state(ckpt.rng["torch"])
+    if "engine" in ckpt.rng:  # not in a checkpoint saved without the engine
+        engine.generator.set_state(ckpt.rng["engine"])
+    if "cuda" in ckpt.rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(ckpt.rng["cuda"])
 
 
 def finished(
     entries: list[dict[str, Any]],
 ) -> tuple[list[list[float] | None], list[dict[str, Any]]]:
-    """The accuracy rows (one per learned step) and the records of a checkpoint's finished
-    tasks (its task entries)."""
+    """The accuracy rows and records of a checkpoint's finished task entries."""
     rows = [
         None if e["accuracy"] is None else list(e["accuracy"]) for e in entries if "accuracy" in e
     ]
@@ -33,9 +86,8 @@ def finished(
 
 
 def training_position(task: int, progress: TaskProgress, strategy: Strategy) -> str:
-    """Where a task's training stands, in the units the engine counts: passes over the task's
-    training data (the size rule may make them more than ``--epochs`` asks) and optimizer
-    steps of the phase in progress."""
+    """Where a task's training stands in the engine's units: passes over its training data and
+    optimizer steps of the phase in progress."""
     phases = strategy.phases()
     passes = f"{progress.epochs_done} pass{'es' * (progress.epochs_done != 1)}"
     if progress.phase >= len(phases):
@@ -91,7 +143,9 @@ class RunCheckpoint:
             return cls(writer, supernet, engine, [], [], summary=note)
         ckpt = read_checkpoint(directory)
         saved = upgrade_saved_config(ckpt.manifest["config"])
-        check_same_run(saved, cfg, directory, ignore)
+        diffs = option_differences(saved, cfg, ignore)
+        if diffs:
+            raise RunMismatch(directory, diffs)
         check_results_match(cfg.out, ckpt.manifest)
         restore(ckpt, supernet, strategy.weights)
         check_statistics(supernet, ckpt.directory)
@@ -125,29 +179,26 @@ class RunCheckpoint:
         extra: dict[str, Any],
     ) -> None:
         """Checkpoint task ``task`` in training (at an epoch's end)."""
-        if self.writer is None:
-            return
-        self.writer.save(
-            self.supernet,
-            self._results(seq),
-            training=snapshot(task, progress, strategy),
-            extra=extra | {"complete": False},
-            generator=self.engine.generator,
-            grad_scaler=scaler_state(self.engine),
-        )
+        self._save(seq, extra | {"complete": False}, snapshot(task, progress, strategy))
 
     def task_done(self, seq: TaskSequence, elapsed: float, extra: dict[str, Any]) -> None:
         """Checkpoint after a task was committed and evaluated."""
         self.training = None
-        if self.writer is None:
-            return
-        self.writer.save(
-            self.supernet,
-            self._results(seq),
-            extra=extra | {"wall_time_s": elapsed, "complete": len(self.per_task) == len(seq)},
-            generator=self.engine.generator,
-            grad_scaler=scaler_state(self.engine),
-        )
+        complete = len(self.per_task) == len(seq)
+        self._save(seq, extra | {"wall_time_s": elapsed, "complete": complete})
+
+    def _save(
+        self, seq: TaskSequence, extra: dict[str, Any], training: TrainingSnapshot | None = None
+    ) -> None:
+        if self.writer is not None:
+            self.writer.save(
+                self.supernet,
+                self._results(seq),
+                training=training,
+                extra=extra,
+                generator=self.engine.generator,
+                grad_scaler=scaler_state(self.engine),
+            )
 
     def _results(self, seq: TaskSequence) -> list[dict[str, Any]]:
         names = seq.names(len(self.per_task))

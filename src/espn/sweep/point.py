@@ -1,12 +1,6 @@
-"""One point of a sweep, run to the end in whatever process Ray (or the caller) gives it.
-
-The point is an ordinary ``espn run`` directory ``OUT/<name>``; what the run prints goes to
-``OUT/<name>/log.txt``. A point whose complete ``results.json`` was made with the same
-options is reused, one whose checkpoint holds the same options is resumed from it (an
-unreadable results.json beside it set aside), and any other content of the directory is
-replaced (the sweep refuses, before any point runs, to replace a run of other options
-without ``overwrite``, see :func:`espn.sweep.runner.check_not_replacing`).
-"""
+"""One point of a sweep, an ``espn run`` directory ``OUT/<name>`` (its output in ``log.txt``),
+run to the end in whatever process Ray (or the caller) gives it: reused when finished with the
+same options, resumed from a checkpoint of them, else started over (see docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -42,9 +36,8 @@ class PointOutcome:
 
 
 def non_finite(doc: Any) -> str | None:
-    """Where ``doc`` (a parsed JSON document) holds NaN or an infinity, e.g.
-    ``accuracy_matrix[1][0] = nan``; None when every number is finite. espn never writes one
-    (a diverged run is refused), so such a results.json was changed or damaged."""
+    """Where a parsed JSON ``doc`` holds NaN or an infinity (``accuracy_matrix[1][0] = nan``:
+    espn never writes one, so it was changed or damaged); None when every number is finite."""
     stack: list[tuple[str, Any]] = [("", doc)]
     while stack:
         path, item = stack.pop()
@@ -57,14 +50,19 @@ def non_finite(doc: Any) -> str | None:
     return None
 
 
-def finished_results(cfg: RunConfig) -> dict[str, Any] | None:
-    """The results of an earlier complete run of exactly ``cfg`` (output path aside); not
-    one holding NaN or an infinity (:func:`non_finite`), which is run again."""
+def _results(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/results.json`` if it is a readable JSON object."""
     try:
-        doc = read_json(Path(cfg.out) / "results.json")
+        doc = read_json(run_dir / "results.json")
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or not doc.get("complete") or non_finite(doc):
+    return doc if isinstance(doc, dict) else None
+
+
+def finished_results(cfg: RunConfig) -> dict[str, Any] | None:
+    """The results of a finished, finite earlier run of exactly ``cfg``, else None."""
+    doc = _results(Path(cfg.out))
+    if doc is None or not doc.get("complete") or non_finite(doc):
         return None
     return None if option_differences(doc.get("config", {}), cfg) else doc
 
@@ -75,32 +73,21 @@ def resumable(cfg: RunConfig) -> bool:
     return saved is not None and not option_differences(saved, cfg)
 
 
-def _results_config(run_dir: Path) -> dict[str, Any] | None:
-    """The options recorded in ``run_dir/results.json``, if it is readable."""
-    try:
-        doc = read_json(run_dir / "results.json")
-    except (OSError, ValueError):
-        return None
-    config = doc.get("config") if isinstance(doc, dict) else None
-    return config if isinstance(config, dict) else None
-
-
 def changed_options(point: Point, out: Path) -> list[str]:
-    """How the run in ``out/<point.name>`` (its results.json, else its checkpoint) differs
-    from ``point``'s options (``epochs=[1, 1, 1] in the checkpoint, (1, 1, 2) now``); empty
-    when it holds no run or one of the same options."""
+    """How the run in ``out/<point.name>`` (results.json, else checkpoint) differs from ``point``'s
+    options; empty when it holds none or one of the same options."""
     run_dir = Path(out) / point.name
     cfg = make_config(**point.options, out=run_dir)
-    for saved in (_results_config(run_dir), saved_config(run_dir)):
+    recorded = (_results(run_dir) or {}).get("config")
+    for saved in (recorded if isinstance(recorded, dict) else None, saved_config(run_dir)):
         if saved is not None and (diffs := option_differences(saved, cfg)):
             return diffs
     return []
 
 
 def set_aside_corrupt_results(run_dir: Path) -> tuple[Path, str] | None:
-    """Move an unreadable ``results.json``, or one holding NaN or an infinity, aside
-    (``results.json.corrupt``), so that the run is resumed from its intact checkpoint,
-    which rewrites it; where it went and why."""
+    """Move an unreadable ``results.json``, or one holding NaN or an infinity, aside (to
+    ``results.json.corrupt``: resuming rewrites it); where it went and why."""
     from espn.evaluation.results import ResultsError, read_results
 
     try:
@@ -126,9 +113,8 @@ def reused_outcome(point: Point, out: Path) -> PointOutcome | None:
 
 
 def run_point(point: Point, out: Path) -> PointOutcome:
-    """Run (reuse, resume) ``point`` into ``out/<point.name>``; never raises for the point's
-    own failure, which is returned as status ``failed`` with its one-line error (the
-    traceback is in the log)."""
+    """Run (reuse, resume) ``point`` into ``out/<point.name>``; its own failure is returned as
+    status ``failed`` with a one-line error (the traceback in the log), never raised."""
     from espn.api import experiment  # looked up at call time: tests may patch run_experiment
 
     run_dir = Path(out) / point.name

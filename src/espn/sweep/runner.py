@@ -1,14 +1,9 @@
-"""Run a sweep's points: one after another in this process, or on Ray when asked.
-
-Ray is used only when asked for (``workers`` > 1: an embedded local instance of that many
-workers) or when a cluster is configured (``ray_address``, or Ray's own ``RAY_ADDRESS``
-environment variable); otherwise the points run one after another in this process, through
-the very same :func:`run_point`, and no Ray starts. On Ray this module only submits one task
-per unfinished point, waits for them as they finish, and reports.
-"""
+"""Run a sweep's points: one after another in this process through :func:`run_point`, or on Ray
+only when asked (``workers`` > 1, ``ray_address`` or ``RAY_ADDRESS``); see docs/sweeps.md."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
@@ -45,8 +40,7 @@ LOCAL_OBJECT_STORE_BYTES = 128 * 2**20
 
 
 class SweepOptions(TypedDict, total=False):
-    """How a sweep's points are run: the keyword options of :func:`run_sweep`, which
-    :func:`espn.reproduce.run_target` passes on as they are."""
+    """The keyword options of :func:`run_sweep` (passed on by :func:`espn.reproduce.run_target`)."""
 
     workers: int | None
     ray_address: str | None
@@ -57,22 +51,13 @@ class SweepOptions(TypedDict, total=False):
 
 
 def cluster_address(ray_address: str | None) -> str | None:
-    """The Ray cluster the points run on: ``ray_address``, else Ray's ``RAY_ADDRESS``
-    environment variable, else None (no cluster configured)."""
+    """The Ray cluster the points run on: ``ray_address``, else ``RAY_ADDRESS``, else None."""
     return ray_address or os.environ.get("RAY_ADDRESS") or None
 
 
-def uses_ray(workers: int | None, ray_address: str | None) -> bool:
-    """Whether a sweep runs on Ray: only when asked (more than one worker) or when a
-    cluster is configured; else its points run in this process and no Ray starts."""
-    return cluster_address(ray_address) is not None or (workers or 1) > 1
-
-
 def outcome_line(outcome: PointOutcome) -> str:
-    """One line per finished point: status, name, accuracy, the run's wall time as
-    results.json records it (``wall_time_s``: training and evaluation, the time before a
-    resumption included) and this attempt's seconds (start-up and data too; none when
-    reused), or the log when failed."""
+    """One line per finished point: status, name, accuracy, the run's recorded wall time and
+    this attempt's seconds (none when reused), or the log when failed."""
     if outcome.status == "failed":
         return f"failed   {outcome.point.name}: {outcome.error} (log: {outcome.log})"
     doc = outcome.results or {}
@@ -98,20 +83,14 @@ def run_sweep(
     progress: bool = True,
     overwrite: bool = False,
 ) -> list[PointOutcome]:
-    """Run every point into ``out/<name>`` and return their outcomes in the points' order.
+    """Run every point into ``out/<name>``; their outcomes in the points' order (see
+    docs/sweeps.md).
 
-    Every point's configuration is validated before anything runs. Finished points are
-    reused, killed ones resumed from their checkpoint; a failing point is reported (status
-    ``failed``, its log path) and the others go on. By default (``workers`` None or 1, no
-    cluster address) the points run in this process, one after another, and no Ray starts;
-    ``workers`` > 1 points run at once on an embedded local Ray instance, and with
-    ``ray_address`` (or ``RAY_ADDRESS`` set) on that cluster (then Ray's resources decide);
-    each point asks Ray for ``cpus_per_run`` CPUs and ``gpus_per_run`` GPUs. When Ray is
-    not installed, every point runs in this process (said on the console). If Ray is
-    already initialised in this process, that instance is used.
-    ``progress`` shows a bar over points and a line per finished point. A point whose
-    directory holds a run made with other options is refused (naming the options) unless
-    ``overwrite``, which replaces it.
+    Every point is validated before anything runs; finished points are reused, killed ones
+    resumed, a failing one reported while the others go on. ``workers`` > 1 runs them on a
+    local Ray instance, ``ray_address`` on that cluster, each asking for ``cpus_per_run``
+    CPUs and ``gpus_per_run`` GPUs; else (or without Ray) one after another in this process.
+    A point holding a run of other options is refused unless ``overwrite``.
     """
     out = Path(out).resolve()  # Ray workers need not share this process's directory
     check_resources(workers, cpus_per_run, gpus_per_run)
@@ -131,7 +110,7 @@ def run_sweep(
         check_not_replacing(todo, out)
     ray_address = cluster_address(ray_address)
     in_process = _in_process(len(todo), workers, ray_address, gpus_per_run, console)
-    with _Reporter(len(points), console, progress) as report:
+    with _reporter(len(points), console, progress) as report:
         for outcome in outcomes.values():
             report(outcome)
         if todo and in_process:
@@ -154,10 +133,9 @@ def _in_process(
     gpus_per_run: float,
     console: OutputConsole,
 ) -> bool:
-    """Whether the ``n_todo`` points left run in this process: none left, no Ray asked for,
-    or Ray missing without a cluster address (said on the console); otherwise the Ray target
-    is checked here."""
-    if not n_todo or not uses_ray(workers, ray_address):
+    """Whether the ``n_todo`` points left run in this process (Ray not asked for: one worker,
+    no cluster; or missing without a cluster: said); otherwise the Ray target is checked."""
+    if not n_todo or (ray_address is None and (workers or 1) <= 1):
         return True
     if not ray_available():
         if ray_address is not None:
@@ -194,9 +172,8 @@ def ray_available() -> bool:
 
 
 def check_ray_target(address: str | None, gpus_per_run: float) -> None:
-    """Refuse, before Ray starts, what Ray would wait on forever: GPUs asked of a local
-    instance on a machine without them, a cluster address that does not answer, a
-    ``ray://`` address without the Ray client installed."""
+    """Refuse, before Ray starts, what Ray would wait on forever: GPUs this machine lacks, a
+    cluster address that does not answer, ``ray://`` without the Ray client."""
     if address is None:
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus_per_run > have:
@@ -230,8 +207,7 @@ def check_ray_target(address: str | None, gpus_per_run: float) -> None:
 
 
 def check_inside(points: Sequence[Point], out: Path) -> None:
-    """Refuse a point whose directory ``out/<name>`` is a symbolic link (or otherwise lies
-    outside ``out``): a sweep reads, resumes and replaces only runs inside its ``--out``."""
+    """Refuse a point whose directory is a link out of ``out``."""
     for p in points:
         run_dir = out / p.name
         if run_dir.is_symlink() or (run_dir.exists() and run_dir.resolve().parent != out):
@@ -258,8 +234,7 @@ PATH_OPTIONS = ("data_dir", "init_weights", "from_run")
 
 
 def anchored(point: Point) -> Point:
-    """``point`` with its relative paths made absolute from this process's directory, so
-    that a point means the same in a Ray worker (whose directory may differ) and in here."""
+    """``point`` with its relative paths made absolute, to mean the same in a Ray worker."""
     options = dict(point.options)
     for key in PATH_OPTIONS:
         if options.get(key) is not None:
@@ -363,34 +338,28 @@ def _watch() -> subprocess.Popen[bytes] | None:
     )
 
 
-class _Reporter:
+@contextlib.contextmanager
+def _reporter(total: int, console: Console, show: bool) -> Iterator[Callable[[PointOutcome], None]]:
     """A bar over points (rich) and one printed line per finished point."""
+    bar = Progress(
+        TextColumn("sweep"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    task = bar.add_task("points", total=total)
 
-    def __init__(self, total: int, console: Console, show: bool) -> None:
-        self.show = show
-        self.console = console
-        self.bar = Progress(
-            TextColumn("sweep"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
-        self.task = self.bar.add_task("points", total=total)
+    def report(outcome: PointOutcome) -> None:
+        bar.advance(task)
+        if show:
+            bar.console.print(printable(outcome_line(outcome)), highlight=False, soft_wrap=True)
 
-    def __enter__(self) -> Callable[[PointOutcome], None]:
-        if self.show:
-            self.bar.start()
-        return self._report
-
-    def __exit__(self, *exc: object) -> None:
-        if self.show:
-            self.bar.stop()
-
-    def _report(self, outcome: PointOutcome) -> None:
-        self.bar.advance(self.task)
-        if self.show:
-            self.bar.console.print(
-                printable(outcome_line(outcome)), highlight=False, soft_wrap=True
-            )
+    if show:
+        bar.start()
+    try:
+        yield report
+    finally:
+        if show:
+            bar.stop()

@@ -1,17 +1,6 @@
-"""Sweep specifications: base options and a grid, expanded into named points.
-
-A spec is a JSON or YAML mapping::
-
-    {"base": {"benchmark": "permuted-fashion-mnist", "tasks": 3, "epochs": [1, 1, 1]},
-     "grid": {"method": ["espn", "packnet"], "seed": [0, 1]},
-     "name": "{method}-seed{seed}"}
-
-``base`` holds ``espn run`` options shared by every point (the fields of
-:class:`espn.runs.config.RunConfig`, without ``out``), ``grid`` one list of values per option;
-the points are the cartesian product of the grid's lists, in the grid's key order (the
-last key varies fastest). ``name`` is an optional ``str.format`` template over the grid's
-keys; by default a point is named by its grid values (``espn_seed0``).
-"""
+"""Sweep specifications (see docs/sweeps.md): ``base`` options shared by every point, a
+``grid`` of lists whose cartesian product gives the points (the last key varying fastest), and
+an optional ``name`` template over the grid's keys, expanded into named points."""
 
 from __future__ import annotations
 
@@ -68,8 +57,7 @@ def safe_name(text: str) -> str:
 
 
 def default_name(values: dict[str, Any]) -> str:
-    """A readable name from grid values: the method by itself, other options as key+value
-    (``espn_gamma0.2_seed0``)."""
+    """A name from grid values, e.g. ``espn_gamma0.2_seed0``."""
     parts = [
         value_text(v) if key == "method" else f"{key}{value_text(v)}" for key, v in values.items()
     ]
@@ -77,9 +65,8 @@ def default_name(values: dict[str, Any]) -> str:
 
 
 def check_template(template: str) -> None:
-    """Refuse a point-name template whose fields ask for a width or precision beyond
-    :data:`espn.utils.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}`` would build a 1 GB name) or
-    nest fields in a format spec; before any name is formatted."""
+    """Refuse a point-name template with a width or precision beyond
+    :data:`~espn.utils.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}``) or nested fields."""
     try:
         fields = [
             (f, s or "") for _, f, s, _ in string.Formatter().parse(template) if f is not None
@@ -96,8 +83,7 @@ def check_template(template: str) -> None:
 
 
 def expand_spec(spec: Any) -> list[Point]:
-    """The points of a sweep spec (see the module docstring), validated: size, keys, grid
-    lists, unique names and every point's configuration (before anything runs)."""
+    """The points of a sweep spec (see the module docstring), every one validated."""
     if not isinstance(spec, dict):
         raise SweepError(f"a sweep spec must be a mapping with keys {', '.join(SPEC_KEYS)}")
     check_size(spec, "sweep spec", SweepError)

@@ -62,8 +62,7 @@ def group_series(outcomes: Sequence[PointOutcome]) -> tuple[list[str], list[Seri
 
 
 def _measure(doc: dict[str, Any], column: str) -> float | None:
-    """One measure of a finished run (None where the run recorded none: no test data; or
-    none that is finite, so that a summary never averages a NaN)."""
+    """One finite measure of a finished run, else None (never a NaN)."""
     value: float | None = None
     if column == "flops_ratio":
         ratios = doc.get("flops_ratio") or []
@@ -117,8 +116,7 @@ def summary_markdown(rows: list[dict[str, Any]], out: Path) -> str:
 
 
 def summary_plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Bars: each series' mean average accuracy with its standard error; the run count
-    above each bar."""
+    """Bars: each series' mean accuracy and standard error, its run count above."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(rows) + 2), 4))
     xs = list(range(len(rows)))
@@ -139,8 +137,7 @@ def summary_plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def write_summary(outcomes: Sequence[PointOutcome], out: Path) -> list[Path]:
-    """``OUT/summary.csv``, ``.md`` and ``.png`` of the sweep's outcomes, each written
-    atomically; returns their paths."""
+    """Write ``OUT/summary.csv``, ``.md`` and ``.png`` atomically; their paths."""
     out = Path(out)
     paths = [out / name for name in SUMMARY_FILES]
     columns, rows = summary_rows(outcomes)
