@@ -30,7 +30,6 @@ from espn.export.export import ExportReport, check_target, export_task
 from espn.inference import routing
 from espn.methods.base import Strategy
 from espn.runs.config import ConfigError, RunConfig
-from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import TaskEnd
 from espn.training.capacity import check_budget
@@ -45,9 +44,8 @@ def min_flops_ratio(supernet: Supernet) -> float:
     """The smallest FLOPs ratio unit pruning can reach: one unit left in every group (the
     pruner never empties a layer, see :func:`espn.pruning.selection.select_units`; a union
     of groups, a residual stream, keeps one unit when its members keep the same one)."""
-    return count_flops(supernet.costs, dict.fromkeys(supernet.widths, 1)) / max(
-        supernet.dense_flops, 1
-    )
+    one = {g: torch.arange(n) == 0 for g, n in supernet.group_sizes.items()}
+    return supernet.flops(one) / max(supernet.dense_flops, 1)
 
 
 @dataclass

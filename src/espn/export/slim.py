@@ -242,8 +242,9 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
     position: dict[str, Tensor] = {}
     stream: dict[str, Tensor] = {}
     full = units
-    if units is not None and supernet.unions:
-        full = with_unions(units, supernet.unions)
+    if units is not None:
+        full = with_unions(units, supernet.unions, supernet.concats)
+    if full is not None and supernet.unions:
         position, stream = _streams(supernet, full)
     cut = full or {}
     #: per layer: the gate or norm reading its output (where a stream writer's channels leave)

@@ -284,6 +284,9 @@ def to_supernet(
     places, adopted = _placements(
         model, example_input, modules, bare, successor, heads, coupling, multi_head, task_affine
     )
+    concats = _concatenations(coupling.groups, places, modules)
+    if concats:
+        model.unit_concats = concats  # read by the Supernet (see Supernet.concats)
     refused = [n for n in bare if n not in adopted]
     if refused:
         raise _refuse_parameter(model, refused[0].rpartition(".")[0])
@@ -355,7 +358,8 @@ def _place(
     for name, size in g.in_unit.items():
         places[name].in_unit = size
     for name in g.norms:
-        places[name].norm_group, places[name].norm_unit = g.name, g.norm_unit[name]
+        if name not in g.slices:  # a norm over a concatenation: see _concatenations
+            places[name].norm_group, places[name].norm_unit = g.name, g.norm_unit[name]
     stream = any(adapter(modules[n]).tokens for n in g.norms + g.attentions)
     if stream or g.params:
         writers = g.producers + g.norms + g.attentions
@@ -376,6 +380,50 @@ def _place(
         if not g.norms or (bias and not absorbed):
             place.gated = True
     return {name: g.name for name in g.params + g.scale_params}
+
+
+def _concatenations(
+    groups: list[Group], places: dict[str, Placement], modules: dict[str, Convertible]
+) -> dict[str, tuple[str, ...]]:
+    """Place the layers and norms reading concatenated feature maps (``torch.cat``): a
+    layer's input side is the concatenation of its members' unit groups, a norm becomes one
+    norm per member; refused unless the members' channels, in order, are all the reader's
+    inputs, each member in units of one width. Returns the concatenations by name."""
+    reads: dict[str, list[tuple[int, Group]]] = {}
+    for g in groups:
+        for name, start in g.slices.items():
+            reads.setdefault(name, []).append((start, g))
+    concats: dict[str, tuple[str, ...]] = {}
+    for name, parts in reads.items():
+        parts.sort(key=lambda part: part[0])
+        m = modules[name]
+        norm = adapter(m).role == "norm"
+        end, width = 0, adapter(m).width(m, norm)
+        for start, g in [*parts, (width, None)]:
+            if start != end:
+                raise ConvertError(
+                    f"layer {name!r} reads a concatenation whose channels {end} to {start - 1} "
+                    "come from no layer (the model input or a bare parameter); supported: "
+                    "torch.cat of conv or linear layers' outputs"
+                )
+            end += 0 if g is None else g.size * g.slice_unit[name]
+        units = sorted({g.slice_unit[name] for _, g in parts})
+        if len(units) != 1:
+            raise ConvertError(
+                f"layer {name!r} reads a concatenation of feature maps pruned in units of "
+                f"{units[0]} and {units[-1]} channels (grouped convs or GroupNorms); supported: "
+                "concatenations of feature maps pruned in units of one size"
+            )
+        members = tuple(g.name for _, g in parts)
+        concat = f"cat({','.join(members)})"
+        concats[concat] = members
+        place = places[name]
+        if norm:
+            place.norm_group, place.norm_unit = concat, units[0]
+            place.concat = tuple((g.name, g.size * place.norm_unit) for _, g in parts)
+        else:
+            place.in_group, place.in_unit = concat, units[0]
+    return concats
 
 
 def _hold_parameters(

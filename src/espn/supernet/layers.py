@@ -14,7 +14,9 @@ indexes its input and its output units, and every gate or BatchNorm belongs to o
 Layers whose outputs are added together (a residual stream) either share one group, so that
 their channels are kept or pruned together, or each have their own group, and the layers that
 read the stream name a *union* of those groups (see :func:`union_alive`): a stream channel is
-alive where any of its producers keeps it (the authors' per-conv pruning). A unit may span
+alive where any of its producers keeps it (the authors' per-conv pruning). A layer reading
+concatenated feature maps (``torch.cat``, DenseNet, Inception) names a *concatenation* of the
+groups, whose alive vector is theirs, concatenated (see :func:`with_unions`). A unit may span
 several consecutive features (an attention head's ``head_dim`` values, a grouped
 convolution's group of channels, a GroupNorm group): each layer and norm says how many on its
 side (``*_unit_size``).
@@ -77,10 +79,16 @@ def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor
 
 
 def with_unions(
-    units: Mapping[str, Tensor], unions: Mapping[str, tuple[str, ...]]
+    units: Mapping[str, Tensor],
+    unions: Mapping[str, tuple[str, ...]],
+    concats: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Tensor]:
-    """``units`` completed with the alive vector of every union of groups."""
-    return dict(units) | {u: union_alive(units, members) for u, members in unions.items()}
+    """``units`` completed with the alive vector of every union of groups and of every
+    concatenation of groups (a layer reading ``torch.cat`` of their features: its units are
+    the members' units, in order)."""
+    full = dict(units) | {u: union_alive(units, members) for u, members in unions.items()}
+    cats = (concats or {}).items()
+    return full | {c: torch.cat([full[g].bool() for g in members]) for c, members in cats}
 
 
 def expand_units(alive: Tensor, size: int) -> Tensor:
