@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import alive_features, param
+from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.flops import run_hooked
 from espn.supernet.layers import (
@@ -308,6 +310,9 @@ def _replace(
         elif isinstance(m, TaskTokens):
             for target in ("cls_token", "pos_embed"):
                 _cut_parameter(copied, f"{name}.{target}" if name else target, full, m.group)
+    for name, m in originals.items():
+        if isinstance(m, SplitNorm):  # its parts are plain now: one norm of them all
+            _set(copied, name, cast(SplitNorm, copied.get_submodule(name)).joined())
 
 
 def _writers(

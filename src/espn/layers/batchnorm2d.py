@@ -31,6 +31,21 @@ class SplitNorm(nn.Module):
         widths = [int(p.weight.shape[0]) for p in self.parts]
         return torch.cat([p(c) for p, c in zip(self.parts, x.split(widths, 1), strict=True)], 1)
 
+    @torch.no_grad()
+    def joined(self) -> nn.Module:
+        """One norm computing what the parts compute, once they are plain torch BatchNorms
+        (an export's: one op, not a split, a norm per part and a concatenation)."""
+        norm = copy.deepcopy(self.parts[0])
+        for key, value in [
+            *norm.named_parameters(recurse=False),
+            *norm.named_buffers(recurse=False),
+        ]:
+            if value.dim():
+                whole = torch.cat([getattr(p, key) for p in self.parts])
+                setattr(norm, key, param(whole) if isinstance(value, nn.Parameter) else whole)
+        norm.num_features = len(norm.weight)
+        return norm
+
 
 class BatchNormAdapter(LayerAdapter):
     """A BatchNorm of any dimension: ``task_type`` in the supernet, ``plain_type`` exported."""

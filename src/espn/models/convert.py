@@ -398,15 +398,15 @@ def _concatenations(
         parts.sort(key=lambda part: part[0])
         m = modules[name]
         norm = adapter(m).role == "norm"
-        end, width = 0, adapter(m).width(m, norm)
-        for start, g in [*parts, (width, None)]:
-            if start != end:
-                raise ConvertError(
-                    f"layer {name!r} reads a concatenation whose channels {end} to {start - 1} "
-                    "come from no layer (the model input or a bare parameter); supported: "
-                    "torch.cat of conv or linear layers' outputs"
-                )
-            end += 0 if g is None else g.size * g.slice_unit[name]
+        starts = [start for start, _ in parts]
+        ends = [start + g.size * g.slice_unit[name] for start, g in parts]
+        width = adapter(m).width(m, norm)
+        if starts != [0, *ends[:-1]] or ends[-1] != width:
+            raise ConvertError(
+                f"layer {name!r} reads a concatenation of which {width - sum(ends) + sum(starts)} "
+                f"of its {width} channels come from no layer (the model input or a bare "
+                "parameter); supported: torch.cat of conv or linear layers' outputs"
+            )
         units = sorted({g.slice_unit[name] for _, g in parts})
         if len(units) != 1:
             raise ConvertError(

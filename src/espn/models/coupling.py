@@ -189,8 +189,9 @@ def _refuse_coupling(
     elif taken < width:
         construct = (
             f"{taken} of its {width} {side} channels are the channels of {root!r} and the others "
-            "come from other layers: concatenation of feature maps (torch.cat, as in DenseNet "
-            "and Inception blocks) is not supported"
+            "come from other layers: this concatenation of feature maps is not supported "
+            "(supported: torch.cat of whole outputs of layers, read by ungrouped conv or linear "
+            "layers and BatchNorms)"
         )
     else:
         construct = (
