@@ -7,7 +7,7 @@ convolution before it on export. :class:`BatchNormAdapter` holds what every Batc
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -28,14 +28,14 @@ class SplitNorm(nn.Module):
         self.parts = nn.ModuleList(parts)
 
     def forward(self, x: Tensor) -> Tensor:
-        widths = [int(p.weight.shape[0]) for p in self.parts]
+        widths = [len(p.get_parameter("weight")) for p in self.parts]
         return torch.cat([p(c) for p, c in zip(self.parts, x.split(widths, 1), strict=True)], 1)
 
     @torch.no_grad()
     def joined(self) -> nn.Module:
         """One norm computing what the parts compute, once they are plain torch BatchNorms
         (an export's: one op, not a split, a norm per part and a concatenation)."""
-        norm = copy.deepcopy(self.parts[0])
+        norm = cast(nn.modules.batchnorm._BatchNorm, copy.deepcopy(self.parts[0]))
         for key, value in [
             *norm.named_parameters(recurse=False),
             *norm.named_buffers(recurse=False),

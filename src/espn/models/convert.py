@@ -13,6 +13,9 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   ``multi_head`` is False);
 * ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
   adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
+* feature maps concatenated along channels (``torch.cat``) keep their own unit groups: a
+  layer reading them names their concatenation (``Supernet.concats``), and a BatchNorm over
+  them becomes a :class:`~espn.layers.batchnorm2d.SplitNorm` of one task BatchNorm per map;
 * bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
   and position embeddings added to a token stream, a layer scale multiplying a conv's
   channels) become per-task state (:class:`~espn.layers.parameters.TaskParameters`);
@@ -286,7 +289,7 @@ def to_supernet(
     )
     concats = _concatenations(coupling.groups, places, modules)
     if concats:
-        model.unit_concats = concats  # read by the Supernet (see Supernet.concats)
+        model.unit_concats = concats  # type: ignore[assignment]  # see Supernet.concats
     refused = [n for n in bare if n not in adopted]
     if refused:
         raise _refuse_parameter(model, refused[0].rpartition(".")[0])
