@@ -7,6 +7,7 @@ convolution before it on export. :class:`BatchNormAdapter` holds what every Batc
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any, cast
 
 import torch
@@ -74,7 +75,7 @@ class BatchNormAdapter(LayerAdapter):
             raise ConvertError(f"BatchNorm {place.name!r} does not follow any conv layer")
         if not place.concat:
             return self._task_norm(m, place.norm_group, place.norm_unit, 0, m.num_features)
-        ends = torch.tensor([width for _, width in place.concat]).cumsum(0).tolist()
+        ends = list(itertools.accumulate(width for _, width in place.concat))
         starts = [0, *ends[:-1]]
         return SplitNorm(
             [

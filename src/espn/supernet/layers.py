@@ -13,7 +13,7 @@ Units (neurons or channels) are named by a *group*: every masked layer says whic
 indexes its input and its output units, and every gate or BatchNorm belongs to one group.
 Layers whose outputs are added together (a residual stream) either share one group, so that
 their channels are kept or pruned together, or each have their own group, and the layers that
-read the stream name a *union* of those groups (see :func:`union_alive`): a stream channel is
+read the stream name a *union* of those groups (see :func:`with_unions`): a stream channel is
 alive where any of its producers keeps it (the authors' per-conv pruning). A layer reading
 concatenated feature maps (``torch.cat``, DenseNet, Inception) names a *concatenation* of the
 groups, whose alive vector is theirs, concatenated (see :func:`with_unions`). A unit may span
@@ -72,21 +72,18 @@ class MaskedLayer(MaskCaches, nn.Module):
         return self.weight * self.weight_mask
 
 
-def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor:
-    """The alive vector of a union of unit groups (a residual stream read by a later layer
-    whose producers are pruned each on its own): a channel is alive where any member keeps it."""
-    return torch.stack([units[g].bool() for g in members]).any(0)
-
-
 def with_unions(
     units: Mapping[str, Tensor],
     unions: Mapping[str, tuple[str, ...]],
     concats: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Tensor]:
-    """``units`` completed with the alive vector of every union of groups and of every
-    concatenation of groups (a layer reading ``torch.cat`` of their features: its units are
-    the members' units, in order)."""
-    full = dict(units) | {u: union_alive(units, members) for u, members in unions.items()}
+    """``units`` completed with the alive vector of every union of groups (a residual stream
+    read by a later layer whose producers are pruned each on its own: a channel is alive where
+    any member keeps it) and of every concatenation of groups (a layer reading ``torch.cat``
+    of their features: its units are the members' units, in order)."""
+    full = dict(units)
+    for u, members in unions.items():
+        full[u] = torch.stack([units[g].bool() for g in members]).any(0)
     cats = (concats or {}).items()
     return full | {c: torch.cat([full[g].bool() for g in members]) for c, members in cats}
 
