@@ -392,17 +392,17 @@ def _concatenations(
     layer's input side is the concatenation of its members' unit groups, a norm becomes one
     norm per member; refused unless the members' channels, in order, are all the reader's
     inputs, each member in units of one width. Returns the concatenations by name."""
-    reads: dict[str, list[tuple[int, Group]]] = {}
+    reads: dict[str, list[tuple[int, int, Group]]] = {}
     for g in groups:
-        for name, start in g.slices.items():
-            reads.setdefault(name, []).append((start, g))
+        for name, (start, unit) in g.slices.items():
+            reads.setdefault(name, []).append((start, unit, g))
     concats: dict[str, tuple[str, ...]] = {}
     for name, parts in reads.items():
         parts.sort(key=lambda part: part[0])
         m = modules[name]
         norm = adapter(m).role == "norm"
-        starts = [start for start, _ in parts]
-        ends = [start + g.size * g.slice_unit[name] for start, g in parts]
+        starts = [start for start, _, _ in parts]
+        ends = [start + g.size * unit for start, unit, g in parts]
         width = adapter(m).width(m, norm)
         if starts != [0, *ends[:-1]] or ends[-1] != width:
             raise ConvertError(
@@ -410,20 +410,20 @@ def _concatenations(
                 f"of its {width} channels come from no layer (the model input or a bare "
                 "parameter); supported: torch.cat of conv or linear layers' outputs"
             )
-        units = sorted({g.slice_unit[name] for _, g in parts})
+        units = sorted({unit for _, unit, _ in parts})
         if len(units) != 1:
             raise ConvertError(
                 f"layer {name!r} reads a concatenation of feature maps pruned in units of "
                 f"{units[0]} and {units[-1]} channels (grouped convs or GroupNorms); supported: "
                 "concatenations of feature maps pruned in units of one size"
             )
-        members = tuple(g.name for _, g in parts)
+        members = tuple(g.name for _, _, g in parts)
         concat = f"cat({','.join(members)})"
         concats[concat] = members
         place = places[name]
         if norm:
             place.norm_group, place.norm_unit = concat, units[0]
-            place.concat = tuple((g.name, g.size * place.norm_unit) for _, g in parts)
+            place.concat = tuple((g.name, g.size * unit) for _, unit, g in parts)
         else:
             place.in_group, place.in_unit = concat, units[0]
     return concats

@@ -49,9 +49,8 @@ class Group:
     #: grouped convs (not depthwise) reading a part: their outputs' part joins it
     grouped_inputs: list[str] = field(default_factory=list)
     #: layers and norms reading the channels as a slice of a concatenation (``torch.cat``),
-    #: by name: where the slice starts (a part) or that and features per unit (a unit group)
-    slices: dict[str, int] = field(default_factory=dict)
-    slice_unit: dict[str, int] = field(default_factory=dict)
+    #: by name: where the slice starts in their input and the features one unit spans
+    slices: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: channels one unit spans on each side of a layer (inputs of a linear layer reading a
     #: flattened map: channels x H*W), by layer name
     out_unit: dict[str, int] = field(default_factory=dict)
@@ -233,7 +232,7 @@ def _part(
         if repeat:
             repeats[name] = repeat
         elif _concatenated(m, out_side, idxs, g.size):
-            g.slices[name] = idxs[0]
+            g.slices[name] = (idxs[0], 1)
         elif len(idxs) != g.size or width != g.size:
             raise _refuse_coupling(
                 name, "output" if out_side else "input", width, len(idxs), root_name, g.size
@@ -381,13 +380,13 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         for name in part.norms:
             group.norms.append(name)
             group.norm_unit[name] = width
-        for name, start in part.slices.items():
+        for name, (start, _) in part.slices.items():
             if name in group.slices:
                 raise ConvertError(
                     f"layer {name!r} reads two parts of one unit group in a concatenation; "
                     "supported: concatenations of feature maps pruned on their own"
                 )
-            group.slices[name], group.slice_unit[name] = start, width
+            group.slices[name] = (start, width)
         group.attentions += part.attentions
         group.params += part.params
         group.scale_params += part.scale_params
