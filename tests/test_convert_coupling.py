@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import espn
+from espn.export.slim import slim_copy
 from espn.models.convert import ConvertError
 from helpers.constructs import CONSTRUCTS
 
@@ -114,6 +115,7 @@ def test_a_concatenation_is_read_as_its_members_unit_groups_in_order() -> None:
     BatchNorm per member, in that member's group (wrap itself checks that a random task's
     slim copy computes the masked supernet's outputs and costs what espn counts)."""
     model = espn.wrap(CONSTRUCTS["concatenation"][0](), IMAGE)
+    model.begin_task(4)
     net, members = model.model, ("stem.0", "a.0", "b.0")
     concat = f"cat({','.join(members)})"
     assert model.concats[concat] == members and model.widths[concat] == 24
@@ -126,3 +128,10 @@ def test_a_concatenation_is_read_as_its_members_unit_groups_in_order() -> None:
     assert torch.equal(read, torch.cat([units[g] for g in members]))
     assert not net.dense[0].parts[1].weight[:5].any()
     assert model.alive_widths()[concat] == 19
+    model.eval()
+    model.commit_task()
+    slim = slim_copy(model, 0, IMAGE)  # the norm's parts joined into one, at the alive channels
+    assert type(slim.dense[0]) is nn.BatchNorm2d and slim.dense[0].num_features == 19
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(slim(x), model(x, task=0), rtol=1e-5, atol=1e-5)
