@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import espn
+from espn.export.slim import slim_copy
 from espn.models.convert import ConvertError
 from helpers.constructs import CONSTRUCTS
 
@@ -29,6 +30,19 @@ class SplitProjection(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         x = x + self.proj(F.scaled_dot_product_attention(q, k, v))
         return self.fc(x.mean(1))
+
+
+class InputConcat(nn.Module):
+    """A conv reading the model input concatenated with a conv's output: the input's channels
+    come from no layer, so they cannot be pruned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.mix = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(11, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.mix(torch.cat([x, self.stem(x)], 1)).mean((2, 3)))
 
 
 class NarrowMixer(nn.Module):
@@ -66,7 +80,7 @@ class ChannelMLP(nn.Module):
 @pytest.mark.parametrize(
     ("model", "layer", "construct"),
     [
-        (CONSTRUCTS["concatenation"][0], "layer 'mix.0'", "concatenation of feature maps"),
+        (InputConcat, "layer 'mix'", "3 of its 11 channels come from no layer"),
         (CONSTRUCTS["split-shuffle"][0], "layer 'head.0'", "concatenation of feature maps"),
         (CONSTRUCTS["token-mixing"][0], "layer 'tokens.0'", "mixing tokens is not supported"),
         (
@@ -93,3 +107,31 @@ def test_linear_layers_on_the_channels_of_a_token_stream_are_accepted() -> None:
     model = espn.wrap(ChannelMLP(), IMAGE)
     stream = model.model.stem[0].out_units
     assert model.model.mlp[0][0].in_units == model.model.mlp[2][0].out_units == stream
+
+
+def test_a_concatenation_is_read_as_its_members_unit_groups_in_order() -> None:
+    """A layer reading ``torch.cat`` of feature maps names the concatenation of their unit
+    groups, whose alive units are theirs in order; a BatchNorm over one becomes one task
+    BatchNorm per member, in that member's group (wrap itself checks that a random task's
+    slim copy computes the masked supernet's outputs and costs what espn counts)."""
+    model = espn.wrap(CONSTRUCTS["concatenation"][0](), IMAGE)
+    model.begin_task(4)
+    net, members = model.model, ("stem.0", "a.0", "b.0")
+    concat = f"cat({','.join(members)})"
+    assert model.concats[concat] == members and model.widths[concat] == 24
+    assert net.mix[0].in_units == net.dense[2][0].in_units == concat
+    assert [part.group for part in net.dense[0].parts] == list(members)
+    units = model.unit_masks()
+    units["a.0"][:5] = False
+    model.set_unit_masks(units)
+    read = model.structural_mask("mix.0")[0, :, 0, 0]
+    assert torch.equal(read, torch.cat([units[g] for g in members]))
+    assert not net.dense[0].parts[1].weight[:5].any()
+    assert model.alive_widths()[concat] == 19
+    model.eval()
+    model.commit_task()
+    slim = slim_copy(model, 0, IMAGE)  # the norm's parts joined into one, at the alive channels
+    assert type(slim.dense[0]) is nn.BatchNorm2d and slim.dense[0].num_features == 19
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(slim(x), model(x, task=0), rtol=1e-5, atol=1e-5)

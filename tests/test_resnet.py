@@ -213,14 +213,16 @@ def test_converter_gates_layers_whose_channels_batchnorm_cannot_silence():
 
 
 class Concatenating(nn.Module):
+    """Concatenates the model input with a conv's output: the input's channels cannot be
+    pruned (a concatenation of layers' outputs converts, see test_convert_coupling)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.a = nn.Conv2d(3, 4, 3, padding=1, bias=False)
-        self.b = nn.Conv2d(3, 4, 3, padding=1, bias=False)
-        self.fc = nn.Linear(8, 2)
+        self.fc = nn.Linear(7, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.cat([self.a(x), self.b(x)], 1).mean((2, 3)))
+        return self.fc(torch.cat([x, self.a(x)], 1).mean((2, 3)))
 
 
 class Shared(nn.Module):
@@ -237,7 +239,7 @@ class Shared(nn.Module):
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        (Concatenating(), "concatenation of feature maps (torch.cat, as in DenseNet"),
+        (Concatenating(), "layer 'fc' reads a concatenation of which 3 of its 7 channels come"),
         (Shared(), "module 'conv' is used again as 'again'"),
         (
             nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(1, 4), nn.Flatten(), nn.Linear(144, 2)),

@@ -20,17 +20,21 @@ def _conv_bn(cin: int, cout: int, k: int = 3) -> nn.Sequential:
 
 
 class Concat(nn.Module):
-    """DenseNet/GoogLeNet: two branches concatenated along channels, and the input kept."""
+    """DenseNet/GoogLeNet: two branches concatenated along channels with the input kept, read
+    by a conv (GoogLeNet) and by a BatchNorm (DenseNet); the classifier reads their outputs
+    concatenated."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem, self.a, self.b = _conv_bn(3, 8), _conv_bn(8, 8, 1), _conv_bn(8, 8)
         self.mix = _conv_bn(24, 16)
-        self.fc = nn.Linear(16, CLASSES)
+        self.dense = nn.Sequential(nn.BatchNorm2d(24), nn.ReLU(), nn.Conv2d(24, 8, 3, padding=1))
+        self.fc = nn.Linear(24, CLASSES)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.stem(x)
-        x = self.mix(torch.cat([x, self.a(x), self.b(x)], dim=1))
+        x = torch.cat([x, self.a(x), self.b(x)], dim=1)
+        x = torch.cat([self.mix(x), self.dense(x)], dim=1)
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 

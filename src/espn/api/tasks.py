@@ -25,7 +25,6 @@ from espn.export.export import ExportReport, check_target, export_task
 from espn.inference import routing
 from espn.methods.base import Strategy
 from espn.runs.config import ConfigError, RunConfig
-from espn.supernet.flops import count_flops
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import TaskEnd
 from espn.training.capacity import check_budget
@@ -68,9 +67,11 @@ class TaskRunner:
         gamma = self.strategy.cfg.gamma
         if not self.strategy.uses_gamma or gamma >= 1.0:
             return
-        # the smallest ratio unit pruning reaches: the pruner never empties a layer
+        # the smallest ratio unit pruning reaches: the pruner never empties a layer, and a
+        # union of groups (a residual stream) keeps one unit when its members keep the same one
         sn = self.supernet
-        floor = count_flops(sn.costs, dict.fromkeys(sn.widths, 1)) / max(sn.dense_flops, 1)
+        one = {g: torch.arange(n) == 0 for g, n in sn.group_sizes.items()}
+        floor = sn.flops(one) / max(sn.dense_flops, 1)
         if gamma < floor:
             raise ConfigError(
                 f"gamma {gamma:g} is below the smallest FLOPs ratio model "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import alive_features, param
+from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.flops import run_hooked
 from espn.supernet.layers import (
@@ -242,8 +244,9 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
     position: dict[str, Tensor] = {}
     stream: dict[str, Tensor] = {}
     full = units
-    if units is not None and supernet.unions:
-        full = with_unions(units, supernet.unions)
+    if units is not None:
+        full = with_unions(units, supernet.unions, supernet.concats)
+    if full is not None and supernet.unions:
         position, stream = _streams(supernet, full)
     cut = full or {}
     #: per layer: the gate or norm reading its output (where a stream writer's channels leave)
@@ -307,6 +310,9 @@ def _replace(
         elif isinstance(m, TaskTokens):
             for target in ("cls_token", "pos_embed"):
                 _cut_parameter(copied, f"{name}.{target}" if name else target, full, m.group)
+    for name, m in originals.items():
+        if isinstance(m, SplitNorm):  # its parts are plain now: one norm of them all
+            _set(copied, name, cast(SplitNorm, copied.get_submodule(name)).joined())
 
 
 def _writers(

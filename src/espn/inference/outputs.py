@@ -87,7 +87,7 @@ def alive_features(supernet: Supernet, task: int, head: str) -> Tensor:
     group = module.in_units
     if group is None:
         return torch.arange(width)
-    units = with_unions(supernet.masks[task].units, supernet.unions)[group]
+    units = with_unions(supernet.masks[task].units, supernet.unions, supernet.concats)[group]
     return expand_units(units.cpu(), module.in_unit_size).nonzero().flatten()
 
 

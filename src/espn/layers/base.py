@@ -64,6 +64,8 @@ class Placement:
     #: a norm's group and channels per unit
     norm_group: str | None = None
     norm_unit: int = 1
+    #: a norm over concatenated feature maps: each member's unit group and channels, in order
+    concat: tuple[tuple[str, int], ...] = ()
     #: whether the layer is the model's output (the task head)
     head: bool = False
     multi_head: bool = True
@@ -109,6 +111,9 @@ class LayerAdapter(ABC):
     tokens: ClassVar[bool] = False
     #: a norm that absorbs the bias of the layer right before it
     absorbs_bias: ClassVar[bool] = False
+    #: a norm of each channel on its own: one over concatenated feature maps is split into
+    #: one per member (``Placement.concat``)
+    per_channel: ClassVar[bool] = False
     #: may be the model's output layer (the classifier)
     can_be_head: ClassVar[bool] = False
     #: its output may scale features (the excitation of a squeeze-excitation block)

@@ -1,12 +1,14 @@
 """``nn.BatchNorm2d``: a task BatchNorm (per-task affine parameters and running statistics,
 gamma the channel saliency) that absorbs the bias of the layer before it and folds into the
 convolution before it on export. :class:`BatchNormAdapter` holds what every BatchNorm shares
-(``batchnorm1d`` uses it)."""
+(``batchnorm1d`` uses it); a BatchNorm over concatenated feature maps (DenseNet's) becomes a
+:class:`SplitNorm` of one task BatchNorm per member."""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import itertools
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -16,11 +18,42 @@ from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_featur
 from espn.supernet.layers import TaskBatchNorm2d, UnitModule
 
 
+class SplitNorm(nn.Module):
+    """A per-channel norm over concatenated feature maps as one norm per member, each of its
+    member's unit group (``parts``, in the concatenation's order): it computes what the one
+    norm computes, and each member's channels are pruned with their group. Each part's width
+    is read at every call, so that a slim copy of the parts needs no other change."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: Tensor) -> Tensor:
+        widths = [len(p.get_parameter("weight")) for p in self.parts]
+        return torch.cat([p(c) for p, c in zip(self.parts, x.split(widths, 1), strict=True)], 1)
+
+    @torch.no_grad()
+    def joined(self) -> nn.Module:
+        """One norm computing what the parts compute, once they are plain torch BatchNorms
+        (an export's: one op, not a split, a norm per part and a concatenation)."""
+        norm = cast(nn.modules.batchnorm._BatchNorm, copy.deepcopy(self.parts[0]))
+        for key, value in [
+            *norm.named_parameters(recurse=False),
+            *norm.named_buffers(recurse=False),
+        ]:
+            if value.dim():
+                whole = torch.cat([getattr(p, key) for p in self.parts])
+                setattr(norm, key, param(whole) if isinstance(value, nn.Parameter) else whole)
+        norm.num_features = len(norm.weight)
+        return norm
+
+
 class BatchNormAdapter(LayerAdapter):
     """A BatchNorm of any dimension: ``task_type`` in the supernet, ``plain_type`` exported."""
 
     role = "norm"
     absorbs_bias = True
+    per_channel = True
     task_type: Any = TaskBatchNorm2d
     plain_type: type[nn.modules.batchnorm._BatchNorm] = nn.BatchNorm2d
     #: plain layer types it folds into on export (their outputs' channels on dimension 1)
@@ -40,9 +73,25 @@ class BatchNormAdapter(LayerAdapter):
         assert isinstance(m, nn.modules.batchnorm._BatchNorm)
         if place.norm_group is None:
             raise ConvertError(f"BatchNorm {place.name!r} does not follow any conv layer")
-        bn = self.task_type(m.num_features, place.norm_group, place.norm_unit)
+        if not place.concat:
+            return self._task_norm(m, place.norm_group, place.norm_unit, 0, m.num_features)
+        ends = list(itertools.accumulate(width for _, width in place.concat))
+        starts = [0, *ends[:-1]]
+        return SplitNorm(
+            [
+                self._task_norm(m, group, place.norm_unit, start, end)
+                for (group, _), start, end in zip(place.concat, starts, ends, strict=True)
+            ]
+        )
+
+    def _task_norm(
+        self, m: nn.modules.batchnorm._BatchNorm, group: str, unit: int, start: int, end: int
+    ) -> nn.Module:
+        """The task BatchNorm of unit group ``group`` holding channels ``start:end`` of ``m``."""
+        bn = self.task_type(end - start, group, unit)
         bn.eps, bn.momentum = m.eps, m.momentum
-        bn.load_state_dict(m.state_dict(), strict=False)
+        state = {k: v[start:end] if v.dim() else v for k, v in m.state_dict().items()}
+        bn.load_state_dict(state, strict=False)
         return bn
 
     def _copy(self, m: Any, keep: Tensor | None) -> nn.Module:

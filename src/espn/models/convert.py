@@ -13,6 +13,9 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   ``multi_head`` is False);
 * ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
   adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
+* feature maps concatenated along channels (``torch.cat``) keep their own unit groups: a
+  layer reading them names their concatenation (``Supernet.concats``), and a BatchNorm over
+  them becomes a :class:`~espn.layers.batchnorm2d.SplitNorm` of one task BatchNorm per map;
 * bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
   and position embeddings added to a token stream, a layer scale multiplying a conv's
   channels) become per-task state (:class:`~espn.layers.parameters.TaskParameters`);
@@ -284,6 +287,9 @@ def to_supernet(
     places, adopted = _placements(
         model, example_input, modules, bare, successor, heads, coupling, multi_head, task_affine
     )
+    concats = _concatenations(coupling.groups, places, modules)
+    if concats:
+        model.unit_concats = concats  # type: ignore[assignment]  # see Supernet.concats
     refused = [n for n in bare if n not in adopted]
     if refused:
         raise _refuse_parameter(model, refused[0].rpartition(".")[0])
@@ -355,7 +361,8 @@ def _place(
     for name, size in g.in_unit.items():
         places[name].in_unit = size
     for name in g.norms:
-        places[name].norm_group, places[name].norm_unit = g.name, g.norm_unit[name]
+        if name not in g.slices:  # a norm over a concatenation: see _concatenations
+            places[name].norm_group, places[name].norm_unit = g.name, g.norm_unit[name]
     stream = any(adapter(modules[n]).tokens for n in g.norms + g.attentions)
     if stream or g.params:
         writers = g.producers + g.norms + g.attentions
@@ -376,6 +383,50 @@ def _place(
         if not g.norms or (bias and not absorbed):
             place.gated = True
     return {name: g.name for name in g.params + g.scale_params}
+
+
+def _concatenations(
+    groups: list[Group], places: dict[str, Placement], modules: dict[str, Convertible]
+) -> dict[str, tuple[str, ...]]:
+    """Place the layers and norms reading concatenated feature maps (``torch.cat``): a
+    layer's input side is the concatenation of its members' unit groups, a norm becomes one
+    norm per member; refused unless the members' channels, in order, are all the reader's
+    inputs, each member in units of one width. Returns the concatenations by name."""
+    reads: dict[str, list[tuple[int, int, Group]]] = {}
+    for g in groups:
+        for name, (start, unit) in g.slices.items():
+            reads.setdefault(name, []).append((start, unit, g))
+    concats: dict[str, tuple[str, ...]] = {}
+    for name, parts in reads.items():
+        parts.sort(key=lambda part: part[0])
+        m = modules[name]
+        norm = adapter(m).role == "norm"
+        starts = [start for start, _, _ in parts]
+        ends = [start + g.size * unit for start, unit, g in parts]
+        width = adapter(m).width(m, norm)
+        if starts != [0, *ends[:-1]] or ends[-1] != width:
+            raise ConvertError(
+                f"layer {name!r} reads a concatenation of which {width - sum(ends) + sum(starts)} "
+                f"of its {width} channels come from no layer (the model input or a bare "
+                "parameter); supported: torch.cat of conv or linear layers' outputs"
+            )
+        units = sorted({unit for _, unit, _ in parts})
+        if len(units) != 1:
+            raise ConvertError(
+                f"layer {name!r} reads a concatenation of feature maps pruned in units of "
+                f"{units[0]} and {units[-1]} channels (grouped convs or GroupNorms); supported: "
+                "concatenations of feature maps pruned in units of one size"
+            )
+        members = tuple(g.name for _, _, g in parts)
+        concat = f"cat({','.join(members)})"
+        concats[concat] = members
+        place = places[name]
+        if norm:
+            place.norm_group, place.norm_unit = concat, units[0]
+            place.concat = tuple((g.name, g.size * unit) for _, unit, g in parts)
+        else:
+            place.in_group, place.in_unit = concat, units[0]
+    return concats
 
 
 def _hold_parameters(

@@ -48,6 +48,9 @@ class Group:
     scale_params: list[str] = field(default_factory=list)
     #: grouped convs (not depthwise) reading a part: their outputs' part joins it
     grouped_inputs: list[str] = field(default_factory=list)
+    #: layers and norms reading the channels as a slice of a concatenation (``torch.cat``),
+    #: by name: where the slice starts in their input and the features one unit spans
+    slices: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: channels one unit spans on each side of a layer (inputs of a linear layer reading a
     #: flattened map: channels x H*W), by layer name
     out_unit: dict[str, int] = field(default_factory=dict)
@@ -99,6 +102,20 @@ def _flattened(m: nn.Module, out_side: bool, taken: int, size: int) -> int:
     if out_side or not adapter(m).reads_flattened or taken != adapter(m).width(m, False):
         return 0
     return taken // size if taken > size and taken % size == 0 else 0
+
+
+def _concatenated(m: nn.Module, out_side: bool, idxs: list[int], size: int) -> bool:
+    """Whether ``m`` reads the part's ``size`` channels as the consecutive slice ``idxs`` of
+    its wider input: a concatenation read by a plain layer (not grouped) or a per-channel norm
+    (which becomes one norm per member)."""
+    kind = adapter(m)
+    reader = kind.per_channel if kind.role == "norm" else kind.role == "layer" and not out_side
+    return (
+        reader
+        and not _grouped(m)
+        and len(idxs) == size < kind.width(m, out_side)
+        and idxs == list(range(idxs[0], idxs[0] + size))
+    )
 
 
 @dataclass
@@ -171,8 +188,9 @@ def _refuse_coupling(
     elif taken < width:
         construct = (
             f"{taken} of its {width} {side} channels are the channels of {root!r} and the others "
-            "come from other layers: concatenation of feature maps (torch.cat, as in DenseNet "
-            "and Inception blocks) is not supported"
+            "come from other layers: this concatenation of feature maps is not supported "
+            "(supported: torch.cat of whole outputs of layers, read by ungrouped conv or linear "
+            "layers and BatchNorms)"
         )
     else:
         construct = (
@@ -213,10 +231,14 @@ def _part(
         repeat = _flattened(m, out_side, len(idxs), g.size)
         if repeat:
             repeats[name] = repeat
+        elif _concatenated(m, out_side, idxs, g.size):
+            g.slices[name] = (idxs[0], 1)
         elif len(idxs) != g.size or width != g.size:
             raise _refuse_coupling(
                 name, "output" if out_side else "input", width, len(idxs), root_name, g.size
             )
+        if name in g.slices and kind.role != "norm":
+            continue  # read as a member of a concatenation (see espn.models.convert)
         if kind.role == "norm":
             g.norms.append(name)
         elif kind.role == "attention":
@@ -358,6 +380,13 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         for name in part.norms:
             group.norms.append(name)
             group.norm_unit[name] = width
+        for name, (start, _) in part.slices.items():
+            if name in group.slices:
+                raise ConvertError(
+                    f"layer {name!r} reads two parts of one unit group in a concatenation; "
+                    "supported: concatenations of feature maps pruned on their own"
+                )
+            group.slices[name] = (start, width)
         group.attentions += part.attentions
         group.params += part.params
         group.scale_params += part.scale_params

@@ -1,7 +1,8 @@
 """Building blocks of a supernet: masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`),
 whose weights all tasks share, and task-specific modules (:class:`TaskSpecific`: gates,
-task norms, heads), swapped in with the active task. Units are named by *group*, and layers
-reading a residual stream pruned per conv name a *union* of groups (:func:`union_alive`);
+task norms, heads), swapped in with the active task. Units are named by *group*; layers
+reading a residual stream pruned per conv name a *union* of groups, and layers reading
+concatenated feature maps (``torch.cat``) a *concatenation* of groups (:func:`with_unions`);
 docs/architectures.md describes how units are formed.
 """
 
@@ -55,17 +56,20 @@ class MaskedLayer(MaskCaches, nn.Module):
         return self.weight * self.weight_mask
 
 
-def union_alive(units: Mapping[str, Tensor], members: tuple[str, ...]) -> Tensor:
-    """The alive vector of a union of unit groups (a residual stream read by a later layer
-    whose producers are pruned each on its own): a channel is alive where any member keeps it."""
-    return torch.stack([units[g].bool() for g in members]).any(0)
-
-
 def with_unions(
-    units: Mapping[str, Tensor], unions: Mapping[str, tuple[str, ...]]
+    units: Mapping[str, Tensor],
+    unions: Mapping[str, tuple[str, ...]],
+    concats: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Tensor]:
-    """``units`` completed with the alive vector of every union of groups."""
-    return dict(units) | {u: union_alive(units, members) for u, members in unions.items()}
+    """``units`` completed with the alive vector of every union of groups (a residual stream
+    read by a later layer whose producers are pruned each on its own: a channel is alive where
+    any member keeps it) and of every concatenation of groups (a layer reading ``torch.cat``
+    of their features: its units are the members' units, in order)."""
+    full = dict(units)
+    for u, members in unions.items():
+        full[u] = torch.stack([units[g].bool() for g in members]).any(0)
+    cats = (concats or {}).items()
+    return full | {c: torch.cat([full[g].bool() for g in members]) for c, members in cats}
 
 
 def expand_units(alive: Tensor, size: int) -> Tensor:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from espn.supernet.layers import MaskedLayer, expand_units, union_alive
+from espn.supernet.layers import MaskedLayer, expand_units, with_unions
 
 _BIT_VALUES = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
@@ -65,6 +65,8 @@ class LayerLayout(NamedTuple):
     #: the unit groups whose union ``in_units`` is (a residual stream read after producers
     #: pruned each on its own); empty: ``in_units`` is a group of its own
     in_members: tuple[str, ...] = ()
+    #: the unit groups whose concatenation ``in_units`` is (empty: none)
+    in_concat: tuple[str, ...] = ()
 
 
 class Ownership:
@@ -190,7 +192,9 @@ class Ownership:
             out = units[lay.out_units].to(device)
             mask &= expand_units(out, lay.out_unit_size).view(-1, 1)
         if lay.in_units:
-            alive = union_alive(units, lay.in_members) if lay.in_members else units[lay.in_units]
+            unions = {lay.in_units: lay.in_members} if lay.in_members else {}
+            concats = {lay.in_units: lay.in_concat} if lay.in_concat else {}
+            alive = with_unions(units, unions, concats)[lay.in_units]
             mask &= expand_units(alive.to(device), lay.in_unit_size).view(1, -1)
         return mask.view(*lay.shape[:2], *([1] * (len(lay.shape) - 2))).expand(lay.shape)
 

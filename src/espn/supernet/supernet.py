@@ -79,10 +79,18 @@ class Supernet(nn.Module):
         self.unions: dict[str, tuple[str, ...]] = {
             u: tuple(members) for u, members in getattr(model, "unit_unions", {}).items()
         }
+        #: concatenations of unit groups read as one (a layer reading ``torch.cat`` of their
+        #: features, see ``espn.models.convert``): concatenation name -> its member groups
+        self.concats: dict[str, tuple[str, ...]] = {
+            c: tuple(members) for c, members in getattr(model, "unit_concats", {}).items()
+        }
         self._check_unions()
-        #: the width of every unit group and union
+        #: the width of every unit group, union and concatenation
         self.widths = self.group_sizes | {
             u: self.group_sizes[members[0]] for u, members in self.unions.items()
+        }
+        self.widths |= {
+            c: sum(self.group_sizes[g] for g in members) for c, members in self.concats.items()
         }
         self._check_topology()
         self.costs: list[Cost] = trace_costs(model, example_input)
@@ -96,6 +104,7 @@ class Supernet(nn.Module):
                 m.out_unit_size,
                 m.in_unit_size,
                 self.unions.get(m.in_units, ()) if m.in_units else (),
+                self.concats.get(m.in_units, ()) if m.in_units else (),
             )
             for n, m in self.layers.items()
         }
@@ -107,13 +116,13 @@ class Supernet(nn.Module):
 
     # ----------------------------------------------------------------- topology
     def _check_unions(self) -> None:
-        for union, members in self.unions.items():
+        for union, members in self.unions.items() | self.concats.items():
             if union in self.groups:
                 raise ValueError(f"unit union {union!r} has the name of a unit group")
             unknown = [g for g in members if g not in self.groups]
             if not members or unknown:
                 raise ValueError(f"unit union {union!r}: no gate/BatchNorm for {unknown or 'it'}")
-            if len({self.group_sizes[g] for g in members}) != 1:
+            if union in self.unions and len({self.group_sizes[g] for g in members}) != 1:
                 raise ValueError(f"unit union {union!r} joins groups of different widths")
 
     def _check_topology(self) -> None:
@@ -171,7 +180,9 @@ class Supernet(nn.Module):
     def _dead_units(self) -> dict[str, Tensor]:
         """The alive vector of every unit group and union that has a dead unit."""
         units = with_unions(
-            {g: mods[0].unit_mask.bool() for g, mods in self.groups.items()}, self.unions
+            {g: mods[0].unit_mask.bool() for g, mods in self.groups.items()},
+            self.unions,
+            self.concats,
         )
         return {g: alive for g, alive in units.items() if not bool(alive.all())}
 
@@ -232,10 +243,11 @@ class Supernet(nn.Module):
         return {g: int(a.sum()) for g, a in units.items()}
 
     def alive_widths(self, units: dict[str, Tensor] | None = None) -> dict[str, int]:
-        """Alive units per group and per union of groups (a union's unit is alive where any
-        member keeps it), of the active task or of ``units``."""
+        """Alive units per group, union and concatenation of groups (a union's unit is alive
+        where any member keeps it), of the active task or of ``units``."""
         units = self.unit_masks() if units is None else units
-        return {g: int(a.sum()) for g, a in with_unions(units, self.unions).items()}
+        full = with_unions(units, self.unions, self.concats)
+        return {g: int(a.sum()) for g, a in full.items()}
 
     def flops(self, units: dict[str, Tensor] | None = None) -> float:
         """FLOPs of the active sub-network, or of the given unit masks (see ``espn.supernet.flops``)."""
@@ -244,10 +256,11 @@ class Supernet(nn.Module):
     def unit_flops(self, load: str = "output") -> dict[str, float]:
         """FLOP_l(m): the FLOPs one unit of each group carries in the active sub-network
         (``load``: see :func:`espn.supernet.flops.unit_flops`). What the readers of a union
-        spend on one of its units (``load="total"``) is shared equally by its member groups."""
+        spend on one of its units (``load="total"``) is shared equally by its member groups;
+        a unit of a concatenation is a unit of one member group, which carries all of it."""
         loads = unit_flops(self.costs, self.alive_widths(), load)
-        for union, members in self.unions.items():
-            share = loads.pop(union) / len(members)
+        for union, members in self.unions.items() | self.concats.items():
+            share = loads.pop(union) / (len(members) if union in self.unions else 1)
             for g in members:
                 loads[g] += share
         return loads

@@ -40,6 +40,7 @@ from espn.supernet.layers import (
     UnitModule,
     expand_units,
     stamp,
+    with_unions,
 )
 from espn.supernet.supernet import Supernet
 
@@ -56,9 +57,10 @@ class SlimUnsupported(EspnError, ValueError):
 
 
 def slice_units(supernet: Supernet) -> dict[str, Tensor]:
-    """The units a slim copy keeps, per unit group and union: the alive ones; for groups
-    joined through unions of groups (a residual stream pruned per conv), every unit alive in
-    any group of the joined set, so that the stream has one width wherever it is added."""
+    """The units a slim copy keeps, per unit group, union and concatenation: the alive ones;
+    for groups joined through unions of groups (a residual stream pruned per conv), every unit
+    alive in any group of the joined set, so that the stream has one width wherever it is
+    added."""
     units = supernet.unit_masks()
     parent = {g: g for g in units}
 
@@ -75,7 +77,8 @@ def slice_units(supernet: Supernet) -> dict[str, Tensor]:
         r = root(g)
         joined[r] = alive if r not in joined else joined[r] | alive
     kept = {g: joined[root(g)] for g in units}
-    return kept | {u: kept[members[0]] for u, members in supernet.unions.items()}
+    kept |= {u: kept[members[0]] for u, members in supernet.unions.items()}
+    return with_unions(kept, {}, supernet.concats)
 
 
 def _indices(kept: dict[str, Tensor], group: str | None, size: int) -> Tensor | None:
