@@ -78,7 +78,7 @@ def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -
     fit, held = held_out(data)
     stats = task_statistics(supernet, task, fit, calibrate_on=held)
     x, y = _inputs(fit)
-    stats |= fit_subspaces(x.flatten(1).double(), y, stats["input_means"].double())
+    stats |= fit_subspaces(x, y)
     none = torch.full((len(CANDIDATES),), float("nan"))  # fewer than ten samples: none held
     picked = held_out_picked(supernet, task, stats, _inputs(held)[0]) if len(held.train) else none
     return stats | {"held_out_picked": picked}
