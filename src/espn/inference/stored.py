@@ -31,9 +31,8 @@ def expected_shapes(supernet: Supernet, task: int, head: str) -> dict[str, tuple
     classes = int(supernet.masks[task].n_classes)
     features = len(alive_features(supernet, task, head))
     inputs = math.prod(supernet.input_shape)
-    edges = inputs * max(
-        len(supernet.input_shape), 1
-    )  # the input and a difference per spatial axis
+    # the input and its differences along every axis after the channel (none for flat inputs)
+    edges = inputs * max(len(supernet.input_shape), 1)
     weight = supernet.masks[task].stats.get("input_weight")
     parts = max(len(weight), 1) if weight is not None and weight.dim() == 1 else 1
     return {

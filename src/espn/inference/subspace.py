@@ -42,12 +42,8 @@ def edges(x: Tensor) -> Tensor:
     spatial axis (those of ``x`` (N, C, *spatial) after the channel; none for flat or token
     inputs), zero at the far edge: (N, D (1 + spatial axes))."""
     f = x.double()
-    parts = [f.flatten(1)]
-    for axis in range(2, f.dim()):
-        diff = f.diff(dim=axis).abs()
-        pad = torch.zeros_like(f.narrow(axis, 0, 1))
-        parts.append(torch.cat([diff, pad], axis).flatten(1))
-    return torch.cat(parts, 1)
+    ends = [f.diff(dim=a, append=f.narrow(a, -1, 1)).abs() for a in range(2, f.dim())]
+    return torch.cat([f.flatten(1), *(e.flatten(1) for e in ends)], 1)
 
 
 def _clusters(rows: Tensor, n: int, steps: int = 20) -> Tensor:
@@ -62,17 +58,16 @@ def _clusters(rows: Tensor, n: int, steps: int = 20) -> Tensor:
     return torch.cdist(rows, centres).argmin(1)
 
 
-def _ppca(rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _ppca(rows: Tensor, floor: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Centre, :data:`K` leading directions (zero-padded), their variances and the mean
-    variance of the other directions of ``rows``, variances floored at
-    :data:`VARIANCE_FLOOR` x the mean variance (padded directions get the rest's)."""
+    variance of the other directions of ``rows`` (padded directions get the rest's),
+    variances at least ``floor`` (a component of one sample: an isotropic Gaussian)."""
     centre = rows.mean(0)
     centred = rows - centre
     n, dim = centred.shape
     basis = torch.zeros(K, dim, dtype=torch.float64)
-    eigen = torch.ones(K, dtype=torch.float64)
+    eigen = torch.empty(K, dtype=torch.float64)
     total = (centred * centred).sum() / n
-    floor = VARIANCE_FLOOR * total / dim + 1e-12
     _, singular, directions = torch.linalg.svd(centred, full_matrices=False)  # descending
     k = min(K, n - 1, dim - 1)
     top = (singular[:k] ** 2 / n).clamp_min(floor)
@@ -86,28 +81,19 @@ def fit_subspaces(x: Tensor, y: Tensor) -> dict[str, Tensor]:
     ``y``: per component (Q in all) its centre ``input_centres`` (Q, E), directions
     ``input_basis`` (Q, K, E), their variances ``input_eigen`` (Q, K), the rest's variance
     ``input_noise`` (Q,) and its share of the samples ``input_weight`` (Q,), E being the size
-    of :func:`edges`. A class with a single sample keeps it as the centre of an isotropic
-    Gaussian of the task's mean variance."""
+    of :func:`edges`. Variances are floored at :data:`VARIANCE_FLOOR` x the task's mean."""
     f = edges(x)
-    spread = f.var(0, unbiased=False).mean().clamp_min(1e-12)
-    fitted: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
-    counts = []
+    floor = VARIANCE_FLOOR * f.var(0, unbiased=False).mean() + 1e-12
+    parts = []
     for c in y.unique():
         rows = f[y == c]
         n = max(1, min(COMPONENTS, len(rows) // PER_COMPONENT))
         assign = _clusters(rows, n) if n > 1 else torch.zeros(len(rows), dtype=torch.long)
-        for q in range(n):
-            part = rows[assign == q]
-            if not len(part):  # a cluster k-means emptied
-                continue
-            counts.append(len(part))
-            if len(part) >= 2:
-                fitted.append(_ppca(part))
-            else:
-                basis = torch.zeros(K, f.shape[1], dtype=torch.float64)
-                fitted.append((part.mean(0), basis, spread.expand(K).clone(), spread))
-    centres, basis, eigen, noise = (torch.stack(t) for t in zip(*fitted, strict=True))
-    weight = torch.tensor(counts, dtype=torch.float64) / len(f)
+        parts += [rows[assign == q] for q in range(n) if (assign == q).any()]
+    centres, basis, eigen, noise = (
+        torch.stack(t) for t in zip(*(_ppca(p, floor) for p in parts), strict=True)
+    )
+    weight = torch.tensor([len(p) for p in parts], dtype=torch.float64) / len(f)
     return {
         "input_centres": centres.float(),
         "input_basis": basis.float(),
