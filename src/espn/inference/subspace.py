@@ -1,19 +1,9 @@
-"""Rule ``input-subspace``: the task under whose input density the sample is most likely, the
-density being a mixture of Gaussians with principal subspaces (probabilistic PCA) fitted to
-the task's inputs and their edges.
-
-``input-gaussian``'s per-class Gaussians are diagonal: they see how bright each pixel of a
-class is, not which pixels vary together, and tell a T-shirt from a pullover poorly. Here each
-task keeps, when it is committed with the ``task_agnostic`` option, a few *components* per
-class (k-means clusters of the class, one per :data:`PER_COMPONENT` samples, at most
-:data:`COMPONENTS`: a class of sandals holds flat and strappy ones), each a Gaussian with its
-:data:`K` leading principal directions and one variance for the rest (Tipping & Bishop's
-probabilistic PCA, fitted by a singular value decomposition), weighted by its share of the
-task's samples. The density is of :func:`edges` of the input (the input and its absolute
-differences along every spatial axis), where outlines tell items apart better than
-brightness. A sample goes to the task whose mixture gives it the highest likelihood; no
-sub-network runs to infer the task, only the chosen one to classify.
-"""
+"""Rule ``input-subspace``: the task whose mixture of principal-subspace Gaussians of the
+input's :func:`edges` gives the sample the highest likelihood (only the chosen sub-network
+runs). Fitted when a task is committed with ``task_agnostic``: a few k-means components per
+class (a class of sandals holds flat and strappy ones), each a probabilistic PCA (Tipping &
+Bishop) with :data:`K` directions, weighted by its share of the task's samples; edges, as
+outlines tell a T-shirt from a pullover better than brightness does."""
 
 from __future__ import annotations
 
