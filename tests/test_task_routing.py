@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import espn
 from espn.cli.main import app
-from espn.inference import InferenceError, evaluate_rules, routing
+from espn.inference import InferenceError, evaluate_rules, routing, subspace
 from espn.inference.outputs import batched_states
 from espn.inference.statistics import STAT_KEYS
 from helpers.deploy import cli_options
@@ -175,9 +175,36 @@ def test_tasks_separable_by_construction_are_routed_right():
     inputs or the trained sub-networks' features picks the right task for > 90% of the
     held-out samples."""
     learner, _ = _learn(True, shifts=(-4.0, 0.0, 4.0))
-    docs = evaluate_rules(learner.supernet, learner.tasks, ["input-gaussian", "mahalanobis"])
+    rules = ["input-gaussian", "input-subspace", "mahalanobis"]
+    docs = evaluate_rules(learner.supernet, learner.tasks, rules)
     for doc in docs:
         assert doc["average"]["task_picked"] > 90, (doc["rule"], doc["confusion"])
+
+
+def test_input_mixture_has_a_component_per_mode_and_is_the_gaussian_density():
+    """A class of two far-apart modes (as many samples as two components take) is fitted by
+    two components centred on them, weighted by their shares; a class too small for two is
+    one. One component's score is the negative log-density per dimension of its Gaussian
+    (principal directions' variances plus an isotropic rest) of the input and its edges."""
+    g = torch.Generator().manual_seed(0)
+    n = 2 * subspace.PER_COMPONENT
+    mode = torch.where(torch.arange(n) < n // 4, 6.0, -6.0)
+    x = mode[:, None, None, None] + torch.randn(n, 1, 4, 4, generator=g)
+    y = torch.zeros(n, dtype=torch.long)
+    stats = subspace.fit_subspaces(x, y)
+    centres = stats["input_centres"][:, :16].mean(1)  # the input's part of each centre
+    assert sorted(centres.round().tolist()) == [-6.0, 6.0]
+    assert sorted(stats["input_weight"].tolist()) == pytest.approx([0.25, 0.75])
+    assert stats["input_basis"].shape == (2, subspace.K, 3 * 16)  # input, 2 axes of edges
+    one = subspace.fit_subspaces(x[: n // 4], y[: n // 4])
+    assert one["input_weight"].tolist() == [1.0]
+    basis, eigen, noise = one["input_basis"][0].double(), one["input_eigen"][0], one["input_noise"]
+    cov = basis.T @ torch.diag(eigen.double() - noise.double()) @ basis
+    cov += noise.double() * torch.eye(cov.shape[0], dtype=torch.float64)
+    gauss = torch.distributions.MultivariateNormal(one["input_centres"][0].double(), cov)
+    f = subspace.edges(x[:8])
+    expected = -gauss.log_prob(f) / f.shape[1] - 0.5 * math.log(2 * math.pi)
+    assert torch.allclose(subspace.subspace_nll(x[:8], one).double(), expected, rtol=1e-4)
 
 
 @pytest.mark.slow  # a CLI run and a confusion plot per rule: a minute on a loaded CPU

@@ -5,9 +5,8 @@ Rules (:data:`RULES`, by name): ``entropy`` (lowest softmax entropy), ``energy``
 ``mahalanobis`` (nearest class mean of the penultimate features, from statistics each task
 stores when it is committed), ``entropy-mahalanobis`` (both, standardised),
 ``input-gaussian`` (the likelihood of the input under each task's stored class Gaussians;
-the default), ``input-subspace`` (the same with each class's principal subspace, stored with
-the ``task_agnostic`` option) and
-``supsup-oneshot`` (SupSup's entropy gradient over superposed masks). See
+the default), ``input-subspace`` (a mixture of principal-subspace Gaussians of the inputs
+and their edges, stored with the ``task_agnostic`` option) and ``supsup-oneshot`` (SupSup's entropy gradient over superposed masks). See
 docs/task-agnostic.md for what each costs, stores and achieves.
 """
 

@@ -179,7 +179,7 @@ def export_task_agnostic(
     if not isinstance(found, OutputRule):
         raise ExportError(
             f"rule {found.name!r} cannot be exported (supsup-oneshot needs gradients at "
-            "inference; input-subspace's class subspaces are not built into the graph); "
+            "inference; input-subspace's mixtures are not built into the graph); "
             "export with --rule input-gaussian, entropy, energy, mahalanobis or "
             "entropy-mahalanobis"
         )

@@ -11,8 +11,9 @@ its sub-network can tell its own inputs from others', exemplar-free (no other ta
   classes, weight :data:`espn.training.rejection.WEIGHT`). The shift is a roll, not a rotation: in rotated sequences
   a rotation of a task's inputs is another task's input, which the task must not reject as
   "not a digit" but cannot tell from its own either;
-* *a density of the task's inputs*: each class's principal subspace (rule
-  ``input-subspace``, see :mod:`espn.inference.subspace`), fitted when the task is committed;
+* *a density of the task's inputs*: a mixture of principal-subspace Gaussians of its inputs
+  and their edges (rule ``input-subspace``, see :mod:`espn.inference.subspace`), fitted when
+  the task is committed;
 * *scores calibrated on held-out data*: every :data:`HELD_OUT_EVERY`-th training sample of
   the task is held out of training; the mean and deviation of each raw score (the task's
   ``calibration``) come from those samples, which the sub-network has not fitted, so that a
@@ -20,8 +21,8 @@ its sub-network can tell its own inputs from others', exemplar-free (no other ta
 
 None changes what a sub-network is: no output, weight or unit is added, so the task's FLOPs
 and FLOP budget are those of the option off; the shifted pass costs one more forward and
-backward pass per training step, and the subspaces add ``4 C (K D + K + 1)`` bytes to what
-the task stores.
+backward pass per training step, and the mixture adds ``4 Q ((K + 1) E + K + 2)`` bytes (Q
+components, E inputs and edges) to what the task stores.
 """
 
 from __future__ import annotations
@@ -72,13 +73,13 @@ def held_out(task: Task) -> tuple[Task, Task]:
 def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -> dict[str, Tensor]:
     """The statistics task ``task`` stores when it is committed, from its data ``data``: with
     ``task_agnostic``, fitted on the samples it trained on, calibrated on those held out, and
-    with its classes' input subspaces (rule ``input-subspace``)."""
+    with its input mixture (rule ``input-subspace``)."""
     if not task_agnostic:
         return task_statistics(supernet, task, data)
     fit, held = held_out(data)
     stats = task_statistics(supernet, task, fit, calibrate_on=held)
     x, y = _inputs(fit)
-    stats |= fit_subspaces(x.flatten(1).double(), y, stats["input_means"].double())
+    stats |= fit_subspaces(x, y)
     none = torch.full((len(CANDIDATES),), float("nan"))  # fewer than ten samples: none held
     picked = held_out_picked(supernet, task, stats, _inputs(held)[0]) if len(held.train) else none
     return stats | {"held_out_picked": picked}

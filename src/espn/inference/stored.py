@@ -21,24 +21,31 @@ from espn.inference.subspace import K
 from espn.supernet.supernet import Supernet
 
 #: the statistics whose every value must be above zero (variances, the calibration's deviations)
-POSITIVE = ("variance", "input_variance", "input_eigen", "input_noise")
+POSITIVE = ("variance", "input_variance", "input_eigen", "input_noise", "input_weight")
 
 
 def expected_shapes(supernet: Supernet, task: int, head: str) -> dict[str, tuple[int, ...]]:
     """The shape of each statistic of task ``task``: from its class count, the alive inputs
-    of its head (``head``) and the model's input size."""
+    of its head (``head``), the model's input size and the number of input components the
+    task stores (its ``input_weight``'s length)."""
     classes = int(supernet.masks[task].n_classes)
     features = len(alive_features(supernet, task, head))
     inputs = math.prod(supernet.input_shape)
+    # the input and its differences along every axis after the channel (none for flat inputs)
+    edges = inputs * max(len(supernet.input_shape), 1)
+    weight = supernet.masks[task].stats.get("input_weight")
+    parts = max(len(weight), 1) if weight is not None and weight.dim() == 1 else 1
     return {
         "class_means": (classes, features),
         "variance": (features,),
         "input_means": (classes, inputs),
         "input_variance": (inputs,),
         "calibration": (len(SCORES), 2),
-        "input_basis": (classes, K, inputs),
-        "input_eigen": (classes, K),
-        "input_noise": (classes,),
+        "input_centres": (parts, edges),
+        "input_basis": (parts, K, edges),
+        "input_eigen": (parts, K),
+        "input_noise": (parts,),
+        "input_weight": (parts,),
         "held_out_picked": (len(CANDIDATES),),
     }
 

@@ -1,20 +1,12 @@
-"""Rule ``input-subspace``: the task under whose input density the sample is most likely, the
-density of each class being a Gaussian with a principal subspace (probabilistic PCA).
-
-``input-gaussian``'s per-class Gaussians are diagonal: they see how bright each pixel of a
-class is, not which pixels vary together, and tell a T-shirt from a pullover poorly. Here each
-class of a task keeps, when the task is committed with the ``task_agnostic`` option, its
-:data:`K` leading principal directions and their variances, and one variance for the rest of
-the input space (Tipping & Bishop's probabilistic PCA, fitted by a singular value decomposition of
-the class's centred inputs): ``4 C (K D + K + 1)`` bytes next to the class means ``input-gaussian``
-stores (31 KiB a class for 784 inputs). A sample goes to the task whose equal mixture of class
-densities gives it the highest likelihood; like ``input-gaussian``, no sub-network runs to
-infer the task, only the chosen one to classify.
-"""
+"""Rule ``input-subspace``: the task whose mixture of principal-subspace Gaussians of the
+input's :func:`edges` gives the sample the highest likelihood (only the chosen sub-network
+runs). Fitted when a task is committed with ``task_agnostic``: a few k-means components per
+class (a class of sandals holds flat and strappy ones), each a probabilistic PCA (Tipping &
+Bishop) with :data:`K` directions, weighted by its share of the task's samples; edges, as
+outlines tell a T-shirt from a pullover better than brightness does."""
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
@@ -25,70 +17,112 @@ from espn.inference.rule import RULES, Rule
 from espn.inference.statistics import VARIANCE_FLOOR
 from espn.supernet.supernet import Supernet
 
-#: principal directions kept per class
+#: principal directions kept per component
 K = 10
-#: the tensors a task stores for this rule (besides ``input_means``)
-KEYS = ("input_basis", "input_eigen", "input_noise")
+#: most components per class
+COMPONENTS = 3
+#: a class gets one component per this many samples (at least one)
+PER_COMPONENT = 150
+#: the tensors a task stores for this rule, Q components each
+KEYS = ("input_centres", "input_basis", "input_eigen", "input_noise", "input_weight")
 
 
-def fit_subspaces(x: Tensor, y: Tensor, means: Tensor) -> dict[str, Tensor]:
-    """Per class of the flattened inputs ``x`` (float64, labels ``y``, class means
-    ``means``): its :data:`K` leading principal directions ``input_basis`` (C, K, D), their
-    variances ``input_eigen`` (C, K) and the mean variance of the other directions
-    ``input_noise`` (C,), floored at :data:`VARIANCE_FLOOR` x the class's mean variance. A
-    class with fewer samples than K + 1 pads its directions with zeros whose variance is the
-    rest's (the same density)."""
-    n_classes, dim = means.shape
-    basis = torch.zeros(n_classes, K, dim, dtype=torch.float64)
-    eigen = torch.ones(n_classes, K, dtype=torch.float64)
-    noise = torch.ones(n_classes, dtype=torch.float64)
-    for c in range(n_classes):
-        rows = x[y == c] - means[c]
-        if len(rows) < 2:
-            continue
-        _, singular, directions = torch.linalg.svd(rows, full_matrices=False)  # descending
-        k = min(K, len(rows) - 1, dim - 1)
-        total = (rows * rows).sum() / len(rows)
-        floor = VARIANCE_FLOOR * total / dim + 1e-12
-        top = (singular[:k] ** 2 / len(rows)).clamp_min(floor)
-        rest = ((total - top.sum()) / max(dim - k, 1)).clamp_min(floor)
-        basis[c, :k] = directions[:k]
-        eigen[c, :k], eigen[c, k:], noise[c] = top, rest, rest
+def edges(x: Tensor) -> Tensor:
+    """The flattened input beside its absolute differences to the next value along every
+    spatial axis (those of ``x`` (N, C, *spatial) after the channel; none for flat or token
+    inputs), zero at the far edge: (N, D (1 + spatial axes))."""
+    f = x.double()
+    ends = [f.diff(dim=a, append=f.narrow(a, -1, 1)).abs() for a in range(2, f.dim())]
+    return torch.cat([f.flatten(1), *(e.flatten(1) for e in ends)], 1)
+
+
+def _clusters(rows: Tensor, n: int, steps: int = 20) -> Tensor:
+    """k-means assignments of ``rows`` to ``n`` clusters (seeded by evenly spaced rows:
+    deterministic, so a resumed run fits the same)."""
+    centres = rows[torch.linspace(0, len(rows) - 1, n).long()]
+    for _ in range(steps):
+        assign = torch.cdist(rows, centres).argmin(1)
+        centres = torch.stack(
+            [rows[assign == q].mean(0) if (assign == q).any() else centres[q] for q in range(n)]
+        )
+    return torch.cdist(rows, centres).argmin(1)
+
+
+def _ppca(rows: Tensor, floor: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Centre, :data:`K` leading directions (zero-padded), their variances and the mean
+    variance of the other directions of ``rows`` (padded directions get the rest's),
+    variances at least ``floor`` (a component of one sample: an isotropic Gaussian)."""
+    centre = rows.mean(0)
+    centred = rows - centre
+    n, dim = centred.shape
+    basis = torch.zeros(K, dim, dtype=torch.float64)
+    eigen = torch.empty(K, dtype=torch.float64)
+    total = (centred * centred).sum() / n
+    _, singular, directions = torch.linalg.svd(centred, full_matrices=False)  # descending
+    k = min(K, n - 1, dim - 1)
+    top = (singular[:k] ** 2 / n).clamp_min(floor)
+    rest = ((total - top.sum()) / max(dim - k, 1)).clamp_min(floor)
+    basis[:k], eigen[:k], eigen[k:] = directions[:k], top, rest
+    return centre, basis, eigen, rest
+
+
+def fit_subspaces(x: Tensor, y: Tensor) -> dict[str, Tensor]:
+    """The task's input mixture from its training inputs ``x`` (N, *input shape) with labels
+    ``y``: per component (Q in all) its centre ``input_centres`` (Q, E), directions
+    ``input_basis`` (Q, K, E), their variances ``input_eigen`` (Q, K), the rest's variance
+    ``input_noise`` (Q,) and its share of the samples ``input_weight`` (Q,), E being the size
+    of :func:`edges`. Variances are floored at :data:`VARIANCE_FLOOR` x the task's mean."""
+    f = edges(x)
+    floor = VARIANCE_FLOOR * f.var(0, unbiased=False).mean() + 1e-12
+    parts = []
+    for c in y.unique():
+        rows = f[y == c]
+        n = max(1, min(COMPONENTS, len(rows) // PER_COMPONENT))
+        assign = _clusters(rows, n) if n > 1 else torch.zeros(len(rows), dtype=torch.long)
+        parts += [rows[assign == q] for q in range(n) if (assign == q).any()]
+    centres, basis, eigen, noise = (
+        torch.stack(t) for t in zip(*(_ppca(p, floor) for p in parts), strict=True)
+    )
+    weight = torch.tensor([len(p) for p in parts], dtype=torch.float64) / len(f)
     return {
+        "input_centres": centres.float(),
         "input_basis": basis.float(),
         "input_eigen": eigen.float(),
         "input_noise": noise.float(),
+        "input_weight": weight.float(),
     }
 
 
 def subspace_nll(x: Tensor, stats: dict[str, Tensor]) -> Tensor:
-    """Negative log-likelihood per input dimension of each flattened sample of ``x`` under the
-    task's equal mixture of class densities (the constant ``log 2 pi`` left out)."""
-    f = x.flatten(1).float()
-    means, basis = stats["input_means"].to(f.device), stats["input_basis"].to(f.device)
-    eigen, noise = stats["input_eigen"].to(f.device), stats["input_noise"].to(f.device)
+    """Negative log-likelihood per dimension of :func:`edges` of each sample of ``x`` under
+    the task's mixture (the constant ``log 2 pi`` left out)."""
+    f = edges(x).float()
+    dev = f.device
+    centres, basis = stats["input_centres"].to(dev), stats["input_basis"].to(dev)
+    eigen, noise = stats["input_eigen"].to(dev), stats["input_noise"].to(dev)
     dim = f.shape[1]
     log_p = []
-    for c in range(len(means)):
-        d = f - means[c]
-        proj = d @ basis[c].T  # (N, K)
+    for q in range(len(centres)):
+        d = f - centres[q]
+        proj = d @ basis[q].T  # (N, K)
         resid = ((d * d).sum(1) - (proj * proj).sum(1)).clamp_min(0.0)
-        q = (proj * proj / eigen[c]).sum(1) + resid / noise[c]
-        log_det = eigen[c].log().sum() + (dim - basis.shape[1]) * noise[c].log()
-        log_p.append(-0.5 * (q + log_det))
-    mix = torch.logsumexp(torch.stack(log_p, 1), 1) - math.log(len(means))
+        distance = (proj * proj / eigen[q]).sum(1) + resid / noise[q]
+        log_det = eigen[q].log().sum() + (dim - K) * noise[q].log()
+        log_p.append(-0.5 * (distance + log_det))
+    mix = torch.logsumexp(torch.stack(log_p, 1) + stats["input_weight"].to(dev).log(), 1)
     return -mix / max(dim, 1)
 
 
 @RULES.register("input-subspace")
 class InputSubspace(Rule):
-    """The highest likelihood of the input under the task's class densities (principal
-    subspace + isotropic rest)."""
+    """The highest likelihood of the input under the task's mixture of principal-subspace
+    Gaussians of its inputs' edges."""
 
     name = "input-subspace"
     summary = (
-        "highest likelihood of the input under the task's per-class principal-subspace "
-        "Gaussians of its inputs (stored with task_agnostic); only the chosen sub-network runs"
+        "highest likelihood of the input under the task's mixture of principal-subspace "
+        "Gaussians of its inputs and edges (stored with task_agnostic); only the chosen "
+        "sub-network runs"
     )
     needs_statistics: ClassVar[bool] = True
 
@@ -97,7 +131,7 @@ class InputSubspace(Rule):
         missing = [t for t, m in enumerate(supernet.masks) if not set(KEYS) <= set(m.stats)]
         if missing:
             raise InferenceError(
-                f"rule {self.name!r} reads the input subspaces a task stores when it is "
+                f"rule {self.name!r} reads the input mixtures a task stores when it is "
                 f"learned with the task_agnostic option, and tasks {missing} have none; use "
                 "rule 'input-gaussian', or learn the tasks with task_agnostic=True"
             )
@@ -107,5 +141,5 @@ class InputSubspace(Rule):
 
     def passes(self, flops_ratios: list[float]) -> float:
         """One pass of the chosen task's sub-network (on average over the tasks; the
-        densities' own cost, ``2 C K D`` per task, is left out as ``input-gaussian``'s)."""
+        mixtures' own cost, ``2 Q K E`` per task, is left out as ``input-gaussian``'s)."""
         return sum(flops_ratios) / max(len(flops_ratios), 1)
