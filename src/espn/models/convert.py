@@ -255,10 +255,9 @@ def to_supernet(
     token ids into an ``nn.Embedding``). The output layers become task heads: a
     :class:`TaskHead` per task with ``multi_head``, else a shared masked layer (followed by a
     per-task bias with ``task_affine``, which also gives gates a per-task scale and shift).
-    Weights, BatchNorm
-    parameters and statistics and the classifier are copied, so that the result computes what
-    ``model`` computes (in eval mode) until the first task begins, which resets BatchNorms and
-    heads.
+    Weights, BatchNorm parameters and statistics and the classifier are copied, so that the
+    result computes what ``model`` computes (in eval mode) until the first task begins, which
+    resets BatchNorms and heads.
     """
     from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
 

@@ -66,32 +66,7 @@ class Supernet(nn.Module):
         #: ``espn.wrap``) and the class count it was built for; None when not known
         self.model_name: str | None = None
         self.model_classes: int | None = None
-        self.task_modules: dict[str, TaskSpecific] = {
-            n: m for n, m in model.named_modules() if isinstance(m, TaskSpecific)
-        }
-        self.groups: dict[str, list[UnitModule]] = {}
-        for m in self.task_modules.values():
-            if isinstance(m, UnitModule):
-                self.groups.setdefault(m.group, []).append(m)
-        self.group_sizes = {g: mods[0].num_units for g, mods in self.groups.items()}
-        #: unions of unit groups read as one (a residual stream whose producers are pruned
-        #: each on its own, see ``espn.models.resnet``): union name -> its member groups
-        self.unions: dict[str, tuple[str, ...]] = {
-            u: tuple(members) for u, members in getattr(model, "unit_unions", {}).items()
-        }
-        #: concatenations of unit groups read as one (a layer reading ``torch.cat`` of their
-        #: features, see ``espn.models.convert``): concatenation name -> its member groups
-        self.concats: dict[str, tuple[str, ...]] = {
-            c: tuple(members) for c, members in getattr(model, "unit_concats", {}).items()
-        }
-        self._check_unions()
-        #: the width of every unit group, union and concatenation
-        self.widths = self.group_sizes | {
-            u: self.group_sizes[members[0]] for u, members in self.unions.items()
-        }
-        self.widths |= {
-            c: sum(self.group_sizes[g] for g in members) for c, members in self.concats.items()
-        }
+        self._read_units(model)
         self._check_topology()
         self.costs: list[Cost] = trace_costs(model, example_input)
         self.dense_flops = count_flops(self.costs, self.widths)
@@ -115,6 +90,35 @@ class Supernet(nn.Module):
         self.in_training = False
 
     # ----------------------------------------------------------------- topology
+    def _read_units(self, model: nn.Module) -> None:
+        """The unit groups of ``model``'s gates and norms, the unions and concatenations of
+        groups that its layers read, and the width of each."""
+        self.task_modules: dict[str, TaskSpecific] = {
+            n: m for n, m in model.named_modules() if isinstance(m, TaskSpecific)
+        }
+        self.groups: dict[str, list[UnitModule]] = {}
+        for m in self.task_modules.values():
+            if isinstance(m, UnitModule):
+                self.groups.setdefault(m.group, []).append(m)
+        self.group_sizes = {g: mods[0].num_units for g, mods in self.groups.items()}
+        #: unions of unit groups read as one (a residual stream whose producers are pruned
+        #: each on its own, see ``espn.models.resnet``): union name -> its member groups
+        self.unions: dict[str, tuple[str, ...]] = {
+            u: tuple(members) for u, members in getattr(model, "unit_unions", {}).items()
+        }
+        #: concatenations of unit groups read as one (a layer reading ``torch.cat`` of their
+        #: features, see ``espn.models.convert``): concatenation name -> its member groups
+        self.concats: dict[str, tuple[str, ...]] = {
+            c: tuple(members) for c, members in getattr(model, "unit_concats", {}).items()
+        }
+        self._check_unions()
+        #: the width of every unit group, union and concatenation
+        self.widths = (
+            self.group_sizes
+            | {u: self.group_sizes[members[0]] for u, members in self.unions.items()}
+            | {c: sum(self.group_sizes[g] for g in members) for c, members in self.concats.items()}
+        )
+
     def _check_unions(self) -> None:
         for union, members in self.unions.items() | self.concats.items():
             if union in self.groups:
@@ -179,11 +183,7 @@ class Supernet(nn.Module):
 
     def _dead_units(self) -> dict[str, Tensor]:
         """The alive vector of every unit group and union that has a dead unit."""
-        units = with_unions(
-            {g: mods[0].unit_mask.bool() for g, mods in self.groups.items()},
-            self.unions,
-            self.concats,
-        )
+        units = with_unions(self.unit_masks(), self.unions, self.concats)
         return {g: alive for g, alive in units.items() if not bool(alive.all())}
 
     @staticmethod
@@ -368,15 +368,11 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def commit_task(self, weights: str = "shared") -> TaskMask:
-        """Store the working sub-network as the next task's mask.
-
-        ``weights`` says how the task holds its weights: ``"shared"`` (ESPN, PackNet) freezes
-        them for every later task (the task owns those no earlier task owned); ``"own"`` (Individual) stores the task's own copy of its
-        weights in the mask and freezes nothing; ``"fixed"`` (SupSup) means the weights were
-        never trained: they are frozen like shared ones, and the task took no new weights.
-        The mask is stored in its smallest exact form (see :mod:`espn.supernet.masks`); only
-        ``"shared"`` tasks may be stored as the weights they and earlier tasks own.
-        """
+        """Store the working sub-network as the next task's mask, in its smallest exact form
+        (:mod:`espn.supernet.masks`). ``weights``: ``"shared"`` (ESPN, PackNet) freezes them for
+        every later task (the task owns those no earlier task owned); ``"own"`` (Individual)
+        stores the task's own copy in the mask and freezes nothing; ``"fixed"`` (SupSup): never
+        trained, frozen like shared ones, no new weights."""
         if not self.in_training:
             raise RuntimeError("commit_task() called with no task in training")
         if weights not in WEIGHT_KINDS:
