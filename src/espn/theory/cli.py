@@ -1,10 +1,6 @@
-"""``espn theory ...``: the paper's shallow-network theory as runnable CPU experiments.
-
-Each command writes ``<name>.csv`` (one row per solve), ``<name>.png`` and
-``<name>_summary.json`` into ``--out`` (all atomically), and prints a summary that is
-computed from the CSV.  ``espn theory report CSV`` recomputes it (and the figure)
-from a CSV alone.
-"""
+"""``espn theory ...``: each experiment writes ``<name>.csv`` (one row per solve), ``.png`` and
+``_summary.json`` into ``--out`` and prints the summary computed from the CSV; ``espn theory
+report CSV`` recomputes them from a CSV alone (docs/theory.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """What the theory-lab experiments share: the planted model and solver of a configuration, the
-risk evaluation, and the curves of the summaries and figures.
-
-Each experiment's ``run_*`` returns one dict per solve (the CSV rows), each ``summarize_*``
-works on rows read back from the CSV, so a summary can be recomputed from the file alone.
-"""
+risk evaluation, and the curves of the summaries (computed from CSV rows) and figures."""
 
 from __future__ import annotations
 
@@ -64,13 +60,9 @@ def evaluate(
     noisy: TaskData,
     clean: TaskData,
 ) -> tuple[float, float]:
-    """(test risk on noisy labels, excess risk on clean labels), averaged over tasks.
+    """(test risk on noisy labels, excess risk ``E[(f - f*)^2]`` on clean labels: no noise
+    sampling error), averaged over ``tasks``; ``predict(X, j)`` predicts the ``j``-th."""
 
-    ``predict(X, j)`` is the prediction for the ``j``-th of ``tasks``, whose test data
-    are ``noisy.X[tasks[j]]``.  The excess risk ``E[(f - f*)^2]`` equals the population
-    risk minus the noise floor ``E[Z^2]`` exactly; measuring it on clean labels
-    removes the noise's sampling error.
-    """
     test, excess = [], []
     with torch.no_grad():
         for j, t in enumerate(tasks):

@@ -1,12 +1,6 @@
 """What each theory-lab experiment accepts and writes: its settings with their validation, the
-accepted choices and its CSV columns. Nothing here imports torch, so that the command line
-refuses a bad value at once; the experiments themselves are
-:mod:`espn.theory.sample_complexity`, :mod:`espn.theory.mismatch` and
-:mod:`espn.theory.task_order`.
-
-Errors name the parameters as the library calls them (``r_frz``); the command line maps them
-to its options.
-"""
+accepted choices and its CSV columns; without torch, so that the command line refuses a bad
+value at once."""
 
 from __future__ import annotations
 
@@ -24,12 +18,8 @@ TASK_ORDERS = ("decreasing", "increasing", "individual")
 
 
 class TheoryConfigError(EspnError, ValueError):
-    """A theory-lab setting is not accepted; the message names the value and what is.
-
-    ``parameter`` is the setting's name as the library calls it (``r_frz``; None when the
-    error concerns no single setting); the message is ``"<parameter>: <reason>"``, and the
-    command line shows its own option name (``--r-frz``) in its place.
-    """
+    """A theory-lab setting is not accepted: ``"<parameter>: <reason>"`` (``parameter`` as the
+    library calls it, ``r_frz``, or None; the command line puts its option, ``--r-frz``)."""
 
     def __init__(self, reason: str, parameter: str | None = None) -> None:
         super().__init__(f"{parameter}: {reason}" if parameter else reason)

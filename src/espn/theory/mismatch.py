@@ -26,13 +26,9 @@ from espn.theory.solver import solve_crl
 
 
 def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Frozen rows perturbed by each ``eps``: risk curves and the mismatch MM itself.
-
-    MM = L*_frz - L* is the smallest population excess risk reachable on top of the
-    perturbed ``W_frz``; it is measured by solving the same problem on ``mm_n`` clean
-    samples per task (``setting = "mm-train"``: in-sample loss, a slight
-    under-estimate; ``"mm-test"``: on the clean test set, a slight over-estimate).
-    """
+    """Frozen rows perturbed by each ``eps``: risk curves and the mismatch MM = L*_frz - L*,
+    solved on ``mm_n`` clean samples per task (``mm-train``: in-sample, a slight
+    under-estimate; ``mm-test``: on the clean test set, a slight over-estimate)."""
     cfg.validate()
     rows: list[dict[str, Any]] = []
     r_new = cfg.learned_rows
@@ -64,12 +60,9 @@ def run_mismatch(cfg: MismatchConfig, progress: Progress | None = None) -> list[
 
 
 def summarize_mismatch(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per perturbation: MM (mean over replicates) next to the frozen risk's floor.
+    """Per perturbation: MM (mean over replicates) next to the floor, the frozen excess risk
+    at the largest ``N*T`` (which the theory says approaches MM from above)."""
 
-    The floor is the frozen-feature excess risk at the largest ``N*T``; the theory
-    says it approaches MM from above (never below, up to evaluation noise), while
-    learning from scratch keeps falling towards 0.
-    """
     out = []
     perts = sorted({float(r["perturbation"]) for r in rows if r["setting"] == "frozen"})
     for eps in perts:

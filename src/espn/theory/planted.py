@@ -1,23 +1,7 @@
-"""The planted shallow-network model of the paper's "Application to Shallow Networks".
-
-Task ``t`` labels an input ``x`` in R^d as
-
-    y = sigma(v_t^T psi(W* x)) + Z,
-
-with ``W*`` in R^{r x d} the shared ground-truth representation, ``v_t`` in R^r the
-task's head, ``psi`` a Lipschitz activation with ``psi(0) = 0`` (identity or ReLU),
-``sigma`` the logistic link and ``Z`` uniform on ``[-noise, noise]`` (bounded, zero
-mean, independent of ``x``).  The best possible squared-loss risk is therefore the
-noise floor ``E[Z^2] = noise^2 / 3``, and the excess risk of a predictor ``f`` is
-exactly ``E[(f(x) - sigma(v_t^T psi(W* x)))^2]``, which we measure on clean labels.
-
-Conventions (the paper leaves them free):
-
-* inputs lie on the sphere (or are uniform in the ball) of radius ``sqrt(d)``, so that
-  each coordinate has unit scale and a unit-norm row of ``W`` gives an O(1) feature;
-* ``W*`` has orthonormal rows (``||W*||_F = sqrt(r)``), drawn uniformly at random;
-* every head has the same norm ``head_norm`` and a uniformly random direction.
-"""
+"""The planted shallow-network model ``y = sigma(v_t^T psi(W* x)) + Z`` of the paper's
+"Application to Shallow Networks" (docs/theory.md): ``W*`` with orthonormal rows, heads of
+one norm, inputs of radius ``sqrt(d)``, ``Z`` uniform on ``[-noise, noise]``, so the noise
+floor ``E[Z^2]`` is known and excess risks are measured exactly on clean labels."""
 
 from __future__ import annotations
 
@@ -160,11 +144,8 @@ class PlantedModel:
         return torch.sigmoid(psi(X @ self.W.T) @ self.V[task])
 
     def sample(self, n: int | Sequence[int], gen: torch.Generator) -> tuple[TaskData, TaskData]:
-        """Draw ``n`` samples per task (or ``n[t]`` for task ``t``).
-
-        Returns the noisy data set and the same inputs with clean labels; the clean
-        copy gives exact excess risks (``E[Z^2]`` is known in closed form).
-        """
+        """``n`` samples per task (or ``n[t]`` for task ``t``): the noisy data set and the same
+        inputs with clean labels (which give exact excess risks)."""
         ns = [n] * self.T if isinstance(n, int) else list(n)
         if len(ns) != self.T:
             raise TheoryConfigError(f"need one sample size per task ({self.T}), got {len(ns)}")
@@ -181,13 +162,10 @@ class PlantedModel:
         return TaskData(Xs, noisy_y), TaskData(Xs, clean_y)
 
     def frozen(self, r_frz: int, perturbation: float = 0.0, seed: int = 0) -> torch.Tensor:
-        """The frozen representation ``W_frz``: the first ``r_frz`` rows of ``W*``.
+        """The frozen ``W_frz``: the first ``r_frz`` rows of ``W*``, each ``w*_i + eps * e_i``
+        with ``e_i`` random, orthogonal to ``W*``'s rows and of ``w*_i``'s norm (``eps > 0``:
+        the features leave the span the tasks need, so the mismatch ``MM`` is positive)."""
 
-        With ``perturbation = eps > 0`` each row becomes ``w*_i + eps * e_i`` where
-        ``e_i`` is a random direction orthogonal to every row of ``W*``, of the same
-        norm as ``w*_i``: the frozen features then leave the span the tasks need and
-        no new rows can undo that, so the mismatch ``MM`` is positive.
-        """
         if not 0 <= r_frz <= self.r:
             raise TheoryConfigError(f"must be in [0, r={self.r}], got {r_frz}", "r_frz")
         if perturbation < 0:

@@ -38,12 +38,9 @@ def _band(rows: Sequence[dict[str, Any]], x: str, y: str = "excess_risk") -> lis
 def plot_sample_complexity(
     rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: Path
 ) -> Path:
-    """Excess risk vs N*T per setting with the ``c * dof / (N*T)`` prediction.
-
-    Left: measured mean (band: min..max over replicates) and the prediction, one
-    fitted constant ``c`` for every curve.  Right: the same against ``N*T / dof``;
-    if the bound's ``dof`` is the right measure of complexity, the curves collapse.
-    """
+    """Left: excess risk vs N*T per setting (band: min..max over replicates) with the
+    prediction ``c * dof / (N*T)``; right: against ``N*T / dof``, where the curves collapse
+    if ``dof`` measures the complexity."""
     plt = pyplot()
     c, target = summary["rate_constant"], summary["target"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -87,12 +84,8 @@ def plot_sample_complexity(
 
 
 def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
-    """Test risk and excess risk vs N*T for each perturbation, with MM marked.
-
-    Left: test risk (linear scale) with the noise floor ``E[Z^2]`` and the levels
-    ``E[Z^2] + MM`` where the frozen-feature curves must level off.  Right: excess
-    risk on log axes with MM as dashed lines; scratch (black) keeps falling.
-    """
+    """Test risk (left, with ``E[Z^2]`` and the levels ``E[Z^2] + MM``) and excess risk (right,
+    log axes, MM dashed) vs N*T for each perturbation; scratch in black."""
     plt = pyplot()
     noise = summary["noise_floor"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -139,11 +132,9 @@ def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path:
 
 
 def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
-    """Excess risk per task ID (from 0: 0 = most samples) for each training order.
+    """Excess risk per task ID (0: most samples) for each training order (solid: largest
+    first; dashed: smallest first; dotted: each alone from scratch)."""
 
-    Solid: tasks trained from largest to smallest; dashed: smallest first; dotted:
-    each task alone from scratch, as in the paper's figure on sample size.
-    """
     plt = pyplot()
     ids, sizes = summary["task_ids"], summary["sizes"]
     fig, ax = plt.subplots(figsize=(8.5, 4.8))

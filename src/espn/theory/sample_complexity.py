@@ -17,12 +17,8 @@ from espn.theory.config import SampleComplexityConfig
 def run_sample_complexity(
     cfg: SampleComplexityConfig, progress: Progress | None = None
 ) -> list[dict[str, Any]]:
-    """Solve CRL for every replicate, setting (scratch / each ``r_frz``) and ``N``.
-
-    Within a replicate all settings see the same planted model, the same test set and
-    nested training sets (the first ``N`` samples of one draw), so the curves are
-    paired and differences between settings are not sampling noise.
-    """
+    """Solve CRL for every replicate, setting (scratch / each ``r_frz``) and ``N``; within a
+    replicate the settings share the model, test set and nested training sets (paired)."""
     cfg.validate()
     rows: list[dict[str, Any]] = []
     for rep in range(cfg.replicates):
@@ -36,10 +32,8 @@ def run_sample_complexity(
 
 
 def crossing(curve: Sequence[tuple[float, float]], target: float) -> float | None:
-    """First ``x`` where the curve reaches ``target`` (log-log interpolation), else None.
-
-    Returns the first grid point itself when the curve starts at or below ``target``.
-    """
+    """First ``x`` where the curve reaches ``target`` (log-log interpolation; the first ``x``
+    if it starts there), else None."""
     for i, (x, y) in enumerate(curve):
         if y <= target:
             if i == 0:
@@ -53,12 +47,8 @@ def crossing(curve: Sequence[tuple[float, float]], target: float) -> float | Non
 
 
 def fit_rate_constant(rows: Iterable[dict[str, Any]]) -> float:
-    """``c`` of the prediction ``excess ~ c * dof / (N*T)``, fitted in log space.
-
-    One constant for all settings, over the points with ``N*T >= dof`` (below that
-    the problem is under-determined and no rate applies).  ``c`` is the only free
-    number: the shape and the spacing between the settings come from ``dof``.
-    """
+    """``c`` of ``excess ~ c * dof / (N*T)``, one for all settings, fitted in log space over
+    the points with ``N*T >= dof`` (below that the problem is under-determined)."""
     logs = [
         math.log(float(r["excess_risk"])) - math.log(float(r["dof"]) / float(r["NT"]))
         for r in rows
@@ -70,12 +60,9 @@ def fit_rate_constant(rows: Iterable[dict[str, Any]]) -> float:
 def summarize_sample_complexity(
     rows: Sequence[dict[str, Any]], target: float = 0.01
 ) -> dict[str, Any]:
-    """N*T needed to reach ``target`` excess risk per setting, against the bound.
+    """N*T needed to reach ``target`` excess risk per setting, against the bound's
+    constant-free prediction ``NT_scratch / NT_frozen = dof_scratch / dof_frozen``."""
 
-    The bound depends on the data only through ``dof / (N*T)``, so whatever its
-    constant, the N*T needed for a given excess risk is proportional to ``dof``: the
-    constant-free prediction is ``NT_scratch / NT_frozen = dof_scratch / dof_frozen``.
-    """
     c = fit_rate_constant(rows)
     by_setting: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:

@@ -1,34 +1,7 @@
-"""The CRL solver of the shallow-network model, jointly over T tasks or task by task.
-
-Problem (paper, "Application to Shallow Networks"), with quadratic loss::
-
-    min_{V, W_new}  (1/T) sum_t (1/N_t) sum_i (y_ti - sigma(v_t^T psi(W x_ti)))^2,
-    W = [W_frz; W_new],  ||v_t||_2 <= B_v,  ||W_new|| <= B_W.
-
-Only the ``r_new`` rows of ``W_new`` and the heads are free; ``W_frz`` (``r_frz`` rows,
-possibly none: learning from scratch) is used but never changed.
-
-Constraints.  The paper bounds the spectral norm of ``W_new`` by ``B_W >= ||W*||_F``.
-We bound the Frobenius norm instead (a subset of that spectral ball that still
-contains the planted ``W*_new``, since ``||W*_new||_F <= ||W*||_F``), and impose both
-bounds with the smooth exterior penalty
-
-    lambda * [ sum_t relu(||v_t||^2 - B_v^2)^2 + relu(||W_new||_F^2 - B_W^2)^2 ],
-
-which is exactly zero on the feasible set, so inside it the objective is the
-paper's; ``lambda`` is large (default 100) so minimisers are feasible up to ~1e-4.
-A bound of ``None`` drops that constraint.
-
-Optimisation.  Full batch, float64, L-BFGS with a strong-Wolfe line search, from
-several initialisations; the one with the lowest objective wins.  Restart 0 is a
-spectral start: the first moments ``m_t = mean_i (y_ti - mean y_t) x_ti`` lie (by
-Stein's lemma, approximately, for spherical inputs) in the row space of ``W*``, so the
-top singular directions of ``[m_1 .. m_T]`` outside the frozen rows' span estimate
-the missing rows; the remaining directions and the other restarts are random.  Heads
-start at the least-squares fit of ``4 (y - 1/2)`` (the logistic link linearised at
-0) on the initial features.  Every random draw comes from a seeded generator, so a
-solve is deterministic.
-"""
+"""The CRL solver of the shallow-network model, jointly over T tasks or task by task: the
+free rows ``W_new`` and one head per task on top of a frozen ``W_frz`` (none: from scratch),
+by full-batch L-BFGS in float64 with the norm bounds as an exterior penalty that is zero on
+the feasible set (docs/theory.md). Every random draw is seeded, so a solve is deterministic."""
 
 from __future__ import annotations
 
@@ -46,7 +19,9 @@ INITS = ("spectral", "random")
 
 @dataclass(frozen=True)
 class SolverConfig:
-    """Settings of :func:`solve_crl`; see the module docstring for their meaning."""
+    """Settings of :func:`solve_crl`: the activation, ``restarts`` starts (0: spectral, unless
+    ``init`` is random) screened by ``screen_iter`` L-BFGS iterations, the best one finished
+    to ``max_iter``; the norm bounds (None: unbounded) and their penalty weight."""
 
     activation: str = "relu"
     restarts: int = 3
@@ -107,7 +82,10 @@ def predict(W: torch.Tensor, v: torch.Tensor, X: torch.Tensor, activation: str) 
 def _spectral_directions(
     data: TaskData, W_frz: torch.Tensor, k: int, gen: torch.Generator
 ) -> torch.Tensor:
-    """``k`` orthonormal rows: top moment directions outside span(W_frz), then random."""
+    """``k`` orthonormal rows: top moment directions outside span(W_frz), then random.
+
+    The first moments ``m_t = mean_i (y_ti - mean y_t) x_ti`` lie approximately (Stein's
+    lemma, spherical inputs) in the row space of ``W*``, so they estimate the missing rows."""
     d = data.X[0].shape[1]
     moments = torch.stack(
         [((y - y.mean())[:, None] * X).mean(0) for X, y in zip(data.X, data.y, strict=True)],
@@ -129,11 +107,8 @@ def _spectral_directions(
 def _initial_rows(
     spectral: torch.Tensor | None, restart: int, r_new: int, d: int, gen: torch.Generator
 ) -> torch.Tensor:
-    """Unit-norm starting rows of restart ``restart``.
-
-    With a spectral estimate: restart 0 uses it as is, odd restarts a randomly rotated
-    and noised copy, other even restarts random rows; without one, all are random.
-    """
+    """Unit-norm starting rows of restart ``restart``: with a spectral estimate, restart 0 it
+    as is, odd restarts a rotated and noised copy, other even ones random rows; else random."""
     random_rows = torch.randn(r_new, d, generator=gen, dtype=DTYPE)
     if spectral is None or (restart > 0 and restart % 2 == 0):
         W0 = random_rows
@@ -161,11 +136,8 @@ def _init_heads(
 
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """Run with ``n`` torch CPU threads (0: unchanged), then restore the old count.
-
-    These problems are small: on a busy 2-core machine two threads were measured
-    ~7x slower than one (thread synchronisation dominates), hence the default 1.
-    """
+    """Run with ``n`` torch CPU threads (0: unchanged), then restore the old count (these
+    problems are small: more threads mostly add synchronisation, hence the default 1)."""
     old = torch.get_num_threads()
     if n and n != old:
         torch.set_num_threads(n)
@@ -182,11 +154,8 @@ def solve_crl(
     W_frz: torch.Tensor | None = None,
     config: SolverConfig | None = None,
 ) -> CRLSolution:
-    """Learn ``r_new`` new rows and one head per task on top of the frozen ``W_frz``.
-
-    ``W_frz=None`` (or a 0-row matrix) is learning from scratch.  Tasks may have
-    different sample sizes; each task's mean loss counts equally.
-    """
+    """Learn ``r_new`` new rows and one head per task on top of the frozen ``W_frz`` (None or
+    no rows: from scratch); each task's mean loss counts equally, whatever its size."""
     config = (config or SolverConfig()).validate()
     with torch_threads(config.threads):
         return _solve_crl(data, r_new, W_frz, config)
@@ -335,15 +304,11 @@ def solve_sequential(
     config: SolverConfig | None = None,
     on_arrival: Callable[[int], None] | None = None,
 ) -> SequentialResult:
-    """CRL-SEQ: tasks arrive in ``order``; the k-th arrival adds ``new_rows[k]`` rows.
+    """CRL-SEQ: tasks arrive in ``order`` (an arrival: a task index, or a group of them, a
+    multi-head task); the k-th learns its heads and ``new_rows[k]`` rows on top of ``W_frz``
+    and every earlier arrival's rows, which stay frozen (zero forgetting, as in PackNet/ESPN).
+    ``on_arrival(k)`` is called after the k-th arrival is solved (progress bars)."""
 
-    An arrival is one task index, or a group of task indices that arrive together (a
-    multi-head task, like a 5-class task of SplitCIFAR100 is 5 heads).  It learns its
-    heads (over all rows so far) and ``new_rows[k]`` new rows on its own data, on top
-    of ``W_frz`` and the rows of every earlier arrival, which stay frozen: zero
-    forgetting, as in PackNet/ESPN.  Its rows are then frozen for later arrivals.
-    ``on_arrival(k)`` is called after the k-th arrival is solved (progress bars).
-    """
     config = (config or SolverConfig()).validate()
     groups = [[int(g)] if isinstance(g, int) else [int(t) for t in g] for g in order]
     flat = sorted(t for g in groups for t in g)

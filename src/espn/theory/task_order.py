@@ -24,14 +24,10 @@ from espn.theory.solver import SequentialResult, solve_crl, solve_sequential
 
 
 def run_task_order(cfg: TaskOrderConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Sequential CRL with falling sample sizes, in decreasing and increasing order.
-
-    Task ID ``i`` (1 = largest) has ``heads`` planted heads with ``sizes[i-1]`` samples
-    each; all tasks share ``W*``.  An arrival adds ``first_rows`` rows if it is the
-    first and ``rows_per_task`` rows otherwise (the first task can build a full
-    representation, later ones extend it a little, like ESPN's weight budget).
-    ``individual`` learns each task alone from scratch with ``first_rows`` rows.
-    """
+    """Sequential CRL with falling sample sizes, in decreasing and increasing order: task ID
+    ``i`` has ``heads`` heads of ``sizes[i]`` samples on one ``W*``; the first arrival adds
+    ``first_rows`` rows, later ones ``rows_per_task`` (like ESPN's weight budget);
+    ``individual`` learns each task alone from scratch with ``first_rows`` rows."""
     cfg.validate()
     rows: list[dict[str, Any]] = []
     sizes = cfg.sizes
@@ -95,8 +91,7 @@ def _row(
 
 
 def _heads_of(result: SequentialResult, group: list[int]) -> Callable[[Tensor, int], Tensor]:
-    """``predict(X, j)``: the sequential solution's prediction for the ``j``-th head of
-    ``group``."""
+    """``predict(X, j)`` of the ``j``-th head of ``group``."""
     return lambda X, j: result.predict(X, group[j])
 
 
