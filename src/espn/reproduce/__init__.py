@@ -1,9 +1,8 @@
-"""``espn reproduce``: every table and figure of the paper from one command.
+"""``espn reproduce``: every table and figure of the paper from one command (docs/reproduce.md).
 
-A target (``TARGETS``) is a list of sweep points at a scale (``smoke``, ``cpu``, ``paper``)
-and a way to aggregate their runs; :func:`run_target` runs the points on the sweep engine
-and writes ``OUT/TARGET.csv``, ``.md`` (ours beside the paper's numbers, which ship as
-package data) and ``.png``; :func:`report` rebuilds them from the run directories alone.
+A target (``TARGETS``) is a list of sweep points at a scale and a way to aggregate their runs;
+:func:`run_target` runs the points and writes ``OUT/TARGET.csv``, ``.md`` and ``.png``;
+:func:`report` rebuilds them from the run directories alone.
 """
 
 from espn.reproduce import continual, pruners, representation  # noqa: F401  (register targets)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -123,18 +124,9 @@ def target_command(
     overwrite: bool = OVERWRITE_POINTS_OPTION,
 ) -> None:
     """``espn reproduce TARGET``: the command of every target (its name is the command's)."""
-    options = Options(
-        scale=scale,
-        seeds=seeds,
-        device=device,
-        data_dir=data_dir,
-        data_root=data_root,
-        init_weights=init_weights,
-        model=model,
-    )
     result = run_target(
         ctx.info_name or "",
-        options,
+        Options(**{f.name: ctx.params[f.name] for f in fields(Options)}),
         out,
         workers=workers,
         ray_address=ray_address,

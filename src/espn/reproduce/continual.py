@@ -26,7 +26,7 @@ from espn.reproduce.common import (
 )
 from espn.reproduce.paper import claims_notes, data_notes, paper_numbers
 from espn.reproduce.table import Table, markdown_table
-from espn.reproduce.target import TARGETS, Options, Run, Target, point
+from espn.reproduce.target import TARGETS, Options, Run, Target
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
 
@@ -72,14 +72,12 @@ def split_paper_steps(series: str) -> list[tuple[str, int]]:
 
 def table1_stages(options: Options, out: Path) -> list[list[Point]]:
     """One point per method setting and seed, all on one task sequence."""
-    base = split_base(options) | options.common()
+    base = split_base(options)
     # alpha 0.1 as the paper's SplitCIFAR100 runs (the ``paper`` preset sets it itself)
     alpha = None if options.scale == "paper" else 0.1
     return [
         [
-            point(
-                "table1", s, seed, base | method_options(s, alpha, options.scale) | {"seed": seed}
-            )
+            TABLE1.point(options, s, seed, base | method_options(s, alpha, options.scale))
             for s in TABLE1_SERIES
             for seed in TABLE1.seeds(options)
         ]
@@ -186,22 +184,20 @@ def table1_plot(table: Table, path: Path) -> None:
     save_figure(fig, path)
 
 
-TABLE1 = TARGETS.register("table1")(
-    Target(
-        name="table1",
-        title="SplitCIFAR100, every method: accuracy per task and task-averaged (Table 1)",
-        default_seeds={"smoke": 1, "cpu": 1, "paper": 5},
-        stages=table1_stages,
-        table=table1_table,
-        plot=table1_plot,
-        cost={
-            "smoke": "10 runs of 2 tasks x 64 images, seconds each",
-            "cpu": "10 runs (10 methods x 1 seed) of 2 split Fashion-MNIST tasks x 2500 images "
-            "on FC1024 at the paper's 5000 optimizer steps per task (CIFAR regime); see "
-            "docs/recipes.md for the measured cost",
-            "paper": "50 runs (10 methods x 5 seeds) of 20 SplitCIFAR100 tasks x 250 epochs on a GPU",
-        },
-    )
+TABLE1 = Target(
+    name="table1",
+    title="SplitCIFAR100, every method: accuracy per task and task-averaged (Table 1)",
+    default_seeds={"smoke": 1, "cpu": 1, "paper": 5},
+    stages=table1_stages,
+    table=table1_table,
+    plot=table1_plot,
+    cost={
+        "smoke": "10 runs of 2 tasks x 64 images, seconds each",
+        "cpu": "10 runs (10 methods x 1 seed) of 2 split Fashion-MNIST tasks x 2500 images "
+        "on FC1024 at the paper's 5000 optimizer steps per task (CIFAR regime); see "
+        "docs/recipes.md for the measured cost",
+        "paper": "50 runs (10 methods x 5 seeds) of 20 SplitCIFAR100 tasks x 250 epochs on a GPU",
+    },
 )
 
 # -------------------------------------------------------------------------------- fig-mnist
@@ -231,14 +227,11 @@ def mnist_stages(options: Options, out: Path) -> list[list[Point]]:
     """One point per benchmark, method and seed (the seed also draws the task sequence)."""
     return [
         [
-            point(
-                "fig-mnist",
+            FIG_MNIST.point(
+                options,
                 f"{kind}+{s}",
                 seed,
-                mnist_base(kind, options)
-                | options.common()
-                | method_options(s, scale=options.scale)
-                | {"seed": seed},
+                mnist_base(kind, options) | method_options(s, scale=options.scale),
             )
             for kind in MNIST_KINDS
             for s in MNIST_METHODS
@@ -351,20 +344,21 @@ def mnist_plot(table: Table, path: Path) -> None:
     save_figure(fig, path)
 
 
-FIG_MNIST = TARGETS.register("fig-mnist")(
-    Target(
-        name="fig-mnist",
-        title="Rotated and Permuted MNIST: ESPN-0.2 and PackNet per task, Individual-0.2/-1 (Fig. 4)",
-        default_seeds={"smoke": 1, "cpu": 1, "paper": 5},
-        stages=mnist_stages,
-        table=mnist_table,
-        plot=mnist_plot,
-        cost={
-            "smoke": "8 runs of 2 tasks x 64 images, seconds each",
-            "cpu": "8 runs (2 benchmarks x 4 methods x 1 seed) of 10 Fashion-MNIST tasks x 60000 "
-            "images at the paper's 2350 optimizer steps per task; see docs/recipes.md for "
-            "the measured cost",
-            "paper": "40 runs (2 x 4 x 5 seeds) of 36 MNIST tasks x 60000 images x 10 epochs",
-        },
-    )
+FIG_MNIST = Target(
+    name="fig-mnist",
+    title="Rotated and Permuted MNIST: ESPN-0.2 and PackNet per task, Individual-0.2/-1 (Fig. 4)",
+    default_seeds={"smoke": 1, "cpu": 1, "paper": 5},
+    stages=mnist_stages,
+    table=mnist_table,
+    plot=mnist_plot,
+    cost={
+        "smoke": "8 runs of 2 tasks x 64 images, seconds each",
+        "cpu": "8 runs (2 benchmarks x 4 methods x 1 seed) of 10 Fashion-MNIST tasks x 60000 "
+        "images at the paper's 2350 optimizer steps per task; see docs/recipes.md for "
+        "the measured cost",
+        "paper": "40 runs (2 x 4 x 5 seeds) of 36 MNIST tasks x 60000 images x 10 epochs",
+    },
 )
+
+for _target in (TABLE1, FIG_MNIST):
+    TARGETS.register(_target.name)(_target)

@@ -21,7 +21,7 @@ from espn.reproduce.common import (
 from espn.reproduce.continual import split_base, split_paper_steps
 from espn.reproduce.paper import claims_notes, data_notes
 from espn.reproduce.table import Table
-from espn.reproduce.target import TARGETS, Options, Run, Target, point
+from espn.reproduce.target import TARGETS, Options, Run, Target
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
 
@@ -52,14 +52,14 @@ def pruner_stages(options: Options, out: Path) -> list[list[Point]]:
     """Every pruner at every gamma, per seed: an Individual-gamma run (trained from scratch,
     pruned to gamma x the dense FLOPs, no weight budget) of the benchmark's first task only."""
     base, gammas = SCALES[options.scale]
-    base = base | options.common() | {"method": "individual", "tasks": 1}
+    base = base | {"method": "individual", "tasks": 1}
     return [
         [
-            point(
-                "fig-pruners",
+            FIG_PRUNERS.point(
+                options,
                 f"{pruner}+gamma{gamma:g}",
                 seed,
-                base | {"pruner": pruner, "gamma": gamma, "seed": seed},
+                base | {"pruner": pruner, "gamma": gamma},
             )
             for seed in FIG_PRUNERS.seeds(options)
             for pruner in DEFAULT_PRUNERS
@@ -159,20 +159,18 @@ def pruner_plot(table: Table, path: Path) -> None:
     save_figure(fig, path)
 
 
-FIG_PRUNERS = TARGETS.register("fig-pruners")(
-    Target(
-        name="fig-pruners",
-        title="Channel/neuron pruners: accuracy and units kept against gamma, one task (Fig. 5a/5b)",
-        default_seeds={"smoke": 1, "cpu": 2, "paper": 5},
-        stages=pruner_stages,
-        table=pruner_table,
-        plot=pruner_plot,
-        cost={
-            "smoke": "6 runs of one task x 64 images, seconds each",
-            "cpu": "36 runs (3 pruners x 6 gammas x 2 seeds) of one Fashion-MNIST task x 3000 images on FC1024",
-            "paper": "90 runs (3 x 6 x 5 seeds) of CIFAR-10 x 250 epochs on a GPU",
-        },
-    )
+FIG_PRUNERS = Target(
+    name="fig-pruners",
+    title="Channel/neuron pruners: accuracy and units kept against gamma, one task (Fig. 5a/5b)",
+    default_seeds={"smoke": 1, "cpu": 2, "paper": 5},
+    stages=pruner_stages,
+    table=pruner_table,
+    plot=pruner_plot,
+    cost={
+        "smoke": "6 runs of one task x 64 images, seconds each",
+        "cpu": "36 runs (3 pruners x 6 gammas x 2 seeds) of one Fashion-MNIST task x 3000 images on FC1024",
+        "paper": "90 runs (3 x 6 x 5 seeds) of CIFAR-10 x 250 epochs on a GPU",
+    },
 )
 
 # -------------------------------------------------------------------------- fig-alpha-gamma
@@ -186,16 +184,16 @@ GRIDS = {
 def alpha_gamma_stages(options: Options, out: Path) -> list[list[Point]]:
     """ESPN on the SplitCIFAR100 recipe (or its stand-in) at every alpha x gamma."""
     alphas, gammas = GRIDS[options.scale]
-    base = split_base(options) | options.common()
+    base = split_base(options)
     if options.scale == "cpu":  # 3 tasks: 9 ESPN runs in about an hour on 2 cores
         base |= {"tasks": 3}
     return [
         [
-            point(
-                "fig-alpha-gamma",
+            FIG_ALPHA_GAMMA.point(
+                options,
                 f"alpha{a:g}+gamma{g:g}",
                 seed,
-                base | {"method": "espn", "alpha": a, "gamma": g, "seed": seed},
+                base | {"method": "espn", "alpha": a, "gamma": g},
             )
             for a in alphas
             for g in gammas
@@ -286,20 +284,21 @@ def alpha_gamma_plot(table: Table, path: Path) -> None:
     save_figure(fig, path)
 
 
-FIG_ALPHA_GAMMA = TARGETS.register("fig-alpha-gamma")(
-    Target(
-        name="fig-alpha-gamma",
-        title="Task-averaged ESPN accuracy over weight allocation alpha x FLOPs budget gamma (Fig. 5c)",
-        default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
-        stages=alpha_gamma_stages,
-        table=alpha_gamma_table,
-        plot=alpha_gamma_plot,
-        partial=True,
-        cost={
-            "smoke": "4 runs of 2 tasks x 64 images, seconds each",
-            "cpu": "9 ESPN runs (3 alphas x 3 gammas) of 3 split Fashion-MNIST tasks x 2500 "
-            "images at the paper's 5000 optimizer steps per task; see docs/recipes.md",
-            "paper": "24 ESPN runs (4 alphas x 6 gammas) of 20 SplitCIFAR100 tasks x 250 epochs on a GPU",
-        },
-    )
+FIG_ALPHA_GAMMA = Target(
+    name="fig-alpha-gamma",
+    title="Task-averaged ESPN accuracy over weight allocation alpha x FLOPs budget gamma (Fig. 5c)",
+    default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
+    stages=alpha_gamma_stages,
+    table=alpha_gamma_table,
+    plot=alpha_gamma_plot,
+    partial=True,
+    cost={
+        "smoke": "4 runs of 2 tasks x 64 images, seconds each",
+        "cpu": "9 ESPN runs (3 alphas x 3 gammas) of 3 split Fashion-MNIST tasks x 2500 "
+        "images at the paper's 5000 optimizer steps per task; see docs/recipes.md",
+        "paper": "24 ESPN runs (4 alphas x 6 gammas) of 20 SplitCIFAR100 tasks x 250 epochs on a GPU",
+    },
 )
+
+for _target in (FIG_PRUNERS, FIG_ALPHA_GAMMA):
+    TARGETS.register(_target.name)(_target)

@@ -24,7 +24,7 @@ from espn.reproduce.common import (
 )
 from espn.reproduce.paper import claims_notes, data_notes, paper_numbers
 from espn.reproduce.table import Table
-from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target, point
+from espn.reproduce.target import TARGETS, Options, ReproduceError, Run, Target
 from espn.settings.recipes import IMAGENET
 from espn.utils.plotting import pyplot
 from espn.utils.stats import mean_se
@@ -77,7 +77,7 @@ def imagenet_stages(options: Options, out: Path) -> list[list[Point]]:
     """Individual and ESPN on CUBS..Sketch, and ESPN with ImageNet first (learned from the
     folder, or adopted from ``--init-weights`` as the paper's sparse pretrained ResNet50)."""
     folders = [str(f) for f in imagenet_folders(options)]
-    base = imagenet_base(options) | options.common() | {"alpha": IMAGENET["alpha"]}
+    base = imagenet_base(options) | {"alpha": IMAGENET["alpha"]}
     espn = {"method": "espn", "gamma": 0.2}
     settings = {
         "individual": {"method": "individual", "gamma": 1.0, "folders": folders[1:]},
@@ -88,7 +88,7 @@ def imagenet_stages(options: Options, out: Path) -> list[list[Point]]:
         settings["espn-imagenet"]["init_weights"] = str(options.init_weights)
     return [
         [
-            point("table-imagenet", s, seed, base | settings[s] | {"seed": seed})
+            TABLE_IMAGENET.point(options, s, seed, base | settings[s])
             for s in IMAGENET_SERIES
             for seed in TABLE_IMAGENET.seeds(options)
         ]
@@ -156,11 +156,7 @@ def imagenet_plot(table: Table, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     xs = range(len(table.rows))
-    colours = {
-        "individual": "tab:blue",
-        "espn-no-pretrain": "tab:orange",
-        "espn-imagenet": "tab:green",
-    }
+    colours = dict(zip(IMAGENET_SERIES, ("tab:blue", "tab:orange", "tab:green"), strict=True))
     for i, s in enumerate(IMAGENET_SERIES):
         at = [x + (i - 1) * 0.27 for x in xs]
         ys = [math.nan if r[s] is None else r[s] for r in table.rows]
@@ -178,30 +174,27 @@ def imagenet_plot(table: Table, path: Path) -> None:
     save_figure(fig, path)
 
 
-TABLE_IMAGENET = TARGETS.register("table-imagenet")(
-    Target(
-        name="table-imagenet",
-        title="Task diversity: CUBS..Sketch with and without ImageNet first (appendix table, Fig. 2b)",
-        default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
-        stages=imagenet_stages,
-        table=imagenet_table,
-        plot=imagenet_plot,
-        cost={
-            "smoke": "3 runs on tiny image folders, seconds each (needs --data-root)",
-            "cpu": "3 runs of 5-6 tasks x 1000 images at 64 px on a reduced ResNet18 (needs --data-root)",
-            "paper": "3 ResNet50 runs at 224 px x 250 epochs per task, ImageNet included, on a GPU (needs --data-root)",
-        },
-    )
+TABLE_IMAGENET = Target(
+    name="table-imagenet",
+    title="Task diversity: CUBS..Sketch with and without ImageNet first (appendix table, Fig. 2b)",
+    default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
+    stages=imagenet_stages,
+    table=imagenet_table,
+    plot=imagenet_plot,
+    cost={
+        "smoke": "3 runs on tiny image folders, seconds each (needs --data-root)",
+        "cpu": "3 runs of 5-6 tasks x 1000 images at 64 px on a reduced ResNet18 (needs --data-root)",
+        "paper": "3 ResNet50 runs at 224 px x 250 epochs per task, ImageNet included, on a GPU (needs --data-root)",
+    },
 )
 
 
 # ---------------------------------------------------------------------- fig-data-efficiency
 @dataclass(frozen=True)
 class Efficiency:
-    """The data-efficiency experiment at one scale: ``full_tasks`` tasks of ``full`` images
-    learned first, then ``small_tasks`` of ``small`` images, tried on the supernets after
-    each K in ``before`` full tasks; ``small_recipe`` are options of the runs that learn
-    the small tasks (all of them: on a supernet, on a fresh one, Individual)."""
+    """The data-efficiency experiment at one scale: ``small_tasks`` of ``small`` images learned
+    on the supernets after each K in ``before`` of ``full_tasks`` tasks of ``full`` images;
+    ``small_recipe``: options of every run that learns the small tasks."""
 
     base: dict[str, Any]
     full_tasks: int
@@ -239,15 +232,14 @@ EFFICIENCY_METHODS = {
 
 
 def efficiency_stages(options: Options, out: Path) -> list[list[Point]]:
-    """Stage 1: per method a source run learning the full-data tasks first (``train_sizes``
-    + ``large-first`` on the sequence whose first tasks are the small ones, so the full tasks
-    it learns first are other tasks than the small ones; it learns those last); the small
-    tasks alone on a fresh supernet (K = 0); Individual on the small tasks. Stage 2: the
-    small tasks learned on top of each source's supernet after K full tasks
-    (``from_run``)."""
+    """Stage 1: per method a source run learning the full-data tasks first (``large-first``
+    on a sequence whose first tasks are the small ones, learned last); the small tasks on a
+    fresh supernet (K = 0); Individual. Stage 2: the small tasks on each source's supernet
+    after K full tasks (``from_run``)."""
+
     e = EFFICIENCY[options.scale]
     n_full, ks = e.full_tasks, e.before
-    base = e.base | options.common() | {"task_seed": 0}
+    base = e.base | {"task_seed": 0}
     small_only = {"tasks": e.small_tasks, "train_per_task": e.small} | e.small_recipe
     sizes = [e.small] * e.small_tasks + [e.full] * n_full
     source = {"tasks": e.small_tasks + n_full, "train_sizes": sizes, "task_order": "large-first"}
@@ -255,17 +247,17 @@ def efficiency_stages(options: Options, out: Path) -> list[list[Point]]:
     second: list[Point] = []
     for seed in FIG_DATA_EFFICIENCY.seeds(options):
         for m in EFFICIENCY_METHODS[options.scale]:
-            method = method_options(m) | {"seed": seed}
-            src = point("fig-data-efficiency", f"{m}+source", seed, base | method | source)
+            method = method_options(m)
+            src = FIG_DATA_EFFICIENCY.point(options, f"{m}+source", seed, base | method | source)
             small = base | method | small_only
             first.append(src)
             if 0 in ks:
-                first.append(point("fig-data-efficiency", f"{m}+k0", seed, small))
+                first.append(FIG_DATA_EFFICIENCY.point(options, f"{m}+k0", seed, small))
             for k in (k for k in ks if 0 < k <= n_full):
                 after = {"from_run": str(Path(out).resolve() / src.name), "after_task": k}
-                second.append(point("fig-data-efficiency", f"{m}+k{k}", seed, small | after))
-        alone = method_options("individual-1") | {"seed": seed} | small_only
-        first.append(point("fig-data-efficiency", "individual-1+alone", seed, base | alone))
+                second.append(FIG_DATA_EFFICIENCY.point(options, f"{m}+k{k}", seed, small | after))
+        alone = method_options("individual-1") | small_only
+        first.append(FIG_DATA_EFFICIENCY.point(options, "individual-1+alone", seed, base | alone))
     return [first, second]
 
 
@@ -352,15 +344,9 @@ def efficiency_plot(table: Table, path: Path) -> None:
         if r["tasks_before"] is None:
             ax.axhline(r["small"], ls="--", color="tab:red", label=f"{r['method']} (ours)")
     numbers = paper_numbers()["fig-data-efficiency"]["numbers"]
-    ax.axhline(
-        numbers["individual"], ls=":", color="gray", label="paper: Individual ≈68% (SplitCIFAR100)"
-    )
-    ax.axhline(
-        numbers["espn_packnet_above"],
-        ls=":",
-        color="black",
-        label="paper: CL > 75% (SplitCIFAR100)",
-    )
+    paper = {"individual": ("gray", "Individual ≈68%"), "espn_packnet_above": ("black", "CL > 75%")}
+    for key, (colour, text) in paper.items():
+        ax.axhline(numbers[key], ls=":", color=colour, label=f"paper: {text} (SplitCIFAR100)")
     ax.set_xlabel("tasks learned before the small tasks")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("small-task test accuracy (%)")
@@ -370,23 +356,21 @@ def efficiency_plot(table: Table, path: Path) -> None:
     save_figure(fig, path)
 
 
-FIG_DATA_EFFICIENCY = TARGETS.register("fig-data-efficiency")(
-    Target(
-        name="fig-data-efficiency",
-        title="Data efficiency: small tasks learned on supernets after K tasks vs Individual (Fig. 2a)",
-        default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
-        stages=efficiency_stages,
-        table=efficiency_table,
-        plot=efficiency_plot,
-        cost={
-            "smoke": "4 runs of 1-3 tasks x 16-64 images, seconds each",
-            "cpu": "19 runs: per method (3) a run of 10 rotated Fashion-MNIST tasks (8 x 1000 "
-            "images, then 2 x 100) and 5 runs of the 2 small tasks on its supernets after 0-8 "
-            "tasks; Individual",
-            "paper": "3 SplitCIFAR100 runs of 20 tasks, 48 runs of 5 small tasks (3 on a fresh "
-            "supernet, 45 on theirs) and Individual, 250 epochs per task, on a GPU",
-        },
-    )
+FIG_DATA_EFFICIENCY = Target(
+    name="fig-data-efficiency",
+    title="Data efficiency: small tasks learned on supernets after K tasks vs Individual (Fig. 2a)",
+    default_seeds={"smoke": 1, "cpu": 1, "paper": 1},
+    stages=efficiency_stages,
+    table=efficiency_table,
+    plot=efficiency_plot,
+    cost={
+        "smoke": "4 runs of 1-3 tasks x 16-64 images, seconds each",
+        "cpu": "19 runs: per method (3) a run of 10 rotated Fashion-MNIST tasks (8 x 1000 "
+        "images, then 2 x 100) and 5 runs of the 2 small tasks on its supernets after 0-8 "
+        "tasks; Individual",
+        "paper": "3 SplitCIFAR100 runs of 20 tasks, 48 runs of 5 small tasks (3 on a fresh "
+        "supernet, 45 on theirs) and Individual, 250 epochs per task, on a GPU",
+    },
 )
 
 # --------------------------------------------------------------------------- fig-task-order
@@ -419,15 +403,15 @@ POLICIES = ["large-first", "small-first"]
 def order_stages(options: Options, out: Path) -> list[list[Point]]:
     """Per method: tasks whose sizes fall geometrically, learned large first and small
     first; Individual-1 (order does not matter to it)."""
-    base = ORDER[options.scale] | options.common() | {"task_seed": 0}
+    base = ORDER[options.scale] | {"task_seed": 0}
     points = []
     for seed in FIG_TASK_ORDER.seeds(options):
         for m in ORDER_METHODS[options.scale]:
             for policy in POLICIES:
-                run = method_options(m) | {"task_order": policy, "seed": seed}
-                points.append(point("fig-task-order", f"{m}+{policy}", seed, base | run))
-        alone = method_options("individual-1") | {"seed": seed}
-        points.append(point("fig-task-order", "individual-1+given", seed, base | alone))
+                run = method_options(m) | {"task_order": policy}
+                points.append(FIG_TASK_ORDER.point(options, f"{m}+{policy}", seed, base | run))
+        alone = method_options("individual-1")
+        points.append(FIG_TASK_ORDER.point(options, "individual-1+given", seed, base | alone))
     return [points]
 
 
@@ -523,18 +507,19 @@ def order_plot(table: Table, path: Path) -> None:
     save_figure(fig, path)
 
 
-FIG_TASK_ORDER = TARGETS.register("fig-task-order")(
-    Target(
-        name="fig-task-order",
-        title="Task order by sample size: large tasks first vs small first vs Individual (Fig. 2c)",
-        default_seeds={"smoke": 1, "cpu": 2, "paper": 1},
-        stages=order_stages,
-        table=order_table,
-        plot=order_plot,
-        cost={
-            "smoke": "3 runs of 3 tasks x 16-64 images, seconds each",
-            "cpu": "10 runs (2 methods x 2 orders + Individual, 2 seeds) of 10 rotated Fashion-MNIST tasks of 2000 -> 100 images",
-            "paper": "7 SplitCIFAR100 runs of 20 tasks of 2500 -> 125 images x 250 epochs on a GPU",
-        },
-    )
+FIG_TASK_ORDER = Target(
+    name="fig-task-order",
+    title="Task order by sample size: large tasks first vs small first vs Individual (Fig. 2c)",
+    default_seeds={"smoke": 1, "cpu": 2, "paper": 1},
+    stages=order_stages,
+    table=order_table,
+    plot=order_plot,
+    cost={
+        "smoke": "3 runs of 3 tasks x 16-64 images, seconds each",
+        "cpu": "10 runs (2 methods x 2 orders + Individual, 2 seeds) of 10 rotated Fashion-MNIST tasks of 2000 -> 100 images",
+        "paper": "7 SplitCIFAR100 runs of 20 tasks of 2500 -> 125 images x 250 epochs on a GPU",
+    },
 )
+
+for _target in (TABLE_IMAGENET, FIG_DATA_EFFICIENCY, FIG_TASK_ORDER):
+    TARGETS.register(_target.name)(_target)

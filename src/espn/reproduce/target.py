@@ -79,13 +79,6 @@ def point_name(target: str, series: str, seed: int) -> str:
     return f"{target}{SEP}{series}{SEP}seed{seed}"
 
 
-def point(target: str, series: str, seed: int, options: dict[str, Any]) -> Point:
-    """The sweep point of ``series`` and ``seed`` of ``target``, named by :func:`point_name`."""
-    from espn.sweep import Point
-
-    return Point(point_name(target, series, seed), options)
-
-
 def parse_name(name: str) -> tuple[str, str, int] | None:
     """The (target, series, seed) of a point name, or None for any other directory."""
     parts = name.split(SEP)
@@ -118,6 +111,13 @@ class Target:
     def seeds(self, options: Options) -> list[int]:
         """The seeds to run: ``options.seeds`` or the target's default at the scale."""
         return list(range(options.seeds or self.default_seeds[options.scale]))
+
+    def point(self, given: Options, series: str, seed: int, options: dict[str, Any]) -> Point:
+        """The sweep point of ``series`` and ``seed``, named by :func:`point_name`: ``options``
+        with what the user ``given`` for every point (:meth:`Options.common`) and the seed."""
+        from espn.sweep import Point
+
+        return Point(point_name(self.name, series, seed), options | given.common() | {"seed": seed})
 
 
 TARGETS: Registry[Target] = Registry("target")
