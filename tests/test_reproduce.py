@@ -26,8 +26,9 @@ from espn.reproduce import (
     run_target,
 )
 from espn.reproduce import report as rebuild
-from espn.reproduce.representation import IMAGENET_TASKS, by_size_rank, small_task_accuracies
+from espn.reproduce.representation import IMAGENET_TASKS, small_task_accuracies
 from espn.reproduce.target import parse_name, point_name
+from espn.reproduce.task_order import by_size_rank
 from espn.runs.config import make_config
 from espn.utils.stats import mean_se
 from helpers.mnist import synthetic_mnist

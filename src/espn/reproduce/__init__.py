@@ -5,7 +5,7 @@ A target (``TARGETS``) is a list of sweep points at a scale and a way to aggrega
 :func:`report` rebuilds them from the run directories alone.
 """
 
-from espn.reproduce import continual, pruners, representation  # noqa: F401  (register targets)
+from espn.reproduce import continual, pruners, representation, task_order  # noqa: F401  (register targets)
 from espn.reproduce.paper import paper_numbers
 from espn.reproduce.runner import TargetResult, report, run_target
 from espn.reproduce.table import Table
