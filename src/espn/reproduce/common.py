@@ -123,6 +123,17 @@ def legend_outside_with_grid(ax: Axes) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
+def line_axes(ax: Axes, xlabel: str, legend_size: int = 7) -> None:
+    """The line charts' finish: ``xlabel`` with integer ticks (task IDs or counts), a grid and
+    a small legend."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel(xlabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
 def error_line(ax: Axes, rows: list[dict[str, Any]], x: str, y: str, label: str) -> None:
     """Column ``y`` of ``rows`` against column ``x``, its standard error (``y_se``; missing:
     none) as error bars."""

@@ -16,6 +16,7 @@ from espn.reproduce.common import (
     known,
     label,
     legend_outside_with_grid,
+    line_axes,
     mean_of,
     method_options,
     ordered,
@@ -314,8 +315,6 @@ def _mnist_observations(table: Table) -> list[str]:
 def mnist_plot(table: Table, path: Path) -> None:
     """Per benchmark: final accuracy per task id for ESPN-0.2 and PackNet, Individual-0.2/-1
     as dashed lines at their task-averaged accuracy (the paper's Fig. 4 gives no numbers)."""
-    from matplotlib.ticker import MaxNLocator
-
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     colours = {"ESPN-0.2": "tab:blue", "PackNet": "tab:orange"}
@@ -335,10 +334,7 @@ def mnist_plot(table: Table, path: Path) -> None:
             elif r["method"] in lines:
                 ax.axhline(r["avg"], ls="--", color=lines[r["method"]], label=r["method"])
         ax.set_title(f"{mine[0]['benchmark'] if mine else kind}")
-        ax.set_xlabel("task (numbered from 0)")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        line_axes(ax, "task (numbered from 0)", legend_size=8)
     axes[0].set_ylabel("test accuracy (%)")
     fig.suptitle(figure_title("Fig. 4 (the paper gives curves only)", table))
     save_figure(fig, path)

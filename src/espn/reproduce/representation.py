@@ -16,6 +16,7 @@ from espn.reproduce.common import (
     figure_title,
     label,
     legend_outside_with_grid,
+    line_axes,
     mean_of,
     method_options,
     ordered,
@@ -329,8 +330,6 @@ def _efficiency_observations(table: Table) -> list[str]:
 def efficiency_plot(table: Table, path: Path) -> None:
     """Small-task accuracy against the number of full-data tasks learned before, per method;
     Individual as a dashed line; the paper's stated levels (68%, 75%) dotted."""
-    from matplotlib.ticker import MaxNLocator
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for method in dict.fromkeys(r["method"] for r in table.rows if r["tasks_before"] is not None):
@@ -343,12 +342,9 @@ def efficiency_plot(table: Table, path: Path) -> None:
     paper = {"individual": ("gray", "Individual ≈68%"), "espn_packnet_above": ("black", "CL > 75%")}
     for key, (colour, text) in paper.items():
         ax.axhline(numbers[key], ls=":", color=colour, label=f"paper: {text} (SplitCIFAR100)")
-    ax.set_xlabel("tasks learned before the small tasks")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    line_axes(ax, "tasks learned before the small tasks")
     ax.set_ylabel("small-task test accuracy (%)")
     ax.set_title(figure_title("Fig. 2a", table), fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
     save_figure(fig, path)
 
 

@@ -1,12 +1,8 @@
-"""What a reproduce target is: its points at a scale, and how its finished runs become a table.
+"""What a reproduce target is (:class:`Target`): its points at a scale, and how its finished
+runs become a table. A point is named ``<target>__<series>__seed<k>``, so that ``espn
+reproduce report DIR`` tells from the run directories alone which target and series a run
+belongs to; everything else is read from the run's own ``results.json``."""
 
-A target turns :class:`Options` (scale, seeds, device, data locations) into stages of sweep
-points (a later stage may start from an earlier stage's runs, ``from_run``), and turns the
-finished runs back into a :class:`~espn.reproduce.table.Table` and a figure. Every point is
-named ``<target>__<series>__seed<k>``, so that ``espn reproduce report DIR`` can tell from the
-run directories alone which target and series a run belongs to; everything else (benchmark,
-method, gamma, ...) is read from the run's own ``results.json``.
-"""
 
 from __future__ import annotations
 

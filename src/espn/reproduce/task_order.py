@@ -11,6 +11,7 @@ from espn.reproduce.common import (
     by_series,
     figure_title,
     label,
+    line_axes,
     mean_of,
     method_options,
     ordered,
@@ -132,8 +133,6 @@ def _order_observations(table: Table) -> list[str]:
 def order_plot(table: Table, path: Path) -> None:
     """Accuracy by task ID (size rank): solid large-first, dashed small-first, dotted
     Individual (the paper smooths its curves with a moving average; we do not)."""
-    from matplotlib.ticker import MaxNLocator
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     styles = {"large-first": "-", "small-first": "--", "given": ":"}
@@ -148,12 +147,9 @@ def order_plot(table: Table, path: Path) -> None:
             color=colours.get(r["method"], "tab:red"),
             label=f"{r['method']} {r['order']}",
         )
-    ax.set_xlabel("task ID, from 0 (larger ID has less data)")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    line_axes(ax, "task ID, from 0 (larger ID has less data)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(figure_title("Fig. 2c (curves only in the paper)", table), fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
     save_figure(fig, path)
 
 
