@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from espn.reproduce.common import (
     CIFAR_REGIME,
     FC_RECIPE,
+    METHOD_SETTINGS,
     SMOKE,
     by_series,
     figure_title,
@@ -35,22 +36,12 @@ if TYPE_CHECKING:
     from espn.sweep import Point
 
 # ---------------------------------------------------------------------------------- table1
-TABLE1_SERIES = [
-    "individual-0.2",
-    "individual-1",
-    "mtl",
-    "packnet",
-    "supsup",
-    "cpg",
-    "rmn",
-    "espn-0.2",
-    "espn-0.5",
-    "espn-1",
-]
+#: Table 1 has every method setting
+TABLE1_SERIES = list(METHOD_SETTINGS)
 #: the split Fashion-MNIST stand-in of SplitCIFAR100 in the CIFAR regime (2 tasks of 2
 #: classes x 2500 images, 5000 optimizer steps each as the paper's: about an hour for
 #: table1's 10 runs on 2 cores, see docs/recipes.md), and at smoke scale
-SPLIT_CPU = {"benchmark": "split-fashion-mnist", **CIFAR_REGIME, "tasks": 2, "test_per_task": 1000}
+SPLIT_CPU = CIFAR_REGIME | {"tasks": 2, "test_per_task": 1000}
 SPLIT_SMOKE = {"benchmark": "split-fashion-mnist", **FC_RECIPE, **SMOKE, "tasks": 2}
 #: training images of a task of the paper's SplitCIFAR100 and (Rotated/Permuted) MNIST
 CIFAR_TASK_SIZE, MNIST_TASK_SIZE = 2500, 60000

@@ -3,7 +3,6 @@ runs become a table. A point is named ``<target>__<series>__seed<k>``, so that `
 reproduce report DIR`` tells from the run directories alone which target and series a run
 belongs to; everything else is read from the run's own ``results.json``."""
 
-
 from __future__ import annotations
 
 from collections.abc import Callable
