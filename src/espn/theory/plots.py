@@ -134,7 +134,6 @@ def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path:
 def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
     """Excess risk per task ID (0: most samples) for each training order (solid: largest
     first; dashed: smallest first; dotted: each alone from scratch)."""
-
     plt = pyplot()
     ids, sizes = summary["task_ids"], summary["sizes"]
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
