@@ -248,6 +248,29 @@ class Strategy(ABC):
             "finetune", epochs, schedule=self.cfg.finetune_schedule, lr=self.cfg.finetune_lr
         )
 
+    def gradual_phases(self, regularise: bool = False) -> list[Phase]:
+        """Warm-up, pre-training, gradual pruning (``prune_updates_per_epoch`` prune steps per
+        pruning epoch) and fine-tuning; ``regularise``: the penalty in pre-training and pruning."""
+        pre, prune, fine = self.cfg.epochs
+        updates = max(1, prune * self.cfg.prune_updates_per_epoch)
+        return [
+            *self.warmup_phases(),
+            Phase("pretrain", pre - self.cfg.warmup, regularise=regularise),
+            Phase("prune", prune, regularise=regularise, prune_updates=updates),
+            self.finetune_phase(fine),
+        ]
+
+    def joint_phases(self, name: str, regularise: bool = False, *then: Phase) -> list[Phase]:
+        """Warm-up, one phase ``name`` over the pre-training and pruning epochs, the phases
+        ``then`` and fine-tuning."""
+        pre, prune, fine = self.cfg.epochs
+        return [
+            *self.warmup_phases(),
+            Phase(name, pre + prune - self.cfg.warmup, regularise=regularise),
+            *then,
+            self.finetune_phase(fine),
+        ]
+
     def capacity_hint(self) -> str:
         """What to change when the earlier tasks took every weight (the run stops before
         the next task, see ``espn.training.engine``); methods with their own rule extend it."""

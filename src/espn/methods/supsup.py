@@ -11,12 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from espn.methods.base import (
-    METHODS,
-    Phase,
-    Recipes,
-    Strategy,
-)
+from espn.methods.base import METHODS, Phase, Recipes, Strategy
 from espn.settings.methods import METHOD_OPTIONS, resolve_settings
 from espn.settings.training import OptimConfig, TrainingSettings
 from espn.supernet.layers import TaskHead
@@ -146,13 +141,7 @@ class SupSup(Strategy):
         return {n: m for n, m in supernet.task_modules.items() if isinstance(m, TaskHead)}
 
     def phases(self) -> list[Phase]:
-        pre, prune, fine = self.cfg.epochs
-        return [
-            *self.warmup_phases(),
-            Phase("train", pre + prune - self.cfg.warmup),
-            self.finetune_phase(fine),
-            Phase("mask", 0, prune_updates=1),
-        ]
+        return [*self.joint_phases("train"), Phase("mask", 0, prune_updates=1)]
 
     @torch.no_grad()
     def attach(self, supernet: Supernet) -> None:
