@@ -11,14 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from espn.registry import Registry
+from espn.settings.training import DEFAULT_LOG_EVERY
 from espn.training.callbacks import Callback
-from espn.training.loggers.base import (
-    DEFAULT_LOG_EVERY,
-    LoggerError,
-    LoggerUnavailable,
-    MetricLogger,
-    check_log_every,
-)
+from espn.training.loggers.base import LoggerError, LoggerUnavailable, MetricLogger, check_log_every
 from espn.training.loggers.csv_logger import CSVLogger
 from espn.training.loggers.tensorboard_logger import TensorBoardLogger
 from espn.training.loggers.wandb_logger import WandbLogger
@@ -29,7 +24,6 @@ for _cls in (CSVLogger, TensorBoardLogger, WandbLogger):
     LOGGERS.register(_cls.name)(_cls)
 
 __all__ = [
-    "DEFAULT_LOG_EVERY",
     "LOGGERS",
     "CSVLogger",
     "LoggerError",
