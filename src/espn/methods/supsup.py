@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -103,6 +102,7 @@ class SupSup(Strategy):
     accepts_pretrained = False
     recipe: ClassVar[Recipes] = {"mnist": {"warmup": 0}, "cifar": {"warmup": 0}}
     own_optim = OptimConfig("adam", 1e-3, 1e-4, 0.0, (0.9, 0.999), schedule="cosine")
+    own_lr = "supsup_lr"
     options = METHOD_OPTIONS["supsup"]
 
     @classmethod
@@ -129,10 +129,6 @@ class SupSup(Strategy):
         if self.settings["supsup_scale"] == "fan-in":
             return signed_constant(weight)
         return signed_constant(weight, self.density_of(tuple(weight.shape)))
-
-    def own_optimizer(self) -> OptimConfig | None:
-        """The scores' Adam, at ``supsup_lr``."""
-        return replace(self.own_optim, lr=self.settings["supsup_lr"]) if self.own_optim else None
 
     def _heads(self, supernet: Supernet) -> dict[str, TaskHead]:
         """The task heads it masks (none with ``supsup_head dense``)."""
