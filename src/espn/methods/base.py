@@ -264,7 +264,9 @@ class Strategy(ABC):
             self.finetune_phase(fine),
         ]
 
-    def joint_phases(self, name: str, regularise: bool = False, *then: Phase) -> list[Phase]:
+    def joint_phases(
+        self, name: str, regularise: bool = False, then: Sequence[Phase] = ()
+    ) -> list[Phase]:
         """Warm-up, one phase ``name`` over the pre-training and pruning epochs, the phases
         ``then`` and fine-tuning."""
         pre, prune, fine = self.cfg.epochs

@@ -24,7 +24,7 @@ class PackNet(Strategy):
 
     def phases(self) -> list[Phase]:
         if self.settings.get("packnet_prune") == "one-shot":
-            return self.joint_phases("pretrain", False, Phase("prune", 0, prune_updates=1))
+            return self.joint_phases("pretrain", then=[Phase("prune", 0, prune_updates=1)])
         return self.gradual_phases()
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:

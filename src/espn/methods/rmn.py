@@ -63,7 +63,7 @@ class RMN(Strategy):
         self.binarised = False
 
     def phases(self) -> list[Phase]:
-        return self.joint_phases("train", True, Phase("binarise", 0, prune_updates=1))
+        return self.joint_phases("train", True, [Phase("binarise", 0, prune_updates=1)])
 
     def begin_task(self, supernet: Supernet) -> None:
         super().begin_task(supernet)
