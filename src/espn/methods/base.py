@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
@@ -111,6 +111,8 @@ class Strategy(ABC):
     #: how the method's own parameters (:meth:`extra_parameters`) train, apart from the
     #: supernet weights; None: with the weights, in one optimizer
     own_optim: ClassVar[OptimConfig | None] = None
+    #: the option holding the learning rate of :attr:`own_optim` (None: its own)
+    own_lr: ClassVar[str | None] = None
     #: whether the method's fine-tuning trains the weights through the default forward, loss
     #: and masked-L2 term alone, so that a physically slimmed copy of the task's sub-network
     #: trains them exactly (see :mod:`espn.training.slim_step`)
@@ -183,9 +185,11 @@ class Strategy(ABC):
         return cls.uses_alpha and not any("alpha" in r for r in cls.recipe.values())
 
     def own_optimizer(self) -> OptimConfig | None:
-        """The optimizer of :meth:`extra_parameters` (None: the weights'); methods whose
-        options override pieces of :attr:`own_optim` extend it."""
-        return self.own_optim
+        """The optimizer of :meth:`extra_parameters` (None: the weights'): :attr:`own_optim`
+        at the learning rate of the option :attr:`own_lr`."""
+        if self.own_optim is None or self.own_lr is None:
+            return self.own_optim
+        return replace(self.own_optim, lr=self.settings[self.own_lr])
 
     @torch.no_grad()
     def init_free_weights(self, supernet: Supernet, generator: torch.Generator) -> None:
@@ -247,6 +251,31 @@ class Strategy(ABC):
         return Phase(
             "finetune", epochs, schedule=self.cfg.finetune_schedule, lr=self.cfg.finetune_lr
         )
+
+    def gradual_phases(self, regularise: bool = False) -> list[Phase]:
+        """Warm-up, pre-training, gradual pruning (``prune_updates_per_epoch`` prune steps per
+        pruning epoch) and fine-tuning; ``regularise``: the penalty in pre-training and pruning."""
+        pre, prune, fine = self.cfg.epochs
+        updates = max(1, prune * self.cfg.prune_updates_per_epoch)
+        return [
+            *self.warmup_phases(),
+            Phase("pretrain", pre - self.cfg.warmup, regularise=regularise),
+            Phase("prune", prune, regularise=regularise, prune_updates=updates),
+            self.finetune_phase(fine),
+        ]
+
+    def joint_phases(
+        self, name: str, regularise: bool = False, then: Sequence[Phase] = ()
+    ) -> list[Phase]:
+        """Warm-up, one phase ``name`` over the pre-training and pruning epochs, the phases
+        ``then`` and fine-tuning."""
+        pre, prune, fine = self.cfg.epochs
+        return [
+            *self.warmup_phases(),
+            Phase(name, pre + prune - self.cfg.warmup, regularise=regularise),
+            *then,
+            self.finetune_phase(fine),
+        ]
 
     def capacity_hint(self) -> str:
         """What to change when the earlier tasks took every weight (the run stops before

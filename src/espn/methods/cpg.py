@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -72,6 +71,7 @@ class CPG(Strategy):
         for regime in ("mnist", "cifar")
     }
     own_optim = OptimConfig("adam", 5e-4, 0.0, 0.0, (0.9, 0.999), schedule="phase")
+    own_lr = "cpg_mask_lr"
     options = METHOD_OPTIONS["cpg"]
 
     @classmethod
@@ -104,11 +104,6 @@ class CPG(Strategy):
         _check_rounds(cfg.epochs)
         self.scores: dict[str, nn.Parameter] = {}
         self._reset()
-
-    def own_optimizer(self) -> OptimConfig | None:
-        """The picking masks' Adam, at ``cpg_mask_lr``."""
-        own = self.own_optim
-        return None if own is None else replace(own, lr=self.settings["cpg_mask_lr"])
 
     def _reset(self) -> None:
         self.stage = "train"  # then "compact", then "retrain"
@@ -152,7 +147,6 @@ class CPG(Strategy):
             if bool(layer.frozen.any())
         }
 
-    # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Budgets, stage, goal, the accuracy being measured, the picking masks and the
         snapshot a failed round returns to (tensors, which the checkpoint stores apart)."""
@@ -191,7 +185,6 @@ class CPG(Strategy):
     def extra_parameters(self) -> list[nn.Parameter]:
         return list(self.scores.values())
 
-    # -------------------------------------------------------------- training
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         if not self.scores:
             return supernet.forward_working(x)

@@ -42,15 +42,7 @@ class ESPN(Strategy):
     def phases(self) -> list[Phase]:
         """Warm-up, pre-training and gradual pruning (both with the penalty, as the authors),
         then fine-tuning."""
-        pre, prune, fine = self.cfg.epochs
-        updates = max(1, prune * self.cfg.prune_updates_per_epoch)
-        penalty = self.prunes_units
-        return [
-            *self.warmup_phases(),
-            Phase("pretrain", pre - self.cfg.warmup, regularise=penalty),
-            Phase("prune", prune, regularise=penalty, prune_updates=updates),
-            self.finetune_phase(fine),
-        ]
+        return self.gradual_phases(regularise=self.prunes_units)
 
     def begin_task(self, supernet: Supernet) -> None:
         super().begin_task(supernet)

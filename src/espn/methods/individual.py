@@ -43,10 +43,7 @@ class Individual(ESPN):
             layer.frozen.zero_()
         super().begin_task(supernet)
 
-    def prune_step(self, supernet: Supernet, progress: float) -> None:
-        if self.prunes_units:
-            self.pruner.prune_units(supernet, progress)
+    def prune_weights(self, supernet: Supernet, progress: float, reuse: str) -> None:
+        """ESPN's weight pruning only under a weight budget (alpha < 1); nothing is frozen."""
         if self.cfg.alpha < 1.0:
-            self.prune_weights(supernet, progress, "all")
-        if progress >= 1.0:
-            supernet.release_gates()
+            super().prune_weights(supernet, progress, "all")

@@ -52,12 +52,7 @@ class MTL(Strategy):
         self.joint: JointTask | None = None
 
     def phases(self) -> list[Phase]:
-        pre, prune, fine = self.cfg.epochs
-        return [
-            *self.warmup_phases(),
-            Phase("train", pre + prune - self.cfg.warmup),
-            self.finetune_phase(fine),
-        ]
+        return self.joint_phases("train")
 
     def training_tasks(self, seq: TaskSequence) -> list[Task]:
         self.joint = JointTask(seq)

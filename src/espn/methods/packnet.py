@@ -23,20 +23,9 @@ class PackNet(Strategy):
     options = METHOD_OPTIONS["packnet"]
 
     def phases(self) -> list[Phase]:
-        pre, prune, fine = self.cfg.epochs
         if self.settings.get("packnet_prune") == "one-shot":
-            return [
-                *self.warmup_phases(),
-                Phase("pretrain", pre + prune - self.cfg.warmup),
-                Phase("prune", 0, prune_updates=1),
-                self.finetune_phase(fine),
-            ]
-        return [
-            *self.warmup_phases(),
-            Phase("pretrain", pre - self.cfg.warmup),
-            Phase("prune", prune, prune_updates=max(1, prune * self.cfg.prune_updates_per_epoch)),
-            self.finetune_phase(fine),
-        ]
+            return self.joint_phases("pretrain", then=[Phase("prune", 0, prune_updates=1)])
+        return self.gradual_phases()
 
     def prune_step(self, supernet: Supernet, progress: float) -> None:
         self.prune_weights(supernet, progress, "all")

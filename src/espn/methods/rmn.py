@@ -63,13 +63,7 @@ class RMN(Strategy):
         self.binarised = False
 
     def phases(self) -> list[Phase]:
-        pre, prune, fine = self.cfg.epochs
-        return [
-            *self.warmup_phases(),
-            Phase("train", pre + prune - self.cfg.warmup, regularise=True),
-            Phase("binarise", 0, prune_updates=1),
-            self.finetune_phase(fine),
-        ]
+        return self.joint_phases("train", True, [Phase("binarise", 0, prune_updates=1)])
 
     def begin_task(self, supernet: Supernet) -> None:
         super().begin_task(supernet)

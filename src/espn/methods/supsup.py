@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from espn.methods.base import (
-    METHODS,
-    Phase,
-    Recipes,
-    Strategy,
-)
+from espn.methods.base import METHODS, Phase, Recipes, Strategy
 from espn.settings.methods import METHOD_OPTIONS, resolve_settings
 from espn.settings.training import OptimConfig, TrainingSettings
 from espn.supernet.layers import TaskHead
@@ -108,6 +102,7 @@ class SupSup(Strategy):
     accepts_pretrained = False
     recipe: ClassVar[Recipes] = {"mnist": {"warmup": 0}, "cifar": {"warmup": 0}}
     own_optim = OptimConfig("adam", 1e-3, 1e-4, 0.0, (0.9, 0.999), schedule="cosine")
+    own_lr = "supsup_lr"
     options = METHOD_OPTIONS["supsup"]
 
     @classmethod
@@ -135,10 +130,6 @@ class SupSup(Strategy):
             return signed_constant(weight)
         return signed_constant(weight, self.density_of(tuple(weight.shape)))
 
-    def own_optimizer(self) -> OptimConfig | None:
-        """The scores' Adam, at ``supsup_lr``."""
-        return replace(self.own_optim, lr=self.settings["supsup_lr"]) if self.own_optim else None
-
     def _heads(self, supernet: Supernet) -> dict[str, TaskHead]:
         """The task heads it masks (none with ``supsup_head dense``)."""
         if self.settings["supsup_head"] != "masked":
@@ -146,13 +137,7 @@ class SupSup(Strategy):
         return {n: m for n, m in supernet.task_modules.items() if isinstance(m, TaskHead)}
 
     def phases(self) -> list[Phase]:
-        pre, prune, fine = self.cfg.epochs
-        return [
-            *self.warmup_phases(),
-            Phase("train", pre + prune - self.cfg.warmup),
-            self.finetune_phase(fine),
-            Phase("mask", 0, prune_updates=1),
-        ]
+        return [*self.joint_phases("train"), Phase("mask", 0, prune_updates=1)]
 
     @torch.no_grad()
     def attach(self, supernet: Supernet) -> None:

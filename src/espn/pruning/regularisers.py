@@ -28,20 +28,14 @@ def flop_aware_lambdas(unit_flops: dict[str, float]) -> dict[str, float]:
 
 
 class _NormOverLayers(torch.autograd.Function):
-    """``||concat(w_l m_l)||_2 / sqrt(n)`` over layers in a few fused passes: one product per
-    layer given with its mask (none where the mask is all ones or the tensor given is the
-    product already), one norm pass (``torch._foreach_norm``), and in the backward the
-    gradient's divisor ``d = ||w m|| sqrt(n) / grad``: the gradient is ``w m / d``.
+    """``||concat(w_l m_l)||_2 / sqrt(n)`` over layers in a few fused passes; the backward
+    sends the divisor ``d = ||w m|| sqrt(n) / grad`` (the gradient is ``w m / d``).
 
-    Each layer comes as ``values[l]``, the tensor whose norm counts, and ``inputs[l]``, what
-    the gradient goes to: the weight itself (``values[l]`` is then the weight, masked by
-    ``masks[l]`` unless None), which gets ``w_l m_l / d`` (one scaled copy, as ``m_l`` is
-    binary), or the 0-d sink of the step's masked product (see ``MaskedLayer.step_parts``),
-    which gets ``d`` alone: the product's backward adds ``w_l / d`` into the weight's gradient
-    in one pass (``addcdiv_``, the same quotient and sum, bit for bit, as autograd's), with no
-    copy and no second pass. A divisor, not a coefficient to multiply by: no torch CPU kernel
-    adds a product in one pass without fusing it (a fused multiply-add rounds once, autograd's
-    product then sum twice), while a quotient cannot be fused into the sum."""
+    Each layer comes as ``values[l]``, the tensor whose norm counts (masked by ``masks[l]``
+    unless None), and ``inputs[l]``, what the gradient goes to: the weight, which gets
+    ``w_l m_l / d``, or the 0-d sink of the step's masked product (``MaskedLayer.step_parts``),
+    which gets ``d`` alone and adds ``w_l / d`` in one ``addcdiv_`` pass, bit for bit
+    autograd's (why a divisor: docs/changelog.md, "The masked-L2 gradient in one pass")."""
 
     @staticmethod
     def forward(

@@ -39,10 +39,8 @@ def largest_free(
 
     The kept entries are every free entry above the threshold, the ``n``-th largest free
     magnitude, and of those equal to it the first in row-major (flattened) order, as many as
-    the count allows. The threshold is found without sorting the layer: a fixed-seed sample
-    of the layer brackets it, the bracket is checked by counting the whole layer, and only
-    the values inside it are searched (all free values when the bracket misses: the result
-    never depends on the sample, only the time it takes).
+    the count allows; the threshold is bracketed by a fixed-seed sample, which sets only the
+    time it takes (docs/changelog.md, "Prune events").
     """
     magnitude, free = magnitude.contiguous(), free.contiguous()
     available = int(free.count_nonzero())

@@ -1,10 +1,6 @@
-"""The options of espn's own methods, declared once here as plain data (no torch).
-
-Each method class takes its ``options`` from :data:`METHOD_OPTIONS`, and the command line
-reads them before it loads any method: a mistyped flag of ``espn run`` or a bad value of a
-method's option is refused at once, without importing torch. The choices the options
-accept are declared here too, and the modules that act on them import them from here.
-"""
+"""The options of espn's own methods, declared once as plain data (no torch): each method
+class takes its ``options`` from :data:`METHOD_OPTIONS`, and the command line refuses a bad
+flag or value before it loads a method or torch (docs/methods.md, "Adding a method")."""
 
 from __future__ import annotations
 
@@ -15,9 +11,6 @@ from typing import Any
 from espn.settings.options import Option
 from espn.settings.training import DEFAULTS, OPTIONS, SETTING_NAMES
 
-#: how the free weights are set when a task after the first begins: ``kaiming`` (as the
-#: authors' CtRL ``init_weights``), ``zero``, or ``keep`` (as the previous task left them)
-FREE_INITS = ("kaiming", "zero", "keep")
 #: what the FLOPs load of a unit counts (``espn.supernet.flops.FLOP_LOADS``, below this
 #: package, is the same tuple: a test holds them equal)
 FLOP_LOADS = ("output", "total")
@@ -25,19 +18,8 @@ FLOP_LOADS = ("output", "total")
 REUSE_POLICIES = ("all", "magnitude")
 #: the unit pruners (``espn.pruning.pruner.PRUNERS`` registers one factory under each)
 PRUNER_NAMES = ("flop-aware", "l1", "polarization")
-#: the weight t of the polarization pruner's L1 term; Zhuang et al. use t in about [1.2, 1.5]
-#: (t > 1 keeps the penalty bounded below so it pushes some saliencies to 0 and the others
-#: away from them); the authors' code uses 1.2
+#: the weight t of the polarization pruner's L1 term (the authors' code; Zhuang et al.: 1.2-1.5)
 POLARIZATION_T = 1.2
-#: ``cpg_stop``: ``reference`` (ivclab/CPG: compact while the training accuracy stays above
-#: ``cpg_train_acc``, keep the largest sparsity whose accuracy reaches the goal) or ``goal``
-#: (espn before: stop at the first round below the goal and undo it)
-STOP_RULES = ("reference", "goal")
-#: how SupSup's supermask density spreads over the layers (``supsup_density``)
-DENSITIES = ("erdos-renyi", "uniform")
-#: SupSup's signed constants' scale (``supsup_scale``): ``fan-in`` sqrt(2 / fan_in) (the
-#: reference), ``density`` sqrt(2 / (density x fan_in))
-SCALES = ("fan-in", "density")
 
 #: a pruner's own settings by pruner name: options of the methods that prune units, passed
 #: to the pruner's factory as keywords when it is chosen
@@ -72,7 +54,7 @@ FREE_INIT = Option(
     "kaiming",
     "free weights at the start of each task after the first: kaiming (the authors' CtRL), "
     "zero, or keep (as the previous task left them)",
-    choices=FREE_INITS,
+    choices=("kaiming", "zero", "keep"),
 )
 #: the options of a method that prunes units: its pruner, the pruner's penalty, FLOP load
 #: and own settings, and which frozen weights a task reuses
@@ -153,7 +135,7 @@ METHOD_OPTIONS: dict[str, tuple[Option, ...]] = {
             "when compacting stops: reference (continue while a round's training accuracy "
             "exceeds cpg_train_acc, keep the largest sparsity reaching the goal) or goal (stop "
             "at the first round below the goal and undo it)",
-            choices=STOP_RULES,
+            choices=("reference", "goal"),
         ),
         Option(
             "cpg_train_acc",
@@ -236,7 +218,7 @@ METHOD_OPTIONS: dict[str, tuple[Option, ...]] = {
             "how supsup_k spreads over the layers: erdos-renyi (the reference's er_sparsity: "
             "min(0.5, s(c_in+c_out)/(c_in c_out k^2)) per layer, s solved for the total; needs "
             "supsup_k <= 0.5) or uniform (supsup_k in every layer)",
-            choices=DENSITIES,
+            choices=("erdos-renyi", "uniform"),
         ),
         Option(
             "supsup_scale",
@@ -244,7 +226,7 @@ METHOD_OPTIONS: dict[str, tuple[Option, ...]] = {
             "fan-in",
             "the signed constants: fan-in (+-sqrt(2/fan_in), the reference) or density "
             "(+-sqrt(2/(d fan_in)) for a layer of supermask density d)",
-            choices=SCALES,
+            choices=("fan-in", "density"),
         ),
     ),
 }

@@ -44,8 +44,7 @@ class PhasePlan:
 class TrainStart:
     """Before a task's optimizer steps: ``total`` steps in all its phases (as the size rule
     counts them), ``done`` of them already run (a task resumed mid-way); ``phases``: each
-    phase's plan (its ``name``, ``recipe_epochs``, ``epochs``: passes over the data, and
-    ``steps``), ``samples``: the task's training samples."""
+    phase's :class:`PhasePlan`, ``samples``: the task's training samples."""
 
     task: int
     name: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from functools import partial
+from inspect import signature
 from itertools import accumulate
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from espn.data.tasks import Task
 from espn.methods.base import Phase, Strategy
-from espn.settings.training import OptimizerSettings, TrainingSettings, default
+from espn.settings.training import SETTING_NAMES, OptimizerSettings, TrainingSettings, default
 from espn.supernet.layers import UnitModule
 from espn.supernet.pretrained import adopt_pretrained
 from espn.supernet.supernet import Supernet
@@ -182,20 +183,10 @@ class Engine:
     @classmethod
     def of(cls, supernet: Supernet, strategy: Strategy, settings: TrainingSettings) -> Engine:
         """The engine of a run's training ``settings``, the one object every setting of the
-        engine and of its optimizer is read from."""
-        return cls(
-            supernet,
-            strategy,
-            settings,
-            settings.batch_size,
-            settings.seed,
-            amp=settings.amp,
-            reference_size=settings.floor_reference(),
-            compile=settings.compile,
-            slim_training=settings.slim_training,
-            task_agnostic=settings.task_agnostic,
-            shards=settings.shards,
-        )
+        engine (each keyword named like a setting) and of its optimizer is read from."""
+        given = {n: getattr(settings, n) for n in signature(cls).parameters if n in SETTING_NAMES}
+        given["reference_size"] = settings.floor_reference()
+        return cls(supernet, strategy, settings, **given)
 
     def _trainable(self) -> list[torch.Tensor]:
         """Free weights (masked by the guard), heads, and the unit scales the method trains:

@@ -131,10 +131,9 @@ class FrozenGuard:
     RMSprop then leave them exactly where they are. Weight decay acts even on zero gradients,
     so with ``restore`` (the engine sets it when an optimizer decays) the frozen entries are
     also put back to their values when the task began after the step. Both work on the
-    weights' bits through an integer view: an AND with ``keep`` (all ones on a free weight,
-    zero on a frozen one), then for the weights an OR with the snapshot's frozen bits. That
-    is exact for every value, NaN and inf included, and runs as vectorised integer passes,
-    several times faster on the CPU than a boolean ``where`` or ``masked_fill``.
+    weights' bits through an integer view (an AND with ``keep``, all ones on a free weight,
+    then an OR with the snapshot's frozen bits): exact for every value, NaN and inf included
+    (why not a boolean ``where``: docs/changelog.md).
     """
 
     def __init__(self, supernet: Supernet, restore: bool = True) -> None:

@@ -20,9 +20,7 @@ class TaskLog:
     seconds: float
     epochs: int
     seconds_per_epoch: float
-    #: per phase, what ran: ``{"phase", "recipe_epochs", "epochs", "steps", "slim_steps"}``
-    #: (a skipped phase ran 0 epochs and 0 steps; ``slim_steps``: those of its steps that
-    #: trained a slim copy, see :mod:`espn.training.slim_step`)
+    #: per phase, what ran (:meth:`~espn.training.callbacks.PhasePlan.record`)
     phases: list[dict[str, Any]] = field(default_factory=list)
     #: graphs the compiled step compiled during the task (None: the step ran eagerly)
     compiled_graphs: int | None = None

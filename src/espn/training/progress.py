@@ -68,12 +68,9 @@ class _Training:
 
 
 class ProgressBar(Callback):
-    """Each task's training followed: its start, its estimated time, its end, and between
-    them a tqdm bar over its optimizer steps on a terminal, plain lines elsewhere.
-
-    ``disable``: None (default) chooses by the output, False draws the bar always, True
-    shows nothing; ``every``: seconds between two plain lines; ``file``: where (default:
-    the standard error at the time of writing)."""
+    """Each task's training followed (see the module docstring). ``disable``: None (default)
+    chooses by the output, False draws the bar always, True shows nothing; ``every``: seconds
+    between two plain lines; ``file``: where (default: the standard error when written)."""
 
     def __init__(
         self, disable: bool | None = None, every: float = EVERY_SECONDS, file: TextIO | None = None

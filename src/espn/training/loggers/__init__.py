@@ -11,14 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from espn.registry import Registry
+from espn.settings.training import DEFAULT_LOG_EVERY
 from espn.training.callbacks import Callback
-from espn.training.loggers.base import (
-    DEFAULT_LOG_EVERY,
-    LoggerError,
-    LoggerUnavailable,
-    MetricLogger,
-    check_log_every,
-)
+from espn.training.loggers.base import LoggerError, LoggerUnavailable, MetricLogger, check_log_every
 from espn.training.loggers.csv_logger import CSVLogger
 from espn.training.loggers.tensorboard_logger import TensorBoardLogger
 from espn.training.loggers.wandb_logger import WandbLogger
@@ -29,7 +24,6 @@ for _cls in (CSVLogger, TensorBoardLogger, WandbLogger):
     LOGGERS.register(_cls.name)(_cls)
 
 __all__ = [
-    "DEFAULT_LOG_EVERY",
     "LOGGERS",
     "CSVLogger",
     "LoggerError",
@@ -109,16 +103,11 @@ def make_loggers(
     *,
     log_every: int | None = None,
 ) -> list[Callback]:
-    """The loggers named in ``names`` (``"tensorboard,csv"``, or a list of names and
-    :class:`~espn.training.callbacks.Callback` objects, which are kept as they are), writing
-    into ``run_dir/logs``, each reading the loss every ``log_every`` steps.
-
-    Every name is checked before any logger is made: an unknown one is an error listing the
-    accepted names, one given twice a :class:`LoggerError`, one whose optional extra is
-    missing a :class:`LoggerUnavailable` naming the extra; a name with no ``run_dir`` (a
-    learner without ``out=``) is a :class:`LoggerError` too, and so is a logger directory
-    that cannot be used (:func:`check_log_directory`).
-    """
+    """The loggers named in ``names`` (as :func:`logger_names` reads them; Callback objects
+    kept as they are), writing into ``run_dir/logs``, each reading the loss every
+    ``log_every`` steps. Every name (:func:`logger_names`) and logger directory
+    (:func:`check_log_directory`) is checked before any logger is made; a name with no
+    ``run_dir`` (a learner without ``out=``) is a :class:`LoggerError`."""
     log_every = check_log_every(DEFAULT_LOG_EVERY if log_every is None else log_every)
     items = logger_names(names)
     chosen = [n for n in items if isinstance(n, str)]

@@ -11,11 +11,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from espn.errors import EspnError
-from espn.settings.training import DEFAULT_LOG_EVERY
+from espn.settings.training import DEFAULT_LOG_EVERY, MAX_COUNT
 from espn.training.callbacks import Callback, EpochEnd, StepEnd, TaskEnd
-
-#: the most steps between two logged losses (the integer limit of every option, 2^31 - 1)
-MAX_LOG_EVERY = 2**31 - 1
 
 
 class LoggerError(EspnError, ValueError):
@@ -63,12 +60,12 @@ def _cast(kind: type, value: Any) -> Any:
 
 
 def check_log_every(log_every: object) -> int:
-    """``log_every`` as an int in [1, :data:`MAX_LOG_EVERY`], or a :class:`LoggerError`
+    """``log_every`` as an int in [1, 2^31 - 1] (``MAX_COUNT``), or a :class:`LoggerError`
     naming the bad value."""
     if (
         isinstance(log_every, bool)
         or not isinstance(log_every, int)
-        or not 1 <= log_every <= MAX_LOG_EVERY
+        or not 1 <= log_every <= MAX_COUNT
     ):
         raise LoggerError(
             f"log_every must be a whole number >= 1 and <= 2^31 - 1, got {log_every!r}"
@@ -94,6 +91,7 @@ class MetricLogger(Callback):
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
         self.directory = Path(directory)
         self.log_every = check_log_every(log_every)
+        self.check_available()
         self._start: float | None = None
 
     @classmethod

@@ -9,11 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from espn.training.callbacks import EpochEnd, StepEnd
-from espn.training.loggers.base import (
-    DEFAULT_LOG_EVERY,
-    MetricLogger,
-    TaskRecord,
-)
+from espn.training.loggers.base import DEFAULT_LOG_EVERY, MetricLogger, TaskRecord
 
 
 class TensorBoardLogger(MetricLogger):
@@ -25,7 +21,6 @@ class TensorBoardLogger(MetricLogger):
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
         super().__init__(directory, log_every=log_every)
-        self.check_available()
         self._writer: Any = None
         self._phase: dict[int, str] = {}
 

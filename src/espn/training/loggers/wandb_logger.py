@@ -11,12 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
 
 from espn.training.callbacks import EpochEnd, StepEnd
-from espn.training.loggers.base import (
-    DEFAULT_LOG_EVERY,
-    LoggerError,
-    MetricLogger,
-    TaskRecord,
-)
+from espn.training.loggers.base import DEFAULT_LOG_EVERY, LoggerError, MetricLogger, TaskRecord
 
 #: the W&B modes accepted (``disabled`` logs nothing)
 Mode = Literal["offline", "online", "disabled"]
@@ -51,7 +46,6 @@ class WandbLogger(MetricLogger):
         config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(directory, log_every=log_every)
-        self.check_available()
         self.mode = resolve_mode(mode)
         self.project = project or os.environ.get("WANDB_PROJECT") or "espn"
         self.run_name = run_name
