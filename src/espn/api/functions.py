@@ -17,6 +17,7 @@ from espn.models.reference import (
     ModelReferenceError,
     build,
     check_factory,
+    reading_run,
     reference_of,
     supernet_ready,
 )
@@ -125,8 +126,6 @@ def load(
     benchmark (from ``data_dir``, default the recorded one; never downloaded). A module the
     run names is imported only if already imported or ``trust_model_code`` is set.
     """
-    from espn.models.reference import reading_run
-
     manifest = read_manifest(checkpoint_dir(path))
     name = str(manifest["model"])
     given = None

@@ -124,12 +124,15 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"{path} has checkpoint format version {version}, newer than this espn "
             f"reads (<= {FORMAT_VERSION}); upgrade espn to load it"
         )
-    from espn.checkpoint.manifest import validate_manifest
+    from pydantic import ValidationError
+
+    from espn.checkpoint.manifest import Manifest, describe_errors
 
     try:
-        validate_manifest(manifest)
-    except ValueError as exc:
-        raise CheckpointError(f"{path} does not match the checkpoint format: {exc}") from None
+        Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        what = describe_errors(exc)
+        raise CheckpointError(f"{path} does not match the checkpoint format: {what}") from None
     return manifest
 
 

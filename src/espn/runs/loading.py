@@ -23,8 +23,8 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.runs.checks import check_results_match
-from espn.runs.config import RunConfig, make_config
-from espn.runs.legacy import upgrade_saved_config
+from espn.runs.config import RunConfig
+from espn.runs.legacy import recorded_config
 from espn.runs.preflight import check_device
 from espn.settings.training import default
 from espn.supernet.supernet import Supernet
@@ -122,20 +122,18 @@ def load_run(
     check_results_match(run_dir, m)
     name = str(m["model"])
     with reading_run(run_dir, trust_code):
-        if supernet is None and is_reference(name):
-            resolve(name)
         if supernet is None:
             check_rebuildable(run_dir, name)
-        if name not in MODELS and supernet is None:
+        if supernet is None and is_reference(name):
+            resolve(name)
+        elif supernet is None and name not in MODELS:
             raise CheckpointError(
                 f"the checkpoint is of model {name!r}, which this espn does not know; "
                 f"known models: {', '.join(MODELS.names())}"
             )
-        saved = upgrade_saved_config(m["config"])
-        values = {k: v for k, v in saved.items() if k not in ("device", "out")}
-        if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
-            values["data_dir"] = Path(run_dir) / values["data_dir"]
-        cfg = make_config(**values, device=device, out=Path(run_dir))
+        cfg = recorded_config(m["config"], run_dir, device)
+    if cfg.data_dir is not None and not cfg.data_dir.is_absolute():  # a Python run's data
+        cfg = cfg.model_copy(update={"data_dir": Path(run_dir) / cfg.data_dir})
     check_device(cfg.device)
     spec = m["spec"]
     if supernet is None:
