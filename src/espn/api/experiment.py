@@ -14,7 +14,7 @@ from espn.checkpoint.format import checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
 from espn.data.tasks import TaskSequence
 from espn.runs.building import build_benchmark, build_supernet
-from espn.runs.checks import check_out_dir, clear_run, results_document
+from espn.runs.checks import check_out_dir, clear_run
 from espn.runs.config import ConfigError, RunConfig, make_config
 from espn.runs.from_run import SourceRun, adopt_tasks, check_compatible, open_source
 from espn.runs.given import check_applicable
@@ -26,7 +26,7 @@ from espn.training.capacity import TrainingStopped
 from espn.training.distributed import join
 from espn.training.loggers import logging_options
 
-__all__ = ["build_benchmark", "build_supernet", "results_document", "run", "run_experiment"]
+__all__ = ["build_benchmark", "build_supernet", "run", "run_experiment"]
 
 
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:

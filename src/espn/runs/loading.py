@@ -52,12 +52,14 @@ def check_rebuildable(
     )
 
 
+def instance_name(model: nn.Module) -> str:
+    """The name a run records for a model given as an instance (:func:`check_rebuildable`)."""
+    return f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+
+
 def model_name(supernet: Supernet) -> str:
     """The name a run configuration gives the supernet's model (see :func:`known_model`)."""
-    name = supernet.model_name
-    if name is None:
-        model = supernet.model
-        name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+    name = supernet.model_name or instance_name(supernet.model)
     known_model(name)
     return name
 
@@ -122,17 +124,19 @@ def load_run(
     check_results_match(run_dir, m)
     name = str(m["model"])
     with reading_run(run_dir, trust_code):
-        if supernet is None:
-            check_rebuildable(run_dir, name)
-        if supernet is None and is_reference(name):
+        if supernet is not None:  # built by the caller's code: its name stands for it
+            known_model(name)
+        elif is_reference(name):
             resolve(name)
-        elif supernet is None and name not in MODELS:
-            raise CheckpointError(
-                f"the checkpoint is of model {name!r}, which this espn does not know; "
-                f"known models: {', '.join(MODELS.names())}"
-            )
+        else:
+            check_rebuildable(run_dir, name)
+            if name not in MODELS:
+                raise CheckpointError(
+                    f"the checkpoint is of model {name!r}, which this espn does not know; "
+                    f"known models: {', '.join(MODELS.names())}"
+                )
         cfg = recorded_config(m["config"], run_dir, device)
-    if cfg.data_dir is not None and not cfg.data_dir.is_absolute():  # a Python run's data
+    if cfg.data_dir is not None and not cfg.data_dir.is_absolute():  # read from run_dir
         cfg = cfg.model_copy(update={"data_dir": Path(run_dir) / cfg.data_dir})
     check_device(cfg.device)
     spec = m["spec"]
