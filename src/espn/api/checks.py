@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.runs.config import ConfigError
+from espn.runs.config import DEVICE, ConfigError
 from espn.utils.io import os_error_text
 from espn.utils.limits import MAX_CLASSES
 
@@ -57,7 +57,6 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
 def check_learner(supernet: Any, device: Any) -> None:
     """``ContinualLearner``'s supernet and device (its settings are checked as a run's are, once,
     when its configuration is made)."""
-    from espn.runs.config import DEVICE
     from espn.runs.preflight import check_device
     from espn.supernet.supernet import Supernet
 

@@ -16,7 +16,6 @@ from espn.api.run_directory import DATA_DIR, LearnerRuns
 from espn.api.tasks import Report, TaskRunner, task_line
 from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
-from espn.evaluation.metrics import task_record
 from espn.methods.base import METHODS, Strategy, declared_options
 from espn.runs.config import ConfigError, RunConfig, make_config
 from espn.runs.given import TRAINING_SETTINGS, check_applicable, check_names
@@ -150,13 +149,7 @@ class ContinualLearner(LearnerRuns):
         self.names: list[str] = [f"task {t}" for t in range(len(supernet.masks))]
         #: learns and records every task (one accuracy row per step, None: not evaluated;
         #: one record per task)
-        self.runner = TaskRunner(
-            supernet,
-            strategy,
-            self.engine,
-            [None] * len(supernet.masks),
-            [task_record(supernet, t) for t in range(len(supernet.masks))],
-        )
+        self.runner = TaskRunner(supernet, strategy, self.engine)
         self.runner.evaluator.ranks = self.ranks
         self.run_dir: RunDirectory | None = None
         #: fingerprints of the tasks learned (and the one in training) in :attr:`run_dir`

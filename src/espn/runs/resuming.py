@@ -197,8 +197,8 @@ class RunDirectory(Callback):
             self.writer = (
                 CheckpointWriter(directory, run_meta(self.cfg, seq)) if self.writes else None
             )
-            self.summary = f"no checkpoint in {directory}; starting from the first task"
-            self.summary = self.summary if resume else ""
+            if resume:
+                self.summary = f"no checkpoint in {directory}; starting from the first task"
             return
         ckpt = read_checkpoint(directory)
         saved = upgrade_saved_config(ckpt.manifest["config"])
