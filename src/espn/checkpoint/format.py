@@ -43,12 +43,9 @@ def state_file(generation: int) -> str:
 
 
 def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks (the manifest's integrity check)."""
-    digest = hashlib.sha256()
+    """Hex SHA-256 of a file, read in blocks (the manifest's integrity check)."""
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def file_entry(path: Path) -> dict[str, Any]:
