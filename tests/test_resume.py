@@ -16,17 +16,18 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-import espn.api.run_directory as run_directory_module
 import espn.data.mnist as mnist_module
+import espn.runs.resuming as run_directory_module
 import espn.training.engine as engine_module
 import espn.training.progress as progress_module
 from espn.api.experiment import run_experiment
-from espn.api.run_directory import RunDirectory
+from espn.checkpoint import CheckpointWriter
 from espn.cli.main import app
 from espn.data.registry import BENCHMARKS, Benchmark
 from espn.methods.base import METHODS
 from espn.models.registry import MODELS
 from espn.runs.config import make_config
+from espn.runs.resuming import RunDirectory
 from espn.training.callbacks import Callback
 from helpers.deploy import (
     Killed,
@@ -396,13 +397,14 @@ def test_passes_of_a_phase_are_checkpointed_a_minimum_time_apart(tmp_path, monke
             now["t"] += 5.0
 
     saved: list[tuple[int, int]] = []
-    real_save = run_directory_module.RunCheckpoint.save_progress
+    real_save = CheckpointWriter.save
 
-    def save_progress(self, task, progress, *args):
-        saved.append((progress.phase, progress.epoch))
-        return real_save(self, task, progress, *args)
+    def save(self, supernet, results, training=None, *args, **kwargs):
+        if training is not None:  # a save of the task in training, not of a finished task
+            saved.append((training.position["phase"], training.position["epoch"]))
+        return real_save(self, supernet, results, training, *args, **kwargs)
 
-    monkeypatch.setattr(run_directory_module.RunCheckpoint, "save_progress", save_progress)
+    monkeypatch.setattr(CheckpointWriter, "save", save)
     clock = SimpleNamespace(monotonic=lambda: now["t"], perf_counter=time.perf_counter)
     monkeypatch.setattr(run_directory_module, "time", clock)
     monkeypatch.setattr(run_directory_module, "CHECKPOINT_SECONDS", 45.0)

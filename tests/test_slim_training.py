@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import espn
-import espn.api.run_directory as run_directory_module
+import espn.runs.resuming as run_directory_module
 import espn.training.slim_net as net_module
 import espn.training.slim_step as slim_module
 from espn.api.experiment import run_experiment

@@ -1,10 +1,9 @@
-"""The Python API's arguments, checked at the door before anything is built or trained: the
-training options by :class:`espn.runs.config.RunConfig`'s own validators (the CLI's messages),
-data, models and paths here; every refusal an :class:`ApiArgumentError` naming the argument."""
+"""The Python API's arguments, checked at the door before anything is built or trained: data,
+models and paths here (the training settings by :func:`espn.runs.config.make_config`, as a run's
+are); every refusal an :class:`ApiArgumentError` naming the argument."""
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.runs.config import ConfigError, RunConfig, config_error, make_config
+from espn.runs.config import DEVICE, ConfigError
 from espn.utils.io import os_error_text
 from espn.utils.limits import MAX_CLASSES
 
@@ -56,33 +54,10 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
         raise fail(argument, f"{context}{first[:300]}") from None
 
 
-@functools.cache
-def _base_config() -> RunConfig:
-    return make_config(benchmark="permuted-mnist")
-
-
-def _default_config() -> RunConfig:
-    """A fresh default run configuration, to check options on."""
-    return _base_config().model_copy()
-
-
-def check_option(name: str, value: Any, config: RunConfig | None = None) -> None:
-    """Validate one run option as ``espn run`` does, assigned on ``config``."""
-    if isinstance(value, torch.device):
-        value = str(value)
-    try:
-        RunConfig.__pydantic_validator__.validate_assignment(
-            _default_config() if config is None else config, name, value
-        )
-    except ValidationError as exc:
-        message = str(config_error(exc))
-        raise ApiArgumentError(
-            message if message.startswith(name) else f"{name}: {message}"
-        ) from None
-
-
-def check_learner(supernet: Any, device: Any, settings: dict[str, Any]) -> None:
-    """``ContinualLearner``'s supernet, device, and settings checked as run options."""
+def check_learner(supernet: Any, device: Any) -> None:
+    """``ContinualLearner``'s supernet and device (its settings are checked as a run's are, once,
+    when its configuration is made)."""
+    from espn.runs.preflight import check_device
     from espn.supernet.supernet import Supernet
 
     if not isinstance(supernet, Supernet):
@@ -91,18 +66,14 @@ def check_learner(supernet: Any, device: Any, settings: dict[str, Any]) -> None:
             f"expected an espn Supernet (espn.wrap(model, example_input)), got "
             f"{type(supernet).__name__}",
         )
-    if device is not None:
-        check_option("device", device)
-        from espn.runs.preflight import check_device
-
-        try:
-            check_device(str(device))
-        except ConfigError as exc:
-            raise ApiArgumentError(str(exc)) from None
-    config = _default_config()  # assigned in turn: a warm-up is checked with the epochs given
-    for name, value in sorted(settings.items(), key=lambda item: item[0] != "epochs"):
-        if name in RunConfig.model_fields and name != "method_options":
-            check_option(name, value, config)
+    if device is None:
+        return
+    if not isinstance(device, str | torch.device) or not DEVICE.fullmatch(str(device)):
+        raise fail("device", f"unknown device {device!r}; choose 'cpu', 'cuda' or 'cuda:N'")
+    try:
+        check_device(str(device))
+    except ConfigError as exc:
+        raise ApiArgumentError(str(exc)) from None
 
 
 #: the input dtypes a model may take, as the messages describe them

@@ -10,23 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from espn.api.learner import ContinualLearner
-from espn.api.run_directory import RunDirectory
 from espn.checkpoint.format import checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import run_lock
 from espn.data.tasks import TaskSequence
 from espn.runs.building import build_benchmark, build_supernet
-from espn.runs.checks import check_out_dir, clear_run, results_document
+from espn.runs.checks import check_out_dir, clear_run
 from espn.runs.config import ConfigError, RunConfig, make_config
-from espn.runs.from_run import adopt_tasks, check_compatible, check_from_run, open_source
+from espn.runs.from_run import SourceRun, adopt_tasks, check_compatible, open_source
 from espn.runs.given import check_applicable
 from espn.runs.preflight import check_run
+from espn.runs.resuming import RunDirectory
 from espn.supernet.pretrained import expected_shapes, load_weight_file
 from espn.training.callbacks import Callback
 from espn.training.capacity import TrainingStopped
 from espn.training.distributed import join
 from espn.training.loggers import logging_options
 
-__all__ = ["build_benchmark", "build_supernet", "results_document", "run", "run_experiment"]
+__all__ = ["build_benchmark", "build_supernet", "run", "run_experiment"]
 
 
 def data_warnings(cfg: RunConfig, seq: TaskSequence) -> list[str]:
@@ -83,7 +83,7 @@ def run_experiment(
     """
     logging_options(loggers, log_every)  # a bad name is refused before any work
     check_run(cfg)
-    check_from_run(cfg)
+    source = open_source(cfg)
     check_out_dir(cfg.out, resume, overwrite)
     ranks = join(distributed, cfg.device)
     writer = ranks is None or ranks.writer
@@ -97,6 +97,7 @@ def run_experiment(
             return _run_locked(
                 cfg,
                 seq,
+                source,
                 resume,
                 on_task_end,
                 on_warning,
@@ -164,6 +165,7 @@ def _kept(cfg: RunConfig) -> str:
 def _run_locked(
     cfg: RunConfig,
     seq: TaskSequence | None,
+    source: SourceRun | None,
     resume: bool,
     on_task_end: Callable[[str], None] | None,
     on_warning: Callable[[str], None] | None,
@@ -171,7 +173,6 @@ def _run_locked(
 ) -> dict[str, Any]:
     """Build the benchmark and model; learn them with the run directory attached."""
     seq = build_benchmark(cfg) if seq is None else seq
-    source = None if cfg.from_run is None else open_source(cfg)
     if source is not None:
         check_compatible(cfg, source, seq)
     supernet = build_supernet(cfg, seq)
@@ -183,15 +184,15 @@ def _run_locked(
             on_warning(note)
     rd = RunDirectory(cfg, lambda: seq, notes)
     adopt = None if source is None else (lambda: adopt_tasks(supernet, source))
-    ckpt = learner.open_run(rd, resume, adopt)
+    learner.open_run(rd, resume, adopt)
     if learner.ranks is not None:  # every rank has read the checkpoint before rank 0 writes
         learner.ranks.barrier()
-    if ckpt.summary and on_task_end is not None:
-        on_task_end(ckpt.summary)
-    if ckpt.rows:  # resumed: results as the checkpoint holds them (a kill may have cut them)
-        rd.write_results(supernet, ckpt.rows, ckpt.per_task)
+    if rd.summary and on_task_end is not None:
+        on_task_end(rd.summary)
+    if rd.rows:  # resumed: results as the checkpoint holds them (a kill may have cut them)
+        rd.write_results()
     pretrained = None
-    if cfg.init_weights is not None and not ckpt.rows:
+    if cfg.init_weights is not None and not rd.rows:
         pretrained = load_weight_file(cfg.init_weights)
         expected_shapes(supernet, seq.tasks[0].n_classes)  # refused now, not after training
     try:

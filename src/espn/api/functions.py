@@ -22,7 +22,7 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.models.resnet import STREAM_PRUNING
-from espn.runs.loading import example_input, known_model, load_run
+from espn.runs.loading import example_input, instance_name, load_run
 from espn.settings.training import default
 from espn.supernet.supernet import Supernet
 
@@ -74,7 +74,7 @@ def _wrap(
         return sn
     if isinstance(model, nn.Module):
         _no_args(model_args, type(model).__name__)
-        name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+        name = instance_name(model)
         plain = model
     elif isinstance(model, str):
         _no_args(model_args, model)
@@ -89,7 +89,7 @@ def _wrap(
             # defined in a script, or given non-literal arguments: usable here, but a saved
             # run can only be loaded by passing the model again
             plain = check_factory(model, repr(model))(**model_args)
-            name = f"<{type(plain).__module__}.{type(plain).__qualname__} instance>"
+            name = instance_name(plain)
         else:
             plain = build(name).to(example_input.device)
     ready = supernet_ready(plain, example_input, multi_head, task_affine)
@@ -125,14 +125,10 @@ def load(
     benchmark (from ``data_dir``, default the recorded one; never downloaded). A module the
     run names is imported only if already imported or ``trust_model_code`` is set.
     """
-    from espn.models.reference import reading_run
-
     manifest = read_manifest(checkpoint_dir(path))
     name = str(manifest["model"])
     given = None
     if model is not None:
-        with reading_run(path, trust_model_code):
-            known_model(name)
         spec = manifest["spec"]
         given = wrap(
             model,

@@ -12,16 +12,16 @@ import torch
 
 from espn.api import checks
 from espn.api.checks import LearnerError
-from espn.api.run_directory import DATA_DIR, LearnerRuns, RunDirectory
+from espn.api.run_directory import DATA_DIR, LearnerRuns
 from espn.api.tasks import Report, TaskRunner, task_line
 from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
-from espn.evaluation.metrics import task_record
 from espn.methods.base import METHODS, Strategy, declared_options
-from espn.runs.config import RunConfig, make_config
+from espn.runs.config import ConfigError, RunConfig, make_config
 from espn.runs.given import TRAINING_SETTINGS, check_applicable, check_names
 from espn.runs.loading import model_name
 from espn.runs.method import method_class
+from espn.runs.resuming import RunDirectory
 from espn.settings.training import METHOD_READS, OptimizerSettings, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
@@ -69,7 +69,7 @@ class ContinualLearner(LearnerRuns):
         distributed: bool = True,
         **settings: Any,
     ) -> None:
-        checks.check_learner(supernet, device, settings)
+        checks.check_learner(supernet, device)
         callbacks = checks.check_callbacks(callbacks)
         loggers = checks.check_loggers(loggers, log_every)
         checks.check_bool(overwrite, "overwrite")
@@ -149,13 +149,7 @@ class ContinualLearner(LearnerRuns):
         self.names: list[str] = [f"task {t}" for t in range(len(supernet.masks))]
         #: learns and records every task (one accuracy row per step, None: not evaluated;
         #: one record per task)
-        self.runner = TaskRunner(
-            supernet,
-            strategy,
-            self.engine,
-            [None] * len(supernet.masks),
-            [task_record(supernet, t) for t in range(len(supernet.masks))],
-        )
+        self.runner = TaskRunner(supernet, strategy, self.engine)
         self.runner.evaluator.ranks = self.ranks
         self.run_dir: RunDirectory | None = None
         #: fingerprints of the tasks learned (and the one in training) in :attr:`run_dir`
@@ -374,7 +368,10 @@ def _configure(
         "device": str(next(supernet.parameters()).device),
         "out": Path(out) if out is not None else Path("."),
     }
-    cfg = make_config(cls, **fields, **values)
+    try:
+        cfg = make_config(cls, **fields, **values)
+    except ConfigError as exc:  # a setting's refusal, in the Python API's terms
+        raise checks.ApiArgumentError(str(exc)) from None
     given = settings | (built.given if built is not None and built.given is not None else {})
     # options that would be ignored are refused
     check_applicable({k: v for k, v in given.items() if k != "stream_pruning"}, cfg)

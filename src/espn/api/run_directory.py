@@ -1,12 +1,9 @@
-"""The run directory a learner writes and resumes from, the same for ``espn run`` and
-``ContinualLearner(..., out=DIR)``: after every learned step the checkpoint is committed first,
-then ``results.json`` rewritten from it, so results never list a task the checkpoint does not
-hold (see docs/checkpoints.md)."""
+"""The learner's side of its run directory (:class:`~espn.runs.resuming.RunDirectory`): opening
+and resuming it, the data a resumed script gives again, :meth:`LearnerRuns.save`."""
 
 from __future__ import annotations
 
 import hashlib
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,10 +13,8 @@ import torch
 
 from espn.api.checks import LearnerError, check_save_path
 from espn.api.tasks import LearnedTasks
-from espn.checkpoint.format import CheckpointError, checkpoint_dir
 from espn.data.tasks import Split, Task, TaskSequence
 from espn.data.tensors import identity, load_task, save_task, task_path
-from espn.evaluation.plots import plot_run
 from espn.methods.base import Strategy
 from espn.runs.building import build_benchmark
 from espn.runs.checks import (
@@ -27,169 +22,13 @@ from espn.runs.checks import (
     RunMismatch,
     check_out_dir,
     clear_run,
-    results_document,
     run_meta,
 )
 from espn.runs.config import RunConfig
 from espn.runs.from_run import check_source_unchanged
 from espn.runs.loading import LoadedRun
-from espn.runs.resuming import RunCheckpoint, finished
-from espn.supernet.supernet import Supernet
-from espn.training.callbacks import Callback, EpochEnd
-from espn.training.distributed import writes_files
+from espn.runs.resuming import RunDirectory, finished
 from espn.training.engine import Engine
-from espn.training.plan import TaskProgress
-from espn.utils.io import os_error_text, write_json_atomic
-
-#: The most checkpoints of a task in training per phase (a phase of more passes checkpoints
-#: every k-th pass and its last), so that writing the run's state costs less than training it.
-CHECKPOINTS_PER_PHASE = 50
-
-#: Seconds between two checkpoints of a task in training, at least (a phase's last pass is
-#: always checkpointed): a kill loses at most this much training. 0: every pass
-#: :func:`checkpointed` names.
-CHECKPOINT_SECONDS = 60.0
-
-
-def checkpointed(epoch: int, n_epochs: int) -> bool:
-    """Whether the end of pass ``epoch`` of a phase of ``n_epochs`` may be checkpointed: every pass,
-    or every ``ceil(n_epochs / CHECKPOINTS_PER_PHASE)``-th and the last."""
-    every = -(-n_epochs // CHECKPOINTS_PER_PHASE)
-    return (epoch + 1) % every == 0 or epoch + 1 == n_epochs
-
-
-def checkpoint_due(epoch: int, n_epochs: int, since: float) -> bool:
-    """Whether pass ``epoch``'s end is checkpointed ``since`` seconds after the last checkpoint: a
-    phase's last always, another :func:`checkpointed` names after :data:`CHECKPOINT_SECONDS`."""
-    if epoch + 1 == n_epochs:
-        return True
-    return checkpointed(epoch, n_epochs) and since >= CHECKPOINT_SECONDS
-
-
-class RunDirectory(Callback):
-    """A learner's run directory, a callback: ``on_epoch_end`` checkpoints the task in
-    training, :meth:`step_done` commits each learned step, ``on_run_end`` draws the plot.
-
-    ``sequence`` gives the tasks as the run knows them, ``notes`` what the run could not do
-    as asked; ``meta``, when given, what the manifest records, asked anew at every write (a
-    Python run grows one task at a time).
-    """
-
-    def __init__(
-        self,
-        cfg: RunConfig,
-        sequence: Callable[[], TaskSequence],
-        notes: list[str] | None = None,
-        meta: Callable[[], dict[str, Any]] | None = None,
-    ) -> None:
-        self.cfg, self.sequence, self.notes = cfg, sequence, list(notes or [])
-        self.meta = meta
-        self.out = Path(cfg.out)
-        self.checkpoint: RunCheckpoint | None = None
-        self.strategy: Strategy | None = None
-        self.start = time.perf_counter()
-        #: when the checkpoint was last written (``time.monotonic()``)
-        self.saved_at = time.monotonic()
-        self.doc: dict[str, Any] = {}
-        #: added to the manifest on every write (e.g. the fingerprints of a Python run's data)
-        self.extra: Callable[[], dict[str, Any]] = dict
-        self.writes = writes_files()  # not a data-parallel rank other than 0, which only reads
-
-    def open(
-        self,
-        supernet: Supernet,
-        engine: Engine,
-        strategy: Strategy,
-        resume: bool,
-        ignore: tuple[str, ...] = (),
-    ) -> RunCheckpoint:
-        """Start the checkpoint, or restore it into the learner's freshly built parts."""
-        self.checkpoint = RunCheckpoint.open(
-            self.cfg, self.sequence(), supernet, engine, strategy, resume, ignore, self.writes
-        )
-        self.strategy = strategy
-        self.start = time.perf_counter() - self.checkpoint.elapsed
-        self.saved_at = time.monotonic()
-        return self.checkpoint
-
-    def resume_point(self, task: int) -> TaskProgress | None:
-        """Where task ``task`` continues from (None: from its start)."""
-        return self._ckpt().resume_point(task)
-
-    def elapsed(self) -> float:
-        """Wall time of the run so far, the time before a resumption included."""
-        return time.perf_counter() - self.start
-
-    def on_epoch_end(self, learner: Any, event: EpochEnd) -> None:
-        """Checkpoint the task in training, at the passes :func:`checkpoint_due` names."""
-        ckpt = self._ckpt()
-        if self.strategy is None:
-            return
-        if not checkpoint_due(event.epoch, event.n_epochs, time.monotonic() - self.saved_at):
-            return  # its position is not read: a slim copy's write-back waits
-        if event.position is None:
-            return
-        self._refresh()
-        extra = self.extra() | {"wall_time_s": self.elapsed()}
-        ckpt.save_progress(event.task, event.position, self.strategy, self.sequence(), extra)
-        self.saved_at = time.monotonic()
-
-    def step_done(
-        self, supernet: Supernet, rows: list[list[float] | None], records: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        """After a step: commit the checkpoint, then rewrite ``results.json`` from it."""
-        ckpt = self._ckpt()
-        ckpt.rows, ckpt.per_task = rows, records
-        self._refresh()
-        seq = self.sequence()
-        elapsed = self.elapsed()
-        ckpt.task_done(seq, elapsed, self.extra())
-        self.saved_at = time.monotonic()
-        return self.write_results(supernet, rows, records, elapsed)
-
-    def write_results(
-        self,
-        supernet: Supernet,
-        rows: list[list[float] | None],
-        records: list[dict[str, Any]],
-        elapsed: float | None = None,
-    ) -> dict[str, Any]:
-        """Rewrite ``results.json`` (atomically) for the tasks the checkpoint holds."""
-        doc = results_document(self.cfg, self.sequence(), supernet, rows, records)
-        doc |= {
-            "warnings": self.notes,
-            "wall_time_s": self.elapsed() if elapsed is None else elapsed,
-        }
-        try:
-            if self.writes:
-                write_json_atomic(self.out / "results.json", doc)
-        except OSError as exc:
-            raise CheckpointError(
-                f"could not write {self.out / 'results.json'} ({os_error_text(exc)}); the "
-                f"checkpoint in {checkpoint_dir(self.out)} is intact and resuming rewrites it"
-            ) from None
-        self.doc = doc
-        return doc
-
-    def plot(self) -> None:
-        """Draw ``accuracy.png`` from the last ``results.json`` written."""
-        rows = self.doc.get("accuracy_matrix") or []
-        if self.writes and any(r is not None for r in rows):
-            plot_run(self.doc, self.out / "accuracy.png")
-
-    def on_run_end(self, learner: Any) -> None:
-        self.plot()
-
-    def _refresh(self) -> None:
-        writer = self._ckpt().writer
-        if self.meta is not None and writer is not None:
-            writer.meta = self.meta()
-
-    def _ckpt(self) -> RunCheckpoint:
-        if self.checkpoint is None:
-            raise RuntimeError("RunDirectory.open() was not called")
-        return self.checkpoint
-
 
 #: where a Python run directory keeps the test data its accuracy matrix was computed on
 DATA_DIR = "data"
@@ -232,20 +71,19 @@ class LearnerRuns(LearnedTasks):
         resume: bool,
         adopt: Callable[[], tuple[list[list[float] | None], list[dict[str, Any]]]] | None = None,
         ignore: tuple[str, ...] = (),
-    ) -> RunCheckpoint:
+    ) -> None:
         """Write ``rd`` from now on, resuming its run unless not ``resume``; ``adopt``: the rows and
         records of the tasks a fresh run starts on top of (``--from-run``)."""
-        ckpt = rd.open(self.supernet, self.engine, self.strategy, resume, ignore)
-        if adopt is not None and not ckpt.rows:
-            ckpt.rows, ckpt.per_task = adopt()
-        manifest = ckpt.manifest or {}
-        self._hold(manifest.get("tasks", []), ckpt.rows, ckpt.per_task)
+        rd.open(self.supernet, self.engine, self.strategy, resume, ignore)
+        if adopt is not None and not rd.rows:
+            rd.rows, rd.per_task = adopt()
+        manifest = rd.manifest or {}
+        self._hold(manifest.get("tasks", []), rd.rows, rd.per_task)
         self.replayed = 0  # a resumed script gives the tasks again (checked, not learned)
         self.fingerprints = [str(f) for f in manifest.get("fingerprints", [])]
-        self.summary = ckpt.summary or self.summary
+        self.summary = rd.summary or self.summary
         self.run_dir = rd
         self.callbacks.append(rd)
-        return ckpt
 
     def hold_run(
         self, loaded: LoadedRun, benchmark_data: bool = False, data_dir: Path | str | None = None
@@ -321,9 +159,7 @@ class LearnerRuns(LearnedTasks):
 
     def _directory(self, out: Path, extra: dict[str, Any]) -> RunDirectory:
         """A run directory ``out`` of this learner's tasks (``extra``: in its manifest)."""
-        rd = RunDirectory(self.config(out), self._sequence, meta=lambda: self._meta(out))
-        rd.extra = lambda: extra | {"fingerprints": list(self.fingerprints)}
-        return rd
+        return RunDirectory(self.config(out), self._sequence, meta=lambda: self._meta(out, extra))
 
     def _replay(self, tasks: list[Task]) -> list[dict[str, Any]]:
         """Tasks a resumed script gives again: checked against their data, kept, not learned."""
@@ -369,11 +205,11 @@ class LearnerRuns(LearnedTasks):
                 file = task_path(rd.out / DATA_DIR, t)
                 if task is not None and len(task.test) and not file.exists():
                     save_task(file, task, splits=("test",))
-        rd.step_done(self.supernet, self.runner.rows, self.runner.records)
+        rd.step_done(self.runner.rows, self.runner.records)
         rd.plot()
 
-    def _meta(self, out: Path) -> dict[str, Any]:
-        """What the checkpoint of run directory ``out`` records about the run."""
+    def _meta(self, out: Path, extra: dict[str, Any]) -> dict[str, Any]:
+        """What the checkpoint of run directory ``out`` records about the run (with ``extra``)."""
         seq = self._sequence()
         meta = run_meta(self.config(out), seq)
         width = self.supernet.model_classes  # the head a registered model was built with
@@ -381,7 +217,7 @@ class LearnerRuns(LearnedTasks):
         meta["spec"]["n_classes"] = max(classes)
         meta["spec"]["input_dtype"] = str(self.supernet.input_dtype).removeprefix("torch.")
         meta["n_tasks"] = max(len(seq), 1)  # as ``tasks`` is: task 0 in training counts
-        return meta
+        return meta | extra | {"fingerprints": list(self.fingerprints)}
 
     def config(self, out: Path | str) -> RunConfig:
         """The run configuration a checkpoint in ``out`` records for this learner."""

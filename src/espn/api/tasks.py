@@ -46,19 +46,14 @@ class Learned:
 
 class TaskRunner:
     """Learns steps through ``engine`` and records them in :attr:`rows` (one per step, None where
-    not evaluated) and :attr:`records` (one per task), refusing a missed FLOPs budget."""
+    not evaluated) and :attr:`records` (one per task, the supernet's tasks already counted),
+    refusing a missed FLOPs budget."""
 
-    def __init__(
-        self,
-        supernet: Supernet,
-        strategy: Strategy,
-        engine: Engine,
-        rows: list[list[float] | None] | None = None,
-        records: list[dict[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, supernet: Supernet, strategy: Strategy, engine: Engine) -> None:
         self.supernet, self.strategy, self.engine = supernet, strategy, engine
-        self.rows: list[list[float] | None] = [] if rows is None else rows
-        self.records: list[dict[str, Any]] = [] if records is None else records
+        n = len(supernet.masks)
+        self.rows: list[list[float] | None] = [None] * n
+        self.records: list[dict[str, Any]] = [task_record(supernet, t) for t in range(n)]
         #: evaluates learned tasks through cached slim copies where the run trains slim
         self.evaluator = SlimEvaluator(supernet, enabled=engine.slim_training)
 

@@ -43,12 +43,9 @@ def state_file(generation: int) -> str:
 
 
 def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB blocks (the manifest's integrity check)."""
-    digest = hashlib.sha256()
+    """Hex SHA-256 of a file, read in blocks (the manifest's integrity check)."""
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def file_entry(path: Path) -> dict[str, Any]:
@@ -124,12 +121,15 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"{path} has checkpoint format version {version}, newer than this espn "
             f"reads (<= {FORMAT_VERSION}); upgrade espn to load it"
         )
-    from espn.checkpoint.manifest import validate_manifest
+    from pydantic import ValidationError
+
+    from espn.checkpoint.manifest import Manifest, describe_errors
 
     try:
-        validate_manifest(manifest)
-    except ValueError as exc:
-        raise CheckpointError(f"{path} does not match the checkpoint format: {exc}") from None
+        Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        what = describe_errors(exc)
+        raise CheckpointError(f"{path} does not match the checkpoint format: {what}") from None
     return manifest
 
 

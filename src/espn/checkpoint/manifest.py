@@ -202,39 +202,3 @@ def describe_errors(exc: ValidationError, limit: int = 3) -> str:
         )
     more = len(exc.errors()) - limit
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
-
-
-def validate_manifest(doc: dict[str, Any]) -> Manifest:
-    """Check ``doc`` against :class:`Manifest`; raise ``ValueError`` naming what is wrong."""
-    try:
-        return Manifest.model_validate(doc)
-    except ValidationError as exc:
-        raise ValueError(describe_errors(exc)) from None
-
-
-def comparable_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A run's configuration without what may change between a run and its resumption."""
-    return {k: v for k, v in config.items() if k not in ("out", "device", "data_dir")}
-
-
-def check_against_results(manifest: dict[str, Any], results: dict[str, Any]) -> str | None:
-    """Why ``results.json`` and the checkpoint cannot be of the same run, or None.
-
-    A run commits the checkpoint of a finished step, then rewrites results.json from it, so
-    results may be behind the checkpoint by the tasks of that step (a kill in between; the
-    resumed run rewrites them); runs of espn 0.1.0 wrote them the other way round, so
-    results may also be ahead of a checkpoint that still holds that task in training.
-    """
-    ours, theirs = (
-        comparable_config(results.get("config") or {}),
-        comparable_config(manifest["config"]),
-    )
-    if theirs.get("benchmark") == "tensors":  # a Python run: it grows one task at a time
-        ours.pop("tasks", None)
-    # an option one of them predates (an older espn wrote it) is not a difference
-    if any(ours[k] != theirs[k] for k in ours.keys() & theirs.keys()):
-        return "results.json was written with other options than the checkpoint"
-    have, done = len(results.get("task_names") or []), len(manifest["tasks"])
-    if have <= done or (have > done and manifest.get("training") is not None):
-        return None
-    return f"results.json records {have} finished task(s), the checkpoint {done}"

@@ -1,53 +1,31 @@
 """What a checkpoint stores and how many bytes each part takes, read from storage alone: the
 manifest (every task's record, mask forms and file) and the safetensors headers of its
-files (each tensor's shape and dtype). No tensor is loaded, no supernet built, no model code
+files (each tensor's byte range). No tensor is loaded, no supernet built, no model code
 imported: ``espn info`` reads any run this way, also one whose model only its author's code
 can build."""
 
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError, safe_open
-
 from espn.checkpoint.format import CheckpointError, read_manifest, verify_file
-
-#: bytes per element of each safetensors dtype
-ITEM_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-}
 
 
 def tensor_bytes(path: Path) -> dict[str, int]:
-    """Bytes of each tensor of a safetensors file, from its header (shapes and dtypes)."""
+    """Bytes of each tensor of a safetensors file, from its header: an 8-byte little-endian
+    length, then a JSON object giving each tensor's ``data_offsets`` (begin, end) in the file."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            out = {}
-            for key in f.keys():  # noqa: SIM118 (a safetensors handle is not a dict)
-                part = f.get_slice(key)
-                dtype = part.get_dtype()
-                if dtype not in ITEM_BYTES:
-                    raise CheckpointError(f"checkpoint file {path}: tensor {key!r} is {dtype}")
-                out[key] = math.prod(part.get_shape()) * ITEM_BYTES[dtype]
-            return out
-    except (SafetensorError, OSError) as exc:
+        with path.open("rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        return {
+            key: int(entry["data_offsets"][1]) - int(entry["data_offsets"][0])
+            for key, entry in header.items()
+            if key != "__metadata__"
+        }
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {exc}") from None
 
 

@@ -33,9 +33,9 @@ def build_benchmark(cfg: RunConfig, download: bool = True) -> TaskSequence:
         download=download,
     )
     seq = ordered(BENCHMARKS.get(cfg.benchmark).build(args), cfg.task_order, args.seed)
-    if cfg.from_run is None:
-        return seq
     source = open_source(cfg)
+    if source is None:
+        return seq
     return prepended(build_benchmark(source.config, download=False), source.keep, seq)
 
 

@@ -12,7 +12,6 @@ from typing import Any
 from espn._version import __version__
 from espn.checkpoint.format import MANIFEST, CheckpointError, checkpoint_dir, manifest_or_none
 from espn.checkpoint.lock import LOCK_FILE, RunLocked, holder, run_lock
-from espn.checkpoint.manifest import check_against_results
 from espn.data.tasks import TaskSequence
 from espn.evaluation.metrics import (
     average_accuracy,
@@ -97,11 +96,9 @@ def check_out_dir(out: Path | str, resume: bool, overwrite: bool, python: bool =
     are left; the messages name the CLI's options, or with ``python`` the learner's."""
     if resume and overwrite:
         raise CheckpointError("--resume and --overwrite exclude each other; choose one")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"--out {out} is a file, not a directory; choose another --out")
-    if overwrite:
+    if overwrite:  # an --out that is a file is refused by the run lock
         return
+    out = Path(out)
     replace, other = (
         ("overwrite=True", "another directory") if python else ("--overwrite", "another --out")
     )
@@ -141,14 +138,33 @@ def clear_run(out: Path | str) -> None:
 
 
 def check_results_match(run_dir: Path | str, manifest: dict[str, Any]) -> None:
-    """Refuse a run directory whose results.json is not of the run its checkpoint holds."""
+    """Refuse a run directory whose results.json is not of the run its checkpoint holds.
+
+    A run commits the checkpoint of a finished step, then rewrites results.json from it, so
+    results may be behind the checkpoint by the tasks of that step (a kill in between; the
+    resumed run rewrites them); runs of espn 0.1.0 wrote them the other way round, so results
+    may also be ahead of a checkpoint that still holds that task in training."""
     results = read_results(run_dir)
-    reason = None if results is None else check_against_results(manifest, results)
-    if reason is not None:
-        raise CheckpointError(
-            f"{run_dir}: the checkpoint and results.json do not belong together ({reason}); "
-            "one of them was changed or replaced, so neither can be trusted"
-        )
+    if results is None:
+        return
+    ours, theirs = (
+        {k: v for k, v in doc.items() if k not in RESUMABLE_CHANGES}
+        for doc in (results.get("config") or {}, manifest["config"])
+    )
+    if theirs.get("benchmark") == "tensors":  # a Python run: it grows one task at a time
+        ours.pop("tasks", None)
+    have, done = len(results.get("task_names") or []), len(manifest["tasks"])
+    # an option one of them predates (an older espn wrote it) is not a difference
+    if any(ours[k] != theirs[k] for k in ours.keys() & theirs.keys()):
+        reason = "results.json was written with other options than the checkpoint"
+    elif have > done and manifest.get("training") is None:
+        reason = f"results.json records {have} finished task(s), the checkpoint {done}"
+    else:
+        return
+    raise CheckpointError(
+        f"{run_dir}: the checkpoint and results.json do not belong together ({reason}); "
+        "one of them was changed or replaced, so neither can be trusted"
+    )
 
 
 def results_document(

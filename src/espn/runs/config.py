@@ -284,7 +284,7 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
 
     def _check_from_run(self, strategy: type[Strategy]) -> None:
         """``from_run`` and ``after_task`` go together, for a sequential method, with another
-        ``out`` (the run it names: :func:`espn.runs.from_run.check_from_run`)."""
+        ``out`` (the run it names: :func:`espn.runs.from_run.open_source`)."""
         if (self.from_run is None) != (self.after_task is None):
             raise ValueError(
                 "from_run and after_task go together: --from-run DIR --after-task K "

@@ -21,34 +21,10 @@ from espn.data.tasks import TaskSequence
 from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import reading_run
-from espn.runs.config import ConfigError, RunConfig, make_config
-from espn.runs.legacy import upgrade_saved_config
+from espn.runs.config import ConfigError, RunConfig
+from espn.runs.legacy import recorded_config
 from espn.runs.resuming import finished
 from espn.supernet.supernet import Supernet
-
-
-def check_from_run(cfg: RunConfig) -> None:
-    """Before a run starts: ``from_run`` names a checkpoint of the same method with at least
-    ``after_task`` finished tasks (more is checked when it starts, :func:`check_compatible`)."""
-    if cfg.from_run is None or cfg.after_task is None:
-        return
-    try:
-        manifest = read_manifest(checkpoint_dir(cfg.from_run))
-    except CheckpointError as exc:
-        raise ConfigError(
-            f"config: from_run {cfg.from_run}: {exc} (give the --out of a finished espn run)"
-        ) from None
-    method, done = str(manifest["method"]), len(manifest["tasks"])
-    if method != cfg.method:
-        raise ConfigError(
-            f"config: from_run {cfg.from_run} is a run of method {method!r}; learning on top "
-            f"of it needs the same method (--method {method}), got {cfg.method!r}"
-        )
-    if cfg.after_task > done:
-        raise ConfigError(
-            f"config: after_task must be <= the {done} task(s) finished in {cfg.from_run}, "
-            f"got {cfg.after_task}"
-        )
 
 
 @dataclass
@@ -61,16 +37,33 @@ class SourceRun:
     keep: int  # tasks kept: the first ``keep`` of the source run
 
 
-def open_source(cfg: RunConfig) -> SourceRun:
-    """The run ``cfg.from_run`` names, from its checkpoint manifest (read only)."""
-    assert cfg.from_run is not None and cfg.after_task is not None
+def open_source(cfg: RunConfig) -> SourceRun | None:
+    """The run ``cfg.from_run`` names (None: none), read only from its checkpoint manifest: a
+    run of the same method with at least ``after_task`` finished tasks, whose options are valid
+    here (more is checked when the run starts, :func:`check_compatible`)."""
+    if cfg.from_run is None or cfg.after_task is None:
+        return None
     directory = Path(cfg.from_run)
-    manifest = read_manifest(checkpoint_dir(directory))
-    saved = upgrade_saved_config(dict(manifest["config"]))
-    values = {k: v for k, v in saved.items() if k not in ("device", "out")}
+    try:
+        manifest = read_manifest(checkpoint_dir(directory))
+    except CheckpointError as exc:
+        raise ConfigError(
+            f"config: from_run {directory}: {exc} (give the --out of a finished espn run)"
+        ) from None
+    method, done = str(manifest["method"]), len(manifest["tasks"])
+    if method != cfg.method:
+        raise ConfigError(
+            f"config: from_run {directory} is a run of method {method!r}; learning on top "
+            f"of it needs the same method (--method {method}), got {cfg.method!r}"
+        )
+    if cfg.after_task > done:
+        raise ConfigError(
+            f"config: after_task must be <= the {done} task(s) finished in {directory}, "
+            f"got {cfg.after_task}"
+        )
     try:
         with reading_run(directory):  # a module it names is imported only if --model names it
-            source = make_config(**values, device=cfg.device, out=directory)
+            source = recorded_config(manifest["config"], directory, cfg.device)
     except ConfigError as exc:
         raise ConfigError(f"from_run {directory}: its options are not valid here: {exc}") from None
     return SourceRun(directory, source, manifest, int(cfg.after_task))

@@ -23,8 +23,8 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.runs.checks import check_results_match
-from espn.runs.config import RunConfig, make_config
-from espn.runs.legacy import upgrade_saved_config
+from espn.runs.config import RunConfig
+from espn.runs.legacy import recorded_config
 from espn.runs.preflight import check_device
 from espn.settings.training import default
 from espn.supernet.supernet import Supernet
@@ -52,12 +52,14 @@ def check_rebuildable(
     )
 
 
+def instance_name(model: nn.Module) -> str:
+    """The name a run records for a model given as an instance (:func:`check_rebuildable`)."""
+    return f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+
+
 def model_name(supernet: Supernet) -> str:
     """The name a run configuration gives the supernet's model (see :func:`known_model`)."""
-    name = supernet.model_name
-    if name is None:
-        model = supernet.model
-        name = f"<{type(model).__module__}.{type(model).__qualname__} instance>"
+    name = supernet.model_name or instance_name(supernet.model)
     known_model(name)
     return name
 
@@ -122,20 +124,20 @@ def load_run(
     check_results_match(run_dir, m)
     name = str(m["model"])
     with reading_run(run_dir, trust_code):
-        if supernet is None and is_reference(name):
+        if supernet is not None:  # built by the caller's code: its name stands for it
+            known_model(name)
+        elif is_reference(name):
             resolve(name)
-        if supernet is None:
+        else:
             check_rebuildable(run_dir, name)
-        if name not in MODELS and supernet is None:
-            raise CheckpointError(
-                f"the checkpoint is of model {name!r}, which this espn does not know; "
-                f"known models: {', '.join(MODELS.names())}"
-            )
-        saved = upgrade_saved_config(m["config"])
-        values = {k: v for k, v in saved.items() if k not in ("device", "out")}
-        if values.get("data_dir") is not None and not Path(values["data_dir"]).is_absolute():
-            values["data_dir"] = Path(run_dir) / values["data_dir"]
-        cfg = make_config(**values, device=device, out=Path(run_dir))
+            if name not in MODELS:
+                raise CheckpointError(
+                    f"the checkpoint is of model {name!r}, which this espn does not know; "
+                    f"known models: {', '.join(MODELS.names())}"
+                )
+        cfg = recorded_config(m["config"], run_dir, device)
+    if cfg.data_dir is not None and not cfg.data_dir.is_absolute():  # read from run_dir
+        cfg = cfg.model_copy(update={"data_dir": Path(run_dir) / cfg.data_dir})
     check_device(cfg.device)
     spec = m["spec"]
     if supernet is None:
