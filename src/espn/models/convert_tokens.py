@@ -1,6 +1,8 @@
 """Converting transformer models (docs/transformers.md): ``nn.TransformerEncoderLayer`` /
-``nn.TransformerEncoder`` replaced by traceable twins, linear layers on token tensors found,
-and a residual stream that does not start at a layer refused (:func:`check_stream_sources`)."""
+``nn.TransformerEncoder`` replaced by traceable twins, attention written by hand by
+:class:`~espn.layers.attention.SelfAttention` (:func:`replace_attention`), linear layers on
+token tensors found, and a residual stream that does not start at a layer refused
+(:func:`check_stream_sources`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+from espn.layers.attention import SelfAttention
 
 
 class TokenConvertError(EspnError, ValueError):
@@ -88,6 +91,98 @@ def replace_encoders(model: nn.Module) -> nn.Module:
     for name, child in list(model.named_children()):
         setattr(model, name, replace_encoders(child))
     return model
+
+
+@torch.no_grad()
+def replace_attention(model: nn.Module, example_input: Tensor) -> None:
+    """Put a :class:`SelfAttention` in place of every module of the user's own whose only
+    parameters are two linear layers of its own, ``qkv`` (``D`` to ``3K`` features) and ``proj`` (``K``
+    to ``D``), and which computes multi-head self-attention with them: q, k and v cut from
+    ``qkv``'s output, each into heads of ``K / H`` features (as ``reshape(B, N, 3, H, K / H)``
+    or ``chunk(3, -1)`` cut them, or head by head), ``softmax(q k^T / sqrt(K / H)) v`` per
+    head, then ``proj``. Found by running it: the module, called on random tokens of the
+    shape ``forward`` gives it, must give what that computes for one head count ``H``
+    (within float error); any other computation (a q/k norm, another scale, a mask) is
+    refused in one line."""
+    pairs: dict[str, tuple[str, str]] = {}
+    linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+    for a, qkv in linears.items():
+        for b, proj in linears.items():
+            owner = a.rpartition(".")[0]
+            if (
+                qkv.out_features == 3 * proj.in_features
+                and proj.out_features == qkv.in_features
+                and b.rpartition(".")[0] == owner
+            ):
+                module = model.get_submodule(owner)
+                held = {id(p) for n in (a, b) for p in linears[n].parameters()}
+                if (
+                    owner
+                    and not type(module).__module__.startswith("torch.")
+                    and {id(p) for p in module.parameters()} == held
+                ):
+                    pairs[owner] = (a, b)
+    shapes: dict[str, torch.Size] = {}
+
+    def record(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+            x = args[0] if len(args) == 1 else None
+            masks = any(v not in (None, False) for v in kwargs.values())  # timm's attn_mask=None
+            if isinstance(x, Tensor) and x.dim() == 3 and not masks:
+                shapes[name] = x.shape
+
+        return hook
+
+    hooks = [
+        model.get_submodule(n).register_forward_pre_hook(record(n), with_kwargs=True) for n in pairs
+    ]
+    try:
+        model(example_input)
+    finally:
+        for h in hooks:
+            h.remove()
+    for name, shape in shapes.items():
+        a, b = pairs[name]
+        attention = _attention_of(model.get_submodule(name), linears[a], linears[b], shape)
+        if attention is None:
+            raise TokenConvertError(
+                f"module {name!r} cuts {a!r}'s output into parts read by {b!r} but does not "
+                "compute multi-head self-attention with them (softmax(q k^T / sqrt(head "
+                "width)) v per head, then the output projection: a q/k norm, another scale or "
+                "a mask is not supported)"
+            )
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, attention)
+
+
+def _attention_of(
+    module: nn.Module, qkv: nn.Linear, proj: nn.Linear, shape: torch.Size
+) -> SelfAttention | None:
+    """The :class:`SelfAttention` computing what ``module`` computes (see
+    :func:`replace_attention`), its weights and biases copied, or None."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).to(qkv.weight.device)
+    want = module(x)
+    if not isinstance(want, Tensor) or want.shape != x.shape:
+        return None
+    width = proj.in_features
+    zero = torch.zeros(3 * width, device=x.device)
+    bias = qkv.bias if qkv.bias is not None else zero
+    for heads in (h for h in range(1, width + 1) if width % h == 0):
+        rows = torch.arange(3 * width, device=x.device)
+        # q, k and v each cut into heads (3, H, d), or each head's q, k and v together (H, 3, d)
+        for order in (rows, rows.view(heads, 3, -1).transpose(0, 1)):
+            attn = SelfAttention(qkv.in_features, heads).to(x.device).eval()
+            index = order.flatten()
+            attn.in_proj_weight.copy_(qkv.weight.index_select(0, index))
+            attn.in_proj_bias.copy_(bias.index_select(0, index))
+            attn.out_proj.weight.copy_(proj.weight)
+            out_bias = proj.bias if proj.bias is not None else zero[: proj.out_features]
+            attn.out_proj.bias.copy_(out_bias)
+            got = attn(x)
+            if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(want.abs().max()))):
+                return attn
+    return None
 
 
 def token_outputs(model: nn.Module, example_input: Tensor, names: list[str]) -> set[str]:
