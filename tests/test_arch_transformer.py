@@ -23,6 +23,7 @@ from espn.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TokenGate
 from espn.training import Engine, OptimConfig
 from helpers.arch import assert_resumes_exactly
+from helpers.constructs import QkvAttention, QkvSplit
 from helpers.tokens import RowTransformer, ln_mlp, token_models
 
 OPTIMIZERS = [
@@ -483,3 +484,59 @@ def test_timm_vit_is_converted_and_exported():
         sn.commit_task()
         slim = slim_copy(sn, 0, x)
         assert measured_flops(slim, x) == sn.flops()
+
+
+class _HeadByHead(QkvAttention):
+    """q, k and v cut head by head: each head's ``3 * d`` features of ``qkv`` together."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, self.heads, -1).transpose(1, 2)
+        out = nn.functional.scaled_dot_product_attention(*qkv.chunk(3, -1))
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class _OtherScale(QkvAttention):
+    """Attention scaled by the model width instead of the head width: not what
+    ``nn.MultiheadAttention`` computes."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        out = ((q @ k.transpose(-2, -1)) * c**-0.5).softmax(-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+@pytest.mark.parametrize("layout", ["unbind", "chunk", "head-by-head"])
+def test_attention_written_by_hand_becomes_heads_as_units(layout):
+    """q, k and v cut from one projection (``helpers.constructs``): its heads are the units of
+    one group (a head's q, k and v rows and its output projection's columns together) and
+    the converted model computes the model brought (biases that no norm absorbs zeroed);
+    wrap itself checks the FLOPs and a random task's slim copy at batch sizes 1 and 3."""
+    torch.manual_seed(0)
+    model = QkvSplit(chunk=layout == "chunk").eval()
+    if layout == "head-by-head":
+        model.attn = _HeadByHead(16, 4, chunk=False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and name.startswith(("patches", "attn")):
+                p.zero_()
+    x = torch.randn(2, 3, 32, 32)
+    sn = espn.wrap(model, x)
+    attn = sn.model.attn
+    assert isinstance(attn, MaskedAttention) and sn.group_sizes["attn.heads"] == 4
+    assert attn.q.out_units == attn.v.out_units == attn.proj.in_units == "attn.heads"
+    assert attn.proj.in_unit_size == 4
+    sn.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(sn.forward_working(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_written_by_hand_computing_something_else_is_refused():
+    model = QkvSplit()
+    model.attn = _OtherScale(16, 4, chunk=False)
+    with pytest.raises(EspnError) as info:
+        espn.wrap(model, torch.zeros(2, 3, 32, 32))
+    text = str(info.value)
+    assert text.startswith("module 'attn' cuts the output of 'attn.qkv' into parts read by")
+    assert "does not compute multi-head self-attention" in text and "\n" not in text

@@ -146,7 +146,7 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
         attention = _attention_of(model.get_submodule(name), linears[a], linears[b], shape)
         if attention is None:
             raise TokenConvertError(
-                f"module {name!r} cuts {a!r}'s output into parts read by {b!r} but does not "
+                f"module {name!r} cuts the output of {a!r} into parts read by {b!r} but does not "
                 "compute multi-head self-attention with them (softmax(q k^T / sqrt(head "
                 "width)) v per head, then the output projection: a q/k norm, another scale or "
                 "a mask is not supported)"
