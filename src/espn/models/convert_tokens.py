@@ -102,7 +102,7 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
     or ``chunk(3, -1)`` cut them, or head by head), ``softmax(q k^T / sqrt(K / H)) v`` per
     head, then ``proj``. Found by running it: the module, called on random tokens of the
     shape ``forward`` gives it, must give what that computes for one head count ``H``
-    (within float error); any other computation (a q/k norm, another scale, a mask) is
+    (within float error); any other computation (q or k normalised, another scale, a mask) is
     refused in one line."""
     pairs: dict[str, tuple[str, str]] = {}
     linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
@@ -148,8 +148,8 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
             raise TokenConvertError(
                 f"module {name!r} cuts the output of {a!r} into parts read by {b!r} but does not "
                 "compute multi-head self-attention with them (softmax(q k^T / sqrt(head "
-                "width)) v per head, then the output projection: a q/k norm, another scale or "
-                "a mask is not supported)"
+                "width)) v per head, then the output projection: q or k normalised, another "
+                "scale or a mask is not supported)"
             )
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, attention)
