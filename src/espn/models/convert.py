@@ -32,8 +32,8 @@ group (a bias without a BatchNorm right after it, or a group without any norm) g
 :class:`UnitGate` right after it, so that a pruned channel is exactly zero.
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
-and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
-checked here, before any training (see ``docs/architectures.md`` for what is refused); so are
+and run on the example input as on any other (Torch-Pruning reads its graph by running it),
+which is checked here, before any training (see ``docs/architectures.md`` for what is refused); so are
 its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
@@ -55,7 +55,6 @@ from espn.models.convert_checks import check_flops_counted, check_task_cut, modu
 from espn.models.convert_tokens import (
     check_stream_sources,
     replace_attention,
-    replace_encoders,
     token_outputs,
 )
 from espn.models.coupling import Coupling, Group, couple, dependency_graph, successors
@@ -281,7 +280,6 @@ def to_supernet(
     successor = successors(graph, modules)
     heads = output_layers(model, example_input, graph, modules)
     coupling = couple(model, example_input, modules, bare, graph)
-    model = replace_encoders(model)
     places, adopted = _placements(
         model, example_input, modules, bare, successor, heads, coupling, multi_head, task_affine
     )

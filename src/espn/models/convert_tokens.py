@@ -1,5 +1,4 @@
-"""Converting transformer models (docs/transformers.md): ``nn.TransformerEncoderLayer`` /
-``nn.TransformerEncoder`` replaced by traceable twins, attention written by hand by
+"""Converting transformer models (docs/transformers.md): attention written by hand replaced by
 :class:`~espn.layers.attention.SelfAttention` (:func:`replace_attention`), linear layers on
 token tensors found, and a residual stream that does not start at a layer refused
 (:func:`check_stream_sources`)."""
@@ -17,80 +16,6 @@ from espn.layers.attention import SelfAttention
 
 class TokenConvertError(EspnError, ValueError):
     """A transformer model the converter cannot express; the message says what."""
-
-
-class EncoderLayer(nn.Module):
-    """``nn.TransformerEncoderLayer``'s computation (post- or pre-norm, no masks) with its
-    submodules, in a forward that ``torch.fx`` can trace."""
-
-    def __init__(self, layer: nn.TransformerEncoderLayer) -> None:
-        super().__init__()
-        self.self_attn = layer.self_attn
-        self.linear1, self.dropout, self.linear2 = layer.linear1, layer.dropout, layer.linear2
-        self.norm1, self.norm2 = layer.norm1, layer.norm2
-        self.dropout1, self.dropout2 = layer.dropout1, layer.dropout2
-        self.norm_first = layer.norm_first
-        self.activation: Callable[[Tensor], Tensor] = layer.activation
-
-    def _sa_block(self, x: Tensor) -> Tensor:
-        return self.dropout1(self.self_attn(x, x, x, need_weights=False)[0])
-
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
-
-    def forward(
-        self,
-        src: Tensor,
-        src_mask: Tensor | None = None,
-        src_key_padding_mask: Tensor | None = None,
-        is_causal: bool = False,
-    ) -> Tensor:
-        if src_mask is not None or src_key_padding_mask is not None or is_causal:
-            raise TokenConvertError("a converted nn.TransformerEncoderLayer supports no mask")
-        if self.norm_first:
-            src = src + self._sa_block(self.norm1(src))
-            return src + self._ff_block(self.norm2(src))
-        src = self.norm1(src + self._sa_block(src))
-        return self.norm2(src + self._ff_block(src))
-
-
-class EncoderStack(nn.Module):
-    """``nn.TransformerEncoder``: its layers in turn, then its optional norm (no masks)."""
-
-    def __init__(self, encoder: nn.TransformerEncoder) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            [
-                EncoderLayer(m) if isinstance(m, nn.TransformerEncoderLayer) else m
-                for m in encoder.layers
-            ]
-        )
-        self.norm = encoder.norm
-
-    def forward(
-        self,
-        src: Tensor,
-        mask: Tensor | None = None,
-        src_key_padding_mask: Tensor | None = None,
-        is_causal: bool | None = None,
-    ) -> Tensor:
-        if mask is not None or src_key_padding_mask is not None or is_causal:
-            raise TokenConvertError("a converted nn.TransformerEncoder supports no mask")
-        for layer in self.layers:
-            src = layer(src)
-        return src if self.norm is None else self.norm(src)
-
-
-def replace_encoders(model: nn.Module) -> nn.Module:
-    """``model`` with every ``nn.TransformerEncoder(Layer)`` replaced by its traceable twin
-    (same submodules, same names), in place; returns ``model``."""
-    if isinstance(model, nn.TransformerEncoder):
-        return EncoderStack(model)
-    if isinstance(model, nn.TransformerEncoderLayer):
-        return EncoderLayer(model)
-    for name, child in list(model.named_children()):
-        setattr(model, name, replace_encoders(child))
-    return model
 
 
 @torch.no_grad()
