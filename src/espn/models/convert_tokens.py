@@ -21,14 +21,14 @@ class TokenConvertError(EspnError, ValueError):
 @torch.no_grad()
 def replace_attention(model: nn.Module, example_input: Tensor) -> None:
     """Put a :class:`SelfAttention` in place of every module of the user's own whose only
-    parameters are two linear layers of its own, ``qkv`` (``D`` to ``3K`` features) and ``proj`` (``K``
-    to ``D``), and which computes multi-head self-attention with them: q, k and v cut from
-    ``qkv``'s output, each into heads of ``K / H`` features (as ``reshape(B, N, 3, H, K / H)``
-    or ``chunk(3, -1)`` cut them, or head by head), ``softmax(q k^T / sqrt(K / H)) v`` per
-    head, then ``proj``. Found by running it: the module, called on random tokens of the
-    shape ``forward`` gives it, must give what that computes for one head count ``H``
-    (within float error); any other computation (q or k normalised, another scale, a mask) is
-    refused in one line."""
+    parameters are two linear layers of its own, ``qkv`` (``D`` to ``3K`` features) and
+    ``proj`` (``K`` to ``D``), and which computes multi-head self-attention with them: q, k
+    and v cut from ``qkv``'s output, each into heads of ``K / H`` features (as
+    ``reshape(B, N, 3, H, K / H)`` or ``chunk(3, -1)`` cut them, or head by head),
+    ``softmax(q k^T / sqrt(K / H)) v`` per head, then ``proj``. Found by running it: the
+    module, called on random tokens of the shape ``forward`` gives it, must give what that
+    computes for one head count ``H`` (within float error); any other computation (q or k
+    normalised, another scale, a mask) is refused in one line."""
     pairs: dict[str, tuple[str, str]] = {}
     linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
     for a, qkv in linears.items():
@@ -91,19 +91,17 @@ def _attention_of(
     if not isinstance(want, Tensor) or want.shape != x.shape:
         return None
     width = proj.in_features
-    zero = torch.zeros(3 * width, device=x.device)
-    bias = qkv.bias if qkv.bias is not None else zero
     for heads in (h for h in range(1, width + 1) if width % h == 0):
         rows = torch.arange(3 * width, device=x.device)
         # q, k and v each cut into heads (3, H, d), or each head's q, k and v together (H, 3, d)
-        for order in (rows, rows.view(heads, 3, -1).transpose(0, 1)):
-            attn = SelfAttention(qkv.in_features, heads).to(x.device).eval()
-            index = order.flatten()
-            attn.in_proj_weight.copy_(qkv.weight.index_select(0, index))
-            attn.in_proj_bias.copy_(bias.index_select(0, index))
+        for order in (rows, rows.view(heads, 3, -1).transpose(0, 1).flatten()):
+            attn = SelfAttention(qkv.in_features, heads).to(x.device).eval()  # zero biases
+            attn.in_proj_weight.copy_(qkv.weight.index_select(0, order))
             attn.out_proj.weight.copy_(proj.weight)
-            out_bias = proj.bias if proj.bias is not None else zero[: proj.out_features]
-            attn.out_proj.bias.copy_(out_bias)
+            if qkv.bias is not None:
+                attn.in_proj_bias.copy_(qkv.bias.index_select(0, order))
+            if proj.bias is not None:
+                attn.out_proj.bias.copy_(proj.bias)
             got = attn(x)
             if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(want.abs().max()))):
                 return attn
