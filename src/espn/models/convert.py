@@ -33,8 +33,8 @@ group (a bias without a BatchNorm right after it, or a group without any norm) g
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
 and run on the example input as on any other (Torch-Pruning reads its graph by running it),
-which is checked here, before any training (see ``docs/architectures.md`` for what is refused); so are
-its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
+which is checked here, before any training (see ``docs/architectures.md`` for what is
+refused); so are its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
@@ -52,11 +52,7 @@ from espn.layers import ConvertError, Placement, adapter_for, source_names
 from espn.layers.layernorm import channel_layer_norm
 from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
-from espn.models.convert_tokens import (
-    check_stream_sources,
-    replace_attention,
-    token_outputs,
-)
+from espn.models.convert_tokens import check_stream_sources, replace_attention, token_outputs
 from espn.models.coupling import Coupling, Group, couple, dependency_graph, successors
 from espn.models.heads import output_layers
 from espn.models.probe import adapter
