@@ -457,7 +457,8 @@ def test_timm_vit_is_converted_and_exported():
     """timm's ViT (its Attention cuts q, k and v from one projection) through the general
     converter: heads as units, the converted model computing timm's (biases that no norm
     absorbs zeroed: the converter drops them), a dead head's slim copy costing what espn
-    counts; a layer scale (``init_values``) and mean pooling convert too."""
+    counts; a layer scale (``init_values``) and mean pooling convert too; an input of another
+    size than the model's is refused in one line."""
     pytest.importorskip("timm")
     from timm.models.vision_transformer import VisionTransformer
 
@@ -484,6 +485,12 @@ def test_timm_vit_is_converted_and_exported():
         sn.commit_task()
         slim = slim_copy(sn, 0, x)
         assert measured_flops(slim, x) == sn.flops()
+    with pytest.raises(EspnError) as info:  # timm asserts its input size
+        espn.wrap(model, torch.randn(2, 1, 4, 4))
+    assert str(info.value) == (
+        "example_input: the model cannot be built and run on it: "
+        "Input height (4) doesn't match model (8)."
+    )
 
 
 class _HeadByHead(QkvAttention):
