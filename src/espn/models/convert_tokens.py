@@ -47,6 +47,8 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
                     and {id(p) for p in module.parameters()} == held
                 ):
                     pairs[owner] = (a, b)
+    if not pairs:
+        return
     shapes: dict[str, torch.Size] = {}
 
     def record(name: str) -> Callable[..., None]:
