@@ -23,6 +23,7 @@ from espn.supernet import Supernet
 from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TokenGate
 from espn.training import Engine, OptimConfig
 from helpers.arch import assert_resumes_exactly
+from helpers.constructs import QkvAttention, QkvSplit
 from helpers.tokens import RowTransformer, ln_mlp, token_models
 
 OPTIMIZERS = [
@@ -453,42 +454,96 @@ def test_post_and_pre_norm_encoder_layers_compute_what_torch_does():
 
 
 def test_timm_vit_is_converted_and_exported():
-    timm = pytest.importorskip("timm")
+    """timm's ViT (its Attention cuts q, k and v from one projection) through the general
+    converter: heads as units, the converted model computing timm's (biases that no norm
+    absorbs zeroed: the converter drops them), a dead head's slim copy costing what espn
+    counts; its layer scale (``init_values``) converts too (mean pooling and the distilled
+    DeiT: benchmarks/model_matrix.py); an input of another size than the model's is refused
+    in one line."""
+    pytest.importorskip("timm")
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(0)
-    model = VisionTransformer(
-        img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=32, depth=2, num_heads=2
-    ).eval()
-    with torch.no_grad():  # biases no norm absorbs are dropped; the patch bias is kept exactly
-        for name, p in model.named_parameters():
-            kept = any(k in name for k in ("norm", "patch_embed", "head"))
-            if name.endswith("bias") and not kept:
-                p.zero_()
     x = torch.randn(4, 1, 8, 8)
+    model = VisionTransformer(
+        img_size=8, patch_size=4, in_chans=1, num_classes=3, embed_dim=32, depth=2,
+        num_heads=2, init_values=0.5,
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and "norm" not in name and not name.startswith("head"):
+                p.zero_()
     sn = espn.wrap(model, x)
-    assert isinstance(sn, Supernet) and "blocks.1.heads" in sn.group_sizes
+    assert sn.group_sizes["blocks.1.attn.heads"] == 2
     sn.eval()
     with torch.no_grad():
         assert torch.allclose(sn.forward_working(x), model(x), atol=1e-5)
     sn.begin_task(3)
     units = sn.unit_masks()
-    units["blocks.0.heads"][1] = False
+    units["blocks.0.attn.heads"][1] = False
     sn.set_unit_masks(units)
     sn.commit_task()
     slim = slim_copy(sn, 0, x)
     assert measured_flops(slim, x) == sn.flops()
-    layer_scale = VisionTransformer(
-        img_size=8,
-        patch_size=4,
-        in_chans=1,
-        num_classes=3,
-        embed_dim=32,
-        depth=1,
-        num_heads=2,
-        init_values=1e-5,
+    with pytest.raises(EspnError) as info:  # timm asserts its input size
+        espn.wrap(model, torch.randn(2, 1, 4, 4))
+    assert str(info.value) == (
+        "example_input: the model cannot be built and run on it: "
+        "Input height (4) doesn't match model (8)."
     )
+
+
+class _HeadByHead(QkvAttention):
+    """q, k and v cut head by head: each head's ``3 * d`` features of ``qkv`` together."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, self.heads, -1).transpose(1, 2)
+        out = nn.functional.scaled_dot_product_attention(*qkv.chunk(3, -1))
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class _OtherScale(QkvAttention):
+    """Attention scaled by the model width instead of the head width: not what
+    ``nn.MultiheadAttention`` computes."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        out = ((q @ k.transpose(-2, -1)) * c**-0.5).softmax(-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+@pytest.mark.parametrize("layout", ["unbind", "chunk", "head-by-head"])
+def test_attention_written_by_hand_becomes_heads_as_units(layout):
+    """q, k and v cut from one projection (``helpers.constructs``): its heads are the units of
+    one group (a head's q, k and v rows and its output projection's columns together) and
+    the converted model computes the model brought (biases that no norm absorbs zeroed);
+    wrap itself checks the FLOPs and a random task's slim copy at batch sizes 1 and 3."""
+    torch.manual_seed(0)
+    model = QkvSplit(chunk=layout == "chunk").eval()
+    if layout == "head-by-head":
+        model.attn = _HeadByHead(16, 4, chunk=False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and name.startswith(("patches", "attn")):
+                p.zero_()
+    x = torch.randn(2, 3, 32, 32)
+    sn = espn.wrap(model, x)
+    attn = sn.model.attn
+    assert isinstance(attn, MaskedAttention) and sn.group_sizes["attn.heads"] == 4
+    assert attn.q.out_units == attn.v.out_units == attn.proj.in_units == "attn.heads"
+    assert attn.proj.in_unit_size == 4
+    sn.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(sn.forward_working(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_written_by_hand_computing_something_else_is_refused():
+    model = QkvSplit()
+    model.attn = _OtherScale(16, 4, chunk=False)
     with pytest.raises(EspnError) as info:
-        espn.wrap(layer_scale, x)
-    assert "blocks.0.ls1=LayerScale is not supported" in str(info.value)
-    assert "\n" not in str(info.value) and timm.__name__ == "timm"
+        espn.wrap(model, torch.zeros(2, 3, 32, 32))
+    text = str(info.value)
+    assert text.startswith("module 'attn' cuts the output of 'attn.qkv' into parts read by")
+    assert "does not compute multi-head self-attention" in text and "\n" not in text

@@ -124,6 +124,45 @@ class ClassToken(nn.Module):
         return self.fc(x[:, 0])
 
 
+class QkvAttention(nn.Module):
+    """Self-attention as research code writes it: q, k and v cut from one projection, by
+    ``reshape(B, N, 3, H, d)`` and ``unbind`` with the products written out, or by
+    ``chunk(3, -1)`` into ``F.scaled_dot_product_attention``; widths read from ``x.shape``."""
+
+    def __init__(self, dim: int, heads: int, chunk: bool) -> None:
+        super().__init__()
+        self.heads, self.chunk = heads, chunk
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        if self.chunk:
+            q, k, v = (
+                t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1)
+            )
+            x = F.scaled_dot_product_attention(q, k, v)
+        else:
+            qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.unbind(0)
+            x = ((q @ k.transpose(-2, -1)) * (c // self.heads) ** -0.5).softmax(-1) @ v
+        return self.proj(x.transpose(1, 2).reshape(b, n, c))
+
+
+class QkvSplit(nn.Module):
+    """A ViT block's attention (:class:`QkvAttention`) on patch tokens, mean-pooled."""
+
+    def __init__(self, chunk: bool = False) -> None:
+        super().__init__()
+        self.patches, self.norm = nn.Conv2d(3, 16, 8, 8), nn.LayerNorm(16)
+        self.attn = QkvAttention(16, 4, chunk)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.patches(x).flatten(2).transpose(1, 2)
+        x = x + self.attn(self.norm(x))
+        return self.fc(x.mean(1))
+
+
 class LayerNorm2d(nn.LayerNorm):
     """timm's LayerNorm2d: LayerNorm over the channels of an NCHW map."""
 
@@ -199,6 +238,8 @@ CONSTRUCTS: dict[str, tuple[Callable[[], nn.Module], Tensor]] = {
     "token-mixing": (TokenMixer, _IMAGE),
     "functional-weight": (FunctionalWeight, _IMAGE),
     "layer-scale": (LayerScale, _IMAGE),
+    "qkv-split": (QkvSplit, _IMAGE),
+    "qkv-chunk": (lambda: QkvSplit(chunk=True), _IMAGE),
     "class-token": (ClassToken, _IMAGE),
     "layernorm2d": (ChannelNorm, _IMAGE),
     "conv-head": (ConvHead, _IMAGE),

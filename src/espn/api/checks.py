@@ -32,6 +32,10 @@ def fail(argument: str, what: str) -> ApiArgumentError:
     return ApiArgumentError(" ".join(f"{argument}: {what}".split()))
 
 
+#: errors a model or a data set raises on input it cannot take (timm asserts its input size)
+_MODEL_ERRORS = (RuntimeError, ValueError, TypeError, LookupError, AttributeError, AssertionError)
+
+
 @contextmanager
 def about(argument: str, context: str = "", test_argument: str | None = None) -> Iterator[None]:
     """Within: an error that is not espn's own becomes one line naming ``argument`` (and
@@ -49,7 +53,7 @@ def about(argument: str, context: str = "", test_argument: str | None = None) ->
         raise fail(argument, str(exc)) from None
     except EspnError:
         raise
-    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+    except _MODEL_ERRORS as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise fail(argument, f"{context}{first[:300]}") from None
 

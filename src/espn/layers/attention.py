@@ -62,6 +62,35 @@ class MaskedSelfAttention(MaskedAttention):
         return (out if self.batch_first else out.transpose(0, 1)), None
 
 
+def _no_masks(absent: dict[str, object]) -> None:
+    """Refuse keyword arguments of a :class:`SelfAttention` other than None or False (timm's
+    blocks pass ``attn_mask=None, is_causal=False``)."""
+    if any(v not in (None, False) for v in absent.values()):
+        raise ConvertError(f"a converted attention takes no {', '.join(absent)}")
+
+
+class SelfAttention(nn.MultiheadAttention):
+    """Multi-head self-attention called as ``attn(x)`` on ``(B, N, D)`` tokens, returning the
+    tokens: what the converter puts in place of attention written by hand (q, k and v cut
+    from one projection, see :func:`espn.models.convert_tokens.replace_attention`); it
+    becomes a :class:`TokenAttention`."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__(dim, heads, batch_first=True)
+
+    def forward(self, x: Tensor, **absent: object) -> Tensor:  # type: ignore[override]
+        _no_masks(absent)
+        return super().forward(x, x, x, need_weights=False)[0]
+
+
+class TokenAttention(MaskedAttention):
+    """A :class:`MaskedAttention` called as :class:`SelfAttention` is."""
+
+    def forward(self, x: Tensor, **absent: object) -> Tensor:
+        _no_masks(absent)
+        return super().forward(x)
+
+
 @register
 class AttentionAdapter(LayerAdapter):
     source = (nn.MultiheadAttention,)
@@ -86,16 +115,22 @@ class AttentionAdapter(LayerAdapter):
         """The masked self-attention holding ``m``'s projection weights (biases are dropped,
         as the converter drops every bias not absorbed by a norm)."""
         assert isinstance(m, nn.MultiheadAttention)
-        name = place.name
-        out = MaskedSelfAttention(
-            m.embed_dim,
-            m.num_heads,
-            f"{name}.heads" if name else "heads",
-            place.in_group,
-            bool(m.batch_first),
-            float(m.dropout),
-            place.task_affine,
-        )
+        heads = f"{place.name}.heads" if place.name else "heads"
+        out: MaskedAttention
+        if isinstance(m, SelfAttention):
+            out = TokenAttention(
+                m.embed_dim, m.num_heads, heads, place.in_group, task_affine=place.task_affine
+            )
+        else:
+            out = MaskedSelfAttention(
+                m.embed_dim,
+                m.num_heads,
+                heads,
+                place.in_group,
+                bool(m.batch_first),
+                float(m.dropout),
+                place.task_affine,
+            )
         q, k, v = m.in_proj_weight.chunk(3)
         out.q.weight.copy_(q)
         out.k.weight.copy_(k)

@@ -20,9 +20,9 @@ and functions: activations, pooling, additions, products, flatten) and returns a
   and position embeddings added to a token stream, a layer scale multiplying a conv's
   channels) become per-task state (:class:`~espn.layers.parameters.TaskParameters`);
 * transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
-  ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and timm's
-  ``VisionTransformer`` are converted as :mod:`espn.models.convert_tokens` and
-  :mod:`espn.models.timm_vit` describe (attention heads become units).
+  ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and self-attention
+  written by hand (q, k and v cut from one projection: timm's and research code's ViTs) are
+  converted as :mod:`espn.models.convert_tokens` describes (attention heads become units).
 
 The unit groups are found by Torch-Pruning's ``DependencyGraph`` (see
 :mod:`espn.models.coupling`). A layer whose output only scales features (the excitation of a
@@ -32,9 +32,9 @@ group (a bias without a BatchNorm right after it, or a group without any norm) g
 :class:`UnitGate` right after it, so that a pruned channel is exactly zero.
 
 The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
-and be traceable by Torch-Pruning and torch.fx (no data-dependent control flow), which is
-checked here, before any training (see ``docs/architectures.md`` for what is refused); so are
-its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
+and run on the example input as on any other (Torch-Pruning reads its graph by running it),
+which is checked here, before any training (see ``docs/architectures.md`` for what is
+refused); so are its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
 ``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
 :func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
 """
@@ -52,7 +52,7 @@ from espn.layers import ConvertError, Placement, adapter_for, source_names
 from espn.layers.layernorm import channel_layer_norm
 from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
-from espn.models.convert_tokens import check_stream_sources, replace_encoders, token_outputs
+from espn.models.convert_tokens import check_stream_sources, replace_attention, token_outputs
 from espn.models.coupling import Coupling, Group, couple, dependency_graph, successors
 from espn.models.heads import output_layers
 from espn.models.probe import adapter
@@ -112,7 +112,7 @@ def _refuse_parameter(model: nn.Module, owner: str) -> ConvertError:
         f"module {owner!r} is a {kind} with parameters; the converter supports "
         f"{source_names()} and nn.TransformerEncoder(Layer) (plus parameter-free modules, and "
         "bare per-feature parameters: a class token, position embeddings, a layer scale), and "
-        "timm's VisionTransformer"
+        "self-attention written with a qkv and an output projection"
     )
 
 
@@ -259,8 +259,6 @@ def to_supernet(
     result computes what ``model`` computes (in eval mode) until the first task begins, which
     resets BatchNorms and heads.
     """
-    from espn.models.timm_vit import from_timm_vit, is_timm_vit  # it imports the registry
-
     if not example_input.is_floating_point() and not any(
         isinstance(m, nn.Embedding) for m in model.modules()
     ):
@@ -268,21 +266,16 @@ def to_supernet(
             f"example_input: {str(example_input.dtype).removeprefix('torch.')} inputs are "
             "token ids, but the model has no nn.Embedding to read them; give float32 inputs"
         )
-    if is_timm_vit(model):
-        measured = module_flops(model, example_input)
-        vit = from_timm_vit(model, example_input, multi_head, task_affine)
-        check_flops_counted(measured, vit, example_input)
-        return vit
     model = copy.deepcopy(model).eval()
     measured = module_flops(model, example_input)
     _plain_layers(model, example_input)
+    replace_attention(model, example_input)
     modules, bare = _check_modules(model)
     _check_calls(model, example_input, modules)
     graph = dependency_graph(model, example_input)
     successor = successors(graph, modules)
     heads = output_layers(model, example_input, graph, modules)
     coupling = couple(model, example_input, modules, bare, graph)
-    model = replace_encoders(model)
     places, adopted = _placements(
         model, example_input, modules, bare, successor, heads, coupling, multi_head, task_affine
     )

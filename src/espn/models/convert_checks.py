@@ -60,7 +60,8 @@ def check_flops_counted(measured: dict[str, int], model: nn.Module, example: Ten
         f"{counted[path]:.0f}: it multiplies by something that is not a layer's weight (a "
         "hand-written attention's q @ k, a bare parameter used as a weight), which espn could "
         "neither count nor prune; supported: weights in nn.Linear/nn.Conv layers, attention "
-        "in nn.MultiheadAttention, nn.TransformerEncoderLayer or timm's VisionTransformer"
+        "in nn.MultiheadAttention, nn.TransformerEncoderLayer or a module of its own holding "
+        "a qkv and an output projection"
     )
 
 

@@ -1,6 +1,7 @@
-"""Converting transformer models (docs/transformers.md): ``nn.TransformerEncoderLayer`` /
-``nn.TransformerEncoder`` replaced by traceable twins, linear layers on token tensors found,
-and a residual stream that does not start at a layer refused (:func:`check_stream_sources`)."""
+"""Converting transformer models (docs/transformers.md): attention written by hand replaced by
+:class:`~espn.layers.attention.SelfAttention` (:func:`replace_attention`), linear layers on
+token tensors found, and a residual stream that does not start at a layer refused
+(:func:`check_stream_sources`)."""
 
 from __future__ import annotations
 
@@ -10,84 +11,103 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+from espn.layers.attention import SelfAttention
 
 
 class TokenConvertError(EspnError, ValueError):
     """A transformer model the converter cannot express; the message says what."""
 
 
-class EncoderLayer(nn.Module):
-    """``nn.TransformerEncoderLayer``'s computation (post- or pre-norm, no masks) with its
-    submodules, in a forward that ``torch.fx`` can trace."""
+@torch.no_grad()
+def replace_attention(model: nn.Module, example_input: Tensor) -> None:
+    """Put a :class:`SelfAttention` in place of every module of the user's own whose only
+    parameters are two linear layers of its own, ``qkv`` (``D`` to ``3K`` features) and
+    ``proj`` (``K`` to ``D``), and which computes multi-head self-attention with them: q, k
+    and v cut from ``qkv``'s output, each into heads of ``K / H`` features (as
+    ``reshape(B, N, 3, H, K / H)`` or ``chunk(3, -1)`` cut them, or head by head),
+    ``softmax(q k^T / sqrt(K / H)) v`` per head, then ``proj``. Found by running it: the
+    module, called on random tokens of the shape ``forward`` gives it, must give what that
+    computes for one head count ``H`` (within float error); any other computation (q or k
+    normalised, another scale, a mask) is refused in one line."""
+    pairs: dict[str, tuple[str, str]] = {}
+    linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+    for a, qkv in linears.items():
+        for b, proj in linears.items():
+            owner = a.rpartition(".")[0]
+            if (
+                qkv.out_features == 3 * proj.in_features
+                and proj.out_features == qkv.in_features
+                and b.rpartition(".")[0] == owner
+            ):
+                module = model.get_submodule(owner)
+                held = {id(p) for n in (a, b) for p in linears[n].parameters()}
+                if (
+                    owner
+                    and not type(module).__module__.startswith("torch.")
+                    and {id(p) for p in module.parameters()} == held
+                ):
+                    pairs[owner] = (a, b)
+    if not pairs:
+        return
+    shapes: dict[str, torch.Size] = {}
 
-    def __init__(self, layer: nn.TransformerEncoderLayer) -> None:
-        super().__init__()
-        self.self_attn = layer.self_attn
-        self.linear1, self.dropout, self.linear2 = layer.linear1, layer.dropout, layer.linear2
-        self.norm1, self.norm2 = layer.norm1, layer.norm2
-        self.dropout1, self.dropout2 = layer.dropout1, layer.dropout2
-        self.norm_first = layer.norm_first
-        self.activation: Callable[[Tensor], Tensor] = layer.activation
+    def record(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+            x = args[0] if len(args) == 1 else None
+            masks = any(v not in (None, False) for v in kwargs.values())  # timm's attn_mask=None
+            if isinstance(x, Tensor) and x.dim() == 3 and not masks:
+                shapes[name] = x.shape
 
-    def _sa_block(self, x: Tensor) -> Tensor:
-        return self.dropout1(self.self_attn(x, x, x, need_weights=False)[0])
+        return hook
 
-    def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
-
-    def forward(
-        self,
-        src: Tensor,
-        src_mask: Tensor | None = None,
-        src_key_padding_mask: Tensor | None = None,
-        is_causal: bool = False,
-    ) -> Tensor:
-        if src_mask is not None or src_key_padding_mask is not None or is_causal:
-            raise TokenConvertError("a converted nn.TransformerEncoderLayer supports no mask")
-        if self.norm_first:
-            src = src + self._sa_block(self.norm1(src))
-            return src + self._ff_block(self.norm2(src))
-        src = self.norm1(src + self._sa_block(src))
-        return self.norm2(src + self._ff_block(src))
-
-
-class EncoderStack(nn.Module):
-    """``nn.TransformerEncoder``: its layers in turn, then its optional norm (no masks)."""
-
-    def __init__(self, encoder: nn.TransformerEncoder) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            [
-                EncoderLayer(m) if isinstance(m, nn.TransformerEncoderLayer) else m
-                for m in encoder.layers
-            ]
-        )
-        self.norm = encoder.norm
-
-    def forward(
-        self,
-        src: Tensor,
-        mask: Tensor | None = None,
-        src_key_padding_mask: Tensor | None = None,
-        is_causal: bool | None = None,
-    ) -> Tensor:
-        if mask is not None or src_key_padding_mask is not None or is_causal:
-            raise TokenConvertError("a converted nn.TransformerEncoder supports no mask")
-        for layer in self.layers:
-            src = layer(src)
-        return src if self.norm is None else self.norm(src)
+    hooks = [
+        model.get_submodule(n).register_forward_pre_hook(record(n), with_kwargs=True) for n in pairs
+    ]
+    try:
+        model(example_input)
+    finally:
+        for h in hooks:
+            h.remove()
+    for name, shape in shapes.items():
+        a, b = pairs[name]
+        attention = _attention_of(model.get_submodule(name), linears[a], linears[b], shape)
+        if attention is None:
+            raise TokenConvertError(
+                f"module {name!r} cuts the output of {a!r} into parts read by {b!r} but does not "
+                "compute multi-head self-attention with them (softmax(q k^T / sqrt(head "
+                "width)) v per head, then the output projection: q or k normalised, another "
+                "scale or a mask is not supported)"
+            )
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, attention)
 
 
-def replace_encoders(model: nn.Module) -> nn.Module:
-    """``model`` with every ``nn.TransformerEncoder(Layer)`` replaced by its traceable twin
-    (same submodules, same names), in place; returns ``model``."""
-    if isinstance(model, nn.TransformerEncoder):
-        return EncoderStack(model)
-    if isinstance(model, nn.TransformerEncoderLayer):
-        return EncoderLayer(model)
-    for name, child in list(model.named_children()):
-        setattr(model, name, replace_encoders(child))
-    return model
+def _attention_of(
+    module: nn.Module, qkv: nn.Linear, proj: nn.Linear, shape: torch.Size
+) -> SelfAttention | None:
+    """The :class:`SelfAttention` computing what ``module`` computes (see
+    :func:`replace_attention`), its weights and biases copied, or None."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).to(qkv.weight.device)
+    want = module(x)
+    if not isinstance(want, Tensor) or want.shape != x.shape:
+        return None
+    width = proj.in_features
+    for heads in (h for h in range(1, width + 1) if width % h == 0):
+        rows = torch.arange(3 * width, device=x.device)
+        # q, k and v each cut into heads (3, H, d), or each head's q, k and v together (H, 3, d)
+        for order in (rows, rows.view(heads, 3, -1).transpose(0, 1).flatten()):
+            attn = SelfAttention(qkv.in_features, heads).to(x.device).eval()  # zero biases
+            attn.in_proj_weight.copy_(qkv.weight.index_select(0, order))
+            attn.out_proj.weight.copy_(proj.weight)
+            if qkv.bias is not None:
+                attn.in_proj_bias.copy_(qkv.bias.index_select(0, order))
+            if proj.bias is not None:
+                attn.out_proj.bias.copy_(proj.bias)
+            got = attn(x)
+            if torch.allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(want.abs().max()))):
+                return attn
+    return None
 
 
 def token_outputs(model: nn.Module, example_input: Tensor, names: list[str]) -> set[str]:
