@@ -29,24 +29,8 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
     module, called on random tokens of the shape ``forward`` gives it, must give what that
     computes for one head count ``H`` (within float error); any other computation (q or k
     normalised, another scale, a mask) is refused in one line."""
-    pairs: dict[str, tuple[str, str]] = {}
     linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
-    for a, qkv in linears.items():
-        for b, proj in linears.items():
-            owner = a.rpartition(".")[0]
-            if (
-                qkv.out_features == 3 * proj.in_features
-                and proj.out_features == qkv.in_features
-                and b.rpartition(".")[0] == owner
-            ):
-                module = model.get_submodule(owner)
-                held = {id(p) for n in (a, b) for p in linears[n].parameters()}
-                if (
-                    owner
-                    and not type(module).__module__.startswith("torch.")
-                    and {id(p) for p in module.parameters()} == held
-                ):
-                    pairs[owner] = (a, b)
+    pairs = _qkv_pairs(model, linears)
     if not pairs:
         return
     shapes: dict[str, torch.Size] = {}
@@ -80,6 +64,29 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
             )
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, attention)
+
+
+def _qkv_pairs(model: nn.Module, linears: dict[str, nn.Linear]) -> dict[str, tuple[str, str]]:
+    """The user's own modules holding only a ``qkv`` and a ``proj`` linear layer of matching
+    widths (see :func:`replace_attention`), by name: their two layers' names."""
+    pairs: dict[str, tuple[str, str]] = {}
+    for a, qkv in linears.items():
+        for b, proj in linears.items():
+            owner = a.rpartition(".")[0]
+            if (
+                qkv.out_features == 3 * proj.in_features
+                and proj.out_features == qkv.in_features
+                and b.rpartition(".")[0] == owner
+            ):
+                module = model.get_submodule(owner)
+                held = {id(p) for n in (a, b) for p in linears[n].parameters()}
+                if (
+                    owner
+                    and not type(module).__module__.startswith("torch.")
+                    and {id(p) for p in module.parameters()} == held
+                ):
+                    pairs[owner] = (a, b)
+    return pairs
 
 
 def _attention_of(
