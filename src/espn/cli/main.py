@@ -268,14 +268,12 @@ def _report(doc: dict[str, Any], out: Path, agnostic_device: str | None) -> None
     console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
     if agnostic_device is None:
         return
+    from espn.api.functions import load
     from espn.cli import deploy
-    from espn.runs.building import build_benchmark
-    from espn.runs.loading import load_run
 
-    loaded = load_run(out, agnostic_device)
-    seq = build_benchmark(loaded.config, download=False)
-    tasks = [seq.tasks[t] for t in range(loaded.n_tasks)]
-    deploy.task_agnostic_report(out, loaded.supernet, tasks, "all")
+    learner = load(out, device=agnostic_device, benchmark_data=True)
+    tasks = [task for task in learner.tasks if task is not None]
+    deploy.task_agnostic_report(out, learner.supernet, tasks, "all")
 
 
 @user_errors
