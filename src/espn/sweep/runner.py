@@ -50,11 +50,6 @@ class SweepOptions(TypedDict, total=False):
     overwrite: bool
 
 
-def cluster_address(ray_address: str | None) -> str | None:
-    """The Ray cluster the points run on: ``ray_address``, else ``RAY_ADDRESS``, else None."""
-    return ray_address or os.environ.get("RAY_ADDRESS") or None
-
-
 def outcome_line(outcome: PointOutcome) -> str:
     """One line per finished point: status, name, accuracy, the run's recorded wall time and
     this attempt's seconds (none when reused), or the log when failed."""
@@ -83,44 +78,34 @@ def run_sweep(
     progress: bool = True,
     overwrite: bool = False,
 ) -> list[PointOutcome]:
-    """Run every point into ``out/<name>``; their outcomes in the points' order (see
-    docs/sweeps.md).
-
-    Every point is validated before anything runs; finished points are reused, killed ones
-    resumed, a failing one reported while the others go on. ``workers`` > 1 runs them on a
-    local Ray instance, ``ray_address`` on that cluster, each asking for ``cpus_per_run``
-    CPUs and ``gpus_per_run`` GPUs; else (or without Ray) one after another in this process.
-    A point holding a run of other options is refused unless ``overwrite``.
-    """
+    """Run every point into ``out/<name>``, each validated before any runs; their outcomes in
+    the points' order. Finished points are reused, killed ones resumed, a point holding a run
+    of other options refused unless ``overwrite``; ``workers`` > 1 or ``ray_address`` (else
+    ``RAY_ADDRESS``) runs them on Ray (docs/sweeps.md)."""
     out = Path(out).resolve()  # Ray workers need not share this process's directory
     check_resources(workers, cpus_per_run, gpus_per_run)
     validate_points(points, out)
     check_inside(points, out)
     # fixed: in-process points redirect sys.stdout to logs; text printed as written (no markup)
     console = OutputConsole(file=sys.stdout, markup=False)
-    outcomes: dict[str, PointOutcome] = {}
-    todo = []
-    for p in map(anchored, points):
-        reused = reused_outcome(p, out)
-        if reused is None:
-            todo.append(p)
-        else:
-            outcomes[p.name] = reused
+    absolute = [anchored(p) for p in points]
+    outcomes = {p.name: o for p in absolute if (o := reused_outcome(p, out)) is not None}
+    todo = [p for p in absolute if p.name not in outcomes]
     if not overwrite:
         check_not_replacing(todo, out)
-    ray_address = cluster_address(ray_address)
+    ray_address = ray_address or os.environ.get("RAY_ADDRESS") or None
     in_process = _in_process(len(todo), workers, ray_address, gpus_per_run, console)
     with _reporter(len(points), console, progress) as report:
         for outcome in outcomes.values():
             report(outcome)
-        if todo and in_process:
-            for p in todo:
-                outcomes[p.name] = run_point(p, out)
-                report(outcomes[p.name])
-        elif todo:
-            for outcome in _run_on_ray(todo, out, workers, ray_address, cpus_per_run, gpus_per_run):
-                outcomes[outcome.point.name] = outcome
-                report(outcome)
+        ran = (
+            (run_point(p, out) for p in todo)
+            if in_process
+            else _run_on_ray(todo, out, workers, ray_address, cpus_per_run, gpus_per_run)
+        )
+        for outcome in ran:
+            outcomes[outcome.point.name] = outcome
+            report(outcome)
     for p in points:  # the caller's points, as given
         outcomes[p.name].point = p
     return [outcomes[p.name] for p in points]
