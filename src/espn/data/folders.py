@@ -63,7 +63,7 @@ class DecodedImages(Dataset):
 class LazyImages:
     """Stands in for the image tensor of a streamed split: ``x[index]`` decodes those images
     (in this process) onto ``device``. Training and evaluation go through
-    :meth:`StreamingTask.batches` instead, which decodes in DataLoader workers."""
+    :meth:`StreamingTask.inputs` instead, which decodes in DataLoader workers."""
 
     def __init__(self, dataset: DecodedImages, device: torch.device) -> None:
         self.dataset = dataset
@@ -83,31 +83,19 @@ class StreamingTask(Task):
 
     n_workers: int = 0
 
-    def batches(
-        self,
-        split: str,
-        batch_size: int,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-        augment: bool | None = None,
-    ) -> Iterator[tuple[Tensor, Tensor]]:
+    def inputs(self, split: str, rows: list[Tensor], train: bool) -> Iterator[Tensor]:
         data = self.split(split)
         images: LazyImages = data.x  # type: ignore[assignment]
-        rows = self.batch_rows(split, batch_size, shuffle, generator)
-        ids = data.index.cpu()
-        device = images.device
         loader = DataLoader(
             images.dataset,
-            batch_sampler=[ids[r].tolist() for r in rows],
+            batch_sampler=[data.index[r].tolist() for r in rows],
             num_workers=self.n_workers,
-            pin_memory=device.type == "cuda",
+            pin_memory=images.device.type == "cuda",
             # its own generator: the loader leaves torch's default one (augmentation) alone
             generator=torch.Generator().manual_seed(0),
         )
-        train = split == "train" if augment is None else augment
-        for r, x in zip(rows, loader, strict=True):
-            x = x.to(device, non_blocking=True)
-            yield self.transform(x, train), data.y[r.to(data.y.device)]
+        for x in loader:
+            yield self.transform(x.to(images.device, non_blocking=True), train)
 
 
 def folder_samples(root: Path, seed: int, salt: int) -> tuple[list[str], Samples, Samples]:

@@ -49,19 +49,19 @@ class Task:
         generator: torch.Generator | None = None,
         augment: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Yield ``(inputs, labels)`` batches; everything stays on the data's device.
-
-        ``augment`` (default: on for the training split) applies the training transform.
-        """
+        """Yield ``(inputs, labels)`` batches on the data's device; ``augment`` (default: on
+        for the training split) applies the training transform."""
         data = self.split(split)
         train = split == "train" if augment is None else augment
-        for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
-            yield self.inputs(split, rows, train), data.y[rows]
+        rows = self.batch_rows(split, batch_size, shuffle, generator, data.index.device)
+        for r, x in zip(rows, self.inputs(split, rows, train), strict=True):
+            yield x, data.y[r]
 
-    def inputs(self, split: str, rows: Tensor, train: bool) -> Tensor:
-        """The model inputs of the samples ``rows`` of ``split``."""
+    def inputs(self, split: str, rows: list[Tensor], train: bool) -> Iterator[Tensor]:
+        """The model inputs of each batch of ``rows`` of ``split`` (what a kind of task that
+        loads or transforms its samples otherwise replaces)."""
         data = self.split(split)
-        return self.transform(data.x[data.index[rows]], train)
+        return (self.transform(data.x[data.index[r]], train) for r in rows)
 
     def raw_inputs(self, split: str, batch_size: int) -> list[Tensor]:
         """The samples of ``split`` as stored, before the transform (raw images), in batches
