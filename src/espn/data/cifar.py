@@ -131,21 +131,15 @@ def split_benchmark(
     )
 
 
-for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
-    ("split-cifar100", "cifar100", 5, True, True, CIFAR, "CIFAR-100 in tasks of 5 classes"),
-    ("split-cifar10", "cifar10", 2, True, True, CIFAR, "CIFAR-10 in tasks of 2 classes"),
-    ("cifar10", "cifar10", 10, True, False, CIFAR, "CIFAR-10 as one 10-class task"),
-    (
-        "split-fashion-mnist",
-        "fashion-mnist",
-        2,
-        False,
-        True,
-        FASHION,
-        "Fashion-MNIST in tasks of 2 classes",
-    ),
+for _name, _source, _k, _what in (
+    ("split-cifar100", "cifar100", 5, "CIFAR-100 in tasks of 5 classes"),
+    ("split-cifar10", "cifar10", 2, "CIFAR-10 in tasks of 2 classes"),
+    ("cifar10", "cifar10", 10, "CIFAR-10 as one 10-class task"),
+    ("split-fashion-mnist", "fashion-mnist", 2, "Fashion-MNIST in tasks of 2 classes"),
 ):
     _n = (100 if _source == "cifar100" else 10) // _k
+    _shuffle, _augment = _n > 1, _source != "fashion-mnist"  # one task: no class order
+    _orders = ("random", "superclass") if _source == "cifar100" else ("random",)
     BENCHMARKS.register(_name)(
         Benchmark(
             build=functools.partial(
@@ -155,13 +149,7 @@ for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
             max_tasks=_n,
             description=f"{_what} ({'seeded class order, ' if _shuffle else ''}"
             f"one head per task{', crop+flip augmentation' if _augment else ''})",
-            defaults=_defaults,
-            class_orders=(
-                ("random", "superclass")
-                if _source == "cifar100"
-                else ("random",)
-                if _shuffle
-                else ()
-            ),
+            defaults=CIFAR if _augment else FASHION,
+            class_orders=_orders if _shuffle else (),
         )
     )

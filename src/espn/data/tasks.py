@@ -161,18 +161,16 @@ def subset_index(n: int, keep: int | None, generator: torch.Generator) -> Tensor
     return torch.randperm(n, generator=generator)[:keep].sort().values
 
 
-def _pick(tasks: Sequence[Task], index: list[int]) -> Sequence[Task]:
-    """``tasks[index[0]], tasks[index[1]], ...``; lazy when ``tasks`` is."""
-    if isinstance(tasks, LazyTasks):
-        return LazyTasks(len(index), lambda t: tasks.build(index[t]), tasks.keep)
-    return [tasks[i] for i in index]
-
-
 def reordered(seq: TaskSequence, order: list[int]) -> TaskSequence:
     """``seq`` with its tasks in ``order`` (a permutation of the given positions)."""
     if sorted(order) != list(range(len(seq))):
         raise ValueError(f"task order {order} is not a permutation of 0..{len(seq) - 1}")
-    tasks = _pick(seq.tasks, order)
+    given = seq.tasks
+    tasks: Sequence[Task] = (
+        LazyTasks(len(order), lambda t: given.build(order[t]), given.keep)
+        if isinstance(given, LazyTasks)
+        else [given[i] for i in order]
+    )
     return TaskSequence(
         seq.name, tasks, seq.input_shape, seq.multi_head, {**seq.info, "given_positions": order}
     )
