@@ -190,11 +190,8 @@ def _split(samples: Samples, size: int, device: torch.device, memory: bool) -> S
 def image_folders(
     args: BenchmarkArgs, in_memory: bool | None = None, n_workers: int | None = None
 ) -> TaskSequence:
-    """One task per directory of ``args.folders`` (docs/benchmarks.md).
-
-    ``in_memory`` forces holding the images on the device (True) or streaming them (False);
-    None decides by size.
-    """
+    """One task per directory of ``args.folders`` (docs/benchmarks.md), held on the device
+    (``in_memory`` True) or streamed (False); None decides by size."""
     if not args.folders:
         raise DatasetUnavailable(
             "image-folders needs its directories: --folders DIR1,DIR2,... (one per task)"

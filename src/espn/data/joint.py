@@ -26,14 +26,10 @@ def _joint_split(tasks: list[Task], split: str, offsets: list[int]) -> Split:
 
 
 class JointTask(Task):
-    """All tasks of a sequence as one task: shuffled batches mix samples of every task.
-
-    Each sample goes through its own task's transform. With one head per task
-    (``multi_head``) the joint head has all tasks' classes side by side and a sample's label
-    is offset into its task's block; :meth:`loss` then routes every sample to its task's
-    block only (a softmax over its own task's classes). With a shared head the labels are
-    the tasks' own.
-    """
+    """All tasks of a sequence as one task whose shuffled batches mix every task's samples.
+    With one head per task the joint head holds every task's classes side by side (labels
+    offset into their task's block, :meth:`loss` a softmax over that block only); with a
+    shared head the labels are the tasks' own."""
 
     def __init__(self, seq: TaskSequence) -> None:
         self.tasks = list(seq.tasks)

@@ -74,12 +74,9 @@ def _offline_mnist_like(directory: Path) -> dict[str, tuple[Tensor, Tensor]] | N
 def load_mnist_like(
     name: str, root: Path | None = None, download: bool = True
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """``{"train": (images uint8 [N, 28, 28], labels), "test": ...}`` for MNIST or Fashion-MNIST.
-
-    Looks in ``root`` (the IDX files themselves, or torchvision's layout ``root/<Class>/raw``),
-    then in the offline directory of the Debian package, then downloads through torchvision
-    when ``download`` is set.
-    """
+    """``{"train": (images uint8 [N, 28, 28], labels), "test": ...}`` for MNIST or Fashion-MNIST,
+    from ``root`` (the IDX files, or torchvision's ``root/<Class>/raw``), Debian's offline
+    copy, or else downloaded through torchvision when ``download`` is set."""
     root = Path(root) if root is not None else default_data_dir()
     class_name = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}[name]  # torchvision's
     offline = OFFLINE_DIRS.get(name)

@@ -79,14 +79,8 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
 
 class ESPNStrategy(SupervisedTemplate):
     """An Avalanche strategy that learns each experience (one task label, learned once) as
-    one espn task.
-
-    ``model``: an ``nn.Module`` (wrapped on the first experience), a module of espn's masked
-    layers, or a :class:`Supernet`. ``optimizer``: a torch SGD/Adam/RMSprop whose class and
-    hyper-parameters espn's engine uses, a name, or None. ``train_epochs`` is split by
-    :func:`split_epochs` unless ``epochs=`` is given; ``method`` and ``settings`` go to
-    :func:`espn.create_method`; ``criterion`` is Avalanche's evaluation loss only.
-    """
+    one espn task (docs/avalanche.md); ``method`` and ``settings`` go to
+    :func:`espn.create_method`, ``criterion`` is Avalanche's evaluation loss only."""
 
     def __init__(
         self,

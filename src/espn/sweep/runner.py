@@ -240,11 +240,9 @@ def _run_on_ray(
     cpus: float,
     gpus: float,
 ) -> Iterator[PointOutcome]:
-    """Yield each point's outcome as its Ray task finishes."""
-    try:
-        import ray
-    except ImportError:
-        raise SweepError(RAY_MISSING) from None
+    """Yield each point's outcome as its Ray task finishes (Ray is there: see _in_process)."""
+    import ray
+
     started = not ray.is_initialized()
     watchdog: subprocess.Popen[bytes] | None = None
     if started:

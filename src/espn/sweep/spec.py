@@ -64,9 +64,11 @@ def default_name(values: dict[str, Any]) -> str:
     return safe_name("_".join(parts) or "base")
 
 
-def check_template(template: str) -> None:
-    """Refuse a point-name template with a width or precision beyond
-    :data:`~espn.utils.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}``) or nested fields."""
+def check_template(template: Any) -> None:
+    """Refuse a point-name template that is not a format string, or has a width or precision
+    beyond :data:`~espn.utils.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}``) or nested fields."""
+    if not isinstance(template, str):
+        raise SweepError(f"sweep spec: 'name' must be a format string, got {template!r}")
     try:
         fields = [
             (f, s or "") for _, f, s, _ in string.Formatter().parse(template) if f is not None
@@ -116,8 +118,6 @@ def expand_spec(spec: Any) -> list[Point]:
             + f"), more than the {MAX_POINTS} a sweep may have; split it into smaller sweeps"
         )
     template = spec.get("name")
-    if template is not None and not isinstance(template, str):
-        raise SweepError(f"sweep spec: 'name' must be a format string, got {template!r}")
     if template is not None:
         check_template(template)
     points = []
