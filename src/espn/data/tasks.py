@@ -10,7 +10,7 @@ from typing import overload
 import torch
 from torch import Tensor
 
-from espn.utils.transforms import BatchTransform as BatchTransform
+from espn.utils.transforms import BatchTransform
 
 
 @dataclass
