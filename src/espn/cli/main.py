@@ -356,11 +356,8 @@ def accuracy_matrix_table(rows: list[list[float] | None]) -> Table:
         title="accuracy matrix (%), tasks 0.." + str(n - 1),
     )
     for t, row in enumerate(rows):
-        if row is None:
-            table.add_row(str(t), *(["not evaluated"] + [""] * (n - 1)))
-            continue
-        cells = [f"{v:.2f}" for v in row] + [""] * (n - len(row))
-        table.add_row(str(t), *cells)
+        cells = ["not evaluated"] if row is None else [f"{v:.2f}" for v in row]
+        table.add_row(str(t), *cells, *[""] * (n - len(cells)))
     return table
 
 

@@ -331,6 +331,7 @@ def _reporter(total: int, console: Console, show: bool) -> Iterator[Callable[[Po
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=not show,
     )
     task = bar.add_task("points", total=total)
 
@@ -339,10 +340,5 @@ def _reporter(total: int, console: Console, show: bool) -> Iterator[Callable[[Po
         if show:
             bar.console.print(printable(outcome_line(outcome)), highlight=False, soft_wrap=True)
 
-    if show:
-        bar.start()
-    try:
+    with bar:
         yield report
-    finally:
-        if show:
-            bar.stop()

@@ -74,18 +74,17 @@ def read_json(path: Path | str) -> Any:
         raise JsonFileError(
             f"{path} is {size} bytes, larger than the {MAX_JSON_BYTES} espn reads; refused"
         )
+    deep = JsonFileError(
+        f"{path} nests JSON deeper than the {MAX_JSON_DEPTH} levels espn reads; refused"
+    )
     try:
         doc = json.loads(path.read_bytes().decode("utf-8"))
     except RecursionError:
-        doc, deep = None, True
+        raise deep from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise JsonFileError(f"{path} is not valid JSON ({exc})", syntax=str(exc)) from None
-    else:
-        deep = nests_deeper(doc, MAX_JSON_DEPTH)
-    if deep:
-        raise JsonFileError(
-            f"{path} nests JSON deeper than the {MAX_JSON_DEPTH} levels espn reads; refused"
-        )
+    if nests_deeper(doc, MAX_JSON_DEPTH):
+        raise deep
     return doc
 
 
