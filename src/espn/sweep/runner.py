@@ -160,7 +160,7 @@ def check_ray_target(address: str | None, gpus_per_run: float) -> None:
     """Refuse, before Ray starts, what Ray would wait on forever: GPUs this machine lacks, a
     cluster address that does not answer, ``ray://`` without the Ray client."""
     if address is None:
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        have = torch.cuda.device_count()  # 0 without CUDA
         if gpus_per_run > have:
             raise SweepError(
                 f"gpus_per_run {gpus_per_run:g} asks each point for more GPUs than this machine "
@@ -256,11 +256,10 @@ def _run_on_ray(
             ray.init(address=address, **common)
         else:
             n = workers or 1
-            gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             watchdog = _watch()  # before Ray starts: a kill at any time after is covered
             ray.init(
                 num_cpus=max(1, math.ceil(n * cpus)),  # Ray wants whole CPUs (0.5 x 3 -> 2)
-                num_gpus=gpu_count,
+                num_gpus=torch.cuda.device_count(),
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                 **common,
             )
