@@ -207,6 +207,8 @@ def test_image_folders_in_memory_and_streamed_agree(folders):
             assert len(xa) == len(xb) == a.num_batches(split, 5)
             for (x1, y1), (x2, y2) in zip(xa, xb, strict=True):
                 assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    s, h = streamed.tasks[0].train, held.tasks[0].train
+    assert torch.equal(s.x[s.index[:4]], h.x[h.index[:4]])  # a streamed split's images by index
     # the held-out split of a flat folder is seeded: a fifth of every class
     cars = held.tasks[1]
     assert sorted(cars.test.y.tolist()) == [0, 0, 1, 1]

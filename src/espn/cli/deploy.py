@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from espn.settings.training import MAX_COUNT, default, describe
 from espn.utils.commands import (
     RUN_ALIAS,
     RUN_ARGUMENT,
@@ -49,8 +50,8 @@ def _mib(n: float) -> str:
 def evaluate(
     run_dir: Path | None = RUN_ARGUMENT,
     run_alias: Path | None = RUN_ALIAS,
-    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N."),
-    batch_size: int = typer.Option(1024, min=1, max=2**31 - 1, help="Evaluation batch size."),
+    device: str = typer.Option(default("device"), help=describe("device")),
+    batch_size: int = typer.Option(1024, min=1, max=MAX_COUNT, help="Evaluation batch size."),
     trust_model_code: bool = TRUST_OPTION,
     task_agnostic: bool = typer.Option(
         False,

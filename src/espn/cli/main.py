@@ -268,14 +268,12 @@ def _report(doc: dict[str, Any], out: Path, agnostic_device: str | None) -> None
     console.print(f"wrote {out / 'results.json'} and {out / 'accuracy.png'}")
     if agnostic_device is None:
         return
+    from espn.api.functions import load
     from espn.cli import deploy
-    from espn.runs.building import build_benchmark
-    from espn.runs.loading import load_run
 
-    loaded = load_run(out, agnostic_device)
-    seq = build_benchmark(loaded.config, download=False)
-    tasks = [seq.tasks[t] for t in range(loaded.n_tasks)]
-    deploy.task_agnostic_report(out, loaded.supernet, tasks, "all")
+    learner = load(out, device=agnostic_device, benchmark_data=True)
+    tasks = [task for task in learner.tasks if task is not None]
+    deploy.task_agnostic_report(out, learner.supernet, tasks, "all")
 
 
 @user_errors
@@ -358,11 +356,8 @@ def accuracy_matrix_table(rows: list[list[float] | None]) -> Table:
         title="accuracy matrix (%), tasks 0.." + str(n - 1),
     )
     for t, row in enumerate(rows):
-        if row is None:
-            table.add_row(str(t), *(["not evaluated"] + [""] * (n - 1)))
-            continue
-        cells = [f"{v:.2f}" for v in row] + [""] * (n - len(row))
-        table.add_row(str(t), *cells)
+        cells = ["not evaluated"] if row is None else [f"{v:.2f}" for v in row]
+        table.add_row(str(t), *cells, *[""] * (n - len(cells)))
     return table
 
 

@@ -42,52 +42,46 @@ def _cli_type(annotation: Any) -> type:
     raise TypeError(f"RunConfig field of type {annotation!r} has no command-line form")
 
 
+def _option(name: str, kind: type, default: Any, **info: Any) -> inspect.Parameter:
+    """The keyword-only typer option ``--name`` (``--name/--no-name`` for a bool)."""
+    decl = f"{flag(name)}/--no-{flag(name)[2:]}" if kind is bool else flag(name)
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Option(default, decl, **info),
+        annotation=kind if default is not None else kind | None,
+    )
+
+
 def field_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
     """The typer option of one :class:`RunConfig` field."""
     kind = _cli_type(field.annotation)
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    if extra.get("cli_required"):  # a directory the command line must name
-        info = typer.Option(..., flag(name), parser=run_dir_option, help=field.description)
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info)
+    if extra.get("cli_required"):  # a directory the command line must name (read as text)
+        return _option(name, str, ..., parser=run_dir_option, help=field.description)
     default = field.default if kind is not str or isinstance(field.default, str) else None
     if default is not None and not isinstance(default, kind):
         default = None
-    decls = [f"{flag(name)}/--no-{flag(name)[2:]}" if kind is bool else flag(name)]
-    info = typer.Option(default, *decls, help=field.description)
-    annotation = kind if default is not None else kind | None
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation
-    )
+    return _option(name, kind, default, help=field.description)
 
 
 def run_option_parameters() -> list[inspect.Parameter]:
-    """One option per :class:`RunConfig` field (but :data:`NOT_FLAGS`)."""
+    """One option per :class:`RunConfig` field (but :data:`NOT_FLAGS`), then one per method
+    option (read without loading torch)."""
     from espn.runs.config import RunConfig  # imports pydantic: only when the command is built
 
-    return [
-        field_parameter(name, field)
-        for name, field in RunConfig.model_fields.items()
-        if name not in NOT_FLAGS
+    fields = RunConfig.model_fields.items()
+    return [field_parameter(name, f) for name, f in fields if name not in NOT_FLAGS] + [
+        _option(
+            name,
+            option.type,
+            None,
+            help=f"{', '.join(methods)}: {option.help}, {option.accepted()}; "
+            f"default {option.default}.",
+            rich_help_panel=METHOD_OPTIONS_PANEL,
+        )
+        for name, (option, methods) in known_options().items()
     ]
-
-
-def method_option_parameters() -> list[inspect.Parameter]:
-    """One typer option per method option (read without loading torch)."""
-    params = []
-    for name, (option, methods) in known_options().items():
-        decls = [option.flag]
-        if option.type is bool:
-            decls = [f"{option.flag}/--no-{option.flag[2:]}"]
-        text = (
-            f"{', '.join(methods)}: {option.help}, {option.accepted()}; default {option.default}."
-        )
-        info = typer.Option(None, *decls, help=text, rich_help_panel=METHOD_OPTIONS_PANEL)
-        params.append(
-            inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=option.type | None
-            )
-        )
-    return params
 
 
 class WithOptions:
@@ -104,7 +98,7 @@ class WithOptions:
         fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
         context = [p for p in fixed if p.annotation in (typer.Context, "typer.Context")]
         switches = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed if p not in context]
-        generated = run_option_parameters() + method_option_parameters()
+        generated = run_option_parameters()
         return own.replace(parameters=[*context, *generated, *switches])
 
     def __call__(self, **kwargs: Any) -> Any:

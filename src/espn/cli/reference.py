@@ -19,27 +19,10 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _meaning(param: Any) -> str:
-    declared = declared_options().get(param.name or "")
-    if declared is None:
-        return _cell(param.help or "")
-    option, methods = declared  # its default has a column of its own
-    return _cell(f"{', '.join(methods)}: {option.help}, {option.accepted()}.")
-
-
-def _default(param: Any) -> str:
-    method_option = declared_options().get(param.name or "")
-    if method_option is not None:
-        value = method_option[0].default
-    elif param.required:
-        return "required"
-    else:
-        value = param.default
+def _value(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
-    if value is None or value == ():
-        return "–"
-    return f"`{value}`"
+    return "–" if value is None or value == () else f"`{value}`"
 
 
 def options_table(command: Any) -> str:
@@ -49,7 +32,15 @@ def options_table(command: Any) -> str:
         if param.param_type_name != "option" or param.hidden:
             continue
         flags = " / ".join(f"`{f}`" for f in [*param.opts, *param.secondary_opts])
-        rows.append(f"| {flags} | {_meaning(param)} | {_default(param)} |")
+        declared = declared_options().get(param.name or "")
+        if declared is not None:  # a method's option: its default has a column of its own
+            option, methods = declared
+            meaning = f"{', '.join(methods)}: {option.help}, {option.accepted()}."
+            default = _value(option.default)
+        else:
+            meaning = param.help or ""
+            default = "required" if param.required else _value(param.default)
+        rows.append(f"| {flags} | {_cell(meaning)} | {default} |")
     return "\n".join(rows)
 
 

@@ -43,12 +43,9 @@ def normalise(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
 
 @dataclass
 class ImageTransform:
-    """The per-task batch transform of an image benchmark (``Task.transform``).
-
-    Training batches are randomly cropped (``crop_padding`` > 0) and flipped (``flip``);
-    every batch is normalised with the dataset's per-channel ``mean`` and ``std``. Batches of
-    single-channel images stored as ``[B, H, W]`` get their channel axis.
-    """
+    """An image benchmark's ``Task.transform``: training batches cropped (``crop_padding`` >
+    0) and flipped (``flip``), every batch normalised per channel; ``[B, H, W]`` gets its
+    channel axis."""
 
     mean: tuple[float, ...]
     std: tuple[float, ...]

@@ -14,7 +14,7 @@ from torch import Tensor
 from espn.data.augment import ImageTransform
 from espn.data.mnist import NORMALISATION
 from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_generator
-from espn.data.sources import default_data_dir, load_mnist_like, unavailable
+from espn.data.sources import default_data_dir, load_mnist_like, torchvision_splits
 from espn.data.tasks import Split, Task, TaskSequence, subset_index
 from espn.settings.recipes import CIFAR, FASHION
 
@@ -33,20 +33,14 @@ Raw = dict[str, tuple[Tensor, Tensor]]
 def load_cifar(name: str, root: Path | None = None, download: bool = True) -> Raw:
     """``{"train": (uint8 [N, 3, 32, 32], labels), "test": ...}`` of CIFAR-10 or CIFAR-100
     through torchvision (which downloads it into ``root`` when ``download`` is set)."""
-    from torchvision import datasets
-
     root = Path(root) if root is not None else default_data_dir()
-    cls = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100}[name]
-    out = {}
-    for split in ("train", "test"):
-        try:
-            ds = cls(str(root), train=split == "train", download=download)
-        except Exception as exc:  # RuntimeError when missing, URLError/OSError offline
-            how = f"{HOW_TO_GET}, or pass --data-dir pointing at a directory holding {cls.base_folder}/"
-            raise unavailable(name, root, download, exc, how) from exc
-        x = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
-        out[split] = (x, torch.as_tensor(ds.targets, dtype=torch.long))
-    return out
+    folder = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[name]
+    how = f"{HOW_TO_GET}, or pass --data-dir pointing at a directory holding {folder}/"
+    splits = torchvision_splits(name, name.upper(), root, download, how)
+    return {
+        s: (torch.from_numpy(d.data).permute(0, 3, 1, 2).contiguous(), torch.as_tensor(d.targets))
+        for s, d in splits.items()
+    }
 
 
 def load_raw(source: str, root: Path | None, download: bool) -> Raw:
@@ -137,21 +131,15 @@ def split_benchmark(
     )
 
 
-for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
-    ("split-cifar100", "cifar100", 5, True, True, CIFAR, "CIFAR-100 in tasks of 5 classes"),
-    ("split-cifar10", "cifar10", 2, True, True, CIFAR, "CIFAR-10 in tasks of 2 classes"),
-    ("cifar10", "cifar10", 10, True, False, CIFAR, "CIFAR-10 as one 10-class task"),
-    (
-        "split-fashion-mnist",
-        "fashion-mnist",
-        2,
-        False,
-        True,
-        FASHION,
-        "Fashion-MNIST in tasks of 2 classes",
-    ),
+for _name, _source, _k, _what in (
+    ("split-cifar100", "cifar100", 5, "CIFAR-100 in tasks of 5 classes"),
+    ("split-cifar10", "cifar10", 2, "CIFAR-10 in tasks of 2 classes"),
+    ("cifar10", "cifar10", 10, "CIFAR-10 as one 10-class task"),
+    ("split-fashion-mnist", "fashion-mnist", 2, "Fashion-MNIST in tasks of 2 classes"),
 ):
     _n = (100 if _source == "cifar100" else 10) // _k
+    _shuffle, _augment = _n > 1, _source != "fashion-mnist"  # one task: no class order
+    _orders = ("random", "superclass") if _source == "cifar100" else ("random",)
     BENCHMARKS.register(_name)(
         Benchmark(
             build=functools.partial(
@@ -161,13 +149,7 @@ for _name, _source, _k, _augment, _shuffle, _defaults, _what in (
             max_tasks=_n,
             description=f"{_what} ({'seeded class order, ' if _shuffle else ''}"
             f"one head per task{', crop+flip augmentation' if _augment else ''})",
-            defaults=_defaults,
-            class_orders=(
-                ("random", "superclass")
-                if _source == "cifar100"
-                else ("random",)
-                if _shuffle
-                else ()
-            ),
+            defaults=CIFAR if _augment else FASHION,
+            class_orders=_orders if _shuffle else (),
         )
     )

@@ -47,34 +47,22 @@ def decode(path: str, size: int) -> Tensor:
 
 
 class DecodedImages(Dataset):
-    """Images of a list of files, decoded and resized on access (in DataLoader workers)."""
+    """Images of a list of files, decoded and resized on access: ``x[i]`` one image (in
+    DataLoader workers), ``x[index]`` those of a tensor of indices onto ``device`` (the image
+    tensor of a streamed split; training and evaluation decode in :meth:`StreamingTask.inputs`)."""
 
-    def __init__(self, paths: list[str], size: int) -> None:
+    def __init__(self, paths: list[str], size: int, device: torch.device | None = None) -> None:
         self.paths = paths
         self.size = size
+        self.device = device or torch.device("cpu")
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i: int) -> Tensor:
+    def __getitem__(self, i: int | Tensor) -> Tensor:
+        if isinstance(i, Tensor):
+            return torch.stack([self[j] for j in i.flatten().tolist()]).to(self.device)
         return decode(self.paths[i], self.size)
-
-
-class LazyImages:
-    """Stands in for the image tensor of a streamed split: ``x[index]`` decodes those images
-    (in this process) onto ``device``. Training and evaluation go through
-    :meth:`StreamingTask.batches` instead, which decodes in DataLoader workers."""
-
-    def __init__(self, dataset: DecodedImages, device: torch.device) -> None:
-        self.dataset = dataset
-        self.device = device
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: Tensor) -> Tensor:
-        rows = index.flatten().tolist()
-        return torch.stack([self.dataset[i] for i in rows]).to(self.device)
 
 
 @dataclass
@@ -83,31 +71,19 @@ class StreamingTask(Task):
 
     n_workers: int = 0
 
-    def batches(
-        self,
-        split: str,
-        batch_size: int,
-        shuffle: bool = False,
-        generator: torch.Generator | None = None,
-        augment: bool | None = None,
-    ) -> Iterator[tuple[Tensor, Tensor]]:
+    def inputs(self, split: str, rows: list[Tensor], train: bool) -> Iterator[Tensor]:
         data = self.split(split)
-        images: LazyImages = data.x  # type: ignore[assignment]
-        rows = self.batch_rows(split, batch_size, shuffle, generator)
-        ids = data.index.cpu()
-        device = images.device
+        images: DecodedImages = data.x  # type: ignore[assignment]
         loader = DataLoader(
-            images.dataset,
-            batch_sampler=[ids[r].tolist() for r in rows],
+            images,
+            batch_sampler=[data.index[r].tolist() for r in rows],
             num_workers=self.n_workers,
-            pin_memory=device.type == "cuda",
+            pin_memory=images.device.type == "cuda",
             # its own generator: the loader leaves torch's default one (augmentation) alone
             generator=torch.Generator().manual_seed(0),
         )
-        train = split == "train" if augment is None else augment
-        for r, x in zip(rows, loader, strict=True):
-            x = x.to(device, non_blocking=True)
-            yield self.transform(x, train), data.y[r.to(data.y.device)]
+        for x in loader:
+            yield self.transform(x.to(images.device, non_blocking=True), train)
 
 
 def folder_samples(root: Path, seed: int, salt: int) -> tuple[list[str], Samples, Samples]:
@@ -193,20 +169,17 @@ def _split(samples: Samples, size: int, device: torch.device, memory: bool) -> S
     y = torch.tensor([label for _, label in samples], device=device)
     index = torch.arange(len(samples), device=device)
     if memory:
-        x: Tensor | LazyImages = _decode_all(paths, size, device)
+        x: Tensor | DecodedImages = _decode_all(paths, size, device)
     else:
-        x = LazyImages(DecodedImages(paths, size), device)
+        x = DecodedImages(paths, size, device)
     return Split(x, index, y)  # type: ignore[arg-type]
 
 
 def image_folders(
     args: BenchmarkArgs, in_memory: bool | None = None, n_workers: int | None = None
 ) -> TaskSequence:
-    """One task per directory of ``args.folders`` (docs/benchmarks.md).
-
-    ``in_memory`` forces holding the images on the device (True) or streaming them (False);
-    None decides by size.
-    """
+    """One task per directory of ``args.folders`` (docs/benchmarks.md), held on the device
+    (``in_memory`` True) or streamed (False); None decides by size."""
     if not args.folders:
         raise DatasetUnavailable(
             "image-folders needs its directories: --folders DIR1,DIR2,... (one per task)"
@@ -218,17 +191,12 @@ def image_folders(
     total = sum(len(s) for _, _, keep in listed for s in keep)
     memory = _fits(total, size, device) if in_memory is None else in_memory
     transform = ImageTransform(*IMAGENET_STATS, crop_padding=size // 8, flip=True)
+    n_workers = workers() if n_workers is None else n_workers
     tasks: list[Task] = []
     for root, classes, keep in listed:
-        splits = [_split(samples, size, device, memory) for samples in keep]
-        name = root.name or str(root)
-        if memory:
-            tasks.append(Task(name, splits[0], splits[1], transform, len(classes)))
-        else:
-            workers_t = workers() if n_workers is None else n_workers
-            tasks.append(
-                StreamingTask(name, splits[0], splits[1], transform, len(classes), workers_t)
-            )
+        train, test = (_split(samples, size, device, memory) for samples in keep)
+        fields = (root.name or str(root), train, test, transform, len(classes))
+        tasks.append(Task(*fields) if memory else StreamingTask(*fields, n_workers))
     return TaskSequence(
         "image-folders",
         tasks,

@@ -3,6 +3,8 @@ each sample transformed by its own task."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -24,14 +26,10 @@ def _joint_split(tasks: list[Task], split: str, offsets: list[int]) -> Split:
 
 
 class JointTask(Task):
-    """All tasks of a sequence as one task: shuffled batches mix samples of every task.
-
-    Each sample goes through its own task's transform. With one head per task
-    (``multi_head``) the joint head has all tasks' classes side by side and a sample's label
-    is offset into its task's block; :meth:`loss` then routes every sample to its task's
-    block only (a softmax over its own task's classes). With a shared head the labels are
-    the tasks' own.
-    """
+    """All tasks of a sequence as one task whose shuffled batches mix every task's samples.
+    With one head per task the joint head holds every task's classes side by side (labels
+    offset into their task's block, :meth:`loss` a softmax over that block only); with a
+    shared head the labels are the tasks' own."""
 
     def __init__(self, seq: TaskSequence) -> None:
         self.tasks = list(seq.tasks)
@@ -59,21 +57,22 @@ class JointTask(Task):
     def _no_transform(x: Tensor, train: bool) -> Tensor:
         raise TypeError("a JointTask's samples are transformed by their own tasks in batches()")
 
-    def inputs(self, split: str, rows: Tensor, train: bool) -> Tensor:
-        """The inputs of a batch: each task's samples transformed together by that task's
+    def inputs(self, split: str, rows: list[Tensor], train: bool) -> Iterator[Tensor]:
+        """The inputs of each batch: each task's samples transformed together by that task's
         transform."""
         data = self.split(split)
-        owner, local = data.x[rows], data.index[rows]
-        out: Tensor | None = None
-        for t in torch.unique(owner).tolist():
-            where = torch.nonzero(owner == t).squeeze(1)
-            part = self.tasks[t].split(split)
-            inputs = self.tasks[t].transform(part.x[part.index[local[where]]], train)
-            if out is None:
-                out = inputs.new_empty((len(rows), *inputs.shape[1:]))
-            out[where] = inputs
-        assert out is not None
-        return out
+        for batch in rows:
+            owner, local = data.x[batch], data.index[batch]
+            out: Tensor | None = None
+            for t in torch.unique(owner).tolist():
+                where = torch.nonzero(owner == t).squeeze(1)
+                part = self.tasks[t].split(split)
+                inputs = self.tasks[t].transform(part.x[part.index[local[where]]], train)
+                if out is None:
+                    out = inputs.new_empty((len(batch), *inputs.shape[1:]))
+                out[where] = inputs
+            assert out is not None
+            yield out
 
     def loss(self, logits: Tensor, y: Tensor) -> Tensor:
         """Cross-entropy of every sample over its own task's classes."""

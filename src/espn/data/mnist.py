@@ -12,6 +12,7 @@ from espn.data.registry import BENCHMARKS, Benchmark, BenchmarkArgs, task_genera
 from espn.data.sources import load_mnist_like
 from espn.data.tasks import LazyTasks, Split, Task, TaskSequence, subset_index
 from espn.settings.recipes import MNIST
+from espn.utils.transforms import BatchTransform
 
 #: most tasks of a permuted benchmark: every task adds its masks to the checkpoint and is
 #: evaluated after every later one (quadratic time), so longer sequences are refused
@@ -47,20 +48,20 @@ def _base_splits(source: str, args: BenchmarkArgs) -> dict[str, tuple[Tensor, Te
     return {s: (x.to(args.device), y.to(args.device)) for s, (x, y) in raw.items()}
 
 
-def _splits(base: dict, args: BenchmarkArgs, t: int) -> dict[str, Split]:
-    out = {}
+def _task(base: dict, args: BenchmarkArgs, t: int, name: str, transform: BatchTransform) -> Task:
+    """Task ``t``, a 10-class task over seeded subsets of ``base``'s images."""
+    splits = []
     for salt, (split, keep) in enumerate(
         (("train", args.train_keep(t)), ("test", args.test_per_task))
     ):
         x, y = base[split]
         if keep is None or keep >= len(y):  # every image: one index shared by all tasks
-            out[split] = base.setdefault(
-                f"all-{split}", Split(x, torch.arange(len(y), device=x.device), y)
-            )
-            continue
-        index = subset_index(len(y), keep, task_generator(args.seed, t, salt)).to(x.device)
-        out[split] = Split(x, index, y[index])
-    return out
+            every = Split(x, torch.arange(len(y), device=x.device), y)
+            splits.append(base.setdefault(f"all-{split}", every))
+        else:
+            index = subset_index(len(y), keep, task_generator(args.seed, t, salt)).to(x.device)
+            splits.append(Split(x, index, y[index]))
+    return Task(name, splits[0], splits[1], transform, 10)
 
 
 def _seq(name: str, tasks: Sequence[Task], kind: str, **info: object) -> TaskSequence:
@@ -69,9 +70,7 @@ def _seq(name: str, tasks: Sequence[Task], kind: str, **info: object) -> TaskSeq
 
 def permuted(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
     """Task t permutes the pixels with its own permutation drawn from the seed."""
-    n_tasks = args.n_tasks or 36
-    if n_tasks > MAX_PERMUTED_TASKS:  # before anything is allocated
-        raise ValueError(f"{name}: at most {MAX_PERMUTED_TASKS} tasks, got {n_tasks}")
+    n_tasks = args.n_tasks or 36  # at most MAX_PERMUTED_TASKS: RunConfig refuses more
     base = _base_splits(source, args)
     gen = torch.Generator().manual_seed(args.seed)
     # 1.5 KiB per task; its index tensors and transform are made when the task is used
@@ -81,8 +80,7 @@ def permuted(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
     def build(t: int) -> Task:
         perm = perms[t].to(args.device, torch.long)
         transform = functools.partial(permute_pixels, perm=perm, source=source)
-        splits = _splits(base, args, t)
-        return Task(f"permutation {t}", splits["train"], splits["test"], transform, 10)
+        return _task(base, args, t, f"permutation {t}", transform)
 
     return _seq(name, LazyTasks(n_tasks, build), "permuted")
 
@@ -94,10 +92,8 @@ def normalise_images(x: Tensor, train: bool, source: str) -> Tensor:
 
 def single(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
     """The whole dataset as one 10-class task (e.g. to compare pruners without CL)."""
-    base = _base_splits(source, args)
-    splits = _splits(base, args, 0)
     transform = functools.partial(normalise_images, source=source)
-    task = Task(f"{source} (10 classes)", splits["train"], splits["test"], transform, 10)
+    task = _task(_base_splits(source, args), args, 0, f"{source} (10 classes)", transform)
     return _seq(name, [task], "single")
 
 
@@ -118,8 +114,7 @@ def rotated(source: str, name: str, args: BenchmarkArgs) -> TaskSequence:
     tasks = []
     for t, angle in enumerate(angles):
         transform = functools.partial(rotate_images, angle=angle, source=source)
-        splits = _splits(base, args, t)
-        tasks.append(Task(f"rotation {angle:g}", splits["train"], splits["test"], transform, 10))
+        tasks.append(_task(base, args, t, f"rotation {angle:g}", transform))
     return _seq(name, tasks, "rotated", angles=angles)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,12 +74,9 @@ def _offline_mnist_like(directory: Path) -> dict[str, tuple[Tensor, Tensor]] | N
 def load_mnist_like(
     name: str, root: Path | None = None, download: bool = True
 ) -> dict[str, tuple[Tensor, Tensor]]:
-    """``{"train": (images uint8 [N, 28, 28], labels), "test": ...}`` for MNIST or Fashion-MNIST.
-
-    Looks in ``root`` (the IDX files themselves, or torchvision's layout ``root/<Class>/raw``),
-    then in the offline directory of the Debian package, then downloads through torchvision
-    when ``download`` is set.
-    """
+    """``{"train": (images uint8 [N, 28, 28], labels), "test": ...}`` for MNIST or Fashion-MNIST,
+    from ``root`` (the IDX files, or torchvision's ``root/<Class>/raw``), Debian's offline
+    copy, or else downloaded through torchvision when ``download`` is set."""
     root = Path(root) if root is not None else default_data_dir()
     class_name = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}[name]  # torchvision's
     offline = OFFLINE_DIRS.get(name)
@@ -91,13 +89,19 @@ def load_mnist_like(
     if not download:
         where = f"{root} (nor in {raw_dir}" + (f" or {offline}" if offline else "") + ")"
         raise unavailable(name, where, download, None, HOW_TO_GET[name])
-    from torchvision import datasets  # importing torchvision costs seconds: only to download
+    splits = torchvision_splits(name, class_name, root, download, HOW_TO_GET[name])
+    return {s: (d.data.clone(), d.targets.clone().long()) for s, d in splits.items()}
+
+
+def torchvision_splits(
+    name: str, class_name: str, root: Path, download: bool, how: str
+) -> dict[str, Any]:
+    """The train and test datasets of torchvision's ``class_name`` in ``root`` (downloaded
+    there when ``download``); missing ones raise :func:`unavailable` saying ``how`` to get it."""
+    from torchvision import datasets  # importing torchvision costs seconds: only when needed
 
     cls = getattr(datasets, class_name)
     try:
-        splits = {
-            s: cls(str(root), train=s == "train", download=download) for s in ("train", "test")
-        }
-    except Exception as exc:  # torchvision raises RuntimeError or URLError offline
-        raise unavailable(name, root, download, exc, HOW_TO_GET[name]) from exc
-    return {s: (d.data.clone(), d.targets.clone().long()) for s, d in splits.items()}
+        return {s: cls(str(root), train=s == "train", download=download) for s in ("train", "test")}
+    except Exception as exc:  # RuntimeError when missing, URLError/OSError offline
+        raise unavailable(name, root, download, exc, how) from exc

@@ -10,7 +10,7 @@ from typing import overload
 import torch
 from torch import Tensor
 
-from espn.utils.transforms import BatchTransform as BatchTransform
+from espn.utils.transforms import BatchTransform
 
 
 @dataclass
@@ -49,19 +49,19 @@ class Task:
         generator: torch.Generator | None = None,
         augment: bool | None = None,
     ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Yield ``(inputs, labels)`` batches; everything stays on the data's device.
-
-        ``augment`` (default: on for the training split) applies the training transform.
-        """
+        """Yield ``(inputs, labels)`` batches on the data's device; ``augment`` (default: on
+        for the training split) applies the training transform."""
         data = self.split(split)
         train = split == "train" if augment is None else augment
-        for rows in self.batch_rows(split, batch_size, shuffle, generator, data.index.device):
-            yield self.inputs(split, rows, train), data.y[rows]
+        rows = self.batch_rows(split, batch_size, shuffle, generator, data.index.device)
+        for r, x in zip(rows, self.inputs(split, rows, train), strict=True):
+            yield x, data.y[r]
 
-    def inputs(self, split: str, rows: Tensor, train: bool) -> Tensor:
-        """The model inputs of the samples ``rows`` of ``split``."""
+    def inputs(self, split: str, rows: list[Tensor], train: bool) -> Iterator[Tensor]:
+        """The model inputs of each batch of ``rows`` of ``split`` (what a kind of task that
+        loads or transforms its samples otherwise replaces)."""
         data = self.split(split)
-        return self.transform(data.x[data.index[rows]], train)
+        return (self.transform(data.x[data.index[r]], train) for r in rows)
 
     def raw_inputs(self, split: str, batch_size: int) -> list[Tensor]:
         """The samples of ``split`` as stored, before the transform (raw images), in batches
@@ -161,18 +161,16 @@ def subset_index(n: int, keep: int | None, generator: torch.Generator) -> Tensor
     return torch.randperm(n, generator=generator)[:keep].sort().values
 
 
-def _pick(tasks: Sequence[Task], index: list[int]) -> Sequence[Task]:
-    """``tasks[index[0]], tasks[index[1]], ...``; lazy when ``tasks`` is."""
-    if isinstance(tasks, LazyTasks):
-        return LazyTasks(len(index), lambda t: tasks.build(index[t]), tasks.keep)
-    return [tasks[i] for i in index]
-
-
 def reordered(seq: TaskSequence, order: list[int]) -> TaskSequence:
     """``seq`` with its tasks in ``order`` (a permutation of the given positions)."""
     if sorted(order) != list(range(len(seq))):
         raise ValueError(f"task order {order} is not a permutation of 0..{len(seq) - 1}")
-    tasks = _pick(seq.tasks, order)
+    given = seq.tasks
+    tasks: Sequence[Task] = (
+        LazyTasks(len(order), lambda t: given.build(order[t]), given.keep)
+        if isinstance(given, LazyTasks)
+        else [given[i] for i in order]
+    )
     return TaskSequence(
         seq.name, tasks, seq.input_shape, seq.multi_head, {**seq.info, "given_positions": order}
     )

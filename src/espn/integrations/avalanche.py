@@ -79,14 +79,8 @@ def optim_config(optimizer: torch.optim.Optimizer | str | None) -> OptimConfig:
 
 class ESPNStrategy(SupervisedTemplate):
     """An Avalanche strategy that learns each experience (one task label, learned once) as
-    one espn task.
-
-    ``model``: an ``nn.Module`` (wrapped on the first experience), a module of espn's masked
-    layers, or a :class:`Supernet`. ``optimizer``: a torch SGD/Adam/RMSprop whose class and
-    hyper-parameters espn's engine uses, a name, or None. ``train_epochs`` is split by
-    :func:`split_epochs` unless ``epochs=`` is given; ``method`` and ``settings`` go to
-    :func:`espn.create_method`; ``criterion`` is Avalanche's evaluation loss only.
-    """
+    one espn task (docs/avalanche.md); ``method`` and ``settings`` go to
+    :func:`espn.create_method`, ``criterion`` is Avalanche's evaluation loss only."""
 
     def __init__(
         self,
@@ -179,18 +173,14 @@ class ESPNStrategy(SupervisedTemplate):
         loader = torch.utils.data.DataLoader(
             dataset.eval(), batch_size=max(self.eval_mb_size or 256, 1), shuffle=False
         )
-        xs, ys, ts = [], [], []
         with torch.random.fork_rng(devices=[]):  # the loader's seed draw leaves training's alone
             batches = list(loader)
-        for batch in batches:
-            if len(batch) < 3:
-                raise StrategyError(
-                    f"experience {experience.current_experience} has no task labels; espn "
-                    "learns task-incremental streams (e.g. task_incremental_benchmark(...))"
-                )
-            xs.append(batch[0])
-            ys.append(batch[1])
-            ts.append(batch[-1])
+        if any(len(batch) < 3 for batch in batches):
+            raise StrategyError(
+                f"experience {experience.current_experience} has no task labels; espn "
+                "learns task-incremental streams (e.g. task_incremental_benchmark(...))"
+            )
+        xs, ys, ts = ([batch[i] for batch in batches] for i in (0, 1, -1))
         labels = torch.cat(ts).unique().tolist()
         if len(labels) != 1:
             raise StrategyError(

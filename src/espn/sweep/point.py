@@ -14,17 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from espn.runs.checks import option_differences, saved_config
-from espn.runs.config import RunConfig, make_config
+from espn.runs.config import make_config
 from espn.sweep.spec import Point
 from espn.utils.io import read_json, write_json_atomic
 
 LOG_NAME = "log.txt"
-STATUSES = ("done", "reused", "resumed", "failed")
 
 
 @dataclass
 class PointOutcome:
-    """How one point ended: ``status`` is one of :data:`STATUSES`."""
+    """How one point ended: ``status`` is ``done``, ``reused``, ``resumed`` or ``failed``."""
 
     point: Point
     status: str
@@ -59,20 +58,6 @@ def _results(run_dir: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def finished_results(cfg: RunConfig) -> dict[str, Any] | None:
-    """The results of a finished, finite earlier run of exactly ``cfg``, else None."""
-    doc = _results(Path(cfg.out))
-    if doc is None or not doc.get("complete") or non_finite(doc):
-        return None
-    return None if option_differences(doc.get("config", {}), cfg) else doc
-
-
-def resumable(cfg: RunConfig) -> bool:
-    """Whether ``cfg.out`` holds a checkpoint of the same options (a killed point)."""
-    saved = saved_config(cfg.out)
-    return saved is not None and not option_differences(saved, cfg)
-
-
 def changed_options(point: Point, out: Path) -> list[str]:
     """How the run in ``out/<point.name>`` (results.json, else checkpoint) differs from ``point``'s
     options; empty when it holds none or one of the same options."""
@@ -104,10 +89,13 @@ def set_aside_corrupt_results(run_dir: Path) -> tuple[Path, str] | None:
 
 
 def reused_outcome(point: Point, out: Path) -> PointOutcome | None:
-    """The outcome of a point that is already finished in ``out``, else None."""
+    """The outcome of a point whose run in ``out`` is finished, finite and made with exactly
+    its options, else None."""
     run_dir = Path(out) / point.name
-    doc = finished_results(make_config(**point.options, out=run_dir))
-    if doc is None:
+    doc = _results(run_dir)
+    if doc is None or not doc.get("complete") or non_finite(doc):
+        return None
+    if option_differences(doc.get("config", {}), make_config(**point.options, out=run_dir)):
         return None
     return PointOutcome(point, "reused", run_dir, doc, None, run_dir / LOG_NAME)
 
@@ -128,12 +116,13 @@ def run_point(point: Point, out: Path) -> PointOutcome:
 
         say(f"== espn sweep point {point.name} {time.strftime('%Y-%m-%d %H:%M:%S')}")
         try:
-            cfg = make_config(**point.options, out=run_dir)
-            done = finished_results(cfg)
-            if done is not None:
+            reused = reused_outcome(point, out)
+            if reused is not None:
                 say("reused: results.json is complete and made with the same options")
-                return PointOutcome(point, "reused", run_dir, done, None, log)
-            resume = resumable(cfg)
+                return reused
+            cfg = make_config(**point.options, out=run_dir)
+            saved = saved_config(run_dir)  # a checkpoint of the same options: a killed point
+            resume = saved is not None and not option_differences(saved, cfg)
             if resume and (kept := set_aside_corrupt_results(run_dir)) is not None:
                 say(f"results.json was not used ({kept[1]}); kept as {kept[0].name}")
             say(f"resumed from {run_dir / 'checkpoint'}" if resume else "started")

@@ -50,11 +50,6 @@ class SweepOptions(TypedDict, total=False):
     overwrite: bool
 
 
-def cluster_address(ray_address: str | None) -> str | None:
-    """The Ray cluster the points run on: ``ray_address``, else ``RAY_ADDRESS``, else None."""
-    return ray_address or os.environ.get("RAY_ADDRESS") or None
-
-
 def outcome_line(outcome: PointOutcome) -> str:
     """One line per finished point: status, name, accuracy, the run's recorded wall time and
     this attempt's seconds (none when reused), or the log when failed."""
@@ -83,44 +78,34 @@ def run_sweep(
     progress: bool = True,
     overwrite: bool = False,
 ) -> list[PointOutcome]:
-    """Run every point into ``out/<name>``; their outcomes in the points' order (see
-    docs/sweeps.md).
-
-    Every point is validated before anything runs; finished points are reused, killed ones
-    resumed, a failing one reported while the others go on. ``workers`` > 1 runs them on a
-    local Ray instance, ``ray_address`` on that cluster, each asking for ``cpus_per_run``
-    CPUs and ``gpus_per_run`` GPUs; else (or without Ray) one after another in this process.
-    A point holding a run of other options is refused unless ``overwrite``.
-    """
+    """Run every point into ``out/<name>``, each validated before any runs; their outcomes in
+    the points' order. Finished points are reused, killed ones resumed, a point holding a run
+    of other options refused unless ``overwrite``; ``workers`` > 1 or ``ray_address`` (else
+    ``RAY_ADDRESS``) runs them on Ray (docs/sweeps.md)."""
     out = Path(out).resolve()  # Ray workers need not share this process's directory
     check_resources(workers, cpus_per_run, gpus_per_run)
     validate_points(points, out)
     check_inside(points, out)
     # fixed: in-process points redirect sys.stdout to logs; text printed as written (no markup)
     console = OutputConsole(file=sys.stdout, markup=False)
-    outcomes: dict[str, PointOutcome] = {}
-    todo = []
-    for p in map(anchored, points):
-        reused = reused_outcome(p, out)
-        if reused is None:
-            todo.append(p)
-        else:
-            outcomes[p.name] = reused
+    absolute = [anchored(p) for p in points]
+    outcomes = {p.name: o for p in absolute if (o := reused_outcome(p, out)) is not None}
+    todo = [p for p in absolute if p.name not in outcomes]
     if not overwrite:
         check_not_replacing(todo, out)
-    ray_address = cluster_address(ray_address)
+    ray_address = ray_address or os.environ.get("RAY_ADDRESS") or None
     in_process = _in_process(len(todo), workers, ray_address, gpus_per_run, console)
     with _reporter(len(points), console, progress) as report:
         for outcome in outcomes.values():
             report(outcome)
-        if todo and in_process:
-            for p in todo:
-                outcomes[p.name] = run_point(p, out)
-                report(outcomes[p.name])
-        elif todo:
-            for outcome in _run_on_ray(todo, out, workers, ray_address, cpus_per_run, gpus_per_run):
-                outcomes[outcome.point.name] = outcome
-                report(outcome)
+        ran = (
+            (run_point(p, out) for p in todo)
+            if in_process
+            else _run_on_ray(todo, out, workers, ray_address, cpus_per_run, gpus_per_run)
+        )
+        for outcome in ran:
+            outcomes[outcome.point.name] = outcome
+            report(outcome)
     for p in points:  # the caller's points, as given
         outcomes[p.name].point = p
     return [outcomes[p.name] for p in points]
@@ -175,7 +160,7 @@ def check_ray_target(address: str | None, gpus_per_run: float) -> None:
     """Refuse, before Ray starts, what Ray would wait on forever: GPUs this machine lacks, a
     cluster address that does not answer, ``ray://`` without the Ray client."""
     if address is None:
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        have = torch.cuda.device_count()  # 0 without CUDA
         if gpus_per_run > have:
             raise SweepError(
                 f"gpus_per_run {gpus_per_run:g} asks each point for more GPUs than this machine "
@@ -255,11 +240,9 @@ def _run_on_ray(
     cpus: float,
     gpus: float,
 ) -> Iterator[PointOutcome]:
-    """Yield each point's outcome as its Ray task finishes."""
-    try:
-        import ray
-    except ImportError:
-        raise SweepError(RAY_MISSING) from None
+    """Yield each point's outcome as its Ray task finishes (Ray is there: see _in_process)."""
+    import ray
+
     started = not ray.is_initialized()
     watchdog: subprocess.Popen[bytes] | None = None
     if started:
@@ -273,11 +256,10 @@ def _run_on_ray(
             ray.init(address=address, **common)
         else:
             n = workers or 1
-            gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             watchdog = _watch()  # before Ray starts: a kill at any time after is covered
             ray.init(
                 num_cpus=max(1, math.ceil(n * cpus)),  # Ray wants whole CPUs (0.5 x 3 -> 2)
-                num_gpus=gpu_count,
+                num_gpus=torch.cuda.device_count(),
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                 **common,
             )
@@ -348,6 +330,7 @@ def _reporter(total: int, console: Console, show: bool) -> Iterator[Callable[[Po
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=not show,
     )
     task = bar.add_task("points", total=total)
 
@@ -356,10 +339,5 @@ def _reporter(total: int, console: Console, show: bool) -> Iterator[Callable[[Po
         if show:
             bar.console.print(printable(outcome_line(outcome)), highlight=False, soft_wrap=True)
 
-    if show:
-        bar.start()
-    try:
+    with bar:
         yield report
-    finally:
-        if show:
-            bar.stop()

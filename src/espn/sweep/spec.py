@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from espn.runs.config import ConfigError, RunConfig, make_config, run_option_names
+from espn.runs.config import ConfigError, make_config, run_option_names
 from espn.utils.documents import check_size, load_document
 from espn.utils.limits import MAX_FORMAT_WIDTH
 
@@ -64,9 +64,11 @@ def default_name(values: dict[str, Any]) -> str:
     return safe_name("_".join(parts) or "base")
 
 
-def check_template(template: str) -> None:
-    """Refuse a point-name template with a width or precision beyond
-    :data:`~espn.utils.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}``) or nested fields."""
+def check_template(template: Any) -> None:
+    """Refuse a point-name template that is not a format string, or has a width or precision
+    beyond :data:`~espn.utils.limits.MAX_FORMAT_WIDTH` (``{seed:>999999999}``) or nested fields."""
+    if not isinstance(template, str):
+        raise SweepError(f"sweep spec: 'name' must be a format string, got {template!r}")
     try:
         fields = [
             (f, s or "") for _, f, s, _ in string.Formatter().parse(template) if f is not None
@@ -116,8 +118,6 @@ def expand_spec(spec: Any) -> list[Point]:
             + f"), more than the {MAX_POINTS} a sweep may have; split it into smaller sweeps"
         )
     template = spec.get("name")
-    if template is not None and not isinstance(template, str):
-        raise SweepError(f"sweep spec: 'name' must be a format string, got {template!r}")
     if template is not None:
         check_template(template)
     points = []
@@ -138,9 +138,9 @@ def expand_spec(spec: Any) -> list[Point]:
     return points
 
 
-def validate_points(points: Sequence[Point], out: Path | None = None) -> list[RunConfig]:
+def validate_points(points: Sequence[Point], out: Path | None = None) -> None:
     """Check names (unique, filesystem-safe) and build every point's configuration, so that
-    a bad point is refused before any point runs; the configurations, in order."""
+    a bad point is refused before any point runs."""
     if not points:
         raise SweepError("the sweep has no points")
     if len(points) > MAX_POINTS:
@@ -155,7 +155,6 @@ def validate_points(points: Sequence[Point], out: Path | None = None) -> list[Ru
             f"point name(s) {', '.join(repeated)} given more than once; every point needs its "
             "own name (add the varying option to the name template)"
         )
-    configs = []
     for p in points:
         if not p.name or safe_name(p.name) != p.name:
             raise SweepError(
@@ -164,9 +163,7 @@ def validate_points(points: Sequence[Point], out: Path | None = None) -> list[Ru
             )
         if "out" in p.options:
             raise SweepError(f"point {p.name}: 'out' is set by the sweep (OUT/{p.name}); drop it")
-        run_dir = (Path(out) if out is not None else Path(".")) / p.name
         try:
-            configs.append(make_config(**p.options, out=run_dir))
+            make_config(**p.options, out=Path(out or ".") / p.name)
         except ConfigError as exc:
             raise SweepError(f"point {p.name}: {exc}") from None
-    return configs

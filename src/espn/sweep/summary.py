@@ -26,8 +26,6 @@ MEASURES: tuple[tuple[str, str, str], ...] = (
     ("wall_time_s", "wall time s", "seconds the run took"),
 )
 
-SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
-
 
 @dataclass
 class Series:
@@ -139,7 +137,7 @@ def summary_plot(rows: list[dict[str, Any]], path: Path) -> None:
 def write_summary(outcomes: Sequence[PointOutcome], out: Path) -> list[Path]:
     """Write ``OUT/summary.csv``, ``.md`` and ``.png`` atomically; their paths."""
     out = Path(out)
-    paths = [out / name for name in SUMMARY_FILES]
+    paths = [out / f"summary.{kind}" for kind in ("csv", "md", "png")]
     columns, rows = summary_rows(outcomes)
     write_csv(paths[0], rows, columns)
     with atomic_target(paths[1]) as tmp:

@@ -46,12 +46,6 @@ def set_debug(on: bool) -> None:
     _debug = on
 
 
-def debug_enabled() -> bool:
-    """Whether ``--debug`` was given or ``ESPN_DEBUG`` is set to a true value."""
-    env = os.environ.get("ESPN_DEBUG", "").strip().lower()
-    return _debug or env not in ("", "0", "false", "no", "off")
-
-
 def command_group(**settings: Any) -> typer.Typer:
     """A typer app whose help texts reach the terminal as written (no rich markup), without
     typer's shell-completion options."""
@@ -88,9 +82,10 @@ def os_error_message(exc: OSError) -> str:
 
 def handle(exc: BaseException) -> None:
     """Turn ``exc`` into one line on stderr and the matching exit status."""
-    if isinstance(exc, (typer.Exit, typer.Abort, TyperException)):  # typer's own (usage errors)
-        raise exc
-    if debug_enabled():
+    env = os.environ.get("ESPN_DEBUG", "").strip().lower()
+    debug = _debug or env not in ("", "0", "false", "no", "off")
+    # typer's own exceptions (usage errors) pass; --debug or ESPN_DEBUG=1 shows the traceback
+    if debug or isinstance(exc, (typer.Exit, typer.Abort, TyperException)):
         raise exc
     if isinstance(exc, RunInterrupted):
         fail(str(exc), INTERRUPTED)

@@ -74,7 +74,6 @@ def check_size(value: Any, what: str, error: type[EspnError]) -> None:
                 "write the values out, or split it"
             )
         if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            stack += [*item, *item.values()]
         elif isinstance(item, list | tuple):
             stack.extend(item)

@@ -23,12 +23,6 @@ MAX_JSON_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 64
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 @contextmanager
 def atomic_target(path: Path | str, *, keep_suffix: bool = False) -> Iterator[Path]:
     """Yield a temporary path in ``path``'s directory; it replaces ``path`` on success.
@@ -44,7 +38,9 @@ def atomic_target(path: Path | str, *, keep_suffix: bool = False) -> Iterator[Pa
     os.close(fd)
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -78,18 +74,17 @@ def read_json(path: Path | str) -> Any:
         raise JsonFileError(
             f"{path} is {size} bytes, larger than the {MAX_JSON_BYTES} espn reads; refused"
         )
+    deep = JsonFileError(
+        f"{path} nests JSON deeper than the {MAX_JSON_DEPTH} levels espn reads; refused"
+    )
     try:
         doc = json.loads(path.read_bytes().decode("utf-8"))
     except RecursionError:
-        doc, deep = None, True
+        raise deep from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise JsonFileError(f"{path} is not valid JSON ({exc})", syntax=str(exc)) from None
-    else:
-        deep = nests_deeper(doc, MAX_JSON_DEPTH)
-    if deep:
-        raise JsonFileError(
-            f"{path} nests JSON deeper than the {MAX_JSON_DEPTH} levels espn reads; refused"
-        )
+    if nests_deeper(doc, MAX_JSON_DEPTH):
+        raise deep
     return doc
 
 
