@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from espn.data.tasks import Split, Task
+from espn.data.tensors import split_tensors
 from espn.inference.outputs import InferenceError
 from espn.inference.rule import RULES
 from espn.inference.statistics import task_statistics
@@ -78,17 +79,15 @@ def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -
         return task_statistics(supernet, task, data)
     fit, held = held_out(data)
     stats = task_statistics(supernet, task, fit, calibrate_on=held)
-    x, y = _inputs(fit)
-    stats |= fit_subspaces(x, y)
+    x, y = split_tensors(fit, "train")
+    stats |= fit_subspaces(x.cpu(), y.cpu())
     none = torch.full((len(CANDIDATES),), float("nan"))  # fewer than ten samples: none held
-    picked = held_out_picked(supernet, task, stats, _inputs(held)[0]) if len(held.train) else none
+    picked = (
+        held_out_picked(supernet, task, stats, split_tensors(held, "train")[0])
+        if len(held.train)
+        else none
+    )
     return stats | {"held_out_picked": picked}
-
-
-def _inputs(data: Task) -> tuple[Tensor, Tensor]:
-    """The training split of ``data``, unaugmented: inputs and labels, on the CPU."""
-    batches = list(data.batches("train", 1024, augment=False))
-    return torch.cat([b[0].cpu() for b in batches]), torch.cat([b[1].cpu() for b in batches])
 
 
 @torch.no_grad()
