@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from espn.inference.outputs import InferenceError, TaskOutputs, eval_mode
+from espn.inference.outputs import InferenceError, TaskOutputs
 from espn.inference.rule import RULES, Rule
 from espn.inference.statistics import entropy
 from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskHead
@@ -102,23 +102,23 @@ class SupSupOneShot(Rule):
         n_tasks = len(supernet.masks)
         alpha = torch.full((len(x), n_tasks), 1.0 / n_tasks, device=x.device, requires_grad=True)
         hooks = []
-        with eval_mode(supernet):
-            supernet.use_task(0)  # gates and norms: the same in every task (checked)
-            try:
-                for name, module in supernet.model.named_modules():
-                    if isinstance(module, MaskedLinear | MaskedConv2d | TaskHead):
-                        weights, biases = _task_weights(supernet, name, module)
-                        hooks.append(
-                            module.register_forward_hook(
-                                _superposed(module, weights, biases, alpha)
-                            )
-                        )
-                with torch.enable_grad():
-                    logits = supernet.model(x)
-                    (grad,) = torch.autograd.grad(entropy(logits).sum(), alpha)
-            finally:
-                for h in hooks:
-                    h.remove()
+        was = supernet.training
+        supernet.eval()
+        supernet.use_task(0)  # gates and norms: the same in every task (checked)
+        try:
+            for name, module in supernet.model.named_modules():
+                if isinstance(module, MaskedLinear | MaskedConv2d | TaskHead):
+                    weights, biases = _task_weights(supernet, name, module)
+                    hooks.append(
+                        module.register_forward_hook(_superposed(module, weights, biases, alpha))
+                    )
+            with torch.enable_grad():
+                logits = supernet.model(x)
+                (grad,) = torch.autograd.grad(entropy(logits).sum(), alpha)
+        finally:
+            for h in hooks:
+                h.remove()
+            supernet.train(was)
         return grad.detach(), None
 
     def passes(self, flops_ratios: list[float]) -> float:

@@ -81,12 +81,9 @@ def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -
     stats = task_statistics(supernet, task, fit, calibrate_on=held)
     x, y = split_tensors(fit, "train")
     stats |= fit_subspaces(x.cpu(), y.cpu())
+    held_x = split_tensors(held, "train")[0]
     none = torch.full((len(CANDIDATES),), float("nan"))  # fewer than ten samples: none held
-    picked = (
-        held_out_picked(supernet, task, stats, split_tensors(held, "train")[0])
-        if len(held.train)
-        else none
-    )
+    picked = held_out_picked(supernet, task, stats, held_x) if len(held_x) else none
     return stats | {"held_out_picked": picked}
 
 
@@ -103,12 +100,10 @@ def held_out_picked(supernet: Supernet, task: int, stats: dict[str, Tensor], x: 
     try:
         device = next(supernet.parameters()).device
         for name in CANDIDATES:
-            rule = RULES.get(name)()
-            try:
-                rule.check(supernet)
-            except InferenceError:
+            if not usable(name, supernet):
                 shares.append(float("nan"))
                 continue
+            rule = RULES.get(name)()
             scores = torch.cat([rule.scores(supernet, c.to(device))[0] for c in x.split(1024)])
             shares.append(float((scores.argmin(1) == task).double().mean()))
     finally:
@@ -130,15 +125,15 @@ def best_rule(supernet: Supernet) -> str | None:
     return CANDIDATES[int(mean.nan_to_num(-1.0).argmax())]
 
 
+def usable(rule: str, supernet: Supernet) -> bool:
+    """Whether the rule named ``rule`` can run on ``supernet``'s tasks."""
+    try:
+        RULES.get(rule)().check(supernet)
+    except InferenceError:
+        return False
+    return True
+
+
 def named_rules(rule: str | None, supernet: Supernet) -> list[str | None]:
     """The rules ``rule`` names: every rule ``supernet`` can use for :data:`ALL`, else itself."""
-    if rule != ALL:
-        return [rule]
-    usable: list[str | None] = []
-    for name in RULES:
-        try:
-            RULES.get(name)().check(supernet)
-        except InferenceError:
-            continue
-        usable.append(name)
-    return usable
+    return [name for name in RULES if usable(name, supernet)] if rule == ALL else [rule]
