@@ -5,7 +5,8 @@ of 2 classes; scikit-learn's handwritten digits, 5 tasks of 2 classes) and metho
 PackNet, SupSup) it trains one run with the ``task_agnostic`` option (``--off``: without it)
 unless OUT/<sequence>-<method>[-off] already holds a finished one (a killed one is resumed),
 by the size rule (``--epochs``/``--digits-epochs``: those epochs, the size rule off):
-Fashion-MNIST through ``espn run`` on FC1024, the digits through ``espn.ContinualLearner`` on
+Fashion-MNIST through ``espn run`` on FC1024 with every training and test image of each task
+(``--train``/``--test``: that many), the digits through ``espn.ContinualLearner`` on
 an MLP 64-256-256.
 Then it recomputes every task's statistics as this espn stores them when a task commits,
 evaluates every task-inference rule the run can use on the tasks' test data
@@ -51,7 +52,8 @@ def train_fashion(run: Path, sequence: str, method: str, option: bool, args: Any
         "--benchmark", sequence, "--method", method, "--model", "fc1024",
         "--tasks", str(SEQUENCES[sequence]),
         *(["--epochs", args.epochs, "--no-step-floor"] if args.epochs else []),
-        "--train-per-task", str(args.train), "--test-per-task", str(args.test),
+        *(["--train-per-task", str(args.train)] if args.train else []),
+        *(["--test-per-task", str(args.test)] if args.test else []),
         "--no-progress", "--quiet", "--out", str(run),
         "--resume" if (run / "checkpoint").is_dir() else "--overwrite",
         "--task-agnostic" if option else "--no-task-agnostic",
@@ -138,8 +140,8 @@ def evaluate(supernet: Any, tasks: list[Any], option: bool) -> list[dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/agnostic"))
-    parser.add_argument("--train", type=int, default=1000, help="training images per task")
-    parser.add_argument("--test", type=int, default=1000, help="test images per task")
+    parser.add_argument("--train", type=int, help="training images per task (unset: all)")
+    parser.add_argument("--test", type=int, help="test images per task (unset: all)")
     parser.add_argument(
         "--epochs", help="Fashion-MNIST's per phase, as given (size rule off); unset: the size rule"
     )

@@ -29,7 +29,7 @@ from espn.export.slim import ExportError, fold_batchnorm, slim_copy
 from espn.inference.outputs import head_name
 from espn.inference.predict import DEFAULT_RULE, Inferred, get_rule, infer
 from espn.inference.rule import OutputRule, calibration
-from espn.inference.statistics import distance, energy, input_nll, relative_entropy
+from espn.inference.statistics import raw_scores
 from espn.supernet.supernet import Supernet
 from espn.utils.io import write_json_atomic
 
@@ -73,13 +73,14 @@ class TaskAgnosticModel(nn.Module):
         self.rule = rule
         self.uses_features = rule.uses_features
         self.uses_input = rule.uses_input
+        #: the statistics the rule reads, held per task as buffers named KEY + task
+        self.keys = [
+            *(("class_means", "variance") if rule.uses_features else ()),
+            *(("input_means", "input_variance") if rule.uses_input else ()),
+        ]
         for t, st in enumerate(stats):
-            if self.uses_features:
-                self.register_buffer(f"means{t}", st["class_means"].clone())
-                self.register_buffer(f"variance{t}", st["variance"].clone())
-            if self.uses_input:
-                self.register_buffer(f"input_means{t}", st["input_means"].clone())
-                self.register_buffer(f"input_variance{t}", st["input_variance"].clone())
+            for k in self.keys:
+                self.register_buffer(f"{k}{t}", st[k].clone())
         self.register_buffer("calibration", calib.clone())
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -87,19 +88,9 @@ class TaskAgnosticModel(nn.Module):
         for t, net in enumerate(self.nets):
             logits, features = net(x)
             preds.append(logits.argmax(1))
-            cols = [relative_entropy(logits), energy(logits)]
-            zeros = torch.zeros_like(cols[0])
-            if self.uses_features:
-                means, var = self.get_buffer(f"means{t}"), self.get_buffer(f"variance{t}")
-                cols.append(distance(features.flatten(1), means, var))
-            else:
-                cols.append(zeros)
-            if self.uses_input:
-                means = self.get_buffer(f"input_means{t}")
-                cols.append(input_nll(x, means, self.get_buffer(f"input_variance{t}")))
-            else:
-                cols.append(zeros)
-            raws.append(torch.stack(cols, 1))
+            stats = {k: self.get_buffer(f"{k}{t}") for k in self.keys}
+            feats = features.flatten(1) if self.uses_features else None
+            raws.append(raw_scores(logits, feats, stats, x if self.uses_input else None))
         scores = self.rule.combine(torch.stack(raws, 1), self.get_buffer("calibration"))
         tasks = scores.argmin(1)
         classes = torch.stack(preds).gather(0, tasks[None])[0]

@@ -61,7 +61,7 @@ def head_name(supernet: Supernet) -> str:
         1, *supernet.input_shape, dtype=supernet.input_dtype, device=_device(supernet)
     )
     try:
-        with torch.no_grad(), _eval(supernet):
+        with torch.no_grad(), eval_mode(supernet):
             supernet(example, task=0)
     finally:
         for h in hooks:
@@ -96,7 +96,8 @@ def _device(supernet: Supernet) -> torch.device:
 
 
 @contextmanager
-def _eval(module: nn.Module) -> Iterator[None]:
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode for the block, then back in the mode it was in."""
     was = module.training
     module.eval()
     try:
@@ -123,7 +124,7 @@ def task_outputs(
         module = supernet.model.get_submodule(head)
         hook = module.register_forward_pre_hook(lambda _, inp: captured.append(inp[0]))
     try:
-        with _eval(supernet):
+        with eval_mode(supernet):
             if states is None:
                 logits, penultimate = [], []
                 for t in tasks:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from espn.inference.outputs import InferenceError
+from espn.inference.outputs import InferenceError, eval_mode
 from espn.inference.routing import best_rule
 from espn.inference.rule import RULES, Rule
 from espn.supernet.supernet import Supernet
@@ -87,12 +87,8 @@ def predict_given(supernet: Supernet, x: Tensor, tasks: Tensor | int) -> Tensor:
     """Classes of ``x`` with the task given: one task for all, or one per sample (each task's
     sub-network runs on its own samples only)."""
     if isinstance(tasks, int):
-        was = supernet.training
-        supernet.eval()
-        try:
+        with eval_mode(supernet):
             return torch.cat([supernet(c, task=tasks).argmax(1) for c in x.split(CHUNK)])
-        finally:
-            supernet.train(was)
     classes = torch.zeros(len(x), dtype=torch.long, device=x.device)
     for t in tasks.unique().tolist():
         rows = (tasks == t).nonzero().flatten()

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from espn.data.tasks import Split, Task
+from espn.data.tensors import split_tensors
 from espn.inference.outputs import InferenceError
 from espn.inference.rule import RULES
 from espn.inference.statistics import task_statistics
@@ -78,17 +79,12 @@ def statistics(supernet: Supernet, task: int, data: Task, task_agnostic: bool) -
         return task_statistics(supernet, task, data)
     fit, held = held_out(data)
     stats = task_statistics(supernet, task, fit, calibrate_on=held)
-    x, y = _inputs(fit)
-    stats |= fit_subspaces(x, y)
+    x, y = split_tensors(fit, "train")
+    stats |= fit_subspaces(x.cpu(), y.cpu())
+    held_x = split_tensors(held, "train")[0]
     none = torch.full((len(CANDIDATES),), float("nan"))  # fewer than ten samples: none held
-    picked = held_out_picked(supernet, task, stats, _inputs(held)[0]) if len(held.train) else none
+    picked = held_out_picked(supernet, task, stats, held_x) if len(held_x) else none
     return stats | {"held_out_picked": picked}
-
-
-def _inputs(data: Task) -> tuple[Tensor, Tensor]:
-    """The training split of ``data``, unaugmented: inputs and labels, on the CPU."""
-    batches = list(data.batches("train", 1024, augment=False))
-    return torch.cat([b[0].cpu() for b in batches]), torch.cat([b[1].cpu() for b in batches])
 
 
 @torch.no_grad()
@@ -104,12 +100,10 @@ def held_out_picked(supernet: Supernet, task: int, stats: dict[str, Tensor], x: 
     try:
         device = next(supernet.parameters()).device
         for name in CANDIDATES:
-            rule = RULES.get(name)()
-            try:
-                rule.check(supernet)
-            except InferenceError:
+            if not usable(name, supernet):
                 shares.append(float("nan"))
                 continue
+            rule = RULES.get(name)()
             scores = torch.cat([rule.scores(supernet, c.to(device))[0] for c in x.split(1024)])
             shares.append(float((scores.argmin(1) == task).double().mean()))
     finally:
@@ -131,15 +125,15 @@ def best_rule(supernet: Supernet) -> str | None:
     return CANDIDATES[int(mean.nan_to_num(-1.0).argmax())]
 
 
+def usable(rule: str, supernet: Supernet) -> bool:
+    """Whether the rule named ``rule`` can run on ``supernet``'s tasks."""
+    try:
+        RULES.get(rule)().check(supernet)
+    except InferenceError:
+        return False
+    return True
+
+
 def named_rules(rule: str | None, supernet: Supernet) -> list[str | None]:
     """The rules ``rule`` names: every rule ``supernet`` can use for :data:`ALL`, else itself."""
-    if rule != ALL:
-        return [rule]
-    usable: list[str | None] = []
-    for name in RULES:
-        try:
-            RULES.get(name)().check(supernet)
-        except InferenceError:
-            continue
-        usable.append(name)
-    return usable
+    return [name for name in RULES if usable(name, supernet)] if rule == ALL else [rule]

@@ -27,33 +27,34 @@ class Rule(ABC):
     name: ClassVar[str]
     #: one line: what the rule does
     summary: ClassVar[str]
-    #: whether it reads the statistics each task stored when it was committed
-    needs_statistics: ClassVar[bool] = False
+    #: the statistics it reads (every task must store them; see :data:`STAT_KEYS`)
+    needs: ClassVar[tuple[str, ...]] = ()
+    #: what would work where a task stores none
+    instead: ClassVar[str] = "use rule 'entropy', or learn the tasks again with this espn"
 
     def check(self, supernet: Supernet) -> None:
         """Refuse, before any work, a supernet this rule cannot run on."""
         if not supernet.masks:
             raise InferenceError("no task is learned yet: there is no task to infer")
-        if self.needs_statistics:
-            missing = [
-                t for t, m in enumerate(supernet.masks) if not set(STAT_KEYS) <= set(m.stats)
-            ]
-            if missing:
-                raise InferenceError(
-                    f"rule {self.name!r} reads the statistics each task stores when it is "
-                    f"committed, and tasks {missing} have none (learned by an espn without "
-                    "them); use rule 'entropy', or learn the tasks again"
-                )
+        missing = [t for t, m in enumerate(supernet.masks) if not set(self.needs) <= set(m.stats)]
+        if missing:
+            raise InferenceError(
+                f"rule {self.name!r} reads statistics each task stores when it is learned, "
+                f"and tasks {missing} have none; {self.instead}"
+            )
 
     @abstractmethod
     def scores(self, supernet: Supernet, x: Tensor) -> tuple[Tensor, TaskOutputs | None]:
         """Scores (N, T) of the samples ``x`` for every task, and the tasks' outputs when the
         rule computed them (their logits then give the prediction at no further cost)."""
 
-    @abstractmethod
     def passes(self, flops_ratios: list[float]) -> float:
         """Inference FLOPs per sample, in dense passes, given each task's FLOPs ratio:
-        inferring the task and predicting the class."""
+        inferring the task and predicting the class. Here one pass of the chosen task's
+        sub-network (on average over the tasks), for a rule that runs no sub-network to
+        infer the task (the cost of its statistics left out: ``2 C D`` per task for
+        ``input-gaussian``, below 0.01 dense passes for FC1024)."""
+        return sum(flops_ratios) / max(len(flops_ratios), 1)
 
 
 class OutputRule(Rule):
@@ -101,12 +102,8 @@ class OutputRule(Rule):
 
     def passes(self, flops_ratios: list[float]) -> float:
         """One pass of every task's sub-network (the chosen task's logits are reused), or,
-        for a rule reading no output, one pass of the chosen task's (on average over the
-        tasks; the input statistics' own cost is left out: ``2 C D`` per task, below 0.01
-        dense passes for FC1024)."""
-        if not self.uses_outputs:
-            return sum(flops_ratios) / max(len(flops_ratios), 1)
-        return float(sum(flops_ratios))
+        for a rule reading no output, one pass of the chosen task's."""
+        return float(sum(flops_ratios)) if self.uses_outputs else super().passes(flops_ratios)
 
 
 def calibration(supernet: Supernet) -> Tensor:
@@ -149,7 +146,7 @@ class EntropyMahalanobis(OutputRule):
 
     name = "entropy-mahalanobis"
     summary = "|standardised entropy| + standardised Mahalanobis distance"
-    needs_statistics = True
+    needs = STAT_KEYS
     uses_features = True
 
     def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
@@ -163,7 +160,7 @@ class Energy(OutputRule):
 
     name = "energy"
     summary = "energy -logsumexp(logits) closest to the task's own, in its deviations"
-    needs_statistics = True
+    needs = STAT_KEYS
 
     def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
         return atypical(raw, calibration, 1)
@@ -197,7 +194,7 @@ class InputGaussian(OutputRule):
         "highest likelihood of the input under the task's stored per-class diagonal Gaussians "
         "of its inputs; only the chosen sub-network runs"
     )
-    needs_statistics = True
+    needs = STAT_KEYS
     uses_outputs = False
     uses_input = True
 
@@ -215,7 +212,7 @@ class Mahalanobis(OutputRule):
         "nearest class mean of the sub-network's penultimate features (diagonal Mahalanobis "
         "distance), standardised by the task's training distances"
     )
-    needs_statistics = True
+    needs = STAT_KEYS
     uses_features = True
 
     def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:

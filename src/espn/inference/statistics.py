@@ -92,9 +92,9 @@ def raw_scores(
 ) -> Tensor:
     """The raw scores of :data:`SCORES` of one task on a batch, stacked (N, 4); a score whose
     inputs are not given (``None``) is NaN."""
-    n = len(x) if x is not None else len(logits) if logits is not None else 0
-    device = (x if x is not None else logits if logits is not None else torch.zeros(0)).device
-    nan = torch.full((n,), float("nan"), device=device)
+    given = x.flatten(1) if x is not None else logits
+    assert given is not None, "raw scores of neither outputs nor inputs"
+    nan = torch.full_like(given[:, 0], float("nan"), dtype=torch.float32)  # batch kept dynamic
     cols = [relative_entropy(logits), energy(logits)] if logits is not None else [nan, nan]
     cols.append(
         distance(features, stats["class_means"], stats["variance"]) if features is not None else nan

@@ -7,12 +7,10 @@ outlines tell a T-shirt from a pullover better than brightness does."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor
 
-from espn.inference.outputs import InferenceError, TaskOutputs
+from espn.inference.outputs import TaskOutputs
 from espn.inference.rule import RULES, Rule
 from espn.inference.statistics import VARIANCE_FLOOR
 from espn.supernet.supernet import Supernet
@@ -124,22 +122,8 @@ class InputSubspace(Rule):
         "Gaussians of its inputs and edges (stored with task_agnostic); only the chosen "
         "sub-network runs"
     )
-    needs_statistics: ClassVar[bool] = True
-
-    def check(self, supernet: Supernet) -> None:
-        super().check(supernet)
-        missing = [t for t, m in enumerate(supernet.masks) if not set(KEYS) <= set(m.stats)]
-        if missing:
-            raise InferenceError(
-                f"rule {self.name!r} reads the input mixtures a task stores when it is "
-                f"learned with the task_agnostic option, and tasks {missing} have none; use "
-                "rule 'input-gaussian', or learn the tasks with task_agnostic=True"
-            )
+    needs = KEYS
+    instead = "use rule 'input-gaussian', or learn the tasks with task_agnostic=True"
 
     def scores(self, supernet: Supernet, x: Tensor) -> tuple[Tensor, TaskOutputs | None]:
         return torch.stack([subspace_nll(x, m.stats) for m in supernet.masks], 1), None
-
-    def passes(self, flops_ratios: list[float]) -> float:
-        """One pass of the chosen task's sub-network (on average over the tasks; the
-        mixtures' own cost, ``2 Q K E`` per task, is left out as ``input-gaussian``'s)."""
-        return sum(flops_ratios) / max(len(flops_ratios), 1)
