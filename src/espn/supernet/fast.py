@@ -1,28 +1,15 @@
-"""The fast path of a training step, behind one switch (:func:`enabled`, on by default).
-
-The reference step is plain: a masked layer's forward multiplies ``weight * mask``
-(``MaskedLayer.masked_weight``), autograd differentiates it, and the frozen-weight guard
-zeroes frozen weights' gradients; RMSprop is torch's. The fast path computes the same
-values with fewer passes over the weights, checked against the reference by
-``tests/test_fast_path.py``:
-
-* an all-ones mask, or a weight known to be zero outside its mask, is not multiplied;
-* a training step's product (:class:`_TrainedWeight`) writes the weight's gradient already
-  masked to the weights the task trains, with the masked-L2 term's gradient added in the
-  same pass, so the guard skips it (:meth:`MaskCaches.grad_is_kept`);
-* what a layer knows about its own tensors is cached under the tensor's identity and version
-  counter (:func:`stamp`, :func:`unchanged`), which every in-place write bumps;
-* :class:`LeanRMSprop` takes no slow square root of zeros.
-
-Inside ``torch.compile`` the fast path is off: a compiled graph multiplies by the mask tensor,
-which a prune event updates in place, so that no Python value guards the graph.
+"""The fast path of a training step, behind one switch (:func:`enabled`, on by default): the
+same values as the reference step (``MaskedLayer.masked_weight``, autograd, torch's RMSprop)
+with fewer passes over the weights, off inside ``torch.compile`` (docs/performance.md, "The
+reference step and the fast path"; checked by ``tests/test_fast_path.py``). What a layer
+knows of its tensors is cached under their identity and version counter (:func:`stamp`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -58,6 +45,19 @@ def unchanged(known: Sequence[Any] | None, tensor: Tensor) -> bool:
     return known is not None and known[0] is tensor and known[1] == tensor._version
 
 
+def memo(
+    owner: Any, name: str, tensor: Tensor, compute: Callable[[], Any], use: bool = True
+) -> Any:
+    """``compute()``, cached in ``owner.__dict__[name]`` while ``tensor`` is unwritten since
+    (``use`` False: computed anew)."""
+    known = owner.__dict__.get(name)
+    if use and unchanged(known, tensor):
+        return known[2]
+    value = compute()
+    owner.__dict__[name] = (*stamp(tensor), value)
+    return value
+
+
 #: the integer type of each floating-point size, to view a tensor's bits
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -89,10 +89,9 @@ class _Caches:
 
 
 class UnitCaches(_Caches):
-    """What a unit module (``UnitModule`` mixes this in) knows about its ``unit_mask``: that
-    every unit is alive, so that a norm uses its scale and shift as they are, and for a gate,
-    that it passes its input through unchanged. Told by the caller that just wrote the mask,
-    and known while that very tensor is unwritten since."""
+    """What a unit module (``UnitModule``) knows of its ``unit_mask``, told by the caller that
+    just wrote it: every unit is alive (a norm's scale and shift need no mask), or the module
+    passes its input through unchanged (a released gate)."""
 
     unit_mask: Tensor
     TRANSIENT = ("_all_alive", "_identity")
@@ -106,7 +105,7 @@ class UnitCaches(_Caches):
         return unchanged(_known(self, "_all_alive"), self.unit_mask)
 
     def note_identity(self, identity: bool) -> None:
-        """Record whether the module passes its input through unchanged (a released gate)."""
+        """Record whether the module passes its input through unchanged."""
         self.__dict__["_identity"] = stamp(self.unit_mask) if identity else None
 
     def is_identity(self) -> bool:
@@ -115,14 +114,13 @@ class UnitCaches(_Caches):
 
 
 class MaskCaches(_Caches):
-    """What a masked layer (``MaskedLayer``, which mixes this in) knows about its mask, frozen
-    set and weight between calls, and the fast product built on it. Every query answers "not
-    known" where the fast path is off."""
+    """What a masked layer (``MaskedLayer``) knows of its mask, frozen set and weight between
+    calls, and the fast product built on it; every query answers "not known" where the fast
+    path is off."""
 
     weight: Tensor
     weight_mask: Tensor
     frozen: Tensor
-    _ones: tuple[Tensor, int] | None
 
     #: the caches, each a :func:`stamp` of the tensor it was computed from and the value
     TRANSIENT = (
@@ -138,18 +136,14 @@ class MaskCaches(_Caches):
     )
 
     def note_mask(self, binary: bool = False) -> None:
-        """Record whether ``weight_mask`` is 0/1 and all ones (one host read, at a mask
-        change, never in a step). ``binary``: the caller knows the mask is 0/1 (it copied a
-        boolean mask in, or zeroed entries of a mask noted binary)."""
-        mask = self.weight_mask
-        if not binary:
-            binary = bool(((mask == 0) | (mask == 1)).all())
+        """Record whether ``weight_mask`` is 0/1 (``binary``: the caller knows it is) and all
+        ones: one host read, at a mask change, never in a step."""
+        mask, frozen = self.weight_mask, self.frozen
+        binary = binary or bool(((mask == 0) | (mask == 1)).all())
         ones = binary and int(mask.bool().count_nonzero()) == mask.numel()
         self.__dict__["_ones"] = stamp(mask) if ones else None
         self.__dict__["_binary"] = stamp(mask) if binary else None
-        frozen = self.frozen
-        if not unchanged(_cached(self, "_thawed"), frozen):
-            self.__dict__["_thawed"] = (*stamp(frozen), not bool(frozen.any()))
+        memo(self, "_thawed", frozen, lambda: not bool(frozen.any()))
 
     def mask_is_binary(self) -> bool:
         """Whether ``weight_mask`` is known to be 0/1 (noted, and unwritten since)."""
@@ -182,10 +176,9 @@ class MaskCaches(_Caches):
     def zero_pruned(self, states: Sequence[Tensor] = ()) -> bool:
         """Zero every free weight outside a 0/1 mask, and the same entries of ``states`` (its
         optimizer state), at a prune event of a method whose free weights are set anew before
-        a later task reads them: no forward pass reads them, no gradient reaches them, and no
-        optimizer step moves them. The product is then skipped until the weight, mask or
-        frozen set is written otherwise than by a step :meth:`note_trained` followed. Not
-        done where a frozen weight lies outside the mask; returns whether it was done."""
+        a later task reads them; the product is then skipped until the weight, mask or frozen
+        set is written otherwise than by a step :meth:`note_trained` followed. Not done (False)
+        where a frozen weight lies outside the mask."""
         mask, weight = self.weight_mask, self.weight
         if self.mask_is_ones() or not self.mask_is_binary():
             return False
@@ -280,25 +273,18 @@ class MaskCaches(_Caches):
 
     def mask_count(self) -> Tensor:
         """The number of weights in the mask, as a tensor (no host read)."""
-        mask, known = self.weight_mask, _known(self, "_count")
-        if unchanged(known, mask):
-            return known[2]
-        count = mask.sum()
-        self.__dict__["_count"] = (*stamp(mask), count)
-        return count
+        mask = self.weight_mask
+        return memo(self, "_count", mask, mask.sum, use=is_on())
 
 
 class _TrainedWeight(torch.autograd.Function):
-    """A training step's ``weight * mask`` (``weight`` itself, ``mask`` None, where that is
-    exact), with a second output, ``sink``, a 0-d tensor whose only use is to carry the
-    masked-L2 term's gradient divisor ``d`` back (see
-    ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
-    gradient in place in the product's: ``grad + weight / d`` (one ``addcdiv_``: a quotient
-    rounded, then a sum rounded, autograd's sum of the two gradients bit for bit; a fused
-    multiply-add would round once), then an AND of its bits with ``keep`` (all ones where the
-    task trains the weight, zero elsewhere; None: every weight trains), exact for every
-    value, NaN and inf included. The layer learns the result's address and version, so that
-    the frozen-weight guard can skip it."""
+    """A training step's ``weight * mask`` (``weight`` itself, ``mask`` None, where exact) and
+    a 0-d ``sink`` carrying the masked-L2 term's gradient divisor ``d`` back
+    (``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
+    gradient in place in the product's: ``grad + weight / d`` (one ``addcdiv_``, rounded as
+    autograd's sum of the two gradients), then an AND of its bits with ``keep`` (all ones
+    where the task trains the weight; None: every weight trains), exact for every value; the
+    layer learns the result's address and version, so that the frozen-weight guard skips it."""
 
     @staticmethod
     def forward(
@@ -341,20 +327,11 @@ def _dense(tensor: Tensor) -> bool:
 
 
 class LeanRMSprop(torch.optim.RMSprop):
-    """``torch.optim.RMSprop`` computing the same steps, bit for bit, with no slow square
-    root of zeros on the CPU.
-
-    In a masked network the running mean of squared gradients ``v`` is exactly zero wherever a
-    weight never had a gradient, and torch's CPU square root is many times slower on zeros
-    (measured: 27 ms against 1.3 ms for 3M floats, 40% zeros, one thread). This step takes
-    ``sqrt(max(v, tiny))`` (``tiny`` the smallest normal float): for every ``v`` below
-    ``tiny`` both square roots are below a quarter of ``eps``'s last bit, so ``sqrt(v) + eps``
-    is ``eps`` either way, written into a tensor kept from step to step. Where that does not
-    hold (``eps`` too small for the dtype) or torch's other code paths apply (a GPU,
-    ``foreach``, ``centered``, ``maximize``, complex or differentiable parameters), or the
-    fast path is off, torch's own step runs. The state is torch's, so checkpoints load
-    either way.
-    """
+    """``torch.optim.RMSprop`` computing the same steps, bit for bit, without torch's slow CPU
+    square root of the zeros a masked network's running mean ``v`` holds: it takes
+    ``sqrt(max(v, tiny))``, which adds to ``eps`` as ``sqrt(v)`` does where ``eps`` absorbs
+    ``sqrt(tiny)`` (docs/changelog.md). Elsewhere (a GPU, ``foreach``, ``centered``, ``eps``
+    too small, the fast path off, ...) torch's own step runs; the state is torch's."""
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:

@@ -41,9 +41,11 @@ class MaskedLayer(MaskCaches, nn.Module):
     in_unit_size: int = 1
     out_unit_size: int = 1
 
-    def _init_masks(self, in_units: str | None, out_units: str | None) -> None:
-        self.in_units = in_units
-        self.out_units = out_units
+    def _init_masks(
+        self, in_units: str | None, out_units: str | None, in_size: int = 1, out_size: int = 1
+    ) -> None:
+        self.in_units, self.in_unit_size = in_units, in_size
+        self.out_units, self.out_unit_size = out_units, out_size
         self.register_buffer("weight_mask", torch.ones_like(self.weight))
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
 
@@ -95,9 +97,7 @@ class MaskedLinear(nn.Linear, MaskedLayer):
         out_unit_size: int = 1,
     ) -> None:
         super().__init__(in_features, out_features, bias=False)
-        self._init_masks(in_units, out_units)
-        self.in_unit_size = in_unit_size
-        self.out_unit_size = out_unit_size
+        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight())
@@ -159,9 +159,7 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
             bias=False,
             padding_mode=padding_mode,
         )
-        self._init_masks(in_units, out_units)
-        self.in_unit_size = in_unit_size
-        self.out_unit_size = out_unit_size
+        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
 
     @property
     def grouped(self) -> bool:
@@ -215,6 +213,8 @@ class UnitModule(UnitCaches, TaskSpecific):
     unit_mask: Tensor
     #: consecutive features one unit spans
     unit_size: int = 1
+    #: a norm's own re-initialisation (``nn.BatchNorm2d``'s, ...), what :meth:`reset_task` calls
+    reset_parameters: Callable[[], None]
 
     def _init_units(self, group: str, n: int, unit_size: int = 1) -> None:
         if n % unit_size:
@@ -222,6 +222,10 @@ class UnitModule(UnitCaches, TaskSpecific):
         self.group = group
         self.unit_size = unit_size
         self.register_buffer("unit_mask", torch.ones(n // unit_size))
+
+    def reset_task(self, n_classes: int) -> None:
+        """A norm's new task starts from its own ``reset_parameters``."""
+        self.reset_parameters()
 
     @torch.no_grad()
     def set_units(self, alive: Tensor, all_alive: bool) -> None:
@@ -325,14 +329,17 @@ class UnitGate(UnitModule):
             return scale, None
         return scale, expand_units(self.bias * self.unit_mask, self.unit_size)
 
+    def feature_shape(self, x: Tensor) -> tuple[int, ...]:
+        """The shape a per-feature vector takes to scale ``x``: features on dimension 1."""
+        return (1, -1) + (1,) * (x.dim() - 2)
+
     def forward(self, x: Tensor) -> Tensor:
         if self.is_identity():
             return x  # x * 1, exactly, for every value
-        shape = (1, -1) + (1,) * (x.dim() - 2)
+        shape = self.feature_shape(x)
         scale, shift = self.feature_affine()
-        if shift is None:
-            return x * scale.view(shape)
-        return x * scale.view(shape) + shift.view(shape)
+        out = x * scale.view(shape)
+        return out if shift is None else out + shift.view(shape)
 
 
 class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
@@ -352,9 +359,6 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
     def __init__(self, n: int, group: str, unit_size: int = 1) -> None:
         super().__init__(n)
         self._init_units(group, n, unit_size)
-
-    def reset_task(self, n_classes: int) -> None:
-        self.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
         return task_batch_norm(self, x)
@@ -400,9 +404,6 @@ class TaskGroupNorm(nn.GroupNorm, UnitModule):
                 f"({num_channels // num_groups} channels each)"
             )
         self._init_units(group, num_channels, unit_size)
-
-    def reset_task(self, n_classes: int) -> None:
-        self.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
         weight, bias = self.masked_affine()

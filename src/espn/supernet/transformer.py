@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
-from espn.supernet.fast import stamp, unchanged
+from espn.supernet.fast import memo
 from espn.supernet.layers import (
     MaskedLinear,
     TaskSpecific,
@@ -28,11 +28,8 @@ from espn.supernet.layers import (
 class TokenGate(UnitGate):
     """A :class:`UnitGate` scaling the last dimension; one unit spans ``unit_size`` features."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self.is_identity():
-            return x  # x * 1, exactly, for every value
-        scale, shift = self.feature_affine()
-        return x * scale if shift is None else x * scale + shift
+    def feature_shape(self, x: Tensor) -> tuple[int, ...]:
+        return (-1,)
 
 
 def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
@@ -61,19 +58,16 @@ def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
 
 
 def alive_index(module: UnitModule) -> Tensor | None:
-    """The indices of the features ``module`` keeps alive (a unit's ``unit_size``
-    features each; None: every feature is alive), read from its ``unit_mask`` once per
-    change of it (one host read at a prune event or a task switch, never in a step: the
-    record holds the mask tensor and its version counter, which every in-place write
-    bumps)."""
+    """The indices of the features ``module`` keeps alive (a unit's ``unit_size`` features
+    each; None: every feature is alive), read from its ``unit_mask`` once per change of it
+    (a host read at a prune event or a task switch, never in a step)."""
     mask = module.unit_mask
-    known = module.__dict__.get("_alive")
-    if known is not None and unchanged(known, mask):
-        return cast(Tensor | None, known[2])
-    alive = expand_units(mask, module.unit_size).nonzero().flatten()
-    index = None if alive.numel() == mask.numel() * module.unit_size else alive
-    module.__dict__["_alive"] = (*stamp(mask), index)
-    return index
+
+    def index() -> Tensor | None:
+        alive = expand_units(mask, module.unit_size).nonzero().flatten()
+        return None if alive.numel() == mask.numel() * module.unit_size else alive
+
+    return cast(Tensor | None, memo(module, "_alive", mask, index))
 
 
 def alive_linear(
@@ -125,22 +119,14 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
         self._init_units(group, n)
         self.affine = True
 
-    def reset_task(self, n_classes: int) -> None:
-        self.reset_parameters()
-
-    def alive_features(self) -> Tensor | None:
-        """The indices of the alive features (None: every feature is alive; see
-        :func:`alive_index`)."""
-        return alive_index(self)
-
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():
             return self.masked_norm(x)
-        alive = self.alive_features()
-        if alive is not None and alive.numel() == 0:
-            return self.masked_norm(x)  # every feature pruned: zeros
+        alive = alive_index(self)
         if alive is None:
-            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            return self.alive_norm(x, None)
+        if alive.numel() == 0:
+            return self.masked_norm(x)  # every feature pruned: zeros
         # the alive features gathered, normalised as the slim model's LayerNorm does, and put
         # back at their places among zeros (a pruned feature outputs exactly zero)
         out = self.alive_norm(_Features.apply(x, alive, None), alive)
@@ -261,15 +247,18 @@ class MaskedAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.attn_drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        b, n = x.shape[0], x.shape[1]
-        q = self.q(x).view(b, n, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, n, -1, self.head_dim).transpose(1, 2)
-        v = gated(self.v, self.gate, x).view(b, n, -1, self.head_dim).transpose(1, 2)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Each head's attention of ``q`` to ``k`` over ``v`` (``(B, N, heads * head_dim)``
+        each), the heads' outputs side by side."""
+        b, n, width = v.shape
+        shape = (b, n, width // self.head_dim, self.head_dim)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
         attn = self.attn_drop(attn)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
-        return self.proj(out)
+        return torch.matmul(attn, v).transpose(1, 2).reshape(b, n, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.attend(self.q(x), self.k(x), gated(self.v, self.gate, x)))
 
     def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
         """:meth:`forward` on the features ``alive`` of its input stream alone (``x`` holds
@@ -278,14 +267,8 @@ class MaskedAttention(nn.Module):
         heads' rows, the output projection reads the alive heads' columns and writes the
         stream's rows (see :func:`alive_linear`). A dead head's rows and columns are zero in
         the masks, so it adds exactly nothing to the whole-width forward."""
-        b, n = x.shape[0], x.shape[1]
         heads = alive_index(self.gate)
-        width = self.v.out_features if heads is None else heads.numel()
-        shape = (b, n, width // self.head_dim, self.head_dim)
-        q = alive_linear(self.q, x, alive, heads).view(shape).transpose(1, 2)
-        k = alive_linear(self.k, x, alive, heads).view(shape).transpose(1, 2)
-        v = alive_linear(self.v, x, alive, heads, self.gate).view(shape).transpose(1, 2)
-        attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
-        attn = self.attn_drop(attn)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, width)
-        return alive_linear(self.proj, out, heads, alive)
+        q = alive_linear(self.q, x, alive, heads)
+        k = alive_linear(self.k, x, alive, heads)
+        v = alive_linear(self.v, x, alive, heads, self.gate)
+        return alive_linear(self.proj, self.attend(q, k, v), heads, alive)
