@@ -80,17 +80,11 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
         return None
     weight = m.weight
     assert isinstance(weight, Tensor)
-    groups, in_units = getattr(m, "groups", 1), getattr(m, "in_units", None)
-    if groups != 1 and in_units is not None:
-        raise ValueError(
-            f"grouped convolution {name!r} (groups={groups}) names input units; its "
-            "channels are its output units"
-        )
     features = out.shape[1 if weight.dim() > 2 else -1]
     return LayerCost(
         name=name,
         module=m,  # type: ignore[arg-type]
-        in_units=in_units,
+        in_units=getattr(m, "in_units", None),
         out_units=getattr(m, "out_units", None),
         positions=out[0].numel() // features,
         kernel_area=int(torch.Size(weight.shape[2:]).numel()),

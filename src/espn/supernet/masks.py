@@ -69,15 +69,15 @@ class LayerLayout(NamedTuple):
     in_concat: tuple[str, ...] = ()
 
 
+@dataclass(eq=False)
 class Ownership:
     """Which task owns each shared weight (the first that took it as a new weight): one id
     tensor per masked layer (``ids``) in the smallest dtype that fits (:func:`owner_dtype`),
     the dtype's largest value for a free weight. Ids are written once, so ``ids <= t`` never
     changes: a task's mask can be stored as its ``horizon`` alone."""
 
-    def __init__(self, layout: dict[str, LayerLayout], ids: dict[str, Tensor]) -> None:
-        self.layout = layout
-        self.ids = ids
+    layout: dict[str, LayerLayout]
+    ids: dict[str, Tensor]
 
     @classmethod
     def empty(cls, layout: dict[str, LayerLayout], device: torch.device | str) -> Ownership:
@@ -104,12 +104,9 @@ class Ownership:
         """Bits per weight that hold every id given so far and the free sentinel (all ones):
         ``ceil(log2(tasks + 1))``, at least 1."""
         # free weights read as id 0: the same bit count as no id at all (at least 1)
+        free = self.free_id
         top = max(
-            (
-                int(v.masked_fill(v == self.free_id, 0).max())
-                for v in self.ids.values()
-                if v.numel()
-            ),
+            (int(v.masked_fill(v == free, 0).max()) for v in self.ids.values() if v.numel()),
             default=0,
         )
         return max(1, (top + 1).bit_length())

@@ -16,7 +16,6 @@ from espn.supernet.layers import (
     TaskSpecific,
     UnitGate,
     UnitModule,
-    expand_units,
     with_unions,
 )
 from espn.supernet.masks import LayerLayout, Ownership, TaskMask, prefixed, zero_dead_units
@@ -83,9 +82,8 @@ class Supernet(nn.Module):
             )
             for n, m in self.layers.items()
         }
-        device = next(iter(self.layers.values())).weight.device if self.layers else "cpu"
         #: which task owns each shared weight (the first that took it as a new weight)
-        self.owners = Ownership.empty(layout, device)
+        self.owners = Ownership.empty(layout, next(iter(self.layers.values())).weight.device)
         self.active_task: int | None = None
         self.in_training = False
 
@@ -165,35 +163,26 @@ class Supernet(nn.Module):
     def set_unit_masks(self, units: dict[str, Tensor]) -> None:
         """Set alive units; a dead unit's gate/BatchNorm scale and shift (and what other task
         modules hold for it, see :meth:`TaskSpecific.zero_dead`) are zeroed exactly."""
-        for g, alive in units.items():
-            every = bool(alive.all())
+        self._load_units(units)
+        for g in units:
             for m in self.groups[g]:
-                alive_d = alive.to(m.unit_mask.device)
-                m.set_units(alive_d, every)
-                entries = expand_units(alive_d, m.entries_per_unit)
-                m.weight.data.masked_fill_(~entries, 0.0)
-                m.bias.data.masked_fill_(~entries, 0.0)
+                dead = m.entry_mask() == 0
+                m.weight.data.masked_fill_(dead, 0.0)
+                m.bias.data.masked_fill_(dead, 0.0)
         for task_module in self.task_modules.values():
             task_module.zero_dead(units)
         self.set_weight_masks({})  # the weight masks restricted to the alive units
 
+    def _load_units(self, units: dict[str, Tensor]) -> None:
+        """Write the alive vectors ``units`` into their groups' unit masks."""
+        for g, alive in units.items():
+            every = bool(alive.all())
+            for m in self.groups[g]:
+                m.set_units(alive, every)
+
     def structural_mask(self, name: str) -> Tensor:
         """Weights of layer ``name`` whose input and output units are both alive."""
         return self.owners.structure(name, self.unit_masks(), self.layers[name].weight.device)
-
-    def _dead_units(self) -> dict[str, Tensor]:
-        """The alive vector of every unit group and union that has a dead unit."""
-        units = with_unions(self.unit_masks(), self.unions, self.concats)
-        return {g: alive for g, alive in units.items() if not bool(alive.all())}
-
-    @staticmethod
-    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor], binary: bool = False) -> None:
-        """Zero ``layer``'s weight mask on dead units (:func:`~espn.supernet.masks.zero_dead_units`)
-        and note it; a mask known (``binary``) or noted binary stays binary, so its values need
-        no check."""
-        binary = binary or layer.mask_is_binary()
-        zero_dead_units(layer, dead)
-        layer.note_mask(binary)
 
     def note_masks(self) -> None:
         """Let every layer record whether its weight mask is all ones (see
@@ -209,17 +198,21 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def set_weight_masks(self, masks: dict[str, Tensor]) -> None:
-        """Set weight masks (restricted to alive units). A boolean mask is copied in, its dead
-        units' rows and columns zeroed, and noted as binary without a read of its values."""
+        """Set weight masks, each layer's zeroed on the rows and columns of dead units (see
+        :func:`~espn.supernet.masks.zero_dead_units`). A mask copied in from a boolean one, or
+        noted binary before, stays binary and is noted so without a read of its values."""
         unknown = masks.keys() - self.layers.keys()
         if unknown:
             raise KeyError(f"no masked layer named {sorted(unknown)}")
-        dead = self._dead_units()
+        units = with_unions(self.unit_masks(), self.unions, self.concats)
+        dead = {g: alive for g, alive in units.items() if not bool(alive.all())}
         for name, layer in self.layers.items():
             mask = masks.get(name)
             if mask is not None:
                 layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-            self._restrict(layer, dead, binary=mask is not None and mask.dtype == torch.bool)
+            binary = (mask is not None and mask.dtype == torch.bool) or layer.mask_is_binary()
+            zero_dead_units(layer, dead)
+            layer.note_mask(binary)
 
     @torch.no_grad()
     def zero_pruned(self, state: Mapping[Tensor, Mapping[str, Any]] | None = None) -> list[str]:
@@ -314,10 +307,7 @@ class Supernet(nn.Module):
         """Start a new task: the working sub-network is the whole network (m_t = [p])."""
         for m in self.task_modules.values():
             m.reset_task(n_classes)
-        for members in self.groups.values():
-            for unit in members:
-                unit.unit_mask.fill_(1.0)
-                unit.note_units(True)
+        self._load_units({g: torch.ones(n, dtype=torch.bool) for g, n in self.group_sizes.items()})
         for layer in self.layers.values():
             layer.weight_mask.fill_(1.0)
             layer.note_mask(binary=True)
@@ -407,10 +397,7 @@ class Supernet(nn.Module):
     def load_task_state(self, units: dict[str, Tensor], state: dict[str, Tensor]) -> None:
         """Swap in a task's unit masks (first: a released gate is its unit mask) and its task
         state (``"<module>.<tensor>"``, as :meth:`task_state` names it)."""
-        for g, alive in units.items():
-            every = bool(alive.all())
-            for unit in self.groups[g]:
-                unit.set_units(alive, every)
+        self._load_units(units)
         for name, m in self.task_modules.items():
             m.load_task_state(prefixed(state, f"{name}."))
 
