@@ -11,7 +11,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -45,16 +45,35 @@ def unchanged(known: Sequence[Any] | None, tensor: Tensor) -> bool:
     return known is not None and known[0] is tensor and known[1] == tensor._version
 
 
+def caches(module: Any) -> dict[str, Any]:
+    """``module``'s caches, by name: in its instance dict (``nn.Module.__setattr__`` costs
+    microseconds per call), dropped from a copy or pickle (see :class:`_Caches`)."""
+    found = module.__dict__.get("_fast")
+    if found is None:
+        found = module.__dict__["_fast"] = {}
+    return cast(dict[str, Any], found)
+
+
+def _cached(module: Any, name: str) -> Any:
+    """What ``module`` cached under ``name`` (None: nothing)."""
+    return caches(module).get(name)
+
+
+def _known(module: Any, name: str) -> Any:
+    """What ``module`` cached under ``name`` (None: nothing, or the fast path is off)."""
+    return _cached(module, name) if is_on() else None
+
+
 def memo(
     owner: Any, name: str, tensor: Tensor, compute: Callable[[], Any], use: bool = True
 ) -> Any:
-    """``compute()``, cached in ``owner.__dict__[name]`` while ``tensor`` is unwritten since
+    """``compute()``, cached on ``owner`` under ``name`` while ``tensor`` is unwritten since
     (``use`` False: computed anew)."""
-    known = owner.__dict__.get(name)
+    known = _cached(owner, name)
     if use and unchanged(known, tensor):
         return known[2]
     value = compute()
-    owner.__dict__[name] = (*stamp(tensor), value)
+    caches(owner)[name] = (*stamp(tensor), value)
     return value
 
 
@@ -67,25 +86,13 @@ def float_bits(tensor: Tensor) -> Tensor:
     return tensor.view(_BITS[tensor.element_size()])
 
 
-def _cached(module: Any, name: str) -> Any:
-    """What ``module`` cached under ``name`` (None: nothing)."""
-    return module.__dict__.get(name)
-
-
-def _known(module: Any, name: str) -> Any:
-    """What ``module`` cached under ``name`` (None: nothing, or the fast path is off)."""
-    return _cached(module, name) if is_on() else None
-
-
 class _Caches:
-    """A module's caches (named in :data:`TRANSIENT`): dropped from a copy or pickle, whose
-    tensors are others (a deep copy keeps their version counters)."""
-
-    TRANSIENT: ClassVar[tuple[str, ...]] = ()
+    """A module with :func:`caches`, which a copy or pickle drops: its tensors are others (a
+    deep copy keeps their version counters)."""
 
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = super().__getstate__()  # type: ignore[assignment]
-        return state | dict.fromkeys(self.TRANSIENT)
+        return {k: v for k, v in state.items() if k != "_fast"}
 
 
 class UnitCaches(_Caches):
@@ -94,11 +101,10 @@ class UnitCaches(_Caches):
     passes its input through unchanged (a released gate)."""
 
     unit_mask: Tensor
-    TRANSIENT = ("_all_alive", "_identity")
 
     def note_units(self, all_alive: bool) -> None:
         """Record whether ``unit_mask`` is all ones."""
-        self.__dict__["_all_alive"] = stamp(self.unit_mask) if all_alive else None
+        caches(self)["_all_alive"] = stamp(self.unit_mask) if all_alive else None
 
     def all_alive(self) -> bool:
         """Whether every unit is known to be alive."""
@@ -106,7 +112,7 @@ class UnitCaches(_Caches):
 
     def note_identity(self, identity: bool) -> None:
         """Record whether the module passes its input through unchanged."""
-        self.__dict__["_identity"] = stamp(self.unit_mask) if identity else None
+        caches(self)["_identity"] = stamp(self.unit_mask) if identity else None
 
     def is_identity(self) -> bool:
         """Whether the module is known to pass its input through unchanged."""
@@ -122,27 +128,14 @@ class MaskCaches(_Caches):
     weight_mask: Tensor
     frozen: Tensor
 
-    #: the caches, each a :func:`stamp` of the tensor it was computed from and the value
-    TRANSIENT = (
-        "_ones",  # the mask is all ones
-        "_binary",  # the mask is 0/1
-        "_count",  # the mask's sum
-        "_keep",  # the trainable bits (see _trainable_bits)
-        "_free",  # the free bits (see free_bits)
-        "_thawed",  # whether nothing is frozen
-        "_product",  # this step's product and sink
-        "_kept_grad",  # address and version of the gradient the product's backward wrote
-        "_zero",  # weight, mask and frozen stamps under which the weight is zero outside
-    )
-
     def note_mask(self, binary: bool = False) -> None:
         """Record whether ``weight_mask`` is 0/1 (``binary``: the caller knows it is) and all
         ones: one host read, at a mask change, never in a step."""
         mask, frozen = self.weight_mask, self.frozen
         binary = binary or bool(((mask == 0) | (mask == 1)).all())
         ones = binary and int(mask.bool().count_nonzero()) == mask.numel()
-        self.__dict__["_ones"] = stamp(mask) if ones else None
-        self.__dict__["_binary"] = stamp(mask) if binary else None
+        caches(self)["_ones"] = stamp(mask) if ones else None
+        caches(self)["_binary"] = stamp(mask) if binary else None
         memo(self, "_thawed", frozen, lambda: not bool(frozen.any()))
 
     def mask_is_binary(self) -> bool:
@@ -164,12 +157,11 @@ class MaskCaches(_Caches):
         training = torch.is_grad_enabled() and weight.requires_grad and not mask.requires_grad
         if not (training and (ones or self.mask_is_binary())):
             if torch.is_grad_enabled():
-                self.__dict__["_product"] = None
+                caches(self)["_product"] = None
             return weight if bare else weight * mask
         keep = None if ones and self._nothing_frozen() else self._trainable_bits()
         product, sink = _TrainedWeight.apply(weight, None if bare else mask, keep, self)
-        # the instance's dict directly: nn.Module.__setattr__ costs microseconds per call
-        self.__dict__["_product"] = (product, sink, *stamp(weight), *stamp(mask))
+        caches(self)["_product"] = (product, sink, *stamp(weight), *stamp(mask))
         return product
 
     @torch.no_grad()
@@ -193,9 +185,9 @@ class MaskCaches(_Caches):
                 float_bits(tensor).bitwise_and_(bits)
             else:
                 tensor.masked_fill_(bits == 0, 0.0)
-        self.__dict__["_keep"] = (*stamp(mask), free, bits.bitwise_and_(free))
+        caches(self)["_keep"] = (*stamp(mask), free, bits.bitwise_and_(free))
         known = (*stamp(weight), weight.data_ptr(), *stamp(mask), *stamp(self.frozen))
-        self.__dict__["_zero"] = known
+        caches(self)["_zero"] = known
         return True
 
     def zero_outside_known(self) -> bool:
@@ -219,7 +211,7 @@ class MaskCaches(_Caches):
         optimizer moves no weight whose gradient and state are zero, decay included)."""
         known = _cached(self, "_zero")
         if known is not None:
-            self.__dict__["_zero"] = (*stamp(self.weight), *known[2:])
+            caches(self)["_zero"] = (*stamp(self.weight), *known[2:])
 
     def _nothing_frozen(self) -> bool:
         known = _cached(self, "_thawed")
@@ -245,7 +237,7 @@ class MaskCaches(_Caches):
 
     def forget_kept_grad(self) -> None:
         """Forget what an earlier backward pass wrote (called before each backward pass)."""
-        self.__dict__["_kept_grad"] = None
+        caches(self)["_kept_grad"] = None
 
     def _trainable_bits(self) -> Tensor:
         """All ones on the weights the task may train (in the mask, not frozen), zero
@@ -257,7 +249,7 @@ class MaskCaches(_Caches):
         if unchanged(known, mask) and known[2] is free:
             return known[3]
         keep = mask.to(free.dtype).neg_().bitwise_and_(free)
-        self.__dict__["_keep"] = (*stamp(mask), free, keep)
+        caches(self)["_keep"] = (*stamp(mask), free, keep)
         return keep
 
     def free_bits(self) -> Tensor:
@@ -268,7 +260,7 @@ class MaskCaches(_Caches):
         if unchanged(known, frozen) and known[2].dtype == dtype:
             return known[2]
         free = frozen.logical_not().to(dtype).neg_()
-        self.__dict__["_free"] = (*stamp(frozen), free)
+        caches(self)["_free"] = (*stamp(frozen), free)
         return free
 
     def mask_count(self) -> Tensor:
@@ -315,7 +307,7 @@ class _TrainedWeight(torch.autograd.Function):
             out = grad if owned else torch.empty_like(grad)
             torch.bitwise_and(float_bits(grad), keep, out=float_bits(out))
             grad = out
-            ctx.layer.__dict__["_kept_grad"] = (grad.data_ptr(), grad._version)
+            caches(ctx.layer)["_kept_grad"] = (grad.data_ptr(), grad._version)
         return grad, None, None, None
 
 

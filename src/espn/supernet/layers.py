@@ -325,9 +325,8 @@ class UnitGate(UnitModule):
         """The per-feature scale and shift (None for a scale-only gate) this gate applies:
         one gate entry over the ``unit_size`` features of its unit."""
         scale = expand_units(self.weight * self.unit_mask, self.unit_size)
-        if not self.affine:
-            return scale, None
-        return scale, expand_units(self.bias * self.unit_mask, self.unit_size)
+        shift = expand_units(self.bias * self.unit_mask, self.unit_size) if self.affine else None
+        return scale, shift
 
     def feature_shape(self, x: Tensor) -> tuple[int, ...]:
         """The shape a per-feature vector takes to scale ``x``: features on dimension 1."""

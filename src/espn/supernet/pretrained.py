@@ -33,20 +33,16 @@ def load_weight_file(path: Path | str) -> dict[str, Tensor]:
             raw: object = load_file(str(path))
         else:
             raw = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # torch's message advises weights_only=False: unsafe
-        if "unsupported global" not in str(exc).lower():
-            raise PretrainedError(
-                f"{path} is not a weight file espn reads (.safetensors, or a torch state dict "
-                "of tensors): it is not a torch file"
-            ) from None
-        raise PretrainedError(
-            f"{path} holds Python objects besides tensors, which espn does not load (a "
-            "pickle can run code); save only the state dict, best as .safetensors"
-        ) from None
     except OSError as exc:
         raise PretrainedError(f"cannot read pretrained weights {path}: {exc}") from None
     except Exception as exc:  # a file of another kind: torch and safetensors raise anything
-        first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+        text = str(exc).strip()
+        if isinstance(exc, pickle.UnpicklingError) and "unsupported global" in text.lower():
+            raise PretrainedError(  # not torch's message: it advises weights_only=False, unsafe
+                f"{path} holds Python objects besides tensors, which espn does not load (a "
+                "pickle can run code); save only the state dict, best as .safetensors"
+            ) from None
+        first = text.splitlines()[0][:120] if text else ""
         raise PretrainedError(
             f"{path} is not a weight file espn reads (.safetensors, or a torch state dict "
             f"of tensors): {type(exc).__name__}" + (f" ({first})" if first else "")
