@@ -148,9 +148,8 @@ class MaskCaches(_Caches):
 
     def fast_masked_weight(self) -> Tensor:
         """``MaskedLayer.masked_weight`` on the fast path: in a training step with a mask
-        noted 0/1, the product of :class:`_TrainedWeight`, remembered for the step (see
-        :meth:`step_parts`); the weight itself where the mask is all ones or the weight is
-        known zero outside it (``x * 1`` is ``x``, ``0 * 0`` is ``0``, bit for bit)."""
+        noted 0/1, :class:`_TrainedWeight`'s product (kept for :meth:`step_parts`); no
+        product where the mask is all ones or the weight known zero outside it."""
         weight, mask = self.weight, self.weight_mask
         ones = self.mask_is_ones()
         bare = ones or self.zero_outside_known()
@@ -167,9 +166,8 @@ class MaskCaches(_Caches):
     @torch.no_grad()
     def zero_pruned(self, states: Sequence[Tensor] = ()) -> bool:
         """Zero every free weight outside a 0/1 mask, and the same entries of ``states`` (its
-        optimizer state), at a prune event of a method whose free weights are set anew before
-        a later task reads them; the product is then skipped until the weight, mask or frozen
-        set is written otherwise than by a step :meth:`note_trained` followed. Not done (False)
+        optimizer state), so that the product is skipped until the weight, mask or frozen set
+        is written otherwise than by a step :meth:`note_trained` followed. Not done (False)
         where a frozen weight lies outside the mask."""
         mask, weight = self.weight_mask, self.weight
         if self.mask_is_ones() or not self.mask_is_binary():
@@ -202,8 +200,7 @@ class MaskCaches(_Caches):
 
     def keeps_zero(self) -> bool:
         """Whether the coming optimizer step keeps the weight zero outside the mask: it is now,
-        and the step's gradient is the product's backward's (see :meth:`grad_is_kept`). The
-        engine asks before a step and calls :meth:`note_trained` after it."""
+        and the step's gradient is the product's backward's (:meth:`grad_is_kept`)."""
         return self.zero_outside_known() and self.grad_is_kept()
 
     def note_trained(self) -> None:
@@ -219,8 +216,7 @@ class MaskCaches(_Caches):
 
     def step_parts(self) -> tuple[Tensor, Tensor] | None:
         """This step's masked weight as the forward pass computed it, and the sink where the
-        masked-L2 term's gradient enters it (see :class:`_TrainedWeight`). None: the weight
-        or the mask changed since, or no training forward pass computed them."""
+        masked-L2 term's gradient enters it (None: not computed, or changed since)."""
         known = _known(self, "_product")
         if known is None:
             return None

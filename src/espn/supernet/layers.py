@@ -1,9 +1,6 @@
-"""Building blocks of a supernet: masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`),
-whose weights all tasks share, and task-specific modules (:class:`TaskSpecific`: gates,
-task norms, heads), swapped in with the active task. Units are named by *group*; layers
-reading a residual stream pruned per conv name a *union* of groups, and layers reading
-concatenated feature maps (``torch.cat``) a *concatenation* of groups (:func:`with_unions`);
-docs/architectures.md describes how units are formed.
+"""Building blocks of a supernet: masked layers, whose weights all tasks share, and
+task-specific modules (gates, task norms, heads), swapped in with the active task. Units are
+named by *group*, *union* or *concatenation* of groups (docs/architectures.md).
 """
 
 from __future__ import annotations
@@ -80,12 +77,9 @@ def expand_units(alive: Tensor, size: int) -> Tensor:
 
 
 class MaskedLinear(nn.Linear, MaskedLayer):
-    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask.
-
-    ``in_unit_size`` > 1: unit ``c`` of ``in_units`` owns the ``in_unit_size`` consecutive inputs
-    ``c*k ... (c+1)*k - 1`` (a feature map of ``in_features / k`` channels flattened
-    channel-major, ``x.flatten(1)`` of ``(C, H, W)``, with ``k = H*W``).
-    """
+    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask; unit
+    ``c`` of ``in_units`` owns the ``k = in_unit_size`` inputs ``c*k ... (c+1)*k - 1`` (a
+    ``(C, H, W)`` feature map flattened, ``k = H*W``)."""
 
     def __init__(
         self,
@@ -198,13 +192,10 @@ class TaskSpecific(nn.Module, ABC):
 
 
 class UnitModule(UnitCaches, TaskSpecific):
-    """A task-specific module that scales units: its ``weight`` is the unit saliency (gamma).
-
-    ``unit_mask`` (1 = alive) multiplies both the scale and the shift, so that a pruned unit
-    outputs exactly zero. A unit spans ``unit_size`` consecutive features of the tensor the
-    module scales; a gate holds one ``weight`` per unit, a norm one per feature (a
-    BatchNorm after a grouped conv, a GroupNorm: ``unit_size`` channels per unit).
-    """
+    """A task-specific module that scales units: its ``weight`` is the unit saliency (gamma);
+    ``unit_mask`` (1 = alive) multiplies its scale and shift, so a pruned unit outputs exactly
+    zero. A unit spans ``unit_size`` consecutive features; a gate holds one ``weight`` per
+    unit, a norm one per feature."""
 
     weight: Tensor
     bias: Tensor
@@ -229,16 +220,14 @@ class UnitModule(UnitCaches, TaskSpecific):
 
     @torch.no_grad()
     def set_units(self, alive: Tensor, all_alive: bool) -> None:
-        """Write the alive vector ``alive`` (any device and dtype) into ``unit_mask`` and note
-        whether every unit is alive (``all_alive``, read once by the caller for a whole
-        group; see :meth:`note_units`)."""
+        """Write the alive vector ``alive`` (any device and dtype) into ``unit_mask``;
+        ``all_alive``: whether every unit is, read once by the caller for a whole group."""
         self.unit_mask.copy_(alive.to(self.unit_mask.device, self.unit_mask.dtype))
         self.note_units(all_alive)
 
     def masked_affine(self) -> tuple[Tensor, Tensor]:
-        """The scale and shift masked by the task's units: ``weight`` and ``bias`` themselves
-        where every unit is known alive (``x * 1`` is ``x`` bit for bit, and so is its
-        gradient), else their products with :meth:`entry_mask`."""
+        """The scale and shift masked by the task's units (``weight`` and ``bias`` themselves
+        where every unit is known alive: ``x * 1`` is ``x``, and so is its gradient)."""
         if self.all_alive():
             return self.weight, self.bias
         mask = self.entry_mask()
@@ -268,13 +257,9 @@ class UnitModule(UnitCaches, TaskSpecific):
 
 class UnitGate(UnitModule):
     """Per-neuron gate of a fully-connected layer: the neuron's BatchNorm-free gamma.
-
-    ``affine=False`` (the paper's default): a scale only, the saliency that unit pruning
-    trains; once pruning is over the gate is *released* (scale 1 on every alive neuron, no
-    longer trained), so a finished task is its binary masks alone and stores no gate state.
-    ``affine=True`` (beyond the paper, ``--task-affine``): a per-task scale and shift,
-    trained in every phase and stored with the task.
-    """
+    ``affine=False`` (the paper's): a scale only, *released* when pruning ends (scale 1 on
+    alive neurons, no longer trained), so a task stores no gate state; ``affine=True``
+    (``--task-affine``): a per-task scale and shift, trained and stored with the task."""
 
     #: whether the gate was released (a 0-d bool)
     released: Tensor
@@ -305,11 +290,10 @@ class UnitGate(UnitModule):
             self._follow_release()
 
     def _follow_release(self) -> None:
-        # a released scale gets no gradient, so no optimizer (momentum, decay) can move it
+        # a released scale gets no gradient, so no optimizer (momentum, decay) can move it;
+        # one that multiplies by ones is noted the identity (one host read per release)
         released = bool(self.released)
         self.weight.requires_grad_(not released)
-        # a released scale-only gate with every unit alive multiplies by ones: noted here
-        # (one host read per release, never in a step), so that its forward is the identity
         ones = released and not self.affine and bool((self.weight * self.unit_mask == 1).all())
         self.note_identity(ones)
 
@@ -342,12 +326,8 @@ class UnitGate(UnitModule):
 
 
 class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
-    """BatchNorm whose affine parameters and running statistics belong to the active task.
-
-    Always affine and with running statistics, so none of these is None as in a general
-    ``nn.BatchNorm2d``; ``momentum`` None (a converted model's) is a cumulative average.
-    A unit spans ``unit_size`` channels (a group of channels of a grouped conv).
-    """
+    """BatchNorm (always affine, with running statistics) whose parameters and statistics
+    belong to the active task; a unit spans ``unit_size`` channels (of a grouped conv)."""
 
     weight: nn.Parameter
     bias: nn.Parameter
@@ -447,10 +427,8 @@ class TaskHead(nn.Linear, TaskSpecific):
         self.out_unit_size = 1
 
     def reset_task(self, n_classes: int) -> None:
-        device, dtype = self.weight.device, self.weight.dtype
-        shape = (n_classes, *self.weight.shape[1:])
-        self.weight.data = torch.empty(shape, device=device, dtype=dtype)
-        self.bias.data = torch.empty(n_classes, device=device, dtype=dtype)
+        self.weight.data = self.weight.new_empty(n_classes, *self.weight.shape[1:])
+        self.bias.data = self.bias.new_empty(n_classes)
         self.out_features = n_classes
         self.reset_parameters()
 

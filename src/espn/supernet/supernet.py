@@ -34,14 +34,9 @@ WEIGHT_KINDS = ("shared", "own", "fixed")
 
 
 class Supernet(nn.Module):
-    """A network packed with task sub-networks.
-
-    The wrapped ``model`` holds masked layers (shared weights) and task-specific modules
-    (gates or BatchNorm, heads). The supernet keeps one :class:`TaskMask` per learned task,
-    the union of their weights (the *frozen* weights, stored on each layer), and a *working*
-    sub-network for the task being trained. ``forward(x, task=j)`` runs task ``j``'s
-    sub-network only.
-    """
+    """A network packed with task sub-networks: the wrapped ``model``'s masked layers (shared
+    weights) and task-specific modules, one :class:`TaskMask` per learned task (their union
+    frozen), and the *working* sub-network of the task in training."""
 
     def __init__(self, model: nn.Module, example_input: Tensor) -> None:
         super().__init__()
@@ -217,10 +212,8 @@ class Supernet(nn.Module):
     @torch.no_grad()
     def zero_pruned(self, state: Mapping[Tensor, Mapping[str, Any]] | None = None) -> list[str]:
         """Zero the free weights outside every layer's mask and their optimizer state
-        (``state``: an optimizer's per-parameter state, keyed by the weight), so that a
-        training step skips the mask product (see ``MaskedLayer.zero_pruned``, which says
-        where that is exact). Called after a prune event of a method whose free weights are
-        set anew before a later task reads them; returns the layers that skip it."""
+        (``state``: per weight) after a prune event, so that a step skips the mask product
+        (see ``MaskCaches.zero_pruned``); returns the layers that skip it."""
         skipping = []
         for name, layer in self.layers.items():
             values = (state or {}).get(layer.weight, {}).values()
@@ -316,11 +309,8 @@ class Supernet(nn.Module):
         self._n_classes = n_classes
 
     def task_state(self, committed: bool = False) -> dict[str, Tensor]:
-        """The active task's own tensors (gates/BatchNorm, head, statistics) by name.
-
-        ``committed``: only what a finished task stores (modules with ``per_task`` set); the
-        default is everything a task in training needs to continue exactly.
-        """
+        """The active task's own tensors (gates/BatchNorm, head, statistics) by name; with
+        ``committed``, only what a finished task stores (modules with ``per_task`` set)."""
         return {
             f"{name}.{key}": value
             for name, m in self.task_modules.items()
@@ -422,10 +412,9 @@ class Supernet(nn.Module):
 
     # ------------------------------------------------------------------ state
     def get_extra_state(self) -> dict[str, Any]:
-        """What ``state_dict()`` carries besides the modules' tensors: every learned task
-        (its stored masks, unit masks, BatchNorm/gates/head state, own weights), the owner
-        ids, and which task is loaded or in training. Tensors, numbers, strings, lists and
-        dicts only, so ``torch.load(weights_only=True)`` reads a saved state dict."""
+        """What ``state_dict()`` carries besides the modules' tensors: every learned task, the
+        owner ids, and which task is loaded or in training, in types that
+        ``torch.load(weights_only=True)`` reads."""
         return {
             "format": 1,
             "active_task": -1 if self.active_task is None else self.active_task,
@@ -461,10 +450,8 @@ class Supernet(nn.Module):
             self.use_task(int(state["active_task"]))
 
     def forward(self, x: Tensor, task: int | None = None) -> Tensor:
-        """Logits of task ``task``'s sub-network. ``task`` is required: which sub-network an
-        input belongs to is never guessed (the one loaded last would answer silently with
-        another task's head); the training loop runs the task in training through
-        :meth:`forward_working`."""
+        """Logits of task ``task``'s sub-network; ``task`` is never guessed (the task in
+        training runs through :meth:`forward_working`)."""
         if task is None:
             learned = f"0..{len(self.masks) - 1}" if self.masks else "none learned yet"
             raise TaskRequired(
@@ -479,7 +466,6 @@ class Supernet(nn.Module):
         return self.model(x)
 
     def forward_working(self, x: Tensor) -> Tensor:
-        """Logits of the sub-network loaded now, explicitly: the task in training (the
-        training loop, BatchNorm recalibration), or the whole network before any task
-        began. Users pick a task with ``supernet(x, task=j)``."""
+        """Logits of the sub-network loaded now: the task in training, or the whole network
+        before any task began."""
         return self.model(x)

@@ -1,7 +1,5 @@
-"""Supernet building blocks for transformers, features on the last dimension of token tensors:
-:class:`TokenGate`, :class:`TaskLayerNorm` (statistics over the alive features only),
-:class:`TaskTokens` and :class:`MaskedAttention` (heads as units); docs/transformers.md
-describes them.
+"""Supernet building blocks for transformers, features on the last dimension of token tensors
+(docs/transformers.md): token gates, task LayerNorms, task tokens, attention with heads as units.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
-from espn.supernet.fast import memo
+from espn.supernet.fast import is_on, memo
 from espn.supernet.layers import (
     MaskedLinear,
     TaskSpecific,
@@ -33,17 +31,12 @@ class TokenGate(UnitGate):
 
 
 def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
-    """``gate(layer(x))``; in a training step of a masked linear layer followed by a token
-    gate, computed as one linear map whose weight rows the gate scales (its shift the bias),
-    as the slim export folds it: the gate then costs a pass over the layer's few thousand
-    weights instead of several over every token's features, forward and backward.
-
-    Folded only where nothing else could tell: in training mode with gradients on, eager
-    (not traced for export, not compiled: a graph keeps the two calls), no hook on either
-    module (a hook sees or replaces the layer's output), and a gate that is not the
-    identity. Released scale-only gates (scales 0 and 1) give the same bits either way."""
+    """``gate(layer(x))``; on the fast path, in a training step of a masked linear layer and a
+    token gate, one linear map whose weight rows the gate scales (its shift the bias), as the
+    slim export folds it: a pass over the weights instead of several over every token. Not
+    where anything could tell: traced, hooked, or a gate that is the identity."""
     if (
-        not torch.compiler.is_compiling()
+        is_on()
         and not is_fx_symbolic_tracing()
         and isinstance(layer, MaskedLinear)
         and isinstance(gate, TokenGate)
@@ -77,11 +70,9 @@ def alive_linear(
     outputs: Tensor | None = None,
     gate: TokenGate | None = None,
 ) -> Tensor:
-    """``layer``'s masked linear map on the features ``inputs`` of its input only (``x``
-    holds just those; None: all), computing the features ``outputs`` of its output only
-    (None: all), followed by ``gate`` folded into its weight rows (see :func:`gated`). The
-    columns and rows are cut from the masked weight, so that the gradient reaches the
-    weight through the layer's product as in its own forward."""
+    """``layer``'s map from the input features ``inputs`` (``x`` holds just those; None: all)
+    to the output features ``outputs`` (None: all), ``gate`` folded into its rows (see
+    :func:`gated`): cut from the masked weight, so the gradient flows as in its forward."""
     weight = layer.masked_weight()
     if inputs is not None:
         weight = weight.index_select(1, inputs)
@@ -156,9 +147,7 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
 class _Features(torch.autograd.Function):
     """The features ``index`` of the last dimension of ``x`` (``width`` None), or ``x``'s
     features put at places ``index`` of a last dimension of ``width`` among zeros; the
-    backward is the other, exact both ways. A gather and a scatter with the index expanded
-    over the rows: about half the time of ``index_select`` / ``index_copy`` on the last
-    dimension, and no accumulating scatter in the backward (the places are distinct)."""
+    backward is the other. A gather and a scatter: half the time of ``index_select``."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, index: Tensor, width: int | None) -> Tensor:
@@ -184,13 +173,9 @@ def _move_features(x: Tensor, index: Tensor, width: int | None) -> Tensor:
 
 
 class TaskTokens(TaskSpecific):
-    """Prepends a class token and adds position embeddings, both owned by the active task.
-
-    Per-task state (``(N + 1) * D + D`` values per task) rather than shared masked weights:
-    a later task can never change an earlier task's embeddings, and they cost no FLOPs.
-    ``group`` names the unit group of the ``dim`` features (the residual stream), whose
-    pruned features the slim model drops from the embeddings.
-    """
+    """Prepends a class token and adds position embeddings, both owned by the active task (no
+    task changes another's; no FLOPs). ``group``: the unit group of the ``dim`` features
+    (the residual stream), whose pruned features the slim model drops from them."""
 
     def __init__(self, tokens: int, dim: int, group: str | None) -> None:
         super().__init__()
@@ -236,14 +221,11 @@ class MaskedAttention(nn.Module):
         self.head_dim = head_dim or dim // heads
         self.heads_group = heads_group
         width = heads * self.head_dim
-        self.q = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
-        self.k = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
-        self.v = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
-        for layer in (self.q, self.k, self.v):
-            layer.out_unit_size = self.head_dim
+        self.q = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
+        self.k = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
+        self.v = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
         self.gate = TokenGate(heads, heads_group, affine=task_affine, unit_size=self.head_dim)
-        self.proj = MaskedLinear(width, dim, in_units=heads_group, out_units=in_units)
-        self.proj.in_unit_size = self.head_dim
+        self.proj = MaskedLinear(width, dim, heads_group, in_units, in_unit_size=self.head_dim)
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.attn_drop = nn.Dropout(dropout)
 
@@ -262,11 +244,8 @@ class MaskedAttention(nn.Module):
 
     def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
         """:meth:`forward` on the features ``alive`` of its input stream alone (``x`` holds
-        just those; None: all), giving the same features of its output, with its alive
-        heads alone: q, k and v read those columns of their weights and compute the alive
-        heads' rows, the output projection reads the alive heads' columns and writes the
-        stream's rows (see :func:`alive_linear`). A dead head's rows and columns are zero in
-        the masks, so it adds exactly nothing to the whole-width forward."""
+        just those; None: all), giving those of its output, through the alive heads alone
+        (a dead head adds exactly nothing to the whole-width forward)."""
         heads = alive_index(self.gate)
         q = alive_linear(self.q, x, alive, heads)
         k = alive_linear(self.k, x, alive, heads)
