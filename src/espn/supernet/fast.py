@@ -68,9 +68,11 @@ def memo(
     owner: Any, name: str, tensor: Tensor, compute: Callable[[], Any], use: bool = True
 ) -> Any:
     """``compute()``, cached on ``owner`` under ``name`` while ``tensor`` is unwritten since
-    (``use`` False: computed anew)."""
+    (``use`` False: computed, no cache read or written, as a compiled graph needs)."""
+    if not use:
+        return compute()
     known = _cached(owner, name)
-    if use and unchanged(known, tensor):
+    if unchanged(known, tensor):
         return known[2]
     value = compute()
     caches(owner)[name] = (*stamp(tensor), value)
