@@ -1,9 +1,6 @@
-"""Evaluating learned tasks through cached slim copies (:func:`espn.export.slim.slim_copy`),
-each built once per task (a committed task's weights, masks and state cannot change), rebuilt
-only when its stored sub-network is replaced (a supernet state loaded anew), and
-checked on its first batch against the masked supernet (docs/performance.md); a task whose
-copy cannot be built or differs is evaluated through the masked supernet.
-"""
+"""Evaluating learned tasks through slim copies, each built once per task and checked on its
+first batch against the masked supernet (docs/performance.md, "Evaluation through slim
+copies")."""
 
 from __future__ import annotations
 

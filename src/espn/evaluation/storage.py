@@ -35,29 +35,13 @@ def _shared_bytes(supernet: Supernet, weights: str, element: dict[str, int]) -> 
 
 
 def storage_report(supernet: Supernet, weights: str) -> dict[str, int]:
-    """Bytes needed to store every learned task so that each can be run again, by part.
-
-    * ``shared_weights``: for ``weights="shared"`` the values of the weights some task uses
-      (the owned weights: the union of the masks), for ``"fixed"`` (SupSup's signed
-      constants) one sign bit per weight plus one float per layer, for ``"own"``
-      (Individual) nothing: each task stores its own weights (``own_weights``: the values
-      inside its mask).
-    * ``owner_ids``: the supernet's owner-id tensors (one small integer per weight, for all
-      tasks together), counted when some task's mask is stored as the weights it and earlier
-      tasks own.
-    * ``weight_masks``: each task's mask in the form it is stored in (see
-      :mod:`espn.supernet.masks`): nothing for a mask derived from owner ids or from its unit
-      masks, else bit-packed or as indices; identical masks are stored once.
-    * ``unit_masks``: one bit per unit per task, except that a unit mask keeping every unit
-      costs nothing, and identical ones are stored once.
-    * ``task_state``: gates or BatchNorm and heads of each task, identical tensors stored once
-      (so MTL's shared network state counts once and each task's head block once); a per-unit
-      tensor whose dead units are exactly zero (gates, BatchNorm scale and shift) counts its
-      alive units only, as checkpoints store it (see :meth:`TaskMask.alive_state`).
-
-    ``total`` is their sum; ``one_dense_network`` (the dense supernet's weights) is given for
-    comparison and is not part of the total.
-    """
+    """Bytes needed to store every learned task so that each can be run again, by part
+    (docs/cli.md, ``storage``), identical tensors counted once: ``shared_weights`` (the owned
+    weights' values; ``"fixed"``: a sign bit per weight and a float per layer; ``"own"``:
+    none), ``owner_ids`` (when some mask is stored ``owned``), ``weight_masks`` (in their
+    stored forms), ``unit_masks`` (a bit per unit, none where all are alive), ``task_state``
+    (per-unit tensors cut to the alive units, as checkpoints store them), ``own_weights``,
+    their ``total``, and ``one_dense_network`` for comparison (not in the total)."""
     masks = supernet.masks
     element = {n: layer.weight.element_size() for n, layer in supernet.layers.items()}
     shared = _shared_bytes(supernet, weights, element)

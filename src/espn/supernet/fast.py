@@ -1,30 +1,17 @@
-"""The fast path of a training step, behind one switch (:func:`enabled`, on by default).
-
-The reference step is plain: a masked layer's forward multiplies ``weight * mask``
-(``MaskedLayer.masked_weight``), autograd differentiates it, and the frozen-weight guard
-zeroes frozen weights' gradients; RMSprop is torch's. The fast path computes the same
-values with fewer passes over the weights, checked against the reference by
-``tests/test_fast_path.py``:
-
-* an all-ones mask, or a weight known to be zero outside its mask, is not multiplied;
-* a training step's product (:class:`_TrainedWeight`) writes the weight's gradient already
-  masked to the weights the task trains, with the masked-L2 term's gradient added in the
-  same pass, so the guard skips it (:meth:`MaskCaches.grad_is_kept`);
-* what a layer knows about its own tensors is cached under the tensor's identity and version
-  counter (:func:`stamp`, :func:`unchanged`), which every in-place write bumps;
-* :class:`LeanRMSprop` takes no slow square root of zeros.
-
-Inside ``torch.compile`` the fast path is off: a compiled graph multiplies by the mask tensor,
-which a prune event updates in place, so that no Python value guards the graph.
+"""The fast path of a training step, behind one switch (:func:`enabled`, on by default): the
+same values as the reference step (``MaskedLayer.masked_weight``, autograd, torch's RMSprop)
+with fewer passes over the weights, off inside ``torch.compile`` (docs/performance.md, "The
+reference step and the fast path"; checked by ``tests/test_fast_path.py``). What a layer
+knows of its tensors is cached under their identity and version counter (:func:`stamp`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -58,6 +45,40 @@ def unchanged(known: Sequence[Any] | None, tensor: Tensor) -> bool:
     return known is not None and known[0] is tensor and known[1] == tensor._version
 
 
+def caches(module: Any) -> dict[str, Any]:
+    """``module``'s caches, by name: in its instance dict (``nn.Module.__setattr__`` costs
+    microseconds per call), dropped from a copy or pickle (see :class:`_Caches`)."""
+    found = module.__dict__.get("_fast")
+    if found is None:
+        found = module.__dict__["_fast"] = {}
+    return cast(dict[str, Any], found)
+
+
+def _cached(module: Any, name: str) -> Any:
+    """What ``module`` cached under ``name`` (None: nothing)."""
+    return caches(module).get(name)
+
+
+def _known(module: Any, name: str) -> Any:
+    """What ``module`` cached under ``name`` (None: nothing, or the fast path is off)."""
+    return _cached(module, name) if is_on() else None
+
+
+def memo(
+    owner: Any, name: str, tensor: Tensor, compute: Callable[[], Any], use: bool = True
+) -> Any:
+    """``compute()``, cached on ``owner`` under ``name`` while ``tensor`` is unwritten since
+    (``use`` False: computed, no cache read or written, as a compiled graph needs)."""
+    if not use:
+        return compute()
+    known = _cached(owner, name)
+    if unchanged(known, tensor):
+        return known[2]
+    value = compute()
+    caches(owner)[name] = (*stamp(tensor), value)
+    return value
+
+
 #: the integer type of each floating-point size, to view a tensor's bits
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -67,47 +88,33 @@ def float_bits(tensor: Tensor) -> Tensor:
     return tensor.view(_BITS[tensor.element_size()])
 
 
-def _cached(module: Any, name: str) -> Any:
-    """What ``module`` cached under ``name`` (None: nothing)."""
-    return module.__dict__.get(name)
-
-
-def _known(module: Any, name: str) -> Any:
-    """What ``module`` cached under ``name`` (None: nothing, or the fast path is off)."""
-    return _cached(module, name) if is_on() else None
-
-
 class _Caches:
-    """A module's caches (named in :data:`TRANSIENT`): dropped from a copy or pickle, whose
-    tensors are others (a deep copy keeps their version counters)."""
-
-    TRANSIENT: ClassVar[tuple[str, ...]] = ()
+    """A module with :func:`caches`, which a copy or pickle drops: its tensors are others (a
+    deep copy keeps their version counters)."""
 
     def __getstate__(self) -> dict[str, Any]:
         state: dict[str, Any] = super().__getstate__()  # type: ignore[assignment]
-        return state | dict.fromkeys(self.TRANSIENT)
+        return {k: v for k, v in state.items() if k != "_fast"}
 
 
 class UnitCaches(_Caches):
-    """What a unit module (``UnitModule`` mixes this in) knows about its ``unit_mask``: that
-    every unit is alive, so that a norm uses its scale and shift as they are, and for a gate,
-    that it passes its input through unchanged. Told by the caller that just wrote the mask,
-    and known while that very tensor is unwritten since."""
+    """What a unit module (``UnitModule``) knows of its ``unit_mask``, told by the caller that
+    just wrote it: every unit is alive (a norm's scale and shift need no mask), or the module
+    passes its input through unchanged (a released gate)."""
 
     unit_mask: Tensor
-    TRANSIENT = ("_all_alive", "_identity")
 
     def note_units(self, all_alive: bool) -> None:
         """Record whether ``unit_mask`` is all ones."""
-        self.__dict__["_all_alive"] = stamp(self.unit_mask) if all_alive else None
+        caches(self)["_all_alive"] = stamp(self.unit_mask) if all_alive else None
 
     def all_alive(self) -> bool:
         """Whether every unit is known to be alive."""
         return unchanged(_known(self, "_all_alive"), self.unit_mask)
 
     def note_identity(self, identity: bool) -> None:
-        """Record whether the module passes its input through unchanged (a released gate)."""
-        self.__dict__["_identity"] = stamp(self.unit_mask) if identity else None
+        """Record whether the module passes its input through unchanged."""
+        caches(self)["_identity"] = stamp(self.unit_mask) if identity else None
 
     def is_identity(self) -> bool:
         """Whether the module is known to pass its input through unchanged."""
@@ -115,41 +122,23 @@ class UnitCaches(_Caches):
 
 
 class MaskCaches(_Caches):
-    """What a masked layer (``MaskedLayer``, which mixes this in) knows about its mask, frozen
-    set and weight between calls, and the fast product built on it. Every query answers "not
-    known" where the fast path is off."""
+    """What a masked layer (``MaskedLayer``) knows of its mask, frozen set and weight between
+    calls, and the fast product built on it; every query answers "not known" where the fast
+    path is off."""
 
     weight: Tensor
     weight_mask: Tensor
     frozen: Tensor
-    _ones: tuple[Tensor, int] | None
-
-    #: the caches, each a :func:`stamp` of the tensor it was computed from and the value
-    TRANSIENT = (
-        "_ones",  # the mask is all ones
-        "_binary",  # the mask is 0/1
-        "_count",  # the mask's sum
-        "_keep",  # the trainable bits (see _trainable_bits)
-        "_free",  # the free bits (see free_bits)
-        "_thawed",  # whether nothing is frozen
-        "_product",  # this step's product and sink
-        "_kept_grad",  # address and version of the gradient the product's backward wrote
-        "_zero",  # weight, mask and frozen stamps under which the weight is zero outside
-    )
 
     def note_mask(self, binary: bool = False) -> None:
-        """Record whether ``weight_mask`` is 0/1 and all ones (one host read, at a mask
-        change, never in a step). ``binary``: the caller knows the mask is 0/1 (it copied a
-        boolean mask in, or zeroed entries of a mask noted binary)."""
-        mask = self.weight_mask
-        if not binary:
-            binary = bool(((mask == 0) | (mask == 1)).all())
+        """Record whether ``weight_mask`` is 0/1 (``binary``: the caller knows it is) and all
+        ones: one host read, at a mask change, never in a step."""
+        mask, frozen = self.weight_mask, self.frozen
+        binary = binary or bool(((mask == 0) | (mask == 1)).all())
         ones = binary and int(mask.bool().count_nonzero()) == mask.numel()
-        self.__dict__["_ones"] = stamp(mask) if ones else None
-        self.__dict__["_binary"] = stamp(mask) if binary else None
-        frozen = self.frozen
-        if not unchanged(_cached(self, "_thawed"), frozen):
-            self.__dict__["_thawed"] = (*stamp(frozen), not bool(frozen.any()))
+        caches(self)["_ones"] = stamp(mask) if ones else None
+        caches(self)["_binary"] = stamp(mask) if binary else None
+        memo(self, "_thawed", frozen, lambda: not bool(frozen.any()))
 
     def mask_is_binary(self) -> bool:
         """Whether ``weight_mask`` is known to be 0/1 (noted, and unwritten since)."""
@@ -161,31 +150,27 @@ class MaskCaches(_Caches):
 
     def fast_masked_weight(self) -> Tensor:
         """``MaskedLayer.masked_weight`` on the fast path: in a training step with a mask
-        noted 0/1, the product of :class:`_TrainedWeight`, remembered for the step (see
-        :meth:`step_parts`); the weight itself where the mask is all ones or the weight is
-        known zero outside it (``x * 1`` is ``x``, ``0 * 0`` is ``0``, bit for bit)."""
+        noted 0/1, :class:`_TrainedWeight`'s product (kept for :meth:`step_parts`); no
+        product where the mask is all ones or the weight known zero outside it."""
         weight, mask = self.weight, self.weight_mask
         ones = self.mask_is_ones()
         bare = ones or self.zero_outside_known()
         training = torch.is_grad_enabled() and weight.requires_grad and not mask.requires_grad
         if not (training and (ones or self.mask_is_binary())):
             if torch.is_grad_enabled():
-                self.__dict__["_product"] = None
+                caches(self)["_product"] = None
             return weight if bare else weight * mask
         keep = None if ones and self._nothing_frozen() else self._trainable_bits()
         product, sink = _TrainedWeight.apply(weight, None if bare else mask, keep, self)
-        # the instance's dict directly: nn.Module.__setattr__ costs microseconds per call
-        self.__dict__["_product"] = (product, sink, *stamp(weight), *stamp(mask))
+        caches(self)["_product"] = (product, sink, *stamp(weight), *stamp(mask))
         return product
 
     @torch.no_grad()
     def zero_pruned(self, states: Sequence[Tensor] = ()) -> bool:
         """Zero every free weight outside a 0/1 mask, and the same entries of ``states`` (its
-        optimizer state), at a prune event of a method whose free weights are set anew before
-        a later task reads them: no forward pass reads them, no gradient reaches them, and no
-        optimizer step moves them. The product is then skipped until the weight, mask or
-        frozen set is written otherwise than by a step :meth:`note_trained` followed. Not
-        done where a frozen weight lies outside the mask; returns whether it was done."""
+        optimizer state), so that the product is skipped until the weight, mask or frozen set
+        is written otherwise than by a step :meth:`note_trained` followed. Not done (False)
+        where a frozen weight lies outside the mask."""
         mask, weight = self.weight_mask, self.weight
         if self.mask_is_ones() or not self.mask_is_binary():
             return False
@@ -200,9 +185,9 @@ class MaskCaches(_Caches):
                 float_bits(tensor).bitwise_and_(bits)
             else:
                 tensor.masked_fill_(bits == 0, 0.0)
-        self.__dict__["_keep"] = (*stamp(mask), free, bits.bitwise_and_(free))
+        caches(self)["_keep"] = (*stamp(mask), free, bits.bitwise_and_(free))
         known = (*stamp(weight), weight.data_ptr(), *stamp(mask), *stamp(self.frozen))
-        self.__dict__["_zero"] = known
+        caches(self)["_zero"] = known
         return True
 
     def zero_outside_known(self) -> bool:
@@ -217,8 +202,7 @@ class MaskCaches(_Caches):
 
     def keeps_zero(self) -> bool:
         """Whether the coming optimizer step keeps the weight zero outside the mask: it is now,
-        and the step's gradient is the product's backward's (see :meth:`grad_is_kept`). The
-        engine asks before a step and calls :meth:`note_trained` after it."""
+        and the step's gradient is the product's backward's (:meth:`grad_is_kept`)."""
         return self.zero_outside_known() and self.grad_is_kept()
 
     def note_trained(self) -> None:
@@ -226,7 +210,7 @@ class MaskCaches(_Caches):
         optimizer moves no weight whose gradient and state are zero, decay included)."""
         known = _cached(self, "_zero")
         if known is not None:
-            self.__dict__["_zero"] = (*stamp(self.weight), *known[2:])
+            caches(self)["_zero"] = (*stamp(self.weight), *known[2:])
 
     def _nothing_frozen(self) -> bool:
         known = _cached(self, "_thawed")
@@ -234,8 +218,7 @@ class MaskCaches(_Caches):
 
     def step_parts(self) -> tuple[Tensor, Tensor] | None:
         """This step's masked weight as the forward pass computed it, and the sink where the
-        masked-L2 term's gradient enters it (see :class:`_TrainedWeight`). None: the weight
-        or the mask changed since, or no training forward pass computed them."""
+        masked-L2 term's gradient enters it (None: not computed, or changed since)."""
         known = _known(self, "_product")
         if known is None:
             return None
@@ -252,7 +235,7 @@ class MaskCaches(_Caches):
 
     def forget_kept_grad(self) -> None:
         """Forget what an earlier backward pass wrote (called before each backward pass)."""
-        self.__dict__["_kept_grad"] = None
+        caches(self)["_kept_grad"] = None
 
     def _trainable_bits(self) -> Tensor:
         """All ones on the weights the task may train (in the mask, not frozen), zero
@@ -264,7 +247,7 @@ class MaskCaches(_Caches):
         if unchanged(known, mask) and known[2] is free:
             return known[3]
         keep = mask.to(free.dtype).neg_().bitwise_and_(free)
-        self.__dict__["_keep"] = (*stamp(mask), free, keep)
+        caches(self)["_keep"] = (*stamp(mask), free, keep)
         return keep
 
     def free_bits(self) -> Tensor:
@@ -275,30 +258,23 @@ class MaskCaches(_Caches):
         if unchanged(known, frozen) and known[2].dtype == dtype:
             return known[2]
         free = frozen.logical_not().to(dtype).neg_()
-        self.__dict__["_free"] = (*stamp(frozen), free)
+        caches(self)["_free"] = (*stamp(frozen), free)
         return free
 
     def mask_count(self) -> Tensor:
         """The number of weights in the mask, as a tensor (no host read)."""
-        mask, known = self.weight_mask, _known(self, "_count")
-        if unchanged(known, mask):
-            return known[2]
-        count = mask.sum()
-        self.__dict__["_count"] = (*stamp(mask), count)
-        return count
+        mask = self.weight_mask
+        return memo(self, "_count", mask, mask.sum, use=is_on())
 
 
 class _TrainedWeight(torch.autograd.Function):
-    """A training step's ``weight * mask`` (``weight`` itself, ``mask`` None, where that is
-    exact), with a second output, ``sink``, a 0-d tensor whose only use is to carry the
-    masked-L2 term's gradient divisor ``d`` back (see
-    ``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
-    gradient in place in the product's: ``grad + weight / d`` (one ``addcdiv_``: a quotient
-    rounded, then a sum rounded, autograd's sum of the two gradients bit for bit; a fused
-    multiply-add would round once), then an AND of its bits with ``keep`` (all ones where the
-    task trains the weight, zero elsewhere; None: every weight trains), exact for every
-    value, NaN and inf included. The layer learns the result's address and version, so that
-    the frozen-weight guard can skip it."""
+    """A training step's ``weight * mask`` (``weight`` itself, ``mask`` None, where exact) and
+    a 0-d ``sink`` carrying the masked-L2 term's gradient divisor ``d`` back
+    (``espn.pruning.regularisers.masked_weight_l2``). The backward writes the weight's
+    gradient in place in the product's: ``grad + weight / d`` (one ``addcdiv_``, rounded as
+    autograd's sum of the two gradients), then an AND of its bits with ``keep`` (all ones
+    where the task trains the weight; None: every weight trains), exact for every value; the
+    layer learns the result's address and version, so that the frozen-weight guard skips it."""
 
     @staticmethod
     def forward(
@@ -329,7 +305,7 @@ class _TrainedWeight(torch.autograd.Function):
             out = grad if owned else torch.empty_like(grad)
             torch.bitwise_and(float_bits(grad), keep, out=float_bits(out))
             grad = out
-            ctx.layer.__dict__["_kept_grad"] = (grad.data_ptr(), grad._version)
+            caches(ctx.layer)["_kept_grad"] = (grad.data_ptr(), grad._version)
         return grad, None, None, None
 
 
@@ -341,20 +317,11 @@ def _dense(tensor: Tensor) -> bool:
 
 
 class LeanRMSprop(torch.optim.RMSprop):
-    """``torch.optim.RMSprop`` computing the same steps, bit for bit, with no slow square
-    root of zeros on the CPU.
-
-    In a masked network the running mean of squared gradients ``v`` is exactly zero wherever a
-    weight never had a gradient, and torch's CPU square root is many times slower on zeros
-    (measured: 27 ms against 1.3 ms for 3M floats, 40% zeros, one thread). This step takes
-    ``sqrt(max(v, tiny))`` (``tiny`` the smallest normal float): for every ``v`` below
-    ``tiny`` both square roots are below a quarter of ``eps``'s last bit, so ``sqrt(v) + eps``
-    is ``eps`` either way, written into a tensor kept from step to step. Where that does not
-    hold (``eps`` too small for the dtype) or torch's other code paths apply (a GPU,
-    ``foreach``, ``centered``, ``maximize``, complex or differentiable parameters), or the
-    fast path is off, torch's own step runs. The state is torch's, so checkpoints load
-    either way.
-    """
+    """``torch.optim.RMSprop`` computing the same steps, bit for bit, without torch's slow CPU
+    square root of the zeros a masked network's running mean ``v`` holds: it takes
+    ``sqrt(max(v, tiny))``, which adds to ``eps`` as ``sqrt(v)`` does where ``eps`` absorbs
+    ``sqrt(tiny)`` (docs/changelog.md). Elsewhere (a GPU, ``foreach``, ``centered``, ``eps``
+    too small, the fast path off, ...) torch's own step runs; the state is torch's."""
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:

@@ -1,9 +1,6 @@
-"""Analytic FLOPs of a sub-network, following which units are really alive: 2 x the
-multiply-accumulates of the convolution and linear layers for one sample, as
-``FlopCounterMode`` counts them (docs/algorithm.md, "FLOPs convention"; grouped convolutions
-in docs/architectures.md). A unit may span several features (``*_unit_size``); each alive
-attention head adds ``2 * N * N * head_dim`` for ``QK^T`` and as much for ``AV``.
-"""
+"""Analytic FLOPs of a sub-network, following which units are alive: 2 x the multiply-adds
+of its convolutions, linear layers and attention products for one sample, as
+``FlopCounterMode`` counts them (docs/algorithm.md, "FLOPs convention")."""
 
 from __future__ import annotations
 
@@ -80,17 +77,11 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
         return None
     weight = m.weight
     assert isinstance(weight, Tensor)
-    groups, in_units = getattr(m, "groups", 1), getattr(m, "in_units", None)
-    if groups != 1 and in_units is not None:
-        raise ValueError(
-            f"grouped convolution {name!r} (groups={groups}) names input units; its "
-            "channels are its output units"
-        )
     features = out.shape[1 if weight.dim() > 2 else -1]
     return LayerCost(
         name=name,
         module=m,  # type: ignore[arg-type]
-        in_units=in_units,
+        in_units=getattr(m, "in_units", None),
         out_units=getattr(m, "out_units", None),
         positions=out[0].numel() // features,
         kernel_area=int(torch.Size(weight.shape[2:]).numel()),
@@ -150,13 +141,9 @@ FLOP_LOADS = ("output", "total")
 
 
 def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -> dict[str, float]:
-    """FLOPs carried by one unit of each group in the current sub-network, FLOP_l(m).
-
-    ``load="output"`` (the paper's definition, "determined by its input feature dimensions
-    and operations"): the multiply-adds that compute the unit, i.e. its incoming connections
-    in every layer that produces it. ``load="total"`` adds its outgoing connections in the
-    layers that consume it.
-    """
+    """FLOPs carried by one unit of each group in the current sub-network, FLOP_l(m):
+    ``load="output"`` (the paper's) its incoming connections in every layer producing it,
+    ``"total"`` also its outgoing ones in the layers consuming it."""
     if load not in FLOP_LOADS:
         raise ValueError(f"unknown FLOP load {load!r}; choose one of: {', '.join(FLOP_LOADS)}")
     out = dict.fromkeys(alive, 0.0)

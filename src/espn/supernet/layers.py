@@ -1,9 +1,6 @@
-"""Building blocks of a supernet: masked layers (:class:`MaskedLinear`, :class:`MaskedConv2d`),
-whose weights all tasks share, and task-specific modules (:class:`TaskSpecific`: gates,
-task norms, heads), swapped in with the active task. Units are named by *group*; layers
-reading a residual stream pruned per conv name a *union* of groups, and layers reading
-concatenated feature maps (``torch.cat``) a *concatenation* of groups (:func:`with_unions`);
-docs/architectures.md describes how units are formed.
+"""Building blocks of a supernet: masked layers, whose weights all tasks share, and
+task-specific modules (gates, task norms, heads), swapped in with the active task. Units are
+named by *group*, *union* or *concatenation* of groups (docs/architectures.md).
 """
 
 from __future__ import annotations
@@ -41,9 +38,11 @@ class MaskedLayer(MaskCaches, nn.Module):
     in_unit_size: int = 1
     out_unit_size: int = 1
 
-    def _init_masks(self, in_units: str | None, out_units: str | None) -> None:
-        self.in_units = in_units
-        self.out_units = out_units
+    def _init_masks(
+        self, in_units: str | None, out_units: str | None, in_size: int = 1, out_size: int = 1
+    ) -> None:
+        self.in_units, self.in_unit_size = in_units, in_size
+        self.out_units, self.out_unit_size = out_units, out_size
         self.register_buffer("weight_mask", torch.ones_like(self.weight))
         self.register_buffer("frozen", torch.zeros_like(self.weight, dtype=torch.bool))
 
@@ -78,12 +77,9 @@ def expand_units(alive: Tensor, size: int) -> Tensor:
 
 
 class MaskedLinear(nn.Linear, MaskedLayer):
-    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask.
-
-    ``in_unit_size`` > 1: unit ``c`` of ``in_units`` owns the ``in_unit_size`` consecutive inputs
-    ``c*k ... (c+1)*k - 1`` (a feature map of ``in_features / k`` channels flattened
-    channel-major, ``x.flatten(1)`` of ``(C, H, W)``, with ``k = H*W``).
-    """
+    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask; unit
+    ``c`` of ``in_units`` owns the ``k = in_unit_size`` inputs ``c*k ... (c+1)*k - 1`` (a
+    ``(C, H, W)`` feature map flattened, ``k = H*W``)."""
 
     def __init__(
         self,
@@ -95,9 +91,7 @@ class MaskedLinear(nn.Linear, MaskedLayer):
         out_unit_size: int = 1,
     ) -> None:
         super().__init__(in_features, out_features, bias=False)
-        self._init_masks(in_units, out_units)
-        self.in_unit_size = in_unit_size
-        self.out_unit_size = out_unit_size
+        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight())
@@ -159,9 +153,7 @@ class MaskedConv2d(nn.Conv2d, MaskedLayer):
             bias=False,
             padding_mode=padding_mode,
         )
-        self._init_masks(in_units, out_units)
-        self.in_unit_size = in_unit_size
-        self.out_unit_size = out_unit_size
+        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
 
     @property
     def grouped(self) -> bool:
@@ -200,13 +192,10 @@ class TaskSpecific(nn.Module, ABC):
 
 
 class UnitModule(UnitCaches, TaskSpecific):
-    """A task-specific module that scales units: its ``weight`` is the unit saliency (gamma).
-
-    ``unit_mask`` (1 = alive) multiplies both the scale and the shift, so that a pruned unit
-    outputs exactly zero. A unit spans ``unit_size`` consecutive features of the tensor the
-    module scales; a gate holds one ``weight`` per unit, a norm one per feature (a
-    BatchNorm after a grouped conv, a GroupNorm: ``unit_size`` channels per unit).
-    """
+    """A task-specific module that scales units: its ``weight`` is the unit saliency (gamma);
+    ``unit_mask`` (1 = alive) multiplies its scale and shift, so a pruned unit outputs exactly
+    zero. A unit spans ``unit_size`` consecutive features; a gate holds one ``weight`` per
+    unit, a norm one per feature."""
 
     weight: Tensor
     bias: Tensor
@@ -215,6 +204,8 @@ class UnitModule(UnitCaches, TaskSpecific):
     unit_mask: Tensor
     #: consecutive features one unit spans
     unit_size: int = 1
+    #: a norm's own re-initialisation (``nn.BatchNorm2d``'s, ...), what :meth:`reset_task` calls
+    reset_parameters: Callable[[], None]
 
     def _init_units(self, group: str, n: int, unit_size: int = 1) -> None:
         if n % unit_size:
@@ -223,18 +214,20 @@ class UnitModule(UnitCaches, TaskSpecific):
         self.unit_size = unit_size
         self.register_buffer("unit_mask", torch.ones(n // unit_size))
 
+    def reset_task(self, n_classes: int) -> None:
+        """A norm's new task starts from its own ``reset_parameters``."""
+        self.reset_parameters()
+
     @torch.no_grad()
     def set_units(self, alive: Tensor, all_alive: bool) -> None:
-        """Write the alive vector ``alive`` (any device and dtype) into ``unit_mask`` and note
-        whether every unit is alive (``all_alive``, read once by the caller for a whole
-        group; see :meth:`note_units`)."""
+        """Write the alive vector ``alive`` (any device and dtype) into ``unit_mask``;
+        ``all_alive``: whether every unit is, read once by the caller for a whole group."""
         self.unit_mask.copy_(alive.to(self.unit_mask.device, self.unit_mask.dtype))
         self.note_units(all_alive)
 
     def masked_affine(self) -> tuple[Tensor, Tensor]:
-        """The scale and shift masked by the task's units: ``weight`` and ``bias`` themselves
-        where every unit is known alive (``x * 1`` is ``x`` bit for bit, and so is its
-        gradient), else their products with :meth:`entry_mask`."""
+        """The scale and shift masked by the task's units (``weight`` and ``bias`` themselves
+        where every unit is known alive: ``x * 1`` is ``x``, and so is its gradient)."""
         if self.all_alive():
             return self.weight, self.bias
         mask = self.entry_mask()
@@ -264,13 +257,9 @@ class UnitModule(UnitCaches, TaskSpecific):
 
 class UnitGate(UnitModule):
     """Per-neuron gate of a fully-connected layer: the neuron's BatchNorm-free gamma.
-
-    ``affine=False`` (the paper's default): a scale only, the saliency that unit pruning
-    trains; once pruning is over the gate is *released* (scale 1 on every alive neuron, no
-    longer trained), so a finished task is its binary masks alone and stores no gate state.
-    ``affine=True`` (beyond the paper, ``--task-affine``): a per-task scale and shift,
-    trained in every phase and stored with the task.
-    """
+    ``affine=False`` (the paper's): a scale only, *released* when pruning ends (scale 1 on
+    alive neurons, no longer trained), so a task stores no gate state; ``affine=True``
+    (``--task-affine``): a per-task scale and shift, trained and stored with the task."""
 
     #: whether the gate was released (a 0-d bool)
     released: Tensor
@@ -301,11 +290,10 @@ class UnitGate(UnitModule):
             self._follow_release()
 
     def _follow_release(self) -> None:
-        # a released scale gets no gradient, so no optimizer (momentum, decay) can move it
+        # a released scale gets no gradient, so no optimizer (momentum, decay) can move it;
+        # one that multiplies by ones is noted the identity (one host read per release)
         released = bool(self.released)
         self.weight.requires_grad_(not released)
-        # a released scale-only gate with every unit alive multiplies by ones: noted here
-        # (one host read per release, never in a step), so that its forward is the identity
         ones = released and not self.affine and bool((self.weight * self.unit_mask == 1).all())
         self.note_identity(ones)
 
@@ -321,27 +309,25 @@ class UnitGate(UnitModule):
         """The per-feature scale and shift (None for a scale-only gate) this gate applies:
         one gate entry over the ``unit_size`` features of its unit."""
         scale = expand_units(self.weight * self.unit_mask, self.unit_size)
-        if not self.affine:
-            return scale, None
-        return scale, expand_units(self.bias * self.unit_mask, self.unit_size)
+        shift = expand_units(self.bias * self.unit_mask, self.unit_size) if self.affine else None
+        return scale, shift
+
+    def feature_shape(self, x: Tensor) -> tuple[int, ...]:
+        """The shape a per-feature vector takes to scale ``x``: features on dimension 1."""
+        return (1, -1) + (1,) * (x.dim() - 2)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.is_identity():
             return x  # x * 1, exactly, for every value
-        shape = (1, -1) + (1,) * (x.dim() - 2)
+        shape = self.feature_shape(x)
         scale, shift = self.feature_affine()
-        if shift is None:
-            return x * scale.view(shape)
-        return x * scale.view(shape) + shift.view(shape)
+        out = x * scale.view(shape)
+        return out if shift is None else out + shift.view(shape)
 
 
 class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
-    """BatchNorm whose affine parameters and running statistics belong to the active task.
-
-    Always affine and with running statistics, so none of these is None as in a general
-    ``nn.BatchNorm2d``; ``momentum`` None (a converted model's) is a cumulative average.
-    A unit spans ``unit_size`` channels (a group of channels of a grouped conv).
-    """
+    """BatchNorm (always affine, with running statistics) whose parameters and statistics
+    belong to the active task; a unit spans ``unit_size`` channels (of a grouped conv)."""
 
     weight: nn.Parameter
     bias: nn.Parameter
@@ -352,9 +338,6 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
     def __init__(self, n: int, group: str, unit_size: int = 1) -> None:
         super().__init__(n)
         self._init_units(group, n, unit_size)
-
-    def reset_task(self, n_classes: int) -> None:
-        self.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
         return task_batch_norm(self, x)
@@ -401,9 +384,6 @@ class TaskGroupNorm(nn.GroupNorm, UnitModule):
             )
         self._init_units(group, num_channels, unit_size)
 
-    def reset_task(self, n_classes: int) -> None:
-        self.reset_parameters()
-
     def forward(self, x: Tensor) -> Tensor:
         weight, bias = self.masked_affine()
         return F.group_norm(x, self.num_groups, weight, bias, self.eps)
@@ -447,10 +427,8 @@ class TaskHead(nn.Linear, TaskSpecific):
         self.out_unit_size = 1
 
     def reset_task(self, n_classes: int) -> None:
-        device, dtype = self.weight.device, self.weight.dtype
-        shape = (n_classes, *self.weight.shape[1:])
-        self.weight.data = torch.empty(shape, device=device, dtype=dtype)
-        self.bias.data = torch.empty(n_classes, device=device, dtype=dtype)
+        self.weight.data = self.weight.new_empty(n_classes, *self.weight.shape[1:])
+        self.bias.data = self.bias.new_empty(n_classes)
         self.out_features = n_classes
         self.reset_parameters()
 

@@ -69,15 +69,15 @@ class LayerLayout(NamedTuple):
     in_concat: tuple[str, ...] = ()
 
 
+@dataclass(eq=False)
 class Ownership:
     """Which task owns each shared weight (the first that took it as a new weight): one id
     tensor per masked layer (``ids``) in the smallest dtype that fits (:func:`owner_dtype`),
     the dtype's largest value for a free weight. Ids are written once, so ``ids <= t`` never
     changes: a task's mask can be stored as its ``horizon`` alone."""
 
-    def __init__(self, layout: dict[str, LayerLayout], ids: dict[str, Tensor]) -> None:
-        self.layout = layout
-        self.ids = ids
+    layout: dict[str, LayerLayout]
+    ids: dict[str, Tensor]
 
     @classmethod
     def empty(cls, layout: dict[str, LayerLayout], device: torch.device | str) -> Ownership:
@@ -104,12 +104,9 @@ class Ownership:
         """Bits per weight that hold every id given so far and the free sentinel (all ones):
         ``ceil(log2(tasks + 1))``, at least 1."""
         # free weights read as id 0: the same bit count as no id at all (at least 1)
+        free = self.free_id
         top = max(
-            (
-                int(v.masked_fill(v == self.free_id, 0).max())
-                for v in self.ids.values()
-                if v.numel()
-            ),
+            (int(v.masked_fill(v == free, 0).max()) for v in self.ids.values() if v.numel()),
             default=0,
         )
         return max(1, (top + 1).bit_length())
@@ -236,19 +233,12 @@ def encode_mask(
 
 @dataclass
 class TaskMask:
-    """Task t's sub-network m_t and its own small state.
-
-    ``weights`` holds one payload per masked layer, in the form ``forms`` names (one of
-    :data:`MASK_FORMS`; a missing form means ``"bits"``), ``shapes`` their shapes; the derived
-    forms read ``owners`` (the supernet's :class:`Ownership`, shared by all tasks) and
-    ``horizon``. ``units`` holds one boolean vector per unit group (True = neuron/channel
-    alive), and ``state`` the task-specific parameters and buffers (gates or BatchNorm,
-    heads), keyed ``"<module>.<tensor>"``. ``new_weights`` counts the weights the task took
-    from the free ones when it was committed. ``own`` holds, for a task that keeps its own
-    copy of its weights (Individual), the values of its masked weights per layer (in mask
-    order). ``stats`` holds what the task stores for task-agnostic prediction (see
-    :mod:`espn.inference.statistics`; empty for a task committed without them).
-    """
+    """Task t's sub-network m_t and its own small state: per masked layer a payload
+    (``weights``) in the form ``forms`` names (default ``"bits"``; derived forms read the
+    shared ``owners`` and ``horizon``); per unit group a boolean alive vector (``units``);
+    the task modules' tensors by ``"<module>.<tensor>"`` (``state``); the weights it took
+    (``new_weights``); its own weight values in mask order (``own``, Individual); and what
+    it stores for task-agnostic prediction (``stats``, :mod:`espn.inference.statistics`)."""
 
     weights: dict[str, Tensor]
     shapes: dict[str, tuple[int, ...]]
@@ -304,12 +294,8 @@ class TaskMask:
         owners: Ownership | None = None,
         horizon: int = -1,
     ) -> TaskMask:
-        """Store boolean weight masks (on the CPU) in their smallest exact form.
-
-        Without ``owners`` only the explicit forms (bits or indices) are used; with them, a
-        mask may also be stored as its unit structure or as the weights owned by tasks up to
-        ``horizon`` (the task's own index), each only if it decodes to exactly the mask.
-        """
+        """Store boolean weight masks (on the CPU) in their smallest exact form (without
+        ``owners``: bits or indices; see :func:`encode_mask`)."""
         units = {k: v.detach().cpu().bool().clone() for k, v in units.items()}
         encoded = {k: encode_mask(v, k, units, owners, horizon) for k, v in weights.items()}
         return cls(
@@ -346,11 +332,9 @@ class TaskMask:
         return mask.clone() if form == "structure" else mask
 
     def alive_state(self, groups: dict[str, str]) -> tuple[dict[str, Tensor], dict[str, str]]:
-        """The task state with each per-unit tensor (``groups``: key -> unit group; a unit
-        may hold several consecutive values, a norm's channels of one unit) cut to its alive
-        units where every dead unit's value is exactly +0.0 (gates and BatchNorm affine
-        parameters, zeroed when units die), and the keys so cut with their groups: what a
-        checkpoint stores; :meth:`expand_state` puts the zeros back, bit for bit."""
+        """The task state with each per-unit tensor (``groups``: key -> unit group) cut to its
+        alive units where every dead unit's value is exactly +0.0, and the keys so cut with
+        their groups: what a checkpoint stores (:meth:`expand_state` puts the zeros back)."""
         out, cut = dict(self.state), {}
         for key, group in groups.items():
             value, alive = self.state.get(key), self.units.get(group)

@@ -33,20 +33,16 @@ def load_weight_file(path: Path | str) -> dict[str, Tensor]:
             raw: object = load_file(str(path))
         else:
             raw = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # torch's message advises weights_only=False: unsafe
-        if "unsupported global" not in str(exc).lower():
-            raise PretrainedError(
-                f"{path} is not a weight file espn reads (.safetensors, or a torch state dict "
-                "of tensors): it is not a torch file"
-            ) from None
-        raise PretrainedError(
-            f"{path} holds Python objects besides tensors, which espn does not load (a "
-            "pickle can run code); save only the state dict, best as .safetensors"
-        ) from None
     except OSError as exc:
         raise PretrainedError(f"cannot read pretrained weights {path}: {exc}") from None
     except Exception as exc:  # a file of another kind: torch and safetensors raise anything
-        first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+        text = str(exc).strip()
+        if isinstance(exc, pickle.UnpicklingError) and "unsupported global" in text.lower():
+            raise PretrainedError(  # not torch's message: it advises weights_only=False, unsafe
+                f"{path} holds Python objects besides tensors, which espn does not load (a "
+                "pickle can run code); save only the state dict, best as .safetensors"
+            ) from None
+        first = text.splitlines()[0][:120] if text else ""
         raise PretrainedError(
             f"{path} is not a weight file espn reads (.safetensors, or a torch state dict "
             f"of tensors): {type(exc).__name__}" + (f" ({first})" if first else "")
@@ -63,19 +59,24 @@ def load_weight_file(path: Path | str) -> dict[str, Tensor]:
     return {k.removeprefix("module."): v for k, v in raw.items()}
 
 
+def _own_tensors(supernet: Supernet) -> dict[str, Tensor]:
+    """The tensors a pretrained first task provides, as the supernet holds them: the masked
+    layers' weights and the state of every task module a task stores."""
+    weights = {f"{n}.weight": layer.weight for n, layer in supernet.layers.items()}
+    return weights | supernet.task_state(committed=True)
+
+
 def expected_shapes(supernet: Supernet, n_classes: int) -> dict[str, tuple[int, ...]]:
     """Every tensor a pretrained first task of ``n_classes`` classes must provide, with its
-    shape: the masked layers' weights and the state of every task module a task stores."""
-    shapes = {f"{n}.weight": tuple(layer.weight.shape) for n, layer in supernet.layers.items()}
-    for name, m in supernet.task_modules.items():
-        if not m.per_task:
-            continue
-        for key, value in m.task_state().items():
-            shape = tuple(value.shape)
-            if isinstance(m, TaskHead):  # a head has the task's own class count
-                shape = (n_classes, *shape[1:])
-            shapes[f"{name}.{key}"] = shape
-    return shapes
+    shape (a head's first dimension is the task's class count)."""
+    heads = {
+        f"{name}.{key}"
+        for name, m in supernet.task_modules.items()
+        if isinstance(m, TaskHead)
+        for key in m.state_dict()
+    }
+    own = _own_tensors(supernet).items()
+    return {k: (n_classes, *v.shape[1:]) if k in heads else tuple(v.shape) for k, v in own}
 
 
 @torch.no_grad()
@@ -91,20 +92,14 @@ def adopt_pretrained(
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise PretrainedError(f"the pretrained weights lack {', '.join(missing[:5])}{more}")
-    floating = {f"{n}.weight" for n in supernet.layers} | {
-        f"{name}.{key}"
-        for name, m in supernet.task_modules.items()
-        if m.per_task
-        for key, value in m.task_state().items()
-        if value.is_floating_point()
-    }
+    own = _own_tensors(supernet)
     for key, shape in shapes.items():
         if tuple(tensors[key].shape) != shape:
             raise PretrainedError(
                 f"pretrained {key} has shape {tuple(tensors[key].shape)}, the supernet needs "
                 f"{shape} (a head must have the first task's {n_classes} classes)"
             )
-        if key in floating and not tensors[key].is_floating_point():
+        if own[key].is_floating_point() and not tensors[key].is_floating_point():
             raise PretrainedError(
                 f"pretrained {key} is {str(tensors[key].dtype).removeprefix('torch.')}; the "
                 "supernet needs floating-point values there"

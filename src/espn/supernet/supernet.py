@@ -16,7 +16,6 @@ from espn.supernet.layers import (
     TaskSpecific,
     UnitGate,
     UnitModule,
-    expand_units,
     with_unions,
 )
 from espn.supernet.masks import LayerLayout, Ownership, TaskMask, prefixed, zero_dead_units
@@ -35,14 +34,9 @@ WEIGHT_KINDS = ("shared", "own", "fixed")
 
 
 class Supernet(nn.Module):
-    """A network packed with task sub-networks.
-
-    The wrapped ``model`` holds masked layers (shared weights) and task-specific modules
-    (gates or BatchNorm, heads). The supernet keeps one :class:`TaskMask` per learned task,
-    the union of their weights (the *frozen* weights, stored on each layer), and a *working*
-    sub-network for the task being trained. ``forward(x, task=j)`` runs task ``j``'s
-    sub-network only.
-    """
+    """A network packed with task sub-networks: the wrapped ``model``'s masked layers (shared
+    weights) and task-specific modules, one :class:`TaskMask` per learned task (their union
+    frozen), and the *working* sub-network of the task in training."""
 
     def __init__(self, model: nn.Module, example_input: Tensor) -> None:
         super().__init__()
@@ -83,9 +77,8 @@ class Supernet(nn.Module):
             )
             for n, m in self.layers.items()
         }
-        device = next(iter(self.layers.values())).weight.device if self.layers else "cpu"
         #: which task owns each shared weight (the first that took it as a new weight)
-        self.owners = Ownership.empty(layout, device)
+        self.owners = Ownership.empty(layout, next(iter(self.layers.values())).weight.device)
         self.active_task: int | None = None
         self.in_training = False
 
@@ -165,35 +158,26 @@ class Supernet(nn.Module):
     def set_unit_masks(self, units: dict[str, Tensor]) -> None:
         """Set alive units; a dead unit's gate/BatchNorm scale and shift (and what other task
         modules hold for it, see :meth:`TaskSpecific.zero_dead`) are zeroed exactly."""
-        for g, alive in units.items():
-            every = bool(alive.all())
+        self._load_units(units)
+        for g in units:
             for m in self.groups[g]:
-                alive_d = alive.to(m.unit_mask.device)
-                m.set_units(alive_d, every)
-                entries = expand_units(alive_d, m.entries_per_unit)
-                m.weight.data.masked_fill_(~entries, 0.0)
-                m.bias.data.masked_fill_(~entries, 0.0)
+                dead = m.entry_mask() == 0
+                m.weight.data.masked_fill_(dead, 0.0)
+                m.bias.data.masked_fill_(dead, 0.0)
         for task_module in self.task_modules.values():
             task_module.zero_dead(units)
         self.set_weight_masks({})  # the weight masks restricted to the alive units
 
+    def _load_units(self, units: dict[str, Tensor]) -> None:
+        """Write the alive vectors ``units`` into their groups' unit masks."""
+        for g, alive in units.items():
+            every = bool(alive.all())
+            for m in self.groups[g]:
+                m.set_units(alive, every)
+
     def structural_mask(self, name: str) -> Tensor:
         """Weights of layer ``name`` whose input and output units are both alive."""
         return self.owners.structure(name, self.unit_masks(), self.layers[name].weight.device)
-
-    def _dead_units(self) -> dict[str, Tensor]:
-        """The alive vector of every unit group and union that has a dead unit."""
-        units = with_unions(self.unit_masks(), self.unions, self.concats)
-        return {g: alive for g, alive in units.items() if not bool(alive.all())}
-
-    @staticmethod
-    def _restrict(layer: MaskedLayer, dead: dict[str, Tensor], binary: bool = False) -> None:
-        """Zero ``layer``'s weight mask on dead units (:func:`~espn.supernet.masks.zero_dead_units`)
-        and note it; a mask known (``binary``) or noted binary stays binary, so its values need
-        no check."""
-        binary = binary or layer.mask_is_binary()
-        zero_dead_units(layer, dead)
-        layer.note_mask(binary)
 
     def note_masks(self) -> None:
         """Let every layer record whether its weight mask is all ones (see
@@ -209,25 +193,27 @@ class Supernet(nn.Module):
 
     @torch.no_grad()
     def set_weight_masks(self, masks: dict[str, Tensor]) -> None:
-        """Set weight masks (restricted to alive units). A boolean mask is copied in, its dead
-        units' rows and columns zeroed, and noted as binary without a read of its values."""
+        """Set weight masks, each layer's zeroed on the rows and columns of dead units (see
+        :func:`~espn.supernet.masks.zero_dead_units`). A mask copied in from a boolean one, or
+        noted binary before, stays binary and is noted so without a read of its values."""
         unknown = masks.keys() - self.layers.keys()
         if unknown:
             raise KeyError(f"no masked layer named {sorted(unknown)}")
-        dead = self._dead_units()
+        units = with_unions(self.unit_masks(), self.unions, self.concats)
+        dead = {g: alive for g, alive in units.items() if not bool(alive.all())}
         for name, layer in self.layers.items():
             mask = masks.get(name)
             if mask is not None:
                 layer.weight_mask.copy_(mask.to(layer.weight_mask.device))
-            self._restrict(layer, dead, binary=mask is not None and mask.dtype == torch.bool)
+            binary = (mask is not None and mask.dtype == torch.bool) or layer.mask_is_binary()
+            zero_dead_units(layer, dead)
+            layer.note_mask(binary)
 
     @torch.no_grad()
     def zero_pruned(self, state: Mapping[Tensor, Mapping[str, Any]] | None = None) -> list[str]:
         """Zero the free weights outside every layer's mask and their optimizer state
-        (``state``: an optimizer's per-parameter state, keyed by the weight), so that a
-        training step skips the mask product (see ``MaskedLayer.zero_pruned``, which says
-        where that is exact). Called after a prune event of a method whose free weights are
-        set anew before a later task reads them; returns the layers that skip it."""
+        (``state``: per weight) after a prune event, so that a step skips the mask product
+        (see ``MaskCaches.zero_pruned``); returns the layers that skip it."""
         skipping = []
         for name, layer in self.layers.items():
             values = (state or {}).get(layer.weight, {}).values()
@@ -314,10 +300,7 @@ class Supernet(nn.Module):
         """Start a new task: the working sub-network is the whole network (m_t = [p])."""
         for m in self.task_modules.values():
             m.reset_task(n_classes)
-        for members in self.groups.values():
-            for unit in members:
-                unit.unit_mask.fill_(1.0)
-                unit.note_units(True)
+        self._load_units({g: torch.ones(n, dtype=torch.bool) for g, n in self.group_sizes.items()})
         for layer in self.layers.values():
             layer.weight_mask.fill_(1.0)
             layer.note_mask(binary=True)
@@ -326,11 +309,8 @@ class Supernet(nn.Module):
         self._n_classes = n_classes
 
     def task_state(self, committed: bool = False) -> dict[str, Tensor]:
-        """The active task's own tensors (gates/BatchNorm, head, statistics) by name.
-
-        ``committed``: only what a finished task stores (modules with ``per_task`` set); the
-        default is everything a task in training needs to continue exactly.
-        """
+        """The active task's own tensors (gates/BatchNorm, head, statistics) by name; with
+        ``committed``, only what a finished task stores (modules with ``per_task`` set)."""
         return {
             f"{name}.{key}": value
             for name, m in self.task_modules.items()
@@ -407,10 +387,7 @@ class Supernet(nn.Module):
     def load_task_state(self, units: dict[str, Tensor], state: dict[str, Tensor]) -> None:
         """Swap in a task's unit masks (first: a released gate is its unit mask) and its task
         state (``"<module>.<tensor>"``, as :meth:`task_state` names it)."""
-        for g, alive in units.items():
-            every = bool(alive.all())
-            for unit in self.groups[g]:
-                unit.set_units(alive, every)
+        self._load_units(units)
         for name, m in self.task_modules.items():
             m.load_task_state(prefixed(state, f"{name}."))
 
@@ -435,10 +412,9 @@ class Supernet(nn.Module):
 
     # ------------------------------------------------------------------ state
     def get_extra_state(self) -> dict[str, Any]:
-        """What ``state_dict()`` carries besides the modules' tensors: every learned task
-        (its stored masks, unit masks, BatchNorm/gates/head state, own weights), the owner
-        ids, and which task is loaded or in training. Tensors, numbers, strings, lists and
-        dicts only, so ``torch.load(weights_only=True)`` reads a saved state dict."""
+        """What ``state_dict()`` carries besides the modules' tensors: every learned task, the
+        owner ids, and which task is loaded or in training, in types that
+        ``torch.load(weights_only=True)`` reads."""
         return {
             "format": 1,
             "active_task": -1 if self.active_task is None else self.active_task,
@@ -474,10 +450,8 @@ class Supernet(nn.Module):
             self.use_task(int(state["active_task"]))
 
     def forward(self, x: Tensor, task: int | None = None) -> Tensor:
-        """Logits of task ``task``'s sub-network. ``task`` is required: which sub-network an
-        input belongs to is never guessed (the one loaded last would answer silently with
-        another task's head); the training loop runs the task in training through
-        :meth:`forward_working`."""
+        """Logits of task ``task``'s sub-network; ``task`` is never guessed (the task in
+        training runs through :meth:`forward_working`)."""
         if task is None:
             learned = f"0..{len(self.masks) - 1}" if self.masks else "none learned yet"
             raise TaskRequired(
@@ -492,7 +466,6 @@ class Supernet(nn.Module):
         return self.model(x)
 
     def forward_working(self, x: Tensor) -> Tensor:
-        """Logits of the sub-network loaded now, explicitly: the task in training (the
-        training loop, BatchNorm recalibration), or the whole network before any task
-        began. Users pick a task with ``supernet(x, task=j)``."""
+        """Logits of the sub-network loaded now: the task in training, or the whole network
+        before any task began."""
         return self.model(x)

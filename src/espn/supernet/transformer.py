@@ -1,7 +1,5 @@
-"""Supernet building blocks for transformers, features on the last dimension of token tensors:
-:class:`TokenGate`, :class:`TaskLayerNorm` (statistics over the alive features only),
-:class:`TaskTokens` and :class:`MaskedAttention` (heads as units); docs/transformers.md
-describes them.
+"""Supernet building blocks for transformers, features on the last dimension of token tensors
+(docs/transformers.md): token gates, task LayerNorms, task tokens, attention with heads as units.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
-from espn.supernet.fast import stamp, unchanged
+from espn.supernet.fast import is_on, memo
 from espn.supernet.layers import (
     MaskedLinear,
     TaskSpecific,
@@ -28,25 +26,17 @@ from espn.supernet.layers import (
 class TokenGate(UnitGate):
     """A :class:`UnitGate` scaling the last dimension; one unit spans ``unit_size`` features."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self.is_identity():
-            return x  # x * 1, exactly, for every value
-        scale, shift = self.feature_affine()
-        return x * scale if shift is None else x * scale + shift
+    def feature_shape(self, x: Tensor) -> tuple[int, ...]:
+        return (-1,)
 
 
 def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
-    """``gate(layer(x))``; in a training step of a masked linear layer followed by a token
-    gate, computed as one linear map whose weight rows the gate scales (its shift the bias),
-    as the slim export folds it: the gate then costs a pass over the layer's few thousand
-    weights instead of several over every token's features, forward and backward.
-
-    Folded only where nothing else could tell: in training mode with gradients on, eager
-    (not traced for export, not compiled: a graph keeps the two calls), no hook on either
-    module (a hook sees or replaces the layer's output), and a gate that is not the
-    identity. Released scale-only gates (scales 0 and 1) give the same bits either way."""
+    """``gate(layer(x))``; on the fast path, in a training step of a masked linear layer and a
+    token gate, one linear map whose weight rows the gate scales (its shift the bias), as the
+    slim export folds it: a pass over the weights instead of several over every token. Not
+    where anything could tell: traced, hooked, or a gate that is the identity."""
     if (
-        not torch.compiler.is_compiling()
+        is_on()
         and not is_fx_symbolic_tracing()
         and isinstance(layer, MaskedLinear)
         and isinstance(gate, TokenGate)
@@ -61,19 +51,16 @@ def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
 
 
 def alive_index(module: UnitModule) -> Tensor | None:
-    """The indices of the features ``module`` keeps alive (a unit's ``unit_size``
-    features each; None: every feature is alive), read from its ``unit_mask`` once per
-    change of it (one host read at a prune event or a task switch, never in a step: the
-    record holds the mask tensor and its version counter, which every in-place write
-    bumps)."""
+    """The indices of the features ``module`` keeps alive (a unit's ``unit_size`` features
+    each; None: every feature is alive), read from its ``unit_mask`` once per change of it
+    (a host read at a prune event or a task switch, never in a step)."""
     mask = module.unit_mask
-    known = module.__dict__.get("_alive")
-    if known is not None and unchanged(known, mask):
-        return cast(Tensor | None, known[2])
-    alive = expand_units(mask, module.unit_size).nonzero().flatten()
-    index = None if alive.numel() == mask.numel() * module.unit_size else alive
-    module.__dict__["_alive"] = (*stamp(mask), index)
-    return index
+
+    def index() -> Tensor | None:
+        alive = expand_units(mask, module.unit_size).nonzero().flatten()
+        return None if alive.numel() == mask.numel() * module.unit_size else alive
+
+    return cast(Tensor | None, memo(module, "_alive", mask, index))
 
 
 def alive_linear(
@@ -83,11 +70,9 @@ def alive_linear(
     outputs: Tensor | None = None,
     gate: TokenGate | None = None,
 ) -> Tensor:
-    """``layer``'s masked linear map on the features ``inputs`` of its input only (``x``
-    holds just those; None: all), computing the features ``outputs`` of its output only
-    (None: all), followed by ``gate`` folded into its weight rows (see :func:`gated`). The
-    columns and rows are cut from the masked weight, so that the gradient reaches the
-    weight through the layer's product as in its own forward."""
+    """``layer``'s map from the input features ``inputs`` (``x`` holds just those; None: all)
+    to the output features ``outputs`` (None: all), ``gate`` folded into its rows (see
+    :func:`gated`): cut from the masked weight, so the gradient flows as in its forward."""
     weight = layer.masked_weight()
     if inputs is not None:
         weight = weight.index_select(1, inputs)
@@ -125,22 +110,14 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
         self._init_units(group, n)
         self.affine = True
 
-    def reset_task(self, n_classes: int) -> None:
-        self.reset_parameters()
-
-    def alive_features(self) -> Tensor | None:
-        """The indices of the alive features (None: every feature is alive; see
-        :func:`alive_index`)."""
-        return alive_index(self)
-
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():
             return self.masked_norm(x)
-        alive = self.alive_features()
-        if alive is not None and alive.numel() == 0:
-            return self.masked_norm(x)  # every feature pruned: zeros
+        alive = alive_index(self)
         if alive is None:
-            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            return self.alive_norm(x, None)
+        if alive.numel() == 0:
+            return self.masked_norm(x)  # every feature pruned: zeros
         # the alive features gathered, normalised as the slim model's LayerNorm does, and put
         # back at their places among zeros (a pruned feature outputs exactly zero)
         out = self.alive_norm(_Features.apply(x, alive, None), alive)
@@ -170,9 +147,7 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
 class _Features(torch.autograd.Function):
     """The features ``index`` of the last dimension of ``x`` (``width`` None), or ``x``'s
     features put at places ``index`` of a last dimension of ``width`` among zeros; the
-    backward is the other, exact both ways. A gather and a scatter with the index expanded
-    over the rows: about half the time of ``index_select`` / ``index_copy`` on the last
-    dimension, and no accumulating scatter in the backward (the places are distinct)."""
+    backward is the other. A gather and a scatter: half the time of ``index_select``."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, index: Tensor, width: int | None) -> Tensor:
@@ -198,13 +173,9 @@ def _move_features(x: Tensor, index: Tensor, width: int | None) -> Tensor:
 
 
 class TaskTokens(TaskSpecific):
-    """Prepends a class token and adds position embeddings, both owned by the active task.
-
-    Per-task state (``(N + 1) * D + D`` values per task) rather than shared masked weights:
-    a later task can never change an earlier task's embeddings, and they cost no FLOPs.
-    ``group`` names the unit group of the ``dim`` features (the residual stream), whose
-    pruned features the slim model drops from the embeddings.
-    """
+    """Prepends a class token and adds position embeddings, both owned by the active task (no
+    task changes another's; no FLOPs). ``group``: the unit group of the ``dim`` features
+    (the residual stream), whose pruned features the slim model drops from them."""
 
     def __init__(self, tokens: int, dim: int, group: str | None) -> None:
         super().__init__()
@@ -250,42 +221,33 @@ class MaskedAttention(nn.Module):
         self.head_dim = head_dim or dim // heads
         self.heads_group = heads_group
         width = heads * self.head_dim
-        self.q = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
-        self.k = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
-        self.v = MaskedLinear(dim, width, in_units=in_units, out_units=heads_group)
-        for layer in (self.q, self.k, self.v):
-            layer.out_unit_size = self.head_dim
+        self.q = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
+        self.k = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
+        self.v = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
         self.gate = TokenGate(heads, heads_group, affine=task_affine, unit_size=self.head_dim)
-        self.proj = MaskedLinear(width, dim, in_units=heads_group, out_units=in_units)
-        self.proj.in_unit_size = self.head_dim
+        self.proj = MaskedLinear(width, dim, heads_group, in_units, in_unit_size=self.head_dim)
         self.scale = 1.0 / math.sqrt(self.head_dim)
         self.attn_drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        b, n = x.shape[0], x.shape[1]
-        q = self.q(x).view(b, n, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, n, -1, self.head_dim).transpose(1, 2)
-        v = gated(self.v, self.gate, x).view(b, n, -1, self.head_dim).transpose(1, 2)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Each head's attention of ``q`` to ``k`` over ``v`` (``(B, N, heads * head_dim)``
+        each), the heads' outputs side by side."""
+        b, n, width = v.shape
+        shape = (b, n, width // self.head_dim, self.head_dim)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
         attn = self.attn_drop(attn)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, -1)
-        return self.proj(out)
+        return torch.matmul(attn, v).transpose(1, 2).reshape(b, n, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.attend(self.q(x), self.k(x), gated(self.v, self.gate, x)))
 
     def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
         """:meth:`forward` on the features ``alive`` of its input stream alone (``x`` holds
-        just those; None: all), giving the same features of its output, with its alive
-        heads alone: q, k and v read those columns of their weights and compute the alive
-        heads' rows, the output projection reads the alive heads' columns and writes the
-        stream's rows (see :func:`alive_linear`). A dead head's rows and columns are zero in
-        the masks, so it adds exactly nothing to the whole-width forward."""
-        b, n = x.shape[0], x.shape[1]
+        just those; None: all), giving those of its output, through the alive heads alone
+        (a dead head adds exactly nothing to the whole-width forward)."""
         heads = alive_index(self.gate)
-        width = self.v.out_features if heads is None else heads.numel()
-        shape = (b, n, width // self.head_dim, self.head_dim)
-        q = alive_linear(self.q, x, alive, heads).view(shape).transpose(1, 2)
-        k = alive_linear(self.k, x, alive, heads).view(shape).transpose(1, 2)
-        v = alive_linear(self.v, x, alive, heads, self.gate).view(shape).transpose(1, 2)
-        attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
-        attn = self.attn_drop(attn)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(b, n, width)
-        return alive_linear(self.proj, out, heads, alive)
+        q = alive_linear(self.q, x, alive, heads)
+        k = alive_linear(self.k, x, alive, heads)
+        v = alive_linear(self.v, x, alive, heads, self.gate)
+        return alive_linear(self.proj, self.attend(q, k, v), heads, alive)
