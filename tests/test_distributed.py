@@ -340,5 +340,8 @@ def test_throughput_benchmark_trains_at_both_world_sizes() -> None:
         [sys.executable, str(script), *args], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0 and not FAILED_RANK.findall(done.stderr), done.stderr[-2000:]
-    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["1"], ["2"])]
+    table, parts = done.stdout.split("\n\n")
+    rows = [line.split() for line in table.splitlines() if line.split()[:1] in (["1"], ["2"])]
     assert [r[0] for r in rows] == ["1", "2"] and all(r[2] == "6" for r in rows)
+    ranks = [line.split()[:2] for line in parts.splitlines()[2:]]  # every rank's parts
+    assert ranks == [["1", "0"], ["2", "0"], ["2", "1"]]

@@ -53,11 +53,11 @@ def join(enabled: bool, device: torch.device | str) -> Ranks | None:
     if not dist.is_initialized():
         if cuda:
             torch.cuda.set_device(local_device())
-        # its functions' defaults hold the default group from their import on (and optimizers
-        # import it through torch._dynamo): imported after the join, they would keep the group,
-        # and its gloo threads, alive past destroy_process_group into the interpreter's
-        # teardown, where they abort the process at random ("terminate called")
-        importlib.import_module("torch.distributed.nn")
+        # imported by a process's first optimizer, torch._dynamo imports torch.distributed.nn,
+        # whose functions' defaults hold the default group from then on: after the join they
+        # would keep it, and its gloo threads, alive past destroy_process_group into the
+        # interpreter's teardown, where they abort the process at random ("terminate called")
+        importlib.import_module("torch._dynamo")
 
         try:
             dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
