@@ -53,12 +53,10 @@ def join(enabled: bool, device: torch.device | str) -> Ranks | None:
     if not dist.is_initialized():
         if cuda:
             torch.cuda.set_device(local_device())
-        # imported by a process's first optimizer, torch._dynamo imports torch.distributed.nn,
-        # whose functions' defaults hold the default group from then on: after the join they
-        # would keep it, and its gloo threads, alive past destroy_process_group into the
-        # interpreter's teardown, where they abort the process at random ("terminate called")
+        # torch._dynamo (a process's first optimizer imports it) imports modules whose defaults
+        # hold the default group: imported after the join, they would keep its gloo threads
+        # alive into the interpreter's teardown, where they abort the process at random
         importlib.import_module("torch._dynamo")
-
         try:
             dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
         except (RuntimeError, ValueError) as exc:
