@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
@@ -52,6 +53,10 @@ def join(enabled: bool, device: torch.device | str) -> Ranks | None:
     if not dist.is_initialized():
         if cuda:
             torch.cuda.set_device(local_device())
+        # torch._dynamo (a process's first optimizer imports it) imports modules whose defaults
+        # hold the default group: imported after the join, they would keep its gloo threads
+        # alive into the interpreter's teardown, where they abort the process at random
+        importlib.import_module("torch._dynamo")
         try:
             dist.init_process_group("nccl" if cuda else "gloo", timeout=TIMEOUT)
         except (RuntimeError, ValueError) as exc:
@@ -60,8 +65,15 @@ def join(enabled: bool, device: torch.device | str) -> Ranks | None:
                 f"WORLD_SIZE={os.environ['WORLD_SIZE']}): {exc}; pass --no-distributed "
                 "(distributed=False) to train in this process alone"
             ) from None
-        atexit.register(dist.destroy_process_group)
+        atexit.register(_leave)
     return Ranks(dist.get_rank(), dist.get_world_size(), local_device() if cuda else "cpu")
+
+
+def _leave() -> None:
+    """Destroy the process group at exit, while the interpreter is whole (unless the script
+    destroyed it)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def local_device() -> torch.device:
