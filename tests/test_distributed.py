@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 import espn
 from espn.data.tasks import Split, Task
@@ -303,14 +304,18 @@ FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 @pytest.mark.slow
 @pytest.mark.skipif(not FASHION.is_dir(), reason="needs Fashion-MNIST in /usr/share/datasets")
-def test_espn_run_under_torchrun_reports_once_and_matches_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("step", [[], ["--amp"], ["--compile"]], ids=["eager", "amp", "compile"])
+def test_espn_run_under_torchrun_reports_once_and_matches_one_process(
+    step: list[str], tmp_path: Path
+) -> None:
     """``torchrun -m espn run`` on real data: rank 0 alone reports and writes; the results
-    are those of one process with ``--shards 2`` (FC1024 on 2 permuted Fashion-MNIST tasks)."""
+    and every task's tensors are those of one process with ``--shards 2`` (FC1024 on 2
+    permuted Fashion-MNIST tasks), eager, mixed precision and compiled alike."""
     options = [
         *("-m", "espn", "run", "--benchmark", "permuted-fashion-mnist"),
         *("--data-dir", str(FASHION.parent), "--tasks", "2", "--train-per-task", "512"),
         *("--test-per-task", "256", "--epochs", "1,1,1", "--no-step-floor"),
-        *("--batch-size", "64", "--shards", "2", "--no-progress"),
+        *("--batch-size", "64", "--shards", "2", "--no-progress", *step),
     ]
     env = _env()
     launcher = [
@@ -329,6 +334,11 @@ def test_espn_run_under_torchrun_reports_once_and_matches_one_process(tmp_path: 
     one, two = docs
     assert two["new_weights"] == one["new_weights"]
     assert two["accuracy_matrix"] == one["accuracy_matrix"]
+    for task in range(2):
+        name = f"checkpoint/task-{task:04d}.safetensors"
+        alone, ranks = (load_file(tmp_path / run / name) for run in ("one", "two"))
+        assert alone.keys() == ranks.keys()
+        assert all(torch.equal(alone[k], ranks[k]) for k in alone), name
 
 
 @pytest.mark.slow
