@@ -83,6 +83,14 @@ def param(t: Tensor) -> nn.Parameter:
     return nn.Parameter(t.detach().clone())
 
 
+def holding(module: nn.Module, weight: Tensor, bias: Tensor | None = None) -> nn.Module:
+    """Plain ``module`` given copies of ``weight`` (and ``bias``), on their device and dtype."""
+    module.weight = param(weight)
+    if bias is not None:
+        module.bias = param(bias)
+    return module.to(device=weight.device, dtype=weight.dtype)
+
+
 def alive_features(units: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor:
     """Indices of the alive features of a side of ``width`` features (all if not prunable)."""
     if group is None:

@@ -16,7 +16,7 @@ from espn.layers.base import (
     WeightAdapter,
     alive_features,
     alive_weight,
-    param,
+    holding,
     register,
 )
 from espn.supernet.layers import (
@@ -111,8 +111,7 @@ class ConvAdapter(WeightAdapter):
             bias=False,
             padding_mode=m.padding_mode,
         )
-        conv.weight = param(weight)
-        return conv.to(device=weight.device, dtype=weight.dtype)
+        return holding(conv, weight)
 
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
@@ -173,13 +172,12 @@ class Conv2dAdapter(ConvAdapter):
             return self._head(m, m.weight)
         return super().plain(m)
 
-    def _head(self, m: TaskConvHead, weight: Tensor) -> nn.Conv2d:
+    def _head(self, m: TaskConvHead, weight: Tensor) -> nn.Module:
         """The plain conv of head ``m`` with ``weight`` (its columns: the alive inputs)."""
         conv = nn.Conv2d(
             weight.shape[1], m.out_features, m.kernel_size, m.stride, m.padding, m.dilation
         )
-        conv.weight, conv.bias = param(weight), param(m.bias)
-        return conv.to(device=weight.device, dtype=weight.dtype)
+        return holding(conv, weight, m.bias)
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
