@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import alive_features, param
+from espn.layers.base import alive_features, call_hooked, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.flops import run_hooked
@@ -122,12 +122,8 @@ def _only_reader(model: nn.Module, example: Tensor, pairs: dict[str, str]) -> di
         return hook
 
     handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in set(pairs.values())]
-    try:
-        with torch.enable_grad():
-            out = model(example)
-    finally:
-        for h in handles:
-            h.remove()
+    with torch.enable_grad():
+        out = call_hooked(model, handles, example)
     readers: dict[tuple[object, int], int] = {}
     seen, todo = set(), [out.grad_fn]
     while todo:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from espn.errors import EspnError
 from espn.supernet.layers import (
@@ -81,6 +82,15 @@ class Placement:
 def param(t: Tensor) -> nn.Parameter:
     """A detached copy of ``t`` as a parameter."""
     return nn.Parameter(t.detach().clone())
+
+
+def call_hooked(model: nn.Module, hooks: list[RemovableHandle], *args: Any, **kw: Any) -> Any:
+    """``model(*args, **kw)`` with ``hooks`` (registered for this one run), removed after."""
+    try:
+        return model(*args, **kw)
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def holding(module: nn.Module, weight: Tensor, bias: Tensor | None = None) -> nn.Module:

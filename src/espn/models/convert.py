@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError, Placement, adapter_for, source_names
+from espn.layers.base import call_hooked
 from espn.layers.layernorm import channel_layer_norm
 from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
@@ -129,12 +130,8 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
         return hook
 
     hooks = [m.register_forward_pre_hook(count(n)) for n, m in modules.items()]
-    try:
-        with torch.enable_grad():
-            out = model(example_input)
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.enable_grad():
+        out = call_hooked(model, hooks, example_input)
     _refuse_functional([n for n, k in calls.items() if k == 0], modules, out)
     again = [f"{n!r} ({k} times)" for n, k in calls.items() if k > 1]
     if again:
@@ -220,12 +217,8 @@ def _plain_layers(model: nn.Module, example: Tensor) -> None:
         return hook
 
     hooks = [m.register_forward_hook(compare(n)) for n, m in subclassed.items()]
-    try:
-        with torch.no_grad():
-            model(example)
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.no_grad():
+        call_hooked(model, hooks, example)
     if differs:
         m = subclassed[differs[0]]
         torch_name = f"nn.{_torch_class(m).__name__}"
