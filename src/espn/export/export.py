@@ -259,6 +259,18 @@ def _checked_slim(
     return slim, rounding, report
 
 
+def check_request(out: Path | str, inputs: list[Tensor]) -> Path:
+    """:func:`check_target`, and refuse no inputs to check on or ``.onnx`` without ONNX."""
+    out = check_target(out)
+    if not inputs:
+        raise ExportError("export needs at least one batch of inputs to check the model on")
+    if out.suffix == ".onnx" and not onnx_available():
+        raise ExportError(
+            "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
+        )
+    return out
+
+
 def export_task(
     supernet: Supernet,
     task: int,
@@ -279,16 +291,10 @@ def export_task(
     (:mod:`espn.export.inputs`). ``fold_bn`` folds each BatchNorm into the layer before it.
     A run directory's own files are never replaced, other files only with ``overwrite``
     (:func:`check_not_replacing`)."""
-    out = check_target(out)  # everything refused before any work
+    out = check_request(out, inputs)  # everything refused before any work
     if also_onnx is None:
         also_onnx = out.suffix == ".pt2" and onnx_available()
     check_not_replacing(export_files(out, also_onnx), overwrite, run)
-    if not inputs:
-        raise ExportError("export needs at least one batch of inputs to check the model on")
-    if out.suffix == ".onnx" and not onnx_available():
-        raise ExportError(
-            "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
-        )
     raw_inputs, transform = inputs, transform if has_transform(transform) else None
     if transform is not None:
         inputs = [transform(x, False) for x in raw_inputs]

@@ -1,16 +1,8 @@
-"""A task's sub-network as a plain PyTorch model, cut by swapping modules.
-
-:func:`slim_copy` deep-copies the supernet's model and replaces every espn module by the
-plain torch module its layer adapter slices from it (:meth:`LayerAdapter.slim`: the rows and
-columns of the task's alive units only); each gate and per-task bias is folded into the layer
-whose output it reads, the task's bare parameters (class token, position embedding, layer
-scale) are cut to their alive features, and a residual stream pruned per conv gets one
-``index_select`` per reader and writer (:class:`Pick`, :class:`Place`). The model's own
-``forward`` runs unchanged: nothing is traced, so ``len(x)``, shape arithmetic and Python
-control flow on shapes work, and ``torch.export`` captures the copy by running it
-(:func:`espn.export.export.exported`). :func:`plain_copy` is the same swap at full width
-(masks multiplied in). :func:`fold_batchnorm` folds every BatchNorm into the layer whose
-output only it reads, found by running the copy once.
+"""A task's sub-network as a plain PyTorch model, cut by swapping modules: :func:`slim_copy`
+(each espn module replaced by its adapter's slim module, gates and task biases folded, a
+residual stream pruned per conv re-indexed by :class:`Pick` / :class:`Place`),
+:func:`plain_copy` (the same swap at full width) and :func:`fold_batchnorm`; see
+docs/architectures.md, "One adapter per layer type".
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import alive_features, param
+from espn.layers.base import alive_features, call_hooked, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.flops import run_hooked
@@ -122,12 +114,8 @@ def _only_reader(model: nn.Module, example: Tensor, pairs: dict[str, str]) -> di
         return hook
 
     handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in set(pairs.values())]
-    try:
-        with torch.enable_grad():
-            out = model(example)
-    finally:
-        for h in handles:
-            h.remove()
+    with torch.enable_grad():
+        out = call_hooked(model, handles, example)
     readers: dict[tuple[object, int], int] = {}
     seen, todo = set(), [out.grad_fn]
     while todo:

@@ -1,13 +1,6 @@
 """Task-agnostic prediction: infer which task a sample belongs to from the tasks'
-sub-networks, then classify it with that task's sub-network.
-
-Rules (:data:`RULES`, by name): ``entropy`` (lowest softmax entropy), ``energy``,
-``mahalanobis`` (nearest class mean of the penultimate features, from statistics each task
-stores when it is committed), ``entropy-mahalanobis`` (both, standardised),
-``input-gaussian`` (the likelihood of the input under each task's stored class Gaussians;
-the default), ``input-subspace`` (a mixture of principal-subspace Gaussians of the inputs
-and their edges, stored with the ``task_agnostic`` option) and ``supsup-oneshot`` (SupSup's entropy gradient over superposed masks). See
-docs/task-agnostic.md for what each costs, stores and achieves.
+sub-networks, then classify it with that task's sub-network. The rules (:data:`RULES`, by
+name), what each costs, stores and achieves: docs/task-agnostic.md.
 """
 
 from espn.inference import oneshot, subspace  # noqa: F401  (each registers its rule)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from espn.export.export import (
     _write_pt2,
-    check_target,
+    check_request,
     exported,
     ieee_float32,
     onnx_available,
@@ -163,7 +163,7 @@ def export_task_agnostic(
     ``.onnx`` beside it when ONNX export is available, or ``.onnx`` alone), checked against
     :func:`espn.inference.infer` on ``inputs`` (batches of model inputs) before and after
     saving; a ``.json`` report is written beside it."""
-    out = check_target(out)
+    out = check_request(out, inputs)
     found = get_rule(rule, supernet)
     if rule is None and not isinstance(found, OutputRule):  # the run's default (input-subspace)
         found = get_rule(DEFAULT_RULE, supernet)
@@ -173,12 +173,6 @@ def export_task_agnostic(
             "inference; input-subspace's mixtures are not built into the graph); "
             "export with --rule input-gaussian, entropy, energy, mahalanobis or "
             "entropy-mahalanobis"
-        )
-    if not inputs:
-        raise ExportError("export needs at least one batch of inputs to check the model on")
-    if out.suffix == ".onnx" and not onnx_available():
-        raise ExportError(
-            "ONNX export needs the onnx and onnxscript packages: pip install espn[onnx]"
         )
     example = inputs[0][:2].clone()
     model = build(supernet, example, found, fold_bn)

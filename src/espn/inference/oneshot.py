@@ -1,15 +1,7 @@
-"""Rule ``supsup-oneshot``: SupSup's one-shot task inference (Wortsman et al. 2020, "GN").
-
-All tasks' sub-networks are superposed with mixing coefficients ``alpha_t = 1/T``: every
-masked layer computes ``sum_t alpha_t (W * M_t) a`` and every task head ``sum_t alpha_t
-head_t(a)``. One gradient of the output's softmax entropy with respect to the coefficients
-tells which task's mask lowers the entropy fastest: the task with the most negative gradient
-is picked. Each sample gets its own coefficients (the superposed network is linear in them,
-so a sample's gradient is the one its own coefficients receive), and a batch known to come
-from one task sums its samples' gradients (the gradient of the batch's total entropy).
-
-It needs tasks that differ only in their weight masks and heads (SupSup: no unit pruning,
-no trained gates or BatchNorm): other tasks' sub-networks cannot be superposed linearly.
+"""Rule ``supsup-oneshot``: SupSup's one-shot task inference (Wortsman et al. 2020, "GN"):
+all tasks' sub-networks superposed with coefficients ``1/T``, the task whose coefficient's
+entropy gradient is most negative picked; only for tasks that differ in weight masks and
+heads alone (docs/task-agnostic.md, "The rules").
 """
 
 from __future__ import annotations

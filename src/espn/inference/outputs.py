@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from espn.errors import EspnError
+from espn.layers.base import call_hooked
 from espn.supernet import fast
 from espn.supernet.layers import (
     MaskedLayer,
@@ -60,12 +61,8 @@ def head_name(supernet: Supernet) -> str:
     example = torch.zeros(
         1, *supernet.input_shape, dtype=supernet.input_dtype, device=_device(supernet)
     )
-    try:
-        with torch.no_grad(), eval_mode(supernet):
-            supernet(example, task=0)
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.no_grad(), eval_mode(supernet):
+        call_hooked(supernet, hooks, example, task=0)
     if not order:
         raise InferenceError("the supernet ran no masked layer or head")
     return order[-1]

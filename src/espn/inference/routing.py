@@ -1,28 +1,9 @@
-"""Training that prepares a task for prediction without the task id (``task_agnostic``).
-
-With the option on (``ContinualLearner(..., task_agnostic=True)``, ``espn run
---task-agnostic``), every method that keeps one sub-network per task learns each task so that
-its sub-network can tell its own inputs from others', exemplar-free (no other task's data):
-
-* *outlier exposure from the task's own data*: every training batch is also passed through
-  the sub-network shifted (:func:`espn.training.rejection.not_mine`: the input rolled by half its length along every
-  spatial axis, so the task's own patterns appear in the wrong places), and the sub-network
-  is trained to be uncertain there (cross-entropy to the uniform distribution over its
-  classes, weight :data:`espn.training.rejection.WEIGHT`). The shift is a roll, not a rotation: in rotated sequences
-  a rotation of a task's inputs is another task's input, which the task must not reject as
-  "not a digit" but cannot tell from its own either;
-* *a density of the task's inputs*: a mixture of principal-subspace Gaussians of its inputs
-  and their edges (rule ``input-subspace``, see :mod:`espn.inference.subspace`), fitted when
-  the task is committed;
-* *scores calibrated on held-out data*: every :data:`HELD_OUT_EVERY`-th training sample of
-  the task is held out of training; the mean and deviation of each raw score (the task's
-  ``calibration``) come from those samples, which the sub-network has not fitted, so that a
-  task's typical score is the one its unseen inputs get, as at prediction.
-
-None changes what a sub-network is: no output, weight or unit is added, so the task's FLOPs
-and FLOP budget are those of the option off; the shifted pass costs one more forward and
-backward pass per training step, and the mixture adds ``4 Q ((K + 1) E + K + 2)`` bytes (Q
-components, E inputs and edges) to what the task stores.
+"""Training that prepares a task for prediction without the task id (``task_agnostic``):
+outlier exposure from the task's own inputs shifted (:func:`espn.training.rejection.not_mine`),
+a density of its inputs (rule ``input-subspace``, :mod:`espn.inference.subspace`) fitted at
+commit, and scores calibrated on every :data:`HELD_OUT_EVERY`-th training sample, held out.
+No output, weight or unit is added: FLOPs and budgets are those of the option off
+(docs/task-agnostic.md, "Preparing the tasks").
 """
 
 from __future__ import annotations

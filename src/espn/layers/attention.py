@@ -14,7 +14,8 @@ from espn.supernet.transformer import MaskedAttention
 
 class MaskedSelfAttention(MaskedAttention):
     """A :class:`MaskedAttention` called like ``nn.MultiheadAttention`` for self-attention
-    (``query``, ``key`` and ``value`` the same tensor, no masks), returning ``(out, None)``."""
+    (``query``, ``key`` and ``value`` the same tensor, no masks), returning ``(out, None)``;
+    with ``tokens_only`` it is called as :class:`SelfAttention` is, returning the tokens."""
 
     #: read by code written for ``nn.MultiheadAttention`` (``nn.TransformerEncoderLayer``)
     in_proj_bias = None
@@ -29,11 +30,13 @@ class MaskedSelfAttention(MaskedAttention):
         batch_first: bool,
         dropout: float,
         task_affine: bool,
+        tokens_only: bool = False,
     ) -> None:
         super().__init__(
             dim, heads, heads_group, in_units, task_affine=task_affine, dropout=dropout
         )
         self.batch_first = batch_first
+        self.tokens_only = tokens_only
         self.num_heads = heads
         self.embed_dim = dim
 
@@ -47,48 +50,38 @@ class MaskedSelfAttention(MaskedAttention):
         attn_mask: Tensor | None = None,
         average_attn_weights: bool = True,
         is_causal: bool = False,
-    ) -> tuple[Tensor, None]:
+        **absent: object,
+    ) -> Tensor | tuple[Tensor, None]:
         if (key is not None and key is not query) or (value is not None and value is not query):
             raise ConvertError(
                 "a converted nn.MultiheadAttention supports self-attention only (query, key "
                 "and value the same tensor)"
             )
-        if key_padding_mask is not None or attn_mask is not None or is_causal:
+        absent |= {"key_padding_mask": key_padding_mask, "attn_mask": attn_mask}
+        if is_causal or any(v not in (None, False) for v in absent.values()):
             raise ConvertError(
                 "a converted nn.MultiheadAttention supports no attention or padding mask"
             )
+        if self.tokens_only:
+            return super().forward(query)
         x = query if self.batch_first else query.transpose(0, 1)
         out = super().forward(x)
         return (out if self.batch_first else out.transpose(0, 1)), None
-
-
-def _no_masks(absent: dict[str, object]) -> None:
-    """Refuse keyword arguments of a :class:`SelfAttention` other than None or False (timm's
-    blocks pass ``attn_mask=None, is_causal=False``)."""
-    if any(v not in (None, False) for v in absent.values()):
-        raise ConvertError(f"a converted attention takes no {', '.join(absent)}")
 
 
 class SelfAttention(nn.MultiheadAttention):
     """Multi-head self-attention called as ``attn(x)`` on ``(B, N, D)`` tokens, returning the
     tokens: what the converter puts in place of attention written by hand (q, k and v cut
     from one projection, see :func:`espn.models.convert_tokens.replace_attention`); it
-    becomes a :class:`TokenAttention`."""
+    becomes a :class:`MaskedSelfAttention` with ``tokens_only``."""
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__(dim, heads, batch_first=True)
 
     def forward(self, x: Tensor, **absent: object) -> Tensor:  # type: ignore[override]
-        _no_masks(absent)
+        if any(v not in (None, False) for v in absent.values()):  # timm passes attn_mask=None
+            raise ConvertError(f"a converted attention takes no {', '.join(absent)}")
         return super().forward(x, x, x, need_weights=False)[0]
-
-
-class TokenAttention(MaskedAttention):
-    """A :class:`MaskedAttention` called as :class:`SelfAttention` is."""
-
-    def forward(self, x: Tensor, **absent: object) -> Tensor:
-        _no_masks(absent)
-        return super().forward(x)
 
 
 @register
@@ -116,21 +109,16 @@ class AttentionAdapter(LayerAdapter):
         as the converter drops every bias not absorbed by a norm)."""
         assert isinstance(m, nn.MultiheadAttention)
         heads = f"{place.name}.heads" if place.name else "heads"
-        out: MaskedAttention
-        if isinstance(m, SelfAttention):
-            out = TokenAttention(
-                m.embed_dim, m.num_heads, heads, place.in_group, task_affine=place.task_affine
-            )
-        else:
-            out = MaskedSelfAttention(
-                m.embed_dim,
-                m.num_heads,
-                heads,
-                place.in_group,
-                bool(m.batch_first),
-                float(m.dropout),
-                place.task_affine,
-            )
+        out = MaskedSelfAttention(
+            m.embed_dim,
+            m.num_heads,
+            heads,
+            place.in_group,
+            bool(m.batch_first),
+            float(m.dropout),
+            place.task_affine,
+            tokens_only=isinstance(m, SelfAttention),
+        )
         q, k, v = m.in_proj_weight.chunk(3)
         out.q.weight.copy_(q)
         out.k.weight.copy_(k)

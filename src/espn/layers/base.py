@@ -1,33 +1,19 @@
-"""What a layer type means to espn, in one class: :class:`LayerAdapter`.
-
-An adapter answers, for one plain torch layer type (``source``) and the espn modules it
-becomes (``exports``), every question the converter, the FLOP count and the exporter ask:
-
-* conversion (:mod:`espn.models.convert`): what it refuses (:meth:`LayerAdapter.check`), its
-  width on each side (:meth:`~LayerAdapter.width`), its role in a unit group (``role``: a
-  ``"layer"`` with weights producing or consuming channels, a ``"norm"`` normalising them, an
-  ``"attention"`` module reading and writing them), its group count, and the espn module it
-  becomes once the converter has placed it in its unit groups (:meth:`~LayerAdapter.convert`);
-* export (:mod:`espn.export.slim`, :mod:`espn.export.slim_tokens`): the plain torch module
-  computing what its espn module computes for the active task at full width
-  (:meth:`~LayerAdapter.plain`) or on the alive features only (:meth:`~LayerAdapter.slim`),
-  how Torch-Pruning removes its outputs, how a gate folds into it, and how a BatchNorm folds
-  into the layer before it.
-
-Adapters are registered by type (:func:`register`) and found by the nearest registered class
-of a module's type (:func:`adapter_for` for plain modules, :func:`exported_adapter` for espn
-modules), as Torch-Pruning finds one pruning function per layer type. A new layer type is one
-new file in :mod:`espn.layers` (see ``docs/architectures.md``).
+"""What a layer type means to espn, in one class: :class:`LayerAdapter`, which answers every
+question the converter, the FLOP count and the exporter ask of one plain torch layer type
+(``source``) and the espn modules it becomes (``exports``). Adapters are registered by type
+(:func:`register`) and found by the nearest registered class (:func:`adapter_for`,
+:func:`exported_adapter`); see docs/architectures.md, "One adapter per layer type".
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from espn.errors import EspnError
 from espn.supernet.layers import (
@@ -81,6 +67,23 @@ class Placement:
 def param(t: Tensor) -> nn.Parameter:
     """A detached copy of ``t`` as a parameter."""
     return nn.Parameter(t.detach().clone())
+
+
+def call_hooked(model: nn.Module, hooks: list[RemovableHandle], *args: Any, **kw: Any) -> Any:
+    """``model(*args, **kw)`` with ``hooks`` (registered for this one run), removed after."""
+    try:
+        return model(*args, **kw)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def holding(module: nn.Module, weight: Tensor, bias: Tensor | None = None) -> nn.Module:
+    """Plain ``module`` given copies of ``weight`` (and ``bias``), on their device and dtype."""
+    module.weight = param(weight)
+    if bias is not None:
+        module.bias = param(bias)
+    return module.to(device=weight.device, dtype=weight.dtype)
 
 
 def alive_features(units: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor:

@@ -14,7 +14,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_features, param, register
+from espn.layers.base import (
+    ConvertError,
+    LayerAdapter,
+    Placement,
+    alive_features,
+    holding,
+    param,
+    register,
+)
 from espn.supernet.layers import TaskBatchNorm2d, UnitModule
 
 
@@ -103,11 +111,10 @@ class BatchNormAdapter(LayerAdapter):
         else:
             weight, bias, mean, var = (t[keep] for t in stats)
         bn = self.plain_type(len(weight), eps=m.eps, momentum=m.momentum)
-        bn.weight, bn.bias = param(weight), param(bias)
         bn.running_mean = mean.detach().clone()
         bn.running_var = var.detach().clone()
         bn.num_batches_tracked = m.num_batches_tracked.detach().clone()
-        return bn.to(device=m.weight.device, dtype=m.weight.dtype)
+        return holding(bn, weight, bias)
 
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:

@@ -7,18 +7,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import Placement, param, register
+from espn.layers.base import Placement, register
 from espn.layers.conv2d import ConvAdapter
 from espn.supernet.layers import MaskedLayer
-
-
-def _one(value: int | tuple[int, ...]) -> int:
-    """A 1-D convolution's size argument (``nn.Conv1d`` stores a 1-tuple)."""
-    return value if isinstance(value, int) else int(value[0])
-
-
-def _padding(value: str | int | tuple[int, ...]) -> str | int:
-    return value if isinstance(value, str) else _one(value)
 
 
 class MaskedConv1d(nn.Conv1d, MaskedLayer):
@@ -39,10 +30,10 @@ class MaskedConv1d(nn.Conv1d, MaskedLayer):
         super().__init__(
             conv.in_channels,
             conv.out_channels,
-            _one(conv.kernel_size),
-            stride=_one(conv.stride),
-            padding=_padding(conv.padding),
-            dilation=_one(conv.dilation),
+            conv.kernel_size[0],  # nn.Conv1d stores 1-tuples
+            stride=conv.stride[0],
+            padding=conv.padding if isinstance(conv.padding, str) else conv.padding[0],
+            dilation=conv.dilation[0],
             groups=conv.groups,
             bias=False,
             padding_mode=conv.padding_mode,
@@ -55,26 +46,11 @@ class MaskedConv1d(nn.Conv1d, MaskedLayer):
         return self._conv_forward(x, self.masked_weight(), None)
 
 
-def _plain(m: MaskedConv1d, c_in: int, c_out: int, groups: int, weight: Tensor) -> nn.Conv1d:
-    conv = nn.Conv1d(
-        c_in,
-        c_out,
-        _one(m.kernel_size),
-        stride=_one(m.stride),
-        padding=_padding(m.padding),
-        dilation=_one(m.dilation),
-        groups=groups,
-        bias=False,
-        padding_mode=m.padding_mode,
-    )
-    conv.weight = param(weight)
-    return conv.to(device=weight.device, dtype=weight.dtype)
-
-
 @register
 class Conv1dAdapter(ConvAdapter):
     source = (nn.Conv1d,)
     exports = (MaskedConv1d,)
+    plain_type = nn.Conv1d
 
     @torch.no_grad()
     def masked(self, m: nn.Module, place: Placement) -> nn.Module:
@@ -89,14 +65,3 @@ class Conv1dAdapter(ConvAdapter):
         )
         out.weight.copy_(m.weight)
         return out
-
-    @torch.no_grad()
-    def plain(self, m: nn.Module) -> nn.Module:
-        assert isinstance(m, MaskedConv1d)
-        return _plain(m, m.in_channels, m.out_channels, m.groups, m.masked_weight())
-
-    @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        assert isinstance(m, MaskedConv1d)
-        weight, groups = self.alive(m, units)
-        return _plain(m, weight.shape[1] * groups, weight.shape[0], groups, weight)

@@ -4,6 +4,8 @@ whole conv group. :class:`ConvAdapter` holds what every convolution shares (``co
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -14,7 +16,7 @@ from espn.layers.base import (
     WeightAdapter,
     alive_features,
     alive_weight,
-    param,
+    holding,
     register,
 )
 from espn.supernet.layers import (
@@ -58,6 +60,8 @@ class ConvAdapter(WeightAdapter):
     """What convolutions of any dimension share: channels on dimension 1, groups."""
 
     may_scale = True
+    #: the plain convolution exported
+    plain_type: Callable[..., nn.Module] = nn.Conv2d
 
     def check(self, name: str, m: nn.Module) -> None:
         assert isinstance(m, nn.modules.conv._ConvNd)
@@ -92,6 +96,33 @@ class ConvAdapter(WeightAdapter):
         weight = alive_weight(m, units)
         groups = getattr(m, "groups", 1)
         return weight, 1 if groups == 1 else groups * weight.shape[0] // m.weight.shape[0]
+
+    def _plain(self, m: nn.Module, c_in: int, c_out: int, groups: int, weight: Tensor) -> nn.Module:
+        """A :attr:`plain_type` convolution with ``m``'s settings and ``weight``, no bias."""
+        assert isinstance(m, nn.modules.conv._ConvNd)
+        conv = self.plain_type(
+            c_in,
+            c_out,
+            m.kernel_size,
+            stride=m.stride,
+            padding=m.padding,
+            dilation=m.dilation,
+            groups=groups,
+            bias=False,
+            padding_mode=m.padding_mode,
+        )
+        return holding(conv, weight)
+
+    @torch.no_grad()
+    def plain(self, m: nn.Module) -> nn.Module:
+        assert isinstance(m, nn.modules.conv._ConvNd) and isinstance(m, MaskedLayer)
+        return self._plain(m, m.in_channels, m.out_channels, m.groups, m.masked_weight())
+
+    @torch.no_grad()
+    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+        assert isinstance(m, MaskedLayer)
+        weight, groups = self.alive(m, units)
+        return self._plain(m, weight.shape[1] * groups, weight.shape[0], groups, weight)
 
 
 @register
@@ -135,36 +166,18 @@ class Conv2dAdapter(ConvAdapter):
             place.in_unit,
         )
 
-    @staticmethod
-    def _empty(m: MaskedConv2d, c_in: int, c_out: int, groups: int) -> nn.Conv2d:
-        return nn.Conv2d(
-            c_in,
-            c_out,
-            conv_pair(m.kernel_size),
-            stride=conv_pair(m.stride),
-            padding=conv_padding(m.padding),
-            dilation=conv_pair(m.dilation),
-            groups=groups,
-            bias=False,
-            padding_mode=m.padding_mode,
-        )
-
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
         if isinstance(m, TaskConvHead):
             return self._head(m, m.weight)
-        assert isinstance(m, MaskedConv2d)
-        conv = self._empty(m, m.in_channels, m.out_channels, m.groups)
-        conv.weight = param(m.masked_weight())
-        return conv.to(device=m.weight.device, dtype=m.weight.dtype)
+        return super().plain(m)
 
-    def _head(self, m: TaskConvHead, weight: Tensor) -> nn.Conv2d:
+    def _head(self, m: TaskConvHead, weight: Tensor) -> nn.Module:
         """The plain conv of head ``m`` with ``weight`` (its columns: the alive inputs)."""
         conv = nn.Conv2d(
             weight.shape[1], m.out_features, m.kernel_size, m.stride, m.padding, m.dilation
         )
-        conv.weight, conv.bias = param(weight), param(m.bias)
-        return conv.to(device=weight.device, dtype=weight.dtype)
+        return holding(conv, weight, m.bias)
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
@@ -172,8 +185,4 @@ class Conv2dAdapter(ConvAdapter):
             w = m.weight
             cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
             return self._head(m, w.index_select(1, cols))
-        assert isinstance(m, MaskedConv2d)
-        weight, groups = self.alive(m, units)
-        conv = self._empty(m, weight.shape[1] * groups, weight.shape[0], groups)
-        conv.weight = param(weight)
-        return conv.to(device=weight.device, dtype=weight.dtype)
+        return super().slim(m, units)

@@ -20,7 +20,7 @@ from espn.layers.base import (
     Placement,
     WeightAdapter,
     alive_weight,
-    param,
+    holding,
     register,
 )
 from espn.supernet.layers import MaskedLayer
@@ -46,11 +46,10 @@ class MaskedEmbedding(MaskedLayer):
         return F.embedding(x, self.masked_weight().t(), self.padding_idx)
 
 
-def _table(weight: Tensor, padding_idx: int | None) -> nn.Embedding:
+def _table(weight: Tensor, padding_idx: int | None) -> nn.Module:
     """An ``nn.Embedding`` holding ``weight`` (``(num_embeddings, features)``)."""
     out = nn.Embedding(weight.shape[0], weight.shape[1], padding_idx=padding_idx)
-    out.weight = param(weight.contiguous())
-    return out.to(device=weight.device, dtype=weight.dtype)
+    return holding(out, weight.contiguous())
 
 
 @register

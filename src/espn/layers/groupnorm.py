@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import ConvertError, LayerAdapter, Placement, alive_features, param, register
+from espn.layers.base import (
+    ConvertError,
+    LayerAdapter,
+    Placement,
+    alive_features,
+    holding,
+    register,
+)
 from espn.supernet.layers import TaskGroupNorm
 
 
@@ -43,8 +50,7 @@ class GroupNormAdapter(LayerAdapter):
     def plain(self, m: nn.Module) -> nn.Module:
         assert isinstance(m, TaskGroupNorm)
         gn = nn.GroupNorm(m.num_groups, m.num_channels, eps=m.eps)
-        gn.weight, gn.bias = param(m.weight * m.entry_mask()), param(m.bias * m.entry_mask())
-        return gn.to(device=m.weight.device, dtype=m.weight.dtype)
+        return holding(gn, m.weight * m.entry_mask(), m.bias * m.entry_mask())
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
@@ -53,5 +59,4 @@ class GroupNormAdapter(LayerAdapter):
         keep = alive_features(units, m.group, m.unit_size, m.num_channels).to(m.weight.device)
         per_group = m.num_channels // m.num_groups
         gn = nn.GroupNorm(len(keep) // per_group, len(keep), eps=m.eps)
-        gn.weight, gn.bias = param(m.weight[keep]), param(m.bias[keep])
-        return gn.to(device=m.weight.device, dtype=m.weight.dtype)
+        return holding(gn, m.weight[keep], m.bias[keep])

@@ -13,7 +13,7 @@ from espn.layers.base import (
     LayerAdapter,
     Placement,
     alive_features,
-    param,
+    holding,
     register,
 )
 from espn.supernet.transformer import TaskLayerNorm
@@ -72,6 +72,4 @@ class LayerNormAdapter(LayerAdapter):
         assert isinstance(m, TaskLayerNorm)
         w = m.weight
         keep = alive_features(units, m.group, 1, w.shape[0]).to(w.device)
-        out = nn.LayerNorm(len(keep), eps=m.eps)
-        out.weight, out.bias = param(w[keep]), param(m.bias[keep])
-        return out.to(device=w.device, dtype=w.dtype)
+        return holding(nn.LayerNorm(len(keep), eps=m.eps), w[keep], m.bias[keep])

@@ -11,7 +11,7 @@ from espn.layers.base import (
     WeightAdapter,
     alive_features,
     alive_weight,
-    param,
+    holding,
     register,
 )
 from espn.supernet.layers import MaskedLinear, TaskHead
@@ -50,13 +50,9 @@ class LinearAdapter(WeightAdapter):
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
         if isinstance(m, TaskHead):
-            head = nn.Linear(m.in_features, m.out_features)
-            head.weight, head.bias = param(m.weight), param(m.bias)
-            return head.to(device=m.weight.device, dtype=m.weight.dtype)
+            return holding(nn.Linear(m.in_features, m.out_features), m.weight, m.bias)
         assert isinstance(m, MaskedLinear)
-        linear = nn.Linear(m.in_features, m.out_features, bias=False)
-        linear.weight = param(m.masked_weight())
-        return linear.to(device=m.weight.device, dtype=m.weight.dtype)
+        return holding(nn.Linear(m.in_features, m.out_features, bias=False), m.masked_weight())
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
@@ -64,11 +60,7 @@ class LinearAdapter(WeightAdapter):
         assert isinstance(w, Tensor)
         if isinstance(m, TaskHead):
             cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-            out = nn.Linear(len(cols), m.out_features)
-            out.weight, out.bias = param(w.index_select(1, cols)), param(m.bias)
-            return out.to(device=w.device, dtype=w.dtype)
+            return holding(nn.Linear(len(cols), m.out_features), w.index_select(1, cols), m.bias)
         assert isinstance(m, MaskedLinear)
         weight = alive_weight(m, units)
-        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-        linear.weight = param(weight)
-        return linear.to(device=w.device, dtype=w.dtype)
+        return holding(nn.Linear(weight.shape[1], weight.shape[0], bias=False), weight)

@@ -1,15 +1,7 @@
-"""Bare per-feature parameters of a model (``nn.Parameter`` s on a module of its own: a
-hand-written ViT's class token and position embedding added to a token stream, a layer scale
-multiplying a conv's channels): per-task state of their unit group, as
-:class:`~espn.supernet.transformer.TaskTokens` are for espn's own ViT.
-
-The converter keeps each parameter where the model's ``forward`` reads it and registers it
-also in one :class:`TaskParameters` module, which the supernet swaps with the task: a later
-task never changes an earlier task's embeddings, and they cost no FLOPs. A pruned feature's
-values are zeroed with its unit (:meth:`TaskParameters.zero_dead`), so that the feature is
-exactly zero however the parameter joins the features (added, concatenated as a class token,
-multiplying as a layer scale); the slim model keeps each parameter at the alive features of
-its group (:func:`channel_axis`).
+"""Bare per-feature parameters of a model (a hand-written ViT's class token and position
+embedding, a layer scale): kept where ``forward`` reads them and held per task by one
+:class:`TaskParameters` module, zeroed with their dead units (:meth:`TaskParameters.zero_dead`)
+and cut to the alive features on export (:func:`channel_axis`); see docs/transformers.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,9 @@
-"""Bring your own conv net: turn an ordinary ``nn.Module`` into a supernet-ready one.
-
-:func:`to_supernet` takes a network made of ``nn.Conv2d`` (grouped and depthwise too),
-``nn.BatchNorm2d``, ``nn.GroupNorm`` and ``nn.Linear`` layers (plus parameter-free modules
-and functions: activations, pooling, additions, products, flatten) and returns a copy in which
-
-* every conv / linear layer is a masked layer (:class:`MaskedConv2d` / :class:`MaskedLinear`)
-  holding the original weights, with the unit groups of its input and output channels set;
-* every BatchNorm / GroupNorm is a task-specific :class:`TaskBatchNorm2d` /
-  :class:`TaskGroupNorm` of its group;
-* the output layers (the classifier, see :mod:`espn.models.heads`) are per-task
-  :class:`TaskHead` / :class:`TaskConvHead` (or shared masked layers plus a per-task bias when
-  ``multi_head`` is False);
-* ``nn.Conv1d``, ``nn.BatchNorm1d`` and ``nn.Embedding`` likewise (every layer type has one
-  adapter in :mod:`espn.layers`, which says what it becomes, costs and exports to);
-* feature maps concatenated along channels (``torch.cat``) keep their own unit groups: a
-  layer reading them names their concatenation (``Supernet.concats``), and a BatchNorm over
-  them becomes a :class:`~espn.layers.batchnorm2d.SplitNorm` of one task BatchNorm per map;
-* bare per-feature parameters of a module of the user's own (a hand-written ViT's class token
-  and position embeddings added to a token stream, a layer scale multiplying a conv's
-  channels) become per-task state (:class:`~espn.layers.parameters.TaskParameters`);
-* transformer layers (``nn.LayerNorm``, ``nn.MultiheadAttention``,
-  ``nn.TransformerEncoder(Layer)``, linear layers on token tensors) and self-attention
-  written by hand (q, k and v cut from one projection: timm's and research code's ViTs) are
-  converted as :mod:`espn.models.convert_tokens` describes (attention heads become units).
-
-The unit groups are found by Torch-Pruning's ``DependencyGraph`` (see
-:mod:`espn.models.coupling`). A layer whose output only scales features (the excitation of a
-squeeze-excitation block) keeps its bias per task (:class:`TaskChannelBias`) and needs no
-gate: a dead channel multiplies a zero feature. A layer whose output channels cannot be silenced exactly by a BatchNorm of its
-group (a bias without a BatchNorm right after it, or a group without any norm) gets a
-:class:`UnitGate` right after it, so that a pruned channel is exactly zero.
-
-The model's ``forward`` is kept, so it must call its submodules (not shared functional weights)
-and run on the example input as on any other (Torch-Pruning reads its graph by running it),
-which is checked here, before any training (see ``docs/architectures.md`` for what is
-refused); so are its FLOPs and a task's slim copy (:mod:`espn.models.convert_checks`). To use such a model from
-``espn run --model NAME``, register a factory in :data:`espn.models.MODELS` (see
-:func:`register_converted`) or expose one through the ``espn.models`` entry-point group.
+"""Bring your own conv net: :func:`to_supernet` turns an ordinary ``nn.Module`` into a
+supernet-ready copy. Every layer becomes what its adapter in :mod:`espn.layers` says (masked
+layers holding the original weights, task norms, per-task heads, gates, per-task parameters);
+unit groups come from Torch-Pruning's ``DependencyGraph`` (:mod:`espn.models.coupling`);
+transformer layers as :mod:`espn.models.convert_tokens` says. What is converted, what is
+refused and how units are formed: ``docs/architectures.md``.
 """
 
 from __future__ import annotations
@@ -49,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError, Placement, adapter_for, source_names
+from espn.layers.base import call_hooked
 from espn.layers.layernorm import channel_layer_norm
 from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
@@ -129,12 +97,8 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
         return hook
 
     hooks = [m.register_forward_pre_hook(count(n)) for n, m in modules.items()]
-    try:
-        with torch.enable_grad():
-            out = model(example_input)
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.enable_grad():
+        out = call_hooked(model, hooks, example_input)
     _refuse_functional([n for n, k in calls.items() if k == 0], modules, out)
     again = [f"{n!r} ({k} times)" for n, k in calls.items() if k > 1]
     if again:
@@ -220,12 +184,8 @@ def _plain_layers(model: nn.Module, example: Tensor) -> None:
         return hook
 
     hooks = [m.register_forward_hook(compare(n)) for n, m in subclassed.items()]
-    try:
-        with torch.no_grad():
-            model(example)
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.no_grad():
+        call_hooked(model, hooks, example)
     if differs:
         m = subclassed[differs[0]]
         torch_name = f"nn.{_torch_class(m).__name__}"

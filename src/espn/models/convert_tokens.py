@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from espn.errors import EspnError
 from espn.layers.attention import SelfAttention
+from espn.layers.base import call_hooked
 
 
 class TokenConvertError(EspnError, ValueError):
@@ -47,11 +48,7 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
     hooks = [
         model.get_submodule(n).register_forward_pre_hook(record(n), with_kwargs=True) for n in pairs
     ]
-    try:
-        model(example_input)
-    finally:
-        for h in hooks:
-            h.remove()
+    call_hooked(model, hooks, example_input)
     for name, shape in shapes.items():
         a, b = pairs[name]
         attention = _attention_of(model.get_submodule(name), linears[a], linears[b], shape)
@@ -129,12 +126,8 @@ def token_outputs(model: nn.Module, example_input: Tensor, names: list[str]) -> 
                 found.add(name)
 
         hooks.append(model.get_submodule(name).register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(example_input)
-    finally:
-        for h in hooks:
-            h.remove()
+    with torch.no_grad():
+        call_hooked(model, hooks, example_input)
     return found
 
 

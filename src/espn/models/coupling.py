@@ -1,16 +1,7 @@
-"""How the converter couples channels: which channels of which layers are pruned together.
-
-Torch-Pruning's ``DependencyGraph`` (built by running the model) groups the channels that
-must be pruned together: the two sides of every residual add, a conv and its BatchNorm, the
-consumers of a tensor, a depthwise conv and the channels it convolves, a squeeze-excitation
-scale and the features it multiplies. :func:`couple` turns its groups into espn's unit groups
-(:class:`Group`). A grouped convolution joins the group of its input channels and the group
-of its output channels into one, whose unit is a whole conv group (group ``k``'s inputs and
-outputs live or die together), and a GroupNorm makes its group's unit a whole number of its
-groups: each layer's side then spans ``channels / units`` consecutive channels per unit
-(``*_unit_size``), the units of a group being the greatest common divisor of its widths,
-conv groups and GroupNorm groups. A linear layer reading a flattened feature map reads
-``H*W`` inputs per channel of its group (``in_unit_size``).
+"""How the converter couples channels: Torch-Pruning's ``DependencyGraph`` groups the channels
+pruned together, and :func:`couple` turns its groups into espn's unit groups (:class:`Group`),
+joining a grouped conv's two sides and sizing units by conv groups and GroupNorm groups; see
+docs/architectures.md, "How units are formed".
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError, LayerAdapter, adapter_for
+from espn.layers.base import call_hooked
 
 
 class Part(Protocol):
@@ -68,11 +69,7 @@ def _probe(
     hooks = [m.register_forward_hook(hold) for m in others]
     hooks.append(source.register_forward_hook(raise_features))
     hooks += [m.register_forward_pre_hook(capture(n)) for n, m in readers.items()]
-    try:
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    call_hooked(model, hooks, x)
     return {name: inp[1:] != inp[:1] for name, inp in seen.items()}
 
 
