@@ -226,18 +226,22 @@ def test_slim_copy_holds_alive_units_only():
     strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.3, epochs=(1, 1, 1)))
     engine = Engine(sn, strategy, OPTIMIZERS[0], 16, seed=0)
     widths: list[tuple[dict[str, int], dict[str, tuple[int, ...]]]] = []
+    ones: list[bool] = []
     real = slim_module.SlimPhase.__init__
 
     def record(self, *args, **kwargs):
         real(self, *args, **kwargs)
         shapes = {n: tuple(m.weight.shape) for n, m in self.net.layers.items()}
         widths.append((sn.alive_counts(), shapes))
+        # a copy's weight is zero outside its mask: its layers use it as an all-ones mask
+        ones.append(all(m.mask_is_ones() for m in self.net.layers.values()))
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(slim_module.SlimPhase, "__init__", record)
         engine.train_task(seq.tasks[0], 0)
     assert sn.alive_counts() == widths[-1][0], "the fine-tuning copy has the final units"
     assert len(widths) == 4, "three prune-phase copies (events at steps 0, 1, 2) and one"
+    assert all(ones), "every copy's layers skip the mask product"
     assert len({tuple(alive.values()) for alive, _ in widths[:3]}) == 3, "each one narrower"
     for alive, shapes in widths:
         for name, shape in shapes.items():

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.supernet.fast import MaskCaches, UnitCaches, is_on
-from espn.supernet.fast import stamp as stamp
 
 
 class MaskedLayer(MaskCaches, nn.Module):

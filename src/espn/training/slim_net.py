@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from espn.errors import EspnError
 from espn.layers.batchnorm1d import TaskBatchNorm1d
+from espn.supernet.fast import caches, stamp
 from espn.supernet.layers import (
     MaskedConv2d,
     MaskedLayer,
@@ -39,7 +40,6 @@ from espn.supernet.layers import (
     UnitGate,
     UnitModule,
     expand_units,
-    stamp,
     with_unions,
 )
 from espn.supernet.supernet import Supernet
@@ -343,7 +343,7 @@ class SlimNet(nn.Module):
             m.out_features, m.in_features = m.weight.shape[0], m.weight.shape[1]
         # the weight is zero outside its mask and the guard keeps it so: the forward can use
         # it as it is, which MaskedLayer records as it records an all-ones mask
-        m._ones = stamp(m.weight_mask)
+        caches(m)["_ones"] = stamp(m.weight_mask)
         self.layers[name] = m
 
     def _slice_units(self, name: str, m: UnitModule, kept: dict[str, Tensor]) -> None:
