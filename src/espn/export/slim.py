@@ -1,9 +1,6 @@
-"""A task's sub-network as a plain PyTorch model, cut by swapping modules: :func:`slim_copy`
-(each espn module replaced by its adapter's slim module, gates and task biases folded, a
-residual stream pruned per conv re-indexed by :class:`Pick` / :class:`Place`),
-:func:`plain_copy` (the same swap at full width) and :func:`fold_batchnorm`; see
-docs/architectures.md, "One adapter per layer type".
-"""
+"""A task's sub-network as a plain PyTorch model, cut by swapping modules (:func:`slim_copy`,
+:func:`plain_copy`, :func:`fold_batchnorm`); see docs/architectures.md, "One adapter per
+layer type"."""
 
 from __future__ import annotations
 

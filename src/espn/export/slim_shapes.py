@@ -1,8 +1,5 @@
 """Widths written into ``forward`` (a ``view``/``reshape`` with ``self.hidden_dim``), refitted
-to a slim copy (docs/architectures.md): a full-width copy is run once recording every reshape's
-input shape; in the slim copy's reshapes a number equal to a narrowed dimension's full width
-becomes its slim width. The batch (and a number equal to it) is never a width, and a number
-meaning two dimensions of different slim widths is left as it is."""
+to a slim copy from a full-width run's recorded shapes; see docs/architectures.md."""
 
 from __future__ import annotations
 

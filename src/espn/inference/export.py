@@ -1,12 +1,6 @@
-"""One standalone model that predicts without the task: every task's slim sub-network, the
-statistics the rule reads, and the rule itself, exported with ``torch.export`` (and ONNX).
-
-The model takes a batch of inputs and returns ``(classes, tasks)``: per sample, the class
-its inferred task's sub-network predicts and that task. It computes the same scores as
-:func:`espn.inference.infer` (the rule's :meth:`~espn.inference.rule.OutputRule.combine` on
-the same raw scores) from the slim sub-networks that ``espn export --task`` writes, and is
-checked against :func:`~espn.inference.infer` before it is reported written.
-"""
+"""One standalone model that predicts without the task (``(classes, tasks)`` per batch): every
+task's slim sub-network, the rule's statistics and the rule, checked against
+:func:`espn.inference.infer` before it is reported written (docs/task-agnostic.md)."""
 
 from __future__ import annotations
 

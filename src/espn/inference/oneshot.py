@@ -1,8 +1,5 @@
-"""Rule ``supsup-oneshot``: SupSup's one-shot task inference (Wortsman et al. 2020, "GN"):
-all tasks' sub-networks superposed with coefficients ``1/T``, the task whose coefficient's
-entropy gradient is most negative picked; only for tasks that differ in weight masks and
-heads alone (docs/task-agnostic.md, "The rules").
-"""
+"""Rule ``supsup-oneshot``: SupSup's one-shot task inference (Wortsman et al. 2020, "GN");
+see docs/task-agnostic.md, "The rules"."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Every task's sub-network run on one batch: its logits and its penultimate features.
-
-The *head* is the last costed layer (masked linear or task head) a forward pass runs; its input
-is the sub-network's penultimate representation. Only the features of the head's alive input
-units are kept (a pruned unit's feature is exactly zero), so the features of task ``t`` are
-the inputs of its slim exported head, in the same order.
-"""
+"""Every task's sub-network run on one batch: its logits and the features of its head's alive
+input units (the inputs of its slim exported head, in the same order)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Training that prepares a task for prediction without the task id (``task_agnostic``):
-outlier exposure from the task's own inputs shifted (:func:`espn.training.rejection.not_mine`),
-a density of its inputs (rule ``input-subspace``, :mod:`espn.inference.subspace`) fitted at
-commit, and scores calibrated on every :data:`HELD_OUT_EVERY`-th training sample, held out.
-No output, weight or unit is added: FLOPs and budgets are those of the option off
-(docs/task-agnostic.md, "Preparing the tasks").
-"""
+"""Training that prepares a task for prediction without the task id (``task_agnostic``); see
+docs/task-agnostic.md, "Preparing the tasks"."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The interface of a task-inference rule and the registry of rules by name.
-
-A rule gives every sample a score per task (lower: more likely that task). Most rules are
-:class:`OutputRule` (those of this module): a pure tensor function of each task's raw scores (see
-:data:`espn.inference.statistics.SCORES`: from the sub-networks' outputs on the sample, or
-from the sample under each task's input statistics) and of the calibration each task stored,
-so that the same function runs in the learner and inside an exported task-agnostic model.
-"""
+"""The interface of a task-inference rule and the registry of rules by name; see
+docs/task-agnostic.md, "Adding a rule"."""
 
 from __future__ import annotations
 
@@ -180,14 +174,8 @@ class Entropy(OutputRule):
 
 @RULES.register("input-gaussian")
 class InputGaussian(OutputRule):
-    """The highest likelihood of the input under the task's stored class Gaussians.
-
-    Each task stores, when it is committed, a diagonal Gaussian per class of its own inputs
-    (class means and a pooled variance, see :mod:`espn.inference.statistics`); a sample goes
-    to the task whose equal mixture of class Gaussians gives it the highest likelihood (Bayes
-    with equal task priors). No sub-network runs to infer the task, only the chosen one to
-    classify: rotated and permuted tasks differ most in their inputs, which this reads.
-    """
+    """The highest likelihood of the input under the task's stored class Gaussians (equal
+    mixture, equal task priors); only the chosen sub-network runs (docs/task-agnostic.md)."""
 
     name = "input-gaussian"
     summary = (

@@ -1,24 +1,5 @@
-"""What each task stores for task-agnostic prediction, computed when it is committed.
-
-From one pass of the task's sub-network over its own training data (no data is kept):
-
-* ``class_means`` (C, k): the mean alive penultimate feature of each class;
-* ``variance`` (k,): the pooled within-class variance of each feature (a diagonal covariance
-  shared by the classes), floored at :data:`VARIANCE_FLOOR` x its mean so that a feature
-  constant on the training data does not dominate;
-* ``input_means`` (C, D) and ``input_variance`` (D,): the same of the model input itself
-  (flattened): a diagonal Gaussian per class of the task's inputs;
-* ``calibration`` (4, 2): mean and standard deviation over the training data (with the
-  ``task_agnostic`` option: over a held-out tenth of it, see :mod:`espn.inference.routing`)
-  of the task's raw scores (:data:`SCORES`), so that scores of different sub-networks can be
-  compared.
-
-``k`` is the number of alive inputs of the task's head (about 200-450 for FC1024 at gamma
-0.2, 1024 for a dense FC1024) and ``D`` the input size (784 for 28x28 images), so a task
-stores ``4 (C + 1) (k + D) + 32`` bytes: 52 KiB for 10 classes, 400 features and 784 inputs.
-Everything is float32, computed in float64 on the CPU from the sub-network's outputs, hence
-the same on every resume.
-"""
+"""What each task stores for task-agnostic prediction, computed when it is committed from one
+pass of its sub-network over its own training data (docs/task-agnostic.md, "The rules")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Checking the statistics a run directory stores for task-agnostic prediction.
-
-A task file's ``stats.*`` tensors (see :mod:`espn.inference.statistics`) are data read from
-disk: a damaged or crafted file whose manifest hashes were made to match would otherwise be
-used as stored (NaN scores pick a task at random, a misshapen one fails deep inside a rule).
-:func:`check_statistics` refuses them when the run is read, naming the task and the statistic.
-"""
+"""Checking the statistics a run directory stores for task-agnostic prediction when the run is
+read (docs/reliability.md, "Task statistics are checked when a run is read")."""
 
 from __future__ import annotations
 

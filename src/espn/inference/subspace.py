@@ -1,9 +1,5 @@
-"""Rule ``input-subspace``: the task whose mixture of principal-subspace Gaussians of the
-input's :func:`edges` gives the sample the highest likelihood (only the chosen sub-network
-runs). Fitted when a task is committed with ``task_agnostic``: a few k-means components per
-class (a class of sandals holds flat and strappy ones), each a probabilistic PCA (Tipping &
-Bishop) with :data:`K` directions, weighted by its share of the task's samples; edges, as
-outlines tell a T-shirt from a pullover better than brightness does."""
+"""Rule ``input-subspace``: per task a mixture of probabilistic-PCA Gaussians of the input's
+:func:`edges`, fitted at commit with ``task_agnostic`` (docs/task-agnostic.md, "The rules")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""One adapter per layer type: what a layer type means to espn (conversion, units, FLOPs,
-export) in one file each, registered by type (see :mod:`espn.layers.base`).
-
-Importing this package registers every adapter below; a new layer type is one more file
-here and one more import line.
-"""
+"""One adapter per layer type, one file each; importing this package registers them all
+(docs/architectures.md, "One adapter per layer type")."""
 
 from espn.layers import (
     attention,

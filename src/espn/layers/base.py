@@ -1,9 +1,5 @@
-"""What a layer type means to espn, in one class: :class:`LayerAdapter`, which answers every
-question the converter, the FLOP count and the exporter ask of one plain torch layer type
-(``source``) and the espn modules it becomes (``exports``). Adapters are registered by type
-(:func:`register`) and found by the nearest registered class (:func:`adapter_for`,
-:func:`exported_adapter`); see docs/architectures.md, "One adapter per layer type".
-"""
+""":class:`LayerAdapter`: what one plain torch layer type means to espn, registered by type
+(:func:`register`); see docs/architectures.md, "One adapter per layer type"."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``nn.BatchNorm2d``: a task BatchNorm (per-task affine parameters and running statistics,
-gamma the channel saliency) that absorbs the bias of the layer before it and folds into the
-convolution before it on export. :class:`BatchNormAdapter` holds what every BatchNorm shares
-(``batchnorm1d`` uses it); a BatchNorm over concatenated feature maps (DenseNet's) becomes a
-:class:`SplitNorm` of one task BatchNorm per member."""
+"""``nn.BatchNorm2d``: a task BatchNorm (:class:`BatchNormAdapter`, shared with ``batchnorm1d``);
+over concatenated maps a :class:`SplitNorm`. See docs/architectures.md, "Layers"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""``nn.Embedding`` (token models): a masked lookup table whose output features are units.
-
-The table is held as the weight of a linear layer on one-hot inputs, ``(features, vocabulary)``,
-so that its output features are the weight's rows as for every other masked layer (masks,
-frozen weights, budgets unchanged); the vocabulary is never pruned. A lookup multiplies
-nothing: it costs no FLOPs, as FlopCounterMode counts it. The slim model is an
-``nn.Embedding`` of the alive features; a gate after it (its features have no norm) folds
-into the table, so a task shift (``task_affine``), which a table has no bias for, is refused.
-"""
+"""``nn.Embedding`` (token models): a masked lookup table whose output features are units; see
+docs/architectures.md, "Layers"."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Bare per-feature parameters of a model (a hand-written ViT's class token and position
-embedding, a layer scale): kept where ``forward`` reads them and held per task by one
-:class:`TaskParameters` module, zeroed with their dead units (:meth:`TaskParameters.zero_dead`)
-and cut to the alive features on export (:func:`channel_axis`); see docs/transformers.md.
-"""
+"""Bare per-feature parameters of a model (a hand-written ViT's class token, a layer scale),
+held per task by one :class:`TaskParameters` module; see docs/transformers.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Bring your own conv net: :func:`to_supernet` turns an ordinary ``nn.Module`` into a
-supernet-ready copy. Every layer becomes what its adapter in :mod:`espn.layers` says (masked
-layers holding the original weights, task norms, per-task heads, gates, per-task parameters);
-unit groups come from Torch-Pruning's ``DependencyGraph`` (:mod:`espn.models.coupling`);
-transformer layers as :mod:`espn.models.convert_tokens` says. What is converted, what is
-refused and how units are formed: ``docs/architectures.md``.
-"""
+supernet-ready copy, each layer as its adapter in :mod:`espn.layers` says. What is converted,
+what is refused and how units are formed: docs/architectures.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""How the converter couples channels: Torch-Pruning's ``DependencyGraph`` groups the channels
-pruned together, and :func:`couple` turns its groups into espn's unit groups (:class:`Group`),
-joining a grouped conv's two sides and sizing units by conv groups and GroupNorm groups; see
-docs/architectures.md, "How units are formed".
-"""
+"""How the converter couples channels: Torch-Pruning's ``DependencyGraph`` groups turned into
+espn's unit groups (:class:`Group`); see docs/architectures.md, "How units are formed"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Residual supernets: the reduced ResNet18 of GEM, a CIFAR ResNet18 and torchvision's ResNet50.
 
-Module names follow torchvision (``conv1``, ``bn1``, ``layerK.B.conv1``,
-``layerK.B.downsample.0/1``, ``fc``), so that a torchvision state dict loads with
-``strict=False``. How the producers of a residual stream form unit groups (``streams``,
-:data:`STREAM_PRUNING`: ``"per-conv"`` or ``"coupled"``) is described in docs/models.md;
-with ``"per-conv"`` the stream after block ``layerK.B`` is the union ``layerK.B.out`` of the
-groups that wrote into it (:attr:`ResNet.unit_unions`).
-"""
+Module names follow torchvision, so that a torchvision state dict loads with ``strict=False``;
+how the convs writing a residual stream form unit groups (:data:`STREAM_PRUNING`,
+:attr:`ResNet.unit_unions`) is described in docs/models.md."""
 
 from __future__ import annotations
 

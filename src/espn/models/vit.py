@@ -1,10 +1,5 @@
-"""A small Vision Transformer supernet for 28- and 32-pixel images (patch size 4).
-
-Unit groups (docs/transformers.md): ``stream`` (the embedding dimension, the residual stream
-every block reads and writes), ``blocks.I.heads`` (block I's attention heads) and
-``blocks.I.mlp`` (block I's MLP neurons). Every task owns its LayerNorms, its class token and
-position embeddings, and its head.
-"""
+"""A small Vision Transformer supernet for 28- and 32-pixel images (patch size 4); its unit
+groups and what each task owns: docs/transformers.md."""
 
 from __future__ import annotations
 
