@@ -1,8 +1,6 @@
-"""Image batch transforms that run on the data's device, vectorised over the batch: uint8
-images augmented (crop, flip) while still uint8, then normalised per channel. Random draws
-come from ``generator``, else from torch's default generator of the batch's device, which
-espn seeds per run and saves in checkpoints (a resumed run draws the same crops).
-"""
+"""Image batch transforms on the data's device, vectorised over the batch: uint8 crop and flip,
+then per-channel normalisation (docs/benchmarks.md). Draws come from ``generator``, else the
+device's default generator, which checkpoints save (a resumed run draws the same crops)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Class-split image benchmarks: SplitCIFAR100, SplitCIFAR10, CIFAR10 and SplitFashionMNIST
-(docs/benchmarks.md): the images of a dataset held once on the device, each task the indices
-of its classes' samples, relabelled ``0..k-1``.
-"""
+"""Class-split image benchmarks (SplitCIFAR100, SplitCIFAR10, CIFAR10, SplitFashionMNIST; see
+docs/benchmarks.md): images held once on the device, each task its classes' indices."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``image-folders``: one task per ImageFolder directory (``--folders``), its images decoded
-once onto the device or, when they do not fit, batch by batch by DataLoader workers
-(docs/benchmarks.md).
-"""
+"""``image-folders``: one task per ImageFolder directory (``--folders``), decoded once onto the
+device or batch by batch when it does not fit (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

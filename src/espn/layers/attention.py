@@ -1,7 +1,5 @@
-"""``nn.MultiheadAttention`` (self-attention): a masked self-attention whose heads are the
-units of their own group, reading and writing the features of its stream group. Its
-projections are masked linear layers (exported by the linear adapter); it adds the FLOPs of
-``QK^T`` and ``AV`` per alive head (:class:`~espn.supernet.flops.AttentionCost`)."""
+"""``nn.MultiheadAttention`` (self-attention): a masked self-attention whose heads are the units
+of their own group (docs/architectures.md, "Layers"; docs/transformers.md)."""
 
 from __future__ import annotations
 

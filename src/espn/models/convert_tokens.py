@@ -1,7 +1,5 @@
-"""Converting transformer models (docs/transformers.md): attention written by hand replaced by
-:class:`~espn.layers.attention.SelfAttention` (:func:`replace_attention`), linear layers on
-token tensors found, and a residual stream that does not start at a layer refused
-(:func:`check_stream_sources`)."""
+"""Converting transformer models (docs/transformers.md): hand-written attention replaced
+(:func:`replace_attention`), token linear layers found, bad stream sources refused."""
 
 from __future__ import annotations
 

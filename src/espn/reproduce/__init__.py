@@ -1,9 +1,5 @@
-"""``espn reproduce``: every table and figure of the paper from one command (docs/reproduce.md).
-
-A target (``TARGETS``) is a list of sweep points at a scale and a way to aggregate their runs;
-:func:`run_target` runs the points and writes ``OUT/TARGET.csv``, ``.md`` and ``.png``;
-:func:`report` rebuilds them from the run directories alone.
-"""
+"""``espn reproduce``: every table and figure of the paper from one command, a target's points
+run by :func:`run_target` and its outputs rebuilt by :func:`report` (docs/reproduce.md)."""
 
 from espn.reproduce import continual, pruners, representation, task_order  # noqa: F401  (register targets)
 from espn.reproduce.paper import paper_numbers

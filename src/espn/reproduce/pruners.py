@@ -1,7 +1,5 @@
-"""The appendix's Fig. 5: the pruner comparison (5a/5b: accuracy and fraction of units kept
-against the FLOPs budget gamma for FLOP-aware, l1 and polarization pruning, one task, no
-continual learning: every point an Individual-gamma run of the benchmark's first task, one set
-per seed) and the weight allocation study (5c: task-averaged ESPN accuracy over alpha x gamma)."""
+"""The appendix's Fig. 5: the pruner comparison (5a/5b, one task, no continual learning) and the
+weight allocation study (5c: ESPN accuracy over alpha x gamma); see docs/reproduce.md."""
 
 from __future__ import annotations
 

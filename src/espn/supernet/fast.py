@@ -1,9 +1,6 @@
-"""The fast path of a training step, behind one switch (:func:`enabled`, on by default): the
-same values as the reference step (``MaskedLayer.masked_weight``, autograd, torch's RMSprop)
-with fewer passes over the weights, off inside ``torch.compile`` (docs/performance.md, "The
-reference step and the fast path"; checked by ``tests/test_fast_path.py``). What a layer
-knows of its tensors is cached under their identity and version counter (:func:`stamp`).
-"""
+"""The fast path of a training step, behind one switch (:func:`enabled`): the reference step's
+values with fewer passes over the weights (docs/performance.md, "The reference step and the
+fast path"). A layer's knowledge of its tensors is cached under their version (:func:`stamp`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The planted shallow-network model ``y = sigma(v_t^T psi(W* x)) + Z`` of the paper's
-"Application to Shallow Networks" (docs/theory.md): ``W*`` with orthonormal rows, heads of
-one norm, inputs of radius ``sqrt(d)``, ``Z`` uniform on ``[-noise, noise]``, so the noise
-floor ``E[Z^2]`` is known and excess risks are measured exactly on clean labels."""
+"Application to Shallow Networks" (docs/theory.md), with a known noise floor ``E[Z^2]``."""
 
 from __future__ import annotations
 

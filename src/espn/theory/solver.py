@@ -1,7 +1,5 @@
-"""The CRL solver of the shallow-network model, jointly over T tasks or task by task: the
-free rows ``W_new`` and one head per task on top of a frozen ``W_frz`` (none: from scratch),
-by full-batch L-BFGS in float64 with the norm bounds as an exterior penalty that is zero on
-the feasible set (docs/theory.md). Every random draw is seeded, so a solve is deterministic."""
+"""The CRL solver of the shallow-network model, jointly over T tasks or task by task, by
+full-batch L-BFGS in float64 (docs/theory.md); every draw is seeded, so a solve is deterministic."""
 
 from __future__ import annotations
 

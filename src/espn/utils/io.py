@@ -1,8 +1,5 @@
-"""Atomic file writes (write to a temporary file beside the target, then rename) and CSV files.
-
-Every file espn writes goes through :func:`atomic_target`, so a crash or a full disk never
-leaves a half-written result, checkpoint, figure or export behind.
-"""
+"""Atomic file writes (every file espn writes goes through :func:`atomic_target`: a crash never
+leaves a half-written file) and CSV files."""
 
 from __future__ import annotations
 
