@@ -357,12 +357,8 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor | None = None
 def fold_batchnorm(model: nn.Module, example: Tensor) -> nn.Module:
     """Fold every eval-mode BatchNorm that reads the output of a layer it folds into (a conv
     of its dimension; a linear layer for ``BatchNorm1d``), called once and read by it alone,
-    into that layer's weight and bias, in place; returns ``model``.
-
-    A deployment step: one op less per layer (and no FLOPs more, FlopCounterMode does not count
-    a bias). The folded weights are computed in float64 and rounded once; the folded model
-    still computes in float32, so outputs change by float32 rounding (the export check
-    measures it, see :func:`espn.export.export.export_task`)."""
+    into that layer's weight and bias, in place; returns ``model``. Computed in float64 and
+    rounded once (outputs change by float32 rounding: docs/checkpoints.md)."""
 
     def norm(m: nn.Module) -> bool:
         adapter = adapter_for(m)

@@ -145,13 +145,9 @@ def task_outputs(
 
 
 def batched_states(supernet: Supernet, tasks: Sequence[int]) -> dict[str, Tensor] | None:
-    """Every parameter and buffer of the model as each task in ``tasks`` loads it, stacked
-    along a new first axis (task), for one pass of all sub-networks at once; None where a
-    tensor's shape differs between tasks (heads of different class counts), there are fewer
-    than two tasks, the stack would take more than :data:`BATCHED_BYTES`, or the network has
-    convolutions or attention (batched, they equal the per-task passes only to float
-    rounding, which could move a tie; batched fully-connected layers equal them bit for
-    bit)."""
+    """Every parameter and buffer of the model as each task in ``tasks`` loads it, stacked along a
+    new first axis (task), for one pass of all sub-networks at once; None where that is not exact
+    or not possible (docs/task-agnostic.md, "The rules": which networks run batched)."""
     model = supernet.model
     size = sum(v.numel() * v.element_size() for v in chain(model.parameters(), model.buffers()))
     linear = all(isinstance(layer, MaskedLinear) for layer in supernet.layers.values())

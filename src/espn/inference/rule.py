@@ -120,10 +120,7 @@ def standardised(raw: Tensor, calibration: Tensor, column: int) -> Tensor:
 
 def atypical(raw: Tensor, calibration: Tensor, column: int) -> Tensor:
     """How far raw score ``column`` lies from the task's typical value, in its deviations, in
-    either direction. For a score of the outputs (entropy, energy) a sample scoring *beyond*
-    the task's own data (more confident than the task ever is) is not more likely that
-    task's: a sub-network that is nearly constant (small deviation) or overconfident on
-    other inputs would otherwise win every sample, picking the right task below chance."""
+    either direction (why: docs/task-agnostic.md, "The rules")."""
     return standardised(raw, calibration, column).abs()
 
 

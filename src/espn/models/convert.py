@@ -137,14 +137,9 @@ def _same(a: object, b: object) -> bool:
 
 
 def _plain_layers(model: nn.Module, example: Tensor) -> None:
-    """Make every layer whose class replaces its torch class's ``forward`` compute as its
-    torch class, or refuse it: espn converts a layer as its torch class. A layer computing
-    the same on the example input is kept; one that is its torch class followed by its own
-    children (timm's ``BatchNormAct2d``: a BatchNorm, then its ``drop`` and ``act``) becomes
-    an ``nn.Sequential`` of the torch layer and those children, in place, and so does a
-    LayerNorm over the channels of an NCHW map (``LayerNorm2d``, see
-    :func:`~espn.layers.layernorm.channel_layer_norm`); any other (timm's ``Conv2dSame``
-    padding by the input's size) is refused."""
+    """Make every layer whose class replaces its torch class's ``forward`` compute as its torch
+    class, in place (timm's ``BatchNormAct2d`` as an ``nn.Sequential`` of it and its children,
+    ``LayerNorm2d`` by :func:`~espn.layers.layernorm.channel_layer_norm`), or refuse it."""
     subclassed = {
         n: m
         for n, m in model.named_modules()

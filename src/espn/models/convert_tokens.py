@@ -19,15 +19,9 @@ class TokenConvertError(EspnError, ValueError):
 
 @torch.no_grad()
 def replace_attention(model: nn.Module, example_input: Tensor) -> None:
-    """Put a :class:`SelfAttention` in place of every module of the user's own whose only
-    parameters are two linear layers of its own, ``qkv`` (``D`` to ``3K`` features) and
-    ``proj`` (``K`` to ``D``), and which computes multi-head self-attention with them: q, k
-    and v cut from ``qkv``'s output, each into heads of ``K / H`` features (as
-    ``reshape(B, N, 3, H, K / H)`` or ``chunk(3, -1)`` cut them, or head by head),
-    ``softmax(q k^T / sqrt(K / H)) v`` per head, then ``proj``. Found by running it: the
-    module, called on random tokens of the shape ``forward`` gives it, must give what that
-    computes for one head count ``H`` (within float error); any other computation (q or k
-    normalised, another scale, a mask) is refused in one line."""
+    """Put a :class:`SelfAttention` in place of every module of the user's own that computes
+    multi-head self-attention with two linear layers of its own, ``qkv`` and ``proj``, found by
+    running it; any other computation is refused in one line (docs/architectures.md, "Layers")."""
     linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
     pairs = _qkv_pairs(model, linears)
     if not pairs:
