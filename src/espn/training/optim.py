@@ -124,16 +124,9 @@ def cosine_factor(step: int, total: int) -> float:
 
 
 class FrozenGuard:
-    """Makes sure no optimizer moves a frozen weight, whatever its momentum or weight decay.
-
-    Gradients of frozen weights are zeroed before every step, so optimizer state never
-    accumulates for them: from a fresh optimizer, SGD (with or without momentum), Adam and
-    RMSprop then leave them exactly where they are. Weight decay acts even on zero gradients,
-    so with ``restore`` (the engine sets it when an optimizer decays) the frozen entries are
-    also put back to their values when the task began after the step. Both work on the
-    weights' bits through an integer view (an AND with ``keep``, all ones on a free weight,
-    then an OR with the snapshot's frozen bits): exact for every value, NaN and inf included
-    (why not a boolean ``where``: docs/changelog.md).
+    """Makes sure no optimizer moves a frozen weight, whatever its momentum or weight decay:
+    zeroes their gradients before every step and, with ``restore`` (set when an optimizer
+    decays), puts them back bit for bit after it (docs/algorithm.md, "Zero forgetting, exactly").
     """
 
     def __init__(self, supernet: Supernet, restore: bool = True) -> None:

@@ -1,19 +1,7 @@
-"""The slim copy of a supernet's working sub-network (:class:`SlimNet`): the model with
-the task's dead units removed, its tensors cut from the supernet's (:class:`Cut`), which
-:mod:`espn.training.slim_step` trains and writes back.
-
-Inside the copy, a weight that the task may not change (owned by an earlier task, or outside
-the task's weight mask) is guarded as the supernet guards its frozen weights
-(:class:`espn.training.optim.FrozenGuard`): its gradient is zeroed, its optimizer state starts
-at zero and, when an optimizer decays, it is put back after every step. The weights outside the
-mask are zero in the copy and stay zero, so its layers skip the mask product.
-
-A residual stream pruned per conv (a union of unit groups, see ``espn.models.resnet``):
-each writing layer and its gate/BatchNorm keep their own alive units, which a forward hook
-puts at their places in the stream (zeros elsewhere, as the supernet's writer outputs there);
-the stream and the layers reading it keep the units alive in any group joined to it through
-unions (an identity shortcut carries earlier writers' units along), so that every addition
-adds tensors of one width.
+"""The slim copy of a supernet's working sub-network (:class:`SlimNet`): the model with the
+task's dead units removed, its tensors cut from the supernet's (:class:`Cut`), which
+:mod:`espn.training.slim_step` trains and writes back. Guarded weights and residual streams
+pruned per conv: docs/performance.md, "Training and evaluating at the sub-network's cost".
 """
 
 from __future__ import annotations
