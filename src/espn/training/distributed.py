@@ -1,11 +1,6 @@
-"""One run trained data-parallel over the processes ``torchrun`` starts (docs/distributed.md).
-
-Every rank holds the whole run and draws the same global batch; a step computes it in
-``shards`` slices (:func:`sharded_step`) whose gradients are summed in slice order, so no sum
-depends on the world size; :meth:`Ranks.check_same` stops the run where the ranks' supernets
-differ; task BatchNorm statistics are recalibrated over the ranks' batches in batch order
-(:func:`recalibrate`, over the task's final sub-network: the momentum-averaged statistics lag
-behind weights that moved fast, see docs/fidelity.md). Only rank 0 writes the run directory.
+"""One run trained data-parallel over the processes ``torchrun`` starts: the same steps at any
+world size (:func:`sharded_step`, :func:`recalibrate`, :meth:`Ranks.check_same`); only rank 0
+writes the run directory. How and why: docs/distributed.md.
 """
 
 from __future__ import annotations
