@@ -1,8 +1,5 @@
-"""The on-disk format of a run's checkpoint (``<run>/checkpoint``: ``manifest.json``, one
-``task-NNNN.safetensors`` per committed task, the current ``state-GGGGGG.safetensors``):
-file names, version and integrity checks. docs/checkpoints.md describes the layout; every
-file is written to a temporary name and renamed, the manifest last, and only safetensors and
-JSON are read.
+"""The on-disk format of a run's checkpoint (``<run>/checkpoint``): file names, version and
+integrity checks; the layout and the atomic writes: docs/checkpoints.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Sparsity regularisers on unit saliencies (gates or BatchNorm gamma).
-
-Every penalty is averaged over the alive saliencies (one per unit and gate/BatchNorm), as in
-the authors' code, so that one strength (default 1) means the same pull on a small FC net
-and on a ResNet, and the three pruners are compared at the same strength.
+"""Sparsity regularisers on unit saliencies (gates or BatchNorm gamma), each averaged over
+the alive saliencies as in the authors' code (docs/fidelity.md, the penalty weights' row).
 """
 
 from __future__ import annotations

@@ -198,12 +198,9 @@ def sharded_step(
 ) -> Tensor:
     """The gradients of ``params`` for the batch ``(x, y)`` computed in ``count`` slices of
     contiguous rows, each rank its contiguous run of them: ``backward`` differentiates each
-    slice's loss alone (and returns it), task BatchNorms over the slice; the slices'
-    gradients, weighted by their shares of the batch, are gathered and summed in slice order,
-    and the task BatchNorms' running statistics take the batch's mean and variance combined
-    from the slices'. No sum depends on the world size. A process alone in one slice, and a
-    batch of fewer than ``count`` samples (an epoch's short last one), are trained whole
-    (by every rank alike). Returns the batch's loss."""
+    slice's loss alone (and returns it); gradients are summed in slice order, so no sum
+    depends on the world size (docs/distributed.md). A process alone in one slice, and a
+    batch of fewer than ``count`` samples, are trained whole. Returns the batch's loss."""
     n = len(y)
     if n < count or (count == 1 and ranks is None):
         return backward(x, y)

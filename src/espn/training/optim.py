@@ -19,11 +19,8 @@ OPTIMIZERS = OPTIONS["optimizer"].choices
 
 def build_optimizer(cfg: OptimizerSettings, params: list[Tensor]) -> torch.optim.Optimizer:
     """A fresh optimizer per task, so no state of an earlier task carries over; ``cfg``: the
-    run's training settings, or a method's own optimizer (:class:`OptimConfig`).
-
-    SGD and Adam use torch's fused kernels where every parameter is a floating-point tensor
-    on the CPU or CUDA (elsewhere torch chooses): one pass over each tensor per step instead
-    of several.
+    run's training settings, or a method's own optimizer (:class:`OptimConfig`). SGD and Adam
+    use torch's fused kernels where every parameter allows (docs/performance.md, "Measuring").
     """
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params) or None
     if cfg.optimizer in ("sgd", "nesterov"):

@@ -79,8 +79,7 @@ class Cut:
     """Where a slim copy's tensor sits in the supernet's: the kept indices of each leading
     dimension (None: all of it). A matrix cut along both dimensions also has its kept
     entries' flat positions, so that reading or writing the slice is one gather or scatter
-    rather than one pass per dimension (a column gather of a row-major matrix costs about
-    twice the whole gather)."""
+    rather than one pass per dimension."""
 
     def __init__(self, index: tuple[Tensor | None, ...], shape: tuple[int, ...] = ()) -> None:
         self.index = index
