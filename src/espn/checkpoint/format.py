@@ -51,11 +51,8 @@ def file_entry(path: Path) -> dict[str, Any]:
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make renames in ``directory`` durable.
-
-    Best effort by design: some platforms and filesystems cannot open or fsync a directory
-    (Windows, some network mounts); there the renames are as durable as the OS makes them.
-    """
+    """Make renames in ``directory`` durable, where the platform can fsync a directory (not
+    Windows, some network mounts: there as durable as the OS makes them)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
