@@ -26,15 +26,10 @@ _FIXED_BUFFERS = ("unit_mask", "weight_mask", "frozen", "released")
 
 
 def slim_phase_applies(strategy: Strategy, phases: list[Phase], p: int) -> bool:
-    """Whether phase ``p`` may train a slim copy: the method declares that its weights train
-    through the default forward, loss and masked-L2 term (:attr:`Strategy.trains_slim`), the
-    phase has no free-only forward, and either
-
-    * it has no prune event and no unit penalty, and an earlier phase of the task pruned (the
-      task's units and weights are then fixed: its fine-tuning), or
-    * it prunes units and the method declares that its penalty and saliency clamps compute on
-      a copy what they compute on the supernet (:attr:`Strategy.prunes_slim`): a copy then
-      trains between two prune events, once one has killed units (see :func:`slim_prune_pays`).
+    """Whether phase ``p`` may train a slim copy: the method declares it exact
+    (:attr:`Strategy.trains_slim`), the phase has no free-only forward, and either it is a
+    fine-tuning (no prune event, no unit penalty, after a phase that pruned) or it prunes
+    and the method declares :attr:`Strategy.prunes_slim` (docs/performance.md).
     """
     phase = phases[p]
     if not strategy.trains_slim or phase.free_only:
