@@ -201,9 +201,8 @@ def _dropout_readers(model: nn.Module) -> dict[int, MaskedLinear | TaskHead]:
 def refusal(name: str, m: nn.Module, readers: dict[int, Any] | None = None) -> str | None:
     """Why a slim copy cannot hold module ``m`` (named ``name``) exactly, whatever units are
     alive (None: it can): a masked or task module of a type it does not slice, a dropout
-    (its random mask has the width of its input: a narrower copy draws other masks) unless
-    it feeds a linear layer straight (``readers``, see :func:`_dropout_readers`: the copy
-    then draws the supernet's noise), or another module holding tensors of its own."""
+    unless it feeds a linear layer straight (``readers``, see :func:`_dropout_readers`), or
+    another module holding tensors of its own (docs/performance.md)."""
     if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
         return f"module {name!r} ({type(m).__name__}) is not sliced"
     if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in (readers or {}):
