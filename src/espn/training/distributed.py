@@ -301,10 +301,8 @@ def recalibrate(
     ranks: Ranks | None, count: int, supernet: Supernet, task: Task, batch_size: int
 ) -> int:
     """:func:`recalibrate_batchnorm` as a training step of ``count`` slices computes it (one
-    process alone in one slice: that function itself): each rank records every ``world``-th
-    batch's statistics, and the running statistics become the mean over the batches, in batch
-    order, of their means and unbiased variances, the same at any world size. Returns the
-    batches used."""
+    process alone in one slice: that function itself), the same at any world size
+    (docs/distributed.md, "BatchNorm per slice"). Returns the batches used."""
     if count == 1 and ranks is None:
         return recalibrate_batchnorm(supernet, task, batch_size)
     world = 1 if ranks is None else ranks.world
