@@ -1,7 +1,5 @@
 """Run checkpoints: shared weights once, packed per-task masks and state, a JSON manifest.
-
-This package only reads and writes the files (safetensors, JSON, a lock file); deciding
-what to build from them, resuming and loading runs, is :mod:`espn.runs`'."""
+Only the files are read and written here; what to build from them is :mod:`espn.runs`'."""
 
 from espn.checkpoint.format import (
     FORMAT_VERSION,

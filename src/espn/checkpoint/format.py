@@ -1,8 +1,5 @@
-"""The on-disk format of a run's checkpoint (``<run>/checkpoint``: ``manifest.json``, one
-``task-NNNN.safetensors`` per committed task, the current ``state-GGGGGG.safetensors``):
-file names, version and integrity checks. docs/checkpoints.md describes the layout; every
-file is written to a temporary name and renamed, the manifest last, and only safetensors and
-JSON are read.
+"""The on-disk format of a run's checkpoint (``<run>/checkpoint``): file names, version and
+integrity checks; the layout and the atomic writes: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -54,11 +51,8 @@ def file_entry(path: Path) -> dict[str, Any]:
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make renames in ``directory`` durable.
-
-    Best effort by design: some platforms and filesystems cannot open or fsync a directory
-    (Windows, some network mounts); there the renames are as durable as the OS makes them.
-    """
+    """Make renames in ``directory`` durable, where the platform can fsync a directory (not
+    Windows, some network mounts: there as durable as the OS makes them)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

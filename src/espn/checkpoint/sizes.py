@@ -1,8 +1,6 @@
-"""What a checkpoint stores and how many bytes each part takes, read from storage alone: the
-manifest (every task's record, mask forms and file) and the safetensors headers of its
-files (each tensor's byte range). No tensor is loaded, no supernet built, no model code
-imported: ``espn info`` reads any run this way, also one whose model only its author's code
-can build."""
+"""What a checkpoint stores and how many bytes each part takes, read from the manifest and the
+safetensors headers alone (no tensor loaded, no model code imported), so that ``espn info``
+reads any run (docs/checkpoints.md)."""
 
 from __future__ import annotations
 

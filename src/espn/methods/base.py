@@ -103,10 +103,8 @@ class Strategy(ABC):
     #: the method's own settings: each becomes an ``espn run`` flag, is validated, and is
     #: recorded under ``method_options`` in results.json (see :class:`Option`)
     options: ClassVar[tuple[Option, ...]] = ()
-    #: the method's recipe for the supernet weights, per regime (``"mnist"``: FC networks on
-    #: 28x28 digits, ``"cifar"``: ResNets): run options (optimizer, lr, betas, weight decay,
-    #: momentum, warm-up, fine-tuning) that replace the benchmark's when the user leaves them
-    #: out; empty: the benchmark's recipe (the paper's ESPN recipe)
+    #: the method's recipe per regime (``"mnist"``, ``"cifar"``): run options that replace the
+    #: benchmark's where the user leaves them out; empty: the benchmark's (docs/recipes.md)
     recipe: ClassVar[Recipes] = {}
     #: how the method's own parameters (:meth:`extra_parameters`) train, apart from the
     #: supernet weights; None: with the weights, in one optimizer

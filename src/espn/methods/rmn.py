@@ -28,9 +28,8 @@ class RMN(Strategy):
     trains_unit_affine = False
     uses_gamma = False
     uses_alpha = False
-    #: no public code: the relevances train with the weights' optimizer and schedule, and the
-    #: free weights keep what the previous task left them (no ``free_init``): both measured
-    #: better than a separate Adam and a re-initialisation (docs/fidelity.md)
+    #: relevances train with the weights' optimizer; free weights keep the previous task's
+    #: values (no ``free_init``): why, docs/fidelity.md
     options = METHOD_OPTIONS["rmn"]
 
     @classmethod

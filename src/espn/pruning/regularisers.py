@@ -1,8 +1,5 @@
-"""Sparsity regularisers on unit saliencies (gates or BatchNorm gamma).
-
-Every penalty is averaged over the alive saliencies (one per unit and gate/BatchNorm), as in
-the authors' code, so that one strength (default 1) means the same pull on a small FC net
-and on a ResNet, and the three pruners are compared at the same strength.
+"""Sparsity regularisers on unit saliencies (gates or BatchNorm gamma), each averaged over
+the alive saliencies as in the authors' code (docs/fidelity.md, the penalty weights' row).
 """
 
 from __future__ import annotations
@@ -70,11 +67,8 @@ class _NormOverLayers(torch.autograd.Function):
 def masked_weight_l2(supernet: Supernet) -> Tensor:
     """The authors' L2 term on the active sub-network's weights: ``||w m||_2 / sqrt(nnz(m))``
     over the masked layers that produce units (CtRL's cells; the head is left out), with
-    ``m`` the weight masks the phase trains under. Vectorised over the layers, with no host
-    synchronisation: ``nnz`` stays a tensor, counted again only when a mask changed. Where
-    the step's forward pass computed a layer's masked weight, the term reads that product
-    and sends its gradient through the product's sink (see ``_NormOverLayers``) instead of
-    multiplying again."""
+    ``m`` the weight masks the phase trains under (docs/fidelity.md). No host sync; a masked
+    weight the step's forward computed is read, not multiplied again (``_NormOverLayers``)."""
     layers = [layer for layer in supernet.layers.values() if layer.out_units is not None]
     count = torch.stack([layer.mask_count() for layer in layers]).sum()
     values: list[Tensor] = []
@@ -205,9 +199,8 @@ class Polarization(Regulariser):
     ``strength / n * sum_l sum_i (t |gamma_li| - |gamma_li - mean(gamma)|)``.
 
     The sum runs over every gate/BatchNorm ``l`` and its alive units ``i``; ``mean`` is the
-    mean over all ``n`` alive saliencies of the network (Zhuang et al.'s gamma-bar). The
-    second term rewards saliencies far from the mean, so they split into a group at 0 and a
-    group well above it. After every optimizer step the saliencies are clamped to [0, 1].
+    mean over all ``n`` alive saliencies of the network. After every optimizer step the
+    saliencies are clamped to [0, 1] (docs/methods.md, the pruners).
     """
 
     slim_exact = True

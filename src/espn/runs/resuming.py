@@ -1,9 +1,6 @@
 """A run directory as a learner writes and resumes it (:class:`RunDirectory`, the same for ``espn
-run`` and ``ContinualLearner(..., out=DIR)``): its checkpoint is committed after every learned
-step, then ``results.json`` rewritten from it, so results never list a task the checkpoint does
-not hold; the task in training is saved at an epoch's end (:func:`snapshot`) and put back into
-a freshly built learner to continue exactly where a killed run stopped (see
-docs/checkpoints.md)."""
+run`` and ``ContinualLearner(..., out=DIR)``): checkpointed after every learned step and at an
+epoch's end (:func:`snapshot`), so a killed run continues exactly (docs/checkpoints.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Callbacks: what the learner tells the world while it learns (loggers, the progress bar, the
-run directory), as Lightning's and Avalanche's users know them.
-
-A callback overrides the hooks it needs; every hook gets the learner and an event. Events are
-plain records. A step's loss stays a device tensor: reading it (``float(event.loss)``) waits
-for the device, so a callback that needs it every step costs a synchronisation every step;
-loggers read it only every few steps.
+run directory); the hooks and their events: docs/logging.md, "Your own callback".
 """
 
 from __future__ import annotations

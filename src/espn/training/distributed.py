@@ -1,11 +1,6 @@
-"""One run trained data-parallel over the processes ``torchrun`` starts (docs/distributed.md).
-
-Every rank holds the whole run and draws the same global batch; a step computes it in
-``shards`` slices (:func:`sharded_step`) whose gradients are summed in slice order, so no sum
-depends on the world size; :meth:`Ranks.check_same` stops the run where the ranks' supernets
-differ; task BatchNorm statistics are recalibrated over the ranks' batches in batch order
-(:func:`recalibrate`, over the task's final sub-network: the momentum-averaged statistics lag
-behind weights that moved fast, see docs/fidelity.md). Only rank 0 writes the run directory.
+"""One run trained data-parallel over the processes ``torchrun`` starts: the same steps at any
+world size (:func:`sharded_step`, :func:`recalibrate`, :meth:`Ranks.check_same`); only rank 0
+writes the run directory. How and why: docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -203,12 +198,9 @@ def sharded_step(
 ) -> Tensor:
     """The gradients of ``params`` for the batch ``(x, y)`` computed in ``count`` slices of
     contiguous rows, each rank its contiguous run of them: ``backward`` differentiates each
-    slice's loss alone (and returns it), task BatchNorms over the slice; the slices'
-    gradients, weighted by their shares of the batch, are gathered and summed in slice order,
-    and the task BatchNorms' running statistics take the batch's mean and variance combined
-    from the slices'. No sum depends on the world size. A process alone in one slice, and a
-    batch of fewer than ``count`` samples (an epoch's short last one), are trained whole
-    (by every rank alike). Returns the batch's loss."""
+    slice's loss alone (and returns it); gradients are summed in slice order, so no sum
+    depends on the world size (docs/distributed.md). A process alone in one slice, and a
+    batch of fewer than ``count`` samples, are trained whole. Returns the batch's loss."""
     n = len(y)
     if n < count or (count == 1 and ranks is None):
         return backward(x, y)
@@ -309,10 +301,8 @@ def recalibrate(
     ranks: Ranks | None, count: int, supernet: Supernet, task: Task, batch_size: int
 ) -> int:
     """:func:`recalibrate_batchnorm` as a training step of ``count`` slices computes it (one
-    process alone in one slice: that function itself): each rank records every ``world``-th
-    batch's statistics, and the running statistics become the mean over the batches, in batch
-    order, of their means and unbiased variances, the same at any world size. Returns the
-    batches used."""
+    process alone in one slice: that function itself), the same at any world size
+    (docs/distributed.md, "BatchNorm per slice"). Returns the batches used."""
     if count == 1 and ranks is None:
         return recalibrate_batchnorm(supernet, task, batch_size)
     world = 1 if ranks is None else ranks.world

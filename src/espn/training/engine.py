@@ -74,11 +74,9 @@ class _Training:
 
 
 class _SlimCopy:
-    """The slim copy phase ``p`` trains where the run allows it (``slim_training``), the
-    phase's units are fixed (in a prune phase: until its next prune event, where the copy pays
-    for itself, and not compiled) and the copy is exact and narrower (see
-    :mod:`espn.training.slim_step`). Built for the step that needs it; written back into the
-    supernet (:meth:`sync`) before a prune event, at the phase's end and for a checkpoint."""
+    """The slim copy phase ``p`` trains where the run allows it and the copy is exact and
+    narrower (see :mod:`espn.training.slim_step`). Built for the step that needs it; written
+    back (:meth:`sync`) before a prune event, at the phase's end and for a checkpoint."""
 
     def __init__(self, engine: Engine, t: _Training, p: int, points: list[int]) -> None:
         self.engine, self.t, self.p, self.points = engine, t, p, points

@@ -19,11 +19,8 @@ OPTIMIZERS = OPTIONS["optimizer"].choices
 
 def build_optimizer(cfg: OptimizerSettings, params: list[Tensor]) -> torch.optim.Optimizer:
     """A fresh optimizer per task, so no state of an earlier task carries over; ``cfg``: the
-    run's training settings, or a method's own optimizer (:class:`OptimConfig`).
-
-    SGD and Adam use torch's fused kernels where every parameter is a floating-point tensor
-    on the CPU or CUDA (elsewhere torch chooses): one pass over each tensor per step instead
-    of several.
+    run's training settings, or a method's own optimizer (:class:`OptimConfig`). SGD and Adam
+    use torch's fused kernels where every parameter allows (docs/performance.md, "Measuring").
     """
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params) or None
     if cfg.optimizer in ("sgd", "nesterov"):
@@ -124,16 +121,9 @@ def cosine_factor(step: int, total: int) -> float:
 
 
 class FrozenGuard:
-    """Makes sure no optimizer moves a frozen weight, whatever its momentum or weight decay.
-
-    Gradients of frozen weights are zeroed before every step, so optimizer state never
-    accumulates for them: from a fresh optimizer, SGD (with or without momentum), Adam and
-    RMSprop then leave them exactly where they are. Weight decay acts even on zero gradients,
-    so with ``restore`` (the engine sets it when an optimizer decays) the frozen entries are
-    also put back to their values when the task began after the step. Both work on the
-    weights' bits through an integer view (an AND with ``keep``, all ones on a free weight,
-    then an OR with the snapshot's frozen bits): exact for every value, NaN and inf included
-    (why not a boolean ``where``: docs/changelog.md).
+    """Makes sure no optimizer moves a frozen weight, whatever its momentum or weight decay:
+    zeroes their gradients before every step and, with ``restore`` (set when an optimizer
+    decays), puts them back bit for bit after it (docs/algorithm.md, "Zero forgetting, exactly").
     """
 
     def __init__(self, supernet: Supernet, restore: bool = True) -> None:

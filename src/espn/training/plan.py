@@ -56,11 +56,9 @@ def reference_batches(reference_size: int | None, batch_size: int) -> int | None
 
 
 def plan_phase(phase: Phase, batches_per_epoch: int, per_reference_epoch: int | None) -> PhasePlan:
-    """The size rule: a phase of E epochs runs at least E x ``per_reference_epoch`` optimizer
-    steps (E epochs of the reference data size the recipe's epochs are stated for), so a task
-    smaller than the reference is not under-trained; it then takes more passes over its data,
-    the last one cut at the step count. A task at least as large as the reference trains
-    its E epochs as given (no cap). ``per_reference_epoch`` None: epochs as given."""
+    """The size rule (docs/recipes.md): a phase of E epochs runs at least E x
+    ``per_reference_epoch`` optimizer steps, its last pass cut at the step count; a larger
+    task trains its E epochs as given. ``per_reference_epoch`` None: epochs as given."""
     steps = phase.epochs * batches_per_epoch
     floor = 0 if per_reference_epoch is None else phase.epochs * per_reference_epoch
     if floor <= steps:

@@ -1,19 +1,7 @@
-"""The slim copy of a supernet's working sub-network (:class:`SlimNet`): the model with
-the task's dead units removed, its tensors cut from the supernet's (:class:`Cut`), which
-:mod:`espn.training.slim_step` trains and writes back.
-
-Inside the copy, a weight that the task may not change (owned by an earlier task, or outside
-the task's weight mask) is guarded as the supernet guards its frozen weights
-(:class:`espn.training.optim.FrozenGuard`): its gradient is zeroed, its optimizer state starts
-at zero and, when an optimizer decays, it is put back after every step. The weights outside the
-mask are zero in the copy and stay zero, so its layers skip the mask product.
-
-A residual stream pruned per conv (a union of unit groups, see ``espn.models.resnet``):
-each writing layer and its gate/BatchNorm keep their own alive units, which a forward hook
-puts at their places in the stream (zeros elsewhere, as the supernet's writer outputs there);
-the stream and the layers reading it keep the units alive in any group joined to it through
-unions (an identity shortcut carries earlier writers' units along), so that every addition
-adds tensors of one width.
+"""The slim copy of a supernet's working sub-network (:class:`SlimNet`): the model with the
+task's dead units removed, its tensors cut from the supernet's (:class:`Cut`), which
+:mod:`espn.training.slim_step` trains and writes back. Guarded weights and residual streams
+pruned per conv: docs/performance.md, "Training and evaluating at the sub-network's cost".
 """
 
 from __future__ import annotations
@@ -91,8 +79,7 @@ class Cut:
     """Where a slim copy's tensor sits in the supernet's: the kept indices of each leading
     dimension (None: all of it). A matrix cut along both dimensions also has its kept
     entries' flat positions, so that reading or writing the slice is one gather or scatter
-    rather than one pass per dimension (a column gather of a row-major matrix costs about
-    twice the whole gather)."""
+    rather than one pass per dimension."""
 
     def __init__(self, index: tuple[Tensor | None, ...], shape: tuple[int, ...] = ()) -> None:
         self.index = index
@@ -214,9 +201,8 @@ def _dropout_readers(model: nn.Module) -> dict[int, MaskedLinear | TaskHead]:
 def refusal(name: str, m: nn.Module, readers: dict[int, Any] | None = None) -> str | None:
     """Why a slim copy cannot hold module ``m`` (named ``name``) exactly, whatever units are
     alive (None: it can): a masked or task module of a type it does not slice, a dropout
-    (its random mask has the width of its input: a narrower copy draws other masks) unless
-    it feeds a linear layer straight (``readers``, see :func:`_dropout_readers`: the copy
-    then draws the supernet's noise), or another module holding tensors of its own."""
+    unless it feeds a linear layer straight (``readers``, see :func:`_dropout_readers`), or
+    another module holding tensors of its own (docs/performance.md)."""
     if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
         return f"module {name!r} ({type(m).__name__}) is not sliced"
     if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in (readers or {}):

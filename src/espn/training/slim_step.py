@@ -1,16 +1,7 @@
-"""Training a task's sub-network at its own cost: a physically slimmed copy of it.
-
-Once a task's units are fixed (its fine-tuning phase, after the last prune event; in its
-prune phase, from one prune event to the next), the masked supernet still computes every
-dead unit as a zero. :class:`SlimNet` is a copy of the model holding the task's alive units
-only (the widths the export builds), which the engine's step trains instead; its free
-weights, task state (BatchNorm, head, the gates trained as saliencies) and optimizer state
-are written back into the supernet (:meth:`SlimPhase.write_back`) where an epoch is
-checkpointed, at the phase's end, and before every prune event, which then prunes the
-supernet as it does without a copy; after the event a new copy of the narrower sub-network is built
-where it pays (:func:`slim_prune_pays`). A run resumed from a checkpoint rebuilds the same
-copy and continues exactly. Frozen weights are never written back, so zero forgetting stays
-exact.
+"""Training a task's sub-network at its own cost: a physically slimmed copy of it
+(:class:`SlimNet`), trained instead of the masked supernet once the task's units are fixed and
+written back (:meth:`SlimPhase.write_back`); frozen weights never are, so zero forgetting stays
+exact. When and how: docs/performance.md, "Training and evaluating at the sub-network's cost".
 """
 
 from __future__ import annotations
@@ -35,15 +26,10 @@ _FIXED_BUFFERS = ("unit_mask", "weight_mask", "frozen", "released")
 
 
 def slim_phase_applies(strategy: Strategy, phases: list[Phase], p: int) -> bool:
-    """Whether phase ``p`` may train a slim copy: the method declares that its weights train
-    through the default forward, loss and masked-L2 term (:attr:`Strategy.trains_slim`), the
-    phase has no free-only forward, and either
-
-    * it has no prune event and no unit penalty, and an earlier phase of the task pruned (the
-      task's units and weights are then fixed: its fine-tuning), or
-    * it prunes units and the method declares that its penalty and saliency clamps compute on
-      a copy what they compute on the supernet (:attr:`Strategy.prunes_slim`): a copy then
-      trains between two prune events, once one has killed units (see :func:`slim_prune_pays`).
+    """Whether phase ``p`` may train a slim copy: the method declares it exact
+    (:attr:`Strategy.trains_slim`), the phase has no free-only forward, and either it is a
+    fine-tuning (no prune event, no unit penalty, after a phase that pruned) or it prunes
+    and the method declares :attr:`Strategy.prunes_slim` (docs/performance.md).
     """
     phase = phases[p]
     if not strategy.trains_slim or phase.free_only:
@@ -54,17 +40,11 @@ def slim_phase_applies(strategy: Strategy, phases: list[Phase], p: int) -> bool:
 
 
 #: what building a slim copy and writing it back costs, in optimizer steps, per masked weight
-#: over the dense FLOPs of a batch: it handles every weight a few times, a step computes the
-#: batch. Measured on FC1024 at batch 256, one CPU thread: about one masked step of the prune
-#: phase (22 to 55 ms against 40 to 50), where weights / (FLOPs x batch) is 1/512; on the
-#: reduced ResNet18 at batch 128 the same rule gives 0.04 steps (docs/performance.md)
+#: over the dense FLOPs of a batch (measured: docs/performance.md, "When a copy pays")
 SLIM_REBUILD_COST = 512.0
 #: what a copy's first step costs beyond the steps after it, per convolution, in FLOPs of a
-#: dense step: the convolution library prepares its kernels for the copy's new channel
-#: counts (oneDNN on the CPU) in the forward and both backward passes. Measured on the
-#: reduced ResNet18 at batch 32, one CPU thread: the first step of each copy takes 65 to
-#: 100 ms more than the next (20 convolutions, a dense step about 250 ms), about 4 ms per
-#: convolution, 5e7 FLOPs of its step (docs/performance.md, "The convolutional step")
+#: dense step: the convolution library prepares its kernels for new channel counts (measured:
+#: docs/performance.md, "When a copy pays")
 SLIM_CONV_SETUP = 5e7
 
 

@@ -1,7 +1,5 @@
-"""The CSV logger: ``steps.csv``, ``epochs.csv`` and ``tasks.csv`` (columns: docs/logging.md),
-rewritten atomically at every epoch and task end. A resumed run continues them: when a task
-starts again in a new process, the rows it is about to repeat (its steps from the one it
-resumes at, and every later task's) are dropped first.
+"""The CSV logger: ``steps.csv``, ``epochs.csv`` and ``tasks.csv``, rewritten atomically and
+continued by a resumed run (columns and behaviour: docs/logging.md).
 """
 
 from __future__ import annotations
