@@ -39,11 +39,13 @@ class Concat(nn.Module):
 
 
 class SplitShuffle(nn.Module):
-    """ShuffleNet V2: split the channels in two, transform one half, concatenate, shuffle."""
+    """ShuffleNet V2: split the channels in two, transform one half (by convs, as its branch
+    does), concatenate, shuffle."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.stem, self.branch, self.head = _conv_bn(3, 16), _conv_bn(8, 8), _conv_bn(16, 16, 1)
+        self.stem, self.head = _conv_bn(3, 16), _conv_bn(16, 16, 1)
+        self.branch = nn.Sequential(_conv_bn(8, 16, 1), _conv_bn(16, 8))
         self.fc = nn.Linear(16, CLASSES)
 
     def forward(self, x: Tensor) -> Tensor:

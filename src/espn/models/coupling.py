@@ -45,6 +45,9 @@ class Group:
     in_unit: dict[str, int] = field(default_factory=dict)
     norm_unit: dict[str, int] = field(default_factory=dict)
     name: str = ""
+    #: channels that a split or shuffle passes on (see :func:`_fixed`): one unit spanning
+    #: every producer's and norm's channels, never pruned; its readers read all their inputs
+    fixed: bool = False
 
 
 def _depthwise(m: nn.Module) -> bool:
@@ -63,6 +66,40 @@ def _elementwise_op() -> type:
     import torch_pruning as tp
 
     return tp.ops._ElementWiseOp
+
+
+def _regroups(node: tp.Node) -> bool:
+    """Whether Torch-Pruning's op node ``node`` splits the channels of an NCHW map (chunk,
+    split or slicing on dimension 1) or views them into more dimensions or back (a channel
+    shuffle's ``view(B, g, C // g, H, W)``), which its index mappings do not follow."""
+    import torch_pruning as tp
+
+    fn, op = node.grad_fn, node.module
+    sizes = getattr(fn, "_saved_self_sym_sizes", ())
+    if isinstance(op, tp.ops._SplitOp | tp.ops._SliceOp):
+        return len(sizes) == 4 and fn._saved_dim % 4 == 1
+    if isinstance(op, tp.ops._ReshapeOp) and sizes:
+        out = len(fn._input_metadata[0].shape)
+        return min(len(sizes), out) == 4 < max(len(sizes), out)
+    return False
+
+
+def _fixed(graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]) -> list[bool]:
+    """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
+    channels (:func:`_regroups`), and those sharing a layer's side with a kept one (a reader of
+    a concatenation, whose members are read as one)."""
+    sides = [
+        {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
+        for items in groups
+    ]
+    fixed = [any(_regroups(dep.target) for dep, _ in items) for items in groups]
+    kept: set[tuple[object, bool]] = set()
+    while True:
+        kept |= {side for held, f in zip(sides, fixed, strict=True) if f for side in held}
+        grown = [f or bool(held & kept) for held, f in zip(sides, fixed, strict=True)]
+        if grown == fixed:
+            return fixed
+        fixed = grown
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
@@ -145,14 +182,17 @@ def couple(
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
-    for group in graph.get_all_groups(root_module_types=layer_types()):
-        g = _part(graph, list(group), names, param_names, repeats, scales)
+    groups = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
+    for items, fixed in zip(groups, _fixed(graph, groups), strict=True):
+        g = _part(graph, items, names, param_names, repeats, scales, fixed)
+        parts.append(g)
+        if fixed:
+            continue
         features = [n for n in g.producers if n not in scales] or g.producers
         for name in g.consumers:
             if name in repeats:
                 source = modules[features[0]]
                 check_flatten_order(model, example, source, name, g.size, modules)
-        parts.append(g)
         if not g.attentions:  # attention mixes channels: convert_tokens checks its streams
             check_feature_axes(model, example, g, modules, repeats)
     for name, layer in modules.items():
@@ -196,11 +236,13 @@ def _part(
     param_names: dict[int, str],
     repeats: dict[str, int],
     scales: set[str],
+    fixed: bool,
 ) -> Group:
     """One group of Torch-Pruning's graph as a part (channels of one width), noting the
-    linear layers reading it flattened in ``repeats`` and its feature scales in ``scales``."""
+    linear layers reading it flattened in ``repeats`` and its feature scales in ``scales``;
+    a ``fixed`` part (see :func:`_fixed`) takes its layers as they come, whole."""
     root_name = names[items[0][0].target.module]
-    g = Group(size=len(items[0][1]))
+    g = Group(size=len(items[0][1]), fixed=fixed)
     for dep, idxs in items:
         m = dep.target.module
         if isinstance(m, nn.Parameter) and id(m) in param_names:
@@ -216,9 +258,11 @@ def _part(
         out_side = graph.is_out_channel_pruning_fn(dep.handler)
         kind = adapter(m)
         width = kind.width(m, out_side)
-        repeat = _flattened(m, out_side, len(idxs), g.size)
+        repeat = 0 if fixed else _flattened(m, out_side, len(idxs), g.size)
         if repeat:
             repeats[name] = repeat
+        elif fixed:
+            pass  # taken whole, as :func:`_join` places it
         elif _concatenated(m, out_side, idxs, g.size):
             g.slices[name] = (idxs[0], 1)
         elif len(idxs) != g.size or width != g.size:
@@ -248,13 +292,23 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
     one line naming the layer whose output it could not follow."""
     import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
 
+    from torch_pruning.dependency import index_mapping
+
+    graph = tp.DependencyGraph()
     try:
-        return tp.DependencyGraph().build_dependency(model, example_inputs=example, verbose=False)
+        try:
+            return graph.build_dependency(model, example_inputs=example, verbose=False)
+        except ZeroDivisionError:  # the widths of a channel shuffle's views, traced by now
+            for node in graph.module2node.values():
+                if _regroups(node):  # kept whole (see _fixed): identity-mapped
+                    node.type = tp.ops.OPTYPE.ELEMENTWISE
+            index_mapping.update_index_mapping(graph)
+            return graph
     except Exception as exc:  # Torch-Pruning fails on reshapes it cannot map
         raise ConvertError(
             f"the channels {_failed_after(model, exc)} cannot be followed through forward() "
             f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
-            "regroups channels, such as ShuffleNet's channel shuffle, is not supported"
+            "regroups channels otherwise than a split or shuffle is not supported"
         ) from None
 
 
@@ -289,6 +343,8 @@ def _check_grouped_input(
     part = next(
         (p for p in parts if name in (p.producers if depthwise else p.grouped_inputs)), None
     )
+    if part is not None and part.fixed:
+        return  # never pruned: no group of it is removed
     writers = [] if part is None else [n for n in part.producers + part.norms if n != name]
     try:
         if not writers:
@@ -328,7 +384,10 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
     """One unit group of ``members`` (parts): its units are the greatest common divisor of the
     parts' widths, the group counts of the grouped convs writing them and of the GroupNorms
     normalising them, so that a unit is whole conv groups and whole GroupNorm groups on every
-    side; a group forced down to a single unit is refused (it could never be pruned)."""
+    side; a group forced down to a single unit is refused (it could never be pruned). Members
+    with a fixed part make one fixed unit group (see :func:`_fixed_group`)."""
+    if any(part.fixed for part in members):
+        return _fixed_group(members, modules)
     counts: list[tuple[str, int]] = []
     for part in members:
         for name in part.producers + part.norms:
@@ -378,4 +437,25 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         group.attentions += part.attentions
         group.params += part.params
         group.scale_params += part.scale_params
+    return group
+
+
+def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
+    """The unit group of parts whose channels a split or shuffle passes on (:func:`_fixed`):
+    one unit holding all channels of its producers and norms, so that the pruner, which keeps
+    one unit of every group, never removes them; readers take all their inputs (no input
+    group), so where the split or shuffle moved a channel does not matter."""
+    group = Group(size=1, fixed=True)
+    for part in members:
+        held = part.attentions + part.params + part.scale_params
+        if held:
+            raise ConvertError(
+                f"module {held[0]!r} works on channels that a split or shuffle of channels "
+                "passes on; supported there: conv and linear layers and their norms"
+            )
+        for name in part.producers:
+            group.out_unit.setdefault(name, adapter(modules[name]).width(modules[name], True))
+        for name in part.norms:
+            group.norm_unit.setdefault(name, adapter(modules[name]).width(modules[name], True))
+    group.producers, group.norms = list(group.out_unit), list(group.norm_unit)
     return group
