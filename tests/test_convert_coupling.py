@@ -45,6 +45,23 @@ class InputConcat(nn.Module):
         return self.fc(self.mix(torch.cat([x, self.stem(x)], 1)).mean((2, 3)))
 
 
+class ScaledShuffle(nn.Module):
+    """ShuffleNet's split and shuffle with a layer scale on the shuffled channels: a bare
+    parameter on channels kept whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.branch = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.gamma = nn.Parameter(torch.ones(8, 1, 1))
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        keep, change = self.stem(x).chunk(2, dim=1)
+        x = self.gamma * torch.cat([keep, self.branch(change)], dim=1)
+        x = x.view(len(x), 2, 4, 32, 32).transpose(1, 2).flatten(1, 2)
+        return self.fc(x.mean((2, 3)))
+
+
 class NarrowMixer(nn.Module):
     """A Linear across 16 tokens of 8 channels (the widths differ: Torch-Pruning couples the
     token axis to the channels with the wrong width)."""
@@ -81,7 +98,7 @@ class ChannelMLP(nn.Module):
     ("model", "layer", "construct"),
     [
         (InputConcat, "layer 'mix'", "3 of its 11 channels come from no layer"),
-        (CONSTRUCTS["split-shuffle"][0], "layer 'head.0'", "concatenation of feature maps"),
+        (ScaledShuffle, "module 'gamma'", "channel split or shuffle passes on"),
         (CONSTRUCTS["token-mixing"][0], "layer 'tokens.0'", "mixing tokens is not supported"),
         (
             CONSTRUCTS["functional-weight"][0],

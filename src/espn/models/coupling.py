@@ -84,7 +84,9 @@ def _regroups(node: tp.Node) -> bool:
     return False
 
 
-def _fixed(graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]) -> list[bool]:
+def _fixed(
+    graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]
+) -> list[bool]:
     """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
     channels (:func:`_regroups`), and those sharing a layer's side with a kept one (a reader of
     a concatenation, whose members are read as one)."""
@@ -247,7 +249,7 @@ def _part(
         m = dep.target.module
         if isinstance(m, nn.Parameter) and id(m) in param_names:
             name = param_names[id(m)]
-            if len(idxs) == g.size == m.shape[channel_axis(m)]:
+            if fixed or len(idxs) == g.size == m.shape[channel_axis(m)]:
                 held = g.scale_params if _multiplies(graph, m) else g.params
                 if name not in held:
                     held.append(name)
@@ -450,8 +452,9 @@ def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
         held = part.attentions + part.params + part.scale_params
         if held:
             raise ConvertError(
-                f"module {held[0]!r} works on channels that a split or shuffle of channels "
-                "passes on; supported there: conv and linear layers and their norms"
+                f"module {held[0]!r} works on channels that a channel split or shuffle passes "
+                "on (kept whole: never pruned), which is not supported; supported there: conv "
+                "and linear layers and their norms"
             )
         for name in part.producers:
             group.out_unit.setdefault(name, adapter(modules[name]).width(modules[name], True))

@@ -1,0 +1,61 @@
+"""ShuffleNet v2's channel split and channel shuffle (torchvision's own blocks): the channels a
+split or shuffle passes on are one never-pruned unit per layer, the convs inside each branch are
+pruned; zero forgetting, FLOPs equal to FlopCounterMode on the slim copy, any batch size.
+Tiny 1x8x8 models, seconds each."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torchvision.models.shufflenetv2 import InvertedResidual
+
+from espn.models.convert import to_supernet
+from espn.supernet import Supernet
+from helpers.arch import OPTIMIZERS, assert_random_task_exports_exactly, check_two_tasks
+
+
+class TinyShuffleNet(nn.Module):
+    """A stem, a stride-2 ShuffleNet v2 block (both branches concatenated, then shuffled) and
+    a stride-1 one (half the channels split off and passed on, the other half transformed),
+    pooled into a classifier."""
+
+    def __init__(self, n_classes: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
+        self.blocks = nn.Sequential(InvertedResidual(8, 16, 2), InvertedResidual(16, 16, 1))
+        self.fc = nn.Linear(16, n_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.blocks(torch.relu(self.stem(x))).mean((2, 3)))
+
+
+def test_passed_on_channels_are_one_unit_and_the_branches_are_pruned() -> None:
+    """What a shuffle or split passes on (each block's branch outputs) is one unit that
+    spans a layer's channels, and its readers read every input; the stem, read whole by the
+    stride-2 block, and the convs inside the branches keep a unit per channel."""
+    x = torch.zeros(2, 1, 8, 8)
+    sn = Supernet(to_supernet(TinyShuffleNet(), x), x)
+    layers = sn.layers
+    for block in ("blocks.0.branch1.2", "blocks.0.branch2.5", "blocks.1.branch2.5"):
+        assert sn.group_sizes[layers[block].out_units] == 1
+        assert layers[block].out_unit_size == 8
+    assert layers["blocks.1.branch2.0"].in_units is None  # the split-off half of a shuffle
+    assert sn.model.fc.in_units is None  # the task head
+    assert sn.group_sizes[layers["stem.0"].out_units] == 8
+    assert layers["blocks.0.branch2.0"].in_units == layers["blocks.0.branch1.0"].out_units
+    for block in ("blocks.0", "blocks.1"):
+        inner = layers[f"{block}.branch2.0"].out_units
+        assert sn.group_sizes[inner] == 8 and layers[f"{block}.branch2.5"].in_units == inner
+
+
+def test_random_task_slim_copy_costs_what_espn_counts() -> None:
+    x = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    sn = Supernet(to_supernet(TinyShuffleNet(), x[:2]), x[:2])
+    assert_random_task_exports_exactly(sn, x, 3)
+
+
+def test_task_zero_logits_bit_identical_after_task_one(tmp_path) -> None:
+    """ESPN-0.5 with SGD and momentum: task 0's logits and frozen weights bit-identical after
+    task 1, both tasks within their budgets, task 1's written slim model as counted."""
+    check_two_tasks(TinyShuffleNet, OPTIMIZERS[0], tmp_path)
