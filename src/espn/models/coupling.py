@@ -70,18 +70,22 @@ def _elementwise_op() -> type:
 
 def _regroups(node: tp.Node) -> bool:
     """Whether Torch-Pruning's op node ``node`` splits the channels of an NCHW map (chunk,
-    split or slicing on dimension 1) or views them into more dimensions or back (a channel
-    shuffle's ``view(B, g, C // g, H, W)``), which its index mappings do not follow."""
+    split or slicing on dimension 1) or views them as groups or back (a channel shuffle's
+    ``view(B, g, C // g, H, W)``), which its index mappings do not follow."""
     import torch_pruning as tp
 
     fn, op = node.grad_fn, node.module
-    sizes = getattr(fn, "_saved_self_sym_sizes", ())
+    sizes = tuple(getattr(fn, "_saved_self_sym_sizes", ()))
     if isinstance(op, tp.ops._SplitOp | tp.ops._SliceOp):
         return len(sizes) == 4 and fn._saved_dim % 4 == 1
-    if isinstance(op, tp.ops._ReshapeOp) and sizes:
-        out = len(fn._input_metadata[0].shape)
-        return min(len(sizes), out) == 4 < max(len(sizes), out)
-    return False
+    if not isinstance(op, tp.ops._ReshapeOp) or not sizes:
+        return False
+    flat, grouped = sorted((sizes, tuple(fn._input_metadata[0].shape)), key=len)
+    return (
+        (len(flat), len(grouped)) == (4, 5)
+        and flat[1] == grouped[1] * grouped[2]
+        and flat[2:] == grouped[3:]
+    )
 
 
 def _fixed(
@@ -184,8 +188,8 @@ def couple(
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
-    groups = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
-    for items, fixed in zip(groups, _fixed(graph, groups), strict=True):
+    found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
+    for items, fixed in zip(found, _fixed(graph, found), strict=True):
         g = _part(graph, items, names, param_names, repeats, scales, fixed)
         parts.append(g)
         if fixed:
@@ -293,7 +297,6 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
     """Torch-Pruning's dependency graph of ``model``; a failure to build it is refused in
     one line naming the layer whose output it could not follow."""
     import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
-
     from torch_pruning.dependency import index_mapping
 
     graph = tp.DependencyGraph()
@@ -362,7 +365,7 @@ def _check_grouped_input(
 
 def _joined_parts(parts: list[Group]) -> list[list[Group]]:
     """The parts joined into one unit group by grouped convs (each reads one part and writes
-    another), in the order of their first part."""
+    another) and all fixed parts joined into one, in the order of their first part."""
     writer = {name: i for i, part in enumerate(parts) for name in part.producers}
     root = list(range(len(parts)))
 
@@ -372,10 +375,11 @@ def _joined_parts(parts: list[Group]) -> list[list[Group]]:
             i = root[i]
         return i
 
-    for i, part in enumerate(parts):
-        for name in part.grouped_inputs:
-            a, b = sorted((find(i), find(writer[name])))
-            root[b] = a
+    fixed = [i for i, part in enumerate(parts) if part.fixed]
+    pairs = [(i, writer[name]) for i, part in enumerate(parts) for name in part.grouped_inputs]
+    for i, j in pairs + [(fixed[0], i) for i in fixed[1:]]:
+        a, b = sorted((find(i), find(j)))
+        root[b] = a
     joined: dict[int, list[Group]] = {}
     for i, part in enumerate(parts):
         joined.setdefault(find(i), []).append(part)
@@ -443,10 +447,10 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
 
 
 def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
-    """The unit group of parts whose channels a split or shuffle passes on (:func:`_fixed`):
-    one unit holding all channels of its producers and norms, so that the pruner, which keeps
-    one unit of every group, never removes them; readers take all their inputs (no input
-    group), so where the split or shuffle moved a channel does not matter."""
+    """The unit group of the channels that splits and shuffles pass on (:func:`_fixed`): one
+    unit holding all channels of its producers and norms, so that the pruner, which keeps one
+    unit of every group, never removes them; readers take all their inputs (no input group),
+    so where a split or shuffle moved a channel does not matter."""
     group = Group(size=1, fixed=True)
     for part in members:
         held = part.attentions + part.params + part.scale_params
