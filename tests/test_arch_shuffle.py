@@ -5,8 +5,10 @@ Tiny 1x8x8 models, seconds each."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import Tensor, nn
+from torchvision.models import shufflenet_v2_x0_5
 from torchvision.models.shufflenetv2 import InvertedResidual
 
 from espn.models.convert import to_supernet
@@ -59,3 +61,21 @@ def test_task_zero_logits_bit_identical_after_task_one(tmp_path) -> None:
     """ESPN-0.5 with SGD and momentum: task 0's logits and frozen weights bit-identical after
     task 1, both tasks within their budgets, task 1's written slim model as counted."""
     check_two_tasks(TinyShuffleNet, OPTIMIZERS[0], tmp_path)
+
+
+@pytest.mark.slow  # about 20 s on 2 cores: wrap's probed task exports the whole network
+def test_torchvision_shufflenet_keeps_its_shuffled_channels_and_prunes_its_branches() -> None:
+    """Torch-Pruning cannot infer the widths of the shuffle's views (it divides by zero):
+    the graph is kept with those views mapped as identities, their channels kept whole.
+    Pruned: the stem and conv5 (read without a split) and every branch's inner channels."""
+    x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    sn = Supernet(to_supernet(shufflenet_v2_x0_5(num_classes=3), x[:2]), x[:2])
+    kept = sn.layers["stage2.0.branch2.5"].out_units
+    outputs = [n for n in sn.layers if n.endswith(("branch1.2", "branch2.5"))]
+    assert sn.group_sizes[kept] == 1 and len(outputs) == 16 + 3  # 16 blocks, 3 of stride 2
+    assert {sn.layers[n].out_units for n in outputs} == {kept}
+    inner = {sn.layers[n].out_units for n in sn.layers if n.endswith("branch2.0")}
+    assert len(inner) == 16 and all(sn.group_sizes[g] > 1 for g in inner)
+    assert sn.group_sizes[sn.layers["conv1.0"].out_units] == 24
+    assert_random_task_exports_exactly(sn, x, 3)

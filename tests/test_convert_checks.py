@@ -210,19 +210,14 @@ class Shuffle(nn.Module):
         return self.fc(h.mean((2, 3)))
 
 
-def test_a_channel_shuffle_is_refused_not_cut_wrong():
+def test_a_channel_shuffle_keeps_its_channels_whole_not_cut_wrong():
     """The dependency graph maps the shuffled channels to the wrong inputs of ``fc``: the
-    probed task's slim copy cannot run the shuffle on its alive channels (or would compute
-    other outputs), so wrap refuses; torchvision's ShuffleNet,
-    whose shuffle Torch-Pruning cannot map at all, is refused naming the layer before it."""
-    with pytest.raises(
-        ConvertError, match=r"^a task's sub-network of Shuffle (computes other|cannot be cut)"
-    ):
-        espn.wrap(Shuffle(), torch.randn(2, 1, 8, 8))
-    from torchvision.models import shufflenet_v2_x0_5
-
-    with pytest.raises(ConvertError, match=r"^the channels after 'stage4.1.branch2.6' cannot"):
-        espn.wrap(shufflenet_v2_x0_5(num_classes=3), torch.randn(2, 3, 32, 32))
+    shuffled channels are kept whole instead (one unit, never pruned) and ``fc`` reads all of
+    them, which wrap's probed task confirms (its slim copy computes the supernet's outputs);
+    torchvision's ShuffleNets: test_arch_shuffle.py."""
+    sn = espn.wrap(Shuffle(), torch.randn(2, 1, 8, 8))
+    assert sn.group_sizes == {"conv": 1} and sn.layers["conv"].out_unit_size == 8
+    assert sn.model.fc.in_units is None
 
 
 class NormAct(nn.BatchNorm2d):
