@@ -50,22 +50,10 @@ class Group:
     fixed: bool = False
 
 
-def _depthwise(m: nn.Module) -> bool:
-    """A conv that convolves each channel on its own: its input and output channels are one."""
-    return adapter(m).depthwise(m)
-
-
 def _grouped(m: nn.Module) -> bool:
     """A layer whose channels come in groups (a grouped conv, depthwise too)."""
     layer = adapter(m)
     return layer.role == "layer" and layer.groups(m) != 1
-
-
-def _elementwise_op() -> type:
-    """torch_pruning's element-wise op node type, imported when a model is converted."""
-    import torch_pruning as tp
-
-    return tp.ops._ElementWiseOp
 
 
 def _regroups(node: tp.Node) -> bool:
@@ -113,11 +101,13 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     features (the excitation of a squeeze-excitation block; a bare parameter: a layer scale)
     rather than being features. A product of a layer's output with a bare parameter scales
     the layer's own features instead."""
+    import torch_pruning as tp
+
     frontier = list(graph.module2node[m].outputs)
     seen: set[int] = set()
     while frontier:
         node = frontier.pop()
-        if id(node) in seen or not isinstance(node.module, _elementwise_op()):
+        if id(node) in seen or not isinstance(node.module, tp.ops._ElementWiseOp):
             continue
         seen.add(id(node))
         if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
@@ -203,7 +193,7 @@ def couple(
             check_feature_axes(model, example, g, modules, repeats)
     for name, layer in modules.items():
         if _grouped(layer):
-            _check_grouped_input(model, example, name, _depthwise(layer), parts)
+            _check_grouped_input(model, example, name, adapter(layer).depthwise(layer), parts)
     groups = [_join(members, modules, repeats) for members in _joined_parts(parts)]
     return Coupling(groups, repeats, scales)
 
@@ -460,9 +450,8 @@ def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
                 "on (kept whole: never pruned), which is not supported; supported there: conv "
                 "and linear layers and their norms"
             )
-        for name in part.producers:
-            group.out_unit.setdefault(name, adapter(modules[name]).width(modules[name], True))
-        for name in part.norms:
-            group.norm_unit.setdefault(name, adapter(modules[name]).width(modules[name], True))
+        for name in part.producers + part.norms:
+            units = group.out_unit if name in part.producers else group.norm_unit
+            units.setdefault(name, adapter(modules[name]).width(modules[name], True))
     group.producers, group.norms = list(group.out_unit), list(group.norm_unit)
     return group
