@@ -210,14 +210,31 @@ class Shuffle(nn.Module):
         return self.fc(h.mean((2, 3)))
 
 
-def test_a_channel_shuffle_keeps_its_channels_whole_not_cut_wrong():
+class Flipped(nn.Module):
+    """A conv whose channels are read in reverse order (``flip(1)``) by another conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.fc = nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.conv2(self.bn(self.conv(x)).flip(1)).mean((2, 3)))
+
+
+def test_a_channel_shuffle_keeps_its_channels_whole_and_a_reorder_is_refused_not_cut_wrong():
     """The dependency graph maps the shuffled channels to the wrong inputs of ``fc``: the
     shuffled channels are kept whole instead (one unit, never pruned) and ``fc`` reads all of
-    them, which wrap's probed task confirms (its slim copy computes the supernet's outputs);
-    torchvision's ShuffleNets: test_arch_shuffle.py."""
+    them, which wrap's probed task confirms (its slim copy computes the supernet's outputs;
+    torchvision's ShuffleNets: test_arch_shuffle.py). A reorder the graph maps as if channels
+    stayed (``flip(1)``) is refused by that probe: its slim copy computes other outputs."""
     sn = espn.wrap(Shuffle(), torch.randn(2, 1, 8, 8))
     assert sn.group_sizes == {"conv": 1} and sn.layers["conv"].out_unit_size == 8
     assert sn.model.fc.in_units is None
+    with pytest.raises(
+        ConvertError, match=r"^a task's sub-network of Flipped computes other outputs"
+    ):
+        espn.wrap(Flipped(), torch.randn(2, 1, 8, 8))
 
 
 class NormAct(nn.BatchNorm2d):
