@@ -147,8 +147,8 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
         ):
             raise refuse(
                 f"computes other outputs once its dead units are removed (batch of {batch})",
-                "forward() moves channels where espn does not follow them (a reshape or an "
-                "index that reorders channels)",
+                "forward() moves channels where espn does not follow them (a reshape that "
+                "regroups channels, such as a channel shuffle)",
             )
     flops = measured_flops(slim, example)
     if flops != counted:
