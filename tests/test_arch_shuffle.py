@@ -50,6 +50,34 @@ def test_passed_on_channels_are_one_unit_and_the_branches_are_pruned() -> None:
         assert sn.group_sizes[inner] == 8 and layers[f"{block}.branch2.5"].in_units == inner
 
 
+def _shuffle(x: Tensor) -> Tensor:
+    b, c, h, w = x.shape
+    return x.view(b, 2, c // 2, h, w).transpose(1, 2).reshape(b, c, h, w)
+
+
+class ShuffledBeside(nn.Module):
+    """Shuffled channels concatenated with a conv's output, both read by one conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.conv = nn.Conv2d(1, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.mix, self.fc = nn.Conv2d(16, 8, 1), nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        return self.fc(self.mix(torch.cat([_shuffle(x), self.conv(x)], 1)).mean((2, 3)))
+
+
+def test_a_map_read_beside_kept_channels_is_kept_whole_too() -> None:
+    """A layer reads its inputs whole or by unit groups: a conv's output concatenated with
+    shuffled channels joins their one kept unit; the reader's own output is pruned."""
+    x = torch.zeros(2, 1, 8, 8)
+    sn = Supernet(to_supernet(ShuffledBeside(), x), x)
+    stem, conv, mix = (sn.layers[f"{n}.0"] for n in ("stem", "conv", "mix"))  # gated
+    assert conv.out_units == stem.out_units and sn.group_sizes[stem.out_units] == 1
+    assert mix.in_units is None and sn.group_sizes[mix.out_units] == 8
+
+
 def test_random_task_slim_copy_costs_what_espn_counts() -> None:
     x = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
