@@ -58,9 +58,15 @@ def _stream_units(name: str, last: str, out_stream: str, per_conv: bool) -> tupl
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convs and a residual add (ResNet18/34); the stride sits on the first conv."""
+    """Two 3x3 convs and a residual add (ResNet18/34); the stride sits on the first conv.
+
+    Each conv (``kernels``, the stride on conv ``strided``) has a task BatchNorm and a ReLU
+    but the last, which writes into the output stream; a 1x1 downsample shortcut joins where
+    the width, the resolution or (coupled streams) the stream's group changes."""
 
     expansion = 1
+    kernels: tuple[int, ...] = (3, 3)
+    strided = 0
 
     def __init__(
         self,
@@ -73,45 +79,15 @@ class BasicBlock(nn.Module):
         per_conv: bool = False,
     ) -> None:
         super().__init__()
-        inner = f"{name}.conv1"
-        last, short = _stream_units(name, "conv2", out_stream, per_conv)
-        self.conv1, self.bn1 = conv_bn(c_in, width, 3, stride, in_stream, inner)
-        self.conv2, self.bn2 = conv_bn(width, width, 3, 1, inner, last)
-        self.downsample: nn.Module | None = None
-        if stride != 1 or c_in != width or (not per_conv and in_stream != out_stream):
-            self.downsample = _downsample(c_in, width, stride, in_stream, short)
-        #: the unit groups this block writes into its output stream
-        self.writes = (last,) if self.downsample is None else (short, last)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        shortcut = x if self.downsample is None else self.downsample(x)
-        return F.relu(out + shortcut)
-
-
-class Bottleneck(nn.Module):
-    """1x1 reduce, 3x3 (carrying the stride, as torchvision's ResNet v1.5), 1x1 expand x4."""
-
-    expansion = 4
-
-    def __init__(
-        self,
-        c_in: int,
-        width: int,
-        stride: int,
-        name: str,
-        in_stream: str,
-        out_stream: str,
-        per_conv: bool = False,
-    ) -> None:
-        super().__init__()
-        c_out = width * self.expansion
-        g1, g2 = f"{name}.conv1", f"{name}.conv2"
-        last, short = _stream_units(name, "conv3", out_stream, per_conv)
-        self.conv1, self.bn1 = conv_bn(c_in, width, 1, 1, in_stream, g1)
-        self.conv2, self.bn2 = conv_bn(width, width, 3, stride, g1, g2)
-        self.conv3, self.bn3 = conv_bn(width, c_out, 1, 1, g2, last)
+        n, c_out = len(self.kernels), width * self.expansion
+        last, short = _stream_units(name, f"conv{n}", out_stream, per_conv)
+        groups = [in_stream, *(f"{name}.conv{i}" for i in range(1, n)), last]
+        widths = [c_in, *[width] * (n - 1), c_out]
+        for i, kernel in enumerate(self.kernels):
+            step = stride if i == self.strided else 1
+            conv, bn = conv_bn(widths[i], widths[i + 1], kernel, step, groups[i], groups[i + 1])
+            self.add_module(f"conv{i + 1}", conv)
+            self.add_module(f"bn{i + 1}", bn)
         self.downsample: nn.Module | None = None
         if stride != 1 or c_in != c_out or (not per_conv and in_stream != out_stream):
             self.downsample = _downsample(c_in, c_out, stride, in_stream, short)
@@ -119,11 +95,20 @@ class Bottleneck(nn.Module):
         self.writes = (last,) if self.downsample is None else (short, last)
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = F.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
+        out = x
+        for i in range(1, len(self.kernels) + 1):
+            out = getattr(self, f"bn{i}")(getattr(self, f"conv{i}")(out))
+            out = F.relu(out) if i < len(self.kernels) else out
         shortcut = x if self.downsample is None else self.downsample(x)
         return F.relu(out + shortcut)
+
+
+class Bottleneck(BasicBlock):
+    """1x1 reduce, 3x3 (carrying the stride, as torchvision's ResNet v1.5), 1x1 expand x4."""
+
+    expansion = 4
+    kernels = (1, 3, 1)
+    strided = 1
 
 
 class ResNet(nn.Module):
