@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import alive_features, call_hooked, param
+from espn.layers.base import alive_features, module_outputs, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.flops import run_hooked
@@ -101,18 +101,8 @@ def _feeds(
 def _only_reader(model: nn.Module, example: Tensor, pairs: dict[str, str]) -> dict[str, str]:
     """The pairs of :func:`_feeds` in which the follower is the only reader of the layer's
     output (counted on ``model``'s autograd graph, built by running it once)."""
-    outputs: dict[str, Tensor] = {}
-
-    def keep(name: str) -> Callable[..., None]:
-        def hook(m: nn.Module, inputs: tuple[object, ...], out: object) -> None:
-            if isinstance(out, Tensor):
-                outputs[name] = out
-
-        return hook
-
-    handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in set(pairs.values())]
     with torch.enable_grad():
-        out = call_hooked(model, handles, example)
+        out, outputs = module_outputs(model, set(pairs.values()), example)
     readers: dict[tuple[object, int], int] = {}
     seen, todo = set(), [out.grad_fn]
     while todo:

@@ -5,13 +5,12 @@ one-line refusal: see docs/architectures.md ("What wrap checks")."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError
-from espn.layers.base import call_hooked
+from espn.layers.base import module_outputs
 
 #: the batch sizes a task's slim copy must run at (the example's too): one sample, and an
 #: odd batch that no example batch size divides into
@@ -113,22 +112,10 @@ def _mixing_module(full: nn.Module, slim: nn.Module, x: Tensor) -> str | None:
         for n, m in full.named_modules()
         if n and n in kept and not type(m).__module__.startswith("espn.")
     ]
-    outs: tuple[dict[str, Tensor], dict[str, Tensor]] = ({}, {})
-
-    def keep(i: int, name: str) -> Callable[..., None]:
-        def hook(m: nn.Module, inputs: tuple[object, ...], out: object) -> None:
-            if isinstance(out, Tensor):
-                outs[i][name] = out.detach().double().flatten()
-
-        return hook
-
     with torch.no_grad():
-        for i, net in enumerate((full, slim)):
-            call_hooked(
-                net, [net.get_submodule(n).register_forward_hook(keep(i, n)) for n in hooked], x
-            )
+        outs = [module_outputs(net, hooked, x)[1] for net in (full, slim)]
     for name, got in outs[1].items():
-        want = outs[0][name].sort().values
+        got, want = got.double().flatten(), outs[0][name].double().flatten().sort().values
         at = torch.searchsorted(want, got).clamp(max=len(want) - 1)
         near = torch.minimum((want[at] - got).abs(), (want[(at - 1).clamp(min=0)] - got).abs())
         if bool((near > PROBE_TOLERANCE * got.abs().clamp(min=1)).any()):

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from espn.errors import EspnError
 from espn.layers.attention import SelfAttention
-from espn.layers.base import call_hooked
+from espn.layers.base import call_hooked, module_outputs
 
 
 class TokenConvertError(EspnError, ValueError):
@@ -109,18 +109,9 @@ def _attention_of(
 def token_outputs(model: nn.Module, example_input: Tensor, names: list[str]) -> set[str]:
     """The modules of ``names`` whose output has more than two dimensions on ``example_input``
     (features on the last dimension of a token tensor)."""
-    found: set[str] = set()
-    hooks = []
-    for name in names:
-
-        def hook(mod: nn.Module, inp: object, out: Tensor, name: str = name) -> None:
-            if isinstance(out, Tensor) and out.dim() > 2:
-                found.add(name)
-
-        hooks.append(model.get_submodule(name).register_forward_hook(hook))
     with torch.no_grad():
-        call_hooked(model, hooks, example_input)
-    return found
+        _, outputs = module_outputs(model, names, example_input)
+    return {name for name, out in outputs.items() if out.dim() > 2}
 
 
 @torch.no_grad()
