@@ -51,8 +51,7 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
                 "width)) v per head, then the output projection: q or k normalised, another "
                 "scale or a mask is not supported)"
             )
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, attention)
+        model.set_submodule(name, attention)
 
 
 def _qkv_pairs(model: nn.Module, linears: dict[str, nn.Linear]) -> dict[str, tuple[str, str]]:
