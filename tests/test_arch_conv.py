@@ -130,7 +130,8 @@ def test_unit_groups_couple_depthwise_squeeze_excitation_and_flatten():
 def test_flops_equal_measured_flops_and_export_equals_supernet(kind):
     """Under random unit masks, the analytic FLOPs equal FlopCounterMode on the slim copy
     (depthwise convs counted per group, squeeze-excitation convs included), which is really
-    narrower and computes what the supernet computes."""
+    narrower (a depthwise conv's groups and a layer scale cut to the alive channels) and
+    computes what the supernet computes."""
     sn = supernet_of(kind, multi_head=kind != "flatten-head")
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 1, 8, 8, generator=gen)
@@ -151,6 +152,9 @@ def test_flops_equal_measured_flops_and_export_equals_supernet(kind):
             if getattr(layer, "groups", 1) != 1:  # a depthwise conv keeps one group per channel
                 conv = slim.get_submodule(name)
                 assert conv.groups == conv.in_channels == widths[layer.out_units]
+        if kind == "convnext":  # a layer scale keeps its block's alive channels
+            for block in (slim.block1, slim.block2):
+                assert block.layer_scale.shape == (block.dw[0].out_channels, 1, 1)
 
 
 @pytest.mark.parametrize("kind", list(NETS))
