@@ -3,6 +3,7 @@ the caller) and every finished task restored into it (``espn evaluate/export``, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -142,16 +143,17 @@ class SavedRun:
 def load_run(
     run_dir: Path | str,
     device: str = default("device"),
-    supernet: Supernet | None = None,
+    build: Callable[[dict[str, Any]], Supernet] | None = None,
     trust_code: bool = False,
 ) -> SavedRun:
     """Rebuild a run's supernet from ``<run_dir>/checkpoint`` (the manifest's model name, or
-    ``supernet`` freshly built by the caller) and load every finished task. A relative
+    ``build(manifest)``: the caller's code) and load every finished task. A relative
     ``data_dir`` is read from ``run_dir``; a module the manifest names is imported only if
     ``trust_code`` (see :func:`espn.models.reference.reading_run`)."""
     m = read_manifest(checkpoint_dir(run_dir))
     check_results_match(run_dir, m)
     name = str(m["model"])
+    supernet = None if build is None else build(m)
     with reading_run(run_dir, trust_code):
         if supernet is not None:  # built by the caller's code: its name stands for it
             known_model(name)
@@ -186,4 +188,5 @@ def load_run(
             supernet = build_supernet(name, model_spec, example, cfg.seed, device)
     saved.restore(supernet)
     supernet.eval()
+    supernet.model_name = name
     return saved
