@@ -106,7 +106,7 @@ class SavedRun:
     manifest: dict[str, Any]
     config: RunConfig
     #: the supernet its tasks were restored into (:meth:`restore`)
-    supernet: Supernet = field(init=False, repr=False)
+    supernet: Supernet = field(init=False, repr=False, compare=False)
 
     @classmethod
     def read(
