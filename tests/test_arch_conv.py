@@ -1,4 +1,5 @@
-"""Depthwise convolutions, squeeze-excitation blocks and flatten-into-linear heads: the same
+"""Depthwise convolutions, squeeze-excitation blocks, flatten-into-linear heads and ConvNeXt
+(depthwise conv, channels-last LayerNorm and Linear MLP, layer scale): the same
 guarantees as ResNets (zero forgetting, FLOPs equal to FlopCounterMode on the exported slim
 model, export equal to the supernet, exact resume) and one-line refusals of what is not
 supported (grouped convolutions and GroupNorm: ``test_arch_grouped.py``)."""
@@ -25,6 +26,7 @@ from helpers.arch import (
     check_two_tasks,
     registered_run,
 )
+from helpers.constructs import ConvNeXt, ConvNeXtBlock
 from helpers.images import random_task
 
 
@@ -96,7 +98,13 @@ class FlattenHead(nn.Module):
         return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
 
 
-NETS = {"mobilenet": tiny_mobilenet, "se": TinySE, "vgg": TinyVGG, "flatten-head": FlattenHead}
+NETS = {
+    "mobilenet": tiny_mobilenet,
+    "se": TinySE,
+    "vgg": TinyVGG,
+    "flatten-head": FlattenHead,
+    "convnext": lambda: ConvNeXt(in_channels=1, classes=3),
+}
 
 
 def supernet_of(kind: str, multi_head: bool = True) -> Supernet:
@@ -122,7 +130,8 @@ def test_unit_groups_couple_depthwise_squeeze_excitation_and_flatten():
 def test_flops_equal_measured_flops_and_export_equals_supernet(kind):
     """Under random unit masks, the analytic FLOPs equal FlopCounterMode on the slim copy
     (depthwise convs counted per group, squeeze-excitation convs included), which is really
-    narrower and computes what the supernet computes."""
+    narrower (a depthwise conv's groups and a layer scale cut to the alive channels) and
+    computes what the supernet computes."""
     sn = supernet_of(kind, multi_head=kind != "flatten-head")
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(4, 1, 8, 8, generator=gen)
@@ -143,6 +152,9 @@ def test_flops_equal_measured_flops_and_export_equals_supernet(kind):
             if getattr(layer, "groups", 1) != 1:  # a depthwise conv keeps one group per channel
                 conv = slim.get_submodule(name)
                 assert conv.groups == conv.in_channels == widths[layer.out_units]
+        if kind == "convnext":  # a layer scale keeps its block's alive channels
+            for block in (slim.block1, slim.block2):
+                assert block.layer_scale.shape == (block.dw[0].out_channels, 1, 1)
 
 
 @pytest.mark.parametrize("kind", list(NETS))
@@ -168,7 +180,7 @@ def test_unit_flops_is_the_cost_of_one_unit(kind):
 
 
 @pytest.mark.parametrize("optim", OPTIMIZERS, ids=lambda o: o.optimizer)
-@pytest.mark.parametrize("kind", ["mobilenet", "se", "vgg"])
+@pytest.mark.parametrize("kind", ["mobilenet", "se", "vgg", "convnext"])
 def test_task_zero_logits_bit_identical_after_task_one(kind, optim, tmp_path):
     """ESPN-0.5: after task 1 (SGD with momentum or Adam, weight decay), task 0's logits and
     frozen weights are bit-identical, each task meets its FLOP and weight budgets, and the
@@ -213,12 +225,46 @@ class ChannelsLast(FlattenHead):
         return self.fc(torch.relu(self.bn(self.conv(x))).permute(0, 2, 3, 1).flatten(1))
 
 
+class GlobalResponseNorm(nn.Module):
+    """ConvNeXt V2's GRN on a channels-last map: each channel scaled by its spatial L2 norm
+    over the mean of all channels' norms (a statistic over the channels)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = x.norm(p=2, dim=(1, 2), keepdim=True)
+        return x + self.weight * x * (g / (g.mean(-1, keepdim=True) + 1e-6)) + self.bias
+
+
+class GRNBlock(ConvNeXtBlock):
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.grn = GlobalResponseNorm(4 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.grn(nn.functional.gelu(self.fc1(self.norm(self.dw(x).permute(0, 2, 3, 1)))))
+        return x + self.layer_scale * self.fc2(y).permute(0, 3, 1, 2)
+
+
+class ConvNeXtV2(ConvNeXt):
+    def __init__(self) -> None:
+        super().__init__(in_channels=1, classes=3)
+        self.block1 = GRNBlock(8)
+
+
 @pytest.mark.parametrize(
     ("net", "message"),
     [
         (ChannelsLast, "linear layer 'fc' reads a flattened feature map whose inputs are not"),
         (Branching, "a task's sub-network of Branching cannot be captured by torch.export"),
         (LearnedActivation, "module 'norm' is a PReLU with parameters; the converter supports"),
+        (
+            ConvNeXtV2,
+            "a task's sub-network of ConvNeXtV2 computes other outputs once its dead units "
+            "are removed (batch of 1): module 'block1.grn' (GlobalResponseNorm) mixes features",
+        ),
     ],
 )
 def test_unsupported_modules_refused_in_one_line(net, message):

@@ -339,7 +339,10 @@ def test_damaged_manifests_are_refused_by_every_reader(cli_run, case, message):
     [
         ("{not json", "is not valid JSON"),
         ("[1, 2]", "is not an espn results.json (not a JSON object)"),
-        ('{"task_names": ["a"]}', "is not an espn results.json (config: Field required)"),
+        (
+            '{"task_names": ["a"]}',
+            "is not an espn results.json (config: Field required; and 4 more)",
+        ),
     ],
 )
 def test_show_and_evaluate_refuse_a_damaged_results_json(cli_run, text, message):

@@ -188,6 +188,38 @@ class ChannelNorm(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+class ConvNeXtBlock(nn.Module):
+    """torchvision's CNBlock: a depthwise 7x7 conv, channels last, a LayerNorm and a Linear
+    MLP, channels first again, a layer scale, a residual add."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.layer_scale = nn.Parameter(0.1 * torch.ones(dim, 1, 1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        return x + self.layer_scale * self.fc2(F.gelu(self.fc1(y))).permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt: a patchify stem and a downsampling conv each with a :class:`LayerNorm2d`, a
+    block at each width, the pooled map normalised before the classifier."""
+
+    def __init__(self, in_channels: int = 3, classes: int = CLASSES) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(in_channels, 8, 2, 2), LayerNorm2d(8))
+        self.block1, self.block2 = ConvNeXtBlock(8), ConvNeXtBlock(16)
+        self.down = nn.Sequential(LayerNorm2d(8), nn.Conv2d(8, 16, 2, 2))
+        self.norm, self.fc = LayerNorm2d(16), nn.Linear(16, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.block2(self.down(self.block1(self.stem(x))))
+        return self.fc(self.norm(F.adaptive_avg_pool2d(x, 1)).flatten(1))
+
+
 class ConvHead(nn.Module):
     """SqueezeNet: the classifier is a 1x1 convolution, then global average pooling."""
 
@@ -244,6 +276,7 @@ CONSTRUCTS: dict[str, tuple[Callable[[], nn.Module], Tensor]] = {
     "qkv-chunk": (lambda: QkvSplit(chunk=True), _IMAGE),
     "class-token": (ClassToken, _IMAGE),
     "layernorm2d": (ChannelNorm, _IMAGE),
+    "convnext": (ConvNeXt, _IMAGE),
     "conv-head": (ConvHead, _IMAGE),
     "two-heads": (TwoHeads, _IMAGE),
     "embedding": (Embedding, torch.zeros(2, 12, dtype=torch.long)),

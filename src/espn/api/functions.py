@@ -5,6 +5,7 @@ docs/python.md)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,6 @@ from torch import Tensor, nn
 
 from espn.api import checks
 from espn.api.learner import ContinualLearner, LearnerError
-from espn.checkpoint.format import checkpoint_dir, read_manifest
 from espn.models.reference import (
     ModelReferenceError,
     build,
@@ -125,20 +125,19 @@ def load(
     benchmark (from ``data_dir``, default the recorded one; never downloaded). A module the
     run names is imported only if already imported or ``trust_model_code`` is set.
     """
-    manifest = read_manifest(checkpoint_dir(path))
-    name = str(manifest["model"])
-    given = None
-    if model is not None:
+
+    def given(manifest: dict[str, Any], model: nn.Module | Callable[..., nn.Module]) -> Supernet:
         spec = manifest["spec"]
-        given = wrap(
+        return wrap(
             model,
             example_input(spec, device),
             multi_head=bool(spec["multi_head"]),
             task_affine=bool(manifest["config"].get("task_affine", default("task_affine"))),
             **model_args,
         )
-    loaded = load_run(path, device, supernet=given, trust_code=trust_model_code)
-    loaded.supernet.model_name = name
+
+    build = None if model is None else partial(given, model=model)
+    loaded = load_run(path, device, build, trust_model_code)
     learner = ContinualLearner.from_config(loaded.supernet, loaded.config, progress=progress)
     learner.hold_run(loaded, benchmark_data, data_dir)
     return learner

@@ -25,7 +25,7 @@ from espn.runs.resuming import RunDirectory
 from espn.settings.training import METHOD_READS, OptimizerSettings, explicit
 from espn.supernet.supernet import Supernet
 from espn.training.callbacks import Callback, CallbackList
-from espn.training.distributed import join, shard_count
+from espn.training.distributed import Ranks, join, shard_count
 from espn.training.engine import Engine
 from espn.training.loggers import make_loggers
 from espn.training.progress import ProgressBar
@@ -82,12 +82,11 @@ class ContinualLearner(LearnerRuns):
             out = checks.check_save_path(out)
         with checks.about("settings"):
             strategy, cfg = _configure(supernet, method, recipe, settings, out)
-        setup = (supernet, strategy, cfg, progress, callbacks, loggers, log_every, distributed)
         ranks = join(distributed, next(supernet.parameters()).device)
         writes = ranks is None or ranks.writer  # rank 0 alone locks and writes
         lock = self._claim(out, overwrite) if out is not None and writes else None
         try:
-            self._setup(*setup)
+            self._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every, ranks)
             self.lock = lock
             if out is not None:
                 self._open(out, resume=not overwrite)
@@ -111,9 +110,8 @@ class ContinualLearner(LearnerRuns):
         """The learner of a resolved run configuration (``espn run``'s door)."""
         learner = cls.__new__(cls)
         strategy = METHODS.get(cfg.method)(cfg.method_config())
-        learner._setup(
-            supernet, strategy, cfg, progress, callbacks, loggers, log_every, distributed
-        )
+        ranks = join(distributed, next(supernet.parameters()).device)
+        learner._setup(supernet, strategy, cfg, progress, callbacks, loggers, log_every, ranks)
         return learner
 
     def _setup(
@@ -125,11 +123,11 @@ class ContinualLearner(LearnerRuns):
         callbacks: Iterable[Callback],
         loggers: Iterable[Callback | str],
         log_every: int | None,
-        distributed: bool = True,
+        ranks: Ranks | None,
     ) -> None:
         self.supernet, self.strategy, self.cfg = supernet, strategy, cfg
         #: the data-parallel ranks of a run under ``torchrun`` (None: this process alone)
-        self.ranks = join(distributed, next(supernet.parameters()).device)
+        self.ranks = ranks
         shard_count(cfg.shards, self.ranks)  # refuses fewer slices than ranks, up front
         if self.ranks is not None and self.ranks.device.type == "cuda":  # this rank's GPU
             supernet.to(self.ranks.device)

@@ -26,7 +26,7 @@ from espn.runs.checks import (
 )
 from espn.runs.config import RunConfig
 from espn.runs.from_run import check_source_unchanged
-from espn.runs.loading import LoadedRun
+from espn.runs.loading import SavedRun
 from espn.runs.resuming import RunDirectory, finished
 from espn.training.engine import Engine
 
@@ -86,7 +86,7 @@ class LearnerRuns(LearnedTasks):
         self.callbacks.append(rd)
 
     def hold_run(
-        self, loaded: LoadedRun, benchmark_data: bool = False, data_dir: Path | str | None = None
+        self, loaded: SavedRun, benchmark_data: bool = False, data_dir: Path | str | None = None
     ) -> None:
         """Hold a loaded run's finished tasks, with the test data saved beside a Python run or, with
         ``benchmark_data``, the benchmark read from ``data_dir`` (never downloaded)."""

@@ -117,12 +117,13 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         )
     from pydantic import ValidationError
 
-    from espn.checkpoint.manifest import Manifest, describe_errors
+    from espn.checkpoint.manifest import Manifest
+    from espn.utils.documents import describe_errors
 
     try:
         Manifest.model_validate(manifest)
     except ValidationError as exc:
-        what = describe_errors(exc)
+        what = describe_errors(exc, "manifest", limit=3)
         raise CheckpointError(f"{path} does not match the checkpoint format: {what}") from None
     return manifest
 

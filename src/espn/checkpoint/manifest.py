@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from espn.utils.limits import MAX_CLASSES, MAX_INPUT_DIMS, MAX_INPUT_VALUES, MAX_MODEL_VALUES
 
@@ -188,17 +188,3 @@ class Manifest(_Model):
         if self.complete and self.n_tasks is not None and len(self.tasks) != self.n_tasks:
             raise ValueError(f"marked complete with {len(self.tasks)} of {self.n_tasks} tasks")
         return self
-
-
-def describe_errors(exc: ValidationError, limit: int = 3) -> str:
-    """The first ``limit`` validation errors as ``where: what (got value)``."""
-    parts = []
-    for err in exc.errors()[:limit]:
-        where = ".".join(str(p) for p in err["loc"]) or "manifest"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        got = repr(err.get("input"))
-        parts.append(
-            f"{where}: {msg}" + (f" (got {got[:60]})" if err["type"] != "value_error" else "")
-        )
-    more = len(exc.errors()) - limit
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")

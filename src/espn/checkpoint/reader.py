@@ -93,14 +93,15 @@ def _read_task(
     )
 
 
-def read_checkpoint(directory: Path | str) -> Checkpoint:
-    """Read and validate a checkpoint: manifest, every file's size and SHA-256, tensor names.
+def read_checkpoint(directory: Path | str, manifest: dict[str, Any] | None = None) -> Checkpoint:
+    """Read and validate a checkpoint: manifest (unless the caller read it), every file's size
+    and SHA-256, tensor names.
 
     Version-1 checkpoints (every mask bit-packed, no owner ids) are read as they are and
     converted by :func:`restore`; a task's accuracy row, kept in its version-2 task file,
     is put back into its manifest entry (``"accuracy"``) in memory."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory) if manifest is None else manifest
     masks = []
     for entry in manifest["tasks"]:
         path = verify_file(directory, entry)

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from espn.errors import EspnError
+from espn.utils.documents import describe_errors
 from espn.utils.io import JsonFileError, read_json
 
 RESULTS = "results.json"
@@ -60,8 +61,6 @@ def read_results(run_dir: Path | str) -> dict[str, Any] | None:
     try:
         Results.model_validate(doc)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "document"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        raise ResultsError(f"{path} is not an espn results.json ({where}: {msg})") from None
+        what = describe_errors(exc, "document", limit=1)
+        raise ResultsError(f"{path} is not an espn results.json ({what})") from None
     return doc

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import alive_features, call_hooked, param
+from espn.layers.base import alive_features, module_outputs, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.flops import run_hooked
@@ -38,11 +38,6 @@ def _use_task(supernet: Supernet, task: int) -> None:
     if not 0 <= task < len(supernet.masks):
         raise ExportError(f"task {task} is not learned (tasks 0..{len(supernet.masks) - 1})")
     supernet.use_task(task)
-
-
-def _set(root: nn.Module, target: str, module: nn.Module | nn.Parameter) -> None:
-    parent, _, name = target.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, name, module)
 
 
 def _example(supernet: Supernet, example: Tensor | None) -> Tensor:
@@ -101,18 +96,8 @@ def _feeds(
 def _only_reader(model: nn.Module, example: Tensor, pairs: dict[str, str]) -> dict[str, str]:
     """The pairs of :func:`_feeds` in which the follower is the only reader of the layer's
     output (counted on ``model``'s autograd graph, built by running it once)."""
-    outputs: dict[str, Tensor] = {}
-
-    def keep(name: str) -> Callable[..., None]:
-        def hook(m: nn.Module, inputs: tuple[object, ...], out: object) -> None:
-            if isinstance(out, Tensor):
-                outputs[name] = out
-
-        return hook
-
-    handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in set(pairs.values())]
     with torch.enable_grad():
-        out = call_hooked(model, handles, example)
+        out, outputs = module_outputs(model, set(pairs.values()), example)
     readers: dict[tuple[object, int], int] = {}
     seen, todo = set(), [out.grad_fn]
     while todo:
@@ -251,14 +236,14 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
         plain = layer[-1] if isinstance(layer, nn.Sequential) else layer
         scale, shift = _affine(originals[gate], originals[layer_name], cut)
         _plain_adapter(originals[layer_name]).fold_affine(plain, scale, shift)
-        _set(copied, gate, nn.Identity())
+        copied.set_submodule(gate, nn.Identity())
     for writer, name in _writers(supernet, originals, stream, after):
         own = cut[writer]
         rank = torch.cumsum(own.long(), 0) - 1
         kept = stream[writer].nonzero().flatten()
         index = torch.where(own[kept], rank[kept], torch.full_like(kept, int(own.sum())))
-        _set(
-            copied, name, nn.Sequential(copied.get_submodule(name), Place(index.to(example.device)))
+        copied.set_submodule(
+            name, nn.Sequential(copied.get_submodule(name), Place(index.to(example.device)))
         )
     return copied.eval()
 
@@ -286,7 +271,7 @@ def _replace(
                 index = position[m.in_units]
                 if not torch.equal(index.cpu(), torch.arange(int(stream[m.in_units].sum()))):
                     new = nn.Sequential(Pick(index.to(device)), new)
-            _set(copied, name, new)
+            copied.set_submodule(name, new)
         elif isinstance(m, TaskParameters):
             for target, group in zip(m.targets, m.groups, strict=True):
                 _cut_parameter(copied, target, full, group)
@@ -297,7 +282,7 @@ def _replace(
                 _cut_parameter(copied, f"{name}.{target}" if name else target, full, m.group)
     for name, m in originals.items():
         if isinstance(m, SplitNorm):  # its parts are plain now: one norm of them all
-            _set(copied, name, cast(SplitNorm, copied.get_submodule(name)).joined())
+            copied.set_submodule(name, cast(SplitNorm, copied.get_submodule(name)).joined())
 
 
 def _writers(
@@ -327,7 +312,8 @@ def _cut_parameter(
         axis = channel_axis(value)
         keep = alive_features(units, group, 1, value.shape[axis]).to(value.device)
         value = value.index_select(axis, keep)
-    _set(model, target, param(value))
+    parent, _, leaf = target.rpartition(".")
+    setattr(model.get_submodule(parent), leaf, param(value))
 
 
 def plain_copy(supernet: Supernet, task: int, example: Tensor | None = None) -> nn.Module:
@@ -360,25 +346,16 @@ def fold_batchnorm(model: nn.Module, example: Tensor) -> nn.Module:
     into that layer's weight and bias, in place; returns ``model``. Computed in float64 and
     rounded once (outputs change by float32 rounding: docs/checkpoints.md)."""
 
-    def norm(m: nn.Module) -> bool:
-        adapter = adapter_for(m)
-        return adapter is not None and adapter.role == "norm"
+    def role(r: str) -> Callable[[nn.Module], bool]:
+        return lambda m: getattr(adapter_for(m), "role", None) == r
 
-    def layer(m: nn.Module) -> bool:
-        adapter = adapter_for(m)
-        return adapter is not None and adapter.role == "layer"
-
-    pairs = _only_reader(model, example, _feeds(model, example, layer, norm))
+    pairs = _only_reader(model, example, _feeds(model, example, role("layer"), role("norm")))
     for norm_name, layer_name in pairs.items():
         bn = model.get_submodule(norm_name)
-        fused = _plain_adapter_of(bn).fold_norm(model.get_submodule(layer_name).eval(), bn.eval())
+        fused = cast(LayerAdapter, adapter_for(bn)).fold_norm(
+            model.get_submodule(layer_name).eval(), bn.eval()
+        )
         if fused is not None:
-            _set(model, layer_name, fused)
-            _set(model, norm_name, nn.Identity())
+            model.set_submodule(layer_name, fused)
+            model.set_submodule(norm_name, nn.Identity())
     return model
-
-
-def _plain_adapter_of(m: nn.Module) -> LayerAdapter:
-    adapter = adapter_for(m)
-    assert adapter is not None
-    return adapter

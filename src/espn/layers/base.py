@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -72,6 +73,24 @@ def call_hooked(model: nn.Module, hooks: list[RemovableHandle], *args: Any, **kw
     finally:
         for h in hooks:
             h.remove()
+
+
+def module_outputs(
+    model: nn.Module, names: Iterable[str], *args: Any, **kw: Any
+) -> tuple[Any, dict[str, Tensor]]:
+    """``model(*args, **kw)`` and the tensor output of each module of ``names`` in that run,
+    in the order forward() finishes them."""
+    outputs: dict[str, Tensor] = {}
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, inputs: tuple[object, ...], out: object) -> None:
+            if isinstance(out, Tensor):
+                outputs[name] = out
+
+        return hook
+
+    hooks = [model.get_submodule(n).register_forward_hook(keep(n)) for n in names]
+    return call_hooked(model, hooks, *args, **kw), outputs
 
 
 def holding(module: nn.Module, weight: Tensor, bias: Tensor | None = None) -> nn.Module:

@@ -4,34 +4,16 @@ linear layer or 1-D convolution before it."""
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 
 from espn.layers.base import register
 from espn.layers.batchnorm2d import BatchNormAdapter
-from espn.supernet.layers import UnitModule, task_batch_norm
+from espn.supernet.layers import TaskBatchNorm
 
 
-class TaskBatchNorm1d(nn.BatchNorm1d, UnitModule):
-    """BatchNorm over dimension 1 of ``(N, C)`` or ``(N, C, L)`` whose affine parameters and
-    running statistics belong to the active task (see
-    :class:`~espn.supernet.layers.TaskBatchNorm2d`)."""
-
-    weight: nn.Parameter
-    bias: nn.Parameter
-    running_mean: Tensor
-    running_var: Tensor
-    num_batches_tracked: Tensor
-
-    def __init__(self, n: int, group: str, unit_size: int = 1) -> None:
-        super().__init__(n)
-        self._init_units(group, n, unit_size)
-
-    def reset_task(self, n_classes: int) -> None:
-        self.reset_parameters()
-
-    def forward(self, x: Tensor) -> Tensor:
-        return task_batch_norm(self, x)
+class TaskBatchNorm1d(TaskBatchNorm, nn.BatchNorm1d):
+    """A task BatchNorm over dimension 1 of ``(N, C)`` or ``(N, C, L)``."""
 
 
 @register

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError
+from espn.layers.base import module_outputs
 
 #: the batch sizes a task's slim copy must run at (the example's too): one sample, and an
 #: odd batch that no example batch size divides into
@@ -101,6 +102,27 @@ def random_units(
     return units
 
 
+def _mixing_module(full: nn.Module, slim: nn.Module, x: Tensor) -> str | None:
+    """The first module (as forward() finishes them), not of espn's own, whose outputs in
+    ``slim`` (a task's slim copy of ``full``, the supernet's model on that task) are not among
+    its outputs in ``full``, where dead features are exactly zero: one that mixes features."""
+    kept = dict(slim.named_modules())
+    hooked = [
+        n
+        for n, m in full.named_modules()
+        if n and n in kept and not type(m).__module__.startswith("espn.")
+    ]
+    with torch.no_grad():
+        outs = [module_outputs(net, hooked, x)[1] for net in (full, slim)]
+    for name, got in outs[1].items():
+        got, want = got.double().flatten(), outs[0][name].double().flatten().sort().values
+        at = torch.searchsorted(want, got).clamp(max=len(want) - 1)
+        near = torch.minimum((want[at] - got).abs(), (want[(at - 1).clamp(min=0)] - got).abs())
+        if bool((near > PROBE_TOLERANCE * got.abs().clamp(min=1)).any()):
+            return name
+    return None
+
+
 def _check_task_cut(model: nn.Module, example: Tensor) -> None:
     from espn.export.export import exported, measured_flops
     from espn.export.slim import slim_copy
@@ -145,9 +167,16 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
         if got.shape != expected.shape or not bool(
             ((got - expected).abs() <= PROBE_TOLERANCE * scale).all()
         ):
+            where = _mixing_module(sn.model, slim, x[:1])
             raise refuse(
                 f"computes other outputs once its dead units are removed (batch of {batch})",
-                "forward() moves channels where espn does not follow them (a reshape that "
+                f"module {where!r} ({type(model.get_submodule(where)).__name__}) mixes "
+                "features (a statistic over the channels, as ConvNeXt V2's GlobalResponseNorm "
+                "or an RMS norm over a map's channels), which espn does not follow; supported "
+                "norms: nn.LayerNorm (also over an NCHW map's channels), nn.BatchNorm, "
+                "nn.GroupNorm"
+                if where
+                else "forward() moves channels where espn does not follow them (a reshape that "
                 "regroups channels, such as a channel shuffle)",
             )
     flops = measured_flops(slim, example)

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from espn.errors import EspnError
 from espn.layers.attention import SelfAttention
-from espn.layers.base import call_hooked
+from espn.layers.base import call_hooked, module_outputs
 
 
 class TokenConvertError(EspnError, ValueError):
@@ -51,8 +51,7 @@ def replace_attention(model: nn.Module, example_input: Tensor) -> None:
                 "width)) v per head, then the output projection: q or k normalised, another "
                 "scale or a mask is not supported)"
             )
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, attention)
+        model.set_submodule(name, attention)
 
 
 def _qkv_pairs(model: nn.Module, linears: dict[str, nn.Linear]) -> dict[str, tuple[str, str]]:
@@ -109,18 +108,9 @@ def _attention_of(
 def token_outputs(model: nn.Module, example_input: Tensor, names: list[str]) -> set[str]:
     """The modules of ``names`` whose output has more than two dimensions on ``example_input``
     (features on the last dimension of a token tensor)."""
-    found: set[str] = set()
-    hooks = []
-    for name in names:
-
-        def hook(mod: nn.Module, inp: object, out: Tensor, name: str = name) -> None:
-            if isinstance(out, Tensor) and out.dim() > 2:
-                found.add(name)
-
-        hooks.append(model.get_submodule(name).register_forward_hook(hook))
     with torch.no_grad():
-        call_hooked(model, hooks, example_input)
-    return found
+        _, outputs = module_outputs(model, names, example_input)
+    return {name for name, out in outputs.items() if out.dim() > 2}
 
 
 @torch.no_grad()

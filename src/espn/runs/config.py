@@ -33,6 +33,7 @@ from espn.settings.training import (
     describe,
     layered,
 )
+from espn.utils.documents import describe_errors
 
 if TYPE_CHECKING:
     from espn.methods.base import Strategy
@@ -427,17 +428,4 @@ def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> Run
     try:
         return RunConfig.model_validate(values, context={"strategy": strategy})
     except ValidationError as exc:
-        raise config_error(exc) from None
-
-
-def config_error(exc: ValidationError) -> ConfigError:
-    """A :class:`RunConfig` validation error as one line, ``field: what is wrong``."""
-    lines = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "finite_number":
-            where = str(err["loc"][0]) if err["loc"] else where
-            msg = f"must be a finite number, got {err['input']!r}"
-        lines.append(f"{where}: {msg}")
-    return ConfigError("; ".join(lines))
+        raise ConfigError(describe_errors(exc, "config")) from None

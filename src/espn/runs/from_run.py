@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from espn.checkpoint import read_checkpoint, restore
 from espn.checkpoint.format import (
     CheckpointError,
     checkpoint_dir,
@@ -18,23 +17,18 @@ from espn.checkpoint.format import (
     read_manifest,
 )
 from espn.data.tasks import TaskSequence
-from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
-from espn.models.reference import reading_run
 from espn.runs.config import ConfigError, RunConfig
-from espn.runs.legacy import recorded_config
+from espn.runs.loading import SavedRun
 from espn.runs.resuming import finished
 from espn.supernet.supernet import Supernet
 
 
 @dataclass
-class SourceRun:
-    """The run ``--from-run`` names: its directory, manifest and configuration."""
+class SourceRun(SavedRun):
+    """The run ``--from-run`` names, of which the first ``keep`` tasks are kept."""
 
-    directory: Path
-    config: RunConfig
-    manifest: dict[str, Any]
-    keep: int  # tasks kept: the first ``keep`` of the source run
+    keep: int
 
 
 def open_source(cfg: RunConfig) -> SourceRun | None:
@@ -61,12 +55,11 @@ def open_source(cfg: RunConfig) -> SourceRun | None:
             f"config: after_task must be <= the {done} task(s) finished in {directory}, "
             f"got {cfg.after_task}"
         )
-    try:
-        with reading_run(directory):  # a module it names is imported only if --model names it
-            source = recorded_config(manifest["config"], directory, cfg.device)
+    try:  # a module it names is imported only if --model names it
+        config = SavedRun.read(directory, manifest, cfg.device).config
     except ConfigError as exc:
         raise ConfigError(f"from_run {directory}: its options are not valid here: {exc}") from None
-    return SourceRun(directory, source, manifest, int(cfg.after_task))
+    return SourceRun(directory, manifest, config, int(cfg.after_task))
 
 
 def check_compatible(cfg: RunConfig, source: SourceRun, seq: TaskSequence) -> None:
@@ -98,11 +91,9 @@ def adopt_tasks(
 ) -> tuple[list[list[float] | None], list[dict[str, Any]]]:
     """Load the source's first ``keep`` tasks into a freshly built ``supernet``; their
     accuracy rows and per-task records, as the new run's first rows and records."""
-    ckpt = read_checkpoint(checkpoint_dir(source.directory))
     fresh = {n: layer.weight.detach().clone() for n, layer in supernet.layers.items()}
+    source.restore(supernet)
     shared = METHODS.get(source.config.method).weights == "shared"
-    restore(ckpt, supernet, METHODS.get(source.config.method).weights)
-    check_statistics(supernet, ckpt.directory)
     k = source.keep
     supernet.masks = supernet.masks[:k]
     owners = supernet.owners
@@ -114,7 +105,7 @@ def adopt_tasks(
             layer.weight.copy_(torch.where(layer.frozen, layer.weight, fresh[name]))
     supernet.active_task = None
     supernet.use_task(k - 1)
-    return finished(ckpt.tasks[:k])
+    return finished(source.checkpoint.tasks[:k])
 
 
 def check_source_unchanged(

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from espn.methods.base import METHODS, declared_options
-from espn.runs.config import RunConfig, gather_method_options, make_config
+from espn.runs.config import gather_method_options
 
 #: what runs recorded before an option existed behaved as (read from older manifests)
 LEGACY_DEFAULTS: dict[str, Any] = {
@@ -75,11 +74,3 @@ def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
         o.name: given.get(o.name, then.get(o.name, o.default)) for o in strategy.options
     } | {k: v for k, v in given.items() if k not in own}  # unknown ones: refused on use
     return upgraded
-
-
-def recorded_config(saved: dict[str, Any], run_dir: Path | str, device: str) -> RunConfig:
-    """The configuration a run directory's manifest records (``saved``), upgraded and checked
-    (a ConfigError naming a value this espn refuses), for ``device`` and ``out=run_dir``."""
-    values = upgrade_saved_config(saved)
-    values = {k: v for k, v in values.items() if k not in ("device", "out")}
-    return make_config(**values, device=device, out=Path(run_dir))

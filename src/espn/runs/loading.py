@@ -3,7 +3,9 @@ the caller) and every finished task restored into it (``espn evaluate/export``, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import torch
 from torch import nn
 
 from espn.checkpoint import Checkpoint, read_checkpoint, restore
-from espn.checkpoint.format import CheckpointError, checkpoint_dir
+from espn.checkpoint.format import CheckpointError, checkpoint_dir, read_manifest
 from espn.inference.stored import check_statistics
 from espn.methods.base import METHODS
 from espn.models.reference import (
@@ -23,8 +25,8 @@ from espn.models.reference import (
 )
 from espn.models.registry import MODELS, ModelSpec, build_supernet
 from espn.runs.checks import check_results_match
-from espn.runs.config import RunConfig
-from espn.runs.legacy import recorded_config
+from espn.runs.config import RunConfig, make_config
+from espn.runs.legacy import upgrade_saved_config
 from espn.runs.preflight import check_device
 from espn.settings.training import default
 from espn.supernet.supernet import Supernet
@@ -96,33 +98,62 @@ def example_input(spec: dict[str, Any], device: str | torch.device) -> torch.Ten
 
 
 @dataclass
-class LoadedRun:
-    """A run's checkpoint loaded into a supernet rebuilt from its manifest alone."""
+class SavedRun:
+    """A run directory read once: its checkpoint's manifest, the configuration it records
+    (upgraded and checked by this espn) and, on first use, its tensors, verified."""
 
+    directory: Path
+    manifest: dict[str, Any]
     config: RunConfig
-    checkpoint: Checkpoint
-    supernet: Supernet
+    #: the supernet its tasks were restored into (:meth:`restore`)
+    supernet: Supernet = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def read(
+        cls, directory: Path | str, manifest: dict[str, Any], device: str, trust_code: bool = False
+    ) -> SavedRun:
+        """The run in ``directory``, whose ``manifest`` the caller has read, for ``device`` (a
+        module the manifest names is imported only if ``trust_code``, see :func:`reading_run`).
+        A ConfigError names a recorded value this espn refuses."""
+        values = upgrade_saved_config(manifest["config"])
+        values = {k: v for k, v in values.items() if k not in ("device", "out")}
+        with reading_run(directory, trust_code):
+            config = make_config(**values, device=device, out=Path(directory))
+        return cls(Path(directory), manifest, config)
 
     @property
     def n_tasks(self) -> int:
         """Tasks finished in the checkpoint."""
-        return len(self.supernet.masks)
+        return len(self.manifest["tasks"])
+
+    @cached_property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint's files, verified and loaded."""
+        return read_checkpoint(checkpoint_dir(self.directory), self.manifest)
+
+    def restore(self, supernet: Supernet) -> None:
+        """Load every finished task into a freshly built ``supernet``, held as this run's."""
+        self.supernet, method = supernet, self.config.method
+        # the kind of weights of the run's method (None: one this espn does not know)
+        weights = METHODS.get(method).weights if method in METHODS else None
+        restore(self.checkpoint, supernet, weights)
+        check_statistics(supernet, self.checkpoint.directory)
 
 
 def load_run(
     run_dir: Path | str,
     device: str = default("device"),
-    supernet: Supernet | None = None,
+    build: Callable[[dict[str, Any]], Supernet] | None = None,
     trust_code: bool = False,
-) -> LoadedRun:
+) -> SavedRun:
     """Rebuild a run's supernet from ``<run_dir>/checkpoint`` (the manifest's model name, or
-    ``supernet`` freshly built by the caller) and load every finished task. A relative
+    ``build(manifest)``: the caller's code) and load every finished task. A relative
     ``data_dir`` is read from ``run_dir``; a module the manifest names is imported only if
     ``trust_code`` (see :func:`espn.models.reference.reading_run`)."""
-    ckpt = read_checkpoint(checkpoint_dir(run_dir))
-    m = ckpt.manifest
+    m = read_manifest(checkpoint_dir(run_dir))
     check_results_match(run_dir, m)
     name = str(m["model"])
+    supernet = None if build is None else build(m)
     with reading_run(run_dir, trust_code):
         if supernet is not None:  # built by the caller's code: its name stands for it
             known_model(name)
@@ -135,11 +166,12 @@ def load_run(
                     f"the checkpoint is of model {name!r}, which this espn does not know; "
                     f"known models: {', '.join(MODELS.names())}"
                 )
-        cfg = recorded_config(m["config"], run_dir, device)
+    saved = SavedRun.read(run_dir, m, device, trust_code)
+    cfg = saved.config
     if cfg.data_dir is not None and not cfg.data_dir.is_absolute():  # read from run_dir
-        cfg = cfg.model_copy(update={"data_dir": Path(run_dir) / cfg.data_dir})
+        cfg = saved.config = cfg.model_copy(update={"data_dir": Path(run_dir) / cfg.data_dir})
     check_device(cfg.device)
-    spec = m["spec"]
+    spec = saved.checkpoint.manifest["spec"]  # every file verified before a model is built
     if supernet is None:
         model_spec = ModelSpec(
             tuple(spec["input_shape"]),
@@ -154,8 +186,7 @@ def load_run(
         example = example_input(spec, device)
         with reading_run(run_dir, trust_code):  # --trust-model-code holds for this read only
             supernet = build_supernet(name, model_spec, example, cfg.seed, device)
-    # the kind of weights of the run's method (None: one this espn does not know)
-    restore(ckpt, supernet, METHODS.get(cfg.method).weights if cfg.method in METHODS else None)
-    check_statistics(supernet, ckpt.directory)
+    saved.restore(supernet)
     supernet.eval()
-    return LoadedRun(cfg, ckpt, supernet)
+    supernet.model_name = name
+    return saved

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal, TypeGuard
+from typing import ClassVar, Literal, TypeGuard
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from espn.supernet.fast import MaskCaches, UnitCaches, is_on
 
@@ -324,9 +325,16 @@ class UnitGate(UnitModule):
         return out if shift is None else out + shift.view(shape)
 
 
-class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
+#: while it holds a function, training task BatchNorms call it instead (``(norm, x, weight,
+#: bias) -> output``; it keeps the running statistics): a sharded training step's (see
+#: :func:`espn.training.distributed.sharded_step`)
+SHARD_BATCH_NORM: list[Callable[..., Tensor]] = []
+
+
+class TaskBatchNorm(_BatchNorm, UnitModule):
     """BatchNorm (always affine, with running statistics) whose parameters and statistics
-    belong to the active task; a unit spans ``unit_size`` channels (of a grouped conv)."""
+    belong to the active task; a unit spans ``unit_size`` features (channels of a grouped
+    conv). A subclass names the torch BatchNorm class of its dimension too."""
 
     weight: nn.Parameter
     bias: nn.Parameter
@@ -339,29 +347,23 @@ class TaskBatchNorm2d(nn.BatchNorm2d, UnitModule):
         self._init_units(group, n, unit_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        return task_batch_norm(self, x)
+        """Batch statistics while training, the task's running statistics otherwise; scale
+        and shift masked by the task's units."""
+        weight, bias = self.masked_affine()
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training:
+            if SHARD_BATCH_NORM:
+                return SHARD_BATCH_NORM[-1](self, x, weight, bias)
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average, as torch's BatchNorm
+                factor = 1.0 / float(self.num_batches_tracked)
+        return F.batch_norm(
+            x, self.running_mean, self.running_var, weight, bias, self.training, factor, self.eps
+        )
 
 
-#: while it holds a function, training task BatchNorms call it instead (``(norm, x, weight,
-#: bias) -> output``; it keeps the running statistics): a sharded training step's (see
-#: :func:`espn.training.distributed.sharded_step`)
-SHARD_BATCH_NORM: list[Callable[..., Tensor]] = []
-
-
-def task_batch_norm(norm: Any, x: Tensor) -> Tensor:
-    """A task BatchNorm's forward (any dimension): batch statistics while training, the
-    task's running statistics otherwise; scale and shift masked by the task's units."""
-    weight, bias = norm.masked_affine()
-    factor = 0.0 if norm.momentum is None else norm.momentum
-    if norm.training:
-        if SHARD_BATCH_NORM:
-            return SHARD_BATCH_NORM[-1](norm, x, weight, bias)
-        norm.num_batches_tracked.add_(1)
-        if norm.momentum is None:  # cumulative moving average, as torch's BatchNorm
-            factor = 1.0 / float(norm.num_batches_tracked)
-    return F.batch_norm(
-        x, norm.running_mean, norm.running_var, weight, bias, norm.training, factor, norm.eps
-    )
+class TaskBatchNorm2d(TaskBatchNorm, nn.BatchNorm2d):
+    """A task BatchNorm over the channels of ``(N, C, H, W)``."""
 
 
 class TaskGroupNorm(nn.GroupNorm, UnitModule):

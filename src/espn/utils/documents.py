@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from espn.errors import EspnError
 from espn.utils.io import MAX_JSON_DEPTH, nests_deeper
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 #: the most values (numbers, strings, list items) a document may hold once YAML aliases are
 #: expanded: a few hundred bytes of nested aliases would otherwise expand to gigabytes
@@ -77,3 +80,21 @@ def check_size(value: Any, what: str, error: type[EspnError]) -> None:
             stack += [*item, *item.values()]
         elif isinstance(item, list | tuple):
             stack.extend(item)
+
+
+def describe_errors(exc: ValidationError, subject: str, limit: int | None = None) -> str:
+    """Pydantic's validation errors (the first ``limit``) as one line of ``where: what``,
+    with the value given where pydantic's message does not name it; ``subject`` stands for
+    where an error about the whole document is."""
+    errors = exc.errors()
+    parts = []
+    for err in errors[:limit]:
+        where = ".".join(str(p) for p in err["loc"]) or subject
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "finite_number":
+            msg = f"must be a finite number, got {err['input']!r}"
+        elif err["type"] not in ("value_error", "missing"):
+            msg += f" (got {repr(err.get('input'))[:60]})"
+        parts.append(f"{where}: {msg}")
+    more = len(errors) - len(parts)
+    return "; ".join(parts) + (f"; and {more} more" if more else "")
