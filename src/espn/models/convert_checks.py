@@ -176,8 +176,8 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
                 "norms: nn.LayerNorm (also over an NCHW map's channels), nn.BatchNorm, "
                 "nn.GroupNorm"
                 if where
-                else "forward() moves channels where espn does not follow them (a reshape that "
-                "regroups channels, such as a channel shuffle)",
+                else "forward() moves channels where espn does not follow them (a reshape or "
+                "an index that reorders channels)",
             )
     flops = measured_flops(slim, example)
     if flops != counted:
