@@ -45,8 +45,7 @@ class Group:
     in_unit: dict[str, int] = field(default_factory=dict)
     norm_unit: dict[str, int] = field(default_factory=dict)
     name: str = ""
-    #: channels that a split or shuffle passes on (see :func:`_fixed`): one unit spanning
-    #: every producer's and norm's channels, never pruned; its readers read all their inputs
+    #: channels a split or shuffle passes on, kept whole (see :func:`_fixed_group`)
     fixed: bool = False
 
 
@@ -87,9 +86,8 @@ def _fixed(
         for items in groups
     ]
     fixed = [any(_regroups(dep.target) for dep, _ in items) for items in groups]
-    kept: set[tuple[object, bool]] = set()
     while True:
-        kept |= {side for held, f in zip(sides, fixed, strict=True) if f for side in held}
+        kept = set().union(*(held for held, f in zip(sides, fixed, strict=True) if f))
         grown = [f or bool(held & kept) for held, f in zip(sides, fixed, strict=True)]
         if grown == fixed:
             return fixed
