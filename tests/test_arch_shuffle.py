@@ -1,7 +1,7 @@
 """ShuffleNet v2's channel split and channel shuffle (torchvision's own blocks): the channels a
-split or shuffle passes on are one never-pruned unit per layer, the convs inside each branch are
-pruned; zero forgetting, FLOPs equal to FlopCounterMode on the slim copy, any batch size.
-Tiny 1x8x8 models, seconds each."""
+split or shuffle passes on are kept whole (one unit group of one unit, never pruned), the convs
+inside each branch are pruned; zero forgetting, FLOPs equal to FlopCounterMode on the slim
+copy, any batch size. Tiny 1x8x8 models, seconds each."""
 
 from __future__ import annotations
 
@@ -32,15 +32,17 @@ class TinyShuffleNet(nn.Module):
 
 
 def test_passed_on_channels_are_one_unit_and_the_branches_are_pruned() -> None:
-    """What a shuffle or split passes on (each block's branch outputs) is one unit that
-    spans a layer's channels, and its readers read every input; the stem, read whole by the
-    stride-2 block, and the convs inside the branches keep a unit per channel."""
+    """What a shuffle or split passes on (each block's branch outputs) is one unit group of
+    one unit that spans each layer's channels, and its readers read every input; the stem,
+    read whole by the stride-2 block, and the convs inside the branches keep a unit per
+    channel."""
     x = torch.zeros(2, 1, 8, 8)
     sn = Supernet(to_supernet(TinyShuffleNet(), x), x)
     layers = sn.layers
+    kept = layers["blocks.0.branch1.2"].out_units
+    assert sn.group_sizes[kept] == 1
     for block in ("blocks.0.branch1.2", "blocks.0.branch2.5", "blocks.1.branch2.5"):
-        assert sn.group_sizes[layers[block].out_units] == 1
-        assert layers[block].out_unit_size == 8
+        assert layers[block].out_units == kept and layers[block].out_unit_size == 8
     assert layers["blocks.1.branch2.0"].in_units is None  # the split-off half of a shuffle
     assert sn.model.fc.in_units is None  # the task head
     assert sn.group_sizes[layers["stem.0"].out_units] == 8
