@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--arch", choices=("fc", "cnn"), default="fc")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--train", type=int, default=0, help="training images a task (0: all)")
+    parser.add_argument("--test", type=int, default=0, help="test images a task (0: all)")
     parser.add_argument("--skip-networks", action="store_true", help="input-subspace only")
     parser.add_argument(
         "--joint", action="store_true",
@@ -176,9 +177,10 @@ def main() -> None:
     test_x, test_y = load(args.data_dir, "test")
     tests, truth = [], []
     for t in range(5):
-        keep = (test_y == order[2 * t]) | (test_y == order[2 * t + 1])
+        keep = torch.nonzero((test_y == order[2 * t]) | (test_y == order[2 * t + 1])).flatten()
+        keep = keep[: args.test] if args.test else keep
         tests.append(test_x[keep])
-        truth.append(torch.full((int(keep.sum()),), t))
+        truth.append(torch.full((len(keep),), t))
     probe, truth_t = torch.cat(tests), torch.cat(truth)
     scores, held_scores, fitted = [], [], []
     for t in range(5):
