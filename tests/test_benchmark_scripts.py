@@ -83,9 +83,87 @@ def test_step_cost_times_every_phase_against_the_plain_loop() -> None:
         assert espn[5:15:2] == l2[5:15:2] and espn[15] == l2[15]
 
 
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
+)
+def test_whole_task_compares_espn_run_with_the_plain_loop_step_for_step() -> None:
+    out = run_script(
+        "whole_task.py",
+        *("--train-per-task", "300", "--test-per-task", "100", "--epochs", "1,2,1"),
+        *("--data-dir", "/usr/share/datasets"),
+    )
+    rows = [
+        row.split() for row in out.splitlines() if row.split()[:1] in (["ESPN-0.2"], ["packnet"])
+    ]
+    assert [r[0] for r in rows] == ["ESPN-0.2", "packnet"]
+    for row in rows:
+        # 2 batches of 256 per pass over 300 images, 1 + 2 + 1 passes
+        assert int(row[1]) == 2 * (1 + 2 + 1)
+        # espn / plain, espn / plain with the recipe's L2 term, the whole runs' ratio
+        assert row[4].endswith("x") and row[6].endswith("x") and row[9].endswith("x")
+        assert float(row[5]) > 0  # both recipes have the L2 term: the loop ran
+        assert all(0.0 <= float(r.rstrip("%")) <= 100.0 for r in row[11:13])
+
+
+@pytest.mark.slow  # two 1-task runs, about 10 s of CPU
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
+)
+def test_slim_paths_compares_the_two_runs_at_every_prune_event() -> None:
+    out = run_script(
+        "slim_paths.py",
+        *("--tasks", "1", "--train-per-task", "256", "--test-per-task", "64", "--epochs", "1,1,1"),
+    )
+    events = [
+        row.split() for row in out.splitlines() if row.split()[:1] in (["1"], ["2"], ["3"], ["4"])
+    ]
+    assert [int(e[0]) for e in events] == [1, 2, 3, 4]  # one prune epoch: 4 events
+    assert all(e[1:] == ["0", "0"] for e in events)  # masked until then in both runs
+    steps = {
+        line.split(":")[0]: int(line.split("; ")[1].split()[0])
+        for line in out.splitlines()
+        if "steps on slim copies" in line
+    }
+    assert steps["masked"] == 0 < steps["slim"]  # the fine-tuning's copy
+
+
+def test_step_pairs_times_every_phase_step_by_step() -> None:
+    out = run_script(
+        "step_pairs.py",
+        *("--models", "vit-p4", "--methods", "espn,packnet", "--steps", "3", "--skip", "1"),
+        *("--batch", "4", "--threads", "1"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["vit-p4"]]
+    # each method against the plain step and the plain step with the recipe's L2 term
+    assert [r[1:4:2] for r in rows] == [
+        [m, b] for m in ("ESPN-0.2", "packnet") for b in ("plain", "plain+L2")
+    ]
+    for row in rows:  # baseline ms, then each phase: name, ms, (ratio)
+        assert row[5::3] == ["pretrain", "prune", "finetune"]
+        assert all(r.startswith("(") and r.endswith("x)") for r in row[7::3])
+    for espn, l2 in zip(rows[::2], rows[1::2], strict=True):  # espn's ms in both rows
+        assert espn[6::3] == l2[6::3]
+
+
+def test_step_pairs_control_times_a_plain_twin_against_the_plain_step() -> None:
+    out = run_script(  # espn's reference step (the fast path off)
+        "step_pairs.py",
+        *("--models", "fc1024", "--methods", "individual", "--steps", "3", "--skip", "1"),
+        *("--batch", "4", "--threads", "1", "--control", "--reference"),
+    )
+    rows = [row.split() for row in out.splitlines() if row.split()[:1] == ["fc1024"]]
+    assert [r[3] for r in rows] == ["plain", "plain+L2", "control"]
+    plain, control = rows[0], rows[2]
+    assert control[4] == plain[4]  # the control's baseline is the plain step
+    assert all(r.startswith("(") and r.endswith("x)") for r in control[7::3])
+
+
 @pytest.mark.slow  # five tasks of two networks each and every score on 1,000 test images: ~15 s
 @pytest.mark.skipif(
-    not Path("/usr/share/datasets/fashion-mnist").is_dir(), reason="needs Fashion-MNIST's files"
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
 )
 def test_routing_study_scores_every_recipe() -> None:
     out = run_script("routing_study.py", "--train", "100", "--test", "100", "--epochs", "1")
