@@ -30,16 +30,15 @@ task is seen or kept. Recipes (higher = more likely the task's; argmax over task
 from __future__ import annotations
 
 import argparse
-import gzip
 import itertools
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from espn.data.offline import fashion_mnist
 from espn.inference.subspace import fit_subspaces, subspace_nll
 
 MEAN, STD = 0.2860, 0.3530  # espn's Fashion-MNIST normalisation
@@ -47,18 +46,9 @@ HELD_OUT_EVERY = 10
 ROTATIONS = 4
 
 
-def read_idx(path: Path) -> np.ndarray:
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(data[3])]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * data[3]).reshape(dims)
-
-
-def load(root: Path, split: str) -> tuple[Tensor, Tensor]:
-    prefix = "train" if split == "train" else "t10k"
-    x = torch.from_numpy(read_idx(root / f"{prefix}-images-idx3-ubyte.gz").copy())
-    y = torch.from_numpy(read_idx(root / f"{prefix}-labels-idx1-ubyte.gz").copy()).long()
-    return (x.unsqueeze(1).float() / 255.0 - MEAN) / STD, y
+def load(root: Path, train: bool) -> tuple[Tensor, Tensor]:
+    x, y = fashion_mnist(root, train=train)
+    return (x - MEAN) / STD, y
 
 
 def network(arch: str, outputs: int) -> nn.Sequential:
@@ -173,8 +163,8 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     order = torch.randperm(10, generator=torch.Generator().manual_seed(0)).tolist()
-    train_x, train_y = load(args.data_dir, "train")
-    test_x, test_y = load(args.data_dir, "test")
+    train_x, train_y = load(args.data_dir, True)
+    test_x, test_y = load(args.data_dir, False)
     tests, truth = [], []
     for t in range(5):
         keep = torch.nonzero((test_y == order[2 * t]) | (test_y == order[2 * t + 1])).flatten()
