@@ -1,11 +1,12 @@
 """How often each exemplar-free recipe picks the right task on split Fashion-MNIST 5x2.
 
-A study outside espn (plain PyTorch, one thread) of the routing recipes that
-docs/task-agnostic.md compares. The tasks are espn's ``split-fashion-mnist`` at seed 0 (the
-classes dealt in the seeded order, two a task); each task's network is trained on that task's
-training images alone (every tenth held out), and every score is calibrated from the task's
-held-out tenth only (standardised: minus its mean, over its deviation), so nothing of another
-task is seen or kept. Recipes (higher = more likely the task's; argmax over tasks):
+A study beside espn (plain PyTorch networks, one thread; espn gives the data and the
+``input-subspace`` rule) of the routing recipes that docs/task-agnostic.md compares. The
+tasks are espn's ``split-fashion-mnist`` at seed 0 (the classes dealt in the seeded order, two
+a task); each task's network is trained on that task's training images alone (every tenth
+held out), and every score is calibrated from the task's held-out tenth only (standardised:
+minus its mean, over its deviation), so nothing of another task is seen or kept. Recipes
+(higher = more likely the task's; argmax over tasks):
 
 - ``input-subspace``: espn's rule as it stands (the mixture of principal-subspace Gaussians of
   the input's edges, ``espn.inference.subspace``), raw and standardised;
