@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import resolve_name
 
 from espn.layers.base import ConvertError, ExportError
 
@@ -64,11 +65,12 @@ class FunctionalRead(nn.Module):
         return out
 
     def refuse(self, func: Callable[..., Any]) -> ConvertError:
+        what = (resolve_name(func) or str(func)).removesuffix(".__get__")
         return ConvertError(
-            f"forward() computes {getattr(func, '__name__', func)} on the weights of "
-            f"{self.name!r} without calling it; supported: passing them to the function that "
-            f"computes the layer's own call ({type(self.layer).__name__}: as F.linear(x, "
-            "self.fc.weight, self.fc.bias)), nothing else"
+            f"forward() computes {what} on the weights of {self.name!r} without calling it; "
+            "supported: passing them to the function that computes the layer's own call "
+            f"({type(self.layer).__name__}: as F.linear(x, self.fc.weight, self.fc.bias)), "
+            "nothing else"
         )
 
     def plain(self) -> nn.Module:
