@@ -37,6 +37,19 @@ class FunctionalRead(nn.Module):
     def bias(self) -> Tensor | None:
         return StandIn.of(self, "bias") if self.has_bias else None
 
+    def __getattr__(self, name: str) -> Any:
+        """The layer's other attributes that ``forward`` reads (a conv's ``stride``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if "layer" not in self._modules:
+                raise
+            return getattr(self._parts()[0], name)
+
+    def _parts(self) -> list[nn.Module]:
+        """The layer and what follows it (a gate), without their containers."""
+        return [m for m in self.layer.modules() if not isinstance(m, nn.Sequential | nn.Identity)]
+
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.layer(x)
         return out
@@ -75,7 +88,7 @@ class FunctionalRead(nn.Module):
 
     def plain(self) -> nn.Module:
         """The plain layer of an exported copy, whose own weights ``forward`` then reads."""
-        layers = [m for m in self.layer.modules() if not isinstance(m, nn.Sequential | nn.Identity)]
+        layers = self._parts()
         if len(layers) != 1:
             raise ExportError(
                 f"layer {self.name!r}, whose weights forward() reads through a function, cannot "
