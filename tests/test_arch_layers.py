@@ -110,6 +110,21 @@ class FunctionalNet(nn.Module):
         return F.linear(h, self.fc.weight, self.fc.bias)
 
 
+class FunctionalConv(nn.Module):
+    """A conv (its stride and padding read from it) and a LayerNorm whose weights ``forward``
+    passes to ``F.conv2d`` and ``F.layer_norm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        c, n = self.conv, self.norm
+        h = torch.relu(F.conv2d(x, c.weight, c.bias, c.stride, c.padding)).mean((2, 3))
+        return self.fc(F.layer_norm(h, n.normalized_shape, n.weight, n.bias, n.eps))
+
+
 class MatmulParameter(nn.Module):
     """A token model multiplying by a bare parameter: FLOPs espn would not count."""
 
@@ -148,6 +163,7 @@ NETS = {
     "embedding": TokenNet,
     "vit": HandViT,
     "functional": FunctionalNet,
+    "functional-conv": FunctionalConv,
 }
 
 
