@@ -240,7 +240,7 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
         copied.set_submodule(gate, nn.Identity())
     for name, m in originals.items():
         if isinstance(m, FunctionalRead):  # forward() reads the plain layer's own weights
-            copied.set_submodule(name, cast(FunctionalRead, copied.get_submodule(name)).plain())
+            copied.set_submodule(name, cast(FunctionalRead, copied.get_submodule(name)).own())
     for writer, name in _writers(supernet, originals, stream, after):
         own = cut[writer]
         rank = torch.cumsum(own.long(), 0) - 1

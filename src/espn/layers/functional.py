@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import resolve_name
 
-from espn.layers.base import ConvertError, ExportError
+from espn.layers.base import ConvertError
 
 
 class FunctionalRead(nn.Module):
@@ -44,11 +44,12 @@ class FunctionalRead(nn.Module):
         except AttributeError:
             if "layer" not in self._modules:
                 raise
-            return getattr(self._parts()[0], name)
+            return getattr(self.own(), name)
 
-    def _parts(self) -> list[nn.Module]:
-        """The layer and what follows it (a gate), without their containers."""
-        return [m for m in self.layer.modules() if not isinstance(m, nn.Sequential | nn.Identity)]
+    def own(self) -> nn.Module:
+        """The layer itself, without the container and gate it is converted to (plain
+        again in an exported copy, where ``forward`` reads its own weights)."""
+        return next(m for m in self.layer.modules() if not isinstance(m, nn.Sequential))
 
     def forward(self, x: Tensor) -> Tensor:
         out: Tensor = self.layer(x)
@@ -85,16 +86,6 @@ class FunctionalRead(nn.Module):
             f"({type(self.layer).__name__}: as F.linear(x, self.fc.weight, self.fc.bias)), "
             "nothing else"
         )
-
-    def plain(self) -> nn.Module:
-        """The plain layer of an exported copy, whose own weights ``forward`` then reads."""
-        layers = self._parts()
-        if len(layers) != 1:
-            raise ExportError(
-                f"layer {self.name!r}, whose weights forward() reads through a function, cannot "
-                "be exported with a gate or stream selection of its own"
-            )
-        return layers[0]
 
 
 class StandIn(Tensor):

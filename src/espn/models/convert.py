@@ -85,31 +85,32 @@ def _check_calls(
     model: nn.Module, example_input: Tensor, modules: dict[str, Convertible]
 ) -> dict[str, Convertible]:
     """Refuse a layer that ``forward`` calls more than once on the example input (its masks,
-    unit groups and FLOPs are per layer, and a second call would need its own). A layer never
-    called whose weights still reach the output is read through a function: it is put in a
-    :class:`FunctionalRead` (named ``NAME.layer`` from then on) whose function calls it.
-    Returns ``modules`` so renamed."""
-    calls, out = _calls(model, example_input, modules)
-    read = _read_through_functions([n for n, k in calls.items() if k == 0], modules, out)
-    if read:
-        for name in read:
-            model.set_submodule(name, FunctionalRead(name, modules[name]))
-        modules = {f"{n}.layer" if n in read else n: m for n, m in modules.items()}
-        calls, _ = _calls(model, example_input, modules)
-    again = [f"{n!r} ({k} times)" for n, k in calls.items() if k > 1]
-    if again:
-        raise ConvertError(
-            f"module {again[0]} is called more than once by forward(); a layer called again "
-            "is a shared layer, not supported (each call would need its own task masks and "
-            "FLOPs): use one module per call"
-        )
+    unit groups and FLOPs are per layer, and a second call would need its own), or never. A
+    layer not called is first put in a :class:`FunctionalRead` (named ``NAME.layer`` from
+    then on), which calls it where ``forward`` passes its weights to a function (Swin's
+    ``F.linear(x, self.qkv.weight, self.qkv.bias)``). Returns ``modules`` so renamed."""
+    calls = _calls(model, example_input, modules)
+    read = [n for n, k in calls.items() if k == 0]
+    for name in read:
+        model.set_submodule(name, FunctionalRead(name, modules[name]))
+    names = {f"{n}.layer" if n in read else n: n for n in modules}
+    modules = {key: modules[n] for key, n in names.items()}
+    for key, k in (_calls(model, example_input, modules) if read else calls).items():
+        if k == 0:
+            raise ConvertError(
+                f"module {names[key]!r} is not used by forward() on the example input"
+            )
+        if k > 1:
+            raise ConvertError(
+                f"module {names[key]!r} ({k} times) is called more than once by forward(); a "
+                "layer called again is a shared layer, not supported (each call would need its "
+                "own task masks and FLOPs): use one module per call"
+            )
     return modules
 
 
-def _calls(
-    model: nn.Module, example: Tensor, modules: dict[str, nn.Module]
-) -> tuple[dict[str, int], object]:
-    """How many times ``forward`` calls each of ``modules`` on ``example``, and its output."""
+def _calls(model: nn.Module, example: Tensor, modules: dict[str, nn.Module]) -> dict[str, int]:
+    """How many times ``forward`` calls each of ``modules`` on ``example``."""
     calls = dict.fromkeys(modules, 0)
 
     def count(name: str) -> Callable[..., None]:
@@ -119,25 +120,9 @@ def _calls(
         return hook
 
     hooks = [m.register_forward_pre_hook(count(n)) for n, m in modules.items()]
-    with torch.enable_grad():
-        return calls, call_hooked(model, hooks, example)
-
-
-def _read_through_functions(
-    uncalled: list[str], modules: dict[str, nn.Module], out: object
-) -> list[str]:
-    """The layers of ``uncalled`` whose weights still reach the output ``out``: a function
-    reads them (Swin's ``F.linear(x, self.qkv.weight, self.qkv.bias)``)."""
-    outs = [o.sum() for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, Tensor)]
-    outs = [o for o in outs if o.requires_grad]
-    read = []
-    for name in uncalled:
-        params = [p for p in modules[name].parameters() if p.requires_grad]
-        if outs and params:
-            grads = torch.autograd.grad(outs, params, allow_unused=True, retain_graph=True)
-            if any(g is not None for g in grads):
-                read.append(name)
-    return read
+    with torch.enable_grad():  # without, nn.TransformerEncoderLayer calls none of its layers
+        call_hooked(model, hooks, example)
+    return calls
 
 
 def _torch_class(m: nn.Module) -> type[nn.Module]:
