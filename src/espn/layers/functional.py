@@ -59,11 +59,7 @@ class FunctionalRead(nn.Module):
         """``func(*args, **kwargs)``, its arguments holding this layer's stand-ins: the layer
         called on ``args[0]``; refused unless that is what ``func`` computes."""
         x = args[0] if args else None
-        if (
-            not isinstance(x, Tensor)
-            or isinstance(x, StandIn)
-            or func is not (self.function or func)
-        ):
+        if not isinstance(x, Tensor) or isinstance(x, StandIn) or self.function not in (None, func):
             raise self.refuse(func)
         out = self(x)
         if self.function is None:
