@@ -74,7 +74,8 @@ class TokenMixer(nn.Module):
 
 
 class FunctionalAttention(nn.Module):
-    """Swin's window attention: its projections' weights passed to ``F.linear``."""
+    """Attention as Swin writes it (without its windows): its projections' weights passed to
+    ``F.linear``."""
 
     def __init__(self) -> None:
         super().__init__()
