@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 import espn
@@ -95,6 +96,35 @@ class HandViT(nn.Module):
         return self.head(self.norm(self.encoder(x)[:, 0]))
 
 
+class FunctionalNet(nn.Module):
+    """An MLP whose hidden layer and classifier ``forward`` never calls: it passes their
+    weights to ``F.linear`` (as Swin does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.hidden, self.fc = nn.Linear(64, 32), nn.Linear(32, 24), nn.Linear(24, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.inp(x.flatten(1)))
+        h = torch.relu(F.linear(h, self.hidden.weight, self.hidden.bias))
+        return F.linear(h, self.fc.weight, self.fc.bias)
+
+
+class FunctionalConv(nn.Module):
+    """A conv (its stride and padding read from it) and a LayerNorm whose weights ``forward``
+    passes to ``F.conv2d`` and ``F.layer_norm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        c, n = self.conv, self.norm
+        h = torch.relu(F.conv2d(x, c.weight, c.bias, c.stride, c.padding)).mean((2, 3))
+        return self.fc(F.layer_norm(h, n.normalized_shape, n.weight, n.bias, n.eps))
+
+
 class MatmulParameter(nn.Module):
     """A token model multiplying by a bare parameter: FLOPs espn would not count."""
 
@@ -127,7 +157,14 @@ def token_sequence(n_tasks: int = 2, n: int = 48, length: int = 8, vocabulary: i
     return TaskSequence("tokens", tasks, (length,), multi_head=True)
 
 
-NETS = {"bn-mlp": bn_mlp, "conv1d": SequenceNet, "embedding": TokenNet, "vit": HandViT}
+NETS = {
+    "bn-mlp": bn_mlp,
+    "conv1d": SequenceNet,
+    "embedding": TokenNet,
+    "vit": HandViT,
+    "functional": FunctionalNet,
+    "functional-conv": FunctionalConv,
+}
 
 
 def sequence(kind: str) -> TaskSequence | None:
@@ -220,6 +257,30 @@ def test_tied_weights_are_refused_not_untied():
 def test_a_module_called_twice_is_refused_not_counted_once():
     with pytest.raises(ConvertError, match=r"module 'mid' \(2 times\) is called more than once"):
         espn.wrap(CalledTwice(), torch.zeros(2, 1, 8, 8))
+
+
+class FunctionalMisuse(FunctionalNet):
+    """Reads the classifier's weights other than as its call: without its bias, or as a
+    matrix product."""
+
+    def __init__(self, use: str) -> None:
+        super().__init__()
+        self.use = use
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.inp(x.flatten(1)))
+        h = torch.relu(F.linear(h, self.hidden.weight, self.hidden.bias))
+        if self.use == "no bias":
+            return F.linear(h, self.fc.weight)
+        return h @ self.fc.weight.T + self.fc.bias
+
+
+@pytest.mark.parametrize(
+    ("use", "function"), [("no bias", "nn.functional.linear"), ("matmul", "Tensor.T")]
+)
+def test_weights_read_other_than_as_the_layers_call_are_refused(use, function):
+    with pytest.raises(ConvertError, match=rf"computes torch.{function} on the weights of 'fc'"):
+        espn.wrap(FunctionalMisuse(use), torch.zeros(2, 1, 8, 8))
 
 
 def test_hand_written_vit_keeps_its_tokens_per_task_and_cuts_them_on_export():

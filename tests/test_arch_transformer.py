@@ -432,6 +432,20 @@ def test_unsupported_models_are_refused_in_one_line(model, message):
     assert message in text and "\n" not in text
 
 
+@pytest.mark.parametrize("builder", ["swin_t", "swin_v2_t"])
+def test_swin_window_attention_is_refused_in_one_line_naming_it(builder):
+    """torchvision's Swin computes window attention with a relative position bias (V1) or a
+    logit scale (V2) of its own: refused before anything else, naming the module."""
+    import torchvision
+
+    model = getattr(torchvision.models, builder)(num_classes=3)
+    with pytest.raises(EspnError) as info:
+        espn.wrap(model, torch.zeros(2, 3, 32, 32))
+    text = str(info.value)
+    assert text.startswith("module 'features.1.0.attn' (ShiftedWindowAttention")
+    assert "Swin's window attention" in text and "\n" not in text
+
+
 def test_vit_refuses_inputs_it_cannot_cut_into_patches():
     with pytest.raises(EspnError, match=r"patch size 4 .* got input shape \(3, 30, 30\)"):
         espn.wrap("vit-p4", torch.zeros(2, 3, 30, 30), n_classes=2)

@@ -158,3 +158,23 @@ def test_step_pairs_control_times_a_plain_twin_against_the_plain_step() -> None:
     plain, control = rows[0], rows[2]
     assert control[4] == plain[4]  # the control's baseline is the plain step
     assert all(r.startswith("(") and r.endswith("x)") for r in control[7::3])
+
+
+@pytest.mark.slow  # five tasks of two networks each and every score on 1,000 test images: ~15 s
+@pytest.mark.skipif(
+    not Path("/usr/share/datasets/fashion-mnist").is_dir(),
+    reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
+)
+def test_routing_study_scores_every_recipe() -> None:
+    out = run_script("routing_study.py", "--train", "100", "--test", "100", "--epochs", "1")
+    cells = [line.split("|") for line in out.splitlines()]
+    shares = {
+        row[1].split(":")[0].strip(): [float(v) for v in row[2].split("/")]
+        for row in cells
+        if len(row) == 4 and ": raw / standardised" in row[1]
+    }
+    recipes = ["max-logit", "mahalanobis", "rotation-logit", "rotation-softmax"]
+    assert list(shares) == ["input-subspace", *recipes, "rotation-mahalanobis"]
+    assert all(0 <= v <= 100 for pair in shares.values() for v in pair)
+    # the input density alone tells these tasks apart far above chance (20%)
+    assert shares["input-subspace"][0] > 50

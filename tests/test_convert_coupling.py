@@ -100,11 +100,6 @@ class ChannelMLP(nn.Module):
         (InputConcat, "layer 'mix'", "3 of its 11 channels come from no layer"),
         (ScaledShuffle, "module 'gamma'", "channel split or shuffle passes on"),
         (CONSTRUCTS["token-mixing"][0], "layer 'tokens.0'", "mixing tokens is not supported"),
-        (
-            CONSTRUCTS["functional-weight"][0],
-            "module 'qkv'",
-            "functional use of a module's weights is not supported",
-        ),
         (SplitProjection, "layer 'proj'", "splitting a feature map"),
         (NarrowMixer, "layer 'fc'", "a reshape or transpose moves channels to another axis"),
     ],

@@ -75,22 +75,35 @@ class TokenMixer(nn.Module):
         return self.fc(x.mean(1))
 
 
+class FunctionalAttention(nn.Module):
+    """Attention as Swin writes it (without its windows): its projections' weights passed to
+    ``F.linear``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(32, 96), nn.Linear(32, 32)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = F.linear(x, self.qkv.weight, self.qkv.bias).chunk(3, dim=-1)
+        return F.linear(F.scaled_dot_product_attention(q, k, v), self.proj.weight, self.proj.bias)
+
+
 class FunctionalWeight(nn.Module):
-    """Swin: a module's weight used through a function, the module itself never called."""
+    """Swin: modules' weights used through a function, the modules themselves never called
+    (an attention, an MLP and the classifier)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = nn.Linear(48, 32)
-        self.qkv = nn.Linear(32, 96)
-        self.proj = nn.Linear(32, 32)
+        self.attn = FunctionalAttention()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 32, bias=False)
         self.fc = nn.Linear(32, CLASSES)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.stem(F.pixel_unshuffle(x, 4).flatten(2).transpose(1, 2))  # (batch, 16, 32)
-        q, k, v = F.linear(x, self.qkv.weight, self.qkv.bias).chunk(3, dim=-1)
-        a = F.scaled_dot_product_attention(q, k, v)
-        x = x + F.linear(a, self.proj.weight, self.proj.bias)
-        return self.fc(x.mean(1))
+        x = x + self.attn(x)
+        x = x + F.linear(F.gelu(F.linear(x, self.fc1.weight, self.fc1.bias)), self.fc2.weight)
+        return F.linear(x.mean(1), self.fc.weight, self.fc.bias)
 
 
 class LayerScale(nn.Module):

@@ -15,6 +15,7 @@ from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import alive_features, module_outputs, param
 from espn.layers.batchnorm2d import SplitNorm
+from espn.layers.functional import FunctionalRead
 from espn.layers.parameters import TaskParameters, channel_axis
 from espn.supernet.flops import run_hooked
 from espn.supernet.layers import (
@@ -237,6 +238,9 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
         scale, shift = _affine(originals[gate], originals[layer_name], cut)
         _plain_adapter(originals[layer_name]).fold_affine(plain, scale, shift)
         copied.set_submodule(gate, nn.Identity())
+    for name, m in originals.items():
+        if isinstance(m, FunctionalRead):  # forward() reads the plain layer's own weights
+            copied.set_submodule(name, cast(FunctionalRead, copied.get_submodule(name)).own())
     for writer, name in _writers(supernet, originals, stream, after):
         own = cut[writer]
         rank = torch.cumsum(own.long(), 0) - 1

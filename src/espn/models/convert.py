@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from espn.layers import ConvertError, Placement, adapter_for, source_names
 from espn.layers.base import call_hooked
+from espn.layers.functional import FunctionalRead
 from espn.layers.layernorm import channel_layer_norm
 from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
@@ -80,10 +81,36 @@ def _refuse_parameter(model: nn.Module, owner: str) -> ConvertError:
     )
 
 
-def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.Module]) -> None:
+def _check_calls(
+    model: nn.Module, example_input: Tensor, modules: dict[str, Convertible]
+) -> dict[str, Convertible]:
     """Refuse a layer that ``forward`` calls more than once on the example input (its masks,
-    unit groups and FLOPs are per layer, and a second call would need its own), or never
-    while reading its weights through a function (see :func:`_refuse_functional`)."""
+    unit groups and FLOPs are per layer, and a second call would need its own), or never. A
+    layer not called is first put in a :class:`FunctionalRead` (named ``NAME.layer`` from
+    then on), which calls it where ``forward`` passes its weights to a function (Swin's
+    ``F.linear(x, self.qkv.weight, self.qkv.bias)``). Returns ``modules`` so renamed."""
+    calls = _calls(model, example_input, modules)
+    read = [n for n, k in calls.items() if k == 0]
+    for name in read:
+        model.set_submodule(name, FunctionalRead(name, modules[name]))
+    names = {f"{n}.layer" if n in read else n: n for n in modules}
+    modules = {key: modules[n] for key, n in names.items()}
+    for key, k in (_calls(model, example_input, modules) if read else calls).items():
+        if k == 0:
+            raise ConvertError(
+                f"module {names[key]!r} is not used by forward() on the example input"
+            )
+        if k > 1:
+            raise ConvertError(
+                f"module {names[key]!r} ({k} times) is called more than once by forward(); a "
+                "layer called again is a shared layer, not supported (each call would need its "
+                "own task masks and FLOPs): use one module per call"
+            )
+    return modules
+
+
+def _calls(model: nn.Module, example: Tensor, modules: dict[str, nn.Module]) -> dict[str, int]:
+    """How many times ``forward`` calls each of ``modules`` on ``example``."""
     calls = dict.fromkeys(modules, 0)
 
     def count(name: str) -> Callable[..., None]:
@@ -93,36 +120,9 @@ def _check_calls(model: nn.Module, example_input: Tensor, modules: dict[str, nn.
         return hook
 
     hooks = [m.register_forward_pre_hook(count(n)) for n, m in modules.items()]
-    with torch.enable_grad():
-        out = call_hooked(model, hooks, example_input)
-    _refuse_functional([n for n, k in calls.items() if k == 0], modules, out)
-    again = [f"{n!r} ({k} times)" for n, k in calls.items() if k > 1]
-    if again:
-        raise ConvertError(
-            f"module {again[0]} is called more than once by forward(); a layer called again "
-            "is a shared layer, not supported (each call would need its own task masks and "
-            "FLOPs): use one module per call"
-        )
-
-
-def _refuse_functional(uncalled: list[str], modules: dict[str, nn.Module], out: object) -> None:
-    """Refuse a layer ``forward`` never calls whose weights still reach the output ``out``:
-    a function reads them (Swin's ``F.linear(x, self.qkv.weight, self.qkv.bias)``), so the
-    layer's own forward, where espn masks them, is bypassed."""
-    outs = [o.sum() for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, Tensor)]
-    outs = [o for o in outs if o.requires_grad]
-    for name in uncalled:
-        params = [p for p in modules[name].parameters() if p.requires_grad]
-        if not outs or not params:
-            continue
-        grads = torch.autograd.grad(outs, params, allow_unused=True, retain_graph=True)
-        if any(g is not None for g in grads):
-            raise ConvertError(
-                f"module {name!r} is never called by forward(), which reads its weights through "
-                f"a function (such as F.linear(x, self.{name.rpartition('.')[2]}.weight)); espn "
-                "masks a layer's weights in the layer's own forward, so functional use of a "
-                "module's weights is not supported: call the module instead"
-            )
+    with torch.enable_grad():  # without, nn.TransformerEncoderLayer calls none of its layers
+        call_hooked(model, hooks, example)
+    return calls
 
 
 def _torch_class(m: nn.Module) -> type[nn.Module]:
@@ -186,12 +186,7 @@ def _plain_layers(model: nn.Module, example: Tensor) -> None:
             f"converts it as {torch_name}, so it is not supported"
         )
     for name, seq in split.items():
-        _set(model, name, seq)
-
-
-def _set(root: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, child, module)
+        model.set_submodule(name, seq)
 
 
 def to_supernet(
@@ -222,7 +217,7 @@ def to_supernet(
     _plain_layers(model, example_input)
     replace_attention(model, example_input)
     modules, bare = _check_modules(model)
-    _check_calls(model, example_input, modules)
+    modules = _check_calls(model, example_input, modules)
     graph = dependency_graph(model, example_input)
     successor = successors(graph, modules)
     heads = output_layers(model, example_input, graph, modules)
@@ -240,7 +235,7 @@ def to_supernet(
     for name in token_outputs(model, example_input, linears):
         places[name].tokens = True
     for name, m in modules.items():
-        _set(model, name, adapter(m).convert(m, places[name]))
+        model.set_submodule(name, adapter(m).convert(m, places[name]))
     if adopted:
         adopted = {n: adopted[n] for n in bare if n in adopted}  # the model's order
         _hold_parameters(model, bare, adopted)
