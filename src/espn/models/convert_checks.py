@@ -5,12 +5,16 @@ one-line refusal: see docs/architectures.md ("What wrap checks")."""
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError
 from espn.layers.base import module_outputs
+
+if TYPE_CHECKING:
+    from espn.supernet.supernet import Supernet
 
 #: the batch sizes a task's slim copy must run at (the example's too): one sample, and an
 #: odd batch that no example batch size divides into
@@ -123,9 +127,9 @@ def _mixing_module(full: nn.Module, slim: nn.Module, x: Tensor) -> str | None:
     return None
 
 
-def _check_task_cut(model: nn.Module, example: Tensor) -> None:
-    from espn.export.export import exported, measured_flops
-    from espn.export.slim import slim_copy
+def _random_task(model: nn.Module, example: Tensor) -> Supernet:
+    """A supernet of a copy of ``model`` holding one committed task of random units and
+    per-task parameters (a weight near 1, the rest near 0)."""
     from espn.supernet.supernet import Supernet
 
     sn = Supernet(copy.deepcopy(model), example)
@@ -138,6 +142,14 @@ def _check_task_cut(model: nn.Module, example: Tensor) -> None:
     sn.set_unit_masks(random_units(sn.group_sizes, gen))
     sn.eval()
     sn.commit_task()
+    return sn
+
+
+def _check_task_cut(model: nn.Module, example: Tensor) -> None:
+    from espn.export.export import exported, measured_flops
+    from espn.export.slim import slim_copy
+
+    sn = _random_task(model, example)
 
     def refuse(what: str, why: str = "") -> ConvertError:
         why = why or (
