@@ -376,3 +376,31 @@ def test_a_recipe_sets_only_declared_recipe_settings():
     odd = REGIMES.temporarily("odd", {"regime": "mnist", "sideways": 1})
     with odd, pytest.raises(ValueError, match="sideways"):
         make_config(benchmark="permuted-mnist", recipe="odd")
+
+
+def test_a_setting_newer_than_a_checkpoint_resumes_at_its_default(tmp_path: Path):
+    """Adding a training setting needs no entry for older runs: a manifest saved before the
+    setting existed reads as having run at its declared default, so resuming it with that
+    default finds no difference, and with another value names the setting."""
+    from espn.runs.checks import option_differences
+    from espn.runs.legacy import LEGACY_DEFAULTS, upgrade_saved_config
+
+    cfg = make_config(benchmark="permuted-mnist", model="fc1024", out=tmp_path / "run")
+    method_options = set(declared_options())
+    checked = 0
+    for name in SETTING_NAMES:
+        if name in method_options or name in LEGACY_DEFAULTS or name == "method_options":
+            continue  # a method's option, or one that ran otherwise before it existed
+        if getattr(cfg, name) != getattr(DEFAULTS, name):  # a recipe's value: not a default
+            continue
+        saved = cfg.model_dump(mode="json")
+        del saved[name]
+        assert option_differences(upgrade_saved_config(saved), cfg) == [], name
+        checked += 1
+    assert checked >= 15
+    saved = cfg.model_dump(mode="json")
+    del saved["weight_decay"]
+    other = make_config(benchmark="permuted-mnist", model="fc1024", weight_decay=0.5)
+    assert option_differences(upgrade_saved_config(saved), other) == [
+        "weight_decay=0.0 in the checkpoint, 0.5 now"
+    ]

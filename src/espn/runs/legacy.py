@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from espn.methods.base import METHODS, declared_options
 from espn.runs.config import gather_method_options
+from espn.settings.training import SETTING_NAMES, default
 
-#: what runs recorded before an option existed behaved as (read from older manifests)
+#: what runs recorded before an option existed behaved as, where that is not the option's
+#: default (a training setting newer than a manifest ran at its declared default)
 LEGACY_DEFAULTS: dict[str, Any] = {
     "task_affine": True,
     "flop_load": "total",
-    "warmup": 0,
-    "finetune_schedule": "cosine",
     "task_seed": None,
     "class_order": None,
     "init_weights": None,
-    "weight_decay": 0.0,
-    "momentum": 0.0,
 }
 #: run options that became ESPN's own (``method_options``); older configurations have them
 #: at the top level, also for methods that never read them
@@ -49,9 +48,14 @@ def upgrade_saved_config(values: dict[str, Any]) -> dict[str, Any]:
     values = dict(values)
     declared = declared_options()
     flat_era = any(k in values for k in declared)  # saved before options were the methods'
+    newer = {  # as a manifest holds them (JSON: a tuple is a list)
+        k: json.loads(json.dumps(default(k)))
+        for k in SETTING_NAMES
+        if k not in declared and k != "method_options"
+    }
     legacy = {
         k: v
-        for k, v in LEGACY_DEFAULTS.items()
+        for k, v in (newer | LEGACY_DEFAULTS).items()
         if k not in values and (flat_era or k not in MOVED_TO_METHOD)
     }
     upgraded = legacy | values
