@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from espn.utils.io import atomic_target
-from espn.utils.plotting import pyplot
+from espn.utils.plotting import pyplot, write_figure
 
 
 def plot_run(results: dict, path: Path) -> None:
@@ -28,7 +27,4 @@ def plot_run(results: dict, path: Path) -> None:
     ax_flops.set_xticks(tasks)
     ax_flops.set_ylim(0, 1.05)
     ax_flops.legend(loc="upper right")
-    fig.tight_layout()
-    with atomic_target(path) as tmp:
-        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
+    write_figure(fig, path)

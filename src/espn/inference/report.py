@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from espn.evaluation.results import RESULTS, read_results
-from espn.utils.io import atomic_target, write_json_atomic
-from espn.utils.plotting import pyplot
+from espn.utils.io import write_json_atomic
+from espn.utils.plotting import pyplot, write_figure
 
 #: the key of results.json holding what ``espn evaluate --task-agnostic`` measured
 KEY = "task_agnostic"
@@ -61,7 +61,4 @@ def plot_confusion(doc: dict[str, Any], path: Path, names: list[str] | None = No
                 color = "white" if shares[i][j] > 50 else "black"
                 ax.text(j, i, f"{shares[i][j]:.0f}", ha="center", va="center", color=color)
     fig.colorbar(image, ax=ax, label="% of the true task's test samples")
-    fig.tight_layout()
-    with atomic_target(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    write_figure(fig, path)

@@ -115,6 +115,10 @@ class Strategy(ABC):
     #: and masked-L2 term alone, so that a physically slimmed copy of the task's sub-network
     #: trains them exactly (see :mod:`espn.training.slim_step`)
     trains_slim: ClassVar[bool] = False
+    #: the attribute holding the method's own parameters by layer (:meth:`extra_parameters`,
+    #: e.g. SupSup's ``scores``) and the state key listing their layers; a checkpoint stores
+    #: each as ``<attribute>.<layer>``. None: it has none
+    own_parameters: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, cfg: TrainingSettings) -> None:
         self.cfg = cfg
@@ -298,17 +302,29 @@ class Strategy(ABC):
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state that a task resumed mid-way needs (checkpoints); methods that keep
         more state between ``begin_task`` and the end of a task extend it."""
-        return {
+        state: dict[str, Any] = {
             "weight_budget": self.weight_budget,
             "layer_budgets": dict(self.layer_budgets),
             "layer_free": dict(self.layer_free),
         }
+        if self.own_parameters is not None:
+            attribute, layers = self.own_parameters
+            own: dict[str, nn.Parameter] = getattr(self, attribute)
+            state[layers] = list(own)
+            state |= {f"{attribute}.{n}": p.detach() for n, p in own.items()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (in place of ``begin_task`` on resume)."""
         self.weight_budget = int(state["weight_budget"])
         self.layer_budgets = {k: int(v) for k, v in state["layer_budgets"].items()}
         self.layer_free = {k: int(v) for k, v in state["layer_free"].items()}
+        if self.own_parameters is not None:
+            attribute, layers = self.own_parameters
+            own = {
+                n: nn.Parameter(state[f"{attribute}.{n}"].detach().clone()) for n in state[layers]
+            }
+            setattr(self, attribute, own)
 
     def attach(self, supernet: Supernet) -> None:
         """Called once when the engine is built, before any task is trained or a checkpoint
@@ -321,8 +337,10 @@ class Strategy(ABC):
         return seq.tasks
 
     def extra_parameters(self) -> list[nn.Parameter]:
-        """Trainable tensors the method owns besides the supernet's (e.g. SupSup's scores)."""
-        return []
+        """Trainable tensors the method owns besides the supernet's (:attr:`own_parameters`)."""
+        return (
+            [] if self.own_parameters is None else [*getattr(self, self.own_parameters[0]).values()]
+        )
 
     def skips(self, phase: Phase) -> bool:
         """Whether the engine leaves ``phase`` out when it comes to it (a decision taken

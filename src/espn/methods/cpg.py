@@ -72,6 +72,7 @@ class CPG(Strategy):
     }
     own_optim = OptimConfig("adam", 5e-4, 0.0, 0.0, (0.9, 0.999), schedule="phase")
     own_lr = "cpg_mask_lr"
+    own_parameters = ("scores", "score_layers")
     options = METHOD_OPTIONS["cpg"]
 
     @classmethod
@@ -160,10 +161,8 @@ class CPG(Strategy):
             "measuring": self.measuring,
             "correct": int(self.correct),
             "seen": self.seen,
-            "score_layers": list(self.scores),
             "snapshot_keys": list(self.snapshot),
         }
-        state |= {f"scores.{n}": s.detach() for n, s in self.scores.items()}
         return state | {f"snapshot.{k}": v for k, v in self.snapshot.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -176,14 +175,8 @@ class CPG(Strategy):
         self.goal = None if state["goal"] is None else float(state["goal"])
         self.measuring = bool(state["measuring"])
         self.correct, self.seen = int(state["correct"]), int(state["seen"])
-        self.scores = {
-            n: nn.Parameter(state[f"scores.{n}"].detach().clone()) for n in state["score_layers"]
-        }
         self.snapshot = {k: state[f"snapshot.{k}"].clone() for k in state["snapshot_keys"]}
         self._frozen, self._blended = {}, {}
-
-    def extra_parameters(self) -> list[nn.Parameter]:
-        return list(self.scores.values())
 
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         if not self.scores:

@@ -31,6 +31,7 @@ class RMN(Strategy):
     #: relevances train with the weights' optimizer; free weights keep the previous task's
     #: values (no ``free_init``): why, docs/fidelity.md
     options = METHOD_OPTIONS["rmn"]
+    own_parameters = ("relevance", "relevance_layers")
 
     @classmethod
     def check_config(cls, cfg: TrainingSettings) -> None:
@@ -78,22 +79,11 @@ class RMN(Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         """Budgets, whether the map is binary yet, and the relevance maps (tensors)."""
-        state = super().state_dict() | {
-            "binarised": self.binarised,
-            "relevance_layers": list(self.relevance),
-        }
-        return state | {f"relevance.{n}": r.detach() for n, r in self.relevance.items()}
+        return super().state_dict() | {"binarised": self.binarised}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.binarised = bool(state["binarised"])
-        self.relevance = {
-            n: nn.Parameter(state[f"relevance.{n}"].detach().clone())
-            for n in state["relevance_layers"]
-        }
-
-    def extra_parameters(self) -> list[nn.Parameter]:
-        return list(self.relevance.values())
 
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         if self.binarised:

@@ -103,6 +103,7 @@ class SupSup(Strategy):
     recipe: ClassVar[Recipes] = {"mnist": {"warmup": 0}, "cifar": {"warmup": 0}}
     own_optim = OptimConfig("adam", 1e-3, 1e-4, 0.0, (0.9, 0.999), schedule="cosine")
     own_lr = "supsup_lr"
+    own_parameters = ("scores", "score_layers")
     options = METHOD_OPTIONS["supsup"]
 
     @classmethod
@@ -164,20 +165,6 @@ class SupSup(Strategy):
             scores = torch.empty_like(weight)
             nn.init.kaiming_uniform_(scores, a=math.sqrt(5))
             self.scores[name] = nn.Parameter(scores)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Budgets and the task's scores (tensors, which the checkpoint stores apart)."""
-        state = super().state_dict() | {"score_layers": list(self.scores)}
-        return state | {f"scores.{n}": s.detach() for n, s in self.scores.items()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.scores = {
-            n: nn.Parameter(state[f"scores.{n}"].detach().clone()) for n in state["score_layers"]
-        }
-
-    def extra_parameters(self) -> list[nn.Parameter]:
-        return list(self.scores.values())
 
     def forward(self, supernet: Supernet, x: Tensor) -> Tensor:
         tensors = {}

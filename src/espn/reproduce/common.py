@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 from espn.reproduce.table import Table, scale_banner
 from espn.reproduce.target import Run
 from espn.settings.recipes import MNIST
-from espn.utils.io import atomic_target
-from espn.utils.plotting import pyplot
+from espn.utils.plotting import write_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -144,13 +143,9 @@ def error_line(ax: Axes, rows: list[dict[str, Any]], x: str, y: str, label: str)
 def save_figure(fig: Figure, path: Path) -> None:
     """Lay ``fig`` out tightly, write it as PNG atomically (its title, the scale first below
     the paper's, also as the PNG's ``Title``) and close it."""
-    plt = pyplot()
-    fig.tight_layout()
     suptitle = fig.get_suptitle()
     title = suptitle or next((t for ax in fig.axes if (t := ax.get_title())), "")
-    with atomic_target(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png", metadata={"Title": title.replace("\n", ": ")})
-    plt.close(fig)
+    write_figure(fig, path, metadata={"Title": title.replace("\n", ": ")})
 
 
 def known(*values: float | None) -> list[float] | None:

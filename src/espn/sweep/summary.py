@@ -13,7 +13,7 @@ from typing import Any
 from espn.sweep.point import PointOutcome
 from espn.sweep.spec import value_text
 from espn.utils.io import atomic_target, write_csv
-from espn.utils.plotting import pyplot
+from espn.utils.plotting import pyplot, write_figure
 from espn.utils.stats import markdown_lines, mean_se, mean_se_cell
 
 #: options that tell runs of one series apart (averaged over, not a series of their own)
@@ -128,10 +128,7 @@ def summary_plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("average accuracy % (mean ± se over seeds)")
     ax.set_title("sweep summary per series")
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    with atomic_target(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    write_figure(fig, path)
 
 
 def write_summary(outcomes: Sequence[PointOutcome], out: Path) -> list[Path]:

@@ -5,14 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from espn.theory.common import band
-from espn.utils.io import atomic_target
-from espn.utils.plotting import pyplot
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from espn.utils.plotting import pyplot, write_figure
 
 #: per training order: its line style, colour and label
 ORDER_STYLES = {
@@ -20,14 +16,6 @@ ORDER_STYLES = {
     "increasing": ("--", "C3", "increasing N (small first)"),
     "individual": (":", "C2", "individual (from scratch)"),
 }
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    plt = pyplot()
-    with atomic_target(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return path
 
 
 def _band(rows: Sequence[dict[str, Any]], x: str, y: str = "excess_risk") -> list[list[float]]:
@@ -80,7 +68,7 @@ def plot_sample_complexity(
     )
     ax2.legend(fontsize=8)
     fig.suptitle("Sample complexity of CRL: frozen features vs learning from scratch")
-    return _save(fig, path)
+    return write_figure(fig, path, dpi=130, bbox_inches="tight")
 
 
 def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
@@ -128,7 +116,7 @@ def plot_mismatch(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path:
     )
     ax2.legend(fontsize=8)
     fig.suptitle("Representation mismatch: perturbed frozen features")
-    return _save(fig, path)
+    return write_figure(fig, path, dpi=130, bbox_inches="tight")
 
 
 def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], path: Path) -> Path:
@@ -153,4 +141,4 @@ def plot_task_order(rows: Sequence[dict[str, Any]], summary: dict[str, Any], pat
         title="Sequential CRL: excess risk per task ID for each training order",
     )
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return write_figure(fig, path, dpi=130, bbox_inches="tight")
