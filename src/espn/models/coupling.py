@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from espn.layers import ConvertError, layer_types
 from espn.layers.parameters import channel_axis
 from espn.models.convert_tokens import TokenConvertError, check_stream_sources
-from espn.models.probe import adapter, check_feature_axes, check_flatten_order
+from espn.models.probe import across_tokens, adapter, check_flatten_order
 
 if TYPE_CHECKING:
     import torch_pruning as tp
@@ -34,6 +34,9 @@ class Group:
     params: list[str] = field(default_factory=list)
     #: bare parameters multiplying the group's features (a layer scale)
     scale_params: list[str] = field(default_factory=list)
+    #: linear layers applied across the token axis of the channels (an MLP-Mixer's token
+    #: mixing): not units of the group, their FLOPs scale with its alive channels
+    tokens: list[str] = field(default_factory=list)
     #: grouped convs (not depthwise) reading a part: their outputs' part joins it
     grouped_inputs: list[str] = field(default_factory=list)
     #: layers and norms reading the channels as a slice of a concatenation (``torch.cat``),
@@ -146,15 +149,15 @@ def couple(
     repeats: dict[str, int] = {}
     scales: set[str] = set()
     for group in graph.get_all_groups(root_module_types=layer_types()):
-        g = _part(graph, list(group), names, param_names, repeats, scales)
+        items = list(group)
+        tokens = _across_tokens(model, example, graph, items, names, modules)
+        g = _part(graph, items, names, param_names, repeats, scales, tokens)
         features = [n for n in g.producers if n not in scales] or g.producers
         for name in g.consumers:
             if name in repeats:
                 source = modules[features[0]]
                 check_flatten_order(model, example, source, name, g.size, modules)
         parts.append(g)
-        if not g.attentions:  # attention mixes channels: convert_tokens checks its streams
-            check_feature_axes(model, example, g, modules, repeats)
     for name, layer in modules.items():
         if _grouped(layer):
             _check_grouped_input(model, example, name, _depthwise(layer), parts)
@@ -189,6 +192,36 @@ def _refuse_coupling(
     return ConvertError(f"layer {name!r}: {construct}")
 
 
+def _across_tokens(
+    model: nn.Module,
+    example: Tensor,
+    graph: tp.DependencyGraph,
+    items: list[tuple[tp.Dependency, list[int]]],
+    names: dict[nn.Module, str],
+    modules: dict[str, nn.Module],
+) -> set[tuple[str, bool]]:
+    """The sides (layer name, whether its output side) of a group of Torch-Pruning's graph
+    that a linear layer applies across the token axis (:func:`~espn.models.probe.across_tokens`);
+    none in a group with attention, which mixes channels (convert_tokens checks its streams)."""
+    size = len(items[0][1])
+    sides = [
+        (names[dep.target.module], graph.is_out_channel_pruning_fn(dep.handler), len(idxs))
+        for dep, idxs in items
+        if dep.target.module in names
+    ]
+    roles = {adapter(modules[n]).role for n, _, _ in sides}
+    producers = [n for n, out, _ in sides if out and adapter(modules[n]).role == "layer"]
+    if size < 2 or not producers or "attention" in roles:
+        return set()
+    readers = [
+        n for n, out, k in sides if not out and k == size and adapter(modules[n]).role == "layer"
+    ]
+    order = list(modules)
+    first = min(producers, key=order.index)
+    inputs, outputs = across_tokens(model, example, first, readers, producers, modules)
+    return {(n, False) for n in inputs} | {(n, True) for n in outputs}
+
+
 def _part(
     graph: tp.DependencyGraph,
     items: list[tuple[tp.Dependency, list[int]]],
@@ -196,9 +229,11 @@ def _part(
     param_names: dict[int, str],
     repeats: dict[str, int],
     scales: set[str],
+    tokens: set[tuple[str, bool]],
 ) -> Group:
     """One group of Torch-Pruning's graph as a part (channels of one width), noting the
-    linear layers reading it flattened in ``repeats`` and its feature scales in ``scales``."""
+    linear layers reading it flattened in ``repeats``, its feature scales in ``scales``, and
+    the layers of ``tokens`` applied across its token axis in its ``tokens``."""
     root_name = names[items[0][0].target.module]
     g = Group(size=len(items[0][1]))
     for dep, idxs in items:
@@ -214,6 +249,10 @@ def _part(
             continue
         name = names[m]
         out_side = graph.is_out_channel_pruning_fn(dep.handler)
+        if (name, out_side) in tokens:
+            if name not in g.tokens:
+                g.tokens.append(name)
+            continue
         kind = adapter(m)
         width = kind.width(m, out_side)
         repeat = _flattened(m, out_side, len(idxs), g.size)
@@ -351,7 +390,7 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         width = part.size // units
         if width > 1:
             token = [n for n in part.norms + part.attentions if adapter(modules[n]).tokens]
-            token += part.params + part.scale_params
+            token += part.params + part.scale_params + part.tokens
             if token:
                 raise ConvertError(
                     f"module {token[0]!r} works on channels pruned in "
@@ -376,6 +415,7 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
                 )
             group.slices[name] = (start, width)
         group.attentions += part.attentions
+        group.tokens += part.tokens
         group.params += part.params
         group.scale_params += part.scale_params
     return group

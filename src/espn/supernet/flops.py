@@ -25,6 +25,13 @@ class LayerCost:
     kernel_area: int
     in_unit_size: int = 1
     out_unit_size: int = 1
+    #: the unit group of the rows a token linear layer is applied over (``positions`` then
+    #: counts one row's)
+    rows: str | None = None
+
+    def alive_positions(self, alive: dict[str, int]) -> int:
+        """Output positions per sample with ``alive`` units: times the alive rows, if any."""
+        return self.positions * (alive[self.rows] if self.rows else 1)
 
     def alive_in(self, alive: dict[str, int]) -> int:
         """Alive input features (units times their width; all of them without units)."""
@@ -41,7 +48,11 @@ class LayerCost:
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
         return (
-            2.0 * self.alive_in(alive) * self.alive_out(alive) * self.kernel_area * self.positions
+            2.0
+            * self.alive_in(alive)
+            * self.alive_out(alive)
+            * self.kernel_area
+            * self.alive_positions(alive)
         )
 
 
@@ -78,15 +89,17 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
     weight = m.weight
     assert isinstance(weight, Tensor)
     features = out.shape[1 if weight.dim() > 2 else -1]
+    rows = getattr(m, "row_units", None)
     return LayerCost(
         name=name,
         module=m,  # type: ignore[arg-type]
         in_units=getattr(m, "in_units", None),
         out_units=getattr(m, "out_units", None),
-        positions=out[0].numel() // features,
+        positions=out[0].numel() // features // (out.shape[-2] if rows else 1),
         kernel_area=int(torch.Size(weight.shape[2:]).numel()),
         in_unit_size=getattr(m, "in_unit_size", 1),
         out_unit_size=getattr(m, "out_unit_size", 1),
+        rows=rows,
     )
 
 
@@ -151,7 +164,7 @@ def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -
         if isinstance(c, AttentionCost):  # a head's QK^T and AV: part of computing its output
             out[c.group] += c.per_head
             continue
-        per_pair = 2.0 * c.kernel_area * c.positions
+        per_pair = 2.0 * c.kernel_area * c.alive_positions(alive)
         if c.out_units:
             out[c.out_units] += per_pair * c.alive_in(alive) * c.out_unit_size
         if c.in_units and load == "total":
