@@ -16,7 +16,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 #: the constructs today's converter refuses or breaks on (issue 47 makes them work)
 NOT_YET = {
-    "functional-weight", "split-shuffle", "token-mixing",
+    "functional-weight", "split-shuffle",
 }  # fmt: skip
 
 

@@ -151,6 +151,8 @@ def couple(
     for group in graph.get_all_groups(root_module_types=layer_types()):
         items = list(group)
         tokens = _across_tokens(model, example, graph, items, names, modules)
+        if (names.get(items[0][0].target.module), True) in tokens:
+            items = _channel_rooted(graph, items, names, tokens)
         g = _part(graph, items, names, param_names, repeats, scales, tokens)
         features = [n for n in g.producers if n not in scales] or g.producers
         for name in g.consumers:
@@ -203,23 +205,60 @@ def _across_tokens(
     """The sides (layer name, whether its output side) of a group of Torch-Pruning's graph
     that a linear layer applies across the token axis (:func:`~espn.models.probe.across_tokens`);
     none in a group with attention, which mixes channels (convert_tokens checks its streams)."""
-    size = len(items[0][1])
     sides = [
-        (names[dep.target.module], graph.is_out_channel_pruning_fn(dep.handler), len(idxs))
-        for dep, idxs in items
+        (names[dep.target.module], graph.is_out_channel_pruning_fn(dep.handler))
+        for dep, _ in items
         if dep.target.module in names
     ]
-    roles = {adapter(modules[n]).role for n, _, _ in sides}
-    producers = [n for n, out, _ in sides if out and adapter(modules[n]).role == "layer"]
-    if size < 2 or not producers or "attention" in roles:
+    roles = {adapter(modules[n]).role for n, _ in sides}
+    layers = [(n, out) for n, out in sides if adapter(modules[n]).role == "layer"]
+    producers = [n for n, out in layers if out]
+    if len(items[0][1]) < 2 or not producers or "attention" in roles:
         return set()
-    readers = [
-        n for n, out, k in sides if not out and k == size and adapter(modules[n]).role == "layer"
-    ]
+    readers = [n for n, out in layers if not out]
     order = list(modules)
     first = min(producers, key=order.index)
-    inputs, outputs = across_tokens(model, example, first, readers, producers, modules)
+    inputs = across_tokens(model, example, first, readers, modules)
+    # the token MLP's last layer: its outputs are tokens (it reads one of them, or is one)
+    read = {n for t in inputs for n in _direct_readers(graph, modules[t], names)}
+    outputs = [n for n in producers if n in read or n in inputs]
     return {(n, False) for n in inputs} | {(n, True) for n in outputs}
+
+
+def _direct_readers(
+    graph: tp.DependencyGraph, m: nn.Module, names: dict[nn.Module, str]
+) -> set[str]:
+    """The layers and norms reading ``m``'s output through functions alone."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    frontier = list(graph.module2node[m].outputs)
+    while frontier:
+        node = frontier.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.module in names:
+            found.add(names[node.module])
+        else:
+            frontier.extend(node.outputs)
+    return found
+
+
+def _channel_rooted(
+    graph: tp.DependencyGraph,
+    items: list[tuple[tp.Dependency, list[int]]],
+    names: dict[nn.Module, str],
+    tokens: set[tuple[str, bool]],
+) -> list[tuple[tp.Dependency, list[int]]]:
+    """A group of Torch-Pruning's graph rooted at a linear layer's tokens (its indices count
+    tokens, not channels) found again from its first producer of channels."""
+    for dep, _ in items:
+        m = dep.target.module
+        name = names.get(m)
+        if name and graph.is_out_channel_pruning_fn(dep.handler) and (name, True) not in tokens:
+            width = graph.get_out_channels(m)
+            return list(graph.get_pruning_group(m, dep.handler, list(range(width))))
+    return items
 
 
 def _part(

@@ -92,18 +92,15 @@ def across_tokens(
     example: Tensor,
     first: str,
     readers: list[str],
-    producers: list[str],
     modules: dict[str, nn.Module],
-) -> tuple[list[str], list[str]]:
-    """The linear layers of a part of coupled channels applied across the token axis (an
-    MLP-Mixer's token mixing; Torch-Pruning maps a transpose as if it kept the channel axis):
-    the ``readers`` that read the channels of ``first`` (the part's first producer) on another
-    axis than their features, and the other ``producers`` that write their features on
-    another axis than the remaining readers read them (see :func:`_transposed`)."""
-    if not any(adapter(modules[n]).token_outputs for n in readers + producers if n != first):
-        return [], []
-    by_name = {n: modules[n] for n in readers}
-    inputs = _transposed(model, example, modules[first], by_name, modules)
+) -> list[str]:
+    """The ``readers`` of a part of coupled channels that read the channels of ``first`` (the
+    part's first producer) on another axis than their features (see :func:`_transposed`;
+    Torch-Pruning maps a transpose as if it kept the channel axis): linear layers applied
+    across the token axis (an MLP-Mixer's token mixing); any other such reader is refused."""
+    if not any(adapter(modules[n]).token_outputs for n in readers):
+        return []
+    inputs = _transposed(model, example, modules[first], {n: modules[n] for n in readers}, modules)
     for name in inputs:
         if not adapter(modules[name]).token_outputs:
             raise ConvertError(
@@ -111,15 +108,7 @@ def across_tokens(
                 "features; supported across the token axis: nn.Linear (an MLP-Mixer's token "
                 "mixing)"
             )
-    by_name = {n: m for n, m in by_name.items() if n not in inputs}
-    outputs = [
-        n
-        for n in producers
-        if n != first
-        and adapter(modules[n]).token_outputs
-        and _transposed(model, example, modules[n], by_name, modules)
-    ]
-    return inputs, outputs
+    return inputs
 
 
 def check_flatten_order(
