@@ -144,6 +144,12 @@ def test_a_linear_across_tokens_is_transparent_to_the_channels_it_is_applied_ove
     assert model.dense_flops - model.flops(units) >= rows * (model.widths[stream] // 2)
 
 
+def test_token_mixing_with_per_task_shifts_is_refused_at_wrap() -> None:
+    """A gate's per-task shift in the token MLP would write the channels a task prunes."""
+    with pytest.raises(ConvertError, match=r"^layer 'tokens\.2' is applied across the token axis"):
+        espn.wrap(CONSTRUCTS["token-mixing"][0](), IMAGE, task_affine=True)
+
+
 def test_a_tiny_mixer_keeps_earlier_tasks_and_exports_the_flops_it_reports(tmp_path) -> None:
     """Two tasks of ESPN on a tiny MLP-Mixer: task 0's logits bit-identical after task 1, and
     each exported task costs what espn reports (FlopCounterMode on the loaded program), at

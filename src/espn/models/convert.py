@@ -307,6 +307,12 @@ def _place(
         if name not in g.slices:  # a norm over a concatenation: see _concatenations
             places[name].norm_group, places[name].norm_unit = g.name, g.norm_unit[name]
     for name in g.tokens:
+        if places[name].task_affine:
+            raise ConvertError(
+                f"layer {name!r} is applied across the token axis (an MLP-Mixer's token mixing): "
+                "its per-task shifts (task_affine) would write the channels a task prunes; "
+                "supported there: task_affine=False"
+            )
         places[name].rows = g.name
     stream = any(adapter(modules[n]).tokens for n in g.norms + g.attentions)
     if stream or g.params:

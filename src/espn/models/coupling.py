@@ -175,8 +175,8 @@ def _refuse_coupling(
     if taken > width:
         construct = (
             f"its {width} {side} features are coupled to {taken} channels of {root!r}: a reshape "
-            "or transpose moves channels to another axis (a Linear across tokens, as in an "
-            "MLP-Mixer, or attention heads cut from one projection), which is not supported"
+            "or transpose moves channels to another axis (attention heads cut from one "
+            "projection), which is not supported"
         )
     elif taken < width:
         construct = (
