@@ -75,6 +75,20 @@ class TokenConv(nn.Module):
         return self.fc((x + self.tokens(x)).mean(1))
 
 
+class TokenLinear(nn.Module):
+    """One Linear across 16 tokens of 8 channels (no hidden layer), then a channel MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm = nn.Conv2d(3, 8, 8, 8), nn.LayerNorm(8)
+        self.tokens, self.mlp, self.fc = nn.Linear(16, 16), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        x = x + self.tokens(self.norm(x).transpose(1, 2)).transpose(1, 2)
+        return self.fc((x + self.mlp(x)).mean(1))
+
+
 class ChannelMLP(nn.Module):
     """Patches transposed into tokens, a residual MLP on their channels (16 tokens of 16
     channels, so only the axes tell a channel from a token)."""
@@ -133,7 +147,7 @@ def test_a_linear_across_tokens_is_transparent_to_the_channels_it_is_applied_ove
     model = espn.wrap(make(), IMAGE)
     net = model.model
     first, second = net.tokens[0][0], net.tokens[2]
-    stream = net.stem.out_units if hasattr(net.stem, "out_units") else net.stem[0].out_units
+    stream = net.stem[0].out_units
     assert (first.in_units, first.out_units) == (None, "tokens.0")
     assert (second.in_units, second.out_units) == ("tokens.0", None)
     assert first.row_units == second.row_units == stream
@@ -142,6 +156,15 @@ def test_a_linear_across_tokens_is_transparent_to_the_channels_it_is_applied_ove
     units[stream][: model.widths[stream] // 2] = False
     rows = 2.0 * 16 * 32 * 2  # both token layers, per channel of the stream
     assert model.dense_flops - model.flops(units) >= rows * (model.widths[stream] // 2)
+
+
+def test_a_single_linear_across_tokens_prunes_nothing_of_its_own() -> None:
+    """Its tokens are both its inputs and outputs, so it has no unit group; the channel MLP
+    after it stays in the stem's (wrap checks the slim copy and its FLOPs)."""
+    net = espn.wrap(TokenLinear(), IMAGE).model
+    stream = net.stem[0].out_units
+    assert (net.tokens.in_units, net.tokens.out_units, net.tokens.row_units) == (None, None, stream)
+    assert net.mlp[0].in_units == net.mlp[0].out_units == stream
 
 
 def test_token_mixing_with_per_task_shifts_is_refused_at_wrap() -> None:

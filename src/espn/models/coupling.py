@@ -219,29 +219,18 @@ def _across_tokens(
     order = list(modules)
     first = min(producers, key=order.index)
     inputs = across_tokens(model, example, first, readers, modules)
-    # the token MLP's last layer: its outputs are tokens (it reads one of them, or is one)
-    read = {n for t in inputs for n in _direct_readers(graph, modules[t], names)}
+    # a token MLP's last layer writes tokens: it is one that reads tokens, or reads the
+    # hidden features of one (not this part's channels)
+    read = {n for t in inputs for n in _readers(graph, modules[t], names)} - set(readers)
     outputs = [n for n in producers if n in read or n in inputs]
     return {(n, False) for n in inputs} | {(n, True) for n in outputs}
 
 
-def _direct_readers(
-    graph: tp.DependencyGraph, m: nn.Module, names: dict[nn.Module, str]
-) -> set[str]:
-    """The layers and norms reading ``m``'s output through functions alone."""
-    found: set[str] = set()
-    seen: set[int] = set()
-    frontier = list(graph.module2node[m].outputs)
-    while frontier:
-        node = frontier.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.module in names:
-            found.add(names[node.module])
-        else:
-            frontier.extend(node.outputs)
-    return found
+def _readers(graph: tp.DependencyGraph, m: nn.Module, names: dict[nn.Module, str]) -> set[str]:
+    """The layers reading ``m``'s outputs (in Torch-Pruning's group of its first output)."""
+    group = graph.get_pruning_group(m, graph.get_pruner_of_module(m).prune_out_channels, [0])
+    sides = [(d.target.module, graph.is_out_channel_pruning_fn(d.handler)) for d, _ in group]
+    return {names[r] for r, out in sides if r in names and not out}
 
 
 def _channel_rooted(

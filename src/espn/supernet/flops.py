@@ -29,10 +29,6 @@ class LayerCost:
     #: counts one row's)
     rows: str | None = None
 
-    def alive_positions(self, alive: dict[str, int]) -> int:
-        """Output positions per sample with ``alive`` units: times the alive rows, if any."""
-        return self.positions * (alive[self.rows] if self.rows else 1)
-
     def alive_in(self, alive: dict[str, int]) -> int:
         """Alive input features (units times their width; all of them without units)."""
         if self.in_units:
@@ -45,15 +41,13 @@ class LayerCost:
             return alive[self.out_units] * self.out_unit_size
         return int(self.module.weight.shape[0])
 
+    def per_pair(self, alive: dict[str, int]) -> float:
+        """FLOPs of one alive (input, output) pair per sample: over the alive rows, if any."""
+        return 2.0 * self.kernel_area * self.positions * (alive[self.rows] if self.rows else 1)
+
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
-        return (
-            2.0
-            * self.alive_in(alive)
-            * self.alive_out(alive)
-            * self.kernel_area
-            * self.alive_positions(alive)
-        )
+        return self.per_pair(alive) * self.alive_in(alive) * self.alive_out(alive)
 
 
 @dataclass
@@ -164,7 +158,7 @@ def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -
         if isinstance(c, AttentionCost):  # a head's QK^T and AV: part of computing its output
             out[c.group] += c.per_head
             continue
-        per_pair = 2.0 * c.kernel_area * c.alive_positions(alive)
+        per_pair = c.per_pair(alive)
         if c.out_units:
             out[c.out_units] += per_pair * c.alive_in(alive) * c.out_unit_size
         if c.in_units and load == "total":
