@@ -169,7 +169,7 @@ def test_a_single_linear_across_tokens_prunes_nothing_of_its_own() -> None:
 
 def test_token_mixing_with_per_task_shifts_is_refused_at_wrap() -> None:
     """A gate's per-task shift in the token MLP would write the channels a task prunes."""
-    with pytest.raises(ConvertError, match=r"^layer 'tokens\.2' is applied across the token axis"):
+    with pytest.raises(ConvertError, match=r"^layer 'tokens\.0' is applied across the token axis"):
         espn.wrap(CONSTRUCTS["token-mixing"][0](), IMAGE, task_affine=True)
 
 

@@ -309,9 +309,9 @@ def _place(
     for name in g.tokens:
         if places[name].task_affine:
             raise ConvertError(
-                f"layer {name!r} is applied across the token axis (an MLP-Mixer's token mixing): "
-                "its per-task shifts (task_affine) would write the channels a task prunes; "
-                "supported there: task_affine=False"
+                f"layer {name!r} is applied across the token axis (an MLP-Mixer's token "
+                "mixing), where task_affine's per-task shifts would write pruned channels: use "
+                "task_affine=False"
             )
         places[name].rows = g.name
     stream = any(adapter(modules[n]).tokens for n in g.norms + g.attentions)

@@ -50,11 +50,6 @@ class Group:
     name: str = ""
 
 
-def _depthwise(m: nn.Module) -> bool:
-    """A conv that convolves each channel on its own: its input and output channels are one."""
-    return adapter(m).depthwise(m)
-
-
 def _grouped(m: nn.Module) -> bool:
     """A layer whose channels come in groups (a grouped conv, depthwise too)."""
     layer = adapter(m)
@@ -154,6 +149,7 @@ def couple(
         if (names.get(items[0][0].target.module), True) in tokens:
             items = _channel_rooted(graph, items, names, tokens)
         g = _part(graph, items, names, param_names, repeats, scales, tokens)
+        g.tokens = sorted({name for name, _ in tokens}, key=list(modules).index)
         features = [n for n in g.producers if n not in scales] or g.producers
         for name in g.consumers:
             if name in repeats:
@@ -162,7 +158,7 @@ def couple(
         parts.append(g)
     for name, layer in modules.items():
         if _grouped(layer):
-            _check_grouped_input(model, example, name, _depthwise(layer), parts)
+            _check_grouped_input(model, example, name, adapter(layer).depthwise(layer), parts)
     groups = [_join(members, modules, repeats) for members in _joined_parts(parts)]
     return Coupling(groups, repeats, scales)
 
@@ -216,8 +212,7 @@ def _across_tokens(
     if len(items[0][1]) < 2 or not producers or "attention" in roles:
         return set()
     readers = [n for n, out in layers if not out]
-    order = list(modules)
-    first = min(producers, key=order.index)
+    first = min(producers, key=list(modules).index)
     inputs = across_tokens(model, example, first, readers, modules)
     # a token MLP's last layer writes tokens: it is one that reads tokens, or reads the
     # hidden features of one (not this part's channels)
@@ -260,8 +255,8 @@ def _part(
     tokens: set[tuple[str, bool]],
 ) -> Group:
     """One group of Torch-Pruning's graph as a part (channels of one width), noting the
-    linear layers reading it flattened in ``repeats``, its feature scales in ``scales``, and
-    the layers of ``tokens`` applied across its token axis in its ``tokens``."""
+    linear layers reading it flattened in ``repeats`` and its feature scales in ``scales``;
+    the sides in ``tokens`` (applied across its token axis) are not its channels."""
     root_name = names[items[0][0].target.module]
     g = Group(size=len(items[0][1]))
     for dep, idxs in items:
@@ -278,8 +273,6 @@ def _part(
         name = names[m]
         out_side = graph.is_out_channel_pruning_fn(dep.handler)
         if (name, out_side) in tokens:
-            if name not in g.tokens:
-                g.tokens.append(name)
             continue
         kind = adapter(m)
         width = kind.width(m, out_side)
