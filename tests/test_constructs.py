@@ -14,20 +14,8 @@ from helpers.constructs import CONSTRUCTS
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-#: the constructs today's converter refuses or breaks on (issue 47 makes them work)
-NOT_YET = {
-    "token-mixing",
-}  # fmt: skip
-
-
 @pytest.mark.slow  # about 20 s a model on 2 cores: two torch.export calls each
-@pytest.mark.parametrize(
-    "construct",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True)) if c in NOT_YET else c
-        for c in sorted(CONSTRUCTS)
-    ],
-)
+@pytest.mark.parametrize("construct", sorted(CONSTRUCTS))
 def test_the_construct_works_end_to_end(construct: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import model_matrix

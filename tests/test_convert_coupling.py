@@ -1,6 +1,7 @@
 """How the converter couples channels (``espn.models.coupling``): what it cannot follow is
 refused at wrap in one line naming the layer and the construct, never later and never as a
-raw torch error; a token stream whose linear layers read the channels stays accepted."""
+raw torch error; a token stream whose linear layers read the channels stays accepted, and a
+Linear across its tokens (an MLP-Mixer's token mixing) is transparent to its channels."""
 
 from __future__ import annotations
 
@@ -78,6 +79,33 @@ class NarrowMixer(nn.Module):
         return self.fc(x.mean(1))
 
 
+class TokenConv(nn.Module):
+    """A 1x1 Conv1d across 16 tokens of 8 channels (the tokens as its channels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.tokens = nn.Conv2d(3, 8, 8, 8), nn.Conv1d(16, 16, 1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        return self.fc((x + self.tokens(x)).mean(1))
+
+
+class TokenLinear(nn.Module):
+    """One Linear across 16 tokens of 8 channels (no hidden layer), then a channel MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm = nn.Conv2d(3, 8, 8, 8), nn.LayerNorm(8)
+        self.tokens, self.mlp, self.fc = nn.Linear(16, 16), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        x = x + self.tokens(self.norm(x).transpose(1, 2)).transpose(1, 2)
+        return self.fc((x + self.mlp(x)).mean(1))
+
+
 class ChannelMLP(nn.Module):
     """Patches transposed into tokens, a residual MLP on their channels (16 tokens of 16
     channels, so only the axes tell a channel from a token)."""
@@ -99,9 +127,8 @@ class ChannelMLP(nn.Module):
     [
         (InputConcat, "layer 'mix'", "3 of its 11 channels come from no layer"),
         (ScaledShuffle, "module 'gamma'", "channel split or shuffle passes on"),
-        (CONSTRUCTS["token-mixing"][0], "layer 'tokens.0'", "mixing tokens is not supported"),
         (SplitProjection, "layer 'proj'", "splitting a feature map"),
-        (NarrowMixer, "layer 'fc'", "a reshape or transpose moves channels to another axis"),
+        (TokenConv, "layer 'tokens'", "supported across the token axis: nn.Linear"),
     ],
 )
 def test_a_construct_the_converter_cannot_follow_is_refused_at_wrap_naming_it(
@@ -119,6 +146,70 @@ def test_linear_layers_on_the_channels_of_a_token_stream_are_accepted() -> None:
     model = espn.wrap(ChannelMLP(), IMAGE)
     stream = model.model.stem[0].out_units
     assert model.model.mlp[0][0].in_units == model.model.mlp[2][0].out_units == stream
+
+
+@pytest.mark.parametrize("make", [NarrowMixer, CONSTRUCTS["token-mixing"][0]])
+def test_a_linear_across_tokens_is_transparent_to_the_channels_it_is_applied_over(
+    make: type[nn.Module],
+) -> None:
+    """The token MLP's tokens are never pruned, its hidden features are a unit group of their
+    own, and its rows are the stem's channels: the slim copy's token layers run on the alive
+    channels alone, and the FLOPs espn counts (wrap itself checks them against
+    FlopCounterMode on a random task's slim copy) scale with them."""
+    model = espn.wrap(make(), IMAGE)
+    net = model.model
+    first, second = net.tokens[0][0], net.tokens[2]
+    stream = net.stem[0].out_units
+    assert (first.in_units, first.out_units) == (None, "tokens.0")
+    assert (second.in_units, second.out_units) == ("tokens.0", None)
+    assert first.row_units == second.row_units == stream
+    model.begin_task(4)
+    units = model.unit_masks()
+    units[stream][: model.widths[stream] // 2] = False
+    rows = 2.0 * 16 * 32 * 2  # both token layers, per channel of the stream
+    assert model.dense_flops - model.flops(units) >= rows * (model.widths[stream] // 2)
+
+
+def test_a_single_linear_across_tokens_prunes_nothing_of_its_own() -> None:
+    """Its tokens are both its inputs and outputs, so it has no unit group; the channel MLP
+    after it stays in the stem's (wrap checks the slim copy and its FLOPs)."""
+    net = espn.wrap(TokenLinear(), IMAGE).model
+    stream = net.stem[0].out_units
+    assert (net.tokens.in_units, net.tokens.out_units, net.tokens.row_units) == (None, None, stream)
+    assert net.mlp[0].in_units == net.mlp[0].out_units == stream
+
+
+def test_token_mixing_with_per_task_shifts_is_refused_at_wrap() -> None:
+    """A gate's per-task shift in the token MLP would write the channels a task prunes."""
+    with pytest.raises(ConvertError, match=r"^layer 'tokens\.0' is applied across the token axis"):
+        espn.wrap(CONSTRUCTS["token-mixing"][0](), IMAGE, task_affine=True)
+
+
+def test_a_tiny_mixer_keeps_earlier_tasks_and_exports_the_flops_it_reports(tmp_path) -> None:
+    """Two tasks of ESPN on a tiny MLP-Mixer: task 0's logits bit-identical after task 1, and
+    each exported task costs what espn reports (FlopCounterMode on the loaded program), at
+    any batch size."""
+    from espn.export.export import load_exported, measured_flops
+
+    torch.manual_seed(0)
+    sn = espn.wrap(CONSTRUCTS["token-mixing"][0](), IMAGE)
+    learner = espn.ContinualLearner(sn, "espn", gamma=0.5, epochs=(1, 1, 1), batch_size=16, seed=0)
+    data = [(torch.randn(40, 3, 32, 32), torch.arange(40) % 2) for _ in range(2)]
+    probe = torch.randn(5, 3, 32, 32)
+    learner.learn(data[0])
+    sn.eval()
+    with torch.no_grad():
+        before = sn(probe, task=0)
+    learner.learn(data[1])
+    sn.eval()
+    with torch.no_grad():
+        assert torch.equal(sn(probe, task=0), before)
+    for t in range(2):
+        report = learner.export(t, tmp_path / f"task{t}.pt2", onnx=False)
+        program = load_exported(report.files[0])
+        assert measured_flops(program, probe) == sn.flops(sn.masks[t].units) < sn.dense_flops
+        with torch.no_grad():
+            assert torch.allclose(program(probe[:3]), sn(probe[:3], task=t), atol=1e-5)
 
 
 def test_a_concatenation_is_read_as_its_members_unit_groups_in_order() -> None:

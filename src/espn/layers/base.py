@@ -59,6 +59,9 @@ class Placement:
     scales: bool = False
     #: features on the last dimension of its output (a token tensor): a token gate
     tokens: bool = False
+    #: a linear layer applied across the token axis: the unit group of the channels it is
+    #: applied over (its rows, whose alive count scales its FLOPs)
+    rows: str | None = None
 
 
 def param(t: Tensor) -> nn.Parameter:

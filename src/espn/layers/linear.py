@@ -41,6 +41,7 @@ class LinearAdapter(WeightAdapter):
             out_unit_size=place.out_unit,
         )
         out.weight.copy_(m.weight)
+        out.row_units = place.rows
         return out
 
     def per_task_head(self, m: nn.Module, place: Placement) -> TaskHead:

@@ -301,9 +301,17 @@ def _place(
     for name in g.norms:
         if name not in g.slices:  # a norm over a concatenation: see _concatenations
             places[name].norm_group, places[name].norm_unit = g.name, g.norm_unit[name]
+    for name in g.tokens:
+        if places[name].task_affine:
+            raise ConvertError(
+                f"layer {name!r} is applied across the token axis (an MLP-Mixer's token "
+                "mixing), where task_affine's per-task shifts would write pruned channels: use "
+                "task_affine=False"
+            )
+        places[name].rows = g.name
     stream = any(adapter(modules[n]).tokens for n in g.norms + g.attentions)
     if stream or g.params:
-        writers = g.producers + g.norms + g.attentions
+        writers = g.producers + g.norms + g.attentions + g.tokens
         readers = g.consumers + g.norms + g.attentions
         params = [bare[n] for n in g.params]
         check_stream_sources(model, example, g.name, writers, readers, params)

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from espn.layers import ConvertError, layer_types
 from espn.layers.parameters import channel_axis
 from espn.models.convert_tokens import TokenConvertError, check_stream_sources
-from espn.models.probe import adapter, check_feature_axes, check_flatten_order
+from espn.models.probe import across_tokens, adapter, check_flatten_order
 
 if TYPE_CHECKING:
     import torch_pruning as tp
@@ -34,6 +34,9 @@ class Group:
     params: list[str] = field(default_factory=list)
     #: bare parameters multiplying the group's features (a layer scale)
     scale_params: list[str] = field(default_factory=list)
+    #: linear layers applied across the token axis of the channels (an MLP-Mixer's token
+    #: mixing): not units of the group, their FLOPs scale with its alive channels
+    tokens: list[str] = field(default_factory=list)
     #: grouped convs (not depthwise) reading a part: their outputs' part joins it
     grouped_inputs: list[str] = field(default_factory=list)
     #: layers and norms reading the channels as a slice of a concatenation (``torch.cat``),
@@ -178,7 +181,11 @@ def couple(
     scales: set[str] = set()
     found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
     for items, fixed in zip(found, _fixed(graph, found), strict=True):
-        g = _part(graph, items, names, param_names, repeats, scales, fixed)
+        tokens = set() if fixed else _across_tokens(model, example, graph, items, names, modules)
+        if (names.get(items[0][0].target.module), True) in tokens:
+            items = _channel_rooted(graph, items, names, tokens)
+        g = _part(graph, items, names, param_names, repeats, scales, fixed, tokens)
+        g.tokens = sorted({name for name, _ in tokens}, key=list(modules).index)
         parts.append(g)
         if fixed:
             continue
@@ -187,8 +194,6 @@ def couple(
             if name in repeats:
                 source = modules[features[0]]
                 check_flatten_order(model, example, source, name, g.size, modules)
-        if not g.attentions:  # attention mixes channels: convert_tokens checks its streams
-            check_feature_axes(model, example, g, modules, repeats)
     for name, layer in modules.items():
         if _grouped(layer):
             _check_grouped_input(model, example, name, adapter(layer).depthwise(layer), parts)
@@ -204,8 +209,8 @@ def _refuse_coupling(
     if taken > width:
         construct = (
             f"its {width} {side} features are coupled to {taken} channels of {root!r}: a reshape "
-            "or transpose moves channels to another axis (a Linear across tokens, as in an "
-            "MLP-Mixer, or attention heads cut from one projection), which is not supported"
+            "or transpose moves channels to another axis (attention heads cut from one "
+            "projection), which is not supported"
         )
     elif taken < width:
         construct = (
@@ -223,6 +228,61 @@ def _refuse_coupling(
     return ConvertError(f"layer {name!r}: {construct}")
 
 
+def _across_tokens(
+    model: nn.Module,
+    example: Tensor,
+    graph: tp.DependencyGraph,
+    items: list[tuple[tp.Dependency, list[int]]],
+    names: dict[nn.Module, str],
+    modules: dict[str, nn.Module],
+) -> set[tuple[str, bool]]:
+    """The sides (layer name, whether its output side) of a group of Torch-Pruning's graph
+    that a linear layer applies across the token axis (:func:`~espn.models.probe.across_tokens`);
+    none in a group with attention, which mixes channels (convert_tokens checks its streams)."""
+    sides = [
+        (names[dep.target.module], graph.is_out_channel_pruning_fn(dep.handler))
+        for dep, _ in items
+        if dep.target.module in names
+    ]
+    roles = {adapter(modules[n]).role for n, _ in sides}
+    layers = [(n, out) for n, out in sides if adapter(modules[n]).role == "layer"]
+    producers = [n for n, out in layers if out]
+    if len(items[0][1]) < 2 or not producers or "attention" in roles:
+        return set()
+    readers = [n for n, out in layers if not out]
+    first = min(producers, key=list(modules).index)
+    inputs = across_tokens(model, example, first, readers, modules)
+    # a token MLP's last layer writes tokens: it is one that reads tokens, or reads the
+    # hidden features of one (not this part's channels)
+    read = {n for t in inputs for n in _readers(graph, modules[t], names)} - set(readers)
+    outputs = [n for n in producers if n in read or n in inputs]
+    return {(n, False) for n in inputs} | {(n, True) for n in outputs}
+
+
+def _readers(graph: tp.DependencyGraph, m: nn.Module, names: dict[nn.Module, str]) -> set[str]:
+    """The layers reading ``m``'s outputs (in Torch-Pruning's group of its first output)."""
+    group = graph.get_pruning_group(m, graph.get_pruner_of_module(m).prune_out_channels, [0])
+    sides = [(d.target.module, graph.is_out_channel_pruning_fn(d.handler)) for d, _ in group]
+    return {names[r] for r, out in sides if r in names and not out}
+
+
+def _channel_rooted(
+    graph: tp.DependencyGraph,
+    items: list[tuple[tp.Dependency, list[int]]],
+    names: dict[nn.Module, str],
+    tokens: set[tuple[str, bool]],
+) -> list[tuple[tp.Dependency, list[int]]]:
+    """A group of Torch-Pruning's graph rooted at a linear layer's tokens (its indices count
+    tokens, not channels) found again from its first producer of channels."""
+    for dep, _ in items:
+        m = dep.target.module
+        name = names.get(m)
+        if name and graph.is_out_channel_pruning_fn(dep.handler) and (name, True) not in tokens:
+            width = graph.get_out_channels(m)
+            return list(graph.get_pruning_group(m, dep.handler, list(range(width))))
+    return items
+
+
 def _part(
     graph: tp.DependencyGraph,
     items: list[tuple[tp.Dependency, list[int]]],
@@ -231,10 +291,12 @@ def _part(
     repeats: dict[str, int],
     scales: set[str],
     fixed: bool,
+    tokens: set[tuple[str, bool]],
 ) -> Group:
     """One group of Torch-Pruning's graph as a part (channels of one width), noting the
     linear layers reading it flattened in ``repeats`` and its feature scales in ``scales``;
-    a ``fixed`` part (see :func:`_fixed`) takes its layers as they come, whole."""
+    a ``fixed`` part (see :func:`_fixed`) takes its layers as they come, whole; the sides in
+    ``tokens`` (applied across its token axis) are not its channels."""
     root_name = names[items[0][0].target.module]
     g = Group(size=len(items[0][1]), fixed=fixed)
     for dep, idxs in items:
@@ -250,6 +312,8 @@ def _part(
             continue
         name = names[m]
         out_side = graph.is_out_channel_pruning_fn(dep.handler)
+        if (name, out_side) in tokens:
+            continue
         kind = adapter(m)
         width = kind.width(m, out_side)
         repeat = 0 if fixed else _flattened(m, out_side, len(idxs), g.size)
@@ -404,7 +468,7 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         width = part.size // units
         if width > 1:
             token = [n for n in part.norms + part.attentions if adapter(modules[n]).tokens]
-            token += part.params + part.scale_params
+            token += part.params + part.scale_params + part.tokens
             if token:
                 raise ConvertError(
                     f"module {token[0]!r} works on channels pruned in "
@@ -429,6 +493,7 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
                 )
             group.slices[name] = (start, width)
         group.attentions += part.attentions
+        group.tokens += part.tokens
         group.params += part.params
         group.scale_params += part.scale_params
     return group

@@ -5,21 +5,12 @@ tokens, a transpose; a flatten that is not channel-major), found by probing (:fu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError, LayerAdapter, adapter_for
 from espn.layers.base import call_hooked
-
-
-class Part(Protocol):
-    """What the axis check reads of a part of coupled channels (``coupling.Group``)."""
-
-    size: int
-    producers: list[str]
-    consumers: list[str]
 
 
 def adapter(m: nn.Module) -> LayerAdapter:
@@ -96,42 +87,28 @@ def _transposed(
     return found
 
 
-def check_feature_axes(
+def across_tokens(
     model: nn.Module,
     example: Tensor,
-    g: Part,
+    first: str,
+    readers: list[str],
     modules: dict[str, nn.Module],
-    repeats: dict[str, int],
-) -> None:
-    """Refuse a linear layer of part ``g`` that reads or writes the part's channels on
-    another axis than its features (Torch-Pruning maps a transpose as if it kept the
-    channel axis): a Linear across tokens, found by :func:`_transposed` from the part's
-    first producer (in the model's order) to its readers, and from each other linear
-    producer to them."""
-    order = list(modules)
-    first = min(g.producers, key=order.index, default=None)
-    readers = {n: modules[n] for n in g.consumers if n not in repeats}
-    linears = [n for n in g.producers if n != first and adapter(modules[n]).token_outputs]
-    if (
-        first is None
-        or g.size < 2
-        or not linears + [n for n, m in readers.items() if adapter(m).token_outputs]
-    ):
-        return
-    wrong = _transposed(model, example, modules[first], readers, modules)
-    if wrong:
-        raise ConvertError(
-            f"layer {wrong[0]!r} reads the channels of {first!r} on another axis than its "
-            "features (a Linear across tokens, as in an MLP-Mixer's token mixing): the token "
-            "axis is not a unit axis, and mixing tokens is not supported"
-        )
-    for name in linears:
-        if _transposed(model, example, modules[name], readers, modules):
+) -> list[str]:
+    """The ``readers`` of a part of coupled channels that read the channels of ``first`` (the
+    part's first producer) on another axis than their features (see :func:`_transposed`;
+    Torch-Pruning maps a transpose as if it kept the channel axis): linear layers applied
+    across the token axis (an MLP-Mixer's token mixing); any other such reader is refused."""
+    if not any(adapter(modules[n]).token_outputs for n in readers):
+        return []
+    inputs = _transposed(model, example, modules[first], {n: modules[n] for n in readers}, modules)
+    for name in inputs:
+        if not adapter(modules[name]).token_outputs:
             raise ConvertError(
-                f"layer {name!r} writes its features on another axis than the channels of "
-                f"{first!r} it joins (a Linear across tokens, as in an MLP-Mixer's token "
-                "mixing): the token axis is not a unit axis, and mixing tokens is not supported"
+                f"layer {name!r} reads the channels of {first!r} on another axis than its "
+                "features; supported across the token axis: nn.Linear (an MLP-Mixer's token "
+                "mixing)"
             )
+    return inputs
 
 
 def check_flatten_order(

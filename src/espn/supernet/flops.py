@@ -25,6 +25,9 @@ class LayerCost:
     kernel_area: int
     in_unit_size: int = 1
     out_unit_size: int = 1
+    #: the unit group of the rows a token linear layer is applied over (``positions`` then
+    #: counts one row's)
+    rows: str | None = None
 
     def alive_in(self, alive: dict[str, int]) -> int:
         """Alive input features (units times their width; all of them without units)."""
@@ -38,11 +41,13 @@ class LayerCost:
             return alive[self.out_units] * self.out_unit_size
         return int(self.module.weight.shape[0])
 
+    def per_pair(self, alive: dict[str, int]) -> float:
+        """FLOPs of one alive (input, output) pair per sample: over the alive rows, if any."""
+        return 2.0 * self.kernel_area * self.positions * (alive[self.rows] if self.rows else 1)
+
     def flops(self, alive: dict[str, int]) -> float:
         """2 x MACs per sample with ``alive`` units in the layer's input and output groups."""
-        return (
-            2.0 * self.alive_in(alive) * self.alive_out(alive) * self.kernel_area * self.positions
-        )
+        return self.per_pair(alive) * self.alive_in(alive) * self.alive_out(alive)
 
 
 @dataclass
@@ -78,15 +83,17 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
     weight = m.weight
     assert isinstance(weight, Tensor)
     features = out.shape[1 if weight.dim() > 2 else -1]
+    rows = getattr(m, "row_units", None)
     return LayerCost(
         name=name,
         module=m,  # type: ignore[arg-type]
         in_units=getattr(m, "in_units", None),
         out_units=getattr(m, "out_units", None),
-        positions=out[0].numel() // features,
+        positions=out[0].numel() // features // (out.shape[-2] if rows else 1),
         kernel_area=int(torch.Size(weight.shape[2:]).numel()),
         in_unit_size=getattr(m, "in_unit_size", 1),
         out_unit_size=getattr(m, "out_unit_size", 1),
+        rows=rows,
     )
 
 
@@ -151,7 +158,7 @@ def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -
         if isinstance(c, AttentionCost):  # a head's QK^T and AV: part of computing its output
             out[c.group] += c.per_head
             continue
-        per_pair = 2.0 * c.kernel_area * c.positions
+        per_pair = c.per_pair(alive)
         if c.out_units:
             out[c.out_units] += per_pair * c.alive_in(alive) * c.out_unit_size
         if c.in_units and load == "total":

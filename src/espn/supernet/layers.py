@@ -37,6 +37,9 @@ class MaskedLayer(MaskCaches, nn.Module):
     #: head spans ``head_dim`` features of its q, k, v and output projections; 1 elsewhere)
     in_unit_size: int = 1
     out_unit_size: int = 1
+    #: a linear layer applied across the token axis: the unit group of the channels it is
+    #: applied over, one row each (None: it is applied over positions alone)
+    row_units: str | None = None
 
     def _init_masks(
         self, in_units: str | None, out_units: str | None, in_size: int = 1, out_size: int = 1
