@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from espn.layers import ConvertError, layer_types
 from espn.layers.parameters import channel_axis
 from espn.models.convert_tokens import TokenConvertError, check_stream_sources
-from espn.models.probe import across_tokens, adapter, check_flatten_order
+from espn.models.probe import adapter, channel_rooted, check_flatten_order, token_sides
 
 if TYPE_CHECKING:
     import torch_pruning as tp
@@ -181,9 +181,9 @@ def couple(
     scales: set[str] = set()
     found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
     for items, fixed in zip(found, _fixed(graph, found), strict=True):
-        tokens = set() if fixed else _across_tokens(model, example, graph, items, names, modules)
+        tokens = set() if fixed else token_sides(model, example, graph, items, names, modules)
         if (names.get(items[0][0].target.module), True) in tokens:
-            items = _channel_rooted(graph, items, names, tokens)
+            items = channel_rooted(graph, items, names, tokens)
         g = _part(graph, items, names, param_names, repeats, scales, fixed, tokens)
         g.tokens = sorted({name for name, _ in tokens}, key=list(modules).index)
         parts.append(g)
@@ -226,61 +226,6 @@ def _refuse_coupling(
             "projection) is not supported"
         )
     return ConvertError(f"layer {name!r}: {construct}")
-
-
-def _across_tokens(
-    model: nn.Module,
-    example: Tensor,
-    graph: tp.DependencyGraph,
-    items: list[tuple[tp.Dependency, list[int]]],
-    names: dict[nn.Module, str],
-    modules: dict[str, nn.Module],
-) -> set[tuple[str, bool]]:
-    """The sides (layer name, whether its output side) of a group of Torch-Pruning's graph
-    that a linear layer applies across the token axis (:func:`~espn.models.probe.across_tokens`);
-    none in a group with attention, which mixes channels (convert_tokens checks its streams)."""
-    sides = [
-        (names[dep.target.module], graph.is_out_channel_pruning_fn(dep.handler))
-        for dep, _ in items
-        if dep.target.module in names
-    ]
-    roles = {adapter(modules[n]).role for n, _ in sides}
-    layers = [(n, out) for n, out in sides if adapter(modules[n]).role == "layer"]
-    producers = [n for n, out in layers if out]
-    if len(items[0][1]) < 2 or not producers or "attention" in roles:
-        return set()
-    readers = [n for n, out in layers if not out]
-    first = min(producers, key=list(modules).index)
-    inputs = across_tokens(model, example, first, readers, modules)
-    # a token MLP's last layer writes tokens: it is one that reads tokens, or reads the
-    # hidden features of one (not this part's channels)
-    read = {n for t in inputs for n in _readers(graph, modules[t], names)} - set(readers)
-    outputs = [n for n in producers if n in read or n in inputs]
-    return {(n, False) for n in inputs} | {(n, True) for n in outputs}
-
-
-def _readers(graph: tp.DependencyGraph, m: nn.Module, names: dict[nn.Module, str]) -> set[str]:
-    """The layers reading ``m``'s outputs (in Torch-Pruning's group of its first output)."""
-    group = graph.get_pruning_group(m, graph.get_pruner_of_module(m).prune_out_channels, [0])
-    sides = [(d.target.module, graph.is_out_channel_pruning_fn(d.handler)) for d, _ in group]
-    return {names[r] for r, out in sides if r in names and not out}
-
-
-def _channel_rooted(
-    graph: tp.DependencyGraph,
-    items: list[tuple[tp.Dependency, list[int]]],
-    names: dict[nn.Module, str],
-    tokens: set[tuple[str, bool]],
-) -> list[tuple[tp.Dependency, list[int]]]:
-    """A group of Torch-Pruning's graph rooted at a linear layer's tokens (its indices count
-    tokens, not channels) found again from its first producer of channels."""
-    for dep, _ in items:
-        m = dep.target.module
-        name = names.get(m)
-        if name and graph.is_out_channel_pruning_fn(dep.handler) and (name, True) not in tokens:
-            width = graph.get_out_channels(m)
-            return list(graph.get_pruning_group(m, dep.handler, list(range(width))))
-    return items
 
 
 def _part(
