@@ -51,9 +51,14 @@ def caches(module: Any) -> dict[str, Any]:
     return cast(dict[str, Any], found)
 
 
+def _cached(module: Any, name: str) -> Any:
+    """What ``module`` cached under ``name`` (None: nothing)."""
+    return caches(module).get(name)
+
+
 def _known(module: Any, name: str) -> Any:
     """What ``module`` cached under ``name`` (None: nothing, or the fast path is off)."""
-    return caches(module).get(name) if is_on() else None
+    return _cached(module, name) if is_on() else None
 
 
 def memo(
@@ -63,7 +68,7 @@ def memo(
     (``use`` False: computed, no cache read or written, as a compiled graph needs)."""
     if not use:
         return compute()
-    known = caches(owner).get(name)
+    known = _cached(owner, name)
     if unchanged(known, tensor):
         return known[2]
     value = compute()
@@ -200,12 +205,12 @@ class MaskCaches(_Caches):
     def note_trained(self) -> None:
         """Carry :meth:`zero_pruned`'s knowledge over a step :meth:`keeps_zero` allowed (an
         optimizer moves no weight whose gradient and state are zero, decay included)."""
-        known = caches(self).get("_zero")
+        known = _cached(self, "_zero")
         if known is not None:
             caches(self)["_zero"] = (*stamp(self.weight), *known[2:])
 
     def _nothing_frozen(self) -> bool:
-        known = caches(self).get("_thawed")
+        known = _cached(self, "_thawed")
         return unchanged(known, self.frozen) and bool(known[2])
 
     def step_parts(self) -> tuple[Tensor, Tensor] | None:
@@ -222,7 +227,7 @@ class MaskCaches(_Caches):
     def grad_is_kept(self) -> bool:
         """Whether ``weight.grad`` is the gradient the product's backward wrote since
         :meth:`forget_kept_grad` (every weight the task may not train zeroed), unchanged."""
-        grad, known = self.weight.grad, caches(self).get("_kept_grad")
+        grad, known = self.weight.grad, _cached(self, "_kept_grad")
         return grad is not None and known == (grad.data_ptr(), grad._version)
 
     def forget_kept_grad(self) -> None:
@@ -235,7 +240,7 @@ class MaskCaches(_Caches):
         free = self.free_bits()
         if self.mask_is_ones():
             return free
-        mask, known = self.weight_mask, caches(self).get("_keep")
+        mask, known = self.weight_mask, _cached(self, "_keep")
         if unchanged(known, mask) and known[2] is free:
             return known[3]
         keep = mask.to(free.dtype).neg_().bitwise_and_(free)
@@ -246,7 +251,7 @@ class MaskCaches(_Caches):
         """All ones (-1) on every weight not frozen, zero on a frozen one, as integers of the
         weight's element size (an AND of a float's bits with it keeps the free entries)."""
         frozen, dtype = self.frozen, _BITS[self.weight.element_size()]
-        known = caches(self).get("_free")
+        known = _cached(self, "_free")
         if unchanged(known, frozen) and known[2].dtype == dtype:
             return known[2]
         free = frozen.logical_not().to(dtype).neg_()
