@@ -1,6 +1,5 @@
 """The supernet, its masked layers, per-task masks and the analytic FLOP count."""
 
-from espn.supernet.flops import LayerCost, count_flops, trace_costs, unit_flops
 from espn.supernet.layers import (
     MaskedConv2d,
     MaskedLayer,
@@ -9,7 +8,6 @@ from espn.supernet.layers import (
     TaskBias,
     TaskGroupNorm,
     TaskHead,
-    TaskSpecific,
     UnitGate,
     UnitModule,
 )
@@ -17,7 +15,6 @@ from espn.supernet.masks import TaskMask, pack_bits, unpack_bits
 from espn.supernet.supernet import Supernet
 
 __all__ = [
-    "LayerCost",
     "MaskedConv2d",
     "MaskedLayer",
     "MaskedLinear",
@@ -27,12 +24,8 @@ __all__ = [
     "TaskGroupNorm",
     "TaskHead",
     "TaskMask",
-    "TaskSpecific",
     "UnitGate",
     "UnitModule",
-    "count_flops",
     "pack_bits",
-    "trace_costs",
-    "unit_flops",
     "unpack_bits",
 ]

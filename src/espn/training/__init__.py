@@ -1,7 +1,6 @@
 """The training engine shared by every method."""
 
 from espn.training.engine import Engine
-from espn.training.optim import OPTIMIZERS, FrozenGuard, OptimConfig, build_optimizer
-from espn.training.plan import TaskLog
+from espn.training.optim import OptimConfig
 
-__all__ = ["OPTIMIZERS", "Engine", "FrozenGuard", "OptimConfig", "TaskLog", "build_optimizer"]
+__all__ = ["Engine", "OptimConfig"]

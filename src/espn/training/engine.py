@@ -325,7 +325,6 @@ class Engine:
             finite &= torch.isfinite(t.loss)  # no sync: read once per epoch
             at.step += 1
             at.slim_steps += net is not None
-            # the loss stays on the device: no sync here
             self.callbacks.on_step_end(
                 self.owner, StepEnd(t.index, phase.name, t.done(), t.loss, lr)
             )

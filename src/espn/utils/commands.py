@@ -141,14 +141,13 @@ RUN_ALIAS = typer.Option(None, "--run", parser=run_dir_option, help="Same as RUN
 def run_directory(positional: Path | None, alias: Path | None) -> Path:
     """The run directory a command was given, as ``DIR`` or as ``--run DIR`` (one of them,
     or both naming the same directory); anything else is refused before any work."""
-    if positional is None and alias is None:
+    path = positional or alias
+    if path is None:
         raise UserError("missing the run directory: give it as RUN_DIR (the --out of `espn run`)")
-    if positional is not None and alias is not None and positional != alias:
+    if alias is not None and alias != path:
         raise UserError(
-            f"two run directories given, {str(positional)!r} and --run {str(alias)!r}; give one"
+            f"two run directories given, {str(path)!r} and --run {str(alias)!r}; give one"
         )
-    path = positional if positional is not None else alias
-    assert path is not None
     return path
 
 

@@ -41,9 +41,10 @@ class TaskRecord:
     elapsed_seconds: float
 
     def scalars(self) -> dict[str, float]:
-        """The task's figures by the tag the TensorBoard and W&B loggers give them; those
-        not known (None) left out."""
+        """The task's figures by the tag the TensorBoard and W&B loggers give them (each
+        task's accuracy in the row, then the others); those not known (None) left out."""
         tags = {
+            **{f"accuracy/task_{j}": a for j, a in enumerate(self.row or [])},
             "accuracy/average": self.average_accuracy,
             "flops_ratio": self.flops_ratio,
             "weights/used": self.used_weights,

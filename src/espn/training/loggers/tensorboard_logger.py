@@ -46,12 +46,9 @@ class TensorBoardLogger(MetricLogger):
         self.writer.flush()
 
     def log_task(self, record: TaskRecord) -> None:
-        t, w = record.task, self.writer
-        for j, accuracy in enumerate(record.row or []):
-            w.add_scalar(f"accuracy/task_{j}", accuracy, t)
         for tag, value in record.scalars().items():
-            w.add_scalar(tag, value, t)
-        w.flush()
+            self.writer.add_scalar(tag, value, record.task)
+        self.writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:

@@ -21,9 +21,8 @@ MODES: tuple[Mode, ...] = get_args(Mode)
 def resolve_mode(mode: str | None) -> Mode:
     """``mode``, else ``WANDB_MODE``, else ``offline``; a :class:`LoggerError` if unknown."""
     chosen = mode or os.environ.get("WANDB_MODE") or "offline"
-    for known in MODES:
-        if chosen == known:
-            return known
+    if chosen in MODES:
+        return chosen
     source = "mode" if mode else "WANDB_MODE"
     raise LoggerError(f"unknown W&B {source} {chosen!r}; choose one of: {', '.join(MODES)}")
 
@@ -123,9 +122,7 @@ class WandbLogger(MetricLogger):
         self.run.log({"task_step": event.step, f"epoch_loss/task_{event.task}": event.loss})
 
     def log_task(self, record: TaskRecord) -> None:
-        values: dict[str, Any] = {"tasks_learned": record.task}
-        values.update({f"accuracy/task_{j}": a for j, a in enumerate(record.row or [])})
-        self.run.log(values | record.scalars())
+        self.run.log({"tasks_learned": record.task, **record.scalars()})
 
     def close(self) -> None:
         if self._run is not None:
