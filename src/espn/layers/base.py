@@ -111,13 +111,18 @@ def alive_features(units: dict[str, Tensor], group: str | None, size: int, width
     return expand_units(units[group].cpu(), size).nonzero().flatten()
 
 
+def alive_inputs(m: MaskedLayer | TaskHead, units: dict[str, Tensor]) -> Tensor:
+    """Indices of ``m``'s alive input features (dimension 1 of its weight), on its device."""
+    w = m.weight
+    return alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
+
+
 def alive_weight(m: MaskedLayer, units: dict[str, Tensor]) -> Tensor:
     """``m``'s masked weight at the rows and columns of its alive units: how every masked
     layer type is sliced (its output features on dimension 0, its inputs on dimension 1)."""
     w = m.weight
     rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-    cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-    return m.masked_weight().index_select(0, rows).index_select(1, cols)
+    return m.masked_weight().index_select(0, rows).index_select(1, alive_inputs(m, units))
 
 
 class LayerAdapter(ABC):
@@ -272,14 +277,11 @@ _EXPORTS: dict[type[nn.Module], LayerAdapter] = {}
 def register(cls: type[LayerAdapter]) -> type[LayerAdapter]:
     """Class decorator: register one instance of adapter ``cls`` under its types."""
     adapter = cls()
-    for t in cls.source:
-        if t in _SOURCES:
-            raise ValueError(f"{t.__name__} already has the adapter {type(_SOURCES[t]).__name__}")
-        _SOURCES[t] = adapter
-    for t in cls.exports:
-        if t in _EXPORTS:
-            raise ValueError(f"{t.__name__} already has the adapter {type(_EXPORTS[t]).__name__}")
-        _EXPORTS[t] = adapter
+    for types, table in ((cls.source, _SOURCES), (cls.exports, _EXPORTS)):
+        for t in types:
+            if t in table:
+                raise ValueError(f"{t.__name__} already has the adapter {type(table[t]).__name__}")
+            table[t] = adapter
     return cls
 
 

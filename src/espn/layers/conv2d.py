@@ -14,7 +14,7 @@ from espn.layers.base import (
     ConvertError,
     Placement,
     WeightAdapter,
-    alive_features,
+    alive_inputs,
     alive_weight,
     holding,
     register,
@@ -182,7 +182,5 @@ class Conv2dAdapter(ConvAdapter):
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         if isinstance(m, TaskConvHead):
-            w = m.weight
-            cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-            return self._head(m, w.index_select(1, cols))
+            return self._head(m, m.weight.index_select(1, alive_inputs(m, units)))
         return super().slim(m, units)

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from espn.layers.base import (
     Placement,
     WeightAdapter,
-    alive_features,
+    alive_inputs,
     alive_weight,
     holding,
     register,
@@ -57,11 +57,9 @@ class LinearAdapter(WeightAdapter):
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        w = m.weight
-        assert isinstance(w, Tensor)
         if isinstance(m, TaskHead):
-            cols = alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
-            return holding(nn.Linear(len(cols), m.out_features), w.index_select(1, cols), m.bias)
+            w = m.weight.index_select(1, alive_inputs(m, units))
+            return holding(nn.Linear(w.shape[1], m.out_features), w, m.bias)
         assert isinstance(m, MaskedLinear)
         weight = alive_weight(m, units)
         return holding(nn.Linear(weight.shape[1], weight.shape[0], bias=False), weight)
