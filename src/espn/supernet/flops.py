@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from espn.settings.methods import FLOP_LOADS
 from espn.supernet.layers import MaskedLayer, TaskHead
 from espn.supernet.transformer import MaskedAttention
 
@@ -140,6 +139,12 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
 def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
     """FLOPs of the network whose unit groups have ``alive[group]`` units alive."""
     return sum(c.flops(alive) for c in costs)
+
+
+#: what the FLOPs load of a unit counts: ``output`` (the paper: the cost of computing the
+#: unit's output, from its alive inputs) or ``total`` (beyond the paper: also the cost its
+#: output causes in the layers that consume it)
+FLOP_LOADS = ("output", "total")
 
 
 def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -> dict[str, float]:
