@@ -17,7 +17,7 @@ from espn.layers.base import alive_features, module_outputs, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
 from espn.layers.parameters import TaskParameters, channel_axis
-from espn.supernet.flops import run_hooked
+from espn.supernet.flops import run_eval
 from espn.supernet.layers import (
     MaskedLayer,
     TaskBias,
@@ -85,7 +85,7 @@ def _feeds(
             handles.append(m.register_forward_hook(output(name)))
         elif follower(m):
             handles.append(m.register_forward_pre_hook(input_of(name)))
-    run_hooked(model, example, handles)
+    run_eval(model, example, handles)
     feeds = {}
     for name, x in read.items():
         source = made.get(id(x))
@@ -132,15 +132,9 @@ class Pick(nn.Module):
         return x.index_select(1, self.index)
 
 
-class Place(nn.Module):
+class Place(Pick):
     """Puts its input's channels at their places in a per-conv stream: stream channel ``i`` is
     input channel ``index[i]``, a zero where ``index[i]`` is the input's width."""
-
-    index: Tensor
-
-    def __init__(self, index: Tensor) -> None:
-        super().__init__()
-        self.register_buffer("index", index)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.cat([x, torch.zeros_like(x[:, :1])], 1).index_select(1, self.index)

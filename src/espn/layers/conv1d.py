@@ -38,9 +38,7 @@ class MaskedConv1d(nn.Conv1d, MaskedLayer):
             bias=False,
             padding_mode=conv.padding_mode,
         )
-        self._init_masks(in_units, out_units)
-        self.in_unit_size = in_unit_size
-        self.out_unit_size = out_unit_size
+        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
 
     def forward(self, x: Tensor) -> Tensor:
         return self._conv_forward(x, self.masked_weight(), None)

@@ -32,8 +32,7 @@ class MaskedEmbedding(MaskedLayer):
         self.embedding_dim = table.embedding_dim
         self.padding_idx = table.padding_idx
         self.weight = nn.Parameter(table.weight.detach().t().contiguous())
-        self._init_masks(None, out_units)
-        self.out_unit_size = out_unit_size
+        self._init_masks(None, out_units, out_size=out_unit_size)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.embedding(x, self.masked_weight().t(), self.padding_idx)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
+from espn.supernet.flops import run_eval
 
 if TYPE_CHECKING:
     from espn.models.registry import ModelSpec
@@ -43,13 +43,7 @@ def check_plain_model(model: nn.Module, example_input: Tensor) -> None:
             "model (model.requires_grad_(True)) before wrapping it, or adopt pretrained "
             "weights as the first task (--init-weights)"
         )
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model(example_input)
-    finally:
-        model.train(was_training)
+    out = run_eval(model, example_input)
     if not isinstance(out, Tensor):
         raise ModelShapeError(
             f"forward() returns a {type(out).__name__}, not one tensor of logits: espn trains, "

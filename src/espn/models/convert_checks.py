@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from espn.layers import ConvertError
 from espn.layers.base import module_outputs
+from espn.supernet.flops import run_eval
 
 if TYPE_CHECKING:
     from espn.supernet.supernet import Supernet
@@ -29,13 +30,8 @@ def module_flops(model: nn.Module, example: Tensor) -> dict[str, int]:
     from espn.export.export import flop_counter  # it imports the supernet
 
     counter = flop_counter()
-    was_training = model.training
-    model.eval()
-    try:
-        with counter, torch.enable_grad():
-            model(example[:1])
-    finally:
-        model.train(was_training)
+    with counter:
+        run_eval(model, example[:1], grad=True)
     counts = counter.get_flop_counts().items()
     flops = {k.partition(".")[2]: sum(ops.values()) for k, ops in counts if k != "Global"}
     flops[""] = int(counter.get_total_flops())

@@ -4,7 +4,9 @@ of its convolutions, linear layers and attention products for one sample, as
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -97,16 +99,19 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
     )
 
 
-def run_hooked(
-    model: nn.Module, example: Tensor, hooks: list[torch.utils.hooks.RemovableHandle]
-) -> None:
-    """Run ``example`` through ``model`` once in eval mode without gradients for the forward
-    ``hooks`` to see, then remove them and restore the model's mode."""
+def run_eval(
+    model: nn.Module,
+    example: Tensor,
+    hooks: Iterable[torch.utils.hooks.RemovableHandle] = (),
+    grad: bool = False,
+) -> Any:
+    """``model(example)`` in eval mode (with gradients if ``grad``) for the forward ``hooks``
+    to see, which are removed after; the model's mode is restored."""
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            model(example)
+        with torch.set_grad_enabled(grad):
+            return model(example)
     finally:
         model.train(was_training)
         for h in hooks:
@@ -130,7 +135,7 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
                 costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
-    run_hooked(model, example_input, hooks)
+    run_eval(model, example_input, hooks)
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     # attention's activation products first, then the layers (the order they were listed in)
     return sorted(costs.values(), key=lambda c: (not isinstance(c, AttentionCost), order[c.name]))
