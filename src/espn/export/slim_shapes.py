@@ -83,15 +83,14 @@ def refitted(slim: nn.Module, wide: nn.Module, example: Tensor) -> nn.Module:
 
     with _Reshapes(record):
         wide(example)
-    changed = False
     refit = _refit(full)
+    changed: list[bool] = []
 
     def probe(k: int, x: Tensor, shape: tuple[Any, ...]) -> tuple[Any, ...]:
-        nonlocal changed
         new = refit(k, x, shape)
-        changed = changed or new != shape
+        changed.append(new != shape)
         return new
 
     with _Reshapes(probe):
         slim(example)
-    return Refitted(slim, full).eval() if changed else slim
+    return Refitted(slim, full).eval() if any(changed) else slim

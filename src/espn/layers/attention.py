@@ -19,24 +19,28 @@ class MaskedSelfAttention(MaskedAttention):
     in_proj_bias = None
     _qkv_same_embed_dim = True
 
-    def __init__(
-        self,
-        dim: int,
-        heads: int,
-        heads_group: str,
-        in_units: str | None,
-        batch_first: bool,
-        dropout: float,
-        task_affine: bool,
-        tokens_only: bool = False,
-    ) -> None:
+    @torch.no_grad()
+    def __init__(self, m: nn.MultiheadAttention, place: Placement) -> None:
+        """The masked self-attention placed at ``place`` holding ``m``'s projection weights
+        (biases are dropped, as the converter drops every bias not absorbed by a norm)."""
+        heads = f"{place.name}.heads" if place.name else "heads"
         super().__init__(
-            dim, heads, heads_group, in_units, task_affine=task_affine, dropout=dropout
+            m.embed_dim,
+            m.num_heads,
+            heads,
+            place.in_group,
+            task_affine=place.task_affine,
+            dropout=float(m.dropout),
         )
-        self.batch_first = batch_first
-        self.tokens_only = tokens_only
-        self.num_heads = heads
-        self.embed_dim = dim
+        self.batch_first = bool(m.batch_first)
+        self.tokens_only = isinstance(m, SelfAttention)
+        self.num_heads = m.num_heads
+        self.embed_dim = m.embed_dim
+        q, k, v = m.in_proj_weight.chunk(3)
+        self.q.weight.copy_(q)
+        self.k.weight.copy_(k)
+        self.v.weight.copy_(v)
+        self.proj.weight.copy_(m.out_proj.weight)
 
     def forward(  # type: ignore[override]
         self,
@@ -101,25 +105,6 @@ class AttentionAdapter(LayerAdapter):
         assert isinstance(m, nn.MultiheadAttention)
         return m.embed_dim
 
-    @torch.no_grad()
     def convert(self, m: nn.Module, place: Placement) -> nn.Module:
-        """The masked self-attention holding ``m``'s projection weights (biases are dropped,
-        as the converter drops every bias not absorbed by a norm)."""
         assert isinstance(m, nn.MultiheadAttention)
-        heads = f"{place.name}.heads" if place.name else "heads"
-        out = MaskedSelfAttention(
-            m.embed_dim,
-            m.num_heads,
-            heads,
-            place.in_group,
-            bool(m.batch_first),
-            float(m.dropout),
-            place.task_affine,
-            tokens_only=isinstance(m, SelfAttention),
-        )
-        q, k, v = m.in_proj_weight.chunk(3)
-        out.q.weight.copy_(q)
-        out.k.weight.copy_(k)
-        out.v.weight.copy_(v)
-        out.proj.weight.copy_(m.out_proj.weight)
-        return out.to(m.in_proj_weight.device)
+        return MaskedSelfAttention(m, place).to(m.in_proj_weight.device)

@@ -163,10 +163,8 @@ def check_stream_sources(
 
         hooks.append(model.get_submodule(name).register_forward_pre_hook(check))
     try:
-        model(example_input)
+        call_hooked(model, hooks, example_input)
     finally:
-        for h in hooks:
-            h.remove()
         for p, value in zip(params or [], saved, strict=True):
             p.copy_(value)
     if leaked:

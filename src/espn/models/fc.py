@@ -7,7 +7,7 @@ import math
 from torch import Tensor, nn
 
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedLinear, TaskHead, UnitGate, shared_head
+from espn.supernet.layers import MaskedLinear, UnitGate, model_head
 
 
 class FCNet(nn.Module):
@@ -34,10 +34,7 @@ class FCNet(nn.Module):
             ]
             prev, prev_units = width, group
         self.features = nn.Sequential(*blocks)
-        if multi_head:
-            self.head: nn.Module = TaskHead(prev, n_classes, in_units=prev_units)
-        else:
-            self.head = shared_head(prev, n_classes, prev_units, task_affine)
+        self.head = model_head(prev, n_classes, prev_units, multi_head, task_affine)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.features(x.flatten(1)))

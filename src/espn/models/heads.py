@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from espn.layers import ConvertError, adapter_for
+from espn.layers import ConvertError
+from espn.models.probe import adapter
 
 if TYPE_CHECKING:
     import torch_pruning as tp
@@ -52,15 +53,14 @@ def output_layers(
     classes = out.shape[-1] if isinstance(out, Tensor) and out.dim() == 2 else None
     for name in outputs:
         m = modules[name]
-        adapter = adapter_for(m)
-        assert adapter is not None
-        if not adapter.can_be_head or adapter.groups(m) != 1:
+        layer = adapter(m)
+        if not layer.can_be_head or layer.groups(m) != 1:
             raise ConvertError(f"{_SUPPORTED}; found {name!r}, a {type(m).__name__}")
         if getattr(m, "padding_mode", "zeros") != "zeros":
             raise ConvertError(
                 f"classifier {name!r} pads with {m.padding_mode!r}; supported: zero padding"
             )
-        width = adapter.width(m, True)
+        width = layer.width(m, True)
         if width != classes:
             shape = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise ConvertError(

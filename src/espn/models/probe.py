@@ -68,29 +68,6 @@ def _probe(
     return {name: inp[1:] != inp[:1] for name, inp in seen.items()}
 
 
-def _transposed(
-    model: nn.Module,
-    example: Tensor,
-    source: nn.Module,
-    readers: dict[str, nn.Module],
-    modules: dict[str, nn.Module],
-) -> list[str]:
-    """The readers whose input gets ``source``'s feature 1 on another axis than their
-    features: raised (see :func:`_probe`), it changes their input at index 1 of another
-    axis, not at feature 1 alone."""
-    found = []
-    for name, changes in _probe(model, example, source, readers, modules, [1]).items():
-        changed = changes[0]
-        feature = _feature_axis(readers[name]) % changes.dim() - 1  # in a sample
-        at = []  # per axis of a sample: the indices where the input changed
-        for d in range(changed.dim()):
-            rows = changed.movedim(d, 0).reshape(changed.shape[d], -1).any(1)
-            at.append(set(rows.nonzero().flatten().tolist()))
-        if at[feature] != {1} and any(at[d] == {1} for d in range(changed.dim()) if d != feature):
-            found.append(name)
-    return found
-
-
 def across_tokens(
     model: nn.Module,
     example: Tensor,
@@ -99,20 +76,31 @@ def across_tokens(
     modules: dict[str, nn.Module],
 ) -> list[str]:
     """The ``readers`` of a part of coupled channels that read the channels of ``first`` (the
-    part's first producer) on another axis than their features (see :func:`_transposed`;
-    Torch-Pruning maps a transpose as if it kept the channel axis): linear layers applied
+    part's first producer) on another axis than their features: raised (see :func:`_probe`),
+    its feature 1 changes their input at index 1 of another axis, not at feature 1 alone
+    (Torch-Pruning maps a transpose as if it kept the channel axis). Linear layers applied
     across the token axis (an MLP-Mixer's token mixing); any other such reader is refused."""
     if not any(adapter(modules[n]).token_outputs for n in readers):
         return []
-    inputs = _transposed(model, example, modules[first], {n: modules[n] for n in readers}, modules)
-    for name in inputs:
-        if not adapter(modules[name]).token_outputs:
+    reading = {n: modules[n] for n in readers}
+    found = []
+    for name, changes in _probe(model, example, modules[first], reading, modules, [1]).items():
+        changed = changes[0]
+        feature = _feature_axis(reading[name]) % changes.dim() - 1  # in a sample
+        at = []  # per axis of a sample: the indices where the input changed
+        for d in range(changed.dim()):
+            rows = changed.movedim(d, 0).reshape(changed.shape[d], -1).any(1)
+            at.append(set(rows.nonzero().flatten().tolist()))
+        if at[feature] == {1} or all(at[d] != {1} for d in range(changed.dim()) if d != feature):
+            continue
+        if not adapter(reading[name]).token_outputs:
             raise ConvertError(
                 f"layer {name!r} reads the channels of {first!r} on another axis than its "
                 "features; supported across the token axis: nn.Linear (an MLP-Mixer's token "
                 "mixing)"
             )
-    return inputs
+        found.append(name)
+    return found
 
 
 def check_flatten_order(

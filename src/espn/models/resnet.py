@@ -14,8 +14,7 @@ from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import (
     MaskedConv2d,
     TaskBatchNorm2d,
-    TaskHead,
-    shared_head,
+    model_head,
 )
 
 
@@ -46,8 +45,7 @@ STREAM_PRUNING = ("per-conv", "coupled")
 
 
 def _downsample(c_in: int, c_out: int, stride: int, in_units: str, out_units: str) -> nn.Module:
-    conv, bn = conv_bn(c_in, c_out, 1, stride, in_units, out_units)
-    return nn.Sequential(conv, bn)
+    return nn.Sequential(*conv_bn(c_in, c_out, 1, stride, in_units, out_units))
 
 
 def _stream_units(name: str, last: str, out_stream: str, per_conv: bool) -> tuple[str, str]:
@@ -162,10 +160,7 @@ class ResNet(nn.Module):
             setattr(self, stage, nn.Sequential(*layers))
         self.n_stages = len(blocks)
         self.out_features = c_in
-        if multi_head:
-            self.fc: nn.Module = TaskHead(c_in, n_classes, in_units=stream)
-        else:
-            self.fc = shared_head(c_in, n_classes, stream, task_affine)
+        self.fc = model_head(c_in, n_classes, stream, multi_head, task_affine)
         self._init_weights()
 
     def _init_weights(self) -> None:

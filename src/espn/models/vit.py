@@ -10,7 +10,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskHead, shared_head
+from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskHead, model_head
 from espn.supernet.transformer import (
     MaskedAttention,
     TaskLayerNorm,
@@ -110,10 +110,7 @@ class ViT(nn.Module):
             )
         )
         self.norm = TaskLayerNorm(dim, STREAM, eps=1e-6)
-        if multi_head:
-            self.head: nn.Module = TaskHead(dim, n_classes, in_units=STREAM)
-        else:
-            self.head = shared_head(dim, n_classes, STREAM, task_affine)
+        self.head = model_head(dim, n_classes, STREAM, multi_head, task_affine)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.carries_alive_units():

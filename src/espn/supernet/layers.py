@@ -447,10 +447,13 @@ def is_costed(module: nn.Module) -> TypeGuard[MaskedLayer | TaskHead]:
     return isinstance(module, MaskedLayer | TaskHead)
 
 
-def shared_head(
-    in_features: int, n_classes: int, in_units: str | None, task_bias: bool
+def model_head(
+    in_features: int, n_classes: int, in_units: str | None, multi_head: bool, task_bias: bool
 ) -> nn.Module:
-    """A head shared by every task and masked like the other layers; with ``task_bias``
-    (beyond the paper) each task adds its own output bias."""
+    """A :class:`TaskHead` per task with ``multi_head``, else a head shared by every task and
+    masked like the other layers; with ``task_bias`` (beyond the paper) each task adds its
+    own output bias."""
+    if multi_head:
+        return TaskHead(in_features, n_classes, in_units)
     head = MaskedLinear(in_features, n_classes, in_units=in_units)
     return nn.Sequential(head, TaskBias(n_classes)) if task_bias else nn.Sequential(head)
