@@ -24,6 +24,7 @@ from espn.inference.outputs import head_name
 from espn.inference.predict import DEFAULT_RULE, Inferred, get_rule, infer
 from espn.inference.rule import OutputRule, calibration
 from espn.inference.statistics import raw_scores
+from espn.layers.base import call_hooked
 from espn.supernet.supernet import Supernet
 from espn.utils.io import write_json_atomic
 
@@ -43,10 +44,7 @@ class WithFeatures(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         seen: list[Tensor] = []
         hook = self.head.register_forward_pre_hook(lambda m, inputs: seen.append(inputs[0]))
-        try:
-            logits = self.net(x)
-        finally:
-            hook.remove()
+        logits = call_hooked(self.net, [hook], x)
         if len(seen) != 1:
             raise ExportError(f"the sub-network calls its head {len(seen)} times; once is needed")
         return logits, seen[0]

@@ -33,23 +33,14 @@ class TaskConvHead(TaskHead):
     the classes, then global pooling): a :class:`TaskHead` whose weight is a 2-d convolution's
     ``(classes, channels, kh, kw)``, so that everything reading task heads reads it too."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        n_classes: int,
-        kernel_size: tuple[int, int],
-        stride: tuple[int, int] = (1, 1),
-        padding: tuple[int, int] | str = (0, 0),
-        dilation: tuple[int, int] = (1, 1),
-        in_units: str | None = None,
-        in_unit_size: int = 1,
-    ) -> None:
-        super().__init__(in_channels, n_classes, in_units, in_unit_size)
-        self.kernel_size = kernel_size
-        self.stride = stride
-        self.padding = padding
-        self.dilation = dilation
-        self.weight = nn.Parameter(self.weight.new_empty(n_classes, in_channels, *kernel_size))
+    def __init__(self, conv: nn.Conv2d, place: Placement) -> None:
+        """The head of classifier ``conv`` (its settings, not its weights) placed at ``place``."""
+        super().__init__(conv.in_channels, conv.out_channels, place.in_group, place.in_unit)
+        self.kernel_size = conv_pair(conv.kernel_size)
+        self.stride = conv_pair(conv.stride)
+        self.padding = conv_padding(conv.padding)
+        self.dilation = conv_pair(conv.dilation)
+        self.weight = nn.Parameter(self.weight.new_empty(conv.weight.shape))
         self.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -155,16 +146,7 @@ class Conv2dAdapter(ConvAdapter):
     def per_task_head(self, m: nn.Module, place: Placement) -> TaskHead:
         """SqueezeNet's and BiT's classifier, a conv to the classes: a :class:`TaskConvHead`."""
         assert isinstance(m, nn.Conv2d)
-        return TaskConvHead(
-            m.in_channels,
-            m.out_channels,
-            conv_pair(m.kernel_size),
-            conv_pair(m.stride),
-            conv_padding(m.padding),
-            conv_pair(m.dilation),
-            place.in_group,
-            place.in_unit,
-        )
+        return TaskConvHead(m, place)
 
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:

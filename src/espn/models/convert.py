@@ -25,15 +25,12 @@ from espn.models.registry import MODELS, ModelSpec
 
 __all__ = ["ConvertError", "load_entry_point_models", "register_converted", "to_supernet"]
 
-#: a module the converter turns into its supernet counterpart (one with a layer adapter)
-Convertible = nn.Module
 
-
-def _check_modules(model: nn.Module) -> tuple[dict[str, Convertible], dict[str, nn.Parameter]]:
+def _check_modules(model: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Parameter]]:
     """Named modules of a layer type espn has an adapter for, and the parameters held by
     any other module (by qualified name; refused unless they join a token stream, see
     :func:`_stream_parameters`)."""
-    found: dict[str, Convertible] = {}
+    found: dict[str, nn.Module] = {}
     bare: dict[str, nn.Parameter] = {}
     seen: dict[int, str] = {}
     attention: list[str] = []
@@ -82,8 +79,8 @@ def _refuse_parameter(model: nn.Module, owner: str) -> ConvertError:
 
 
 def _check_calls(
-    model: nn.Module, example_input: Tensor, modules: dict[str, Convertible]
-) -> dict[str, Convertible]:
+    model: nn.Module, example_input: Tensor, modules: dict[str, nn.Module]
+) -> dict[str, nn.Module]:
     """Refuse a layer that ``forward`` calls more than once on the example input (its masks,
     unit groups and FLOPs are per layer, and a second call would need its own), or never. A
     layer not called is first put in a :class:`FunctionalRead` (named ``NAME.layer`` from
@@ -247,7 +244,7 @@ def to_supernet(
 def _placements(
     model: nn.Module,
     example: Tensor,
-    modules: dict[str, Convertible],
+    modules: dict[str, nn.Module],
     bare: dict[str, nn.Parameter],
     successor: dict[str, nn.Module | None],
     heads: list[str],
@@ -280,7 +277,7 @@ def _place(
     example: Tensor,
     g: Group,
     places: dict[str, Placement],
-    modules: dict[str, Convertible],
+    modules: dict[str, nn.Module],
     bare: dict[str, nn.Parameter],
     successor: dict[str, nn.Module | None],
 ) -> dict[str, str]:
@@ -332,7 +329,7 @@ def _place(
 
 
 def _concatenations(
-    groups: list[Group], places: dict[str, Placement], modules: dict[str, Convertible]
+    groups: list[Group], places: dict[str, Placement], modules: dict[str, nn.Module]
 ) -> dict[str, tuple[str, ...]]:
     """Place the layers and norms reading concatenated feature maps (``torch.cat``): a
     layer's input side is the concatenation of its members' unit groups, a norm becomes one
