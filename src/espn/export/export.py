@@ -225,8 +225,7 @@ def _checked_slim(
     )
     rounding, wide = 0.0, None
     if folded_bn:
-        # the supernet's own: its sums run over other widths than the slim copy's, whose
-        # rounding is no measure of it (a third of it in torchvision's efficientnet_b4)
+        # the supernet's own rounding: its sums run over other widths than the slim copy's
         wide_supernet = partial(copy.deepcopy(supernet).double(), task=task)
         rounding = float32_rounding(partial(supernet, task=task), wide_supernet, inputs)
         wide = copy.deepcopy(slim).double()
