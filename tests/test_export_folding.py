@@ -49,6 +49,27 @@ def test_a_wrong_fold_is_still_refused(tmp_path, monkeypatch):
         export_task(sn, 0, [x], tmp_path / "wrong.pt2", also_onnx=False)
 
 
+def test_the_supernets_own_float32_rounding_is_allowed(tmp_path, monkeypatch):
+    """The check allows the supernet's float32 rounding, measured against its float64 copy:
+    its sums run over other widths than the slim copy's, and torchvision's efficientnet_b1 and
+    b4 (random weights, two short tasks) rounded 2 to 3.4 times more in the supernet than in
+    the unfolded slim copy, and were refused. Here the supernet's float32 outputs carry an
+    error of 1e-3 of their scale that its float64 copy does not: allowed, where 1e-5 is."""
+    x = torch.randn(8, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    sn = Supernet(to_supernet(conv_bn(), x[:2]), x[:2])
+    random_task(sn, 3, x, torch.Generator().manual_seed(1), 0.5)
+    forward = Supernet.forward
+
+    def rounded(self, inputs, *args, **kwargs):
+        out = forward(self, inputs, *args, **kwargs)
+        return out + 1e-3 * out.abs().max() if out.dtype == torch.float32 else out
+
+    monkeypatch.setattr(Supernet, "forward", rounded)
+    report = export_task(sn, 0, [x], tmp_path / "task.pt2", also_onnx=False)
+    assert report.batchnorm_folded
+    assert 1e-3 * report.max_abs_output <= report.max_abs_diff <= report.tolerance
+
+
 @pytest.mark.slow
 def test_torchvision_mobilenet_v2_half_width_exports_with_batchnorm_folded(tmp_path):
     """Two short ESPN tasks (the learner's defaults, one epoch per phase): each task's default

@@ -9,6 +9,7 @@ import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,9 @@ def output_error(
 
 
 @torch.no_grad()
-def float32_rounding(model: nn.Module, wide: nn.Module, inputs: list[Tensor]) -> float:
+def float32_rounding(
+    model: Callable[[Tensor], Tensor], wide: Callable[[Tensor], Tensor], inputs: list[Tensor]
+) -> float:
     """Largest float32 rounding error of ``model`` on ``inputs``: its outputs against those of
     ``wide``, the same model in float64. A folded BatchNorm is allowed this on top of the
     tolerance (see docs/checkpoints.md); a wrong fold is wrong in float64 too."""
@@ -214,16 +217,18 @@ def _checked_slim(
 ) -> tuple[nn.Module, float, ExportReport]:
     """Task ``task``'s slim copy (BatchNorm folded with ``fold_bn``), refused unless its FLOPs
     are the supernet's count (and ``expected_flops``) and its outputs on ``inputs`` the
-    supernet's within the tolerance; with the measured float32 rounding of its folded
-    BatchNorm (see :func:`float32_rounding`) and its report (files and inputs to fill in)."""
+    supernet's within the tolerance; with the measured float32 rounding of both (BatchNorm
+    folded, see :func:`float32_rounding`) and its report (files and inputs to fill in)."""
     slim = slim_copy(supernet, task, example)
     folded_bn = fold_bn and any(
         isinstance(m, nn.modules.batchnorm._BatchNorm) for m in slim.modules()
     )
     rounding, wide = 0.0, None
     if folded_bn:
+        # the supernet's own rounding: its sums run over other widths than the slim copy's
+        wide_supernet = partial(copy.deepcopy(supernet).double(), task=task)
+        rounding = float32_rounding(partial(supernet, task=task), wide_supernet, inputs)
         wide = copy.deepcopy(slim).double()
-        rounding = float32_rounding(slim, wide, inputs)
         fold_batchnorm(wide, example.double() if example.is_floating_point() else example)
     if fold_bn:
         fold_batchnorm(slim, example)
