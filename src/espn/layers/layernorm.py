@@ -54,7 +54,7 @@ class LayerNormAdapter(LayerAdapter):
         assert isinstance(m, nn.LayerNorm)
         if place.norm_group is None:
             raise ConvertError(f"LayerNorm {place.name!r} does not follow any linear or conv layer")
-        out = TaskLayerNorm(int(m.normalized_shape[0]), place.norm_group, eps=m.eps)
+        out = TaskLayerNorm(int(m.normalized_shape[0]), place.norm_group, m.eps, place.norm_unit)
         if m.weight is not None:
             out.weight.copy_(m.weight)
         if m.bias is not None:
@@ -71,5 +71,5 @@ class LayerNormAdapter(LayerAdapter):
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
         assert isinstance(m, TaskLayerNorm)
         w = m.weight
-        keep = alive_features(units, m.group, 1, w.shape[0]).to(w.device)
+        keep = alive_features(units, m.group, m.unit_size, w.shape[0]).to(w.device)
         return holding(nn.LayerNorm(len(keep), eps=m.eps), w[keep], m.bias[keep])

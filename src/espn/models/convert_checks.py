@@ -40,19 +40,33 @@ def module_flops(model: nn.Module, example: Tensor) -> dict[str, int]:
 
 def check_flops_counted(measured: dict[str, int], model: nn.Module, example: Tensor) -> None:
     """Refuse converted ``model`` unless espn's dense count equals ``measured`` (the user's
-    model, :func:`module_flops`), naming the deepest module whose FLOPs differ."""
+    model, :func:`module_flops`), naming the deepest module whose FLOPs differ. A module
+    whose layers' channels are all kept whole (one unit: never pruned) costs what it
+    measured: its products (Swin's window attention) are noted as its ``espn_products``."""
     from espn.supernet.supernet import Supernet  # it imports the layers
 
     sn = Supernet(model, example)
     if measured[""] == sn.dense_flops:
         return
     counted: dict[str, float] = dict.fromkeys(measured, 0.0)
-    for cost in sn.costs:
-        flops = cost.flops(sn.widths)
+
+    def count(name: str, flops: float) -> None:
         for path in counted:
-            if path == "" or cost.name == path or cost.name.startswith(f"{path}."):
+            if path == "" or name == path or name.startswith(f"{path}."):
                 counted[path] += flops
+
+    for cost in sn.costs:
+        count(cost.name, cost.flops(sn.widths))
+    for path in sorted(measured, key=lambda p: -p.count(".")):
+        extra = measured[path] - counted[path]
+        layers = [m for n, m in sn.layers.items() if n.startswith(f"{path}.")]
+        sides = [g for m in layers for g in (m.in_units, m.out_units) if g is not None]
+        if path and extra > 0 and layers and all(sn.widths[g] == 1 for g in sides):
+            model.get_submodule(path).espn_products = extra
+            count(path, extra)
     wrong = [p for p in measured if measured[p] != counted[p]]
+    if not wrong:
+        return
     depth = max(p.count(".") + bool(p) for p in wrong)
     path = next(p for p in wrong if p.count(".") + bool(p) == depth)  # the first called
     where = f"module {path!r}" if path else "forward()"

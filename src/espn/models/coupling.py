@@ -79,22 +79,51 @@ def _regroups(node: tp.Node) -> bool:
 
 
 def _fixed(
-    graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]
+    graph: tp.DependencyGraph,
+    groups: list[list[tuple[tp.Dependency, list[int]]]],
+    names: dict[nn.Module, str],
 ) -> list[bool]:
     """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
-    channels (:func:`_regroups`), and those sharing a layer's side with a kept one (a reader of
-    a concatenation, whose members are read as one)."""
+    channels (:func:`_regroups`); those cut into parts within a module (:func:`_cut_in_module`:
+    Swin's window attention, its heads cut from ``qkv``), with the other sides of their
+    layers (the stream whose width such a module reads from its input's shape); and those sharing a layer's side with a kept
+    one (a reader of a concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups
     ]
-    fixed = [any(_regroups(dep.target) for dep, _ in items) for items in groups]
+    kept: set[tuple[object, bool]] = set()
+    for items, held in zip(groups, sides, strict=True):
+        if any(_regroups(dep.target) for dep, _ in items):
+            kept |= held
+        elif _cut_in_module(graph, items, names):
+            kept |= held | {(m, not out) for m, out in held if m in names}
+    fixed = [bool(held & kept) for held in sides]
     while True:
         kept = set().union(*(held for held, f in zip(sides, fixed, strict=True) if f))
         grown = [f or bool(held & kept) for held, f in zip(sides, fixed, strict=True)]
         if grown == fixed:
             return fixed
         fixed = grown
+
+
+def _cut_in_module(
+    graph: tp.DependencyGraph,
+    items: list[tuple[tp.Dependency, list[int]]],
+    names: dict[nn.Module, str],
+) -> bool:
+    """Whether a layer inside a module of the user's own (not the model itself) reads a
+    projection's outputs cut into parts: a reshape moves them to another axis of its input,
+    or it reads a part of them (heads, or q, k and v, cut from ``qkv``)."""
+    size = len(items[0][1])
+    for dep, idxs in items:
+        m = dep.target.module
+        if m in names and "." in names[m]:
+            out = graph.is_out_channel_pruning_fn(dep.handler)
+            width = adapter(m).width(m, out)
+            if len(idxs) > width or (not out and len(idxs) == width < size):
+                return True
+    return False
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
@@ -180,7 +209,7 @@ def couple(
     repeats: dict[str, int] = {}
     scales: set[str] = set()
     found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
-    for items, fixed in zip(found, _fixed(graph, found), strict=True):
+    for items, fixed in zip(found, _fixed(graph, found, names), strict=True):
         tokens = set() if fixed else token_sides(model, example, graph, items, names, modules)
         if (names.get(items[0][0].target.module), True) in tokens:
             items = channel_rooted(graph, items, names, tokens)
@@ -445,19 +474,20 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
 
 
 def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
-    """The unit group of the channels that splits and shuffles pass on (:func:`_fixed`): one
-    unit holding all channels of its producers and norms, so that the pruner, which keeps one
-    unit of every group, never removes them; readers take all their inputs (no input group),
-    so where a split or shuffle moved a channel does not matter."""
+    """The unit group of the channels kept whole (:func:`_fixed`): one unit holding all
+    channels of its producers and norms, so that the pruner, which keeps one unit of every
+    group, never removes them; readers take all their inputs (no input group), so where a
+    split or shuffle moved a channel does not matter; its bare parameters are per task, never
+    cut."""
     group = Group(size=1, fixed=True)
     for part in members:
-        held = part.attentions + part.params + part.scale_params
-        if held:
+        if part.attentions:
             raise ConvertError(
-                f"module {held[0]!r} works on channels that a channel split or shuffle passes "
-                "on (kept whole: never pruned), which is not supported; supported there: conv "
-                "and linear layers and their norms"
+                f"module {part.attentions[0]!r} works on channels that a channel split or "
+                "shuffle passes on (kept whole: never pruned), which is not supported; "
+                "supported there: conv and linear layers, their norms and bare parameters"
             )
+        group.params += part.params + part.scale_params
         for name in part.producers + part.norms:
             units = group.out_unit if name in part.producers else group.norm_unit
             units.setdefault(name, adapter(modules[name]).width(modules[name], True))

@@ -72,14 +72,29 @@ class AttentionCost:
         return self.per_head * alive[self.group]
 
 
-Cost = LayerCost | AttentionCost
+@dataclass
+class ProductCost:
+    """The activation-by-activation products of a module all of whose layers' channels are
+    kept whole (Swin's window attention, its heads cut from one projection): as
+    ``FlopCounterMode`` counted them for one sample at wrap (``espn_products``), whatever
+    the units alive."""
+
+    name: str
+    per_sample: float
+
+    def flops(self, alive: dict[str, int]) -> float:
+        return self.per_sample
 
 
-def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
-    """The cost of masked layer or task head ``m`` from one output batch ``out``: positions per
-    sample are one sample's output elements per feature (features on dimension 1 for a conv,
-    last for a linear layer); a lookup table, uncounted by FlopCounterMode, has
-    ``counts_flops = False``."""
+Cost = LayerCost | AttentionCost | ProductCost
+
+
+def layer_cost(name: str, m: nn.Module, out: Tensor, batch: int) -> LayerCost | None:
+    """The cost of masked layer or task head ``m`` from its output ``out`` on a batch of
+    ``batch`` samples: positions per sample are its output elements per feature over
+    ``batch`` (features on dimension 1 for a conv, last for a linear layer; a layer on Swin's
+    windows has the windows of every sample on dimension 0); a lookup table, uncounted by
+    FlopCounterMode, has ``counts_flops = False``."""
     if not getattr(m, "counts_flops", True):
         return None
     weight = m.weight
@@ -91,7 +106,7 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
         module=m,  # type: ignore[arg-type]
         in_units=getattr(m, "in_units", None),
         out_units=getattr(m, "out_units", None),
-        positions=out[0].numel() // features // (out.shape[-2] if rows else 1),
+        positions=out.numel() // batch // features // (out.shape[-2] if rows else 1),
         kernel_area=int(torch.Size(weight.shape[2:]).numel()),
         in_unit_size=getattr(m, "in_unit_size", 1),
         out_unit_size=getattr(m, "out_unit_size", 1),
@@ -121,24 +136,26 @@ def run_eval(
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     """Run ``example_input`` (a batch) through ``model`` and record what every costed module
     costs: a masked layer's or task head's output positions (:func:`layer_cost`), a
-    self-attention module's token count."""
+    self-attention module's token count, a module's products on channels kept whole."""
     costs: dict[str, Cost] = {}
     hooks = []
     for name, module in model.named_modules():
+        if hasattr(module, "espn_products"):
+            costs[name] = ProductCost(name, module.espn_products)
         if not isinstance(module, MaskedLayer | TaskHead | MaskedAttention):
             continue
 
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
             if isinstance(mod, MaskedAttention):
                 costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, inp[0].shape[1])
-            elif (cost := layer_cost(name, mod, out)) is not None:
+            elif (cost := layer_cost(name, mod, out, len(example_input))) is not None:
                 costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
     run_eval(model, example_input, hooks)
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    # attention's activation products first, then the layers (the order they were listed in)
-    return sorted(costs.values(), key=lambda c: (not isinstance(c, AttentionCost), order[c.name]))
+    # activation products first, then the layers (the order they were listed in)
+    return sorted(costs.values(), key=lambda c: (isinstance(c, LayerCost), order[c.name]))
 
 
 def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
@@ -162,6 +179,7 @@ def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -
     for c in costs:
         if isinstance(c, AttentionCost):  # a head's QK^T and AV: part of computing its output
             out[c.group] += c.per_head
+        if not isinstance(c, LayerCost):
             continue
         per_pair = c.per_pair(alive)
         if c.out_units:
