@@ -86,18 +86,19 @@ def _fixed(
     """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
     channels (:func:`_regroups`); those cut into parts within a module (:func:`_cut_in_module`:
     Swin's window attention, its heads cut from ``qkv``), with the other sides of their
-    layers (the stream whose width such a module reads from its input's shape); and those sharing a layer's side with a kept
-    one (a reader of a concatenation, whose members are read as one)."""
+    layers (the stream whose width such a module reads from its input's shape); and those
+    sharing a layer's side with a kept one (a reader of a concatenation, whose members are
+    read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups
     ]
     kept: set[tuple[object, bool]] = set()
     for items, held in zip(groups, sides, strict=True):
-        if any(_regroups(dep.target) for dep, _ in items):
-            kept |= held
-        elif _cut_in_module(graph, items, names):
+        if _cut_in_module(graph, items, names):
             kept |= held | {(m, not out) for m, out in held if m in names}
+        elif any(_regroups(dep.target) for dep, _ in items):
+            kept |= held
     fixed = [bool(held & kept) for held in sides]
     while True:
         kept = set().union(*(held for held, f in zip(sides, fixed, strict=True) if f))
