@@ -84,11 +84,10 @@ def _fixed(
     names: dict[nn.Module, str],
 ) -> list[bool]:
     """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
-    channels (:func:`_regroups`); those cut into parts within a module (:func:`_cut_in_module`:
-    Swin's window attention, its heads cut from ``qkv``), with the other sides of their
-    layers (the stream whose width such a module reads from its input's shape); and those
-    sharing a layer's side with a kept one (a reader of a concatenation, whose members are
-    read as one)."""
+    channels (:func:`_regroups`); those cut into parts within a module (:func:`_cut_in_module`)
+    with the other sides of their layers (the stream, whose width such a module may read from
+    its input's shape); those sharing a layer's side with a kept one (a reader of a
+    concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups

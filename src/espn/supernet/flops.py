@@ -91,10 +91,10 @@ Cost = LayerCost | AttentionCost | ProductCost
 
 def layer_cost(name: str, m: nn.Module, out: Tensor, batch: int) -> LayerCost | None:
     """The cost of masked layer or task head ``m`` from its output ``out`` on a batch of
-    ``batch`` samples: positions per sample are its output elements per feature over
-    ``batch`` (features on dimension 1 for a conv, last for a linear layer; a layer on Swin's
-    windows has the windows of every sample on dimension 0); a lookup table, uncounted by
-    FlopCounterMode, has ``counts_flops = False``."""
+    ``batch`` samples: positions per sample are a sample's output elements per feature
+    (features on dimension 1 for a conv, last for a linear layer; ``out`` may hold several
+    rows per sample); a lookup table, uncounted by FlopCounterMode, has
+    ``counts_flops = False``."""
     if not getattr(m, "counts_flops", True):
         return None
     weight = m.weight
@@ -139,6 +139,7 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     self-attention module's token count, a module's products on channels kept whole."""
     costs: dict[str, Cost] = {}
     hooks = []
+    batch = len(example_input)
     for name, module in model.named_modules():
         if hasattr(module, "espn_products"):
             costs[name] = ProductCost(name, module.espn_products)
@@ -148,7 +149,7 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
             if isinstance(mod, MaskedAttention):
                 costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, inp[0].shape[1])
-            elif (cost := layer_cost(name, mod, out, len(example_input))) is not None:
+            elif (cost := layer_cost(name, mod, out, batch)) is not None:
                 costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
