@@ -112,13 +112,13 @@ def _cut_in_module(
     items: list[tuple[tp.Dependency, list[int]]],
     names: dict[nn.Module, str],
 ) -> bool:
-    """Whether a layer inside a module of the user's own (not the model itself) reads a
-    projection's outputs cut into parts: a reshape moves them to another axis of its input,
+    """Whether a linear layer inside a module of the user's own (not the model itself) reads
+    a projection's outputs cut into parts: a reshape moves them to another axis of its input,
     or it reads a part of them (heads, or q, k and v, cut from ``qkv``)."""
     size = len(items[0][1])
     for dep, idxs in items:
         m = dep.target.module
-        if m in names and "." in names[m]:
+        if m in names and "." in names[m] and adapter(m).token_outputs:
             out = graph.is_out_channel_pruning_fn(dep.handler)
             width = adapter(m).width(m, out)
             if len(idxs) > width or (not out and len(idxs) == width < size):
