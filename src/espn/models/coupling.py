@@ -477,8 +477,7 @@ def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
     """The unit group of the channels kept whole (:func:`_fixed`): one unit holding all
     channels of its producers and norms, so that the pruner, which keeps one unit of every
     group, never removes them; readers take all their inputs (no input group), so where a
-    split or shuffle moved a channel does not matter; its bare parameters are per task, never
-    cut."""
+    split or shuffle moved a channel does not matter, and bare parameters are never cut."""
     group = Group(size=1, fixed=True)
     for part in members:
         if part.attentions:

@@ -74,10 +74,8 @@ class AttentionCost:
 
 @dataclass
 class ProductCost:
-    """The activation-by-activation products of a module all of whose layers' channels are
-    kept whole (Swin's window attention, its heads cut from one projection): as
-    ``FlopCounterMode`` counted them for one sample at wrap (``espn_products``), whatever
-    the units alive."""
+    """The products of a module whose layers' channels are kept whole (Swin's window
+    attention), as ``FlopCounterMode`` measured them per sample at wrap (``espn_products``)."""
 
     name: str
     per_sample: float
