@@ -136,7 +136,8 @@ class WindowAttention(nn.Module):
         attn = attn + self.bias_table[self.index].permute(2, 0, 1)
         # tokens rolled in from the other side of the map attend only to their own region
         rows, cols = (
-            (torch.arange(m) >= m - s).long() + (torch.arange(m) >= m - shift).long()
+            (torch.arange(m, device=x.device) >= m - s).long()
+            + (torch.arange(m, device=x.device) >= m - shift).long()
             for m in (h, w)
         )
         region = self._windows((rows[:, None] * 3 + cols[None, :]).view(1, h, w, 1).float())
