@@ -48,7 +48,7 @@ class Group:
     in_unit: dict[str, int] = field(default_factory=dict)
     norm_unit: dict[str, int] = field(default_factory=dict)
     name: str = ""
-    #: channels a split or shuffle passes on, kept whole (see :func:`_fixed_group`)
+    #: channels kept whole (see :func:`_fixed` and :func:`_fixed_group`)
     fixed: bool = False
 
 
@@ -482,9 +482,10 @@ def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
     for part in members:
         if part.attentions:
             raise ConvertError(
-                f"module {part.attentions[0]!r} works on channels that a channel split or "
-                "shuffle passes on (kept whole: never pruned), which is not supported; "
-                "supported there: conv and linear layers, their norms and bare parameters"
+                f"module {part.attentions[0]!r} works on channels kept whole (never pruned: "
+                "a channel split or shuffle passes them on, or a module cuts them into parts), "
+                "which is not supported; supported there: conv and linear layers, their norms "
+                "and bare parameters"
             )
         group.params += part.params + part.scale_params
         for name in part.producers + part.norms:
