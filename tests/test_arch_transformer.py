@@ -454,6 +454,20 @@ def test_torchvision_swin_wraps_with_its_window_attention_kept_whole():
     }
 
 
+def test_attention_normalising_q_and_k_is_kept_whole_with_its_stream():
+    """timm's ``Attention(qk_norm=True)``: q and k cut from ``qkv`` and normalised by
+    LayerNorms of the module: its channels and the stream are one unit never pruned, the
+    LayerNorms' parameters per task; wrap proves the FLOPs and a random task's slim copy."""
+    from timm.layers import Attention
+
+    model = QkvSplit()
+    model.attn = Attention(16, 4, qk_norm=True, norm_layer=nn.LayerNorm)
+    model.fc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    sn = espn.wrap(model, torch.randn(2, 3, 32, 32))
+    assert sn.group_sizes == {"patches": 1, "fc.0": 32}  # the MLP's hidden features pruned
+    assert isinstance(sn.model.attn.q_norm, TaskLayerNorm)
+
+
 def test_swin_v2_attention_is_refused_in_one_line_naming_it():
     """torchvision's Swin V2 clones its qkv bias to zero the k part at every call: refused
     before anything else, naming the layer and the function."""
