@@ -82,19 +82,29 @@ def _fixed(
     graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]
 ) -> list[bool]:
     """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
-    channels (:func:`_regroups`), and those sharing a layer's side with a kept one (a reader of
-    a concatenation, whose members are read as one)."""
+    channels (:func:`_regroups`; MobileViTv2's query, keys and values split from one conv),
+    those a GroupNorm of one group normalises (its statistics run over all channels, so cutting
+    one would change the others'), and those sharing a layer's side with a kept one (a reader
+    of a concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups
     ]
-    fixed = [any(_regroups(dep.target) for dep, _ in items) for items in groups]
+    fixed = [
+        any(_regroups(dep.target) or _normalises_all(dep.target.module) for dep, _ in items)
+        for items in groups
+    ]
     while True:
         kept = set().union(*(held for held, f in zip(sides, fixed, strict=True) if f))
         grown = [f or bool(held & kept) for held, f in zip(sides, fixed, strict=True)]
         if grown == fixed:
             return fixed
         fixed = grown
+
+
+def _normalises_all(m: nn.Module | nn.Parameter) -> bool:
+    """A GroupNorm of one group over several channels (MobileViTv2's ``GroupNorm1``)."""
+    return isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
