@@ -4,6 +4,7 @@ espn's unit groups (:class:`Group`); see docs/architectures.md, "How units are f
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -107,6 +108,24 @@ def _normalises_all(m: nn.Module | nn.Parameter) -> bool:
     return isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
 
 
+def downstream(
+    graph: tp.DependencyGraph,
+    m: nn.Module | nn.Parameter,
+    onward: Callable[[tp.Node], bool] = lambda node: True,
+) -> Iterator[tp.Node]:
+    """The nodes of ``graph`` that ``m``'s output flows into, each once, going on past those
+    that ``onward`` accepts."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            if onward(node):
+                frontier.extend(node.outputs)
+
+
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
     features (the excitation of a squeeze-excitation block; a bare parameter: a layer scale)
@@ -114,17 +133,13 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     the layer's own features instead."""
     import torch_pruning as tp
 
-    frontier = list(graph.module2node[m].outputs)
-    seen: set[int] = set()
-    while frontier:
-        node = frontier.pop()
-        if id(node) in seen or not isinstance(node.module, tp.ops._ElementWiseOp):
-            continue
-        seen.add(id(node))
-        if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
+    def elementwise(node: tp.Node) -> bool:
+        return isinstance(node.module, tp.ops._ElementWiseOp)
+
+    for node in downstream(graph, m, elementwise):
+        if elementwise(node) and node.grad_fn and node.grad_fn.name().startswith("Mul"):
             by_parameter = any(isinstance(i.module, nn.Parameter) for i in node.inputs)
             return isinstance(m, nn.Parameter) or not by_parameter
-        frontier.extend(node.outputs)
     return False
 
 
@@ -415,8 +430,7 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         raise ConvertError(
             f"the channels of {first!r} cannot be pruned in whole groups: "
             f"{' and '.join(text for text, _ in counts)} leave no common group count above 1; "
-            "supported: grouped convs and GroupNorms whose group counts share a divisor above "
-            "1 (GroupNorm(1, C) normalises all channels together)"
+            "supported: grouped convs and GroupNorms whose group counts share a divisor above 1"
         )
     group = Group(size=units)
     for part in members:
@@ -455,18 +469,18 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
 
 
 def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
-    """The unit group of the channels that splits and shuffles pass on (:func:`_fixed`): one
-    unit holding all channels of its producers and norms, so that the pruner, which keeps one
-    unit of every group, never removes them; readers take all their inputs (no input group),
-    so where a split or shuffle moved a channel does not matter."""
+    """The unit group of the channels kept whole (:func:`_fixed`): one unit holding all
+    channels of its producers and norms, so that the pruner, which keeps one unit of every
+    group, never removes them; readers take all their inputs (no input group), so where a
+    split or shuffle moved a channel does not matter."""
     group = Group(size=1, fixed=True)
     for part in members:
         held = part.attentions + part.params + part.scale_params
         if held:
             raise ConvertError(
-                f"module {held[0]!r} works on channels that a channel split or shuffle passes "
-                "on (kept whole: never pruned), which is not supported; supported there: conv "
-                "and linear layers and their norms"
+                f"module {held[0]!r} works on channels kept whole (never pruned: a channel "
+                "split or shuffle passes them on, or a GroupNorm of one group normalises them), "
+                "which is not supported; supported there: conv and linear layers and their norms"
             )
         for name in part.producers + part.norms:
             units = group.out_unit if name in part.producers else group.norm_unit

@@ -55,19 +55,19 @@ class LayerCost:
 @dataclass
 class AttentionCost:
     """The activation-by-activation products of one self-attention module: ``QK^T`` and
-    ``AV`` cost ``2 * tokens**2 * head_dim`` each per alive head of ``group`` and sequence
-    (a sample may hold several: MobileViT attends within each pixel position of its patches)."""
+    ``AV`` cost ``2 * head_dim`` each per pair of tokens attending in a sample (``tokens**2``
+    per sequence; MobileViT's sample is a sequence per pixel of its patches) per alive head
+    of ``group``."""
 
     name: str
     group: str
     head_dim: int
-    tokens: int
-    sequences: int = 1
+    pairs: int
 
     @property
     def per_head(self) -> float:
         """FLOPs of one head's two matmuls for one sample."""
-        return 4.0 * self.tokens * self.tokens * self.head_dim * self.sequences
+        return 4.0 * self.pairs * self.head_dim
 
     def flops(self, alive: dict[str, int]) -> float:
         """FLOPs of the alive heads' matmuls for one sample."""
@@ -78,11 +78,10 @@ Cost = LayerCost | AttentionCost
 
 
 def layer_cost(name: str, m: nn.Module, out: Tensor, batch: int) -> LayerCost | None:
-    """The cost of masked layer or task head ``m`` from its output ``out`` on a batch of
-    ``batch`` samples: positions per sample are a sample's output elements per feature
-    (features on dimension 1 for a conv, last for a linear layer; ``out`` may hold several
-    rows per sample); a lookup table, uncounted by FlopCounterMode, has
-    ``counts_flops = False``."""
+    """The cost of masked layer or task head ``m`` from its output ``out`` on ``batch``
+    samples: positions per sample are a sample's output elements per feature (features on
+    dimension 1 for a conv, last for a linear layer); a lookup table, uncounted by
+    FlopCounterMode, has ``counts_flops = False``."""
     if not getattr(m, "counts_flops", True):
         return None
     weight = m.weight
@@ -127,19 +126,15 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     self-attention module's token count."""
     costs: dict[str, Cost] = {}
     hooks = []
-    batch = len(example_input)
     for name, module in model.named_modules():
         if not isinstance(module, MaskedLayer | TaskHead | MaskedAttention):
             continue
 
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
-            x = inp[0]
             if isinstance(mod, MaskedAttention):
-                sequences = len(x) // batch
-                costs[name] = AttentionCost(
-                    name, mod.heads_group, mod.head_dim, x.shape[1], sequences
-                )
-            elif (cost := layer_cost(name, mod, out, batch)) is not None:
+                pairs = len(inp[0]) * inp[0].shape[1] ** 2 // len(example_input)
+                costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, pairs)
+            elif (cost := layer_cost(name, mod, out, len(example_input))) is not None:
                 costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
