@@ -4,7 +4,7 @@ espn's unit groups (:class:`Group`); see docs/architectures.md, "How units are f
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -82,19 +82,14 @@ def _regroups(node: tp.Node) -> bool:
 def _fixed(
     graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]
 ) -> list[bool]:
-    """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
-    channels (:func:`_regroups`; MobileViTv2's query, keys and values split from one conv),
-    those a GroupNorm of one group normalises (its statistics run over all channels, so cutting
-    one would change the others'), and those sharing a layer's side with a kept one (a reader
-    of a concatenation, whose members are read as one)."""
+    """Which of Torch-Pruning's ``groups`` are kept whole: those with a node that
+    :func:`_keeps_whole`, and those sharing a layer's side with a kept one (a reader of a
+    concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups
     ]
-    fixed = [
-        any(_regroups(dep.target) or _normalises_all(dep.target.module) for dep, _ in items)
-        for items in groups
-    ]
+    fixed = [any(_keeps_whole(dep.target) for dep, _ in items) for items in groups]
     while True:
         kept = set().union(*(held for held, f in zip(sides, fixed, strict=True) if f))
         grown = [f or bool(held & kept) for held, f in zip(sides, fixed, strict=True)]
@@ -103,18 +98,20 @@ def _fixed(
         fixed = grown
 
 
-def _normalises_all(m: nn.Module | nn.Parameter) -> bool:
-    """A GroupNorm of one group over several channels (MobileViTv2's ``GroupNorm1``)."""
-    return isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
+def _keeps_whole(node: tp.Node) -> bool:
+    """Whether the channels through ``node`` are kept whole: it splits or shuffles them
+    (:func:`_regroups`; MobileViTv2's q, k and v split from one conv), or it is a GroupNorm of
+    one group (cutting a channel would change the others' statistics)."""
+    m = node.module
+    one_group = isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
+    return one_group or _regroups(node)
 
 
 def downstream(
-    graph: tp.DependencyGraph,
-    m: nn.Module | nn.Parameter,
-    onward: Callable[[tp.Node], bool] = lambda node: True,
+    graph: tp.DependencyGraph, m: nn.Module | nn.Parameter, through: type = object
 ) -> Iterator[tp.Node]:
     """The nodes of ``graph`` that ``m``'s output flows into, each once, going on past those
-    that ``onward`` accepts."""
+    whose module is a ``through``."""
     frontier = list(graph.module2node[m].outputs)
     seen: set[int] = set()
     while frontier:
@@ -122,7 +119,7 @@ def downstream(
         if id(node) not in seen:
             seen.add(id(node))
             yield node
-            if onward(node):
+            if isinstance(node.module, through):
                 frontier.extend(node.outputs)
 
 
@@ -133,11 +130,9 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     the layer's own features instead."""
     import torch_pruning as tp
 
-    def elementwise(node: tp.Node) -> bool:
-        return isinstance(node.module, tp.ops._ElementWiseOp)
-
-    for node in downstream(graph, m, elementwise):
-        if elementwise(node) and node.grad_fn and node.grad_fn.name().startswith("Mul"):
+    for node in downstream(graph, m, tp.ops._ElementWiseOp):
+        mul = node.grad_fn is not None and node.grad_fn.name().startswith("Mul")
+        if mul and isinstance(node.module, tp.ops._ElementWiseOp):
             by_parameter = any(isinstance(i.module, nn.Parameter) for i in node.inputs)
             return isinstance(m, nn.Parameter) or not by_parameter
     return False

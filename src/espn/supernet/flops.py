@@ -55,9 +55,7 @@ class LayerCost:
 @dataclass
 class AttentionCost:
     """The activation-by-activation products of one self-attention module: ``QK^T`` and
-    ``AV`` cost ``2 * head_dim`` each per pair of tokens attending in a sample (``tokens**2``
-    per sequence; MobileViT's sample is a sequence per pixel of its patches) per alive head
-    of ``group``."""
+    ``AV`` cost ``2 * head_dim`` each per alive head of ``group`` and pair of a sample's tokens."""
 
     name: str
     group: str
@@ -122,8 +120,8 @@ def run_eval(
 
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     """Run ``example_input`` (a batch) through ``model`` and record what every costed module
-    costs: a masked layer's or task head's output positions (:func:`layer_cost`), a
-    self-attention module's token count."""
+    costs per sample: a masked layer's or task head's output positions (:func:`layer_cost`),
+    a self-attention module's pairs of tokens."""
     costs: dict[str, Cost] = {}
     hooks = []
     for name, module in model.named_modules():
