@@ -49,7 +49,7 @@ class Group:
     in_unit: dict[str, int] = field(default_factory=dict)
     norm_unit: dict[str, int] = field(default_factory=dict)
     name: str = ""
-    #: channels a split or shuffle passes on, kept whole (see :func:`_fixed_group`)
+    #: channels kept whole (see :func:`_keeps_whole` and :func:`_fixed_group`)
     fixed: bool = False
 
 
