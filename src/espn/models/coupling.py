@@ -368,9 +368,7 @@ def _check_grouped_input(
     if part is not None and part.fixed:
         return  # never pruned: no group of it is removed
     writers = [] if part is None else [n for n in part.producers + part.norms if n != name]
-    try:
-        if not writers:
-            raise TokenConvertError(name)
+    try:  # with no writers, its input (the model input, a parameter) is not zero: refused
         check_stream_sources(model, example, name, writers, [name])
     except TokenConvertError:
         raise ConvertError(
