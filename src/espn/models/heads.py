@@ -31,8 +31,8 @@ def output_layers(
     one used by ``forward``, in ``graph``), checked to be a classifier; refused otherwise in
     one line."""
     layers = {id(m) for m in modules.values()}
-    reached = {n: {id(d.module) for d in downstream(graph, m)} for n, m in modules.items()}
-    outputs = [n for n, ids in reached.items() if not ids & layers]
+    flows = {n: downstream(graph, m) for n, m in modules.items()}  # walked until a layer
+    outputs = [n for n, nodes in flows.items() if all(id(d.module) not in layers for d in nodes)]
     if not outputs:
         raise ConvertError(f"{_SUPPORTED}; found no output layer")
     with torch.no_grad():
