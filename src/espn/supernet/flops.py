@@ -76,10 +76,11 @@ Cost = LayerCost | AttentionCost
 
 
 def layer_cost(name: str, m: nn.Module, out: Tensor, batch: int) -> LayerCost | None:
-    """The cost of masked layer or task head ``m`` from its output ``out`` on ``batch``
-    samples: positions per sample are a sample's output elements per feature (features on
-    dimension 1 for a conv, last for a linear layer); a lookup table, uncounted by
-    FlopCounterMode, has ``counts_flops = False``."""
+    """The cost of masked layer or task head ``m`` from its output ``out`` on a batch of
+    ``batch`` samples: positions per sample are a sample's output elements per feature
+    (features on dimension 1 for a conv, last for a linear layer; ``out`` may hold several
+    rows per sample); a lookup table, uncounted by FlopCounterMode, has
+    ``counts_flops = False``."""
     if not getattr(m, "counts_flops", True):
         return None
     weight = m.weight
@@ -124,15 +125,16 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     a self-attention module's pairs of tokens."""
     costs: dict[str, Cost] = {}
     hooks = []
+    batch = len(example_input)
     for name, module in model.named_modules():
         if not isinstance(module, MaskedLayer | TaskHead | MaskedAttention):
             continue
 
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
             if isinstance(mod, MaskedAttention):
-                pairs = len(inp[0]) * inp[0].shape[1] ** 2 // len(example_input)
+                pairs = len(inp[0]) * inp[0].shape[1] ** 2 // batch
                 costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, pairs)
-            elif (cost := layer_cost(name, mod, out, len(example_input))) is not None:
+            elif (cost := layer_cost(name, mod, out, batch)) is not None:
                 costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
