@@ -126,7 +126,7 @@ class ChannelMLP(nn.Module):
     ("model", "layer", "construct"),
     [
         (InputConcat, "layer 'mix'", "3 of its 11 channels come from no layer"),
-        (ScaledShuffle, "module 'gamma'", "channel split or shuffle passes on"),
+        (ScaledShuffle, "module 'gamma'", "channels kept whole (never pruned: a channel split"),
         (SplitProjection, "layer 'proj'", "splitting a feature map"),
         (TokenConv, "layer 'tokens'", "supported across the token axis: nn.Linear"),
     ],

@@ -4,6 +4,7 @@ espn's unit groups (:class:`Group`); see docs/architectures.md, "How units are f
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,7 @@ class Group:
     in_unit: dict[str, int] = field(default_factory=dict)
     norm_unit: dict[str, int] = field(default_factory=dict)
     name: str = ""
-    #: channels a split or shuffle passes on, kept whole (see :func:`_fixed_group`)
+    #: channels kept whole (see :func:`_keeps_whole` and :func:`_fixed_group`)
     fixed: bool = False
 
 
@@ -81,20 +82,45 @@ def _regroups(node: tp.Node) -> bool:
 def _fixed(
     graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]
 ) -> list[bool]:
-    """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
-    channels (:func:`_regroups`), and those sharing a layer's side with a kept one (a reader of
-    a concatenation, whose members are read as one)."""
+    """Which of Torch-Pruning's ``groups`` are kept whole: those with a node that
+    :func:`_keeps_whole`, and those sharing a layer's side with a kept one (a reader of a
+    concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups
     ]
-    fixed = [any(_regroups(dep.target) for dep, _ in items) for items in groups]
+    fixed = [any(_keeps_whole(dep.target) for dep, _ in items) for items in groups]
     while True:
         kept = set().union(*(held for held, f in zip(sides, fixed, strict=True) if f))
         grown = [f or bool(held & kept) for held, f in zip(sides, fixed, strict=True)]
         if grown == fixed:
             return fixed
         fixed = grown
+
+
+def _keeps_whole(node: tp.Node) -> bool:
+    """Whether the channels through ``node`` are kept whole: it splits or shuffles them
+    (:func:`_regroups`; MobileViTv2's q, k and v split from one conv), or it is a GroupNorm of
+    one group (cutting a channel would change the others' statistics)."""
+    m = node.module
+    one_group = isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
+    return one_group or _regroups(node)
+
+
+def downstream(
+    graph: tp.DependencyGraph, m: nn.Module | nn.Parameter, through: type = object
+) -> Iterator[tp.Node]:
+    """The nodes of ``graph`` that ``m``'s output flows into, each once, going on past those
+    whose module is a ``through``."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            if isinstance(node.module, through):
+                frontier.extend(node.outputs)
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
@@ -104,17 +130,11 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     the layer's own features instead."""
     import torch_pruning as tp
 
-    frontier = list(graph.module2node[m].outputs)
-    seen: set[int] = set()
-    while frontier:
-        node = frontier.pop()
-        if id(node) in seen or not isinstance(node.module, tp.ops._ElementWiseOp):
-            continue
-        seen.add(id(node))
-        if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
+    for node in downstream(graph, m, tp.ops._ElementWiseOp):
+        mul = node.grad_fn is not None and node.grad_fn.name().startswith("Mul")
+        if mul and isinstance(node.module, tp.ops._ElementWiseOp):
             by_parameter = any(isinstance(i.module, nn.Parameter) for i in node.inputs)
             return isinstance(m, nn.Parameter) or not by_parameter
-        frontier.extend(node.outputs)
     return False
 
 
@@ -348,9 +368,7 @@ def _check_grouped_input(
     if part is not None and part.fixed:
         return  # never pruned: no group of it is removed
     writers = [] if part is None else [n for n in part.producers + part.norms if n != name]
-    try:
-        if not writers:
-            raise TokenConvertError(name)
+    try:  # with no writers, its input (the model input, a parameter) is not zero: refused
         check_stream_sources(model, example, name, writers, [name])
     except TokenConvertError:
         raise ConvertError(
@@ -405,8 +423,7 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         raise ConvertError(
             f"the channels of {first!r} cannot be pruned in whole groups: "
             f"{' and '.join(text for text, _ in counts)} leave no common group count above 1; "
-            "supported: grouped convs and GroupNorms whose group counts share a divisor above "
-            "1 (GroupNorm(1, C) normalises all channels together)"
+            "supported: grouped convs and GroupNorms whose group counts share a divisor above 1"
         )
     group = Group(size=units)
     for part in members:
@@ -445,18 +462,18 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
 
 
 def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
-    """The unit group of the channels that splits and shuffles pass on (:func:`_fixed`): one
-    unit holding all channels of its producers and norms, so that the pruner, which keeps one
-    unit of every group, never removes them; readers take all their inputs (no input group),
-    so where a split or shuffle moved a channel does not matter."""
+    """The unit group of the channels kept whole (:func:`_fixed`): one unit holding all
+    channels of its producers and norms, so that the pruner, which keeps one unit of every
+    group, never removes them; readers take all their inputs (no input group), so where a
+    split or shuffle moved a channel does not matter."""
     group = Group(size=1, fixed=True)
     for part in members:
         held = part.attentions + part.params + part.scale_params
         if held:
             raise ConvertError(
-                f"module {held[0]!r} works on channels that a channel split or shuffle passes "
-                "on (kept whole: never pruned), which is not supported; supported there: conv "
-                "and linear layers and their norms"
+                f"module {held[0]!r} works on channels kept whole (never pruned: a channel "
+                "split or shuffle passes them on, or a GroupNorm of one group normalises them), "
+                "which is not supported; supported there: conv and linear layers and their norms"
             )
         for name in part.producers + part.norms:
             units = group.out_unit if name in part.producers else group.norm_unit

@@ -55,17 +55,17 @@ class LayerCost:
 @dataclass
 class AttentionCost:
     """The activation-by-activation products of one self-attention module: ``QK^T`` and
-    ``AV`` cost ``2 * tokens**2 * head_dim`` each per alive head of ``group``."""
+    ``AV`` cost ``2 * head_dim`` each per alive head of ``group`` and pair of a sample's tokens."""
 
     name: str
     group: str
     head_dim: int
-    tokens: int
+    pairs: int
 
     @property
     def per_head(self) -> float:
         """FLOPs of one head's two matmuls for one sample."""
-        return 4.0 * self.tokens * self.tokens * self.head_dim
+        return 4.0 * self.pairs * self.head_dim
 
     def flops(self, alive: dict[str, int]) -> float:
         """FLOPs of the alive heads' matmuls for one sample."""
@@ -75,10 +75,11 @@ class AttentionCost:
 Cost = LayerCost | AttentionCost
 
 
-def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
-    """The cost of masked layer or task head ``m`` from one output batch ``out``: positions per
-    sample are one sample's output elements per feature (features on dimension 1 for a conv,
-    last for a linear layer); a lookup table, uncounted by FlopCounterMode, has
+def layer_cost(name: str, m: nn.Module, out: Tensor, batch: int) -> LayerCost | None:
+    """The cost of masked layer or task head ``m`` from its output ``out`` on a batch of
+    ``batch`` samples: positions per sample are a sample's output elements per feature
+    (features on dimension 1 for a conv, last for a linear layer; ``out`` may hold several
+    rows per sample); a lookup table, uncounted by FlopCounterMode, has
     ``counts_flops = False``."""
     if not getattr(m, "counts_flops", True):
         return None
@@ -91,7 +92,7 @@ def layer_cost(name: str, m: nn.Module, out: Tensor) -> LayerCost | None:
         module=m,  # type: ignore[arg-type]
         in_units=getattr(m, "in_units", None),
         out_units=getattr(m, "out_units", None),
-        positions=out[0].numel() // features // (out.shape[-2] if rows else 1),
+        positions=out.numel() // batch // features // (out.shape[-2] if rows else 1),
         kernel_area=int(torch.Size(weight.shape[2:]).numel()),
         in_unit_size=getattr(m, "in_unit_size", 1),
         out_unit_size=getattr(m, "out_unit_size", 1),
@@ -120,18 +121,20 @@ def run_eval(
 
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     """Run ``example_input`` (a batch) through ``model`` and record what every costed module
-    costs: a masked layer's or task head's output positions (:func:`layer_cost`), a
-    self-attention module's token count."""
+    costs per sample: a masked layer's or task head's output positions (:func:`layer_cost`),
+    a self-attention module's pairs of tokens."""
     costs: dict[str, Cost] = {}
     hooks = []
+    batch = len(example_input)
     for name, module in model.named_modules():
         if not isinstance(module, MaskedLayer | TaskHead | MaskedAttention):
             continue
 
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
             if isinstance(mod, MaskedAttention):
-                costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, inp[0].shape[1])
-            elif (cost := layer_cost(name, mod, out)) is not None:
+                pairs = len(inp[0]) * inp[0].shape[1] ** 2 // batch
+                costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, pairs)
+            elif (cost := layer_cost(name, mod, out, batch)) is not None:
                 costs[name] = cost
 
         hooks.append(module.register_forward_hook(hook))
