@@ -256,11 +256,6 @@ class InputGrouped(nn.Module):
     ("net", "message"),
     [
         (
-            nn.Sequential(nn.Conv2d(1, 4, 3), nn.GroupNorm(1, 4), nn.Flatten(), nn.Linear(144, 3)),
-            "the channels of '0' cannot be pruned in whole groups: GroupNorm '1' (1 group) "
-            "leave no common group count above 1",
-        ),
-        (
             nn.Sequential(
                 nn.Conv2d(1, 12, 3),
                 nn.Conv2d(12, 12, 3, groups=4),
@@ -283,10 +278,26 @@ class InputGrouped(nn.Module):
             "bare parameter, so its groups could not be removed",
         ),
     ],
-    ids=["groupnorm-one-group", "conflicting-groups", "one-output-per-group", "grouped-input"],
+    ids=["conflicting-groups", "one-output-per-group", "grouped-input"],
 )
 def test_group_counts_without_a_common_divisor_are_refused_in_one_line(net, message):
     with pytest.raises(ConvertError) as info:
         wrap(net, torch.zeros(2, 1, 8, 8))
     text = str(info.value)
     assert text.startswith(message) and "\n" not in text
+
+
+def test_channels_a_groupnorm_of_one_group_normalises_are_kept_whole():
+    """``GroupNorm(1, C)`` (MobileViTv2's) takes its statistics over all channels, so cutting
+    one would change every other's: its channels are one unit, never pruned; the next conv's
+    are pruned one by one. (wrap checks a random task's slim copy and its FLOPs.)"""
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.GroupNorm(1, 4),
+        nn.Conv2d(4, 8, 3),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(8 * 16, 3),
+    )
+    sn = wrap(net, torch.zeros(2, 1, 8, 8))
+    assert sn.group_sizes == {"0": 1, "2": 8}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import espn
 from helpers.constructs import CONSTRUCTS
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -27,3 +28,28 @@ def test_the_construct_works_end_to_end(construct: str, monkeypatch: pytest.Monk
     for task in row["tasks"]:
         assert 0 < task["measured_flops"] == task["reported_flops"] < row["dense_flops"]
         assert task["measured_ratio"] == pytest.approx(task["reported_ratio"], rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("construct", "groups", "concats"),
+    [
+        (
+            "patch-attention",
+            {"stem.0": 8, "local": 16, "attn.heads": 2, "proj.0": 8, "fusion.0": 8},
+            {"cat(stem.0,proj.0)": ("stem.0", "proj.0")},
+        ),
+        ("linear-attention", {"stem.0": 1, "mlp.1": 64}, {}),
+    ],
+)
+def test_mobilevit_blocks_are_pruned_where_a_cut_is_exact(
+    construct: str, groups: dict[str, int], concats: dict[str, tuple[str, ...]]
+) -> None:
+    """MobileViT's block: every part pruned, its attention heads too, the fusion conv reading
+    the block's input and the projection concatenated. MobileViTv2's: the residual stream
+    (normalised by ``GroupNorm(1, C)``, over all its channels) and the qkv conv's output (split
+    into a 1-channel query, keys and values) are one unit, kept whole; its MLP is pruned. (wrap
+    checks espn's FLOPs, every sequence of a sample counted, against FlopCounterMode, and a
+    random task's slim copy at batch 1 and 3.)"""
+    make, example = CONSTRUCTS[construct]
+    sn = espn.wrap(make(), example)
+    assert sn.group_sizes == groups and sn.concats == concats

@@ -242,10 +242,6 @@ class Shared(nn.Module):
         (Concatenating(), "layer 'fc' reads a concatenation of which 3 of its 7 channels come"),
         (Shared(), "module 'conv' is used again as 'again'"),
         (
-            nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(1, 4), nn.Flatten(), nn.Linear(144, 2)),
-            "the channels of '0' cannot be pruned in whole groups: GroupNorm '1' (1 group)",
-        ),
-        (
             nn.Sequential(nn.Conv2d(3, 4, 3), nn.InstanceNorm2d(4, affine=True)),
             "module '1' is a InstanceNorm2d with parameters",
         ),

@@ -254,6 +254,55 @@ class QkvSplit(nn.Module):
         return self.fc(x.mean(1))
 
 
+class PatchAttention(nn.Module):
+    """MobileViT: a conv map unfolded into 2x2 patches, attention among the patches at each
+    pixel position of a patch (a batch of ``B * 4`` sequences), folded back, projected, and
+    fused with the block's input by a conv reading both concatenated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.local = _conv_bn(3, 8), nn.Conv2d(8, 16, 1, bias=False)
+        self.norm, self.attn = nn.LayerNorm(16), QkvAttention(16, 2, chunk=True)
+        self.proj, self.fusion = _conv_bn(16, 8, 1), _conv_bn(16, 8)
+        self.fc = nn.Linear(8, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shortcut = x = self.stem(F.max_pool2d(x, 4))
+        x = self.local(x)
+        b, c, h, w = x.shape
+        x = x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 3, 5, 2, 4, 1).reshape(b * 4, -1, c)
+        x = x + self.attn(self.norm(x))
+        x = x.reshape(b, 2, 2, h // 2, w // 2, c).permute(0, 5, 3, 1, 4, 2).reshape(b, c, h, w)
+        x = self.fusion(torch.cat([shortcut, self.proj(x)], dim=1))
+        return self.fc(x.mean((2, 3)))
+
+
+class LinearAttention(nn.Module):
+    """MobileViTv2: one 1x1 conv's output split into a query of 1 channel (softmax over the
+    patches: context scores), keys and values; the output projection reads the values times
+    the context vector; ``GroupNorm(1, C)`` normalises the residual stream before it and
+    before a 1x1-conv MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm = _conv_bn(3, 16), nn.GroupNorm(1, 16)
+        self.qkv, self.out = nn.Conv2d(16, 33, 1), nn.Conv2d(16, 16, 1)
+        self.mlp = nn.Sequential(
+            nn.GroupNorm(1, 16), nn.Conv2d(16, 64, 1), nn.SiLU(), nn.Conv2d(64, 16, 1)
+        )
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(F.max_pool2d(x, 4))
+        b, c, h, w = x.shape
+        x = x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c, 4, -1)
+        query, key, value = self.qkv(self.norm(x)).split([1, c, c], dim=1)
+        context = (key * query.softmax(-1)).sum(-1, keepdim=True)
+        x = x + self.out(F.relu(value) * context.expand_as(value))
+        x = x + self.mlp(x)
+        return self.fc(x.mean((2, 3)))
+
+
 class LayerNorm2d(nn.LayerNorm):
     """timm's LayerNorm2d: LayerNorm over the channels of an NCHW map."""
 
@@ -363,6 +412,8 @@ CONSTRUCTS: dict[str, tuple[Callable[[], nn.Module], Tensor]] = {
     "layer-scale": (LayerScale, _IMAGE),
     "qkv-split": (QkvSplit, _IMAGE),
     "qkv-chunk": (lambda: QkvSplit(chunk=True), _IMAGE),
+    "patch-attention": (PatchAttention, _IMAGE),
+    "linear-attention": (LinearAttention, _IMAGE),
     "class-token": (ClassToken, _IMAGE),
     "layernorm2d": (ChannelNorm, _IMAGE),
     "convnext": (ConvNeXt, _IMAGE),

@@ -4,6 +4,7 @@ espn's unit groups (:class:`Group`); see docs/architectures.md, "How units are f
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -83,10 +84,10 @@ def _fixed(
     groups: list[list[tuple[tp.Dependency, list[int]]]],
     names: dict[nn.Module, str],
 ) -> list[bool]:
-    """Which of Torch-Pruning's ``groups`` are kept whole: those passing a split or shuffle of
-    channels (:func:`_regroups`); those cut into parts within a module (:func:`_cut_in_module`)
-    with the other sides of their layers (the stream, whose width such a module may read from
-    its input's shape); those sharing a layer's side with a kept one (a reader of a
+    """Which of Torch-Pruning's ``groups`` are kept whole: those with a node that
+    :func:`_keeps_whole`; those cut into parts within a module (:func:`_cut_in_module`) with
+    the other sides of their layers (the stream, whose width such a module may read from its
+    input's shape); those sharing a layer's side with a kept one (a reader of a
     concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
@@ -96,7 +97,7 @@ def _fixed(
     for items, held in zip(groups, sides, strict=True):
         if _cut_in_module(graph, items, names):
             kept |= held | {(m, not out) for m, out in held if m in names}
-        elif any(_regroups(dep.target) for dep, _ in items):
+        elif any(_keeps_whole(dep.target) for dep, _ in items):
             kept |= held
     fixed = [bool(held & kept) for held in sides]
     while True:
@@ -126,6 +127,31 @@ def _cut_in_module(
     return False
 
 
+def _keeps_whole(node: tp.Node) -> bool:
+    """Whether the channels through ``node`` are kept whole: it splits or shuffles them
+    (:func:`_regroups`; MobileViTv2's q, k and v split from one conv), or it is a GroupNorm of
+    one group (cutting a channel would change the others' statistics)."""
+    m = node.module
+    one_group = isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
+    return one_group or _regroups(node)
+
+
+def downstream(
+    graph: tp.DependencyGraph, m: nn.Module | nn.Parameter, through: type = object
+) -> Iterator[tp.Node]:
+    """The nodes of ``graph`` that ``m``'s output flows into, each once, going on past those
+    whose module is a ``through``."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            if isinstance(node.module, through):
+                frontier.extend(node.outputs)
+
+
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     """Whether ``m``'s output reaches a product through element-wise ops alone: it scales
     features (the excitation of a squeeze-excitation block; a bare parameter: a layer scale)
@@ -133,17 +159,11 @@ def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
     the layer's own features instead."""
     import torch_pruning as tp
 
-    frontier = list(graph.module2node[m].outputs)
-    seen: set[int] = set()
-    while frontier:
-        node = frontier.pop()
-        if id(node) in seen or not isinstance(node.module, tp.ops._ElementWiseOp):
-            continue
-        seen.add(id(node))
-        if node.grad_fn is not None and node.grad_fn.name().startswith("Mul"):
+    for node in downstream(graph, m, tp.ops._ElementWiseOp):
+        mul = node.grad_fn is not None and node.grad_fn.name().startswith("Mul")
+        if mul and isinstance(node.module, tp.ops._ElementWiseOp):
             by_parameter = any(isinstance(i.module, nn.Parameter) for i in node.inputs)
             return isinstance(m, nn.Parameter) or not by_parameter
-        frontier.extend(node.outputs)
     return False
 
 
@@ -377,9 +397,7 @@ def _check_grouped_input(
     if part is not None and part.fixed:
         return  # never pruned: no group of it is removed
     writers = [] if part is None else [n for n in part.producers + part.norms if n != name]
-    try:
-        if not writers:
-            raise TokenConvertError(name)
+    try:  # with no writers, its input (the model input, a parameter) is not zero: refused
         check_stream_sources(model, example, name, writers, [name])
     except TokenConvertError:
         raise ConvertError(
@@ -434,8 +452,7 @@ def _join(members: list[Group], modules: dict[str, nn.Module], repeats: dict[str
         raise ConvertError(
             f"the channels of {first!r} cannot be pruned in whole groups: "
             f"{' and '.join(text for text, _ in counts)} leave no common group count above 1; "
-            "supported: grouped convs and GroupNorms whose group counts share a divisor above "
-            "1 (GroupNorm(1, C) normalises all channels together)"
+            "supported: grouped convs and GroupNorms whose group counts share a divisor above 1"
         )
     group = Group(size=units)
     for part in members:
@@ -483,9 +500,9 @@ def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
         if part.attentions:
             raise ConvertError(
                 f"module {part.attentions[0]!r} works on channels kept whole (never pruned: "
-                "a channel split or shuffle passes them on, or a module cuts them into parts), "
-                "which is not supported; supported there: conv and linear layers, their norms "
-                "and bare parameters"
+                "a channel split or shuffle passes them on, a GroupNorm of one group normalises "
+                "them, or a module cuts them into parts), which is not supported; supported "
+                "there: conv and linear layers, their norms and bare parameters"
             )
         group.params += part.params + part.scale_params
         for name in part.producers + part.norms:

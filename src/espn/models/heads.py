@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError
+from espn.models.coupling import downstream
 from espn.models.probe import adapter
 
 if TYPE_CHECKING:
@@ -23,21 +24,6 @@ _SUPPORTED = (
 )
 
 
-def _reaches_a_layer(graph: tp.DependencyGraph, m: nn.Module, layers: set[int]) -> bool:
-    """Whether ``m``'s output flows into any module of ``layers`` (ids) in ``graph``."""
-    frontier = list(graph.module2node[m].outputs)
-    seen: set[int] = set()
-    while frontier:
-        node = frontier.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if id(node.module) in layers:
-            return True
-        frontier.extend(node.outputs)
-    return False
-
-
 def output_layers(
     model: nn.Module, example: Tensor, graph: tp.DependencyGraph, modules: dict[str, nn.Module]
 ) -> list[str]:
@@ -45,7 +31,8 @@ def output_layers(
     one used by ``forward``, in ``graph``), checked to be a classifier; refused otherwise in
     one line."""
     layers = {id(m) for m in modules.values()}
-    outputs = [n for n, m in modules.items() if not _reaches_a_layer(graph, m, layers)]
+    flows = {n: downstream(graph, m) for n, m in modules.items()}  # walked until a layer
+    outputs = [n for n, nodes in flows.items() if all(id(d.module) not in layers for d in nodes)]
     if not outputs:
         raise ConvertError(f"{_SUPPORTED}; found no output layer")
     with torch.no_grad():

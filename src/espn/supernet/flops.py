@@ -55,17 +55,17 @@ class LayerCost:
 @dataclass
 class AttentionCost:
     """The activation-by-activation products of one self-attention module: ``QK^T`` and
-    ``AV`` cost ``2 * tokens**2 * head_dim`` each per alive head of ``group``."""
+    ``AV`` cost ``2 * head_dim`` each per alive head of ``group`` and pair of a sample's tokens."""
 
     name: str
     group: str
     head_dim: int
-    tokens: int
+    pairs: int
 
     @property
     def per_head(self) -> float:
         """FLOPs of one head's two matmuls for one sample."""
-        return 4.0 * self.tokens * self.tokens * self.head_dim
+        return 4.0 * self.pairs * self.head_dim
 
     def flops(self, alive: dict[str, int]) -> float:
         """FLOPs of the alive heads' matmuls for one sample."""
@@ -133,8 +133,8 @@ def run_eval(
 
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     """Run ``example_input`` (a batch) through ``model`` and record what every costed module
-    costs: a masked layer's or task head's output positions (:func:`layer_cost`), a
-    self-attention module's token count, a module's products on channels kept whole."""
+    costs per sample: a masked layer's or task head's output positions (:func:`layer_cost`),
+    a self-attention module's pairs of tokens, a module's products on channels kept whole."""
     costs: dict[str, Cost] = {}
     hooks = []
     batch = len(example_input)
@@ -146,7 +146,8 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
 
         def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
             if isinstance(mod, MaskedAttention):
-                costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, inp[0].shape[1])
+                pairs = len(inp[0]) * inp[0].shape[1] ** 2 // batch
+                costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, pairs)
             elif (cost := layer_cost(name, mod, out, batch)) is not None:
                 costs[name] = cost
 
