@@ -17,6 +17,7 @@ from espn.api.experiment import run_experiment
 from espn.data.tasks import TaskSequence
 from espn.evaluation.metrics import task_accuracy, task_logits
 from espn.evaluation.slim_eval import SlimEvaluator
+from espn.layers.base import Cut, take
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.convert import to_supernet
 from espn.models.mobilenet import MobileNetV2Small
@@ -782,16 +783,16 @@ def test_a_matrix_cut_both_ways_reads_and_writes_exactly_its_slice():
     g = torch.Generator().manual_seed(0)
     full = torch.randn(9, 7, generator=g)
     rows, cols = torch.tensor([0, 2, 3, 8]), torch.tensor([1, 4, 5])
-    cut = net_module.Cut((rows, cols), tuple(full.shape))
+    cut = Cut((rows, cols), tuple(full.shape))
     assert cut.flat is not None
-    assert torch.equal(net_module.take(full, cut), full[rows][:, cols])
+    assert torch.equal(take(full, cut), full[rows][:, cols])
     value = torch.randn(4, 3, generator=g)
     for target in (full.clone(), full.t().contiguous().t()):  # contiguous, then not
         net_module.put(target, cut, value)
         want = full.clone()
         want[rows.view(-1, 1), cols.view(1, -1)] = value
         assert torch.equal(target, want)
-    assert net_module.Cut((None, cols), tuple(full.shape)).flat is None
+    assert Cut((None, cols), tuple(full.shape)).flat is None
 
 
 def test_a_copy_cut_like_the_last_one_is_not_checked_again(monkeypatch):
