@@ -106,13 +106,6 @@ def holding(module: nn.Module, weight: Tensor, bias: Tensor | None = None) -> nn
     return module.to(device=weight.device, dtype=weight.dtype)
 
 
-def alive_features(units: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor:
-    """Indices of the alive features of a side of ``width`` features (all if not prunable)."""
-    if group is None:
-        return torch.arange(width)
-    return expand_units(units[group].cpu(), size).nonzero().flatten()
-
-
 class Cut:
     """Where a slice of a tensor sits in the whole: the kept indices of each leading dimension
     (None: all of it). A matrix cut along both dimensions also has its kept entries' flat
@@ -177,16 +170,19 @@ def narrow(m: nn.Module, cuts: dict[str, Cut]) -> dict[str, Cut]:
 
 
 def cut_units(m: UnitModule, units: dict[str, Tensor]) -> dict[str, Cut]:
-    """Cut unit module ``m`` (a gate or norm) to the alive units of its group: its unit mask
-    and every tensor of one entry per feature (nothing where every unit is alive)."""
+    """Cut unit module ``m`` (a gate or norm) to the units of its group alive in ``units``:
+    every tensor of one entry per feature (nothing where every unit is alive); they are all
+    its units then (its unit mask all ones)."""
     alive = units[m.group]
-    if bool(alive.all()):
-        return {}
-    entries = Cut((expand_units(alive, m.entries_per_unit).nonzero().flatten(),))
-    own = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
-    per_entry = m.weight.numel()
-    cuts = {key: entries for key, t in own if t.dim() == 1 and t.numel() == per_entry}
-    return narrow(m, cuts | {"unit_mask": Cut((alive.nonzero().flatten(),))})
+    cuts: dict[str, Cut] = {}
+    if not bool(alive.all()):
+        entries = Cut((expand_units(alive, m.entries_per_unit).nonzero().flatten(),))
+        own = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+        per_entry = m.weight.numel()
+        cuts = {key: entries for key, t in own if t.dim() == 1 and t.numel() == per_entry}
+        narrow(m, cuts | {"unit_mask": Cut((alive.nonzero().flatten(),))})
+    m.unit_mask = torch.ones_like(m.unit_mask)
+    return cuts
 
 
 class LayerAdapter(ABC):
