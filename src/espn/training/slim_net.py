@@ -1,6 +1,6 @@
 """The slim copy of a supernet's working sub-network (:class:`SlimNet`): the model with the
-task's dead units removed, its tensors cut from the supernet's (:class:`Cut`), which
-:mod:`espn.training.slim_step` trains and writes back. Guarded weights and residual streams
+task's dead units removed, each module cut by its layer adapter's ``slice`` (the export's
+cut), which :mod:`espn.training.slim_step` trains and writes back. Guarded weights and residual streams
 pruned per conv: docs/performance.md, "Training and evaluating at the sub-network's cost".
 """
 
@@ -67,7 +67,7 @@ def slice_units(supernet: Supernet) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def put(full: Tensor, cut: Cut, value: Tensor) -> None:
-    """Write ``value`` into ``full`` where :func:`take` read it."""
+    """Write ``value`` into ``full`` where :func:`espn.layers.base.take` read it."""
     index = cut.index
     if cut.whole():
         full.copy_(value)
