@@ -1,6 +1,7 @@
 """``nn.LayerNorm`` over the last dimension: a task LayerNorm whose statistics run over the
 alive features of its group (a pruned feature outputs exactly zero), exported as an
-``nn.LayerNorm`` over the alive features (token models have no full-width plain copy)."""
+``nn.LayerNorm`` over the alive features (a token model with a pruned feature has no
+full-width plain copy)."""
 
 from __future__ import annotations
 
