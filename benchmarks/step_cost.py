@@ -55,18 +55,12 @@ from torch import Tensor, nn
 from espn import create_method
 from espn.data.augment import ImageTransform
 from espn.data.tasks import Split, Task
+from espn.layers.batchnorm2d import TaskBatchNorm2d
+from espn.layers.conv2d import MaskedConv2d, conv_padding, conv_pair
+from espn.layers.groupnorm import TaskGroupNorm
 from espn.models.registry import ModelSpec, build_supernet
 from espn.supernet import Supernet
-from espn.supernet.layers import (
-    MaskedConv2d,
-    MaskedLinear,
-    TaskBatchNorm2d,
-    TaskGroupNorm,
-    TaskHead,
-    UnitGate,
-    conv_padding,
-    conv_pair,
-)
+from espn.supernet.layers import MaskedLinear, TaskHead, UnitGate
 from espn.supernet.transformer import TaskLayerNorm
 from espn.training.callbacks import Callback, EpochEnd
 from espn.training.engine import Engine

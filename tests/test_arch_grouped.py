@@ -16,9 +16,10 @@ from espn import wrap
 from espn.evaluation import task_logits
 from espn.export.export import export_task, measured_flops
 from espn.export.slim import slim_copy
+from espn.layers.groupnorm import TaskGroupNorm
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.convert import ConvertError, to_supernet
-from espn.supernet import Supernet, TaskGroupNorm
+from espn.supernet import Supernet
 from espn.training import Engine
 from helpers.arch import (
     OPTIMIZERS,

@@ -11,11 +11,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from espn.api.experiment import build_benchmark, build_supernet
 from espn.evaluation import task_logits
 from espn.export.slim import slim_copy
+from espn.layers.batchnorm2d import TaskBatchNorm2d
 from espn.methods import METHODS
 from espn.models import MODELS, ModelSpec
 from espn.models.resnet import BasicBlock, Bottleneck
 from espn.runs.config import make_config
-from espn.supernet import Supernet, TaskBatchNorm2d
+from espn.supernet import Supernet
 from espn.supernet.layers import with_unions
 from espn.training import Engine, OptimConfig
 from helpers.images import random_task

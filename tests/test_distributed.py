@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 import espn
 from espn.data.tasks import Split, Task
-from espn.supernet.layers import TaskBatchNorm2d
+from espn.layers.batchnorm2d import TaskBatchNorm2d
 from espn.training import distributed
 from espn.training.distributed import DistributedError, Ranks
 

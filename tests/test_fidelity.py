@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from espn.api.experiment import build_benchmark, run_experiment
 from espn.data.cifar import CIFAR100_SUPERCLASS, class_order
 from espn.evaluation.metrics import task_accuracy
+from espn.layers.batchnorm2d import TaskBatchNorm2d
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.fc import FCNet
 from espn.models.registry import MODELS, ModelSpec
@@ -21,7 +22,6 @@ from espn.runs.config import ConfigError, make_config
 from espn.runs.legacy import upgrade_saved_config
 from espn.runs.preflight import check_run
 from espn.supernet import Supernet
-from espn.supernet.layers import TaskBatchNorm2d
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig

@@ -14,9 +14,9 @@ import espn
 from espn.errors import EspnError
 from espn.export.export import measured_flops
 from espn.layers import ConvertError
-from espn.layers.conv2d import TaskConvHead
+from espn.layers.conv2d import MaskedConv2d, TaskConvHead
 from espn.models.convert import to_supernet
-from espn.supernet.layers import MaskedConv2d, TaskChannelBias, TaskHead
+from espn.supernet.layers import TaskChannelBias, TaskHead
 from helpers.constructs import ConvHead, Embedding, TwoHeads
 
 IMAGES = torch.randn(2, 3, 32, 32)

@@ -9,11 +9,13 @@ import torch
 from torch import nn
 
 import espn
+from espn.layers.batchnorm2d import TaskBatchNorm2d
+from espn.layers.groupnorm import TaskGroupNorm
 from espn.models.registry import ModelSpec
 from espn.models.registry import build_supernet as registry_supernet
 from espn.pruning.regularisers import UniformL1, masked_weight_l2
 from espn.supernet import Supernet
-from espn.supernet.layers import TaskBatchNorm2d, TaskGroupNorm, UnitGate, UnitModule
+from espn.supernet.layers import UnitGate, UnitModule
 from espn.training.optim import FrozenGuard, OptimConfig, TaskOptimizer
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from espn.supernet import MaskedConv2d, MaskedLinear, TaskMask, pack_bits, unpack_bits
-from espn.supernet.layers import MaskedLayer, TaskBatchNorm2d
+from espn.layers.batchnorm2d import TaskBatchNorm2d
+from espn.layers.conv2d import MaskedConv2d
+from espn.supernet import MaskedLinear, TaskMask, pack_bits, unpack_bits
+from espn.supernet.layers import MaskedLayer
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (8,), (13, 5), (4, 3, 3, 3), (1024, 784)])

@@ -12,20 +12,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import espn.models.convert as convert_module
 from espn.export.slim import slim_copy
+from espn.layers.batchnorm2d import TaskBatchNorm2d
+from espn.layers.conv2d import MaskedConv2d
 from espn.models import MODELS, ModelSpec
 from espn.models.convert import ConvertError, register_converted, to_supernet
 from espn.models.resnet import BasicBlock, ResNet
 from espn.registry import Registry
-from espn.supernet import (
-    MaskedConv2d,
-    MaskedLayer,
-    Supernet,
-    TaskBatchNorm2d,
-    TaskBias,
-    TaskHead,
-    UnitGate,
-    UnitModule,
-)
+from espn.supernet import MaskedLayer, Supernet, TaskBias, TaskHead, UnitGate, UnitModule
 
 
 def measured_flops(model: nn.Module, x: torch.Tensor) -> int:

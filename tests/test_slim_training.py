@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
+from torch import nn
 
 import espn
 import espn.runs.resuming as run_directory_module
@@ -17,6 +18,7 @@ from espn.api.experiment import run_experiment
 from espn.data.tasks import TaskSequence
 from espn.evaluation.metrics import task_accuracy, task_logits
 from espn.evaluation.slim_eval import SlimEvaluator
+from espn.layers.base import Cut, take
 from espn.methods.base import METHODS, MethodConfig
 from espn.models.convert import to_supernet
 from espn.models.mobilenet import MobileNetV2Small
@@ -84,7 +86,21 @@ def model(kind: str) -> torch.nn.Module:
     """``fc``: an FC net; ``conv``: a residual block whose stream is one unit group;
     ``resnet``: the reduced ResNet18's structure at width 8, streams pruned per conv;
     ``mobilenet``: MobileNetV2-small's structure at width 8 (depthwise convs, a dropout
-    before the head)."""
+    before the head); ``conv1d``: 1-D convolutions over the flattened image, task BatchNorm1d;
+    ``convhead``: a convolutional classifier (SqueezeNet's), cut through its adapters too."""
+    if kind in ("conv1d", "convhead"):
+        torch.manual_seed(0)
+        conv, norm, pool = (
+            (nn.Conv1d, nn.BatchNorm1d, nn.AdaptiveAvgPool1d)
+            if kind == "conv1d"
+            else (nn.Conv2d, nn.BatchNorm2d, nn.AdaptiveAvgPool2d)
+        )
+        head = nn.Linear(8, 3) if kind == "conv1d" else conv(8, 3, 1)
+        layers = [conv(1, 8, 3), norm(8), nn.ReLU(), conv(8, 8, 3), norm(8), nn.ReLU()]
+        layers += [pool(1), nn.Flatten(), head] if kind == "conv1d" else [head, pool(1)]
+        flat = [nn.Flatten(2)] if kind == "conv1d" else []
+        plain = nn.Sequential(*flat, *layers, *([] if kind == "conv1d" else [nn.Flatten()]))
+        return to_supernet(plain, torch.zeros(2, 1, 8, 8))
     if kind == "resnet":
         return ResNet(BasicBlock, [2, 2, 1, 1], 8, 1, 3, True, streams="per-conv")
     if kind == "mobilenet":
@@ -157,7 +173,7 @@ OPTIMIZERS = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["fc", "conv", "resnet", "mobilenet"])
+@pytest.mark.parametrize("kind", ["fc", "conv", "resnet", "mobilenet", "conv1d", "convhead"])
 @pytest.mark.parametrize("method", ["espn", "individual"])
 def test_slim_fine_tuning_equals_masked_fine_tuning(monkeypatch, method, kind):
     """Same steps on the same batches: the same weights, task state and accuracy.
@@ -202,7 +218,7 @@ def test_momentum_and_weight_decay_train_the_same_weights(monkeypatch, optim):
     assert_same_task(masked, slim)
 
 
-@pytest.mark.parametrize("kind", ["fc", "resnet"])
+@pytest.mark.parametrize("kind", ["fc", "resnet", "conv1d", "convhead"])
 def test_frozen_weights_bit_identical_after_every_epoch_of_a_slim_phase(monkeypatch, kind):
     optim = OptimConfig("rmsprop", lr=1e-3, momentum=0.5, weight_decay=1e-2)
     spy = SlimSpy(monkeypatch)
@@ -782,16 +798,16 @@ def test_a_matrix_cut_both_ways_reads_and_writes_exactly_its_slice():
     g = torch.Generator().manual_seed(0)
     full = torch.randn(9, 7, generator=g)
     rows, cols = torch.tensor([0, 2, 3, 8]), torch.tensor([1, 4, 5])
-    cut = net_module.Cut((rows, cols), tuple(full.shape))
+    cut = Cut((rows, cols), tuple(full.shape))
     assert cut.flat is not None
-    assert torch.equal(net_module.take(full, cut), full[rows][:, cols])
+    assert torch.equal(take(full, cut), full[rows][:, cols])
     value = torch.randn(4, 3, generator=g)
     for target in (full.clone(), full.t().contiguous().t()):  # contiguous, then not
         net_module.put(target, cut, value)
         want = full.clone()
         want[rows.view(-1, 1), cols.view(1, -1)] = value
         assert torch.equal(target, want)
-    assert net_module.Cut((None, cols), tuple(full.shape)).flat is None
+    assert Cut((None, cols), tuple(full.shape)).flat is None
 
 
 def test_a_copy_cut_like_the_last_one_is_not_checked_again(monkeypatch):

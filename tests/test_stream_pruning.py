@@ -14,11 +14,12 @@ import espn.methods.base as method_base
 from espn.api.experiment import build_benchmark, build_supernet
 from espn.evaluation import task_logits
 from espn.export.slim import slim_copy
+from espn.layers.batchnorm2d import TaskBatchNorm2d
 from espn.methods import METHODS
 from espn.models.resnet import STREAM_PRUNING
 from espn.runs.config import make_config
 from espn.runs.legacy import upgrade_saved_config
-from espn.supernet import Supernet, TaskBatchNorm2d
+from espn.supernet import Supernet
 from espn.training import Engine, OptimConfig
 
 ADAM = OptimConfig("adam", lr=0.01, betas=(0.0, 0.999))

@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from espn.data.tasks import Split, Task, TaskSequence
+from espn.layers.batchnorm2d import TaskBatchNorm2d
+from espn.layers.conv2d import MaskedConv2d
 from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.models.fc import FCNet
 from espn.models.registry import ModelSpec
-from espn.supernet import MaskedConv2d, Supernet, TaskBatchNorm2d, TaskHead
+from espn.supernet import Supernet, TaskHead
 from espn.training.callbacks import Callback, CallbackList, EpochEnd, StepEnd
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig

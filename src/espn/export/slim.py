@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import alive_features, module_outputs, param
+from espn.layers.base import cut_units, kept, module_outputs, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
 from espn.layers.parameters import TaskParameters, channel_axis
@@ -173,16 +173,15 @@ def _affine(
     """The per-feature scale and shift of gate or task bias ``m`` at the alive outputs of
     ``layer`` (the espn layer it follows)."""
     if isinstance(m, UnitGate):
-        scale, shift = m.feature_affine()
-        if not units:
-            return scale, shift
-        keep = alive_features(units, m.group, m.unit_size, scale.numel()).to(scale.device)
-        return scale[keep], None if shift is None else shift[keep]
+        if units:  # the gate cut as a slim training copy cuts it
+            m = copy.deepcopy(m)
+            cut_units(m, units)
+        return m.feature_affine()
     assert isinstance(m, TaskBias)
     bias: Tensor = m.bias
     if units and isinstance(m, TaskChannelBias) and isinstance(layer, MaskedLayer):
-        keep = alive_features(units, layer.out_units, layer.out_unit_size, bias.numel())
-        bias = bias[keep.to(bias.device)]
+        keep = kept(units, layer.out_units, layer.out_unit_size)
+        bias = bias if keep is None else bias[keep.to(bias.device)]
     return None, bias
 
 
@@ -306,10 +305,9 @@ def _cut_parameter(
     """Keep parameter ``target`` of ``model`` at the alive features (:func:`channel_axis`) of
     ``group`` (all where ``units`` is None: a full-width copy)."""
     value: Tensor = model.get_parameter(target)
-    if units is not None and group is not None:
-        axis = channel_axis(value)
-        keep = alive_features(units, group, 1, value.shape[axis]).to(value.device)
-        value = value.index_select(axis, keep)
+    keep = None if units is None else kept(units, group, 1)
+    if keep is not None:
+        value = value.index_select(channel_axis(value), keep.to(value.device))
     parent, _, leaf = target.rpartition(".")
     setattr(model.get_submodule(parent), leaf, param(value))
 

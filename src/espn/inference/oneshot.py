@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from espn.inference.outputs import InferenceError, TaskOutputs
 from espn.inference.rule import RULES, Rule
 from espn.inference.statistics import entropy
-from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskHead
+from espn.layers.conv2d import MaskedConv2d
+from espn.supernet.layers import MaskedLinear, TaskHead
 from espn.supernet.supernet import Supernet
 
 

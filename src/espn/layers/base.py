@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from espn.supernet.layers import (
     TaskChannelBias,
     TaskHead,
     UnitGate,
+    UnitModule,
     expand_units,
 )
 
@@ -104,25 +106,83 @@ def holding(module: nn.Module, weight: Tensor, bias: Tensor | None = None) -> nn
     return module.to(device=weight.device, dtype=weight.dtype)
 
 
-def alive_features(units: dict[str, Tensor], group: str | None, size: int, width: int) -> Tensor:
-    """Indices of the alive features of a side of ``width`` features (all if not prunable)."""
-    if group is None:
-        return torch.arange(width)
-    return expand_units(units[group].cpu(), size).nonzero().flatten()
+class Cut:
+    """Where a slice of a tensor sits in the whole: the kept indices of each leading dimension
+    (None: all of it). A matrix cut along both dimensions also has its kept entries' flat
+    positions, so that reading or writing the slice is one gather or scatter rather than one
+    pass per dimension."""
+
+    def __init__(self, index: tuple[Tensor | None, ...], shape: tuple[int, ...] = ()) -> None:
+        self.index = index
+        #: flat positions of the kept entries in a matrix of ``shape`` (None: not a matrix cut
+        #: along both dimensions)
+        self.flat: Tensor | None = None
+        self.shape: tuple[int, ...] = ()
+        rows, cols = index if len(index) == 2 else (None, None)
+        if len(shape) == 2 and rows is not None and cols is not None:
+            self.flat = (rows.view(-1, 1) * shape[1] + cols.view(1, -1)).view(-1)
+            self.shape = (rows.numel(), cols.numel())
+
+    def whole(self) -> bool:
+        """Whether nothing is cut."""
+        return all(i is None for i in self.index)
 
 
-def alive_inputs(m: MaskedLayer | TaskHead, units: dict[str, Tensor]) -> Tensor:
-    """Indices of ``m``'s alive input features (dimension 1 of its weight), on its device."""
-    w = m.weight
-    return alive_features(units, m.in_units, m.in_unit_size, w.shape[1]).to(w.device)
+#: the cut of a tensor kept whole
+WHOLE = Cut(())
 
 
-def alive_weight(m: MaskedLayer, units: dict[str, Tensor]) -> Tensor:
-    """``m``'s masked weight at the rows and columns of its alive units: how every masked
-    layer type is sliced (its output features on dimension 0, its inputs on dimension 1)."""
-    w = m.weight
-    rows = alive_features(units, m.out_units, m.out_unit_size, w.shape[0]).to(w.device)
-    return m.masked_weight().index_select(0, rows).index_select(1, alive_inputs(m, units))
+def flat_path(t: Tensor, cut: Cut) -> Tensor | None:
+    """``cut``'s flat positions where ``t`` (a matrix) can be read and written through them."""
+    if cut.flat is None or t.dim() != 2 or not t.is_contiguous():
+        return None
+    return cut.flat.to(t.device)
+
+
+def take(t: Tensor, cut: Cut) -> Tensor:
+    """``t`` restricted to ``cut`` (a new tensor, or ``t`` itself where nothing is cut)."""
+    flat = flat_path(t, cut)
+    if flat is not None:
+        return t.view(-1).index_select(0, flat).view(cut.shape)
+    for dim, i in enumerate(cut.index):
+        if i is not None:
+            t = t.index_select(dim, i.to(t.device))
+    return t
+
+
+def kept(units: dict[str, Tensor], group: str | None, size: int) -> Tensor | None:
+    """Indices of the alive features of a side indexed by ``group`` in units of ``size``
+    (None: every feature, alive or not prunable)."""
+    alive = None if group is None else expand_units(units[group], size)
+    return None if alive is None or bool(alive.all()) else alive.nonzero().flatten()
+
+
+def narrow(m: nn.Module, cuts: dict[str, Cut]) -> dict[str, Cut]:
+    """Replace each tensor of ``m`` named in ``cuts`` by its slice there, a tensor of its own
+    (the one replaced is never written); returns ``cuts``."""
+    for key, cut in cuts.items():
+        full = getattr(m, key)
+        part = full.detach().clone() if cut.whole() else take(full.detach(), cut)
+        if isinstance(full, nn.Parameter):
+            part = nn.Parameter(part, requires_grad=full.requires_grad)
+        setattr(m, key, part)
+    return cuts
+
+
+def cut_units(m: UnitModule, units: dict[str, Tensor]) -> dict[str, Cut]:
+    """Cut unit module ``m`` (a gate or norm) to the units of its group alive in ``units``:
+    every tensor of one entry per feature (nothing where every unit is alive); they are all
+    its units then (its unit mask all ones)."""
+    alive = units[m.group]
+    cuts: dict[str, Cut] = {}
+    if not bool(alive.all()):
+        entries = Cut((expand_units(alive, m.entries_per_unit).nonzero().flatten(),))
+        own = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+        per_entry = m.weight.numel()
+        cuts = {key: entries for key, t in own if t.dim() == 1 and t.numel() == per_entry}
+        narrow(m, cuts | {"unit_mask": Cut((alive.nonzero().flatten(),))})
+    m.unit_mask = torch.ones_like(m.unit_mask)
+    return cuts
 
 
 class LayerAdapter(ABC):
@@ -179,9 +239,20 @@ class LayerAdapter(ABC):
         task at full width (masks multiplied in)."""
         raise ExportError(f"no plain torch equivalent for {type(m).__name__}")
 
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        """Narrow espn module ``m`` in place to its alive features (``units``: unit group ->
+        alive units): each of its tensors cut (:func:`narrow`), its sizes set to match; the
+        cut of each tensor, by name. The one slicing of a layer type: training's slim copy,
+        which writes its tensors back through the cuts, and the slim export (:meth:`slim`)."""
+        raise ExportError(f"{type(m).__name__} cannot be sliced")
+
+    @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        """The plain torch module computing what ``m`` computes on its alive features."""
-        raise ExportError(f"no slim torch equivalent for {type(m).__name__}")
+        """The plain torch module computing what ``m`` computes on its alive features: the
+        plain module of its slice."""
+        m = copy.deepcopy(m)
+        self.slice(m, units)
+        return self.plain(m)
 
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
         """Make plain ``layer`` compute ``layer(x) * scale + shift`` per output feature."""
@@ -247,6 +318,19 @@ class WeightAdapter(LayerAdapter):
             )
             return nn.Sequential(layer, gate)
         return layer
+
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        """A head's input columns; a masked layer's weight and masks at the rows of its alive
+        outputs (dimension 0) and the columns of its alive inputs (dimension 1). A subclass
+        sets the sizes of its masked layer."""
+        if isinstance(m, TaskHead):
+            cuts = narrow(m, {"weight": Cut((None, kept(units, m.in_units, m.in_unit_size)))})
+            m.in_features = m.weight.shape[1]
+            return cuts
+        assert isinstance(m, MaskedLayer)
+        rows = kept(units, m.out_units, m.out_unit_size)
+        cut = Cut((rows, kept(units, m.in_units, m.in_unit_size)), tuple(m.weight.shape))
+        return narrow(m, dict.fromkeys(("weight", *MaskedLayer.BUFFERS), cut))
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:

@@ -8,8 +8,7 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 
 from espn.layers.base import register
-from espn.layers.batchnorm2d import BatchNormAdapter
-from espn.supernet.layers import TaskBatchNorm
+from espn.layers.batchnorm2d import BatchNormAdapter, TaskBatchNorm
 
 
 class TaskBatchNorm1d(TaskBatchNorm, nn.BatchNorm1d):

@@ -5,22 +5,65 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from espn.layers.base import (
     ConvertError,
+    Cut,
     LayerAdapter,
     Placement,
-    alive_features,
+    cut_units,
     holding,
     param,
     register,
 )
-from espn.supernet.layers import TaskBatchNorm2d, UnitModule
+from espn.supernet.layers import UnitModule
+
+#: while it holds a function, training task BatchNorms call it instead (``(norm, x, weight,
+#: bias) -> output``; it keeps the running statistics): a sharded training step's (see
+#: :func:`espn.training.distributed.sharded_step`)
+SHARD_BATCH_NORM: list[Callable[..., Tensor]] = []
+
+
+class TaskBatchNorm(nn.modules.batchnorm._BatchNorm, UnitModule):
+    """BatchNorm (always affine, with running statistics) whose parameters and statistics
+    belong to the active task; a unit spans ``unit_size`` features (channels of a grouped
+    conv). A subclass names the torch BatchNorm class of its dimension too."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
+
+    def __init__(self, n: int, group: str, unit_size: int = 1) -> None:
+        super().__init__(n)
+        self._init_units(group, n, unit_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Batch statistics while training, the task's running statistics otherwise; scale
+        and shift masked by the task's units."""
+        weight, bias = self.masked_affine()
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training:
+            if SHARD_BATCH_NORM:
+                return SHARD_BATCH_NORM[-1](self, x, weight, bias)
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average, as torch's BatchNorm
+                factor = 1.0 / float(self.num_batches_tracked)
+        return F.batch_norm(
+            x, self.running_mean, self.running_var, weight, bias, self.training, factor, self.eps
+        )
+
+
+class TaskBatchNorm2d(TaskBatchNorm, nn.BatchNorm2d):
+    """A task BatchNorm over the channels of ``(N, C, H, W)``."""
 
 
 class SplitNorm(nn.Module):
@@ -99,30 +142,21 @@ class BatchNormAdapter(LayerAdapter):
         bn.load_state_dict(state, strict=False)
         return bn
 
-    def _copy(self, m: Any, keep: Tensor | None) -> nn.Module:
-        stats = (m.weight, m.bias, m.running_mean, m.running_var)
-        if keep is None:
-            mask = m.entry_mask()
-            weight, bias = stats[0] * mask, stats[1] * mask
-            mean, var = stats[2], stats[3]
-        else:
-            weight, bias, mean, var = (t[keep] for t in stats)
-        bn = self.plain_type(len(weight), eps=m.eps, momentum=m.momentum)
-        bn.running_mean = mean.detach().clone()
-        bn.running_var = var.detach().clone()
-        bn.num_batches_tracked = m.num_batches_tracked.detach().clone()
-        return holding(bn, weight, bias)
-
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
-        return self._copy(m, None)
+        assert isinstance(m, TaskBatchNorm)
+        mask = m.entry_mask()
+        bn = self.plain_type(len(m.weight), eps=m.eps, momentum=m.momentum)
+        bn.running_mean = m.running_mean.detach().clone()
+        bn.running_var = m.running_var.detach().clone()
+        bn.num_batches_tracked = m.num_batches_tracked.detach().clone()
+        return holding(bn, m.weight * mask, m.bias * mask)
 
-    @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        assert isinstance(m, UnitModule)
-        w = m.weight
-        keep = alive_features(units, m.group, m.unit_size, w.shape[0]).to(w.device)
-        return self._copy(m, keep)
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        assert isinstance(m, TaskBatchNorm)
+        cuts = cut_units(m, units)
+        m.num_features = len(m.weight)
+        return cuts
 
     @torch.no_grad()
     def fold_norm(self, layer: nn.Module, norm: nn.Module) -> nn.Module | None:

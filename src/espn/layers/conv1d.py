@@ -15,7 +15,7 @@ from espn.supernet.layers import MaskedLayer
 class MaskedConv1d(nn.Conv1d, MaskedLayer):
     """``nn.Conv1d`` without bias whose weight is multiplied by the active task's mask; a
     grouped one names its channels by ``out_units`` alone (see
-    :class:`~espn.supernet.layers.MaskedConv2d`)."""
+    :class:`~espn.layers.conv2d.MaskedConv2d`)."""
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ whole conv group. :class:`ConvAdapter` holds what every convolution shares (``co
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -12,20 +13,79 @@ from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
+    Cut,
     Placement,
     WeightAdapter,
-    alive_inputs,
-    alive_weight,
     holding,
     register,
 )
-from espn.supernet.layers import (
-    MaskedConv2d,
-    MaskedLayer,
-    TaskHead,
-    conv_padding,
-    conv_pair,
-)
+from espn.supernet.layers import MaskedLayer, TaskHead
+
+#: how ``nn.Conv2d`` pads
+PaddingMode = Literal["zeros", "reflect", "replicate", "circular"]
+
+
+def conv_pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+    """A 2-D convolution's size argument (kernel size, stride, dilation) as a pair; accepts
+    the ``tuple[int, ...]`` that ``nn.Conv2d`` stores."""
+    if isinstance(value, int):
+        return value, value
+    height, width = value
+    return height, width
+
+
+def conv_padding(value: str | int | tuple[int, ...]) -> str | tuple[int, int]:
+    """A 2-D convolution's padding: a mode name (``"same"``) or a pair."""
+    return value if isinstance(value, str) else conv_pair(value)
+
+
+class MaskedConv2d(nn.Conv2d, MaskedLayer):
+    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask. A
+    grouped convolution's input and output channels are one unit group, ``out_units``, whose
+    unit is a whole number of conv groups (docs/architectures.md, "How units are formed")."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
+        in_units: str | None = None,
+        out_units: str | None = None,
+        dilation: int | tuple[int, ...] = 1,
+        padding_mode: PaddingMode = "zeros",
+        groups: int = 1,
+        in_unit_size: int = 1,
+        out_unit_size: int = 1,
+    ) -> None:
+        if groups != 1 and in_units is not None:
+            raise ValueError("a grouped conv's channels are its out_units; in_units must be None")
+        if groups != 1 and groups % max(out_channels // out_unit_size, 1):
+            raise ValueError(
+                f"grouped conv with groups={groups}: a unit of {out_unit_size} of its "
+                f"{out_channels} output channels is not a whole number of groups"
+            )
+        super().__init__(
+            in_channels,
+            out_channels,
+            conv_pair(kernel_size),
+            stride=conv_pair(stride),
+            padding=conv_padding(padding),
+            dilation=conv_pair(dilation),
+            groups=groups,
+            bias=False,
+            padding_mode=padding_mode,
+        )
+        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether input groups map to output groups alone (``groups`` > 1, depthwise too)."""
+        return self.groups != 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.masked_weight(), None)
 
 
 class TaskConvHead(TaskHead):
@@ -80,40 +140,31 @@ class ConvAdapter(WeightAdapter):
         groups = self.groups(m)
         return (f"conv {name!r} (groups={groups})", groups) if groups != 1 else None
 
-    @staticmethod
-    def alive(m: MaskedLayer, units: dict[str, Tensor]) -> tuple[Tensor, int]:
-        """The masked weight at the alive channels (:func:`alive_weight`) and the groups
-        left: a grouped conv's units are whole groups, which keep all their inputs."""
-        weight = alive_weight(m, units)
-        groups = getattr(m, "groups", 1)
-        return weight, 1 if groups == 1 else groups * weight.shape[0] // m.weight.shape[0]
-
-    def _plain(self, m: nn.Module, c_in: int, c_out: int, groups: int, weight: Tensor) -> nn.Module:
-        """A :attr:`plain_type` convolution with ``m``'s settings and ``weight``, no bias."""
-        assert isinstance(m, nn.modules.conv._ConvNd)
+    @torch.no_grad()
+    def plain(self, m: nn.Module) -> nn.Module:
+        assert isinstance(m, nn.modules.conv._ConvNd) and isinstance(m, MaskedLayer)
         conv = self.plain_type(
-            c_in,
-            c_out,
+            m.in_channels,
+            m.out_channels,
             m.kernel_size,
             stride=m.stride,
             padding=m.padding,
             dilation=m.dilation,
-            groups=groups,
+            groups=m.groups,
             bias=False,
             padding_mode=m.padding_mode,
         )
-        return holding(conv, weight)
+        return holding(conv, m.masked_weight())
 
-    @torch.no_grad()
-    def plain(self, m: nn.Module) -> nn.Module:
-        assert isinstance(m, nn.modules.conv._ConvNd) and isinstance(m, MaskedLayer)
-        return self._plain(m, m.in_channels, m.out_channels, m.groups, m.masked_weight())
-
-    @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        assert isinstance(m, MaskedLayer)
-        weight, groups = self.alive(m, units)
-        return self._plain(m, weight.shape[1] * groups, weight.shape[0], groups, weight)
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        """A grouped conv's units are whole groups, which keep all their inputs: as many
+        groups fewer."""
+        cuts = super().slice(m, units)
+        if isinstance(m, nn.modules.conv._ConvNd):
+            if m.groups != 1:
+                m.groups = m.groups * m.weight.shape[0] // m.out_channels
+            m.out_channels, m.in_channels = m.weight.shape[0], m.weight.shape[1] * m.groups
+        return cuts
 
 
 @register
@@ -151,18 +202,8 @@ class Conv2dAdapter(ConvAdapter):
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
         if isinstance(m, TaskConvHead):
-            return self._head(m, m.weight)
+            conv = nn.Conv2d(
+                m.in_features, m.out_features, m.kernel_size, m.stride, m.padding, m.dilation
+            )
+            return holding(conv, m.weight, m.bias)
         return super().plain(m)
-
-    def _head(self, m: TaskConvHead, weight: Tensor) -> nn.Module:
-        """The plain conv of head ``m`` with ``weight`` (its columns: the alive inputs)."""
-        conv = nn.Conv2d(
-            weight.shape[1], m.out_features, m.kernel_size, m.stride, m.padding, m.dilation
-        )
-        return holding(conv, weight, m.bias)
-
-    @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        if isinstance(m, TaskConvHead):
-            return self._head(m, m.weight.index_select(1, alive_inputs(m, units)))
-        return super().slim(m, units)

@@ -9,10 +9,10 @@ from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
+    Cut,
     ExportError,
     Placement,
     WeightAdapter,
-    alive_weight,
     holding,
     register,
 )
@@ -77,10 +77,11 @@ class EmbeddingAdapter(WeightAdapter):
         assert isinstance(m, MaskedEmbedding)
         return _table(m.masked_weight().t(), m.padding_idx)
 
-    @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
         assert isinstance(m, MaskedEmbedding)
-        return _table(alive_weight(m, units).t(), m.padding_idx)
+        cuts = super().slice(m, units)
+        m.embedding_dim = m.weight.shape[0]
+        return cuts
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:

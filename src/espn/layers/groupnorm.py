@@ -4,17 +4,43 @@ number of its groups; the slim model keeps ``GroupNorm(alive groups, alive chann
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
+    Cut,
     LayerAdapter,
     Placement,
-    alive_features,
+    cut_units,
     holding,
     register,
 )
-from espn.supernet.layers import TaskGroupNorm
+from espn.supernet.layers import UnitModule
+
+
+class TaskGroupNorm(nn.GroupNorm, UnitModule):
+    """GroupNorm whose affine parameters belong to the active task (always affine); a unit is
+    ``unit_size`` consecutive channels, a whole number of its groups, so a pruned unit changes
+    no other group's statistics (docs/architectures.md)."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+
+    def __init__(
+        self, num_groups: int, num_channels: int, group: str, unit_size: int, eps: float = 1e-5
+    ) -> None:
+        super().__init__(num_groups, num_channels, eps=eps)
+        if unit_size % (num_channels // num_groups):
+            raise ValueError(
+                f"a unit of {unit_size} channels is not a whole number of GroupNorm groups "
+                f"({num_channels // num_groups} channels each)"
+            )
+        self._init_units(group, num_channels, unit_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight, bias = self.masked_affine()
+        return F.group_norm(x, self.num_groups, weight, bias, self.eps)
 
 
 @register
@@ -52,11 +78,11 @@ class GroupNormAdapter(LayerAdapter):
         gn = nn.GroupNorm(m.num_groups, m.num_channels, eps=m.eps)
         return holding(gn, m.weight * m.entry_mask(), m.bias * m.entry_mask())
 
-    @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        """A GroupNorm of the alive channels: whole groups, so as many groups fewer."""
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        """The alive channels: whole groups, so as many groups fewer."""
         assert isinstance(m, TaskGroupNorm)
-        keep = alive_features(units, m.group, m.unit_size, m.num_channels).to(m.weight.device)
         per_group = m.num_channels // m.num_groups
-        gn = nn.GroupNorm(len(keep) // per_group, len(keep), eps=m.eps)
-        return holding(gn, m.weight[keep], m.bias[keep])
+        cuts = cut_units(m, units)
+        m.num_channels = len(m.weight)
+        m.num_groups = m.num_channels // per_group
+        return cuts

@@ -1,6 +1,7 @@
 """``nn.LayerNorm`` over the last dimension: a task LayerNorm whose statistics run over the
 alive features of its group (a pruned feature outputs exactly zero), exported as an
-``nn.LayerNorm`` over the alive features (token models have no full-width plain copy)."""
+``nn.LayerNorm`` over the alive features (a token model with a pruned feature has no
+full-width plain copy)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
+    Cut,
     ExportError,
     LayerAdapter,
     Placement,
-    alive_features,
+    cut_units,
     holding,
     register,
 )
@@ -61,15 +63,18 @@ class LayerNormAdapter(LayerAdapter):
             out.bias.copy_(m.bias)
         return out.to(device=out.weight.device if m.weight is None else m.weight.device)
 
-    def plain(self, m: nn.Module) -> nn.Module:
-        raise ExportError(
-            "a transformer's sub-network has no full-width plain copy (its task LayerNorms "
-            "normalise over alive features only); use slim_copy, which removes the dead ones"
-        )
-
     @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
+    def plain(self, m: nn.Module) -> nn.Module:
         assert isinstance(m, TaskLayerNorm)
-        w = m.weight
-        keep = alive_features(units, m.group, m.unit_size, w.shape[0]).to(w.device)
-        return holding(nn.LayerNorm(len(keep), eps=m.eps), w[keep], m.bias[keep])
+        if not bool(m.unit_mask.all()):
+            raise ExportError(
+                "a transformer's sub-network has no full-width plain copy (its task LayerNorms "
+                "normalise over alive features only); use slim_copy, which removes the dead ones"
+            )
+        return holding(nn.LayerNorm(len(m.weight), eps=m.eps), m.weight, m.bias)
+
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        assert isinstance(m, TaskLayerNorm)
+        cuts = cut_units(m, units)
+        m.normalized_shape = (len(m.weight),)
+        return cuts

@@ -6,14 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from espn.layers.base import (
-    Placement,
-    WeightAdapter,
-    alive_inputs,
-    alive_weight,
-    holding,
-    register,
-)
+from espn.layers.base import Cut, Placement, WeightAdapter, holding, register
 from espn.supernet.layers import MaskedLinear, TaskHead
 
 
@@ -55,11 +48,8 @@ class LinearAdapter(WeightAdapter):
         assert isinstance(m, MaskedLinear)
         return holding(nn.Linear(m.in_features, m.out_features, bias=False), m.masked_weight())
 
-    @torch.no_grad()
-    def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
-        if isinstance(m, TaskHead):
-            w = m.weight.index_select(1, alive_inputs(m, units))
-            return holding(nn.Linear(w.shape[1], m.out_features), w, m.bias)
-        assert isinstance(m, MaskedLinear)
-        weight = alive_weight(m, units)
-        return holding(nn.Linear(weight.shape[1], weight.shape[0], bias=False), weight)
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        cuts = super().slice(m, units)
+        if isinstance(m, MaskedLinear):
+            m.out_features, m.in_features = m.weight.shape
+        return cuts

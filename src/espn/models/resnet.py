@@ -9,13 +9,11 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from espn.layers.batchnorm2d import TaskBatchNorm2d
+from espn.layers.conv2d import MaskedConv2d
 from espn.models.checks import image_channels
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import (
-    MaskedConv2d,
-    TaskBatchNorm2d,
-    model_head,
-)
+from espn.supernet.layers import model_head
 
 
 def conv_bn(

@@ -9,8 +9,9 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
+from espn.layers.conv2d import MaskedConv2d
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedConv2d, MaskedLinear, TaskHead, model_head
+from espn.supernet.layers import MaskedLinear, TaskHead, model_head
 from espn.supernet.transformer import (
     MaskedAttention,
     TaskLayerNorm,

@@ -1,12 +1,9 @@
 """The supernet, its masked layers, per-task masks and the analytic FLOP count."""
 
 from espn.supernet.layers import (
-    MaskedConv2d,
     MaskedLayer,
     MaskedLinear,
-    TaskBatchNorm2d,
     TaskBias,
-    TaskGroupNorm,
     TaskHead,
     UnitGate,
     UnitModule,
@@ -15,13 +12,10 @@ from espn.supernet.masks import TaskMask, pack_bits, unpack_bits
 from espn.supernet.supernet import Supernet
 
 __all__ = [
-    "MaskedConv2d",
     "MaskedLayer",
     "MaskedLinear",
     "Supernet",
-    "TaskBatchNorm2d",
     "TaskBias",
-    "TaskGroupNorm",
     "TaskHead",
     "TaskMask",
     "UnitGate",

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import ClassVar, Literal, TypeGuard
+from typing import ClassVar, TypeGuard
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from espn.supernet.fast import MaskCaches, UnitCaches, is_on
 
@@ -98,73 +97,6 @@ class MaskedLinear(nn.Linear, MaskedLayer):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.masked_weight())
-
-
-#: how ``nn.Conv2d`` pads
-PaddingMode = Literal["zeros", "reflect", "replicate", "circular"]
-
-
-def conv_pair(value: int | tuple[int, ...]) -> tuple[int, int]:
-    """A 2-D convolution's size argument (kernel size, stride, dilation) as a pair; accepts
-    the ``tuple[int, ...]`` that ``nn.Conv2d`` stores."""
-    if isinstance(value, int):
-        return value, value
-    height, width = value
-    return height, width
-
-
-def conv_padding(value: str | int | tuple[int, ...]) -> str | tuple[int, int]:
-    """A 2-D convolution's padding: a mode name (``"same"``) or a pair."""
-    return value if isinstance(value, str) else conv_pair(value)
-
-
-class MaskedConv2d(nn.Conv2d, MaskedLayer):
-    """``nn.Conv2d`` without bias whose weight is multiplied by the active task's mask. A
-    grouped convolution's input and output channels are one unit group, ``out_units``, whose
-    unit is a whole number of conv groups (docs/architectures.md, "How units are formed")."""
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, ...],
-        stride: int | tuple[int, ...] = 1,
-        padding: int | tuple[int, ...] | str = 0,
-        in_units: str | None = None,
-        out_units: str | None = None,
-        dilation: int | tuple[int, ...] = 1,
-        padding_mode: PaddingMode = "zeros",
-        groups: int = 1,
-        in_unit_size: int = 1,
-        out_unit_size: int = 1,
-    ) -> None:
-        if groups != 1 and in_units is not None:
-            raise ValueError("a grouped conv's channels are its out_units; in_units must be None")
-        if groups != 1 and groups % max(out_channels // out_unit_size, 1):
-            raise ValueError(
-                f"grouped conv with groups={groups}: a unit of {out_unit_size} of its "
-                f"{out_channels} output channels is not a whole number of groups"
-            )
-        super().__init__(
-            in_channels,
-            out_channels,
-            conv_pair(kernel_size),
-            stride=conv_pair(stride),
-            padding=conv_padding(padding),
-            dilation=conv_pair(dilation),
-            groups=groups,
-            bias=False,
-            padding_mode=padding_mode,
-        )
-        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
-
-    @property
-    def grouped(self) -> bool:
-        """Whether input groups map to output groups alone (``groups`` > 1, depthwise too)."""
-        return self.groups != 1
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._conv_forward(x, self.masked_weight(), None)
 
 
 class TaskSpecific(nn.Module, ABC):
@@ -326,71 +258,6 @@ class UnitGate(UnitModule):
         scale, shift = self.feature_affine()
         out = x * scale.view(shape)
         return out if shift is None else out + shift.view(shape)
-
-
-#: while it holds a function, training task BatchNorms call it instead (``(norm, x, weight,
-#: bias) -> output``; it keeps the running statistics): a sharded training step's (see
-#: :func:`espn.training.distributed.sharded_step`)
-SHARD_BATCH_NORM: list[Callable[..., Tensor]] = []
-
-
-class TaskBatchNorm(_BatchNorm, UnitModule):
-    """BatchNorm (always affine, with running statistics) whose parameters and statistics
-    belong to the active task; a unit spans ``unit_size`` features (channels of a grouped
-    conv). A subclass names the torch BatchNorm class of its dimension too."""
-
-    weight: nn.Parameter
-    bias: nn.Parameter
-    running_mean: Tensor
-    running_var: Tensor
-    num_batches_tracked: Tensor
-
-    def __init__(self, n: int, group: str, unit_size: int = 1) -> None:
-        super().__init__(n)
-        self._init_units(group, n, unit_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """Batch statistics while training, the task's running statistics otherwise; scale
-        and shift masked by the task's units."""
-        weight, bias = self.masked_affine()
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training:
-            if SHARD_BATCH_NORM:
-                return SHARD_BATCH_NORM[-1](self, x, weight, bias)
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative moving average, as torch's BatchNorm
-                factor = 1.0 / float(self.num_batches_tracked)
-        return F.batch_norm(
-            x, self.running_mean, self.running_var, weight, bias, self.training, factor, self.eps
-        )
-
-
-class TaskBatchNorm2d(TaskBatchNorm, nn.BatchNorm2d):
-    """A task BatchNorm over the channels of ``(N, C, H, W)``."""
-
-
-class TaskGroupNorm(nn.GroupNorm, UnitModule):
-    """GroupNorm whose affine parameters belong to the active task (always affine); a unit is
-    ``unit_size`` consecutive channels, a whole number of its groups, so a pruned unit changes
-    no other group's statistics (docs/architectures.md)."""
-
-    weight: nn.Parameter
-    bias: nn.Parameter
-
-    def __init__(
-        self, num_groups: int, num_channels: int, group: str, unit_size: int, eps: float = 1e-5
-    ) -> None:
-        super().__init__(num_groups, num_channels, eps=eps)
-        if unit_size % (num_channels // num_groups):
-            raise ValueError(
-                f"a unit of {unit_size} channels is not a whole number of GroupNorm groups "
-                f"({num_channels // num_groups} channels each)"
-            )
-        self._init_units(group, num_channels, unit_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        weight, bias = self.masked_affine()
-        return F.group_norm(x, self.num_groups, weight, bias, self.eps)
 
 
 class TaskBias(TaskSpecific):

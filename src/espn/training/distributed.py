@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from espn.data.tasks import Task
 from espn.errors import EspnError
-from espn.supernet.layers import SHARD_BATCH_NORM
+from espn.layers.batchnorm2d import SHARD_BATCH_NORM
 from espn.supernet.supernet import Supernet
 
 #: how long a rank waits for the others at a collective before the run fails

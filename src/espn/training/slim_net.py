@@ -1,6 +1,6 @@
 """The slim copy of a supernet's working sub-network (:class:`SlimNet`): the model with the
-task's dead units removed, its tensors cut from the supernet's (:class:`Cut`), which
-:mod:`espn.training.slim_step` trains and writes back. Guarded weights and residual streams
+task's dead units removed, each module cut by its layer adapter's ``slice`` (the export's
+cut), which :mod:`espn.training.slim_step` trains and writes back. Guarded weights and residual streams
 pruned per conv: docs/performance.md, "Training and evaluating at the sub-network's cost".
 """
 
@@ -14,15 +14,13 @@ import torch
 from torch import Tensor, nn
 
 from espn.errors import EspnError
-from espn.layers.batchnorm1d import TaskBatchNorm1d
+from espn.layers import ExportError, exported_adapter
+from espn.layers.base import Cut, cut_units, flat_path, kept
 from espn.supernet.fast import caches, stamp
 from espn.supernet.layers import (
-    MaskedConv2d,
     MaskedLayer,
     MaskedLinear,
-    TaskBatchNorm2d,
     TaskBias,
-    TaskGroupNorm,
     TaskHead,
     TaskSpecific,
     UnitGate,
@@ -32,11 +30,9 @@ from espn.supernet.layers import (
 )
 from espn.supernet.supernet import Supernet
 
-#: the module types a slim copy slices (exactly these: a subclass, e.g. a transformer's
-#: token gate, may compute across units and is not sliced)
-SLICED = (MaskedLinear, MaskedConv2d, UnitGate, TaskBatchNorm2d, TaskBatchNorm1d, TaskGroupNorm)
-#: task modules a slim copy keeps as they are (their width is the task's classes)
-KEPT = (TaskHead, TaskBias)
+#: task modules a copy takes without a layer adapter: a gate (cut to its units) and a shared
+#: head's per-task bias (kept: its width is the task's classes)
+KEPT = (UnitGate, TaskBias)
 
 
 class SlimUnsupported(EspnError, ValueError):
@@ -69,60 +65,14 @@ def slice_units(supernet: Supernet) -> dict[str, Tensor]:
     return with_unions(kept, {}, supernet.concats)
 
 
-def _indices(kept: dict[str, Tensor], group: str | None, size: int) -> Tensor | None:
-    """Kept feature indices of a side indexed by ``group`` in units of ``size`` (None: all)."""
-    alive = None if group is None else expand_units(kept[group], size)
-    return None if alive is None or bool(alive.all()) else alive.nonzero().flatten()
-
-
-class Cut:
-    """Where a slim copy's tensor sits in the supernet's: the kept indices of each leading
-    dimension (None: all of it). A matrix cut along both dimensions also has its kept
-    entries' flat positions, so that reading or writing the slice is one gather or scatter
-    rather than one pass per dimension."""
-
-    def __init__(self, index: tuple[Tensor | None, ...], shape: tuple[int, ...] = ()) -> None:
-        self.index = index
-        #: flat positions of the kept entries in a matrix of ``shape`` (None: not a matrix cut
-        #: along both dimensions)
-        self.flat: Tensor | None = None
-        self.shape: tuple[int, ...] = ()
-        rows, cols = index if len(index) == 2 else (None, None)
-        if len(shape) == 2 and rows is not None and cols is not None:
-            self.flat = (rows.view(-1, 1) * shape[1] + cols.view(1, -1)).view(-1)
-            self.shape = (rows.numel(), cols.numel())
-
-    def whole(self) -> bool:
-        """Whether nothing is cut."""
-        return all(i is None for i in self.index)
-
-
-def _flat_path(t: Tensor, cut: Cut) -> Tensor | None:
-    """``cut``'s flat positions where ``t`` (a matrix) can be read and written through them."""
-    if cut.flat is None or t.dim() != 2 or not t.is_contiguous():
-        return None
-    return cut.flat.to(t.device)
-
-
-def take(t: Tensor, cut: Cut) -> Tensor:
-    """``t`` restricted to ``cut`` (a new tensor, or ``t`` itself where nothing is cut)."""
-    flat = _flat_path(t, cut)
-    if flat is not None:
-        return t.view(-1).index_select(0, flat).view(cut.shape)
-    for dim, i in enumerate(cut.index):
-        if i is not None:
-            t = t.index_select(dim, i.to(t.device))
-    return t
-
-
 @torch.no_grad()
 def put(full: Tensor, cut: Cut, value: Tensor) -> None:
-    """Write ``value`` into ``full`` where :func:`take` read it."""
+    """Write ``value`` into ``full`` where :func:`espn.layers.base.take` read it."""
     index = cut.index
     if cut.whole():
         full.copy_(value)
         return
-    flat = _flat_path(full, cut)
+    flat = flat_path(full, cut)
     if flat is not None:
         full.view(-1).index_copy_(0, flat, value.reshape(-1))
         return
@@ -139,10 +89,6 @@ def put(full: Tensor, cut: Cut, value: Tensor) -> None:
         i = torch.arange(full.shape[dim], device=full.device) if i is None else i.to(full.device)
         grids.append(i.view((-1,) + (1,) * (len(index) - dim - 1)))
     full.index_put_(tuple(grids), value)
-
-
-#: the cut of a tensor a copy holds whole
-WHOLE = Cut(())
 
 
 class _Scatter:
@@ -203,7 +149,9 @@ def refusal(name: str, m: nn.Module, readers: dict[int, Any] | None = None) -> s
     alive (None: it can): a masked or task module of a type it does not slice, a dropout
     unless it feeds a linear layer straight (``readers``, see :func:`_dropout_readers`), or
     another module holding tensors of its own (docs/performance.md)."""
-    if isinstance(m, MaskedLayer | TaskSpecific) and type(m) not in SLICED + KEPT:
+    adapter = exported_adapter(m)
+    sliced = adapter is not None and type(m) in adapter.exports  # cut by its adapter's slice
+    if isinstance(m, MaskedLayer | TaskSpecific) and not sliced and type(m) not in KEPT:
         return f"module {name!r} ({type(m).__name__}) is not sliced"
     if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and id(m) not in (readers or {}):
         return f"module {name!r} ({type(m).__name__}) draws random masks"
@@ -236,7 +184,7 @@ class SlimNet(nn.Module):
         super().__init__()
         if (why := slim_refusal(supernet.model)) is not None:  # before any copy is made
             raise SlimUnsupported(why)
-        kept = slice_units(supernet)
+        units = slice_units(supernet)
         alive = supernet.unit_masks()
         #: groups writing into a residual stream pruned per conv: their layers keep their own
         #: alive units, scattered into the stream's width after their gate/BatchNorm
@@ -263,11 +211,11 @@ class SlimNet(nn.Module):
             for i, drop in enumerate(list(parent)):
                 if (reader := readers.get(id(drop))) is None:
                     continue
-                cols = _indices(kept, reader.in_units, reader.in_unit_size)
+                cols = kept(units, reader.in_units, reader.in_unit_size)
                 if cols is not None:
                     parent[i] = _SlimDropout(cast(nn.Dropout, drop).p, cols, reader.weight.shape[1])
         for name, m in self.model.named_modules():
-            self._slice(name, m, kept)
+            self._slice(name, m, units)
         # a penalty weighs each gate/BatchNorm by its place in ``groups`` (WeightedL1's
         # lambda tensor): the copy's must list the supernet's groups and modules in its order
         if [(g, len(m)) for g, m in self.groups.items()] != [
@@ -275,93 +223,39 @@ class SlimNet(nn.Module):
         ]:
             raise SlimUnsupported("the copy's unit groups are not the supernet's, in its order")
 
-    def _slice(self, name: str, m: nn.Module, kept: dict[str, Tensor]) -> None:
-        if type(m) in (MaskedLinear, MaskedConv2d):
-            assert isinstance(m, MaskedLinear | MaskedConv2d)
-            self._slice_layer(name, m, kept)
-        elif isinstance(m, UnitModule) and type(m) in SLICED:
-            self._slice_units(name, m, kept)
-        elif isinstance(m, TaskHead):
-            cols = _indices(kept, m.in_units, m.in_unit_size)
-            self._cut(name, m, "weight", Cut((None, cols)))
-            m.in_features = m.weight.shape[1]
-
-    def _cut(
-        self, name: str, m: nn.Module, key: str, index: Cut, part: Tensor | None = None
-    ) -> None:
-        """Replace ``m``'s tensor ``key`` by its slice ``index`` (or by ``part``, computed
-        from it), a tensor of its own, recording where it came from."""
-        full = getattr(m, key)
-        if part is None:
-            part = take(full.detach(), index)
-        if part is full or part._base is full:
-            part = part.clone()
-        if isinstance(full, nn.Parameter):
-            setattr(m, key, nn.Parameter(part, requires_grad=full.requires_grad))
+    def _slice(self, name: str, m: nn.Module, units: dict[str, Tensor]) -> None:
+        """Cut ``m`` to the copy's units (a writer into a residual stream pruned per conv: to
+        its own, scattered into the stream's width), recording where each tensor came from."""
+        group = m.group if isinstance(m, UnitModule) else getattr(m, "out_units", None)
+        if group in self.own:
+            mine = self.own[group]
+            if isinstance(m, UnitModule) and int(mine.sum()) < int(units[group].sum()):
+                stream, own = (expand_units(a, m.unit_size) for a in (units[group], mine))
+                m.register_forward_hook(_Scatter((stream.cumsum(0) - 1)[own], int(stream.sum())))
+            units = units | {group: mine}
+        adapter = exported_adapter(m)
+        if type(m) is UnitGate:
+            cuts = cut_units(m, units)
+        elif adapter is not None and isinstance(m, MaskedLayer | TaskSpecific):
+            try:
+                cuts = adapter.slice(m, units)
+            except ExportError as exc:
+                raise SlimUnsupported(f"module {name!r}: {exc}") from None
         else:
-            setattr(m, key, part)
-        self.index[f"{name}.{key}" if name else key] = index
-
-    def _slice_layer(
-        self, name: str, m: MaskedLinear | MaskedConv2d, kept: dict[str, Tensor]
-    ) -> None:
-        w = m.weight
-        out_side = self.own if m.out_units in self.own else kept  # a writer: its own units
-        rows = _indices(out_side, m.out_units, m.out_unit_size)
-        cols = _indices(kept, m.in_units, m.in_unit_size)
-        index = Cut((rows, cols), tuple(w.shape))
-        # the copy's tensors are still the supernet's (see __init__): sliced, never written
-        mask, frozen = take(m.weight_mask, index), take(m.frozen, index)
-        trains = mask.bool() & ~frozen
-        weight = take(m.weight.detach(), index) * mask  # zero outside the mask, as it trains
-        self._cut(name, m, "weight", index, weight)
-        self._cut(name, m, "weight_mask", index, mask)
-        self._cut(name, m, "frozen", index, ~trains)  # what the guard keeps
-        self.trains[name] = trains
-        if isinstance(m, MaskedConv2d):
-            if m.groups != 1:
-                if m.out_channels % m.groups or (m.weight.shape[0] * m.groups) % m.out_channels:
-                    raise SlimUnsupported(f"grouped conv {name!r} loses part of a group")
-                m.groups = m.weight.shape[0] * m.groups // m.out_channels
-            m.out_channels = m.weight.shape[0]
-            m.in_channels = m.weight.shape[1] * m.groups
-        else:
-            m.out_features, m.in_features = m.weight.shape[0], m.weight.shape[1]
-        # the weight is zero outside its mask and the guard keeps it so: the forward can use
-        # it as it is, which MaskedLayer records as it records an all-ones mask
-        caches(m)["_ones"] = stamp(m.weight_mask)
-        self.layers[name] = m
-
-    def _slice_units(self, name: str, m: UnitModule, kept: dict[str, Tensor]) -> None:
-        units = self.own.get(m.group, kept[m.group])
-        if m.group in self.own and int(units.sum()) < int(kept[m.group].sum()):
-            stream = expand_units(kept[m.group], m.unit_size)
-            mine = expand_units(units, m.unit_size)
-            m.register_forward_hook(_Scatter((stream.cumsum(0) - 1)[mine], int(stream.sum())))
-        # the copy's units are all alive (its unit mask is cut to them where any died)
-        if bool(units.all()):
+            return
+        self.index |= {f"{name}.{key}" if name else key: cut for key, cut in cuts.items()}
+        if isinstance(m, MaskedLayer):
+            # zero outside its mask, as it trains, and the guard keeps it so: the forward can
+            # use the weight as it is, which MaskedLayer records as it records an all-ones mask
+            trains = m.weight_mask.bool() & ~m.frozen
+            m.weight.data.mul_(m.weight_mask)
+            m.frozen = ~trains  # what the guard keeps
+            self.trains[name] = trains
+            caches(m)["_ones"] = stamp(m.weight_mask)
+            self.layers[name] = m
+        elif isinstance(m, UnitModule):  # the copy's units are all alive
             m.note_units(True)
             self.groups.setdefault(m.group, []).append(m)
-            return
-        entries = expand_units(units, m.entries_per_unit).nonzero().flatten()
-        per_entry = m.weight.numel()
-        for key, t in list(m.named_parameters(recurse=False)) + list(
-            m.named_buffers(recurse=False)
-        ):
-            if key == "unit_mask":
-                self._cut(name, m, key, Cut((units.nonzero().flatten(),)))
-            elif t.dim() == 1 and t.numel() == per_entry:
-                self._cut(name, m, key, Cut((entries,)))
-        width = m.weight.numel()
-        if isinstance(m, TaskGroupNorm):
-            per_group = per_entry // m.num_groups
-            if width % per_group:
-                raise SlimUnsupported(f"GroupNorm {name!r} loses part of a group")
-            m.num_groups, m.num_channels = width // per_group, width
-        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.num_features = width
-        m.note_units(True)
-        self.groups.setdefault(m.group, []).append(m)
 
     def cut_names(self) -> frozenset[str]:
         """The copy's tensors cut from the supernet's (what its structure narrows)."""

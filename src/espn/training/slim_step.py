@@ -11,12 +11,13 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
+from espn.layers.base import WHOLE, Cut, take
+from espn.layers.conv2d import MaskedConv2d
 from espn.methods.base import Phase, Strategy
 from espn.settings.training import OptimizerSettings
-from espn.supernet.layers import MaskedConv2d
 from espn.supernet.supernet import Supernet
 from espn.training.optim import FrozenGuard, TaskOptimizer
-from espn.training.slim_net import WHOLE, Cut, SlimNet, SlimUnsupported, put, take
+from espn.training.slim_net import SlimNet, SlimUnsupported, put
 
 #: largest difference allowed between the slim copy's and the supernet's logits on a check
 #: batch, relative to the largest logit (at least 1): float32 rounding of sums in another order
