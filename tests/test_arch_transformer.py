@@ -428,18 +428,52 @@ def test_unsupported_models_are_refused_in_one_line(model, message):
     assert message in text and "\n" not in text
 
 
-@pytest.mark.parametrize("builder", ["swin_t", "swin_v2_t"])
-def test_swin_window_attention_is_refused_in_one_line_naming_it(builder):
-    """torchvision's Swin computes window attention with a relative position bias (V1) or a
-    logit scale (V2) of its own: refused before anything else, naming the module."""
-    import torchvision
+def _small_swin(v2: bool) -> nn.Module:
+    from torchvision.models import swin_transformer as swin
 
-    model = getattr(torchvision.models, builder)(num_classes=3)
+    more = {"block": swin.SwinTransformerBlockV2, "downsample_layer": swin.PatchMergingV2}
+    return swin.SwinTransformer(
+        [2, 2], 16, [2, 1], [2, 4], [2, 2], num_classes=3, **(more if v2 else {})
+    )
+
+
+def test_torchvision_swin_wraps_with_its_window_attention_kept_whole():
+    """torchvision's Swin (V1, small): its window attention (``F.linear`` on its projections'
+    weights, a relative position bias table of its own) is kept whole with the stream, the
+    MLPs are pruned; wrap itself proves the FLOPs and a random task's slim copy."""
+    sn = espn.wrap(_small_swin(v2=False), torch.zeros(2, 3, 16, 16))
+    assert sn.group_sizes == {
+        "features.0.0": 1,
+        "features.1.0.mlp.0": 64,
+        "features.1.1.mlp.0": 64,
+        "features.3.0.mlp.0": 128,
+    }
+
+
+def test_attention_normalising_q_and_k_is_kept_whole_with_its_stream():
+    """timm's ``Attention(qk_norm=True)``: q and k cut from ``qkv`` and normalised by
+    LayerNorms of the module: its channels and the stream are one unit never pruned, the
+    LayerNorms' parameters per task; wrap proves the FLOPs and a random task's slim copy."""
+    from timm.layers import Attention
+
+    model = QkvSplit()
+    model.attn = Attention(16, 4, qk_norm=True, norm_layer=nn.LayerNorm)
+    model.fc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    sn = espn.wrap(model, torch.randn(2, 3, 32, 32))
+    assert sn.group_sizes == {"patches": 1, "fc.0": 32}  # the MLP's hidden features pruned
+    assert isinstance(sn.model.attn.q_norm, TaskLayerNorm)
+
+
+def test_swin_v2_attention_is_refused_in_one_line_naming_it():
+    """torchvision's Swin V2 clones its qkv bias to zero the k part at every call: refused
+    before anything else, naming the layer and the function."""
     with pytest.raises(EspnError) as info:
-        espn.wrap(model, torch.zeros(2, 3, 32, 32))
+        espn.wrap(_small_swin(v2=True), torch.zeros(2, 3, 16, 16))
     text = str(info.value)
-    assert text.startswith("module 'features.1.0.attn' (ShiftedWindowAttention")
-    assert "Swin's window attention" in text and "\n" not in text
+    assert text.startswith(
+        "forward() computes torch.Tensor.clone on the weights of 'features.1.0.attn.qkv'"
+    )
+    assert "\n" not in text
 
 
 def test_vit_refuses_inputs_it_cannot_cut_into_patches():

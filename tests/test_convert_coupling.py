@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 import espn
 from espn.export.slim import slim_copy
+from espn.layers.parameters import TaskParameters
 from espn.models.convert import ConvertError
 from helpers.constructs import CONSTRUCTS
 
@@ -48,7 +49,7 @@ class InputConcat(nn.Module):
 
 class ScaledShuffle(nn.Module):
     """ShuffleNet's split and shuffle with a layer scale on the shuffled channels: a bare
-    parameter on channels kept whole."""
+    parameter on channels kept whole (held per task, never cut)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -126,7 +127,6 @@ class ChannelMLP(nn.Module):
     ("model", "layer", "construct"),
     [
         (InputConcat, "layer 'mix'", "3 of its 11 channels come from no layer"),
-        (ScaledShuffle, "module 'gamma'", "channels kept whole (never pruned: a channel split"),
         (SplitProjection, "layer 'proj'", "splitting a feature map"),
         (TokenConv, "layer 'tokens'", "supported across the token axis: nn.Linear"),
     ],
@@ -238,3 +238,9 @@ def test_a_concatenation_is_read_as_its_members_unit_groups_in_order() -> None:
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(slim(x), model(x, task=0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_scale_on_channels_kept_whole_is_held_per_task_and_never_cut() -> None:
+    sn = espn.wrap(ScaledShuffle(), IMAGE)  # wrap's checks: FLOPs and a random task's slim copy
+    held = next(m for m in sn.model.modules() if isinstance(m, TaskParameters))
+    assert held.targets == ["gamma"] and held.groups == [None]

@@ -106,6 +106,82 @@ class FunctionalWeight(nn.Module):
         return F.linear(x.mean(1), self.fc.weight, self.fc.bias)
 
 
+class WindowAttention(nn.Module):
+    """Swin's (shifted) window attention as torchvision writes it, on an NHWC map: windows of
+    ``window`` x ``window`` tokens, shifted by ``torch.roll`` with a mask, the projections'
+    weights passed to ``F.linear``, q, k and v cut into heads, and a per-head relative
+    position bias table indexed by a fixed buffer, added to the attention logits."""
+
+    def __init__(self, dim: int, heads: int, window: int = 2, shift: int = 0) -> None:
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.heads, self.window, self.shift = heads, window, shift
+        self.bias_table = nn.Parameter(0.02 * torch.randn((2 * window - 1) ** 2, heads))
+        grid = torch.stack(torch.meshgrid(*[torch.arange(window)] * 2, indexing="ij")).flatten(1)
+        rel = (grid[:, :, None] - grid[:, None, :]).permute(1, 2, 0) + window - 1
+        self.register_buffer("index", rel[..., 0] * (2 * window - 1) + rel[..., 1])
+
+    def _windows(self, x: Tensor) -> Tensor:
+        b, h, w, c = x.shape
+        s = self.window
+        return x.view(b, h // s, s, w // s, s, c).transpose(2, 3).reshape(-1, s * s, c)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, h, w, c = x.shape
+        s, n, shift = self.window, self.heads, self.shift
+        x = self._windows(torch.roll(x, (-shift, -shift), (1, 2)))
+        qkv = F.linear(x, self.qkv.weight, self.qkv.bias).reshape(len(x), s * s, 3, n, c // n)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        attn = (q * (c // n) ** -0.5) @ k.transpose(-2, -1)
+        attn = attn + self.bias_table[self.index].permute(2, 0, 1)
+        # tokens rolled in from the other side of the map attend only to their own region
+        rows, cols = (
+            (torch.arange(m, device=x.device) >= m - s).long()
+            + (torch.arange(m, device=x.device) >= m - shift).long()
+            for m in (h, w)
+        )
+        region = self._windows((rows[:, None] * 3 + cols[None, :]).view(1, h, w, 1).float())
+        mask = (region != region.transpose(1, 2)).to(attn) * -100.0  # (windows, s*s, s*s)
+        attn = (attn.view(b, -1, n, s * s, s * s) + mask[None, :, None]).view_as(attn)
+        x = (attn.softmax(-1) @ v).transpose(1, 2).reshape(len(x), s * s, c)
+        x = F.linear(x, self.proj.weight, self.proj.bias)
+        x = x.view(b, h // s, w // s, s, s, c).transpose(2, 3).reshape(b, h, w, c)
+        return torch.roll(x, (shift, shift), (1, 2))
+
+
+class SwinBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, shift: int) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), WindowAttention(dim, heads, shift=shift)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class Swin(nn.Module):
+    """Swin: a patch conv, an NHWC map with LayerNorms on its last axis, a block of window
+    attention and one of shifted windows, PatchMerging (a cat of 4 strided slices on the
+    channel axis, a LayerNorm and a Linear 4C -> 2C), a block, a pooled classifier."""
+
+    def __init__(self, channels: int = 3, patch: int = 4, classes: int = CLASSES) -> None:
+        super().__init__()
+        self.patches = nn.Conv2d(channels, 16, patch, stride=patch)
+        self.norm = nn.LayerNorm(16)
+        self.blocks = nn.Sequential(SwinBlock(16, 2, 0), SwinBlock(16, 2, 1))
+        self.merge_norm, self.reduction = nn.LayerNorm(64), nn.Linear(64, 32, bias=False)
+        self.last = SwinBlock(32, 4, 0)
+        self.final_norm, self.fc = nn.LayerNorm(32), nn.Linear(32, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.blocks(self.norm(self.patches(x).permute(0, 2, 3, 1)))
+        parts = [x[:, i::2, j::2] for j in (0, 1) for i in (0, 1)]
+        x = self.last(self.reduction(self.merge_norm(torch.cat(parts, -1))))
+        return self.fc(self.final_norm(x).mean((1, 2)))
+
+
 class LayerScale(nn.Module):
     """ConvNeXt/CaiT: a per-channel parameter multiplying a residual branch elementwise."""
 
@@ -343,5 +419,6 @@ CONSTRUCTS: dict[str, tuple[Callable[[], nn.Module], Tensor]] = {
     "convnext": (ConvNeXt, _IMAGE),
     "conv-head": (ConvHead, _IMAGE),
     "two-heads": (TwoHeads, _IMAGE),
+    "swin": (Swin, _IMAGE),
     "embedding": (Embedding, torch.zeros(2, 12, dtype=torch.long)),
 }

@@ -56,7 +56,7 @@ class LayerNormAdapter(LayerAdapter):
         assert isinstance(m, nn.LayerNorm)
         if place.norm_group is None:
             raise ConvertError(f"LayerNorm {place.name!r} does not follow any linear or conv layer")
-        out = TaskLayerNorm(int(m.normalized_shape[0]), place.norm_group, eps=m.eps)
+        out = TaskLayerNorm(int(m.normalized_shape[0]), place.norm_group, m.eps, place.norm_unit)
         if m.weight is not None:
             out.weight.copy_(m.weight)
         if m.bias is not None:

@@ -251,7 +251,7 @@ def _placements(
     coupling: Coupling,
     multi_head: bool,
     task_affine: bool,
-) -> tuple[dict[str, Placement], dict[str, str]]:
+) -> tuple[dict[str, Placement], dict[str, str | None]]:
     """Where each layer goes (see :func:`_place`), and the bare parameters the unit groups
     adopt (with their group)."""
     places = {
@@ -265,7 +265,7 @@ def _placements(
         )
         for name in modules
     }
-    adopted: dict[str, str] = {}
+    adopted: dict[str, str | None] = {}
     for g in coupling.groups:
         if not set(heads) & set(g.producers):  # the classes: never pruned
             adopted |= _place(model, example, g, places, modules, bare, successor)
@@ -280,10 +280,10 @@ def _place(
     modules: dict[str, nn.Module],
     bare: dict[str, nn.Parameter],
     successor: dict[str, nn.Module | None],
-) -> dict[str, str]:
+) -> dict[str, str | None]:
     """Name unit group ``g`` after its first producer and place its layers in it (gating the
     producers whose dead channels nothing else silences); returns the bare parameters it
-    adopts, with its name."""
+    adopts, with its name (None: a group kept whole, whose parameters are never cut)."""
     if not g.producers:
         raise ConvertError(
             f"the channels of {(g.attentions + g.norms + g.consumers)[0]!r} come from no "
@@ -325,7 +325,7 @@ def _place(
         bias = getattr(modules[name], "bias", None) is not None
         if not g.norms or (bias and not absorbed):
             place.gated = True
-    return {name: g.name for name in g.params + g.scale_params}
+    return {name: None if g.fixed else g.name for name in g.params + g.scale_params}
 
 
 def _concatenations(
@@ -373,7 +373,7 @@ def _concatenations(
 
 
 def _hold_parameters(
-    model: nn.Module, bare: dict[str, nn.Parameter], adopted: dict[str, str]
+    model: nn.Module, bare: dict[str, nn.Parameter], adopted: dict[str, str | None]
 ) -> None:
     """Make the adopted bare parameters per-task state: one :class:`TaskParameters` on the
     model registers them (the model keeps reading them where they are)."""

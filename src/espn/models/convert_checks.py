@@ -40,25 +40,36 @@ def module_flops(model: nn.Module, example: Tensor) -> dict[str, int]:
 
 def check_flops_counted(measured: dict[str, int], model: nn.Module, example: Tensor) -> None:
     """Refuse converted ``model`` unless espn's dense count equals ``measured`` (the user's
-    model, :func:`module_flops`), naming the deepest module whose FLOPs differ."""
+    model, :func:`module_flops`), naming the deepest module whose FLOPs differ. A module
+    whose layers' channels are all kept whole (one unit: never pruned) costs what it
+    measured: its products (Swin's window attention) are noted as its ``espn_products``."""
     from espn.supernet.supernet import Supernet  # it imports the layers
 
     sn = Supernet(model, example)
     if measured[""] == sn.dense_flops:
         return
-    counted: dict[str, float] = dict.fromkeys(measured, 0.0)
-    for cost in sn.costs:
-        flops = cost.flops(sn.widths)
-        for path in counted:
-            if path == "" or cost.name == path or cost.name.startswith(f"{path}."):
-                counted[path] += flops
-    wrong = [p for p in measured if measured[p] != counted[p]]
+    costs = [(c.name, c.flops(sn.widths)) for c in sn.costs]
+
+    def counted(path: str) -> float:
+        inside = (f for n, f in costs if path in ("", n) or n.startswith(f"{path}."))
+        return sum(inside)
+
+    for path in sorted(measured, key=lambda p: -p.count(".")):
+        layers = [m for n, m in sn.layers.items() if n.startswith(f"{path}.")]
+        sides = [g for m in layers for g in (m.in_units, m.out_units) if g is not None]
+        extra = measured[path] - counted(path)
+        if path and extra > 0 and layers and all(sn.widths[g] == 1 for g in sides):
+            model.get_submodule(path).espn_products = extra  # type: ignore[assignment]
+            costs.append((path, extra))
+    wrong = [p for p in measured if measured[p] != counted(p)]
+    if not wrong:
+        return
     depth = max(p.count(".") + bool(p) for p in wrong)
     path = next(p for p in wrong if p.count(".") + bool(p) == depth)  # the first called
     where = f"module {path!r}" if path else "forward()"
     raise ConvertError(
         f"{where} costs {measured[path]} FLOPs per sample (FlopCounterMode) but espn counts "
-        f"{counted[path]:.0f}: it multiplies by something that is not a layer's weight (a "
+        f"{counted(path):.0f}: it multiplies by something that is not a layer's weight (a "
         "hand-written attention's q @ k, a bare parameter used as a weight), which espn could "
         "neither count nor prune; supported: weights in nn.Linear/nn.Conv layers, attention "
         "in nn.MultiheadAttention, nn.TransformerEncoderLayer or a module of its own holding "

@@ -69,15 +69,6 @@ def _qkv_pairs(model: nn.Module, linears: dict[str, nn.Linear]) -> dict[str, tup
                 module = model.get_submodule(owner)
                 if not owner or type(module).__module__.startswith("torch."):
                     continue
-                own = [n for n, _ in module.named_parameters(recurse=False)]
-                if own:
-                    raise TokenConvertError(
-                        f"module {owner!r} ({type(module).__name__}) computes attention with "
-                        f"{a!r} and {b!r} and parameters of its own ({', '.join(own)}), as "
-                        "Swin's window attention with its relative position bias or logit "
-                        "scale: not supported (espn converts attention over all tokens holding "
-                        "only a qkv and an output projection)"
-                    )
                 held = {id(p) for n in (a, b) for p in linears[n].parameters()}
                 if {id(p) for p in module.parameters()} == held:
                     pairs[owner] = (a, b)

@@ -49,7 +49,7 @@ class Group:
     in_unit: dict[str, int] = field(default_factory=dict)
     norm_unit: dict[str, int] = field(default_factory=dict)
     name: str = ""
-    #: channels kept whole (see :func:`_keeps_whole` and :func:`_fixed_group`)
+    #: channels kept whole (see :func:`_fixed` and :func:`_fixed_group`)
     fixed: bool = False
 
 
@@ -80,22 +80,51 @@ def _regroups(node: tp.Node) -> bool:
 
 
 def _fixed(
-    graph: tp.DependencyGraph, groups: list[list[tuple[tp.Dependency, list[int]]]]
+    graph: tp.DependencyGraph,
+    groups: list[list[tuple[tp.Dependency, list[int]]]],
+    names: dict[nn.Module, str],
 ) -> list[bool]:
     """Which of Torch-Pruning's ``groups`` are kept whole: those with a node that
-    :func:`_keeps_whole`, and those sharing a layer's side with a kept one (a reader of a
+    :func:`_keeps_whole`; those cut into parts within a module (:func:`_cut_in_module`) with
+    the other sides of their layers (the stream, whose width such a module may read from its
+    input's shape); those sharing a layer's side with a kept one (a reader of a
     concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups
     ]
-    fixed = [any(_keeps_whole(dep.target) for dep, _ in items) for items in groups]
+    kept: set[tuple[object, bool]] = set()
+    for items, held in zip(groups, sides, strict=True):
+        if _cut_in_module(graph, items, names):
+            kept |= held | {(m, not out) for m, out in held if m in names}
+        elif any(_keeps_whole(dep.target) for dep, _ in items):
+            kept |= held
+    fixed = [bool(held & kept) for held in sides]
     while True:
         kept = set().union(*(held for held, f in zip(sides, fixed, strict=True) if f))
         grown = [f or bool(held & kept) for held, f in zip(sides, fixed, strict=True)]
         if grown == fixed:
             return fixed
         fixed = grown
+
+
+def _cut_in_module(
+    graph: tp.DependencyGraph,
+    items: list[tuple[tp.Dependency, list[int]]],
+    names: dict[nn.Module, str],
+) -> bool:
+    """Whether a linear layer inside a module of the user's own (not the model itself) reads
+    a projection's outputs cut into parts: a reshape moves them to another axis of its input,
+    or it reads a part of them (heads, or q, k and v, cut from ``qkv``)."""
+    size = len(items[0][1])
+    for dep, idxs in items:
+        m = dep.target.module
+        if m in names and "." in names[m] and adapter(m).token_outputs:
+            out = graph.is_out_channel_pruning_fn(dep.handler)
+            width = adapter(m).width(m, out)
+            if len(idxs) > width or (not out and len(idxs) == width < size):
+                return True
+    return False
 
 
 def _keeps_whole(node: tp.Node) -> bool:
@@ -200,7 +229,7 @@ def couple(
     repeats: dict[str, int] = {}
     scales: set[str] = set()
     found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
-    for items, fixed in zip(found, _fixed(graph, found), strict=True):
+    for items, fixed in zip(found, _fixed(graph, found, names), strict=True):
         tokens = set() if fixed else token_sides(model, example, graph, items, names, modules)
         if (names.get(items[0][0].target.module), True) in tokens:
             items = channel_rooted(graph, items, names, tokens)
@@ -465,16 +494,17 @@ def _fixed_group(members: list[Group], modules: dict[str, nn.Module]) -> Group:
     """The unit group of the channels kept whole (:func:`_fixed`): one unit holding all
     channels of its producers and norms, so that the pruner, which keeps one unit of every
     group, never removes them; readers take all their inputs (no input group), so where a
-    split or shuffle moved a channel does not matter."""
+    split or shuffle moved a channel does not matter, and bare parameters are never cut."""
     group = Group(size=1, fixed=True)
     for part in members:
-        held = part.attentions + part.params + part.scale_params
-        if held:
+        if part.attentions:
             raise ConvertError(
-                f"module {held[0]!r} works on channels kept whole (never pruned: a channel "
-                "split or shuffle passes them on, or a GroupNorm of one group normalises them), "
-                "which is not supported; supported there: conv and linear layers and their norms"
+                f"module {part.attentions[0]!r} works on channels kept whole (never pruned: "
+                "a channel split or shuffle passes them on, a GroupNorm of one group normalises "
+                "them, or a module cuts them into parts), which is not supported; supported "
+                "there: conv and linear layers, their norms and bare parameters"
             )
+        group.params += part.params + part.scale_params
         for name in part.producers + part.norms:
             units = group.out_unit if name in part.producers else group.norm_unit
             units.setdefault(name, adapter(modules[name]).width(modules[name], True))

@@ -72,7 +72,19 @@ class AttentionCost:
         return self.per_head * alive[self.group]
 
 
-Cost = LayerCost | AttentionCost
+@dataclass
+class ProductCost:
+    """The products of a module whose layers' channels are kept whole (Swin's window
+    attention), as ``FlopCounterMode`` measured them per sample at wrap (``espn_products``)."""
+
+    name: str
+    per_sample: float
+
+    def flops(self, alive: dict[str, int]) -> float:
+        return self.per_sample
+
+
+Cost = LayerCost | AttentionCost | ProductCost
 
 
 def layer_cost(name: str, m: nn.Module, out: Tensor, batch: int) -> LayerCost | None:
@@ -122,11 +134,13 @@ def run_eval(
 def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     """Run ``example_input`` (a batch) through ``model`` and record what every costed module
     costs per sample: a masked layer's or task head's output positions (:func:`layer_cost`),
-    a self-attention module's pairs of tokens."""
+    a self-attention module's pairs of tokens, a module's products on channels kept whole."""
     costs: dict[str, Cost] = {}
     hooks = []
     batch = len(example_input)
     for name, module in model.named_modules():
+        if hasattr(module, "espn_products"):
+            costs[name] = ProductCost(name, module.espn_products)
         if not isinstance(module, MaskedLayer | TaskHead | MaskedAttention):
             continue
 
@@ -140,8 +154,8 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
         hooks.append(module.register_forward_hook(hook))
     run_eval(model, example_input, hooks)
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
-    # attention's activation products first, then the layers (the order they were listed in)
-    return sorted(costs.values(), key=lambda c: (not isinstance(c, AttentionCost), order[c.name]))
+    # activation products first, then the layers (the order they were listed in)
+    return sorted(costs.values(), key=lambda c: (isinstance(c, LayerCost), order[c.name]))
 
 
 def count_flops(costs: list[Cost], alive: dict[str, int]) -> float:
@@ -165,6 +179,7 @@ def unit_flops(costs: list[Cost], alive: dict[str, int], load: str = "output") -
     for c in costs:
         if isinstance(c, AttentionCost):  # a head's QK^T and AV: part of computing its output
             out[c.group] += c.per_head
+        if not isinstance(c, LayerCost):
             continue
         per_pair = c.per_pair(alive)
         if c.out_units:

@@ -105,9 +105,9 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
     weight: nn.Parameter
     bias: nn.Parameter
 
-    def __init__(self, n: int, group: str, eps: float = 1e-5) -> None:
+    def __init__(self, n: int, group: str, eps: float = 1e-5, unit_size: int = 1) -> None:
         super().__init__(n, eps=eps)
-        self._init_units(group, n)
+        self._init_units(group, n, unit_size)
         self.affine = True
 
     def forward(self, x: Tensor) -> Tensor:
@@ -136,7 +136,7 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
         """The same normalisation written with the unit mask as a tensor (no Python value
         read from it): what a compiled graph computes, which a prune event's in-place mask
         update must not force to recompile."""
-        mask = self.unit_mask.to(x.dtype)
+        mask = expand_units(self.unit_mask, self.unit_size).to(x.dtype)
         count = mask.sum().clamp_min(1.0)
         mean = (x * mask).sum(-1, keepdim=True) / count
         centred = (x - mean) * mask
