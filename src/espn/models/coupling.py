@@ -13,7 +13,13 @@ from torch import Tensor, nn
 from espn.layers import ConvertError, layer_types
 from espn.layers.parameters import channel_axis
 from espn.models.convert_tokens import TokenConvertError, check_stream_sources
-from espn.models.probe import adapter, channel_rooted, check_flatten_order, token_sides
+from espn.models.probe import (
+    adapter,
+    channel_rooted,
+    check_flatten_order,
+    failed_after,
+    token_sides,
+)
 
 if TYPE_CHECKING:
     import torch_pruning as tp
@@ -357,31 +363,10 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
             return graph
     except Exception as exc:  # Torch-Pruning fails on reshapes it cannot map
         raise ConvertError(
-            f"the channels {_failed_after(model, exc)} cannot be followed through forward() "
+            f"the channels {failed_after(model, exc)} cannot be followed through forward() "
             f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
             "regroups channels otherwise than a split or shuffle is not supported"
         ) from None
-
-
-def _failed_after(model: nn.Module, exc: Exception) -> str:
-    """``of 'NAME'``: the layer nearest before the graph node Torch-Pruning failed on (read
-    from its traceback), or ``of <model class>``."""
-    node, tb = None, exc.__traceback__
-    while tb is not None:
-        node = tb.tb_frame.f_locals.get("node", node)
-        tb = tb.tb_next
-    names = {id(m): n for n, m in model.named_modules() if n}
-    seen: set[int] = set()
-    frontier = [node] if node is not None else []
-    while frontier:
-        n = frontier.pop(0)
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if id(getattr(n, "module", None)) in names:
-            return f"after {names[id(n.module)]!r}"
-        frontier.extend(getattr(n, "inputs", []))
-    return f"of {type(model).__name__}"
 
 
 def _check_grouped_input(
