@@ -6,7 +6,9 @@ hand-written research-style models, each with 4 classes at a small input (32x32 
 accepts it, else the smallest of :data:`SIZES` it runs at), goes through:
 
 1. ``espn.wrap`` (an ``EspnError`` here is the verdict *refused*, with espn's one-line reason);
-2. ESPN at gamma 0.5 for 2 tiny synthetic tasks (64 training samples each, one pass a phase);
+2. ESPN at gamma 0.5 for 2 tiny synthetic tasks (64 training samples each, one pass a phase),
+   or, for a model no sub-network of which costs that little, at the smallest FLOPs ratio it
+   can reach rounded up (plus 0.01), named in the row's notes;
 3. task 0's logits after task 1, bit for bit against those before it (else *broken: forgetting*);
 4. the export of each task (``.pt2``), run at batch 1 and 3 against its outputs at the checked
    batch (a shape of the example baked in fails here);
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -429,10 +432,22 @@ def check(entry: Entry, settings: Settings) -> dict[str, Any]:
             sn = espn.wrap(model, x)
         except EspnError as exc:
             return done("refused", stage=stage, reason=one_line(exc))
+        gamma = max(settings.gamma, math.ceil(sn.floor_ratio() * 100) / 100 + 0.01)
+        if gamma > settings.gamma:  # checked at the cheapest budget it can reach, and said so
+            row["gamma"] = gamma
+            row["note"] = "; ".join(
+                filter(
+                    None,
+                    [
+                        row["note"],
+                        f"gamma {gamma:g}: the cheapest it can be is {sn.floor_ratio():.3f}",
+                    ],
+                )
+            )
         learner = espn.ContinualLearner(
             sn,
             "espn",
-            gamma=settings.gamma,
+            gamma=gamma,
             epochs=(1, 1, 1),
             optimizer="sgd",
             lr=0.01,

@@ -62,11 +62,7 @@ class TaskRunner:
         gamma = self.strategy.cfg.gamma
         if not self.strategy.uses_gamma or gamma >= 1.0:
             return
-        # the smallest ratio unit pruning reaches: the pruner never empties a layer, and a
-        # union of groups (a residual stream) keeps one unit when its members keep the same one
-        sn = self.supernet
-        one = {g: torch.arange(n) == 0 for g, n in sn.group_sizes.items()}
-        floor = sn.flops(one) / max(sn.dense_flops, 1)
+        floor = self.supernet.floor_ratio()
         if gamma < floor:
             raise ConfigError(
                 f"gamma {gamma:g} is below the smallest FLOPs ratio model "

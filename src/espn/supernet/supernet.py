@@ -239,6 +239,12 @@ class Supernet(nn.Module):
         """FLOPs of the active sub-network, or of the given unit masks (see ``espn.supernet.flops``)."""
         return count_flops(self.costs, self.alive_widths(units))
 
+    def floor_ratio(self) -> float:
+        """The smallest FLOPs ratio unit pruning reaches: the pruner never empties a layer, and
+        a union of groups (a residual stream) keeps one unit when its members keep the same one."""
+        one = {g: torch.arange(n) == 0 for g, n in self.group_sizes.items()}
+        return self.flops(one) / max(self.dense_flops, 1)
+
     def unit_flops(self, load: str = "output") -> dict[str, float]:
         """FLOP_l(m): the FLOPs one unit of each group carries in the active sub-network
         (``load``: see :func:`espn.supernet.flops.unit_flops`). What the readers of a union
