@@ -16,7 +16,7 @@ from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import cut_units, kept, module_outputs, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
-from espn.layers.parameters import TaskParameters, channel_axis
+from espn.layers.parameters import TaskParameters, TaskTokens, channel_axis
 from espn.supernet.flops import run_eval
 from espn.supernet.layers import (
     MaskedLayer,
@@ -30,7 +30,6 @@ from espn.supernet.layers import (
     with_unions,
 )
 from espn.supernet.supernet import Supernet
-from espn.supernet.transformer import TaskTokens
 
 __all__ = ["ExportError", "fold_batchnorm", "plain_copy", "slim_copy"]
 

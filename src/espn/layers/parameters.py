@@ -1,5 +1,6 @@
 """Bare per-feature parameters of a model (a hand-written ViT's class token, a layer scale),
-held per task by one :class:`TaskParameters` module; see docs/transformers.md."""
+held per task by one :class:`TaskParameters` module, and the task tokens of espn's own ViT
+(:class:`TaskTokens`); see docs/transformers.md."""
 
 from __future__ import annotations
 
@@ -51,3 +52,32 @@ class TaskParameters(TaskSpecific):
 
     def forward(self, x: Tensor) -> Tensor:
         raise RuntimeError("TaskParameters holds parameters the model reads; it is not called")
+
+
+class TaskTokens(TaskSpecific):
+    """Prepends a class token and adds position embeddings, both owned by the active task (no
+    task changes another's; no FLOPs). ``group``: the unit group of the ``dim`` features
+    (the residual stream), whose pruned features the slim model drops from them."""
+
+    def __init__(self, tokens: int, dim: int, group: str | None) -> None:
+        super().__init__()
+        self.group = group
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, tokens + 1, dim))
+        self.reset_task(0)
+
+    def reset_task(self, n_classes: int) -> None:
+        with torch.no_grad():
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1) + self.pos_embed
+
+    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
+        """:meth:`forward` on the features ``alive`` of the stream alone (None: all)."""
+        if alive is None:
+            return self.forward(x)
+        cls = self.cls_token.index_select(-1, alive).expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1) + self.pos_embed.index_select(-1, alive)

@@ -9,19 +9,14 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
+from espn.layers.attention import MaskedAttention
+from espn.layers.base import TokenGate, alive_index, hooked
 from espn.layers.conv2d import MaskedConv2d
+from espn.layers.layernorm import TaskLayerNorm
+from espn.layers.linear import MaskedLinear, alive_linear, gated, model_head
+from espn.layers.parameters import TaskTokens
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedLinear, TaskHead, model_head
-from espn.supernet.transformer import (
-    MaskedAttention,
-    TaskLayerNorm,
-    TaskTokens,
-    TokenGate,
-    alive_index,
-    alive_linear,
-    gated,
-    hooked,
-)
+from espn.supernet.layers import TaskHead
 
 STREAM = "stream"
 
