@@ -16,7 +16,7 @@ from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import cut_units, kept, module_outputs, param
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
-from espn.layers.parameters import TaskParameters, TaskTokens, channel_axis
+from espn.layers.parameters import TaskParameters, TaskTokens, kept_features
 from espn.supernet.flops import run_eval
 from espn.supernet.layers import (
     MaskedLayer,
@@ -305,8 +305,7 @@ def _cut_parameter(
     ``group`` (all where ``units`` is None: a full-width copy)."""
     value: Tensor = model.get_parameter(target)
     keep = None if units is None else kept(units, group, 1)
-    if keep is not None:
-        value = value.index_select(channel_axis(value), keep.to(value.device))
+    value = kept_features(value, keep)
     parent, _, leaf = target.rpartition(".")
     setattr(model.get_submodule(parent), leaf, param(value))
 

@@ -21,6 +21,7 @@ from espn.layers.base import (
     cut_units,
     holding,
     register,
+    take,
 )
 from espn.supernet.layers import UnitModule, expand_units
 
@@ -52,13 +53,12 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
         return cast(Tensor, _Features.apply(out, alive, x.shape[-1]))
 
     def alive_norm(self, x: Tensor, alive: Tensor | None) -> Tensor:
-        """The normalisation of ``x``, the features ``alive`` alone (``alive`` as
-        :meth:`alive_features` gives them; None: the whole width), at those features: what
-        :meth:`forward` computes there from the whole width."""
-        if alive is None:
-            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-        weight, bias = self.weight.index_select(0, alive), self.bias.index_select(0, alive)
-        return F.layer_norm(x, (alive.numel(),), weight, bias, self.eps)
+        """The normalisation of ``x``, the features ``alive`` alone (as :func:`alive_index`
+        gives them; None: the whole width), at those features: what :meth:`forward` computes
+        there from the whole width."""
+        shape = self.normalized_shape if alive is None else (alive.numel(),)
+        cut = Cut((alive,))
+        return F.layer_norm(x, shape, take(self.weight, cut), take(self.bias, cut), self.eps)
 
     def masked_norm(self, x: Tensor) -> Tensor:
         """The same normalisation written with the unit mask as a tensor (no Python value

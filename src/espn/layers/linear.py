@@ -10,7 +10,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
-from espn.layers.base import Cut, Placement, TokenGate, WeightAdapter, holding, hooked, register
+from espn.layers.base import (
+    Cut,
+    Placement,
+    TokenGate,
+    WeightAdapter,
+    holding,
+    hooked,
+    register,
+    take,
+)
 from espn.supernet.fast import is_on
 from espn.supernet.layers import MaskedLayer, TaskBias, TaskHead
 
@@ -77,19 +86,15 @@ def alive_linear(
 ) -> Tensor:
     """``layer``'s map from the input features ``inputs`` (``x`` holds just those; None: all)
     to the output features ``outputs`` (None: all), ``gate`` folded into its rows (see
-    :func:`gated`): cut from the masked weight, so the gradient flows as in its forward."""
-    weight = layer.masked_weight()
-    if inputs is not None:
-        weight = weight.index_select(1, inputs)
-    if outputs is not None:
-        weight = weight.index_select(0, outputs)
+    :func:`gated`): taken from the masked weight at the cut its slice takes, so the gradient
+    flows as in its forward."""
+    weight = take(layer.masked_weight(), Cut((outputs, inputs), tuple(layer.weight.shape)))
     if gate is None or gate.is_identity():
         return F.linear(x, weight)
+    rows = Cut((outputs,))
     scale, shift = gate.feature_affine()
-    if outputs is not None:
-        scale = scale.index_select(0, outputs)
-        shift = None if shift is None else shift.index_select(0, outputs)
-    return F.linear(x, weight * scale.unsqueeze(1), shift)
+    shift = None if shift is None else take(shift, rows)
+    return F.linear(x, weight * take(scale, rows).unsqueeze(1), shift)
 
 
 @register

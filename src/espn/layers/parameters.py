@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from espn.layers.base import Cut, take
 from espn.supernet.layers import TaskSpecific
 
 
@@ -15,6 +16,15 @@ def channel_axis(p: Tensor) -> int:
     than one element (a token's ``(1, 1, D)``, a layer scale's ``(C, 1, 1)``), as
     Torch-Pruning prunes such a parameter."""
     return max((i for i, n in enumerate(p.shape) if n != 1), default=p.dim() - 1)
+
+
+def kept_features(p: Tensor, keep: Tensor | None) -> Tensor:
+    """Bare parameter ``p`` at the features ``keep`` of its :func:`channel_axis` (None: all,
+    ``p`` itself): the one cut of such a parameter, for the slim export and the ViT's step on
+    its alive features alike."""
+    index: list[Tensor | None] = [None] * p.dim()
+    index[channel_axis(p)] = keep
+    return take(p, Cut(tuple(index)))
 
 
 class TaskParameters(TaskSpecific):
@@ -71,13 +81,7 @@ class TaskTokens(TaskSpecific):
             nn.init.trunc_normal_(self.cls_token, std=0.02)
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
-    def forward(self, x: Tensor) -> Tensor:
-        cls = self.cls_token.expand(x.shape[0], -1, -1)
-        return torch.cat([cls, x], dim=1) + self.pos_embed
-
-    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
-        """:meth:`forward` on the features ``alive`` of the stream alone (None: all)."""
-        if alive is None:
-            return self.forward(x)
-        cls = self.cls_token.index_select(-1, alive).expand(x.shape[0], -1, -1)
-        return torch.cat([cls, x], dim=1) + self.pos_embed.index_select(-1, alive)
+    def forward(self, x: Tensor, alive: Tensor | None = None) -> Tensor:
+        """The tokens of ``x`` (which holds the stream's features ``alive`` alone; None: all)."""
+        cls = kept_features(self.cls_token, alive).expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1) + kept_features(self.pos_embed, alive)

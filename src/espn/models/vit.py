@@ -10,7 +10,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
 from espn.layers.attention import MaskedAttention
-from espn.layers.base import TokenGate, alive_index, hooked
+from espn.layers.base import Cut, TokenGate, alive_index, hooked, take
 from espn.layers.conv2d import MaskedConv2d
 from espn.layers.layernorm import TaskLayerNorm
 from espn.layers.linear import MaskedLinear, alive_linear, gated, model_head
@@ -124,18 +124,13 @@ class ViT(nn.Module):
         assert isinstance(embed, MaskedConv2d) and isinstance(norm, TaskLayerNorm)
         assert isinstance(self.head, TaskHead)
         alive = alive_index(norm)
-        weight = embed.masked_weight()
-        if alive is not None:
-            weight = weight.index_select(0, alive)
-        x = self.tokens.alive_forward(
-            embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2), alive
-        )
+        weight = take(embed.masked_weight(), Cut((alive,)))
+        x = self.tokens(embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2), alive)
         for block in self.blocks:
             assert isinstance(block, Block)
             x = block.alive_forward(x, alive)
         x = norm.alive_norm(x, alive)[:, 0]
-        head = self.head.weight if alive is None else self.head.weight.index_select(1, alive)
-        return F.linear(x, head, self.head.bias)
+        return F.linear(x, take(self.head.weight, Cut((None, alive))), self.head.bias)
 
     def carries_alive_units(self) -> bool:
         """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in
