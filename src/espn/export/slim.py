@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import cut_units, kept, module_outputs, param
+from espn.layers.base import Cut, cut_units, kept, module_outputs, param, take
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
 from espn.layers.parameters import TaskParameters, TaskTokens, kept_features
@@ -179,8 +179,7 @@ def _affine(
     assert isinstance(m, TaskBias)
     bias: Tensor = m.bias
     if units and isinstance(m, TaskChannelBias) and isinstance(layer, MaskedLayer):
-        keep = kept(units, layer.out_units, layer.out_unit_size)
-        bias = bias if keep is None else bias[keep.to(bias.device)]
+        bias = take(bias, Cut((kept(units, layer.out_units, layer.out_unit_size),)))
     return None, bias
 
 
