@@ -77,6 +77,15 @@ def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
     return cast(Tensor, gate(layer(x)))
 
 
+def alive_weight(layer: nn.Module, inputs: Tensor | None, outputs: Tensor | None) -> Tensor:
+    """``layer``'s weight (masked, for a masked layer) at the rows of its output features
+    ``outputs`` and the columns of its input features ``inputs`` (None: all), the cut its
+    slice takes, from the tensor its forward reads: the gradient flows as there."""
+    weight = layer.masked_weight() if isinstance(layer, MaskedLayer) else layer.weight
+    assert isinstance(weight, Tensor)
+    return take(weight, Cut((outputs, inputs), tuple(weight.shape)))
+
+
 def alive_linear(
     layer: MaskedLinear,
     x: Tensor,
@@ -86,9 +95,8 @@ def alive_linear(
 ) -> Tensor:
     """``layer``'s map from the input features ``inputs`` (``x`` holds just those; None: all)
     to the output features ``outputs`` (None: all), ``gate`` folded into its rows (see
-    :func:`gated`): taken from the masked weight at the cut its slice takes, so the gradient
-    flows as in its forward."""
-    weight = take(layer.masked_weight(), Cut((outputs, inputs), tuple(layer.weight.shape)))
+    :func:`gated`), its weight from :func:`alive_weight`."""
+    weight = alive_weight(layer, inputs, outputs)
     if gate is None or gate.is_identity():
         return F.linear(x, weight)
     rows = Cut((outputs,))

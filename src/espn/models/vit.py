@@ -10,10 +10,10 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
 from espn.layers.attention import MaskedAttention
-from espn.layers.base import Cut, TokenGate, alive_index, hooked, take
+from espn.layers.base import TokenGate, alive_index, hooked
 from espn.layers.conv2d import MaskedConv2d
 from espn.layers.layernorm import TaskLayerNorm
-from espn.layers.linear import MaskedLinear, alive_linear, gated, model_head
+from espn.layers.linear import MaskedLinear, alive_linear, alive_weight, gated, model_head
 from espn.layers.parameters import TaskTokens
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import TaskHead
@@ -124,13 +124,13 @@ class ViT(nn.Module):
         assert isinstance(embed, MaskedConv2d) and isinstance(norm, TaskLayerNorm)
         assert isinstance(self.head, TaskHead)
         alive = alive_index(norm)
-        weight = take(embed.masked_weight(), Cut((alive,)))
+        weight = alive_weight(embed, None, alive)
         x = self.tokens(embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2), alive)
         for block in self.blocks:
             assert isinstance(block, Block)
             x = block.alive_forward(x, alive)
         x = norm.alive_norm(x, alive)[:, 0]
-        return F.linear(x, take(self.head.weight, Cut((None, alive))), self.head.bias)
+        return F.linear(x, alive_weight(self.head, alive, None), self.head.bias)
 
     def carries_alive_units(self) -> bool:
         """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in
