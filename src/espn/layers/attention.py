@@ -38,6 +38,7 @@ class MaskedAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = head_dim or dim // heads
+        #: the heads' unit group (``espn.supernet.flops`` counts a module with one as attention)
         self.heads_group = heads_group
         width = heads * self.head_dim
         self.q = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
