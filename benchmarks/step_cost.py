@@ -58,10 +58,11 @@ from espn.data.tasks import Split, Task
 from espn.layers.batchnorm2d import TaskBatchNorm2d
 from espn.layers.conv2d import MaskedConv2d, conv_padding, conv_pair
 from espn.layers.groupnorm import TaskGroupNorm
+from espn.layers.layernorm import TaskLayerNorm
+from espn.layers.linear import MaskedLinear
 from espn.models.registry import ModelSpec, build_supernet
 from espn.supernet import Supernet
-from espn.supernet.layers import MaskedLinear, TaskHead, UnitGate
-from espn.supernet.transformer import TaskLayerNorm
+from espn.supernet.layers import TaskHead, UnitGate
 from espn.training.callbacks import Callback, EpochEnd
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig, TaskOptimizer, build_optimizer

@@ -17,10 +17,12 @@ from espn.errors import EspnError
 from espn.evaluation import task_logits
 from espn.export.export import export_task, exported, measured_flops
 from espn.export.slim import ExportError, plain_copy, slim_copy
+from espn.layers.attention import MaskedAttention
+from espn.layers.base import TokenGate
+from espn.layers.layernorm import TaskLayerNorm
 from espn.methods import METHODS
 from espn.runs.config import make_config
 from espn.supernet import Supernet
-from espn.supernet.transformer import MaskedAttention, TaskLayerNorm, TokenGate
 from espn.training import Engine, OptimConfig
 from helpers.arch import assert_resumes_exactly
 from helpers.constructs import QkvAttention, QkvSplit

@@ -11,8 +11,8 @@ from torch import Tensor, nn
 
 import espn
 from espn.export.export import load_exported, measured_flops
+from espn.layers.layernorm import TaskLayerNorm
 from espn.models.convert import ConvertError
-from espn.supernet.transformer import TaskLayerNorm
 from helpers.arch import OPTIMIZERS, check_two_tasks
 from helpers.deploy import tiny_sequence
 

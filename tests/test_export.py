@@ -18,12 +18,12 @@ from espn.cli.main import app
 from espn.evaluation.metrics import task_logits
 from espn.export.export import export_task, exported, onnx_available
 from espn.export.slim import ExportError, fold_batchnorm, plain_copy, slim_copy
+from espn.layers.linear import MaskedLinear
 from espn.models.convert_checks import random_units
 from espn.models.fc import FCNet, fc1024
 from espn.models.registry import ModelSpec
 from espn.runs.loading import load_run
 from espn.supernet import (
-    MaskedLinear,
     Supernet,
     TaskHead,
     UnitGate,

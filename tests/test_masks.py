@@ -7,7 +7,8 @@ import torch
 
 from espn.layers.batchnorm2d import TaskBatchNorm2d
 from espn.layers.conv2d import MaskedConv2d
-from espn.supernet import MaskedLinear, TaskMask, pack_bits, unpack_bits
+from espn.layers.linear import MaskedLinear
+from espn.supernet import TaskMask, pack_bits, unpack_bits
 from espn.supernet.layers import MaskedLayer
 
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from espn.api.experiment import run_experiment
+from espn.layers.linear import MaskedLinear
 from espn.methods.base import METHODS, MethodConfig, Strategy
 from espn.runs.config import make_config
 from espn.supernet import Supernet, fast
-from espn.supernet.layers import MaskedLayer, MaskedLinear
+from espn.supernet.layers import MaskedLayer
 from espn.training.callbacks import Callback, EpochStart
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig

@@ -13,10 +13,10 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import cut_units, kept, module_outputs, param
+from espn.layers.base import Cut, cut_units, kept, module_outputs, param, take
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
-from espn.layers.parameters import TaskParameters, channel_axis
+from espn.layers.parameters import TaskParameters, TaskTokens, kept_features
 from espn.supernet.flops import run_eval
 from espn.supernet.layers import (
     MaskedLayer,
@@ -30,7 +30,6 @@ from espn.supernet.layers import (
     with_unions,
 )
 from espn.supernet.supernet import Supernet
-from espn.supernet.transformer import TaskTokens
 
 __all__ = ["ExportError", "fold_batchnorm", "plain_copy", "slim_copy"]
 
@@ -180,8 +179,7 @@ def _affine(
     assert isinstance(m, TaskBias)
     bias: Tensor = m.bias
     if units and isinstance(m, TaskChannelBias) and isinstance(layer, MaskedLayer):
-        keep = kept(units, layer.out_units, layer.out_unit_size)
-        bias = bias if keep is None else bias[keep.to(bias.device)]
+        bias = take(bias, Cut((kept(units, layer.out_units, layer.out_unit_size),)))
     return None, bias
 
 
@@ -306,8 +304,7 @@ def _cut_parameter(
     ``group`` (all where ``units`` is None: a full-width copy)."""
     value: Tensor = model.get_parameter(target)
     keep = None if units is None else kept(units, group, 1)
-    if keep is not None:
-        value = value.index_select(channel_axis(value), keep.to(value.device))
+    value = kept_features(value, keep)
     parent, _, leaf = target.rpartition(".")
     setattr(model.get_submodule(parent), leaf, param(value))
 

@@ -12,7 +12,8 @@ from espn.inference.outputs import InferenceError, TaskOutputs
 from espn.inference.rule import RULES, Rule
 from espn.inference.statistics import entropy
 from espn.layers.conv2d import MaskedConv2d
-from espn.supernet.layers import MaskedLinear, TaskHead
+from espn.layers.linear import MaskedLinear
+from espn.supernet.layers import TaskHead
 from espn.supernet.supernet import Supernet
 
 

@@ -13,18 +13,18 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from espn.errors import EspnError
+from espn.layers.attention import MaskedAttention
 from espn.layers.base import call_hooked
+from espn.layers.linear import MaskedLinear
 from espn.supernet import fast
 from espn.supernet.layers import (
     MaskedLayer,
-    MaskedLinear,
     TaskHead,
     expand_units,
     is_costed,
     with_unions,
 )
 from espn.supernet.supernet import Supernet
-from espn.supernet.transformer import MaskedAttention
 
 
 class InferenceError(EspnError, ValueError):

@@ -3,11 +3,74 @@ of their own group (docs/architectures.md, "Layers"; docs/transformers.md)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from espn.layers.base import ConvertError, LayerAdapter, Placement, register
-from espn.supernet.transformer import MaskedAttention
+from espn.layers.base import (
+    ConvertError,
+    LayerAdapter,
+    Placement,
+    TokenGate,
+    alive_index,
+    register,
+)
+from espn.layers.linear import MaskedLinear, alive_linear, gated
+
+
+class MaskedAttention(nn.Module):
+    """Multi-head self-attention on ``(B, N, D)`` tokens whose units are its heads: a head is
+    one unit of ``heads_group``, its ``head_dim`` rows of the masked q, k, v and columns of
+    ``proj`` (docs/transformers.md), scaled by a :class:`TokenGate` on v. The head count is
+    read from the tensors, so the traced graph runs unchanged with fewer heads."""
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        heads_group: str,
+        in_units: str | None,
+        head_dim: int | None = None,
+        task_affine: bool = False,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim or dim // heads
+        #: the heads' unit group (``espn.supernet.flops`` counts a module with one as attention)
+        self.heads_group = heads_group
+        width = heads * self.head_dim
+        self.q = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
+        self.k = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
+        self.v = MaskedLinear(dim, width, in_units, heads_group, out_unit_size=self.head_dim)
+        self.gate = TokenGate(heads, heads_group, affine=task_affine, unit_size=self.head_dim)
+        self.proj = MaskedLinear(width, dim, heads_group, in_units, in_unit_size=self.head_dim)
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.attn_drop = nn.Dropout(dropout)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Each head's attention of ``q`` to ``k`` over ``v`` (``(B, N, heads * head_dim)``
+        each), the heads' outputs side by side."""
+        b, n, width = v.shape
+        shape = (b, n, width // self.head_dim, self.head_dim)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        attn = F.softmax(torch.matmul(q * self.scale, k.transpose(-2, -1)), dim=-1)
+        attn = self.attn_drop(attn)
+        return torch.matmul(attn, v).transpose(1, 2).reshape(b, n, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.attend(self.q(x), self.k(x), gated(self.v, self.gate, x)))
+
+    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
+        """:meth:`forward` on the features ``alive`` of its input stream alone (``x`` holds
+        just those; None: all), giving those of its output, through the alive heads alone
+        (a dead head adds exactly nothing to the whole-width forward)."""
+        heads = alive_index(self.gate)
+        q = alive_linear(self.q, x, alive, heads)
+        k = alive_linear(self.k, x, alive, heads)
+        v = alive_linear(self.v, x, alive, heads, self.gate)
+        return alive_linear(self.proj, self.attend(q, k, v), heads, alive)
 
 
 class MaskedSelfAttention(MaskedAttention):

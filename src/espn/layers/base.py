@@ -7,13 +7,15 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 from torch.utils.hooks import RemovableHandle
 
 from espn.errors import EspnError
+from espn.supernet.fast import memo
 from espn.supernet.layers import (
     MaskedLayer,
     TaskBias,
@@ -106,6 +108,24 @@ def holding(module: nn.Module, weight: Tensor, bias: Tensor | None = None) -> nn
     return module.to(device=weight.device, dtype=weight.dtype)
 
 
+def hooked(m: nn.Module) -> bool:
+    """Whether a forward hook would see ``m``'s call (its own or a global one)."""
+    return bool(
+        m._forward_hooks
+        or m._forward_pre_hooks
+        or _global_forward_hooks
+        or _global_forward_pre_hooks
+    )
+
+
+class TokenGate(UnitGate):
+    """A :class:`UnitGate` scaling the last dimension (token features; docs/transformers.md);
+    one unit spans ``unit_size`` features."""
+
+    def feature_shape(self, x: Tensor) -> tuple[int, ...]:
+        return (-1,)
+
+
 class Cut:
     """Where a slice of a tensor sits in the whole: the kept indices of each leading dimension
     (None: all of it). A matrix cut along both dimensions also has its kept entries' flat
@@ -155,6 +175,14 @@ def kept(units: dict[str, Tensor], group: str | None, size: int) -> Tensor | Non
     (None: every feature, alive or not prunable)."""
     alive = None if group is None else expand_units(units[group], size)
     return None if alive is None or bool(alive.all()) else alive.nonzero().flatten()
+
+
+def alive_index(m: UnitModule) -> Tensor | None:
+    """:func:`kept` for unit module ``m``'s group, read from its ``unit_mask`` once per change
+    of it (a host read at a prune event or a task switch, never in a step)."""
+    mask = m.unit_mask
+    index = memo(m, "_alive", mask, lambda: kept({m.group: mask}, m.group, m.unit_size))
+    return cast(Tensor | None, index)
 
 
 def narrow(m: nn.Module, cuts: dict[str, Cut]) -> dict[str, Cut]:
@@ -309,8 +337,6 @@ class WeightAdapter(LayerAdapter):
             return nn.Sequential(layer, scale_bias)
         if place.gated:
             assert place.out_group is not None
-            from espn.supernet.transformer import TokenGate
-
             gate_type = TokenGate if place.tokens else UnitGate
             units = self.width(m, True) // place.out_unit
             gate = gate_type(

@@ -5,7 +5,10 @@ full-width plain copy)."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.layers.base import (
@@ -14,11 +17,87 @@ from espn.layers.base import (
     ExportError,
     LayerAdapter,
     Placement,
+    alive_index,
     cut_units,
     holding,
     register,
+    take,
 )
-from espn.supernet.transformer import TaskLayerNorm
+from espn.supernet.layers import UnitModule, expand_units
+
+
+class TaskLayerNorm(nn.LayerNorm, UnitModule):
+    """LayerNorm over the last dimension with per-task affine parameters (always affine) and
+    statistics over the alive features of its group alone, as the slim model's ``nn.LayerNorm``
+    computes them (docs/transformers.md); a pruned feature outputs exactly zero."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter
+
+    def __init__(self, n: int, group: str, eps: float = 1e-5, unit_size: int = 1) -> None:
+        super().__init__(n, eps=eps)
+        self._init_units(group, n, unit_size)
+        self.affine = True
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return self.masked_norm(x)
+        alive = alive_index(self)
+        if alive is None:
+            return self.alive_norm(x, None)
+        if alive.numel() == 0:
+            return self.masked_norm(x)  # every feature pruned: zeros
+        # the alive features gathered, normalised as the slim model's LayerNorm does, and put
+        # back at their places among zeros (a pruned feature outputs exactly zero)
+        out = self.alive_norm(_Features.apply(x, alive, None), alive)
+        return cast(Tensor, _Features.apply(out, alive, x.shape[-1]))
+
+    def alive_norm(self, x: Tensor, alive: Tensor | None) -> Tensor:
+        """The normalisation of ``x``, the features ``alive`` alone (as :func:`alive_index`
+        gives them; None: the whole width), at those features: what :meth:`forward` computes
+        there from the whole width."""
+        shape = self.normalized_shape if alive is None else (alive.numel(),)
+        cut = Cut((alive,))
+        return F.layer_norm(x, shape, take(self.weight, cut), take(self.bias, cut), self.eps)
+
+    def masked_norm(self, x: Tensor) -> Tensor:
+        """The same normalisation written with the unit mask as a tensor (no Python value
+        read from it): what a compiled graph computes, which a prune event's in-place mask
+        update must not force to recompile."""
+        mask = expand_units(self.unit_mask, self.unit_size).to(x.dtype)
+        count = mask.sum().clamp_min(1.0)
+        mean = (x * mask).sum(-1, keepdim=True) / count
+        centred = (x - mean) * mask
+        var = (centred * centred).sum(-1, keepdim=True) / count
+        return centred * torch.rsqrt(var + self.eps) * (self.weight * mask) + self.bias * mask
+
+
+class _Features(torch.autograd.Function):
+    """The features ``index`` of the last dimension of ``x`` (``width`` None), or ``x``'s
+    features put at places ``index`` of a last dimension of ``width`` among zeros; the
+    backward is the other. A gather and a scatter: half the time of ``index_select``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, index: Tensor, width: int | None) -> Tensor:
+        ctx.save_for_backward(index)
+        ctx.width = x.shape[-1]
+        return _move_features(x, index, width)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> tuple[Tensor | None, None, None]:
+        (index,) = ctx.saved_tensors
+        (grad,) = grads
+        back = ctx.width if grad.shape[-1] == index.numel() else None
+        return _move_features(grad, index, back), None, None
+
+
+def _move_features(x: Tensor, index: Tensor, width: int | None) -> Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    where = index.expand(rows.shape[0], -1)
+    if width is None:
+        return torch.gather(rows, 1, where).view(*x.shape[:-1], index.numel())
+    out = rows.new_zeros(rows.shape[0], width).scatter_(1, where, rows)
+    return out.view(*x.shape[:-1], width)
 
 
 def channel_layer_norm(norm: nn.Module) -> nn.Sequential:

@@ -3,11 +3,106 @@ is the task head (one per task, or one shared masked head plus a per-task bias).
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor, nn
+from typing import cast
 
-from espn.layers.base import Cut, Placement, WeightAdapter, holding, register
-from espn.supernet.layers import MaskedLinear, TaskHead
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+
+from espn.layers.base import (
+    Cut,
+    Placement,
+    TokenGate,
+    WeightAdapter,
+    holding,
+    hooked,
+    register,
+    take,
+)
+from espn.supernet.fast import is_on
+from espn.supernet.layers import MaskedLayer, TaskBias, TaskHead
+
+
+class MaskedLinear(nn.Linear, MaskedLayer):
+    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask; unit
+    ``c`` of ``in_units`` owns the ``k = in_unit_size`` inputs ``c*k ... (c+1)*k - 1`` (a
+    ``(C, H, W)`` feature map flattened, ``k = H*W``)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        in_units: str | None = None,
+        out_units: str | None = None,
+        in_unit_size: int = 1,
+        out_unit_size: int = 1,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.masked_weight())
+
+
+def model_head(
+    in_features: int, n_classes: int, in_units: str | None, multi_head: bool, task_bias: bool
+) -> nn.Module:
+    """A :class:`TaskHead` per task with ``multi_head``, else a head shared by every task and
+    masked like the other layers; with ``task_bias`` (beyond the paper) each task adds its
+    own output bias."""
+    if multi_head:
+        return TaskHead(in_features, n_classes, in_units)
+    head = MaskedLinear(in_features, n_classes, in_units=in_units)
+    return nn.Sequential(head, TaskBias(n_classes)) if task_bias else nn.Sequential(head)
+
+
+def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
+    """``gate(layer(x))``; on the fast path, in a training step of a masked linear layer and a
+    token gate, one linear map whose weight rows the gate scales (its shift the bias), as the
+    slim export folds it: a pass over the weights instead of several over every token. Not
+    where anything could tell: traced, hooked, or a gate that is the identity."""
+    if (
+        is_on()
+        and not is_fx_symbolic_tracing()
+        and isinstance(layer, MaskedLinear)
+        and isinstance(gate, TokenGate)
+        and layer.training
+        and torch.is_grad_enabled()
+        and not hooked(layer)
+        and not hooked(gate)
+        and not gate.is_identity()
+    ):
+        return alive_linear(layer, x, gate=gate)
+    return cast(Tensor, gate(layer(x)))
+
+
+def alive_weight(layer: nn.Module, inputs: Tensor | None, outputs: Tensor | None) -> Tensor:
+    """``layer``'s weight (masked, for a masked layer) at the rows of its output features
+    ``outputs`` and the columns of its input features ``inputs`` (None: all), the cut its
+    slice takes, from the tensor its forward reads: the gradient flows as there."""
+    weight = layer.masked_weight() if isinstance(layer, MaskedLayer) else layer.weight
+    assert isinstance(weight, Tensor)
+    return take(weight, Cut((outputs, inputs), tuple(weight.shape)))
+
+
+def alive_linear(
+    layer: MaskedLinear,
+    x: Tensor,
+    inputs: Tensor | None = None,
+    outputs: Tensor | None = None,
+    gate: TokenGate | None = None,
+) -> Tensor:
+    """``layer``'s map from the input features ``inputs`` (``x`` holds just those; None: all)
+    to the output features ``outputs`` (None: all), ``gate`` folded into its rows (see
+    :func:`gated`), its weight from :func:`alive_weight`."""
+    weight = alive_weight(layer, inputs, outputs)
+    if gate is None or gate.is_identity():
+        return F.linear(x, weight)
+    rows = Cut((outputs,))
+    scale, shift = gate.feature_affine()
+    shift = None if shift is None else take(shift, rows)
+    return F.linear(x, weight * take(scale, rows).unsqueeze(1), shift)
 
 
 @register

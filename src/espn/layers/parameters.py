@@ -1,11 +1,13 @@
 """Bare per-feature parameters of a model (a hand-written ViT's class token, a layer scale),
-held per task by one :class:`TaskParameters` module; see docs/transformers.md."""
+held per task by one :class:`TaskParameters` module, and the task tokens of espn's own ViT
+(:class:`TaskTokens`); see docs/transformers.md."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from espn.layers.base import Cut, take
 from espn.supernet.layers import TaskSpecific
 
 
@@ -14,6 +16,15 @@ def channel_axis(p: Tensor) -> int:
     than one element (a token's ``(1, 1, D)``, a layer scale's ``(C, 1, 1)``), as
     Torch-Pruning prunes such a parameter."""
     return max((i for i, n in enumerate(p.shape) if n != 1), default=p.dim() - 1)
+
+
+def kept_features(p: Tensor, keep: Tensor | None) -> Tensor:
+    """Bare parameter ``p`` at the features ``keep`` of its :func:`channel_axis` (None: all,
+    ``p`` itself): the one cut of such a parameter, for the slim export and the ViT's step on
+    its alive features alike."""
+    index: list[Tensor | None] = [None] * p.dim()
+    index[channel_axis(p)] = keep
+    return take(p, Cut(tuple(index)))
 
 
 class TaskParameters(TaskSpecific):
@@ -51,3 +62,26 @@ class TaskParameters(TaskSpecific):
 
     def forward(self, x: Tensor) -> Tensor:
         raise RuntimeError("TaskParameters holds parameters the model reads; it is not called")
+
+
+class TaskTokens(TaskSpecific):
+    """Prepends a class token and adds position embeddings, both owned by the active task (no
+    task changes another's; no FLOPs). ``group``: the unit group of the ``dim`` features
+    (the residual stream), whose pruned features the slim model drops from them."""
+
+    def __init__(self, tokens: int, dim: int, group: str | None) -> None:
+        super().__init__()
+        self.group = group
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, tokens + 1, dim))
+        self.reset_task(0)
+
+    def reset_task(self, n_classes: int) -> None:
+        with torch.no_grad():
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def forward(self, x: Tensor, alive: Tensor | None = None) -> Tensor:
+        """The tokens of ``x`` (which holds the stream's features ``alive`` alone; None: all)."""
+        cls = kept_features(self.cls_token, alive).expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1) + kept_features(self.pos_embed, alive)

@@ -6,8 +6,9 @@ import math
 
 from torch import Tensor, nn
 
+from espn.layers.linear import MaskedLinear, model_head
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedLinear, UnitGate, model_head
+from espn.supernet.layers import UnitGate
 
 
 class FCNet(nn.Module):

@@ -11,9 +11,9 @@ from torch import Tensor, nn
 
 from espn.layers.batchnorm2d import TaskBatchNorm2d
 from espn.layers.conv2d import MaskedConv2d
+from espn.layers.linear import model_head
 from espn.models.checks import image_channels
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import model_head
 
 
 def conv_bn(

@@ -9,19 +9,14 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
+from espn.layers.attention import MaskedAttention
+from espn.layers.base import TokenGate, alive_index, hooked
 from espn.layers.conv2d import MaskedConv2d
+from espn.layers.layernorm import TaskLayerNorm
+from espn.layers.linear import MaskedLinear, alive_linear, alive_weight, gated, model_head
+from espn.layers.parameters import TaskTokens
 from espn.models.registry import MODELS, ModelSpec
-from espn.supernet.layers import MaskedLinear, TaskHead, model_head
-from espn.supernet.transformer import (
-    MaskedAttention,
-    TaskLayerNorm,
-    TaskTokens,
-    TokenGate,
-    alive_index,
-    alive_linear,
-    gated,
-    hooked,
-)
+from espn.supernet.layers import TaskHead
 
 STREAM = "stream"
 
@@ -129,18 +124,13 @@ class ViT(nn.Module):
         assert isinstance(embed, MaskedConv2d) and isinstance(norm, TaskLayerNorm)
         assert isinstance(self.head, TaskHead)
         alive = alive_index(norm)
-        weight = embed.masked_weight()
-        if alive is not None:
-            weight = weight.index_select(0, alive)
-        x = self.tokens.alive_forward(
-            embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2), alive
-        )
+        weight = alive_weight(embed, None, alive)
+        x = self.tokens(embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2), alive)
         for block in self.blocks:
             assert isinstance(block, Block)
             x = block.alive_forward(x, alive)
         x = norm.alive_norm(x, alive)[:, 0]
-        head = self.head.weight if alive is None else self.head.weight.index_select(1, alive)
-        return F.linear(x, head, self.head.bias)
+        return F.linear(x, alive_weight(self.head, alive, None), self.head.bias)
 
     def carries_alive_units(self) -> bool:
         """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in

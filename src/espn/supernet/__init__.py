@@ -1,8 +1,7 @@
-"""The supernet, its masked layers, per-task masks and the analytic FLOP count."""
+"""The supernet, the base of its masked layers, per-task masks and the analytic FLOP count."""
 
 from espn.supernet.layers import (
     MaskedLayer,
-    MaskedLinear,
     TaskBias,
     TaskHead,
     UnitGate,
@@ -13,7 +12,6 @@ from espn.supernet.supernet import Supernet
 
 __all__ = [
     "MaskedLayer",
-    "MaskedLinear",
     "Supernet",
     "TaskBias",
     "TaskHead",

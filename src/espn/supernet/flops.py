@@ -12,7 +12,6 @@ import torch
 from torch import Tensor, nn
 
 from espn.supernet.layers import MaskedLayer, TaskHead
-from espn.supernet.transformer import MaskedAttention
 
 
 @dataclass
@@ -141,11 +140,12 @@ def trace_costs(model: nn.Module, example_input: Tensor) -> list[Cost]:
     for name, module in model.named_modules():
         if hasattr(module, "espn_products"):
             costs[name] = ProductCost(name, module.espn_products)
-        if not isinstance(module, MaskedLayer | TaskHead | MaskedAttention):
+        # a self-attention module is one with heads as units (``heads_group``, ``head_dim``)
+        if not isinstance(module, MaskedLayer | TaskHead) and not hasattr(module, "heads_group"):
             continue
 
-        def hook(mod: nn.Module, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
-            if isinstance(mod, MaskedAttention):
+        def hook(mod: Any, inp: tuple[Tensor, ...], out: Tensor, name: str = name) -> None:
+            if hasattr(mod, "heads_group"):
                 pairs = len(inp[0]) * inp[0].shape[1] ** 2 // batch
                 costs[name] = AttentionCost(name, mod.heads_group, mod.head_dim, pairs)
             elif (cost := layer_cost(name, mod, out, batch)) is not None:

@@ -1,6 +1,7 @@
-"""Building blocks of a supernet: masked layers, whose weights all tasks share, and
-task-specific modules (gates, task norms, heads), swapped in with the active task. Units are
-named by *group*, *union* or *concatenation* of groups (docs/architectures.md).
+"""Building blocks of a supernet: the base of masked layers, whose weights all tasks share
+(each concrete one lives next to its adapter in :mod:`espn.layers`), and task-specific modules
+(gates, heads), swapped in with the active task. Units are named by *group*, *union* or
+*concatenation* of groups (docs/architectures.md).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from collections.abc import Callable, Mapping
 from typing import ClassVar, TypeGuard
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.supernet.fast import MaskCaches, UnitCaches, is_on
@@ -76,27 +76,6 @@ def with_unions(
 def expand_units(alive: Tensor, size: int) -> Tensor:
     """A per-unit vector repeated over the ``size`` consecutive features of each unit."""
     return alive if size == 1 else alive.repeat_interleave(size)
-
-
-class MaskedLinear(nn.Linear, MaskedLayer):
-    """``nn.Linear`` without bias whose weight is multiplied by the active task's mask; unit
-    ``c`` of ``in_units`` owns the ``k = in_unit_size`` inputs ``c*k ... (c+1)*k - 1`` (a
-    ``(C, H, W)`` feature map flattened, ``k = H*W``)."""
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        in_units: str | None = None,
-        out_units: str | None = None,
-        in_unit_size: int = 1,
-        out_unit_size: int = 1,
-    ) -> None:
-        super().__init__(in_features, out_features, bias=False)
-        self._init_masks(in_units, out_units, in_unit_size, out_unit_size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.masked_weight())
 
 
 class TaskSpecific(nn.Module, ABC):
@@ -293,7 +272,7 @@ class TaskHead(nn.Linear, TaskSpecific):
         super().__init__(in_features, n_classes)
         self.in_units = in_units
         self.out_units: str | None = None
-        #: inputs per unit of ``in_units`` (see :class:`MaskedLinear`)
+        #: inputs per unit of ``in_units`` (see :class:`MaskedLayer`)
         self.in_unit_size = in_unit_size
         self.out_unit_size = 1
 
@@ -312,15 +291,3 @@ class TaskHead(nn.Linear, TaskSpecific):
 def is_costed(module: nn.Module) -> TypeGuard[MaskedLayer | TaskHead]:
     """Layers whose FLOPs the supernet counts: masked layers and task heads (conv ones too)."""
     return isinstance(module, MaskedLayer | TaskHead)
-
-
-def model_head(
-    in_features: int, n_classes: int, in_units: str | None, multi_head: bool, task_bias: bool
-) -> nn.Module:
-    """A :class:`TaskHead` per task with ``multi_head``, else a head shared by every task and
-    masked like the other layers; with ``task_bias`` (beyond the paper) each task adds its
-    own output bias."""
-    if multi_head:
-        return TaskHead(in_features, n_classes, in_units)
-    head = MaskedLinear(in_features, n_classes, in_units=in_units)
-    return nn.Sequential(head, TaskBias(n_classes)) if task_bias else nn.Sequential(head)

@@ -16,10 +16,10 @@ from torch import Tensor, nn
 from espn.errors import EspnError
 from espn.layers import ExportError, exported_adapter
 from espn.layers.base import Cut, cut_units, flat_path, kept
+from espn.layers.linear import MaskedLinear
 from espn.supernet.fast import caches, stamp
 from espn.supernet.layers import (
     MaskedLayer,
-    MaskedLinear,
     TaskBias,
     TaskHead,
     TaskSpecific,
