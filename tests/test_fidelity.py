@@ -23,6 +23,7 @@ from espn.runs.legacy import upgrade_saved_config
 from espn.runs.preflight import check_run
 from espn.supernet import Supernet
 from espn.supernet.pretrained import PretrainedError, adopt_pretrained, expected_shapes
+from espn.training.callbacks import Callback, StepEnd
 from espn.training.engine import Engine
 from espn.training.optim import OptimConfig
 from helpers.baseline import fc_small, make_engine, tiny_sequence
@@ -226,33 +227,26 @@ def test_warmup_trains_free_weights_only_with_a_ramp():
     model = fc_small(ModelSpec(seq.input_shape, 3, True))
     sn, strategy, engine = make_engine(model, seq, "packnet", epochs=(2, 1, 1), warmup=2, alpha=0.3)
     engine.train_task(seq.tasks[0], 0)
-    seen: list[tuple[bool, float]] = []
+    seen: list[bool] = []
+    rates: list[float] = []
     forward = strategy.forward
 
     def spy(supernet: Supernet, x: torch.Tensor) -> torch.Tensor:
-        uses_frozen = any(
-            bool((layer.weight_mask.bool() & layer.frozen).any()) for layer in sn.layers.values()
-        )
-        seen.append((uses_frozen, engine_lr[0]))
+        seen.append(any(bool((m.weight_mask.bool() & m.frozen).any()) for m in sn.layers.values()))
         return forward(supernet, x)
 
-    engine_lr = [0.0]
-    step = engine._step
-
-    def step_spy(optimizer, guard, phase, x, y, lr, own_lr, *rest):
-        engine_lr[0] = lr
-        return step(optimizer, guard, phase, x, y, lr, own_lr, *rest)
+    class Rates(Callback):
+        def on_step_end(self, learner: object, event: StepEnd) -> None:
+            rates.append(event.lr)
 
     strategy.forward = spy  # type: ignore[method-assign]
-    engine._step = step_spy  # type: ignore[method-assign]
+    engine.callbacks.append(Rates())
     engine.train_task(seq.tasks[1], 1)
     per_epoch = seq.tasks[1].num_batches("train", 16)
     warm, rest = seen[: 2 * per_epoch], seen[2 * per_epoch :]
-    assert not any(frozen for frozen, _ in warm)  # frozen weights out of the forward pass
-    assert all(frozen for frozen, _ in rest)
-    assert {lr for _, lr in warm[:per_epoch]} == {0.005} and {lr for _, lr in warm[per_epoch:]} == {
-        0.01
-    }
+    assert len(seen) == len(rates) and not any(warm)  # frozen weights out of the forward pass
+    assert all(rest)
+    assert set(rates[:per_epoch]) == {0.005} and set(rates[per_epoch : 2 * per_epoch]) == {0.01}
 
 
 def test_warmup_defaults_follow_the_recipes():

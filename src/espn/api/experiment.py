@@ -15,7 +15,7 @@ from espn.checkpoint.lock import run_lock
 from espn.data.tasks import TaskSequence
 from espn.runs.building import build_benchmark, build_supernet
 from espn.runs.checks import check_out_dir, clear_run
-from espn.runs.config import ConfigError, RunConfig, make_config
+from espn.runs.config import ConfigError, RunConfig, given_names, make_config
 from espn.runs.from_run import SourceRun, adopt_tasks, check_compatible, open_source
 from espn.runs.given import check_applicable
 from espn.runs.preflight import check_run
@@ -135,7 +135,7 @@ def run(
         )
     cfg = config if config is not None else make_config(**options)
     if config is None:
-        check_applicable(options, cfg)
+        check_applicable(given_names(options), cfg)
     return run_experiment(
         cfg,
         progress=progress,

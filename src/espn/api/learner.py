@@ -17,7 +17,7 @@ from espn.api.tasks import Report, TaskRunner, task_line
 from espn.data.tasks import Task, TaskSequence
 from espn.data.tensors import TaskData
 from espn.methods.base import METHODS, Strategy, declared_options
-from espn.runs.config import ConfigError, RunConfig, make_config
+from espn.runs.config import ConfigError, RunConfig, given_names, make_config
 from espn.runs.given import TRAINING_SETTINGS, check_applicable, check_names
 from espn.runs.loading import model_name
 from espn.runs.method import method_class
@@ -341,7 +341,7 @@ def _configure(
         else method_class(method, "method must be", ", a Strategy class or a built strategy")
     )
     try:
-        check_names(cls, settings)
+        check_names(cls, settings.keys())
     except ValueError as exc:
         raise checks.fail("settings", str(exc)) from None
     values = dict(settings)
@@ -372,7 +372,7 @@ def _configure(
         raise checks.ApiArgumentError(str(exc)) from None
     given = settings | (built.given if built is not None and built.given is not None else {})
     # options that would be ignored are refused
-    check_applicable({k: v for k, v in given.items() if k != "stream_pruning"}, cfg)
+    check_applicable(given_names(given) - {"stream_pruning"}, cfg)
     if built is not None and built.given is None:
         return built, cfg
     return cls(cfg.method_config()), cfg

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from espn.cli.options import WithOptions, flag
+from espn.cli.options import flag, with_run_options
 from espn.settings.training import DEFAULT_LOG_EVERY, MAX_COUNT, default
 from espn.utils.commands import (
     RUN_ALIAS,
@@ -22,6 +22,7 @@ from espn.utils.commands import (
     command_group,
     console,
     fail,
+    handle,
     run_directory,
     set_debug,
     user_errors,
@@ -99,7 +100,7 @@ def load_command(name: str) -> Any:
         command = typer.main.get_command(found)
     else:
         one = command_group()
-        one.command(name)(found)
+        one.command(name)(with_run_options(found) if name == "run" else found)
         command = typer.main.get_command(one)
     command.name = name
     return command
@@ -190,8 +191,6 @@ def interrupted_message(out: Path, ctx: typer.Context) -> str:
     return f"interrupted; {where}; continue with: {resume_command(ctx)}"
 
 
-@WithOptions
-@user_errors
 def run(
     ctx: typer.Context,
     progress: bool = typer.Option(
@@ -222,34 +221,51 @@ def run(
     **options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
-    from espn.cli import presets  # **options: RunConfig's fields, methods' options (cli.options)
+    # **options: RunConfig's fields and the methods' options (espn.cli.options); those left at
+    # their default are dropped, for a preset and the recipes to fill in
+    from espn.runs.config import make_config  # imports pydantic: once the command runs
+    from espn.runs.given import check_applicable
 
-    if log_every is not None and not (log or "").strip():
-        fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
-    cfg = presets.make_config_given(ctx, **options)
-    from espn.api.experiment import run_experiment  # imports torch: after the options are checked
-    from espn.runs.preflight import run_warnings
-    from espn.training.distributed import writes_files
-
-    for note in run_warnings(cfg):
-        warn(note)
-    echo = None if quiet else lambda line: console.print(printable(line), soft_wrap=True)
     try:
-        doc = run_experiment(
-            cfg,
-            progress=progress and not quiet,
-            on_task_end=echo,  # printable: task names come from the data
-            resume=resume,
-            overwrite=overwrite,
-            on_warning=warn,
-            loggers=[name.strip() for name in (log or "").split(",") if name.strip()],
-            log_every=log_every,
-            distributed=distributed,
-        )
-    except KeyboardInterrupt:
-        raise RunInterrupted(interrupted_message(cfg.out, ctx)) from None
-    if writes_files():  # a data-parallel rank other than 0: rank 0 reports
-        _report(doc, cfg.out, cfg.device if cfg.task_agnostic else None)
+        if log_every is not None and not (log or "").strip():
+            fail(
+                "--log-every sets how often the loggers of --log read the loss; add --log or "
+                "drop it"
+            )
+        given = {k: v for k, v in options.items() if not _defaulted(ctx, k)}
+        cfg = make_config(**given)
+        check_applicable(set(given), cfg)
+        from espn.api.experiment import run_experiment  # imports torch: after the checks
+        from espn.runs.preflight import run_warnings
+        from espn.training.distributed import writes_files
+
+        for note in run_warnings(cfg):
+            warn(note)
+        echo = None if quiet else lambda line: console.print(printable(line), soft_wrap=True)
+        try:
+            doc = run_experiment(
+                cfg,
+                progress=progress and not quiet,
+                on_task_end=echo,  # printable: task names come from the data
+                resume=resume,
+                overwrite=overwrite,
+                on_warning=warn,
+                loggers=[name.strip() for name in (log or "").split(",") if name.strip()],
+                log_every=log_every,
+                distributed=distributed,
+            )
+        except KeyboardInterrupt:
+            raise RunInterrupted(interrupted_message(cfg.out, ctx)) from None
+        if writes_files():  # a data-parallel rank other than 0: rank 0 reports
+            _report(doc, cfg.out, cfg.device if cfg.task_agnostic else None)
+    except BaseException as exc:  # the one error handler (see :func:`user_errors`)
+        handle(exc)
+
+
+def _defaulted(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was left at its default on the command line."""
+    source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
+    return source is not None and source.name in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _report(doc: dict[str, Any], out: Path, agnostic_device: str | None) -> None:

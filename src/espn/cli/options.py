@@ -3,7 +3,6 @@ an option a method declares (``Strategy.options``), so a new one is a flag with 
 
 from __future__ import annotations
 
-import functools
 import inspect
 import types
 import typing
@@ -84,22 +83,14 @@ def run_option_parameters() -> list[inspect.Parameter]:
     ]
 
 
-class WithOptions:
-    """A command callback whose signature, as typer reads it, is ``fn``'s own parameters plus one
-    per run option and method option registered then."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        functools.update_wrapper(self, fn)
-        self._fn = fn
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        own = inspect.signature(self._fn)
-        fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
-        context = [p for p in fixed if p.annotation in (typer.Context, "typer.Context")]
-        switches = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed if p not in context]
-        generated = run_option_parameters()
-        return own.replace(parameters=[*context, *generated, *switches])
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self._fn(**kwargs)
+def with_run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a command taking ``**options``) with the signature typer reads: its own
+    parameters plus one per run option and method option registered now."""
+    fn.__signature__ = None  # type: ignore[attr-defined]  # its own, not the last one given
+    own = inspect.signature(fn)
+    fixed = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    context = [p for p in fixed if p.annotation in (typer.Context, "typer.Context")]
+    switches = [p.replace(kind=p.KEYWORD_ONLY) for p in fixed if p not in context]
+    generated = run_option_parameters()
+    fn.__signature__ = own.replace(parameters=[*context, *generated, *switches])  # type: ignore[attr-defined]
+    return fn

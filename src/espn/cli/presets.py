@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import typer
 from rich.table import Table
 
-from espn.runs.config import RunConfig, make_config
-from espn.runs.given import check_applicable
 from espn.settings.presets import describe, load_preset, preset_names
 from espn.utils.commands import command_group, console, user_errors
 
@@ -39,17 +36,3 @@ def show(
     """Print the options preset NAME sets, as JSON: save it to a file, edit it and run it with
     `espn run --preset FILE.json`."""
     typer.echo(json.dumps(load_preset(name), indent=2))
-
-
-def make_config_given(ctx: typer.Context, **values: Any) -> RunConfig:
-    """``make_config`` from the options given on the command line (those left at their
-    default are dropped, for a preset and the recipes to fill in)."""
-
-    def defaulted(name: str) -> bool:
-        source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
-        return source is not None and source.name in ("DEFAULT", "DEFAULT_MAP")
-
-    given = {k: v for k, v in values.items() if k not in ctx.params or not defaulted(k)}
-    cfg = make_config(**given)
-    check_applicable(given, cfg)
-    return cfg

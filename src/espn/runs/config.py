@@ -72,6 +72,12 @@ def gather_method_options(
     return rest | {"method_options": given | {k: v for k, v in flat.items() if v is not None}}
 
 
+def given_names(values: dict[str, Any]) -> set[str]:
+    """The names of the options ``values`` gives (not None), methods' options among them."""
+    names = {k for k, v in values.items() if v is not None}
+    return names | {k for k, v in dict(values.get("method_options") or {}).items() if v is not None}
+
+
 class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 

@@ -5,7 +5,7 @@ accept (:func:`check_names`), and the options given that this run would ignore
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from espn.runs.config import ConfigError
 from espn.settings.methods import known_options
@@ -36,15 +36,14 @@ def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...
             )
 
 
-def check_applicable(given: dict[str, Any], cfg: RunConfig) -> None:
-    """Refuse options given explicitly that this run would ignore: ``reference_size`` with
-    ``step_floor`` off, ``stream_pruning`` on a model without the residual streams it builds,
-    a method's own options its other settings leave unused (:meth:`Strategy.check_given`)."""
+def check_applicable(names: set[str], cfg: RunConfig) -> None:
+    """Refuse options given explicitly (``names``: :func:`espn.runs.config.given_names`) that
+    this run would ignore: ``reference_size`` with ``step_floor`` off, ``stream_pruning`` on a
+    model without the residual streams it builds, a method's own options its other settings
+    leave unused (:meth:`Strategy.check_given`)."""
     from espn.methods.base import METHODS
     from espn.models.resnet import STREAM_MODELS
 
-    names = {k for k, v in given.items() if v is not None}
-    names |= {k for k, v in dict(given.get("method_options") or {}).items() if v is not None}
     if "reference_size" in names and not cfg.step_floor:
         raise ConfigError(
             "reference_size: the size rule is off (step_floor false, --no-step-floor), so "

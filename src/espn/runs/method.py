@@ -38,7 +38,7 @@ def create_method(name_or_class: str | type[Strategy], **settings: Any) -> Strat
 
 
 def _create(cls: type[Strategy], settings: dict[str, Any]) -> Strategy:
-    check_names(cls, settings, extra=("recipe",))
+    check_names(cls, settings.keys(), extra=("recipe",))
     own = cls.option_names()
     values = {"benchmark": "tensors", "method": cls.name, "recipe": "mnist"} | settings
     cfg = make_config(cls, **values)

@@ -32,13 +32,7 @@ from espn.training.callbacks import (
 from espn.training.capacity import TrainingStopped, check_capacity
 from espn.training.compile import StepCompiler
 from espn.training.distributed import Ranks, recalibrate, shard_count, sharded_step
-from espn.training.optim import (
-    FrozenGuard,
-    OptimConfig,
-    TaskOptimizer,
-    cosine_factor,
-    step_factor,
-)
+from espn.training.optim import FrozenGuard, TaskOptimizer
 from espn.training.plan import (
     TaskLog,
     TaskProgress,
@@ -318,10 +312,10 @@ class Engine:
         for x, y in t.task.batches("train", self.batch_size, True, self.generator):
             if at.step == plan.steps:
                 break
-            lr = self._lr(phase, epoch, plan.epochs, at.step, plan.steps)
-            own_lr = self._own_lr(t.optimizer.own_config, lr, t.done(), t.before[-1])
             optimizer, guard, net = copy.parts()
-            t.loss = self._step(optimizer, guard, phase, x, y, lr, own_lr, net)
+            clock = (t.done(), t.before[-1])
+            lr = optimizer.set_lr(phase, epoch, plan.epochs, at.step, plan.steps, clock)
+            t.loss = self._step(optimizer, guard, phase, x, y, net)
             finite &= torch.isfinite(t.loss)  # no sync: read once per epoch
             at.step += 1
             at.slim_steps += net is not None
@@ -375,29 +369,6 @@ class Engine:
         weights = optimizer.weights
         self.supernet.zero_pruned(None if weights is None else weights.state)
 
-    def _lr(self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int) -> float:
-        """The learning rate of a step of ``phase`` (see :class:`~espn.methods.base.Phase`)
-        that runs ``n_epochs`` passes of ``n_iters`` steps in all (see :func:`plan_phase`)."""
-        base = (self.optim.lr if phase.lr is None else phase.lr) * phase.lr_scale
-        if phase.schedule == "cosine":
-            return base * cosine_factor(step, n_iters)
-        if phase.schedule == "ramp":
-            return base * (epoch + 1) / n_epochs
-        if phase.schedule == "step":
-            return base * step_factor(step, n_iters)
-        return base
-
-    def _own_lr(self, own: OptimConfig | None, lr: float, step: int, total: int) -> float | None:
-        """The learning rate of the method's own parameters at ``step`` of the task's
-        ``total``: their schedule over the task, or the weights' ``lr`` scaled to theirs."""
-        if own is None:
-            return None
-        if own.schedule == "cosine":
-            return own.lr * cosine_factor(step, total)
-        if own.schedule == "constant":
-            return own.lr
-        return own.lr * lr / self.optim.lr
-
     def batch_loss(
         self, x: Tensor, y: Tensor, regularise: bool, net: Supernet | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -426,13 +397,10 @@ class Engine:
         phase: Phase,
         x: torch.Tensor,
         y: torch.Tensor,
-        lr: float,
-        own_lr: float | None,
         net: Supernet | None = None,
     ) -> torch.Tensor:
         """One optimizer step of ``net`` (default: the supernet; a slim phase's copy)."""
         net = self.supernet if net is None else net
-        optimizer.set_lr(lr, own_lr)
         optimizer.zero_grad()
         guard.begin_step()
 

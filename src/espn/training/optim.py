@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from espn.methods.base import Phase
 from espn.settings.training import OPTIONS, OptimConfig, OptimizerSettings
 from espn.supernet.fast import LeanRMSprop, is_on
 from espn.supernet.fast import float_bits as _bits
@@ -66,7 +67,7 @@ class TaskOptimizer:
         #: None when nothing but the method's own parameters trains (SupSup's masked head)
         self.weights = build_optimizer(weights, params) if params else None
         self.own = build_optimizer(own, own_params) if own is not None and own_params else None
-        self.own_config = own
+        self.settings, self.own_config = weights, own
         self.n_weights = len(params)
 
     @property
@@ -74,13 +75,28 @@ class TaskOptimizer:
         """The torch optimizers, the weights' first."""
         return [o for o in (self.weights, self.own) if o is not None]
 
-    def set_lr(self, lr: float, own_lr: float | None = None) -> None:
-        """The learning rate of this step: ``lr`` for the weights, ``own_lr`` for the
-        method's own parameters."""
-        for opt, rate in ((self.weights, lr), (self.own, own_lr)):
-            if opt is not None and rate is not None:
-                for group in opt.param_groups:
-                    group["lr"] = rate
+    def set_lr(
+        self, phase: Phase, epoch: int, n_epochs: int, step: int, n_iters: int, at: tuple[int, int]
+    ) -> float:
+        """Set the learning rate of step ``step`` of ``phase`` (see
+        :class:`~espn.methods.base.Phase`), which runs ``n_epochs`` passes of ``n_iters``
+        steps in all (see :func:`~espn.training.plan.plan_phase`), and return the weights'.
+        The method's own parameters follow their schedule over the task's steps (``at``: done
+        and in all), or the weights' rate scaled to theirs."""
+        base = self.settings.lr if phase.lr is None else phase.lr
+        lr = _scheduled(base * phase.lr_scale, phase.schedule, epoch, n_epochs, step, n_iters)
+        if self.weights is not None:
+            for group in self.weights.param_groups:
+                group["lr"] = lr
+        own = self.own_config
+        if self.own is not None and own is not None:
+            if own.schedule == "cosine":
+                own_lr = own.lr * cosine_factor(*at)
+            else:
+                own_lr = own.lr if own.schedule == "constant" else own.lr * lr / self.settings.lr
+            for group in self.own.param_groups:
+                group["lr"] = own_lr
+        return lr
 
     @property
     def decays(self) -> bool:
@@ -108,6 +124,18 @@ class TaskOptimizer:
         if self.own is not None:
             own = {int(i) - self.n_weights: v for i, v in state.items() if int(i) >= self.n_weights}
             self.own.load_state_dict(self.own.state_dict() | {"state": own})
+
+
+def _scheduled(base: float, schedule: str, epoch: int, n_epochs: int, step: int, n: int) -> float:
+    """``base`` shaped by a phase's ``schedule`` at ``step`` of ``n`` (epoch ``epoch`` of
+    ``n_epochs``)."""
+    if schedule == "cosine":
+        return base * cosine_factor(step, n)
+    if schedule == "ramp":
+        return base * (epoch + 1) / n_epochs
+    if schedule == "step":
+        return base * step_factor(step, n)
+    return base
 
 
 def step_factor(step: int, total: int) -> float:
