@@ -12,7 +12,7 @@ import torch
 from espn.api.experiment import build_benchmark, build_supernet
 from espn.evaluation import task_logits
 from espn.methods import METHODS
-from espn.methods.base import Strategy
+from espn.methods.base import Phase, Strategy
 from espn.models.fc import FCNet
 from espn.runs.config import ConfigError, make_config
 from espn.supernet.layers import TaskHead
@@ -53,8 +53,10 @@ def test_supsup_scores_train_with_their_own_adam_and_a_cosine_over_the_task(
     assert len(scores) == len(engine.supernet.layers) + len(heads)  # every layer and the head
     own = optimizer.own_config
     assert own is not None and own.schedule == "cosine"
-    assert engine._own_lr(own, 0.5, 0, 100) == 1e-3
-    assert math.isclose(engine._own_lr(own, 0.5, 50, 100) or 0, 5e-4)  # the weights' lr aside
+    phase = Phase("finetune", 1, lr=0.5)  # the weights' lr aside
+    assert optimizer.set_lr(phase, 0, 1, 0, 10, (0, 100)) == 0.5 and group["lr"] == 1e-3
+    optimizer.set_lr(phase, 0, 1, 0, 10, (50, 100))
+    assert math.isclose(group["lr"], 5e-4)
     # init about 1/sqrt(fan_in), as the reference's kaiming_uniform(a=sqrt(5))
     name, layer = next(iter(engine.supernet.layers.items()))
     bound = 1 / math.sqrt(layer.weight[0].numel())
@@ -114,7 +116,8 @@ def test_cpg_weights_sgd_nesterov_masks_adam_and_a_step_decay(fake_mnist, tiny_r
     optimizer = engine.build_optimizer()
     assert isinstance(optimizer.own, torch.optim.Adam) and own_group(optimizer)["lr"] == 5e-4
     assert optimizer.own_config is not None and optimizer.own_config.schedule == "phase"
-    assert engine._own_lr(optimizer.own_config, 1e-3, 0, 10) == pytest.approx(5e-5)
+    optimizer.set_lr(Phase("finetune", 1, lr=1e-3), 0, 1, 0, 10, (0, 10))  # a tenth of 1e-2
+    assert own_group(optimizer)["lr"] == pytest.approx(5e-5)
 
 
 def test_rmn_relevances_train_with_the_weights_optimizer(fake_mnist, tiny_run_args):

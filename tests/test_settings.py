@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from espn.data.registry import BENCHMARKS
 from espn.methods import METHODS, MethodConfig
 from espn.methods.base import Strategy, declared_options
 from espn.models.registry import ModelSpec
-from espn.runs.config import RunConfig, make_config
+from espn.runs.config import ConfigError, RunConfig, layered, make_config
 from espn.runs.given import TRAINING_SETTINGS
 from espn.settings import recipes
 from espn.settings import training as settings
@@ -32,7 +33,6 @@ from espn.settings.training import (
     RECIPE_SETTINGS,
     SETTING_NAMES,
     TrainingSettings,
-    layered,
 )
 from espn.training.optim import OptimConfig
 from helpers.api_models import SmallMLP
@@ -404,3 +404,38 @@ def test_a_setting_newer_than_a_checkpoint_resumes_at_its_default(tmp_path: Path
     assert option_differences(upgrade_saved_config(saved), other) == [
         "weight_decay=0.0 in the checkpoint, 0.5 now"
     ]
+
+
+def test_the_declarations_constraints_refuse_what_the_declaration_refuses(monkeypatch):
+    """A run's configuration checks each training setting by pydantic constraints derived
+    from its declaration, so a good value reaches no check of espn's own (the learning rate
+    crosses no file on its way); a value they refuse goes to the declaration's check. Over a
+    grid of values, each setting is accepted as the value its declaration makes of it, or
+    refused with the declaration's own message."""
+    from espn.settings.options import Option
+
+    grid = [0, -1, 0.5, 1, 1.0, 2, 2.5, 2**31, 2**32, True, False, "a", "0.5", "3,4,3",
+            "0.5,0.6", (0.5, 0.6), (1, 2, 3), [1, 2, 3], (1.0, 2.0, 3.0), (1, True, 1),
+            1e39, -1e39, math.inf, math.nan, "cosine", "adam", "cpu"]  # fmt: skip
+    for name, option in settings.OPTIONS.items():
+        for value in grid:
+            try:
+                typed = option.check(value)
+                items = typed if isinstance(typed, tuple) else (typed,)
+                if name != "seed" and any(type(i) is int and i > settings.MAX_COUNT for i in items):
+                    raise ValueError(f"{name} must be <= {settings.MAX_COUNT}, got {value}")
+            except ValueError as exc:
+                with pytest.raises(ConfigError, match=re.escape(f"{name}: {exc}")):
+                    make_config(benchmark="permuted-mnist", **{name: value})
+                continue
+            try:
+                cfg = make_config(benchmark="permuted-mnist", **{name: value})
+            except ConfigError:
+                continue  # refused for another reason (e.g. the warm-up within the epochs)
+            got = cfg.method_options[name] if name == "stream_pruning" else getattr(cfg, name)
+            assert (got, type(got)) == (typed, type(typed)), (name, value)
+    seen: list[str] = []
+    check = Option.check
+    monkeypatch.setattr(Option, "check", lambda self, v: seen.append(self.name) or check(self, v))
+    make_config(benchmark="permuted-mnist", lr=0.02, epochs=(1, 2, 1), betas=(0.5, 0.6))
+    assert not {"lr", "epochs", "betas"} & set(seen)

@@ -226,13 +226,15 @@ def run(
     from espn.runs.config import make_config  # imports pydantic: once the command runs
     from espn.runs.given import check_applicable
 
+    if log_every is not None and not (log or "").strip():
+        fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
     try:
-        if log_every is not None and not (log or "").strip():
-            fail(
-                "--log-every sets how often the loggers of --log read the loss; add --log or "
-                "drop it"
-            )
-        given = {k: v for k, v in options.items() if not _defaulted(ctx, k)}
+        defaulted = ("DEFAULT", "DEFAULT_MAP")  # typer may vendor click: compare by name
+        given = {
+            k: v
+            for k, v in options.items()
+            if getattr(ctx.get_parameter_source(k), "name", None) not in defaulted
+        }
         cfg = make_config(**given)
         check_applicable(set(given), cfg)
         from espn.api.experiment import run_experiment  # imports torch: after the checks
@@ -260,12 +262,6 @@ def run(
             _report(doc, cfg.out, cfg.device if cfg.task_agnostic else None)
     except BaseException as exc:  # the one error handler (see :func:`user_errors`)
         handle(exc)
-
-
-def _defaulted(ctx: typer.Context, name: str) -> bool:
-    """Whether option ``name`` was left at its default on the command line."""
-    source = ctx.get_parameter_source(name)  # typer may vendor click: compare by name
-    return source is not None and source.name in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _report(doc: dict[str, Any], out: Path, agnostic_device: str | None) -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
+    BaseModel,
     Field,
+    Strict,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     create_model,
     field_validator,
     model_validator,
@@ -18,20 +22,17 @@ from pydantic import (
 from espn.errors import EspnError
 from espn.runs.fields import RunFields
 from espn.settings.methods import known_options, resolve_settings
+from espn.settings.options import FLOAT32_MAX
 from espn.settings.recipes import REGIMES, Recipe
 from espn.settings.training import (
     DEFAULTS,
-    HINTS,
     MAX_COUNT,
-    MAX_SEED,
     OPTIONS,
     RECIPE_SETTINGS,
     SETTING_NAMES,
     TrainingSettings,
-    checked,
-    complete,
+    default,
     describe,
-    layered,
 )
 from espn.utils.documents import describe_errors
 
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 else:
     _Settings = object
 
-#: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
-MAX_IMAGE_SIZE = 1024
 #: a device name: cpu, cuda or cuda:N (whether this machine has it is checked before a run
 #: starts, see :mod:`espn.runs.preflight`)
 DEVICE = re.compile(r"(cpu|cuda)(:\d+)?")
@@ -82,13 +81,61 @@ class ConfigError(EspnError, ValueError):
     """A configuration value is not accepted; the message says which and what would be."""
 
 
-class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to mypy only
+class _Declared(BaseModel):
+    """The check of every training setting: its declaration's bounds and choices as pydantic
+    constraints (:func:`_constrained`), checked in pydantic's core; a value they refuse (or the
+    command line's ``"3,4,3"``) goes to the declaration itself (:meth:`Option.check`), which
+    refuses it in its words (a count too large for a C int too) or gives its typed value."""
+
+    @field_validator(*OPTIONS, mode="wrap", check_fields=False)
+    @classmethod
+    def _setting(cls, v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        try:
+            return handler(v)
+        except ValidationError:
+            name = str(info.field_name)
+        typed = OPTIONS[name].check(v)
+        items = typed if isinstance(typed, tuple) else (typed,)
+        if name != "seed" and any(type(i) is int and i > MAX_COUNT for i in items):
+            raise ValueError(f"{name} must be <= {MAX_COUNT}, got {v}")
+        return typed
+
+
+def _constrained(name: str, optional: bool) -> Any:
+    """Setting ``name``'s type (or None where ``optional``) with its declaration's bounds
+    and choices as pydantic constraints, no looser than the declaration's own check: strict
+    types, finite floats of float32's range, counts a C int holds."""
+    option = OPTIONS[name]
+    bounds: dict[str, Any] = {}
+    if option.choices:
+        bounds["pattern"] = "^(" + "|".join(map(re.escape, option.choices)) + ")$"
+    if option.low is not None:
+        bounds["gt" if option.low_open else "ge"] = option.low
+    if option.high is not None:
+        bounds["lt" if option.high_open else "le"] = option.high
+    if option.type is float:
+        bounds = {"ge": -FLOAT32_MAX, "le": FLOAT32_MAX, "allow_inf_nan": False} | bounds
+    elif option.type is int and option.high is None:
+        bounds["le"] = MAX_COUNT
+    kind: Any = option.type
+    if option.count:
+        one = Annotated[kind, Strict(), Field(**bounds)]
+        kind, bounds = tuple.__class_getitem__((one,) * option.count), {}
+    return Annotated[kind | None if optional else kind, Strict(), Field(**bounds)]
+
+
+#: the training settings given, checked before torch is loaded (:func:`make_config`)
+_GIVEN: dict[str, Any] = {n: (_constrained(n, True), None) for n in OPTIONS}
+_Given = create_model("_Given", __base__=_Declared, **_GIVEN)
+
+
+class _Run(RunFields, _Declared, _Settings):  # type: ignore[misc]  # _Settings: to mypy only
     """:class:`RunFields` with the checks and the precedence of every option."""
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any, info: ValidationInfo) -> Any:
-        """The options by the one precedence (:func:`espn.settings.training.layered`): given,
+        """The options by the one precedence (:func:`layered`): given,
         the method's recipe, the preset, the recipe (``recipe``, else the benchmark's)."""
         from espn.data.registry import BENCHMARKS
         from espn.methods.base import METHODS
@@ -134,13 +181,6 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             )
         return gather_method_options(values, strategy)
 
-    @field_validator(*OPTIONS, mode="before", check_fields=False)
-    @classmethod
-    def _setting(cls, v: Any, info: ValidationInfo) -> Any:
-        """A training setting, checked against its declaration."""
-        name = str(info.field_name)
-        return checked({name: v})[name]
-
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_numbers(cls, v: Any, info: ValidationInfo) -> Any:
@@ -180,62 +220,12 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
             resolve(v)  # a registered name, or "package.module:Factory(key=value)"
         return v
 
-    @field_validator("tasks", "train_per_task", "test_per_task", "image_size", "after_task")
-    @classmethod
-    def _positive(cls, v: int | None, info: ValidationInfo) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"{info.field_name} must be >= 1, got {v}")
-        if v is not None and v > MAX_COUNT:
-            raise ValueError(f"{info.field_name} must be <= {MAX_COUNT}, got {v}")
-        if info.field_name == "image_size" and v is not None and v > MAX_IMAGE_SIZE:
-            raise ValueError(f"image_size must be <= {MAX_IMAGE_SIZE}, got {v}")
-        return v
-
-    @field_validator("folders", mode="before")
-    @classmethod
-    def _folders_text(cls, v: Any) -> Any:
-        """``"a,b"`` (the command line's form) -> (Path("a"), Path("b"))."""
-        if not isinstance(v, str):
-            return v
-        parts = tuple(Path(p.strip()) for p in v.split(",") if p.strip())
-        if not parts:
-            raise ValueError(f"--folders must list directories separated by commas, got {v!r}")
-        return parts
-
-    @field_validator("task_seed")
-    @classmethod
-    def _seed(cls, v: int | None) -> int | None:
-        if v is not None and not 0 <= v <= MAX_SEED:
-            raise ValueError(f"task_seed must be in [0, {MAX_SEED}], got {v}")
-        return v
-
     @field_validator("device", check_fields=False)
     @classmethod
     def _device(cls, v: str) -> str:
         if not DEVICE.fullmatch(v):
             raise ValueError(f"unknown device {v!r}; choose 'cpu', 'cuda' or 'cuda:N'")
         return v
-
-    @field_validator("train_sizes", mode="before")
-    @classmethod
-    def _train_sizes(cls, v: Any) -> str | None:
-        from espn.data.sizes import normalise_train_sizes
-
-        return None if v is None else normalise_train_sizes(v)
-
-    @field_validator("task_order")
-    @classmethod
-    def _task_order(cls, v: str) -> str:
-        from espn.data.order import TASK_ORDERS
-
-        if v not in TASK_ORDERS:
-            raise ValueError(f"unknown task order {v!r}; choose one of: {', '.join(TASK_ORDERS)}")
-        return v
-
-    @field_validator("from_run")
-    @classmethod
-    def _from_run(cls, v: Path | None) -> Path | None:
-        return None if v is None else Path(v).resolve()  # the same run from any directory
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> _Run:
@@ -266,12 +256,12 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
                 "individual, cpg, rmn"
             )
         self.tasks = self.tasks or (len(self.folders) if self.folders else bench.default_tasks)
-        fields = [n for n in SETTING_NAMES if n in type(self).model_fields]
-        settings = complete({n: getattr(self, n) for n in fields})
-        for name in fields:
-            setattr(self, name, settings[name])
-        if self.task_seed is None:
-            self.task_seed = settings["seed"]
+        # a setting still unset gets its default (reference_size's is None), finetune_lr the lr
+        names = [n for n in SETTING_NAMES if n in type(self).model_fields]
+        for name in sorted(names, key=lambda n: n == "finetune_lr"):
+            if getattr(self, name) is None:
+                setattr(self, name, self.lr if name == "finetune_lr" else default(name))
+        self.task_seed = self.seed if self.task_seed is None else self.task_seed
         self.task_train_sizes()  # a list of sizes must have one per task
         strategy.check_config(self.training_settings())
         return self
@@ -362,6 +352,45 @@ class _Run(RunFields, _Settings):  # type: ignore[misc]  # a frozen dataclass to
         return self.training_settings().floor_reference()
 
 
+def layered(
+    given: Mapping[str, Any],
+    *,
+    method: Mapping[str, Any] = {},
+    preset: Mapping[str, Any] = {},
+    recipe: Mapping[str, Any] = {},
+) -> dict[str, Any]:
+    """The one precedence of both front doors: every option ``given`` (None: not given)
+    over the ``method``'s recipe, over the ``preset``'s options, over the ``recipe`` of the
+    data's regime; settings none of them sets are left out (:meth:`_Run._resolve` gives them
+    their defaults). A recipe's
+    ``reference_size`` and ``warmup`` follow its epochs (docs/recipes.md says how)."""
+    stated = {k: v for k, v in given.items() if v is not None}
+    values = dict(recipe) | dict(preset) | dict(method) | stated
+    # set by the user or the preset, not by a recipe
+    chosen = {k for k in values if k in stated or (k in preset and k not in method)}
+    if "epochs" in chosen and "reference_size" not in chosen:
+        values.pop("reference_size", None)
+    if "warmup" not in chosen and "warmup" in values:
+        pre = _pre_epochs(values.get("epochs", DEFAULTS.epochs))
+        if pre is not None:
+            warmup = int(values["warmup"])
+            own = _pre_epochs((dict(recipe) | dict(method)).get("epochs", DEFAULTS.epochs))
+            if "epochs" in chosen and own:  # the recipe's share of the epochs given
+                warmup = max(min(warmup, 1), int(warmup * pre / own + 0.5))
+            values["warmup"] = max(0, min(warmup, pre - 1))
+    return values
+
+
+def _pre_epochs(epochs: Any) -> int | None:
+    """The pre-training epochs of ``epochs`` as any layer gives them (a sequence, or the
+    command line's ``"3,4,3"``); None when they cannot be read (validation says why)."""
+    try:
+        first = epochs.split(",")[0] if isinstance(epochs, str) else epochs[0]
+        return int(first)
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
 def _fields() -> dict[str, Any]:
     """:class:`RunConfig`'s field of each training setting, from its declaration."""
     fields: dict[str, Any] = {}
@@ -369,9 +398,10 @@ def _fields() -> dict[str, Any]:
         if name == "stream_pruning":  # the methods' own option (see ``Strategy.options``)
             continue
         if name in RECIPE_SETTINGS:
-            fields[name] = (HINTS[name] | None, Field(None, description=describe(name)))
+            fields[name] = (_constrained(name, True), Field(None, description=describe(name)))
         else:
-            fields[name] = (HINTS[name], Field(option.default, description=describe(name)))
+            kind = _constrained(name, option.optional)
+            fields[name] = (kind, Field(option.default, description=describe(name)))
     return fields
 
 
@@ -424,14 +454,14 @@ def make_config(strategy: type[Strategy] | None = None, /, **values: Any) -> Run
     method class that need not be registered. The settings and method options given are
     checked first against their declarations alone, before torch is loaded."""
     options = known_options()
-    for name, value in values.items():
-        try:
-            checked({name: value})
+    try:
+        for name, value in values.items():
             if name in options and value is not None:
                 options[name][0].check(value)
-        except ValueError as exc:
-            raise ConfigError(f"{name}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
     try:
+        _Given.model_validate({k: v for k, v in values.items() if k in OPTIONS})
         return RunConfig.model_validate(values, context={"strategy": strategy})
     except ValidationError as exc:
         raise ConfigError(describe_errors(exc, "config")) from None

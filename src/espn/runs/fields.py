@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from espn.settings.training import MAX_COUNT, MAX_SEED
+
+#: largest accepted ``image_size``: one 3 x 1024 x 1024 image is 3 MiB decoded
+MAX_IMAGE_SIZE = 1024
 
 
 class RunFields(BaseModel):
@@ -94,3 +99,53 @@ class RunFields(BaseModel):
     after_task: int | None = Field(
         None, description="With --from-run: how many of its tasks to keep (K >= 1)."
     )
+
+    @field_validator("tasks", "train_per_task", "test_per_task", "image_size", "after_task")
+    @classmethod
+    def _positive(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"{info.field_name} must be >= 1, got {v}")
+        if v is not None and v > MAX_COUNT:
+            raise ValueError(f"{info.field_name} must be <= {MAX_COUNT}, got {v}")
+        if info.field_name == "image_size" and v is not None and v > MAX_IMAGE_SIZE:
+            raise ValueError(f"image_size must be <= {MAX_IMAGE_SIZE}, got {v}")
+        return v
+
+    @field_validator("folders", mode="before")
+    @classmethod
+    def _folders_text(cls, v: Any) -> Any:
+        """``"a,b"`` (the command line's form) -> (Path("a"), Path("b"))."""
+        if not isinstance(v, str):
+            return v
+        parts = tuple(Path(p.strip()) for p in v.split(",") if p.strip())
+        if not parts:
+            raise ValueError(f"--folders must list directories separated by commas, got {v!r}")
+        return parts
+
+    @field_validator("task_seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and not 0 <= v <= MAX_SEED:
+            raise ValueError(f"task_seed must be in [0, {MAX_SEED}], got {v}")
+        return v
+
+    @field_validator("train_sizes", mode="before")
+    @classmethod
+    def _train_sizes(cls, v: Any) -> str | None:
+        from espn.data.sizes import normalise_train_sizes
+
+        return None if v is None else normalise_train_sizes(v)
+
+    @field_validator("task_order")
+    @classmethod
+    def _task_order(cls, v: str) -> str:
+        from espn.data.order import TASK_ORDERS
+
+        if v not in TASK_ORDERS:
+            raise ValueError(f"unknown task order {v!r}; choose one of: {', '.join(TASK_ORDERS)}")
+        return v
+
+    @field_validator("from_run")
+    @classmethod
+    def _from_run(cls, v: Path | None) -> Path | None:
+        return None if v is None else Path(v).resolve()  # the same run from any directory

@@ -48,11 +48,6 @@ class Option:
             raise ValueError(f"option {self.name!r}: type {self.type!r} is not one of {accepted}")
         self.check(self.default)  # a declaration whose default is refused is a bug
 
-    @property
-    def flag(self) -> str:
-        """The command-line flag, e.g. ``--supsup-k``."""
-        return "--" + self.name.replace("_", "-")
-
     def accepted(self) -> str:
         """What the option accepts, in words: ``in (0, 1]``, ``>= 0``, ``one of: a, b``."""
         if self.choices:

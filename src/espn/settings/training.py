@@ -1,6 +1,6 @@
-"""Every training setting, declared once (:class:`TrainingSettings`), and the one precedence
-that resolves them (:func:`layered`); docs/recipes.md, "Training settings", has the table and
-the precedence. Imports nothing of espn but :mod:`espn.settings.options` (no torch, no
+"""Every training setting, declared once (:class:`TrainingSettings`); docs/recipes.md,
+"Training settings", has the table and the precedence (:func:`espn.runs.config.layered`).
+Imports nothing of espn but :mod:`espn.settings.options` (no torch, no
 pydantic), so the command line may use it before it loads anything heavy.
 """
 
@@ -262,63 +262,10 @@ def describe(name: str) -> str:
     return f"{option.help}; default: the recipe's, else {option.default} (see {TABLE})."
 
 
-def checked(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with every training setting given (not None) checked against its
-    declaration and typed (``"3,4,3"`` -> ``(3, 4, 3)``); ValueError naming the first bad
-    one and what it accepts. Imports nothing heavy: the command line refuses a bad value
-    before torch is loaded."""
-    typed = dict(values)
-    for name, value in values.items():
-        if name in OPTIONS and value is not None:
-            typed[name] = OPTIONS[name].check(value)
-            items = typed[name] if isinstance(typed[name], tuple) else (typed[name],)
-            if any(type(v) is int and v > MAX_COUNT for v in items) and name != "seed":
-                raise ValueError(f"{name} must be <= {MAX_COUNT}, got {value}")
-    return typed
-
-
 def default(name: str) -> Any:
     """The default of setting ``name`` (a fresh copy of a mapping)."""
     value = getattr(DEFAULTS, name)
     return dict(value) if isinstance(value, Mapping) else value
-
-
-def layered(
-    given: Mapping[str, Any],
-    *,
-    method: Mapping[str, Any] = {},
-    preset: Mapping[str, Any] = {},
-    recipe: Mapping[str, Any] = {},
-) -> dict[str, Any]:
-    """The one precedence of both front doors: every option ``given`` (None: not given)
-    over the ``method``'s recipe, over the ``preset``'s options, over the ``recipe`` of the
-    data's regime; settings none of them sets are left out (see :func:`complete`). A recipe's
-    ``reference_size`` and ``warmup`` follow its epochs (docs/recipes.md says how)."""
-    stated = {k: v for k, v in given.items() if v is not None}
-    values = dict(recipe) | dict(preset) | dict(method) | stated
-    # set by the user or the preset, not by a recipe
-    chosen = {k for k in values if k in stated or (k in preset and k not in method)}
-    if "epochs" in chosen and "reference_size" not in chosen:
-        values.pop("reference_size", None)
-    if "warmup" not in chosen and "warmup" in values:
-        pre = _pre_epochs(values.get("epochs", DEFAULTS.epochs))
-        if pre is not None:
-            warmup = int(values["warmup"])
-            own = _pre_epochs((dict(recipe) | dict(method)).get("epochs", DEFAULTS.epochs))
-            if "epochs" in chosen and own:  # the recipe's share of the epochs given
-                warmup = max(min(warmup, 1), int(warmup * pre / own + 0.5))
-            values["warmup"] = max(0, min(warmup, pre - 1))
-    return values
-
-
-def complete(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with every training setting still unset (missing or None) at its default
-    (``reference_size``'s is None: epochs as given), and ``finetune_lr`` unset at the
-    learning rate."""
-    done = dict(values) | {n: default(n) for n in SETTING_NAMES if values.get(n) is None}
-    if done["finetune_lr"] is None:
-        done["finetune_lr"] = done["lr"]
-    return done
 
 
 def explicit(settings: TrainingSettings) -> dict[str, Any]:
@@ -329,16 +276,6 @@ def explicit(settings: TrainingSettings) -> dict[str, Any]:
         for n in SETTING_NAMES
         if n != "method_options" and getattr(settings, n) != default(n)
     }
-
-
-def _pre_epochs(epochs: Any) -> int | None:
-    """The pre-training epochs of ``epochs`` as any layer gives them (a sequence, or the
-    command line's ``"3,4,3"``); None when they cannot be read (validation says why)."""
-    try:
-        first = epochs.split(",")[0] if isinstance(epochs, str) else epochs[0]
-        return int(first)
-    except (TypeError, ValueError, IndexError):
-        return None
 
 
 @dataclass(frozen=True)

@@ -83,8 +83,15 @@ class TaskOptimizer:
         steps in all (see :func:`~espn.training.plan.plan_phase`), and return the weights'.
         The method's own parameters follow their schedule over the task's steps (``at``: done
         and in all), or the weights' rate scaled to theirs."""
-        base = self.settings.lr if phase.lr is None else phase.lr
-        lr = _scheduled(base * phase.lr_scale, phase.schedule, epoch, n_epochs, step, n_iters)
+        base = (self.settings.lr if phase.lr is None else phase.lr) * phase.lr_scale
+        if phase.schedule == "cosine":
+            lr = base * cosine_factor(step, n_iters)
+        elif phase.schedule == "ramp":
+            lr = base * (epoch + 1) / n_epochs
+        elif phase.schedule == "step":
+            lr = base * step_factor(step, n_iters)
+        else:
+            lr = base
         if self.weights is not None:
             for group in self.weights.param_groups:
                 group["lr"] = lr
@@ -124,18 +131,6 @@ class TaskOptimizer:
         if self.own is not None:
             own = {int(i) - self.n_weights: v for i, v in state.items() if int(i) >= self.n_weights}
             self.own.load_state_dict(self.own.state_dict() | {"state": own})
-
-
-def _scheduled(base: float, schedule: str, epoch: int, n_epochs: int, step: int, n: int) -> float:
-    """``base`` shaped by a phase's ``schedule`` at ``step`` of ``n`` (epoch ``epoch`` of
-    ``n_epochs``)."""
-    if schedule == "cosine":
-        return base * cosine_factor(step, n)
-    if schedule == "ramp":
-        return base * (epoch + 1) / n_epochs
-    if schedule == "step":
-        return base * step_factor(step, n)
-    return base
 
 
 def step_factor(step: int, total: int) -> float:
