@@ -1,4 +1,5 @@
-"""Run configuration: validated up front, with messages that name the bad value."""
+"""Run configuration: the one precedence of its options (:func:`layered`), validated up front,
+with messages that name the bad value."""
 
 from __future__ import annotations
 
@@ -135,8 +136,8 @@ class _Run(RunFields, _Declared, _Settings):  # type: ignore[misc]  # _Settings:
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any, info: ValidationInfo) -> Any:
-        """The options by the one precedence (:func:`layered`): given,
-        the method's recipe, the preset, the recipe (``recipe``, else the benchmark's)."""
+        """The options by the one precedence (:func:`layered`): given, the method's recipe,
+        the preset, the recipe (``recipe``, else the benchmark's)."""
         from espn.data.registry import BENCHMARKS
         from espn.methods.base import METHODS
 
@@ -362,8 +363,8 @@ def layered(
     """The one precedence of both front doors: every option ``given`` (None: not given)
     over the ``method``'s recipe, over the ``preset``'s options, over the ``recipe`` of the
     data's regime; settings none of them sets are left out (:meth:`_Run._resolve` gives them
-    their defaults). A recipe's
-    ``reference_size`` and ``warmup`` follow its epochs (docs/recipes.md says how)."""
+    their defaults). A recipe's ``reference_size`` and ``warmup`` follow its epochs
+    (docs/recipes.md says how)."""
     stated = {k: v for k, v in given.items() if v is not None}
     values = dict(recipe) | dict(preset) | dict(method) | stated
     # set by the user or the preset, not by a recipe
