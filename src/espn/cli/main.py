@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -29,6 +29,9 @@ from espn.utils.commands import (
     warn,
 )
 from espn.utils.text import printable
+
+if TYPE_CHECKING:
+    from espn.runs.config import RunConfig
 
 #: every command: the module and attribute defining it (a command function or a typer app of
 #: subcommands) and its line in ``espn --help`` (a test checks it against the command's own)
@@ -221,22 +224,10 @@ def run(
     **options: Any,
 ) -> None:
     """Learn a sequence of tasks into one supernet and report accuracy, FLOPs and weights."""
-    # **options: RunConfig's fields and the methods' options (espn.cli.options); those left at
-    # their default are dropped, for a preset and the recipes to fill in
-    from espn.runs.config import make_config  # imports pydantic: once the command runs
-    from espn.runs.given import check_applicable
-
     if log_every is not None and not (log or "").strip():
         fail("--log-every sets how often the loggers of --log read the loss; add --log or drop it")
     try:
-        defaulted = ("DEFAULT", "DEFAULT_MAP")  # typer may vendor click: compare by name
-        given = {
-            k: v
-            for k, v in options.items()
-            if getattr(ctx.get_parameter_source(k), "name", None) not in defaulted
-        }
-        cfg = make_config(**given)
-        check_applicable(set(given), cfg)
+        cfg = _config(ctx, options)
         from espn.api.experiment import run_experiment  # imports torch: after the checks
         from espn.runs.preflight import run_warnings
         from espn.training.distributed import writes_files
@@ -262,6 +253,20 @@ def run(
             _report(doc, cfg.out, cfg.device if cfg.task_agnostic else None)
     except BaseException as exc:  # the one error handler (see :func:`user_errors`)
         handle(exc)
+
+
+def _config(ctx: typer.Context, options: dict[str, Any]) -> RunConfig:
+    """The run's configuration from the ``options`` given (:mod:`espn.cli.options`); those
+    left at their default are dropped, for a preset and the recipes to fill in."""
+    from espn.runs.config import make_config  # imports pydantic: once the command runs
+    from espn.runs.given import check_applicable
+
+    defaulted = ("DEFAULT", "DEFAULT_MAP")  # typer may vendor click: compare by name
+    source = ctx.get_parameter_source
+    given = {k: v for k, v in options.items() if getattr(source(k), "name", None) not in defaulted}
+    cfg = make_config(**given)
+    check_applicable(set(given), cfg)
+    return cfg
 
 
 def _report(doc: dict[str, Any], out: Path, agnostic_device: str | None) -> None:

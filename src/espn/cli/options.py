@@ -58,9 +58,7 @@ def field_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if extra.get("cli_required"):  # a directory the command line must name (read as text)
         return _option(name, str, ..., parser=run_dir_option, help=field.description)
-    default = field.default if kind is not str or isinstance(field.default, str) else None
-    if default is not None and not isinstance(default, kind):
-        default = None
+    default = field.default if isinstance(field.default, kind) else None
     return _option(name, kind, default, help=field.description)
 
 

@@ -83,10 +83,9 @@ class ConfigError(EspnError, ValueError):
 
 
 class _Declared(BaseModel):
-    """The check of every training setting: its declaration's bounds and choices as pydantic
-    constraints (:func:`_constrained`), checked in pydantic's core; a value they refuse (or the
-    command line's ``"3,4,3"``) goes to the declaration itself (:meth:`Option.check`), which
-    refuses it in its words (a count too large for a C int too) or gives its typed value."""
+    """Every training setting checked by its declaration's pydantic constraints
+    (:func:`_constrained`); a value they refuse (or the command line's ``"3,4,3"``) goes to the
+    declaration's own check, which refuses it in its words or gives its typed value."""
 
     @field_validator(*OPTIONS, mode="wrap", check_fields=False)
     @classmethod
@@ -348,9 +347,8 @@ class _Run(RunFields, _Declared, _Settings):  # type: ignore[misc]  # _Settings:
         """How the model's residual streams are built and pruned (the method's option)."""
         return str(self.method_options.get("stream_pruning", DEFAULTS.stream_pruning))
 
-    def floor_reference(self) -> int | None:
-        """See :meth:`TrainingSettings.floor_reference`."""
-        return self.training_settings().floor_reference()
+    #: the size rule's reference (:meth:`TrainingSettings.floor_reference`), read off these fields
+    floor_reference = TrainingSettings.floor_reference
 
 
 def layered(

@@ -39,8 +39,7 @@ def check_names(cls: type[Strategy], given: Iterable[str], extra: tuple[str, ...
 def check_applicable(names: set[str], cfg: RunConfig) -> None:
     """Refuse options given explicitly (``names``: :func:`espn.runs.config.given_names`) that
     this run would ignore: ``reference_size`` with ``step_floor`` off, ``stream_pruning`` on a
-    model without the residual streams it builds, a method's own options its other settings
-    leave unused (:meth:`Strategy.check_given`)."""
+    model it cannot apply to, a method's options left unused (:meth:`Strategy.check_given`)."""
     from espn.methods.base import METHODS
     from espn.models.resnet import STREAM_MODELS
 
