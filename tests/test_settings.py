@@ -409,7 +409,7 @@ def test_a_setting_newer_than_a_checkpoint_resumes_at_its_default(tmp_path: Path
 def test_the_declarations_constraints_refuse_what_the_declaration_refuses(monkeypatch):
     """A run's configuration checks each training setting by pydantic constraints derived
     from its declaration, so a good value reaches no check of espn's own (the learning rate
-    crosses no file on its way); a value they refuse goes to the declaration's check. Over a
+    crosses no settings file to be checked); a value they refuse goes to the declaration's. Over a
     grid of values, each setting is accepted as the value its declaration makes of it, or
     refused with the declaration's own message."""
     from espn.settings.options import Option
