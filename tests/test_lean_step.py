@@ -361,7 +361,7 @@ def test_training_steps_through_the_fused_path_move_no_frozen_weight() -> None:
     gen = torch.Generator().manual_seed(10)
     for _ in range(4):
         x, y = torch.randn(5, 6, generator=gen), torch.randint(3, (5,), generator=gen)
-        engine._step(optimizer, guard, phase, x, y, 0.1, None)
+        engine._step(optimizer, guard, phase, x, y)  # at the optimizer's lr, 0.1
     for name, layer in sn.layers.items():
         frozen = layer.frozen
         assert layer.grad_is_kept()
