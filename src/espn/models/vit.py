@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
+from espn.layers import adapter_for, exported_adapter
 from espn.layers.attention import MaskedAttention
 from espn.layers.base import Keep, TokenGate, alive_index, alive_keep, exporter, hooked, take
 from espn.layers.conv2d import MaskedConv2d
@@ -46,7 +47,6 @@ class Block(nn.Module):
     def alive_forward(self, x: Tensor, keep: Keep) -> Tensor:
         """:meth:`forward` on the features ``keep`` says the task keeps: the stream's alive
         features and the MLP's alive neurons alone (see :meth:`ViT.alive_forward`)."""
-        assert isinstance(self.attn, MaskedAttention) and isinstance(self.fc1, MaskedLinear)
         x = x + self.attn.alive_forward(self.norm1.alive_norm(x, keep), keep)
         hidden = alive_linear(self.fc1, self.norm2.alive_norm(x, keep), keep, self.gate)
         return x + alive_linear(self.fc2, self.act(hidden), keep)
@@ -56,20 +56,6 @@ class Block(nn.Module):
         :func:`alive_index`)."""
         gates = (self.gate, getattr(self.attn, "gate", None))
         return any(isinstance(g, TokenGate) and alive_index(g) is not None for g in gates)
-
-    def espn_modules(self) -> bool:
-        """Whether the block holds the supernet's own modules (not plain ones put in their
-        place, as a plain copy of the network does)."""
-        attn = self.attn
-        return (
-            type(attn) is MaskedAttention
-            and all(isinstance(n, TaskLayerNorm) for n in (self.norm1, self.norm2))
-            and all(isinstance(g, TokenGate) for g in (self.gate, attn.gate))
-            and all(
-                isinstance(m, MaskedLinear)
-                for m in (self.fc1, self.fc2, attn.q, attn.k, attn.v, attn.proj)
-            )
-        )
 
 
 class ViT(nn.Module):
@@ -134,8 +120,8 @@ class ViT(nn.Module):
     def carries_alive_units(self) -> bool:
         """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in
         an eager training step (not compiled, not traced) of a task with a dead unit but a
-        live stream, with the supernet's own modules in place and no hook (a hook sees the
-        whole width)."""
+        live stream, with the supernet's own modules in place (no plain layer) and no hook (a
+        hook sees the whole width)."""
         if (
             not self.training
             or not torch.is_grad_enabled()
@@ -152,11 +138,12 @@ class ViT(nn.Module):
         ):
             return False
         return (
-            isinstance(self.patch_embed, MaskedConv2d)
-            and isinstance(self.tokens, TaskTokens)
-            and isinstance(self.head, TaskHead)
-            and all(isinstance(b, Block) and b.espn_modules() for b in self.blocks)
-            and not any(hooked(m) for m in self.modules())
+            isinstance(self.head, TaskHead)  # not a head shared by the tasks
+            and all(isinstance(b, Block) for b in self.blocks)
+            and not any(  # a plain layer: a plain copy's, in place of the supernet's own
+                hooked(m) or (adapter_for(m) is not None and exported_adapter(m) is None)
+                for m in self.modules()
+            )
         )
 
 
