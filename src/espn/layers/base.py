@@ -194,9 +194,19 @@ def alive_index(m: UnitModule, size: int | None = None) -> Tensor | None:
 
 def alive_keep(*modules: UnitModule) -> Keep:
     """The :data:`Keep` of the units alive in ``modules``' unit masks, one module per unit
-    group (:func:`alive_index`): a step reading live tensors at their adapter's cuts."""
+    group (:func:`alive_index`, each asked once): a step reading live tensors at their
+    adapter's cuts, its masks unchanged while it runs."""
     by_group = {m.group: m for m in modules}
-    return lambda group, size: None if group is None else alive_index(by_group[group], size)
+    known: dict[tuple[str, int], Tensor | None] = {}
+
+    def keep(group: str | None, size: int) -> Tensor | None:
+        if group is None:
+            return None
+        if (group, size) not in known:
+            known[group, size] = alive_index(by_group[group], size)
+        return known[group, size]
+
+    return keep
 
 
 def narrow(m: nn.Module, cuts: dict[str, Cut]) -> dict[str, Cut]:
@@ -221,9 +231,9 @@ def unit_cuts(m: UnitModule, keep: Keep) -> dict[str, Cut]:
     entries = keep(m.group, m.entries_per_unit)
     if entries is None:
         return {}
-    own = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
     per_entry, cut = m.weight.numel(), Cut((entries,))
-    cuts = {key: cut for key, t in own if t.dim() == 1 and t.numel() == per_entry}
+    own = {**m._parameters, **m._buffers}.items()
+    cuts = {k: cut for k, t in own if t is not None and t.dim() == 1 and t.numel() == per_entry}
     return cuts | {"unit_mask": Cut((keep(m.group, 1),))}
 
 
