@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import Cut, exporter, kept, module_outputs, narrow, param, take, unit_cuts
+from espn.layers.base import Cut, exporter, kept, module_outputs, param, take
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
 from espn.layers.parameters import TaskParameters, TaskTokens, kept_features
@@ -22,7 +22,6 @@ from espn.supernet.flops import run_eval
 from espn.supernet.layers import (
     MaskedLayer,
     TaskBias,
-    TaskChannelBias,
     TaskHead,
     TaskSpecific,
     UnitGate,
@@ -171,19 +170,18 @@ def _affine(
     m: nn.Module, layer: nn.Module, units: dict[str, Tensor]
 ) -> tuple[Tensor | None, Tensor | None]:
     """The per-feature scale and shift of gate or task bias ``m`` at the alive outputs of
-    ``layer`` (the espn layer it follows): a gate cut to its units (:func:`unit_cuts`), a
-    channel bias at the rows of ``layer``'s cut."""
-    keep = functools.partial(kept, units)
+    ``layer`` (the espn layer it follows): the rows of ``layer``'s cut, as a training step
+    folds a gate into them (no cut where ``units`` is empty: a full-width copy)."""
     if isinstance(m, UnitGate):
-        if units:  # the gate cut as a slim training copy cuts it
-            m = copy.deepcopy(m)
-            narrow(m, unit_cuts(m, keep))
-        return m.feature_affine()
-    assert isinstance(m, TaskBias)
-    bias: Tensor = m.bias
-    if units and isinstance(m, TaskChannelBias):
-        bias = take(bias, Cut(exporter(layer).cuts(layer, keep)["weight"].index[:1]))
-    return None, bias
+        scale, shift = m.feature_affine()
+    else:
+        assert isinstance(m, TaskBias)
+        scale, shift = None, m.bias
+    if units:
+        cut = exporter(layer).cuts(layer, functools.partial(kept, units))["weight"]
+        rows = Cut(cut.index[:1])
+        scale, shift = (None if t is None else take(t, rows) for t in (scale, shift))
+    return scale, shift
 
 
 @torch.no_grad()

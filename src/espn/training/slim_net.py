@@ -129,8 +129,7 @@ def _dropout_readers(model: nn.Module) -> dict[int, MaskedLinear | TaskHead]:
     for parent in model.modules():
         if not isinstance(parent, nn.Sequential):
             continue
-        children = list(parent)
-        for drop, after in itertools.pairwise(children):
+        for drop, after in itertools.pairwise(parent):
             while isinstance(after, nn.Sequential) and len(after) > 0:
                 after = after[0]
             if type(drop) is nn.Dropout and type(after) in (MaskedLinear, TaskHead):
