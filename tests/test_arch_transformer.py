@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 import espn
@@ -360,6 +361,63 @@ def test_a_training_step_carries_the_alive_units_alone(monkeypatch, dead_stream)
     with torch.no_grad():
         assert torch.allclose(sn.forward_working(x), carried, atol=1e-5)
     assert len(wide) == norms
+
+
+def test_the_alive_step_reads_every_layer_at_the_slim_exports_cut(monkeypatch):
+    """The ViT's training step on its alive units and the slim export cut each layer through
+    its adapter's one cut: every weight (and norm scale and shift) the step computes with
+    equals the exported slim layer's, bit for bit, in the order the step reads them."""
+    from espn.layers.conv2d import MaskedConv2d
+    from espn.models.registry import ModelSpec
+    from helpers.tokens import tiny_vit
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 1, 8, 8)
+    sn = Supernet(tiny_vit(ModelSpec((1, 8, 8), 4, True)), x[:2])
+    sn.begin_task(4)
+    with torch.no_grad():
+        for m in sn.model.modules():
+            if isinstance(m, TaskLayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-1, 1)
+    units = {g: torch.ones(n, dtype=torch.bool) for g, n in sn.group_sizes.items()}
+    units |= {"stream": torch.arange(32) % 3 != 0, "blocks.0.heads": torch.tensor([False, True])}
+    units |= {"blocks.1.mlp": torch.arange(64) % 4 != 1}
+    sn.set_unit_masks(units)
+    sn.release_gates()  # scale 1 on the alive units: folded into the export's rows exactly
+    sn.commit_task()
+    slim = slim_copy(sn, 0, x)
+    read: list[Tensor] = []
+    linear, layer_norm, conv = F.linear, F.layer_norm, MaskedConv2d._conv_forward
+
+    def reads(call, *tensors):
+        read.extend(t.detach() for t in tensors if t is not None)
+        return call()
+
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: reads(lambda: linear(x, w, b), w, b))
+    monkeypatch.setattr(
+        F,
+        "layer_norm",
+        lambda x, s, w, b, e: reads(lambda: layer_norm(x, s, w, b, e), w, b),
+    )
+    monkeypatch.setattr(
+        MaskedConv2d, "_conv_forward", lambda m, x, w, b: reads(lambda: conv(m, x, w, b), w)
+    )
+    sn.train()
+    sn.forward_working(x)
+    names = ["patch_embed.weight"]
+    for i in range(2):
+        block = [f"blocks.{i}.{n}" for n in ("attn.q", "attn.k", "attn.v", "attn.proj")]
+        block += [f"blocks.{i}.fc1", f"blocks.{i}.fc2"]
+        norms = [f"blocks.{i}.norm{j}.{t}" for j in (1, 2) for t in ("weight", "bias")]
+        names += norms[:2] + [f"{n}.weight" for n in block[:4]] + norms[2:]
+        names += [f"{n}.weight" for n in block[4:]]
+    names += ["norm.weight", "norm.bias", "head.weight", "head.bias"]
+    want = dict(slim.named_parameters())
+    assert len(read) == len(names)
+    for name, got in zip(names, read, strict=True):
+        assert got.shape == want[name].shape and torch.equal(got, want[name]), name
+    assert want["blocks.1.fc1.weight"].shape == (48, 21)  # narrowed: 48 of 64 neurons, 21 of 32
 
 
 def test_token_linear_layers_are_gated_on_the_last_dimension():

@@ -5,6 +5,7 @@ layer type"."""
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from typing import cast
 
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from espn.export.slim_shapes import refitted
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
-from espn.layers.base import Cut, cut_units, kept, module_outputs, param, take
+from espn.layers.base import Cut, exporter, kept, module_outputs, param, take
 from espn.layers.batchnorm2d import SplitNorm
 from espn.layers.functional import FunctionalRead
 from espn.layers.parameters import TaskParameters, TaskTokens, kept_features
@@ -21,7 +22,6 @@ from espn.supernet.flops import run_eval
 from espn.supernet.layers import (
     MaskedLayer,
     TaskBias,
-    TaskChannelBias,
     TaskHead,
     TaskSpecific,
     UnitGate,
@@ -170,24 +170,18 @@ def _affine(
     m: nn.Module, layer: nn.Module, units: dict[str, Tensor]
 ) -> tuple[Tensor | None, Tensor | None]:
     """The per-feature scale and shift of gate or task bias ``m`` at the alive outputs of
-    ``layer`` (the espn layer it follows)."""
+    ``layer`` (the espn layer it follows): the rows of ``layer``'s cut, as a training step
+    folds a gate into them (no cut where ``units`` is empty: a full-width copy)."""
     if isinstance(m, UnitGate):
-        if units:  # the gate cut as a slim training copy cuts it
-            m = copy.deepcopy(m)
-            cut_units(m, units)
-        return m.feature_affine()
-    assert isinstance(m, TaskBias)
-    bias: Tensor = m.bias
-    if units and isinstance(m, TaskChannelBias) and isinstance(layer, MaskedLayer):
-        bias = take(bias, Cut((kept(units, layer.out_units, layer.out_unit_size),)))
-    return None, bias
-
-
-def _plain_adapter(m: nn.Module) -> LayerAdapter:
-    adapter = exported_adapter(m)
-    if adapter is None:
-        raise ExportError(f"module {type(m).__name__} has no plain torch equivalent")
-    return adapter
+        scale, shift = m.feature_affine()
+    else:
+        assert isinstance(m, TaskBias)
+        scale, shift = None, m.bias
+    if units:
+        cut = exporter(layer).cuts(layer, functools.partial(kept, units))["weight"]
+        rows = Cut(cut.index[:1])
+        scale, shift = (None if t is None else take(t, rows) for t in (scale, shift))
+    return scale, shift
 
 
 @torch.no_grad()
@@ -227,7 +221,7 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
         layer = copied.get_submodule(layer_name)
         plain = layer[-1] if isinstance(layer, nn.Sequential) else layer
         scale, shift = _affine(originals[gate], originals[layer_name], cut)
-        _plain_adapter(originals[layer_name]).fold_affine(plain, scale, shift)
+        exporter(originals[layer_name]).fold_affine(plain, scale, shift)
         copied.set_submodule(gate, nn.Identity())
     for name, m in originals.items():
         if isinstance(m, FunctionalRead):  # forward() reads the plain layer's own weights
@@ -258,7 +252,7 @@ def _replace(
         if isinstance(m, MaskedLayer | TaskHead) or (
             isinstance(m, TaskSpecific) and exported_adapter(m) is not None
         ):
-            adapter = _plain_adapter(m)
+            adapter = exporter(m)
             new = adapter.plain(m) if full is None else adapter.slim(m, full)
             if is_costed(m) and m.in_units in position:
                 if m.in_unit_size != 1:

@@ -11,10 +11,10 @@ from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
+    Keep,
     LayerAdapter,
     Placement,
     TokenGate,
-    alive_index,
     register,
 )
 from espn.layers.linear import MaskedLinear, alive_linear, gated
@@ -62,15 +62,14 @@ class MaskedAttention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.attend(self.q(x), self.k(x), gated(self.v, self.gate, x)))
 
-    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
-        """:meth:`forward` on the features ``alive`` of its input stream alone (``x`` holds
-        just those; None: all), giving those of its output, through the alive heads alone
-        (a dead head adds exactly nothing to the whole-width forward)."""
-        heads = alive_index(self.gate)
-        q = alive_linear(self.q, x, alive, heads)
-        k = alive_linear(self.k, x, alive, heads)
-        v = alive_linear(self.v, x, alive, heads, self.gate)
-        return alive_linear(self.proj, self.attend(q, k, v), heads, alive)
+    def alive_forward(self, x: Tensor, keep: Keep) -> Tensor:
+        """:meth:`forward` on the features ``keep`` says a task keeps (``x`` holds just those
+        of its input stream), giving those of its output, through the alive heads alone (a
+        dead head adds exactly nothing to the whole-width forward)."""
+        q = alive_linear(self.q, x, keep)
+        k = alive_linear(self.k, x, keep)
+        v = alive_linear(self.v, x, keep, self.gate)
+        return alive_linear(self.proj, self.attend(q, k, v), keep)
 
 
 class MaskedSelfAttention(MaskedAttention):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -172,45 +173,68 @@ def take(t: Tensor, cut: Cut) -> Tensor:
 
 def kept(units: dict[str, Tensor], group: str | None, size: int) -> Tensor | None:
     """Indices of the alive features of a side indexed by ``group`` in units of ``size``
-    (None: every feature, alive or not prunable)."""
+    (None: every feature, alive or not prunable): a :data:`Keep` once ``units`` is given."""
     alive = None if group is None else expand_units(units[group], size)
     return None if alive is None or bool(alive.all()) else alive.nonzero().flatten()
 
 
-def alive_index(m: UnitModule) -> Tensor | None:
-    """:func:`kept` for unit module ``m``'s group, read from its ``unit_mask`` once per change
-    of it (a host read at a prune event or a task switch, never in a step)."""
-    mask = m.unit_mask
-    index = memo(m, "_alive", mask, lambda: kept({m.group: mask}, m.group, m.unit_size))
+#: which features a task keeps: ``keep(group, size)``, the indices of the alive features of a
+#: side indexed by unit group ``group`` in units of ``size`` features (None: all of them)
+Keep = Callable[[str | None, int], Tensor | None]
+
+
+def alive_index(m: UnitModule, size: int | None = None) -> Tensor | None:
+    """:func:`kept` for unit module ``m``'s group in units of ``size`` features (None: its
+    ``unit_size``), read from its ``unit_mask`` once per change of it (a host read at a prune
+    event or a task switch, never in a step)."""
+    mask, size = m.unit_mask, size or m.unit_size
+    index = memo(m, f"_alive{size}", mask, lambda: kept({m.group: mask}, m.group, size))
     return cast(Tensor | None, index)
+
+
+def alive_keep(*modules: UnitModule) -> Keep:
+    """The :data:`Keep` of the units alive in ``modules``' unit masks, one module per unit
+    group (:func:`alive_index`, each asked once): a step reading live tensors at their
+    adapter's cuts, its masks unchanged while it runs."""
+    by_group = {m.group: m for m in modules}
+    known: dict[tuple[str, int], Tensor | None] = {}
+
+    def keep(group: str | None, size: int) -> Tensor | None:
+        if group is None:
+            return None
+        if (group, size) not in known:
+            known[group, size] = alive_index(by_group[group], size)
+        return known[group, size]
+
+    return keep
 
 
 def narrow(m: nn.Module, cuts: dict[str, Cut]) -> dict[str, Cut]:
     """Replace each tensor of ``m`` named in ``cuts`` by its slice there, a tensor of its own
-    (the one replaced is never written); returns ``cuts``."""
+    (the one replaced is never written); a unit module's units are then all alive (its unit
+    mask all ones); returns ``cuts``."""
     for key, cut in cuts.items():
         full = getattr(m, key)
         part = full.detach().clone() if cut.whole() else take(full.detach(), cut)
         if isinstance(full, nn.Parameter):
             part = nn.Parameter(part, requires_grad=full.requires_grad)
         setattr(m, key, part)
+    if isinstance(m, UnitModule):
+        m.unit_mask = torch.ones_like(m.unit_mask)
     return cuts
 
 
-def cut_units(m: UnitModule, units: dict[str, Tensor]) -> dict[str, Cut]:
-    """Cut unit module ``m`` (a gate or norm) to the units of its group alive in ``units``:
-    every tensor of one entry per feature (nothing where every unit is alive); they are all
-    its units then (its unit mask all ones)."""
-    alive = units[m.group]
-    cuts: dict[str, Cut] = {}
-    if not bool(alive.all()):
-        entries = Cut((expand_units(alive, m.entries_per_unit).nonzero().flatten(),))
-        own = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
-        per_entry = m.weight.numel()
-        cuts = {key: entries for key, t in own if t.dim() == 1 and t.numel() == per_entry}
-        narrow(m, cuts | {"unit_mask": Cut((alive.nonzero().flatten(),))})
-    m.unit_mask = torch.ones_like(m.unit_mask)
-    return cuts
+def unit_cuts(m: UnitModule, keep: Keep) -> dict[str, Cut]:
+    """The cut of unit module ``m`` (a gate or norm) to the alive units of its group: every
+    tensor of one entry per feature at the alive entries, its unit mask at the alive units
+    (nothing where every unit is alive)."""
+    entries = keep(m.group, m.entries_per_unit)
+    if entries is None:
+        return {}
+    per_entry, cut = m.weight.numel(), Cut((entries,))
+    own = {**m._parameters, **m._buffers}.items()
+    cuts = {k: cut for k, t in own if t is not None and t.dim() == 1 and t.numel() == per_entry}
+    return cuts | {"unit_mask": Cut((keep(m.group, 1),))}
 
 
 class LayerAdapter(ABC):
@@ -267,12 +291,21 @@ class LayerAdapter(ABC):
         task at full width (masks multiplied in)."""
         raise ExportError(f"no plain torch equivalent for {type(m).__name__}")
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
-        """Narrow espn module ``m`` in place to its alive features (``units``: unit group ->
-        alive units): each of its tensors cut (:func:`narrow`), its sizes set to match; the
-        cut of each tensor, by name. The one slicing of a layer type: training's slim copy,
-        which writes its tensors back through the cuts, and the slim export (:meth:`slim`)."""
+    def cuts(self, m: nn.Module, keep: Keep) -> dict[str, Cut]:
+        """Where espn module ``m`` is cut to the features ``keep`` says a task keeps: the cut
+        of each of its tensors, by name (a task norm's: :func:`unit_cuts`). The one decision
+        of a layer type's cut: its :meth:`slice` narrows ``m`` through it (training's slim
+        copy, the slim export), and the ViT's step on its alive units reads ``m``'s live
+        tensors through it."""
+        if isinstance(m, UnitModule):
+            return unit_cuts(m, keep)
         raise ExportError(f"{type(m).__name__} cannot be sliced")
+
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        """Narrow espn module ``m`` in place to its :meth:`cuts` at ``units`` (unit group ->
+        alive units), a subclass setting its sizes to match; the cuts, through which
+        training's slim copy writes its tensors back."""
+        return narrow(m, self.cuts(m, functools.partial(kept, units)))
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
@@ -345,18 +378,22 @@ class WeightAdapter(LayerAdapter):
             return nn.Sequential(layer, gate)
         return layer
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
-        """A head's input columns; a masked layer's weight and masks at the rows of its alive
-        outputs (dimension 0) and the columns of its alive inputs (dimension 1). A subclass
-        sets the sizes of its masked layer."""
+    def cuts(self, m: nn.Module, keep: Keep) -> dict[str, Cut]:
+        """A head's weight at the columns of its alive inputs; a masked layer's weight and
+        masks at the rows of its alive outputs (dimension 0) and those columns (dimension 1)."""
         if isinstance(m, TaskHead):
-            cuts = narrow(m, {"weight": Cut((None, kept(units, m.in_units, m.in_unit_size)))})
-            m.in_features = m.weight.shape[1]
-            return cuts
+            return {"weight": Cut((None, keep(m.in_units, m.in_unit_size)))}
         assert isinstance(m, MaskedLayer)
-        rows = kept(units, m.out_units, m.out_unit_size)
-        cut = Cut((rows, kept(units, m.in_units, m.in_unit_size)), tuple(m.weight.shape))
-        return narrow(m, dict.fromkeys(("weight", *MaskedLayer.BUFFERS), cut))
+        rows = keep(m.out_units, m.out_unit_size)
+        cut = Cut((rows, keep(m.in_units, m.in_unit_size)), tuple(m.weight.shape))
+        return dict.fromkeys(("weight", *MaskedLayer.BUFFERS), cut)
+
+    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+        """A linear layer's (a head's too) sizes set; a subclass sets those of its others."""
+        cuts = super().slice(m, units)
+        if isinstance(m, nn.Linear):
+            m.out_features, m.in_features = m.weight.shape[:2]
+        return cuts
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:
@@ -410,6 +447,14 @@ def adapter_for(m: nn.Module) -> LayerAdapter | None:
 def exported_adapter(m: nn.Module) -> LayerAdapter | None:
     """The adapter exporting espn module ``m``, or None (not a layer type: a gate, tokens)."""
     return _nearest(_EXPORTS, m)
+
+
+def exporter(m: nn.Module) -> LayerAdapter:
+    """:func:`exported_adapter`, required: a one-line :class:`ExportError` where ``m`` has none."""
+    adapter = exported_adapter(m)
+    if adapter is None:
+        raise ExportError(f"module {type(m).__name__} has no plain torch equivalent")
+    return adapter
 
 
 def layer_types() -> tuple[type[nn.Module], ...]:

@@ -18,7 +18,6 @@ from espn.layers.base import (
     Cut,
     LayerAdapter,
     Placement,
-    cut_units,
     holding,
     param,
     register,
@@ -154,7 +153,7 @@ class BatchNormAdapter(LayerAdapter):
 
     def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
         assert isinstance(m, TaskBatchNorm)
-        cuts = cut_units(m, units)
+        cuts = super().slice(m, units)
         m.num_features = len(m.weight)
         return cuts
 

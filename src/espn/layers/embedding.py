@@ -38,12 +38,6 @@ class MaskedEmbedding(MaskedLayer):
         return F.embedding(x, self.masked_weight().t(), self.padding_idx)
 
 
-def _table(weight: Tensor, padding_idx: int | None) -> nn.Module:
-    """An ``nn.Embedding`` holding ``weight`` (``(num_embeddings, features)``)."""
-    out = nn.Embedding(weight.shape[0], weight.shape[1], padding_idx=padding_idx)
-    return holding(out, weight.contiguous())
-
-
 @register
 class EmbeddingAdapter(WeightAdapter):
     source = (nn.Embedding,)
@@ -75,7 +69,8 @@ class EmbeddingAdapter(WeightAdapter):
     @torch.no_grad()
     def plain(self, m: nn.Module) -> nn.Module:
         assert isinstance(m, MaskedEmbedding)
-        return _table(m.masked_weight().t(), m.padding_idx)
+        table = nn.Embedding(m.num_embeddings, m.embedding_dim, padding_idx=m.padding_idx)
+        return holding(table, m.masked_weight().t().contiguous())
 
     def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
         assert isinstance(m, MaskedEmbedding)

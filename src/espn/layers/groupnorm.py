@@ -12,7 +12,6 @@ from espn.layers.base import (
     Cut,
     LayerAdapter,
     Placement,
-    cut_units,
     holding,
     register,
 )
@@ -82,7 +81,7 @@ class GroupNormAdapter(LayerAdapter):
         """The alive channels: whole groups, so as many groups fewer."""
         assert isinstance(m, TaskGroupNorm)
         per_group = m.num_channels // m.num_groups
-        cuts = cut_units(m, units)
+        cuts = super().slice(m, units)
         m.num_channels = len(m.weight)
         m.num_groups = m.num_channels // per_group
         return cuts

@@ -12,13 +12,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from espn.layers.base import (
+    WHOLE,
     ConvertError,
     Cut,
     ExportError,
+    Keep,
     LayerAdapter,
     Placement,
     alive_index,
-    cut_units,
+    alive_keep,
+    exporter,
     holding,
     register,
     take,
@@ -44,21 +47,21 @@ class TaskLayerNorm(nn.LayerNorm, UnitModule):
             return self.masked_norm(x)
         alive = alive_index(self)
         if alive is None:
-            return self.alive_norm(x, None)
+            return super().forward(x)
         if alive.numel() == 0:
             return self.masked_norm(x)  # every feature pruned: zeros
         # the alive features gathered, normalised as the slim model's LayerNorm does, and put
         # back at their places among zeros (a pruned feature outputs exactly zero)
-        out = self.alive_norm(_Features.apply(x, alive, None), alive)
+        out = self.alive_norm(_Features.apply(x, alive, None), alive_keep(self))
         return cast(Tensor, _Features.apply(out, alive, x.shape[-1]))
 
-    def alive_norm(self, x: Tensor, alive: Tensor | None) -> Tensor:
-        """The normalisation of ``x``, the features ``alive`` alone (as :func:`alive_index`
-        gives them; None: the whole width), at those features: what :meth:`forward` computes
+    def alive_norm(self, x: Tensor, keep: Keep) -> Tensor:
+        """The normalisation of ``x``, the features ``keep`` says a task keeps alone, at those
+        features (its scale and shift at its adapter's cut): what :meth:`forward` computes
         there from the whole width."""
-        shape = self.normalized_shape if alive is None else (alive.numel(),)
-        cut = Cut((alive,))
-        return F.layer_norm(x, shape, take(self.weight, cut), take(self.bias, cut), self.eps)
+        cuts = exporter(self).cuts(self, keep)
+        weight, bias = (take(getattr(self, k), cuts.get(k, WHOLE)) for k in ("weight", "bias"))
+        return F.layer_norm(x, weight.shape, weight, bias, self.eps)
 
     def masked_norm(self, x: Tensor) -> Tensor:
         """The same normalisation written with the unit mask as a tensor (no Python value
@@ -154,6 +157,6 @@ class LayerNormAdapter(LayerAdapter):
 
     def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
         assert isinstance(m, TaskLayerNorm)
-        cuts = cut_units(m, units)
+        cuts = super().slice(m, units)
         m.normalized_shape = (len(m.weight),)
         return cuts

@@ -11,10 +11,13 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.layers.base import (
+    WHOLE,
     Cut,
+    Keep,
     Placement,
     TokenGate,
     WeightAdapter,
+    exporter,
     holding,
     hooked,
     register,
@@ -73,33 +76,21 @@ def gated(layer: nn.Module, gate: nn.Module, x: Tensor) -> Tensor:
         and not hooked(gate)
         and not gate.is_identity()
     ):
-        return alive_linear(layer, x, gate=gate)
+        return alive_linear(layer, x, None, gate)
     return cast(Tensor, gate(layer(x)))
 
 
-def alive_weight(layer: nn.Module, inputs: Tensor | None, outputs: Tensor | None) -> Tensor:
-    """``layer``'s weight (masked, for a masked layer) at the rows of its output features
-    ``outputs`` and the columns of its input features ``inputs`` (None: all), the cut its
-    slice takes, from the tensor its forward reads: the gradient flows as there."""
-    weight = layer.masked_weight() if isinstance(layer, MaskedLayer) else layer.weight
-    assert isinstance(weight, Tensor)
-    return take(weight, Cut((outputs, inputs), tuple(weight.shape)))
-
-
 def alive_linear(
-    layer: MaskedLinear,
-    x: Tensor,
-    inputs: Tensor | None = None,
-    outputs: Tensor | None = None,
-    gate: TokenGate | None = None,
+    layer: MaskedLinear, x: Tensor, keep: Keep | None = None, gate: TokenGate | None = None
 ) -> Tensor:
-    """``layer``'s map from the input features ``inputs`` (``x`` holds just those; None: all)
-    to the output features ``outputs`` (None: all), ``gate`` folded into its rows (see
-    :func:`gated`), its weight from :func:`alive_weight`."""
-    weight = alive_weight(layer, inputs, outputs)
+    """``layer``'s map on the features ``keep`` says a task keeps (``x`` holds just its kept
+    inputs; None: all), ``gate`` folded into its rows (see :func:`gated`): its masked weight,
+    the tensor its forward reads (the gradient flows as there), at its adapter's cut."""
+    cut = WHOLE if keep is None else exporter(layer).cuts(layer, keep)["weight"]
+    weight = take(layer.masked_weight(), cut)
     if gate is None or gate.is_identity():
         return F.linear(x, weight)
-    rows = Cut((outputs,))
+    rows = Cut(cut.index[:1])
     scale, shift = gate.feature_affine()
     shift = None if shift is None else take(shift, rows)
     return F.linear(x, weight * take(scale, rows).unsqueeze(1), shift)
@@ -142,9 +133,3 @@ class LinearAdapter(WeightAdapter):
             return holding(nn.Linear(m.in_features, m.out_features), m.weight, m.bias)
         assert isinstance(m, MaskedLinear)
         return holding(nn.Linear(m.in_features, m.out_features, bias=False), m.masked_weight())
-
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
-        cuts = super().slice(m, units)
-        if isinstance(m, MaskedLinear):
-            m.out_features, m.in_features = m.weight.shape
-        return cuts

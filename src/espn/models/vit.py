@@ -9,11 +9,12 @@ from torch import Tensor, nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from espn.errors import EspnError
+from espn.layers import adapter_for, exported_adapter
 from espn.layers.attention import MaskedAttention
-from espn.layers.base import TokenGate, alive_index, hooked
+from espn.layers.base import Keep, TokenGate, alive_index, alive_keep, exporter, hooked, take
 from espn.layers.conv2d import MaskedConv2d
 from espn.layers.layernorm import TaskLayerNorm
-from espn.layers.linear import MaskedLinear, alive_linear, alive_weight, gated, model_head
+from espn.layers.linear import MaskedLinear, alive_linear, gated, model_head
 from espn.layers.parameters import TaskTokens
 from espn.models.registry import MODELS, ModelSpec
 from espn.supernet.layers import TaskHead
@@ -43,35 +44,18 @@ class Block(nn.Module):
         x = x + self.attn(self.norm1(x))
         return x + self.fc2(self.act(gated(self.fc1, self.gate, self.norm2(x))))
 
-    def alive_forward(self, x: Tensor, alive: Tensor | None) -> Tensor:
-        """:meth:`forward` on the stream's features ``alive`` alone (None: all) and the
-        MLP's alive neurons alone (see :meth:`ViT.alive_forward`)."""
-        assert isinstance(self.attn, MaskedAttention) and isinstance(self.fc1, MaskedLinear)
-        x = x + self.attn.alive_forward(self.norm1.alive_norm(x, alive), alive)
-        neurons = alive_index(self.gate)
-        hidden = self.norm2.alive_norm(x, alive)
-        hidden = alive_linear(self.fc1, hidden, alive, neurons, self.gate)
-        return x + alive_linear(self.fc2, self.act(hidden), neurons, alive)
+    def alive_forward(self, x: Tensor, keep: Keep) -> Tensor:
+        """:meth:`forward` on the features ``keep`` says the task keeps: the stream's alive
+        features and the MLP's alive neurons alone (see :meth:`ViT.alive_forward`)."""
+        x = x + self.attn.alive_forward(self.norm1.alive_norm(x, keep), keep)
+        hidden = alive_linear(self.fc1, self.norm2.alive_norm(x, keep), keep, self.gate)
+        return x + alive_linear(self.fc2, self.act(hidden), keep)
 
     def has_dead_units(self) -> bool:
         """Whether the block's MLP neurons or attention heads have a dead unit (see
         :func:`alive_index`)."""
         gates = (self.gate, getattr(self.attn, "gate", None))
         return any(isinstance(g, TokenGate) and alive_index(g) is not None for g in gates)
-
-    def espn_modules(self) -> bool:
-        """Whether the block holds the supernet's own modules (not plain ones put in their
-        place, as a plain copy of the network does)."""
-        attn = self.attn
-        return (
-            type(attn) is MaskedAttention
-            and all(isinstance(n, TaskLayerNorm) for n in (self.norm1, self.norm2))
-            and all(isinstance(g, TokenGate) for g in (self.gate, attn.gate))
-            and all(
-                isinstance(m, MaskedLinear)
-                for m in (self.fc1, self.fc2, attn.q, attn.k, attn.v, attn.proj)
-            )
-        )
 
 
 class ViT(nn.Module):
@@ -120,23 +104,24 @@ class ViT(nn.Module):
         features and each block's alive MLP neurons and attention heads. Dead units are zero
         in the masks and left out by the task LayerNorms, so the logits (and every gradient)
         are the same up to the order of float sums."""
-        embed, norm = self.patch_embed, self.norm
+        embed, norm, head = self.patch_embed, self.norm, self.head
         assert isinstance(embed, MaskedConv2d) and isinstance(norm, TaskLayerNorm)
-        assert isinstance(self.head, TaskHead)
-        alive = alive_index(norm)
-        weight = alive_weight(embed, None, alive)
-        x = self.tokens(embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2), alive)
-        for block in self.blocks:
-            assert isinstance(block, Block)
-            x = block.alive_forward(x, alive)
-        x = norm.alive_norm(x, alive)[:, 0]
-        return F.linear(x, alive_weight(self.head, alive, None), self.head.bias)
+        assert isinstance(head, TaskHead)
+        blocks = [b for b in self.blocks if isinstance(b, Block)]
+        keep = alive_keep(norm, *(g for b in blocks for g in (b.gate, b.attn.gate)))
+        weight = take(embed.masked_weight(), exporter(embed).cuts(embed, keep)["weight"])
+        x = embed._conv_forward(x, weight, None).flatten(2).transpose(1, 2)
+        x = self.tokens(x, keep(STREAM, 1))
+        for block in blocks:
+            x = block.alive_forward(x, keep)
+        x = norm.alive_norm(x, keep)[:, 0]
+        return F.linear(x, take(head.weight, exporter(head).cuts(head, keep)["weight"]), head.bias)
 
     def carries_alive_units(self) -> bool:
         """Whether :meth:`forward` carries the alive units alone (:meth:`alive_forward`): in
         an eager training step (not compiled, not traced) of a task with a dead unit but a
-        live stream, with the supernet's own modules in place and no hook (a hook sees the
-        whole width)."""
+        live stream, with the supernet's own modules in place (no plain layer) and no hook (a
+        hook sees the whole width)."""
         if (
             not self.training
             or not torch.is_grad_enabled()
@@ -153,11 +138,12 @@ class ViT(nn.Module):
         ):
             return False
         return (
-            isinstance(self.patch_embed, MaskedConv2d)
-            and isinstance(self.tokens, TaskTokens)
-            and isinstance(self.head, TaskHead)
-            and all(isinstance(b, Block) and b.espn_modules() for b in self.blocks)
-            and not any(hooked(m) for m in self.modules())
+            isinstance(self.head, TaskHead)  # not a head shared by the tasks
+            and all(isinstance(b, Block) for b in self.blocks)
+            and not any(  # a plain layer: a plain copy's, in place of the supernet's own
+                hooked(m) or (adapter_for(m) is not None and exported_adapter(m) is None)
+                for m in self.modules()
+            )
         )
 
 

@@ -7,6 +7,7 @@ pruned per conv: docs/performance.md, "Training and evaluating at the sub-networ
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from typing import Any, cast
 
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from espn.errors import EspnError
 from espn.layers import ExportError, exported_adapter
-from espn.layers.base import Cut, cut_units, flat_path, kept
+from espn.layers.base import Cut, flat_path, kept, narrow, unit_cuts
 from espn.layers.linear import MaskedLinear
 from espn.supernet.fast import caches, stamp
 from espn.supernet.layers import (
@@ -68,7 +69,6 @@ def slice_units(supernet: Supernet) -> dict[str, Tensor]:
 @torch.no_grad()
 def put(full: Tensor, cut: Cut, value: Tensor) -> None:
     """Write ``value`` into ``full`` where :func:`espn.layers.base.take` read it."""
-    index = cut.index
     if cut.whole():
         full.copy_(value)
         return
@@ -76,19 +76,13 @@ def put(full: Tensor, cut: Cut, value: Tensor) -> None:
     if flat is not None:
         full.view(-1).index_copy_(0, flat, value.reshape(-1))
         return
-    at = [(dim, i) for dim, i in enumerate(index) if i is not None]
+    at = [(dim, i.to(full.device)) for dim, i in enumerate(cut.index) if i is not None]
     if len(at) == 1:  # one indexed dimension: rows (or columns) copied in place
-        full.index_copy_(at[0][0], at[0][1].to(full.device), value)
+        full.index_copy_(*at[0], value)
         return
-    if len(index) == 2:  # the kept rows with their kept columns, then the rows
-        rows, cols = (i.to(full.device) for i in index if i is not None)
-        full.index_copy_(0, rows, full.index_select(0, rows).index_copy_(1, cols, value))
-        return
-    grids = []
-    for dim, i in enumerate(index):
-        i = torch.arange(full.shape[dim], device=full.device) if i is None else i.to(full.device)
-        grids.append(i.view((-1,) + (1,) * (len(index) - dim - 1)))
-    full.index_put_(tuple(grids), value)
+    # a weight cut along dimensions 0 and 1: the kept rows with their kept columns, then the rows
+    (_, rows), (_, cols) = at
+    full.index_copy_(0, rows, full.index_select(0, rows).index_copy_(1, cols, value))
 
 
 class _Scatter:
@@ -135,8 +129,7 @@ def _dropout_readers(model: nn.Module) -> dict[int, MaskedLinear | TaskHead]:
     for parent in model.modules():
         if not isinstance(parent, nn.Sequential):
             continue
-        children = list(parent)
-        for drop, after in itertools.pairwise(children):
+        for drop, after in itertools.pairwise(parent):
             while isinstance(after, nn.Sequential) and len(after) > 0:
                 after = after[0]
             if type(drop) is nn.Dropout and type(after) in (MaskedLinear, TaskHead):
@@ -235,7 +228,7 @@ class SlimNet(nn.Module):
             units = units | {group: mine}
         adapter = exported_adapter(m)
         if type(m) is UnitGate:
-            cuts = cut_units(m, units)
+            cuts = narrow(m, unit_cuts(m, functools.partial(kept, units)))
         elif adapter is not None and isinstance(m, MaskedLayer | TaskSpecific):
             try:
                 cuts = adapter.slice(m, units)
