@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -271,7 +272,9 @@ class _TrainedWeight(torch.autograd.Function):
     gradient in place in the product's: ``grad + weight / d`` (one ``addcdiv_``, rounded as
     autograd's sum of the two gradients), then an AND of its bits with ``keep`` (all ones
     where the task trains the weight; None: every weight trains), exact for every value; the
-    layer learns the result's address and version, so that the frozen-weight guard skips it."""
+    layer learns the result's address and version, so that the frozen-weight guard skips it.
+    The layer is held weakly: the product it caches holds this graph, and a cycle through
+    autograd's graph is never collected (a slim copy's layers would outlive it)."""
 
     @staticmethod
     def forward(
@@ -279,7 +282,7 @@ class _TrainedWeight(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(weight, keep)
-        ctx.layer = layer
+        ctx.layer = weakref.ref(layer)
         product = weight.view_as(weight) if mask is None else weight * mask
         return product, weight.new_empty(())
 
@@ -302,7 +305,7 @@ class _TrainedWeight(torch.autograd.Function):
             out = grad if owned else torch.empty_like(grad)
             torch.bitwise_and(float_bits(grad), keep, out=float_bits(out))
             grad = out
-            caches(ctx.layer)["_kept_grad"] = (grad.data_ptr(), grad._version)
+            caches(ctx.layer())["_kept_grad"] = (grad.data_ptr(), grad._version)
         return grad, None, None, None
 
 
