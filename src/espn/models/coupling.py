@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
@@ -234,7 +234,14 @@ def couple(
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
-    found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
+    try:
+        found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
+    except _Unsettled as exc:
+        raise ConvertError(
+            f"the channels {failed_after(model, exc)} cannot be followed through forward() "
+            f"(Torch-Pruning's dependency graph: {exc}): a reshape of a token tensor's features "
+            "into heads outside an attention espn converts (MaxViT's) is not supported"
+        ) from None
     for items, fixed in zip(found, _fixed(graph, found, names), strict=True):
         tokens = set() if fixed else token_sides(model, example, graph, items, names, modules)
         if (names.get(items[0][0].target.module), True) in tokens:
@@ -351,6 +358,7 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
     import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
     from torch_pruning.dependency import index_mapping
 
+    _order_flatten_mapping(index_mapping)
     graph = tp.DependencyGraph()
     try:
         try:
@@ -367,6 +375,42 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
             f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
             "regroups channels otherwise than a split or shuffle is not supported"
         ) from None
+
+
+#: channel indices Torch-Pruning may map through reshapes while it groups one model's channels
+#: (a VGG's classifier maps 25,600): a search past it does not settle (MaxViT's attention)
+MAPPED_LIMIT = 2_000_000
+_MAPPED = [0]
+
+
+class _Unsettled(ConvertError):
+    """Torch-Pruning's group search mapped more than :data:`MAPPED_LIMIT` indices."""
+
+
+def _order_flatten_mapping(index_mapping: Any) -> None:
+    """Make Torch-Pruning's flatten index mapping keep the first order of its indices back to
+    channels, and count what it maps (see :data:`MAPPED_LIMIT`): it returns ``list(set(...))``,
+    so that a node reached again along a cycle of the graph (MaxViT's window attention) gets
+    the same indices in another order, which its group search takes for new ones."""
+    _MAPPED[0] = 0
+    flatten = index_mapping._FlattenIndexMapping
+    forward = flatten.__call__
+    if getattr(forward, "ordered", False):
+        return
+
+    def ordered(self: Any, idxs: list[Any]) -> list[Any]:
+        if self.reverse:
+            back = (type(i)(idx=i.idx // self._stride, root_idx=i.root_idx) for i in idxs)
+            idxs = list(dict.fromkeys(back))
+        else:
+            idxs = forward(self, idxs)
+        _MAPPED[0] += len(idxs)
+        if _MAPPED[0] > MAPPED_LIMIT:
+            raise _Unsettled(f"its grouping mapped over {MAPPED_LIMIT:,} indices through reshapes")
+        return idxs
+
+    ordered.ordered = True  # type: ignore[attr-defined]
+    flatten.__call__ = ordered
 
 
 def _check_grouped_input(
