@@ -238,9 +238,8 @@ def couple(
         found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
     except _Unsettled as exc:
         raise ConvertError(
-            f"the channels {failed_after(model, exc)} cannot be followed through forward() "
-            f"(Torch-Pruning's dependency graph: {exc}): a reshape of a token tensor's features "
-            "into heads outside an attention espn converts (MaxViT's) is not supported"
+            f"the channels {failed_after(model, exc)} cannot be followed through forward(): "
+            f"{exc} (features reshaped into heads outside an attention espn converts, as MaxViT's)"
         ) from None
     for items, fixed in zip(found, _fixed(graph, found, names), strict=True):
         tokens = set() if fixed else token_sides(model, example, graph, items, names, modules)
@@ -406,7 +405,7 @@ def _order_flatten_mapping(index_mapping: Any) -> None:
             idxs = forward(self, idxs)
         _MAPPED[0] += len(idxs)
         if _MAPPED[0] > MAPPED_LIMIT:
-            raise _Unsettled(f"its grouping mapped over {MAPPED_LIMIT:,} indices through reshapes")
+            raise _Unsettled(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices through reshapes")
         return idxs
 
     ordered.ordered = True  # type: ignore[attr-defined]
