@@ -236,7 +236,7 @@ def couple(
     scales: set[str] = set()
     try:
         found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
-    except _Unsettled as exc:
+    except ConvertError as exc:  # see MAPPED_LIMIT
         raise ConvertError(
             f"the channels {failed_after(model, exc)} cannot be followed through forward(): "
             f"{exc} (features reshaped into heads outside an attention espn converts, as MaxViT's)"
@@ -357,7 +357,7 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
     import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
     from torch_pruning.dependency import index_mapping
 
-    _order_flatten_mapping(index_mapping)
+    _count_mapped(index_mapping)
     graph = tp.DependencyGraph()
     try:
         try:
@@ -376,40 +376,28 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
         ) from None
 
 
-#: channel indices Torch-Pruning may map through reshapes while it groups one model's channels
-#: (a VGG's classifier maps 25,600): a search past it does not settle (MaxViT's attention)
+#: indices Torch-Pruning may map through reshapes while it groups one model's channels (a VGG's
+#: classifier: 25,600); on MaxViT's attention its search never ends (its ``list(set(...))``
+#: gives a node's indices met again in another order, which it takes for new ones)
 MAPPED_LIMIT = 2_000_000
-_MAPPED = [0]
 
 
-class _Unsettled(ConvertError):
-    """Torch-Pruning's group search mapped more than :data:`MAPPED_LIMIT` indices."""
-
-
-def _order_flatten_mapping(index_mapping: Any) -> None:
-    """Make Torch-Pruning's flatten index mapping keep the first order of its indices back to
-    channels, and count what it maps (see :data:`MAPPED_LIMIT`): it returns ``list(set(...))``,
-    so that a node reached again along a cycle of the graph (MaxViT's window attention) gets
-    the same indices in another order, which its group search takes for new ones."""
-    _MAPPED[0] = 0
+def _count_mapped(index_mapping: Any) -> None:
+    """Refuse Torch-Pruning's group search once its flatten mapping has returned more than
+    :data:`MAPPED_LIMIT` indices since this call."""
     flatten = index_mapping._FlattenIndexMapping
-    forward = flatten.__call__
-    if getattr(forward, "ordered", False):
-        return
+    call = getattr(flatten.__call__, "uncounted", flatten.__call__)
+    mapped = [0]
 
-    def ordered(self: Any, idxs: list[Any]) -> list[Any]:
-        if self.reverse:
-            back = (type(i)(idx=i.idx // self._stride, root_idx=i.root_idx) for i in idxs)
-            idxs = list(dict.fromkeys(back))
-        else:
-            idxs = forward(self, idxs)
-        _MAPPED[0] += len(idxs)
-        if _MAPPED[0] > MAPPED_LIMIT:
-            raise _Unsettled(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices through reshapes")
-        return idxs
+    def counted(self: Any, idxs: list[Any]) -> list[Any]:
+        out = call(self, idxs)
+        mapped[0] += len(out)
+        if mapped[0] > MAPPED_LIMIT:
+            raise ConvertError(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices in reshapes")
+        return out
 
-    ordered.ordered = True  # type: ignore[attr-defined]
-    flatten.__call__ = ordered
+    counted.uncounted = call  # type: ignore[attr-defined]
+    flatten.__call__ = counted
 
 
 def _check_grouped_input(

@@ -259,6 +259,11 @@ class MaskCaches(_Caches):
         caches(self)["_free"] = (*stamp(frozen), free)
         return free
 
+    def release(self) -> None:
+        """Free the tensors kept between steps (at a task's end: the next computes them anew)."""
+        for name in ("_free", "_keep", "_product"):
+            caches(self).pop(name, None)
+
     def mask_count(self) -> Tensor:
         """The number of weights in the mask, as a tensor (no host read)."""
         mask = self.weight_mask
