@@ -277,9 +277,8 @@ class _TrainedWeight(torch.autograd.Function):
     gradient in place in the product's: ``grad + weight / d`` (one ``addcdiv_``, rounded as
     autograd's sum of the two gradients), then an AND of its bits with ``keep`` (all ones
     where the task trains the weight; None: every weight trains), exact for every value; the
-    layer learns the result's address and version, so that the frozen-weight guard skips it.
-    The layer is held weakly: the product it caches holds this graph, and a cycle through
-    autograd's graph is never collected (a slim copy's layers would outlive it)."""
+    layer (held weakly: the product it caches holds this graph, a cycle never collected)
+    learns the result's address and version, so that the frozen-weight guard skips it."""
 
     @staticmethod
     def forward(
