@@ -271,6 +271,10 @@ def test_a_channel_search_that_does_not_settle_is_refused_at_wrap_naming_the_lay
     Torch-Pruning maps as flattened channels: its search grows with the model (torchvision's
     maxvit_t: past the limit in about 20 s, where it ran for good). Here the limit is lowered
     to what the tiny model passes."""
+    from torch_pruning.dependency.index_mapping import _FlattenIndexMapping
+
+    own = _FlattenIndexMapping.__call__
     monkeypatch.setattr(coupling, "MAPPED_LIMIT", 10_000)
     with pytest.raises(ConvertError, match=r"channels after '.*to_qkv' cannot be followed"):
         espn.wrap(tiny_maxvit(), IMAGE)
+    assert _FlattenIndexMapping.__call__ is own  # Torch-Pruning's own mapping again

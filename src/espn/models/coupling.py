@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -235,7 +236,8 @@ def couple(
     repeats: dict[str, int] = {}
     scales: set[str] = set()
     try:
-        found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
+        with _limited_mapping():
+            found = [list(g) for g in graph.get_all_groups(root_module_types=layer_types())]
     except ConvertError as exc:  # see MAPPED_LIMIT
         raise ConvertError(
             f"the channels {failed_after(model, exc)} cannot be followed through forward(): "
@@ -357,7 +359,6 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
     import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
     from torch_pruning.dependency import index_mapping
 
-    _count_mapped(index_mapping)
     graph = tp.DependencyGraph()
     try:
         try:
@@ -382,12 +383,14 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
 MAPPED_LIMIT = 2_000_000
 
 
-def _count_mapped(index_mapping: Any) -> None:
-    """Refuse Torch-Pruning's group search once its flatten mapping has returned more than
-    :data:`MAPPED_LIMIT` indices since this call."""
+@contextmanager
+def _limited_mapping() -> Iterator[None]:
+    """Torch-Pruning's flatten mapping counting the indices it returns, refused past
+    :data:`MAPPED_LIMIT` (its own again on leaving)."""
+    from torch_pruning.dependency import index_mapping
+
     flatten = index_mapping._FlattenIndexMapping
-    call = getattr(flatten.__call__, "uncounted", flatten.__call__)
-    mapped = [0]
+    call, mapped = flatten.__call__, [0]
 
     def counted(self: Any, idxs: list[Any]) -> list[Any]:
         out = call(self, idxs)
@@ -396,8 +399,11 @@ def _count_mapped(index_mapping: Any) -> None:
             raise ConvertError(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices in reshapes")
         return out
 
-    counted.uncounted = call  # type: ignore[attr-defined]
     flatten.__call__ = counted
+    try:
+        yield
+    finally:
+        flatten.__call__ = call
 
 
 def _check_grouped_input(
