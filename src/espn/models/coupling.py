@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from unittest.mock import patch
 
 from torch import Tensor, nn
 
@@ -383,14 +384,12 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
 MAPPED_LIMIT = 2_000_000
 
 
-@contextmanager
-def _limited_mapping() -> Iterator[None]:
+def _limited_mapping() -> AbstractContextManager[Any]:
     """Torch-Pruning's flatten mapping counting the indices it returns, refused past
     :data:`MAPPED_LIMIT` (its own again on leaving)."""
-    from torch_pruning.dependency import index_mapping
+    from torch_pruning.dependency.index_mapping import _FlattenIndexMapping
 
-    flatten = index_mapping._FlattenIndexMapping
-    call, mapped = flatten.__call__, [0]
+    call, mapped = _FlattenIndexMapping.__call__, [0]
 
     def counted(self: Any, idxs: list[Any]) -> list[Any]:
         out = call(self, idxs)
@@ -399,11 +398,7 @@ def _limited_mapping() -> Iterator[None]:
             raise ConvertError(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices in reshapes")
         return out
 
-    flatten.__call__ = counted
-    try:
-        yield
-    finally:
-        flatten.__call__ = call
+    return patch.object(_FlattenIndexMapping, "__call__", counted)
 
 
 def _check_grouped_input(
