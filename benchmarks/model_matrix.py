@@ -432,6 +432,7 @@ def check(entry: Entry, settings: Settings) -> dict[str, Any]:
             sn = espn.wrap(model, x)
         except EspnError as exc:
             return done("refused", stage=stage, reason=one_line(exc))
+        del model  # wrap copied it: built again for the timing, not held through the training
         gamma = max(settings.gamma, math.ceil(sn.floor_ratio() * 100) / 100 + 0.01)
         if gamma > settings.gamma:  # checked at the cheapest budget it can reach, and said so
             row["gamma"] = gamma
@@ -518,10 +519,12 @@ def check(entry: Entry, settings: Settings) -> dict[str, Any]:
                 if t == 0:
                     stage = "timing"
                     row["speedup"] = {}
+                    dense = entry.build()[0].eval()
                     for b in settings.timing_batches:
                         xb = task_data(x, 99, b)[0]
-                        ms = timed({"dense": model, "export": program}, xb)
+                        ms = timed({"dense": dense, "export": program}, xb)
                         row["speedup"][str(b)] = ms["dense"] / ms["export"]
+                    del dense  # not held through the next task's export
         row["tasks"] = tasks
         if mismatch is not None:
             return done("broken", problem="flops", stage="FLOPs check", reason=mismatch)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 import espn
 from espn.export.slim import slim_copy
 from espn.layers.parameters import TaskParameters
+from espn.models import coupling
 from espn.models.convert import ConvertError
 from helpers.constructs import CONSTRUCTS
 
@@ -244,3 +245,36 @@ def test_a_layer_scale_on_channels_kept_whole_is_held_per_task_and_never_cut() -
     sn = espn.wrap(ScaledShuffle(), IMAGE)  # wrap's checks: FLOPs and a random task's slim copy
     held = next(m for m in sn.model.modules() if isinstance(m, TaskParameters))
     assert held.targets == ["gamma"] and held.groups == [None]
+
+
+def tiny_maxvit() -> nn.Module:
+    """torchvision's MaxViT at its smallest: two blocks, 2x2 windows, a 32x32 input."""
+    from torchvision.models.maxvit import MaxVit
+
+    torch.manual_seed(0)
+    return MaxVit(
+        input_size=(32, 32),
+        stem_channels=16,
+        partition_size=2,
+        block_channels=[16, 32],
+        block_layers=[1, 1],
+        head_dim=8,
+        stochastic_depth_prob=0.0,
+        num_classes=4,
+    )
+
+
+def test_a_channel_search_that_does_not_settle_is_refused_at_wrap_naming_the_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MaxViT's attention reshapes its features into heads on windows of tokens, which
+    Torch-Pruning maps as flattened channels: its search grows with the model (torchvision's
+    maxvit_t: past the limit in about 20 s, where it ran for good). Here the limit is lowered
+    to what the tiny model passes."""
+    from torch_pruning.dependency.index_mapping import _FlattenIndexMapping
+
+    own = _FlattenIndexMapping.__call__
+    monkeypatch.setattr(coupling, "MAPPED_LIMIT", 10_000)
+    with pytest.raises(ConvertError, match=r"channels after '.*to_qkv' cannot be followed"):
+        espn.wrap(tiny_maxvit(), IMAGE)
+    assert _FlattenIndexMapping.__call__ is own  # Torch-Pruning's own mapping again

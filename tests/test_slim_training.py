@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
+import weakref
 from collections import Counter
 
 import pytest
@@ -231,6 +233,24 @@ def test_frozen_weights_bit_identical_after_every_epoch_of_a_slim_phase(monkeypa
             assert torch.equal(
                 epoch[name].view(torch.int32), before[name][frozen].view(torch.int32)
             )
+
+
+def test_no_slim_copy_outlives_its_phase(monkeypatch):
+    """Every copy's layers are freed once training no longer uses them (a layer's cached
+    product, whose autograd graph held the layer, once kept each copy alive for good)."""
+    layers = []
+    real = slim_module.SlimPhase.build.__func__  # type: ignore[attr-defined]
+
+    def build(cls, *args, **kwargs):
+        phase = real(cls, *args, **kwargs)
+        if phase is not None:
+            layers.extend(weakref.ref(layer) for layer in phase.net.layers.values())
+        return phase
+
+    monkeypatch.setattr(slim_module.SlimPhase, "build", classmethod(build))
+    two_tasks("fc", "espn", OPTIMIZERS[2], slim=True)
+    gc.collect()
+    assert layers and all(layer() is None for layer in layers)
 
 
 def test_slim_copy_holds_alive_units_only():

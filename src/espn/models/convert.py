@@ -236,6 +236,7 @@ def to_supernet(
     if adopted:
         adopted = {n: adopted[n] for n in bare if n in adopted}  # the model's order
         _hold_parameters(model, bare, adopted)
+    del modules, successor, graph  # the replaced layers, freed before the checks copy the model
     check_flops_counted(measured, model, example_input)
     check_task_cut(model, example_input)
     return model

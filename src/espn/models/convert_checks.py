@@ -136,10 +136,13 @@ def _mixing_module(full: nn.Module, slim: nn.Module, x: Tensor) -> str | None:
 
 def _random_task(model: nn.Module, example: Tensor) -> Supernet:
     """A supernet of a copy of ``model`` holding one committed task of random units and
-    per-task parameters (a weight near 1, the rest near 0)."""
+    per-task parameters (a weight near 1, the rest near 0); the copy shares the masked
+    layers' weights, which a task leaves as they are (a model's largest tensors, not copied)."""
+    from espn.supernet.layers import MaskedLayer
     from espn.supernet.supernet import Supernet
 
-    sn = Supernet(copy.deepcopy(model), example)
+    shared = {id(m.weight): m.weight for m in model.modules() if isinstance(m, MaskedLayer)}
+    sn = Supernet(copy.deepcopy(model, memo=shared), example)
     gen = torch.Generator().manual_seed(0)
     sn.begin_task(2)
     with torch.no_grad():

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from unittest.mock import patch
 
 from torch import Tensor, nn
 
@@ -234,7 +236,14 @@ def couple(
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
-    found = [list(group) for group in graph.get_all_groups(root_module_types=layer_types())]
+    try:
+        with _limited_mapping():
+            found = [list(g) for g in graph.get_all_groups(root_module_types=layer_types())]
+    except ConvertError as exc:  # see MAPPED_LIMIT
+        raise ConvertError(
+            f"the channels {failed_after(model, exc)} cannot be followed through forward(): "
+            f"{exc} (features reshaped into heads outside an attention espn converts, as MaxViT's)"
+        ) from None
     for items, fixed in zip(found, _fixed(graph, found, names), strict=True):
         tokens = set() if fixed else token_sides(model, example, graph, items, names, modules)
         if (names.get(items[0][0].target.module), True) in tokens:
@@ -367,6 +376,29 @@ def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
             f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
             "regroups channels otherwise than a split or shuffle is not supported"
         ) from None
+
+
+#: indices Torch-Pruning may map through reshapes while it groups one model's channels (a VGG's
+#: classifier: 25,600); on MaxViT's attention its search never ends (its ``list(set(...))``
+#: gives a node's indices met again in another order, which it takes for new ones)
+MAPPED_LIMIT = 2_000_000
+
+
+def _limited_mapping() -> AbstractContextManager[Any]:
+    """Torch-Pruning's flatten mapping counting the indices it returns, refused past
+    :data:`MAPPED_LIMIT` (its own again on leaving)."""
+    from torch_pruning.dependency.index_mapping import _FlattenIndexMapping
+
+    call, mapped = _FlattenIndexMapping.__call__, [0]
+
+    def counted(self: Any, idxs: list[Any]) -> list[Any]:
+        out = call(self, idxs)
+        mapped[0] += len(out)
+        if mapped[0] > MAPPED_LIMIT:
+            raise ConvertError(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices in reshapes")
+        return out
+
+    return patch.object(_FlattenIndexMapping, "__call__", counted)
 
 
 def _check_grouped_input(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
@@ -258,6 +259,11 @@ class MaskCaches(_Caches):
         caches(self)["_free"] = (*stamp(frozen), free)
         return free
 
+    def release(self) -> None:
+        """Free the tensors kept between steps (at a task's end: the next computes them anew)."""
+        for name in ("_free", "_keep", "_product"):
+            caches(self).pop(name, None)
+
     def mask_count(self) -> Tensor:
         """The number of weights in the mask, as a tensor (no host read)."""
         mask = self.weight_mask
@@ -271,7 +277,8 @@ class _TrainedWeight(torch.autograd.Function):
     gradient in place in the product's: ``grad + weight / d`` (one ``addcdiv_``, rounded as
     autograd's sum of the two gradients), then an AND of its bits with ``keep`` (all ones
     where the task trains the weight; None: every weight trains), exact for every value; the
-    layer learns the result's address and version, so that the frozen-weight guard skips it."""
+    layer (held weakly: the product it caches holds this graph, a cycle never collected)
+    learns the result's address and version, so that the frozen-weight guard skips it."""
 
     @staticmethod
     def forward(
@@ -279,7 +286,7 @@ class _TrainedWeight(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(weight, keep)
-        ctx.layer = layer
+        ctx.layer = weakref.ref(layer)
         product = weight.view_as(weight) if mask is None else weight * mask
         return product, weight.new_empty(())
 
@@ -302,7 +309,7 @@ class _TrainedWeight(torch.autograd.Function):
             out = grad if owned else torch.empty_like(grad)
             torch.bitwise_and(float_bits(grad), keep, out=float_bits(out))
             grad = out
-            caches(ctx.layer)["_kept_grad"] = (grad.data_ptr(), grad._version)
+            caches(ctx.layer())["_kept_grad"] = (grad.data_ptr(), grad._version)
         return grad, None, None, None
 
 

@@ -338,6 +338,9 @@ class Engine:
         recalibrate(self.ranks, shard_count(self.shards, self.ranks), sn, task, self.batch_size)
         sn.eval()
         self.strategy.commit(sn, task)
+        sn.zero_grad()  # the last step's gradients and fast-path tensors: freed
+        for layer in sn.layers.values():
+            layer.release()
         if self.ranks is not None:
             self.ranks.check_same(sn, f"task {t.index} ({task.name}) committed")
         seconds = time.perf_counter() - t.start
