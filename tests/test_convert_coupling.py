@@ -15,7 +15,7 @@ from espn.export.slim import slim_copy
 from espn.layers.parameters import TaskParameters
 from espn.models import coupling
 from espn.models.convert import ConvertError
-from helpers.constructs import CONSTRUCTS
+from helpers.constructs import CONSTRUCTS, TokenMixer
 
 IMAGE = torch.zeros(2, 3, 32, 32)
 
@@ -79,6 +79,16 @@ class NarrowMixer(nn.Module):
         x = self.stem(x).flatten(2).transpose(1, 2)
         x = x + self.tokens(x.transpose(1, 2)).transpose(1, 2)
         return self.fc(x.mean(1))
+
+
+class WideMixer(TokenMixer):
+    """Token and channel MLPs on 16 tokens of 24 channels, as timm's Mixer (more channels
+    than tokens: Torch-Pruning couples the token layers to more channels than they have)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.norm, self.fc = nn.Conv2d(3, 24, 8, 8), nn.LayerNorm(24), nn.Linear(24, 4)
+        self.channels = nn.Sequential(nn.Linear(24, 32), nn.GELU(), nn.Linear(32, 24))
 
 
 class TokenConv(nn.Module):
@@ -149,7 +159,7 @@ def test_linear_layers_on_the_channels_of_a_token_stream_are_accepted() -> None:
     assert model.model.mlp[0][0].in_units == model.model.mlp[2][0].out_units == stream
 
 
-@pytest.mark.parametrize("make", [NarrowMixer, CONSTRUCTS["token-mixing"][0]])
+@pytest.mark.parametrize("make", [NarrowMixer, WideMixer, CONSTRUCTS["token-mixing"][0]])
 def test_a_linear_across_tokens_is_transparent_to_the_channels_it_is_applied_over(
     make: type[nn.Module],
 ) -> None:

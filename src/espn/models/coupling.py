@@ -91,19 +91,20 @@ def _fixed(
     graph: tp.DependencyGraph,
     groups: list[list[tuple[tp.Dependency, list[int]]]],
     names: dict[nn.Module, str],
+    tokens: list[set[tuple[str, bool]]],
 ) -> list[bool]:
     """Which of Torch-Pruning's ``groups`` are kept whole: those with a node that
-    :func:`_keeps_whole`; those cut into parts within a module (:func:`_cut_in_module`) with
-    the other sides of their layers (the stream, whose width such a module may read from its
-    input's shape); those sharing a layer's side with a kept one (a reader of a
-    concatenation, whose members are read as one)."""
+    :func:`_keeps_whole`; those cut into parts within a module (:func:`_cut_in_module`, its
+    sides across the token axis in ``tokens`` aside) with the other sides of their layers
+    (the stream, whose width such a module may read from its input's shape); those sharing a
+    layer's side with a kept one (a reader of a concatenation, whose members are read as one)."""
     sides = [
         {(dep.target.module, graph.is_out_channel_pruning_fn(dep.handler)) for dep, _ in items}
         for items in groups
     ]
     kept: set[tuple[object, bool]] = set()
-    for items, held in zip(groups, sides, strict=True):
-        if _cut_in_module(graph, items, names):
+    for items, held, across in zip(groups, sides, tokens, strict=True):
+        if _cut_in_module(graph, items, names, across):
             kept |= held | {(m, not out) for m, out in held if m in names}
         elif any(_keeps_whole(dep.target) for dep, _ in items):
             kept |= held
@@ -120,15 +121,17 @@ def _cut_in_module(
     graph: tp.DependencyGraph,
     items: list[tuple[tp.Dependency, list[int]]],
     names: dict[nn.Module, str],
+    tokens: set[tuple[str, bool]],
 ) -> bool:
     """Whether a linear layer inside a module of the user's own (not the model itself) reads
     a projection's outputs cut into parts: a reshape moves them to another axis of its input,
-    or it reads a part of them (heads, or q, k and v, cut from ``qkv``)."""
+    or it reads a part of them (heads, or q, k and v, cut from ``qkv``); a side in ``tokens``
+    (applied across the token axis: an MLP-Mixer's token mixing) reads them whole."""
     size = len(items[0][1])
     for dep, idxs in items:
         m = dep.target.module
-        if m in names and "." in names[m] and adapter(m).token_outputs:
-            out = graph.is_out_channel_pruning_fn(dep.handler)
+        out, name = graph.is_out_channel_pruning_fn(dep.handler), names.get(m, "")
+        if "." in name and adapter(m).token_outputs and (name, out) not in tokens:
             width = adapter(m).width(m, out)
             if len(idxs) > width or (not out and len(idxs) == width < size):
                 return True
@@ -244,8 +247,11 @@ def couple(
             f"the channels {failed_after(model, exc)} cannot be followed through forward(): "
             f"{exc} (features reshaped into heads outside an attention espn converts, as MaxViT's)"
         ) from None
-    for items, fixed in zip(found, _fixed(graph, found, names), strict=True):
-        tokens = set() if fixed else token_sides(model, example, graph, items, names, modules)
+    across = [token_sides(model, example, graph, items, names, modules) for items in found]
+    for items, fixed, tokens in zip(
+        found, _fixed(graph, found, names, across), across, strict=True
+    ):
+        tokens = set() if fixed else tokens
         if (names.get(items[0][0].target.module), True) in tokens:
             items = channel_rooted(graph, items, names, tokens)
         g = _part(graph, items, names, param_names, repeats, scales, fixed, tokens)
