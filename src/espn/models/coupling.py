@@ -4,22 +4,19 @@ espn's unit groups (:class:`Group`); see docs/architectures.md, "How units are f
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-from unittest.mock import patch
+from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
-from espn.layers import ConvertError, layer_types
+from espn.layers import ConvertError
 from espn.layers.parameters import channel_axis
 from espn.models.convert_tokens import TokenConvertError, check_stream_sources
+from espn.models.graph import all_groups, downstream, regroups
 from espn.models.probe import (
     adapter,
     channel_rooted,
     check_flatten_order,
-    failed_after,
     token_sides,
 )
 
@@ -65,26 +62,6 @@ def _grouped(m: nn.Module) -> bool:
     """A layer whose channels come in groups (a grouped conv, depthwise too)."""
     layer = adapter(m)
     return layer.role == "layer" and layer.groups(m) != 1
-
-
-def _regroups(node: tp.Node) -> bool:
-    """Whether Torch-Pruning's op node ``node`` splits the channels of an NCHW map (chunk,
-    split or slicing on dimension 1) or views them as groups or back (a channel shuffle's
-    ``view(B, g, C // g, H, W)``), which its index mappings do not follow."""
-    import torch_pruning as tp
-
-    fn, op = node.grad_fn, node.module
-    sizes = tuple(getattr(fn, "_saved_self_sym_sizes", ()))
-    if isinstance(op, tp.ops._SplitOp | tp.ops._SliceOp):
-        return len(sizes) == 4 and fn._saved_dim % 4 == 1
-    if not isinstance(op, tp.ops._ReshapeOp) or not sizes:
-        return False
-    flat, grouped = sorted((sizes, tuple(fn._input_metadata[0].shape)), key=len)
-    return (
-        (len(flat), len(grouped)) == (4, 5)
-        and flat[1] == grouped[1] * grouped[2]
-        and flat[2:] == grouped[3:]
-    )
 
 
 def _fixed(
@@ -140,27 +117,11 @@ def _cut_in_module(
 
 def _keeps_whole(node: tp.Node) -> bool:
     """Whether the channels through ``node`` are kept whole: it splits or shuffles them
-    (:func:`_regroups`; MobileViTv2's q, k and v split from one conv), or it is a GroupNorm of
-    one group (cutting a channel would change the others' statistics)."""
+    (:func:`~espn.models.graph.regroups`; MobileViTv2's q, k and v split from one conv), or
+    it is a GroupNorm of one group (cutting a channel would change the others' statistics)."""
     m = node.module
     one_group = isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
-    return one_group or _regroups(node)
-
-
-def downstream(
-    graph: tp.DependencyGraph, m: nn.Module | nn.Parameter, through: type = object
-) -> Iterator[tp.Node]:
-    """The nodes of ``graph`` that ``m``'s output flows into, each once, going on past those
-    whose module is a ``through``."""
-    frontier = list(graph.module2node[m].outputs)
-    seen: set[int] = set()
-    while frontier:
-        node = frontier.pop()
-        if id(node) not in seen:
-            seen.add(id(node))
-            yield node
-            if isinstance(node.module, through):
-                frontier.extend(node.outputs)
+    return one_group or regroups(node)
 
 
 def _multiplies(graph: tp.DependencyGraph, m: nn.Module | nn.Parameter) -> bool:
@@ -211,20 +172,6 @@ class Coupling:
     scales: set[str]
 
 
-def successors(
-    graph: tp.DependencyGraph, modules: dict[str, nn.Module]
-) -> dict[str, nn.Module | None]:
-    """Each layer's sole direct consumer in ``graph`` (None: several or none); a layer that
-    ``forward`` never calls is refused."""
-    successor: dict[str, nn.Module | None] = {}
-    for name, m in modules.items():
-        node = graph.module2node.get(m)
-        if node is None:
-            raise ConvertError(f"module {name!r} is not used by forward() on the example input")
-        successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
-    return successor
-
-
 def couple(
     model: nn.Module,
     example: Tensor,
@@ -239,14 +186,7 @@ def couple(
     parts = []
     repeats: dict[str, int] = {}
     scales: set[str] = set()
-    try:
-        with _limited_mapping():
-            found = [list(g) for g in graph.get_all_groups(root_module_types=layer_types())]
-    except ConvertError as exc:  # see MAPPED_LIMIT
-        raise ConvertError(
-            f"the channels {failed_after(model, exc)} cannot be followed through forward(): "
-            f"{exc} (features reshaped into heads outside an attention espn converts, as MaxViT's)"
-        ) from None
+    found = all_groups(model, graph)
     across = [token_sides(model, example, graph, items, names, modules) for items in found]
     for items, fixed, tokens in zip(
         found, _fixed(graph, found, names, across), across, strict=True
@@ -358,53 +298,6 @@ def _part(
         else:
             g.consumers.append(name)
     return g
-
-
-def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
-    """Torch-Pruning's dependency graph of ``model``; a failure to build it is refused in
-    one line naming the layer whose output it could not follow."""
-    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
-    from torch_pruning.dependency import index_mapping
-
-    graph = tp.DependencyGraph()
-    try:
-        try:
-            return graph.build_dependency(model, example_inputs=example, verbose=False)
-        except ZeroDivisionError:  # the widths of a channel shuffle's views, traced by now
-            for node in graph.module2node.values():
-                if _regroups(node):  # kept whole (see _fixed): identity-mapped
-                    node.type = tp.ops.OPTYPE.ELEMENTWISE
-            index_mapping.update_index_mapping(graph)
-            return graph
-    except Exception as exc:  # Torch-Pruning fails on reshapes it cannot map
-        raise ConvertError(
-            f"the channels {failed_after(model, exc)} cannot be followed through forward() "
-            f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
-            "regroups channels otherwise than a split or shuffle is not supported"
-        ) from None
-
-
-#: indices Torch-Pruning may map through reshapes while it groups one model's channels (a VGG's
-#: classifier: 25,600); on MaxViT's attention its search never ends (its ``list(set(...))``
-#: gives a node's indices met again in another order, which it takes for new ones)
-MAPPED_LIMIT = 2_000_000
-
-
-def _limited_mapping() -> AbstractContextManager[Any]:
-    """Torch-Pruning's flatten mapping counting the indices it returns, refused past
-    :data:`MAPPED_LIMIT` (its own again on leaving)."""
-    from torch_pruning.dependency.index_mapping import _FlattenIndexMapping
-
-    call, mapped = _FlattenIndexMapping.__call__, [0]
-
-    def counted(self: Any, idxs: list[Any]) -> list[Any]:
-        out = call(self, idxs)
-        mapped[0] += len(out)
-        if mapped[0] > MAPPED_LIMIT:
-            raise ConvertError(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices in reshapes")
-        return out
-
-    return patch.object(_FlattenIndexMapping, "__call__", counted)
 
 
 def _check_grouped_input(

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError
-from espn.models.coupling import downstream
+from espn.models.graph import downstream
 from espn.models.probe import adapter
 
 if TYPE_CHECKING:

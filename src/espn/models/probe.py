@@ -1,7 +1,6 @@
 """Checks that run the model with one channel raised and see where it lands: what
 Torch-Pruning's dependency graph maps as if channels stayed on their axis (a Linear across
-tokens, a transpose; a flatten that is not channel-major), found by probing (:func:`_probe`); and
-the layer after which Torch-Pruning could not follow them (:func:`failed_after`)."""
+tokens, a transpose; a flatten that is not channel-major), found by probing (:func:`_probe`)."""
 
 from __future__ import annotations
 
@@ -184,24 +183,3 @@ def channel_rooted(
             width = graph.get_out_channels(m)
             return list(graph.get_pruning_group(m, dep.handler, list(range(width))))
     return items
-
-
-def failed_after(model: nn.Module, exc: Exception) -> str:
-    """``of 'NAME'``: the layer nearest before the graph node Torch-Pruning failed on (read
-    from its traceback), or ``of <model class>``."""
-    node, tb = None, exc.__traceback__
-    while tb is not None:
-        node = tb.tb_frame.f_locals.get("node", node)
-        tb = tb.tb_next
-    names = {id(m): n for n, m in model.named_modules() if n}
-    seen: set[int] = set()
-    frontier = [node] if node is not None else []
-    while frontier:
-        n = frontier.pop(0)
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if id(getattr(n, "module", None)) in names:
-            return f"after {names[id(n.module)]!r}"
-        frontier.extend(getattr(n, "inputs", []))
-    return f"of {type(model).__name__}"
