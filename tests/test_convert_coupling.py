@@ -13,7 +13,6 @@ from torch import Tensor, nn
 import espn
 from espn.export.slim import slim_copy
 from espn.layers.parameters import TaskParameters
-from espn.models import graph
 from espn.models.convert import ConvertError
 from helpers.constructs import CONSTRUCTS, TokenMixer
 
@@ -284,7 +283,7 @@ def test_a_channel_search_that_does_not_settle_is_refused_at_wrap_naming_the_lay
     from torch_pruning.dependency.index_mapping import _FlattenIndexMapping
 
     own = _FlattenIndexMapping.__call__
-    monkeypatch.setattr(graph, "MAPPED_LIMIT", 10_000)
+    monkeypatch.setattr("espn.models.probe.MAPPED_LIMIT", 10_000)
     with pytest.raises(ConvertError, match=r"channels after '.*to_qkv' cannot be followed"):
         espn.wrap(tiny_maxvit(), IMAGE)
     assert _FlattenIndexMapping.__call__ is own  # Torch-Pruning's own mapping again

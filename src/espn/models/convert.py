@@ -19,9 +19,8 @@ from espn.layers.parameters import TaskParameters
 from espn.models.convert_checks import check_flops_counted, check_task_cut, module_flops
 from espn.models.convert_tokens import check_stream_sources, replace_attention, token_outputs
 from espn.models.coupling import Coupling, Group, couple
-from espn.models.graph import dependency_graph, successors
 from espn.models.heads import output_layers
-from espn.models.probe import adapter
+from espn.models.probe import adapter, dependency_graph, successors
 from espn.models.registry import MODELS, ModelSpec
 
 __all__ = ["ConvertError", "load_entry_point_models", "register_converted", "to_supernet"]

@@ -136,15 +136,13 @@ def check_stream_sources(
         noise = torch.randn(example_input.shape, generator=gen, dtype=example_input.dtype)
         example_input = noise.to(example_input.device)
     leaked: list[str] = []
-    hooks = []
 
     def zero(mod: nn.Module, inp: object, out: object) -> object:
         if isinstance(out, tuple):
             return (torch.zeros_like(out[0]), *out[1:])
         return torch.zeros_like(out) if isinstance(out, Tensor) else out
 
-    for name in writers:
-        hooks.append(model.get_submodule(name).register_forward_hook(zero))
+    hooks = [model.get_submodule(name).register_forward_hook(zero) for name in writers]
     for name in readers:
 
         def check(mod: nn.Module, inp: tuple[object, ...], name: str = name) -> None:

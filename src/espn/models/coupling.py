@@ -12,11 +12,13 @@ from torch import Tensor, nn
 from espn.layers import ConvertError
 from espn.layers.parameters import channel_axis
 from espn.models.convert_tokens import TokenConvertError, check_stream_sources
-from espn.models.graph import all_groups, downstream, regroups
 from espn.models.probe import (
     adapter,
+    all_groups,
     channel_rooted,
     check_flatten_order,
+    downstream,
+    regroups,
     token_sides,
 )
 
@@ -117,7 +119,7 @@ def _cut_in_module(
 
 def _keeps_whole(node: tp.Node) -> bool:
     """Whether the channels through ``node`` are kept whole: it splits or shuffles them
-    (:func:`~espn.models.graph.regroups`; MobileViTv2's q, k and v split from one conv), or
+    (:func:`~espn.models.probe.regroups`; MobileViTv2's q, k and v split from one conv), or
     it is a GroupNorm of one group (cutting a channel would change the others' statistics)."""
     m = node.module
     one_group = isinstance(m, nn.GroupNorm) and m.num_groups == 1 < m.num_channels
@@ -188,9 +190,8 @@ def couple(
     scales: set[str] = set()
     found = all_groups(model, graph)
     across = [token_sides(model, example, graph, items, names, modules) for items in found]
-    for items, fixed, tokens in zip(
-        found, _fixed(graph, found, names, across), across, strict=True
-    ):
+    kept = _fixed(graph, found, names, across)
+    for items, fixed, tokens in zip(found, kept, across, strict=True):
         tokens = set() if fixed else tokens
         if (names.get(items[0][0].target.module), True) in tokens:
             items = channel_rooted(graph, items, names, tokens)
@@ -200,10 +201,8 @@ def couple(
         if fixed:
             continue
         features = [n for n in g.producers if n not in scales] or g.producers
-        for name in g.consumers:
-            if name in repeats:
-                source = modules[features[0]]
-                check_flatten_order(model, example, source, name, g.size, modules)
+        for name in [n for n in g.consumers if n in repeats]:
+            check_flatten_order(model, example, modules[features[0]], name, g.size, modules)
     for name, layer in modules.items():
         if _grouped(layer):
             _check_grouped_input(model, example, name, adapter(layer).depthwise(layer), parts)

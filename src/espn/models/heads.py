@@ -10,8 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from espn.layers import ConvertError
-from espn.models.graph import downstream
-from espn.models.probe import adapter
+from espn.models.probe import adapter, downstream
 
 if TYPE_CHECKING:
     import torch_pruning as tp

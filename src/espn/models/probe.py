@@ -1,16 +1,18 @@
-"""Checks that run the model with one channel raised and see where it lands: what
-Torch-Pruning's dependency graph maps as if channels stayed on their axis (a Linear across
-tokens, a transpose; a flatten that is not channel-major), found by probing (:func:`_probe`)."""
+"""Torch-Pruning's dependency graph of a model the converter reads (a split's or shuffle's
+views identity-mapped, its group search bounded, walked), and checks that run the model with
+one channel raised to find what the graph maps as if channels stayed on their axis (a Linear
+across tokens, a transpose; a flatten that is not channel-major; :func:`_probe`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from unittest.mock import patch
 
 import torch
 from torch import Tensor, nn
 
-from espn.layers import ConvertError, LayerAdapter, adapter_for
+from espn.layers import ConvertError, LayerAdapter, adapter_for, layer_types
 from espn.layers.base import call_hooked
 
 if TYPE_CHECKING:
@@ -183,3 +185,128 @@ def channel_rooted(
             width = graph.get_out_channels(m)
             return list(graph.get_pruning_group(m, dep.handler, list(range(width))))
     return items
+
+
+def regroups(node: tp.Node) -> bool:
+    """Whether Torch-Pruning's op node ``node`` splits the channels of an NCHW map (chunk,
+    split or slicing on dimension 1) or views them as groups or back (a channel shuffle's
+    ``view(B, g, C // g, H, W)``), which its index mappings do not follow."""
+    import torch_pruning as tp
+
+    fn, op = node.grad_fn, node.module
+    sizes = tuple(getattr(fn, "_saved_self_sym_sizes", ()))
+    if isinstance(op, tp.ops._SplitOp | tp.ops._SliceOp):
+        return len(sizes) == 4 and fn._saved_dim % 4 == 1
+    if not isinstance(op, tp.ops._ReshapeOp) or not sizes:
+        return False
+    flat, grouped = sorted((sizes, tuple(fn._input_metadata[0].shape)), key=len)
+    return (
+        (len(flat), len(grouped)) == (4, 5)
+        and flat[1] == grouped[1] * grouped[2]
+        and flat[2:] == grouped[3:]
+    )
+
+
+def dependency_graph(model: nn.Module, example: Tensor) -> tp.DependencyGraph:
+    """Torch-Pruning's dependency graph of ``model``; a failure to build it is refused in
+    one line naming the layer whose output it could not follow."""
+    import torch_pruning as tp  # heavy (it imports timm and wandb): only when converting
+    from torch_pruning.dependency import index_mapping
+
+    graph = tp.DependencyGraph()
+    try:
+        try:
+            return graph.build_dependency(model, example_inputs=example, verbose=False)
+        except ZeroDivisionError:  # the widths of a channel shuffle's views, traced by now
+            for node in graph.module2node.values():
+                if regroups(node):  # kept whole (see espn.models.coupling): identity-mapped
+                    node.type = tp.ops.OPTYPE.ELEMENTWISE
+            index_mapping.update_index_mapping(graph)
+            return graph
+    except Exception as exc:  # Torch-Pruning fails on reshapes it cannot map
+        raise ConvertError(
+            f"the channels {failed_after(model, exc)} cannot be followed through forward() "
+            f"({type(exc).__name__} in Torch-Pruning's dependency graph): a reshape that "
+            "regroups channels otherwise than a split or shuffle is not supported"
+        ) from None
+
+
+#: indices Torch-Pruning may map through reshapes while it groups one model's channels (a VGG's
+#: classifier: 25,600); on MaxViT's attention its search never ends (its ``list(set(...))``
+#: gives a node's indices met again in another order, which it takes for new ones)
+MAPPED_LIMIT = 2_000_000
+
+
+def all_groups(model: nn.Module, graph: tp.DependencyGraph) -> list[list[Any]]:
+    """Torch-Pruning's groups of the channels of the layers of ``graph``, its flatten mapping
+    counting the indices it returns, refused past :data:`MAPPED_LIMIT`."""
+    from torch_pruning.dependency.index_mapping import _FlattenIndexMapping
+
+    call, mapped = _FlattenIndexMapping.__call__, [0]
+
+    def counted(self: Any, idxs: list[Any]) -> list[Any]:
+        out = call(self, idxs)
+        mapped[0] += len(out)
+        if mapped[0] > MAPPED_LIMIT:
+            raise ConvertError(f"Torch-Pruning mapped over {MAPPED_LIMIT:,} indices in reshapes")
+        return out
+
+    try:
+        with patch.object(_FlattenIndexMapping, "__call__", counted):
+            return [list(g) for g in graph.get_all_groups(root_module_types=layer_types())]
+    except ConvertError as exc:  # see MAPPED_LIMIT
+        raise ConvertError(
+            f"the channels {failed_after(model, exc)} cannot be followed through forward(): "
+            f"{exc} (features reshaped into heads outside an attention espn converts, as MaxViT's)"
+        ) from None
+
+
+def successors(
+    graph: tp.DependencyGraph, modules: dict[str, nn.Module]
+) -> dict[str, nn.Module | None]:
+    """Each layer's sole direct consumer in ``graph`` (None: several or none); a layer that
+    ``forward`` never calls is refused."""
+    successor: dict[str, nn.Module | None] = {}
+    for name, m in modules.items():
+        node = graph.module2node.get(m)
+        if node is None:
+            raise ConvertError(f"module {name!r} is not used by forward() on the example input")
+        successor[name] = node.outputs[0].module if len(node.outputs) == 1 else None
+    return successor
+
+
+def downstream(
+    graph: tp.DependencyGraph, m: nn.Module | nn.Parameter, through: type = object
+) -> Iterator[tp.Node]:
+    """The nodes of ``graph`` that ``m``'s output flows into, each once, going on past those
+    whose module is a ``through``."""
+    frontier = list(graph.module2node[m].outputs)
+    seen: set[int] = set()
+    while frontier:
+        node = frontier.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            if isinstance(node.module, through):
+                frontier.extend(node.outputs)
+
+
+def failed_after(model: nn.Module, exc: Exception) -> str:
+    """``of 'NAME'``: the layer nearest before the graph node Torch-Pruning failed on (read
+    from its traceback), or ``of <model class>``."""
+    node, tb = None, exc.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("node", node)
+        tb = tb.tb_next
+    names = {id(m): n for n, m in model.named_modules() if n}
+    seen: set[int] = set()
+    frontier = [node] if node is not None else []
+    while frontier:
+        n = frontier.pop(0)
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if id(getattr(n, "module", None)) in names:
+            return f"after {names[id(n.module)]!r}"
+        frontier.extend(getattr(n, "inputs", []))
+    return f"of {type(model).__name__}"
