@@ -77,10 +77,9 @@ def check_log_every(log_every: object) -> int:
 class MetricLogger(Callback):
     """A callback that records steps (every ``log_every``), epochs and tasks.
 
-    Subclasses set :attr:`name` (the name ``--log`` accepts, and of the directory it writes
-    in) and :attr:`extra` (the optional dependency it needs, or None), and write in
-    :meth:`log_step`, :meth:`log_epoch`, :meth:`log_task`; :meth:`close` is called by
-    ``on_run_end``.
+    Subclasses set :attr:`name` (``--log``'s name for it, its directory's too) and :attr:`extra`
+    (the optional dependency it needs, or None), and write in :meth:`log_step`,
+    :meth:`log_epoch`, :meth:`log_task`; :meth:`close` is called by ``on_run_end``.
     """
 
     #: the name ``espn run --log`` and :func:`espn.training.loggers.make_loggers` accept, and
