@@ -16,10 +16,12 @@ class UnknownNameError(EspnError, ValueError):
 
 
 class Registry(Generic[T]):
-    """A small ordered mapping from names to objects, filled by a decorator."""
+    """A small ordered mapping from names to objects, filled by a decorator; with ``names``,
+    of classes, each given the name it is filed under as its ``name``."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, names: bool = False) -> None:
         self.kind = kind
+        self.names_classes = names
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -28,6 +30,8 @@ class Registry(Generic[T]):
         def wrap(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
+            if self.names_classes:
+                obj.name = name  # type: ignore[attr-defined]
             self._items[name] = obj
             return obj
 

@@ -46,15 +46,11 @@ class TrainingSnapshot:
 
 
 @dataclass
-class TrainingState:
-    """A task caught between two epochs, as read back: its working sub-network, where it
-    stands (``position``, as saved), the optimizer's and the strategy's state."""
+class TrainingState(TrainingSnapshot):
+    """A task caught between two epochs, as read back: what was saved and its working
+    sub-network."""
 
-    task: int
     n_classes: int
-    position: dict[str, Any]
-    optimizer: dict[int, dict[str, Any]] | None
-    strategy: dict[str, Any]
     weight_masks: dict[str, Tensor]
     units: dict[str, Tensor]
     task_state: dict[str, Tensor]

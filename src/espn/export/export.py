@@ -154,10 +154,6 @@ class ExportReport:
     #: what the program takes (raw or model inputs, dtype, shape, transform and its FLOPs)
     inputs: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data."""
-        return asdict(self)
-
 
 def exported(model: nn.Module, example: Tensor) -> torch.export.ExportedProgram:
     """``model`` captured by ``torch.export`` on ``example``, its batch dimension dynamic:
@@ -322,7 +318,7 @@ def export_task(
 
     _write(program, raw_example, out, also_onnx, report, rounding, saved)
     with writing(out.with_suffix(".json")):
-        write_json_atomic(out.with_suffix(".json"), report.to_json())
+        write_json_atomic(out.with_suffix(".json"), asdict(report))
     return report
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -113,10 +112,6 @@ class AgnosticExportReport:
     ties: int
     parameters: int
 
-    def to_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data."""
-        return asdict(self)
-
 
 @torch.no_grad()
 def _check(model: nn.Module, inputs: list[Tensor], wanted: list[Inferred], what: str) -> int:
@@ -193,5 +188,5 @@ def export_task_agnostic(
         ties=ties,
         parameters=sum(p.numel() for p in model.parameters()),
     )
-    write_json_atomic(out.with_suffix(".json"), report.to_json())
+    write_json_atomic(out.with_suffix(".json"), asdict(report))
     return report

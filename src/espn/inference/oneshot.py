@@ -79,7 +79,6 @@ class SupSupOneShot(Rule):
     """The most negative gradient of the superposed network's entropy wrt the mixing
     coefficients."""
 
-    name = "supsup-oneshot"
     summary = (
         "SupSup's one-shot inference: one entropy gradient wrt the coefficients of the "
         "superposed masks (SupSup runs only)"

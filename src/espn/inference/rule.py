@@ -125,7 +125,7 @@ def atypical(raw: Tensor, calibration: Tensor, column: int) -> Tensor:
 
 
 #: the task-inference rules by name
-RULES: Registry[type[Rule]] = Registry("task-inference rule")
+RULES: Registry[type[Rule]] = Registry("task-inference rule", names=True)
 
 
 # ------------------------------------------------------------------ the output rules
@@ -135,7 +135,6 @@ class EntropyMahalanobis(OutputRule):
     Mahalanobis distance: a sample must be classified as the task's own data are and lie
     close to a class mean of the task's features."""
 
-    name = "entropy-mahalanobis"
     summary = "|standardised entropy| + standardised Mahalanobis distance"
     needs = STAT_KEYS
     uses_features = True
@@ -149,7 +148,6 @@ class Energy(OutputRule):
     """The most typical energy ``E = -logsumexp`` of the logits (Liu et al. 2020's
     out-of-distribution score): the lowest ``|E(x) - mean_t| / std_t``."""
 
-    name = "energy"
     summary = "energy -logsumexp(logits) closest to the task's own, in its deviations"
     needs = STAT_KEYS
 
@@ -162,7 +160,6 @@ class Entropy(OutputRule):
     """The most confident sub-network: the lowest softmax entropy relative to its head's
     largest entropy ``log C`` (so that heads of different sizes compare); stores nothing."""
 
-    name = "entropy"
     summary = "lowest softmax entropy / log C over the tasks' sub-networks (stores nothing)"
 
     def combine(self, raw: Tensor, calibration: Tensor) -> Tensor:
@@ -174,7 +171,6 @@ class InputGaussian(OutputRule):
     """The highest likelihood of the input under the task's stored class Gaussians (equal
     mixture, equal task priors); only the chosen sub-network runs (docs/task-agnostic.md)."""
 
-    name = "input-gaussian"
     summary = (
         "highest likelihood of the input under the task's stored per-class diagonal Gaussians "
         "of its inputs; only the chosen sub-network runs"
@@ -192,7 +188,6 @@ class Mahalanobis(OutputRule):
     """The lowest distance of the penultimate features to a class mean of the task's own
     (diagonal Mahalanobis), standardised by the task's training distances."""
 
-    name = "mahalanobis"
     summary = (
         "nearest class mean of the sub-network's penultimate features (diagonal Mahalanobis "
         "distance), standardised by the task's training distances"

@@ -112,7 +112,6 @@ class InputSubspace(Rule):
     """The highest likelihood of the input under the task's mixture of principal-subspace
     Gaussians of its inputs' edges."""
 
-    name = "input-subspace"
     summary = (
         "highest likelihood of the input under the task's mixture of principal-subspace "
         "Gaussians of its inputs and edges (stored with task_agnostic); only the chosen "

@@ -303,9 +303,15 @@ class LayerAdapter(ABC):
 
     def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
         """Narrow espn module ``m`` in place to its :meth:`cuts` at ``units`` (unit group ->
-        alive units), a subclass setting its sizes to match; the cuts, through which
+        alive units), its sizes set to match (:meth:`resize`); the cuts, through which
         training's slim copy writes its tensors back."""
-        return narrow(m, self.cuts(m, functools.partial(kept, units)))
+        cuts = narrow(m, self.cuts(m, functools.partial(kept, units)))
+        self.resize(m)
+        return cuts
+
+    def resize(self, m: nn.Module) -> None:
+        """Set the sizes of ``m``, its tensors just narrowed (its sizes still the old ones),
+        to its tensors' (none here)."""
 
     @torch.no_grad()
     def slim(self, m: nn.Module, units: dict[str, Tensor]) -> nn.Module:
@@ -388,12 +394,10 @@ class WeightAdapter(LayerAdapter):
         cut = Cut((rows, keep(m.in_units, m.in_unit_size)), tuple(m.weight.shape))
         return dict.fromkeys(("weight", *MaskedLayer.BUFFERS), cut)
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
-        """A linear layer's (a head's too) sizes set; a subclass sets those of its others."""
-        cuts = super().slice(m, units)
+    def resize(self, m: nn.Module) -> None:
+        """A linear layer's (a head's too) sizes; a subclass sets those of its others."""
         if isinstance(m, nn.Linear):
             m.out_features, m.in_features = m.weight.shape[:2]
-        return cuts
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:

@@ -15,7 +15,6 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from espn.layers.base import (
     ConvertError,
-    Cut,
     LayerAdapter,
     Placement,
     holding,
@@ -151,11 +150,9 @@ class BatchNormAdapter(LayerAdapter):
         bn.num_batches_tracked = m.num_batches_tracked.detach().clone()
         return holding(bn, m.weight * mask, m.bias * mask)
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+    def resize(self, m: nn.Module) -> None:
         assert isinstance(m, TaskBatchNorm)
-        cuts = super().slice(m, units)
         m.num_features = len(m.weight)
-        return cuts
 
     @torch.no_grad()
     def fold_norm(self, layer: nn.Module, norm: nn.Module) -> nn.Module | None:

@@ -13,7 +13,6 @@ from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
-    Cut,
     Placement,
     WeightAdapter,
     holding,
@@ -156,15 +155,13 @@ class ConvAdapter(WeightAdapter):
         )
         return holding(conv, m.masked_weight())
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+    def resize(self, m: nn.Module) -> None:
         """A grouped conv's units are whole groups, which keep all their inputs: as many
         groups fewer."""
-        cuts = super().slice(m, units)
         if isinstance(m, nn.modules.conv._ConvNd):
             if m.groups != 1:
                 m.groups = m.groups * m.weight.shape[0] // m.out_channels
             m.out_channels, m.in_channels = m.weight.shape[0], m.weight.shape[1] * m.groups
-        return cuts
 
 
 @register

@@ -9,7 +9,6 @@ from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
-    Cut,
     ExportError,
     Placement,
     WeightAdapter,
@@ -72,11 +71,9 @@ class EmbeddingAdapter(WeightAdapter):
         table = nn.Embedding(m.num_embeddings, m.embedding_dim, padding_idx=m.padding_idx)
         return holding(table, m.masked_weight().t().contiguous())
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+    def resize(self, m: nn.Module) -> None:
         assert isinstance(m, MaskedEmbedding)
-        cuts = super().slice(m, units)
         m.embedding_dim = m.weight.shape[0]
-        return cuts
 
     @torch.no_grad()
     def fold_affine(self, layer: nn.Module, scale: Tensor | None, shift: Tensor | None) -> None:

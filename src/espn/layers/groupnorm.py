@@ -9,7 +9,6 @@ from torch import Tensor, nn
 
 from espn.layers.base import (
     ConvertError,
-    Cut,
     LayerAdapter,
     Placement,
     holding,
@@ -77,11 +76,9 @@ class GroupNormAdapter(LayerAdapter):
         gn = nn.GroupNorm(m.num_groups, m.num_channels, eps=m.eps)
         return holding(gn, m.weight * m.entry_mask(), m.bias * m.entry_mask())
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+    def resize(self, m: nn.Module) -> None:
         """The alive channels: whole groups, so as many groups fewer."""
         assert isinstance(m, TaskGroupNorm)
         per_group = m.num_channels // m.num_groups
-        cuts = super().slice(m, units)
         m.num_channels = len(m.weight)
         m.num_groups = m.num_channels // per_group
-        return cuts

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from espn.layers.base import (
     WHOLE,
     ConvertError,
-    Cut,
     ExportError,
     Keep,
     LayerAdapter,
@@ -155,8 +154,6 @@ class LayerNormAdapter(LayerAdapter):
             )
         return holding(nn.LayerNorm(len(m.weight), eps=m.eps), m.weight, m.bias)
 
-    def slice(self, m: nn.Module, units: dict[str, Tensor]) -> dict[str, Cut]:
+    def resize(self, m: nn.Module) -> None:
         assert isinstance(m, TaskLayerNorm)
-        cuts = super().slice(m, units)
         m.normalized_shape = (len(m.weight),)
-        return cuts

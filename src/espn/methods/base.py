@@ -388,7 +388,7 @@ class Strategy(ABC):
         prune_weights(supernet, n_new, reuse)
 
 
-METHODS: Registry[type[Strategy]] = Registry("method")
+METHODS: Registry[type[Strategy]] = Registry("method", names=True)
 
 
 class MethodSettingError(EspnError, ValueError):

@@ -56,7 +56,6 @@ class CPG(Strategy):
     ``cpg_stop``; the phases, the stop rule and the recipe are described in docs/methods.md,
     where it differs from ivclab/CPG in docs/fidelity.md."""
 
-    name = "cpg"
     uses_gamma = False
     uses_alpha = False
     recipe: ClassVar[Recipes] = {

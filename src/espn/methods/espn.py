@@ -18,7 +18,6 @@ from espn.supernet.supernet import Supernet
 class ESPN(Strategy):
     """Each task gets at most gamma x the dense FLOPs and ceil(alpha x free) new weights."""
 
-    name = "espn"
     options = METHOD_OPTIONS["espn"]
     trains_slim = True
 

@@ -19,7 +19,6 @@ class Individual(ESPN):
     phases and unit pruning to gamma, kept as its own copy (``weights = "own"``): nothing is
     shared or frozen; ``alpha`` < 1 adds a weight budget per task (docs/methods.md)."""
 
-    name = "individual"
     weights = "own"
     # no free_init: every task starts from the initial weights
     options = METHOD_OPTIONS["individual"]

@@ -42,7 +42,6 @@ class MTL(Strategy):
     with the epochs every other method spends on each task, no pruning; the joint network
     is committed as every task's sub-network (docs/methods.md)."""
 
-    name = "mtl"
     uses_gamma = False
     uses_alpha = False
     accepts_pretrained = False

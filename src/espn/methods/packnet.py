@@ -16,7 +16,6 @@ class PackNet(Strategy):
     fine-tune; every frozen weight is reused, gates/BatchNorm affine parameters are not
     trained (``packnet_prune one-shot``: one prune at the end, see docs/methods.md)."""
 
-    name = "packnet"
     trains_unit_affine = False
     uses_gamma = False
     recipe: ClassVar[Recipes] = {"mnist": {"finetune_lr": 1e-3, "finetune_schedule": "cosine"}}

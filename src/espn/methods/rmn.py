@@ -24,7 +24,6 @@ class RMN(Strategy):
     ``finetune``; frozen weights enter through ``rmn_frozen_map`` and are only selected,
     never changed (docs/methods.md; where it differs from the paper: docs/fidelity.md)."""
 
-    name = "rmn"
     trains_unit_affine = False
     uses_gamma = False
     uses_alpha = False

@@ -94,7 +94,6 @@ class SupSup(Strategy):
     supermask per layer (and of its head, ``supsup_head``) through its scores, trained with
     their own Adam (docs/methods.md; the reference RAIVNLab/supsup: docs/fidelity.md)."""
 
-    name = "supsup"
     weights = "fixed"
     uses_gamma = False
     uses_alpha = False

@@ -15,6 +15,7 @@ from espn.theory.config import (
     PlantedConfig,
     TheoryConfigError,
     check_choice,
+    check_ns,
 )
 
 DTYPE = torch.float64
@@ -147,10 +148,9 @@ class PlantedModel:
         ns = [n] * self.T if isinstance(n, int) else list(n)
         if len(ns) != self.T:
             raise TheoryConfigError(f"need one sample size per task ({self.T}), got {len(ns)}")
+        check_ns(ns)
         Xs, noisy_y, clean_y = [], [], []
         for t, k in enumerate(ns):
-            if k < 1:
-                raise TheoryConfigError(f"every N must be >= 1, got {k}", "ns")
             X = sample_inputs(k, self.d, gen, self.inputs)
             f = self.clean(X, t)
             z = (2 * torch.rand(k, generator=gen, dtype=DTYPE) - 1) * self.noise

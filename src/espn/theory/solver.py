@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from espn.theory.config import TheoryConfigError, at_least, check_choice
+from espn.theory.config import TheoryConfigError, at_least, check_choice, check_ns
 from espn.theory.planted import DTYPE, TaskData, activation_fn, derive_seed, generator
 
 INITS = ("spectral", "random")
@@ -162,12 +162,10 @@ def solve_crl(
 def _solve_crl(
     data: TaskData, r_new: int, W_frz: torch.Tensor | None, config: SolverConfig
 ) -> CRLSolution:
-    if r_new < 0:
-        raise TheoryConfigError(f"must be >= 0, got {r_new}", "r_new")
+    at_least("r_new", r_new, 0)
     if not data.X:
         raise TheoryConfigError("need at least one task")
-    if min(data.sizes) < 1:
-        raise TheoryConfigError(f"every N must be >= 1, got {min(data.sizes)}", "ns")
+    check_ns(data.sizes)
     d = data.X[0].shape[1]
     W_frz = torch.zeros(0, d, dtype=DTYPE) if W_frz is None else W_frz.to(DTYPE)
     if W_frz.shape[0] + r_new < 1:

@@ -119,7 +119,7 @@ def make_loggers(
         )
     run = Path(run_dir or ".")
     for name in chosen:
-        check_log_directory(run, run / "logs" / LOGGERS.get(name).folder)
+        check_log_directory(run, run / "logs" / name)
     return [
         LOGGERS.get(n).in_run(run, log_every=log_every) if isinstance(n, str) else n for n in items
     ]

@@ -77,17 +77,16 @@ def check_log_every(log_every: object) -> int:
 class MetricLogger(Callback):
     """A callback that records steps (every ``log_every``), epochs and tasks.
 
-    Subclasses set :attr:`name` (the name ``--log`` accepts), :attr:`extra` (the optional
-    dependency it needs, or None) and :attr:`folder`, and write in :meth:`log_step`,
+    Subclasses set :attr:`name` (``--log``'s name for it, its directory's too) and :attr:`extra`
+    (the optional dependency it needs, or None), and write in :meth:`log_step`,
     :meth:`log_epoch`, :meth:`log_task`; :meth:`close` is called by ``on_run_end``.
     """
 
-    #: the name ``espn run --log`` and :func:`espn.training.loggers.make_loggers` accept
+    #: the name ``espn run --log`` and :func:`espn.training.loggers.make_loggers` accept, and
+    #: of the directory it writes in, in the run directory's ``logs``
     name: ClassVar[str]
     #: (module, pip extra) the logger needs beyond espn's own dependencies, or None
     extra: ClassVar[tuple[str, str] | None] = None
-    #: the directory it writes in, in the run directory's ``logs``
-    folder: ClassVar[str]
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
         self.directory = Path(directory)
@@ -107,7 +106,7 @@ class MetricLogger(Callback):
     @classmethod
     def in_run(cls, run_dir: Path, *, log_every: int = DEFAULT_LOG_EVERY) -> MetricLogger:
         """The logger writing into its place in the run directory ``run_dir``."""
-        return cls(Path(run_dir) / "logs" / cls.folder, log_every=log_every)
+        return cls(Path(run_dir) / "logs" / cls.name, log_every=log_every)
 
     def elapsed(self) -> float:
         """Seconds since the run started in this process (its first event)."""

@@ -57,7 +57,6 @@ class CSVLogger(MetricLogger):
     """Steps, epochs and tasks as CSV files in ``directory``."""
 
     name: ClassVar[str] = "csv"
-    folder: ClassVar[str] = "csv"
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:
         super().__init__(directory, log_every=log_every)

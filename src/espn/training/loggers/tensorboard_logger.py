@@ -16,7 +16,6 @@ class TensorBoardLogger(MetricLogger):
     """Steps, epochs and tasks as TensorBoard scalars in ``directory``."""
 
     name: ClassVar[str] = "tensorboard"
-    folder: ClassVar[str] = "tensorboard"
     extra: ClassVar[tuple[str, str] | None] = ("tensorboard", "tensorboard")
 
     def __init__(self, directory: Path | str, *, log_every: int = DEFAULT_LOG_EVERY) -> None:

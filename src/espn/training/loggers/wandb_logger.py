@@ -31,7 +31,6 @@ class WandbLogger(MetricLogger):
     """Steps, epochs and tasks as a W&B run kept under ``directory`` (offline by default)."""
 
     name: ClassVar[str] = "wandb"
-    folder: ClassVar[str] = "wandb"
     extra: ClassVar[tuple[str, str] | None] = ("wandb", "wandb")
 
     def __init__(
