@@ -285,6 +285,30 @@ def test_a_training_step_folds_the_token_gates_into_their_layers(monkeypatch):
     assert len(calls) == len(gates)
 
 
+def _pruned_tiny_vit(
+    x: Tensor, stream: Tensor, neurons: Tensor, scaled: type, shift: bool = False
+) -> Supernet:
+    """A tiny ViT's supernet on task 0 with random scales on its ``scaled`` modules
+    (and random LayerNorm shifts with ``shift``), the stream's features ``stream`` alive, the
+    first head of block 0 dead and the MLP neurons ``neurons`` of block 1 alive."""
+    from espn.models.registry import ModelSpec
+    from helpers.tokens import tiny_vit
+
+    sn = Supernet(tiny_vit(ModelSpec((1, 8, 8), 4, True)), x[:2])
+    sn.begin_task(4)
+    with torch.no_grad():
+        for m in sn.model.modules():
+            if isinstance(m, scaled):
+                m.weight.uniform_(0.5, 1.5)
+            if shift and isinstance(m, TaskLayerNorm):
+                m.bias.uniform_(-1, 1)
+    units = {g: torch.ones(n, dtype=torch.bool) for g, n in sn.group_sizes.items()}
+    units |= {"stream": stream, "blocks.0.heads": torch.tensor([False, True])}
+    units |= {"blocks.1.mlp": neurons}
+    sn.set_unit_masks(units)
+    return sn
+
+
 @pytest.mark.parametrize("dead_stream", [True, False])
 def test_a_training_step_carries_the_alive_units_alone(monkeypatch, dead_stream):
     """Once a ViT has dead units, a training step carries its alive units alone (the
@@ -294,24 +318,13 @@ def test_a_training_step_carries_the_alive_units_alone(monkeypatch, dead_stream)
     scales, tokens and the weights writing or reading it; a dead neuron's or head's rows
     and columns) is exactly zero in both. Eval mode, or a hook on any module, runs the
     whole width."""
-    from espn.models.registry import ModelSpec
     from espn.models.vit import ViT
-    from helpers.tokens import tiny_vit
 
     torch.manual_seed(0)
     x = torch.randn(5, 1, 8, 8)
-    sn = Supernet(tiny_vit(ModelSpec((1, 8, 8), 4, True)), x[:2])
-    sn.begin_task(4)
-    with torch.no_grad():
-        for m in sn.model.modules():
-            if isinstance(m, TaskLayerNorm | TokenGate):
-                m.weight.uniform_(0.5, 1.5)
-    stream = torch.arange(32) % 3 != 0 if dead_stream else torch.ones(32, dtype=torch.bool)
     neurons = torch.arange(64) % 4 != 1
-    units = {g: torch.ones(n, dtype=torch.bool) for g, n in sn.group_sizes.items()}
-    units |= {"stream": stream, "blocks.0.heads": torch.tensor([False, True])}
-    units |= {"blocks.1.mlp": neurons}
-    sn.set_unit_masks(units)
+    stream = torch.arange(32) % 3 != 0 if dead_stream else torch.ones(32, dtype=torch.bool)
+    sn = _pruned_tiny_vit(x, stream, neurons, TaskLayerNorm | TokenGate)
     wide: list[int] = []
     forward = TaskLayerNorm.forward
 
@@ -368,22 +381,12 @@ def test_the_alive_step_reads_every_layer_at_the_slim_exports_cut(monkeypatch):
     its adapter's one cut: every weight (and norm scale and shift) the step computes with
     equals the exported slim layer's, bit for bit, in the order the step reads them."""
     from espn.layers.conv2d import MaskedConv2d
-    from espn.models.registry import ModelSpec
-    from helpers.tokens import tiny_vit
 
     torch.manual_seed(0)
     x = torch.randn(3, 1, 8, 8)
-    sn = Supernet(tiny_vit(ModelSpec((1, 8, 8), 4, True)), x[:2])
-    sn.begin_task(4)
-    with torch.no_grad():
-        for m in sn.model.modules():
-            if isinstance(m, TaskLayerNorm):
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-1, 1)
-    units = {g: torch.ones(n, dtype=torch.bool) for g, n in sn.group_sizes.items()}
-    units |= {"stream": torch.arange(32) % 3 != 0, "blocks.0.heads": torch.tensor([False, True])}
-    units |= {"blocks.1.mlp": torch.arange(64) % 4 != 1}
-    sn.set_unit_masks(units)
+    sn = _pruned_tiny_vit(
+        x, torch.arange(32) % 3 != 0, torch.arange(64) % 4 != 1, TaskLayerNorm, shift=True
+    )
     sn.release_gates()  # scale 1 on the alive units: folded into the export's rows exactly
     sn.commit_task()
     slim = slim_copy(sn, 0, x)
