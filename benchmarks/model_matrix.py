@@ -259,7 +259,8 @@ def _torchvision(name: str) -> tuple[nn.Module, Tensor]:
 
     for size in SIZES:
         kwargs: dict[str, Any] = {"weights": None, "num_classes": CLASSES}
-        if name.startswith("vit_"):
+        if name.startswith("vit_"):  # a multiple of the patch: vit_h_14 at 28, not 224
+            size -= size % int(name.rsplit("_", 1)[1])
             kwargs["image_size"] = size
         if name == "maxvit_t":
             kwargs["input_size"] = (size, size)
@@ -282,6 +283,7 @@ def torchvision_entries() -> list[Entry]:
         "googlenet": "aux_logits=False",
         "inception_v3": "aux_logits=False",
         "maxvit_t": "input_size set",
+        "vit_h_14": "image_size 28 (a multiple of its patch)",
     }
     return [
         Entry(f"torchvision/{n}", "torchvision", lambda n=n: _torchvision(n), notes.get(n, ""))

@@ -58,6 +58,7 @@ def train_fashion(run: Path, sequence: str, method: str, option: bool, args: Any
         "--resume" if (run / "checkpoint").is_dir() else "--overwrite",
         "--task-agnostic" if option else "--no-task-agnostic",
         *(["--data-dir", str(args.data_dir)] if args.data_dir else []),
+        "--device", args.device,
         *_flags(METHODS[method]),
     ]  # fmt: skip
     print(" ".join(command[3:]), file=sys.stderr, flush=True)
@@ -152,6 +153,7 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--off", action="store_true", help="runs without the option")
     parser.add_argument("--data-dir", type=Path, help="where Fashion-MNIST is")
+    parser.add_argument("--device", default="cpu", help="where espn run trains (cpu, cuda)")
     parser.add_argument("--train-only", action="store_true", help="train, evaluate nothing")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
