@@ -86,3 +86,19 @@ def test_an_exported_task_scores_its_accuracy_on_raw_test_images(
     else:
         assert transform["function"].endswith("permute_pixels")
         assert sorted(transform["arguments"]["perm"]) == list(range(784))
+
+
+def test_a_relative_data_dir_is_read_from_where_espn_ran(
+    fashion_dir, fc_test_model, tmp_path, monkeypatch
+) -> None:
+    """``--data-dir`` relative to the working directory is stored absolute: a run read back
+    (here by ``--task-agnostic``'s closing evaluation) finds the data, not RUN/<relative>."""
+    monkeypatch.chdir(fashion_dir.parent)
+    run = tmp_path / "run"
+    argv = ["run", "--benchmark", "permuted-fashion-mnist", "--data-dir", fashion_dir.name]
+    argv += ["--tasks", "2", "--model", fc_test_model, "--epochs", "1,1,1", "--out", str(run)]
+    result = runner.invoke(app, [*argv, "--no-progress", "--task-agnostic"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((run / "results.json").read_text())
+    assert Path(doc["config"]["data_dir"]) == fashion_dir.resolve()
+    assert "task_agnostic" in doc

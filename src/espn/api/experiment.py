@@ -82,6 +82,8 @@ def run_experiment(
     ``loggers``, ``log_every``, ``distributed`` as in :class:`ContinualLearner`.
     """
     logging_options(loggers, log_every)  # a bad name is refused before any work
+    if cfg.data_dir is not None:  # stored: a relative one would be read from the run directory
+        cfg = cfg.model_copy(update={"data_dir": cfg.data_dir.resolve()})
     check_run(cfg)
     source = open_source(cfg)
     check_out_dir(cfg.out, resume, overwrite)
