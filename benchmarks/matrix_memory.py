@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -25,14 +27,22 @@ class Peaks:
     def __init__(self) -> None:
         self.stage = "before"
         self.peak: dict[str, int] = {}
+        #: per stage: the espn frames running at its peak, innermost first
+        self.where: dict[str, str] = {}
         self.process = psutil.Process()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.sample, daemon=True)
 
     def sample(self) -> None:
+        main = threading.main_thread().ident
         while not self.stop.is_set():
             rss = self.process.memory_info().rss
-            self.peak[self.stage] = max(self.peak.get(self.stage, 0), rss)
+            if rss > self.peak.get(self.stage, 0):
+                self.peak[self.stage] = rss
+                frames = traceback.extract_stack(sys._current_frames()[main])
+                self.where[self.stage] = " < ".join(
+                    f"{f.name}:{f.lineno}" for f in reversed(frames) if "/espn/" in f.filename
+                )[:200]
             time.sleep(0.005)
 
     def during(self, name: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,7 +57,7 @@ class Peaks:
         return wrapped
 
 
-def measure(name: str) -> tuple[dict[str, Any], dict[str, int], int]:
+def measure(name: str) -> tuple[dict[str, Any], Peaks, int]:
     import espn
 
     (entry,) = [e for e in model_matrix.entries() if e.name == name]
@@ -77,20 +87,23 @@ def measure(name: str) -> tuple[dict[str, Any], dict[str, int], int]:
     row = model_matrix.check(entry, model_matrix.Settings())
     peaks.stop.set()
     peaks.thread.join()
-    return row, peaks.peak, base
+    return row, peaks, base
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="+")
+    parser.add_argument("--where", action="store_true", help="the espn frames at each peak")
     args = parser.parse_args()
     torch.set_num_threads(1)
     for name in args.names:
-        row, peak, base = measure(name)
+        row, peaks, base = measure(name)
         n = row.get("parameters", 1)
         print(f"{name}: {n / 1e6:.1f} M parameters, {row['verdict']}, base {base / 2**30:.2f} GiB")
-        for stage, rss in peak.items():
-            print(f"  {stage:<14} {rss / 2**30:6.2f} GiB  {(rss - base) / n:6.1f} B/param")
+        for stage, rss in peaks.peak.items():
+            print(f"  {stage:<20} {rss / 2**30:6.2f} GiB  {(rss - base) / n:6.1f} B/param")
+            if args.where and peaks.where.get(stage):
+                print(f"      at {peaks.where[stage]}")
 
 
 if __name__ == "__main__":
