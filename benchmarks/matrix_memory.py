@@ -39,7 +39,10 @@ class Peaks:
             rss = self.process.memory_info().rss
             if rss > self.peak.get(self.stage, 0):
                 self.peak[self.stage] = rss
-                frames = traceback.extract_stack(sys._current_frames()[main])
+                try:  # the main thread's frames change under the walk
+                    frames = traceback.extract_stack(sys._current_frames()[main])
+                except (AttributeError, KeyError, ValueError):
+                    frames = traceback.StackSummary()
                 self.where[self.stage] = " < ".join(
                     f"{f.name}:{f.lineno}" for f in reversed(frames) if "/espn/" in f.filename
                 )[:200]

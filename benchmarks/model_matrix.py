@@ -519,8 +519,9 @@ def check(entry: Entry, settings: Settings) -> dict[str, Any]:
                         tasks=tasks,
                         reason="the export's outputs depend on the batch size",
                     )
+                del program  # not held through the next task's export
             # the model is built again for the timing once the learner is freed: never both
-            del learner, sn, program
+            del learner, sn
             gc.collect()  # the learner's reference cycles
             stage = "timing"
             row["speedup"] = {}
