@@ -335,9 +335,9 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor | None = None
         if not bool(alive.any()):
             raise ExportError(f"task {task}: unit group {group!r} has no alive unit")
     example = _example(supernet, example_input)
-    wide = _swap(supernet, {g: torch.ones_like(a) for g, a in units.items()}, example)
-    shapes = reshapes(wide, example)
-    del wide  # freed before the slim copy is cut: one copy held at a time
+    # the full-width copy, run once for its reshapes, is freed before the slim one is cut
+    wide = {g: torch.ones_like(a) for g, a in units.items()}
+    shapes = reshapes(_swap(supernet, wide, example), example)
     return refitted(_swap(supernet, units, example), shapes, example)
 
 
