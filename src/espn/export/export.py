@@ -123,7 +123,7 @@ def float32_rounding(
 def _float64(supernet: Supernet) -> Callable[[Tensor], Tensor]:
     """The supernet's model on the task loaded now, computed in float64: its floating
     parameters and buffers converted for the call only (not a copy of the whole supernet),
-    but for the weight masks (0 or 1: a float64 weight times one is the same product)."""
+    but for the weight masks: a float32 mask promotes exactly, so the product is the same."""
     masks = {f"{name}.weight_mask" for name in supernet.layers}
     tensors = chain(supernet.model.named_parameters(), supernet.model.named_buffers())
     state = {n: t.double() for n, t in tensors if t.is_floating_point() and n not in masks}
