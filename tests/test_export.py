@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
@@ -28,6 +31,7 @@ from espn.supernet import (
     TaskHead,
     UnitGate,
 )
+from espn.supernet.layers import MaskedLayer
 from helpers.deploy import TinyResNet, train_tiny
 
 runner = CliRunner()
@@ -386,3 +390,61 @@ def test_an_export_captures_the_model_once_for_the_pt2_and_the_onnx_file(tmp_pat
     report = export_task(sn, 0, [seq.tasks[0].test.x], tmp_path / "t0.pt2", True)
     assert report.files == [str(tmp_path / "t0.pt2"), str(tmp_path / "t0.onnx")]
     assert len(captures) == 1
+
+
+class Allocations(TorchDispatchMode):
+    """The most bytes held at once in storages that the tensor operations run inside create
+    (an in-place operation or a view uses its input's storage: not counted); a storage
+    stops counting once freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
+                storage = t.untyped_storage()
+                self.held += storage.nbytes()
+                self.peak = max(self.peak, self.held)
+                weakref.finalize(storage, self.freed, storage.nbytes())
+        return out
+
+    def freed(self, nbytes: int) -> None:
+        self.held -= nbytes
+
+
+def test_a_slim_copy_holds_its_kept_slices_and_never_a_copy_of_the_supernet():
+    """slim_copy keeps the kept slices of the layers (counted here from the task's alive
+    units) and, while it works, at most one full-width copy of them (run once to record the
+    reshapes, freed before the slim copy is cut): never a copy of the whole supernet (its
+    weights, masks and frozen sets), which a deep copy of its model would be."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 1, 8, 8, generator=gen)
+    torch.manual_seed(0)
+    sn = Supernet(FCNet(64, [128] * 16, 4, multi_head=True), x[:2])
+    random_task(sn, 4, x, gen)
+    units = sn.masks[0].units
+    full = kept = 0
+    for m in sn.model.modules():
+        if isinstance(m, MaskedLayer | TaskHead):
+            rows = m.weight.shape[0] if isinstance(m, TaskHead) else int(units[m.out_units].sum())
+            cols = int(units[m.in_units].sum()) if m.in_units else m.weight.shape[1]
+            bias = 0 if m.bias is None else 1
+            full += m.weight.numel() + bias * m.weight.shape[0]
+            kept += rows * cols + bias * rows
+    with Allocations() as allocated:
+        slim = slim_copy(sn, 0, x[:2])
+    assert sum(p.numel() for p in slim.parameters()) == kept < full / 3
+    assert 4 * kept <= allocated.held <= 4 * kept * 1.02  # the copy's own tensors
+    assert allocated.peak - allocated.held <= 4 * full * 1.1  # its work: one full-width pass
+    supernet = {t.untyped_storage().data_ptr() for t in (*sn.parameters(), *sn.buffers())}
+    assert not any(
+        t.untyped_storage().data_ptr() in supernet for t in (*slim.parameters(), *slim.buffers())
+    )

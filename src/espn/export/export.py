@@ -10,11 +10,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from espn.export.inputs import WithInputs, describe_transform, has_transform
@@ -116,6 +118,16 @@ def float32_rounding(
             exact = wide(x.double() if x.is_floating_point() else x)
             worst = torch.maximum(worst, (model(x).double() - exact).abs().max().cpu())
     return float(worst)
+
+
+def _float64(supernet: Supernet) -> Callable[[Tensor], Tensor]:
+    """The supernet's model on the task loaded now, computed in float64: its floating
+    parameters and buffers converted for the call only (not a copy of the whole supernet),
+    but for the weight masks: a float32 mask promotes exactly, so the product is the same."""
+    masks = {f"{name}.weight_mask" for name in supernet.layers}
+    tensors = chain(supernet.model.named_parameters(), supernet.model.named_buffers())
+    state = {n: t.double() for n, t in tensors if t.is_floating_point() and n not in masks}
+    return partial(functional_call, supernet.model, state)
 
 
 def _check_error(
@@ -222,8 +234,7 @@ def _checked_slim(
     rounding, wide = 0.0, None
     if folded_bn:
         # the supernet's own rounding: its sums run over other widths than the slim copy's
-        wide_supernet = partial(copy.deepcopy(supernet).double(), task=task)
-        rounding = float32_rounding(partial(supernet, task=task), wide_supernet, inputs)
+        rounding = float32_rounding(partial(supernet, task=task), _float64(supernet), inputs)
         wide = copy.deepcopy(slim).double()
         fold_batchnorm(wide, example.double() if example.is_floating_point() else example)
     if fold_bn:

@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from espn.export.slim_shapes import refitted
+from espn.export.slim_shapes import refitted, reshapes
 from espn.layers import ExportError, LayerAdapter, adapter_for, exported_adapter
 from espn.layers.base import Cut, exporter, kept, module_outputs, param, take
 from espn.layers.batchnorm2d import SplitNorm
@@ -195,8 +195,16 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
         lambda m: isinstance(m, MaskedLayer | TaskHead),
         lambda m: isinstance(m, UnitModule | TaskBias),
     )
-    copied = copy.deepcopy(model)
     originals = dict(model.named_modules())
+    # the tensors of the modules swapped out below are not copied: the copy shares them
+    # until the swap (a copy of the whole supernet would cost as much as its weights)
+    shared = {
+        id(t): t
+        for m in originals.values()
+        if _swapped(m) or isinstance(m, UnitGate | TaskBias | TaskParameters | TaskTokens)
+        for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+    }
+    copied = copy.deepcopy(model, memo=shared)
     position: dict[str, Tensor] = {}
     stream: dict[str, Tensor] = {}
     full = units
@@ -237,6 +245,13 @@ def _swap(supernet: Supernet, units: dict[str, Tensor] | None, example: Tensor) 
     return copied.eval()
 
 
+def _swapped(m: nn.Module) -> bool:
+    """Whether ``m`` is swapped for its adapter's plain module (:func:`_replace`)."""
+    return isinstance(m, MaskedLayer | TaskHead) or (
+        isinstance(m, TaskSpecific) and exported_adapter(m) is not None
+    )
+
+
 def _replace(
     copied: nn.Module,
     originals: dict[str, nn.Module],
@@ -249,9 +264,7 @@ def _replace(
     its adapter's plain module, sliced to ``full`` (None: at full width), a reader of a
     per-conv stream behind a :class:`Pick` of its channels; cut the task's bare parameters."""
     for name, m in originals.items():
-        if isinstance(m, MaskedLayer | TaskHead) or (
-            isinstance(m, TaskSpecific) and exported_adapter(m) is not None
-        ):
+        if _swapped(m):
             adapter = exporter(m)
             new = adapter.plain(m) if full is None else adapter.slim(m, full)
             if is_costed(m) and m.in_units in position:
@@ -322,8 +335,10 @@ def slim_copy(supernet: Supernet, task: int, example_input: Tensor | None = None
         if not bool(alive.any()):
             raise ExportError(f"task {task}: unit group {group!r} has no alive unit")
     example = _example(supernet, example_input)
-    wide = _swap(supernet, {g: torch.ones_like(a) for g, a in units.items()}, example)
-    return refitted(_swap(supernet, units, example), wide, example)
+    # the full-width copy, run once for its reshapes, is freed before the slim one is cut
+    wide = {g: torch.ones_like(a) for g, a in units.items()}
+    shapes = reshapes(_swap(supernet, wide, example), example)
+    return refitted(_swap(supernet, units, example), shapes, example)
 
 
 @torch.no_grad()

@@ -72,9 +72,8 @@ class Refitted(nn.Module):
 
 
 @torch.no_grad()
-def refitted(slim: nn.Module, wide: nn.Module, example: Tensor) -> nn.Module:
-    """``slim``, in :class:`Refitted` where a reshape of it needs a width refitted (``wide``:
-    the same copy at full width, run once on ``example`` to record its reshapes)."""
+def reshapes(wide: nn.Module, example: Tensor) -> list[tuple[int, ...]]:
+    """The input shape of each reshape of ``wide`` (a copy at full width) run on ``example``."""
     full: list[tuple[int, ...]] = []
 
     def record(k: int, x: Tensor, shape: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -83,6 +82,13 @@ def refitted(slim: nn.Module, wide: nn.Module, example: Tensor) -> nn.Module:
 
     with _Reshapes(record):
         wide(example)
+    return full
+
+
+@torch.no_grad()
+def refitted(slim: nn.Module, full: list[tuple[int, ...]], example: Tensor) -> nn.Module:
+    """``slim``, in :class:`Refitted` where a reshape of it needs a width refitted (``full``:
+    the :func:`reshapes` of the same copy at full width)."""
     refit = _refit(full)
     changed: list[bool] = []
 
