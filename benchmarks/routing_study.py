@@ -253,12 +253,12 @@ def joint(args, fitted: list[tuple[Tensor, Tensor]], probe: Tensor) -> dict[str,
     picked = {}
     for name in args.joint:
         start = time.time()
-        arch, _, classes = name.partition("-")
-        labels = task * per_task + torch.cat([fy for _, fy in fitted]) if classes else task
-        outputs = len(fitted) * per_task if classes else len(fitted)
+        arch, _, by_class = name.partition("-")
+        labels = task * per_task + torch.cat([fy for _, fy in fitted]) if by_class else task
+        outputs = len(fitted) * per_task if by_class else len(fitted)
         torch.manual_seed(0)
         net = train(arch, x, labels, outputs, False, args.joint_epochs, augment=arch == "cnn3")
-        picked[name] = logits(net, probe).argmax(1) // (per_task if classes else 1)
+        picked[name] = logits(net, probe).argmax(1) // (per_task if by_class else 1)
         print(f"reference {name}: {time.time() - start:.0f}s", flush=True)
     return picked
 
@@ -320,7 +320,8 @@ def analyse(saved: dict, top: int = 15) -> None:
     deviation; a task's own held-out tenth calibrates it) and scaled (``s``: over the tasks'
     mean held-out deviation, no shift: what keeps a log-likelihood's scale across tasks);
     sums of two or three scores, each standardised or scaled (the best ``top``, test images);
-    the references of ``--joint``."""
+    then a summary: ``input-subspace`` (and its lifts) raw beside the references of
+    ``--joint``."""
     scores, truth, n_test = saved["scores"], saved["truth"], int(saved["n_test"])
     tasks, names = range(len(scores)), list(scores[0])
     own = [(truth == t) & (torch.arange(len(truth)) >= n_test) for t in tasks]
@@ -343,8 +344,11 @@ def analyse(saved: dict, top: int = 15) -> None:
         print(f"| {label} | {value[0]:.2f} | {value[1]:.2f} |")
 
     print("| recipe | task picked right: test (%) | held-out (%) |\n|---|---|---|")
+    summary = {}
     for n in names:
         row(f"{n}, raw", share(lambda t, n=n: scores[t][n]))
+        if n.startswith("input-subspace"):
+            summary[n] = share(lambda t, n=n: scores[t][n])
         row(f"{n}, standardised", share(lambda t, n=n: variant(n, "z", t)))
     combos = []
     for k in (2, 3):
@@ -359,8 +363,6 @@ def analyse(saved: dict, top: int = 15) -> None:
                 combos.append((value, label))
     for value, label in sorted(combos, reverse=True)[:top]:
         row(label, value)
-    for name, picked in saved.get("joint", {}).items():
-        row(f"reference {name} (sees every task)", shares(picked))
     # input-subspace plus a network's score, the weight picked on the test images: an upper
     # bound, not a recipe
     for n in (n for n in names if not n.startswith("input-subspace")):
@@ -374,6 +376,11 @@ def analyse(saved: dict, top: int = 15) -> None:
             for w in (0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
         )
         row(f"s(input-subspace) + w z({n}), best w = {w} (on the test images)", value)
+    for name, picked in saved.get("joint", {}).items():
+        summary[f"reference {name} (sees every task)"] = shares(picked)
+    print("\n| summary: the task picked by | test (%) | held-out (%) |\n|---|---|---|")
+    for label, value in summary.items():
+        row(label, value)
 
 
 if __name__ == "__main__":
