@@ -160,21 +160,28 @@ def test_step_pairs_control_times_a_plain_twin_against_the_plain_step() -> None:
     assert all(r.startswith("(") and r.endswith("x)") for r in control[7::3])
 
 
-@pytest.mark.slow  # five tasks of two networks each and every score on 1,000 test images: ~15 s
+@pytest.mark.slow  # five tasks of two networks each, a reference, every score: ~25 s
 @pytest.mark.skipif(
     not Path("/usr/share/datasets/fashion-mnist").is_dir(),
     reason="apt-get install dataset-fashion-mnist (done by .ci/run)",
 )
 def test_routing_study_scores_every_recipe() -> None:
-    out = run_script("routing_study.py", "--train", "100", "--test", "100", "--epochs", "1")
-    cells = [line.split("|") for line in out.splitlines()]
-    shares = {
-        row[1].split(":")[0].strip(): [float(v) for v in row[2].split("/")]
-        for row in cells
-        if len(row) == 4 and ": raw / standardised" in row[1]
+    out = run_script(
+        "routing_study.py",
+        *("--train", "100", "--test", "100", "--epochs", "1", "--lifts"),
+        *("--joint", "cnn3-classes", "--joint-epochs", "1"),
+    )
+    shares = {  # | recipe | test | held-out |
+        row[1].strip(): [float(row[2]), float(row[3])]
+        for row in (line.split("|") for line in out.splitlines())
+        if len(row) == 5 and row[2].strip()[:1].isdigit()
     }
+    density = ["input-subspace", "input-subspace+flips/shifts"]
     recipes = ["max-logit", "mahalanobis", "rotation-logit", "rotation-softmax"]
-    assert list(shares) == ["input-subspace", *recipes, "rotation-mahalanobis"]
+    expected = [*(d + a for d in density for a in ("", ", flip-averaged")), *recipes]
+    raw = [name.removesuffix(", raw") for name in shares if name.endswith(", raw")]
+    assert raw == [*expected, "rotation-mahalanobis"]
     assert all(0 <= v <= 100 for pair in shares.values() for v in pair)
     # the input density alone tells these tasks apart far above chance (20%)
-    assert shares["input-subspace"][0] > 50
+    assert shares["input-subspace, raw"][0] > 50
+    assert "reference cnn3-classes (sees every task)" in shares
