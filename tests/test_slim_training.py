@@ -313,27 +313,24 @@ def test_evaluation_through_slim_copies_equals_the_supernet(kind):
     strategy = METHODS.get("espn")(MethodConfig(gamma=0.5, alpha=0.3, epochs=(1, 1, 1)))
     engine = Engine(sn, strategy, OPTIMIZERS[0], 16, seed=0)
     evaluator = SlimEvaluator(sn)
-    full = sum(layer.weight.numel() for layer in sn.layers.values())
     for t, task in enumerate(seq.tasks):
         engine.train_task(task, t)
         for j in range(t + 1):
             want = task_logits(sn, seq.tasks[j], j)
-            got, held = [], set()
-            for x, _ in seq.tasks[j].batches("test", 32):
-                got.append(evaluator.logits(x, j))
-                assert evaluator.held is not None and evaluator.held[0] == j
-                held.add(id(evaluator.held[2]))
-            copy = evaluator.held[2]
-            assert copy is not None, "every task runs through its slim copy"
-            assert held == {id(copy)}, "a copy is built once for all the batches of its task"
-            assert sum(p.numel() for p in copy.parameters()) < full
-            got = torch.cat(got)
+            got = torch.cat([evaluator.logits(x, j) for x, _ in seq.tasks[j].batches("test", 32)])
             torch.testing.assert_close(
                 got, want, atol=ATOL * max(1.0, float(want.abs().max())), rtol=0
             )
             slim, masked = evaluator.accuracy(seq.tasks[j], j), task_accuracy(sn, seq.tasks[j], j)
             assert abs(slim - masked) <= 100 * near_ties(want, got) / len(want)
-            assert evaluator.held is None, "a task's copy is freed once its split is evaluated"
+    copies = [evaluator.cache[t][1] for t in range(3)]
+    assert all(c is not None for c in copies), "every task ran through its slim copy"
+    sizes = [sum(p.numel() for p in c.parameters()) for c in copies if c is not None]
+    assert max(sizes) < sum(layer.weight.numel() for layer in sn.layers.values())
+    first = copies[0]
+    engine.train_task(tiny_sequence(4).tasks[3], 3)
+    evaluator.accuracy(seq.tasks[0], 0)
+    assert evaluator.cache[0][1] is first, "a committed task's copy is built once"
 
 
 def test_a_task_whose_copy_differs_is_evaluated_through_the_supernet(monkeypatch):
@@ -356,10 +353,7 @@ def test_a_task_whose_copy_differs_is_evaluated_through_the_supernet(monkeypatch
     monkeypatch.setattr(eval_module, "slim_copy", broken)
     evaluator = SlimEvaluator(sn)
     assert evaluator.accuracy(seq.tasks[0], 0) == task_accuracy(sn, seq.tasks[0], 0)
-    x = seq.tasks[0].test.x[:8]
-    with torch.no_grad():
-        assert torch.equal(evaluator.logits(x, 0), sn(x, task=0))
-    assert evaluator.held is not None and evaluator.held[2] is None
+    assert evaluator.cache[0][1] is None
 
 
 class SlimSteps(Callback):

@@ -1,5 +1,6 @@
-"""Evaluating learned tasks through slim copies, one held at a time and checked on its first
-batch against the masked supernet (docs/performance.md, "Evaluation through slim copies")."""
+"""Evaluating learned tasks through slim copies, each built once per task and checked on its
+first batch against the masked supernet (docs/performance.md, "Evaluation through slim
+copies")."""
 
 from __future__ import annotations
 
@@ -16,25 +17,24 @@ from espn.supernet.supernet import Supernet
 
 
 class SlimEvaluator:
-    """Accuracy and logits of learned tasks through their slim copies (``enabled`` False:
+    """Accuracy and logits of learned tasks through cached slim copies (``enabled`` False:
     through the masked supernet, as :func:`espn.evaluation.metrics.task_accuracy`)."""
 
     def __init__(self, supernet: Supernet, enabled: bool = True) -> None:
         self.supernet = supernet
         self.enabled = enabled
-        #: the task whose copy is held, the stored sub-network it was built from, and the
-        #: copy (None: the task is evaluated through the masked supernet); one at a time, as
-        #: a copy per task would hold memory growing with the tasks
-        self.held: tuple[int, TaskMask, nn.Module | None] | None = None
+        #: per task: the stored sub-network the copy was built from, and the copy (None:
+        #: the task is evaluated through the masked supernet)
+        self.cache: dict[int, tuple[TaskMask, nn.Module | None]] = {}
         #: data-parallel ranks sharing out the batches (None: this process evaluates all)
         self.ranks: Shares | None = None
 
     def _copy(self, t: int, x: Tensor) -> nn.Module | None:
-        """Task ``t``'s slim copy, built and checked on batch ``x`` when not held."""
+        """Task ``t``'s slim copy, built and checked on batch ``x`` when not cached."""
         mask = self.supernet.masks[t]
-        if self.held is not None and self.held[0] == t and self.held[1] is mask:
-            return self.held[2]
-        self.held = None  # another task's copy is freed before this one is built
+        known = self.cache.get(t)
+        if known is not None and known[0] is mask:
+            return known[1]
         model: nn.Module | None
         try:
             # the copy's new layers draw initial values from the global generator, which
@@ -49,7 +49,7 @@ class SlimEvaluator:
             scale = max(1.0, float(want.abs().max()))
             if got.shape != want.shape or not float((got - want).abs().max()) <= TOLERANCE * scale:
                 model = None
-        self.held = (t, mask, model)
+        self.cache[t] = (mask, model)
         return model
 
     @torch.no_grad()
@@ -62,9 +62,5 @@ class SlimEvaluator:
     @torch.no_grad()
     def accuracy(self, task: Task, t: int, split: str = "test", batch_size: int = 1024) -> float:
         """Top-1 accuracy in percent of task ``t`` on ``split`` of ``task`` (see
-        :func:`~espn.evaluation.metrics.split_accuracy`; shared out over :attr:`ranks`); the
-        task's copy is freed once its split is evaluated."""
-        try:
-            return split_accuracy(lambda x: self.logits(x, t), task, split, batch_size, self.ranks)
-        finally:
-            self.held = None
+        :func:`~espn.evaluation.metrics.split_accuracy`; shared out over :attr:`ranks`)."""
+        return split_accuracy(lambda x: self.logits(x, t), task, split, batch_size, self.ranks)
